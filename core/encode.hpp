@@ -1,0 +1,224 @@
+// Encoding float32 / float64 values into any Format of format.hpp.
+//
+// Rounding (`Round`, PTX names):
+//   rn   nearest, ties to even code          rna  nearest, ties away from zero
+//   rz   toward zero                         rp   toward +Inf
+//   rm   toward -Inf                         rs   stochastic (below)
+// Rounding happens on the exact input value (a float64 input is not first
+// rounded to float32), at the target's precision: in the subnormal range the
+// quantum is the subnormal step; MXINT8's quantum is 2^-6.
+//
+// Overflow (`Overflow`), applied when the rounded magnitude exceeds the largest
+// finite code:
+//   saturate     -> +-max finite (PTX .satfinite). Inf input -> +-max as well.
+//   nonsaturate  -> IEEE behaviour: +-Inf where the format has Inf, else its
+//                   NaN, when the rounding direction points away from zero
+//                   (rn, rna, rs; rp for positive, rm for negative values);
+//                   +-max finite otherwise (rz, rp for negative, rm for
+//                   positive), exactly as an IEEE conversion does.
+//                   Inf input -> Inf, else NaN. The NaN of an overflowed
+//                   e4m3fn value keeps its sign (0xFF for negatives, as
+//                   CUDA's converters do). Formats with neither Inf nor NaN
+//                   (e2m1, e2m3, e3m2, int8) always saturate.
+// NaN input -> the format's canonical NaN (format.hpp), +max where it has none.
+// Underflow: values below the smallest subnormal round to +-0 (or to it) by the
+// rounding mode; -0 is kept where the format has it. e8m0 has no zero: zero and
+// values below 2^-127 encode as code 0 (2^-127).
+//
+// Stochastic rounding (rs), following PTX cvt.rs: with D the number of bits
+// of the input's magnitude significand that the target discards (D grows in
+// the target's subnormal range), the D low bits of the 32 random bits `rbits`
+// are added to the discarded bits and the sum is truncated, i.e. the magnitude
+// rounds up iff discarded + (rbits mod 2^D) >= 2^D. This rounds up with
+// probability exactly discarded / 2^D, so E[q(x)] = x. When D > 32 only the
+// top 32 discarded bits take part (the rest are truncated before the add).
+// Overflow under rs follows the away-from-zero rule above.
+//
+// Example: encode(float8_e4m3fn, 0.3f, Round::rn, Overflow::saturate) == 0x2A
+// (0.3 lies between 0.28125 = 0x29 and 0.3125 = 0x2A, nearer the latter).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/bits.hpp"
+#include "core/format.hpp"
+#include "core/hd.hpp"
+
+namespace fp4lab {
+
+enum class Round : uint8_t { rn, rna, rz, rp, rm, rs };
+enum class Overflow : uint8_t { saturate, nonsaturate };
+
+namespace detail {
+
+template <class T>
+struct SourceFloat;
+template <>
+struct SourceFloat<float> {
+  using U = uint32_t;
+  static constexpr int man = 23, width = 32, bias = 127;
+  FP4LAB_HD static constexpr U bits(float x) { return float_bits(x); }
+};
+template <>
+struct SourceFloat<double> {
+  using U = uint64_t;
+  static constexpr int man = 52, width = 64, bias = 1023;
+  FP4LAB_HD static constexpr U bits(double x) { return double_bits(x); }
+};
+
+// Does a rounding mode move a value of this sign away from zero on overflow?
+FP4LAB_HD constexpr bool overflows_to_infinity(Round r, bool negative) {
+  switch (r) {
+    case Round::rz: return false;
+    case Round::rp: return !negative;
+    case Round::rm: return negative;
+    default: return true;
+  }
+}
+
+// Code for a finite value whose rounded magnitude is beyond the largest finite.
+FP4LAB_HD constexpr uint32_t overflow_code(const Format& f, bool negative, bool to_infinity, Overflow o) {
+  const uint32_t s = negative ? f.sign_bit() : 0u;
+  if (o == Overflow::nonsaturate && to_infinity && f.has_nan()) {
+    // e4m3fn keeps the sign: an overflowed negative value is 0xFF (as CUDA).
+    return f.has_inf() ? (s | f.inf_code()) : (f.special == Special::fn ? s | f.nan_code() : f.nan_code());
+  }
+  if (f.is_int && negative) return (f.code_count() - f.max_magnitude_code()) & (f.code_count() - 1u);
+  return s | f.max_magnitude_code();
+}
+
+}  // namespace detail
+
+// Encodes x into format f. `rbits` are the random bits of stochastic rounding
+// (ignored by the other modes). Returns the code (bits above f.bits() zero).
+template <class T>
+FP4LAB_HD constexpr uint32_t encode(const Format& f, T x, Round r, Overflow o, uint32_t rbits = 0) {
+  using Src = detail::SourceFloat<T>;
+  using U = typename Src::U;
+  const U u = Src::bits(x);
+  const bool negative = (u >> (Src::width - 1)) != 0;
+  const U a = u & (~U(0) >> 1);
+  const U inf_bits = (~U(0) >> 1) >> Src::man << Src::man;
+  if (a > inf_bits) return f.has_nan() ? f.nan_code() : f.max_magnitude_code();
+  if (!f.is_signed && negative && a != 0) return f.has_nan() ? f.nan_code() : 0u;
+  const bool neg = negative && f.is_signed;
+  if (a == inf_bits) return detail::overflow_code(f, neg, true, o);
+  if (a == 0) return f.has_negative_zero() && neg ? f.sign_bit() : 0u;
+
+  // Normalise: |x| = sig * 2^(e - Src::man) with sig in [2^man, 2^(man+1)).
+  const U exp_field = a >> Src::man;
+  const U man_field = a & ((U(1) << Src::man) - 1);
+  int e;
+  uint64_t sig;
+  if (exp_field == 0) {
+    const int lz = clz64(uint64_t(man_field)) - (63 - Src::man);
+    sig = uint64_t(man_field) << lz;
+    e = 1 - Src::bias - lz;
+  } else {
+    sig = uint64_t(man_field) | (uint64_t(1) << Src::man);
+    e = int(exp_field) - Src::bias;
+  }
+
+  // Exponent of the target's quantum (ulp) at this magnitude.
+  int ulp_e;
+  int binade_e = 0;  // unbiased exponent of the target binade (floats)
+  if (f.is_int) {
+    ulp_e = -f.int_frac_bits();
+  } else {
+    const int emin = f.min_exponent();
+    if (e < emin && !f.has_subnormals()) return 0u;  // e8m0: clamps to 2^-127
+    binade_e = e > emin ? e : emin;
+    ulp_e = binade_e - f.man_bits;
+  }
+  // |x| = sig * 2^d quanta.
+  const int d = (e - Src::man) - ulp_e;
+  uint64_t q;
+  bool round_up = false;
+  if (d >= 0) {
+    if (d > 40) return detail::overflow_code(f, neg, detail::overflows_to_infinity(r, neg), o);
+    q = sig << d;  // exact, nothing discarded
+  } else {
+    const int shift = -d;  // number of discarded bits, >= 1
+    q = shift < 64 ? sig >> shift : 0u;
+    const uint64_t rem = shift < 64 ? sig & ((uint64_t(1) << shift) - 1u) : sig;
+    const bool above_half = shift < 64 && rem > (uint64_t(1) << (shift - 1));
+    const bool at_half = shift < 64 && rem == (uint64_t(1) << (shift - 1));
+    switch (r) {
+      case Round::rn: round_up = above_half || (at_half && (q & 1u)); break;
+      case Round::rna: round_up = above_half || at_half; break;
+      case Round::rz: break;
+      case Round::rp: round_up = !negative && rem != 0; break;
+      case Round::rm: round_up = negative && rem != 0; break;
+      case Round::rs:
+        if (shift <= 32) {
+          const uint64_t mask = (uint64_t(1) << shift) - 1u;
+          round_up = rem + (uint64_t(rbits) & mask) > mask;
+        } else {
+          const uint64_t top = shift - 32 < 64 ? rem >> (shift - 32) : 0u;
+          round_up = top + uint64_t(rbits) > 0xFFFFFFFFu;
+        }
+        break;
+    }
+  }
+  q += round_up ? 1u : 0u;
+
+  uint64_t mag;
+  if (f.is_int) {
+    mag = q;
+  } else {
+    // ((binade + bias - 1) << M) + q: q carries its implicit bit into the
+    // exponent field, so rounding up across a binade needs no special case.
+    // (For e8m0, M = 0 and code 0 is the normal 2^-127: the same formula.)
+    mag = (uint64_t(binade_e + f.bias - 1) << f.man_bits) + q;
+  }
+  if (mag > f.max_magnitude_code()) {
+    return detail::overflow_code(f, neg, detail::overflows_to_infinity(r, neg), o);
+  }
+  if (mag == 0) return f.has_negative_zero() && neg ? f.sign_bit() : 0u;
+  if (f.is_int) return neg ? uint32_t(f.code_count() - mag) : uint32_t(mag);
+  return (neg ? f.sign_bit() : 0u) | uint32_t(mag);
+}
+
+// Round-to-nearest-even encode of float32 into a floating format with
+// subnormals (every format here except e8m0 and int8), without branches, so
+// loops over it vectorise. Identical results to encode(F, x, Round::rn, o);
+// tests check that over all float32 inputs of a sampled grid and every edge.
+template <const Format& F>
+FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
+  static_assert(!F.is_int && F.has_subnormals() && F.man_bits < 23);
+  constexpr int shift = 23 - F.man_bits;
+  constexpr uint32_t rebias = uint32_t(127 - F.bias) << 23;
+  constexpr uint32_t min_normal_bits = uint32_t(F.min_exponent() + 127) << 23;
+  // A float whose ulp equals the target's subnormal quantum: adding it rounds
+  // |x| (RNE, in hardware) to a whole number of quanta held in its low bits.
+  constexpr float magic = pow2f(F.min_exponent() - F.man_bits + 23);
+  constexpr uint32_t max_code = F.max_magnitude_code();
+  const uint32_t u = float_bits(x);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  const uint32_t sign = (u >> 31) ? F.sign_bit() : 0u;
+  const uint32_t normal = (a - rebias + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift;
+  const uint32_t subnormal = float_bits(bits_float(a) + magic) - float_bits(magic);
+  uint32_t mag = a < min_normal_bits ? subnormal : normal;
+  const bool overflow = a >= 0x7F800000u || mag > max_code;  // Inf or too large (NaN handled below)
+  const uint32_t ovf = (o == Overflow::nonsaturate && F.has_nan())
+                           ? (F.has_inf() ? (sign | F.inf_code())
+                                          : (F.special == Special::fn ? sign | F.nan_code() : F.nan_code()))
+                           : (sign | max_code);
+  uint32_t code = sign | mag;
+  if constexpr (F.special == Special::fnuz) code = mag == 0 ? 0u : code;
+  code = overflow ? ovf : code;
+  constexpr uint32_t nan_result = F.has_nan() ? F.nan_code() : max_code;
+  return a > 0x7F800000u ? nan_result : code;
+}
+
+// Text names of the modes and policies: "rn" ... "rs" (long aliases accepted
+// on input: nearest_even, nearest_away, toward_zero, up, down, stochastic),
+// "saturate"/"nonsaturate". Parsing throws fp4lab::Error naming the valid set.
+std::string_view round_name(Round r);
+Round parse_round(std::string_view s);
+std::string_view overflow_name(Overflow o);
+Overflow parse_overflow(std::string_view s);
+
+}  // namespace fp4lab

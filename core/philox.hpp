@@ -1,0 +1,50 @@
+// Counter-based Philox4x32-10 (Salmon et al., "Parallel random numbers: as
+// easy as 1, 2, 3", SC'11), the generator of cuRAND and Random123.
+//
+// fp4lab draws the random bits of stochastic rounding from it so that any
+// thread, on the CPU or the GPU, can compute the bits of any element directly:
+//   key     = (seed low 32 bits, seed high 32 bits)
+//   counter = (group low, group high, stream low, stream high), group = index / 4
+//   bits of element `index` = word (index % 4) of philox4x32_10(counter, key).
+// `stream` separates independent uses under one seed (a tensor, a layer's
+// operand at a training step...). Checked against Random123's known-answer
+// vectors in tests/core/test_philox.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "core/hd.hpp"
+
+namespace fp4lab {
+
+struct Philox4 {
+  uint32_t v[4];
+};
+
+FP4LAB_HD constexpr Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1) {
+  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
+  constexpr uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(M0) * ctr.v[0];
+    const uint64_t p1 = uint64_t(M1) * ctr.v[2];
+    const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
+    const uint32_t hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
+    ctr = Philox4{{hi1 ^ ctr.v[1] ^ k0, lo1, hi0 ^ ctr.v[3] ^ k1, lo0}};
+    k0 += W0;
+    k1 += W1;
+  }
+  return ctr;
+}
+
+// The four 32-bit words of group `index / 4` of (seed, stream).
+FP4LAB_HD constexpr Philox4 philox_group(uint64_t seed, uint64_t stream, uint64_t group) {
+  return philox4x32_10(Philox4{{uint32_t(group), uint32_t(group >> 32), uint32_t(stream), uint32_t(stream >> 32)}},
+                       uint32_t(seed), uint32_t(seed >> 32));
+}
+
+// The 32 random bits of element `index` of (seed, stream).
+FP4LAB_HD constexpr uint32_t random_bits(uint64_t seed, uint64_t stream, uint64_t index) {
+  return philox_group(seed, stream, index >> 2).v[index & 3u];
+}
+
+}  // namespace fp4lab
