@@ -1,0 +1,1 @@
+// trainer sources go here

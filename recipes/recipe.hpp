@@ -1,0 +1,58 @@
+// Recipes (DESIGN.md sec. 4): which quantizer each of the six GEMM operands of
+// a linear layer y = x W^T + b uses.
+//
+//   forward   y  = x  W^T : fwd_x  (x  [B, in],  reduction over in)
+//                           fwd_w  (W  [out, in], reduction over in)
+//   dgrad     dx = dy W   : dgrad_grad_y (dy [B, out], reduction over out)
+//                           dgrad_w      (W  [out, in], reduction over out)
+//   wgrad     dW = dy^T x : wgrad_grad_y (dy [B, out], reduction over B)
+//                           wgrad_x      (x  [B, in],  reduction over B)
+// Each operand's quantizer is stated with its block along the GEMM's
+// reduction axis in the operand's own row-major layout (so fwd_x uses [1,N],
+// dgrad_w and the wgrad operands [N,1]; 2-D tiles [N,N] are the same either
+// way). An empty optional = that operand stays in high precision.
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "sim/quantizer.hpp"
+
+namespace fp4lab {
+
+enum class Operand : uint8_t { fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x };
+inline constexpr int kOperandCount = 6;
+const char* operand_name(Operand op);
+
+enum class HighPrecision : uint8_t { fp32, bf16 };
+
+struct Recipe {
+  std::string name;
+  std::string source;  // citation
+  std::array<std::optional<QuantizerSpec>, kOperandCount> operands;
+  bool double_quantization = false;  // TetraJet: re-quantize dq(W) along the other axis for dgrad etc.
+  bool wgrad_rht = false;            // RHT on both wgrad operands along B
+  uint64_t rht_seed = 0;
+  HighPrecision high_precision = HighPrecision::fp32;  // arithmetic of the unquantized parts
+  std::vector<std::string> keep_high_precision;        // layer-name patterns ('*' wildcard) left unquantized
+  std::optional<std::string> switch_to;                // recipe to use for the last `switch_fraction` of training
+  double switch_fraction = 0.0;
+
+  const std::optional<QuantizerSpec>& operand(Operand op) const { return operands[size_t(op)]; }
+  bool keeps_high_precision(const std::string& layer_name) const;
+};
+
+std::vector<std::string> recipe_names();
+Recipe recipe_by_name(const std::string& name);
+// JSON: {"extends": "nvfp4", "fwd_x": {...} | "mxfp4" | null, ...}. Errors name
+// the JSON path (`where`) and the valid choices.
+Recipe recipe_from_json(const nlohmann::json& j, const std::string& where = "recipe");
+nlohmann::json recipe_to_json(const Recipe& r);
+// A canned name, a JSON file path, or a JSON object text.
+Recipe parse_recipe(const std::string& name_or_path);
+
+}  // namespace fp4lab

@@ -1,0 +1,101 @@
+// The quantizer value (DESIGN.md sec. 3) and the bit-exact block quantizer.
+//
+// A QuantizerSpec says how to turn a 2-D row-major float32 tensor [rows, cols]
+// into element codes + block scales (+ an optional per-tensor global scale):
+//   element      element format (e2m1, e2m3, e3m2, e4m3, e5m2, int8 ...)
+//   scale        block-scale format (e8m0 for MX, ue4m3 for NVFP4, float32 for
+//                per-tensor FP8 current scaling)
+//   block        [block_rows, block_cols]: [1,32] = 32 consecutive elements of
+//                a row, [16,1] = 16 of a column, [16,16] a tile; [0,0] = the
+//                whole tensor (per-tensor scaling)
+//   scale_rule   how a block's scale is derived from its amax (scale_rules.hpp)
+//   round        element rounding mode; overflow: element overflow policy
+//   global_scale none | tensor_amax (NVFP4's second level, FP32)
+//   rht          16-point Random Hadamard Transform along the block's axis
+//                before quantization (1-D blocks of 16 only), signs from rht_seed
+// JSON form (the same object in recipes, configs and the CLI):
+//   {"element": "e2m1", "scale": "ue4m3", "block": [1,16], "scale_rule": "nv",
+//    "round": "rn", "overflow": "saturate", "global_scale": "tensor_amax",
+//    "rht": false, "rht_seed": 0}
+// Missing keys take the defaults below; unknown keys are errors naming the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/encode.hpp"
+#include "core/format.hpp"
+#include "core/tensor.hpp"
+
+namespace fp4lab {
+
+enum class ScaleRule : uint8_t { ocp, ceil, tetrajet, nv, nv_noglobal, tensor_amax };
+enum class GlobalScale : uint8_t { none, tensor_amax };
+
+struct QuantizerSpec {
+  const Format* element = &float4_e2m1fn;
+  const Format* scale = &float8_e8m0fnu;
+  int block_rows = 1, block_cols = 32;
+  ScaleRule scale_rule = ScaleRule::ocp;
+  Round round = Round::rn;
+  Overflow overflow = Overflow::saturate;
+  GlobalScale global_scale = GlobalScale::none;
+  bool rht = false;
+  uint64_t rht_seed = 0;
+
+  bool operator==(const QuantizerSpec&) const = default;
+};
+
+// Canned quantizers: mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2,
+// mxint8, nvfp4, nvfp4_2d, nvfp4_col, fp8_e4m3_tensor, fp8_e5m2_tensor.
+QuantizerSpec quantizer_by_name(const std::string& name);
+std::vector<std::string> quantizer_names();
+// From a canned name, a JSON object, or the path of a JSON file.
+QuantizerSpec parse_quantizer(const std::string& name_json_or_path);
+// `where` names the JSON path for error messages, e.g. "recipe.fwd_x".
+QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& where);
+nlohmann::json quantizer_to_json(const QuantizerSpec& q);
+// Throws fp4lab::Error (prefixed by `where`) if the combination is impossible.
+void validate(const QuantizerSpec& q, const std::string& where);
+std::string describe(const QuantizerSpec& q);  // one line, e.g. "e2m1 [1,16] ue4m3 nv rn sat global"
+
+// Where the random bits of stochastic rounding come from (core/philox.hpp):
+// element i (row-major linear index) of the tensor uses
+// random_bits(seed, stream, i).
+struct RandomStream {
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+};
+
+struct QuantStats {
+  double sqnr_db = 0;            // 10 log10(sum x^2 / sum (x - dq)^2); +inf if exact
+  double max_abs_error = 0;
+  double flushed_to_zero = 0;    // fraction of non-zero inputs whose dequantized value is 0
+  double saturated = 0;          // fraction of elements clamped to +-max of the element format
+  int64_t scale_underflows = 0;  // blocks whose scale underflowed the scale format
+  int64_t scale_overflows = 0;   // blocks whose scale overflowed the scale format
+};
+
+struct QuantizedTensor {
+  QuantizerSpec spec;
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> codes;        // [rows*cols], one element code per byte, row-major
+  int64_t scale_rows = 0, scale_cols = 0;  // ceil(rows/block_rows) x ceil(cols/block_cols)
+  std::vector<uint8_t> scale_codes;  // [scale_rows*scale_cols] codes of spec.scale (empty for float32 scales)
+  std::vector<float> scales;         // decoded block scales (what multiplies an element code's value)
+  float global_decode = 1.0f;        // g_dec of the nv rule (1 when there is no global scale)
+  std::vector<float> dequant;        // [rows*cols]: decode(code) * scale * global_decode
+};
+
+// Quantizes x (row-major [rows, cols], float32) bit-exactly. The result does
+// not depend on the number of OpenMP threads.
+QuantizedTensor quantize(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs = {});
+// Replaces x by its dequantized value (what fake quantization in training
+// uses); same bits as quantize(...).dequant, without keeping codes.
+void fake_quantize(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs = {});
+QuantStats quant_stats(const QuantizedTensor& qt, MatrixView<const float> x);
+
+}  // namespace fp4lab
