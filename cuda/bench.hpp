@@ -1,0 +1,30 @@
+// CUDA benchmarks called from the `fp4lab bench` CLI (apps/). Only compiled when
+// the CUDA backend is built: callers include this under #ifdef FP4LAB_WITH_CUDA.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fp4lab::cuda {
+
+// `fp4lab bench quantize --backend cuda`.
+// Quantizes a rows x cols row-major tensor (random normal data, generated on the
+// device) with each quantizer in `quantizers` (canned names such as "mxfp4",
+// "nvfp4", "nvfp4_2d", or JSON quantizer objects, as accepted by sim's
+// parse_quantizer), once with a BF16 input and once with an FP32 input.
+// Prints, per quantizer and input type, the median kernel time over `repeats`
+// timed launches (after warm-up, cudaEvent timing), the effective bandwidth
+// (bytes read + bytes written, GB/s) and that bandwidth as a fraction of a
+// device-to-device cudaMemcpy of the same input measured in the same run.
+// An empty `quantizers` list means every canned quantizer.
+// Returns 0 on success; throws fp4lab::Error on a bad quantizer or when no GPU
+// is present (the message says so).
+int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& quantizers, int repeats);
+
+// `fp4lab bench gemm --backend cuda`: TFLOP/s of cuBLAS BF16, the NVFP4/MXFP4
+// simulated GEMMs (quantize both operands + dequantize + BF16 tensor-core GEMM)
+// and the MXFP8 GEMM at m x n x k, all in the same run. Returns 0 on success.
+int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats);
+
+}  // namespace fp4lab::cuda
