@@ -1,0 +1,642 @@
+// The bit-exact block quantizer (quantizer.hpp), its JSON form and canned specs.
+//
+// Layout of the computation (every step is per element or an exact max, so the
+// result does not depend on the OpenMP thread count):
+//   1. block amax: max of |x| bit patterns over each block's valid elements
+//      (stripes of block_rows rows in parallel);
+//   2. per-block scale by the rule (sim/scale_rules.hpp, shared with cuda/);
+//   3. per row (in parallel): element operand y = x * mult (x / scale for
+//      nv_noglobal), code = encode(element, y), dequant = (value(code) * scale) * g_dec.
+#include "sim/quantizer.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/philox.hpp"
+#include "sim/quantizer_internal.hpp"
+#include "sim/rht.hpp"
+#include "sim/scale_rules.hpp"
+
+namespace fp4lab {
+
+// ---------------------------------------------------------------------------
+// names
+// ---------------------------------------------------------------------------
+
+std::string_view short_format_name(const Format& f) {
+  if (&f == &float4_e2m1fn) return "e2m1";
+  if (&f == &float6_e2m3fn) return "e2m3";
+  if (&f == &float6_e3m2fn) return "e3m2";
+  if (&f == &float8_e4m3fn) return "e4m3";
+  if (&f == &float8_e5m2) return "e5m2";
+  if (&f == &float8_e4m3fnuz) return "e4m3fnuz";
+  if (&f == &float8_e5m2fnuz) return "e5m2fnuz";
+  if (&f == &float8_e8m0fnu) return "e8m0";
+  if (&f == &ufloat8_e4m3) return "ue4m3";
+  if (&f == &int8_mx) return "int8";
+  if (&f == &bfloat16) return "bf16";
+  if (&f == &float16) return "f16";
+  if (&f == &float32) return "f32";
+  return f.name;
+}
+
+std::string_view scale_rule_name(ScaleRule r) {
+  switch (r) {
+    case ScaleRule::ocp: return "ocp";
+    case ScaleRule::ceil: return "ceil";
+    case ScaleRule::tetrajet: return "tetrajet";
+    case ScaleRule::nv: return "nv";
+    case ScaleRule::nv_noglobal: return "nv_noglobal";
+    case ScaleRule::tensor_amax: return "tensor_amax";
+  }
+  return "?";
+}
+
+ScaleRule parse_scale_rule(std::string_view s) {
+  for (ScaleRule r : {ScaleRule::ocp, ScaleRule::ceil, ScaleRule::tetrajet, ScaleRule::nv, ScaleRule::nv_noglobal,
+                      ScaleRule::tensor_amax})
+    if (scale_rule_name(r) == s) return r;
+  throw Error("unknown scale_rule '" + std::string(s) + "'; valid: ocp, ceil, tetrajet, nv, nv_noglobal, tensor_amax");
+}
+
+namespace {
+
+QuantizerSpec mx(const Format& element) {
+  QuantizerSpec q;
+  q.element = &element;
+  q.scale = &float8_e8m0fnu;
+  q.block_rows = 1;
+  q.block_cols = 32;
+  q.scale_rule = ScaleRule::ocp;
+  return q;
+}
+
+QuantizerSpec nv(int br, int bc) {
+  QuantizerSpec q;
+  q.element = &float4_e2m1fn;
+  q.scale = &ufloat8_e4m3;
+  q.block_rows = br;
+  q.block_cols = bc;
+  q.scale_rule = ScaleRule::nv;
+  q.global_scale = GlobalScale::tensor_amax;
+  return q;
+}
+
+QuantizerSpec per_tensor(const Format& element) {
+  QuantizerSpec q;
+  q.element = &element;
+  q.scale = &float32;
+  q.block_rows = 0;
+  q.block_cols = 0;
+  q.scale_rule = ScaleRule::tensor_amax;
+  return q;
+}
+
+struct Canned {
+  const char* name;
+  QuantizerSpec spec;
+};
+
+const std::vector<Canned>& canned() {
+  static const std::vector<Canned> list = {
+      {"mxfp4", mx(float4_e2m1fn)},          {"mxfp6_e2m3", mx(float6_e2m3fn)},
+      {"mxfp6_e3m2", mx(float6_e3m2fn)},     {"mxfp8_e4m3", mx(float8_e4m3fn)},
+      {"mxfp8_e5m2", mx(float8_e5m2)},       {"mxint8", mx(int8_mx)},
+      {"nvfp4", nv(1, 16)},                  {"nvfp4_2d", nv(16, 16)},
+      {"nvfp4_col", nv(16, 1)},              {"fp8_e4m3_tensor", per_tensor(float8_e4m3fn)},
+      {"fp8_e5m2_tensor", per_tensor(float8_e5m2)},
+  };
+  return list;
+}
+
+std::string join_names() {
+  std::string s;
+  for (const auto& c : canned()) s += (s.empty() ? "" : ", ") + std::string(c.name);
+  return s;
+}
+
+}  // namespace
+
+QuantizerSpec quantizer_by_name(const std::string& name) {
+  for (const auto& c : canned())
+    if (name == c.name) return c.spec;
+  throw Error("unknown quantizer '" + name + "'; valid: " + join_names() +
+              ", or a JSON object / JSON file with the keys element, scale, block, scale_rule, round, overflow, "
+              "global_scale, rht, rht_seed");
+}
+
+std::vector<std::string> quantizer_names() {
+  std::vector<std::string> v;
+  for (const auto& c : canned()) v.push_back(c.name);
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// JSON
+// ---------------------------------------------------------------------------
+
+namespace {
+constexpr const char* json_keys = "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed";
+
+std::string get_string(const nlohmann::json& v, const std::string& path) {
+  if (!v.is_string()) throw Error(path + ": expected a string, got " + v.dump());
+  return v.get<std::string>();
+}
+}  // namespace
+
+QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& where) {
+  if (j.is_string()) {
+    try {
+      return quantizer_by_name(j.get<std::string>());
+    } catch (const Error& e) {
+      throw Error(where + ": " + e.what());
+    }
+  }
+  if (!j.is_object()) throw Error(where + ": a quantizer must be a canned name or a JSON object, got " + j.dump());
+  QuantizerSpec q;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const nlohmann::json& v = it.value();
+    const std::string path = where + "." + k;
+    try {
+      if (k == "element") {
+        q.element = &format_by_name(get_string(v, path));
+      } else if (k == "scale") {
+        q.scale = &format_by_name(get_string(v, path));
+      } else if (k == "block") {
+        if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
+          throw Error(path + ": expected [block_rows, block_cols] (two integers; [0,0] = per tensor), got " + v.dump());
+        const int64_t br = v[0].get<int64_t>(), bc = v[1].get<int64_t>();
+        if (br < 0 || bc < 0 || br > (1 << 20) || bc > (1 << 20))
+          throw Error(path + ": block extents must be in [0, 2^20], got " + v.dump());
+        q.block_rows = int(br);
+        q.block_cols = int(bc);
+      } else if (k == "scale_rule") {
+        q.scale_rule = parse_scale_rule(get_string(v, path));
+      } else if (k == "round") {
+        q.round = parse_round(get_string(v, path));
+      } else if (k == "overflow") {
+        q.overflow = parse_overflow(get_string(v, path));
+      } else if (k == "global_scale") {
+        const std::string s = get_string(v, path);
+        if (s == "none") {
+          q.global_scale = GlobalScale::none;
+        } else if (s == "tensor_amax") {
+          q.global_scale = GlobalScale::tensor_amax;
+        } else {
+          throw Error("unknown global_scale '" + s + "'; valid: none, tensor_amax");
+        }
+      } else if (k == "rht") {
+        if (!v.is_boolean()) throw Error(path + ": expected true or false, got " + v.dump());
+        q.rht = v.get<bool>();
+      } else if (k == "rht_seed") {
+        if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+          throw Error(path + ": expected a non-negative integer, got " + v.dump());
+        q.rht_seed = v.get<uint64_t>();
+      } else {
+        throw Error("unknown key '" + k + "'; valid keys: " + json_keys);
+      }
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      throw Error(msg.rfind(path, 0) == 0 ? msg : path + ": " + msg);
+    }
+  }
+  validate(q, where);
+  return q;
+}
+
+nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
+  nlohmann::json j;
+  j["element"] = std::string(short_format_name(*q.element));
+  j["scale"] = std::string(short_format_name(*q.scale));
+  j["block"] = {q.block_rows, q.block_cols};
+  j["scale_rule"] = std::string(scale_rule_name(q.scale_rule));
+  j["round"] = std::string(round_name(q.round));
+  j["overflow"] = std::string(overflow_name(q.overflow));
+  j["global_scale"] = q.global_scale == GlobalScale::none ? "none" : "tensor_amax";
+  j["rht"] = q.rht;
+  j["rht_seed"] = q.rht_seed;
+  return j;
+}
+
+QuantizerSpec parse_quantizer(const std::string& s) {
+  for (const auto& c : canned())
+    if (s == c.name) return c.spec;
+  const auto first = s.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && s[first] == '{') {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(s);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error("quantizer JSON '" + s + "' does not parse: " + e.what());
+    }
+    return quantizer_from_json(j, "quantizer");
+  }
+  std::ifstream f(s);
+  if (!f) {
+    throw Error("quantizer '" + s + "' is neither a canned name (" + join_names() +
+                "), a JSON object, nor a readable JSON file");
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error("quantizer file '" + s + "' is not valid JSON: " + e.what());
+  }
+  return quantizer_from_json(j, s);
+}
+
+void validate(const QuantizerSpec& q, const std::string& where) {
+  auto fail = [&](const std::string& m) { throw Error(where + ": " + m); };
+  if (q.element == nullptr || q.scale == nullptr) fail("element and scale formats must be set");
+  const Format& e = *q.element;
+  if (e.bits() > 8 || !e.is_signed || e.special == Special::e8m0)
+    fail("element format '" + std::string(e.name) +
+         "' cannot be a block element; valid: e2m1, e2m3, e3m2, e4m3, e5m2, e4m3fnuz, e5m2fnuz, int8");
+  if ((q.block_rows == 0) != (q.block_cols == 0))
+    fail("block [" + std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) +
+         "] is invalid: both extents >= 1, or [0,0] for one scale per tensor");
+  if (q.block_rows < 0 || q.block_cols < 0) fail("block extents must be >= 0");
+  switch (q.scale_rule) {
+    case ScaleRule::ocp:
+    case ScaleRule::ceil:
+    case ScaleRule::tetrajet:
+      if (q.scale != &float8_e8m0fnu)
+        fail("scale_rule '" + std::string(scale_rule_name(q.scale_rule)) +
+             "' makes power-of-two scales: scale must be e8m0, got '" + std::string(q.scale->name) + "'");
+      break;
+    case ScaleRule::nv:
+    case ScaleRule::nv_noglobal:
+      if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn)
+        fail("scale_rule '" + std::string(scale_rule_name(q.scale_rule)) + "' needs an E4M3 scale (ue4m3 or e4m3), got '" +
+             std::string(q.scale->name) + "'");
+      break;
+    case ScaleRule::tensor_amax:
+      if (q.scale != &float32) fail("scale_rule 'tensor_amax' uses float32 scales: scale must be f32, got '" +
+                                    std::string(q.scale->name) + "'");
+      break;
+  }
+  if (q.global_scale == GlobalScale::tensor_amax && q.scale_rule != ScaleRule::nv)
+    fail("global_scale 'tensor_amax' is the second level of the 'nv' rule only; use global_scale 'none' with '" +
+         std::string(scale_rule_name(q.scale_rule)) + "'");
+  if (q.rht && !((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
+    fail("rht works on 1-D blocks of 16: block must be [1,16] or [16,1], got [" + std::to_string(q.block_rows) + "," +
+         std::to_string(q.block_cols) + "]");
+}
+
+std::string describe(const QuantizerSpec& q) {
+  std::ostringstream s;
+  s << short_format_name(*q.element) << " [" << q.block_rows << "," << q.block_cols << "] "
+    << short_format_name(*q.scale) << " " << scale_rule_name(q.scale_rule) << " " << round_name(q.round) << " "
+    << (q.overflow == Overflow::saturate ? "sat" : "nonsat");
+  if (q.global_scale == GlobalScale::tensor_amax) s << " global";
+  if (q.rht) s << " rht(seed " << q.rht_seed << ")";
+  return s.str();
+}
+
+// ---------------------------------------------------------------------------
+// block scales
+// ---------------------------------------------------------------------------
+
+BlockGrid block_grid(const QuantizerSpec& q, int64_t rows, int64_t cols) {
+  BlockGrid g;
+  g.br = q.block_rows == 0 ? std::max<int64_t>(rows, 1) : q.block_rows;
+  g.bc = q.block_cols == 0 ? std::max<int64_t>(cols, 1) : q.block_cols;
+  g.nbr = (rows + g.br - 1) / g.br;
+  g.nbc = (cols + g.bc - 1) / g.bc;
+  return g;
+}
+
+std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float> x) {
+  std::vector<uint32_t> amax(size_t(g.nbr * g.nbc), 0u);
+  if (amax.empty()) return amax;
+  if (g.nbr * g.nbc == 1) {
+    uint32_t m = 0;
+#pragma omp parallel for reduction(max : m) schedule(static)
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* xr = x.data + r * x.stride;
+      uint32_t mr = 0;
+      for (int64_t c = 0; c < x.cols; ++c) mr = std::max(mr, abs_bits(xr[c]));
+      m = std::max(m, mr);
+    }
+    amax[0] = m;
+    return amax;
+  }
+#pragma omp parallel
+  {
+    std::vector<uint32_t> colmax(static_cast<size_t>(x.cols));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < g.nbr; ++i) {
+      std::fill(colmax.begin(), colmax.end(), 0u);
+      const int64_t r1 = std::min(x.rows, (i + 1) * g.br);
+      for (int64_t r = i * g.br; r < r1; ++r) {
+        const float* xr = x.data + r * x.stride;
+        uint32_t* cm = colmax.data();
+        for (int64_t c = 0; c < x.cols; ++c) cm[c] = std::max(cm[c], abs_bits(xr[c]));
+      }
+      for (int64_t j = 0; j < g.nbc; ++j) {
+        const int64_t c1 = std::min(x.cols, (j + 1) * g.bc);
+        uint32_t m = 0;
+        for (int64_t c = j * g.bc; c < c1; ++c) m = std::max(m, colmax[size_t(c)]);
+        amax[size_t(i * g.nbc + j)] = m;
+      }
+    }
+  }
+  return amax;
+}
+
+BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float> x) {
+  BlockScales b;
+  b.grid = block_grid(q, x.rows, x.cols);
+  const std::vector<uint32_t> amax = block_amax_bits(b.grid, x);
+  const size_t n = amax.size();
+  b.has_codes = q.scale != &float32;
+  b.scale_codes.assign(b.has_codes ? n : 0, 0);
+  b.scales.assign(n, 0.0f);
+  b.mult.assign(n, 0.0f);
+  b.flags.assign(n, 0);
+  const Format& elem = *q.element;
+  const float elem_max = max_finite(elem);
+  switch (q.scale_rule) {
+    case ScaleRule::ocp:
+    case ScaleRule::ceil:
+    case ScaleRule::tetrajet: {
+      b.pow2 = true;
+      for (size_t i = 0; i < n; ++i) {
+        const MxScale s = q.scale_rule == ScaleRule::ocp    ? mx_scale_ocp(amax[i], elem)
+                          : q.scale_rule == ScaleRule::ceil ? mx_scale_ceil(amax[i], elem)
+                                                            : mx_scale_tetrajet(amax[i], elem);
+        b.scale_codes[i] = uint8_t(s.code());
+        b.scales[i] = s.nan ? quiet_nan_f() : pow2f(s.exp);
+        b.mult[i] = s.nan ? quiet_nan_f() : pow2f(-s.exp);
+        b.flags[i] = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) |
+                             (s.nan ? flag_nan : 0));
+      }
+      break;
+    }
+    case ScaleRule::nv: {
+      NvGlobal g = nv_no_global(elem_max);
+      if (q.global_scale == GlobalScale::tensor_amax) {
+        uint32_t m = 0;
+        for (uint32_t a : amax) m = std::max(m, a);
+        b.global_amax = bits_float(m);
+        g = nv_global(b.global_amax, max_finite(*q.scale), elem_max);
+      }
+      b.g_dec = g.g_dec;
+      b.g_enc = g.g_enc;
+      for (size_t i = 0; i < n; ++i) {
+        const NvBlockScale s = nv_block_scale(bits_float(amax[i]), g, *q.scale);
+        b.scale_codes[i] = uint8_t(s.code);
+        b.scales[i] = s.scale;
+        b.mult[i] = s.encode;
+        b.flags[i] = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) |
+                             (amax[i] > 0x7F800000u ? flag_nan : 0));
+      }
+      break;
+    }
+    case ScaleRule::nv_noglobal: {
+      b.divide = true;
+      for (size_t i = 0; i < n; ++i) {
+        const NvBlockScale s = nv_noglobal_block_scale(bits_float(amax[i]), elem_max, *q.scale);
+        b.scale_codes[i] = uint8_t(s.code);
+        b.scales[i] = s.scale;
+        b.mult[i] = s.scale;
+        b.flags[i] = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) |
+                             (amax[i] > 0x7F800000u ? flag_nan : 0));
+      }
+      break;
+    }
+    case ScaleRule::tensor_amax: {
+      for (size_t i = 0; i < n; ++i) {
+        const TensorScale t = tensor_amax_scale(bits_float(amax[i]), elem_max);
+        b.scales[i] = t.decode;
+        b.mult[i] = t.encode;
+        b.flags[i] = uint8_t(amax[i] > 0x7F800000u ? flag_nan : 0);
+      }
+      break;
+    }
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------------------
+// element encoding
+// ---------------------------------------------------------------------------
+
+std::array<float, 256> decode_table(const Format& f) {
+  std::array<float, 256> t{};
+  for (uint32_t c = 0; c < 256; ++c) t[c] = c < f.code_count() ? decode(f, c) : quiet_nan_f();
+  return t;
+}
+
+namespace {
+
+// Row kernel of the RN fast path: y = x * m (or x / m), branch-free encode.
+template <const Format& F, bool Divide>
+void row_rn_fast(const float* xr, const float* cm, const float* cs, float gd, const float* tab, Overflow o,
+                 uint8_t* codes, float* dq, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) {
+    const float y = Divide ? xr[c] / cm[c] : xr[c] * cm[c];
+    const uint32_t code = encode_rn_f32<F>(y, o);
+    codes[c] = uint8_t(code);
+    dq[c] = (tab[code] * cs[c]) * gd;
+  }
+}
+
+using RowFn = void (*)(const float*, const float*, const float*, float, const float*, Overflow, uint8_t*, float*,
+                       int64_t);
+
+template <bool Divide>
+RowFn fast_row_fn(const Format& f) {
+  if (&f == &float4_e2m1fn) return row_rn_fast<float4_e2m1fn, Divide>;
+  if (&f == &float6_e2m3fn) return row_rn_fast<float6_e2m3fn, Divide>;
+  if (&f == &float6_e3m2fn) return row_rn_fast<float6_e3m2fn, Divide>;
+  if (&f == &float8_e4m3fn) return row_rn_fast<float8_e4m3fn, Divide>;
+  if (&f == &float8_e5m2) return row_rn_fast<float8_e5m2, Divide>;
+  if (&f == &float8_e4m3fnuz) return row_rn_fast<float8_e4m3fnuz, Divide>;
+  if (&f == &float8_e5m2fnuz) return row_rn_fast<float8_e5m2fnuz, Divide>;
+  return nullptr;
+}
+
+// Generic row kernel: any rounding mode (SR bits from Philox by linear index).
+void row_generic(const QuantizerSpec& q, const BlockScales& b, const float* xr, const float* cm, const float* cs,
+                 const float* tab, RandomStream rs, uint64_t base_index, uint8_t* codes, float* dq, int64_t n) {
+  const Format& f = *q.element;
+  const bool exact_pow2 = b.pow2 && (q.round == Round::rp || q.round == Round::rm);
+  const bool sr = q.round == Round::rs;
+  Philox4 group{};
+  uint64_t group_id = ~uint64_t(0);
+  for (int64_t c = 0; c < n; ++c) {
+    uint32_t rbits = 0;
+    if (sr) {
+      const uint64_t idx = base_index + uint64_t(c);
+      if ((idx >> 2) != group_id) {
+        group_id = idx >> 2;
+        group = philox_group(rs.seed, rs.stream, group_id);
+      }
+      rbits = group.v[idx & 3u];
+    }
+    uint32_t code;
+    if (exact_pow2) {
+      // x * 2^-e exactly (float64 never underflows here): directed rounding of
+      // a value below FP32's normal range must see its true sign and size.
+      code = encode(f, double(xr[c]) * double(cm[c]), q.round, q.overflow, rbits);
+    } else {
+      const float y = b.divide ? xr[c] / cm[c] : xr[c] * cm[c];
+      code = encode(f, y, q.round, q.overflow, rbits);
+    }
+    codes[c] = uint8_t(code);
+    dq[c] = (tab[code] * cs[c]) * b.g_dec;
+  }
+}
+
+// Quantizes the rows of x (already RHT-transformed if the spec says so) with
+// the block scales b; writes dequant (row-major, stride out_stride) and, if
+// codes_out is not null, the element codes (contiguous rows*cols).
+void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<const float> x, RandomStream rs,
+                   float* dq_out, int64_t out_stride, uint8_t* codes_out) {
+  const std::array<float, 256> tab = decode_table(*q.element);
+  const bool fast = q.round == Round::rn;
+  const RowFn fast_fn = fast ? (b.divide ? fast_row_fn<true>(*q.element) : fast_row_fn<false>(*q.element)) : nullptr;
+  const BlockGrid& g = b.grid;
+  const int64_t cols = x.cols;
+#pragma omp parallel
+  {
+    std::vector<float> cm(static_cast<size_t>(cols)), cs(static_cast<size_t>(cols));
+    std::vector<uint8_t> cb(static_cast<size_t>(cols));
+    int64_t cached = -1;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const int64_t bi = r / g.br;
+      if (bi != cached) {
+        cached = bi;
+        for (int64_t j = 0; j < g.nbc; ++j) {
+          const int64_t c1 = std::min(cols, (j + 1) * g.bc);
+          const float m = b.mult[size_t(bi * g.nbc + j)], s = b.scales[size_t(bi * g.nbc + j)];
+          for (int64_t c = j * g.bc; c < c1; ++c) {
+            cm[size_t(c)] = m;
+            cs[size_t(c)] = s;
+          }
+        }
+      }
+      const float* xr = x.data + r * x.stride;
+      float* dq = dq_out + r * out_stride;
+      uint8_t* codes = codes_out ? codes_out + r * cols : cb.data();
+      if (fast_fn) {
+        fast_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, codes, dq, cols);
+      } else {
+        row_generic(q, b, xr, cm.data(), cs.data(), tab.data(), rs, uint64_t(r * cols), codes, dq, cols);
+      }
+    }
+  }
+}
+
+RhtAxis rht_axis(const QuantizerSpec& q) { return q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols; }
+
+// Contiguous copy of x, RHT-transformed.
+std::vector<float> rht_copy(const QuantizerSpec& q, MatrixView<const float> x) {
+  std::vector<float> t(static_cast<size_t>(x.rows * x.cols));
+  for (int64_t r = 0; r < x.rows; ++r) std::memcpy(t.data() + r * x.cols, x.data + r * x.stride, size_t(x.cols) * 4);
+  rht_forward(MatrixView<float>(t.data(), x.rows, x.cols), rht_axis(q), q.rht_seed);
+  return t;
+}
+
+}  // namespace
+
+QuantizedTensor quantize(const QuantizerSpec& q, MatrixView<const float> x_in, RandomStream rs) {
+  validate(q, "quantize");
+  std::vector<float> transformed;
+  MatrixView<const float> x = x_in;
+  if (q.rht) {
+    transformed = rht_copy(q, x_in);
+    x = MatrixView<const float>(transformed.data(), x_in.rows, x_in.cols);
+  }
+  BlockScales b = compute_block_scales(q, x);
+  QuantizedTensor qt;
+  qt.spec = q;
+  qt.rows = x.rows;
+  qt.cols = x.cols;
+  qt.scale_rows = b.grid.nbr;
+  qt.scale_cols = b.grid.nbc;
+  qt.codes.assign(size_t(x.rows * x.cols), 0);
+  qt.dequant.assign(size_t(x.rows * x.cols), 0.0f);
+  encode_tensor(q, b, x, rs, qt.dequant.data(), x.cols, qt.codes.data());
+  qt.scale_codes = std::move(b.scale_codes);
+  qt.scales = std::move(b.scales);
+  qt.global_decode = b.g_dec;
+  return qt;
+}
+
+void fake_quantize(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs) {
+  validate(q, "fake_quantize");
+  if (q.rht) {
+    std::vector<float> t = rht_copy(q, MatrixView<const float>(x.data, x.rows, x.cols, x.stride));
+    MatrixView<const float> tv(t.data(), x.rows, x.cols);
+    const BlockScales b = compute_block_scales(q, tv);
+    encode_tensor(q, b, tv, rs, x.data, x.stride, nullptr);
+    rht_inverse(x, rht_axis(q), q.rht_seed);
+    return;
+  }
+  MatrixView<const float> xc(x.data, x.rows, x.cols, x.stride);
+  const BlockScales b = compute_block_scales(q, xc);
+  encode_tensor(q, b, xc, rs, x.data, x.stride, nullptr);
+}
+
+QuantStats quant_stats(const QuantizedTensor& qt, MatrixView<const float> x_in) {
+  if (x_in.rows != qt.rows || x_in.cols != qt.cols)
+    throw Error("quant_stats: input shape [" + std::to_string(x_in.rows) + ", " + std::to_string(x_in.cols) +
+                "] differs from the quantized tensor's [" + std::to_string(qt.rows) + ", " + std::to_string(qt.cols) +
+                "]");
+  std::vector<float> transformed;
+  MatrixView<const float> x = x_in;
+  if (qt.spec.rht) {
+    transformed = rht_copy(qt.spec, x_in);
+    x = MatrixView<const float>(transformed.data(), x_in.rows, x_in.cols);
+  }
+  QuantStats s;
+  const BlockScales b = compute_block_scales(qt.spec, x);
+  for (uint8_t f : b.flags) {
+    s.scale_underflows += (f & flag_underflow) ? 1 : 0;
+    s.scale_overflows += (f & flag_overflow) ? 1 : 0;
+  }
+  const uint32_t maxmag = qt.spec.element->max_magnitude_code();
+  const uint32_t magmask = qt.spec.element->is_int ? 0xFFu : qt.spec.element->magnitude_mask();
+  const bool is_int = qt.spec.element->is_int;
+  double sig = 0, err = 0, maxerr = 0;
+  int64_t flushed = 0, nonzero = 0, saturated = 0;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    for (int64_t c = 0; c < x.cols; ++c) {
+      const double v = x(r, c);
+      const double d = qt.dequant[size_t(r * x.cols + c)];
+      const uint32_t code = qt.codes[size_t(r * x.cols + c)];
+      sig += v * v;
+      const double e = v - d;
+      err += e * e;
+      maxerr = std::max(maxerr, std::fabs(e));
+      if (v != 0.0 && !std::isnan(v)) {
+        ++nonzero;
+        if (d == 0.0) ++flushed;
+      }
+      // Clamped: the code is +-max and the input lies beyond its value.
+      const uint32_t mag = is_int ? (code >= 0x80u ? 0x100u - code : code) : (code & magmask);
+      if ((mag == maxmag || (is_int && mag == 0x80u)) && std::fabs(v) > std::fabs(d) && !std::isnan(d)) ++saturated;
+    }
+  }
+  const double n = double(std::max<int64_t>(1, x.rows * x.cols));
+  s.sqnr_db = err == 0 ? std::numeric_limits<double>::infinity() : 10.0 * std::log10(sig / err);
+  s.max_abs_error = maxerr;
+  s.flushed_to_zero = nonzero ? double(flushed) / double(nonzero) : 0.0;
+  s.saturated = double(saturated) / n;
+  return s;
+}
+
+}  // namespace fp4lab

@@ -1,0 +1,71 @@
+// 16-point Random Hadamard Transform (RHT) over chunks of 16 elements.
+//
+// For a chunk v (16 consecutive elements along the block's axis: a row
+// segment for [1,16] blocks, a column segment for [16,1]):
+//   forward  y = (1/4) H16 D v        inverse  v = (1/4) D H16 y
+// H16 is the Sylvester (natural-order) Hadamard matrix of +-1 entries, so
+// (1/4) H16 is orthonormal and symmetric; D = diag(d_0..d_15), d_i = +-1 from
+// the seed: d_i = -1 iff bit 0 of random_bits(seed, rht_sign_stream, i) is 1
+// (core/philox.hpp). The same 16 signs apply to every chunk of the tensor.
+// Transforming both GEMM operands along the reduction axis preserves the
+// product exactly in real arithmetic: (HDa)^T (HDb) = a^T b.
+//
+// FP32 operation order (bit-exact contract, the CUDA backend follows it):
+//   forward: t_i = d_i * v_i (exact); then 4 butterfly stages h = 1, 2, 4, 8:
+//            for each pair (i, i + h) with (i & h) == 0: (t_i, t_{i+h}) <- (t_i + t_{i+h}, t_i - t_{i+h})
+//            (each one FP32 add/sub, RN); finally y_i = t_i * 0.25f (exact unless
+//            the result is an FP32 subnormal).
+//   inverse: the same butterflies on y, then v_i = d_i * (t_i * 0.25f).
+// The butterflies compute H16 t in natural (Sylvester) order.
+//
+// Tensor dimensions along the transform axis must be multiples of 16 (no
+// partial chunks: a padded chunk could not be inverted without its padding);
+// other sizes throw fp4lab::Error.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "core/hd.hpp"
+#include "core/philox.hpp"
+#include "core/tensor.hpp"
+
+namespace fp4lab {
+
+inline constexpr uint64_t rht_sign_stream = 0x524854u;  // "RHT"
+
+// The 16 signs (+1.0f / -1.0f) of seed.
+FP4LAB_HD constexpr float rht_sign(uint64_t seed, int i) {
+  return (random_bits(seed, rht_sign_stream, uint64_t(i)) & 1u) ? -1.0f : 1.0f;
+}
+std::array<float, 16> rht_signs(uint64_t seed);
+
+// In-place forward / inverse transform of one chunk of 16 values.
+FP4LAB_HD constexpr void rht16_butterflies(float* t) {
+  for (int h = 1; h < 16; h <<= 1) {
+    for (int i = 0; i < 16; ++i) {
+      if (i & h) continue;
+      const float a = t[i], b = t[i + h];
+      t[i] = a + b;
+      t[i + h] = a - b;
+    }
+  }
+}
+FP4LAB_HD constexpr void rht16_forward(float* v, const float* signs) {
+  for (int i = 0; i < 16; ++i) v[i] = v[i] * signs[i];
+  rht16_butterflies(v);
+  for (int i = 0; i < 16; ++i) v[i] = v[i] * 0.25f;
+}
+FP4LAB_HD constexpr void rht16_inverse(float* v, const float* signs) {
+  rht16_butterflies(v);
+  for (int i = 0; i < 16; ++i) v[i] = signs[i] * (v[i] * 0.25f);
+}
+
+enum class RhtAxis : uint8_t { rows, cols };  // rows: chunks along a row ([1,16]); cols: along a column ([16,1])
+
+// Transforms x in place (row-major view). Throws if the axis length is not a
+// multiple of 16. OpenMP-parallel; results do not depend on the thread count.
+void rht_forward(MatrixView<float> x, RhtAxis axis, uint64_t seed);
+void rht_inverse(MatrixView<float> x, RhtAxis axis, uint64_t seed);
+
+}  // namespace fp4lab
