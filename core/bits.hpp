@@ -9,34 +9,14 @@
 
 namespace fp4lab {
 
-FP4LAB_HD constexpr uint32_t float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  return std::bit_cast<uint32_t>(x);
-#endif
-}
-FP4LAB_HD constexpr float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  return std::bit_cast<float>(u);
-#endif
-}
-FP4LAB_HD constexpr uint64_t double_bits(double x) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<uint64_t>(__double_as_longlong(x));
-#else
-  return std::bit_cast<uint64_t>(x);
-#endif
-}
-FP4LAB_HD constexpr double bits_double(uint64_t u) {
-#if defined(__CUDA_ARCH__)
-  return __longlong_as_double(static_cast<long long>(u));
-#else
-  return std::bit_cast<double>(u);
-#endif
-}
+// __builtin_bit_cast (what std::bit_cast is built on) is constexpr under g++,
+// clang and nvcc, on the host and in device code; the CUDA intrinsics
+// (__float_as_uint...) are not constexpr, which broke the static_asserts of
+// format.hpp in nvcc's device pass.
+FP4LAB_HD constexpr uint32_t float_bits(float x) { return __builtin_bit_cast(uint32_t, x); }
+FP4LAB_HD constexpr float bits_float(uint32_t u) { return __builtin_bit_cast(float, u); }
+FP4LAB_HD constexpr uint64_t double_bits(double x) { return __builtin_bit_cast(uint64_t, x); }
+FP4LAB_HD constexpr double bits_double(uint64_t u) { return __builtin_bit_cast(double, u); }
 
 // 2^k as a float32, exact for -149 <= k <= 127 (subnormal results included).
 FP4LAB_HD constexpr float pow2f(int k) {
@@ -52,7 +32,10 @@ FP4LAB_HD constexpr float quiet_nan_f() { return bits_float(0x7FC00000u); }
 // Number of leading zero bits of a 64-bit value (64 for 0).
 FP4LAB_HD constexpr int clz64(uint64_t x) {
 #if defined(__CUDA_ARCH__)
-  return __clzll(static_cast<long long>(x));
+  if (!__builtin_is_constant_evaluated()) return __clzll(static_cast<long long>(x));
+  int n = 0;
+  for (uint64_t bit = uint64_t(1) << 63; bit != 0 && (x & bit) == 0; bit >>= 1) ++n;
+  return n;
 #else
   return x == 0 ? 64 : std::countl_zero(x);
 #endif

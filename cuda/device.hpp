@@ -1,0 +1,119 @@
+// Device plumbing of the CUDA backend: error checks that throw fp4lab::Error,
+// an owning device buffer, GPU presence, and cudaEvent timing.
+//
+// Host-only header (plain C++; usable from .cpp files that link fp4lab_cuda).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "core/error.hpp"
+
+namespace fp4lab::cuda {
+
+// Throws fp4lab::Error("CUDA error in <what>: <cudaGetErrorString>") unless ok.
+void check(cudaError_t e, const char* what);
+// Checks the last launch error (cudaGetLastError) after a kernel launch.
+void check_launch(const char* kernel_name);
+
+// Number of usable CUDA devices: 0 when the driver or runtime is missing,
+// cudaGetDeviceCount fails, or it reports none. Never throws.
+int device_count();
+inline bool gpu_available() { return device_count() > 0; }
+// "NVIDIA H100 80GB HBM3, sm_90, 132 SMs" of the current device.
+std::string device_description();
+// Compute capability of the current device as major*10+minor (90 for sm_90).
+int compute_capability();
+
+// An owning, uninitialised device allocation of n elements of T (cudaMalloc).
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) { resize(n); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { release(); }
+
+  // Reallocates (contents lost) when n differs from the current size.
+  void resize(size_t n) {
+    if (n == n_) return;
+    release();
+    if (n > 0) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
+    n_ = n;
+  }
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+
+  void upload(const T* host, size_t n, size_t offset = 0) {
+    check(cudaMemcpy(p_ + offset, host, n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  void upload(const std::vector<T>& host) {
+    resize(host.size());
+    upload(host.data(), host.size());
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    if (n_) check(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return h;
+  }
+  // Fills every byte with `byte` (poisoning outputs before a test run).
+  void fill_bytes(int byte) {
+    if (n_) check(cudaMemset(p_, byte, n_ * sizeof(T)), "cudaMemset");
+  }
+
+ private:
+  void release() noexcept {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Median time in milliseconds of `repeats` runs of fn() on `stream`, each timed
+// with its own pair of cudaEvents, after `warmup` untimed runs.
+template <class Fn>
+double time_median_ms(Fn&& fn, int warmup, int repeats, cudaStream_t stream = nullptr);
+
+// Implementation of time_median_ms (templated so any callable works).
+double median_of(std::vector<double> v);
+template <class Fn>
+double time_median_ms(Fn&& fn, int warmup, int repeats, cudaStream_t stream) {
+  for (int i = 0; i < warmup; ++i) fn();
+  check(cudaStreamSynchronize(stream), "warm-up");
+  std::vector<cudaEvent_t> ev(2 * size_t(repeats));
+  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < repeats; ++i) {
+    check(cudaEventRecord(ev[2 * i], stream), "cudaEventRecord");
+    fn();
+    check(cudaEventRecord(ev[2 * i + 1], stream), "cudaEventRecord");
+  }
+  check(cudaStreamSynchronize(stream), "timed runs");
+  std::vector<double> ms(repeats);
+  for (int i = 0; i < repeats; ++i) {
+    float t = 0;
+    check(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
+    ms[i] = t;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  return median_of(std::move(ms));
+}
+
+}  // namespace fp4lab::cuda
