@@ -181,13 +181,13 @@ FP4LAB_HD constexpr uint32_t encode(const Format& f, T x, Round r, Overflow o, u
   return (neg ? f.sign_bit() : 0u) | uint32_t(mag);
 }
 
-// Round-to-nearest-even encode of float32 into a floating format with
-// subnormals (every format here except e8m0 and int8), without branches, so
+// Round-to-nearest-even encode of float32 into a signed floating format with
+// subnormals (every format here except e8m0, ue4m3 and int8), without branches, so
 // loops over it vectorise. Identical results to encode(F, x, Round::rn, o);
 // tests check that over all float32 inputs of a sampled grid and every edge.
 template <const Format& F>
 FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
-  static_assert(!F.is_int && F.has_subnormals() && F.man_bits < 23);
+  static_assert(!F.is_int && F.is_signed && F.has_subnormals() && F.man_bits < 23);
   constexpr int shift = 23 - F.man_bits;
   constexpr uint32_t rebias = uint32_t(127 - F.bias) << 23;
   constexpr uint32_t min_normal_bits = uint32_t(F.min_exponent() + 127) << 23;
@@ -200,7 +200,11 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
   const uint32_t sign = (u >> 31) ? F.sign_bit() : 0u;
   const uint32_t normal = (a - rebias + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift;
   const uint32_t subnormal = float_bits(bits_float(a) + magic) - float_bits(magic);
-  uint32_t mag = a < min_normal_bits ? subnormal : normal;
+  // A mask blend, not `?:`: with a select GCC sinks the float add into the
+  // subnormal branch and then (trapping math, which we keep) refuses to
+  // if-convert the loop, so the loop does not vectorise.
+  const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
+  uint32_t mag = (subnormal & sub_mask) | (normal & ~sub_mask);
   const bool overflow = a >= 0x7F800000u || mag > max_code;  // Inf or too large (NaN handled below)
   const uint32_t ovf = (o == Overflow::nonsaturate && F.has_nan())
                            ? (F.has_inf() ? (sign | F.inf_code())

@@ -25,7 +25,10 @@ constexpr Alias aliases[] = {
 
 std::string format_names() {
   std::string out;
-  for (const Format* f : all_formats) out += (out.empty() ? "" : ", ") + std::string(f->name);
+  for (const Format* f : all_formats) {
+    if (!out.empty()) out += ", ";
+    out += f->name;
+  }
   out += " (aliases:";
   for (const Alias& a : aliases) out += " " + std::string(a.alias);
   return out + ")";

@@ -1,0 +1,144 @@
+#include "core/cast.hpp"
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include "core/error.hpp"
+#include "core/philox.hpp"
+
+namespace fp4lab {
+
+namespace {
+
+// Work is split into fixed blocks of elements; OpenMP hands whole blocks to
+// threads. Results never depend on the split (each code is a pure function of
+// its element and index); blocks only bound scheduling overhead.
+constexpr size_t kBlock = 1 << 14;
+constexpr size_t kParallelMin = 1 << 16;
+
+template <class Body>
+void for_blocks(size_t n, Body body) {
+  const int64_t nblocks = int64_t((n + kBlock - 1) / kBlock);
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const size_t lo = size_t(b) * kBlock;
+    body(lo, std::min(n, lo + kBlock));
+  }
+}
+
+template <const Format& F, class C>
+void encode_rn_fast(const float* __restrict x, C* __restrict codes, size_t n, Overflow o) {
+  for_blocks(n, [&](size_t lo, size_t hi) {
+    // The overflow policy is hoisted out of the loop so that each loop body is
+    // a straight-line, branch-free function of x[i] that the compiler
+    // vectorises.
+    if (o == Overflow::saturate) {
+#pragma omp simd
+      for (size_t i = lo; i < hi; ++i) codes[i] = C(encode_rn_f32<F>(x[i], Overflow::saturate));
+    } else {
+#pragma omp simd
+      for (size_t i = lo; i < hi; ++i) codes[i] = C(encode_rn_f32<F>(x[i], Overflow::nonsaturate));
+    }
+  });
+}
+
+template <class T, class C>
+void encode_generic(const Format& f, const T* x, C* codes, size_t n, const CastOptions& opt) {
+  for_blocks(n, [&](size_t lo, size_t hi) {
+    if (opt.round != Round::rs) {
+      for (size_t i = lo; i < hi; ++i) codes[i] = C(encode(f, x[i], opt.round, opt.overflow));
+      return;
+    }
+    // One Philox call yields the bits of 4 consecutive indices (philox.hpp);
+    // reuse the group while the index stays in it.
+    uint64_t group = ~uint64_t(0);
+    Philox4 words{};
+    for (size_t i = lo; i < hi; ++i) {
+      const uint64_t index = opt.index_offset + i;
+      if ((index >> 2) != group) {
+        group = index >> 2;
+        words = philox_group(opt.seed, opt.stream, group);
+      }
+      codes[i] = C(encode(f, x[i], Round::rs, opt.overflow, words.v[index & 3u]));
+    }
+  });
+}
+
+template <class C>
+void check_code_type(const Format& f) {
+  if (code_bytes(f) != int(sizeof(C)))
+    throw Error("format " + std::string(f.name) + " has " + std::to_string(f.bits()) + "-bit codes, which are not stored as " +
+                (sizeof(C) == 1 ? "uint8" : "uint16") +
+                (code_bytes(f) == 0 ? " (float32 codes are not supported by the array helpers)" : ""));
+}
+
+// Float32 round-to-nearest-even: the branch-free path where it exists.
+template <class C>
+bool try_fast(const Format& f, const float* x, C* codes, size_t n, Overflow o) {
+  if (&f == &float4_e2m1fn) encode_rn_fast<float4_e2m1fn>(x, codes, n, o);
+  else if (&f == &float6_e2m3fn) encode_rn_fast<float6_e2m3fn>(x, codes, n, o);
+  else if (&f == &float6_e3m2fn) encode_rn_fast<float6_e3m2fn>(x, codes, n, o);
+  else if (&f == &float8_e4m3fn) encode_rn_fast<float8_e4m3fn>(x, codes, n, o);
+  else if (&f == &float8_e5m2) encode_rn_fast<float8_e5m2>(x, codes, n, o);
+  else if (&f == &float8_e4m3fnuz) encode_rn_fast<float8_e4m3fnuz>(x, codes, n, o);
+  else if (&f == &float8_e5m2fnuz) encode_rn_fast<float8_e5m2fnuz>(x, codes, n, o);
+  else if (&f == &bfloat16) encode_rn_fast<bfloat16>(x, codes, n, o);
+  else if (&f == &float16) encode_rn_fast<float16>(x, codes, n, o);
+  else return false;  // e8m0, ue4m3 (unsigned), int8: generic encode()
+  return true;
+}
+
+template <class T, class C>
+void encode_any(const Format& f, const T* x, C* codes, size_t n, const CastOptions& opt) {
+  check_code_type<C>(f);
+  if constexpr (std::is_same_v<T, float>) {
+    if (opt.round == Round::rn && try_fast(f, x, codes, n, opt.overflow)) return;
+  }
+  encode_generic(f, x, codes, n, opt);
+}
+
+}  // namespace
+
+void encode_array(const Format& f, const float* x, uint8_t* codes, size_t n, const CastOptions& opt) {
+  encode_any(f, x, codes, n, opt);
+}
+void encode_array(const Format& f, const double* x, uint8_t* codes, size_t n, const CastOptions& opt) {
+  encode_any(f, x, codes, n, opt);
+}
+void encode_array(const Format& f, const float* x, uint16_t* codes, size_t n, const CastOptions& opt) {
+  encode_any(f, x, codes, n, opt);
+}
+void encode_array(const Format& f, const double* x, uint16_t* codes, size_t n, const CastOptions& opt) {
+  encode_any(f, x, codes, n, opt);
+}
+
+void decode_array(const Format& f, const uint8_t* codes, float* out, size_t n) {
+  check_code_type<uint8_t>(f);
+  // A cache of decode() over the format's codes (not a second definition).
+  float table[256];
+  for (uint32_t c = 0; c < 256; ++c) table[c] = decode(f, c);
+  for_blocks(n, [&](size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; ++i) out[i] = table[codes[i]];
+  });
+}
+
+void decode_array(const Format& f, const uint16_t* codes, float* out, size_t n) {
+  check_code_type<uint16_t>(f);
+  for_blocks(n, [&](size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; ++i) out[i] = decode(f, codes[i]);
+  });
+}
+
+size_t first_invalid_code(const Format& f, const uint8_t* codes, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (codes[i] >= f.code_count()) return i;
+  return n;
+}
+size_t first_invalid_code(const Format& f, const uint16_t* codes, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (codes[i] >= f.code_count()) return i;
+  return n;
+}
+
+}  // namespace fp4lab
