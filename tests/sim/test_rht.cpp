@@ -1,0 +1,106 @@
+// Random Hadamard Transform (sim/rht.hpp): orthonormality, inverse, dot products.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/error.hpp"
+#include "sim/quantizer.hpp"
+#include "sim/rht.hpp"
+
+using namespace fp4lab;
+
+TEST_CASE("RHT of a unit vector: every output is +-1/4 with the Sylvester sign pattern") {
+  // H16 row i, column 0 is +1 for all i, so forward(e_0) = d_0 / 4 * (1, 1, ..., 1).
+  const auto d = rht_signs(42);
+  float v[16] = {};
+  v[0] = 1.0f;
+  rht16_forward(v, d.data());
+  for (int i = 0; i < 16; ++i) CHECK(v[i] == 0.25f * d[0]);
+  // e_3: H16[i][3] = (-1)^popcount(i & 3).
+  float w[16] = {};
+  w[3] = 1.0f;
+  rht16_forward(w, d.data());
+  for (int i = 0; i < 16; ++i) CHECK(w[i] == 0.25f * d[3] * ((__builtin_popcount(i & 3) & 1) ? -1.0f : 1.0f));
+  // signs are +-1 and not all equal for this seed (a seed gives a sign pattern)
+  int neg = 0;
+  for (float s : d) {
+    CHECK(std::fabs(s) == 1.0f);
+    neg += s < 0;
+  }
+  CHECK(neg > 0);
+  CHECK(neg < 16);
+}
+
+TEST_CASE("RHT is orthonormal: the transformed basis is orthonormal") {
+  const auto d = rht_signs(7);
+  float m[16][16];
+  for (int j = 0; j < 16; ++j) {
+    float v[16] = {};
+    v[j] = 1.0f;
+    rht16_forward(v, d.data());
+    for (int i = 0; i < 16; ++i) m[j][i] = v[i];
+  }
+  for (int a = 0; a < 16; ++a)
+    for (int b = 0; b < 16; ++b) {
+      double dot = 0;
+      for (int i = 0; i < 16; ++i) dot += double(m[a][i]) * m[b][i];
+      CHECK(std::fabs(dot - (a == b ? 1.0 : 0.0)) < 1e-12);
+    }
+}
+
+TEST_CASE("RHT inverse recovers x and x^T y is preserved, rows and columns") {
+  std::mt19937 g(5);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const int rows = 32, cols = 48;
+  std::vector<float> x(rows * cols), y(rows * cols);
+  for (auto& v : x) v = n(g);
+  for (auto& v : y) v = n(g);
+  for (RhtAxis ax : {RhtAxis::rows, RhtAxis::cols}) {
+    std::vector<float> tx = x, ty = y;
+    rht_forward(MatrixView<float>(tx.data(), rows, cols), ax, 99);
+    rht_forward(MatrixView<float>(ty.data(), rows, cols), ax, 99);
+    double d0 = 0, d1 = 0, norm0 = 0, norm1 = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      d0 += double(x[i]) * y[i];
+      d1 += double(tx[i]) * ty[i];
+      norm0 += double(x[i]) * x[i];
+      norm1 += double(tx[i]) * tx[i];
+    }
+    CHECK(d1 == doctest::Approx(d0).epsilon(1e-5));
+    CHECK(norm1 == doctest::Approx(norm0).epsilon(1e-5));
+    rht_inverse(MatrixView<float>(tx.data(), rows, cols), ax, 99);
+    for (size_t i = 0; i < x.size(); ++i) CHECK(std::fabs(tx[i] - x[i]) < 1e-5f);
+  }
+  // Not a multiple of 16 along the axis: an error naming the size.
+  std::vector<float> z(3 * 20);
+  CHECK_THROWS_AS(rht_forward(MatrixView<float>(z.data(), 3, 20), RhtAxis::rows, 1), Error);
+}
+
+TEST_CASE("quantizer with RHT: codes in the transformed domain, fake_quantize returns to x's domain") {
+  std::mt19937 g(9);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(16 * 64);
+  for (auto& v : x) v = n(g);
+  x[10] = 40.0f;  // an outlier: RHT spreads it over its 16-chunk
+  QuantizerSpec s = quantizer_by_name("nvfp4");
+  s.rht = true;
+  s.rht_seed = 3;
+  MatrixView<const float> xv(x.data(), 16, 64);
+  QuantizedTensor q = quantize(s, xv);
+  std::vector<float> t = x;
+  rht_forward(MatrixView<float>(t.data(), 16, 64), RhtAxis::rows, 3);
+  QuantizerSpec plain = s;
+  plain.rht = false;
+  QuantizedTensor p = quantize(plain, MatrixView<const float>(t.data(), 16, 64));
+  CHECK(q.codes == p.codes);  // = quantizing the transformed tensor
+  std::vector<float> f = x;
+  fake_quantize(s, MatrixView<float>(f.data(), 16, 64));
+  std::vector<float> dq = p.dequant;
+  rht_inverse(MatrixView<float>(dq.data(), 16, 64), RhtAxis::rows, 3);
+  for (size_t i = 0; i < f.size(); ++i) CHECK(f[i] == dq[i]);
+  // stats are taken in the transformed domain (where the codes live)
+  QuantStats st = quant_stats(q, xv);
+  CHECK(st.sqnr_db > 10.0);
+}
