@@ -7,10 +7,29 @@
 // Stochastic rounding streams: every quantization draws from
 //   RandomStream{seed, stream_id(layer_id, operand, step)}
 // so runs are reproducible per layer, per operand and per step.
+//
+// The three GEMMs (operand names of recipe.hpp):
+//   forward  y  = Q_fwd_x(x) Q_fwd_w(W)^T + b
+//   dgrad    dx = Q_dgrad_grad_y(dy) Q_dgrad_w(W')        W' = Q_fwd_w(W) if double_quantization, else W
+//   wgrad    dW = Q_wgrad_grad_y(R dy)^T Q_wgrad_x(R x')  x' = Q_fwd_x(x) if double_quantization, else x
+//            R = the 16-point RHT along B (the reduction axis) when recipe.wgrad_rht, else identity;
+//            applying the same orthonormal R to both operands leaves dW unchanged in exact arithmetic.
+//   db = column sums of dy (float64 accumulation, rounded once to float).
+// Q_op = fake_quantize(recipe.operand(op), ...) on a copy (quantizer.hpp); an
+// operand without a quantizer is used as is (FP32) or rounded to bfloat16 RN
+// when recipe.high_precision == bf16. Layers whose name matches
+// recipe.keep_high_precision use no quantizer (but the recipe's high-precision
+// mode); a null recipe is plain FP32.
+//
+// Accumulation model "fp32_eigen": Eigen FP32 GEMM (no FMA contraction), the
+// output split into fixed blocks of kGemmRowBlock rows computed in parallel
+// (OpenMP), each block by single-threaded Eigen, so the bits do not depend on
+// the thread count.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <Eigen/Core>
 
@@ -20,19 +39,31 @@ namespace fp4lab {
 
 using MatrixRM = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// stream = 0xA << 60 | layer_id << 44 | step << 3 | operand. Throws
+// fp4lab::Error if layer_id >= 2^16 or step >= 2^41 (the fields would overlap).
+// The tag 0xA in the top bits keeps these streams apart from any other use of
+// the same seed whose stream ids are below 2^60.
 uint64_t stream_id(uint64_t layer_id, Operand op, uint64_t step);
 
+inline constexpr int64_t kGemmRowBlock = 64;  // output rows per parallel GEMM task
+
 struct LinearContext {
-  const Recipe* recipe = nullptr;  // nullptr or a keep-high-precision layer = plain FP32
+  const Recipe* recipe = nullptr;  // nullptr = plain FP32
   uint64_t seed = 0;
   uint64_t layer_id = 0;
   uint64_t step = 0;
+  std::string_view layer_name = {};  // matched against recipe->keep_high_precision
 };
+
+// True when this layer's GEMMs are quantized (recipe set, layer not kept in
+// high precision).
+bool linear_is_quantized(const LinearContext& ctx);
 
 // Forward. Keeps what backward needs in `saved` (the quantized operands when
 // the recipe needs them again).
 struct LinearSaved {
-  MatrixRM x;  // input as given (backward re-quantizes it for wgrad)
+  MatrixRM x;    // input as given (backward re-quantizes it for wgrad)
+  MatrixRM x_q;  // Q_fwd_x(x), kept only when the recipe uses double_quantization (else empty)
 };
 void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM& w, const float* bias /*[out] or null*/,
                     MatrixRM& y, LinearSaved& saved);

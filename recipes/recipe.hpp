@@ -44,6 +44,7 @@ struct Recipe {
 
   const std::optional<QuantizerSpec>& operand(Operand op) const { return operands[size_t(op)]; }
   bool keeps_high_precision(const std::string& layer_name) const;
+  bool operator==(const Recipe&) const = default;
 };
 
 std::vector<std::string> recipe_names();
@@ -54,5 +55,26 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where = "rec
 nlohmann::json recipe_to_json(const Recipe& r);
 // A canned name, a JSON file path, or a JSON object text.
 Recipe parse_recipe(const std::string& name_or_path);
+// Throws fp4lab::Error (prefixed by `where`) if the recipe is impossible: an
+// operand's quantizer invalid (sim validate) or not blocked along its GEMM's
+// reduction axis, wgrad_rht with wgrad blocks whose length along B is not 16,
+// double_quantization without fwd quantizers, a bad switch.
+void validate(const Recipe& r, const std::string& where = "recipe");
+
+// Glob match of a layer name against one pattern: '*' matches any run of
+// characters (also empty), everything else literally; the whole name must match.
+bool name_matches(const std::string& pattern, const std::string& name);
+
+// The precision switch: the first step that uses `switch_to` is
+// total_steps - round(switch_fraction * total_steps).
+uint64_t switch_step(const Recipe& r, uint64_t total_steps);
+// The recipe in force at `step` of a run of `total_steps`: r itself, or the
+// recipe named by r.switch_to (parse_recipe) from switch_step() on.
+Recipe effective_recipe(const Recipe& r, uint64_t step, uint64_t total_steps);
+
+// Operand by name ("fwd_x" ...); throws naming the valid names.
+Operand operand_by_name(const std::string& name);
+// fp4-trainkit's listing: "Q0..Q5" per operand plus the other fields, one per line.
+std::string describe(const Recipe& r);
 
 }  // namespace fp4lab

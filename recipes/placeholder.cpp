@@ -1,1 +1,0 @@
-// recipe sources

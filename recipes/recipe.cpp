@@ -1,0 +1,381 @@
+// Recipes: operand names, layer selection, validation, JSON, the precision
+// switch and the Q0..Q5 listing (recipe.hpp). The canned recipes live in
+// registry.cpp.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "recipes/recipe.hpp"
+
+namespace fp4lab {
+
+namespace {
+
+constexpr const char* kOperandNames[kOperandCount] = {"fwd_x",        "fwd_w",        "dgrad_grad_y",
+                                                      "dgrad_w",      "wgrad_grad_y", "wgrad_x"};
+// What each operand is, for listings and error messages: the tensor, its
+// shape, and the GEMM's reduction axis in that tensor's own layout.
+struct OperandInfo {
+  const char* gemm;     // "y = x W^T"
+  const char* tensor;   // "x [B, in]"
+  const char* reduce;   // "in"
+  bool reduce_along_cols;  // reduction along a row (blocks [1,N]) or along a column ([N,1])
+};
+constexpr OperandInfo kOperandInfo[kOperandCount] = {
+    {"y = x W^T", "x [B, in]", "in", true},         {"y = x W^T", "W [out, in]", "in", true},
+    {"dx = dy W", "dy [B, out]", "out", true},      {"dx = dy W", "W [out, in]", "out", false},
+    {"dW = dy^T x", "dy [B, out]", "B", false},     {"dW = dy^T x", "x [B, in]", "B", false},
+};
+
+constexpr const char* kRecipeKeys =
+    "name, source, extends, fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x, double_quantization, "
+    "wgrad_rht, rht_seed, high_precision, keep_high_precision, switch_to, switch_fraction";
+
+std::string block_str(const QuantizerSpec& q) {
+  std::ostringstream s;
+  s << '[' << q.block_rows << ',' << q.block_cols << ']';
+  return s.str();
+}
+
+bool is_mx_rule(ScaleRule r) { return r == ScaleRule::ocp || r == ScaleRule::ceil || r == ScaleRule::tetrajet; }
+bool is_nv_rule(ScaleRule r) { return r == ScaleRule::nv || r == ScaleRule::nv_noglobal; }
+
+// Block-length rules of the formats (a recipe describes hardware GEMMs):
+//   MX (E8M0 power-of-two scales): OCP MX v1.0 sec. 5 fixes k = 32;
+//   NVFP4-style E4M3 scales: 16 (NVIDIA Blackwell block-scaled MMA);
+//   per-tensor scales: the whole tensor, [0,0].
+// 2-D tiles of k x k are allowed (the scale is then constant along both GEMM
+// axes, which lets W and W^T share one quantization).
+void validate_operand(const QuantizerSpec& q, Operand op, const std::string& where) {
+  validate(q, where);
+  const OperandInfo& info = kOperandInfo[size_t(op)];
+  const std::string blk = block_str(q);
+  if (q.scale_rule == ScaleRule::tensor_amax || (q.block_rows == 0 && q.block_cols == 0)) {
+    if (!(q.scale_rule == ScaleRule::tensor_amax && q.block_rows == 0 && q.block_cols == 0))
+      throw Error(where + ".block: " + blk + " with scale_rule '" +
+                  quantizer_to_json(q)["scale_rule"].get<std::string>() +
+                  "' is impossible: per-tensor scaling is block [0,0] with scale_rule 'tensor_amax' (both or neither)");
+    return;
+  }
+  const int along = info.reduce_along_cols ? q.block_cols : q.block_rows;
+  const int across = info.reduce_along_cols ? q.block_rows : q.block_cols;
+  const std::string valid_1d = info.reduce_along_cols ? "[1,K]" : "[K,1]";
+  if (along == 1)
+    throw Error(where + ".block: " + blk + " runs across the reduction axis of " + std::string(kOperandNames[size_t(op)]) +
+                " (" + info.reduce + " in " + info.tensor + ", GEMM " + info.gemm +
+                "): a block-scaled GEMM needs one scale per run of K elements along " + info.reduce + "; valid: " +
+                valid_1d + ", [K,K], or [0,0] per tensor");
+  int k = 0;
+  std::string fmt;
+  if (is_mx_rule(q.scale_rule)) {
+    k = 32;
+    fmt = "MX (E8M0 scales, OCP MX v1.0)";
+  } else if (is_nv_rule(q.scale_rule)) {
+    k = 16;
+    fmt = "NVFP4-style E4M3 scales";
+  }
+  if (k != 0 && !(along == k && (across == 1 || across == k)))
+    throw Error(where + ".block: " + blk + " is not a block that " + fmt + " allow for " +
+                std::string(kOperandNames[size_t(op)]) + "; valid: " +
+                (info.reduce_along_cols ? "[1," + std::to_string(k) + "]" : "[" + std::to_string(k) + ",1]") +
+                " or [" + std::to_string(k) + "," + std::to_string(k) + "]");
+}
+
+// --- JSON helpers -------------------------------------------------------------
+
+bool get_bool(const nlohmann::json& v, const std::string& path) {
+  if (!v.is_boolean()) throw Error(path + ": expected true or false, got " + v.dump());
+  return v.get<bool>();
+}
+std::string get_string(const nlohmann::json& v, const std::string& path) {
+  if (!v.is_string()) throw Error(path + ": expected a string, got " + v.dump());
+  return v.get<std::string>();
+}
+uint64_t get_u64(const nlohmann::json& v, const std::string& path) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) return uint64_t(v.get<int64_t>());
+  throw Error(path + ": expected a non-negative integer, got " + v.dump());
+}
+
+std::optional<QuantizerSpec> operand_from_json(const nlohmann::json& v, const std::optional<QuantizerSpec>& base,
+                                               const std::string& path) {
+  if (v.is_null()) return std::nullopt;
+  if (v.is_object() && base) {
+    // In an extending recipe an object overrides only the keys it names.
+    nlohmann::json merged = quantizer_to_json(*base);
+    for (auto it = v.begin(); it != v.end(); ++it) merged[it.key()] = it.value();
+    // Unknown keys are reported by quantizer_from_json with this path.
+    return quantizer_from_json(merged, path);
+  }
+  if (!v.is_object() && !v.is_string())
+    throw Error(path + ": expected a quantizer (a canned quantizer name, a JSON object) or null (high precision), got " +
+                v.dump());
+  return quantizer_from_json(v, path);
+}
+
+}  // namespace
+
+const char* operand_name(Operand op) { return kOperandNames[size_t(op)]; }
+
+Operand operand_by_name(const std::string& name) {
+  for (int i = 0; i < kOperandCount; ++i)
+    if (name == kOperandNames[i]) return Operand(i);
+  throw Error("unknown operand '" + name +
+              "'; valid: fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x");
+}
+
+bool name_matches(const std::string& pattern, const std::string& name) {
+  // Iterative glob with backtracking to the last '*'.
+  size_t p = 0, n = 0, star = std::string::npos, mark = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = n;
+    } else if (p < pattern.size() && pattern[p] == name[n]) {
+      ++p;
+      ++n;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      n = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+bool Recipe::keeps_high_precision(const std::string& layer_name) const {
+  return std::any_of(keep_high_precision.begin(), keep_high_precision.end(),
+                     [&](const std::string& pat) { return name_matches(pat, layer_name); });
+}
+
+void validate(const Recipe& r, const std::string& where) {
+  for (int i = 0; i < kOperandCount; ++i)
+    if (r.operands[size_t(i)]) validate_operand(*r.operands[size_t(i)], Operand(i), where + "." + kOperandNames[i]);
+  if (r.wgrad_rht) {
+    for (Operand op : {Operand::wgrad_grad_y, Operand::wgrad_x}) {
+      const auto& q = r.operand(op);
+      if (q && !(q->block_rows == 16 && q->block_cols == 1))
+        throw Error(where + ".wgrad_rht: the RHT mixes 16-element chunks along B, so " + where + "." +
+                    operand_name(op) + ".block must be [16,1] (one scale per transformed chunk), got " +
+                    block_str(*q) + "; valid: a [16,1] quantizer, null, or wgrad_rht false");
+      if (q && q->rht)
+        throw Error(where + "." + operand_name(op) + ".rht: the recipe already rotates the wgrad operands (" + where +
+                    ".wgrad_rht); a second, per-quantizer RHT is not allowed; valid: rht false");
+    }
+  }
+  if (r.double_quantization && !r.operand(Operand::fwd_x) && !r.operand(Operand::fwd_w))
+    throw Error(where + ".double_quantization: re-quantizes the forward's quantized x and W, but " + where +
+                ".fwd_x and " + where + ".fwd_w are both null; valid: set a forward quantizer or false");
+  for (size_t i = 0; i < r.keep_high_precision.size(); ++i)
+    if (r.keep_high_precision[i].empty())
+      throw Error(where + ".keep_high_precision[" + std::to_string(i) +
+                  "]: empty pattern; valid: a layer name with '*' wildcards, e.g. \"*head*\"");
+  if (!(r.switch_fraction >= 0.0 && r.switch_fraction <= 1.0))
+    throw Error(where + ".switch_fraction: " + std::to_string(r.switch_fraction) + " is outside [0, 1]");
+  if (r.switch_to && r.switch_fraction == 0.0)
+    throw Error(where + ".switch_fraction: must be > 0 when switch_to is set (the fraction of training, at its end, "
+                        "that runs `" + *r.switch_to + "`)");
+  if (!r.switch_to && r.switch_fraction != 0.0)
+    throw Error(where + ".switch_to: switch_fraction is " + std::to_string(r.switch_fraction) +
+                " but no recipe to switch to is named; valid: a recipe name (" + [] {
+                  std::string s;
+                  for (const auto& n : recipe_names()) s += (s.empty() ? "" : ", ") + n;
+                  return s;
+                }() + ")");
+  if (r.switch_to) {
+    // Files may name each other; a depth limit stops A -> B -> A loops.
+    static thread_local int depth = 0;
+    if (depth > 2) throw Error(where + ".switch_to: '" + *r.switch_to + "': switch targets nest too deeply (a loop?)");
+    Recipe target;
+    ++depth;
+    try {
+      target = parse_recipe(*r.switch_to);
+    } catch (const Error& e) {
+      --depth;
+      throw Error(where + ".switch_to: " + e.what());
+    }
+    --depth;
+    if (target.switch_to)
+      throw Error(where + ".switch_to: '" + *r.switch_to + "' itself switches to '" + *target.switch_to +
+                  "'; chains of switches are not supported");
+  }
+}
+
+Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
+  if (j.is_string()) {
+    try {
+      return recipe_by_name(j.get<std::string>());
+    } catch (const Error& e) {
+      throw Error(where + ": " + e.what());
+    }
+  }
+  if (!j.is_object()) throw Error(where + ": a recipe must be a canned name or a JSON object, got " + j.dump());
+  Recipe r;
+  r.name = "custom";
+  if (j.contains("extends")) {
+    const std::string base = get_string(j["extends"], where + ".extends");
+    try {
+      r = recipe_by_name(base);
+    } catch (const Error& e) {
+      throw Error(where + ".extends: " + e.what());
+    }
+    r.name = base + "_custom";
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const nlohmann::json& v = it.value();
+    const std::string path = where + "." + k;
+    if (k == "extends") continue;
+    if (k == "name") {
+      r.name = get_string(v, path);
+    } else if (k == "source") {
+      r.source = get_string(v, path);
+    } else if (k == "double_quantization") {
+      r.double_quantization = get_bool(v, path);
+    } else if (k == "wgrad_rht") {
+      r.wgrad_rht = get_bool(v, path);
+    } else if (k == "rht_seed") {
+      r.rht_seed = get_u64(v, path);
+    } else if (k == "high_precision") {
+      const std::string s = get_string(v, path);
+      if (s == "fp32" || s == "f32" || s == "float32") {
+        r.high_precision = HighPrecision::fp32;
+      } else if (s == "bf16" || s == "bfloat16") {
+        r.high_precision = HighPrecision::bf16;
+      } else {
+        throw Error(path + ": unknown high-precision mode '" + s + "'; valid: fp32, bf16");
+      }
+    } else if (k == "keep_high_precision") {
+      if (!v.is_array()) throw Error(path + ": expected an array of layer-name patterns, got " + v.dump());
+      r.keep_high_precision.clear();
+      for (size_t i = 0; i < v.size(); ++i)
+        r.keep_high_precision.push_back(get_string(v[i], path + "[" + std::to_string(i) + "]"));
+    } else if (k == "switch_to") {
+      if (v.is_null()) {
+        r.switch_to.reset();
+      } else {
+        r.switch_to = get_string(v, path);
+      }
+    } else if (k == "switch_fraction") {
+      if (!v.is_number()) throw Error(path + ": expected a number in [0, 1], got " + v.dump());
+      r.switch_fraction = v.get<double>();
+    } else {
+      bool found = false;
+      for (int i = 0; i < kOperandCount; ++i) {
+        if (k == kOperandNames[i]) {
+          r.operands[size_t(i)] = operand_from_json(v, r.operands[size_t(i)], path);
+          found = true;
+        }
+      }
+      if (!found) throw Error(path + ": unknown key '" + k + "'; valid keys: " + kRecipeKeys);
+    }
+  }
+  validate(r, where);
+  return r;
+}
+
+nlohmann::json recipe_to_json(const Recipe& r) {
+  nlohmann::json j;
+  j["name"] = r.name;
+  j["source"] = r.source;
+  for (int i = 0; i < kOperandCount; ++i)
+    j[kOperandNames[i]] = r.operands[size_t(i)] ? quantizer_to_json(*r.operands[size_t(i)]) : nlohmann::json();
+  j["double_quantization"] = r.double_quantization;
+  j["wgrad_rht"] = r.wgrad_rht;
+  j["rht_seed"] = r.rht_seed;
+  j["high_precision"] = r.high_precision == HighPrecision::bf16 ? "bf16" : "fp32";
+  j["keep_high_precision"] = r.keep_high_precision;
+  j["switch_to"] = r.switch_to ? nlohmann::json(*r.switch_to) : nlohmann::json();
+  j["switch_fraction"] = r.switch_fraction;
+  return j;
+}
+
+Recipe parse_recipe(const std::string& s) {
+  for (const auto& n : recipe_names())
+    if (s == n) return recipe_by_name(s);
+  const auto first = s.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && s[first] == '{') {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(s);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error("recipe JSON does not parse: " + std::string(e.what()));
+    }
+    return recipe_from_json(j, "recipe");
+  }
+  std::ifstream f(s);
+  if (!f) {
+    std::string names;
+    for (const auto& n : recipe_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error("recipe '" + s + "' is neither a canned recipe (" + names +
+                "), a JSON object, nor a readable JSON file");
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(s + ": not valid JSON: " + e.what());
+  }
+  try {
+    return recipe_from_json(j, "recipe");
+  } catch (const Error& e) {
+    throw Error(s + ": " + e.what());
+  }
+}
+
+uint64_t switch_step(const Recipe& r, uint64_t total_steps) {
+  if (!r.switch_to) return total_steps;
+  const double tail = std::round(r.switch_fraction * double(total_steps));
+  const uint64_t t = tail >= double(total_steps) ? total_steps : uint64_t(tail);
+  return total_steps - t;
+}
+
+Recipe effective_recipe(const Recipe& r, uint64_t step, uint64_t total_steps) {
+  if (!r.switch_to || step < switch_step(r, total_steps)) return r;
+  return parse_recipe(*r.switch_to);
+}
+
+std::string describe(const Recipe& r) {
+  std::ostringstream s;
+  s << "recipe " << r.name << "\n";
+  if (!r.source.empty()) s << "  source              : " << r.source << "\n";
+  for (int i = 0; i < kOperandCount; ++i) {
+    const OperandInfo& info = kOperandInfo[i];
+    char head[96];
+    std::snprintf(head, sizeof head, "  Q%d (%-12s) %-12s %-12s : ", i, kOperandNames[i], info.gemm, info.tensor);
+    s << head;
+    const auto& q = r.operands[size_t(i)];
+    if (q) {
+      s << describe(*q) << "  [" << (q->round == Round::rs ? "SR" : "RTN") << ", reduction over " << info.reduce << "]";
+    } else {
+      s << (r.high_precision == HighPrecision::bf16 ? "high precision (bf16 RN operand, fp32 accumulate)"
+                                                    : "high precision (fp32)");
+    }
+    s << "\n";
+  }
+  s << "  double_quantization : " << (r.double_quantization ? "yes" : "no") << "\n";
+  s << "  wgrad_rht           : " << (r.wgrad_rht ? "yes (16-point RHT along B, sign seed " + std::to_string(r.rht_seed) + ")"
+                                                  : std::string("no"))
+    << "\n";
+  s << "  high_precision      : " << (r.high_precision == HighPrecision::bf16 ? "bf16" : "fp32") << "\n";
+  s << "  keep_high_precision : ";
+  if (r.keep_high_precision.empty()) s << "(none)";
+  for (size_t i = 0; i < r.keep_high_precision.size(); ++i) s << (i ? ", " : "") << r.keep_high_precision[i];
+  s << "\n";
+  s << "  switch              : ";
+  if (r.switch_to) {
+    s << "to " << *r.switch_to << " for the last " << r.switch_fraction * 100 << "% of steps";
+  } else {
+    s << "none";
+  }
+  s << "\n";
+  return s.str();
+}
+
+}  // namespace fp4lab
