@@ -444,11 +444,23 @@ namespace {
 template <const Format& F, bool Divide>
 void row_rn_fast(const float* xr, const float* cm, const float* cs, float gd, const float* tab, Overflow o,
                  uint8_t* codes, float* dq, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) {
-    const float y = Divide ? xr[c] / cm[c] : xr[c] * cm[c];
-    const uint32_t code = encode_rn_f32<F>(y, o);
-    codes[c] = uint8_t(code);
-    dq[c] = (tab[code] * cs[c]) * gd;
+  // Chunks through a local code buffer: the encode loop has no aliasing
+  // (dq may be xr itself in fake_quantize) and vectorises; the table lookup
+  // (a gather) runs in a second, simple loop.
+  constexpr int64_t K = 256;
+  uint32_t code[K];
+  for (int64_t c0 = 0; c0 < n; c0 += K) {
+    const int64_t m = std::min(K, n - c0);
+    const float* x = xr + c0;
+    const float* mu = cm + c0;
+    for (int64_t i = 0; i < m; ++i) {
+      const float y = Divide ? x[i] / mu[i] : x[i] * mu[i];
+      code[i] = encode_rn_f32<F>(y, o);
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      codes[c0 + i] = uint8_t(code[i]);
+      dq[c0 + i] = (tab[code[i]] * cs[c0 + i]) * gd;
+    }
   }
 }
 
