@@ -27,19 +27,22 @@ void for_blocks(size_t n, Body body) {
   }
 }
 
+// One block of the fast path. The pointers are plain (restrict) parameters,
+// not lambda captures: a uint8_t store may alias anything, including a
+// captured pointer, which would force a reload per element and defeat the
+// vectoriser. The overflow policy is a template argument so that the loop
+// body is a straight-line, branch-free function of x[i].
+template <const Format& F, Overflow O, class C>
+void encode_rn_block(const float* __restrict x, C* __restrict codes, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) codes[i] = C(encode_rn_f32<F>(x[i], O));
+}
+
 template <const Format& F, class C>
-void encode_rn_fast(const float* __restrict x, C* __restrict codes, size_t n, Overflow o) {
-  for_blocks(n, [&](size_t lo, size_t hi) {
-    // The overflow policy is hoisted out of the loop so that each loop body is
-    // a straight-line, branch-free function of x[i] that the compiler
-    // vectorises.
-    if (o == Overflow::saturate) {
-#pragma omp simd
-      for (size_t i = lo; i < hi; ++i) codes[i] = C(encode_rn_f32<F>(x[i], Overflow::saturate));
-    } else {
-#pragma omp simd
-      for (size_t i = lo; i < hi; ++i) codes[i] = C(encode_rn_f32<F>(x[i], Overflow::nonsaturate));
-    }
+void encode_rn_fast(const float* x, C* codes, size_t n, Overflow o) {
+  for_blocks(n, [x, codes, o](size_t lo, size_t hi) {
+    if (o == Overflow::saturate) encode_rn_block<F, Overflow::saturate>(x + lo, codes + lo, hi - lo);
+    else encode_rn_block<F, Overflow::nonsaturate>(x + lo, codes + lo, hi - lo);
   });
 }
 

@@ -61,7 +61,10 @@ struct Format {
 
   // --- derived limits (all constexpr) -------------------------------------
   FP4LAB_HD constexpr int bits() const { return is_int ? man_bits + 1 : int(is_signed) + exp_bits + man_bits; }
-  FP4LAB_HD constexpr uint32_t code_count() const { return 1u << bits(); }
+  // Number of codes, 2^bits(). float32's 2^32 does not fit a uint32_t and
+  // wraps to 0 (so code_count() - 1u is still the right mask; use code_mask()).
+  FP4LAB_HD constexpr uint32_t code_count() const { return bits() >= 32 ? 0u : 1u << bits(); }
+  FP4LAB_HD constexpr uint32_t code_mask() const { return code_count() - 1u; }
   FP4LAB_HD constexpr uint32_t sign_bit() const { return is_signed ? 1u << (exp_bits + man_bits) : 0u; }
   FP4LAB_HD constexpr uint32_t magnitude_mask() const { return (1u << (exp_bits + man_bits)) - 1u; }
   FP4LAB_HD constexpr uint32_t exp_field_max() const { return (1u << exp_bits) - 1u; }
@@ -143,7 +146,7 @@ FP4LAB_HD constexpr bool is_nan_code(const Format& f, uint32_t code) {
 // Exact value of `code` as a float32 (NaN for NaN codes, +-Inf for Inf codes).
 // Bits of `code` above f.bits() are ignored.
 FP4LAB_HD constexpr float decode(const Format& f, uint32_t code) {
-  code &= f.code_count() - 1u;
+  code &= f.code_mask();
   if (f.is_int) {
     const int k = (code & f.sign_bit()) ? int(code) - int(f.code_count()) : int(code);
     return float(k) * pow2f(-f.int_frac_bits());
@@ -185,6 +188,7 @@ static_assert(max_finite(float4_e2m1fn) == 6.0f && max_finite(float6_e2m3fn) == 
 static_assert(max_finite(float6_e3m2fn) == 28.0f && max_finite(float8_e4m3fn) == 448.0f);
 static_assert(max_finite(float8_e5m2) == 57344.0f && max_finite(float8_e4m3fnuz) == 240.0f);
 static_assert(max_finite(float8_e5m2fnuz) == 57344.0f && max_finite(int8_mx) == 127.0f / 64.0f);
+static_assert(max_finite(float32) == 0x1.fffffep127f && max_finite(bfloat16) == 0x1.fep127f);
 static_assert(emax(float4_e2m1fn) == 2 && emax(float8_e4m3fn) == 8 && emax(float8_e5m2) == 15);
 static_assert(emax(float6_e2m3fn) == 2 && emax(float6_e3m2fn) == 4 && emax(float8_e8m0fnu) == 127);
 static_assert(min_subnormal(float4_e2m1fn) == 0.5f && min_subnormal(float8_e4m3fn) == 0x1p-9f);

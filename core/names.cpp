@@ -30,7 +30,10 @@ std::string format_names() {
     out += f->name;
   }
   out += " (aliases:";
-  for (const Alias& a : aliases) out += " " + std::string(a.alias);
+  for (const Alias& a : aliases) {
+    out += ' ';
+    out += a.alias;
+  }
   return out + ")";
 }
 
