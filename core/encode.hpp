@@ -112,8 +112,10 @@ FP4LAB_HD constexpr uint32_t encode(const Format& f, T x, Round r, Overflow o, u
   const U man_field = a & ((U(1) << Src::man) - 1);
   int e;
   uint64_t sig;
+  int sig_zeros = 0;  // zero bits appended to a subnormal input by normalising
   if (exp_field == 0) {
     const int lz = clz64(uint64_t(man_field)) - (63 - Src::man);
+    sig_zeros = lz;
     sig = uint64_t(man_field) << lz;
     e = 1 - Src::bias - lz;
   } else {
@@ -151,15 +153,24 @@ FP4LAB_HD constexpr uint32_t encode(const Format& f, T x, Round r, Overflow o, u
       case Round::rz: break;
       case Round::rp: round_up = !negative && rem != 0; break;
       case Round::rm: round_up = negative && rem != 0; break;
-      case Round::rs:
-        if (shift <= 32) {
-          const uint64_t mask = (uint64_t(1) << shift) - 1u;
-          round_up = rem + (uint64_t(rbits) & mask) > mask;
-        } else {
+      case Round::rs: {
+        // D counts the input's own significand bits (a subnormal input's
+        // mantissa field as stored), not the zeros appended by normalising:
+        // PTX adds the random bits to the FP32 word's discarded low bits.
+        const int D = shift - sig_zeros;
+        const uint64_t rem_in = shift < 64 ? rem >> sig_zeros : 0u;
+        if (shift >= 64 || D <= 0) {
           const uint64_t top = shift - 32 < 64 ? rem >> (shift - 32) : 0u;
+          round_up = rem != 0 && top + uint64_t(rbits) > 0xFFFFFFFFu;
+        } else if (D <= 32) {
+          const uint64_t mask = (uint64_t(1) << D) - 1u;
+          round_up = rem_in + (uint64_t(rbits) & mask) > mask;
+        } else {
+          const uint64_t top = rem >> (shift - 32);
           round_up = top + uint64_t(rbits) > 0xFFFFFFFFu;
         }
         break;
+      }
     }
   }
   q += round_up ? 1u : 0u;
