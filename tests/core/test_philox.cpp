@@ -1,1 +1,64 @@
+// Philox4x32-10 against Random123's published known-answer vectors
+// (Random123 1.14, examples/kat_vectors, the three "philox4x32 10" lines:
+// counter (4 words), key (2 words) -> output (4 words)), and the mapping of
+// (seed, stream, index) onto counter and key documented in philox.hpp.
 #include <doctest/doctest.h>
+
+#include <bit>
+#include <cmath>
+#include <vector>
+
+#include "core/philox.hpp"
+
+using namespace fp4lab;
+
+namespace {
+struct Kat {
+  uint32_t ctr[4], key[2], out[4];
+};
+constexpr Kat kats[] = {
+    {{0x00000000, 0x00000000, 0x00000000, 0x00000000}, {0x00000000, 0x00000000}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}, {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}, {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+};
+// Also usable in constant expressions (the CUDA backend relies on constexpr).
+static_assert(philox4x32_10(Philox4{{0, 0, 0, 0}}, 0, 0).v[0] == 0x6627e8d5u);
+static_assert(random_bits(0, 0, 3) == 0x9b00dbd8u);
+}  // namespace
+
+TEST_CASE("philox: Random123 known-answer vectors") {
+  for (const Kat& k : kats) {
+    const Philox4 r = philox4x32_10(Philox4{{k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3]}}, k.key[0], k.key[1]);
+    for (int i = 0; i < 4; ++i) CHECK(r.v[i] == k.out[i]);
+  }
+}
+
+TEST_CASE("philox: (seed, stream, index) -> (key, counter) mapping") {
+  // key = (seed lo, seed hi); counter = (group lo, group hi, stream lo, stream hi).
+  const Philox4 pi = philox_group(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull);
+  CHECK(pi.v[0] == 0xd16cfe09u);
+  CHECK(pi.v[3] == 0x24126ea1u);
+  const Philox4 ones = philox_group(~0ull, ~0ull, ~0ull);
+  CHECK(ones.v[1] == 0x41c83b0eu);
+  // random_bits(seed 0, stream 0, index 0..3) are the words of counter 0.
+  for (uint64_t i = 0; i < 4; ++i) CHECK(random_bits(0, 0, i) == kats[0].out[i]);
+  // index 4 starts the next group (counter word 0 = 1).
+  CHECK(random_bits(0, 0, 4) == philox4x32_10(Philox4{{1, 0, 0, 0}}, 0, 0).v[0]);
+  CHECK(random_bits(0, 0, (uint64_t(1) << 34) + 1) == philox4x32_10(Philox4{{0, 1, 0, 0}}, 0, 0).v[1]);
+  CHECK(random_bits(0, 7, 0) == philox4x32_10(Philox4{{0, 0, 7, 0}}, 0, 0).v[0]);
+  CHECK(random_bits(uint64_t(9) << 32, 0, 2) == philox4x32_10(Philox4{{0, 0, 0, 0}}, 0, 9).v[2]);
+}
+
+TEST_CASE("philox: bits look uniform (per-bit frequency, 5 sigma)") {
+  const int n = 1 << 16;
+  std::vector<int> ones(32, 0);
+  for (int i = 0; i < n; ++i) {
+    const uint32_t r = random_bits(42, 1, uint64_t(i));
+    for (int b = 0; b < 32; ++b) ones[size_t(b)] += (r >> b) & 1u;
+  }
+  const double sigma = std::sqrt(n * 0.25);
+  for (int b = 0; b < 32; ++b) CHECK(std::fabs(ones[size_t(b)] - n / 2.0) <= 5 * sigma);
+  // Different streams and seeds give different words.
+  CHECK(random_bits(42, 1, 0) != random_bits(42, 2, 0));
+  CHECK(random_bits(42, 1, 0) != random_bits(43, 1, 0));
+}
