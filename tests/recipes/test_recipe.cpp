@@ -1,0 +1,311 @@
+// Recipes (recipes/recipe.hpp, registry.cpp): the canned recipes against their
+// sources (fp4-trainkit's table, the NVFP4 and MXFP8 papers), JSON round trips,
+// extends/overrides, error messages, layer patterns and the precision switch.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "recipes/recipe.hpp"
+
+using namespace fp4lab;
+
+namespace {
+
+// The error message of f(), or "" if it does not throw.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+const Operand kOps[kOperandCount] = {Operand::fwd_x,   Operand::fwd_w,        Operand::dgrad_grad_y,
+                                     Operand::dgrad_w, Operand::wgrad_grad_y, Operand::wgrad_x};
+
+}  // namespace
+
+TEST_CASE("recipe registry lists the nine canned recipes") {
+  const std::vector<std::string> expected = {"fp32",     "bf16",          "mxfp8",           "mx_baseline",
+                                             "nvidia_round_to_infinity", "tetrajet", "fp4_all_the_way",
+                                             "nvfp4_fwd_mxfp8_bwd", "nvfp4"};
+  const auto names = recipe_names();
+  for (const auto& n : expected) {
+    CAPTURE(n);
+    CHECK(std::find(names.begin(), names.end(), n) != names.end());
+    const Recipe r = recipe_by_name(n);
+    CHECK(r.name == n);
+    CHECK_FALSE(r.source.empty());
+  }
+  CHECK(names.size() == expected.size());
+  const std::string e = error_of([] { recipe_by_name("nvfp5"); });
+  CHECK(contains(e, "nvfp5"));
+  CHECK(contains(e, "mx_baseline"));
+}
+
+TEST_CASE("fp4-trainkit's table is reproduced exactly") {
+  // README.md of github.com/vuiseng9/fp4-trainkit, "Supported Recipes and Very
+  // Early Results": rounding per operand (Q0..Q5 = X, W^T, grad_Y, W, grad_Y^T, X),
+  // format, block size, scale format, scale implementation, double quantization.
+  struct Row {
+    const char* name;
+    const char* rounding;  // Q0..Q5, 'N' = RTN, 'S' = SR
+    const Format* element;
+    int block;
+    const Format* scale;
+    ScaleRule rule;
+    bool double_q;
+  };
+  const Row table[] = {
+      {"mx_baseline", "NNNNNN", &float4_e2m1fn, 32, &float8_e8m0fnu, ScaleRule::ocp, false},
+      {"nvidia_round_to_infinity", "NNNNNN", &float4_e2m1fn, 32, &float8_e8m0fnu, ScaleRule::ceil, false},
+      {"tetrajet", "NNSSSS", &float4_e2m1fn, 32, &float8_e8m0fnu, ScaleRule::tetrajet, true},
+      {"fp4_all_the_way", "NNSNSS", &float4_e2m1fn, 16, &ufloat8_e4m3, ScaleRule::nv_noglobal, false},
+  };
+  for (const Row& row : table) {
+    const Recipe r = recipe_by_name(row.name);
+    CAPTURE(row.name);
+    CHECK(r.double_quantization == row.double_q);
+    CHECK_FALSE(r.wgrad_rht);
+    for (int i = 0; i < kOperandCount; ++i) {
+      CAPTURE(i);
+      REQUIRE(r.operands[size_t(i)].has_value());
+      const QuantizerSpec& q = *r.operands[size_t(i)];
+      CHECK(q.round == (row.rounding[i] == 'S' ? Round::rs : Round::rn));
+      CHECK(q.element == row.element);
+      CHECK(q.scale == row.scale);
+      CHECK(q.scale_rule == row.rule);
+      CHECK(q.global_scale == GlobalScale::none);
+      CHECK_FALSE(q.rht);
+      // Blocks along the reduction axis: rows for Q0..Q2, columns for Q3..Q5.
+      CHECK(q.block_rows == (i < 3 ? 1 : row.block));
+      CHECK(q.block_cols == (i < 3 ? row.block : 1));
+    }
+  }
+}
+
+TEST_CASE("nvfp4 recipe follows arXiv 2509.25149") {
+  const Recipe r = recipe_by_name("nvfp4");
+  const int blocks[kOperandCount][2] = {{1, 16}, {16, 16}, {1, 16}, {16, 16}, {16, 1}, {16, 1}};
+  const Round rounds[kOperandCount] = {Round::rn, Round::rn, Round::rs, Round::rn, Round::rs, Round::rn};
+  for (int i = 0; i < kOperandCount; ++i) {
+    CAPTURE(i);
+    REQUIRE(r.operands[size_t(i)].has_value());
+    const QuantizerSpec& q = *r.operands[size_t(i)];
+    CHECK(q.element == &float4_e2m1fn);
+    CHECK(q.scale == &ufloat8_e4m3);
+    CHECK(q.scale_rule == ScaleRule::nv);
+    CHECK(q.global_scale == GlobalScale::tensor_amax);
+    CHECK(q.block_rows == blocks[i][0]);
+    CHECK(q.block_cols == blocks[i][1]);
+    CHECK(q.round == rounds[i]);
+  }
+  CHECK(r.wgrad_rht);
+  CHECK_FALSE(r.double_quantization);
+  CHECK(r.high_precision == HighPrecision::bf16);
+  CHECK(r.keeps_high_precision("head"));
+  CHECK(r.keeps_high_precision("lm_head"));
+  CHECK_FALSE(r.keeps_high_precision("blocks.0.attn.qkv"));
+}
+
+TEST_CASE("mxfp8, nvfp4_fwd_mxfp8_bwd, fp32 and bf16 recipes") {
+  const Recipe m = recipe_by_name("mxfp8");
+  for (int i = 0; i < kOperandCount; ++i) {
+    const QuantizerSpec& q = *m.operands[size_t(i)];
+    CHECK(q.element == &float8_e4m3fn);
+    CHECK(q.scale == &float8_e8m0fnu);
+    CHECK(q.scale_rule == ScaleRule::ceil);
+    CHECK(q.round == Round::rn);
+    CHECK(q.block_rows * q.block_cols == 32);
+    CHECK(q.block_rows == (i < 3 ? 1 : 32));
+  }
+  const Recipe h = recipe_by_name("nvfp4_fwd_mxfp8_bwd");
+  CHECK(h.operand(Operand::fwd_x)->scale_rule == ScaleRule::nv);
+  CHECK(h.operand(Operand::fwd_w)->block_cols == 16);
+  CHECK(h.operand(Operand::fwd_w)->block_rows == 1);
+  for (Operand op : {Operand::dgrad_grad_y, Operand::dgrad_w, Operand::wgrad_grad_y, Operand::wgrad_x}) {
+    CHECK(h.operand(op)->element == &float8_e4m3fn);
+    CHECK(h.operand(op)->scale_rule == ScaleRule::ceil);
+  }
+  const Recipe f = recipe_by_name("fp32"), b = recipe_by_name("bf16");
+  for (int i = 0; i < kOperandCount; ++i) {
+    CHECK_FALSE(f.operands[size_t(i)].has_value());
+    CHECK_FALSE(b.operands[size_t(i)].has_value());
+  }
+  CHECK(f.high_precision == HighPrecision::fp32);
+  CHECK(b.high_precision == HighPrecision::bf16);
+}
+
+TEST_CASE("JSON round trip of every canned recipe") {
+  for (const auto& n : recipe_names()) {
+    CAPTURE(n);
+    const Recipe r = recipe_by_name(n);
+    const nlohmann::json j = recipe_to_json(r);
+    const Recipe back = recipe_from_json(j);
+    CHECK(back == r);
+    CHECK(recipe_to_json(back) == j);
+    // Through text as well (what `recipes export` writes).
+    CHECK(parse_recipe(j.dump(2)) == r);
+    // Every key is written (nothing left to defaults).
+    for (const char* k : {"name", "source", "fwd_x", "fwd_w", "dgrad_grad_y", "dgrad_w", "wgrad_grad_y", "wgrad_x",
+                          "double_quantization", "wgrad_rht", "rht_seed", "high_precision", "keep_high_precision",
+                          "switch_to", "switch_fraction"})
+      CHECK(j.contains(k));
+  }
+  // A recipe with every optional field set.
+  Recipe r = recipe_by_name("tetrajet");
+  r.name.assign("all_fields");
+  r.keep_high_precision = {"embed*", "*head"};
+  r.switch_to = "bf16";
+  r.switch_fraction = 0.1;
+  r.high_precision = HighPrecision::bf16;
+  r.rht_seed = 77;
+  CHECK(recipe_from_json(recipe_to_json(r)) == r);
+}
+
+TEST_CASE("extends and overrides") {
+  const Recipe base = recipe_by_name("nvfp4");
+  const Recipe r = parse_recipe(R"({"extends": "nvfp4", "name": "nvfp4_rn", "dgrad_grad_y": {"round": "rn"},
+                                     "wgrad_grad_y": {"round": "rn"}, "keep_high_precision": []})");
+  CHECK(r.name == "nvfp4_rn");
+  CHECK(r.operand(Operand::dgrad_grad_y)->round == Round::rn);
+  CHECK(r.operand(Operand::wgrad_grad_y)->round == Round::rn);
+  // Only the named key changed.
+  QuantizerSpec expect = *base.operand(Operand::dgrad_grad_y);
+  expect.round = Round::rn;
+  CHECK(*r.operand(Operand::dgrad_grad_y) == expect);
+  CHECK(r.operand(Operand::fwd_w) == base.operand(Operand::fwd_w));
+  CHECK(r.wgrad_rht);
+  CHECK(r.keep_high_precision.empty());
+  // null = high precision; a canned quantizer name replaces.
+  const Recipe r2 = parse_recipe(R"({"extends": "mx_baseline", "fwd_x": null, "fwd_w": "mxfp4"})");
+  CHECK_FALSE(r2.operand(Operand::fwd_x).has_value());
+  CHECK(r2.operand(Operand::fwd_w)->block_cols == 32);
+  CHECK(r2.name == "mx_baseline_custom");
+  // Without extends every operand defaults to high precision.
+  const Recipe r3 = parse_recipe(R"({"name": "only_fwd_x", "fwd_x": "nvfp4"})");
+  CHECK(r3.operand(Operand::fwd_x).has_value());
+  for (int i = 1; i < kOperandCount; ++i) CHECK_FALSE(r3.operands[size_t(i)].has_value());
+}
+
+TEST_CASE("bad recipe JSON gives the JSON path and the valid choices") {
+  struct Case {
+    const char* json;
+    std::vector<std::string> must;
+  };
+  const Case cases[] = {
+      {R"({"extends": "nvfp4", "fwd_y": null})", {"recipe.fwd_y", "unknown key", "fwd_x", "wgrad_rht"}},
+      {R"({"extends": "nvfp5"})", {"recipe.extends", "nvfp5", "mx_baseline"}},
+      {R"({"extends": 3})", {"recipe.extends", "expected a string"}},
+      {R"({"double_quantization": "yes"})", {"recipe.double_quantization", "true or false"}},
+      {R"({"high_precision": "fp16"})", {"recipe.high_precision", "fp32, bf16"}},
+      {R"({"keep_high_precision": "head"})", {"recipe.keep_high_precision", "array"}},
+      {R"({"keep_high_precision": ["head", 3]})", {"recipe.keep_high_precision[1]"}},
+      {R"({"fwd_x": 5})", {"recipe.fwd_x", "null"}},
+      {R"({"fwd_x": "mxfp5"})", {"recipe.fwd_x", "mxfp4"}},
+      {R"({"fwd_x": {"elemnt": "e2m1"}})", {"recipe.fwd_x.elemnt", "element"}},
+      {R"({"fwd_x": {"element": "e9m9"}})", {"recipe.fwd_x.element"}},
+      // A block across the reduction axis.
+      {R"({"extends": "mx_baseline", "fwd_x": {"block": [32, 1]}})", {"recipe.fwd_x.block", "[1,K]", "reduction"}},
+      {R"({"extends": "mx_baseline", "wgrad_x": {"block": [1, 32]}})", {"recipe.wgrad_x.block", "[K,1]"}},
+      // Blocks the format does not allow.
+      {R"({"extends": "mx_baseline", "fwd_x": {"block": [1, 16]}})", {"recipe.fwd_x.block", "[1,32]", "[32,32]"}},
+      {R"({"extends": "nvfp4", "fwd_x": {"block": [1, 32]}})", {"recipe.fwd_x.block", "[1,16]", "[16,16]"}},
+      {R"({"extends": "nvfp4", "fwd_x": {"scale_rule": "ocp"}})", {"recipe.fwd_x", "e8m0"}},
+      // RHT with a block length that is not 16.
+      {R"({"extends": "mx_baseline", "wgrad_rht": true})", {"recipe.wgrad_rht", "[16,1]", "[32,1]"}},
+      {R"({"extends": "mx_baseline", "fwd_x": {"rht": true}})", {"recipe.fwd_x", "rht", "[1,16]"}},
+      {R"({"extends": "nvfp4", "wgrad_x": {"rht": true}})", {"recipe.wgrad_x.rht", "wgrad_rht"}},
+      {R"({"double_quantization": true})", {"recipe.double_quantization", "fwd_x"}},
+      {R"({"switch_to": "bf16"})", {"recipe.switch_fraction"}},
+      {R"({"switch_fraction": 0.1})", {"recipe.switch_to", "bf16"}},
+      {R"({"switch_to": "nope", "switch_fraction": 0.1})", {"recipe.switch_to", "nope"}},
+      {R"({"switch_to": "bf16", "switch_fraction": 1.5})", {"recipe.switch_fraction", "[0, 1]"}},
+      {R"({"rht_seed": -1})", {"recipe.rht_seed", "non-negative"}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.json);
+    const std::string e = error_of([&] { parse_recipe(c.json); });
+    CAPTURE(e);
+    REQUIRE_FALSE(e.empty());
+    for (const auto& m : c.must) CHECK(contains(e, m));
+  }
+  CHECK(contains(error_of([] { recipe_from_json(nlohmann::json::array({1, 2})); }), "JSON object"));
+  // Not JSON, not a name, not a file.
+  CHECK(contains(error_of([] { parse_recipe("{oops"); }), "does not parse"));
+  CHECK(contains(error_of([] { parse_recipe("no_such_recipe_or_file"); }), "nvfp4"));
+}
+
+TEST_CASE("recipe files, with their name in errors") {
+  const std::string path = "test_recipe_tmp.json";
+  {
+    std::ofstream f(path);
+    f << R"({"extends": "tetrajet", "name": "tj_rn_bwd", "dgrad_w": {"round": "rn"}})";
+  }
+  const Recipe r = parse_recipe(path);
+  CHECK(r.name == "tj_rn_bwd");
+  CHECK(r.operand(Operand::dgrad_w)->round == Round::rn);
+  CHECK(r.double_quantization);
+  {
+    std::ofstream f(path);
+    f << R"({"extends": "tetrajet", "dgrad_w": {"block": [16, 1]}})";
+  }
+  const std::string e = error_of([&] { parse_recipe(path); });
+  CHECK(contains(e, path));
+  CHECK(contains(e, "recipe.dgrad_w.block"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("layer-name patterns") {
+  CHECK(name_matches("head", "head"));
+  CHECK_FALSE(name_matches("head", "lm_head"));
+  CHECK(name_matches("*head", "lm_head"));
+  CHECK(name_matches("*head*", "head.proj"));
+  CHECK(name_matches("blocks.*.attn.*", "blocks.3.attn.qkv"));
+  CHECK_FALSE(name_matches("blocks.*.attn.*", "blocks.3.mlp.fc1"));
+  CHECK(name_matches("*", ""));
+  CHECK(name_matches("a*b*c", "aXbYbZc"));
+  CHECK_FALSE(name_matches("a*b*c", "aXbYbZ"));
+  CHECK(name_matches("**x", "x"));
+  Recipe r;
+  r.keep_high_precision = {"embed", "blocks.0.*"};
+  CHECK(r.keeps_high_precision("embed"));
+  CHECK(r.keeps_high_precision("blocks.0.mlp.fc2"));
+  CHECK_FALSE(r.keeps_high_precision("blocks.1.mlp.fc2"));
+}
+
+TEST_CASE("precision switch for the last fraction of training") {
+  Recipe r = parse_recipe(R"({"extends": "nvfp4", "switch_to": "bf16", "switch_fraction": 0.1})");
+  CHECK(switch_step(r, 1000) == 900);
+  CHECK(effective_recipe(r, 899, 1000).name == r.name);
+  CHECK(effective_recipe(r, 900, 1000).name == "bf16");
+  CHECK(effective_recipe(r, 999, 1000).name == "bf16");
+  CHECK(switch_step(r, 15) == 13);  // round(1.5) = 2 steps at the end
+  const Recipe plain = recipe_by_name("nvfp4");
+  CHECK(switch_step(plain, 1000) == 1000);
+  CHECK(effective_recipe(plain, 999, 1000) == plain);
+  r.switch_fraction = 1.0;
+  CHECK(switch_step(r, 10) == 0);
+}
+
+TEST_CASE("describe lists Q0..Q5 and the other fields") {
+  const std::string s = describe(recipe_by_name("tetrajet"));
+  for (const char* k : {"Q0 (fwd_x", "Q1 (fwd_w", "Q2 (dgrad_grad_y", "Q3 (dgrad_w", "Q4 (wgrad_grad_y", "Q5 (wgrad_x",
+                        "double_quantization : yes", "wgrad_rht           : no", "SR", "RTN", "tetrajet"})
+    CHECK(contains(s, k));
+  const std::string f = describe(recipe_by_name("fp32"));
+  CHECK(contains(f, "high precision (fp32)"));
+  CHECK(operand_by_name("wgrad_x") == Operand::wgrad_x);
+  CHECK(contains(error_of([] { operand_by_name("bwd_x"); }), "wgrad_grad_y"));
+  for (Operand op : kOps) CHECK(operand_by_name(operand_name(op)) == op);
+}
