@@ -1,0 +1,313 @@
+// GEMMs (gemm.hpp): cuBLAS BF16, dequantization to the BF16 operand, and the
+// cuBLASLt block-scaled path for Blackwell.
+#include "cuda/gemm.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/encode.hpp"
+#include "core/format.hpp"
+#include "cuda/packing.hpp"
+#include "sim/quantizer_internal.hpp"
+
+namespace fp4lab::cuda {
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLAS error in ") + what + ": status " + std::to_string(int(s)) + " (" +
+                cublasGetStatusString(s) + ")");
+}
+
+Blas::Blas(cudaStream_t stream) : stream_(stream) {
+  check_cublas(cublasCreate(&h_), "cublasCreate");
+  check_cublas(cublasLtCreate(&lt_), "cublasLtCreate");
+  check_cublas(cublasSetStream(h_, stream), "cublasSetStream");
+  ws_.resize(size_t(64) << 20);  // 64 MiB: cuBLASLt's recommendation for Hopper/Blackwell is >= 32 MiB
+  check_cublas(cublasSetWorkspace(h_, ws_.data(), ws_.bytes()), "cublasSetWorkspace");
+}
+
+Blas::~Blas() {
+  if (lt_) cublasLtDestroy(lt_);
+  if (h_) cublasDestroy(h_);
+}
+
+void gemm_bf16_nt(Blas& blas, const uint16_t* a, const uint16_t* b, void* y, OutType out, int64_t m, int64_t n,
+                  int64_t k, float alpha, const float* alpha_beta_dev) {
+  // Row-major y = A B^T is column-major y^T = B A^T: cuBLAS's A is our B
+  // (k x n column-major, transposed), its B our A (k x m, not transposed).
+  const float beta = 0.0f;
+  const cudaDataType_t ct = out == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  check_cublas(cublasSetPointerMode(blas.handle(), alpha_beta_dev ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST),
+               "cublasSetPointerMode");
+  const void* al = alpha_beta_dev ? static_cast<const void*>(alpha_beta_dev) : &alpha;
+  const void* be = alpha_beta_dev ? static_cast<const void*>(alpha_beta_dev + 1) : &beta;
+  check_cublas(cublasGemmEx(blas.handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), al, b, CUDA_R_16BF,
+                            int(k), a, CUDA_R_16BF, int(k), be, y, ct, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (bf16)");
+  check_cublas(cublasSetPointerMode(blas.handle(), CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// decode() caches in shared memory (a cache of core's decode, as sim's decode_table).
+struct DequantParams {
+  Format elem, sfmt;
+  bool float_scales;
+  const uint8_t* codes;
+  const uint8_t* scodes;
+  const float* scales;
+  int64_t rows, cols, br, bc, nbc;
+  uint16_t* out;
+};
+
+template <bool Packed>
+__global__ void __launch_bounds__(kThreads) dequant_kernel(const DequantParams p) {
+  __shared__ float tab_e[256], tab_s[256];
+  for (int c = threadIdx.x; c < 256; c += kThreads) {
+    tab_e[c] = uint32_t(c) < p.elem.code_count() ? decode(p.elem, uint32_t(c)) : 0.0f;
+    tab_s[c] = (!p.float_scales && uint32_t(c) < p.sfmt.code_count()) ? decode(p.sfmt, uint32_t(c)) : 0.0f;
+  }
+  __syncthreads();
+  const int64_t chunks_per_row = (p.cols + 7) / 8;
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= p.rows * chunks_per_row) return;
+  const int64_t r = t / chunks_per_row, c0 = (t - r * chunks_per_row) * 8;
+  const bool full = c0 + 8 <= p.cols && (p.cols & 7) == 0;
+  uint32_t code[8];
+  if constexpr (Packed) {
+    const int64_t pc = (p.cols + 1) / 2;
+    const uint8_t* src = p.codes + r * pc + c0 / 2;
+    if (full) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(src);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) code[j] = (w >> (4 * j)) & 0xFu;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) code[j] = c0 + j < p.cols ? (src[j / 2] >> (4 * (j & 1))) & 0xFu : 0u;
+    }
+  } else {
+    const uint8_t* src = p.codes + r * p.cols + c0;
+    if (full) {
+      const uint2 w = *reinterpret_cast<const uint2*>(src);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        code[j] = (w.x >> (8 * j)) & 0xFFu;
+        code[j + 4] = (w.y >> (8 * j)) & 0xFFu;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) code[j] = c0 + j < p.cols ? src[j] : 0u;
+    }
+  }
+  const int64_t srow = (r / p.br) * p.nbc;
+  uint32_t h[8];
+  int64_t last_blk = -1;
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int64_t blk = (c0 + j) / p.bc;
+    if (blk != last_blk) {
+      last_blk = blk;
+      const int64_t si = srow + (blk < p.nbc ? blk : p.nbc - 1);
+      s = p.float_scales ? p.scales[si] : tab_s[p.scodes[si]];
+    }
+    h[j] = encode_rn_f32<bfloat16>(tab_e[code[j]] * s, Overflow::nonsaturate);
+  }
+  uint16_t* dst = p.out + r * p.cols + c0;
+  if (full) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (c0 + j < p.cols) dst[j] = uint16_t(h[j]);
+  }
+}
+
+__global__ void alpha_kernel(const float* ga, const float* gb, float* ab) {
+  ab[0] = (ga ? *ga : 1.0f) * (gb ? *gb : 1.0f);
+  ab[1] = 0.0f;
+}
+
+bool is_nvfp4_1x16(const QuantizerSpec& q) {
+  return q.element == &float4_e2m1fn && (q.scale == &ufloat8_e4m3 || q.scale == &float8_e4m3fn) &&
+         q.block_rows == 1 && q.block_cols == 16 && !q.rht;
+}
+bool is_mx_1x32(const QuantizerSpec& q) {
+  return (q.element == &float4_e2m1fn || q.element == &float8_e4m3fn || q.element == &float8_e5m2) &&
+         q.scale == &float8_e8m0fnu && q.block_rows == 1 && q.block_cols == 32 && !q.rht;
+}
+
+cudaDataType_t lt_type(const Format* f) {
+  if (f == &float4_e2m1fn) return CUDA_R_4F_E2M1;
+  if (f == &float8_e4m3fn) return CUDA_R_8F_E4M3;
+  return CUDA_R_8F_E5M2;
+}
+
+void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void* v, size_t n, const char* what) {
+  check_cublas(cublasLtMatmulDescSetAttribute(d, a, v, n), what);
+}
+
+// cuBLASLt block-scaled matmul (Blackwell). NOT RUN (no sm_100 GPU available).
+void blackwell_gemm(Blas& blas, const QuantOperand& a, const QuantOperand& b, void* y, OutType out, GemmWorkspace& ws) {
+  const int64_t m = a.rows, n = b.rows, k = a.cols;
+  const bool nv = is_nvfp4_1x16(a.spec);
+  const int64_t bk = nv ? 16 : 32;
+  const int64_t kb = (k + bk - 1) / bk;
+  // Swizzle both operands' scales (tested packing kernels).
+  ws.a_sw.resize(size_t(swizzled_scale_bytes(m, kb)));
+  ws.b_sw.resize(size_t(swizzled_scale_bytes(n, kb)));
+  swizzle_scales_device(a.scale_codes, m, kb, ws.a_sw.data(), blas.stream());
+  swizzle_scales_device(b.scale_codes, n, kb, ws.b_sw.data(), blas.stream());
+
+  cublasLtMatmulDesc_t op = nullptr;
+  check_cublas(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  set_attr(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta, "TRANSA");
+  set_attr(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb, "TRANSB");
+  const cublasLtMatmulMatrixScale_t mode =
+      nv ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+  set_attr(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode, "A_SCALE_MODE");
+  set_attr(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode, "B_SCALE_MODE");
+  // cuBLAS's A is our B (y^T = B A^T in column-major terms).
+  const void* sa = ws.b_sw.data();
+  const void* sb = ws.a_sw.data();
+  set_attr(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa, "A_SCALE_POINTER");
+  set_attr(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb, "B_SCALE_POINTER");
+  const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+  set_attr(op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm, "POINTER_MODE");
+
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  const cudaDataType_t ct = out == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  check_cublas(cublasLtMatrixLayoutCreate(&la, lt_type(b.spec.element), uint64_t(k), uint64_t(n), int64_t(k)), "layout A");
+  check_cublas(cublasLtMatrixLayoutCreate(&lb, lt_type(a.spec.element), uint64_t(k), uint64_t(m), int64_t(k)), "layout B");
+  check_cublas(cublasLtMatrixLayoutCreate(&lc, ct, uint64_t(n), uint64_t(m), int64_t(n)), "layout C");
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_cublas(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const size_t wsb = blas.workspace_bytes();
+  check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb),
+               "preference workspace");
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  check_cublas(cublasLtMatmulAlgoGetHeuristic(blas.lt(), op, la, lb, lc, lc, pref, 1, &heur, &found), "heuristic");
+  if (found == 0) throw Error("cuBLASLt found no block-scaled matmul algorithm for this shape/type");
+  const float* ab = ws.alpha.data();
+  check_cublas(cublasLtMatmul(blas.lt(), op, ab, b.codes, la, a.codes, lb, ab + 1, y, lc, y, lc, &heur.algo,
+                              blas.workspace(), wsb, blas.stream()),
+               "cublasLtMatmul (block-scaled)");
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatmulDescDestroy(op);
+}
+
+}  // namespace
+
+void dequant_operand_bf16(const QuantOperand& q, uint16_t* out, cudaStream_t stream) {
+  if (q.layout == CodeLayout::packed4 && q.spec.element->bits() != 4)
+    throw Error("dequant_operand_bf16: packed4 codes need a 4-bit element");
+  if (!q.scale_codes && !q.scales) throw Error("dequant_operand_bf16: the operand has neither scale codes nor scales");
+  const BlockGrid g = block_grid(q.spec, q.rows, q.cols);
+  DequantParams p{*q.spec.element, *q.spec.scale, q.scale_codes == nullptr, q.codes, q.scale_codes, q.scales,
+                  q.rows,          q.cols,        g.br,                     g.bc,    g.nbc,         out};
+  const int64_t n = q.rows * ((q.cols + 7) / 8);
+  if (n == 0) return;
+  const unsigned blocks = unsigned((n + kThreads - 1) / kThreads);
+  if (q.layout == CodeLayout::packed4) dequant_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+  else dequant_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+  check_launch("dequant_kernel");
+}
+
+void set_alpha_device(const float* ga, const float* gb, float* alpha_beta, cudaStream_t stream) {
+  alpha_kernel<<<1, 1, 0, stream>>>(ga, gb, alpha_beta);
+  check_launch("alpha_kernel");
+}
+
+bool blackwell_native_supported(const QuantizerSpec& qa, const QuantizerSpec& qb) {
+  return (is_nvfp4_1x16(qa) && is_nvfp4_1x16(qb)) || (is_mx_1x32(qa) && is_mx_1x32(qb));
+}
+
+GemmPath quantized_gemm_device(Blas& blas, const QuantOperand& a, const QuantOperand& b, void* y, OutType out,
+                               GemmWorkspace& ws, GemmPath path) {
+  if (a.cols != b.cols)
+    throw Error("quantized GEMM: A is [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) + "] and B [" +
+                std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]; both need the same k (columns)");
+  if (path == GemmPath::automatic)
+    path = (compute_capability() >= 100 && blackwell_native_supported(a.spec, b.spec) && a.scale_codes &&
+            b.scale_codes)
+               ? GemmPath::blackwell_native
+               : GemmPath::hopper_bf16;
+  ws.alpha.resize(2);
+  set_alpha_device(a.global_decode, b.global_decode, ws.alpha.data(), blas.stream());
+  if (path == GemmPath::blackwell_native) {
+    if (!blackwell_native_supported(a.spec, b.spec))
+      throw Error("quantized GEMM: the Blackwell path takes NVFP4 [1,16] or MX [1,32] operands, got " +
+                  describe(a.spec) + " x " + describe(b.spec));
+    if (compute_capability() < 100)
+      throw Error("quantized GEMM: the Blackwell block-scaled path needs sm_100 or newer; this GPU is sm_" +
+                  std::to_string(compute_capability()));
+    blackwell_gemm(blas, a, b, y, out, ws);
+    return path;
+  }
+  ws.a16.resize(size_t(a.rows * a.cols));
+  ws.b16.resize(size_t(b.rows * b.cols));
+  dequant_operand_bf16(a, ws.a16.data(), blas.stream());
+  dequant_operand_bf16(b, ws.b16.data(), blas.stream());
+  gemm_bf16_nt(blas, ws.a16.data(), ws.b16.data(), y, out, a.rows, b.rows, a.cols, 1.0f, ws.alpha.data());
+  return path;
+}
+
+Tensor<float> quantized_gemm_gpu(const QuantizerSpec& qa, MatrixView<const float> a, const QuantizerSpec& qb,
+                                 MatrixView<const float> b, RandomStream rs_a, RandomStream rs_b, GemmPath path) {
+  struct Side {
+    DeviceBuffer<float> x;
+    DeviceBuffer<uint8_t> codes, scodes;
+    DeviceBuffer<float> scales, gdec;
+    QuantOperand op;
+  };
+  auto prepare = [](Side& s, const QuantizerSpec& q, MatrixView<const float> m, RandomStream rs) {
+    std::vector<float> h(static_cast<size_t>(m.rows * m.cols));
+    for (int64_t r = 0; r < m.rows; ++r)
+      for (int64_t c = 0; c < m.cols; ++c) h[size_t(r * m.cols + c)] = m(r, c);
+    s.x.upload(h);
+    int64_t sr = 0, sc = 0;
+    scale_grid(q, m.rows, m.cols, sr, sc);
+    const bool packed = q.element->bits() == 4;
+    s.codes.resize(size_t(packed ? m.rows * ((m.cols + 1) / 2) : m.rows * m.cols));
+    s.scodes.resize(size_t(sr * sc));
+    s.scales.resize(size_t(sr * sc));
+    s.gdec.resize(1);
+    QuantOutputs o;
+    o.codes = s.codes.data();
+    o.code_layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
+    const bool has_codes = q.scale != &float32;
+    o.scale_codes = has_codes ? s.scodes.data() : nullptr;
+    o.scales = s.scales.data();
+    o.global_decode = s.gdec.data();
+    QuantWorkspace qws;
+    quantize_device(q, s.x.data(), InputType::f32, m.rows, m.cols, rs, o, qws);
+    check(cudaDeviceSynchronize(), "quantize");
+    s.op.spec = q;
+    s.op.rows = m.rows;
+    s.op.cols = m.cols;
+    s.op.codes = s.codes.data();
+    s.op.layout = o.code_layout;
+    s.op.scale_codes = o.scale_codes;
+    s.op.scales = has_codes ? nullptr : s.scales.data();
+    s.op.global_decode = s.gdec.data();
+  };
+  Side sa, sb;
+  prepare(sa, qa, a, rs_a);
+  prepare(sb, qb, b, rs_b);
+  Blas blas;
+  GemmWorkspace ws;
+  DeviceBuffer<float> y(static_cast<size_t>(a.rows * b.rows));
+  quantized_gemm_device(blas, sa.op, sb.op, y.data(), OutType::f32, ws, path);
+  check(cudaDeviceSynchronize(), "quantized_gemm_gpu");
+  return Tensor<float>(Shape{a.rows, b.rows}, y.download());
+}
+
+}  // namespace fp4lab::cuda

@@ -1,0 +1,99 @@
+// Block quantization on the GPU, bit-identical to sim's quantize().
+//
+// Semantics: exactly those of sim/quantizer.hpp (QuantizerSpec, quantize()):
+// optional 16-point RHT along the block axis (sim/rht.hpp's operation order),
+// block amax over valid elements, block scale by the spec's rule
+// (sim/scale_rules.hpp, the same FP4LAB_HD functions), element code =
+// core's encode(element, x * mult) (x / scale for nv_noglobal; the exact
+// float64 product for MX rules with rp/rm), stochastic rounding with
+// random_bits(seed, stream, r * cols + c) (core/philox.hpp), and
+// dequant = (decode(code) * scale) * g_dec. Codes, scale codes, decoded scales,
+// g_dec and the FP32 dequantized tensor equal the CPU's bit for bit; partial
+// blocks at the edges are handled as on the CPU (amax over valid elements,
+// nothing written outside the tensor).
+//
+// Two implementations, selected by `QuantPath`:
+//   fused    one kernel reads the input once (8 elements per thread, 16-byte
+//            loads), reduces block amax with warp shuffles, computes the scale
+//            and encodes: blocks [1,16], [1,32], [16,16], [16,1], [32,1]; the
+//            RHT is fused into it. A tensor-amax pre-pass reads the input once
+//            more when the rule needs the tensor's amax (nv with global_scale
+//            tensor_amax).
+//   generic  three simple kernels (block amax, block scales, elements) for
+//            any block shape, [0,0] (one scale per tensor) included; no RHT.
+//   automatic: fused where it applies, else generic.
+//
+// Inputs are row-major [rows, cols] float32 or bfloat16 (a bfloat16 input is
+// its exact float32 value). Device pointers; every output is optional
+// (nullptr = not written).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "core/tensor.hpp"
+#include "cuda/device.hpp"
+#include "sim/quantizer.hpp"
+
+namespace fp4lab::cuda {
+
+enum class InputType : uint8_t { f32, bf16 };
+enum class QuantPath : uint8_t { automatic, fused, generic };
+
+// Where element codes go.
+//   bytes    one code per byte, row-major [rows * cols] (QuantizedTensor::codes)
+//   packed4  4-bit elements only: two codes per byte, low nibble = even column,
+//            each row ceil(cols / 2) bytes (an odd last column leaves the high
+//            nibble 0)
+enum class CodeLayout : uint8_t { bytes, packed4 };
+
+struct QuantOutputs {
+  uint8_t* codes = nullptr;
+  CodeLayout code_layout = CodeLayout::bytes;
+  uint8_t* scale_codes = nullptr;  // [scale_rows * scale_cols] scale-format codes (not for float32 scales)
+  float* scales = nullptr;         // [scale_rows * scale_cols] decoded block scales
+  float* dequant = nullptr;        // [rows * cols] FP32: (decode(code) * scale) * g_dec
+  // [rows * cols] bfloat16 bits. gemm_operand = false: bf16_rn(dequant).
+  // gemm_operand = true: decode(code) * scale WITHOUT g_dec (exact in BF16 for
+  // e2m1 x ue4m3 and for MX products within BF16's range), the operand of the
+  // simulated GEMMs, which apply g_dec in their epilogue.
+  uint16_t* dequant_bf16 = nullptr;
+  bool bf16_gemm_operand = false;
+  float* global_decode = nullptr;  // 1 float: g_dec (1 when the rule has no global scale)
+};
+
+// Scratch memory reused between calls (the tensor amax and block amaxes).
+struct QuantWorkspace {
+  DeviceBuffer<uint32_t> amax;  // [1 + nbr*nbc]: tensor amax bits, then block amax bits (generic)
+  DeviceBuffer<float> mult;     // [nbr*nbc] generic path: element multiplier per block
+  DeviceBuffer<float> scale;    // [nbr*nbc] generic path: decoded scale per block
+};
+
+// Shape of the scale grid: ceil(rows/block_rows) x ceil(cols/block_cols), [1,1] for [0,0].
+void scale_grid(const QuantizerSpec& q, int64_t rows, int64_t cols, int64_t& scale_rows, int64_t& scale_cols);
+
+// True if the fused kernel handles this spec (block shape and RHT constraints).
+bool fused_supported(const QuantizerSpec& q);
+
+// Quantizes x on `stream`. Throws fp4lab::Error on an invalid spec (validate()),
+// an RHT axis that is not a multiple of 16, or an unsupported path choice.
+// `tensor_amax_bits` (device pointer, optional): the tensor's amax bit pattern
+// (of the RHT-transformed tensor when q.rht) supplied by the producer of x; the
+// fused path then skips its amax pass. Ignored by the generic path.
+void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
+                     RandomStream rs, const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream = nullptr,
+                     QuantPath path = QuantPath::automatic, const uint32_t* tensor_amax_bits = nullptr);
+
+// Host convenience for tests and tools: uploads x, quantizes on the GPU and
+// returns the same struct as sim's quantize() (codes one per byte).
+// `bf16_input` feeds the kernel bfloat16 data: x must then hold values exactly
+// representable in bfloat16.
+QuantizedTensor quantize_gpu(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs = {},
+                             QuantPath path = QuantPath::automatic, bool bf16_input = false);
+
+// Tensor amax on the device: max |x| bit pattern (NaN patterns dominate) into
+// *amax_bits (which the call first zeroes).
+void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax_bits, cudaStream_t stream = nullptr);
+
+}  // namespace fp4lab::cuda

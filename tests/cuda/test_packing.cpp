@@ -1,0 +1,75 @@
+// GPU packing kernels (cuda/packing.hpp) against sim/packing's CPU versions,
+// plus the swizzle example worked by hand in sim/packing.hpp.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <vector>
+
+#include "cuda/packing.hpp"
+#include "gpu_test_util.hpp"
+#include "sim/packing.hpp"
+
+using namespace fp4lab;
+using namespace fp4lab::cuda;
+
+namespace {
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed, int mask) {
+  std::mt19937 g(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = uint8_t(g() & unsigned(mask));
+  return v;
+}
+}  // namespace
+
+TEST_CASE("cuda packing: FP4 pack and nibble-packed transpose equal sim's") {
+  FP4LAB_REQUIRE_GPU();
+  const int64_t sizes[][2] = {{1, 1}, {3, 5}, {37, 53}, {64, 64}, {130, 257}, {128, 96}, {65, 1}};
+  for (const auto& s : sizes) {
+    const int64_t rows = s[0], cols = s[1];
+    const auto codes = random_bytes(size_t(rows * cols), uint32_t(rows * 1000 + cols), 0xF);
+    DeviceBuffer<uint8_t> dcodes;
+    dcodes.upload(codes);
+    DeviceBuffer<uint8_t> packed(size_t(rows * ((cols + 1) / 2))), tr(size_t(cols * ((rows + 1) / 2)));
+    packed.fill_bytes(0xEE);
+    tr.fill_bytes(0xEE);
+    pack_fp4_device(dcodes.data(), rows, cols, packed.data());
+    transpose_fp4_packed_device(packed.data(), rows, cols, tr.data());
+    check(cudaDeviceSynchronize(), "packing");
+    CHECK_MESSAGE(test::same_bytes("pack_fp4", packed.download(), pack_fp4(codes.data(), rows, cols)),
+                  rows << "x" << cols);
+    CHECK_MESSAGE(test::same_bytes("transpose", tr.download(), pack_fp4_transposed(codes.data(), rows, cols)),
+                  rows << "x" << cols);
+  }
+  // Hand-worked: codes [1, 2, 3] -> bytes [0x21, 0x03] (sim/packing.hpp's example).
+  DeviceBuffer<uint8_t> c3, p3(2);
+  c3.upload(std::vector<uint8_t>{1, 2, 3});
+  pack_fp4_device(c3.data(), 1, 3, p3.data());
+  CHECK(p3.download() == std::vector<uint8_t>{0x21, 0x03});
+}
+
+TEST_CASE("cuda packing: cuBLASLt swizzled scales equal sim's, hand-worked offset") {
+  FP4LAB_REQUIRE_GPU();
+  const int64_t sizes[][2] = {{256, 8}, {1, 1}, {130, 5}, {512, 512}, {37, 4}, {128, 3}};
+  for (const auto& s : sizes) {
+    const int64_t rows = s[0], cols = s[1];
+    const auto sc = random_bytes(size_t(rows * cols), uint32_t(rows + cols), 0xFF);
+    DeviceBuffer<uint8_t> d, out(size_t(swizzled_scale_bytes(rows, cols)));
+    d.upload(sc);
+    out.fill_bytes(0xEE);
+    swizzle_scales_device(d.data(), rows, cols, out.data());
+    check(cudaDeviceSynchronize(), "swizzle");
+    CHECK_MESSAGE(test::same_bytes("swizzle", out.download(), swizzle_scales(sc.data(), rows, cols)),
+                  rows << "x" << cols);
+  }
+  // sim/packing.hpp's hand-checked example: R = 256, C = 8, scale (37, 6) lands at 598.
+  std::vector<uint8_t> sc(256 * 8, 0);
+  sc[37 * 8 + 6] = 0x5A;
+  DeviceBuffer<uint8_t> d, out(size_t(swizzled_scale_bytes(256, 8)));
+  d.upload(sc);
+  swizzle_scales_device(d.data(), 256, 8, out.data());
+  const auto o = out.download();
+  CHECK(o[598] == 0x5A);
+  int nonzero = 0;
+  for (uint8_t b : o) nonzero += b != 0;
+  CHECK(nonzero == 1);
+}

@@ -1,0 +1,277 @@
+// GPU quantization kernels (cuda/quantize.hpp) against sim's quantize(), bit for
+// bit: every canned quantizer, every rounding mode and overflow policy, every
+// block shape and scale rule, both kernel paths, RHT, SR, bf16 inputs, packed
+// and bf16 outputs, sizes that are not multiples of the block.
+#include <doctest/doctest.h>
+
+#include <cuda_bf16.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "cuda/quantize.hpp"
+#include "gpu_test_util.hpp"
+#include "sim/packing.hpp"
+#include "sim/quantizer.hpp"
+
+using namespace fp4lab;
+using namespace fp4lab::cuda;
+using fp4lab::test::same_quantized;
+
+namespace {
+
+struct Size {
+  int64_t rows, cols;
+};
+
+// Quantizes on CPU and GPU and compares; returns false (and prints the case) on a mismatch.
+bool check_case(const QuantizerSpec& q, const std::vector<float>& x, Size s, RandomStream rs, QuantPath path,
+                bool bf16 = false) {
+  const MatrixView<const float> v(x.data(), s.rows, s.cols);
+  const QuantizedTensor cpu = quantize(q, v, rs);
+  const QuantizedTensor gpu = quantize_gpu(q, v, rs, path, bf16);
+  if (same_quantized(gpu, cpu, x)) return true;
+  std::printf("  case: %s, %lld x %lld, path %s, input %s\n", describe(q).c_str(), (long long)s.rows,
+              (long long)s.cols, path == QuantPath::fused ? "fused" : path == QuantPath::generic ? "generic" : "auto",
+              bf16 ? "bf16" : "f32");
+  return false;
+}
+
+std::vector<QuantPath> paths_for(const QuantizerSpec& q) {
+  std::vector<QuantPath> p;
+  if (!q.rht) p.push_back(QuantPath::generic);
+  if (fused_supported(q)) p.push_back(QuantPath::fused);
+  return p;
+}
+
+constexpr Round kRounds[] = {Round::rn, Round::rna, Round::rz, Round::rp, Round::rm, Round::rs};
+
+}  // namespace
+
+TEST_CASE("cuda quantize: every canned quantizer x rounding x overflow, both paths, bit-exact") {
+  FP4LAB_REQUIRE_GPU();
+  const Size sizes[] = {{37, 53}, {64, 96}, {1, 1}, {5, 200}};
+  int cases = 0, failures = 0;
+  for (const std::string& name : quantizer_names()) {
+    for (Round r : kRounds) {
+      for (Overflow o : {Overflow::saturate, Overflow::nonsaturate}) {
+        QuantizerSpec q = quantizer_by_name(name);
+        q.round = r;
+        q.overflow = o;
+        for (size_t si = 0; si < std::size(sizes); ++si) {
+          const Size s = sizes[si];
+          const auto x = test::varied_randn(s.rows, s.cols, uint32_t(100 + si + 7 * int(r)));
+          for (QuantPath p : paths_for(q)) {
+            ++cases;
+            if (!check_case(q, x, s, RandomStream{42, 9}, p)) ++failures;
+          }
+        }
+      }
+    }
+  }
+  MESSAGE(cases << " cases compared");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda quantize: every block shape x scale rule x element, partial blocks") {
+  FP4LAB_REQUIRE_GPU();
+  struct Rule {
+    ScaleRule rule;
+    const Format* scale;
+    GlobalScale global;
+  };
+  const Rule rules[] = {{ScaleRule::ocp, &float8_e8m0fnu, GlobalScale::none},
+                        {ScaleRule::ceil, &float8_e8m0fnu, GlobalScale::none},
+                        {ScaleRule::tetrajet, &float8_e8m0fnu, GlobalScale::none},
+                        {ScaleRule::nv, &ufloat8_e4m3, GlobalScale::tensor_amax},
+                        {ScaleRule::nv, &ufloat8_e4m3, GlobalScale::none},
+                        {ScaleRule::nv, &float8_e4m3fn, GlobalScale::tensor_amax},
+                        {ScaleRule::nv_noglobal, &ufloat8_e4m3, GlobalScale::none},
+                        {ScaleRule::tensor_amax, &float32, GlobalScale::none}};
+  const int shapes[][2] = {{1, 16}, {1, 32}, {16, 16}, {16, 1}, {32, 1}, {0, 0}, {4, 8}, {1, 7}, {3, 1}, {2, 64}};
+  const Format* elems[] = {&float4_e2m1fn, &float6_e2m3fn, &float6_e3m2fn, &float8_e4m3fn, &float8_e5m2,
+                           &float8_e4m3fnuz, &float8_e5m2fnuz, &int8_mx};
+  const Size sizes[] = {{37, 53}, {48, 64}};
+  int cases = 0, failures = 0;
+  for (const Rule& rl : rules) {
+    for (const auto& sh : shapes) {
+      for (size_t ei = 0; ei < std::size(elems); ++ei) {
+        const Format* e = elems[ei];
+        // Keep the case count moderate: all elements on the MX rules' canonical
+        // shape, e2m1 / e4m3 / int8 elsewhere.
+        const bool wide = (sh[0] == 1 && sh[1] == 32) || (sh[0] == 1 && sh[1] == 16);
+        if (!wide && e != &float4_e2m1fn && e != &float8_e4m3fn && e != &int8_mx) continue;
+        for (Round r : {Round::rn, Round::rs, Round::rm}) {
+          QuantizerSpec q;
+          q.element = e;
+          q.scale = rl.scale;
+          q.scale_rule = rl.rule;
+          q.global_scale = rl.global;
+          q.block_rows = sh[0];
+          q.block_cols = sh[1];
+          q.round = r;
+          for (const Size& s : sizes) {
+            const auto x = test::varied_randn(s.rows, s.cols, uint32_t(cases + 1), 30);
+            for (QuantPath p : paths_for(q)) {
+              ++cases;
+              if (!check_case(q, x, s, RandomStream{7, uint64_t(cases)}, p)) ++failures;
+            }
+          }
+        }
+      }
+    }
+  }
+  MESSAGE(cases << " cases compared");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda quantize: adversarial values (NaN, Inf, zero blocks, subnormals, ties, FLT_MAX)") {
+  FP4LAB_REQUIRE_GPU();
+  const char* names[] = {"nvfp4", "nvfp4_2d", "nvfp4_col", "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8",
+                         "mxfp6_e2m3", "fp8_e4m3_tensor"};
+  int failures = 0, cases = 0;
+  for (bool nan_inf : {false, true}) {
+    for (const char* n : names) {
+      for (Round r : kRounds) {
+        for (Overflow o : {Overflow::saturate, Overflow::nonsaturate}) {
+          QuantizerSpec q = quantizer_by_name(n);
+          q.round = r;
+          q.overflow = o;
+          const Size s{45, 70};
+          const auto x = test::adversarial(s.rows, s.cols, 5u + unsigned(r), nan_inf);
+          for (QuantPath p : paths_for(q)) {
+            ++cases;
+            if (!check_case(q, x, s, RandomStream{3, 4}, p)) ++failures;
+          }
+        }
+      }
+    }
+  }
+  MESSAGE(cases << " cases compared");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda quantize: RHT fused with the quantization (wgrad operands), SR and RN") {
+  FP4LAB_REQUIRE_GPU();
+  int failures = 0;
+  for (int axis = 0; axis < 2; ++axis) {
+    for (Round r : {Round::rn, Round::rs}) {
+      for (GlobalScale gs : {GlobalScale::tensor_amax, GlobalScale::none}) {
+        for (uint64_t seed : {0ull, 12345ull}) {
+          QuantizerSpec q = quantizer_by_name("nvfp4");
+          q.block_rows = axis == 0 ? 1 : 16;
+          q.block_cols = axis == 0 ? 16 : 1;
+          q.rht = true;
+          q.rht_seed = seed;
+          q.round = r;
+          q.global_scale = gs;
+          // Rows axis: cols % 16 == 0, any rows; cols axis: rows % 16 == 0, any cols.
+          const Size s = axis == 0 ? Size{37, 80} : Size{48, 53};
+          const auto x = test::varied_randn(s.rows, s.cols, uint32_t(seed + 3), 10);
+          if (!check_case(q, x, s, RandomStream{99, 1}, QuantPath::fused)) ++failures;
+          if (!check_case(q, x, s, RandomStream{99, 1}, QuantPath::automatic)) ++failures;
+        }
+      }
+    }
+  }
+  CHECK(failures == 0);
+  // The RHT axis must be a multiple of 16, as on the CPU.
+  QuantizerSpec q = quantizer_by_name("nvfp4");
+  q.rht = true;
+  std::vector<float> x(size_t(4 * 40), 1.0f);
+  CHECK_THROWS_AS(quantize_gpu(q, MatrixView<const float>(x.data(), 4, 40)), Error);
+  CHECK_THROWS_AS(quantize(q, MatrixView<const float>(x.data(), 4, 40)), Error);
+}
+
+TEST_CASE("cuda quantize: bf16 input equals the f32 input of the same values") {
+  FP4LAB_REQUIRE_GPU();
+  int failures = 0;
+  for (const char* n : {"nvfp4", "nvfp4_2d", "nvfp4_col", "mxfp4", "mxfp8_e4m3", "fp8_e5m2_tensor"}) {
+    for (Round r : {Round::rn, Round::rs}) {
+      QuantizerSpec q = quantizer_by_name(n);
+      q.round = r;
+      for (Size s : {Size{37, 53}, Size{64, 128}}) {
+        auto x = test::varied_randn(s.rows, s.cols, 77, 20);
+        test::round_to_bf16(x);
+        for (QuantPath p : paths_for(q))
+          if (!check_case(q, x, s, RandomStream{5, 6}, p, true)) ++failures;
+      }
+    }
+  }
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs") {
+  FP4LAB_REQUIRE_GPU();
+  for (const char* n : {"nvfp4", "mxfp4", "nvfp4_2d", "nvfp4_col", "mxfp8_e4m3"}) {
+    for (Size s : {Size{37, 53}, Size{64, 128}, Size{3, 1}}) {
+      for (QuantPath path : {QuantPath::fused, QuantPath::generic}) {
+        const QuantizerSpec q = quantizer_by_name(n);
+        const auto x = test::varied_randn(s.rows, s.cols, 11, 12);
+        const int64_t nel = s.rows * s.cols;
+        const QuantizedTensor cpu = quantize(q, MatrixView<const float>(x.data(), s.rows, s.cols));
+        DeviceBuffer<float> dx;
+        dx.upload(x);
+        const bool packed = q.element->bits() == 4;
+        const int64_t code_bytes = packed ? s.rows * ((s.cols + 1) / 2) : nel;
+        DeviceBuffer<uint8_t> codes(static_cast<size_t>(code_bytes));
+        DeviceBuffer<uint16_t> b16(static_cast<size_t>(nel)), op16(static_cast<size_t>(nel));
+        codes.fill_bytes(0xEE);
+        b16.fill_bytes(0xEE);
+        op16.fill_bytes(0xEE);
+        QuantWorkspace ws;
+        QuantOutputs o;
+        o.codes = codes.data();
+        o.code_layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
+        o.dequant_bf16 = b16.data();
+        quantize_device(q, dx.data(), InputType::f32, s.rows, s.cols, {}, o, ws, nullptr, path);
+        QuantOutputs o2;
+        o2.dequant_bf16 = op16.data();
+        o2.bf16_gemm_operand = true;
+        quantize_device(q, dx.data(), InputType::f32, s.rows, s.cols, {}, o2, ws, nullptr, path);
+        check(cudaDeviceSynchronize(), "test");
+        // Packed codes: sim's packing of sim's codes.
+        const std::vector<uint8_t> want = pack_codes(*q.element, cpu.codes.data(), s.rows, s.cols);
+        CHECK(test::same_bytes("packed codes", codes.download(), want));
+        // BF16 dequant: CUDA's own host converter (an independent oracle) of sim's FP32 dequant;
+        // the GEMM operand: the same of decode(code) * scale without the global decode scale.
+        const auto got = b16.download(), got_op = op16.download();
+        int bad = 0, bad_op = 0;
+        for (int64_t i = 0; i < nel; ++i) {
+          const __nv_bfloat16 w = __float2bfloat16_rn(cpu.dequant[size_t(i)]);
+          uint16_t wb;
+          std::memcpy(&wb, &w, 2);
+          const bool nan = std::isnan(cpu.dequant[size_t(i)]);
+          if (!(nan ? (got[size_t(i)] & 0x7FFF) > 0x7F80 : got[size_t(i)] == wb)) ++bad;
+          const int64_t r = i / s.cols, c = i % s.cols;
+          const int64_t br = q.block_rows ? q.block_rows : s.rows, bc = q.block_cols ? q.block_cols : s.cols;
+          const float sc = cpu.scales[size_t((r / br) * cpu.scale_cols + c / bc)];
+          const float v = decode(*q.element, cpu.codes[size_t(i)]) * sc;
+          const __nv_bfloat16 w2 = __float2bfloat16_rn(v);
+          uint16_t wb2;
+          std::memcpy(&wb2, &w2, 2);
+          if (!(std::isnan(v) ? (got_op[size_t(i)] & 0x7FFF) > 0x7F80 : got_op[size_t(i)] == wb2)) ++bad_op;
+          // The GEMM operand is exact (no rounding) for these quantizers and data.
+          if (!std::isnan(v) && float(w2) != v) ++bad_op;
+        }
+        CHECK_MESSAGE(bad == 0, n << " " << s.rows << "x" << s.cols);
+        CHECK_MESSAGE(bad_op == 0, n << " " << s.rows << "x" << s.cols);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda quantize: path and argument errors") {
+  FP4LAB_REQUIRE_GPU();
+  std::vector<float> x(64, 1.0f);
+  const MatrixView<const float> v(x.data(), 8, 8);
+  QuantizerSpec q = quantizer_by_name("mxfp4");
+  q.block_rows = 4;
+  q.block_cols = 8;
+  CHECK_THROWS_AS(quantize_gpu(q, v, {}, QuantPath::fused), Error);  // no fused kernel for [4,8]
+  CHECK_NOTHROW(quantize_gpu(q, v, {}, QuantPath::generic));
+  CHECK(!fused_supported(q));
+  CHECK(fused_supported(quantizer_by_name("nvfp4_2d")));
+}
