@@ -68,10 +68,10 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
   vars.push_back({"nvfp4 rs rht [1,16] (amax given)", with(nv, Round::rs, true, 1, 16), true});
 
   const int64_t n = rows * cols;
-  DeviceBuffer<float> x32(size_t(n)), y32(size_t(n));
-  DeviceBuffer<uint16_t> x16(size_t(n));
+  DeviceBuffer<float> x32(static_cast<size_t>(n)), y32(static_cast<size_t>(n));
+  DeviceBuffer<uint16_t> x16(static_cast<size_t>(n));
   fill_normal(x32.data(), x16.data(), n, 1234);
-  DeviceBuffer<uint8_t> codes(size_t(n)), scodes(size_t(n / 16 + 1024));
+  DeviceBuffer<uint8_t> codes(static_cast<size_t>(n)), scodes(static_cast<size_t>(n / 16 + 1024));
   DeviceBuffer<float> gdec(1);
   QuantWorkspace ws;
   DeviceBuffer<uint32_t> amax_given(1);
@@ -138,7 +138,7 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
 int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
   if (!gpu_available()) throw Error("bench gemm --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
   repeats = std::max(repeats, 3);
-  DeviceBuffer<uint16_t> a16(size_t(m * k)), b16(size_t(n * k)), y16(size_t(m * n));
+  DeviceBuffer<uint16_t> a16(static_cast<size_t>(m * k)), b16(static_cast<size_t>(n * k)), y16(static_cast<size_t>(m * n));
   fill_normal(nullptr, a16.data(), m * k, 11);
   fill_normal(nullptr, b16.data(), n * k, 12, 0.05f);
   Blas blas;
@@ -158,7 +158,7 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
     QuantWorkspace ws;
     QuantOperand op;
   };
-  auto prep = [&](Side& s, const QuantizerSpec& q, const uint16_t* x, int64_t rows) {
+  auto prep = [&](Side& s, const QuantizerSpec& q, int64_t rows) {
     int64_t sr = 0, sc = 0;
     scale_grid(q, rows, k, sr, sc);
     const bool packed = q.element->bits() == 4;
@@ -196,7 +196,7 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
   for (const Case& c : cases) {
     const QuantizerSpec qa = quantizer_by_name(c.qa), qb = quantizer_by_name(c.qb);
     Side sa, sb;
-    const QuantOutputs oa = prep(sa, qa, a16.data(), m), ob = prep(sb, qb, b16.data(), n);
+    const QuantOutputs oa = prep(sa, qa, m), ob = prep(sb, qb, n);
     // (1) from BF16 inputs: quantize both operands (fused kernel writing codes,
     // scales and the exact BF16 operand) + BF16 GEMM with alpha = g_dec(A) g_dec(B).
     auto full = [&] {

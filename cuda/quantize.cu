@@ -707,9 +707,17 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   p.block_scale = ws.scale.data();
   check(cudaMemsetAsync(ws.amax.data(), 0, size_t(1 + nblocks) * sizeof(uint32_t), stream), "cudaMemsetAsync");
   const int64_t n = rows * cols;
-  if (type == InputType::bf16) generic_amax_kernel<uint16_t><<<grid_for(n), kThreads, 0, stream>>>(p);
-  else generic_amax_kernel<float><<<grid_for(n), kThreads, 0, stream>>>(p);
-  check_launch("generic_amax_kernel");
+  if (nblocks == 1) {
+    // One block ([0,0], or a block larger than the tensor): the tensor amax
+    // kernel (per-warp atomics on one word would serialise).
+    tensor_amax_device(x, type, n, ws.amax.data(), stream);
+    check(cudaMemcpyAsync(ws.amax.data() + 1, ws.amax.data(), sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync(amax)");
+  } else {
+    if (type == InputType::bf16) generic_amax_kernel<uint16_t><<<grid_for(n), kThreads, 0, stream>>>(p);
+    else generic_amax_kernel<float><<<grid_for(n), kThreads, 0, stream>>>(p);
+    check_launch("generic_amax_kernel");
+  }
   generic_scale_kernel<<<grid_for(nblocks), kThreads, 0, stream>>>(p, nblocks);
   check_launch("generic_scale_kernel");
   const int64_t threads = rows * ((cols + 1) / 2);

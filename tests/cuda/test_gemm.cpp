@@ -39,7 +39,7 @@ TEST_CASE("cuda gemm: cuBLAS BF16 NT product against float64") {
     DeviceBuffer<uint16_t> da, db;
     da.upload(a16);
     db.upload(b16);
-    DeviceBuffer<float> y(size_t(m * n));
+    DeviceBuffer<float> y(static_cast<size_t>(m * n));
     y.fill_bytes(0xFF);  // NaN poison
     Blas blas;
     gemm_bf16_nt(blas, da.data(), db.data(), y.data(), OutType::f32, m, n, k, 0.5f);

@@ -29,7 +29,7 @@ TEST_CASE("cuda packing: FP4 pack and nibble-packed transpose equal sim's") {
     const auto codes = random_bytes(size_t(rows * cols), uint32_t(rows * 1000 + cols), 0xF);
     DeviceBuffer<uint8_t> dcodes;
     dcodes.upload(codes);
-    DeviceBuffer<uint8_t> packed(size_t(rows * ((cols + 1) / 2))), tr(size_t(cols * ((rows + 1) / 2)));
+    DeviceBuffer<uint8_t> packed(static_cast<size_t>(rows * ((cols + 1) / 2))), tr(static_cast<size_t>(cols * ((rows + 1) / 2)));
     packed.fill_bytes(0xEE);
     tr.fill_bytes(0xEE);
     pack_fp4_device(dcodes.data(), rows, cols, packed.data());
@@ -53,7 +53,7 @@ TEST_CASE("cuda packing: cuBLASLt swizzled scales equal sim's, hand-worked offse
   for (const auto& s : sizes) {
     const int64_t rows = s[0], cols = s[1];
     const auto sc = random_bytes(size_t(rows * cols), uint32_t(rows + cols), 0xFF);
-    DeviceBuffer<uint8_t> d, out(size_t(swizzled_scale_bytes(rows, cols)));
+    DeviceBuffer<uint8_t> d, out(static_cast<size_t>(swizzled_scale_bytes(rows, cols)));
     d.upload(sc);
     out.fill_bytes(0xEE);
     swizzle_scales_device(d.data(), rows, cols, out.data());
@@ -64,7 +64,7 @@ TEST_CASE("cuda packing: cuBLASLt swizzled scales equal sim's, hand-worked offse
   // sim/packing.hpp's hand-checked example: R = 256, C = 8, scale (37, 6) lands at 598.
   std::vector<uint8_t> sc(256 * 8, 0);
   sc[37 * 8 + 6] = 0x5A;
-  DeviceBuffer<uint8_t> d, out(size_t(swizzled_scale_bytes(256, 8)));
+  DeviceBuffer<uint8_t> d, out(static_cast<size_t>(swizzled_scale_bytes(256, 8)));
   d.upload(sc);
   swizzle_scales_device(d.data(), 256, 8, out.data());
   const auto o = out.download();
