@@ -9,7 +9,8 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu.txt"
 t0=$(date +%s)
 cmake -S . -B /tmp/b -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-ninja -C /tmp/b -j16 test_cuda fp4lab >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
+# -k 0: other modules' work in progress must not stop test_cuda from building.
+ninja -C /tmp/b -k 0 -j16 test_cuda fp4lab >"$OUT/build.log" 2>&1 || grep -E "error|FAILED" -A3 "$OUT/build.log" | head -40
 echo "build: $(( $(date +%s) - t0 )) s"
 if [ "$what" = tests ] || [ "$what" = all ]; then
   /tmp/b/tests/test_cuda 2>&1 | tee "$OUT/test_cuda.log" | tail -60
