@@ -72,8 +72,10 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const DequantParams p
   __syncthreads();
   const int64_t chunks_per_row = (p.cols + 7) / 8;
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (t >= p.rows * chunks_per_row) return;
-  const int64_t r = t / chunks_per_row, c0 = (t - r * chunks_per_row) * 8;
+  const int64_t total = p.rows * chunks_per_row;
+  if (t >= total) return;
+  const int64_t r = total < (int64_t(1) << 32) ? int64_t(uint32_t(t) / uint32_t(chunks_per_row)) : t / chunks_per_row;
+  const int64_t c0 = (t - r * chunks_per_row) * 8;
   const bool full = c0 + 8 <= p.cols && (p.cols & 7) == 0;
   uint32_t code[8];
   if constexpr (Packed) {
@@ -103,17 +105,20 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const DequantParams p
   }
   const int64_t srow = (r / p.br) * p.nbc;
   uint32_t h[8];
-  int64_t last_blk = -1;
-  float s = 0.0f;
+  if (p.bc % 8 == 0) {
+    // The 8 elements (c0 is a multiple of 8) share one block.
+    const int64_t si = srow + c0 / p.bc;
+    const float s = p.float_scales ? p.scales[si] : tab_s[p.scodes[si]];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int64_t blk = (c0 + j) / p.bc;
-    if (blk != last_blk) {
-      last_blk = blk;
+    for (int j = 0; j < 8; ++j) h[j] = encode_rn_f32<bfloat16>(tab_e[code[j]] * s, Overflow::nonsaturate);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t blk = (c0 + j) / p.bc;
       const int64_t si = srow + (blk < p.nbc ? blk : p.nbc - 1);
-      s = p.float_scales ? p.scales[si] : tab_s[p.scodes[si]];
+      const float s = p.float_scales ? p.scales[si] : tab_s[p.scodes[si]];
+      h[j] = encode_rn_f32<bfloat16>(tab_e[code[j]] * s, Overflow::nonsaturate);
     }
-    h[j] = encode_rn_f32<bfloat16>(tab_e[code[j]] * s, Overflow::nonsaturate);
   }
   uint16_t* dst = p.out + r * p.cols + c0;
   if (full) {

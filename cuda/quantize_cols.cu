@@ -1,0 +1,123 @@
+// Fused quantization of column blocks [16,1] and [32,1]: one thread per strip
+// of BR rows x V consecutive columns (V blocks; each row of the strip one
+// 8/16-byte load, coalesced across the warp), optional RHT down each column
+// (sim's rht16_forward), amax, scales, codes and outputs in one pass.
+#include "cuda/quantize_kernels.cuh"
+
+#include "cuda/device.hpp"
+
+namespace fp4lab::cuda::qk {
+namespace {
+
+template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY>
+__global__ void __launch_bounds__(kThreads) col_kernel(const KParams p) {
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
+  const bool ok = t < nbr * ngroups;
+  int64_t i = 0, jg = 0;
+  if (ok) {
+    if (nbr * ngroups < (int64_t(1) << 32)) {
+      i = uint32_t(t) / uint32_t(ngroups);
+    } else {
+      i = t / ngroups;
+    }
+    jg = t - i * ngroups;
+  }
+  const int64_t r0 = i * BR, c0 = jg * V;
+  const int valid_c = ok ? int(p.cols - c0 < V ? p.cols - c0 : V) : 0;
+  float v[BR][V];
+#pragma unroll
+  for (int rr = 0; rr < BR; ++rr) {
+    const bool row_ok = r0 + rr < p.rows;
+    load_n<In, V>(p.x, (r0 + rr) * p.cols + c0, row_ok ? valid_c : 0, v[rr]);
+  }
+  if constexpr (RHT) {
+    static_assert(BR == 16);
+#pragma unroll
+    for (int cc = 0; cc < V; ++cc) {
+      float col[16];
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) col[rr] = v[rr][cc];
+      rht16_forward(col, p.signs);  // rows % 16 == 0 (checked on the host)
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) v[rr][cc] = col[rr];
+    }
+  }
+  uint32_t amax[V];
+#pragma unroll
+  for (int cc = 0; cc < V; ++cc) {
+    amax[cc] = 0;
+#pragma unroll
+    for (int rr = 0; rr < BR; ++rr) amax[cc] = umax(amax[cc], abs_bits(v[rr][cc]));
+  }
+  if constexpr (AMAX_ONLY) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int cc = 0; cc < V; ++cc) m = umax(m, amax[cc]);
+    m = __reduce_max_sync(0xFFFFFFFFu, m);
+    if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(p.gamax, m);
+    return;
+  } else {
+    if (!ok) return;
+    const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
+    const NvGlobal g = nv_global_of(p, f, sf);
+    if (t == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
+    BlockParams bp[V];
+    uint32_t sc[V];
+#pragma unroll
+    for (int cc = 0; cc < V; ++cc) {
+      bp[cc] = block_params<K>(p, f, sf, amax[cc], g);
+      sc[cc] = bp[cc].code;
+    }
+    const int64_t si = i * p.nbc + c0;  // nbc == cols
+    if (p.out.scale_codes) store_bytes<V>(p.out.scale_codes + si, sc, valid_c);
+    if (p.out.scales) {
+      float s[V];
+#pragma unroll
+      for (int cc = 0; cc < V; ++cc) s[cc] = bp[cc].scale;
+      store_f32<V>(p.out.scales + si, s, valid_c);
+    }
+#pragma unroll
+    for (int rr = 0; rr < BR; ++rr) {
+      if (r0 + rr < p.rows) encode_and_store<K, V, V>(p, f, g, r0 + rr, c0, v[rr], bp, valid_c);
+    }
+  }
+}
+
+template <class In, int BR, int V, int K, bool RHT, bool AMAX>
+void go(const KParams& p, cudaStream_t st) {
+  const int64_t threads = ((p.rows + BR - 1) / BR) * ((p.cols + V - 1) / V);
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  if (blocks > 0) col_kernel<In, BR, V, K, RHT, AMAX><<<unsigned(blocks), kThreads, 0, st>>>(p);
+  check_launch("col_kernel");
+}
+
+template <class In>
+void dispatch(const KParams& p, int br, bool rht, int kind, bool amax_only, cudaStream_t st) {
+  if (amax_only) return go<In, 16, 4, 0, true, true>(p, st);
+  if (br == 16) {
+    if (rht) {
+      if (kind == 1) return go<In, 16, 4, 1, true, false>(p, st);
+      return go<In, 16, 4, 0, true, false>(p, st);
+    }
+    if (kind == 1) return go<In, 16, 4, 1, false, false>(p, st);
+    if (kind == 2) return go<In, 16, 4, 2, false, false>(p, st);
+    return go<In, 16, 4, 0, false, false>(p, st);
+  }
+  switch (kind) {
+    case 1: return go<In, 32, 2, 1, false, false>(p, st);
+    case 2: return go<In, 32, 2, 2, false, false>(p, st);
+    case 3: return go<In, 32, 2, 3, false, false>(p, st);
+    case 4: return go<In, 32, 2, 4, false, false>(p, st);
+    default: return go<In, 32, 2, 0, false, false>(p, st);
+  }
+}
+
+}  // namespace
+
+void launch_cols(const KParams& p, int br, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st) {
+  if (in == InputType::bf16) dispatch<uint16_t>(p, br, rht, kind, amax_only, st);
+  else dispatch<float>(p, br, rht, kind, amax_only, st);
+}
+
+}  // namespace fp4lab::cuda::qk

@@ -1,0 +1,406 @@
+// Device building blocks shared by the quantization kernels (quantize*.cu).
+// Private to cuda/. Every numeric step calls the same FP4LAB_HD functions as
+// sim/quantizer.cpp (core's encode()/encode_rn_f32()/decode()/random_bits(),
+// sim/scale_rules.hpp, sim/rht.hpp); nothing here is a second implementation.
+#pragma once
+
+#include <cstdint>
+
+#include "core/encode.hpp"
+#include "core/format.hpp"
+#include "core/philox.hpp"
+#include "cuda/quantize.hpp"
+#include "sim/rht.hpp"
+#include "sim/scale_rules.hpp"
+
+namespace fp4lab::cuda::qk {
+
+constexpr int kThreads = 256;
+
+// Everything a quantization kernel needs, passed by value (kernel parameter
+// space). Formats travel by value: their constexpr globals are host objects.
+struct KParams {
+  Format elem, sfmt;
+  ScaleRule rule;
+  Round round;
+  Overflow overflow;
+  bool global;  // nv rule with global_scale tensor_amax
+  int64_t rows, cols, nbc;
+  int64_t br, bc;  // generic path block shape (whole tensor for [0,0])
+  const void* x;
+  uint64_t seed, stream;
+  float signs[16];       // RHT signs (sim/rht.hpp rht_sign)
+  uint32_t* gamax;       // tensor amax bits (read by nv+global; written by amax passes)
+  uint32_t* block_amax;  // generic path [nbr*nbc]
+  float* block_mult;     // generic path
+  float* block_scale;    // generic path
+  QuantOutputs out;
+};
+
+// Compile-time formats of the hot quantizers ("kinds"); the rest is runtime.
+//   0 runtime element and scale     1 e2m1 + ue4m3 (NVFP4)     2 e2m1 + runtime scale (MXFP4...)
+//   3 e4m3fn + runtime scale        4 e5m2 + runtime scale
+template <int K>
+__device__ __forceinline__ Format kind_elem(const KParams& p) {
+  if constexpr (K == 1 || K == 2) {
+    constexpr Format f = float4_e2m1fn;
+    return f;
+  } else if constexpr (K == 3) {
+    constexpr Format f = float8_e4m3fn;
+    return f;
+  } else if constexpr (K == 4) {
+    constexpr Format f = float8_e5m2;
+    return f;
+  } else {
+    return p.elem;
+  }
+}
+template <int K>
+__device__ __forceinline__ Format kind_scale(const KParams& p) {
+  if constexpr (K == 1) {
+    constexpr Format f = ufloat8_e4m3;
+    return f;
+  } else {
+    return p.sfmt;
+  }
+}
+inline int kind_of(const QuantizerSpec& q) {
+  if (q.element == &float4_e2m1fn) return q.scale == &ufloat8_e4m3 ? 1 : 2;
+  if (q.element == &float8_e4m3fn) return 3;
+  if (q.element == &float8_e5m2) return 4;
+  return 0;
+}
+
+template <int K>
+__device__ __forceinline__ uint32_t encode_rn(const Format& f, float y, Overflow o) {
+  if constexpr (K == 1 || K == 2) {
+    return encode_rn_f32<float4_e2m1fn>(y, o);
+  } else if constexpr (K == 3) {
+    return encode_rn_f32<float8_e4m3fn>(y, o);
+  } else if constexpr (K == 4) {
+    return encode_rn_f32<float8_e5m2>(y, o);
+  } else {
+    return encode(f, y, Round::rn, o);
+  }
+}
+
+// ---- block parameters: compute_block_scales() of sim, per block ------------
+struct BlockParams {
+  uint32_t code = 0;  // scale-format code (unused for float32 scales)
+  float scale = 0;    // decoded scale
+  float mult = 0;     // element operand: x * mult, or x / mult for nv_noglobal
+};
+
+__device__ __forceinline__ NvGlobal nv_global_of(const KParams& p, const Format& elem, const Format& sfmt) {
+  const float elem_max = max_finite(elem);
+  if (p.rule == ScaleRule::nv && p.global) return nv_global(bits_float(*p.gamax), max_finite(sfmt), elem_max);
+  return nv_no_global(elem_max);
+}
+
+__device__ __forceinline__ BlockParams block_params_impl(const Format& elem, const Format& sfmt, ScaleRule rule,
+                                                         uint32_t amax, const NvGlobal& g) {
+  BlockParams b;
+  switch (rule) {
+    case ScaleRule::ocp:
+    case ScaleRule::ceil:
+    case ScaleRule::tetrajet: {
+      const MxScale s = rule == ScaleRule::ocp    ? mx_scale_ocp(amax, elem)
+                        : rule == ScaleRule::ceil ? mx_scale_ceil(amax, elem)
+                                                  : mx_scale_tetrajet(amax, elem);
+      b.code = s.code();
+      b.scale = s.nan ? quiet_nan_f() : pow2f(s.exp);
+      b.mult = s.nan ? quiet_nan_f() : pow2f(-s.exp);
+      break;
+    }
+    case ScaleRule::nv: {
+      const NvBlockScale s = nv_block_scale(bits_float(amax), g, sfmt);
+      b.code = s.code;
+      b.scale = s.scale;
+      b.mult = s.encode;
+      break;
+    }
+    case ScaleRule::nv_noglobal: {
+      const NvBlockScale s = nv_noglobal_block_scale(bits_float(amax), max_finite(elem), sfmt);
+      b.code = s.code;
+      b.scale = s.scale;
+      b.mult = s.scale;
+      break;
+    }
+    case ScaleRule::tensor_amax: {
+      const TensorScale t = tensor_amax_scale(bits_float(amax), max_finite(elem));
+      b.scale = t.decode;
+      b.mult = t.encode;
+      break;
+    }
+  }
+  return b;
+}
+// Out of line for runtime formats (compile time: encode() is large).
+__device__ __noinline__ inline BlockParams block_params_rt(const Format elem, const Format sfmt, ScaleRule rule,
+                                                           uint32_t amax, const NvGlobal g) {
+  return block_params_impl(elem, sfmt, rule, amax, g);
+}
+template <int K>
+__device__ __forceinline__ BlockParams block_params(const KParams& p, const Format& elem, const Format& sfmt,
+                                                    uint32_t amax, const NvGlobal& g) {
+  if constexpr (K == 1) {
+    if (p.rule == ScaleRule::nv) return block_params_impl(elem, sfmt, ScaleRule::nv, amax, g);
+  } else if constexpr (K != 0) {
+    if (p.rule == ScaleRule::ocp) return block_params_impl(elem, sfmt, ScaleRule::ocp, amax, g);
+  }
+  return block_params_rt(elem, sfmt, p.rule, amax, g);
+}
+
+// Element code of x in a block with multiplier `mult` (sim's row_generic /
+// row_rn_fast; the float64 product for MX rules with rp/rm as sim).
+__device__ __noinline__ inline uint32_t encode_element_rt(const Format f, ScaleRule rule, Round round,
+                                                          Overflow overflow, float x, float mult, uint32_t rbits) {
+  const bool pow2 = rule == ScaleRule::ocp || rule == ScaleRule::ceil || rule == ScaleRule::tetrajet;
+  if (pow2 && (round == Round::rp || round == Round::rm)) return encode(f, double(x) * double(mult), round, overflow, rbits);
+  const float y = rule == ScaleRule::nv_noglobal ? x / mult : x * mult;
+  return encode(f, y, round, overflow, rbits);
+}
+template <int K>
+__device__ __forceinline__ uint32_t encode_element(const KParams& p, const Format& f, float x, float mult,
+                                                   uint32_t rbits) {
+  if constexpr (K != 0) {
+    if (p.rule != ScaleRule::nv_noglobal) {
+      if (p.round == Round::rn) return encode_rn<K>(f, x * mult, p.overflow);
+      if (p.round == Round::rs) return encode(f, x * mult, Round::rs, p.overflow, rbits);
+    }
+  }
+  return encode_element_rt(f, p.rule, p.round, p.overflow, x, mult, rbits);
+}
+
+__device__ __forceinline__ uint32_t pick(const Philox4& g, uint32_t k) {
+  return k == 0 ? g.v[0] : k == 1 ? g.v[1] : k == 2 ? g.v[2] : g.v[3];
+}
+
+__device__ __forceinline__ uint32_t to_bf16(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
+
+__device__ __forceinline__ uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+template <class In>
+__device__ __forceinline__ float load1(const void* x, int64_t i) {
+  if constexpr (sizeof(In) == 2) {
+    // bfloat16 is the top half of a float32: widening is exact bit placement.
+    return bits_float(uint32_t(static_cast<const uint16_t*>(x)[i]) << 16);
+  } else {
+    return static_cast<const float*>(x)[i];
+  }
+}
+
+template <int W>
+__device__ __forceinline__ bool aligned(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & (W - 1)) == 0;
+}
+
+// Loads N consecutive elements starting at element index i (valid = how many
+// are inside the tensor; the rest read as 0). Vector loads when possible.
+template <class In, int N>
+__device__ __forceinline__ void load_n(const void* x, int64_t i, int valid, float (&v)[N]) {
+  if constexpr (sizeof(In) == 2) {
+    const uint16_t* s = static_cast<const uint16_t*>(x) + i;
+    if constexpr (N % 8 == 0) {
+      if (valid == N && aligned<16>(s)) {
+#pragma unroll
+        for (int k = 0; k < N / 8; ++k) {
+          const uint4 u = __ldg(reinterpret_cast<const uint4*>(s) + k);
+          const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            v[8 * k + 2 * q] = bits_float(w[q] << 16);
+            v[8 * k + 2 * q + 1] = bits_float(w[q] & 0xFFFF0000u);
+          }
+        }
+        return;
+      }
+    }
+    if constexpr (N == 4) {
+      if (valid == 4 && aligned<8>(s)) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2*>(s));
+        v[0] = bits_float(u.x << 16), v[1] = bits_float(u.x & 0xFFFF0000u);
+        v[2] = bits_float(u.y << 16), v[3] = bits_float(u.y & 0xFFFF0000u);
+        return;
+      }
+    }
+    if constexpr (N == 2) {
+      if (valid == 2 && aligned<4>(s)) {
+        const uint32_t u = __ldg(reinterpret_cast<const unsigned int*>(s));
+        v[0] = bits_float(u << 16), v[1] = bits_float(u & 0xFFFF0000u);
+        return;
+      }
+    }
+  } else {
+    const float* s = static_cast<const float*>(x) + i;
+    if constexpr (N % 4 == 0) {
+      if (valid == N && aligned<16>(s)) {
+#pragma unroll
+        for (int k = 0; k < N / 4; ++k) {
+          const float4 u = __ldg(reinterpret_cast<const float4*>(s) + k);
+          v[4 * k] = u.x, v[4 * k + 1] = u.y, v[4 * k + 2] = u.z, v[4 * k + 3] = u.w;
+        }
+        return;
+      }
+    }
+    if constexpr (N == 2) {
+      if (valid == 2 && aligned<8>(s)) {
+        const float2 u = __ldg(reinterpret_cast<const float2*>(s));
+        v[0] = u.x, v[1] = u.y;
+        return;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = j < valid ? load1<In>(x, i + j) : 0.0f;
+}
+
+// Stores N bytes (the first `valid` of them) at dst, vectorised when aligned.
+template <int N>
+__device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&b)[N], int valid) {
+  if (valid == N) {
+    if constexpr (N % 4 == 0) {
+      uint32_t w[N / 4];
+#pragma unroll
+      for (int k = 0; k < N / 4; ++k)
+        w[k] = (b[4 * k] & 0xFFu) | (b[4 * k + 1] & 0xFFu) << 8 | (b[4 * k + 2] & 0xFFu) << 16 | (b[4 * k + 3] & 0xFFu) << 24;
+      if constexpr (N == 16) {
+        if (aligned<16>(dst)) {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+          return;
+        }
+      }
+      if constexpr (N % 8 == 0) {
+        if (aligned<8>(dst)) {
+#pragma unroll
+          for (int k = 0; k < N / 8; ++k) reinterpret_cast<uint2*>(dst)[k] = make_uint2(w[2 * k], w[2 * k + 1]);
+          return;
+        }
+      }
+      if (aligned<4>(dst)) {
+#pragma unroll
+        for (int k = 0; k < N / 4; ++k) reinterpret_cast<uint32_t*>(dst)[k] = w[k];
+        return;
+      }
+    }
+    if constexpr (N == 2) {
+      if (aligned<2>(dst)) {
+        *reinterpret_cast<uint16_t*>(dst) = uint16_t((b[0] & 0xFFu) | (b[1] & 0xFFu) << 8);
+        return;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    if (j < valid) dst[j] = uint8_t(b[j]);
+}
+
+// Codes of N consecutive columns starting at column c0 of row r (c0 even for
+// packed4), in the output's layout.
+template <int N>
+__device__ __forceinline__ void store_codes(const KParams& p, int64_t r, int64_t c0, const uint32_t (&code)[N], int valid) {
+  const QuantOutputs& o = p.out;
+  if (o.code_layout == CodeLayout::packed4) {
+    constexpr int NB = (N + 1) / 2;
+    uint32_t b[NB];
+#pragma unroll
+    for (int k = 0; k < NB; ++k) {
+      const uint32_t lo = 2 * k < valid ? code[2 * k] & 0xFu : 0u;
+      const uint32_t hi = (2 * k + 1 < N && 2 * k + 1 < valid) ? (code[2 * k + 1] & 0xFu) << 4 : 0u;
+      b[k] = lo | hi;
+    }
+    store_bytes<NB>(o.codes + r * ((p.cols + 1) / 2) + c0 / 2, b, (valid + 1) / 2);
+  } else {
+    store_bytes<N>(o.codes + r * p.cols + c0, code, valid);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void store_f32(float* dst, const float (&v)[N], int valid) {
+  if constexpr (N % 4 == 0) {
+    if (valid == N && aligned<16>(dst)) {
+#pragma unroll
+      for (int k = 0; k < N / 4; ++k)
+        reinterpret_cast<float4*>(dst)[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    if (j < valid) dst[j] = v[j];
+}
+template <int N>
+__device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N], int valid) {
+  if constexpr (N % 8 == 0) {
+    if (valid == N && aligned<16>(dst)) {
+#pragma unroll
+      for (int k = 0; k < N / 8; ++k)
+        reinterpret_cast<uint4*>(dst)[k] = make_uint4(h[8 * k] | h[8 * k + 1] << 16, h[8 * k + 2] | h[8 * k + 3] << 16,
+                                                      h[8 * k + 4] | h[8 * k + 5] << 16, h[8 * k + 6] | h[8 * k + 7] << 16);
+      return;
+    }
+  }
+  if constexpr (N == 4) {
+    if (valid == 4 && aligned<8>(dst)) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    if (j < valid) dst[j] = uint16_t(h[j]);
+}
+
+// Encodes N consecutive elements of row r from column c0 with block parameters
+// bp (one per element via bidx), writes every requested output.
+template <int K, int N, int NB>
+__device__ __forceinline__ void encode_and_store(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                                 int64_t c0, const float (&v)[N], const BlockParams (&bp)[NB],
+                                                 int valid) {
+  // Block of element j: bp[j * NB / N] (NB == 1: one block; NB == N: one per element).
+  const int64_t base = r * p.cols + c0;
+  uint32_t code[N];
+  const bool sr = p.round == Round::rs;
+  if (sr && N % 4 == 0 && (base & 3) == 0) {
+#pragma unroll
+    for (int q = 0; q < N / 4; ++q) {
+      const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int j = 4 * q + k;
+        code[j] = encode_element<K>(p, f, v[j], bp[j * NB / N].mult, grp.v[k]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const uint32_t rb = sr ? random_bits(p.seed, p.stream, uint64_t(base + j)) : 0u;
+      code[j] = encode_element<K>(p, f, v[j], bp[j * NB / N].mult, rb);
+    }
+  }
+  const QuantOutputs& o = p.out;
+  if (o.codes) store_codes<N>(p, r, c0, code, valid);
+  if (o.dequant) {
+    float d[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) d[j] = (decode(f, code[j]) * bp[j * NB / N].scale) * g.g_dec;
+    store_f32<N>(o.dequant + base, d, valid);
+  }
+  if (o.dequant_bf16) {
+    uint32_t h[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float d = decode(f, code[j]) * bp[j * NB / N].scale;
+      h[j] = to_bf16(o.bf16_gemm_operand ? d : d * g.g_dec);
+    }
+    store_bf16<N>(o.dequant_bf16 + base, h, valid);
+  }
+}
+
+// Launchers (quantize_rows.cu, quantize_cols.cu): row blocks [1,BC] with one
+// thread per block; column blocks [BR,1] with one thread per BR x V strip.
+// amax_only: only atomicMax the (RHT-transformed) tensor amax into *p.gamax.
+void launch_rows(const KParams& p, int bc, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st);
+void launch_cols(const KParams& p, int br, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st);
+
+}  // namespace fp4lab::cuda::qk
