@@ -1,0 +1,143 @@
+// The trainer's compute backend (DESIGN.md sec. 1): every operation the models
+// need, behind one small interface, so the models are written once and a CUDA
+// backend can implement the same calls with kernels + cuBLAS later.
+//
+// Tensors are 2-D row-major float32 in the backend's memory (host memory for
+// the CPU backend). A Tensor either owns its memory (`mem`) or is a view into
+// another buffer (the flat parameter buffer, a slice of an activation).
+// All row counts are "tokens" (batch x sequence collapsed), all column counts
+// are features. Integer inputs (token ids, class labels) are host arrays.
+//
+// Determinism: every operation of the CPU backend gives the same bits with 1 or
+// N OpenMP threads (rows are independent; reductions over rows use a fixed
+// blocking and a fixed summation order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "recipes/quantized_linear.hpp"
+
+namespace fp4lab::train {
+
+struct Tensor {
+  float* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  std::shared_ptr<float[]> mem;  // null for views
+  int64_t size() const { return rows * cols; }
+  float* row(int64_t r) const { return data + r * cols; }
+};
+
+// A view of `rows x cols` floats at `p` (no ownership).
+inline Tensor view_of(float* p, int64_t rows, int64_t cols) { return Tensor{p, rows, cols, nullptr}; }
+
+// What a linear layer keeps between forward and backward (backend specific).
+struct LinearState {
+  virtual ~LinearState() = default;
+};
+
+// Attention geometry: `batch` sequences of `seq` tokens, `heads` heads of
+// width cols/heads. scale multiplies q.k (1/sqrt(head_dim) normally).
+struct AttentionShape {
+  int64_t batch = 0, seq = 0, heads = 0;
+  bool causal = false;
+  float scale = 1.0f;
+  float dropout = 0.0f;  // on the attention probabilities (inverted dropout)
+};
+
+// Dropout masks are not stored: element i of a tensor dropped under
+// (seed, stream) is dropped iff random_bits(seed, stream, i) < p * 2^32
+// (core/philox.hpp), so backward regenerates the same mask.
+struct DropoutKey {
+  uint64_t seed = 0, stream = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Memory.
+  virtual Tensor empty(int64_t rows, int64_t cols) = 0;  // contents unspecified
+  Tensor zeros(int64_t rows, int64_t cols) {
+    Tensor t = empty(rows, cols);
+    fill(t, 0.0f);
+    return t;
+  }
+  virtual void fill(Tensor& t, float v) = 0;
+  virtual void upload(const float* host, Tensor& t) = 0;          // host -> t (t.size() floats)
+  virtual void download(const Tensor& t, float* host) = 0;        // t -> host
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;          // same size
+  virtual void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols) = 0;
+
+  // Linear y = x W^T + b through the recipe (recipes/quantized_linear.hpp).
+  // dw (and db if non-null) are ACCUMULATED into (weight tying, several uses).
+  virtual void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+                              std::unique_ptr<LinearState>& state) = 0;
+  virtual void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+                               Tensor& dx, Tensor& dw_acc, float* db_acc) = 0;
+
+  // LayerNorm over each row: y = (x - mean) * rstd * gamma + beta (beta may be
+  // null: nanoGPT's bias=False). mean/rstd [rows] are saved for backward.
+  virtual void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y,
+                                 Tensor& mean, Tensor& rstd) = 0;
+  // dx written; dgamma/dbeta accumulated (dbeta may be null).
+  virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean,
+                                  const Tensor& rstd, Tensor& dx, float* dgamma_acc, float* dbeta_acc) = 0;
+
+  // GELU, exact erf form (PyTorch nn.GELU()): y = x * Phi(x).
+  virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+
+  // Multi-head self-attention core on qkv [B*T, 3C] (q | k | v column blocks,
+  // head h = columns h*hd..(h+1)*hd of each block): out [B*T, C].
+  // probs [B*H*T, T] saves the softmax probabilities (before dropout).
+  virtual void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
+                                 DropoutKey key) = 0;
+  virtual void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
+                                  Tensor& dqkv, DropoutKey key) = 0;
+
+  // Inverted dropout in place (p = 0 is a no-op); backward applies the same mask to dy.
+  virtual void dropout_forward(Tensor& x, float p, DropoutKey key) = 0;
+  virtual void dropout_backward(Tensor& dy, float p, DropoutKey key) = 0;
+
+  // y += x (same shape).
+  virtual void add_inplace(Tensor& y, const Tensor& x) = 0;
+
+  // GPT embeddings: out[b*T+t] = wte[idx[b*T+t]] + wpe[t]  (idx host, [B*T]).
+  virtual void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,
+                             Tensor& out) = 0;
+  virtual void embed_backward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& dout, Tensor& dwte_acc,
+                              Tensor& dwpe_acc) = 0;
+
+  // ViT tokens: out[b*(P+1)] = cls + pos[0]; out[b*(P+1)+1+p] = patches[b*P+p] + pos[1+p].
+  virtual void vit_tokens_forward(const Tensor& patches, int64_t batch, const float* cls, const Tensor& pos,
+                                  Tensor& out) = 0;
+  virtual void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls_acc,
+                                   Tensor& dpos_acc) = 0;
+  // Rows r*stride (r < n) of x -> out [n, C], and the transpose scatter (dx zeroed elsewhere).
+  virtual void gather_rows(const Tensor& x, int64_t stride, Tensor& out) = 0;
+  virtual void scatter_rows(const Tensor& dout, int64_t stride, Tensor& dx) = 0;
+
+  // Softmax cross-entropy over rows of logits [N, V] with targets [N] (host).
+  // Returns the mean loss (float64 accumulation in row order); writes
+  // dlogits = (softmax - onehot) / N when dlogits is non-null; counts rows
+  // whose argmax (first maximum) equals the target into *correct if non-null.
+  virtual double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) = 0;
+
+  // Optimiser support over flat buffers of n floats.
+  virtual double sum_squares(const Tensor& g) = 0;  // float64, fixed order
+  virtual void scale(Tensor& g, float s) = 0;
+  // One AdamW step (PyTorch semantics): p -= lr*wd*p (if decay[i]); m = b1 m + (1-b1) g;
+  // v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
+  virtual void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const uint8_t* decay_mask, float lr,
+                          float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
+};
+
+// The CPU backend (Eigen + OpenMP). threads <= 0: OpenMP's default.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// "cpu" or "cuda" (the latter throws until a CUDA backend is built in).
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
+
+}  // namespace fp4lab::train

@@ -1,1 +1,0 @@
-// trainer sources go here
