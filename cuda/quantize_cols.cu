@@ -10,7 +10,7 @@ namespace fp4lab::cuda::qk {
 namespace {
 
 template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY>
-__global__ void __launch_bounds__(kThreads) col_kernel(const KParams p) {
+__global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
   const bool ok = t < nbr * ngroups;

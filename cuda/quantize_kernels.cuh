@@ -360,22 +360,28 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   // Block of element j: bp[j * NB / N] (NB == 1: one block; NB == N: one per element).
   const int64_t base = r * p.cols + c0;
   uint32_t code[N];
-  const bool sr = p.round == Round::rs;
-  if (sr && N % 4 == 0 && (base & 3) == 0) {
+  // One branch per thread, each mode's loop contiguous in the binary (an
+  // element loop with the modes interleaved thrashed the instruction cache).
+  const bool fast = K != 0 && p.rule != ScaleRule::nv_noglobal;
+  if (fast && p.round == Round::rn) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[j * NB / N].mult, p.overflow);
+  } else if (fast && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
 #pragma unroll
     for (int q = 0; q < N / 4; ++q) {
       const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int j = 4 * q + k;
-        code[j] = encode_element<K>(p, f, v[j], bp[j * NB / N].mult, grp.v[k]);
+        code[j] = encode(f, v[j] * bp[j * NB / N].mult, Round::rs, p.overflow, grp.v[k]);
       }
     }
   } else {
+    const bool sr = p.round == Round::rs;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const uint32_t rb = sr ? random_bits(p.seed, p.stream, uint64_t(base + j)) : 0u;
-      code[j] = encode_element<K>(p, f, v[j], bp[j * NB / N].mult, rb);
+      code[j] = encode_element_rt(f, p.rule, p.round, p.overflow, v[j], bp[j * NB / N].mult, rb);
     }
   }
   const QuantOutputs& o = p.out;

@@ -9,7 +9,7 @@ namespace fp4lab::cuda::qk {
 namespace {
 
 template <class In, int BC, int K, bool RHT, bool AMAX_ONLY>
-__global__ void __launch_bounds__(kThreads) row_kernel(const KParams p) {
+__global__ void __launch_bounds__(kThreads, (BC == 32 && sizeof(In) == 4) ? 2 : 3) row_kernel(const KParams p) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t nblk = p.nbc;
   const bool ok = t < p.rows * nblk;
