@@ -77,9 +77,22 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
       for (int cc = 0; cc < V; ++cc) s[cc] = bp[cc].scale;
       store_f32<V>(p.out.scales + si, s, valid_c);
     }
+    if (p.round == Round::rs) {
+      // Rolled over rows (code size; see encode_and_store): a run-time indexed copy.
+      float vs[BR][V];
 #pragma unroll
-    for (int rr = 0; rr < BR; ++rr) {
-      if (r0 + rr < p.rows) encode_and_store<K, V, V>(p, f, g, r0 + rr, c0, v[rr], bp, valid_c);
+      for (int rr = 0; rr < BR; ++rr)
+#pragma unroll
+        for (int cc = 0; cc < V; ++cc) vs[rr][cc] = v[rr][cc];
+#pragma unroll 1
+      for (int rr = 0; rr < BR; ++rr) {
+        if (r0 + rr < p.rows) encode_and_store<K, V, V>(p, f, g, r0 + rr, c0, vs[rr], bp, valid_c);
+      }
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < BR; ++rr) {
+        if (r0 + rr < p.rows) encode_and_store<K, V, V>(p, f, g, r0 + rr, c0, v[rr], bp, valid_c);
+      }
     }
   }
 }

@@ -367,15 +367,24 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[j * NB / N].mult, p.overflow);
   } else if (fast && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
+    // A rolled loop over Philox groups: the fully unrolled SR path (generic
+    // encode + Philox per element) was too large for the instruction cache.
+    // vs/ms/cs are indexed at run time (local memory, L1-resident).
+    float vs[N], ms[N];
+    uint32_t cs[N];
 #pragma unroll
+    for (int j = 0; j < N; ++j) {
+      vs[j] = v[j];
+      ms[j] = bp[j * NB / N].mult;
+    }
+#pragma unroll 1
     for (int q = 0; q < N / 4; ++q) {
       const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int j = 4 * q + k;
-        code[j] = encode(f, v[j] * bp[j * NB / N].mult, Round::rs, p.overflow, grp.v[k]);
-      }
+      for (int k = 0; k < 4; ++k) cs[4 * q + k] = encode(f, vs[4 * q + k] * ms[4 * q + k], Round::rs, p.overflow, grp.v[k]);
     }
+#pragma unroll
+    for (int j = 0; j < N; ++j) code[j] = cs[j];
   } else {
     const bool sr = p.round == Round::rs;
 #pragma unroll
