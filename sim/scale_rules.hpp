@@ -75,8 +75,8 @@
 //  NaN). Inf in the tensor: g_enc = 1, the Inf block's scale saturates to 448,
 //  Inf elements saturate to +-E.
 //  Scale underflow: s == 0 while amax_block > 0 (the block flushes to zero).
-//  Scale overflow: s_f > 448 (cannot happen with a global scale unless
-//  amax_block > amax_tensor, i.e. never for finite tensors).
+//  Scale overflow: s_f rounds beyond 448 (s_f >= 464), so the saturation
+//  changes the scale (with a global scale only for an Inf amax).
 //
 // ---- `nv_noglobal`: fp4-trainkit eq. 3 (its "FP4 all the way" NVFP4) -------
 //    s_f  = amax_block / E                          (FP32 division)
@@ -213,7 +213,9 @@ FP4LAB_HD constexpr NvBlockScale nv_block_scale(float amax_block, const NvGlobal
   NvBlockScale b;
   float s_f = amax_block * g.mult;
   s_f = s_f > flt_max_f ? flt_max_f : s_f;
-  b.overflow = s_f > max_finite(scale_format);
+  // Overflow: s_f rounds (RN) beyond the largest finite scale, i.e. the
+  // saturation changes the scale (not a mere rounding to 448).
+  b.overflow = is_nan_code(scale_format, encode(scale_format, s_f, Round::rn, Overflow::nonsaturate)) && s_f == s_f;
   b.code = encode(scale_format, s_f, Round::rn, Overflow::saturate);
   b.scale = decode(scale_format, b.code);
   b.underflow = b.scale == 0.0f && amax_block > 0.0f;
