@@ -36,7 +36,7 @@ bool rs_up_ref(const ref::Ref& R, T x, uint32_t rbits) {
   const double a = std::fabs(double(x));
   if (std::isnan(a) || std::isinf(a) || a == 0) return false;
   const auto [lo, hi] = R.bracket(a);
-  if (lo == a) return false;
+  if (lo == a || a >= hi) return false;  // exact, or beyond max (rs_up unused there)
   constexpr int man = std::is_same_v<T, float> ? 23 : 52;
   constexpr int min_e = std::is_same_v<T, float> ? -126 : -1022;
   const int e = std::max(std::ilogb(a), min_e);
