@@ -331,6 +331,24 @@ std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float
     amax[0] = m;
     return amax;
   }
+  if (g.bc >= 8) {
+    // Wide blocks: reduce each row segment directly (no per-column buffer).
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < g.nbr; ++i) {
+      uint32_t* out = amax.data() + i * g.nbc;
+      const int64_t r1 = std::min(x.rows, (i + 1) * g.br);
+      for (int64_t r = i * g.br; r < r1; ++r) {
+        const float* xr = x.data + r * x.stride;
+        for (int64_t j = 0; j < g.nbc; ++j) {
+          const int64_t c0 = j * g.bc, c1 = std::min(x.cols, c0 + g.bc);
+          uint32_t m = out[j];
+          for (int64_t c = c0; c < c1; ++c) m = std::max(m, abs_bits(xr[c]));
+          out[j] = m;
+        }
+      }
+    }
+    return amax;
+  }
 #pragma omp parallel
   {
     std::vector<uint32_t> colmax(static_cast<size_t>(x.cols));
@@ -371,6 +389,7 @@ BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float>
     case ScaleRule::ceil:
     case ScaleRule::tetrajet: {
       b.pow2 = true;
+#pragma omp parallel for schedule(static)
       for (size_t i = 0; i < n; ++i) {
         const MxScale s = q.scale_rule == ScaleRule::ocp    ? mx_scale_ocp(amax[i], elem)
                           : q.scale_rule == ScaleRule::ceil ? mx_scale_ceil(amax[i], elem)
@@ -393,8 +412,11 @@ BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float>
       }
       b.g_dec = g.g_dec;
       b.g_enc = g.g_enc;
+      const bool ue4m3 = q.scale == &ufloat8_e4m3;
+#pragma omp parallel for schedule(static)
       for (size_t i = 0; i < n; ++i) {
-        const NvBlockScale s = nv_block_scale(bits_float(amax[i]), g, *q.scale);
+        const NvBlockScale s = ue4m3 ? nv_block_scale<ufloat8_e4m3>(bits_float(amax[i]), g)
+                                     : nv_block_scale<float8_e4m3fn>(bits_float(amax[i]), g);
         b.scale_codes[i] = uint8_t(s.code);
         b.scales[i] = s.scale;
         b.mult[i] = s.encode;
@@ -464,6 +486,45 @@ void row_rn_fast(const float* xr, const float* cm, const float* cs, float gd, co
   }
 }
 
+// Wide blocks (bc >= 8): per-block constants, no per-column parameter arrays.
+template <const Format& F, bool Divide>
+void row_rn_blocks(const float* xr, const float* bm, const float* bs, int64_t bc, float gd, const float* tab,
+                   Overflow o, uint8_t* codes, float* dq, int64_t n) {
+  constexpr int64_t K = 256;
+  uint32_t code[K];
+  for (int64_t b0 = 0, j = 0; b0 < n; b0 += bc, ++j) {
+    const float m = bm[j], sc = bs[j];
+    const int64_t b1 = std::min(n, b0 + bc);
+    for (int64_t c0 = b0; c0 < b1; c0 += K) {
+      const int64_t len = std::min(K, b1 - c0);
+      const float* x = xr + c0;
+      for (int64_t i = 0; i < len; ++i) {
+        const float y = Divide ? x[i] / m : x[i] * m;
+        code[i] = encode_rn_f32<F>(y, o);
+      }
+      for (int64_t i = 0; i < len; ++i) {
+        codes[c0 + i] = uint8_t(code[i]);
+        dq[c0 + i] = (tab[code[i]] * sc) * gd;
+      }
+    }
+  }
+}
+
+using BlockRowFn = void (*)(const float*, const float*, const float*, int64_t, float, const float*, Overflow,
+                            uint8_t*, float*, int64_t);
+
+template <bool Divide>
+BlockRowFn block_row_fn(const Format& f) {
+  if (&f == &float4_e2m1fn) return row_rn_blocks<float4_e2m1fn, Divide>;
+  if (&f == &float6_e2m3fn) return row_rn_blocks<float6_e2m3fn, Divide>;
+  if (&f == &float6_e3m2fn) return row_rn_blocks<float6_e3m2fn, Divide>;
+  if (&f == &float8_e4m3fn) return row_rn_blocks<float8_e4m3fn, Divide>;
+  if (&f == &float8_e5m2) return row_rn_blocks<float8_e5m2, Divide>;
+  if (&f == &float8_e4m3fnuz) return row_rn_blocks<float8_e4m3fnuz, Divide>;
+  if (&f == &float8_e5m2fnuz) return row_rn_blocks<float8_e5m2fnuz, Divide>;
+  return nullptr;
+}
+
 using RowFn = void (*)(const float*, const float*, const float*, float, const float*, Overflow, uint8_t*, float*,
                        int64_t);
 
@@ -521,6 +582,22 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
   const RowFn fast_fn = fast ? (b.divide ? fast_row_fn<true>(*q.element) : fast_row_fn<false>(*q.element)) : nullptr;
   const BlockGrid& g = b.grid;
   const int64_t cols = x.cols;
+  const BlockRowFn block_fn =
+      fast && g.bc >= 8 ? (b.divide ? block_row_fn<true>(*q.element) : block_row_fn<false>(*q.element)) : nullptr;
+  if (block_fn) {
+#pragma omp parallel
+    {
+      std::vector<uint8_t> cb(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < x.rows; ++r) {
+        const size_t bi = size_t((r / g.br) * g.nbc);
+        uint8_t* codes = codes_out ? codes_out + r * cols : cb.data();
+        block_fn(x.data + r * x.stride, b.mult.data() + bi, b.scales.data() + bi, g.bc, b.g_dec, tab.data(),
+                 q.overflow, codes, dq_out + r * out_stride, cols);
+      }
+    }
+    return;
+  }
 #pragma omp parallel
   {
     std::vector<float> cm(static_cast<size_t>(cols)), cs(static_cast<size_t>(cols));

@@ -223,6 +223,25 @@ FP4LAB_HD constexpr NvBlockScale nv_block_scale(float amax_block, const NvGlobal
   b.encode = e > flt_max_f ? flt_max_f : e;
   return b;
 }
+// The same with an E4M3 scale format known at compile time (ue4m3 or e4m3fn),
+// through core's branch-free encode_rn_f32 (equal to encode(..., rn, ...) by
+// core's contract). s_f is >= 0 or NaN, and for those inputs float8_e4m3fn and
+// ufloat8_e4m3 have the same codes (sign bit 0, NaN 0x7F), so the signed
+// encoder serves both.
+template <const Format& S>
+FP4LAB_HD constexpr NvBlockScale nv_block_scale(float amax_block, const NvGlobal& g) {
+  static_assert(S.exp_bits == 4 && S.man_bits == 3 && S.bias == 7 && S.special == Special::fn);
+  NvBlockScale b;
+  float s_f = amax_block * g.mult;
+  s_f = s_f > flt_max_f ? flt_max_f : s_f;
+  b.overflow = is_nan_code(S, encode_rn_f32<float8_e4m3fn>(s_f, Overflow::nonsaturate)) && s_f == s_f;
+  b.code = encode_rn_f32<float8_e4m3fn>(s_f, Overflow::saturate);
+  b.scale = decode(S, b.code);
+  b.underflow = b.scale == 0.0f && amax_block > 0.0f;
+  const float e = 1.0f / (b.scale * g.g_dec);
+  b.encode = e > flt_max_f ? flt_max_f : e;
+  return b;
+}
 
 // fp4-trainkit eq. 3 (no global scale). `encode` is unused (elements divide
 // by `scale`), kept 0.
