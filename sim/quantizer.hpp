@@ -92,9 +92,26 @@ struct QuantizedTensor {
 
 // Quantizes x (row-major [rows, cols], float32) bit-exactly. The result does
 // not depend on the number of OpenMP threads.
+// Semantics (details and sources in sim/scale_rules.hpp):
+//  - edge blocks are partial: their amax is over their valid elements only and
+//    every output has exactly the input's shape (no padding);
+//  - element encoding is core's encode() (encode_rn_f32 for rn) of x * 2^-e
+//    (MX), x * e (nv), x / s (nv_noglobal), x * enc (tensor_amax); SR bits of
+//    element (r, c) are random_bits(rs.seed, rs.stream, r * cols + c);
+//  - NaN/Inf in an MX block: scale NaN (E8M0 0xFF), the block dequantizes to
+//    NaN; NaN anywhere under nv with a global scale: everything NaN;
+//  - with rht, x is first transformed along the block axis (sim/rht.hpp):
+//    codes, scales and dequant are in the transformed domain (what a GEMM of
+//    two transformed operands consumes); quant_stats compares there too;
+//  - -0.0 input gives the element's -0 code (0x8 for e2m1); TE's Python
+//    reference writes 0x0 there (same value).
+// Throws fp4lab::Error for an invalid spec, or with rht when the axis length
+// is not a multiple of 16.
 QuantizedTensor quantize(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs = {});
 // Replaces x by its dequantized value (what fake quantization in training
-// uses); same bits as quantize(...).dequant, without keeping codes.
+// uses); same bits as quantize(...).dequant, without keeping codes. With rht
+// the dequantized tensor is transformed back (inverse RHT, FP32) so that the
+// result approximates x in x's own domain.
 void fake_quantize(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs = {});
 QuantStats quant_stats(const QuantizedTensor& qt, MatrixView<const float> x);
 
