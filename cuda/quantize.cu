@@ -95,6 +95,14 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t n
   if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(out, m);
 }
 
+// NvGlobal of the tensor amax, once per tensor (not once per thread).
+__global__ void nv_global_kernel(const KParams p, float* out) {
+  const NvGlobal g = nv_global_of(p, p.elem, p.sfmt);
+  out[0] = g.g_enc;
+  out[1] = g.g_dec;
+  out[2] = g.mult;
+}
+
 // ---- generic path ---------------------------------------------------------------
 // 1. block amax (and the tensor amax in *gamax) for any block shape.
 template <class In>
@@ -261,6 +269,12 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
       } else {
         tensor_amax_device(x, type, rows * cols, p.gamax, stream);
       }
+    }
+    if (need_amax) {
+      ws.global.resize(3);
+      nv_global_kernel<<<1, 1, 0, stream>>>(p, ws.global.data());
+      check_launch("nv_global_kernel");
+      p.gparams = ws.global.data();
     }
     const int kind = qk::kind_of(q);
     if (q.block_rows == 1) qk::launch_rows(p, q.block_cols, q.rht, kind, type, false, stream);

@@ -68,6 +68,7 @@ struct QuantWorkspace {
   DeviceBuffer<uint32_t> amax;  // [1 + nbr*nbc]: tensor amax bits, then block amax bits (generic)
   DeviceBuffer<float> mult;     // [nbr*nbc] generic path: element multiplier per block
   DeviceBuffer<float> scale;    // [nbr*nbc] generic path: decoded scale per block
+  DeviceBuffer<float> global;   // [3] NvGlobal of the tensor amax (fused path)
 };
 
 // Shape of the scale grid: ceil(rows/block_rows) x ceil(cols/block_cols), [1,1] for [0,0].

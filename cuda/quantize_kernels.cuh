@@ -31,6 +31,7 @@ struct KParams {
   uint64_t seed, stream;
   float signs[16];       // RHT signs (sim/rht.hpp rht_sign)
   uint32_t* gamax;       // tensor amax bits (read by nv+global; written by amax passes)
+  const float* gparams;  // optional precomputed NvGlobal {g_enc, g_dec, mult} of *gamax
   uint32_t* block_amax;  // generic path [nbr*nbc]
   float* block_mult;     // generic path
   float* block_scale;    // generic path
@@ -92,6 +93,7 @@ struct BlockParams {
 };
 
 __device__ __forceinline__ NvGlobal nv_global_of(const KParams& p, const Format& elem, const Format& sfmt) {
+  if (p.gparams) return NvGlobal{p.gparams[0], p.gparams[1], p.gparams[2]};
   const float elem_max = max_finite(elem);
   if (p.rule == ScaleRule::nv && p.global) return nv_global(bits_float(*p.gamax), max_finite(sfmt), elem_max);
   return nv_no_global(elem_max);
@@ -406,7 +408,13 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const float d = decode(f, code[j]) * bp[j * NB / N].scale;
-      h[j] = to_bf16(o.bf16_gemm_operand ? d : d * g.g_dec);
+      if (K == 1 && o.bf16_gemm_operand) {
+        // e2m1 x ue4m3 is exact in BF16 (<= 5 significant bits, 2^-10..2688),
+        // and rounding an exactly representable value is truncation.
+        h[j] = float_bits(d) >> 16;
+      } else {
+        h[j] = to_bf16(o.bf16_gemm_operand ? d : d * g.g_dec);
+      }
     }
     store_bf16<N>(o.dequant_bf16 + base, h, valid);
   }
