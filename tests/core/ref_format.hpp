@@ -128,6 +128,7 @@ struct Ref {
   // (`over` above max).
   std::pair<double, double> bracket(double a) const {
     auto it = std::upper_bound(pos.begin(), pos.end(), a, [](double v, const Entry& e) { return v < e.v; });
+    if (it == pos.begin()) return {0.0, it->v};  // e8m0 below 2^-127 (no zero)
     return {(it - 1)->v, it == pos.end() ? over : it->v};
   }
   uint32_t max_code(bool neg) const { return neg ? negate(s, pos.back().code) : pos.back().code; }
