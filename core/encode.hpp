@@ -2,6 +2,8 @@
 //
 // Rounding (`Round`, PTX names):
 //   rn   nearest, ties to even code          rna  nearest, ties away from zero
+//        (e8m0 has no mantissa bits: its ties, 1.5 * 2^k, round up, as PyTorch's
+//        float8_e8m0fnu and ml_dtypes do -- checked against ml_dtypes 0.6)
 //   rz   toward zero                         rp   toward +Inf
 //   rm   toward -Inf                         rs   stochastic (below)
 // Rounding happens on the exact input value (a float64 input is not first
