@@ -103,6 +103,31 @@ __global__ void nv_global_kernel(const KParams p, float* out) {
   out[2] = g.mult;
 }
 
+// Inverse RHT of every 16-chunk (sim/rht.hpp rht16_inverse), one thread per chunk.
+__global__ void __launch_bounds__(kThreads) rht_inverse_kernel(float* x, int64_t rows, int64_t cols, bool along_rows,
+                                                               const KParams p) {
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t chunks = rows * cols / 16;
+  if (t >= chunks) return;
+  float v[16];
+  if (along_rows) {
+    float* c = x + t * 16;  // cols % 16 == 0: chunks are consecutive
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = c[i];
+    rht16_inverse(v, p.signs);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) c[i] = v[i];
+  } else {
+    const int64_t k = t / cols, col = t - k * cols;  // rows % 16 == 0
+    float* c = x + k * 16 * cols + col;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = c[i * cols];
+    rht16_inverse(v, p.signs);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) c[i * cols] = v[i];
+  }
+}
+
 // ---- generic path ---------------------------------------------------------------
 // 1. block amax (and the tensor amax in *gamax) for any block shape.
 template <class In>
@@ -175,7 +200,7 @@ bool fused_shape(const QuantizerSpec& q) {
 
 unsigned grid_for(int64_t work, int64_t per_block = kThreads) {
   const int64_t b = (work + per_block - 1) / per_block;
-  return unsigned(std::clamp<int64_t>(b, 1, 1 << 20));
+  return unsigned(std::clamp<int64_t>(b, 1, 0x7FFFFFFF));
 }
 
 }  // namespace
@@ -308,6 +333,37 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   if (type == InputType::bf16) generic_element_kernel<uint16_t><<<grid_for(threads), kThreads, 0, stream>>>(p);
   else generic_element_kernel<float><<<grid_for(threads), kThreads, 0, stream>>>(p);
   check_launch("generic_element_kernel");
+}
+
+void fake_quantize_device(const QuantizerSpec& q, float* x, int64_t rows, int64_t cols, RandomStream rs,
+                          QuantWorkspace& ws, cudaStream_t stream, QuantPath path) {
+  // In place: every kernel writes an element only after the same thread has
+  // read it, and no thread reads another's elements after the amax passes.
+  QuantOutputs o;
+  o.dequant = x;
+  quantize_device(q, x, InputType::f32, rows, cols, rs, o, ws, stream, path);
+  if (q.rht && rows > 0 && cols > 0) {
+    KParams p{};
+    const std::array<float, 16> s = rht_signs(q.rht_seed);
+    std::copy(s.begin(), s.end(), p.signs);
+    const int64_t chunks = rows * cols / 16;
+    rht_inverse_kernel<<<grid_for(chunks), kThreads, 0, stream>>>(x, rows, cols, q.block_rows == 1, p);
+    check_launch("rht_inverse_kernel");
+  }
+}
+
+void fake_quantize_gpu(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs, QuantPath path) {
+  std::vector<float> h(static_cast<size_t>(x.rows * x.cols));
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c = 0; c < x.cols; ++c) h[size_t(r * x.cols + c)] = x(r, c);
+  DeviceBuffer<float> d;
+  d.upload(h);
+  QuantWorkspace ws;
+  fake_quantize_device(q, d.data(), x.rows, x.cols, rs, ws, nullptr, path);
+  check(cudaDeviceSynchronize(), "fake_quantize_gpu");
+  h = d.download();
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c = 0; c < x.cols; ++c) x(r, c) = h[size_t(r * x.cols + c)];
 }
 
 QuantizedTensor quantize_gpu(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs, QuantPath path,

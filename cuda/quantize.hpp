@@ -93,6 +93,16 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
 QuantizedTensor quantize_gpu(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs = {},
                              QuantPath path = QuantPath::automatic, bool bf16_input = false);
 
+// In-place fake quantization, bit-identical to sim's fake_quantize(): x (FP32
+// row-major [rows, cols], device) is replaced by its dequantized value; with
+// q.rht the dequantized tensor is transformed back (sim/rht.hpp's inverse,
+// same operation order). What the trainer's quantized GEMM operands need.
+void fake_quantize_device(const QuantizerSpec& q, float* x, int64_t rows, int64_t cols, RandomStream rs,
+                          QuantWorkspace& ws, cudaStream_t stream = nullptr, QuantPath path = QuantPath::automatic);
+// Host convenience (tests): the same on a host tensor, in place.
+void fake_quantize_gpu(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs = {},
+                       QuantPath path = QuantPath::automatic);
+
 // Tensor amax on the device: max |x| bit pattern (NaN patterns dominate) into
 // *amax_bits (which the call first zeroes).
 void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax_bits, cudaStream_t stream = nullptr);
