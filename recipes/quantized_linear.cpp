@@ -86,6 +86,16 @@ void prepare(const Plan& p, const LinearContext& ctx, Operand op, MatrixRM& m) {
   }
 }
 
+// dgrad's W operand is bit-identical to the forward's: the same quantizer on
+// the same W, without random bits (stochastic rounding draws from the
+// operand's own stream) and without double quantization.
+bool reuse_fwd_w(const Plan& p) {
+  if (!p.quantize || p.r->double_quantization) return false;
+  const auto& f = p.r->operand(Operand::fwd_w);
+  const auto& d = p.r->operand(Operand::dgrad_w);
+  return f && d && *f == *d && f->round != Round::rs;
+}
+
 // Whether the operand needs a modified copy at all.
 bool touches(const Plan& p, Operand op) { return p.bf16 || (p.quantize && p.r->operand(op)); }
 
@@ -117,6 +127,7 @@ void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM&
   const Plan p = plan_of(ctx);
   saved.x = x;
   saved.x_q.resize(0, 0);
+  saved.w_q.resize(0, 0);
   MatrixRM xq, wq;
   const MatrixRM* xa = &x;
   const MatrixRM* wa = &w;
@@ -140,6 +151,7 @@ void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM&
     }
   }
   if (p.quantize && p.r->double_quantization && p.r->operand(Operand::fwd_x)) saved.x_q = std::move(xq);
+  if (reuse_fwd_w(p)) saved.w_q = std::move(wq);
 }
 
 void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const MatrixRM& w, const MatrixRM& dy,
@@ -163,7 +175,9 @@ void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const M
       ga = &g;
     }
     const bool requant_w = dq && p.r->operand(Operand::fwd_w);
-    if (requant_w || touches(p, Operand::dgrad_w)) {
+    if (reuse_fwd_w(p) && saved.w_q.rows() == w.rows() && saved.w_q.cols() == w.cols()) {
+      wa = &saved.w_q;
+    } else if (requant_w || touches(p, Operand::dgrad_w)) {
       wb = w;
       // Double quantization: the forward's Q_fwd_w(W) (same stream, same bits), re-quantized along out.
       if (requant_w) fake_quantize(*p.r->operand(Operand::fwd_w), view(wb), stream_of(ctx, Operand::fwd_w));

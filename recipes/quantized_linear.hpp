@@ -64,11 +64,14 @@ bool linear_is_quantized(const LinearContext& ctx);
 struct LinearSaved {
   MatrixRM x;    // input as given (backward re-quantizes it for wgrad)
   MatrixRM x_q;  // Q_fwd_x(x), kept only when the recipe uses double_quantization (else empty)
+  MatrixRM w_q;  // Q_fwd_w(W), kept only when dgrad_w is the same deterministic (non-SR) quantizer as fwd_w
+                 // (nvfp4's 16x16 tiles): backward reuses it instead of quantizing W again (same bits).
 };
 void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM& w, const float* bias /*[out] or null*/,
                     MatrixRM& y, LinearSaved& saved);
 // Backward: given dy [B, out], writes dx [B, in], dW [out, in] and db [out]
-// (db may be null; dx/dW are resized).
+// (db may be null; dx/dW are resized). `w` and `ctx` must be those of the
+// forward that filled `saved`.
 void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const MatrixRM& w, const MatrixRM& dy,
                      MatrixRM& dx, MatrixRM& dw, float* db);
 

@@ -266,6 +266,20 @@ TEST_CASE("nvfp4: W's 16x16 quantization is the transpose of W^T's") {
   REQUIRE(q.block_rows == 16);
   REQUIRE(q.block_cols == 16);
   CHECK(*r.operand(Operand::dgrad_w) == q);
+  {
+    // The layer keeps the forward's Q(W) for dgrad (same quantizer, RN) ...
+    const Setup st = make_setup(32, 48, 32, 3);
+    LinearContext ctx{&r, 1, 0, 0};
+    MatrixRM y;
+    LinearSaved saved;
+    linear_forward(ctx, st.x, st.w, nullptr, y, saved);
+    CHECK(same_bits(saved.w_q, fq(q, st.w, st, Operand::fwd_w, 0)));
+    // ... but not when the two quantizers differ (mx_baseline: [1,32] vs [32,1]).
+    const Recipe m = recipe_by_name("mx_baseline");
+    ctx.recipe = &m;
+    linear_forward(ctx, st.x, st.w, nullptr, y, saved);
+    CHECK(saved.w_q.size() == 0);
+  }
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{48, 64}, {40, 72}, {17, 33}}) {
     CAPTURE(rows);
     CAPTURE(cols);
