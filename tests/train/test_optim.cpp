@@ -1,0 +1,42 @@
+// Optimiser (apps/train/optim.cpp): nanoGPT's schedule and PyTorch's AdamW step, by hand.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "apps/train/optim.hpp"
+
+using namespace fp4lab::train;
+
+TEST_CASE("warmup + cosine schedule (nanoGPT get_lr)") {
+  ScheduleConfig s{"cosine", 1e-3, 1e-4, 100, 2000};
+  CHECK(learning_rate(s, 0, 2000) == doctest::Approx(1e-3 / 101));
+  CHECK(learning_rate(s, 99, 2000) == doctest::Approx(1e-3 * 100 / 101));
+  CHECK(learning_rate(s, 100, 2000) == doctest::Approx(1e-3));
+  CHECK(learning_rate(s, 1050, 2000) == doctest::Approx(5.5e-4));  // half way: (lr + min_lr) / 2
+  CHECK(learning_rate(s, 2000, 2000) == doctest::Approx(1e-4));
+  CHECK(learning_rate(s, 3000, 2000) == doctest::Approx(1e-4));
+  ScheduleConfig c{"constant", 3e-4, 0, 0, 0};
+  CHECK(learning_rate(c, 500, 1000) == 3e-4);
+}
+
+TEST_CASE("AdamW: one step by hand, decay only on marked parameters, clipping") {
+  auto be = make_cpu_backend(1);
+  ParamStore ps;
+  ps.add("w", 1, 2, true, Init::ones);
+  ps.add("b", 1, 1, false, Init::ones);
+  ps.finalize(*be, 0);
+  ps.grads.data[0] = 0.5f, ps.grads.data[1] = -2.0f, ps.grads.data[2] = 0.0f;
+  AdamW opt(AdamWConfig{0.9, 0.99, 1e-8, 0.1, 0.0}, ps, *be);
+  const double norm = opt.step(0.01);
+  CHECK(norm == doctest::Approx(std::sqrt(4.25)));
+  // Step 1: m_hat = g, v_hat = g^2 -> update = lr * sign(g) (up to eps); decay: p *= 1 - lr*wd.
+  CHECK(ps.values.data[0] == doctest::Approx(0.999 - 0.01).epsilon(1e-6));
+  CHECK(ps.values.data[1] == doctest::Approx(0.999 + 0.01).epsilon(1e-6));
+  CHECK(ps.values.data[2] == 1.0f);  // zero gradient, no decay
+  // Clipping scales the gradients to the max norm.
+  ps.grads.data[0] = 3.0f, ps.grads.data[1] = 4.0f, ps.grads.data[2] = 0.0f;
+  AdamW clip(AdamWConfig{0.9, 0.99, 1e-8, 0.0, 1.0}, ps, *be);
+  CHECK(clip.step(0.0) == doctest::Approx(5.0));
+  CHECK(ps.grads.data[0] == doctest::Approx(0.6).epsilon(1e-5));
+  CHECK(ps.grads.data[1] == doctest::Approx(0.8).epsilon(1e-5));
+}
