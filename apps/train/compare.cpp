@@ -138,7 +138,7 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   const fs::path tmp = fs::temp_directory_path() / ("fp4lab_compare_" + std::to_string(::getpid()));
   fs::create_directories(tmp);
   std::ostringstream gp;
-  gp << "set terminal pngcairo size 1400,560 font ',10'\nset output " << quote(png.string()) << "\n"
+  gp << "set terminal pngcairo noenhanced size 1400,560 font ',10'\nset output " << quote(png.string()) << "\n"
      << "set multiplot layout 1,2\nset grid\nset key top right\nset xlabel 'step'\n";
   std::string loss_plot, eval_plot;
   for (size_t i = 0; i < runs.size(); ++i) {
