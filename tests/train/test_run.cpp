@@ -142,3 +142,29 @@ TEST_CASE("config validation errors name the JSON path") {
   CHECK_THROWS_AS(apply_set(j, "nokey"), fp4lab::Error);
   CHECK_THROWS_AS(apply_set(j, "training.lr.x=1"), fp4lab::Error);
 }
+
+TEST_CASE("a NaN/Inf loss stops the run with a clear error and keeps the last good checkpoint") {
+  const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_run_nan";
+  fs::remove_all(tmp);
+  const std::string text = fixture_text(tmp);
+  json j = tiny_gpt(text, (tmp / "runs").string());
+  j["training"]["lr"] = 1e30;
+  j["training"]["warmup_steps"] = 0;
+  j["training"]["eval_interval"] = 1;
+  j["training"]["grad_clip"] = 0.0;
+  std::ostringstream log;
+  RunOptions o;
+  o.log = &log;
+  std::string err;
+  try {
+    run_training(config_from_json(j), o);
+  } catch (const fp4lab::Error& e) {
+    err = e.what();
+  }
+  CHECK(err.find("diverged at step") != std::string::npos);
+  CHECK(err.find("checkpoint") != std::string::npos);
+  const fs::path dir = tmp / "runs" / "tiny-fp32-s3";
+  CHECK(fs::exists(dir / "checkpoint.bin"));
+  CHECK(read_json_file((dir / "summary.json").string())["status"] == "diverged");
+  fs::remove_all(tmp);
+}
