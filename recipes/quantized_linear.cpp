@@ -45,59 +45,14 @@ MatrixView<float> view(MatrixRM& m) { return MatrixView<float>(m.data(), m.rows(
 
 // Round to bfloat16, nearest-even (the high-precision mode "bf16": GEMM
 // operands in bf16, FP32 accumulation). Inf/NaN stay Inf/NaN.
-void round_bf16(MatrixRM& m) {
-  float* p = m.data();
-  const int64_t n = m.size();
+void round_bf16(MatrixView<float> m) {
+  const int64_t rows = m.rows, cols = m.cols;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) p[i] = decode(bfloat16, encode_rn_f32<bfloat16>(p[i], Overflow::nonsaturate));
-}
-
-struct Plan {
-  const Recipe* r = nullptr;
-  bool quantize = false;  // recipe quantizers apply
-  bool bf16 = false;      // unquantized operands are rounded to bf16
-};
-
-Plan plan_of(const LinearContext& ctx) {
-  Plan p;
-  p.r = ctx.recipe;
-  if (p.r == nullptr) return p;
-  p.bf16 = p.r->high_precision == HighPrecision::bf16;
-  p.quantize = !p.r->keeps_high_precision(std::string(ctx.layer_name));
-  return p;
-}
-
-bool any_quantizer(const Recipe& r) {
-  for (const auto& q : r.operands)
-    if (q) return true;
-  return false;
-}
-
-RandomStream stream_of(const LinearContext& ctx, Operand op) {
-  return RandomStream{ctx.seed, stream_id(ctx.layer_id, op, ctx.step)};
-}
-
-// The operand fed to the GEMM: Q_op(m) in place, or m rounded to bf16, or m.
-void prepare(const Plan& p, const LinearContext& ctx, Operand op, MatrixRM& m) {
-  if (p.quantize && p.r->operand(op)) {
-    fake_quantize(*p.r->operand(op), view(m), stream_of(ctx, op));
-  } else if (p.bf16) {
-    round_bf16(m);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = m.data + r * m.stride;
+    for (int64_t c = 0; c < cols; ++c) p[c] = decode(bfloat16, encode_rn_f32<bfloat16>(p[c], Overflow::nonsaturate));
   }
 }
-
-// dgrad's W operand is bit-identical to the forward's: the same quantizer on
-// the same W, without random bits (stochastic rounding draws from the
-// operand's own stream) and without double quantization.
-bool reuse_fwd_w(const Plan& p) {
-  if (!p.quantize || p.r->double_quantization) return false;
-  const auto& f = p.r->operand(Operand::fwd_w);
-  const auto& d = p.r->operand(Operand::dgrad_w);
-  return f && d && *f == *d && f->round != Round::rs;
-}
-
-// Whether the operand needs a modified copy at all.
-bool touches(const Plan& p, Operand op) { return p.bf16 || (p.quantize && p.r->operand(op)); }
 
 void check_shapes(const char* fn, const MatrixRM& x, const MatrixRM& w) {
   if (x.cols() != w.cols())
@@ -116,29 +71,80 @@ uint64_t stream_id(uint64_t layer_id, Operand op, uint64_t step) {
   return (uint64_t(0xA) << 60) | (layer_id << 44) | (step << 3) | uint64_t(op);
 }
 
-bool linear_is_quantized(const LinearContext& ctx) {
-  const Plan p = plan_of(ctx);
-  return p.quantize && any_quantizer(*p.r);
+LinearPlan linear_plan(const LinearContext& ctx) {
+  LinearPlan plan;
+  const Recipe* r = ctx.recipe;
+  for (int i = 0; i < kOperandCount; ++i) plan.operands[size_t(i)].op = Operand(i);
+  if (r == nullptr) return plan;
+  const bool quantize = !r->keeps_high_precision(std::string(ctx.layer_name));
+  const bool bf16 = r->high_precision == HighPrecision::bf16;
+  auto stream_of = [&](Operand op) { return RandomStream{ctx.seed, stream_id(ctx.layer_id, op, ctx.step)}; };
+  for (int i = 0; i < kOperandCount; ++i) {
+    OperandPlan& o = plan.operands[size_t(i)];
+    const auto& q = r->operand(o.op);
+    if (quantize && q) {
+      o.quantizer = &*q;
+      o.stream = stream_of(o.op);
+      plan.quantized = true;
+    } else {
+      o.round_bf16 = bf16;
+    }
+  }
+  if (!quantize) return plan;
+  if (r->double_quantization) {
+    // dgrad's W' = Q_fwd_w(W) and wgrad's x' = Q_fwd_x(x), each with its forward stream (same bits).
+    for (auto [dst, src] : {std::pair{Operand::dgrad_w, Operand::fwd_w}, std::pair{Operand::wgrad_x, Operand::fwd_x}}) {
+      const auto& q = r->operand(src);
+      if (!q) continue;
+      plan.operands[size_t(dst)].pre = &*q;
+      plan.operands[size_t(dst)].pre_stream = stream_of(src);
+    }
+  }
+  if (r->wgrad_rht) {
+    for (Operand op : {Operand::wgrad_grad_y, Operand::wgrad_x}) {
+      plan.operands[size_t(op)].rht = true;
+      plan.operands[size_t(op)].rht_seed = r->rht_seed;
+    }
+  }
+  // dgrad's W operand is bit-identical to the forward's: the same quantizer on
+  // the same W, without random bits (stochastic rounding draws from the
+  // operand's own stream) and without double quantization.
+  const auto& f = r->operand(Operand::fwd_w);
+  const auto& d = r->operand(Operand::dgrad_w);
+  plan.reuse_fwd_w = !r->double_quantization && f && d && *f == *d && f->round != Round::rs;
+  return plan;
 }
+
+void apply_operand_plan(const OperandPlan& p, MatrixView<float> m) {
+  if (p.pre) fake_quantize(*p.pre, m, p.pre_stream);
+  if (p.rht) rht_forward(m, RhtAxis::cols, p.rht_seed);
+  if (p.quantizer) {
+    fake_quantize(*p.quantizer, m, p.stream);
+  } else if (p.round_bf16) {
+    round_bf16(m);
+  }
+}
+
+bool linear_is_quantized(const LinearContext& ctx) { return linear_plan(ctx).quantized; }
 
 void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM& w, const float* bias, MatrixRM& y,
                     LinearSaved& saved) {
   check_shapes("linear_forward", x, w);
-  const Plan p = plan_of(ctx);
+  const LinearPlan plan = linear_plan(ctx);
   saved.x = x;
   saved.x_q.resize(0, 0);
   saved.w_q.resize(0, 0);
   MatrixRM xq, wq;
   const MatrixRM* xa = &x;
   const MatrixRM* wa = &w;
-  if (touches(p, Operand::fwd_x)) {
+  if (plan.operand(Operand::fwd_x).changes()) {
     xq = x;
-    prepare(p, ctx, Operand::fwd_x, xq);
+    apply_operand_plan(plan.operand(Operand::fwd_x), view(xq));
     xa = &xq;
   }
-  if (touches(p, Operand::fwd_w)) {
+  if (plan.operand(Operand::fwd_w).changes()) {
     wq = w;
-    prepare(p, ctx, Operand::fwd_w, wq);
+    apply_operand_plan(plan.operand(Operand::fwd_w), view(wq));
     wa = &wq;
   }
   gemm_tiled(y, *xa, wa->transpose());
@@ -150,8 +156,10 @@ void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM&
       for (int64_t c = 0; c < cols; ++c) yr[c] += bias[c];
     }
   }
-  if (p.quantize && p.r->double_quantization && p.r->operand(Operand::fwd_x)) saved.x_q = std::move(xq);
-  if (reuse_fwd_w(p)) saved.w_q = std::move(wq);
+  // wgrad_x's pre (double quantization) is Q_fwd_x(x) with fwd_x's stream: the
+  // forward's fwd_x operand (a bare quantizer), kept instead of recomputed.
+  if (plan.operand(Operand::wgrad_x).pre) saved.x_q = std::move(xq);
+  if (plan.reuse_fwd_w) saved.w_q = std::move(wq);
 }
 
 void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const MatrixRM& w, const MatrixRM& dy,
@@ -161,27 +169,25 @@ void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const M
     throw Error("linear_backward: dy is [" + std::to_string(dy.rows()) + ", " + std::to_string(dy.cols()) +
                 "], expected [" + std::to_string(saved.x.rows()) + ", " + std::to_string(w.rows()) +
                 "] (batch rows of x, out_features of W)");
-  const Plan p = plan_of(ctx);
-  const bool dq = p.quantize && p.r->double_quantization;
+  const LinearPlan plan = linear_plan(ctx);
 
   // dgrad: dx = Q(dy) Q(W'), reduction over out.
   {
     MatrixRM g, wb;
     const MatrixRM* ga = &dy;
     const MatrixRM* wa = &w;
-    if (touches(p, Operand::dgrad_grad_y)) {
+    const OperandPlan& pg = plan.operand(Operand::dgrad_grad_y);
+    const OperandPlan& pw = plan.operand(Operand::dgrad_w);
+    if (pg.changes()) {
       g = dy;
-      prepare(p, ctx, Operand::dgrad_grad_y, g);
+      apply_operand_plan(pg, view(g));
       ga = &g;
     }
-    const bool requant_w = dq && p.r->operand(Operand::fwd_w);
-    if (reuse_fwd_w(p) && saved.w_q.rows() == w.rows() && saved.w_q.cols() == w.cols()) {
+    if (plan.reuse_fwd_w && saved.w_q.rows() == w.rows() && saved.w_q.cols() == w.cols()) {
       wa = &saved.w_q;
-    } else if (requant_w || touches(p, Operand::dgrad_w)) {
+    } else if (pw.changes()) {
       wb = w;
-      // Double quantization: the forward's Q_fwd_w(W) (same stream, same bits), re-quantized along out.
-      if (requant_w) fake_quantize(*p.r->operand(Operand::fwd_w), view(wb), stream_of(ctx, Operand::fwd_w));
-      prepare(p, ctx, Operand::dgrad_w, wb);
+      apply_operand_plan(pw, view(wb));
       wa = &wb;
     }
     gemm_tiled(dx, *ga, *wa);
@@ -189,24 +195,23 @@ void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const M
 
   // wgrad: dW = Q(R dy)^T Q(R x'), reduction over B.
   {
-    const bool rht = p.quantize && p.r->wgrad_rht;
     MatrixRM g, xb;
     const MatrixRM* ga = &dy;
     const MatrixRM* xa = &saved.x;
-    if (rht || touches(p, Operand::wgrad_grad_y)) {
+    const OperandPlan& pg = plan.operand(Operand::wgrad_grad_y);
+    OperandPlan px = plan.operand(Operand::wgrad_x);
+    if (pg.changes()) {
       g = dy;
-      if (rht) rht_forward(view(g), RhtAxis::cols, p.r->rht_seed);
-      prepare(p, ctx, Operand::wgrad_grad_y, g);
+      apply_operand_plan(pg, view(g));
       ga = &g;
     }
-    const bool requant_x = dq && p.r->operand(Operand::fwd_x);
-    if (requant_x && saved.x_q.rows() != saved.x.rows())
+    if (px.pre && saved.x_q.rows() != saved.x.rows())
       throw Error("linear_backward: the recipe uses double_quantization but `saved` holds no Q_fwd_x(x); pass the "
                   "LinearSaved that linear_forward filled with the same context");
-    if (rht || requant_x || touches(p, Operand::wgrad_x)) {
-      xb = requant_x ? saved.x_q : saved.x;
-      if (rht) rht_forward(view(xb), RhtAxis::cols, p.r->rht_seed);
-      prepare(p, ctx, Operand::wgrad_x, xb);
+    if (px.changes()) {
+      xb = px.pre ? saved.x_q : saved.x;
+      px.pre = nullptr;  // saved.x_q is pre's result already
+      apply_operand_plan(px, view(xb));
       xa = &xb;
     }
     gemm_tiled(dw, ga->transpose(), *xa);

@@ -27,6 +27,7 @@
 // the thread count.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -58,6 +59,67 @@ struct LinearContext {
 // True when this layer's GEMMs are quantized (recipe set, layer not kept in
 // high precision).
 bool linear_is_quantized(const LinearContext& ctx);
+
+// ---- The plan: what each GEMM operand is (backend neutral) ------------------
+// linear_plan() is the single place where a recipe + context is turned into
+// the six operands' preparation; the CPU layer below and the CUDA layer
+// (apps/train/cuda_linear.hpp) both execute it, so their operands agree bit for
+// bit.
+//
+// One operand is made from its source tensor (fwd_x, wgrad_x: x; fwd_w,
+// dgrad_w: W; dgrad_grad_y, wgrad_grad_y: dy), FP32 row-major, in this order:
+//   1. pre        if set: fake_quantize(*pre, m, pre_stream). Double
+//                 quantization: dgrad_w's pre is Q_fwd_w (stream of fwd_w),
+//                 wgrad_x's pre is Q_fwd_x (stream of fwd_x), i.e. exactly the
+//                 forward's fwd_w / fwd_x operand (whose plans are a bare
+//                 quantizer), so a backend may reuse the forward's operand
+//                 instead of re-applying pre (the CPU does for x: LinearSaved::x_q).
+//   2. rht        if set: rht_forward(m, RhtAxis::cols, rht_seed), the wgrad
+//                 RHT along B (sim/rht.hpp; B must be a multiple of 16).
+//   3. quantizer  if set: fake_quantize(*quantizer, m, stream);
+//      else round_bf16: every element rounded to bfloat16, nearest-even
+//                 (decode(bfloat16, encode_rn_f32<bfloat16>(v, nonsaturate)):
+//                 Inf/NaN stay Inf/NaN).
+// stream = RandomStream{ctx.seed, stream_id(ctx.layer_id, op, ctx.step)}.
+// An operand with none of the three is the source itself (FP32).
+struct OperandPlan {
+  Operand op = Operand::fwd_x;
+  const QuantizerSpec* pre = nullptr;  // points into the context's recipe
+  RandomStream pre_stream{};
+  bool rht = false;
+  uint64_t rht_seed = 0;
+  const QuantizerSpec* quantizer = nullptr;  // points into the context's recipe
+  RandomStream stream{};
+  bool round_bf16 = false;  // only when quantizer is null
+
+  // False when the operand is its source unchanged.
+  bool changes() const { return pre != nullptr || rht || quantizer != nullptr || round_bf16; }
+};
+
+struct LinearPlan {
+  std::array<OperandPlan, kOperandCount> operands;  // indexed by Operand
+  // dgrad_w's operand is bit-identical to fwd_w's (the same quantizer on the
+  // same W, not stochastic, no double quantization): backward may reuse the
+  // forward's Q_fwd_w(W) (nvfp4's 16x16 tiles).
+  bool reuse_fwd_w = false;
+  bool quantized = false;  // linear_is_quantized(ctx)
+
+  const OperandPlan& operand(Operand op) const { return operands[size_t(op)]; }
+};
+
+// The plan of ctx (the pointers in it point into *ctx.recipe, which must
+// outlive the plan). Rules, per operand op:
+//   quantizer  = recipe.operand(op) unless the recipe is null or the layer is
+//                kept in high precision;
+//   round_bf16 = recipe.high_precision == bf16 and no quantizer;
+//   pre        = Q_fwd_w for dgrad_w, Q_fwd_x for wgrad_x when
+//                recipe.double_quantization and that forward quantizer exists
+//                (quantized layers only);
+//   rht        = recipe.wgrad_rht for wgrad_grad_y and wgrad_x (quantized layers only).
+LinearPlan linear_plan(const LinearContext& ctx);
+
+// Executes one operand plan on the CPU, in place on m (the operand's source).
+void apply_operand_plan(const OperandPlan& p, MatrixView<float> m);
 
 // Forward. Keeps what backward needs in `saved` (the quantized operands when
 // the recipe needs them again).
