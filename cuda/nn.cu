@@ -1,0 +1,729 @@
+// Kernels of cuda/nn.hpp. Each mirrors the corresponding loop of the CPU
+// backend (apps/train/cpu_backend.cpp) operation for operation; the comments
+// say where the summation order differs (never where it depends on timing).
+#include "cuda/nn.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/philox.hpp"
+
+namespace fp4lab::cuda::nn {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kRowBlock = 256;     // column reductions: the CPU's fixed row blocking
+constexpr int64_t kSumChunk = 16384;   // sum_squares: the CPU's chunk size
+constexpr int kWarp = 32;
+constexpr int64_t kNoIndex = INT64_MAX;  // cross-entropy argmax: "no element seen"
+
+void check_cublas_status(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));
+}
+
+// 1-D grid of `threads` over n items (grid-stride loops cover the rest).
+unsigned blocks_for(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return unsigned(std::clamp<int64_t>(b, 1, 1 << 20));
+}
+
+// The xor butterfly leaves the same value in every lane (IEEE addition is
+// commutative, so lane i and lane i^m add the same two numbers), in a fixed order.
+__device__ double warp_sum(double v) {
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
+  return v;
+}
+
+// Fixed-shape shared-memory tree over blockDim.x (a power of two) doubles.
+// Returns the total in thread 0 (and in every thread after the final sync).
+template <int N>
+__device__ double block_sum(double v, double* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = N / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  const double r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+// ---- elementwise -------------------------------------------------------------
+
+__global__ void fill_kernel(float* p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+__global__ void scale_kernel(float* g, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    g[i] *= s;
+}
+__global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+  }
+}
+__global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+    const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+    dx[i] = dy[i] * (cdf + v * pdf);
+  }
+}
+
+// One thread per group of 4 elements (one Philox call gives the 4 words).
+__global__ void dropout_kernel(float* x, int64_t n, uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
+  const int64_t groups = (n + 3) / 4;
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const Philox4 r = philox_group(seed, sid, uint64_t(g));
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = g * 4 + k;
+      if (i < n) x[i] = r.v[k] < thr ? 0.0f : x[i] * keep_scale;
+    }
+  }
+}
+// pd = drop(p) (when pd is non-null) and dp = drop(dp), same mask.
+__global__ void dropout_pair_kernel(const float* p, float* pd, float* dp, int64_t n, uint32_t thr, float keep_scale,
+                                    uint64_t seed, uint64_t sid) {
+  const int64_t groups = (n + 3) / 4;
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const Philox4 r = philox_group(seed, sid, uint64_t(g));
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = g * 4 + k;
+      if (i >= n) break;
+      const bool d = r.v[k] < thr;
+      if (pd) pd[i] = d ? 0.0f : p[i] * keep_scale;
+      if (dp) dp[i] = d ? 0.0f : dp[i] * keep_scale;
+    }
+  }
+}
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n,
+                             AdamWConstants k) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float x = p[i];
+    if (k.apply_decay && decay[i]) x *= k.shrink;
+    const float gi = g[i];
+    const float mi = m[i] + (gi - m[i]) * (1.0f - k.beta1);  // torch lerp
+    const float vi = v[i] * k.beta2 + (1.0f - k.beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = sqrtf(vi) / k.bc2s + k.eps;
+    p[i] = x - k.step * (mi / denom);
+  }
+}
+
+// ---- LayerNorm ---------------------------------------------------------------
+
+// One warp per row.
+__global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* beta, float eps, int64_t rows,
+                              int64_t cols, float* y, float* mean, float* rstd) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const float* xr = x + r * cols;
+  double s = 0.0;
+  for (int64_t j = lane; j < cols; j += kWarp) s += xr[j];
+  s = warp_sum(s);
+  const double mu = s / double(cols);
+  double v = 0.0;
+  for (int64_t j = lane; j < cols; j += kWarp) v += (xr[j] - mu) * (xr[j] - mu);
+  v = warp_sum(v);
+  const float rs = float(1.0 / sqrt(v / double(cols) + double(eps)));
+  const float m = float(mu);
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+  float* yr = y + r * cols;
+  for (int64_t j = lane; j < cols; j += kWarp) {
+    const float h = (xr[j] - m) * rs;
+    yr[j] = h * gamma[j] + (beta ? beta[j] : 0.0f);
+  }
+}
+
+__global__ void ln_bwd_dx_kernel(const float* dy, const float* x, const float* gamma, const float* mean,
+                                 const float* rstd, int64_t rows, int64_t cols, float* dx) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const float* xr = x + r * cols;
+  const float* gr = dy + r * cols;
+  const float m = mean[r], rs = rstd[r];
+  double s1 = 0.0, s2 = 0.0;
+  for (int64_t j = lane; j < cols; j += kWarp) {
+    const float gg = gr[j] * gamma[j];
+    s1 += gg;
+    s2 += double(gg) * double((xr[j] - m) * rs);
+  }
+  s1 = warp_sum(s1);
+  s2 = warp_sum(s2);
+  const float a = float(s1 / double(cols)), b = float(s2 / double(cols));
+  float* dr = dx + r * cols;
+  for (int64_t j = lane; j < cols; j += kWarp) {
+    const float h = (xr[j] - m) * rs;
+    dr[j] = rs * (gr[j] * gamma[j] - a - h * b);
+  }
+}
+
+// Column reductions: block (rb, ct) sums rows rb*256 .. of columns ct*256+tid
+// in row order (float64); finish adds the block partials in block order.
+struct PlainTerm {
+  const float* a;
+  int64_t lda;
+  __device__ float operator()(int64_t r, int64_t c) const { return a[r * lda + c]; }
+};
+struct LnGammaTerm {
+  const float *dy, *x, *mean, *rstd;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    return dy[r * cols + c] * ((x[r * cols + c] - mean[r]) * rstd[r]);
+  }
+};
+template <class F>
+__global__ void col_partial_kernel(F f, int64_t rows, int64_t cols, double* part) {
+  const int64_t b = blockIdx.x;
+  const int64_t c = blockIdx.y * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t r1 = min(rows, (b + 1) * kRowBlock);
+  double p = 0.0;
+  for (int64_t r = b * kRowBlock; r < r1; ++r) p += double(f(r, c));
+  part[b * cols + c] = p;
+}
+__global__ void col_finish_kernel(const double* part, int64_t nb, int64_t cols, float* out) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  double s = 0.0;
+  for (int64_t b = 0; b < nb; ++b) s += part[b * cols + c];
+  out[c] += float(s);
+}
+template <class F>
+void column_reduce(F f, int64_t rows, int64_t cols, float* out, Scratch& scratch, cudaStream_t st) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t nb = (rows + kRowBlock - 1) / kRowBlock;
+  const int64_t ct = (cols + kThreads - 1) / kThreads;
+  if (ct > 65535 || nb > (int64_t(1) << 31) - 1) throw Error("column reduction: tensor too large");
+  double* part = scratch.get<double>(0, size_t(nb * cols));
+  col_partial_kernel<<<dim3(unsigned(nb), unsigned(ct)), kThreads, 0, st>>>(f, rows, cols, part);
+  check_launch("col_partial_kernel");
+  col_finish_kernel<<<blocks_for(cols), kThreads, 0, st>>>(part, nb, cols, out);
+  check_launch("col_finish_kernel");
+}
+
+__global__ void rows_mod_kernel(const float* d, int64_t reps, int64_t cols, int64_t period, float* acc) {
+  const int64_t n = period * cols;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / cols, c = e % cols;
+    double s = 0.0;
+    for (int64_t b = 0; b < reps; ++b) s += d[(b * period + t) * cols + c];
+    acc[e] += float(s);
+  }
+}
+
+// ---- embeddings ----------------------------------------------------------------
+
+__global__ void embed_fwd_kernel(const int32_t* idx, int64_t n, int64_t seq, const float* wte, const float* wpe,
+                                 int64_t C, float* out) {
+  const int64_t total = n * C;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / C, c = e % C;
+    out[e] = wte[int64_t(idx[i]) * C + c] + wpe[(i % seq) * C + c];
+  }
+}
+// Block (g, column tile): one thread per column of group g's row.
+__global__ void embed_bwd_kernel(const int32_t* rows, const int32_t* offsets, const int32_t* positions,
+                                 const float* dout, int64_t C, float* dwte) {
+  const int64_t g = blockIdx.x;
+  const int64_t c = blockIdx.y * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float* e = dwte + int64_t(rows[g]) * C + c;
+  float acc = *e;
+  for (int32_t k = offsets[g]; k < offsets[g + 1]; ++k) acc += dout[int64_t(positions[k]) * C + c];
+  *e = acc;
+}
+
+__global__ void vit_tokens_kernel(const float* patches, int64_t batch, int64_t P, int64_t C, const float* cls,
+                                  const float* pos, float* out) {
+  const int64_t L = P + 1, total = batch * L * C;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / C, c = e % C, b = r / L, t = r % L;
+    const float src = t == 0 ? cls[c] : patches[(b * P + t - 1) * C + c];
+    out[e] = src + pos[t * C + c];
+  }
+}
+
+// ---- cross-entropy ---------------------------------------------------------------
+
+constexpr int kCeThreads = 128;
+// One block per row.
+__global__ void ce_kernel(const float* logits, const int32_t* targets, int64_t v, float inv_n, float* dlogits,
+                          double* loss_rows, uint8_t* ok_rows) {
+  __shared__ double shd[kCeThreads];
+  __shared__ float shv[kCeThreads];
+  __shared__ int64_t shi[kCeThreads];
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * v;
+  const int tid = threadIdx.x;
+  // First maximum: each thread's first max over its stride, then a tree that
+  // prefers the larger value and, on ties, the smaller index.
+  float mx = -INFINITY;
+  int64_t arg = kNoIndex;
+  if (tid < v) mx = l[tid], arg = tid;
+  for (int64_t j = tid + kCeThreads; j < v; j += kCeThreads)
+    if (l[j] > mx) mx = l[j], arg = j;
+  shv[tid] = mx;
+  shi[tid] = arg;
+  __syncthreads();
+  for (int s = kCeThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) {
+      const float ov = shv[tid + s];
+      const int64_t oi = shi[tid + s];
+      if (oi != kNoIndex && (shi[tid] == kNoIndex || ov > shv[tid] || (ov == shv[tid] && oi < shi[tid])))
+        shv[tid] = ov, shi[tid] = oi;
+    }
+    __syncthreads();
+  }
+  mx = shv[0];
+  arg = shi[0];
+  double sum = 0.0;
+  for (int64_t j = tid; j < v; j += kCeThreads) sum += exp(double(l[j] - mx));
+  sum = block_sum<kCeThreads>(sum, shd);
+  const double lse = double(mx) + log(sum);
+  const int32_t t = targets[r];
+  if (tid == 0) {
+    loss_rows[r] = lse - double(l[t]);
+    ok_rows[r] = arg == t;
+  }
+  if (dlogits) {
+    float* d = dlogits + r * v;
+    for (int64_t j = tid; j < v; j += kCeThreads) {
+      float g = float(exp(double(l[j]) - lse)) * inv_n;
+      if (j == t) g -= inv_n;
+      d[j] = g;
+    }
+  }
+}
+
+// ---- sum of squares ----------------------------------------------------------------
+
+__global__ void sumsq_chunk_kernel(const float* g, int64_t n, double* part) {
+  __shared__ double sh[kThreads];
+  const int64_t b = blockIdx.x;
+  const int64_t i1 = min(n, (b + 1) * kSumChunk);
+  double s = 0.0;
+  for (int64_t i = b * kSumChunk + threadIdx.x; i < i1; i += kThreads) s += double(g[i]) * double(g[i]);
+  s = block_sum<kThreads>(s, sh);
+  if (threadIdx.x == 0) part[b] = s;
+}
+__global__ void sum_final_kernel(const double* part, int64_t nb, double* out) {
+  __shared__ double sh[kThreads];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < nb; i += kThreads) s += part[i];
+  s = block_sum<kThreads>(s, sh);
+  if (threadIdx.x == 0) *out = s;
+}
+
+// ---- attention -------------------------------------------------------------------
+
+// Scaled, masked row softmax in place; one warp per row of probs [rows, T].
+__global__ void softmax_fwd_kernel(float* probs, int64_t rows, int64_t T, bool causal, float scale) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  float* pr = probs + row * T;
+  const int64_t i = row % T;
+  const int64_t lim = causal ? i + 1 : T;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j < lim; j += kWarp) {
+    const float s = pr[j] * scale;
+    pr[j] = s;
+    mx = fmaxf(mx, s);
+  }
+  mx = warp_max(mx);
+  double sum = 0.0;
+  for (int64_t j = lane; j < lim; j += kWarp) {
+    const float e = expf(pr[j] - mx);
+    pr[j] = e;
+    sum += e;
+  }
+  sum = warp_sum(sum);
+  const float inv = float(1.0 / sum);
+  for (int64_t j = lane; j < lim; j += kWarp) pr[j] *= inv;
+  for (int64_t j = lim + lane; j < T; j += kWarp) pr[j] = 0.0f;
+}
+// ds = p * (dp - sum_j dp p) * scale in place of dp; one warp per row.
+__global__ void softmax_bwd_kernel(const float* probs, float* dp, int64_t rows, int64_t T, float scale) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  const float* pr = probs + row * T;
+  float* dr = dp + row * T;
+  double dot = 0.0;
+  for (int64_t j = lane; j < T; j += kWarp) dot += double(dr[j]) * double(pr[j]);
+  dot = warp_sum(dot);
+  const float d = float(dot);
+  for (int64_t j = lane; j < T; j += kWarp) dr[j] = pr[j] * (dr[j] - d) * scale;
+}
+
+// Pointer arrays of the batched GEMMs: array a, entry b*H + h = base[a] +
+// b*sb[a] + h*sh[a].
+struct PtrSpec {
+  float* base[6];
+  int64_t sb[6], sh[6];
+  int count;
+};
+__global__ void make_ptrs_kernel(PtrSpec s, int64_t B, int64_t H, float** out) {
+  const int64_t BH = B * H;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < BH * s.count;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int a = int(e / BH);
+    const int64_t bh = e % BH, b = bh / H, h = bh % H;
+    out[e] = s.base[a] + b * s.sb[a] + h * s.sh[a];
+  }
+}
+
+// Warp-per-row launch shape.
+unsigned warp_blocks(int64_t rows) {
+  const int64_t per = kThreads / kWarp;
+  return unsigned(std::max<int64_t>(1, (rows + per - 1) / per));
+}
+
+}  // namespace
+
+// ---- Scratch ------------------------------------------------------------------------
+
+void* Scratch::get(int slot, size_t bytes) {
+  if (slot < 0 || slot >= kSlots) throw Error("nn::Scratch: slot " + std::to_string(slot) + " out of range");
+  auto& b = buf_[slot];
+  if (b.size() < bytes) {
+    // Grow geometrically so alternating sizes settle quickly.
+    const size_t n = std::max<size_t>(bytes, b.size() + b.size() / 2);
+    b.resize(0);
+    b.resize(n);
+  }
+  return b.data();
+}
+
+// ---- host wrappers ------------------------------------------------------------------
+
+void fill(float* p, int64_t n, float v, cudaStream_t st) {
+  if (n <= 0) return;
+  fill_kernel<<<blocks_for(n), kThreads, 0, st>>>(p, n, v);
+  check_launch("fill_kernel");
+}
+
+void copy_cols(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t ncols,
+               cudaStream_t st) {
+  if (rows <= 0 || ncols <= 0) return;
+  check(cudaMemcpy2DAsync(dst, size_t(dst_ld) * 4, src, size_t(src_ld) * 4, size_t(ncols) * 4, size_t(rows),
+                          cudaMemcpyDeviceToDevice, st),
+        "copy_cols (cudaMemcpy2DAsync)");
+}
+
+void gather_rows(const float* x, int64_t cols, int64_t stride, float* out, int64_t n, cudaStream_t st) {
+  if (n <= 0 || cols <= 0) return;
+  check(cudaMemcpy2DAsync(out, size_t(cols) * 4, x, size_t(stride * cols) * 4, size_t(cols) * 4, size_t(n),
+                          cudaMemcpyDeviceToDevice, st),
+        "gather_rows (cudaMemcpy2DAsync)");
+}
+
+void scatter_rows(const float* dout, int64_t n, int64_t cols, int64_t stride, float* dx, int64_t dx_rows,
+                  cudaStream_t st) {
+  fill(dx, dx_rows * cols, 0.0f, st);
+  if (n <= 0 || cols <= 0) return;
+  check(cudaMemcpy2DAsync(dx, size_t(stride * cols) * 4, dout, size_t(cols) * 4, size_t(cols) * 4, size_t(n),
+                          cudaMemcpyDeviceToDevice, st),
+        "scatter_rows (cudaMemcpy2DAsync)");
+}
+
+void add_inplace(float* y, const float* x, int64_t n, cudaStream_t st) {
+  if (n <= 0) return;
+  add_kernel<<<blocks_for(n), kThreads, 0, st>>>(y, x, n);
+  check_launch("add_kernel");
+}
+
+void scale(float* g, int64_t n, float s, cudaStream_t st) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, st>>>(g, n, s);
+  check_launch("scale_kernel");
+}
+
+void gelu_forward(const float* x, float* y, int64_t n, cudaStream_t st) {
+  if (n <= 0) return;
+  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, st>>>(x, y, n);
+  check_launch("gelu_fwd_kernel");
+}
+
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, cudaStream_t st) {
+  if (n <= 0) return;
+  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, st>>>(x, dy, dx, n);
+  check_launch("gelu_bwd_kernel");
+}
+
+void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st) {
+  if (p <= 0.0f || n <= 0) return;
+  const float keep_scale = 1.0f / (1.0f - p);
+  dropout_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, n, dropout_threshold(p), keep_scale, seed, sid);
+  check_launch("dropout_kernel");
+}
+
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, int64_t rows, int64_t cols,
+                       float* y, float* mean, float* rstd, cudaStream_t st) {
+  if (rows <= 0) return;
+  if (cols <= 0) throw Error("layernorm_forward: no columns");
+  ln_fwd_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(x, gamma, beta, eps, rows, cols, y, mean, rstd);
+  check_launch("ln_fwd_kernel");
+}
+
+void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
+                        int64_t rows, int64_t cols, float* dx, float* dgamma_acc, float* dbeta_acc, Scratch& scratch,
+                        cudaStream_t st) {
+  if (rows <= 0) return;
+  if (cols <= 0) throw Error("layernorm_backward: no columns");
+  ln_bwd_dx_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(dy, x, gamma, mean, rstd, rows, cols, dx);
+  check_launch("ln_bwd_dx_kernel");
+  if (dgamma_acc) column_reduce(LnGammaTerm{dy, x, mean, rstd, cols}, rows, cols, dgamma_acc, scratch, st);
+  if (dbeta_acc) column_reduce(PlainTerm{dy, cols}, rows, cols, dbeta_acc, scratch, st);
+}
+
+void column_sum_acc(const float* a, int64_t lda, int64_t rows, int64_t cols, float* out, Scratch& scratch,
+                    cudaStream_t st) {
+  column_reduce(PlainTerm{a, lda}, rows, cols, out, scratch, st);
+}
+
+void rows_mod_sum_acc(const float* d, int64_t rows, int64_t cols, int64_t period, float* acc, cudaStream_t st) {
+  if (period <= 0 || cols <= 0) return;
+  if (rows % period != 0)
+    throw Error("rows_mod_sum_acc: " + std::to_string(rows) + " rows is not a multiple of the period " +
+                std::to_string(period));
+  rows_mod_kernel<<<blocks_for(period * cols), kThreads, 0, st>>>(d, rows / period, cols, period, acc);
+  check_launch("rows_mod_kernel");
+}
+
+void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const float* wte, const float* wpe, int64_t C,
+                   float* out, cudaStream_t st) {
+  const int64_t n = batch * seq;
+  if (n <= 0 || C <= 0) return;
+  embed_fwd_kernel<<<blocks_for(n * C), kThreads, 0, st>>>(idx, n, seq, wte, wpe, C, out);
+  check_launch("embed_fwd_kernel");
+}
+
+void embed_backward_grouped(const int32_t* rows, const int32_t* offsets, const int32_t* positions, int64_t ngroups,
+                            const float* dout, int64_t C, float* dwte_acc, cudaStream_t st) {
+  if (ngroups <= 0 || C <= 0) return;
+  const int64_t ct = (C + kThreads - 1) / kThreads;
+  if (ct > 65535 || ngroups > (int64_t(1) << 31) - 1) throw Error("embed_backward: tensor too large");
+  embed_bwd_kernel<<<dim3(unsigned(ngroups), unsigned(ct)), kThreads, 0, st>>>(rows, offsets, positions, dout, C,
+                                                                               dwte_acc);
+  check_launch("embed_bwd_kernel");
+}
+
+void vit_tokens_forward(const float* patches, int64_t batch, int64_t P, int64_t C, const float* cls, const float* pos,
+                        float* out, cudaStream_t st) {
+  const int64_t total = batch * (P + 1) * C;
+  if (total <= 0) return;
+  vit_tokens_kernel<<<blocks_for(total), kThreads, 0, st>>>(patches, batch, P, C, cls, pos, out);
+  check_launch("vit_tokens_kernel");
+}
+
+void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n,
+                        float* dlogits, double* loss_rows, uint8_t* ok_rows, cudaStream_t st) {
+  if (n <= 0) return;
+  if (v <= 0) throw Error("cross_entropy: logits have no columns");
+  if (n > (int64_t(1) << 31) - 1) throw Error("cross_entropy: too many rows");
+  ce_kernel<<<unsigned(n), kCeThreads, 0, st>>>(logits, targets, v, inv_n, dlogits, loss_rows, ok_rows);
+  check_launch("ce_kernel");
+}
+
+double sum_squares(const float* g, int64_t n, Scratch& scratch, cudaStream_t st) {
+  if (n <= 0) return 0.0;
+  const int64_t nb = (n + kSumChunk - 1) / kSumChunk;
+  double* part = scratch.get<double>(1, size_t(nb + 1));
+  sumsq_chunk_kernel<<<unsigned(nb), kThreads, 0, st>>>(g, n, part);
+  check_launch("sumsq_chunk_kernel");
+  sum_final_kernel<<<1, kThreads, 0, st>>>(part, nb, part + nb);
+  check_launch("sum_final_kernel");
+  double r = 0.0;
+  check(cudaMemcpyAsync(&r, part + nb, sizeof r, cudaMemcpyDeviceToHost, st), "sum_squares (download)");
+  check(cudaStreamSynchronize(st), "sum_squares (synchronise)");
+  return r;
+}
+
+void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n,
+                const AdamWConstants& k, cudaStream_t st) {
+  if (n <= 0) return;
+  if (k.apply_decay && !decay) throw Error("adamw_step: weight decay without a decay mask");
+  adamw_kernel<<<blocks_for(n), kThreads, 0, st>>>(p, g, m, v, decay, n, k);
+  check_launch("adamw_kernel");
+}
+
+// ---- Attention ------------------------------------------------------------------------
+
+Attention::Attention(cudaStream_t stream) : stream_(stream) {
+  check_cublas_status(cublasCreate(&h_), "cublasCreate (attention)");
+  try {
+    check_cublas_status(cublasSetStream(h_, stream_), "cublasSetStream (attention)");
+    // Pedantic FP32: no TF32 tensor cores, whatever NVIDIA_TF32_OVERRIDE says.
+    check_cublas_status(cublasSetMathMode(h_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode (attention)");
+    check_cublas_status(cublasSetPointerMode(h_, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode (attention)");
+  } catch (...) {
+    cublasDestroy(h_);
+    throw;
+  }
+}
+
+Attention::~Attention() {
+  if (h_) cublasDestroy(h_);
+}
+
+void Attention::check_dims(const AttentionDims& d) const {
+  const int64_t imax = std::numeric_limits<int>::max();
+  if (d.batch < 0 || d.seq < 0 || d.heads <= 0 || d.width <= 0 || d.width % d.heads != 0)
+    throw Error("attention: width " + std::to_string(d.width) + " is not a positive multiple of heads " +
+                std::to_string(d.heads));
+  if (d.seq > imax || 3 * d.width > imax || d.batch * d.heads > imax)
+    throw Error("attention: dimensions exceed cuBLAS's int range");
+}
+
+namespace {
+// Column-major view used below: a row-major [T, hd] block with row stride ld is
+// the column-major [hd, T] matrix with leading dimension ld.
+void sgemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                   float* const* A, int64_t lda, float* const* B, int64_t ldb, float* const* C, int64_t ldc,
+                   int64_t count, const char* what) {
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas_status(cublasSgemmBatched(h, ta, tb, int(m), int(n), int(k), &one, A, int(lda), B, int(ldb), &zero, C,
+                                         int(ldc), int(count)),
+                      what);
+}
+}  // namespace
+
+void Attention::forward(const AttentionDims& d, const float* qkv, float* out, float* probs) {
+  check_dims(d);
+  const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
+  if (B * T == 0) return;
+  const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
+  if (thr != 0) {
+    if (pd_.size() < size_t(BH * T * T)) {
+      pd_.resize(0);
+      pd_.resize(size_t(BH * T * T));
+    }
+  }
+  float* q = const_cast<float*>(qkv);
+  // Arrays: 0 Q, 1 K, 2 V, 3 probs, 4 (dropped) probs used by P.V, 5 out.
+  PtrSpec s{};
+  s.count = 6;
+  s.base[0] = q, s.sb[0] = T * ld, s.sh[0] = hd;
+  s.base[1] = q + C, s.sb[1] = T * ld, s.sh[1] = hd;
+  s.base[2] = q + 2 * C, s.sb[2] = T * ld, s.sh[2] = hd;
+  s.base[3] = probs, s.sb[3] = H * T * T, s.sh[3] = T * T;
+  s.base[4] = thr ? pd_.data() : probs, s.sb[4] = H * T * T, s.sh[4] = T * T;
+  s.base[5] = out, s.sb[5] = T * C, s.sh[5] = hd;
+  if (ptrs_.size() < size_t(6 * BH)) {
+    ptrs_.resize(0);
+    ptrs_.resize(size_t(6 * BH));
+  }
+  float** P = ptrs_.data();
+  make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
+  check_launch("make_ptrs_kernel");
+  // probs^T (col-major [T, T]) = K Q^T: S[i][j] = q_i . k_j, unscaled (the
+  // softmax kernel scales, as the CPU does after its GEMM).
+  sgemm_batched(h_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, P + 1 * BH, ld, P + 0 * BH, ld, P + 3 * BH, T, BH,
+                "cublasSgemmBatched (attention scores)");
+  softmax_fwd_kernel<<<warp_blocks(BH * T), kThreads, 0, stream_>>>(probs, BH * T, T, d.causal, d.scale);
+  check_launch("softmax_fwd_kernel");
+  if (thr != 0) {
+    const float keep_scale = 1.0f / (1.0f - d.dropout);
+    const int64_t n = BH * T * T;
+    dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), nullptr, n, thr,
+                                                                            keep_scale, d.seed, d.stream_id);
+    check_launch("dropout_pair_kernel");
+  }
+  // out^T (col-major [hd, T], ld C) = V^T P^T.
+  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, P + 2 * BH, ld, P + 4 * BH, T, P + 5 * BH, C, BH,
+                "cublasSgemmBatched (attention P.V)");
+}
+
+void Attention::backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout,
+                         float* dqkv) {
+  check_dims(d);
+  const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
+  if (B * T == 0) return;
+  const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
+  const size_t nn = size_t(BH * T * T);
+  if (dp_.size() < nn) {
+    dp_.resize(0);
+    dp_.resize(nn);
+  }
+  if (thr != 0 && pd_.size() < nn) {
+    pd_.resize(0);
+    pd_.resize(nn);
+  }
+  float* q = const_cast<float*>(qkv);
+  // Two sets of arrays. Set 1: 0 Q, 1 K, 2 V, 3 dout, 4 dp/ds, 5 (dropped) probs.
+  // Set 2: 0 dQ, 1 dK, 2 dV.
+  PtrSpec s{};
+  s.count = 6;
+  s.base[0] = q, s.sb[0] = T * ld, s.sh[0] = hd;
+  s.base[1] = q + C, s.sb[1] = T * ld, s.sh[1] = hd;
+  s.base[2] = q + 2 * C, s.sb[2] = T * ld, s.sh[2] = hd;
+  s.base[3] = const_cast<float*>(dout), s.sb[3] = T * C, s.sh[3] = hd;
+  s.base[4] = dp_.data(), s.sb[4] = H * T * T, s.sh[4] = T * T;
+  s.base[5] = thr ? pd_.data() : const_cast<float*>(probs), s.sb[5] = H * T * T, s.sh[5] = T * T;
+  PtrSpec g{};
+  g.count = 3;
+  g.base[0] = dqkv, g.sb[0] = T * ld, g.sh[0] = hd;
+  g.base[1] = dqkv + C, g.sb[1] = T * ld, g.sh[1] = hd;
+  g.base[2] = dqkv + 2 * C, g.sb[2] = T * ld, g.sh[2] = hd;
+  if (ptrs_.size() < size_t(9 * BH)) {
+    ptrs_.resize(0);
+    ptrs_.resize(size_t(9 * BH));
+  }
+  float** P = ptrs_.data();
+  float** G = P + 6 * BH;
+  make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
+  check_launch("make_ptrs_kernel");
+  make_ptrs_kernel<<<blocks_for(3 * BH), kThreads, 0, stream_>>>(g, B, H, G);
+  check_launch("make_ptrs_kernel");
+  // dp^T (col-major [T, T]) = V dout^T: dp[i][j] = dout_i . v_j.
+  sgemm_batched(h_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, P + 2 * BH, ld, P + 3 * BH, C, P + 4 * BH, T, BH,
+                "cublasSgemmBatched (attention dP)");
+  if (thr != 0) {
+    const float keep_scale = 1.0f / (1.0f - d.dropout);
+    const int64_t n = BH * T * T;
+    dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), dp_.data(), n, thr,
+                                                                            keep_scale, d.seed, d.stream_id);
+    check_launch("dropout_pair_kernel");
+  }
+  // dv^T (col-major [hd, T], ld 3C) = dout^T Pd.
+  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, P + 3 * BH, C, P + 5 * BH, T, G + 2 * BH, ld, BH,
+                "cublasSgemmBatched (attention dV)");
+  softmax_bwd_kernel<<<warp_blocks(BH * T), kThreads, 0, stream_>>>(probs, dp_.data(), BH * T, T, d.scale);
+  check_launch("softmax_bwd_kernel");
+  // dq^T = K^T ds^T: col-major [hd, T] = Kc (hd x T) * dsc (T x T).
+  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, P + 1 * BH, ld, P + 4 * BH, T, G + 0 * BH, ld, BH,
+                "cublasSgemmBatched (attention dQ)");
+  // dk^T = Q^T ds: Qc (hd x T) * dsc^T.
+  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, P + 0 * BH, ld, P + 4 * BH, T, G + 1 * BH, ld, BH,
+                "cublasSgemmBatched (attention dK)");
+}
+
+}  // namespace fp4lab::cuda::nn

@@ -1,0 +1,187 @@
+// Neural-network kernels of the trainer's CUDA backend (apps/train/cuda_backend.cpp),
+// behind a plain device-pointer API: every pointer below is a DEVICE pointer
+// unless it says "host"; every matrix is row-major float32 with the stated
+// shape and no padding (leading dimension = column count unless an `ld` is
+// given). Work is queued on `stream` (the legacy default stream when null);
+// functions return without synchronising unless they return a host value.
+//
+// Numerics (the CPU backend, apps/train/cpu_backend.cpp, is the reference):
+// - IEEE FP32 everywhere: nvcc compiles this with --fmad=false -prec-div=true
+//   -ftz=false, so an expression evaluates as the same sequence of FP32
+//   operations as its C++ twin on the CPU; the exceptions are the libm
+//   functions (erff/expf on the GPU are within 2 ulp of glibc's).
+// - Attention GEMMs run on cuBLAS in pedantic FP32 (CUBLAS_PEDANTIC_MATH: no
+//   TF32, no reduced-precision reductions); only the summation order differs
+//   from the CPU's Eigen GEMMs.
+// - Every reduction has a fixed order that does not depend on timing: per-row
+//   reductions use a fixed lane-strided split plus a fixed shuffle/shared-memory
+//   tree; column reductions and scatter-adds loop over rows in row order. No
+//   floating-point atomics anywhere, so every call gives the same bits run to
+//   run. Where the CPU accumulates in float64, so does the GPU.
+// - Dropout draws the CPU's mask bit for bit (core/philox.hpp, see dropout()).
+#pragma once
+
+#include <cstdint>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "cuda/device.hpp"
+
+namespace fp4lab::cuda::nn {
+
+// Grow-only device scratch in a few independent slots (one owner, one stream).
+// Growing frees the old block (cudaFree synchronises the device first).
+class Scratch {
+ public:
+  static constexpr int kSlots = 4;
+  // At least `bytes` bytes of slot `slot`, 256-byte aligned.
+  void* get(int slot, size_t bytes);
+  template <class T>
+  T* get(int slot, size_t n) {
+    return static_cast<T*>(get(slot, n * sizeof(T)));
+  }
+
+ private:
+  DeviceBuffer<uint8_t> buf_[kSlots];
+};
+
+// ---- memory ----------------------------------------------------------------
+// p[i] = v for i < n.
+void fill(float* p, int64_t n, float v, cudaStream_t stream = nullptr);
+// dst[r, 0..ncols) = src[r, 0..ncols) for r < rows; rows are `src_ld` / `dst_ld`
+// floats apart (offset the pointers to start at a column).
+void copy_cols(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t ncols,
+               cudaStream_t stream = nullptr);
+// out [n, cols] row r = x row r*stride (x has at least (n-1)*stride+1 rows).
+void gather_rows(const float* x, int64_t cols, int64_t stride, float* out, int64_t n, cudaStream_t stream = nullptr);
+// dx [dx_rows, cols] = 0 except row r*stride = dout row r (r < n).
+void scatter_rows(const float* dout, int64_t n, int64_t cols, int64_t stride, float* dx, int64_t dx_rows,
+                  cudaStream_t stream = nullptr);
+
+// ---- elementwise -----------------------------------------------------------
+void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream = nullptr);  // y += x
+void scale(float* g, int64_t n, float s, cudaStream_t stream = nullptr);               // g *= s
+// GELU, exact erf form: y = 0.5 x (1 + erf(x / sqrt 2)).
+void gelu_forward(const float* x, float* y, int64_t n, cudaStream_t stream = nullptr);
+// dx = dy * (Phi(x) + x phi(x)).
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, cudaStream_t stream = nullptr);
+
+// The dropout threshold of probability p: element i is dropped iff
+// random_bits(seed, stream_id, i) < dropout_threshold(p); p >= 1 gives 2^32-1.
+inline uint32_t dropout_threshold(float p) {
+  const double t = double(p) * 4294967296.0;
+  return t >= 4294967295.0 ? 0xFFFFFFFFu : (t <= 0.0 ? 0u : uint32_t(t));
+}
+// Inverted dropout in place on x[0..n): dropped elements become 0, the others
+// x * (1 / (1 - p)). The element index i is x's linear index. p <= 0: no-op.
+void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, cudaStream_t stream = nullptr);
+
+// ---- LayerNorm ---------------------------------------------------------------
+// Per row of x [rows, cols]: mean and variance in float64 (two passes, like the
+// CPU), rstd = float(1 / sqrt(var + eps)), y = (x - mean) * rstd * gamma + beta.
+// gamma [cols]; beta [cols] or null; mean, rstd [rows] written.
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, int64_t rows, int64_t cols,
+                       float* y, float* mean, float* rstd, cudaStream_t stream = nullptr);
+// dx [rows, cols] written; dgamma_acc [cols] += sum_r dy * xhat and dbeta_acc
+// [cols] (null: skipped) += sum_r dy, each column summed in float64 over fixed
+// blocks of 256 rows in row order, then the blocks in order (the CPU's order).
+void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
+                        int64_t rows, int64_t cols, float* dx, float* dgamma_acc, float* dbeta_acc, Scratch& scratch,
+                        cudaStream_t stream = nullptr);
+
+// ---- reductions over rows ---------------------------------------------------
+// out[c] += float(sum over r < rows of a[r*lda + c]) for c < cols (float64,
+// fixed 256-row blocks, as layernorm_backward's dgamma).
+void column_sum_acc(const float* a, int64_t lda, int64_t rows, int64_t cols, float* out, Scratch& scratch,
+                    cudaStream_t stream = nullptr);
+// acc [period, cols] row t += float(sum over b of d row b*period + t), b in
+// increasing order, float64 (rows must be a multiple of period).
+void rows_mod_sum_acc(const float* d, int64_t rows, int64_t cols, int64_t period, float* acc,
+                      cudaStream_t stream = nullptr);
+
+// ---- embeddings -------------------------------------------------------------
+// out [batch*seq, C] row i = wte row idx[i] + wpe row (i % seq); idx [batch*seq]
+// device int32 (the caller has range-checked it).
+void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const float* wte, const float* wpe, int64_t C,
+                   float* out, cudaStream_t stream = nullptr);
+// Token-embedding gradient as a grouped scatter-add: for each group g <
+// ngroups, row `rows[g]` of dwte_acc [*, C] += dout rows positions[offsets[g] ..
+// offsets[g+1]), added one at a time in that order in float32. With positions
+// increasing within a group this is the CPU's row-order scatter-add, bit for
+// bit, with no atomics (one thread per (group, column)).
+void embed_backward_grouped(const int32_t* rows, const int32_t* offsets, const int32_t* positions, int64_t ngroups,
+                            const float* dout, int64_t C, float* dwte_acc, cudaStream_t stream = nullptr);
+// ViT tokens: out [batch*(P+1), C]: row b*(P+1) = cls + pos row 0; row
+// b*(P+1)+1+p = patches row b*P+p + pos row 1+p. cls [C], pos [P+1, C].
+void vit_tokens_forward(const float* patches, int64_t batch, int64_t P, int64_t C, const float* cls, const float* pos,
+                        float* out, cudaStream_t stream = nullptr);
+
+// ---- softmax cross-entropy ---------------------------------------------------
+// Per row r of logits [n, v] with target t = targets[r] (device, in range):
+// m = the row max, arg = its first index, lse = m + log(sum_j exp(double(l_j - m))),
+// loss_rows[r] = lse - l_t (float64), ok_rows[r] = (arg == t); when dlogits is
+// non-null, dlogits[r, j] = float(exp(double(l_j) - lse)) * inv_n, minus inv_n at t.
+void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n,
+                        float* dlogits, double* loss_rows, uint8_t* ok_rows, cudaStream_t stream = nullptr);
+
+// ---- optimiser ---------------------------------------------------------------
+// sum of g[i]^2 in float64: fixed 16384-element chunks (tree-summed), then the
+// chunk sums in a fixed tree. Synchronises; returns the host value.
+double sum_squares(const float* g, int64_t n, Scratch& scratch, cudaStream_t stream = nullptr);
+
+// One AdamW step over n elements with the host-computed constants of the CPU
+// backend: shrink = 1 - lr*wd (applied where decay[i] != 0 when apply_decay),
+// step = lr / (1 - b1^t), bc2s = sqrt(1 - b2^t):
+//   m = m + (g - m) (1 - b1);  v = v b2 + (1 - b2) g g;
+//   p = p - step * (m / (sqrt(v) / bc2s + eps)).
+struct AdamWConstants {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float shrink = 1.0f, step = 0.0f, bc2s = 1.0f;
+  bool apply_decay = false;
+};
+void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n,
+                const AdamWConstants& k, cudaStream_t stream = nullptr);
+
+// ---- multi-head self-attention -------------------------------------------------
+// Geometry of qkv [batch*seq, 3*width] = q | k | v column blocks; head h is
+// columns h*hd .. (h+1)*hd of each block, hd = width / heads.
+struct AttentionDims {
+  int64_t batch = 0, seq = 0, heads = 0, width = 0;
+  bool causal = false;
+  float scale = 1.0f;    // multiplies q.k
+  float dropout = 0.0f;  // on the probabilities (inverted dropout)
+  uint64_t seed = 0, stream_id = 0;
+};
+
+// Materialised-probability attention on cuBLAS batched SGEMMs (one batch entry
+// per (sequence, head), pedantic FP32 math) plus row softmax kernels.
+// Owns its cuBLAS handle and scratch (pointer arrays, the dropped
+// probabilities and their gradient, [batch*heads*seq, seq] each).
+class Attention {
+ public:
+  explicit Attention(cudaStream_t stream = nullptr);
+  ~Attention();
+  Attention(const Attention&) = delete;
+  Attention& operator=(const Attention&) = delete;
+
+  // probs [B*H*T, T] (row (b*H + h)*T + i) = softmax over j of scale * q_i.k_j
+  // (j <= i when causal; zeros beyond), the row max subtracted first and the
+  // normaliser summed in float64. out [B*T, C] head h columns = drop(probs) v,
+  // where element e of probs (its linear index) is dropped iff
+  // random_bits(seed, stream_id, e) < dropout_threshold(dropout).
+  void forward(const AttentionDims& d, const float* qkv, float* out, float* probs);
+  // dqkv [B*T, 3C] (every column written) from dout [B*T, C] and the saved
+  // probs: dp = drop(dout v^T), ds = p * (dp - sum_j dp p) * scale (float64
+  // dot), dq = ds k, dk = ds^T q, dv = drop(p)^T dout.
+  void backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv);
+
+ private:
+  void check_dims(const AttentionDims& d) const;
+  cublasHandle_t h_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  DeviceBuffer<float*> ptrs_;
+  DeviceBuffer<float> pd_, dp_;
+};
+
+}  // namespace fp4lab::cuda::nn
