@@ -455,10 +455,20 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 
+#ifdef FP4LAB_WITH_CUDA
+// apps/train/cuda_backend.cpp (throws when no GPU is present).
+std::unique_ptr<Backend> make_cuda_backend();
+#endif
+
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
   if (name == "cpu") return make_cpu_backend(threads);
-  if (name == "cuda")
-    throw Error("backend \"cuda\": the trainer's CUDA backend is not built into this fp4lab yet; use \"cpu\"");
+  if (name == "cuda") {
+#ifdef FP4LAB_WITH_CUDA
+    return make_cuda_backend();
+#else
+    throw Error("backend \"cuda\": this fp4lab was built without CUDA (valid backends here: cpu)");
+#endif
+  }
   throw Error("backend \"" + name + "\" unknown; valid: cpu, cuda");
 }
 
