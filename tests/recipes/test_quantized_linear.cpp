@@ -397,3 +397,45 @@ TEST_CASE("shape errors name the shapes") {
   const MatrixRM bad_dy = MatrixRM::Zero(8, 5);
   CHECK_THROWS_AS(linear_backward(LinearContext{}, s, st.w, bad_dy, dx, dw, nullptr), Error);
 }
+
+TEST_CASE("linear_plan: what each operand is, per recipe") {
+  for (const std::string& name : recipe_names()) {
+    CAPTURE(name);
+    const Recipe r = recipe_by_name(name);
+    const LinearContext ctx{&r, 42, 3, 9, "blocks.0.fc"};
+    const LinearPlan p = linear_plan(ctx);
+    CHECK(p.quantized == linear_is_quantized(ctx));
+    for (Operand op : kOps) {
+      CAPTURE(operand_name(op));
+      const OperandPlan& o = p.operand(op);
+      CHECK(o.op == op);
+      CHECK(o.quantizer == (r.operand(op) ? &*r.operand(op) : nullptr));
+      if (o.quantizer) CHECK(o.stream.stream == expected_stream(3, op, 9));
+      CHECK(o.round_bf16 == (!o.quantizer && r.high_precision == HighPrecision::bf16));
+      const bool wgrad = op == Operand::wgrad_grad_y || op == Operand::wgrad_x;
+      CHECK(o.rht == (wgrad && r.wgrad_rht));
+      const bool dq_target = op == Operand::dgrad_w || op == Operand::wgrad_x;
+      CHECK((o.pre != nullptr) == (dq_target && r.double_quantization));
+      if (o.pre) {
+        const Operand src = op == Operand::dgrad_w ? Operand::fwd_w : Operand::fwd_x;
+        CHECK(o.pre == &*r.operand(src));
+        CHECK(o.pre_stream.stream == expected_stream(3, src, 9));
+      }
+    }
+    CHECK(p.reuse_fwd_w == (name == "nvfp4"));
+    // A kept layer: no quantizer, no RHT, no double quantization.
+    const LinearPlan k = linear_plan(LinearContext{&r, 42, 3, 9, "lm_head"});
+    if (!r.keep_high_precision.empty()) {
+      CHECK_FALSE(k.quantized);
+      CHECK_FALSE(k.reuse_fwd_w);
+      for (const OperandPlan& o : k.operands) {
+        CHECK(o.quantizer == nullptr);
+        CHECK(o.pre == nullptr);
+        CHECK_FALSE(o.rht);
+        CHECK(o.round_bf16 == (r.high_precision == HighPrecision::bf16));
+      }
+    }
+  }
+  // No recipe: every operand is its source.
+  for (const OperandPlan& o : linear_plan(LinearContext{}).operands) CHECK_FALSE(o.changes());
+}

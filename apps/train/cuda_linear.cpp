@@ -1,0 +1,323 @@
+// The quantized linear layer on the GPU (cuda_linear.hpp): executes
+// linear_plan() (recipes/quantized_linear.hpp) with the CUDA quantizers and
+// cuBLAS.
+//
+// Operand forms. Every prepared GEMM operand is one of
+//   f32      an FP32 tensor: the source itself, or the plan's result after
+//            fake_quantize_device / RHT (bit-identical to the CPU's operand);
+//   bf16     BF16 bits plus an optional device scalar g (the NVFP4 global
+//            decode scale): value = bf16 * g in exact arithmetic. Used for
+//            a bf16-rounded operand (g absent; the bits are the CPU's rounded
+//            value) and for a quantizer whose decode(code) * block_scale is
+//            exact in BF16 (bf16_exact() below; quantize_device's
+//            bf16_gemm_operand output), whose FP32 value bf16 * g in one FP32
+//            multiply is the CPU's fake-quantized value bit for bit.
+// A GEMM whose two operands are both bf16 runs on the BF16 tensor cores (FP32
+// accumulation, alpha = g_a * g_b in device pointer mode); otherwise any bf16
+// operand is expanded to its FP32 value and the GEMM is a pure FP32 one
+// (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32, whatever the environment says).
+//
+// Exactness of the BF16 operand: an element of e2m1 / e2m3 / e3m2 / e4m3 /
+// e5m2 has at most 4 significant bits, an e8m0 scale 1 and a ue4m3 scale at
+// most 4, so decode(code) * scale has at most 8 significant bits: exact in
+// BF16 wherever BF16 has normal numbers. With ue4m3 scales the product lies
+// in [2^-18, 448 * 57344], always normal. With e8m0 scales it is normal unless
+// the block scale is below 2^-117 (e5m2) / 2^-124 (e4m3), i.e. a block whose
+// amax is below ~2^-100; e2m1 / e2m3 / e3m2 elements are exact for every
+// e8m0 scale. Such MXFP8 blocks (values below 1e-30) would lose low bits in
+// BF16's subnormal range; the layer does not check for them at run time
+// (it would need a device-to-host synchronisation per GEMM).
+#include "apps/train/cuda_linear.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "cuda/device.hpp"
+#include "cuda/gemm.hpp"
+#include "cuda/linear_ops.hpp"
+#include "cuda/quantize.hpp"
+#include "cuda/rht.hpp"
+
+namespace fp4lab::train {
+
+namespace {
+
+using cuda::check;
+using cuda::check_cublas;
+using cuda::DeviceBuffer;
+
+constexpr cudaStream_t kStream = nullptr;  // the default stream
+
+// True if quantize_device's bf16_gemm_operand output (decode(code) * block
+// scale) is exact in BF16 for this spec (see the file comment for the e8m0
+// range caveat). A quantizer-level RHT is excluded: its fake-quantized value
+// is transformed back (not a code times a scale).
+bool bf16_exact(const QuantizerSpec& q) {
+  const Format* e = q.element;
+  const bool element = e == &float4_e2m1fn || e == &float6_e2m3fn || e == &float6_e3m2fn || e == &float8_e4m3fn ||
+                       e == &float8_e5m2;
+  const bool scale = q.scale == &float8_e8m0fnu || q.scale == &ufloat8_e4m3;
+  return element && scale && !q.rht;
+}
+
+template <class T>
+void ensure(DeviceBuffer<T>& b, int64_t n) {
+  if (b.size() < size_t(n)) b.resize(size_t(n));
+}
+
+// A prepared GEMM operand (see the file comment). Row-major [rows, cols].
+struct DevOperand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  const float* g = nullptr;  // device scalar, only with bf16; null = 1
+  bool is_bf16() const { return bf16 != nullptr; }
+};
+
+// Scratch of one GEMM operand, reused from call to call (grow-only).
+struct Slot {
+  DeviceBuffer<float> work;     // FP32 copy the plan is applied to
+  DeviceBuffer<uint16_t> h;     // BF16 operand
+  DeviceBuffer<float> g;        // [1] its global decode scale
+  DeviceBuffer<float> expand;   // FP32 value of a BF16 operand (mixed GEMMs, hook)
+};
+
+struct CudaLinearState final : LinearState {
+  Tensor x;             // copy of the forward's input [B, in]
+  bool has_w = false;   // plan.reuse_fwd_w: the forward's fwd_w operand follows
+  bool w_bf16 = false;
+  bool w_has_g = false;
+  Tensor w_op;          // FP32 [out, in], or BF16 bits packed two per float ([1, ceil(out*in/2)])
+  Tensor w_g;           // [1, 1]: g of a BF16 operand
+};
+
+std::string shape(int64_t r, int64_t c) { return "[" + std::to_string(r) + ", " + std::to_string(c) + "]"; }
+
+void check_int(int64_t v, const char* what) {
+  if (v > 0x7FFFFFFF) throw Error(std::string("CudaLinear: ") + what + " (" + std::to_string(v) + ") exceeds cuBLAS's int range");
+}
+
+}  // namespace
+
+struct CudaLinear::Impl {
+  cuda::Blas blas{kStream};
+  cuda::QuantWorkspace qws;
+  Slot slot[2];
+  DeviceBuffer<float> alpha_beta{2};
+  DeviceBuffer<float> hook_buf;
+  DeviceBuffer<double> colsum;
+  OperandHook hook;
+
+  // Executes plan p on the source src [rows, cols] (device, not modified),
+  // writing into slot s.
+  DevOperand prepare(const OperandPlan& p, const float* src, int64_t rows, int64_t cols, Slot& s) {
+    const int64_t n = rows * cols;
+    const float* cur = src;
+    auto to_work = [&] {
+      if (cur == s.work.data()) return;
+      ensure(s.work, n);
+      if (n > 0) check(cudaMemcpyAsync(s.work.data(), cur, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+                       "CudaLinear: operand copy");
+      cur = s.work.data();
+    };
+    if (p.pre) {
+      to_work();
+      cuda::fake_quantize_device(*p.pre, s.work.data(), rows, cols, p.pre_stream, qws, kStream);
+    }
+    if (p.rht) {
+      to_work();
+      cuda::rht_forward_device(s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream);
+    }
+    DevOperand o;
+    if (p.quantizer) {
+      if (bf16_exact(*p.quantizer)) {
+        ensure(s.h, n);
+        ensure(s.g, 1);
+        cuda::QuantOutputs q;
+        q.dequant_bf16 = s.h.data();
+        q.bf16_gemm_operand = true;
+        q.global_decode = s.g.data();
+        cuda::quantize_device(*p.quantizer, cur, cuda::InputType::f32, rows, cols, p.stream, q, qws, kStream);
+        o.bf16 = s.h.data();
+        o.g = s.g.data();
+      } else {
+        to_work();
+        cuda::fake_quantize_device(*p.quantizer, s.work.data(), rows, cols, p.stream, qws, kStream);
+        o.f32 = s.work.data();
+      }
+    } else if (p.round_bf16) {
+      ensure(s.h, n);
+      cuda::round_bf16_device(cur, n, s.h.data(), kStream);
+      o.bf16 = s.h.data();
+    } else {
+      o.f32 = cur;
+    }
+    report(p.op, o, rows, cols);
+    return o;
+  }
+
+  // The FP32 value of a BF16 operand (into s.expand), or the FP32 operand itself.
+  const float* as_f32(const DevOperand& o, int64_t n, Slot& s) {
+    if (!o.is_bf16()) return o.f32;
+    ensure(s.expand, n);
+    cuda::bf16_to_f32_device(o.bf16, n, o.g, s.expand.data(), kStream);
+    return s.expand.data();
+  }
+
+  void report(Operand op, const DevOperand& o, int64_t rows, int64_t cols) {
+    if (!hook) return;
+    const float* v = o.f32;
+    if (o.is_bf16()) {
+      ensure(hook_buf, rows * cols);
+      cuda::bf16_to_f32_device(o.bf16, rows * cols, o.g, hook_buf.data(), kStream);
+      v = hook_buf.data();
+    }
+    hook(op, v, rows, cols);
+  }
+
+  // Column-major C [m, n] (ldc) = alpha op(A) op(B) + beta C, with A, B the
+  // prepared operands (row-major buffers seen column-major with lda / ldb;
+  // a_elems / b_elems = their element counts). A and B come from slot[0] / slot[1]
+  // as given in sa / sb (for expansion scratch).
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const DevOperand& a,
+            int64_t lda, int64_t a_elems, Slot& sa, const DevOperand& b, int64_t ldb, int64_t b_elems, Slot& sb,
+            float* c, int64_t ldc, float beta) {
+    if (m == 0 || n == 0) return;
+    check_int(m, "GEMM m");
+    check_int(n, "GEMM n");
+    check_int(k, "GEMM k");
+    if (k == 0) {
+      // C = beta C (cuBLAS with k = 0 does the same, but say it explicitly).
+      if (beta == 0.0f) check(cudaMemsetAsync(c, 0, size_t(m * n) * sizeof(float), kStream), "CudaLinear: zero C");
+      return;
+    }
+    const cublasHandle_t h = blas.handle();
+    if (a.is_bf16() && b.is_bf16()) {
+      cuda::alpha_beta_device(a.g, b.g, beta, alpha_beta.data(), kStream);
+      check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
+      const cublasStatus_t st =
+          cublasGemmEx(h, ta, tb, int(m), int(n), int(k), alpha_beta.data(), a.bf16, CUDA_R_16BF, int(lda), b.bf16,
+                       CUDA_R_16BF, int(ldb), alpha_beta.data() + 1, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT);
+      check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+      check_cublas(st, "cublasGemmEx (bf16 operands, fp32 accumulation)");
+      return;
+    }
+    const float* af = as_f32(a, a_elems, sa);
+    const float* bf = as_f32(b, b_elems, sb);
+    const float alpha = 1.0f;
+    check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+    check_cublas(cublasGemmEx(h, ta, tb, int(m), int(n), int(k), &alpha, af, CUDA_R_32F, int(lda), bf, CUDA_R_32F,
+                              int(ldb), &beta, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx (fp32, pedantic)");
+  }
+};
+
+CudaLinear::CudaLinear() : impl_(std::make_unique<Impl>()) {
+  check_cublas(cublasSetMathMode(impl_->blas.handle(), CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+CudaLinear::~CudaLinear() = default;
+
+void CudaLinear::set_operand_hook(OperandHook hook) { impl_->hook = std::move(hook); }
+
+void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+                         std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc) {
+  if (x.cols != w.cols)
+    throw Error("CudaLinear::forward: x is " + shape(x.rows, x.cols) + " but W is " + shape(w.rows, w.cols) +
+                ": x's columns must equal W's columns (in_features)");
+  const int64_t B = x.rows, in = x.cols, out = w.rows;
+  const LinearPlan plan = linear_plan(ctx);
+  Impl& im = *impl_;
+  if (y.rows != B || y.cols != out || (y.data == nullptr && B * out > 0)) y = alloc(B, out);
+
+  auto st = std::make_unique<CudaLinearState>();
+  st->x = alloc(B, in);
+  if (B * in > 0)
+    check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+          "CudaLinear::forward: saving x");
+
+  // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
+  const DevOperand xo = im.prepare(plan.operand(Operand::fwd_x), x.data, B, in, im.slot[0]);
+  const DevOperand wo = im.prepare(plan.operand(Operand::fwd_w), w.data, out, in, im.slot[1]);
+  im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
+          0.0f);
+  if (b != nullptr) cuda::add_bias_device(y.data, b, B, out, kStream);
+
+  if (plan.reuse_fwd_w && out * in > 0) {
+    // Keep Q_fwd_w(W) for dgrad (the same bits it would compute again).
+    st->has_w = true;
+    if (wo.is_bf16()) {
+      st->w_bf16 = true;
+      st->w_op = alloc(1, (out * in + 1) / 2);
+      check(cudaMemcpyAsync(st->w_op.data, wo.bf16, size_t(out * in) * sizeof(uint16_t), cudaMemcpyDeviceToDevice,
+                            kStream),
+            "CudaLinear::forward: saving Q(W)");
+      if (wo.g) {
+        st->w_has_g = true;
+        st->w_g = alloc(1, 1);
+        check(cudaMemcpyAsync(st->w_g.data, wo.g, sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+              "CudaLinear::forward: saving g_dec(W)");
+      }
+    } else {
+      st->w_op = alloc(out, in);
+      check(cudaMemcpyAsync(st->w_op.data, wo.f32, size_t(out * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+            "CudaLinear::forward: saving Q(W)");
+    }
+  }
+  state = std::move(st);
+}
+
+void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+                          Tensor& dx, Tensor& dw_acc, float* db_acc,
+                          const std::function<Tensor(int64_t, int64_t)>& alloc) {
+  const auto* stp = dynamic_cast<const CudaLinearState*>(&state);
+  if (stp == nullptr) throw Error("CudaLinear::backward: `state` was not written by CudaLinear::forward");
+  const CudaLinearState& st = *stp;
+  const int64_t B = st.x.rows, in = st.x.cols, out = w.rows;
+  if (w.cols != in)
+    throw Error("CudaLinear::backward: W is " + shape(w.rows, w.cols) + " but the forward's x was " + shape(B, in) +
+                ": W's columns must equal x's columns (in_features)");
+  if (dy.rows != B || dy.cols != out)
+    throw Error("CudaLinear::backward: dy is " + shape(dy.rows, dy.cols) + ", expected " + shape(B, out) +
+                " (batch rows of x, out_features of W)");
+  if (dw_acc.rows != out || dw_acc.cols != in)
+    throw Error("CudaLinear::backward: dW is " + shape(dw_acc.rows, dw_acc.cols) + ", expected W's shape " +
+                shape(out, in));
+  const LinearPlan plan = linear_plan(ctx);
+  Impl& im = *impl_;
+  if (dx.rows != B || dx.cols != in || (dx.data == nullptr && B * in > 0)) dx = alloc(B, in);
+
+  // dgrad: dx^T [in, B] = W^T [in, out] dy^T [out, B].
+  {
+    const DevOperand go = im.prepare(plan.operand(Operand::dgrad_grad_y), dy.data, B, out, im.slot[0]);
+    DevOperand wo;
+    if (plan.reuse_fwd_w && st.has_w) {
+      if (st.w_bf16) {
+        wo.bf16 = reinterpret_cast<const uint16_t*>(st.w_op.data);
+        wo.g = st.w_has_g ? st.w_g.data : nullptr;
+      } else {
+        wo.f32 = st.w_op.data;
+      }
+      im.report(Operand::dgrad_w, wo, out, in);
+    } else {
+      wo = im.prepare(plan.operand(Operand::dgrad_w), w.data, out, in, im.slot[1]);
+    }
+    im.gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, wo, in, out * in, im.slot[1], go, out, B * out, im.slot[0], dx.data,
+            in, 0.0f);
+  }
+
+  // wgrad: dW^T [in, out] += x'^T [in, B] dy [B, out]  (x' = the wgrad_x operand).
+  {
+    const DevOperand go = im.prepare(plan.operand(Operand::wgrad_grad_y), dy.data, B, out, im.slot[0]);
+    const DevOperand xo = im.prepare(plan.operand(Operand::wgrad_x), st.x.data, B, in, im.slot[1]);
+    im.gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, B, xo, in, B * in, im.slot[1], go, out, B * out, im.slot[0],
+            dw_acc.data, in, 1.0f);
+  }
+
+  if (db_acc != nullptr) cuda::column_sums_add_device(dy.data, B, out, db_acc, im.colsum, kStream);
+}
+
+}  // namespace fp4lab::train

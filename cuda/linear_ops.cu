@@ -1,0 +1,102 @@
+// Kernels of linear_ops.hpp.
+#include "cuda/linear_ops.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/encode.hpp"
+#include "core/error.hpp"
+#include "core/format.hpp"
+
+namespace fp4lab::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t work, const char* what) {
+  const int64_t b = (work + kThreads - 1) / kThreads;
+  if (b > 0x7FFFFFFF) throw Error(std::string(what) + " (cuda): tensor too large");
+  return unsigned(std::max<int64_t>(b, 1));
+}
+
+__global__ void round_bf16_kernel(const float* x, int64_t n, uint16_t* bits) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) bits[i] = uint16_t(encode_rn_f32<bfloat16>(x[i], Overflow::nonsaturate));
+}
+
+__global__ void bf16_to_f32_kernel(const uint16_t* bits, int64_t n, const float* scale, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  constexpr Format bf = bfloat16;  // a local copy: the namespace-scope descriptor is host data
+  const float v = decode(bf, bits[i]);
+  out[i] = scale ? v * *scale : v;
+}
+
+__global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int64_t cols) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < rows * cols) y[i] = y[i] + b[i % cols];
+}
+
+// partial[k, c] = sum of x[r, c] over the rows r of chunk k, in row order.
+__global__ void column_chunk_kernel(const float* x, int64_t rows, int64_t cols, double* partial) {
+  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t k = blockIdx.y;
+  if (c >= cols) return;
+  const int64_t r0 = k * kColumnSumChunk, r1 = min(rows, r0 + kColumnSumChunk);
+  double s = 0.0;
+  for (int64_t r = r0; r < r1; ++r) s += double(x[r * cols + c]);
+  partial[k * cols + c] = s;
+}
+
+__global__ void column_finish_kernel(const double* partial, int64_t chunks, int64_t cols, float* acc) {
+  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= cols) return;
+  double s = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
+  acc[c] = acc[c] + float(s);
+}
+
+__global__ void alpha_beta_kernel(const float* ga, const float* gb, float beta, float* out) {
+  out[0] = (ga ? *ga : 1.0f) * (gb ? *gb : 1.0f);
+  out[1] = beta;
+}
+
+}  // namespace
+
+void round_bf16_device(const float* x, int64_t n, uint16_t* bits, cudaStream_t stream) {
+  if (n <= 0) return;
+  round_bf16_kernel<<<blocks_for(n, "round_bf16"), kThreads, 0, stream>>>(x, n, bits);
+  check_launch("round_bf16_kernel");
+}
+
+void bf16_to_f32_device(const uint16_t* bits, int64_t n, const float* scale, float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  bf16_to_f32_kernel<<<blocks_for(n, "bf16_to_f32"), kThreads, 0, stream>>>(bits, n, scale, out);
+  check_launch("bf16_to_f32_kernel");
+}
+
+void add_bias_device(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  add_bias_kernel<<<blocks_for(rows * cols, "add_bias"), kThreads, 0, stream>>>(y, b, rows, cols);
+  check_launch("add_bias_kernel");
+}
+
+void column_sums_add_device(const float* x, int64_t rows, int64_t cols, float* acc, DeviceBuffer<double>& partial,
+                            cudaStream_t stream) {
+  if (cols <= 0) return;
+  const int64_t chunks = std::max<int64_t>(1, (rows + kColumnSumChunk - 1) / kColumnSumChunk);
+  if (chunks > 65535) throw Error("column sums (cuda): too many rows (" + std::to_string(rows) + ")");
+  if (partial.size() < size_t(chunks * cols)) partial.resize(size_t(chunks * cols));
+  const dim3 grid(blocks_for(cols, "column sums"), unsigned(chunks));
+  column_chunk_kernel<<<grid, kThreads, 0, stream>>>(x, rows, cols, partial.data());
+  check_launch("column_chunk_kernel");
+  column_finish_kernel<<<blocks_for(cols, "column sums"), kThreads, 0, stream>>>(partial.data(), chunks, cols, acc);
+  check_launch("column_finish_kernel");
+}
+
+void alpha_beta_device(const float* ga, const float* gb, float beta, float* out, cudaStream_t stream) {
+  alpha_beta_kernel<<<1, 1, 0, stream>>>(ga, gb, beta, out);
+  check_launch("alpha_beta_kernel");
+}
+
+}  // namespace fp4lab::cuda

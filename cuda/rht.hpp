@@ -1,0 +1,27 @@
+// The 16-point Random Hadamard Transform on the GPU, bit-identical to
+// sim/rht.hpp's rht_forward / rht_inverse (the same FP4LAB_HD chunk functions
+// rht16_forward / rht16_inverse, hence the same FP32 operation order; the
+// library is built with --fmad=false, so nothing is contracted into an FMA).
+//
+// x is a row-major FP32 [rows, cols] device tensor, transformed in place:
+//   RhtAxis::rows  chunks of 16 consecutive elements of a row (cols % 16 == 0)
+//   RhtAxis::cols  chunks of 16 consecutive elements of a column (rows % 16 == 0)
+// Other sizes throw fp4lab::Error (the same message as the CPU). One thread per
+// chunk; a column chunk's loads are coalesced across the threads of a warp
+// (adjacent columns). Asynchronous on `stream`.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "sim/rht.hpp"
+
+namespace fp4lab::cuda {
+
+void rht_forward_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
+                        cudaStream_t stream = nullptr);
+void rht_inverse_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
+                        cudaStream_t stream = nullptr);
+
+}  // namespace fp4lab::cuda
