@@ -54,6 +54,29 @@ void encode_rn_fast(const float* x, C* codes, size_t n, Overflow o) {
   });
 }
 
+// Stochastic rounding, float32 in: the words of a chunk are drawn first
+// (philox_groups), then encoded branch-free (encode_rs_f32 == encode(rs)).
+template <const Format& F, Overflow O, class C>
+FP4LAB_SIMD_CLONES void encode_rs_block(const float* __restrict x, const uint32_t* __restrict w,
+                                        C* __restrict codes, size_t n) {
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) codes[i] = C(encode_rs_f32<F>(x[i], w[i], O));
+}
+
+template <const Format& F, class C>
+void encode_rs_fast(const float* x, C* codes, size_t n, const CastOptions& opt) {
+  for_blocks(n, [x, codes, &opt](size_t lo, size_t hi) {
+    constexpr size_t K = 1024;
+    uint32_t words[K], scratch[K + 8];
+    for (size_t c0 = lo; c0 < hi; c0 += K) {
+      const size_t len = std::min(K, hi - c0);
+      random_words(opt.seed, opt.stream, opt.index_offset + c0, len, words, scratch);
+      if (opt.overflow == Overflow::saturate) encode_rs_block<F, Overflow::saturate>(x + c0, words, codes + c0, len);
+      else encode_rs_block<F, Overflow::nonsaturate>(x + c0, words, codes + c0, len);
+    }
+  });
+}
+
 template <class T, class C>
 void encode_generic(const Format& f, const T* x, C* codes, size_t n, const CastOptions& opt) {
   for_blocks(n, [&](size_t lo, size_t hi) {
@@ -100,11 +123,27 @@ bool try_fast(const Format& f, const float* x, C* codes, size_t n, Overflow o) {
   return true;
 }
 
+template <class C>
+bool try_fast_rs(const Format& f, const float* x, C* codes, size_t n, const CastOptions& opt) {
+  if (&f == &float4_e2m1fn) encode_rs_fast<float4_e2m1fn>(x, codes, n, opt);
+  else if (&f == &float6_e2m3fn) encode_rs_fast<float6_e2m3fn>(x, codes, n, opt);
+  else if (&f == &float6_e3m2fn) encode_rs_fast<float6_e3m2fn>(x, codes, n, opt);
+  else if (&f == &float8_e4m3fn) encode_rs_fast<float8_e4m3fn>(x, codes, n, opt);
+  else if (&f == &float8_e5m2) encode_rs_fast<float8_e5m2>(x, codes, n, opt);
+  else if (&f == &float8_e4m3fnuz) encode_rs_fast<float8_e4m3fnuz>(x, codes, n, opt);
+  else if (&f == &float8_e5m2fnuz) encode_rs_fast<float8_e5m2fnuz>(x, codes, n, opt);
+  else if (&f == &bfloat16) encode_rs_fast<bfloat16>(x, codes, n, opt);
+  else if (&f == &float16) encode_rs_fast<float16>(x, codes, n, opt);
+  else return false;
+  return true;
+}
+
 template <class T, class C>
 void encode_any(const Format& f, const T* x, C* codes, size_t n, const CastOptions& opt) {
   check_code_type<C>(f);
   if constexpr (std::is_same_v<T, float>) {
     if (opt.round == Round::rn && try_fast(f, x, codes, n, opt.overflow)) return;
+    if (opt.round == Round::rs && try_fast_rs(f, x, codes, n, opt)) return;
   }
   encode_generic(f, x, codes, n, opt);
 }

@@ -230,6 +230,61 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
   return a > 0x7F800000u ? nan_result : code;
 }
 
+// Stochastic-rounding encode of float32 (PTX cvt.rs, as encode(F, x,
+// Round::rs, o, rbits) above) into the same formats as encode_rn_f32, without
+// branches. Identical results to the generic encoder; tests check that over
+// all bfloat16 patterns and random float32 patterns, each with several random
+// words, for every format and overflow policy.
+//   target normal range:    D = 23 - M discarded bits; the low D bits of rbits
+//                           are added to them and the sum truncated (the carry
+//                           runs into the exponent field, as in the generic code).
+//   target subnormal range: the quantum is 2^(emin - M); D = the number of bits
+//                           of the input's stored significand below it. The
+//                           discarded bits, left-aligned in 32 bits (only the top
+//                           32 when D > 32), plus rbits shifted up by 32 - D
+//                           (its low D bits, or all 32 when D >= 32) round up
+//                           iff the sum carries out of 32 bits.
+template <const Format& F>
+FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) {
+  static_assert(!F.is_int && F.is_signed && F.has_subnormals() && F.man_bits < 23);
+  constexpr int shift = 23 - F.man_bits;
+  constexpr uint32_t mask = (1u << shift) - 1u;
+  constexpr uint32_t rebias = uint32_t(127 - F.bias) << 23;
+  constexpr uint32_t min_normal_bits = uint32_t(F.min_exponent() + 127) << 23;
+  // Discarded bits of a target-subnormal value: S0 - (biased input exponent).
+  constexpr int s0 = F.min_exponent() - F.man_bits + 150;
+  constexpr uint32_t max_code = F.max_magnitude_code();
+  const uint32_t u = float_bits(x);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  const uint32_t sign = (u >> 31) ? F.sign_bit() : 0u;
+  // Normal target: truncate (a rebased + random low bits).
+  const uint32_t t = a - rebias;
+  const uint32_t normal = (t >> shift) + (((t & mask) + (rbits & mask)) >> shift);
+  // Subnormal target (also for subnormal inputs: their stored significand, exponent field 1).
+  const uint32_t exp_field = a >> 23;
+  const uint32_t exp_eff = exp_field | uint32_t(exp_field == 0);
+  const uint64_t sig = uint64_t((a & 0x7FFFFFu) | (uint32_t(exp_field != 0) << 23));
+  int d = s0 - int(exp_eff);  // >= 1 wherever this branch is selected
+  d = d < 1 ? 1 : (d > 63 ? 63 : d);
+  const uint32_t q = uint32_t(sig >> d);  // sig < 2^24, so d >= 24 gives 0
+  const uint64_t frac32 = ((sig << 32) >> d) & 0xFFFFFFFFu;
+  const int up = d >= 32 ? 0 : 32 - d;
+  const uint64_t r32 = uint64_t(uint32_t(uint64_t(rbits) << up));
+  const uint32_t subnormal = q + uint32_t((frac32 + r32) >> 32);
+  const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
+  const uint32_t mag = (subnormal & sub_mask) | (normal & ~sub_mask);
+  const bool overflow = a >= 0x7F800000u || mag > max_code;  // Inf or too large (NaN handled below)
+  const uint32_t ovf = (o == Overflow::nonsaturate && F.has_nan())
+                           ? (F.has_inf() ? (sign | F.inf_code())
+                                          : (F.special == Special::fn ? sign | F.nan_code() : F.nan_code()))
+                           : (sign | max_code);
+  uint32_t code = sign | mag;
+  if constexpr (F.special == Special::fnuz) code = mag == 0 ? 0u : code;
+  code = overflow ? ovf : code;
+  constexpr uint32_t nan_result = F.has_nan() ? F.nan_code() : max_code;
+  return a > 0x7F800000u ? nan_result : code;
+}
+
 // Text names of the modes and policies: "rn" ... "rs" (long aliases accepted
 // on input: nearest_even, nearest_away, toward_zero, up, down, stochastic),
 // "saturate"/"nonsaturate". Parsing throws fp4lab::Error naming the valid set.

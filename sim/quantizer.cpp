@@ -540,6 +540,49 @@ RowFn fast_row_fn(const Format& f) {
   return nullptr;
 }
 
+// Stochastic rounding with the branch-free encoder (encode_rs_f32, identical to
+// encode(rs)): the random words of a chunk of K elements are drawn first (word
+// idx & 3 of Philox group idx >> 2, idx = base_index + column), then encoded.
+using SrRowFn = void (*)(const float*, const float*, const float*, float, const float*, Overflow, RandomStream,
+                         uint64_t, uint8_t*, float*, int64_t);
+
+template <const Format& F, bool Divide>
+void row_rs_fast(const float* xr, const float* cm, const float* cs, float gd, const float* tab, Overflow o,
+                 RandomStream rs, uint64_t base_index, uint8_t* codes, float* dq, int64_t n) {
+  constexpr int64_t K = 256;
+  uint32_t words[K + 8];  // whole groups covering the chunk (<= K/4 + 2 groups)
+  uint32_t code[K];
+  for (int64_t c0 = 0; c0 < n; c0 += K) {
+    const int64_t len = std::min(K, n - c0);
+    const uint64_t i0 = base_index + uint64_t(c0);
+    const uint64_t g0 = i0 >> 2, g1 = (i0 + uint64_t(len) + 3) >> 2;
+    philox_groups(rs.seed, rs.stream, g0, g1 - g0, words);
+    const uint32_t* w = words + (i0 & 3u);
+    const float* x = xr + c0;
+    const float* m = cm + c0;
+    for (int64_t i = 0; i < len; ++i) {
+      const float y = Divide ? x[i] / m[i] : x[i] * m[i];
+      code[i] = encode_rs_f32<F>(y, w[i], o);
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      codes[c0 + i] = uint8_t(code[i]);
+      dq[c0 + i] = (tab[code[i]] * cs[c0 + i]) * gd;
+    }
+  }
+}
+
+template <bool Divide>
+SrRowFn sr_row_fn(const Format& f) {
+  if (&f == &float4_e2m1fn) return row_rs_fast<float4_e2m1fn, Divide>;
+  if (&f == &float6_e2m3fn) return row_rs_fast<float6_e2m3fn, Divide>;
+  if (&f == &float6_e3m2fn) return row_rs_fast<float6_e3m2fn, Divide>;
+  if (&f == &float8_e4m3fn) return row_rs_fast<float8_e4m3fn, Divide>;
+  if (&f == &float8_e5m2) return row_rs_fast<float8_e5m2, Divide>;
+  if (&f == &float8_e4m3fnuz) return row_rs_fast<float8_e4m3fnuz, Divide>;
+  if (&f == &float8_e5m2fnuz) return row_rs_fast<float8_e5m2fnuz, Divide>;
+  return nullptr;
+}
+
 // Generic row kernel: any rounding mode (SR bits from Philox by linear index).
 void row_generic(const QuantizerSpec& q, const BlockScales& b, const float* xr, const float* cm, const float* cs,
                  const float* tab, RandomStream rs, uint64_t base_index, uint8_t* codes, float* dq, int64_t n) {
@@ -580,6 +623,9 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
   const std::array<float, 256> tab = decode_table(*q.element);
   const bool fast = q.round == Round::rn;
   const RowFn fast_fn = fast ? (b.divide ? fast_row_fn<true>(*q.element) : fast_row_fn<false>(*q.element)) : nullptr;
+  const SrRowFn sr_fn = q.round == Round::rs
+                            ? (b.divide ? sr_row_fn<true>(*q.element) : sr_row_fn<false>(*q.element))
+                            : nullptr;
   const BlockGrid& g = b.grid;
   const int64_t cols = x.cols;
   const BlockRowFn block_fn =
@@ -622,6 +668,8 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
       uint8_t* codes = codes_out ? codes_out + r * cols : cb.data();
       if (fast_fn) {
         fast_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, codes, dq, cols);
+      } else if (sr_fn) {
+        sr_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, rs, uint64_t(r * cols), codes, dq, cols);
       } else {
         row_generic(q, b, xr, cm.data(), cs.data(), tab.data(), rs, uint64_t(r * cols), codes, dq, cols);
       }

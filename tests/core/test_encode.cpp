@@ -363,6 +363,47 @@ TEST_CASE("encode_rn_f32 equals encode(rn) on a sampled sweep of float32 bit pat
   CHECK(fast_path_mismatches<float16>(xs) == 0);
 }
 
+namespace {
+// encode_rs_f32 against the generic encoder, each input with `words` random words
+// (plus the edge words 0, 1, 0x7FFFFFFF, 0x80000000 and 0xFFFFFFFF).
+template <const Format& F>
+int64_t rs_fast_path_mismatches(const std::vector<float>& xs, int words) {
+  int64_t bad = 0;
+  std::mt19937 rng(1234);
+  for (Overflow o : kPolicies)
+    for (float x : xs) {
+      uint32_t ws[8] = {0u, 1u, 0x7FFFFFFFu, 0x80000000u, 0xFFFFFFFFu};
+      for (int k = 5; k < 5 + words && k < 8; ++k) ws[k] = rng();
+      for (int k = 0; k < 5 + words && k < 8; ++k) {
+        const uint32_t a = encode_rs_f32<F>(x, ws[k], o), b = encode(F, x, Round::rs, o, ws[k]);
+        if (a != b) {
+          if (bad < 5)
+            MESSAGE(F.name, " x bits ", fmt_code(float_bits(x)), " rbits ", fmt_code(ws[k]), " fast ", fmt_code(a),
+                    " generic ", fmt_code(b));
+          ++bad;
+        }
+      }
+    }
+  return bad;
+}
+}  // namespace
+
+TEST_CASE("encode_rs_f32 equals encode(rs) on bfloat16 patterns and sampled float32, many random words") {
+  std::vector<float> xs;
+  for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 65521) xs.push_back(bits_float(uint32_t(b)));
+  for (uint32_t b = 0; b < 65536; ++b)
+    for (uint32_t d : {0u, 1u, 0x8000u, 0xFFFFu}) xs.push_back(bits_float((b << 16) + d));
+  CHECK(rs_fast_path_mismatches<float4_e2m1fn>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float6_e2m3fn>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float6_e3m2fn>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float8_e4m3fn>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float8_e5m2>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float8_e4m3fnuz>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float8_e5m2fnuz>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<bfloat16>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float16>(xs, 3) == 0);
+}
+
 TEST_CASE("stochastic rounding: exact codes for given random bits") {
   // e4m3fn, x = 2^-10 = half the smallest subnormal 2^-9: as a float32 its
   // significand is 2^23, and D = 24 bits fall below the quantum 2^-9; the

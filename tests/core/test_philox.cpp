@@ -62,3 +62,19 @@ TEST_CASE("philox: bits look uniform (per-bit frequency, 5 sigma)") {
   CHECK(random_bits(42, 1, 0) != random_bits(42, 2, 0));
   CHECK(random_bits(42, 1, 0) != random_bits(43, 1, 0));
 }
+
+TEST_CASE("philox: philox_groups and random_words equal philox_group / random_bits") {
+  std::vector<uint32_t> out(4 * 37), words(1000), scratch(4 * (1000 / 4 + 2));
+  for (uint64_t g0 : {uint64_t(0), uint64_t(5), uint64_t(0xFFFFFFFFull - 3), uint64_t(0x123456789ull)}) {
+    philox_groups(0x0123456789ABCDEFull, 0xFEDCBA9876543210ull, g0, 37, out.data());
+    for (uint64_t g = 0; g < 37; ++g) {
+      const Philox4 p = philox_group(0x0123456789ABCDEFull, 0xFEDCBA9876543210ull, g0 + g);
+      for (int k = 0; k < 4; ++k) REQUIRE(out[size_t(4 * g + k)] == p.v[k]);
+    }
+  }
+  for (uint64_t first : {uint64_t(0), uint64_t(1), uint64_t(2), uint64_t(3), uint64_t(4099)})
+    for (uint64_t n : {uint64_t(1), uint64_t(3), uint64_t(999)}) {
+      random_words(7, 9, first, n, words.data(), scratch.data());
+      for (uint64_t i = 0; i < n; ++i) REQUIRE(words[size_t(i)] == random_bits(7, 9, first + i));
+    }
+}

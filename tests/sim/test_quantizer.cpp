@@ -294,18 +294,30 @@ TEST_CASE("fake_quantize gives the same bits as quantize().dequant, with strides
   }
 }
 
-TEST_CASE("every rounding mode: generic path equals core's encode element by element") {
-  // With scale 1 (amax 6 in every block) the element code must be encode(e2m1, x).
-  std::vector<float> x = randn(8 * 32, 21, 2.0f);
-  for (auto& v : x) v = std::fmax(-6.0f, std::fmin(6.0f, v));
-  for (int r = 0; r < 8; ++r) x[size_t(r * 32)] = 6.0f;
-  for (Round rd : {Round::rn, Round::rna, Round::rz, Round::rp, Round::rm, Round::rs}) {
-    QuantizerSpec s = quantizer_by_name("mxfp4");
-    s.round = rd;
-    QuantizedTensor q = quantize(s, view(x, 8, 32), RandomStream{99, 3});
-    for (size_t i = 0; i < x.size(); ++i) {
-      const uint32_t rb = rd == Round::rs ? random_bits(99, 3, i) : 0u;
-      REQUIRE(q.codes[i] == encode(float4_e2m1fn, x[i], rd, Overflow::saturate, rb));
+TEST_CASE("every rounding mode: quantize equals core's encode element by element") {
+  // With scale 1 (every block's amax = the element's max) the element code must
+  // be encode(element, x). 37 columns: a partial block, and rows whose Philox
+  // words start mid-group (row r starts at linear index 37 r).
+  struct Case {
+    const char* name;
+    const Format* f;
+    float max;
+  };
+  for (const Case& c : {Case{"mxfp4", &float4_e2m1fn, 6.0f}, Case{"mxfp8_e4m3", &float8_e4m3fn, 448.0f},
+                        Case{"mxfp8_e5m2", &float8_e5m2, 57344.0f}}) {
+    const int64_t rows = 8, cols = 37;
+    std::vector<float> x = randn(size_t(rows * cols), 21, c.max / 3.0f);
+    for (auto& v : x) v = std::fmax(-c.max, std::fmin(c.max, v));
+    for (int64_t r = 0; r < rows; ++r) x[size_t(r * cols)] = x[size_t(r * cols + 32)] = c.max;
+    for (Round rd : {Round::rn, Round::rna, Round::rz, Round::rp, Round::rm, Round::rs}) {
+      QuantizerSpec s = quantizer_by_name(c.name);
+      s.round = rd;
+      QuantizedTensor q = quantize(s, view(x, rows, cols), RandomStream{99, 3});
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint32_t rb = rd == Round::rs ? random_bits(99, 3, i) : 0u;
+        INFO(c.name, " mode ", int(rd), " index ", i);
+        REQUIRE(q.codes[i] == encode(*c.f, x[i], rd, Overflow::saturate, rb));
+      }
     }
   }
 }
