@@ -97,6 +97,7 @@ void bench_train(const std::string& config_path, const std::string& recipes, int
       StepContext sc{&recipe, cfg.seed, uint64_t(s), true};
       model->forward_backward(b, sc, nullptr);
       opt.step(learning_rate(cfg.training.schedule, s, steps + 2));
+      be->synchronize();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s >= 2) total += dt;
     }

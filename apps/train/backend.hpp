@@ -57,6 +57,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Waits until every operation issued so far has finished (a no-op on the
+  // CPU; the CUDA backend's calls are asynchronous). For timing.
+  virtual void synchronize() {}
 
   // Memory.
   virtual Tensor empty(int64_t rows, int64_t cols) = 0;  // contents unspecified
@@ -137,7 +140,7 @@ class Backend {
 
 // The CPU backend (Eigen + OpenMP). threads <= 0: OpenMP's default.
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
-// "cpu" or "cuda" (the latter throws until a CUDA backend is built in).
+// "cpu" or "cuda" (the latter throws when fp4lab was built without CUDA or no GPU is present).
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
 
 }  // namespace fp4lab::train

@@ -132,6 +132,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() : pool_(std::make_shared<DevicePool>()) {}
   std::string name() const override { return "cuda"; }
+  void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
   // ---- memory ----
   Tensor empty(int64_t rows, int64_t cols) override {

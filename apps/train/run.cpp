@@ -322,6 +322,7 @@ RunResult run_training(const RunConfig& cfg_in, const RunOptions& opt) {
       metrics << json{{"step", step}, {"error", error}}.dump() << "\n" << std::flush;
       break;
     }
+    be->synchronize();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step - start >= 2) train_seconds += dt, ++timed_steps;  // skip warm-up steps
     res.step_losses.push_back(loss);
