@@ -91,6 +91,25 @@ FP4LAB_HD constexpr uint32_t overflow_code(const Format& f, bool negative, bool 
   return s | f.max_magnitude_code();
 }
 
+// The branch-free encoders' last step: the code of float32 magnitude bits `a`
+// (sign code bit `sign`) whose rounded magnitude code is `mag`: overflow (Inf
+// input or mag beyond the largest finite code) by the policy as in encode(),
+// NaN input to the format's NaN (+max where it has none), fnuz's -0 to +0.
+template <const Format& F>
+FP4LAB_HD constexpr uint32_t fast_code(uint32_t a, uint32_t sign, uint32_t mag, Overflow o) {
+  constexpr uint32_t max_code = F.max_magnitude_code();
+  const bool overflow = a >= 0x7F800000u || mag > max_code;  // Inf or too large (NaN handled below)
+  const uint32_t ovf = (o == Overflow::nonsaturate && F.has_nan())
+                           ? (F.has_inf() ? (sign | F.inf_code())
+                                          : (F.special == Special::fn ? sign | F.nan_code() : F.nan_code()))
+                           : (sign | max_code);
+  uint32_t code = sign | mag;
+  if constexpr (F.special == Special::fnuz) code = mag == 0 ? 0u : code;
+  code = overflow ? ovf : code;
+  constexpr uint32_t nan_result = F.has_nan() ? F.nan_code() : max_code;
+  return a > 0x7F800000u ? nan_result : code;
+}
+
 }  // namespace detail
 
 // Encodes x into format f. `rbits` are the random bits of stochastic rounding
@@ -207,7 +226,6 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
   // A float whose ulp equals the target's subnormal quantum: adding it rounds
   // |x| (RNE, in hardware) to a whole number of quanta held in its low bits.
   constexpr float magic = pow2f(F.min_exponent() - F.man_bits + 23);
-  constexpr uint32_t max_code = F.max_magnitude_code();
   const uint32_t u = float_bits(x);
   const uint32_t a = u & 0x7FFFFFFFu;
   const uint32_t sign = (u >> 31) ? F.sign_bit() : 0u;
@@ -217,17 +235,8 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
   // subnormal branch and then (trapping math, which we keep) refuses to
   // if-convert the loop, so the loop does not vectorise.
   const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
-  uint32_t mag = (subnormal & sub_mask) | (normal & ~sub_mask);
-  const bool overflow = a >= 0x7F800000u || mag > max_code;  // Inf or too large (NaN handled below)
-  const uint32_t ovf = (o == Overflow::nonsaturate && F.has_nan())
-                           ? (F.has_inf() ? (sign | F.inf_code())
-                                          : (F.special == Special::fn ? sign | F.nan_code() : F.nan_code()))
-                           : (sign | max_code);
-  uint32_t code = sign | mag;
-  if constexpr (F.special == Special::fnuz) code = mag == 0 ? 0u : code;
-  code = overflow ? ovf : code;
-  constexpr uint32_t nan_result = F.has_nan() ? F.nan_code() : max_code;
-  return a > 0x7F800000u ? nan_result : code;
+  const uint32_t mag = (subnormal & sub_mask) | (normal & ~sub_mask);
+  return detail::fast_code<F>(a, sign, mag, o);
 }
 
 // Stochastic-rounding encode of float32 (PTX cvt.rs, as encode(F, x,
@@ -253,7 +262,6 @@ FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) 
   constexpr uint32_t min_normal_bits = uint32_t(F.min_exponent() + 127) << 23;
   // Discarded bits of a target-subnormal value: S0 - (biased input exponent).
   constexpr int s0 = F.min_exponent() - F.man_bits + 150;
-  constexpr uint32_t max_code = F.max_magnitude_code();
   const uint32_t u = float_bits(x);
   const uint32_t a = u & 0x7FFFFFFFu;
   const uint32_t sign = (u >> 31) ? F.sign_bit() : 0u;
@@ -273,16 +281,7 @@ FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) 
   const uint32_t subnormal = q + uint32_t((frac32 + r32) >> 32);
   const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
   const uint32_t mag = (subnormal & sub_mask) | (normal & ~sub_mask);
-  const bool overflow = a >= 0x7F800000u || mag > max_code;  // Inf or too large (NaN handled below)
-  const uint32_t ovf = (o == Overflow::nonsaturate && F.has_nan())
-                           ? (F.has_inf() ? (sign | F.inf_code())
-                                          : (F.special == Special::fn ? sign | F.nan_code() : F.nan_code()))
-                           : (sign | max_code);
-  uint32_t code = sign | mag;
-  if constexpr (F.special == Special::fnuz) code = mag == 0 ? 0u : code;
-  code = overflow ? ovf : code;
-  constexpr uint32_t nan_result = F.has_nan() ? F.nan_code() : max_code;
-  return a > 0x7F800000u ? nan_result : code;
+  return detail::fast_code<F>(a, sign, mag, o);
 }
 
 // Text names of the modes and policies: "rn" ... "rs" (long aliases accepted
