@@ -11,8 +11,11 @@
 //     quantizer-level RHT, or bf16-rounded): cuBLAS BF16 tensor-core GEMM with
 //     FP32 accumulation, alpha = g_dec(A) * g_dec(B) (device pointer mode);
 //   - otherwise: fake-quantized FP32 operands and SGEMM.
-// db = column sums of dy (float64 accumulation in row order, rounded once to
-// float, then added to db_acc), deterministic.
+// db = column sums of dy in float64, rounded once to float and added to db_acc
+// (cuda/linear_ops.hpp column_sums_add_device: row chunks of 256 summed in a
+// fixed order; bit-identical to the CPU for up to 256 rows), deterministic.
+// Backward needs the forward's x: the state keeps a copy (allocated with
+// `alloc`), and, when the plan reuses Q_fwd_w(W) for dgrad, that operand.
 //
 // Shapes (row-major, device memory): x [B, in], W [out, in], b [out] (device,
 // may be null), y [B, out], dy [B, out], dx [B, in], dW [out, in].

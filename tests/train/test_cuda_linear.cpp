@@ -211,7 +211,7 @@ bool compare_one(CudaLinear& lin, const Recipe* r, const char* layer_name, Shape
     linear_forward(ctx, x, w, t.b.data(), y, saved);
     linear_backward(ctx, saved, w, dy, dx, dw, db.data());
   } catch (const Error& e) {
-    MESSAGE("CPU refuses the shape: " << e.what());
+    MESSAGE("CPU refuses the shape: " << std::string(e.what()));
     CHECK_THROWS_AS(run_gpu(lin, ctx, t, false), Error);
     cuda::check(cudaDeviceSynchronize(), "sync after refusal");
     return false;
