@@ -85,6 +85,21 @@ __device__ __forceinline__ uint32_t encode_rn(const Format& f, float y, Overflow
   }
 }
 
+// Stochastic rounding: core's branch-free encode_rs_f32 (== encode(rs)) for the
+// compile-time formats, the generic encoder otherwise.
+template <int K>
+__device__ __forceinline__ uint32_t encode_rs(const Format& f, float y, Overflow o, uint32_t rbits) {
+  if constexpr (K == 1 || K == 2) {
+    return encode_rs_f32<float4_e2m1fn>(y, rbits, o);
+  } else if constexpr (K == 3) {
+    return encode_rs_f32<float8_e4m3fn>(y, rbits, o);
+  } else if constexpr (K == 4) {
+    return encode_rs_f32<float8_e5m2>(y, rbits, o);
+  } else {
+    return encode(f, y, Round::rs, o, rbits);
+  }
+}
+
 // ---- block parameters: compute_block_scales() of sim, per block ------------
 struct BlockParams {
   uint32_t code = 0;  // scale-format code (unused for float32 scales)
@@ -168,7 +183,7 @@ __device__ __forceinline__ uint32_t encode_element(const KParams& p, const Forma
   if constexpr (K != 0) {
     if (p.rule != ScaleRule::nv_noglobal) {
       if (p.round == Round::rn) return encode_rn<K>(f, x * mult, p.overflow);
-      if (p.round == Round::rs) return encode(f, x * mult, Round::rs, p.overflow, rbits);
+      if (p.round == Round::rs) return encode_rs<K>(f, x * mult, p.overflow, rbits);
     }
   }
   return encode_element_rt(f, p.rule, p.round, p.overflow, x, mult, rbits);
@@ -383,7 +398,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
     for (int q = 0; q < N / 4; ++q) {
       const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) cs[4 * q + k] = encode(f, vs[4 * q + k] * ms[4 * q + k], Round::rs, p.overflow, grp.v[k]);
+      for (int k = 0; k < 4; ++k) cs[4 * q + k] = encode_rs<K>(f, vs[4 * q + k] * ms[4 * q + k], p.overflow, grp.v[k]);
     }
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = cs[j];
