@@ -51,7 +51,7 @@ struct TrainArgs {
 
 // One timed training step loop on synthetic data (no dataset needed).
 void bench_train(const std::string& config_path, const std::string& recipes, int64_t steps, int threads,
-                 const std::vector<std::string>& sets) {
+                 const std::string& backend, const std::vector<std::string>& sets) {
   json j;
   if (config_path.empty()) {
     j = {{"name", "gpt_baby"}, {"model", {{"type", "gpt"}}}, {"data", {{"type", "char"}}}};
@@ -60,6 +60,7 @@ void bench_train(const std::string& config_path, const std::string& recipes, int
   }
   for (const auto& s : sets) apply_set(j, s);
   if (threads > 0) j["threads"] = threads;
+  if (!backend.empty()) j["backend"] = backend;
   RunConfig cfg = config_from_json(j);
   const bool vit = cfg.model.type == "vit";
   std::printf("bench train: %s model, batch %lld%s, %lld timed steps after 2 warm-up, backend %s\n",
@@ -189,7 +190,7 @@ void register_train_commands(CLI::App& app) {
 
 void register_bench_train(CLI::App& bench) {
   struct BenchArgs {
-    std::string config, recipes = "fp32,mx_baseline,nvfp4";
+    std::string config, recipes = "fp32,mx_baseline,nvfp4", backend;
     int64_t steps = 10;
     int threads = 0;
     std::vector<std::string> sets;
@@ -200,8 +201,10 @@ void register_bench_train(CLI::App& bench) {
   c->add_option("--recipes", a->recipes, "Comma-separated recipes (default fp32,mx_baseline,nvfp4)");
   c->add_option("--steps", a->steps, "Timed steps per recipe (default 10)")->check(CLI::PositiveNumber);
   c->add_option("--threads", a->threads, "OpenMP threads (default: all)");
+  c->add_option("--backend", a->backend, "cpu or cuda (default: the config's backend)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   c->add_option("--set", a->sets, "Override a config key: dotted.key=value");
-  c->callback([a] { bench_train(a->config, a->recipes, a->steps, a->threads, a->sets); });
+  c->callback([a] { bench_train(a->config, a->recipes, a->steps, a->threads, a->backend, a->sets); });
 }
 
 }  // namespace fp4lab

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -89,7 +90,13 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   out.rows = json::array();
   std::ostringstream t;
   const std::string mname = acc ? "top-1 %" : metric;
-  t << pad("run", 34) << pad("recipe", 26) << pad("status", 10) << pad("final " + mname, 16, true)
+  // Column widths fit the longest run directory name and recipe label (+2 spaces).
+  size_t wrun = 34, wrec = 26;
+  for (const auto& r : runs) {
+    wrun = std::max(wrun, fs::path(r.dir).filename().string().size() + 2);
+    wrec = std::max(wrec, r.label.size() + 2);
+  }
+  t << pad("run", wrun) << pad("recipe", wrec) << pad("status", 10) << pad("final " + mname, 16, true)
     << pad("best", 10, true) << pad("gap", 9, true) << pad("train loss", 12, true) << pad("ms/step", 10, true)
     << pad(runs[0].summary.value("item", "items") + "/s", 12, true) << "\n";
   std::map<std::string, std::vector<double>> by_recipe;
@@ -97,7 +104,7 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   for (const auto& r : runs) {
     const double fin = num(r.summary, "final"), best = num(r.summary, "best");
     const double gap = fin - base_final;
-    t << pad(fs::path(r.dir).filename().string(), 34) << pad(r.label, 26) << pad(r.summary.value("status", "?"), 10)
+    t << pad(fs::path(r.dir).filename().string(), wrun) << pad(r.label, wrec) << pad(r.summary.value("status", "?"), 10)
       << pad(f(fin, mf), 16, true) << pad(f(best, mf), 10, true)
       << pad(std::isnan(gap) ? "-" : (gap >= 0 ? "+" : "") + f(gap, mf), 9, true)
       << pad(f(num(r.summary, "final_train_loss")), 12, true) << pad(f(num(r.summary, "ms_per_step"), "%.1f"), 10, true)
