@@ -51,7 +51,9 @@ std::string nan_str(const Format& f) {
   switch (f.special) {
     case Special::none: return "none";
     case Special::ieee: return hex_code(f, f.nan_code()) + " (+others)";
-    case Special::fn: return f.is_signed ? hex_code(f, f.nan_code()) + "," + hex_code(f, f.nan_code() | f.sign_bit()) : hex_code(f, f.nan_code());
+    case Special::fn:
+      return f.is_signed ? hex_code(f, f.nan_code()) + "," + hex_code(f, f.nan_code() | f.sign_bit())
+                         : hex_code(f, f.nan_code());
     default: return hex_code(f, f.nan_code());
   }
 }
@@ -74,16 +76,16 @@ const char* note_str(const Format& f) {
 }
 
 void print_formats() {
-  std::printf("%-16s %4s %2s %2s %4s  %-14s %-12s %-14s %-20s %-15s %s\n", "format", "bits", "E", "M", "bias", "max finite",
-              "min normal", "min subnormal", "NaN codes", "Inf codes", "notes");
+  std::printf("%-16s %4s %2s %2s %4s  %-14s %-12s %-14s %-20s %-15s %s\n", "format", "bits", "E", "M", "bias",
+              "max finite", "min normal", "min subnormal", "NaN codes", "Inf codes", "notes");
   for (const Format* fp : all_formats) {
     const Format& f = *fp;
     const std::string e = f.is_int ? "-" : std::to_string(f.exp_bits);
     const std::string bias = f.is_int ? "-" : std::to_string(f.bias);
     const std::string sub = f.has_subnormals() ? limit_str(min_subnormal(f)) : "-";
-    std::printf("%-16s %4d %2s %2d %4s  %-14s %-12s %-14s %-20s %-15s %s\n", std::string(f.name).c_str(), f.bits(), e.c_str(),
-                f.man_bits, bias.c_str(), limit_str(max_finite(f)).c_str(), limit_str(min_normal(f)).c_str(), sub.c_str(),
-                nan_str(f).c_str(), inf_str(f).c_str(), note_str(f));
+    std::printf("%-16s %4d %2s %2d %4s  %-14s %-12s %-14s %-20s %-15s %s\n", std::string(f.name).c_str(), f.bits(),
+                e.c_str(), f.man_bits, bias.c_str(), limit_str(max_finite(f)).c_str(), limit_str(min_normal(f)).c_str(),
+                sub.c_str(), nan_str(f).c_str(), inf_str(f).c_str(), note_str(f));
   }
   std::printf(
       "\nCodes are the format's bits, right-aligned (e2m1: 0..15, sign in bit 3). Rounding modes: rn rna rz rp rm rs;\n"
@@ -117,16 +119,19 @@ void run_cast(const CastArgs& args) {
   opt.seed = args.seed;
   opt.stream = 0;
   if (code_bytes(f) == 0)
-    throw Error("--to " + args.to + ": float32 codes are 32-bit and cannot be written; choose a format of at most 16 bits");
+    throw Error("--to " + args.to +
+                ": float32 codes are 32-bit and cannot be written; choose a format of at most 16 bits");
   const NpyArray a = read_npy(args.in);
   if (a.dtype != DType::float32 && a.dtype != DType::float64)
     throw Error(args.in + ": cast needs float32 or float64 input, got " + dtype_name(a.dtype));
   const bool wide = code_bytes(f) == 2;
   const DType out_dtype = wide ? DType::uint16 : DType::uint8;
   if (a.dtype == DType::float32) {
-    wide ? cast_typed<float, uint16_t>(f, a, opt, args.out, out_dtype) : cast_typed<float, uint8_t>(f, a, opt, args.out, out_dtype);
+    wide ? cast_typed<float, uint16_t>(f, a, opt, args.out, out_dtype)
+         : cast_typed<float, uint8_t>(f, a, opt, args.out, out_dtype);
   } else {
-    wide ? cast_typed<double, uint16_t>(f, a, opt, args.out, out_dtype) : cast_typed<double, uint8_t>(f, a, opt, args.out, out_dtype);
+    wide ? cast_typed<double, uint16_t>(f, a, opt, args.out, out_dtype)
+         : cast_typed<double, uint8_t>(f, a, opt, args.out, out_dtype);
   }
 }
 
@@ -150,14 +155,17 @@ void decode_typed(const Format& f, const NpyArray& a, const DecodeArgs& args) {
 
 void run_decode(const DecodeArgs& args) {
   const Format& f = format_by_name(args.from);
-  if (code_bytes(f) == 0) throw Error("--from " + args.from + ": float32 codes are not supported; choose a format of at most 16 bits");
+  if (code_bytes(f) == 0)
+    throw Error("--from " + args.from + ": float32 codes are not supported; choose a format of at most 16 bits");
   const NpyArray a = read_npy(args.in);
   const DType want = code_bytes(f) == 2 ? DType::uint16 : DType::uint8;
   if (a.dtype != want)
     throw Error(args.in + ": " + std::string(f.name) + " codes must be stored as " + dtype_name(want) + ", got " +
                 dtype_name(a.dtype));
-  if (want == DType::uint8) decode_typed<uint8_t>(f, a, args);
-  else decode_typed<uint16_t>(f, a, args);
+  if (want == DType::uint8)
+    decode_typed<uint8_t>(f, a, args);
+  else
+    decode_typed<uint16_t>(f, a, args);
 }
 
 // ---- fp4lab bench cast --------------------------------------------------------
@@ -210,11 +218,13 @@ void run_bench_cast(const BenchArgs& args) {
     memcpy_rate[t] = double(n) / best_time(args.repeats, memcpy_all);
   }
 
-  std::printf("fp4lab bench cast: %zu float32 elements (|x| log-uniform in [2^-12, 2^12]), best of %d runs\n", n, args.repeats);
-  std::printf("G el/s = 10^9 elements per second; 'x memcpy' = encode rate / rate of memcpy of the same float32 data\n\n");
+  std::printf("fp4lab bench cast: %zu float32 elements (|x| log-uniform in [2^-12, 2^12]), best of %d runs\n", n,
+              args.repeats);
+  std::printf(
+      "G el/s = 10^9 elements per second; 'x memcpy' = encode rate / rate of memcpy of the same float32 data\n\n");
   std::printf("%-16s %-6s %12s %10s %14s %10s\n", "format", "round", "1 thread", "x memcpy", "threads", "x memcpy");
-  std::printf("%-16s %-6s %12.3f %10s %11.3f@%-2d %10s\n", "(memcpy)", "-", memcpy_rate[0] * 1e-9, "1", memcpy_rate[1] * 1e-9, all,
-              "1");
+  std::printf("%-16s %-6s %12.3f %10s %11.3f@%-2d %10s\n", "(memcpy)", "-", memcpy_rate[0] * 1e-9, "1",
+              memcpy_rate[1] * 1e-9, all, "1");
   struct Case {
     const Format* f;
     Round r;
@@ -234,8 +244,10 @@ void run_bench_cast(const BenchArgs& args) {
     for (int t = 0; t < 2; ++t) {
       omp_set_num_threads(thread_counts[t]);
       rate[t] = double(n) / best_time(args.repeats, [&] {
-                  if (code_bytes(*c.f) == 1) encode_array(*c.f, x.data(), c8.data(), n, opt);
-                  else encode_array(*c.f, x.data(), c16.data(), n, opt);
+                  if (code_bytes(*c.f) == 1)
+                    encode_array(*c.f, x.data(), c8.data(), n, opt);
+                  else
+                    encode_array(*c.f, x.data(), c16.data(), n, opt);
                 });
     }
     std::printf("%-16s %-6s %12.3f %10.2f %11.3f@%-2d %10.2f\n", std::string(c.f->name).c_str(),
@@ -250,7 +262,8 @@ void run_bench_cast(const BenchArgs& args) {
 void register_format_commands(CLI::App& app) {
   CLI::App* formats = app.add_subcommand(
       "formats",
-      "List every number format fp4lab knows (FP4/FP6/FP8 elements, E8M0/UE4M3 block scales, MXINT8, bf16, fp16, fp32)\n"
+      "List every number format fp4lab knows (FP4/FP6/FP8 elements, E8M0/UE4M3 block scales, MXINT8, bf16, fp16, "
+      "fp32)\n"
       "with its field widths, exponent bias, largest/smallest values and how it encodes NaN and Inf.");
   formats->callback([] { print_formats(); });
 
@@ -260,19 +273,22 @@ void register_format_commands(CLI::App& app) {
       "Round every element of a float32 or float64 .npy array to a low-precision format and write the codes\n"
       "(the format's bit patterns: uint8 for formats of up to 8 bits, uint16 for bfloat16/float16), same shape.\n"
       "Example: fp4lab cast --to e2m1 x.npy x_codes.npy     (then: fp4lab decode --from e2m1 x_codes.npy x_fp4.npy)");
-  cast->add_option("--to", cargs->to, "Target format, e.g. float4_e2m1fn (alias e2m1), float8_e4m3fn (e4m3); see `fp4lab formats`")
+  cast->add_option("--to", cargs->to,
+                   "Target format, e.g. float4_e2m1fn (alias e2m1), float8_e4m3fn (e4m3); see `fp4lab formats`")
       ->required();
-  cast->add_option("--round", cargs->round,
-                   "Rounding: rn = nearest, ties to even (default); rna = nearest, ties away from zero; rz = toward zero;\n"
-                   "rp = toward +inf; rm = toward -inf; rs = stochastic (random bits from --seed)")
+  cast->add_option(
+          "--round", cargs->round,
+          "Rounding: rn = nearest, ties to even (default); rna = nearest, ties away from zero; rz = toward zero;\n"
+          "rp = toward +inf; rm = toward -inf; rs = stochastic (random bits from --seed)")
       ->capture_default_str();
   cast->add_option("--overflow", cargs->overflow,
                    "What values beyond the largest finite value become: saturate = +-max finite (default);\n"
                    "nonsaturate = +-Inf where the format has Inf, else NaN (formats with neither always saturate)")
       ->capture_default_str();
-  cast->add_option("--seed", cargs->seed,
-                   "Seed of the random bits for --round rs (Philox4x32-10, stream 0, counter = element index in C order);\n"
-                   "the same seed gives the same codes on any machine and thread count")
+  cast->add_option(
+          "--seed", cargs->seed,
+          "Seed of the random bits for --round rs (Philox4x32-10, stream 0, counter = element index in C order);\n"
+          "the same seed gives the same codes on any machine and thread count")
       ->capture_default_str();
   cast->add_option("IN.npy", cargs->in, "Input: float32 or float64 .npy array (C order, any shape)")->required();
   cast->add_option("OUT.npy", cargs->out, "Output: codes, written atomically (never left half-written)")->required();
@@ -283,8 +299,10 @@ void register_format_commands(CLI::App& app) {
       "decode",
       "Turn codes of a format (as written by `fp4lab cast`) back into their exact float32 values, same shape.\n"
       "NaN codes decode to NaN, Inf codes to +-Inf. Example: fp4lab decode --from e4m3 codes.npy values.npy");
-  dec->add_option("--from", dargs->from, "Format of the codes, e.g. float8_e4m3fn (alias e4m3); see `fp4lab formats`")->required();
-  dec->add_option("IN.npy", dargs->in, "Input: codes as uint8 (formats of up to 8 bits) or uint16 (bfloat16, float16)")->required();
+  dec->add_option("--from", dargs->from, "Format of the codes, e.g. float8_e4m3fn (alias e4m3); see `fp4lab formats`")
+      ->required();
+  dec->add_option("IN.npy", dargs->in, "Input: codes as uint8 (formats of up to 8 bits) or uint16 (bfloat16, float16)")
+      ->required();
   dec->add_option("OUT.npy", dargs->out, "Output: float32 values, written atomically")->required();
   dec->callback([dargs] { run_decode(*dargs); });
 }

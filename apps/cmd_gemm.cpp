@@ -29,8 +29,9 @@ void run_bench_gemm(const GemmBenchArgs& a) {
 #ifdef FP4LAB_WITH_CUDA
   cuda::bench_gemm(a.m, a.n, a.k, a.repeats);
 #else
-  throw Error("bench gemm --backend cuda: this fp4lab was built without the CUDA backend (configure with "
-              "-DFP4LAB_CUDA=ON on a machine with nvcc, and run it on a machine with an NVIDIA GPU)");
+  throw Error(
+      "bench gemm --backend cuda: this fp4lab was built without the CUDA backend (configure with "
+      "-DFP4LAB_CUDA=ON on a machine with nvcc, and run it on a machine with an NVIDIA GPU)");
 #endif
 }
 }  // namespace

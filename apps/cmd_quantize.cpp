@@ -154,8 +154,9 @@ std::vector<GoldenInput> golden_inputs(uint64_t seed) {
   };
   v.push_back({"normal", "N(0,1), 128 x 256 (multiples of every block)", 128, 256, randn(128, 256, 1.0f)});
   v.push_back({"odd", "N(0,3^2), 37 x 75 (partial edge blocks in both directions)", 37, 75, randn(37, 75, 3.0f)});
-  v.push_back({"tiny", "N(0,(1e-6)^2), 64 x 64 (gradient-like magnitudes: UE4M3 scale underflow without a global scale)",
-               64, 64, randn(64, 64, 1e-6f)});
+  v.push_back({"tiny",
+               "N(0,(1e-6)^2), 64 x 64 (gradient-like magnitudes: UE4M3 scale underflow without a global scale)", 64,
+               64, randn(64, 64, 1e-6f)});
   // Adversarial, 64 x 64; each group of 32 columns of a row is one MX block and
   // two NVFP4 blocks. Row kinds (r % 16):
   GoldenInput adv{"adversarial",
@@ -199,8 +200,7 @@ std::vector<GoldenInput> golden_inputs(uint64_t seed) {
       case 8:  // mixed magnitudes across 20 binades
         for (int c = 0; c < 64; ++c) row[c] = row[c] * std::ldexp(1.0f, (c % 20) - 10);
         break;
-      default:
-        break;
+      default: break;
     }
   }
   v.push_back(std::move(adv));
@@ -268,15 +268,18 @@ void run_golden(const GoldenArgs& a) {
        "low nibble = even column); scales.npy [scale_rows, scale_cols]: uint8 scale-format codes (e8m0, ue4m3) "
        "or float32 decode scales (per-tensor fp8); dequant.npy float32 [rows, cols] = value(code) * scale * "
        "global_decode"},
-      {"blocks", "block [br, bc] tiles the row-major tensor from (0,0); edge blocks are partial, their amax is over "
-                 "the valid elements only; scale (i, j) belongs to rows [i*br, (i+1)*br), cols [j*bc, (j+1)*bc)"},
+      {"blocks",
+       "block [br, bc] tiles the row-major tensor from (0,0); edge blocks are partial, their amax is over "
+       "the valid elements only; scale (i, j) belongs to rows [i*br, (i+1)*br), cols [j*bc, (j+1)*bc)"},
       {"stochastic_rounding",
        "element (r, c) draws random_bits(seed, stream, r * cols + c): Philox4x32-10, key = seed, counter = (index/4, "
        "stream), word index%4; see core/philox.hpp and core/encode.hpp (PTX cvt.rs semantics)"},
-      {"rht", "16-point Hadamard with seed signs along the block axis before quantization; codes, scales and dequant "
-              "are in the transformed domain (sim/rht.hpp gives the exact FP32 butterfly order)"},
-      {"scale_rules", "sim/scale_rules.hpp (ocp, ceil, tetrajet, nv = TransformerEngine NVFP4, nv_noglobal, "
-                      "tensor_amax)"},
+      {"rht",
+       "16-point Hadamard with seed signs along the block axis before quantization; codes, scales and dequant "
+       "are in the transformed domain (sim/rht.hpp gives the exact FP32 butterfly order)"},
+      {"scale_rules",
+       "sim/scale_rules.hpp (ocp, ceil, tetrajet, nv = TransformerEngine NVFP4, nv_noglobal, "
+       "tensor_amax)"},
       {"compare", "fp4lab verify SUITE CANDIDATE_DIR: bitwise; NaN dequant values match any NaN"}};
   m["cases"] = cases;
   std::ofstream f(fs::path(a.out) / "manifest.json");
@@ -315,7 +318,8 @@ int64_t compare(const std::string& what, int64_t n, int max_report, GetExp exp, 
 void run_verify(const VerifyArgs& a) {
   const fs::path mpath = fs::path(a.suite) / "manifest.json";
   std::ifstream f(mpath);
-  if (!f) throw Error(mpath.string() + ": cannot read the suite manifest (is " + a.suite + " a `fp4lab golden` directory?)");
+  if (!f)
+    throw Error(mpath.string() + ": cannot read the suite manifest (is " + a.suite + " a `fp4lab golden` directory?)");
   nlohmann::json m;
   try {
     m = nlohmann::json::parse(f);
@@ -364,15 +368,16 @@ void run_verify(const VerifyArgs& a) {
         ++compared;
         const uint8_t* e = exp.bytes.data();
         const int digits = spec.element->bits() <= 4 ? 1 : 2;
-        const int64_t nb = compare("codes", rows * cols, a.max_report, [&](int64_t i) { return e[i]; },
-                                   [&](int64_t i) { return g[size_t(i)]; }, [&](int64_t i) {
-                                     return "codes[" + std::to_string(i / cols) + ", " + std::to_string(i % cols) +
-                                            "] input " + in_at(i) + ": expected " + hex_bits(e[i], digits) + " (" +
-                                            fmt_float(decode(*spec.element, e[i])) + ") got " +
-                                            hex_bits(g[size_t(i)], digits) + " (" +
-                                            fmt_float(decode(*spec.element, g[size_t(i)])) + ")";
-                                   });
-        if (nb) std::printf("FAIL %s: %" PRId64 " of %" PRId64 " codes differ (above)\n", name.c_str(), nb, rows * cols);
+        const int64_t nb = compare(
+            "codes", rows * cols, a.max_report, [&](int64_t i) { return e[i]; },
+            [&](int64_t i) { return g[size_t(i)]; },
+            [&](int64_t i) {
+              return "codes[" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + "] input " + in_at(i) +
+                     ": expected " + hex_bits(e[i], digits) + " (" + fmt_float(decode(*spec.element, e[i])) + ") got " +
+                     hex_bits(g[size_t(i)], digits) + " (" + fmt_float(decode(*spec.element, g[size_t(i)])) + ")";
+            });
+        if (nb)
+          std::printf("FAIL %s: %" PRId64 " of %" PRId64 " codes differ (above)\n", name.c_str(), nb, rows * cols);
         bad += nb;
       }
     }
@@ -394,16 +399,18 @@ void run_verify(const VerifyArgs& a) {
           return v;
         };
         auto val = [&](uint32_t v) { return fl ? fmt_float(bits_float(v)) : fmt_float(decode(*spec.scale, v)); };
-        const int64_t nb = compare("scales", srows * scols, a.max_report, [&](int64_t i) { return word(exp, i); },
-                                   [&](int64_t i) { return word(got, i); }, [&](int64_t i) {
-                                     return "scales[" + std::to_string(i / scols) + ", " + std::to_string(i % scols) +
-                                            "] (block rows " + std::to_string((i / scols) * spec.block_rows) +
-                                            "..., cols " + std::to_string((i % scols) * spec.block_cols) +
-                                            "...): expected " + hex_bits(word(exp, i), fl ? 8 : 2) + " (" +
-                                            val(word(exp, i)) + ") got " + hex_bits(word(got, i), fl ? 8 : 2) + " (" +
-                                            val(word(got, i)) + ")";
-                                   });
-        if (nb) std::printf("FAIL %s: %" PRId64 " of %" PRId64 " scales differ (above)\n", name.c_str(), nb, srows * scols);
+        const int64_t nb = compare(
+            "scales", srows * scols, a.max_report, [&](int64_t i) { return word(exp, i); },
+            [&](int64_t i) { return word(got, i); },
+            [&](int64_t i) {
+              return "scales[" + std::to_string(i / scols) + ", " + std::to_string(i % scols) + "] (block rows " +
+                     std::to_string((i / scols) * spec.block_rows) + "..., cols " +
+                     std::to_string((i % scols) * spec.block_cols) + "...): expected " +
+                     hex_bits(word(exp, i), fl ? 8 : 2) + " (" + val(word(exp, i)) + ") got " +
+                     hex_bits(word(got, i), fl ? 8 : 2) + " (" + val(word(got, i)) + ")";
+            });
+        if (nb)
+          std::printf("FAIL %s: %" PRId64 " of %" PRId64 " scales differ (above)\n", name.c_str(), nb, srows * scols);
         bad += nb;
       }
     }
@@ -423,17 +430,18 @@ void run_verify(const VerifyArgs& a) {
           return v;
         };
         auto canon = [](uint32_t v) { return (v & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : v; };
-        const int64_t nb = compare("dequant", rows * cols, a.max_report,
-                                   [&](int64_t i) { return canon(float_bits(exp.data[size_t(i)])); },
-                                   [&](int64_t i) { return canon(gbits(i)); }, [&](int64_t i) {
-                                     return "dequant[" + std::to_string(i / cols) + ", " + std::to_string(i % cols) +
-                                            "] input " + in_at(i) + ": expected " +
-                                            hex_bits(float_bits(exp.data[size_t(i)]), 8) + " (" +
-                                            fmt_float(exp.data[size_t(i)]) + ") got " + hex_bits(gbits(i), 8) + " (" +
-                                            fmt_float(bits_float(gbits(i))) + ")";
-                                   });
-        if (nb) std::printf("FAIL %s: %" PRId64 " of %" PRId64 " dequant values differ (above)\n", name.c_str(), nb,
-                            rows * cols);
+        const int64_t nb = compare(
+            "dequant", rows * cols, a.max_report, [&](int64_t i) { return canon(float_bits(exp.data[size_t(i)])); },
+            [&](int64_t i) { return canon(gbits(i)); },
+            [&](int64_t i) {
+              return "dequant[" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + "] input " + in_at(i) +
+                     ": expected " + hex_bits(float_bits(exp.data[size_t(i)]), 8) + " (" +
+                     fmt_float(exp.data[size_t(i)]) + ") got " + hex_bits(gbits(i), 8) + " (" +
+                     fmt_float(bits_float(gbits(i))) + ")";
+            });
+        if (nb)
+          std::printf("FAIL %s: %" PRId64 " of %" PRId64 " dequant values differ (above)\n", name.c_str(), nb,
+                      rows * cols);
         bad += nb;
       }
     }
@@ -496,8 +504,9 @@ void run_bench_cpu(const BenchArgs& a) {
   std::printf("fp4lab bench quantize (cpu): fake_quantize of a %" PRId64 " x %" PRId64
               " float32 N(0,1) tensor in place, best of %d\n",
               a.rows, a.cols, a.repeats);
-  std::printf("GB/s = input bytes read / time; 'x memcpy' = time / time of a memcpy of the same bytes (same run, same "
-              "thread count)\n\n");
+  std::printf(
+      "GB/s = input bytes read / time; 'x memcpy' = time / time of a memcpy of the same bytes (same run, same "
+      "thread count)\n\n");
   std::printf("%-28s %10s %8s %9s | %10s %8s %9s\n", "case", "1 thr ms", "GB/s", "x memcpy", "all ms", "GB/s",
               "x memcpy");
   std::printf("%-28s %10.2f %8.2f %9.2f | %10.2f %8.2f %9.2f   (%d threads)\n", "memcpy", t_memcpy[0] * 1e3,
@@ -527,8 +536,8 @@ void run_bench_cpu(const BenchArgs& a) {
     if (is_rn) t_rn[0] = t[0], t_rn[1] = t[1];
     char extra[96] = "";
     if (!is_rn) std::snprintf(extra, sizeof extra, "   overhead vs rn: %.2fx / %.2fx", t[0] / t_rn[0], t[1] / t_rn[1]);
-    std::printf("%-28s %10.2f %8.2f %9.2f | %10.2f %8.2f %9.2f%s\n", c.label.c_str(), t[0] * 1e3,
-                bytes / t[0] * 1e-9, t[0] / t_memcpy[0], t[1] * 1e3, bytes / t[1] * 1e-9, t[1] / t_memcpy[1], extra);
+    std::printf("%-28s %10.2f %8.2f %9.2f | %10.2f %8.2f %9.2f%s\n", c.label.c_str(), t[0] * 1e3, bytes / t[0] * 1e-9,
+                t[0] / t_memcpy[0], t[1] * 1e3, bytes / t[1] * 1e-9, t[1] / t_memcpy[1], extra);
   }
   omp_set_num_threads(all);
 }
@@ -542,8 +551,9 @@ void run_bench(const BenchArgs& a) {
     cuda::bench_quantize(a.rows, a.cols, {"mxfp4", "mxfp8_e4m3", "nvfp4"}, a.repeats);
     return;
 #else
-    throw Error("--backend cuda: this fp4lab was built without the CUDA backend (configure with -DFP4LAB_CUDA=ON on a "
-                "machine with nvcc)");
+    throw Error(
+        "--backend cuda: this fp4lab was built without the CUDA backend (configure with -DFP4LAB_CUDA=ON on a "
+        "machine with nvcc)");
 #endif
   }
   throw Error("--backend '" + a.backend + "' is unknown; valid: cpu, cuda");
@@ -566,8 +576,9 @@ void register_quantize_commands(CLI::App& app) {
   q->add_option("IN.npy", qa->in, "Input: float32 [rows, cols] (a 1-D array is one row)")->required();
   q->add_option("--dequant", qa->dequant, "Output: float32 [rows, cols] dequantized values")->required();
   q->add_option("--codes", qa->codes, "Output: uint8 [rows, cols] element codes, one per byte");
-  q->add_option("--scales", qa->scales,
-                "Output: [ceil(rows/br), ceil(cols/bc)] block scales: uint8 codes (e8m0, ue4m3) or float32 (per-tensor)");
+  q->add_option(
+      "--scales", qa->scales,
+      "Output: [ceil(rows/br), ceil(cols/bc)] block scales: uint8 codes (e8m0, ue4m3) or float32 (per-tensor)");
   q->add_option("--global-scale", qa->global, "Output: float32 [1], the global decode scale (NVFP4; 1 otherwise)");
   q->add_option("--seed", qa->seed, "Seed of the stochastic-rounding bits (Philox; element (r,c) uses index r*cols+c)")
       ->capture_default_str();
@@ -584,14 +595,16 @@ void register_quantize_commands(CLI::App& app) {
       "adversarial, NaN/Inf), the input, codes, scales and dequantized values, with manifest.json naming quantizer,\n"
       "seed and fp4lab version. Check a kernel's outputs with `fp4lab verify`.");
   g->add_option("--out", ga->out, "Suite directory (created)")->capture_default_str();
-  g->add_option("--seed", ga->seed, "Seed of the inputs and of the SR bits (stream = case number)")->capture_default_str();
+  g->add_option("--seed", ga->seed, "Seed of the inputs and of the SR bits (stream = case number)")
+      ->capture_default_str();
   g->callback([ga] { run_golden(*ga); });
 
   auto va = std::make_shared<VerifyArgs>();
   CLI::App* v = app.add_subcommand(
       "verify",
       "Compare a candidate's outputs with a golden suite, bit for bit. CANDIDATE_DIR/<case>/ holds any of codes.npy\n"
-      "(uint8, one per byte or FP4 packed two per byte), scales.npy and dequant.npy, as in the suite. Prints the first\n"
+      "(uint8, one per byte or FP4 packed two per byte), scales.npy and dequant.npy, as in the suite. Prints the "
+      "first\n"
       "mismatches with index, input value and both bit patterns; exits 1 on any mismatch (or missing case).");
   v->add_option("SUITE", va->suite, "Directory written by `fp4lab golden`")->required();
   v->add_option("CANDIDATE_DIR", va->candidate, "Directory with one sub-directory per case")->required();
@@ -604,7 +617,8 @@ void register_bench_quantize(CLI::App& bench) {
   auto ba = std::make_shared<BenchArgs>();
   CLI::App* b = bench.add_subcommand(
       "quantize",
-      "Quantizer throughput: mxfp4, mxfp8_e4m3 and nvfp4 fake quantization of a rows x cols float32 tensor, RN and SR,\n"
+      "Quantizer throughput: mxfp4, mxfp8_e4m3 and nvfp4 fake quantization of a rows x cols float32 tensor, RN and "
+      "SR,\n"
       "and NVFP4 with RHT, on 1 thread and all OpenMP threads, with the ratio to a memcpy of the same bytes.");
   b->add_option("--backend", ba->backend, "cpu, or cuda (needs the CUDA build)")->capture_default_str();
   b->add_option("--rows", ba->rows, "Tensor rows")->capture_default_str();

@@ -48,7 +48,8 @@ void print_list() {
                 gemm_summary(r, Operand::dgrad_grad_y, Operand::dgrad_w).c_str(),
                 gemm_summary(r, Operand::wgrad_grad_y, Operand::wgrad_x).c_str(), other.c_str());
   }
-  std::printf("\n(SR) = stochastic rounding, otherwise round-to-nearest. `fp4lab recipes show NAME` lists every quantizer.\n");
+  std::printf(
+      "\n(SR) = stochastic rounding, otherwise round-to-nearest. `fp4lab recipes show NAME` lists every quantizer.\n");
 }
 
 // ---- fp4lab bench linear -------------------------------------------------------
@@ -64,7 +65,8 @@ void run_bench_linear(const BenchArgs& a) {
   if (a.size <= 0 || a.batch <= 0) throw Error("--size and --batch must be positive");
   if (a.repeats <= 0) throw Error("--repeats must be positive, got " + std::to_string(a.repeats));
   if (a.batch % 16 != 0)
-    throw Error("--batch " + std::to_string(a.batch) + ": must be a multiple of 16 (nvfp4's wgrad RHT works on 16-row chunks)");
+    throw Error("--batch " + std::to_string(a.batch) +
+                ": must be a multiple of 16 (nvfp4's wgrad RHT works on 16-row chunks)");
   std::vector<Recipe> recipes;
   for (const auto& n : a.recipes) recipes.push_back(parse_recipe(n));
 
@@ -77,10 +79,12 @@ void run_bench_linear(const BenchArgs& a) {
   std::vector<float> bias(size_t(a.size), 0.01f), db(size_t(a.size));
 
   const double flops = 3.0 * 2.0 * double(a.batch) * double(a.size) * double(a.size);
-  std::printf("fp4lab bench linear: y = x W^T + b, x [%lld, %lld], W [%lld, %lld]; forward + backward (3 GEMMs, %.1f GFLOP)\n",
-              (long long)a.batch, (long long)a.size, (long long)a.size, (long long)a.size, flops * 1e-9);
-  std::printf("CPU, %d OpenMP threads, best of %d; fake quantization (quantize + dequantize to FP32) + FP32 Eigen GEMMs\n\n",
-              omp_get_max_threads(), a.repeats);
+  std::printf(
+      "fp4lab bench linear: y = x W^T + b, x [%lld, %lld], W [%lld, %lld]; forward + backward (3 GEMMs, %.1f GFLOP)\n",
+      (long long)a.batch, (long long)a.size, (long long)a.size, (long long)a.size, flops * 1e-9);
+  std::printf(
+      "CPU, %d OpenMP threads, best of %d; fake quantization (quantize + dequantize to FP32) + FP32 Eigen GEMMs\n\n",
+      omp_get_max_threads(), a.repeats);
   std::printf("%-26s %12s %10s %14s\n", "recipe", "fwd+bwd ms", "GFLOP/s", "overhead vs fp32");
 
   double t_fp32 = -1;
@@ -109,8 +113,10 @@ void run_bench_linear(const BenchArgs& a) {
     std::printf("%-26s %12.1f %10.1f %14s\n", r.name.c_str(), best * 1e3, flops / best * 1e-9, over.c_str());
     std::fflush(stdout);
   }
-  if (t_fp32 < 0) std::printf("\n(no fp32 run in --recipes, so no overhead column)\n");
-  else std::printf("\noverhead = (t_recipe - t_fp32) / t_fp32, both measured in this run; target <= +30%%\n");
+  if (t_fp32 < 0)
+    std::printf("\n(no fp32 run in --recipes, so no overhead column)\n");
+  else
+    std::printf("\noverhead = (t_recipe - t_fp32) / t_fp32, both measured in this run; target <= +30%%\n");
 }
 
 }  // namespace
@@ -154,7 +160,8 @@ void register_bench_linear(CLI::App& bench) {
   b->add_option("--size", args->size, "in_features = out_features")->capture_default_str();
   b->add_option("--batch", args->batch, "Rows of x (multiple of 16)")->capture_default_str();
   b->add_option("--repeats", args->repeats, "Runs per recipe; the fastest is reported")->capture_default_str();
-  b->add_option("--recipes", args->recipes, "Recipes to time (names or JSON files); include fp32 for the overhead column")
+  b->add_option("--recipes", args->recipes,
+                "Recipes to time (names or JSON files); include fp32 for the overhead column")
       ->delimiter(',')
       ->capture_default_str();
   b->callback([args] { run_bench_linear(*args); });

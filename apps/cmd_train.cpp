@@ -117,8 +117,10 @@ void register_train_commands(CLI::App& app) {
 
   CLI::App* train = app.add_subcommand("train", "Train a model from a JSON experiment config (configs/*.json)");
   train->add_option("config", args->config, "Experiment config (JSON)")->required()->check(CLI::ExistingFile);
-  train->add_option("--recipe", args->recipe, "Recipe: canned name, recipe JSON file or inline JSON (overrides the config's)");
-  train->add_option("--set", args->sets, "Override a config key: dotted.key=value (value parsed as JSON if it is JSON)");
+  train->add_option("--recipe", args->recipe,
+                    "Recipe: canned name, recipe JSON file or inline JSON (overrides the config's)");
+  train->add_option("--set", args->sets,
+                    "Override a config key: dotted.key=value (value parsed as JSON if it is JSON)");
   train->add_flag("--resume", args->resume, "Continue the run in its directory from its last checkpoint (bit-exact)");
   train->add_flag("--force", args->force, "Overwrite an existing run directory");
   train->add_flag("--quiet", args->quiet, "No progress output");
@@ -142,10 +144,9 @@ void register_train_commands(CLI::App& app) {
   auto dirs = std::make_shared<std::vector<std::string>>();
   compare->add_option("run_dirs", *dirs, "Run directories")->required()->check(CLI::ExistingDirectory);
   compare->add_option("--plot", args->plot, "PNG path (default: <parent of the first run>/compare.png; '-' = none)");
-  compare->add_option("--baseline", args->baseline, "Recipe of the reference run (default: fp32/bf16 run, else the first)");
-  compare->callback([args, dirs] {
-    print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline}));
-  });
+  compare->add_option("--baseline", args->baseline,
+                      "Recipe of the reference run (default: fp32/bf16 run, else the first)");
+  compare->callback([args, dirs] { print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline})); });
 
   CLI::App* sweep = app.add_subcommand("sweep", "Train one config under several recipes x seeds, then compare");
   sweep->add_option("config", args->config, "Experiment config (JSON)")->required()->check(CLI::ExistingFile);
@@ -159,8 +160,10 @@ void register_train_commands(CLI::App& app) {
     std::vector<std::string> run_dirs;
     const auto recipes = split_list(args->recipes, "--recipes");
     std::vector<std::string> seeds;
-    if (!args->seeds.empty()) seeds = split_list(args->seeds, "--seeds");
-    else seeds.push_back("");
+    if (!args->seeds.empty())
+      seeds = split_list(args->seeds, "--seeds");
+    else
+      seeds.push_back("");
     // Validate every combination before training any.
     std::vector<RunConfig> cfgs;
     for (const auto& seed : seeds)

@@ -49,16 +49,18 @@ FP4LAB_SIMD_CLONES void encode_rn_block(const float* __restrict x, C* __restrict
 template <const Format& F, class C>
 void encode_rn_fast(const float* x, C* codes, size_t n, Overflow o) {
   for_blocks(n, [x, codes, o](size_t lo, size_t hi) {
-    if (o == Overflow::saturate) encode_rn_block<F, Overflow::saturate>(x + lo, codes + lo, hi - lo);
-    else encode_rn_block<F, Overflow::nonsaturate>(x + lo, codes + lo, hi - lo);
+    if (o == Overflow::saturate)
+      encode_rn_block<F, Overflow::saturate>(x + lo, codes + lo, hi - lo);
+    else
+      encode_rn_block<F, Overflow::nonsaturate>(x + lo, codes + lo, hi - lo);
   });
 }
 
 // Stochastic rounding, float32 in: the words of a chunk are drawn first
 // (philox_groups), then encoded branch-free (encode_rs_f32 == encode(rs)).
 template <const Format& F, Overflow O, class C>
-FP4LAB_SIMD_CLONES void encode_rs_block(const float* __restrict x, const uint32_t* __restrict w,
-                                        C* __restrict codes, size_t n) {
+FP4LAB_SIMD_CLONES void encode_rs_block(const float* __restrict x, const uint32_t* __restrict w, C* __restrict codes,
+                                        size_t n) {
 #pragma omp simd
   for (size_t i = 0; i < n; ++i) codes[i] = C(encode_rs_f32<F>(x[i], w[i], O));
 }
@@ -71,8 +73,10 @@ void encode_rs_fast(const float* x, C* codes, size_t n, const CastOptions& opt) 
     for (size_t c0 = lo; c0 < hi; c0 += K) {
       const size_t len = std::min(K, hi - c0);
       random_words(opt.seed, opt.stream, opt.index_offset + c0, len, words, scratch);
-      if (opt.overflow == Overflow::saturate) encode_rs_block<F, Overflow::saturate>(x + c0, words, codes + c0, len);
-      else encode_rs_block<F, Overflow::nonsaturate>(x + c0, words, codes + c0, len);
+      if (opt.overflow == Overflow::saturate)
+        encode_rs_block<F, Overflow::saturate>(x + c0, words, codes + c0, len);
+      else
+        encode_rs_block<F, Overflow::nonsaturate>(x + c0, words, codes + c0, len);
     }
   });
 }
@@ -102,39 +106,59 @@ void encode_generic(const Format& f, const T* x, C* codes, size_t n, const CastO
 template <class C>
 void check_code_type(const Format& f) {
   if (code_bytes(f) != int(sizeof(C)))
-    throw Error("format " + std::string(f.name) + " has " + std::to_string(f.bits()) + "-bit codes, which are not stored as " +
-                (sizeof(C) == 1 ? "uint8" : "uint16") +
+    throw Error("format " + std::string(f.name) + " has " + std::to_string(f.bits()) +
+                "-bit codes, which are not stored as " + (sizeof(C) == 1 ? "uint8" : "uint16") +
                 (code_bytes(f) == 0 ? " (float32 codes are not supported by the array helpers)" : ""));
 }
 
 // Float32 round-to-nearest-even: the branch-free path where it exists.
 template <class C>
 bool try_fast(const Format& f, const float* x, C* codes, size_t n, Overflow o) {
-  if (&f == &float4_e2m1fn) encode_rn_fast<float4_e2m1fn>(x, codes, n, o);
-  else if (&f == &float6_e2m3fn) encode_rn_fast<float6_e2m3fn>(x, codes, n, o);
-  else if (&f == &float6_e3m2fn) encode_rn_fast<float6_e3m2fn>(x, codes, n, o);
-  else if (&f == &float8_e4m3fn) encode_rn_fast<float8_e4m3fn>(x, codes, n, o);
-  else if (&f == &float8_e5m2) encode_rn_fast<float8_e5m2>(x, codes, n, o);
-  else if (&f == &float8_e4m3fnuz) encode_rn_fast<float8_e4m3fnuz>(x, codes, n, o);
-  else if (&f == &float8_e5m2fnuz) encode_rn_fast<float8_e5m2fnuz>(x, codes, n, o);
-  else if (&f == &bfloat16) encode_rn_fast<bfloat16>(x, codes, n, o);
-  else if (&f == &float16) encode_rn_fast<float16>(x, codes, n, o);
-  else return false;  // e8m0, ue4m3 (unsigned), int8: generic encode()
+  if (&f == &float4_e2m1fn)
+    encode_rn_fast<float4_e2m1fn>(x, codes, n, o);
+  else if (&f == &float6_e2m3fn)
+    encode_rn_fast<float6_e2m3fn>(x, codes, n, o);
+  else if (&f == &float6_e3m2fn)
+    encode_rn_fast<float6_e3m2fn>(x, codes, n, o);
+  else if (&f == &float8_e4m3fn)
+    encode_rn_fast<float8_e4m3fn>(x, codes, n, o);
+  else if (&f == &float8_e5m2)
+    encode_rn_fast<float8_e5m2>(x, codes, n, o);
+  else if (&f == &float8_e4m3fnuz)
+    encode_rn_fast<float8_e4m3fnuz>(x, codes, n, o);
+  else if (&f == &float8_e5m2fnuz)
+    encode_rn_fast<float8_e5m2fnuz>(x, codes, n, o);
+  else if (&f == &bfloat16)
+    encode_rn_fast<bfloat16>(x, codes, n, o);
+  else if (&f == &float16)
+    encode_rn_fast<float16>(x, codes, n, o);
+  else
+    return false;  // e8m0, ue4m3 (unsigned), int8: generic encode()
   return true;
 }
 
 template <class C>
 bool try_fast_rs(const Format& f, const float* x, C* codes, size_t n, const CastOptions& opt) {
-  if (&f == &float4_e2m1fn) encode_rs_fast<float4_e2m1fn>(x, codes, n, opt);
-  else if (&f == &float6_e2m3fn) encode_rs_fast<float6_e2m3fn>(x, codes, n, opt);
-  else if (&f == &float6_e3m2fn) encode_rs_fast<float6_e3m2fn>(x, codes, n, opt);
-  else if (&f == &float8_e4m3fn) encode_rs_fast<float8_e4m3fn>(x, codes, n, opt);
-  else if (&f == &float8_e5m2) encode_rs_fast<float8_e5m2>(x, codes, n, opt);
-  else if (&f == &float8_e4m3fnuz) encode_rs_fast<float8_e4m3fnuz>(x, codes, n, opt);
-  else if (&f == &float8_e5m2fnuz) encode_rs_fast<float8_e5m2fnuz>(x, codes, n, opt);
-  else if (&f == &bfloat16) encode_rs_fast<bfloat16>(x, codes, n, opt);
-  else if (&f == &float16) encode_rs_fast<float16>(x, codes, n, opt);
-  else return false;
+  if (&f == &float4_e2m1fn)
+    encode_rs_fast<float4_e2m1fn>(x, codes, n, opt);
+  else if (&f == &float6_e2m3fn)
+    encode_rs_fast<float6_e2m3fn>(x, codes, n, opt);
+  else if (&f == &float6_e3m2fn)
+    encode_rs_fast<float6_e3m2fn>(x, codes, n, opt);
+  else if (&f == &float8_e4m3fn)
+    encode_rs_fast<float8_e4m3fn>(x, codes, n, opt);
+  else if (&f == &float8_e5m2)
+    encode_rs_fast<float8_e5m2>(x, codes, n, opt);
+  else if (&f == &float8_e4m3fnuz)
+    encode_rs_fast<float8_e4m3fnuz>(x, codes, n, opt);
+  else if (&f == &float8_e5m2fnuz)
+    encode_rs_fast<float8_e5m2fnuz>(x, codes, n, opt);
+  else if (&f == &bfloat16)
+    encode_rs_fast<bfloat16>(x, codes, n, opt);
+  else if (&f == &float16)
+    encode_rs_fast<float16>(x, codes, n, opt);
+  else
+    return false;
   return true;
 }
 

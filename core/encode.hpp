@@ -99,10 +99,10 @@ template <const Format& F>
 FP4LAB_HD constexpr uint32_t fast_code(uint32_t a, uint32_t sign, uint32_t mag, Overflow o) {
   constexpr uint32_t max_code = F.max_magnitude_code();
   const bool overflow = a >= 0x7F800000u || mag > max_code;  // Inf or too large (NaN handled below)
-  const uint32_t ovf = (o == Overflow::nonsaturate && F.has_nan())
-                           ? (F.has_inf() ? (sign | F.inf_code())
-                                          : (F.special == Special::fn ? sign | F.nan_code() : F.nan_code()))
-                           : (sign | max_code);
+  const uint32_t ovf =
+      (o == Overflow::nonsaturate && F.has_nan())
+          ? (F.has_inf() ? (sign | F.inf_code()) : (F.special == Special::fn ? sign | F.nan_code() : F.nan_code()))
+          : (sign | max_code);
   uint32_t code = sign | mag;
   if constexpr (F.special == Special::fnuz) code = mag == 0 ? 0u : code;
   code = overflow ? ovf : code;

@@ -198,9 +198,8 @@ static_assert(min_normal(float8_e8m0fnu) == 0x1p-127f);
 
 // All formats, in the order `fp4lab formats` lists them.
 inline constexpr const Format* all_formats[] = {
-    &float4_e2m1fn, &float6_e2m3fn, &float6_e3m2fn,  &float8_e4m3fn, &float8_e5m2,
-    &float8_e4m3fnuz, &float8_e5m2fnuz, &float8_e8m0fnu, &ufloat8_e4m3, &int8_mx,
-    &bfloat16,      &float16,       &float32};
+    &float4_e2m1fn,  &float6_e2m3fn, &float6_e3m2fn, &float8_e4m3fn, &float8_e5m2, &float8_e4m3fnuz, &float8_e5m2fnuz,
+    &float8_e8m0fnu, &ufloat8_e4m3,  &int8_mx,       &bfloat16,      &float16,     &float32};
 
 // Finds a format by its full name or a short alias (e2m1, e2m3, e3m2, e4m3,
 // e5m2, e4m3fnuz, e5m2fnuz, e8m0, ue4m3, int8/mxint8, bf16, fp16/f16/half,

@@ -13,12 +13,24 @@ struct Alias {
   const Format* format;
 };
 constexpr Alias aliases[] = {
-    {"e2m1", &float4_e2m1fn},  {"fp4", &float4_e2m1fn},      {"e2m3", &float6_e2m3fn},
-    {"e3m2", &float6_e3m2fn},  {"e4m3", &float8_e4m3fn},     {"e4m3fn", &float8_e4m3fn},
-    {"e5m2", &float8_e5m2},    {"e4m3fnuz", &float8_e4m3fnuz}, {"e5m2fnuz", &float8_e5m2fnuz},
-    {"e8m0", &float8_e8m0fnu}, {"e8m0fnu", &float8_e8m0fnu}, {"ue4m3", &ufloat8_e4m3},
-    {"mxint8", &int8_mx},      {"bf16", &bfloat16},          {"fp16", &float16},
-    {"f16", &float16},         {"half", &float16},           {"fp32", &float32},
+    {"e2m1", &float4_e2m1fn},
+    {"fp4", &float4_e2m1fn},
+    {"e2m3", &float6_e2m3fn},
+    {"e3m2", &float6_e3m2fn},
+    {"e4m3", &float8_e4m3fn},
+    {"e4m3fn", &float8_e4m3fn},
+    {"e5m2", &float8_e5m2},
+    {"e4m3fnuz", &float8_e4m3fnuz},
+    {"e5m2fnuz", &float8_e5m2fnuz},
+    {"e8m0", &float8_e8m0fnu},
+    {"e8m0fnu", &float8_e8m0fnu},
+    {"ue4m3", &ufloat8_e4m3},
+    {"mxint8", &int8_mx},
+    {"bf16", &bfloat16},
+    {"fp16", &float16},
+    {"f16", &float16},
+    {"half", &float16},
+    {"fp32", &float32},
     {"f32", &float32},
 };
 }  // namespace

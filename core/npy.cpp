@@ -92,16 +92,21 @@ NpyArray read_npy(const std::string& path) {
   } else {
     throw Error(path + ": unsupported .npy format version " + std::to_string(major) + " (valid: 1, 2, 3)");
   }
-  if (header_len > (1u << 24)) throw Error(path + ": .npy header length " + std::to_string(header_len) + " is implausible");
+  if (header_len > (1u << 24))
+    throw Error(path + ": .npy header length " + std::to_string(header_len) + " is implausible");
   std::string header(header_len, '\0');
   if (!in.read(header.data(), header_len)) throw Error(path + ": truncated .npy header");
 
   const std::string descr = header_value(header, "descr", path);
   NpyArray arr;
-  if (descr == "<f4") arr.dtype = DType::float32;
-  else if (descr == "<f8") arr.dtype = DType::float64;
-  else if (descr == "|u1" || descr == "<u1") arr.dtype = DType::uint8;
-  else if (descr == "<u2") arr.dtype = DType::uint16;
+  if (descr == "<f4")
+    arr.dtype = DType::float32;
+  else if (descr == "<f8")
+    arr.dtype = DType::float64;
+  else if (descr == "|u1" || descr == "<u1")
+    arr.dtype = DType::uint8;
+  else if (descr == "<u2")
+    arr.dtype = DType::uint16;
   else
     throw Error(path + ": unsupported dtype '" + descr + "' (valid: <f4 float32, <f8 float64, |u1 uint8, <u2 uint16)");
   const std::string fortran = header_value(header, "fortran_order", path);
@@ -132,7 +137,8 @@ NpyArray read_npy(const std::string& path) {
 
 void write_npy(const std::string& path, DType dtype, const Shape& shape, const void* data) {
   std::string dict = std::string("{'descr': '") + dtype_descr(dtype) + "', 'fortran_order': False, 'shape': (";
-  for (size_t i = 0; i < shape.size(); ++i) dict += std::to_string(shape[i]) + (shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
+  for (size_t i = 0; i < shape.size(); ++i)
+    dict += std::to_string(shape[i]) + (shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
   dict += "), }";
   // Pad with spaces so that the data starts at a multiple of 64 bytes.
   size_t prefix = 10;
@@ -197,10 +203,14 @@ Tensor<double> read_npy_as_float64(const std::string& path) {
 template <class T>
 void write_npy(const std::string& path, const Tensor<T>& t) {
   DType d;
-  if constexpr (std::is_same_v<T, float>) d = DType::float32;
-  else if constexpr (std::is_same_v<T, double>) d = DType::float64;
-  else if constexpr (std::is_same_v<T, uint8_t>) d = DType::uint8;
-  else d = DType::uint16;
+  if constexpr (std::is_same_v<T, float>)
+    d = DType::float32;
+  else if constexpr (std::is_same_v<T, double>)
+    d = DType::float64;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    d = DType::uint8;
+  else
+    d = DType::uint16;
   write_npy(path, d, t.shape, t.data.data());
 }
 template void write_npy(const std::string&, const Tensor<float>&);

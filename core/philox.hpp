@@ -60,8 +60,7 @@ inline void philox_groups(uint64_t seed, uint64_t stream, uint64_t g0, uint64_t 
 
 // random_bits(seed, stream, first + i) for i < n into out[n]. `scratch` must
 // hold 4 * ((n + 3) / 4 + 1) words.
-inline void random_words(uint64_t seed, uint64_t stream, uint64_t first, uint64_t n, uint32_t* out,
-                         uint32_t* scratch) {
+inline void random_words(uint64_t seed, uint64_t stream, uint64_t first, uint64_t n, uint32_t* out, uint32_t* scratch) {
   if (n == 0) return;
   const uint64_t g0 = first >> 2, g1 = (first + n + 3) >> 2;
   philox_groups(seed, stream, g0, g1 - g0, scratch);

@@ -31,7 +31,8 @@ struct Tensor {
   Tensor() = default;
   explicit Tensor(Shape s, T fill = T{}) : shape(std::move(s)), data(size_t(shape_numel(shape)), fill) {}
   Tensor(Shape s, std::vector<T> d) : shape(std::move(s)), data(std::move(d)) {
-    if (int64_t(data.size()) != shape_numel(shape)) throw Error("tensor data size does not match shape " + shape_str(shape));
+    if (int64_t(data.size()) != shape_numel(shape))
+      throw Error("tensor data size does not match shape " + shape_str(shape));
   }
   int64_t numel() const { return int64_t(data.size()); }
   int64_t rows() const { return shape.size() == 2 ? shape[0] : 1; }

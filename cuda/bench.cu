@@ -52,7 +52,8 @@ struct Variant {
 }  // namespace
 
 int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& quantizers, int repeats) {
-  if (!gpu_available()) throw Error("bench quantize --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
+  if (!gpu_available())
+    throw Error("bench quantize --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
   if (rows <= 0 || cols <= 0) throw Error("bench quantize: rows and cols must be positive");
   repeats = std::max(repeats, 3);
   std::vector<std::string> names = quantizers.empty() ? quantizer_names() : quantizers;
@@ -82,7 +83,13 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
   double copy_bw[2];
   for (int t = 0; t < 2; ++t) {
     const size_t bytes = size_t(n) * (t == 0 ? 2 : 4);
-    const double ms = time_median_ms([&] { check(cudaMemcpyAsync(y32.data(), t == 0 ? (void*)x16.data() : (void*)x32.data(), bytes, cudaMemcpyDeviceToDevice), "copy"); }, 3, repeats);
+    const double ms = time_median_ms(
+        [&] {
+          check(cudaMemcpyAsync(y32.data(), t == 0 ? (void*)x16.data() : (void*)x32.data(), bytes,
+                                cudaMemcpyDeviceToDevice),
+                "copy");
+        },
+        3, repeats);
     copy_bw[t] = 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
     std::printf("device-to-device copy (%s, %.0f MB): %.4f ms, %.0f GB/s (read + write)\n", t == 0 ? "bf16" : "f32",
                 bytes / 1e6, ms, copy_bw[t]);
@@ -129,16 +136,19 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
                   ms, bw, 100.0 * bw / copy_bw[t], passes, packed ? " (packed 4-bit)" : "");
     }
   }
-  std::printf("\nGB/s counts the input once plus the outputs (codes, scales). Rules with a per-tensor amax (nvfp4)\n"
-              "read the input twice (amax pass + quantize pass); '(amax given)' times the quantize pass alone, as\n"
-              "when the producer of the tensor supplies its amax.\n");
+  std::printf(
+      "\nGB/s counts the input once plus the outputs (codes, scales). Rules with a per-tensor amax (nvfp4)\n"
+      "read the input twice (amax pass + quantize pass); '(amax given)' times the quantize pass alone, as\n"
+      "when the producer of the tensor supplies its amax.\n");
   return 0;
 }
 
 int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
-  if (!gpu_available()) throw Error("bench gemm --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
+  if (!gpu_available())
+    throw Error("bench gemm --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
   repeats = std::max(repeats, 3);
-  DeviceBuffer<uint16_t> a16(static_cast<size_t>(m * k)), b16(static_cast<size_t>(n * k)), y16(static_cast<size_t>(m * n));
+  DeviceBuffer<uint16_t> a16(static_cast<size_t>(m * k)), b16(static_cast<size_t>(n * k)),
+      y16(static_cast<size_t>(m * n));
   fill_normal(nullptr, a16.data(), m * k, 11);
   fill_normal(nullptr, b16.data(), n * k, 12, 0.05f);
   Blas blas;
@@ -146,7 +156,8 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
   std::printf("device: %s\n", device_description().c_str());
   std::printf("GEMM y[m,n] = A[m,k] B[n,k]^T, m=%lld n=%lld k=%lld, BF16 output, median of %d after warm-up\n",
               (long long)m, (long long)n, (long long)k, repeats);
-  const double ms_bf16 = time_median_ms([&] { gemm_bf16_nt(blas, a16.data(), b16.data(), y16.data(), OutType::bf16, m, n, k); }, 3, repeats);
+  const double ms_bf16 = time_median_ms(
+      [&] { gemm_bf16_nt(blas, a16.data(), b16.data(), y16.data(), OutType::bf16, m, n, k); }, 3, repeats);
   const double tf_bf16 = flops / (ms_bf16 * 1e-3) / 1e12;
   std::printf("\n%-58s %9s %9s %9s\n", "GEMM", "ms", "TFLOP/s", "of BF16");
   std::printf("%-58s %9.4f %9.1f %8.1f%%\n", "cuBLAS BF16 (reference)", ms_bf16, tf_bf16, 100.0);
@@ -207,7 +218,9 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
     };
     const double ms_full = time_median_ms(full, 3, repeats);
     // (2) from already quantized operands (codes + scales): dequantize + GEMM.
-    auto from_q = [&] { quantized_gemm_device(blas, sa.op, sb.op, y16.data(), OutType::bf16, gws, GemmPath::hopper_bf16); };
+    auto from_q = [&] {
+      quantized_gemm_device(blas, sa.op, sb.op, y16.data(), OutType::bf16, gws, GemmPath::hopper_bf16);
+    };
     const double ms_q = time_median_ms(from_q, 3, repeats);
     const double tf_full = flops / (ms_full * 1e-3) / 1e12, tf_q = flops / (ms_q * 1e-3) / 1e12;
     std::printf("%-58s %9.4f %9.1f %8.1f%%\n", (std::string(c.name) + ": quantize A,B + GEMM").c_str(), ms_full,
@@ -215,9 +228,11 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
     std::printf("%-58s %9.4f %9.1f %8.1f%%\n", (std::string(c.name) + ": dequant + GEMM").c_str(), ms_q, tf_q,
                 100.0 * tf_q / tf_bf16);
   }
-  std::printf("\nAll quantized GEMMs here run on the BF16 tensor cores (dequantized operands are exact in BF16);\n"
-              "MXFP8 has no FP8-tensor-core path with per-32-block promotion in this build.\n");
-  if (compute_capability() >= 100) std::printf("(sm_100+: the native block-scaled cuBLASLt path exists but is not benchmarked here.)\n");
+  std::printf(
+      "\nAll quantized GEMMs here run on the BF16 tensor cores (dequantized operands are exact in BF16);\n"
+      "MXFP8 has no FP8-tensor-core path with per-32-block promotion in this build.\n");
+  if (compute_capability() >= 100)
+    std::printf("(sm_100+: the native block-scaled cuBLASLt path exists but is not benchmarked here.)\n");
   return 0;
 }
 

@@ -37,12 +37,13 @@ void gemm_bf16_nt(Blas& blas, const uint16_t* a, const uint16_t* b, void* y, Out
   // (k x n column-major, transposed), its B our A (k x m, not transposed).
   const float beta = 0.0f;
   const cudaDataType_t ct = out == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-  check_cublas(cublasSetPointerMode(blas.handle(), alpha_beta_dev ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST),
-               "cublasSetPointerMode");
+  check_cublas(
+      cublasSetPointerMode(blas.handle(), alpha_beta_dev ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST),
+      "cublasSetPointerMode");
   const void* al = alpha_beta_dev ? static_cast<const void*>(alpha_beta_dev) : &alpha;
   const void* be = alpha_beta_dev ? static_cast<const void*>(alpha_beta_dev + 1) : &beta;
-  check_cublas(cublasGemmEx(blas.handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), al, b, CUDA_R_16BF,
-                            int(k), a, CUDA_R_16BF, int(k), be, y, ct, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  check_cublas(cublasGemmEx(blas.handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), al, b, CUDA_R_16BF, int(k),
+                            a, CUDA_R_16BF, int(k), be, y, ct, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx (bf16)");
   check_cublas(cublasSetPointerMode(blas.handle(), CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
 }
@@ -122,7 +123,8 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const DequantParams p
   }
   uint16_t* dst = p.out + r * p.cols + c0;
   if (full) {
-    *reinterpret_cast<uint4*>(dst) = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+    *reinterpret_cast<uint4*>(dst) =
+        make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
   } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -136,8 +138,8 @@ __global__ void alpha_kernel(const float* ga, const float* gb, float* ab) {
 }
 
 bool is_nvfp4_1x16(const QuantizerSpec& q) {
-  return q.element == &float4_e2m1fn && (q.scale == &ufloat8_e4m3 || q.scale == &float8_e4m3fn) &&
-         q.block_rows == 1 && q.block_cols == 16 && !q.rht;
+  return q.element == &float4_e2m1fn && (q.scale == &ufloat8_e4m3 || q.scale == &float8_e4m3fn) && q.block_rows == 1 &&
+         q.block_cols == 16 && !q.rht;
 }
 bool is_mx_1x32(const QuantizerSpec& q) {
   return (q.element == &float4_e2m1fn || q.element == &float8_e4m3fn || q.element == &float8_e5m2) &&
@@ -185,8 +187,10 @@ void blackwell_gemm(Blas& blas, const QuantOperand& a, const QuantOperand& b, vo
 
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   const cudaDataType_t ct = out == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-  check_cublas(cublasLtMatrixLayoutCreate(&la, lt_type(b.spec.element), uint64_t(k), uint64_t(n), int64_t(k)), "layout A");
-  check_cublas(cublasLtMatrixLayoutCreate(&lb, lt_type(a.spec.element), uint64_t(k), uint64_t(m), int64_t(k)), "layout B");
+  check_cublas(cublasLtMatrixLayoutCreate(&la, lt_type(b.spec.element), uint64_t(k), uint64_t(n), int64_t(k)),
+               "layout A");
+  check_cublas(cublasLtMatrixLayoutCreate(&lb, lt_type(a.spec.element), uint64_t(k), uint64_t(m), int64_t(k)),
+               "layout B");
   check_cublas(cublasLtMatrixLayoutCreate(&lc, ct, uint64_t(n), uint64_t(m), int64_t(n)), "layout C");
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -216,13 +220,25 @@ void dequant_operand_bf16(const QuantOperand& q, uint16_t* out, cudaStream_t str
     throw Error("dequant_operand_bf16: packed4 codes need a 4-bit element");
   if (!q.scale_codes && !q.scales) throw Error("dequant_operand_bf16: the operand has neither scale codes nor scales");
   const BlockGrid g = block_grid(q.spec, q.rows, q.cols);
-  DequantParams p{*q.spec.element, *q.spec.scale, q.scale_codes == nullptr, q.codes, q.scale_codes, q.scales,
-                  q.rows,          q.cols,        g.br,                     g.bc,    g.nbc,         out};
+  DequantParams p{*q.spec.element,
+                  *q.spec.scale,
+                  q.scale_codes == nullptr,
+                  q.codes,
+                  q.scale_codes,
+                  q.scales,
+                  q.rows,
+                  q.cols,
+                  g.br,
+                  g.bc,
+                  g.nbc,
+                  out};
   const int64_t n = q.rows * ((q.cols + 7) / 8);
   if (n == 0) return;
   const unsigned blocks = unsigned((n + kThreads - 1) / kThreads);
-  if (q.layout == CodeLayout::packed4) dequant_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
-  else dequant_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+  if (q.layout == CodeLayout::packed4)
+    dequant_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+  else
+    dequant_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
   check_launch("dequant_kernel");
 }
 
@@ -241,8 +257,7 @@ GemmPath quantized_gemm_device(Blas& blas, const QuantOperand& a, const QuantOpe
     throw Error("quantized GEMM: A is [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) + "] and B [" +
                 std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]; both need the same k (columns)");
   if (path == GemmPath::automatic)
-    path = (compute_capability() >= 100 && blackwell_native_supported(a.spec, b.spec) && a.scale_codes &&
-            b.scale_codes)
+    path = (compute_capability() >= 100 && blackwell_native_supported(a.spec, b.spec) && a.scale_codes && b.scale_codes)
                ? GemmPath::blackwell_native
                : GemmPath::hopper_bf16;
   ws.alpha.resize(2);

@@ -91,9 +91,9 @@ bool blackwell_native_supported(const QuantizerSpec& qa, const QuantizerSpec& qb
 
 // Scratch reused between calls.
 struct GemmWorkspace {
-  DeviceBuffer<uint16_t> a16, b16;         // hopper_bf16 operands
-  DeviceBuffer<uint8_t> a_sw, b_sw;        // blackwell swizzled scales
-  DeviceBuffer<float> alpha;               // [2] {g_dec(A) * g_dec(B), 0}
+  DeviceBuffer<uint16_t> a16, b16;   // hopper_bf16 operands
+  DeviceBuffer<uint8_t> a_sw, b_sw;  // blackwell swizzled scales
+  DeviceBuffer<float> alpha;         // [2] {g_dec(A) * g_dec(B), 0}
 };
 
 // y = dq(A) dq(B)^T for quantized operands (A.cols == B.cols == k).

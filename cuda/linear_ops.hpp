@@ -19,8 +19,7 @@ void round_bf16_device(const float* x, int64_t n, uint16_t* bits, cudaStream_t s
 // null `scale` (device pointer) means no multiply. With bits a quantizer's BF16
 // GEMM operand (decode(code) * block_scale, exact) and scale its g_dec, this is
 // the quantizer's FP32 dequantized value bit for bit.
-void bf16_to_f32_device(const uint16_t* bits, int64_t n, const float* scale, float* out,
-                        cudaStream_t stream = nullptr);
+void bf16_to_f32_device(const uint16_t* bits, int64_t n, const float* scale, float* out, cudaStream_t stream = nullptr);
 
 // y[r, c] += b[c] for a row-major [rows, cols] y (one FP32 add per element).
 void add_bias_device(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t stream = nullptr);

@@ -18,14 +18,13 @@ namespace fp4lab::cuda::nn {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kRowBlock = 256;     // column reductions: the CPU's fixed row blocking
-constexpr int64_t kSumChunk = 16384;   // sum_squares: the CPU's chunk size
+constexpr int64_t kRowBlock = 256;    // column reductions: the CPU's fixed row blocking
+constexpr int64_t kSumChunk = 16384;  // sum_squares: the CPU's chunk size
 constexpr int kWarp = 32;
 constexpr int64_t kNoIndex = INT64_MAX;  // cross-entropy argmax: "no element seen"
 
 void check_cublas_status(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));
+  if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));
 }
 
 // 1-D grid of `threads` over n items (grid-stride loops cover the rest).
@@ -544,8 +543,8 @@ void vit_tokens_forward(const float* patches, int64_t batch, int64_t P, int64_t 
   check_launch("vit_tokens_kernel");
 }
 
-void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n,
-                        float* dlogits, double* loss_rows, uint8_t* ok_rows, cudaStream_t st) {
+void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n, float* dlogits,
+                        double* loss_rows, uint8_t* ok_rows, cudaStream_t st) {
   if (n <= 0) return;
   if (v <= 0) throw Error("cross_entropy: logits have no columns");
   if (n > (int64_t(1) << 31) - 1) throw Error("cross_entropy: too many rows");
@@ -567,8 +566,8 @@ double sum_squares(const float* g, int64_t n, Scratch& scratch, cudaStream_t st)
   return r;
 }
 
-void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n,
-                const AdamWConstants& k, cudaStream_t st) {
+void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n, const AdamWConstants& k,
+                cudaStream_t st) {
   if (n <= 0) return;
   if (k.apply_decay && !decay) throw Error("adamw_step: weight decay without a decay mask");
   adamw_kernel<<<blocks_for(n), kThreads, 0, st>>>(p, g, m, v, decay, n, k);
@@ -654,7 +653,7 @@ void Attention::forward(const AttentionDims& d, const float* qkv, float* out, fl
     const float keep_scale = 1.0f / (1.0f - d.dropout);
     const int64_t n = BH * T * T;
     dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), nullptr, n, thr,
-                                                                            keep_scale, d.seed, d.stream_id);
+                                                                           keep_scale, d.seed, d.stream_id);
     check_launch("dropout_pair_kernel");
   }
   // out^T (col-major [hd, T], ld C) = V^T P^T.
@@ -662,8 +661,7 @@ void Attention::forward(const AttentionDims& d, const float* qkv, float* out, fl
                 "cublasSgemmBatched (attention P.V)");
 }
 
-void Attention::backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout,
-                         float* dqkv) {
+void Attention::backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv) {
   check_dims(d);
   const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
   if (B * T == 0) return;
@@ -710,7 +708,7 @@ void Attention::backward(const AttentionDims& d, const float* qkv, const float* 
     const float keep_scale = 1.0f / (1.0f - d.dropout);
     const int64_t n = BH * T * T;
     dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), dp_.data(), n, thr,
-                                                                            keep_scale, d.seed, d.stream_id);
+                                                                           keep_scale, d.seed, d.stream_id);
     check_launch("dropout_pair_kernel");
   }
   // dv^T (col-major [hd, T], ld 3C) = dout^T Pd.

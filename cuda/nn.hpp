@@ -122,8 +122,8 @@ void vit_tokens_forward(const float* patches, int64_t batch, int64_t P, int64_t 
 // m = the row max, arg = its first index, lse = m + log(sum_j exp(double(l_j - m))),
 // loss_rows[r] = lse - l_t (float64), ok_rows[r] = (arg == t); when dlogits is
 // non-null, dlogits[r, j] = float(exp(double(l_j) - lse)) * inv_n, minus inv_n at t.
-void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n,
-                        float* dlogits, double* loss_rows, uint8_t* ok_rows, cudaStream_t stream = nullptr);
+void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n, float* dlogits,
+                        double* loss_rows, uint8_t* ok_rows, cudaStream_t stream = nullptr);
 
 // ---- optimiser ---------------------------------------------------------------
 // sum of g[i]^2 in float64: fixed 16384-element chunks (tree-summed), then the
@@ -140,8 +140,8 @@ struct AdamWConstants {
   float shrink = 1.0f, step = 0.0f, bc2s = 1.0f;
   bool apply_decay = false;
 };
-void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n,
-                const AdamWConstants& k, cudaStream_t stream = nullptr);
+void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n, const AdamWConstants& k,
+                cudaStream_t stream = nullptr);
 
 // ---- multi-head self-attention -------------------------------------------------
 // Geometry of qkv [batch*seq, 3*width] = q | k | v column blocks; head h is

@@ -67,8 +67,7 @@ void pack_fp4_device(const uint8_t* codes, int64_t rows, int64_t cols, uint8_t* 
   check_launch("pack_kernel");
 }
 
-void transpose_fp4_packed_device(const uint8_t* packed, int64_t rows, int64_t cols, uint8_t* out,
-                                 cudaStream_t stream) {
+void transpose_fp4_packed_device(const uint8_t* packed, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const int64_t in_pc = (cols + 1) / 2;
   const dim3 grid(unsigned((in_pc + 31) / 32), unsigned((rows + 63) / 64));

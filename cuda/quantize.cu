@@ -55,13 +55,19 @@ void launch_tiles(const KParams& p, int kind, InputType in, cudaStream_t st) {
   const unsigned blocks = unsigned((tiles * 32 + kThreads - 1) / kThreads);
   if (tiles == 0) return;
   if (in == InputType::bf16) {
-    if (kind == 1) tile_kernel<uint16_t, 1><<<blocks, kThreads, 0, st>>>(p);
-    else if (kind == 2) tile_kernel<uint16_t, 2><<<blocks, kThreads, 0, st>>>(p);
-    else tile_kernel<uint16_t, 0><<<blocks, kThreads, 0, st>>>(p);
+    if (kind == 1)
+      tile_kernel<uint16_t, 1><<<blocks, kThreads, 0, st>>>(p);
+    else if (kind == 2)
+      tile_kernel<uint16_t, 2><<<blocks, kThreads, 0, st>>>(p);
+    else
+      tile_kernel<uint16_t, 0><<<blocks, kThreads, 0, st>>>(p);
   } else {
-    if (kind == 1) tile_kernel<float, 1><<<blocks, kThreads, 0, st>>>(p);
-    else if (kind == 2) tile_kernel<float, 2><<<blocks, kThreads, 0, st>>>(p);
-    else tile_kernel<float, 0><<<blocks, kThreads, 0, st>>>(p);
+    if (kind == 1)
+      tile_kernel<float, 1><<<blocks, kThreads, 0, st>>>(p);
+    else if (kind == 2)
+      tile_kernel<float, 2><<<blocks, kThreads, 0, st>>>(p);
+    else
+      tile_kernel<float, 0><<<blocks, kThreads, 0, st>>>(p);
   }
   check_launch("tile_kernel");
 }
@@ -104,8 +110,8 @@ __global__ void nv_global_kernel(const KParams p, float* out) {
 }
 
 // Inverse RHT of every 16-chunk (sim/rht.hpp rht16_inverse), one thread per chunk.
-__global__ void __launch_bounds__(kThreads) rht_inverse_kernel(float* x, int64_t rows, int64_t cols, bool along_rows,
-                                                               const KParams p) {
+__global__ void __launch_bounds__(kThreads)
+    rht_inverse_kernel(float* x, int64_t rows, int64_t cols, bool along_rows, const KParams p) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t chunks = rows * cols / 16;
   if (t >= chunks) return;
@@ -234,13 +240,14 @@ void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax
   check_launch("amax_kernel");
 }
 
-void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
-                     RandomStream rs, const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream,
-                     QuantPath path, const uint32_t* tensor_amax_bits) {
+void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols, RandomStream rs,
+                     const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream, QuantPath path,
+                     const uint32_t* tensor_amax_bits) {
   validate(q, "quantize (cuda)");
   if (rows < 0 || cols < 0) throw Error("quantize (cuda): negative shape");
   if (out.code_layout == CodeLayout::packed4 && out.codes && q.element->bits() != 4)
-    throw Error("quantize (cuda): packed4 code layout needs a 4-bit element, got '" + std::string(q.element->name) + "'");
+    throw Error("quantize (cuda): packed4 code layout needs a 4-bit element, got '" + std::string(q.element->name) +
+                "'");
   if (q.rht) {
     const bool along_rows = q.block_rows == 1;
     const int64_t len = along_rows ? cols : rows;
@@ -250,8 +257,10 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   }
   const bool can_fuse = fused_supported(q);
   if (path == QuantPath::fused && !can_fuse)
-    throw Error("quantize (cuda): the fused kernel handles blocks [1,16], [1,32], [16,16], [16,1], [32,1] (RHT on "
-                "[1,16]/[16,1]); got " + describe(q));
+    throw Error(
+        "quantize (cuda): the fused kernel handles blocks [1,16], [1,32], [16,16], [16,1], [32,1] (RHT on "
+        "[1,16]/[16,1]); got " +
+        describe(q));
   if (path == QuantPath::generic && q.rht)
     throw Error("quantize (cuda): the generic path has no RHT; use the fused path for " + describe(q));
   const bool fused = path == QuantPath::fused || (path == QuantPath::automatic && can_fuse);
@@ -289,8 +298,10 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
     } else if (need_amax) {
       if (q.rht) {
         check(cudaMemsetAsync(p.gamax, 0, sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
-        if (q.block_rows == 1) qk::launch_rows(p, 16, true, 0, type, true, stream);
-        else qk::launch_cols(p, 16, true, 0, type, true, stream);
+        if (q.block_rows == 1)
+          qk::launch_rows(p, 16, true, 0, type, true, stream);
+        else
+          qk::launch_cols(p, 16, true, 0, type, true, stream);
       } else {
         tensor_amax_device(x, type, rows * cols, p.gamax, stream);
       }
@@ -302,9 +313,12 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
       p.gparams = ws.global.data();
     }
     const int kind = qk::kind_of(q);
-    if (q.block_rows == 1) qk::launch_rows(p, q.block_cols, q.rht, kind, type, false, stream);
-    else if (q.block_cols == 1) qk::launch_cols(p, q.block_rows, q.rht, kind, type, false, stream);
-    else launch_tiles(p, kind, type, stream);
+    if (q.block_rows == 1)
+      qk::launch_rows(p, q.block_cols, q.rht, kind, type, false, stream);
+    else if (q.block_cols == 1)
+      qk::launch_cols(p, q.block_rows, q.rht, kind, type, false, stream);
+    else
+      launch_tiles(p, kind, type, stream);
     return;
   }
 
@@ -323,15 +337,19 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
     check(cudaMemcpyAsync(ws.amax.data() + 1, ws.amax.data(), sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream),
           "cudaMemcpyAsync(amax)");
   } else {
-    if (type == InputType::bf16) generic_amax_kernel<uint16_t><<<grid_for(n), kThreads, 0, stream>>>(p);
-    else generic_amax_kernel<float><<<grid_for(n), kThreads, 0, stream>>>(p);
+    if (type == InputType::bf16)
+      generic_amax_kernel<uint16_t><<<grid_for(n), kThreads, 0, stream>>>(p);
+    else
+      generic_amax_kernel<float><<<grid_for(n), kThreads, 0, stream>>>(p);
     check_launch("generic_amax_kernel");
   }
   generic_scale_kernel<<<grid_for(nblocks), kThreads, 0, stream>>>(p, nblocks);
   check_launch("generic_scale_kernel");
   const int64_t threads = rows * ((cols + 1) / 2);
-  if (type == InputType::bf16) generic_element_kernel<uint16_t><<<grid_for(threads), kThreads, 0, stream>>>(p);
-  else generic_element_kernel<float><<<grid_for(threads), kThreads, 0, stream>>>(p);
+  if (type == InputType::bf16)
+    generic_element_kernel<uint16_t><<<grid_for(threads), kThreads, 0, stream>>>(p);
+  else
+    generic_element_kernel<float><<<grid_for(threads), kThreads, 0, stream>>>(p);
   check_launch("generic_element_kernel");
 }
 
@@ -379,7 +397,8 @@ QuantizedTensor quantize_gpu(const QuantizerSpec& q, MatrixView<const float> x, 
     std::vector<uint16_t> h16(host.size());
     for (size_t i = 0; i < h16.size(); ++i) {
       const uint32_t b = float_bits(host[i]);
-      if ((b & 0xFFFFu) != 0) throw Error("quantize_gpu: bf16_input but element " + std::to_string(i) + " is not a bfloat16 value");
+      if ((b & 0xFFFFu) != 0)
+        throw Error("quantize_gpu: bf16_input but element " + std::to_string(i) + " is not a bfloat16 value");
       h16[i] = uint16_t(b >> 16);
     }
     dx16.upload(h16);

@@ -82,8 +82,8 @@ bool fused_supported(const QuantizerSpec& q);
 // `tensor_amax_bits` (device pointer, optional): the tensor's amax bit pattern
 // (of the RHT-transformed tensor when q.rht) supplied by the producer of x; the
 // fused path then skips its amax pass. Ignored by the generic path.
-void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
-                     RandomStream rs, const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream = nullptr,
+void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols, RandomStream rs,
+                     const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream = nullptr,
                      QuantPath path = QuantPath::automatic, const uint32_t* tensor_amax_bits = nullptr);
 
 // Host convenience for tests and tools: uploads x, quantizes on the GPU and

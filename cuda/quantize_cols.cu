@@ -129,8 +129,10 @@ void dispatch(const KParams& p, int br, bool rht, int kind, bool amax_only, cuda
 }  // namespace
 
 void launch_cols(const KParams& p, int br, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st) {
-  if (in == InputType::bf16) dispatch<uint16_t>(p, br, rht, kind, amax_only, st);
-  else dispatch<float>(p, br, rht, kind, amax_only, st);
+  if (in == InputType::bf16)
+    dispatch<uint16_t>(p, br, rht, kind, amax_only, st);
+  else
+    dispatch<float>(p, br, rht, kind, amax_only, st);
 }
 
 }  // namespace fp4lab::cuda::qk

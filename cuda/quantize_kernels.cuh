@@ -173,7 +173,8 @@ __device__ __forceinline__ BlockParams block_params(const KParams& p, const Form
 __device__ __noinline__ inline uint32_t encode_element_rt(const Format f, ScaleRule rule, Round round,
                                                           Overflow overflow, float x, float mult, uint32_t rbits) {
   const bool pow2 = rule == ScaleRule::ocp || rule == ScaleRule::ceil || rule == ScaleRule::tetrajet;
-  if (pow2 && (round == Round::rp || round == Round::rm)) return encode(f, double(x) * double(mult), round, overflow, rbits);
+  if (pow2 && (round == Round::rp || round == Round::rm))
+    return encode(f, double(x) * double(mult), round, overflow, rbits);
   const float y = rule == ScaleRule::nv_noglobal ? x / mult : x * mult;
   return encode(f, y, round, overflow, rbits);
 }
@@ -280,7 +281,8 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&b)[N]
       uint32_t w[N / 4];
 #pragma unroll
       for (int k = 0; k < N / 4; ++k)
-        w[k] = (b[4 * k] & 0xFFu) | (b[4 * k + 1] & 0xFFu) << 8 | (b[4 * k + 2] & 0xFFu) << 16 | (b[4 * k + 3] & 0xFFu) << 24;
+        w[k] = (b[4 * k] & 0xFFu) | (b[4 * k + 1] & 0xFFu) << 8 | (b[4 * k + 2] & 0xFFu) << 16 |
+               (b[4 * k + 3] & 0xFFu) << 24;
       if constexpr (N == 16) {
         if (aligned<16>(dst)) {
           *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -315,7 +317,8 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&b)[N]
 // Codes of N consecutive columns starting at column c0 of row r (c0 even for
 // packed4), in the output's layout.
 template <int N>
-__device__ __forceinline__ void store_codes(const KParams& p, int64_t r, int64_t c0, const uint32_t (&code)[N], int valid) {
+__device__ __forceinline__ void store_codes(const KParams& p, int64_t r, int64_t c0, const uint32_t (&code)[N],
+                                            int valid) {
   const QuantOutputs& o = p.out;
   if (o.code_layout == CodeLayout::packed4) {
     constexpr int NB = (N + 1) / 2;
@@ -352,8 +355,9 @@ __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N]
     if (valid == N && aligned<16>(dst)) {
 #pragma unroll
       for (int k = 0; k < N / 8; ++k)
-        reinterpret_cast<uint4*>(dst)[k] = make_uint4(h[8 * k] | h[8 * k + 1] << 16, h[8 * k + 2] | h[8 * k + 3] << 16,
-                                                      h[8 * k + 4] | h[8 * k + 5] << 16, h[8 * k + 6] | h[8 * k + 7] << 16);
+        reinterpret_cast<uint4*>(dst)[k] =
+            make_uint4(h[8 * k] | h[8 * k + 1] << 16, h[8 * k + 2] | h[8 * k + 3] << 16,
+                       h[8 * k + 4] | h[8 * k + 5] << 16, h[8 * k + 6] | h[8 * k + 7] << 16);
       return;
     }
   }

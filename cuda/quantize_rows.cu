@@ -82,8 +82,10 @@ void dispatch(const KParams& p, int bc, bool rht, int kind, bool amax_only, cuda
 }  // namespace
 
 void launch_rows(const KParams& p, int bc, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st) {
-  if (in == InputType::bf16) dispatch<uint16_t>(p, bc, rht, kind, amax_only, st);
-  else dispatch<float>(p, bc, rht, kind, amax_only, st);
+  if (in == InputType::bf16)
+    dispatch<uint16_t>(p, bc, rht, kind, amax_only, st);
+  else
+    dispatch<float>(p, bc, rht, kind, amax_only, st);
 }
 
 }  // namespace fp4lab::cuda::qk

@@ -18,8 +18,8 @@ struct Signs {
 };
 
 template <bool Forward>
-__global__ void __launch_bounds__(kThreads) rht_kernel(float* x, int64_t rows, int64_t cols, bool along_rows,
-                                                       const Signs signs) {
+__global__ void __launch_bounds__(kThreads)
+    rht_kernel(float* x, int64_t rows, int64_t cols, bool along_rows, const Signs signs) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t chunks = rows * cols / 16;
   if (t >= chunks) return;

@@ -206,8 +206,9 @@ void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const M
       ga = &g;
     }
     if (px.pre && saved.x_q.rows() != saved.x.rows())
-      throw Error("linear_backward: the recipe uses double_quantization but `saved` holds no Q_fwd_x(x); pass the "
-                  "LinearSaved that linear_forward filled with the same context");
+      throw Error(
+          "linear_backward: the recipe uses double_quantization but `saved` holds no Q_fwd_x(x); pass the "
+          "LinearSaved that linear_forward filled with the same context");
     if (px.changes()) {
       xb = px.pre ? saved.x_q : saved.x;
       px.pre = nullptr;  // saved.x_q is pre's result already

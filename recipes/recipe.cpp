@@ -15,20 +15,20 @@ namespace fp4lab {
 
 namespace {
 
-constexpr const char* kOperandNames[kOperandCount] = {"fwd_x",        "fwd_w",        "dgrad_grad_y",
-                                                      "dgrad_w",      "wgrad_grad_y", "wgrad_x"};
+constexpr const char* kOperandNames[kOperandCount] = {"fwd_x",   "fwd_w",        "dgrad_grad_y",
+                                                      "dgrad_w", "wgrad_grad_y", "wgrad_x"};
 // What each operand is, for listings and error messages: the tensor, its
 // shape, and the GEMM's reduction axis in that tensor's own layout.
 struct OperandInfo {
-  const char* gemm;     // "y = x W^T"
-  const char* tensor;   // "x [B, in]"
-  const char* reduce;   // "in"
+  const char* gemm;        // "y = x W^T"
+  const char* tensor;      // "x [B, in]"
+  const char* reduce;      // "in"
   bool reduce_along_cols;  // reduction along a row (blocks [1,N]) or along a column ([N,1])
 };
 constexpr OperandInfo kOperandInfo[kOperandCount] = {
-    {"y = x W^T", "x [B, in]", "in", true},         {"y = x W^T", "W [out, in]", "in", true},
-    {"dx = dy W", "dy [B, out]", "out", true},      {"dx = dy W", "W [out, in]", "out", false},
-    {"dW = dy^T x", "dy [B, out]", "B", false},     {"dW = dy^T x", "x [B, in]", "B", false},
+    {"y = x W^T", "x [B, in]", "in", true},     {"y = x W^T", "W [out, in]", "in", true},
+    {"dx = dy W", "dy [B, out]", "out", true},  {"dx = dy W", "W [out, in]", "out", false},
+    {"dW = dy^T x", "dy [B, out]", "B", false}, {"dW = dy^T x", "x [B, in]", "B", false},
 };
 
 constexpr const char* kRecipeKeys =
@@ -65,10 +65,10 @@ void validate_operand(const QuantizerSpec& q, Operand op, const std::string& whe
   const int across = info.reduce_along_cols ? q.block_rows : q.block_cols;
   const std::string valid_1d = info.reduce_along_cols ? "[1,K]" : "[K,1]";
   if (along == 1)
-    throw Error(where + ".block: " + blk + " runs across the reduction axis of " + std::string(kOperandNames[size_t(op)]) +
-                " (" + info.reduce + " in " + info.tensor + ", GEMM " + info.gemm +
-                "): a block-scaled GEMM needs one scale per run of K elements along " + info.reduce + "; valid: " +
-                valid_1d + ", [K,K], or [0,0] per tensor");
+    throw Error(where + ".block: " + blk + " runs across the reduction axis of " +
+                std::string(kOperandNames[size_t(op)]) + " (" + info.reduce + " in " + info.tensor + ", GEMM " +
+                info.gemm + "): a block-scaled GEMM needs one scale per run of K elements along " + info.reduce +
+                "; valid: " + valid_1d + ", [K,K], or [0,0] per tensor");
   int k = 0;
   std::string fmt;
   if (is_mx_rule(q.scale_rule)) {
@@ -81,8 +81,8 @@ void validate_operand(const QuantizerSpec& q, Operand op, const std::string& whe
   if (k != 0 && !(along == k && (across == 1 || across == k)))
     throw Error(where + ".block: " + blk + " is not a block that " + fmt + " allow for " +
                 std::string(kOperandNames[size_t(op)]) + "; valid: " +
-                (info.reduce_along_cols ? "[1," + std::to_string(k) + "]" : "[" + std::to_string(k) + ",1]") +
-                " or [" + std::to_string(k) + "," + std::to_string(k) + "]");
+                (info.reduce_along_cols ? "[1," + std::to_string(k) + "]" : "[" + std::to_string(k) + ",1]") + " or [" +
+                std::to_string(k) + "," + std::to_string(k) + "]");
 }
 
 // --- JSON helpers -------------------------------------------------------------
@@ -112,7 +112,8 @@ std::optional<QuantizerSpec> operand_from_json(const nlohmann::json& v, const st
     return quantizer_from_json(merged, path);
   }
   if (!v.is_object() && !v.is_string())
-    throw Error(path + ": expected a quantizer (a canned quantizer name, a JSON object) or null (high precision), got " +
+    throw Error(path +
+                ": expected a quantizer (a canned quantizer name, a JSON object) or null (high precision), got " +
                 v.dump());
   return quantizer_from_json(v, path);
 }
@@ -124,8 +125,7 @@ const char* operand_name(Operand op) { return kOperandNames[size_t(op)]; }
 Operand operand_by_name(const std::string& name) {
   for (int i = 0; i < kOperandCount; ++i)
     if (name == kOperandNames[i]) return Operand(i);
-  throw Error("unknown operand '" + name +
-              "'; valid: fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x");
+  throw Error("unknown operand '" + name + "'; valid: fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x");
 }
 
 bool name_matches(const std::string& pattern, const std::string& name) {
@@ -162,8 +162,8 @@ void validate(const Recipe& r, const std::string& where) {
       const auto& q = r.operand(op);
       if (q && !(q->block_rows == 16 && q->block_cols == 1))
         throw Error(where + ".wgrad_rht: the RHT mixes 16-element chunks along B, so " + where + "." +
-                    operand_name(op) + ".block must be [16,1] (one scale per transformed chunk), got " +
-                    block_str(*q) + "; valid: a [16,1] quantizer, null, or wgrad_rht false");
+                    operand_name(op) + ".block must be [16,1] (one scale per transformed chunk), got " + block_str(*q) +
+                    "; valid: a [16,1] quantizer, null, or wgrad_rht false");
       if (q && q->rht)
         throw Error(where + "." + operand_name(op) + ".rht: the recipe already rotates the wgrad operands (" + where +
                     ".wgrad_rht); a second, per-quantizer RHT is not allowed; valid: rht false");
@@ -179,15 +179,19 @@ void validate(const Recipe& r, const std::string& where) {
   if (!(r.switch_fraction >= 0.0 && r.switch_fraction <= 1.0))
     throw Error(where + ".switch_fraction: " + std::to_string(r.switch_fraction) + " is outside [0, 1]");
   if (r.switch_to && r.switch_fraction == 0.0)
-    throw Error(where + ".switch_fraction: must be > 0 when switch_to is set (the fraction of training, at its end, "
-                        "that runs `" + *r.switch_to + "`)");
+    throw Error(where +
+                ".switch_fraction: must be > 0 when switch_to is set (the fraction of training, at its end, "
+                "that runs `" +
+                *r.switch_to + "`)");
   if (!r.switch_to && r.switch_fraction != 0.0)
     throw Error(where + ".switch_to: switch_fraction is " + std::to_string(r.switch_fraction) +
-                " but no recipe to switch to is named; valid: a recipe name (" + [] {
+                " but no recipe to switch to is named; valid: a recipe name (" +
+                [] {
                   std::string s;
                   for (const auto& n : recipe_names()) s += (s.empty() ? "" : ", ") + n;
                   return s;
-                }() + ")");
+                }() +
+                ")");
   if (r.switch_to) {
     // Files may name each other; a depth limit stops A -> B -> A loops.
     static thread_local int depth = 0;
@@ -360,8 +364,8 @@ std::string describe(const Recipe& r) {
     s << "\n";
   }
   s << "  double_quantization : " << (r.double_quantization ? "yes" : "no") << "\n";
-  s << "  wgrad_rht           : " << (r.wgrad_rht ? "yes (16-point RHT along B, sign seed " + std::to_string(r.rht_seed) + ")"
-                                                  : std::string("no"))
+  s << "  wgrad_rht           : "
+    << (r.wgrad_rht ? "yes (16-point RHT along B, sign seed " + std::to_string(r.rht_seed) + ")" : std::string("no"))
     << "\n";
   s << "  high_precision      : " << (r.high_precision == HighPrecision::bf16 ? "bf16" : "fp32") << "\n";
   s << "  keep_high_precision : ";

@@ -84,7 +84,8 @@ Recipe uniform(const std::string& name, const std::string& source, QuantizerSpec
   Recipe r;
   r.name = name;
   r.source = source;
-  for (int i = 0; i < kOperandCount; ++i) r.operands[size_t(i)] = with_round(along(base, kAxis[i], k), rounds[size_t(i)]);
+  for (int i = 0; i < kOperandCount; ++i)
+    r.operands[size_t(i)] = with_round(along(base, kAxis[i], k), rounds[size_t(i)]);
   return r;
 }
 
@@ -103,7 +104,8 @@ std::vector<Recipe> build() {
   {  // BF16 mixed precision: operands rounded to bf16 (RN), FP32 accumulation.
     Recipe r;
     r.name = "bf16";
-    r.source = "BF16 mixed precision (Kalamkar et al. 2019, arXiv:1905.12322): bf16 GEMM operands (RN), FP32 accumulate";
+    r.source =
+        "BF16 mixed precision (Kalamkar et al. 2019, arXiv:1905.12322): bf16 GEMM operands (RN), FP32 accumulate";
     r.high_precision = HighPrecision::bf16;
     v.push_back(r);
   }

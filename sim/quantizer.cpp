@@ -108,11 +108,16 @@ struct Canned {
 
 const std::vector<Canned>& canned() {
   static const std::vector<Canned> list = {
-      {"mxfp4", mx(float4_e2m1fn)},          {"mxfp6_e2m3", mx(float6_e2m3fn)},
-      {"mxfp6_e3m2", mx(float6_e3m2fn)},     {"mxfp8_e4m3", mx(float8_e4m3fn)},
-      {"mxfp8_e5m2", mx(float8_e5m2)},       {"mxint8", mx(int8_mx)},
-      {"nvfp4", nv(1, 16)},                  {"nvfp4_2d", nv(16, 16)},
-      {"nvfp4_col", nv(16, 1)},              {"fp8_e4m3_tensor", per_tensor(float8_e4m3fn)},
+      {"mxfp4", mx(float4_e2m1fn)},
+      {"mxfp6_e2m3", mx(float6_e2m3fn)},
+      {"mxfp6_e3m2", mx(float6_e3m2fn)},
+      {"mxfp8_e4m3", mx(float8_e4m3fn)},
+      {"mxfp8_e5m2", mx(float8_e5m2)},
+      {"mxint8", mx(int8_mx)},
+      {"nvfp4", nv(1, 16)},
+      {"nvfp4_2d", nv(16, 16)},
+      {"nvfp4_col", nv(16, 1)},
+      {"fp8_e4m3_tensor", per_tensor(float8_e4m3fn)},
       {"fp8_e5m2_tensor", per_tensor(float8_e5m2)},
   };
   return list;
@@ -277,12 +282,13 @@ void validate(const QuantizerSpec& q, const std::string& where) {
     case ScaleRule::nv:
     case ScaleRule::nv_noglobal:
       if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn)
-        fail("scale_rule '" + std::string(scale_rule_name(q.scale_rule)) + "' needs an E4M3 scale (ue4m3 or e4m3), got '" +
-             std::string(q.scale->name) + "'");
+        fail("scale_rule '" + std::string(scale_rule_name(q.scale_rule)) +
+             "' needs an E4M3 scale (ue4m3 or e4m3), got '" + std::string(q.scale->name) + "'");
       break;
     case ScaleRule::tensor_amax:
-      if (q.scale != &float32) fail("scale_rule 'tensor_amax' uses float32 scales: scale must be f32, got '" +
-                                    std::string(q.scale->name) + "'");
+      if (q.scale != &float32)
+        fail("scale_rule 'tensor_amax' uses float32 scales: scale must be f32, got '" + std::string(q.scale->name) +
+             "'");
       break;
   }
   if (q.global_scale == GlobalScale::tensor_amax && q.scale_rule != ScaleRule::nv)
@@ -397,8 +403,8 @@ BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float>
         b.scale_codes[i] = uint8_t(s.code());
         b.scales[i] = s.nan ? quiet_nan_f() : pow2f(s.exp);
         b.mult[i] = s.nan ? quiet_nan_f() : pow2f(-s.exp);
-        b.flags[i] = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) |
-                             (s.nan ? flag_nan : 0));
+        b.flags[i] =
+            uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) | (s.nan ? flag_nan : 0));
       }
       break;
     }
@@ -510,8 +516,8 @@ void row_rn_blocks(const float* xr, const float* bm, const float* bs, int64_t bc
   }
 }
 
-using BlockRowFn = void (*)(const float*, const float*, const float*, int64_t, float, const float*, Overflow,
-                            uint8_t*, float*, int64_t);
+using BlockRowFn = void (*)(const float*, const float*, const float*, int64_t, float, const float*, Overflow, uint8_t*,
+                            float*, int64_t);
 
 template <bool Divide>
 BlockRowFn block_row_fn(const Format& f) {
@@ -623,9 +629,8 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
   const std::array<float, 256> tab = decode_table(*q.element);
   const bool fast = q.round == Round::rn;
   const RowFn fast_fn = fast ? (b.divide ? fast_row_fn<true>(*q.element) : fast_row_fn<false>(*q.element)) : nullptr;
-  const SrRowFn sr_fn = q.round == Round::rs
-                            ? (b.divide ? sr_row_fn<true>(*q.element) : sr_row_fn<false>(*q.element))
-                            : nullptr;
+  const SrRowFn sr_fn =
+      q.round == Round::rs ? (b.divide ? sr_row_fn<true>(*q.element) : sr_row_fn<false>(*q.element)) : nullptr;
   const BlockGrid& g = b.grid;
   const int64_t cols = x.cols;
   const BlockRowFn block_fn =
@@ -638,8 +643,8 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
       for (int64_t r = 0; r < x.rows; ++r) {
         const size_t bi = size_t((r / g.br) * g.nbc);
         uint8_t* codes = codes_out ? codes_out + r * cols : cb.data();
-        block_fn(x.data + r * x.stride, b.mult.data() + bi, b.scales.data() + bi, g.bc, b.g_dec, tab.data(),
-                 q.overflow, codes, dq_out + r * out_stride, cols);
+        block_fn(x.data + r * x.stride, b.mult.data() + bi, b.scales.data() + bi, g.bc, b.g_dec, tab.data(), q.overflow,
+                 codes, dq_out + r * out_stride, cols);
       }
     }
     return;

@@ -71,7 +71,7 @@ struct RandomStream {
 };
 
 struct QuantStats {
-  double sqnr_db = 0;            // 10 log10(sum x^2 / sum (x - dq)^2); +inf if exact
+  double sqnr_db = 0;  // 10 log10(sum x^2 / sum (x - dq)^2); +inf if exact
   double max_abs_error = 0;
   double flushed_to_zero = 0;    // fraction of non-zero inputs whose dequantized value is 0
   double saturated = 0;          // fraction of elements clamped to +-max of the element format
@@ -82,12 +82,12 @@ struct QuantStats {
 struct QuantizedTensor {
   QuantizerSpec spec;
   int64_t rows = 0, cols = 0;
-  std::vector<uint8_t> codes;        // [rows*cols], one element code per byte, row-major
+  std::vector<uint8_t> codes;              // [rows*cols], one element code per byte, row-major
   int64_t scale_rows = 0, scale_cols = 0;  // ceil(rows/block_rows) x ceil(cols/block_cols)
-  std::vector<uint8_t> scale_codes;  // [scale_rows*scale_cols] codes of spec.scale (empty for float32 scales)
-  std::vector<float> scales;         // decoded block scales (what multiplies an element code's value)
-  float global_decode = 1.0f;        // g_dec of the nv rule (1 when there is no global scale)
-  std::vector<float> dequant;        // [rows*cols]: decode(code) * scale * global_decode
+  std::vector<uint8_t> scale_codes;        // [scale_rows*scale_cols] codes of spec.scale (empty for float32 scales)
+  std::vector<float> scales;               // decoded block scales (what multiplies an element code's value)
+  float global_decode = 1.0f;              // g_dec of the nv rule (1 when there is no global scale)
+  std::vector<float> dequant;              // [rows*cols]: decode(code) * scale * global_decode
 };
 
 // Quantizes x (row-major [rows, cols], float32) bit-exactly. The result does

@@ -69,9 +69,9 @@ class Backend {
     return t;
   }
   virtual void fill(Tensor& t, float v) = 0;
-  virtual void upload(const float* host, Tensor& t) = 0;          // host -> t (t.size() floats)
-  virtual void download(const Tensor& t, float* host) = 0;        // t -> host
-  virtual void copy(const Tensor& src, Tensor& dst) = 0;          // same size
+  virtual void upload(const float* host, Tensor& t) = 0;    // host -> t (t.size() floats)
+  virtual void download(const Tensor& t, float* host) = 0;  // t -> host
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;    // same size
   virtual void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols) = 0;
 
   // Linear y = x W^T + b through the recipe (recipes/quantized_linear.hpp).

@@ -67,8 +67,8 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   const bool higher = runs[0].summary.value("higher_is_better", false);
   for (const auto& r : runs)
     if (r.summary.value("metric", "") != metric)
-      throw Error("compare: " + r.dir + " reports metric \"" + r.summary.value("metric", "") + "\" but " +
-                  runs[0].dir + " reports \"" + metric + "\"; compare runs of one task");
+      throw Error("compare: " + r.dir + " reports metric \"" + r.summary.value("metric", "") + "\" but " + runs[0].dir +
+                  " reports \"" + metric + "\"; compare runs of one task");
   // Baseline.
   int base = -1;
   for (size_t i = 0; i < runs.size() && base < 0; ++i)
@@ -109,8 +109,13 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
       << pad(std::isnan(gap) ? "-" : (gap >= 0 ? "+" : "") + f(gap, mf), 9, true)
       << pad(f(num(r.summary, "final_train_loss")), 12, true) << pad(f(num(r.summary, "ms_per_step"), "%.1f"), 10, true)
       << pad(f(num(r.summary, "items_per_s"), "%.0f"), 12, true) << "\n";
-    out.rows.push_back({{"dir", r.dir}, {"recipe", r.label}, {"status", r.summary.value("status", "?")},
-                        {"final", fin}, {"best", best}, {"gap", gap}, {"ms_per_step", num(r.summary, "ms_per_step")},
+    out.rows.push_back({{"dir", r.dir},
+                        {"recipe", r.label},
+                        {"status", r.summary.value("status", "?")},
+                        {"final", fin},
+                        {"best", best},
+                        {"gap", gap},
+                        {"ms_per_step", num(r.summary, "ms_per_step")},
                         {"items_per_s", num(r.summary, "items_per_s")}});
     if (!by_recipe.count(r.label)) order.push_back(r.label);
     by_recipe[r.label].push_back(fin);
@@ -120,7 +125,8 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   bool multi = false;
   for (const auto& [k, v] : by_recipe) multi |= v.size() > 1;
   if (multi) {
-    t << "\n" << pad("recipe", 26) << pad("seeds", 6, true) << pad("mean final", 12, true) << pad("std", 9, true)
+    t << "\n"
+      << pad("recipe", 26) << pad("seeds", 6, true) << pad("mean final", 12, true) << pad("std", 9, true)
       << pad("gap", 9, true) << "\n";
     for (const auto& k : order) {
       const auto& v = by_recipe[k];
@@ -152,8 +158,10 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
     // Training loss, moving average over a window of ~1% of the points (single-step losses are noisy).
     std::vector<std::pair<double, double>> pts, ev;
     for (const auto& m : runs[i].metrics) {
-      if (m.contains("eval") && m.contains(metric)) ev.emplace_back(num(m, "step"), num(m, metric.c_str()));
-      else if (m.contains("loss") && m["loss"].is_number()) pts.emplace_back(num(m, "step"), num(m, "loss"));
+      if (m.contains("eval") && m.contains(metric))
+        ev.emplace_back(num(m, "step"), num(m, metric.c_str()));
+      else if (m.contains("loss") && m["loss"].is_number())
+        pts.emplace_back(num(m, "step"), num(m, "loss"));
     }
     const size_t w = std::max<size_t>(1, pts.size() / 50);
     const fs::path lf = tmp / ("loss" + std::to_string(i) + ".dat"), ef = tmp / ("eval" + std::to_string(i) + ".dat");
@@ -170,7 +178,8 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
     }
     const std::string title = quote(runs[i].label + " (" + fs::path(runs[i].dir).filename().string() + ")");
     loss_plot += (i ? ", " : "") + quote(lf.string()) + " with lines lw 2 title " + title;
-    if (!ev.empty()) eval_plot += (eval_plot.empty() ? "" : ", ") + quote(ef.string()) + " with linespoints lw 2 title " + title;
+    if (!ev.empty())
+      eval_plot += (eval_plot.empty() ? "" : ", ") + quote(ef.string()) + " with linespoints lw 2 title " + title;
   }
   gp << "set title 'training loss (moving average)'\nset ylabel 'loss'\nplot " << loss_plot << "\n";
   if (!eval_plot.empty())

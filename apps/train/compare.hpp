@@ -15,10 +15,10 @@ struct CompareOptions {
 };
 
 struct CompareResult {
-  std::string table;              // the formatted table (also per-recipe means when a recipe has several seeds)
-  nlohmann::json rows;            // one object per run (the table's numbers)
-  std::string plot;               // the PNG written ("" if none)
-  std::string plot_note;          // why no plot was drawn, if so
+  std::string table;      // the formatted table (also per-recipe means when a recipe has several seeds)
+  nlohmann::json rows;    // one object per run (the table's numbers)
+  std::string plot;       // the PNG written ("" if none)
+  std::string plot_note;  // why no plot was drawn, if so
 };
 
 // Throws fp4lab::Error naming the directory whose summary.json/metrics.jsonl

@@ -65,11 +65,16 @@ class Obj {
  private:
   template <class T>
   static const char* type_of() {
-    if constexpr (std::is_same_v<T, bool>) return "true or false";
-    else if constexpr (std::is_unsigned_v<T>) return "a non-negative integer";
-    else if constexpr (std::is_integral_v<T>) return "an integer";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else return "a string";
+    if constexpr (std::is_same_v<T, bool>)
+      return "true or false";
+    else if constexpr (std::is_unsigned_v<T>)
+      return "a non-negative integer";
+    else if constexpr (std::is_integral_v<T>)
+      return "an integer";
+    else if constexpr (std::is_floating_point_v<T>)
+      return "a number";
+    else
+      return "a string";
   }
   const json& j_;
   std::string where_;
@@ -246,30 +251,53 @@ RunConfig config_from_json(const json& j, const std::string& where) {
 
 json config_to_json(const RunConfig& c) {
   const ModelConfig& m = c.model;
-  json model = {{"type", m.type}, {"layers", m.layers}, {"heads", m.heads}, {"width", m.width},
-                {"dropout", m.dropout}, {"bias", m.bias}, {"layernorm_eps", m.layernorm_eps}};
+  json model = {{"type", m.type},
+                {"layers", m.layers},
+                {"heads", m.heads},
+                {"width", m.width},
+                {"dropout", m.dropout},
+                {"bias", m.bias},
+                {"layernorm_eps", m.layernorm_eps}};
   if (m.type == "vit") {
-    model.update({{"image_size", m.image_size}, {"patch_size", m.patch_size}, {"channels", m.channels},
-                  {"classes", m.classes}, {"mlp_ratio", m.mlp_ratio}, {"attn_scale", m.attn_scale}});
+    model.update({{"image_size", m.image_size},
+                  {"patch_size", m.patch_size},
+                  {"channels", m.channels},
+                  {"classes", m.classes},
+                  {"mlp_ratio", m.mlp_ratio},
+                  {"attn_scale", m.attn_scale}});
   } else {
     model.update({{"context", m.context}, {"vocab_size", m.vocab_size}});
   }
   const TrainingConfig& t = c.training;
-  json training = {{"batch_size", t.batch_size}, {"steps", t.steps}, {"epochs", t.epochs},
-                   {"optimizer", t.optimizer}, {"lr", t.schedule.lr}, {"min_lr", t.schedule.min_lr},
-                   {"schedule", t.schedule.kind}, {"warmup_steps", t.schedule.warmup_steps},
-                   {"decay_steps", t.schedule.decay_steps}, {"beta1", t.adamw.beta1}, {"beta2", t.adamw.beta2},
-                   {"eps", t.adamw.eps}, {"weight_decay", t.adamw.weight_decay}, {"grad_clip", t.adamw.grad_clip},
-                   {"eval_interval", t.eval_interval}, {"eval_iters", t.eval_iters},
-                   {"eval_batch_size", t.eval_batch_size}, {"log_interval", t.log_interval},
+  json training = {{"batch_size", t.batch_size},
+                   {"steps", t.steps},
+                   {"epochs", t.epochs},
+                   {"optimizer", t.optimizer},
+                   {"lr", t.schedule.lr},
+                   {"min_lr", t.schedule.min_lr},
+                   {"schedule", t.schedule.kind},
+                   {"warmup_steps", t.schedule.warmup_steps},
+                   {"decay_steps", t.schedule.decay_steps},
+                   {"beta1", t.adamw.beta1},
+                   {"beta2", t.adamw.beta2},
+                   {"eps", t.adamw.eps},
+                   {"weight_decay", t.adamw.weight_decay},
+                   {"grad_clip", t.adamw.grad_clip},
+                   {"eval_interval", t.eval_interval},
+                   {"eval_iters", t.eval_iters},
+                   {"eval_batch_size", t.eval_batch_size},
+                   {"log_interval", t.log_interval},
                    {"checkpoint_interval", t.checkpoint_interval}};
-  json data = {{"type", c.data.type}, {"path", c.data.path}, {"train_limit", c.data.train_limit},
+  json data = {{"type", c.data.type},
+               {"path", c.data.path},
+               {"train_limit", c.data.train_limit},
                {"test_limit", c.data.test_limit}};
   if (c.data.type == "mnist") data.update({{"mean", c.data.mean}, {"std", c.data.std}});
-  return json{{"name", c.name}, {"model", model}, {"data", data}, {"training", training},
-              {"recipe", c.recipe}, {"layers", {{"keep_high_precision", c.keep_high_precision}}},
-              {"seed", c.seed}, {"backend", c.backend}, {"threads", c.threads},
-              {"output", {{"dir", c.output_dir}, {"name", c.output_name}}}};
+  return json{{"name", c.name},       {"model", model},
+              {"data", data},         {"training", training},
+              {"recipe", c.recipe},   {"layers", {{"keep_high_precision", c.keep_high_precision}}},
+              {"seed", c.seed},       {"backend", c.backend},
+              {"threads", c.threads}, {"output", {{"dir", c.output_dir}, {"name", c.output_name}}}};
 }
 
 json read_json_file(const std::string& path) {
@@ -300,8 +328,10 @@ void apply_set(json& j, const std::string& a) {
     const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (part.empty()) throw Error("--set \"" + a + "\": empty component in key \"" + key + "\"");
     if (!cur->is_object()) {
-      if (cur->is_null()) *cur = json::object();
-      else throw Error("--set \"" + a + "\": \"" + key.substr(0, start - 1) + "\" is not an object");
+      if (cur->is_null())
+        *cur = json::object();
+      else
+        throw Error("--set \"" + a + "\": \"" + key.substr(0, start - 1) + "\" is not an object");
     }
     if (dot == std::string::npos) {
       (*cur)[part] = v;

@@ -39,13 +39,13 @@ struct DataConfig {
 
 struct TrainingConfig {
   int64_t batch_size = 64;
-  int64_t steps = 0;    // total optimiser steps (0: from epochs)
-  double epochs = 0.0;  // mnist: steps = round(epochs * steps_per_epoch)
+  int64_t steps = 0;                // total optimiser steps (0: from epochs)
+  double epochs = 0.0;              // mnist: steps = round(epochs * steps_per_epoch)
   std::string optimizer = "adamw";  // "adam" = AdamW with weight_decay 0 everywhere
   ScheduleConfig schedule;
   AdamWConfig adamw;
-  int64_t eval_interval = 0;    // steps between evaluations (0: once per epoch for mnist, 250 for char)
-  int64_t eval_iters = 20;      // char: batches per split per evaluation
+  int64_t eval_interval = 0;       // steps between evaluations (0: once per epoch for mnist, 250 for char)
+  int64_t eval_iters = 20;         // char: batches per split per evaluation
   int64_t eval_batch_size = 1000;  // mnist test pass
   int64_t log_interval = 10;
   int64_t checkpoint_interval = 0;  // 0: at evaluations and at the end

@@ -145,8 +145,8 @@ class CpuBackend final : public Backend {
       }
     }
   }
-  void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean,
-                          const Tensor& rstd, Tensor& dx, float* dgamma, float* dbeta) override {
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
+                          Tensor& dx, float* dgamma, float* dbeta) override {
     const int64_t n = x.rows, c = x.cols;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
@@ -328,8 +328,7 @@ class CpuBackend final : public Backend {
       for (int64_t c = 0; c < C; ++c) o[c] = src[c] + pr[c];
     }
   }
-  void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls,
-                           Tensor& dpos) override {
+  void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls, Tensor& dpos) override {
     const int64_t L = dout.rows / batch, P = L - 1, C = dout.cols;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < batch * P; ++r) {
@@ -351,8 +350,7 @@ class CpuBackend final : public Backend {
     const int64_t n = logits.rows, v = logits.cols;
     for (int64_t r = 0; r < n; ++r)
       if (targets[r] < 0 || targets[r] >= v)
-        throw Error("cross_entropy: target " + std::to_string(targets[r]) + " outside [0, " + std::to_string(v) +
-                    ")");
+        throw Error("cross_entropy: target " + std::to_string(targets[r]) + " outside [0, " + std::to_string(v) + ")");
     std::vector<double> loss(static_cast<size_t>(n));
     std::vector<uint8_t> ok(static_cast<size_t>(n));
     const float inv_n = 1.0f / float(n);
@@ -399,8 +397,8 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) g.data[i] *= sc;
   }
-  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const uint8_t* decay, float lr, float b1,
-                  float b2, float eps, float wd, int64_t t) override {
+  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const uint8_t* decay, float lr, float b1, float b2,
+                  float eps, float wd, int64_t t) override {
     const int64_t n = p.size();
     const float bc1 = float(1.0 - std::pow(double(b1), double(t)));
     const float bc2s = float(std::sqrt(1.0 - std::pow(double(b2), double(t))));

@@ -187,8 +187,8 @@ class CudaBackend final : public Backend {
     check_size("layernorm_forward", "rstd", rstd, x.rows);
     nn::layernorm_forward(x.data, gamma, beta, eps, x.rows, x.cols, y.data, mean.data, rstd.data);
   }
-  void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean,
-                          const Tensor& rstd, Tensor& dx, float* dgamma, float* dbeta) override {
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
+                          Tensor& dx, float* dgamma, float* dbeta) override {
     check_shape("layernorm_backward", "dy", dy, x.rows, x.cols);
     check_shape("layernorm_backward", "dx", dx, x.rows, x.cols);
     check_size("layernorm_backward", "mean", mean, x.rows);
@@ -291,8 +291,7 @@ class CudaBackend final : public Backend {
     check_shape("vit_tokens_forward", "out", out, batch * (P + 1), C);
     nn::vit_tokens_forward(patches.data, batch, P, C, cls, pos.data, out.data);
   }
-  void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls,
-                           Tensor& dpos) override {
+  void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls, Tensor& dpos) override {
     if (batch <= 0 || dout.rows % batch != 0)
       throw Error("vit_tokens_backward: " + std::to_string(dout.rows) + " token rows do not split into batch " +
                   std::to_string(batch));
@@ -323,8 +322,7 @@ class CudaBackend final : public Backend {
     const int64_t n = logits.rows, v = logits.cols;
     for (int64_t r = 0; r < n; ++r)
       if (targets[r] < 0 || targets[r] >= v)
-        throw Error("cross_entropy: target " + std::to_string(targets[r]) + " outside [0, " + std::to_string(v) +
-                    ")");
+        throw Error("cross_entropy: target " + std::to_string(targets[r]) + " outside [0, " + std::to_string(v) + ")");
     if (dlogits) check_shape("cross_entropy", "dlogits", *dlogits, n, v);
     if (n == 0) {
       if (correct) *correct = 0;
@@ -350,8 +348,8 @@ class CudaBackend final : public Backend {
   // ---- optimiser ----
   double sum_squares(const Tensor& g) override { return nn::sum_squares(g.data, g.size(), scratch_); }
   void scale(Tensor& g, float s) override { nn::scale(g.data, g.size(), s); }
-  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const uint8_t* decay, float lr, float b1,
-                  float b2, float eps, float wd, int64_t t) override {
+  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const uint8_t* decay, float lr, float b1, float b2,
+                  float eps, float wd, int64_t t) override {
     const int64_t n = p.size();
     check_size("adamw_step", "grad", g, n);
     check_size("adamw_step", "m", m, n);
@@ -428,8 +426,7 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend() {
-  if (!fp4lab::cuda::gpu_available())
-    throw Error("backend \"cuda\": no CUDA device found (valid backends here: cpu)");
+  if (!fp4lab::cuda::gpu_available()) throw Error("backend \"cuda\": no CUDA device found (valid backends here: cpu)");
   return std::make_unique<CudaBackend>();
 }
 

@@ -58,8 +58,8 @@ constexpr cudaStream_t kStream = nullptr;  // the default stream
 // is transformed back (not a code times a scale).
 bool bf16_exact(const QuantizerSpec& q) {
   const Format* e = q.element;
-  const bool element = e == &float4_e2m1fn || e == &float6_e2m3fn || e == &float6_e3m2fn || e == &float8_e4m3fn ||
-                       e == &float8_e5m2;
+  const bool element =
+      e == &float4_e2m1fn || e == &float6_e2m3fn || e == &float6_e3m2fn || e == &float8_e4m3fn || e == &float8_e5m2;
   const bool scale = q.scale == &float8_e8m0fnu || q.scale == &ufloat8_e4m3;
   return element && scale && !q.rht;
 }
@@ -79,25 +79,26 @@ struct DevOperand {
 
 // Scratch of one GEMM operand, reused from call to call (grow-only).
 struct Slot {
-  DeviceBuffer<float> work;     // FP32 copy the plan is applied to
-  DeviceBuffer<uint16_t> h;     // BF16 operand
-  DeviceBuffer<float> g;        // [1] its global decode scale
-  DeviceBuffer<float> expand;   // FP32 value of a BF16 operand (mixed GEMMs, hook)
+  DeviceBuffer<float> work;    // FP32 copy the plan is applied to
+  DeviceBuffer<uint16_t> h;    // BF16 operand
+  DeviceBuffer<float> g;       // [1] its global decode scale
+  DeviceBuffer<float> expand;  // FP32 value of a BF16 operand (mixed GEMMs, hook)
 };
 
 struct CudaLinearState final : LinearState {
-  Tensor x;             // copy of the forward's input [B, in]
-  bool has_w = false;   // plan.reuse_fwd_w: the forward's fwd_w operand follows
+  Tensor x;            // copy of the forward's input [B, in]
+  bool has_w = false;  // plan.reuse_fwd_w: the forward's fwd_w operand follows
   bool w_bf16 = false;
   bool w_has_g = false;
-  Tensor w_op;          // FP32 [out, in], or BF16 bits packed two per float ([1, ceil(out*in/2)])
-  Tensor w_g;           // [1, 1]: g of a BF16 operand
+  Tensor w_op;  // FP32 [out, in], or BF16 bits packed two per float ([1, ceil(out*in/2)])
+  Tensor w_g;   // [1, 1]: g of a BF16 operand
 };
 
 std::string shape(int64_t r, int64_t c) { return "[" + std::to_string(r) + ", " + std::to_string(c) + "]"; }
 
 void check_int(int64_t v, const char* what) {
-  if (v > 0x7FFFFFFF) throw Error(std::string("CudaLinear: ") + what + " (" + std::to_string(v) + ") exceeds cuBLAS's int range");
+  if (v > 0x7FFFFFFF)
+    throw Error(std::string("CudaLinear: ") + what + " (" + std::to_string(v) + ") exceeds cuBLAS's int range");
 }
 
 }  // namespace
@@ -119,8 +120,9 @@ struct CudaLinear::Impl {
     auto to_work = [&] {
       if (cur == s.work.data()) return;
       ensure(s.work, n);
-      if (n > 0) check(cudaMemcpyAsync(s.work.data(), cur, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
-                       "CudaLinear: operand copy");
+      if (n > 0)
+        check(cudaMemcpyAsync(s.work.data(), cur, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+              "CudaLinear: operand copy");
       cur = s.work.data();
     };
     if (p.pre) {
@@ -198,10 +200,9 @@ struct CudaLinear::Impl {
     if (a.is_bf16() && b.is_bf16()) {
       cuda::alpha_beta_device(a.g, b.g, beta, alpha_beta.data(), kStream);
       check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
-      const cublasStatus_t st =
-          cublasGemmEx(h, ta, tb, int(m), int(n), int(k), alpha_beta.data(), a.bf16, CUDA_R_16BF, int(lda), b.bf16,
-                       CUDA_R_16BF, int(ldb), alpha_beta.data() + 1, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT);
+      const cublasStatus_t st = cublasGemmEx(h, ta, tb, int(m), int(n), int(k), alpha_beta.data(), a.bf16, CUDA_R_16BF,
+                                             int(lda), b.bf16, CUDA_R_16BF, int(ldb), alpha_beta.data() + 1, c,
+                                             CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
       check_cublas(st, "cublasGemmEx (bf16 operands, fp32 accumulation)");
       return;
@@ -210,9 +211,10 @@ struct CudaLinear::Impl {
     const float* bf = as_f32(b, b_elems, sb);
     const float alpha = 1.0f;
     check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
-    check_cublas(cublasGemmEx(h, ta, tb, int(m), int(n), int(k), &alpha, af, CUDA_R_32F, int(lda), bf, CUDA_R_32F,
-                              int(ldb), &beta, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmEx (fp32, pedantic)");
+    check_cublas(
+        cublasGemmEx(h, ta, tb, int(m), int(n), int(k), &alpha, af, CUDA_R_32F, int(lda), bf, CUDA_R_32F, int(ldb),
+                     &beta, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (fp32, pedantic)");
   }
 };
 
@@ -313,8 +315,8 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   {
     const DevOperand go = im.prepare(plan.operand(Operand::wgrad_grad_y), dy.data, B, out, im.slot[0]);
     const DevOperand xo = im.prepare(plan.operand(Operand::wgrad_x), st.x.data, B, in, im.slot[1]);
-    im.gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, B, xo, in, B * in, im.slot[1], go, out, B * out, im.slot[0],
-            dw_acc.data, in, 1.0f);
+    im.gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, B, xo, in, B * in, im.slot[1], go, out, B * out, im.slot[0], dw_acc.data,
+            in, 1.0f);
   }
 
   if (db_acc != nullptr) cuda::column_sums_add_device(dy.data, B, out, db_acc, im.colsum, kStream);

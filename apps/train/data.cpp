@@ -62,8 +62,9 @@ std::vector<uint8_t> read_idx_labels(const std::string& path, int64_t& count) {
                 " (re-run scripts/get_mnist.sh)");
   std::vector<uint8_t> l(b.begin() + 8, b.end());
   for (size_t i = 0; i < l.size(); ++i)
-    if (l[i] > 9) throw Error(path + ": label " + std::to_string(l[i]) + " at index " + std::to_string(i) +
-                              " is outside 0..9; the file is corrupt");
+    if (l[i] > 9)
+      throw Error(path + ": label " + std::to_string(l[i]) + " at index " + std::to_string(i) +
+                  " is outside 0..9; the file is corrupt");
   return l;
 }
 
@@ -79,9 +80,7 @@ ImageSet load_mnist(const std::string& dir, bool train) {
   return s;
 }
 
-int64_t ImageSampler::size() const {
-  return limit > 0 ? std::min(limit, set->count) : set->count;
-}
+int64_t ImageSampler::size() const { return limit > 0 ? std::min(limit, set->count) : set->count; }
 int64_t ImageSampler::steps_per_epoch() const { return (size() + batch_size - 1) / batch_size; }
 
 Batch ImageSampler::make(const std::vector<int64_t>& idx) const {
@@ -107,7 +106,8 @@ Batch ImageSampler::train_batch(int64_t step) const {
     perm_.resize(size_t(n));
     for (int64_t i = 0; i < n; ++i) perm_[size_t(i)] = i;
     for (int64_t i = n - 1; i > 0; --i)
-      std::swap(perm_[size_t(i)], perm_[size_t(draw(seed, kShuffleStream | uint64_t(epoch), uint64_t(i), uint64_t(i + 1)))]);
+      std::swap(perm_[size_t(i)],
+                perm_[size_t(draw(seed, kShuffleStream | uint64_t(epoch), uint64_t(i), uint64_t(i + 1)))]);
     cached_epoch_ = epoch;
   }
   const int64_t b0 = j * batch_size, b1 = std::min(n, b0 + batch_size);

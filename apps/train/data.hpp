@@ -32,7 +32,7 @@ std::vector<uint8_t> read_idx_labels(const std::string& path, int64_t& count);
 struct ImageSampler {
   const ImageSet* set = nullptr;
   int64_t batch_size = 64;
-  int64_t limit = 0;  // use only the first `limit` images (0 = all)
+  int64_t limit = 0;                    // use only the first `limit` images (0 = all)
   float mean = 0.1307f, std = 0.3081f;  // (x/255 - mean) / std, torchvision's MNIST normalisation
   uint64_t seed = 0;
   int64_t size() const;
@@ -51,8 +51,8 @@ struct ImageSampler {
 
 // ---- char-level text -----------------------------------------------------------
 struct CharText {
-  std::string vocab;                  // sorted unique characters (nanoGPT prepare.py)
-  std::vector<int32_t> train, val;    // first 90% / last 10% of the text, as ids
+  std::string vocab;                // sorted unique characters (nanoGPT prepare.py)
+  std::vector<int32_t> train, val;  // first 90% / last 10% of the text, as ids
 };
 // Throws naming the file if it is missing, empty or shorter than needed.
 CharText load_char_text(const std::string& path);

@@ -51,10 +51,10 @@ struct ModelConfig {
 
 // One training or evaluation batch on the host.
 struct Batch {
-  int64_t size = 0;             // images or sequences
-  std::vector<float> images;    // vit: [size, channels*image_size^2], already normalised
-  std::vector<int32_t> tokens;  // gpt: [size, context]
-  std::vector<int32_t> targets; // vit: [size] labels; gpt: [size, context] next tokens
+  int64_t size = 0;              // images or sequences
+  std::vector<float> images;     // vit: [size, channels*image_size^2], already normalised
+  std::vector<int32_t> tokens;   // gpt: [size, context]
+  std::vector<int32_t> targets;  // vit: [size] labels; gpt: [size, context] next tokens
 };
 
 struct StepContext {
@@ -98,9 +98,7 @@ struct LinearLayer {
   uint64_t id = 0;
   int w = -1, b = -1;  // parameter indices (b = -1: no bias)
   std::unique_ptr<LinearState> state;
-  LinearContext context(const StepContext& s) const {
-    return LinearContext{s.recipe, s.seed, id, s.step, name};
-  }
+  LinearContext context(const StepContext& s) const { return LinearContext{s.recipe, s.seed, id, s.step, name}; }
 };
 
 // Dropout stream of `site` (a model-specific index) at `step`.

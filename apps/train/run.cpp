@@ -83,9 +83,12 @@ Checkpoint load_checkpoint(const fs::path& path, int64_t n) {
 
 std::string fmt_duration(double s) {
   char b[32];
-  if (s < 60) std::snprintf(b, sizeof b, "%.0fs", s);
-  else if (s < 3600) std::snprintf(b, sizeof b, "%dm%02ds", int(s) / 60, int(s) % 60);
-  else std::snprintf(b, sizeof b, "%dh%02dm", int(s) / 3600, (int(s) / 60) % 60);
+  if (s < 60)
+    std::snprintf(b, sizeof b, "%.0fs", s);
+  else if (s < 3600)
+    std::snprintf(b, sizeof b, "%dm%02ds", int(s) / 60, int(s) % 60);
+  else
+    std::snprintf(b, sizeof b, "%dh%02dm", int(s) / 3600, (int(s) / 60) % 60);
   return b;
 }
 
@@ -169,7 +172,8 @@ RunResult run_training(const RunConfig& cfg_in, const RunOptions& opt) {
     json a = saved, b = resolved;
     for (json* x : {&a, &b}) x->erase("threads");
     if (a != b)
-      throw Error("cannot resume " + dir.string() + ": its config.json differs from this config (resume with the "
+      throw Error("cannot resume " + dir.string() +
+                  ": its config.json differs from this config (resume with the "
                   "same config and --set options)");
   } else {
     if (fs::exists(dir) && !fs::is_empty(dir)) {
@@ -251,8 +255,8 @@ RunResult run_training(const RunConfig& cfg_in, const RunOptions& opt) {
   };
   auto checkpoint = [&](int64_t step) {
     Checkpoint c;
-    c.header = {{"step", step}, {"adam_t", adam.steps_taken()}, {"best", best}, {"params", ps.size()},
-                {"recipe", label}};
+    c.header = {
+        {"step", step}, {"adam_t", adam.steps_taken()}, {"best", best}, {"params", ps.size()}, {"recipe", label}};
     c.values.resize(size_t(ps.size()));
     c.m.resize(size_t(ps.size()));
     c.v.resize(size_t(ps.size()));
@@ -330,7 +334,7 @@ RunResult run_training(const RunConfig& cfg_in, const RunOptions& opt) {
     const int64_t done = step + 1;
     const double ms = timed_steps ? 1000.0 * train_seconds / double(timed_steps) : 1000.0 * dt;
     if (done % tc.log_interval == 0 || done == total) {
-      metrics << json{{"step", done}, {"loss", loss}, {"lr", lr},
+      metrics << json{{"step", done},       {"loss", loss},      {"lr", lr},
                       {"grad_norm", gnorm}, {"ms_per_step", ms}, {"items_per_s", double(items) * 1000.0 / ms}}
                      .dump()
               << "\n";
@@ -340,9 +344,9 @@ RunResult run_training(const RunConfig& cfg_in, const RunOptions& opt) {
       if (tty) {
         const int width = 30, fill = int(double(width) * double(done) / double(total));
         char b2[256];
-        std::snprintf(b2, sizeof b2, "\r\033[K[%s%s] %lld/%lld loss %.4f %.1f ms/step ETA %s", std::string(size_t(fill), '#').c_str(),
-                      std::string(size_t(width - fill), '.').c_str(), (long long)done, (long long)total, loss, ms,
-                      fmt_duration(eta).c_str());
+        std::snprintf(b2, sizeof b2, "\r\033[K[%s%s] %lld/%lld loss %.4f %.1f ms/step ETA %s",
+                      std::string(size_t(fill), '#').c_str(), std::string(size_t(width - fill), '.').c_str(),
+                      (long long)done, (long long)total, loss, ms, fmt_duration(eta).c_str());
         log << b2 << std::flush;
       } else if (done % plain_every == 0 || done == total) {
         char b2[256];
@@ -353,8 +357,7 @@ RunResult run_training(const RunConfig& cfg_in, const RunOptions& opt) {
     }
     const bool eval_now = done % eval_interval == 0 || done == total;
     if (eval_now) record_eval(done);
-    if ((tc.checkpoint_interval > 0 ? done % tc.checkpoint_interval == 0 : eval_now) || done == total)
-      checkpoint(done);
+    if ((tc.checkpoint_interval > 0 ? done % tc.checkpoint_interval == 0 : eval_now) || done == total) checkpoint(done);
   }
   if (tty && opt.progress) log << "\n";
   metrics.close();

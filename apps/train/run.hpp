@@ -29,19 +29,19 @@
 namespace fp4lab::train {
 
 struct RunOptions {
-  bool resume = false;     // continue from <dir>/checkpoint.bin
-  bool force = false;      // overwrite an existing run directory
-  int64_t stop_after = -1; // stop (as if interrupted) once this many steps are done; -1 = run to the end
-  bool progress = true;    // progress bar on a TTY / log lines otherwise
+  bool resume = false;          // continue from <dir>/checkpoint.bin
+  bool force = false;           // overwrite an existing run directory
+  int64_t stop_after = -1;      // stop (as if interrupted) once this many steps are done; -1 = run to the end
+  bool progress = true;         // progress bar on a TTY / log lines otherwise
   std::ostream* log = nullptr;  // nullptr: std::cerr
 };
 
 struct RunResult {
   std::string dir;
-  std::string status;                 // "completed", "stopped" (stop_after), "diverged"
-  std::vector<double> step_losses;    // losses of the steps run in this invocation
-  int64_t first_step = 0;             // step index of step_losses[0]
-  std::vector<float> final_params;    // host copy of the parameters at the end
+  std::string status;               // "completed", "stopped" (stop_after), "diverged"
+  std::vector<double> step_losses;  // losses of the steps run in this invocation
+  int64_t first_step = 0;           // step index of step_losses[0]
+  std::vector<float> final_params;  // host copy of the parameters at the end
   nlohmann::json summary;
 };
 

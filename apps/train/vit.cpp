@@ -111,8 +111,8 @@ class Vit final : public Model {
           for (int64_t ch = 0; ch < cfg_.channels; ++ch)
             for (int64_t ky = 0; ky < P; ++ky)
               for (int64_t kx = 0; kx < P; ++kx)
-                *dst++ = bt.images[size_t(b * img + (ch * cfg_.image_size + py * P + ky) * cfg_.image_size +
-                                          px * P + kx)];
+                *dst++ =
+                    bt.images[size_t(b * img + (ch * cfg_.image_size + py * P + ky) * cfg_.image_size + px * P + kx)];
         }
     Tensor xp = be_.empty(B * patches_, patch_dim_);
     be_.upload(host.data(), xp);
@@ -121,8 +121,8 @@ class Vit final : public Model {
     be_.vit_tokens_forward(pe, B, params_.value_ptr(cls_), params_.value(pos_), h);
 
     const int64_t H = cfg_.heads, hd = E / H;
-    const float scale = cfg_.attn_scale == "sqrt_head_dim" ? float(std::sqrt(double(hd)))
-                                                           : float(1.0 / std::sqrt(double(hd)));
+    const float scale =
+        cfg_.attn_scale == "sqrt_head_dim" ? float(std::sqrt(double(hd))) : float(1.0 / std::sqrt(double(hd)));
     const float p = s.train ? float(cfg_.dropout) : 0.0f;
     for (size_t i = 0; i < blocks_.size(); ++i) {
       Block& k = blocks_[i];
@@ -130,8 +130,8 @@ class Vit final : public Model {
       k.a = be_.empty(B * L, E);
       k.mean1 = be_.empty(1, B * L);
       k.rstd1 = be_.empty(1, B * L);
-      be_.layernorm_forward(h, params_.value_ptr(k.ln1_w), params_.value_ptr(k.ln1_b), float(cfg_.layernorm_eps),
-                            k.a, k.mean1, k.rstd1);
+      be_.layernorm_forward(h, params_.value_ptr(k.ln1_w), params_.value_ptr(k.ln1_b), float(cfg_.layernorm_eps), k.a,
+                            k.mean1, k.rstd1);
       Tensor q = lin_fwd(k.q, s, k.a), kk = lin_fwd(k.k, s, k.a), v = lin_fwd(k.v, s, k.a);
       k.qkv = be_.empty(B * L, 3 * E);
       be_.copy_cols(q, 0, k.qkv, 0, E);
@@ -146,8 +146,8 @@ class Vit final : public Model {
       k.u = be_.empty(B * L, E);
       k.mean2 = be_.empty(1, B * L);
       k.rstd2 = be_.empty(1, B * L);
-      be_.layernorm_forward(k.h1, params_.value_ptr(k.ln2_w), params_.value_ptr(k.ln2_b),
-                            float(cfg_.layernorm_eps), k.u, k.mean2, k.rstd2);
+      be_.layernorm_forward(k.h1, params_.value_ptr(k.ln2_w), params_.value_ptr(k.ln2_b), float(cfg_.layernorm_eps),
+                            k.u, k.mean2, k.rstd2);
       k.up_y = lin_fwd(k.up, s, k.u);
       k.g = be_.empty(B * L, ffn_);
       be_.gelu_forward(k.up_y, k.g);
@@ -169,8 +169,8 @@ class Vit final : public Model {
 
   void backward(const Batch&, const StepContext& s, const Tensor& dlogits) {
     const int64_t B = batch_, E = cfg_.width, L = patches_ + 1, H = cfg_.heads, hd = E / H;
-    const float scale = cfg_.attn_scale == "sqrt_head_dim" ? float(std::sqrt(double(hd)))
-                                                           : float(1.0 / std::sqrt(double(hd)));
+    const float scale =
+        cfg_.attn_scale == "sqrt_head_dim" ? float(std::sqrt(double(hd))) : float(1.0 / std::sqrt(double(hd)));
     const float p = s.train ? float(cfg_.dropout) : 0.0f;
     Tensor dcls = lin_bwd(head_, s, dlogits);
     Tensor dh = be_.empty(B * L, E);
@@ -187,8 +187,8 @@ class Vit final : public Model {
       be_.gelu_backward(k.up_y, dg, dup);
       Tensor du = lin_bwd(k.up, s, dup);
       Tensor dh1 = be_.empty(B * L, E);
-      be_.layernorm_backward(du, k.h1, params_.value_ptr(k.ln2_w), k.mean2, k.rstd2, dh1,
-                             params_.grad_ptr(k.ln2_w), params_.grad_ptr(k.ln2_b));
+      be_.layernorm_backward(du, k.h1, params_.value_ptr(k.ln2_w), k.mean2, k.rstd2, dh1, params_.grad_ptr(k.ln2_w),
+                             params_.grad_ptr(k.ln2_b));
       be_.add_inplace(dh1, dh);
       // h1 = h + o_proj(attn(q, k, v of ln1(h)))
       Tensor datt = lin_bwd(k.o, s, dh1);
@@ -202,8 +202,8 @@ class Vit final : public Model {
       be_.add_inplace(da, lin_bwd(k.k, s, dk));
       be_.add_inplace(da, lin_bwd(k.v, s, dv));
       Tensor dx = be_.empty(B * L, E);
-      be_.layernorm_backward(da, k.x_in, params_.value_ptr(k.ln1_w), k.mean1, k.rstd1, dx,
-                             params_.grad_ptr(k.ln1_w), params_.grad_ptr(k.ln1_b));
+      be_.layernorm_backward(da, k.x_in, params_.value_ptr(k.ln1_w), k.mean1, k.rstd1, dx, params_.grad_ptr(k.ln1_w),
+                             params_.grad_ptr(k.ln1_b));
       be_.add_inplace(dx, dh1);
       dh = dx;
     }

@@ -69,7 +69,8 @@ inline double value(const Spec& s, uint32_t code) {
       return std::ldexp(1.0, int(code) - 127);
     default: break;
   }
-  double v = E == 0 ? std::ldexp(double(M), 1 - s.bias - s.m) : std::ldexp(double((1u << s.m) + M), int(E) - s.bias - s.m);
+  double v =
+      E == 0 ? std::ldexp(double(M), 1 - s.bias - s.m) : std::ldexp(double((1u << s.m) + M), int(E) - s.bias - s.m);
   return neg ? -v : v;
 }
 
@@ -120,9 +121,12 @@ struct Ref {
   double over;  // the first value beyond max in an unbounded exponent range
   explicit Ref(const Spec& sp) : s(sp), pos(positive_values(sp)) {
     const double max = pos.back().v;
-    if (s.kind == Kind::int8) over = max + 1.0 / 64;
-    else if (s.kind == Kind::e8m0) over = 2 * max;
-    else over = max + std::ldexp(1.0, int(std::floor(std::log2(max))) - s.m);
+    if (s.kind == Kind::int8)
+      over = max + 1.0 / 64;
+    else if (s.kind == Kind::e8m0)
+      over = 2 * max;
+    else
+      over = max + std::ldexp(1.0, int(std::floor(std::log2(max))) - s.m);
   }
   // Nearest values below (or equal) and above a non-negative finite |x|
   // (`over` above max).

@@ -45,13 +45,15 @@ TEST_CASE("encoder agrees with cuda_fp8.h for e4m3/e5m2 (rn, both overflow polic
     __nv_fp8_interpretation_t interp;
   } cases[] = {{&float8_e4m3fn, __NV_E4M3}, {&float8_e5m2, __NV_E5M2}};
   for (const auto& c : cases) {
-    for (auto [sat, ovf] : {std::pair{__NV_SATFINITE, Overflow::saturate}, std::pair{__NV_NOSAT, Overflow::nonsaturate}}) {
+    for (auto [sat, ovf] :
+         {std::pair{__NV_SATFINITE, Overflow::saturate}, std::pair{__NV_NOSAT, Overflow::nonsaturate}}) {
       int64_t mismatches = 0;
       for (float x : xs) {
         const uint32_t want = cuda_raw(__nv_cvt_float_to_fp8(x, sat, c.interp));
         const uint32_t got = encode(*c.f, x, Round::rn, ovf);
         if (want != got) {
-          if (mismatches < 5) MESSAGE(c.f->name, " x=", x, " bits=", float_bits(x), " cuda=", want, " ours=", got, " sat=", int(sat));
+          if (mismatches < 5)
+            MESSAGE(c.f->name, " x=", x, " bits=", float_bits(x), " cuda=", want, " ours=", got, " sat=", int(sat));
           ++mismatches;
         }
         // CUDA's double converter keeps a NaN's sign (its float converter does
@@ -61,7 +63,8 @@ TEST_CASE("encoder agrees with cuda_fp8.h for e4m3/e5m2 (rn, both overflow polic
         const double xd = x;
         const uint32_t want_d = cuda_raw(__nv_cvt_double_to_fp8(xd, sat, c.interp));
         if (want_d != encode(*c.f, xd, Round::rn, ovf)) {
-          if (mismatches < 5) MESSAGE(c.f->name, " double x=", xd, " cuda=", want_d, " ours=", encode(*c.f, xd, Round::rn, ovf));
+          if (mismatches < 5)
+            MESSAGE(c.f->name, " double x=", xd, " cuda=", want_d, " ours=", encode(*c.f, xd, Round::rn, ovf));
           ++mismatches;
         }
         if (c.f == &float8_e5m2 && encode_rn_f32<float8_e5m2>(x, ovf) != got) ++mismatches;
@@ -99,11 +102,14 @@ TEST_CASE("encoder agrees with cuda_fp8.h's e8m0 converter (rz, rp; both overflo
   for (float x : xs) {
     if (x < 0.0f) continue;  // CUDA takes |x| for e8m0; fp4lab encodes negatives as NaN (documented)
     for (auto [cr, r] : {std::pair{cudaRoundZero, Round::rz}, std::pair{cudaRoundPosInf, Round::rp}}) {
-      for (auto [sat, ovf] : {std::pair{__NV_SATFINITE, Overflow::saturate}, std::pair{__NV_NOSAT, Overflow::nonsaturate}}) {
+      for (auto [sat, ovf] :
+           {std::pair{__NV_SATFINITE, Overflow::saturate}, std::pair{__NV_NOSAT, Overflow::nonsaturate}}) {
         const uint32_t want = __nv_cvt_float_to_e8m0(x, sat, cr);
         const uint32_t got = encode(float8_e8m0fnu, x, r, ovf);
         if (want != got) {
-          if (mm < 5) MESSAGE("e8m0 x=", x, " bits=", float_bits(x), " cuda=", want, " ours=", got, " r=", int(r), " sat=", int(sat));
+          if (mm < 5)
+            MESSAGE("e8m0 x=", x, " bits=", float_bits(x), " cuda=", want, " ours=", got, " r=", int(r),
+                    " sat=", int(sat));
           ++mm;
         }
       }
@@ -117,13 +123,15 @@ TEST_CASE("encoder agrees with cuda_bf16.h / cuda_fp16.h in every mode they offe
   int64_t mm = 0;
   for (float x : xs) {
     __nv_bfloat16_raw b = __float2bfloat16_rn(x);
-    __half_raw h_rn = __float2half_rn(x), h_rz = __float2half_rz(x), h_rd = __float2half_rd(x), h_ru = __float2half_ru(x);
+    __half_raw h_rn = __float2half_rn(x), h_rz = __float2half_rz(x), h_rd = __float2half_rd(x),
+               h_ru = __float2half_ru(x);
     if (b.x != encode(bfloat16, x, Round::rn, Overflow::nonsaturate)) ++mm;
     if (h_rn.x != encode(float16, x, Round::rn, Overflow::nonsaturate)) ++mm;
     if (h_rz.x != encode(float16, x, Round::rz, Overflow::nonsaturate)) ++mm;
     if (h_rd.x != encode(float16, x, Round::rm, Overflow::nonsaturate)) ++mm;
     if (h_ru.x != encode(float16, x, Round::rp, Overflow::nonsaturate)) {
-      if (mm < 5) MESSAGE("f16 ru x=", x, " cuda=", h_ru.x, " ours=", encode(float16, x, Round::rp, Overflow::nonsaturate));
+      if (mm < 5)
+        MESSAGE("f16 ru x=", x, " cuda=", h_ru.x, " ours=", encode(float16, x, Round::rp, Overflow::nonsaturate));
       ++mm;
     }
     if (encode_rn_f32<bfloat16>(x, Overflow::nonsaturate) != b.x) ++mm;

@@ -259,7 +259,9 @@ TEST_CASE("encode: every code re-encodes to itself under every mode and policy (
           const uint32_t got_f = encode(*s.f, v, r, o, rb);
           const uint32_t got_d = encode(*s.f, double(v), r, o, rb);
           if (got_f != w || got_d != w) {
-            if (bad < 5) MESSAGE("code ", fmt_code(c), " ", round_name(r), " ", overflow_name(o), " -> ", fmt_code(got_f), "/", fmt_code(got_d));
+            if (bad < 5)
+              MESSAGE("code ", fmt_code(c), " ", round_name(r), " ", overflow_name(o), " -> ", fmt_code(got_f), "/",
+                      fmt_code(got_d));
             ++bad;
           }
         }
@@ -288,7 +290,9 @@ TEST_CASE("encode: agrees with the brute-force reference near every value, every
           const uint32_t want = R.encode(double(x), r, o, r == Round::rs && rs_up_ref(R, x, rb));
           const uint32_t got = encode(*s.f, x, r, o, rb);
           if (got != want) {
-            if (bad < 8) MESSAGE(s.f->name, " float x=", double(x), " ", round_name(r), " ", overflow_name(o), " want ", fmt_code(want), " got ", fmt_code(got));
+            if (bad < 8)
+              MESSAGE(s.f->name, " float x=", double(x), " ", round_name(r), " ", overflow_name(o), " want ",
+                      fmt_code(want), " got ", fmt_code(got));
             ++bad;
           }
         }
@@ -297,7 +301,9 @@ TEST_CASE("encode: agrees with the brute-force reference near every value, every
           const uint32_t want = R.encode(x, r, o, r == Round::rs && rs_up_ref(R, x, rb));
           const uint32_t got = encode(*s.f, x, r, o, rb);
           if (got != want) {
-            if (bad < 8) MESSAGE(s.f->name, " double x=", x, " ", round_name(r), " ", overflow_name(o), " want ", fmt_code(want), " got ", fmt_code(got));
+            if (bad < 8)
+              MESSAGE(s.f->name, " double x=", x, " ", round_name(r), " ", overflow_name(o), " want ", fmt_code(want),
+                      " got ", fmt_code(got));
             ++bad;
           }
         }
@@ -337,7 +343,8 @@ int64_t fast_path_mismatches(const std::vector<float>& xs) {
     for (float x : xs) {
       const uint32_t a = encode_rn_f32<F>(x, o), b = encode(F, x, Round::rn, o);
       if (a != b) {
-        if (bad < 5) MESSAGE(F.name, " x bits ", fmt_code(float_bits(x)), " fast ", fmt_code(a), " generic ", fmt_code(b));
+        if (bad < 5)
+          MESSAGE(F.name, " x bits ", fmt_code(float_bits(x)), " fast ", fmt_code(a), " generic ", fmt_code(b));
         ++bad;
       }
     }
@@ -439,9 +446,9 @@ TEST_CASE("stochastic rounding is unbiased: E[q(x)] = x within 5 sigma of the bi
   struct Case {
     const Format* f;
     float x;
-  } cases[] = {{&float4_e2m1fn, 0.3f},  {&float4_e2m1fn, 2.7f},   {&float4_e2m1fn, -5.1f}, {&float8_e4m3fn, 0.1234f},
+  } cases[] = {{&float4_e2m1fn, 0.3f},   {&float4_e2m1fn, 2.7f},  {&float4_e2m1fn, -5.1f}, {&float8_e4m3fn, 0.1234f},
                {&float8_e4m3fn, 300.7f}, {&float8_e4m3fn, 3e-3f}, {&float8_e5m2, 1.1f},    {&bfloat16, 1.0f + 0x1p-10f},
-               {&float6_e3m2fn, -0.2f}, {&int8_mx, 0.01f}};
+               {&float6_e3m2fn, -0.2f},  {&int8_mx, 0.01f}};
   const size_t n = 1 << 18;
   for (const Case& c : cases) {
     INFO(c.f->name, " x=", double(c.x));
@@ -472,8 +479,10 @@ TEST_CASE("stochastic rounding is unbiased: E[q(x)] = x within 5 sigma of the bi
     int64_t ups = 0, others = 0;
     for (float v : q) {
       const double m = std::fabs(double(v));
-      if (m == hi) ++ups;
-      else if (m != lo) ++others;
+      if (m == hi)
+        ++ups;
+      else if (m != lo)
+        ++others;
     }
     CHECK(others == 0);
     const double sigma = std::sqrt(double(n) * p * (1 - p));
@@ -506,8 +515,10 @@ TEST_CASE("array helpers: same bits on 1 and many threads; index_offset; decode_
       std::vector<uint8_t> a8(n), b8(n);
       auto run = [&](int threads, std::vector<uint8_t>& c8, std::vector<uint16_t>& c16, bool dbl) {
         omp_set_num_threads(threads);
-        if (code_bytes(*f) == 1) dbl ? encode_array(*f, xd.data(), c8.data(), n, opt) : encode_array(*f, x.data(), c8.data(), n, opt);
-        else dbl ? encode_array(*f, xd.data(), c16.data(), n, opt) : encode_array(*f, x.data(), c16.data(), n, opt);
+        if (code_bytes(*f) == 1)
+          dbl ? encode_array(*f, xd.data(), c8.data(), n, opt) : encode_array(*f, x.data(), c8.data(), n, opt);
+        else
+          dbl ? encode_array(*f, xd.data(), c16.data(), n, opt) : encode_array(*f, x.data(), c16.data(), n, opt);
       };
       for (bool dbl : {false, true}) {
         run(1, a8, a16, dbl);

@@ -92,11 +92,23 @@ TEST_CASE("format: every code of every format decodes to its defined value (exha
     CHECK(bad == 0);
     // NaN/Inf counts from the definitions.
     switch (s.kind) {
-      case ref::Kind::ieee: CHECK(nans == 2 * ((1 << s.m) - 1)); CHECK(infs == 2); break;
-      case ref::Kind::fn: CHECK(nans == (s.is_signed ? 2 : 1)); CHECK(infs == 0); break;
+      case ref::Kind::ieee:
+        CHECK(nans == 2 * ((1 << s.m) - 1));
+        CHECK(infs == 2);
+        break;
+      case ref::Kind::fn:
+        CHECK(nans == (s.is_signed ? 2 : 1));
+        CHECK(infs == 0);
+        break;
       case ref::Kind::fnuz:
-      case ref::Kind::e8m0: CHECK(nans == 1); CHECK(infs == 0); break;
-      default: CHECK(nans == 0); CHECK(infs == 0); break;
+      case ref::Kind::e8m0:
+        CHECK(nans == 1);
+        CHECK(infs == 0);
+        break;
+      default:
+        CHECK(nans == 0);
+        CHECK(infs == 0);
+        break;
     }
     // Derived limits agree with the definition's extreme codes.
     const auto pos = ref::positive_values(s);
@@ -108,7 +120,8 @@ TEST_CASE("format: every code of every format decodes to its defined value (exha
 }
 
 TEST_CASE("format: float32 descriptor decodes float32 bit patterns") {
-  const uint32_t pats[] = {0u, 0x80000000u, 1u, 0x00800000u, 0x3F800000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x7F800000u, 0xC0490FDBu};
+  const uint32_t pats[] = {0u,          0x80000000u, 1u,          0x00800000u, 0x3F800000u,
+                           0x7F7FFFFFu, 0xFF7FFFFFu, 0x7F800000u, 0xC0490FDBu};
   for (uint32_t p : pats) {
     float want;
     std::memcpy(&want, &p, 4);

@@ -86,7 +86,10 @@ TEST_CASE("npy: round trip of every dtype and several shapes") {
       DType t;
       const void* p;
       size_t bytes;
-    } items[] = {{DType::float32, f.data(), 4 * n}, {DType::float64, d.data(), 8 * n}, {DType::uint8, u8.data(), n}, {DType::uint16, u16.data(), 2 * n}};
+    } items[] = {{DType::float32, f.data(), 4 * n},
+                 {DType::float64, d.data(), 8 * n},
+                 {DType::uint8, u8.data(), n},
+                 {DType::uint16, u16.data(), 2 * n}};
     for (const Item& it : items) {
       INFO(dtype_name(it.t), " ", shape_str(s));
       const std::string p = tmp.path("a.npy");
@@ -124,7 +127,8 @@ TEST_CASE("npy: reads files laid out as NumPy writes them (v1 and v2 headers)") 
   CHECK(std::memcmp(a.bytes.data(), vals, 12) == 0);
   const NpyArray b = read_npy(tmp.path("v2.npy"));
   CHECK(b.shape == Shape{1, 3});
-  write_file(tmp.path("u8.npy"), npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 2), }", "\x01\x02\x03\x04"));
+  write_file(tmp.path("u8.npy"),
+             npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 2), }", "\x01\x02\x03\x04"));
   CHECK(read_npy(tmp.path("u8.npy")).dtype == DType::uint8);
 }
 
@@ -140,7 +144,8 @@ TEST_CASE("npy: clear errors for bad files") {
       {"be.npy", npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }", f4), "unsupported dtype '>f4'"},
       {"fortran.npy", npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (3, 1), }", f4), "Fortran"},
       {"short.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", f4), "truncated .npy data"},
-      {"header.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", f4).substr(0, 30), "truncated .npy header"},
+      {"header.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", f4).substr(0, 30),
+       "truncated .npy header"},
       {"version.npy", std::string("\x93NUMPY\x09\x00", 8) + "xx", "version 9"},
   };
   for (const Bad& b : bads) {

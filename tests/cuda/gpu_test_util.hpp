@@ -61,9 +61,27 @@ inline std::vector<float> adversarial(int64_t rows, int64_t cols, uint32_t seed,
   std::vector<float> v = varied_randn(rows, cols, seed, 20);
   std::mt19937 g(seed + 1);
   std::uniform_int_distribution<size_t> pick(0, v.size() - 1);
-  const float specials[] = {0.0f, -0.0f, 1e-45f, -1e-45f, 1.17549435e-38f, 3.4028235e38f, -3.4028235e38f,
-                            0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -5.0f, 6.0f, 7.0f, 448.0f, 464.0f,
-                            0.0009765625f, 2.384185791015625e-07f};
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1e-45f,
+                            -1e-45f,
+                            1.17549435e-38f,
+                            3.4028235e38f,
+                            -3.4028235e38f,
+                            0.25f,
+                            0.75f,
+                            1.25f,
+                            1.75f,
+                            2.5f,
+                            3.5f,
+                            5.0f,
+                            -5.0f,
+                            6.0f,
+                            7.0f,
+                            448.0f,
+                            464.0f,
+                            0.0009765625f,
+                            2.384185791015625e-07f};
   for (size_t k = 0; k < v.size() / 6; ++k) v[pick(g)] = specials[k % (sizeof specials / sizeof *specials)];
   if (with_nan_inf && v.size() > 64) {
     v[pick(g)] = std::nanf("");
@@ -88,8 +106,8 @@ inline bool same_bits(const char* what, const std::vector<float>& a, const std::
   }
   for (size_t i = 0; i < a.size(); ++i) {
     if (float_bits(a[i]) != float_bits(b[i]) && !(std::isnan(a[i]) && std::isnan(b[i]))) {
-      std::printf("%s: first mismatch at %zu: gpu %g (0x%08x) cpu %g (0x%08x)", what, i, double(a[i]),
-                  float_bits(a[i]), double(b[i]), float_bits(b[i]));
+      std::printf("%s: first mismatch at %zu: gpu %g (0x%08x) cpu %g (0x%08x)", what, i, double(a[i]), float_bits(a[i]),
+                  double(b[i]), float_bits(b[i]));
       if (input && i < input->size()) std::printf(" input %g (0x%08x)", double((*input)[i]), float_bits((*input)[i]));
       std::printf("\n");
       return false;

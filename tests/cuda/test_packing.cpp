@@ -29,7 +29,8 @@ TEST_CASE("cuda packing: FP4 pack and nibble-packed transpose equal sim's") {
     const auto codes = random_bytes(size_t(rows * cols), uint32_t(rows * 1000 + cols), 0xF);
     DeviceBuffer<uint8_t> dcodes;
     dcodes.upload(codes);
-    DeviceBuffer<uint8_t> packed(static_cast<size_t>(rows * ((cols + 1) / 2))), tr(static_cast<size_t>(cols * ((rows + 1) / 2)));
+    DeviceBuffer<uint8_t> packed(static_cast<size_t>(rows * ((cols + 1) / 2))),
+        tr(static_cast<size_t>(cols * ((rows + 1) / 2)));
     packed.fill_bytes(0xEE);
     tr.fill_bytes(0xEE);
     pack_fp4_device(dcodes.data(), rows, cols, packed.data());

@@ -33,8 +33,10 @@ bool check_case(const QuantizerSpec& q, const std::vector<float>& x, Size s, Ran
   const QuantizedTensor cpu = quantize(q, v, rs);
   const QuantizedTensor gpu = quantize_gpu(q, v, rs, path, bf16);
   if (same_quantized(gpu, cpu, x)) return true;
-  std::printf("  case: %s, %lld x %lld, path %s, input %s\n", describe(q).c_str(), (long long)s.rows,
-              (long long)s.cols, path == QuantPath::fused ? "fused" : path == QuantPath::generic ? "generic" : "auto",
+  std::printf("  case: %s, %lld x %lld, path %s, input %s\n", describe(q).c_str(), (long long)s.rows, (long long)s.cols,
+              path == QuantPath::fused     ? "fused"
+              : path == QuantPath::generic ? "generic"
+                                           : "auto",
               bf16 ? "bf16" : "f32");
   return false;
 }
@@ -91,8 +93,8 @@ TEST_CASE("cuda quantize: every block shape x scale rule x element, partial bloc
                         {ScaleRule::nv_noglobal, &ufloat8_e4m3, GlobalScale::none},
                         {ScaleRule::tensor_amax, &float32, GlobalScale::none}};
   const int shapes[][2] = {{1, 16}, {1, 32}, {16, 16}, {16, 1}, {32, 1}, {0, 0}, {4, 8}, {1, 7}, {3, 1}, {2, 64}};
-  const Format* elems[] = {&float4_e2m1fn, &float6_e2m3fn, &float6_e3m2fn, &float8_e4m3fn, &float8_e5m2,
-                           &float8_e4m3fnuz, &float8_e5m2fnuz, &int8_mx};
+  const Format* elems[] = {&float4_e2m1fn, &float6_e2m3fn,   &float6_e3m2fn,   &float8_e4m3fn,
+                           &float8_e5m2,   &float8_e4m3fnuz, &float8_e5m2fnuz, &int8_mx};
   const Size sizes[] = {{37, 53}, {48, 64}};
   int cases = 0, failures = 0;
   for (const Rule& rl : rules) {
@@ -129,8 +131,8 @@ TEST_CASE("cuda quantize: every block shape x scale rule x element, partial bloc
 
 TEST_CASE("cuda quantize: adversarial values (NaN, Inf, zero blocks, subnormals, ties, FLT_MAX)") {
   FP4LAB_REQUIRE_GPU();
-  const char* names[] = {"nvfp4", "nvfp4_2d", "nvfp4_col", "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8",
-                         "mxfp6_e2m3", "fp8_e4m3_tensor"};
+  const char* names[] = {"nvfp4",      "nvfp4_2d", "nvfp4_col",  "mxfp4",          "mxfp8_e4m3",
+                         "mxfp8_e5m2", "mxint8",   "mxfp6_e2m3", "fp8_e4m3_tensor"};
   int failures = 0, cases = 0;
   for (bool nan_inf : {false, true}) {
     for (const char* n : names) {
@@ -285,11 +287,12 @@ TEST_CASE("cuda fake_quantize: in place, inverse RHT, equals sim's fake_quantize
     int br, bc;
     Size size;
   };
-  const Case cases[] = {{"nvfp4", Round::rn, false, 1, 16, {37, 53}},   {"nvfp4", Round::rs, true, 1, 16, {37, 64}},
-                        {"nvfp4", Round::rs, true, 16, 1, {48, 53}},    {"nvfp4", Round::rn, true, 16, 1, {32, 96}},
-                        {"nvfp4_2d", Round::rn, false, 16, 16, {45, 70}}, {"mxfp4", Round::rs, false, 1, 32, {33, 100}},
-                        {"mxfp8_e4m3", Round::rm, false, 32, 1, {70, 45}}, {"fp8_e4m3_tensor", Round::rn, false, 0, 0, {20, 30}},
-                        {"mxint8", Round::rna, false, 4, 8, {21, 19}}};
+  const Case cases[] = {
+      {"nvfp4", Round::rn, false, 1, 16, {37, 53}},      {"nvfp4", Round::rs, true, 1, 16, {37, 64}},
+      {"nvfp4", Round::rs, true, 16, 1, {48, 53}},       {"nvfp4", Round::rn, true, 16, 1, {32, 96}},
+      {"nvfp4_2d", Round::rn, false, 16, 16, {45, 70}},  {"mxfp4", Round::rs, false, 1, 32, {33, 100}},
+      {"mxfp8_e4m3", Round::rm, false, 32, 1, {70, 45}}, {"fp8_e4m3_tensor", Round::rn, false, 0, 0, {20, 30}},
+      {"mxint8", Round::rna, false, 4, 8, {21, 19}}};
   int failures = 0;
   for (const Case& c : cases) {
     QuantizerSpec q = quantizer_by_name(c.name);

@@ -301,7 +301,8 @@ TEST_CASE("nvfp4: W's 16x16 quantization is the transpose of W^T's") {
     const QuantizedTensor d = quantize(q1, MatrixView<const float>(wt.data(), cols, rows));
     bool same1 = true;
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) same1 = same1 && c.dequant[size_t(i * cols + j)] == d.dequant[size_t(j * rows + i)];
+      for (int64_t j = 0; j < cols; ++j)
+        same1 = same1 && c.dequant[size_t(i * cols + j)] == d.dequant[size_t(j * rows + i)];
     CHECK_FALSE(same1);
   }
 }

@@ -36,9 +36,15 @@ const Operand kOps[kOperandCount] = {Operand::fwd_x,   Operand::fwd_w,        Op
 }  // namespace
 
 TEST_CASE("recipe registry lists the nine canned recipes") {
-  const std::vector<std::string> expected = {"fp32",     "bf16",          "mxfp8",           "mx_baseline",
-                                             "nvidia_round_to_infinity", "tetrajet", "fp4_all_the_way",
-                                             "nvfp4_fwd_mxfp8_bwd", "nvfp4"};
+  const std::vector<std::string> expected = {"fp32",
+                                             "bf16",
+                                             "mxfp8",
+                                             "mx_baseline",
+                                             "nvidia_round_to_infinity",
+                                             "tetrajet",
+                                             "fp4_all_the_way",
+                                             "nvfp4_fwd_mxfp8_bwd",
+                                             "nvfp4"};
   const auto names = recipe_names();
   for (const auto& n : expected) {
     CAPTURE(n);

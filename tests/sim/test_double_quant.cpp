@@ -11,8 +11,8 @@ using namespace fp4lab;
 TEST_CASE("double quantization: [1,32] then [32,1] from the dequantized tensor") {
   // Hand-worked 2 x 2 case with [1,2] then [2,1] blocks, mxfp4 elements:
   //   x = [[6, 1.2], [0.3, 0.7]]
-  //   stage 1 (rows): row 0 amax 6 -> e = 0: [6, 1.0]; row 1 amax 0.7 -> e = -3: [0.3*8 = 2.4 -> 2, 0.7*8 = 5.6 -> 6] / 8 = [0.25, 0.75]
-  //   stage 2 (cols): col 0 = [6, 0.25], amax 6 -> e = 0: 0.25 -> tie 0/0.5 -> 0: [6, 0];
+  //   stage 1 (rows): row 0 amax 6 -> e = 0: [6, 1.0]; row 1 amax 0.7 -> e = -3: [0.3*8 = 2.4 -> 2, 0.7*8 = 5.6 -> 6] /
+  //   8 = [0.25, 0.75] stage 2 (cols): col 0 = [6, 0.25], amax 6 -> e = 0: 0.25 -> tie 0/0.5 -> 0: [6, 0];
   //                   col 1 = [1.0, 0.75], amax 1 -> e = -2: [4, 3] / 4 = [1.0, 0.75]
   QuantizerSpec first = quantizer_by_name("mxfp4");
   first.block_cols = 2;

@@ -36,8 +36,8 @@ TEST_CASE("quantized_gemm: representable operands are exact; random operands clo
   std::vector<float> A(m * k), B(nn * k);
   for (auto& v : A) v = n(g);
   for (auto& v : B) v = n(g);
-  Tensor<float> Y = quantized_gemm(quantizer_by_name("nvfp4"), {A.data(), m, k}, quantizer_by_name("nvfp4"),
-                                   {B.data(), nn, k});
+  Tensor<float> Y =
+      quantized_gemm(quantizer_by_name("nvfp4"), {A.data(), m, k}, quantizer_by_name("nvfp4"), {B.data(), nn, k});
   double num = 0, den = 0;
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < nn; ++j) {

@@ -54,11 +54,11 @@ TEST_CASE("canned quantizers, JSON round trip, errors name the key") {
     CHECK(std::string(e.what()).find("recipe.fwd_x.elemnt") != std::string::npos);
     CHECK(std::string(e.what()).find("element, scale, block") != std::string::npos);
   }
-  CHECK_THROWS_AS(spec_json(R"({"scale": "ue4m3"})"), Error);                            // ocp needs e8m0
-  CHECK_THROWS_AS(spec_json(R"({"rht": true})"), Error);                                 // rht needs [1,16]/[16,1]
-  CHECK_THROWS_AS(spec_json(R"({"block": [0, 16]})"), Error);                            // both or neither 0
-  CHECK_THROWS_AS(spec_json(R"({"global_scale": "tensor_amax"})"), Error);              // only with nv
-  CHECK_THROWS_AS(spec_json(R"({"element": "e8m0"})"), Error);                           // not an element
+  CHECK_THROWS_AS(spec_json(R"({"scale": "ue4m3"})"), Error);               // ocp needs e8m0
+  CHECK_THROWS_AS(spec_json(R"({"rht": true})"), Error);                    // rht needs [1,16]/[16,1]
+  CHECK_THROWS_AS(spec_json(R"({"block": [0, 16]})"), Error);               // both or neither 0
+  CHECK_THROWS_AS(spec_json(R"({"global_scale": "tensor_amax"})"), Error);  // only with nv
+  CHECK_THROWS_AS(spec_json(R"({"element": "e8m0"})"), Error);              // not an element
   CHECK_THROWS_AS(parse_quantizer("mxfp5"), Error);
 }
 
@@ -245,8 +245,8 @@ TEST_CASE("NVFP4: all-zero tensor and a single huge outlier") {
 TEST_CASE("partial edge blocks: amax over valid elements only, no padding in the results") {
   // 3 x 40 with [1,32]: 2 blocks per row, the second has 8 elements.
   std::vector<float> x(3 * 40, 0.1f);
-  x[0] = 100.0f;    // row 0 block 0
-  x[35] = 0.4f;     // row 0 block 1 (amax 0.4: e = -2 - 2 = -4)
+  x[0] = 100.0f;  // row 0 block 0
+  x[35] = 0.4f;   // row 0 block 1 (amax 0.4: e = -2 - 2 = -4)
   QuantizedTensor q = quantize(quantizer_by_name("mxfp4"), view(x, 3, 40));
   CHECK(q.scale_rows == 3);
   CHECK(q.scale_cols == 2);

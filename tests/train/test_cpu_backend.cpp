@@ -84,11 +84,14 @@ TEST_CASE("gelu (erf form): values and derivative") {
   Tensor dx = be->empty(1, 5);
   be->gelu_backward(x, view_of(r.data(), 1, 5), dx);
   std::vector<float> g(dx.data, dx.data + 5);
-  check_fd(xv, g, [&] {
-    Tensor yy = be->empty(1, 5);
-    be->gelu_forward(view_of(xv.data(), 1, 5), yy);
-    return dot(yy, r);
-  }, 1e-3f, 1e-2);
+  check_fd(
+      xv, g,
+      [&] {
+        Tensor yy = be->empty(1, 5);
+        be->gelu_forward(view_of(xv.data(), 1, 5), yy);
+        return dot(yy, r);
+      },
+      1e-3f, 1e-2);
 }
 
 TEST_CASE("attention: causal and full, with and without dropout, match finite differences") {
@@ -110,11 +113,14 @@ TEST_CASE("attention: causal and full, with and without dropout, match finite di
       Tensor dqkv = be->empty(B * T, 3 * C);
       be->attention_backward(s, view_of(qkv.data(), B * T, 3 * C), probs, view_of(r.data(), B * T, C), dqkv, key);
       std::vector<float> g(dqkv.data, dqkv.data + dqkv.size());
-      check_fd(qkv, g, [&] {
-        Tensor o = be->empty(B * T, C), pr = be->empty(B * H * T, T);
-        fwd(o, pr);
-        return dot(o, r);
-      }, 1e-2f, 3e-2);
+      check_fd(
+          qkv, g,
+          [&] {
+            Tensor o = be->empty(B * T, C), pr = be->empty(B * H * T, T);
+            fwd(o, pr);
+            return dot(o, r);
+          },
+          1e-2f, 3e-2);
     }
 }
 
@@ -129,7 +135,8 @@ TEST_CASE("cross entropy: loss of uniform logits is log(V); gradient matches fin
   Tensor d = be->empty(3, 4);
   be->cross_entropy(view_of(l.data(), 3, 4), t.data(), &d, nullptr);
   std::vector<float> g(d.data, d.data + 12);
-  check_fd(l, g, [&] { return be->cross_entropy(view_of(l.data(), 3, 4), t.data(), nullptr, nullptr); }, 1e-3f, 1e-2);
+  check_fd(
+      l, g, [&] { return be->cross_entropy(view_of(l.data(), 3, 4), t.data(), nullptr, nullptr); }, 1e-3f, 1e-2);
 }
 
 TEST_CASE("linear (fp32 recipe = null): y = x W^T + b and its gradients") {

@@ -32,12 +32,12 @@ TEST_CASE("cuda backend: make_backend(\"cuda\") in a build without CUDA says so"
 
 using namespace fp4lab::train;
 
-#define FP4LAB_SKIP_WITHOUT_GPU()                                     \
-  do {                                                                \
-    if (!fp4lab::cuda::gpu_available()) {                             \
-      MESSAGE("no CUDA GPU: cuda backend test skipped");              \
-      return;                                                         \
-    }                                                                 \
+#define FP4LAB_SKIP_WITHOUT_GPU()                        \
+  do {                                                   \
+    if (!fp4lab::cuda::gpu_available()) {                \
+      MESSAGE("no CUDA GPU: cuda backend test skipped"); \
+      return;                                            \
+    }                                                    \
   } while (0)
 
 namespace {
@@ -92,8 +92,8 @@ void expect_same_bits(const std::string& what, const std::vector<float>& a, cons
       if (!bad) first = i;
       ++bad;
     }
-  INFO(what, ": ", bad, " of ", a.size(), " elements differ; first at ", first, " (", first < a.size() ? a[first] : 0.0f,
-       " vs ", first < a.size() ? b[first] : 0.0f, ")");
+  INFO(what, ": ", bad, " of ", a.size(), " elements differ; first at ", first, " (",
+       first < a.size() ? a[first] : 0.0f, " vs ", first < a.size() ? b[first] : 0.0f, ")");
   CHECK(bad == 0);
 }
 
@@ -163,7 +163,7 @@ TEST_CASE("cuda backend: layernorm forward/backward match the CPU") {
     const auto x = randv(size_t(N * C), 10 + k, 2.0f, 0.3f), gam = randv(size_t(C), 20 + k, 0.5f, 1.0f),
                bet = randv(size_t(C), 30 + k), dy = randv(size_t(N * C), 40 + k), dg0 = randv(size_t(C), 50 + k),
                db0 = randv(size_t(C), 60 + k);
-    std::vector<std::vector<float>> out[2];
+    std::vector<std::vector<float> > out[2];
     for (int w = 0; w < 2; ++w) {
       Backend& be = w ? *b.gpu : *b.cpu;
       Tensor xt = put(be, x, N, C), gt = put(be, gam, 1, C), bt = put(be, bet, 1, C), y = be.empty(N, C),
@@ -204,8 +204,8 @@ TEST_CASE("cuda backend: attention forward/backward match the CPU (causal/full, 
   struct Geo {
     int64_t B, T, H, hd;
   };
-  const Geo geos[] = {{1, 1, 1, 1}, {2, 1, 2, 3}, {2, 5, 3, 8}, {3, 17, 2, 16}, {2, 64, 4, 16}, {1, 130, 2, 32},
-                       {2, 256, 6, 8}};
+  const Geo geos[] = {{1, 1, 1, 1},   {2, 1, 2, 3},    {2, 5, 3, 8},  {3, 17, 2, 16},
+                      {2, 64, 4, 16}, {1, 130, 2, 32}, {2, 256, 6, 8}};
   uint32_t seed = 100;
   for (const Geo& g : geos) {
     for (bool causal : {false, true}) {
@@ -314,8 +314,8 @@ TEST_CASE("cuda backend: GPT embeddings forward/backward match the CPU") {
     std::vector<float> out[2], dwte[2], dwpe[2];
     for (int w = 0; w < 2; ++w) {
       Backend& be = w ? *b.gpu : *b.cpu;
-      Tensor te = put(be, wte, g.V, g.C), pe = put(be, wpe, g.T, g.C), o = be.empty(n, g.C),
-             d = put(be, dout, n, g.C), dte = put(be, dwte0, g.V, g.C), dpe = put(be, dwpe0, g.T, g.C);
+      Tensor te = put(be, wte, g.V, g.C), pe = put(be, wpe, g.T, g.C), o = be.empty(n, g.C), d = put(be, dout, n, g.C),
+             dte = put(be, dwte0, g.V, g.C), dpe = put(be, dwpe0, g.T, g.C);
       be.embed_forward(idx.data(), g.B, g.T, te, pe, o);
       be.embed_backward(idx.data(), g.B, g.T, d, dte, dpe);
       out[w] = get(be, o);
@@ -346,8 +346,8 @@ TEST_CASE("cuda backend: ViT tokens forward/backward match the CPU") {
     CAPTURE(g.P);
     const int64_t L = g.P + 1;
     const auto patches = randv(size_t(g.B * g.P * g.C), 1), cls = randv(size_t(g.C), 2),
-               pos = randv(size_t(L * g.C), 3), dout = randv(size_t(g.B * L * g.C), 4),
-               dcls0 = randv(size_t(g.C), 5), dpos0 = randv(size_t(L * g.C), 6);
+               pos = randv(size_t(L * g.C), 3), dout = randv(size_t(g.B * L * g.C), 4), dcls0 = randv(size_t(g.C), 5),
+               dpos0 = randv(size_t(L * g.C), 6);
     std::vector<float> r[2][4];
     for (int w = 0; w < 2; ++w) {
       Backend& be = w ? *b.gpu : *b.cpu;
@@ -465,7 +465,7 @@ TEST_CASE("cuda backend: every op gives the same bits run to run") {
   std::vector<int32_t> idx(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) idx[size_t(i)] = int32_t((i * 7 + i / 5) % V);
   auto run = [&] {
-    std::vector<std::vector<float>> r;
+    std::vector<std::vector<float> > r;
     Tensor q = put(*be, qkv, N, 3 * C), o = be->empty(N, C), pr = be->empty(B * H * T, T), d = put(*be, dout, N, C),
            dq = be->empty(N, 3 * C);
     const AttentionShape s{B, T, H, true, 0.125f, 0.1f};

@@ -121,9 +121,8 @@ struct GpuResult {
 GpuResult run_gpu(CudaLinear& lin, const LinearContext& ctx, const Inputs& t, bool record) {
   GpuResult r;
   if (record) {
-    lin.set_operand_hook([&r](Operand op, const float* p, int64_t rows, int64_t cols) {
-      r.ops[op] = dev_download(p, rows * cols);
-    });
+    lin.set_operand_hook(
+        [&r](Operand op, const float* p, int64_t rows, int64_t cols) { r.ops[op] = dev_download(p, rows * cols); });
   } else {
     lin.set_operand_hook(nullptr);
   }
@@ -225,8 +224,8 @@ bool compare_one(CudaLinear& lin, const Recipe* r, const char* layer_name, Shape
   const MatrixRM ox = cpu_operand(plan, Operand::fwd_x, x), ow = cpu_operand(plan, Operand::fwd_w, w);
   const MatrixRM og = cpu_operand(plan, Operand::dgrad_grad_y, dy), ow2 = cpu_operand(plan, Operand::dgrad_w, w);
   const MatrixRM og2 = cpu_operand(plan, Operand::wgrad_grad_y, dy), ox2 = cpu_operand(plan, Operand::wgrad_x, x);
-  const std::pair<Operand, const MatrixRM*> expect[] = {{Operand::fwd_x, &ox},        {Operand::fwd_w, &ow},
-                                                        {Operand::dgrad_grad_y, &og}, {Operand::dgrad_w, &ow2},
+  const std::pair<Operand, const MatrixRM*> expect[] = {{Operand::fwd_x, &ox},         {Operand::fwd_w, &ow},
+                                                        {Operand::dgrad_grad_y, &og},  {Operand::dgrad_w, &ow2},
                                                         {Operand::wgrad_grad_y, &og2}, {Operand::wgrad_x, &ox2}};
   for (const auto& [op, m] : expect) {
     CAPTURE(operand_name(op));
@@ -254,7 +253,8 @@ bool compare_one(CudaLinear& lin, const Recipe* r, const char* layer_name, Shape
     if (t.B <= 256) {
       CHECK(same_bits(g.db, db_exp));
     } else {
-      for (size_t i = 0; i < db.size(); ++i) CHECK(std::fabs(g.db[i] - db_exp[i]) <= 1e-6f * std::fabs(db_exp[i]) + 1e-12f);
+      for (size_t i = 0; i < db.size(); ++i)
+        CHECK(std::fabs(g.db[i] - db_exp[i]) <= 1e-6f * std::fabs(db_exp[i]) + 1e-12f);
     }
   }
 
@@ -383,8 +383,8 @@ TEST_CASE("cuda linear: shape errors name the input") {
   CudaLinear lin;
   Tensor x = dev_tensor(4, 8), w = dev_tensor(3, 7), y;
   std::unique_ptr<LinearState> st;
-  CHECK_THROWS_WITH_AS(lin.forward(LinearContext{}, x, w, nullptr, y, st, kAlloc),
-                       doctest::Contains("in_features"), Error);
+  CHECK_THROWS_WITH_AS(lin.forward(LinearContext{}, x, w, nullptr, y, st, kAlloc), doctest::Contains("in_features"),
+                       Error);
 }
 
 }  // namespace fp4lab::train

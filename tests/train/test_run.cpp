@@ -30,14 +30,21 @@ std::string fixture_text(const fs::path& dir) {
 }
 
 json tiny_gpt(const std::string& text, const std::string& out, const std::string& recipe = "fp32") {
-  return json{{"name", "tiny"},
-              {"model", {{"type", "gpt"}, {"layers", 1}, {"heads", 2}, {"width", 16}, {"context", 16}, {"dropout", 0.1}}},
-              {"data", {{"type", "char"}, {"path", text}}},
-              {"training", {{"batch_size", 4}, {"steps", 60}, {"lr", 1e-2}, {"warmup_steps", 5}, {"eval_interval", 20},
-                            {"eval_iters", 2}, {"log_interval", 5}}},
-              {"recipe", recipe},
-              {"seed", 3},
-              {"output", {{"dir", out}}}};
+  return json{
+      {"name", "tiny"},
+      {"model", {{"type", "gpt"}, {"layers", 1}, {"heads", 2}, {"width", 16}, {"context", 16}, {"dropout", 0.1}}},
+      {"data", {{"type", "char"}, {"path", text}}},
+      {"training",
+       {{"batch_size", 4},
+        {"steps", 60},
+        {"lr", 1e-2},
+        {"warmup_steps", 5},
+        {"eval_interval", 20},
+        {"eval_iters", 2},
+        {"log_interval", 5}}},
+      {"recipe", recipe},
+      {"seed", 3},
+      {"output", {{"dir", out}}}};
 }
 
 std::string error_of(const json& j) {
