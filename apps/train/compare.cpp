@@ -54,7 +54,8 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   std::vector<Run> runs;
   for (const auto& d : dirs) {
     Run r;
-    r.dir = d;
+    r.dir = d;  // "runs/x/" names the run "x", like "runs/x"
+    while (r.dir.size() > 1 && r.dir.back() == '/') r.dir.pop_back();
     const fs::path sp = fs::path(d) / "summary.json";
     if (!fs::exists(sp))
       throw Error("compare: " + sp.string() + " not found (not a run directory, or the run has not finished)");
