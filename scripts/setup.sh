@@ -27,8 +27,14 @@ for arg in "$@"; do
 done
 
 missing=()
+# npm also ships inside other vendors' nodejs packages, which conflict with
+# Debian's npm package: a working npm command counts as present.
+present() {
+  case "$1" in npm) command -v npm >/dev/null && return 0 ;; esac
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
 for p in "${want[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  present "$p" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup.sh: all ${#want[@]} packages present"
