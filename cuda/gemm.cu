@@ -48,6 +48,57 @@ void gemm_bf16_nt(Blas& blas, const uint16_t* a, const uint16_t* b, void* y, Out
   check_cublas(cublasSetPointerMode(blas.handle(), CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
 }
 
+LtGemmNT::LtGemmNT(cudaDataType_t a_type, cudaDataType_t b_type, cudaDataType_t y_type, int64_t m, int64_t n,
+                   int64_t k) {
+  try {
+    check_cublas(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    set(CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta, "TRANSA");
+    set(CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb, "TRANSB");
+    check_cublas(cublasLtMatrixLayoutCreate(&la_, b_type, uint64_t(k), uint64_t(n), k), "cublasLtMatrixLayoutCreate A");
+    check_cublas(cublasLtMatrixLayoutCreate(&lb_, a_type, uint64_t(k), uint64_t(m), k), "cublasLtMatrixLayoutCreate B");
+    check_cublas(cublasLtMatrixLayoutCreate(&ly_, y_type, uint64_t(n), uint64_t(m), n), "cublasLtMatrixLayoutCreate C");
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+LtGemmNT::~LtGemmNT() { release(); }
+
+void LtGemmNT::release() {
+  if (ly_) cublasLtMatrixLayoutDestroy(ly_);
+  if (lb_) cublasLtMatrixLayoutDestroy(lb_);
+  if (la_) cublasLtMatrixLayoutDestroy(la_);
+  if (op_) cublasLtMatmulDescDestroy(op_);
+  ly_ = lb_ = la_ = nullptr;
+  op_ = nullptr;
+}
+
+void LtGemmNT::set(cublasLtMatmulDescAttributes_t attr, const void* value, size_t bytes, const char* what) {
+  check_cublas(cublasLtMatmulDescSetAttribute(op_, attr, value, bytes), what);
+}
+
+void LtGemmNT::run(Blas& blas, const void* alpha, const void* a, const void* b, const void* beta, void* y,
+                   const char* what) const {
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  const size_t wsb = blas.workspace_bytes();
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  cublasStatus_t st =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(blas.lt(), op_, la_, lb_, ly_, ly_, pref, 1, &heur, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  check_cublas(st, (std::string("cuBLASLt heuristic (") + what + ")").c_str());
+  if (found == 0) throw Error(std::string("cuBLASLt found no ") + what + " matmul algorithm for this shape/type");
+  // cuBLAS's A is our B.
+  check_cublas(cublasLtMatmul(blas.lt(), op_, alpha, b, la_, a, lb_, beta, y, ly_, y, ly_, &heur.algo, blas.workspace(),
+                              wsb, blas.stream()),
+               (std::string("cublasLtMatmul (") + what + ")").c_str());
+}
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -152,10 +203,6 @@ cudaDataType_t lt_type(const Format* f) {
   return CUDA_R_8F_E5M2;
 }
 
-void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void* v, size_t n, const char* what) {
-  check_cublas(cublasLtMatmulDescSetAttribute(d, a, v, n), what);
-}
-
 // cuBLASLt block-scaled matmul (Blackwell). NOT RUN (no sm_100 GPU available).
 void blackwell_gemm(Blas& blas, const QuantOperand& a, const QuantOperand& b, void* y, OutType out, GemmWorkspace& ws) {
   const int64_t m = a.rows, n = b.rows, k = a.cols;
@@ -168,49 +215,21 @@ void blackwell_gemm(Blas& blas, const QuantOperand& a, const QuantOperand& b, vo
   swizzle_scales_device(a.scale_codes, m, kb, ws.a_sw.data(), blas.stream());
   swizzle_scales_device(b.scale_codes, n, kb, ws.b_sw.data(), blas.stream());
 
-  cublasLtMatmulDesc_t op = nullptr;
-  check_cublas(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  set_attr(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta, "TRANSA");
-  set_attr(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb, "TRANSB");
+  const cudaDataType_t ct = out == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  LtGemmNT g(lt_type(a.spec.element), lt_type(b.spec.element), ct, m, n, k);
   const cublasLtMatmulMatrixScale_t mode =
       nv ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
-  set_attr(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode, "A_SCALE_MODE");
-  set_attr(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode, "B_SCALE_MODE");
+  g.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode, "A_SCALE_MODE");
+  g.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode, "B_SCALE_MODE");
   // cuBLAS's A is our B (y^T = B A^T in column-major terms).
   const void* sa = ws.b_sw.data();
   const void* sb = ws.a_sw.data();
-  set_attr(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa, "A_SCALE_POINTER");
-  set_attr(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb, "B_SCALE_POINTER");
+  g.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa, "A_SCALE_POINTER");
+  g.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb, "B_SCALE_POINTER");
   const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
-  set_attr(op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm, "POINTER_MODE");
-
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  const cudaDataType_t ct = out == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-  check_cublas(cublasLtMatrixLayoutCreate(&la, lt_type(b.spec.element), uint64_t(k), uint64_t(n), int64_t(k)),
-               "layout A");
-  check_cublas(cublasLtMatrixLayoutCreate(&lb, lt_type(a.spec.element), uint64_t(k), uint64_t(m), int64_t(k)),
-               "layout B");
-  check_cublas(cublasLtMatrixLayoutCreate(&lc, ct, uint64_t(n), uint64_t(m), int64_t(n)), "layout C");
-
-  cublasLtMatmulPreference_t pref = nullptr;
-  check_cublas(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  const size_t wsb = blas.workspace_bytes();
-  check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb),
-               "preference workspace");
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  check_cublas(cublasLtMatmulAlgoGetHeuristic(blas.lt(), op, la, lb, lc, lc, pref, 1, &heur, &found), "heuristic");
-  if (found == 0) throw Error("cuBLASLt found no block-scaled matmul algorithm for this shape/type");
+  g.set(CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm, "POINTER_MODE");
   const float* ab = ws.alpha.data();
-  check_cublas(cublasLtMatmul(blas.lt(), op, ab, b.codes, la, a.codes, lb, ab + 1, y, lc, y, lc, &heur.algo,
-                              blas.workspace(), wsb, blas.stream()),
-               "cublasLtMatmul (block-scaled)");
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatmulDescDestroy(op);
+  g.run(blas, ab, a.codes, b.codes, ab + 1, y, "block-scaled");
 }
 
 }  // namespace
@@ -270,6 +289,10 @@ GemmPath quantized_gemm_device(Blas& blas, const QuantOperand& a, const QuantOpe
       throw Error("quantized GEMM: the Blackwell block-scaled path needs sm_100 or newer; this GPU is sm_" +
                   std::to_string(compute_capability()));
     blackwell_gemm(blas, a, b, y, out, ws);
+    return path;
+  }
+  if (path == GemmPath::hopper_fp8) {
+    mxfp8_gemm_fp8_tensor_cores(a, b, y, out, ws.alpha.data(), blas.stream());
     return path;
   }
   ws.a16.resize(size_t(a.rows * a.cols));

@@ -16,8 +16,15 @@
 //                 alpha = g_dec(A) * g_dec(B). The only difference from sim's
 //                 quantized_gemm is the accumulation order (and the rounding of
 //                 the g_dec product): compare at a tolerance.
-//                 MXFP8 also takes this path on Hopper (no FP8 per-32-block
-//                 promotion kernel here; see the report).
+//                 MXFP8 also takes this path by default (see hopper_fp8).
+//   hopper_fp8    (sm_89 and newer, MX [1,32] e8m0 with e4m3 / e5m2 elements,
+//                 chosen only when asked for): MXFP8 on the FP8 tensor cores,
+//                 one mma.sync k32 step per MX block, each partial promoted into
+//                 the FP32 accumulator with its two power-of-two scales
+//                 (gemm_fp8.cu). The tensor cores' internal accumulation of a
+//                 k32 partial is narrower than FP32, so this path is NOT
+//                 equivalent to sim's quantized_gemm up to order only: compare
+//                 at a tolerance relative to sum |a||b|.
 //   blackwell_native (sm_100 and newer, NVFP4 [1,16] ue4m3 with e2m1, or MX
 //                 [1,32] e8m0 with e2m1 / e4m3 / e5m2): cuBLASLt's block-scaled
 //                 matmul (CUDA_R_4F_E2M1 with CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3,
@@ -63,6 +70,29 @@ void check_cublas(cublasStatus_t s, const char* what);
 
 enum class OutType : uint8_t { f32, bf16 };
 
+// One cuBLASLt matmul y [m, n] = alpha A [m, k] B [n, k]^T + beta y, row-major,
+// k contiguous in A and B, FP32 compute and scale type. In cuBLAS's
+// column-major terms this is y^T = B A^T with TRANSA = T: cuBLAS's "A" is our
+// B, so its A_SCALE_* attributes describe our B. The descriptors are destroyed
+// with the object. run() takes the heuristic's first algorithm within blas's
+// workspace, on blas's stream; alpha/beta follow the pointer mode (host unless
+// set). Errors throw fp4lab::Error naming `what`.
+class LtGemmNT {
+ public:
+  LtGemmNT(cudaDataType_t a_type, cudaDataType_t b_type, cudaDataType_t y_type, int64_t m, int64_t n, int64_t k);
+  ~LtGemmNT();
+  LtGemmNT(const LtGemmNT&) = delete;
+  LtGemmNT& operator=(const LtGemmNT&) = delete;
+  void set(cublasLtMatmulDescAttributes_t attr, const void* value, size_t bytes, const char* what);
+  void run(Blas& blas, const void* alpha, const void* a, const void* b, const void* beta, void* y,
+           const char* what) const;
+
+ private:
+  void release();
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, ly_ = nullptr;  // cuBLAS's A (our B), B (our A), C = D
+};
+
 // y [m, n] = alpha * A [m, k] B [n, k]^T; A, B row-major BF16 bits; FP32
 // accumulation on the tensor cores. alpha_beta_dev (device pointer to the two
 // floats {alpha, 0.0f}) overrides alpha.
@@ -86,8 +116,18 @@ void set_alpha_device(const float* ga, const float* gb, float* alpha_beta, cudaS
 // BF16 GEMM operand of a quantized tensor: decode(code) * block_scale (no g_dec).
 void dequant_operand_bf16(const QuantOperand& q, uint16_t* out, cudaStream_t stream = nullptr);
 
-enum class GemmPath : uint8_t { automatic, hopper_bf16, blackwell_native };
+enum class GemmPath : uint8_t { automatic, hopper_bf16, hopper_fp8, blackwell_native };
 bool blackwell_native_supported(const QuantizerSpec& qa, const QuantizerSpec& qb);
+
+// True when both operands are MX [1,32] E8M0-scaled e4m3/e5m2 without RHT.
+bool fp8_tensor_core_supported(const QuantizerSpec& qa, const QuantizerSpec& qb);
+
+// y [m, n] = alpha * dq(A) dq(B)^T on the FP8 tensor cores (hopper_fp8 above).
+// A, B: byte codes, E8M0 scale codes; k a multiple of 16, code buffers 16-byte
+// aligned; alpha_dev a device float or null (= 1). Throws fp4lab::Error naming
+// the violated condition otherwise.
+void mxfp8_gemm_fp8_tensor_cores(const QuantOperand& a, const QuantOperand& b, void* y, OutType out,
+                                 const float* alpha_dev, cudaStream_t stream = nullptr);
 
 // Scratch reused between calls.
 struct GemmWorkspace {

@@ -613,6 +613,11 @@ void sgemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
                                          int(ldc), int(count)),
                       what);
 }
+// Entries 0, 1, 2 of s: the per-head Q, K, V blocks of a [B, T, 3C] tensor
+// (row stride 3C; head h starts h * hd columns into its third).
+void set_qkv(PtrSpec& s, float* qkv, int64_t T, int64_t C, int64_t hd) {
+  for (int j = 0; j < 3; ++j) s.base[j] = qkv + j * C, s.sb[j] = T * 3 * C, s.sh[j] = hd;
+}
 }  // namespace
 
 void Attention::forward(const AttentionDims& d, const float* qkv, float* out, float* probs) {
@@ -630,9 +635,7 @@ void Attention::forward(const AttentionDims& d, const float* qkv, float* out, fl
   // Arrays: 0 Q, 1 K, 2 V, 3 probs, 4 (dropped) probs used by P.V, 5 out.
   PtrSpec s{};
   s.count = 6;
-  s.base[0] = q, s.sb[0] = T * ld, s.sh[0] = hd;
-  s.base[1] = q + C, s.sb[1] = T * ld, s.sh[1] = hd;
-  s.base[2] = q + 2 * C, s.sb[2] = T * ld, s.sh[2] = hd;
+  set_qkv(s, q, T, C, hd);
   s.base[3] = probs, s.sb[3] = H * T * T, s.sh[3] = T * T;
   s.base[4] = thr ? pd_.data() : probs, s.sb[4] = H * T * T, s.sh[4] = T * T;
   s.base[5] = out, s.sb[5] = T * C, s.sh[5] = hd;
@@ -680,17 +683,13 @@ void Attention::backward(const AttentionDims& d, const float* qkv, const float* 
   // Set 2: 0 dQ, 1 dK, 2 dV.
   PtrSpec s{};
   s.count = 6;
-  s.base[0] = q, s.sb[0] = T * ld, s.sh[0] = hd;
-  s.base[1] = q + C, s.sb[1] = T * ld, s.sh[1] = hd;
-  s.base[2] = q + 2 * C, s.sb[2] = T * ld, s.sh[2] = hd;
+  set_qkv(s, q, T, C, hd);
   s.base[3] = const_cast<float*>(dout), s.sb[3] = T * C, s.sh[3] = hd;
   s.base[4] = dp_.data(), s.sb[4] = H * T * T, s.sh[4] = T * T;
   s.base[5] = thr ? pd_.data() : const_cast<float*>(probs), s.sb[5] = H * T * T, s.sh[5] = T * T;
   PtrSpec g{};
   g.count = 3;
-  g.base[0] = dqkv, g.sb[0] = T * ld, g.sh[0] = hd;
-  g.base[1] = dqkv + C, g.sb[1] = T * ld, g.sh[1] = hd;
-  g.base[2] = dqkv + 2 * C, g.sb[2] = T * ld, g.sh[2] = hd;
+  set_qkv(g, dqkv, T, C, hd);
   if (ptrs_.size() < size_t(9 * BH)) {
     ptrs_.resize(0);
     ptrs_.resize(size_t(9 * BH));

@@ -29,16 +29,9 @@ TEST_CASE("cuda backend: make_backend(\"cuda\") in a build without CUDA says so"
 
 #include "apps/train/model.hpp"
 #include "cuda/device.hpp"
+#include "../cuda/gpu_test_util.hpp"  // FP4LAB_REQUIRE_GPU
 
 using namespace fp4lab::train;
-
-#define FP4LAB_SKIP_WITHOUT_GPU()                        \
-  do {                                                   \
-    if (!fp4lab::cuda::gpu_available()) {                \
-      MESSAGE("no CUDA GPU: cuda backend test skipped"); \
-      return;                                            \
-    }                                                    \
-  } while (0)
 
 namespace {
 
@@ -114,7 +107,7 @@ TEST_CASE("cuda backend: make_backend(\"cuda\")") {
 }
 
 TEST_CASE("cuda backend: memory, copies and the caching allocator") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   Backend& g = *b.gpu;
   const auto v = randv(7 * 13, 1);
@@ -151,7 +144,7 @@ TEST_CASE("cuda backend: memory, copies and the caching allocator") {
 }
 
 TEST_CASE("cuda backend: layernorm forward/backward match the CPU") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   const int64_t shapes[][2] = {{1, 1}, {1, 5}, {3, 7}, {37, 64}, {300, 130}, {513, 768}};
   int k = 0;
@@ -179,7 +172,7 @@ TEST_CASE("cuda backend: layernorm forward/backward match the CPU") {
 }
 
 TEST_CASE("cuda backend: gelu forward/backward match the CPU") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   for (int64_t n : {1, 257, 10007}) {
     CAPTURE(n);
@@ -199,7 +192,7 @@ TEST_CASE("cuda backend: gelu forward/backward match the CPU") {
 }
 
 TEST_CASE("cuda backend: attention forward/backward match the CPU (causal/full, dropout on/off)") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   struct Geo {
     int64_t B, T, H, hd;
@@ -242,7 +235,7 @@ TEST_CASE("cuda backend: attention forward/backward match the CPU (causal/full, 
 }
 
 TEST_CASE("cuda backend: dropout masks are the CPU's bit for bit") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   for (int64_t n : {1, 3, 4, 5, 1000, 4097}) {
     for (float p : {0.0f, 0.1f, 0.5f, 0.9f}) {
@@ -271,7 +264,7 @@ TEST_CASE("cuda backend: dropout masks are the CPU's bit for bit") {
 }
 
 TEST_CASE("cuda backend: add_inplace, scale, gather/scatter rows") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   const int64_t N = 37, C = 11, stride = 9, n = 4;
   const auto y = randv(size_t(N * C), 1), x = randv(size_t(N * C), 2), d = randv(size_t(n * C), 3);
@@ -297,7 +290,7 @@ TEST_CASE("cuda backend: add_inplace, scale, gather/scatter rows") {
 }
 
 TEST_CASE("cuda backend: GPT embeddings forward/backward match the CPU") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   struct Geo {
     int64_t V, B, T, C;
@@ -336,7 +329,7 @@ TEST_CASE("cuda backend: GPT embeddings forward/backward match the CPU") {
 }
 
 TEST_CASE("cuda backend: ViT tokens forward/backward match the CPU") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   struct Geo {
     int64_t B, P, C;
@@ -371,7 +364,7 @@ TEST_CASE("cuda backend: ViT tokens forward/backward match the CPU") {
 }
 
 TEST_CASE("cuda backend: cross-entropy matches the CPU (loss, hits with ties, dlogits)") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   const int64_t shapes[][2] = {{1, 1}, {1, 10}, {7, 65}, {300, 1000}, {513, 10}, {3, 129}};
   uint32_t seed = 9;
@@ -413,7 +406,7 @@ TEST_CASE("cuda backend: cross-entropy matches the CPU (loss, hits with ties, dl
 }
 
 TEST_CASE("cuda backend: sum_squares and AdamW match the CPU") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   for (int64_t n : {1, 1000, 16384, 16385, 100003}) {
     CAPTURE(n);
@@ -457,7 +450,7 @@ TEST_CASE("cuda backend: sum_squares and AdamW match the CPU") {
 }
 
 TEST_CASE("cuda backend: every op gives the same bits run to run") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   auto be = make_backend("cuda");
   const int64_t B = 3, T = 70, H = 4, C = 64, N = B * T, V = 65;
   const auto qkv = randv(size_t(N * 3 * C), 1), dout = randv(size_t(N * C), 2), gam = randv(size_t(C), 3, 0.3f, 1.0f),
@@ -500,7 +493,7 @@ TEST_CASE("cuda backend: every op gives the same bits run to run") {
 }
 
 TEST_CASE("cuda backend: one GPT and one ViT training step match the CPU (FP32 recipe)") {
-  FP4LAB_SKIP_WITHOUT_GPU();
+  FP4LAB_REQUIRE_GPU();
   Pair b;
   for (const char* type : {"gpt", "vit"}) {
     CAPTURE(type);

@@ -34,6 +34,7 @@
 #include "apps/train/cuda_linear.hpp"
 #include "core/error.hpp"
 #include "cuda/device.hpp"
+#include "../cuda/gpu_test_util.hpp"  // FP4LAB_REQUIRE_GPU
 #include "cuda/rht.hpp"
 #include "recipes/quantized_linear.hpp"
 #include "sim/rht.hpp"
@@ -41,14 +42,6 @@
 // Inside fp4lab::train: Tensor is the backend's tensor (not core's Tensor<T>).
 namespace fp4lab::train {
 namespace {
-
-#define REQUIRE_GPU_OR_SKIP()                                                         \
-  do {                                                                                \
-    if (!fp4lab::cuda::gpu_available()) {                                             \
-      MESSAGE("no CUDA GPU (cudaGetDeviceCount failed or returned 0): test skipped"); \
-      return;                                                                         \
-    }                                                                                 \
-  } while (0)
 
 std::vector<float> randv(int64_t n, uint32_t seed, float sigma) {
   std::mt19937 g(seed);
@@ -312,7 +305,7 @@ std::vector<Recipe> extra_recipes() {
 TEST_CASE("cuda linear: the test's extra recipes are valid") { CHECK(extra_recipes().size() == 4); }
 
 TEST_CASE("cuda linear: RHT kernel equals sim's bit for bit") {
-  REQUIRE_GPU_OR_SKIP();
+  FP4LAB_REQUIRE_GPU();
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{32, 48}, {48, 7}, {16, 1}, {5, 64}}) {
     for (RhtAxis axis : {RhtAxis::rows, RhtAxis::cols}) {
       const int64_t len = axis == RhtAxis::rows ? cols : rows;
@@ -339,7 +332,7 @@ TEST_CASE("cuda linear: RHT kernel equals sim's bit for bit") {
 }
 
 TEST_CASE("cuda linear: every canned recipe matches the CPU layer") {
-  REQUIRE_GPU_OR_SKIP();
+  FP4LAB_REQUIRE_GPU();
   CudaLinear lin;
   uint32_t seed = 100;
   for (const std::string& name : recipe_names()) {
@@ -357,7 +350,7 @@ TEST_CASE("cuda linear: every canned recipe matches the CPU layer") {
 }
 
 TEST_CASE("cuda linear: double quantization, mixed and high-precision layers match the CPU") {
-  REQUIRE_GPU_OR_SKIP();
+  FP4LAB_REQUIRE_GPU();
   CudaLinear lin;
   uint32_t seed = 500;
   const std::vector<Recipe> extra = extra_recipes();
@@ -379,7 +372,7 @@ TEST_CASE("cuda linear: double quantization, mixed and high-precision layers mat
 }
 
 TEST_CASE("cuda linear: shape errors name the input") {
-  REQUIRE_GPU_OR_SKIP();
+  FP4LAB_REQUIRE_GPU();
   CudaLinear lin;
   Tensor x = dev_tensor(4, 8), w = dev_tensor(3, 7), y;
   std::unique_ptr<LinearState> st;
