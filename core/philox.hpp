@@ -48,10 +48,18 @@ FP4LAB_HD constexpr uint32_t random_bits(uint64_t seed, uint64_t stream, uint64_
 }
 
 // The words of `count` consecutive groups g0, g0+1, ... of (seed, stream) into
-// out[4 * count] (group g's four words at out[4 (g - g0)]). (A structure-of-
-// arrays version that lets GCC vectorise the rounds measured slower than this
-// scalar loop on x86-64: the 32x32->64-bit products vectorise poorly.)
-inline void philox_groups(uint64_t seed, uint64_t stream, uint64_t g0, uint64_t count, uint32_t* out) {
+// out[4 * count] (group g's four words at out[4 (g - g0)]); the group index
+// wraps modulo 2^64 as philox_group's does. Host only. On x86-64 CPUs with AVX2
+// (checked at run time, whatever the build flags) eight groups go through the
+// rounds at once in 256-bit lanes; the words are identical to philox_group's
+// (tests/core/test_philox.cpp checks both paths).
+void philox_groups(uint64_t seed, uint64_t stream, uint64_t g0, uint64_t count, uint32_t* out);
+
+// Which implementation philox_groups uses on this CPU: "avx2" or "scalar".
+const char* philox_groups_path();
+
+// The scalar reference of philox_groups (also its tail and its fallback).
+inline void philox_groups_scalar(uint64_t seed, uint64_t stream, uint64_t g0, uint64_t count, uint32_t* out) {
   for (uint64_t g = 0; g < count; ++g) {
     const Philox4 p = philox_group(seed, stream, g0 + g);
     for (int k = 0; k < 4; ++k) out[4 * g + uint64_t(k)] = p.v[k];

@@ -433,8 +433,12 @@ BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float>
     }
     case ScaleRule::nv_noglobal: {
       b.divide = true;
+#pragma omp parallel for schedule(static)
       for (size_t i = 0; i < n; ++i) {
-        const NvBlockScale s = nv_noglobal_block_scale(bits_float(amax[i]), elem_max, *q.scale);
+        const float a = bits_float(amax[i]);
+        const NvBlockScale s = q.scale == &ufloat8_e4m3    ? nv_noglobal_block_scale<ufloat8_e4m3>(a, elem_max)
+                               : q.scale == &float8_e4m3fn ? nv_noglobal_block_scale<float8_e4m3fn>(a, elem_max)
+                                                           : nv_noglobal_block_scale(a, elem_max, *q.scale);
         b.scale_codes[i] = uint8_t(s.code);
         b.scales[i] = s.scale;
         b.mult[i] = s.scale;
@@ -444,6 +448,7 @@ BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float>
       break;
     }
     case ScaleRule::tensor_amax: {
+#pragma omp parallel for schedule(static)
       for (size_t i = 0; i < n; ++i) {
         const TensorScale t = tensor_amax_scale(bits_float(amax[i]), elem_max);
         b.scales[i] = t.decode;

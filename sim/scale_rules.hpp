@@ -257,6 +257,22 @@ FP4LAB_HD constexpr NvBlockScale nv_noglobal_block_scale(float amax_block, float
   return b;
 }
 
+// The same with an E4M3 scale format known at compile time (ue4m3 or e4m3fn;
+// see nv_block_scale<S>): s_f is clamped to [min_subnormal, 448] or NaN.
+template <const Format& S>
+FP4LAB_HD constexpr NvBlockScale nv_noglobal_block_scale(float amax_block, float elem_max) {
+  static_assert(S.exp_bits == 4 && S.man_bits == 3 && S.bias == 7 && S.special == Special::fn);
+  NvBlockScale b;
+  float s_f = amax_block / elem_max;
+  constexpr float lo = min_subnormal(S), hi = max_finite(S);
+  b.underflow = s_f < lo && amax_block > 0.0f;
+  b.overflow = s_f > hi;
+  s_f = s_f < lo ? lo : (s_f > hi ? hi : s_f);  // NaN stays NaN
+  b.code = encode_rn_f32<float8_e4m3fn>(s_f, Overflow::saturate);
+  b.scale = decode(S, b.code);
+  return b;
+}
+
 // ---- per-tensor FP8 current scaling -----------------------------------------
 struct TensorScale {
   float encode = 1.0f;  // x * encode is encoded

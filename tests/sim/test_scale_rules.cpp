@@ -3,6 +3,8 @@
 
 #include <cfloat>
 #include <cmath>
+#include <random>
+#include <vector>
 
 #include "sim/scale_rules.hpp"
 
@@ -159,6 +161,37 @@ TEST_CASE("nv_noglobal: fp4-trainkit eq. 3, scale clamped to [2^-9, 448]") {
   NvBlockScale o = nv_noglobal_block_scale(6000.0f, 6.0f, ufloat8_e4m3);
   CHECK(o.scale == 448.0f);
   CHECK(o.overflow);
+}
+
+TEST_CASE("nv rules: the compile-time E4M3 variants equal the generic rule on every bf16 amax and random floats") {
+  // Inputs: every non-negative bf16 pattern (all binades, subnormals, Inf,
+  // NaNs) and 200k random non-negative float32 patterns; both E4M3 scale
+  // formats; an element max of 6 (e2m1) and 448 (e4m3); several globals.
+  std::vector<float> amaxes;
+  for (uint32_t h = 0; h < 0x8000u; ++h) amaxes.push_back(bits_float(h << 16));
+  std::mt19937 g(5);
+  for (int i = 0; i < 200000; ++i) amaxes.push_back(bits_float(uint32_t(g()) & 0x7FFFFFFFu));
+  auto same = [](const NvBlockScale& x, const NvBlockScale& y) {
+    return x.code == y.code && float_bits(x.scale) == float_bits(y.scale) &&
+           float_bits(x.encode) == float_bits(y.encode) && x.underflow == y.underflow && x.overflow == y.overflow;
+  };
+  int64_t bad = 0;
+  for (float elem_max : {6.0f, 448.0f}) {
+    for (float a : amaxes) {
+      bad +=
+          !same(nv_noglobal_block_scale<ufloat8_e4m3>(a, elem_max), nv_noglobal_block_scale(a, elem_max, ufloat8_e4m3));
+      bad += !same(nv_noglobal_block_scale<float8_e4m3fn>(a, elem_max),
+                   nv_noglobal_block_scale(a, elem_max, float8_e4m3fn));
+    }
+    for (float tensor_amax : {1e-6f, 1.0f, 3.5e4f}) {
+      const NvGlobal gl = nv_global(tensor_amax, 448.0f, elem_max);
+      for (float a : amaxes) {
+        bad += !same(nv_block_scale<ufloat8_e4m3>(a, gl), nv_block_scale(a, gl, ufloat8_e4m3));
+        bad += !same(nv_block_scale<float8_e4m3fn>(a, gl), nv_block_scale(a, gl, float8_e4m3fn));
+      }
+    }
+  }
+  CHECK(bad == 0);
 }
 
 TEST_CASE("tensor_amax: FP8 current scaling as TransformerEngine") {
