@@ -244,30 +244,29 @@ FP4LAB_HD constexpr NvBlockScale nv_block_scale(float amax_block, const NvGlobal
 }
 
 // fp4-trainkit eq. 3 (no global scale). `encode` is unused (elements divide
-// by `scale`), kept 0.
-FP4LAB_HD constexpr NvBlockScale nv_noglobal_block_scale(float amax_block, float elem_max, const Format& scale_format) {
-  NvBlockScale b;
-  float s_f = amax_block / elem_max;
-  const float lo = min_subnormal(scale_format), hi = max_finite(scale_format);
+// by `scale`), kept 0. First step, shared by both forms below: s_f = amax /
+// elem_max clamped to the scale format's [min_subnormal, max_finite] (NaN
+// stays NaN), with the under/overflow flags set in b.
+FP4LAB_HD constexpr float nv_noglobal_clamped(float amax_block, float elem_max, float lo, float hi, NvBlockScale& b) {
+  const float s_f = amax_block / elem_max;
   b.underflow = s_f < lo && amax_block > 0.0f;
   b.overflow = s_f > hi;
-  s_f = s_f < lo ? lo : (s_f > hi ? hi : s_f);  // NaN stays NaN
+  return s_f < lo ? lo : (s_f > hi ? hi : s_f);
+}
+FP4LAB_HD constexpr NvBlockScale nv_noglobal_block_scale(float amax_block, float elem_max, const Format& scale_format) {
+  NvBlockScale b;
+  const float s_f = nv_noglobal_clamped(amax_block, elem_max, min_subnormal(scale_format), max_finite(scale_format), b);
   b.code = encode(scale_format, s_f, Round::rn, Overflow::saturate);
   b.scale = decode(scale_format, b.code);
   return b;
 }
-
 // The same with an E4M3 scale format known at compile time (ue4m3 or e4m3fn;
-// see nv_block_scale<S>): s_f is clamped to [min_subnormal, 448] or NaN.
+// see nv_block_scale<S>), through core's branch-free encode_rn_f32.
 template <const Format& S>
 FP4LAB_HD constexpr NvBlockScale nv_noglobal_block_scale(float amax_block, float elem_max) {
   static_assert(S.exp_bits == 4 && S.man_bits == 3 && S.bias == 7 && S.special == Special::fn);
   NvBlockScale b;
-  float s_f = amax_block / elem_max;
-  constexpr float lo = min_subnormal(S), hi = max_finite(S);
-  b.underflow = s_f < lo && amax_block > 0.0f;
-  b.overflow = s_f > hi;
-  s_f = s_f < lo ? lo : (s_f > hi ? hi : s_f);  // NaN stays NaN
+  const float s_f = nv_noglobal_clamped(amax_block, elem_max, min_subnormal(S), max_finite(S), b);
   b.code = encode_rn_f32<float8_e4m3fn>(s_f, Overflow::saturate);
   b.scale = decode(S, b.code);
   return b;
