@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "core/error.hpp"
+#include "core/format_dispatch.hpp"
 #include "core/philox.hpp"
 
 namespace fp4lab {
@@ -111,55 +112,16 @@ void check_code_type(const Format& f) {
                 (code_bytes(f) == 0 ? " (float32 codes are not supported by the array helpers)" : ""));
 }
 
-// Float32 round-to-nearest-even: the branch-free path where it exists.
+// Float32 round-to-nearest-even and stochastic rounding: the branch-free
+// paths where they exist (e8m0, ue4m3 and int8 take the generic encode()).
 template <class C>
 bool try_fast(const Format& f, const float* x, C* codes, size_t n, Overflow o) {
-  if (&f == &float4_e2m1fn)
-    encode_rn_fast<float4_e2m1fn>(x, codes, n, o);
-  else if (&f == &float6_e2m3fn)
-    encode_rn_fast<float6_e2m3fn>(x, codes, n, o);
-  else if (&f == &float6_e3m2fn)
-    encode_rn_fast<float6_e3m2fn>(x, codes, n, o);
-  else if (&f == &float8_e4m3fn)
-    encode_rn_fast<float8_e4m3fn>(x, codes, n, o);
-  else if (&f == &float8_e5m2)
-    encode_rn_fast<float8_e5m2>(x, codes, n, o);
-  else if (&f == &float8_e4m3fnuz)
-    encode_rn_fast<float8_e4m3fnuz>(x, codes, n, o);
-  else if (&f == &float8_e5m2fnuz)
-    encode_rn_fast<float8_e5m2fnuz>(x, codes, n, o);
-  else if (&f == &bfloat16)
-    encode_rn_fast<bfloat16>(x, codes, n, o);
-  else if (&f == &float16)
-    encode_rn_fast<float16>(x, codes, n, o);
-  else
-    return false;  // e8m0, ue4m3 (unsigned), int8: generic encode()
-  return true;
+  return with_fast_format(f, [&]<const Format & F>() { encode_rn_fast<F>(x, codes, n, o); });
 }
 
 template <class C>
 bool try_fast_rs(const Format& f, const float* x, C* codes, size_t n, const CastOptions& opt) {
-  if (&f == &float4_e2m1fn)
-    encode_rs_fast<float4_e2m1fn>(x, codes, n, opt);
-  else if (&f == &float6_e2m3fn)
-    encode_rs_fast<float6_e2m3fn>(x, codes, n, opt);
-  else if (&f == &float6_e3m2fn)
-    encode_rs_fast<float6_e3m2fn>(x, codes, n, opt);
-  else if (&f == &float8_e4m3fn)
-    encode_rs_fast<float8_e4m3fn>(x, codes, n, opt);
-  else if (&f == &float8_e5m2)
-    encode_rs_fast<float8_e5m2>(x, codes, n, opt);
-  else if (&f == &float8_e4m3fnuz)
-    encode_rs_fast<float8_e4m3fnuz>(x, codes, n, opt);
-  else if (&f == &float8_e5m2fnuz)
-    encode_rs_fast<float8_e5m2fnuz>(x, codes, n, opt);
-  else if (&f == &bfloat16)
-    encode_rs_fast<bfloat16>(x, codes, n, opt);
-  else if (&f == &float16)
-    encode_rs_fast<float16>(x, codes, n, opt);
-  else
-    return false;
-  return true;
+  return with_fast_format(f, [&]<const Format & F>() { encode_rs_fast<F>(x, codes, n, opt); });
 }
 
 template <class T, class C>

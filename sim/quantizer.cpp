@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/format_dispatch.hpp"
 #include "core/philox.hpp"
 #include "sim/quantizer_internal.hpp"
 #include "sim/rht.hpp"
@@ -526,14 +527,9 @@ using BlockRowFn = void (*)(const float*, const float*, const float*, int64_t, f
 
 template <bool Divide>
 BlockRowFn block_row_fn(const Format& f) {
-  if (&f == &float4_e2m1fn) return row_rn_blocks<float4_e2m1fn, Divide>;
-  if (&f == &float6_e2m3fn) return row_rn_blocks<float6_e2m3fn, Divide>;
-  if (&f == &float6_e3m2fn) return row_rn_blocks<float6_e3m2fn, Divide>;
-  if (&f == &float8_e4m3fn) return row_rn_blocks<float8_e4m3fn, Divide>;
-  if (&f == &float8_e5m2) return row_rn_blocks<float8_e5m2, Divide>;
-  if (&f == &float8_e4m3fnuz) return row_rn_blocks<float8_e4m3fnuz, Divide>;
-  if (&f == &float8_e5m2fnuz) return row_rn_blocks<float8_e5m2fnuz, Divide>;
-  return nullptr;
+  BlockRowFn r = nullptr;
+  with_fast_element_format(f, [&]<const Format & F>() { r = row_rn_blocks<F, Divide>; });
+  return r;
 }
 
 using RowFn = void (*)(const float*, const float*, const float*, float, const float*, Overflow, uint8_t*, float*,
@@ -541,14 +537,9 @@ using RowFn = void (*)(const float*, const float*, const float*, float, const fl
 
 template <bool Divide>
 RowFn fast_row_fn(const Format& f) {
-  if (&f == &float4_e2m1fn) return row_rn_fast<float4_e2m1fn, Divide>;
-  if (&f == &float6_e2m3fn) return row_rn_fast<float6_e2m3fn, Divide>;
-  if (&f == &float6_e3m2fn) return row_rn_fast<float6_e3m2fn, Divide>;
-  if (&f == &float8_e4m3fn) return row_rn_fast<float8_e4m3fn, Divide>;
-  if (&f == &float8_e5m2) return row_rn_fast<float8_e5m2, Divide>;
-  if (&f == &float8_e4m3fnuz) return row_rn_fast<float8_e4m3fnuz, Divide>;
-  if (&f == &float8_e5m2fnuz) return row_rn_fast<float8_e5m2fnuz, Divide>;
-  return nullptr;
+  RowFn r = nullptr;
+  with_fast_element_format(f, [&]<const Format & F>() { r = row_rn_fast<F, Divide>; });
+  return r;
 }
 
 // Stochastic rounding with the branch-free encoder (encode_rs_f32, identical to
@@ -584,14 +575,9 @@ void row_rs_fast(const float* xr, const float* cm, const float* cs, float gd, co
 
 template <bool Divide>
 SrRowFn sr_row_fn(const Format& f) {
-  if (&f == &float4_e2m1fn) return row_rs_fast<float4_e2m1fn, Divide>;
-  if (&f == &float6_e2m3fn) return row_rs_fast<float6_e2m3fn, Divide>;
-  if (&f == &float6_e3m2fn) return row_rs_fast<float6_e3m2fn, Divide>;
-  if (&f == &float8_e4m3fn) return row_rs_fast<float8_e4m3fn, Divide>;
-  if (&f == &float8_e5m2) return row_rs_fast<float8_e5m2, Divide>;
-  if (&f == &float8_e4m3fnuz) return row_rs_fast<float8_e4m3fnuz, Divide>;
-  if (&f == &float8_e5m2fnuz) return row_rs_fast<float8_e5m2fnuz, Divide>;
-  return nullptr;
+  SrRowFn r = nullptr;
+  with_fast_element_format(f, [&]<const Format & F>() { r = row_rs_fast<F, Divide>; });
+  return r;
 }
 
 // Generic row kernel: any rounding mode (SR bits from Philox by linear index).
