@@ -19,6 +19,14 @@ namespace fp4lab::train {
 
 namespace {
 
+// memcpy of n floats split over the OpenMP threads (a serial copy of an
+// activation leaves the other threads idle).
+void parallel_copy(float* dst, const float* src, int64_t n) {
+  constexpr int64_t kChunk = int64_t(1) << 14;
+#pragma omp parallel for schedule(static) if (n > kChunk)
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) std::memcpy(dst + c0, src + c0, size_t(std::min(kChunk, n - c0)) * 4);
+}
+
 using Stride = Eigen::OuterStride<>;
 using ConstMap = Eigen::Map<const MatrixRM, 0, Stride>;
 using Map = Eigen::Map<MatrixRM, 0, Stride>;
@@ -82,12 +90,17 @@ class CpuBackend final : public Backend {
     t.data = t.mem.get();
     return t;
   }
-  void fill(Tensor& t, float v) override { std::fill(t.data, t.data + t.size(), v); }
+  void fill(Tensor& t, float v) override {
+    constexpr int64_t kChunk = int64_t(1) << 14;
+    const int64_t n = t.size();
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) std::fill(t.data + c0, t.data + std::min(n, c0 + kChunk), v);
+  }
   void upload(const float* host, Tensor& t) override { std::memcpy(t.data, host, size_t(t.size()) * 4); }
   void download(const Tensor& t, float* host) override { std::memcpy(host, t.data, size_t(t.size()) * 4); }
   void copy(const Tensor& src, Tensor& dst) override {
     if (src.size() != dst.size()) throw Error("cpu backend: copy between tensors of different sizes");
-    std::memcpy(dst.data, src.data, size_t(src.size()) * 4);
+    parallel_copy(dst.data, src.data, src.size());
   }
   void copy_cols(const Tensor& src, int64_t sc, Tensor& dst, int64_t dc, int64_t n) override {
     if (src.rows != dst.rows || sc + n > src.cols || dc + n > dst.cols)
@@ -102,7 +115,7 @@ class CpuBackend final : public Backend {
     MatrixRM ym;
     fp4lab::linear_forward(ctx, to_matrix(x), to_matrix(w), b, ym, st->saved);
     if (y.rows != ym.rows() || y.cols != ym.cols()) y = empty(ym.rows(), ym.cols());
-    std::memcpy(y.data, ym.data(), size_t(y.size()) * 4);
+    parallel_copy(y.data, ym.data(), y.size());
     state = std::move(st);
   }
   void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
@@ -113,7 +126,7 @@ class CpuBackend final : public Backend {
     if (db_acc) db.assign(size_t(w.rows), 0.0f);
     fp4lab::linear_backward(ctx, st.saved, to_matrix(w), to_matrix(dy), dxm, dwm, db_acc ? db.data() : nullptr);
     if (dx.rows != dxm.rows() || dx.cols != dxm.cols()) dx = empty(dxm.rows(), dxm.cols());
-    std::memcpy(dx.data, dxm.data(), size_t(dx.size()) * 4);
+    parallel_copy(dx.data, dxm.data(), dx.size());
     check_same("linear_backward dW", w, dw_acc);
     float* d = dw_acc.data;
     const float* s = dwm.data();
