@@ -1,6 +1,7 @@
 // `fp4lab bench gemm`: throughput of the CUDA GEMMs (cuBLAS BF16, the NVFP4 /
-// MXFP4 / MXFP8 block-scaled GEMMs simulated exactly on BF16 tensor cores) at
-// m x n x k, measured in one run (cuda/bench.hpp). CUDA only.
+// MXFP4 / MXFP8 block-scaled GEMMs simulated exactly on BF16 tensor cores,
+// MXFP8 on the FP8 tensor cores with per-block promotion, cuBLASLt FP8 with a
+// per-tensor scale) at m x n x k, measured in one run (cuda/bench.hpp). CUDA only.
 #include <memory>
 #include <string>
 
@@ -41,7 +42,8 @@ void register_bench_gemm(CLI::App& bench) {
   CLI::App* g = bench.add_subcommand(
       "gemm",
       "GEMM throughput on the GPU: cuBLAS BF16 against the NVFP4 / MXFP4 / MXFP8 GEMMs (quantize both operands +\n"
-      "GEMM, and dequantize + GEMM from quantized operands), TFLOP/s and % of BF16, one run.\n"
+      "GEMM, and dequantize + GEMM from quantized operands), MXFP8 on the FP8 tensor cores (sm_89+), and\n"
+      "cuBLASLt FP8 with one scale per tensor; TFLOP/s and % of BF16, one run.\n"
       "Example: fp4lab bench gemm --backend cuda --m 8192 --n 8192 --k 8192");
   g->add_option("--backend", ga->backend, "cuda (the only backend of this benchmark)")->capture_default_str();
   g->add_option("--m", ga->m, "Rows of A and y")->capture_default_str();
