@@ -14,9 +14,9 @@ struct Block {
   Tensor x_in, a, mean1, rstd1, qkv, probs, att, x_mid, m_in, mean2, rstd2, f, g;
 };
 
-class Gpt final : public Model {
+class Gpt final : public CrossEntropyModel {
  public:
-  Gpt(const ModelConfig& c, Backend& be, uint64_t seed) : cfg_(c), be_(be) {
+  Gpt(const ModelConfig& c, Backend& be, uint64_t seed) : CrossEntropyModel(be), cfg_(c) {
     if (c.width % c.heads != 0)
       throw Error("model.width " + std::to_string(c.width) + " must be a multiple of model.heads " +
                   std::to_string(c.heads));
@@ -60,18 +60,6 @@ class Gpt final : public Model {
   std::vector<LinearLayerInfo> linear_layers() const override { return infos_; }
   int64_t items_per_sample() const override { return cfg_.context; }
 
-  double forward_backward(const Batch& b, const StepContext& s, int64_t* correct) override {
-    Tensor logits = forward(b, s);
-    Tensor dlogits = be_.empty(logits.rows, logits.cols);
-    const double loss = be_.cross_entropy(logits, b.targets.data(), &dlogits, correct);
-    backward(b, s, dlogits);
-    return loss;
-  }
-  double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override {
-    Tensor logits = forward(b, s);
-    return be_.cross_entropy(logits, b.targets.data(), nullptr, correct);
-  }
-
  private:
   const float* ptr(int i) const { return i >= 0 ? params_.value_ptr(i) : nullptr; }
   float* gptr(int i) const { return i >= 0 ? params_.grad_ptr(i) : nullptr; }
@@ -91,7 +79,7 @@ class Gpt final : public Model {
     return AttentionShape{B, cfg_.context, cfg_.heads, true, float(1.0 / std::sqrt(double(hd))), p};
   }
 
-  Tensor forward(const Batch& bt, const StepContext& s) {
+  Tensor forward(const Batch& bt, const StepContext& s) override {
     const int64_t B = bt.size, T = cfg_.context, C = cfg_.width, N = B * T;
     if (int64_t(bt.tokens.size()) != N || int64_t(bt.targets.size()) != N)
       throw Error("gpt: batch holds " + std::to_string(bt.tokens.size()) + " tokens / " +
@@ -138,7 +126,7 @@ class Gpt final : public Model {
     return lin_fwd(head_, s, xf_);
   }
 
-  void backward(const Batch& bt, const StepContext& s, const Tensor& dlogits) {
+  void backward(const Batch& bt, const StepContext& s, const Tensor& dlogits) override {
     const int64_t B = batch_, T = cfg_.context, C = cfg_.width, N = B * T;
     const float p = s.train ? float(cfg_.dropout) : 0.0f;
     Tensor dxf = lin_bwd(head_, s, dlogits);  // dW into wte's gradient (tied)
@@ -176,7 +164,6 @@ class Gpt final : public Model {
   }
 
   ModelConfig cfg_;
-  Backend& be_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   std::vector<Block> blocks_;
   LinearLayer head_;

@@ -88,6 +88,30 @@ class Model {
   ParamStore params_;
 };
 
+// A model whose loss is the cross-entropy of its logits (both of ours):
+// forward_backward and evaluate in terms of the model's forward (logits) and
+// backward (from dlogits).
+class CrossEntropyModel : public Model {
+ public:
+  double forward_backward(const Batch& b, const StepContext& s, int64_t* correct) override {
+    Tensor logits = forward(b, s);
+    Tensor dlogits = be_.empty(logits.rows, logits.cols);
+    const double loss = be_.cross_entropy(logits, b.targets.data(), &dlogits, correct);
+    backward(b, s, dlogits);
+    return loss;
+  }
+  double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override {
+    Tensor logits = forward(b, s);
+    return be_.cross_entropy(logits, b.targets.data(), nullptr, correct);
+  }
+
+ protected:
+  explicit CrossEntropyModel(Backend& be) : be_(be) {}
+  virtual Tensor forward(const Batch& b, const StepContext& s) = 0;
+  virtual void backward(const Batch& b, const StepContext& s, const Tensor& dlogits) = 0;
+  Backend& be_;
+};
+
 std::unique_ptr<Model> make_model(const ModelConfig& cfg, Backend& be, uint64_t seed);
 std::unique_ptr<Model> make_vit(const ModelConfig& cfg, Backend& be, uint64_t seed);
 std::unique_ptr<Model> make_gpt(const ModelConfig& cfg, Backend& be, uint64_t seed);

@@ -15,9 +15,9 @@ struct Block {
   Tensor x_in, a, mean1, rstd1, qkv, probs, att, h1, u, mean2, rstd2, up_y, g;
 };
 
-class Vit final : public Model {
+class Vit final : public CrossEntropyModel {
  public:
-  Vit(const ModelConfig& c, Backend& be, uint64_t seed) : cfg_(c), be_(be) {
+  Vit(const ModelConfig& c, Backend& be, uint64_t seed) : CrossEntropyModel(be), cfg_(c) {
     if (c.image_size % c.patch_size != 0)
       throw Error("model.patch_size " + std::to_string(c.patch_size) + " must divide model.image_size " +
                   std::to_string(c.image_size));
@@ -65,18 +65,6 @@ class Vit final : public Model {
   std::vector<LinearLayerInfo> linear_layers() const override { return infos_; }
   int64_t items_per_sample() const override { return 1; }
 
-  double forward_backward(const Batch& b, const StepContext& s, int64_t* correct) override {
-    Tensor logits = forward(b, s);
-    Tensor dlogits = be_.empty(logits.rows, logits.cols);
-    const double loss = be_.cross_entropy(logits, b.targets.data(), &dlogits, correct);
-    backward(b, s, dlogits);
-    return loss;
-  }
-  double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override {
-    Tensor logits = forward(b, s);
-    return be_.cross_entropy(logits, b.targets.data(), nullptr, correct);
-  }
-
  private:
   Tensor w(const LinearLayer& l) const { return params_.value(l.w); }
   const float* bias(const LinearLayer& l) const { return l.b >= 0 ? params_.value_ptr(l.b) : nullptr; }
@@ -93,7 +81,7 @@ class Vit final : public Model {
   }
   uint64_t site(size_t block, int k) const { return uint64_t(block) * 4 + uint64_t(k); }
 
-  Tensor forward(const Batch& bt, const StepContext& s) {
+  Tensor forward(const Batch& bt, const StepContext& s) override {
     const int64_t B = bt.size, E = cfg_.width, L = patches_ + 1, P = cfg_.patch_size, G = grid_;
     const int64_t img = cfg_.channels * cfg_.image_size * cfg_.image_size;
     if (int64_t(bt.images.size()) != B * img || int64_t(bt.targets.size()) != B)
@@ -167,7 +155,7 @@ class Vit final : public Model {
     return AttentionShape{B, patches_ + 1, cfg_.heads, false, scale, p};
   }
 
-  void backward(const Batch&, const StepContext& s, const Tensor& dlogits) {
+  void backward(const Batch&, const StepContext& s, const Tensor& dlogits) override {
     const int64_t B = batch_, E = cfg_.width, L = patches_ + 1, H = cfg_.heads, hd = E / H;
     const float scale =
         cfg_.attn_scale == "sqrt_head_dim" ? float(std::sqrt(double(hd))) : float(1.0 / std::sqrt(double(hd)));
@@ -214,7 +202,6 @@ class Vit final : public Model {
   }
 
   ModelConfig cfg_;
-  Backend& be_;
   int64_t grid_ = 0, patches_ = 0, patch_dim_ = 0, ffn_ = 0, batch_ = 0, final_rows_ = 0;
   LinearLayer patch_, head_;
   int cls_ = -1, pos_ = -1;
