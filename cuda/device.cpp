@@ -24,11 +24,13 @@ int device_count() {
 }
 
 int compute_capability() {
-  int dev = 0;
+  // Two attribute queries, not cudaGetDeviceProperties (which fills the whole
+  // struct and is slow): GEMM dispatch asks on every call.
+  int dev = 0, major = 0, minor = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
-  cudaDeviceProp p{};
-  check(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
-  return p.major * 10 + p.minor;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
+  return major * 10 + minor;
 }
 
 std::string device_description() {

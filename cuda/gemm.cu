@@ -266,6 +266,10 @@ void set_alpha_device(const float* ga, const float* gb, float* alpha_beta, cudaS
   check_launch("alpha_kernel");
 }
 
+bool fp8_tensor_core_supported(const QuantizerSpec& qa, const QuantizerSpec& qb) {
+  return is_mx_1x32(qa) && is_mx_1x32(qb) && qa.element->bits() == 8 && qb.element->bits() == 8;
+}
+
 bool blackwell_native_supported(const QuantizerSpec& qa, const QuantizerSpec& qb) {
   return (is_nvfp4_1x16(qa) && is_nvfp4_1x16(qb)) || (is_mx_1x32(qa) && is_mx_1x32(qb));
 }

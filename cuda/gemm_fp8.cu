@@ -243,16 +243,7 @@ void launch(const Fp8GemmParams& p, cudaStream_t stream) {
   check_launch("mxfp8_gemm_kernel");
 }
 
-bool is_mxfp8_1x32(const QuantizerSpec& q) {
-  return (q.element == &float8_e4m3fn || q.element == &float8_e5m2) && q.scale == &float8_e8m0fnu &&
-         q.block_rows == 1 && q.block_cols == 32 && !q.rht;
-}
-
 }  // namespace
-
-bool fp8_tensor_core_supported(const QuantizerSpec& qa, const QuantizerSpec& qb) {
-  return is_mxfp8_1x32(qa) && is_mxfp8_1x32(qb);
-}
 
 void mxfp8_gemm_fp8_tensor_cores(const QuantOperand& a, const QuantOperand& b, void* y, OutType out,
                                  const float* alpha_dev, cudaStream_t stream) {

@@ -50,25 +50,24 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   if (valid > 0) encode_and_store<K, 8, 1>(p, f, g, r, c0, v, bp, valid);
 }
 
+template <class In>
+void launch_tile_kernel(const KParams& p, int kind, unsigned blocks, cudaStream_t st) {
+  if (kind == 1)
+    tile_kernel<In, 1><<<blocks, kThreads, 0, st>>>(p);
+  else if (kind == 2)
+    tile_kernel<In, 2><<<blocks, kThreads, 0, st>>>(p);
+  else
+    tile_kernel<In, 0><<<blocks, kThreads, 0, st>>>(p);
+}
+
 void launch_tiles(const KParams& p, int kind, InputType in, cudaStream_t st) {
   const int64_t tiles = ((p.rows + 15) / 16) * ((p.cols + 15) / 16);
   const unsigned blocks = unsigned((tiles * 32 + kThreads - 1) / kThreads);
   if (tiles == 0) return;
-  if (in == InputType::bf16) {
-    if (kind == 1)
-      tile_kernel<uint16_t, 1><<<blocks, kThreads, 0, st>>>(p);
-    else if (kind == 2)
-      tile_kernel<uint16_t, 2><<<blocks, kThreads, 0, st>>>(p);
-    else
-      tile_kernel<uint16_t, 0><<<blocks, kThreads, 0, st>>>(p);
-  } else {
-    if (kind == 1)
-      tile_kernel<float, 1><<<blocks, kThreads, 0, st>>>(p);
-    else if (kind == 2)
-      tile_kernel<float, 2><<<blocks, kThreads, 0, st>>>(p);
-    else
-      tile_kernel<float, 0><<<blocks, kThreads, 0, st>>>(p);
-  }
+  if (in == InputType::bf16)
+    launch_tile_kernel<uint16_t>(p, kind, blocks, st);
+  else
+    launch_tile_kernel<float>(p, kind, blocks, st);
   check_launch("tile_kernel");
 }
 
