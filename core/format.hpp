@@ -169,6 +169,34 @@ FP4LAB_HD constexpr float decode(const Format& f, uint32_t code) {
   return neg ? -v : v;
 }
 
+// decode() for a format known at compile time, without branches or integer-to-
+// float conversions (the hot loops of the quantizers decode every element).
+// Same bits as decode(F, code) for every code (tests/core/test_format.cpp
+// checks all codes of every format it accepts):
+//   normal     the magnitude bits shifted into float32's fields, exponent rebased;
+//   subnormal  (1.m - 1) * 2^(1 - bias), one exact float subtraction
+//              (1.m * 2^(1-bias) and 2^(1-bias) are float32 normals whose
+//              difference m * 2^(1-bias-M) is representable);
+//   Inf / NaN  per Special (NaN decodes to the canonical quiet NaN, as decode()).
+// Float formats with subnormals only (not e8m0, not the integer format).
+template <const Format& F>
+FP4LAB_HD constexpr float decode_f32(uint32_t code) {
+  static_assert(!F.is_int && F.has_subnormals() && F.exp_bits <= 8 && F.man_bits <= 23 && F.bias <= 127);
+  constexpr int shift = 23 - F.man_bits;
+  constexpr uint32_t rebias = uint32_t(127 - F.bias) << 23;
+  constexpr uint32_t min_normal_bits = uint32_t(128 - F.bias) << 23;  // 2^(1 - bias)
+  code &= F.code_mask();
+  const uint32_t mag = code & F.magnitude_mask();
+  const uint32_t sign = F.is_signed ? ((code >> (F.exp_bits + F.man_bits)) & 1u) << 31 : 0u;
+  const uint32_t normal = (mag << shift) + rebias;
+  const uint32_t subnormal =
+      float_bits(bits_float(min_normal_bits | (mag << shift)) - bits_float(min_normal_bits));
+  uint32_t v = mag < (1u << F.man_bits) ? subnormal : normal;
+  if constexpr (F.special == Special::ieee) v = (mag >> F.man_bits) == F.exp_field_max() ? 0x7F800000u : v;
+  constexpr Format f = F;  // a local copy: device code cannot refer to the host global F
+  return is_nan_code(f, code) ? quiet_nan_f() : bits_float(v | sign);
+}
+
 // Largest finite value, smallest positive normal and subnormal of a format.
 FP4LAB_HD constexpr float max_finite(const Format& f) { return decode(f, f.max_magnitude_code()); }
 FP4LAB_HD constexpr float min_normal(const Format& f) {

@@ -161,7 +161,16 @@ template <int K>
 __device__ __forceinline__ BlockParams block_params(const KParams& p, const Format& elem, const Format& sfmt,
                                                     uint32_t amax, const NvGlobal& g) {
   if constexpr (K == 1) {
-    if (p.rule == ScaleRule::nv) return block_params_impl(elem, sfmt, ScaleRule::nv, amax, g);
+    // NVFP4's scale format is ufloat8_e4m3: sim's compile-time E4M3 forms
+    // (branch-free encode_rn_f32 / decode_f32, equal to the generic rule by test).
+    if (p.rule == ScaleRule::nv) {
+      const NvBlockScale s = nv_block_scale<ufloat8_e4m3>(bits_float(amax), g);
+      return BlockParams{s.code, s.scale, s.encode};
+    }
+    if (p.rule == ScaleRule::nv_noglobal) {
+      const NvBlockScale s = nv_noglobal_block_scale<ufloat8_e4m3>(bits_float(amax), max_finite(elem));
+      return BlockParams{s.code, s.scale, s.scale};
+    }
   } else if constexpr (K != 0) {
     if (p.rule == ScaleRule::ocp) return block_params_impl(elem, sfmt, ScaleRule::ocp, amax, g);
   }
@@ -188,6 +197,21 @@ __device__ __forceinline__ uint32_t encode_element(const KParams& p, const Forma
     }
   }
   return encode_element_rt(f, p.rule, p.round, p.overflow, x, mult, rbits);
+}
+
+// decode() of an element code; core's branch-free decode_f32 for the
+// compile-time formats.
+template <int K>
+__device__ __forceinline__ float decode_elem(const Format& f, uint32_t code) {
+  if constexpr (K == 1 || K == 2) {
+    return decode_f32<float4_e2m1fn>(code);
+  } else if constexpr (K == 3) {
+    return decode_f32<float8_e4m3fn>(code);
+  } else if constexpr (K == 4) {
+    return decode_f32<float8_e5m2>(code);
+  } else {
+    return decode(f, code);
+  }
 }
 
 __device__ __forceinline__ uint32_t pick(const Philox4& g, uint32_t k) {
@@ -387,6 +411,10 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   if (fast && p.round == Round::rn) {
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[j * NB / N].mult, p.overflow);
+  } else if (K != 0 && p.rule == ScaleRule::nv_noglobal && p.round == Round::rn) {
+    // fp4-trainkit's eq. 3 divides by the block scale (encode_element_rt).
+#pragma unroll
+    for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] / bp[j * NB / N].mult, p.overflow);
   } else if (fast && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
     // A rolled loop over Philox groups: the fully unrolled SR path (generic
     // encode + Philox per element) was too large for the instruction cache.
@@ -419,14 +447,14 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   if (o.dequant) {
     float d[N];
 #pragma unroll
-    for (int j = 0; j < N; ++j) d[j] = (decode(f, code[j]) * bp[j * NB / N].scale) * g.g_dec;
+    for (int j = 0; j < N; ++j) d[j] = (decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) * g.g_dec;
     store_f32<N>(o.dequant + base, d, valid);
   }
   if (o.dequant_bf16) {
     uint32_t h[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const float d = decode(f, code[j]) * bp[j * NB / N].scale;
+      const float d = decode_elem<K>(f, code[j]) * bp[j * NB / N].scale;
       if (K == 1 && o.bf16_gemm_operand) {
         // e2m1 x ue4m3 is exact in BF16 (<= 5 significant bits, 2^-10..2688),
         // and rounding an exactly representable value is truncation.

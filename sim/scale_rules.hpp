@@ -234,9 +234,10 @@ FP4LAB_HD constexpr NvBlockScale nv_block_scale(float amax_block, const NvGlobal
   NvBlockScale b;
   float s_f = amax_block * g.mult;
   s_f = s_f > flt_max_f ? flt_max_f : s_f;
-  b.overflow = is_nan_code(S, encode_rn_f32<float8_e4m3fn>(s_f, Overflow::nonsaturate)) && s_f == s_f;
+  constexpr Format scale_format = S;  // a local copy: device code cannot refer to the host global S
+  b.overflow = is_nan_code(scale_format, encode_rn_f32<float8_e4m3fn>(s_f, Overflow::nonsaturate)) && s_f == s_f;
   b.code = encode_rn_f32<float8_e4m3fn>(s_f, Overflow::saturate);
-  b.scale = decode(S, b.code);
+  b.scale = decode_f32<S>(b.code);
   b.underflow = b.scale == 0.0f && amax_block > 0.0f;
   const float e = 1.0f / (b.scale * g.g_dec);
   b.encode = e > flt_max_f ? flt_max_f : e;
@@ -268,7 +269,7 @@ FP4LAB_HD constexpr NvBlockScale nv_noglobal_block_scale(float amax_block, float
   NvBlockScale b;
   const float s_f = nv_noglobal_clamped(amax_block, elem_max, min_subnormal(S), max_finite(S), b);
   b.code = encode_rn_f32<float8_e4m3fn>(s_f, Overflow::saturate);
-  b.scale = decode(S, b.code);
+  b.scale = decode_f32<S>(b.code);
   return b;
 }
 

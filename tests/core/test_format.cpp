@@ -119,6 +119,42 @@ TEST_CASE("format: every code of every format decodes to its defined value (exha
   }
 }
 
+namespace {
+// decode_f32<F> over every code (and with bits above the width set) against
+// the definition (ref_format.hpp) and, bit for bit, against decode().
+template <const Format& F>
+void check_decode_f32() {
+  INFO(F.name);
+  const ref::Spec* spec = nullptr;
+  for (const ref::Spec& s : ref::specs())
+    if (s.f == &F) spec = &s;
+  REQUIRE(spec != nullptr);
+  int64_t bad = 0;
+  for (uint32_t c = 0; c < spec->count(); ++c) {
+    const float got = decode_f32<F>(c);
+    const bool ok = same_value(ref::value(*spec, c), got) && float_bits(got) == float_bits(decode(F, c)) &&
+                    float_bits(decode_f32<F>(c | spec->count())) == float_bits(got);
+    if (!ok && bad++ < 5) MESSAGE("code ", c, " got ", got, " decode() ", decode(F, c));
+  }
+  CHECK(bad == 0);
+}
+static_assert(decode_f32<float4_e2m1fn>(0x1) == 0.5f && decode_f32<float4_e2m1fn>(0xF) == -6.0f);
+static_assert(decode_f32<float8_e4m3fn>(0x01) == 0x1p-9f && decode_f32<float8_e5m2>(0x7C) == inf_f());
+}  // namespace
+
+TEST_CASE("format: decode_f32<F> equals decode() and the definition on every code") {
+  check_decode_f32<float4_e2m1fn>();
+  check_decode_f32<float6_e2m3fn>();
+  check_decode_f32<float6_e3m2fn>();
+  check_decode_f32<float8_e4m3fn>();
+  check_decode_f32<float8_e5m2>();
+  check_decode_f32<float8_e4m3fnuz>();
+  check_decode_f32<float8_e5m2fnuz>();
+  check_decode_f32<ufloat8_e4m3>();
+  check_decode_f32<bfloat16>();
+  check_decode_f32<float16>();
+}
+
 TEST_CASE("format: float32 descriptor decodes float32 bit patterns") {
   const uint32_t pats[] = {0u,          0x80000000u, 1u,          0x00800000u, 0x3F800000u,
                            0x7F7FFFFFu, 0xFF7FFFFFu, 0x7F800000u, 0xC0490FDBu};
