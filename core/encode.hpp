@@ -98,6 +98,15 @@ FP4LAB_HD constexpr uint32_t overflow_code(const Format& f, bool negative, bool 
 template <const Format& F>
 FP4LAB_HD constexpr uint32_t fast_code(uint32_t a, uint32_t sign, uint32_t mag, Overflow o) {
   constexpr uint32_t max_code = F.max_magnitude_code();
+  if constexpr (F.special == Special::none) {
+    // Every code finite, overflow saturates under both policies: a clamp. An
+    // Inf input's rounded magnitude is beyond max_code too (exponent 255 is
+    // above every target's range), so only NaN needs its own select. Fewer
+    // integer instructions than the general form below (the GPU kernels are
+    // bound by the integer pipe).
+    const uint32_t clamped = mag < max_code ? mag : max_code;
+    return a > 0x7F800000u ? max_code : (sign | clamped);
+  }
   const bool overflow = a >= 0x7F800000u || mag > max_code;  // Inf or too large (NaN handled below)
   const uint32_t ovf =
       (o == Overflow::nonsaturate && F.has_nan())
@@ -228,7 +237,7 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
   constexpr float magic = pow2f(F.min_exponent() - F.man_bits + 23);
   const uint32_t u = float_bits(x);
   const uint32_t a = u & 0x7FFFFFFFu;
-  const uint32_t sign = (u >> 31) ? F.sign_bit() : 0u;
+  const uint32_t sign = (u >> (31 - F.exp_bits - F.man_bits)) & F.sign_bit();  // float sign -> code sign
   const uint32_t normal = (a - rebias + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift;
   const uint32_t subnormal = float_bits(bits_float(a) + magic) - float_bits(magic);
   // A mask blend, not `?:`: with a select GCC sinks the float add into the
@@ -264,7 +273,7 @@ FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) 
   constexpr int s0 = F.min_exponent() - F.man_bits + 150;
   const uint32_t u = float_bits(x);
   const uint32_t a = u & 0x7FFFFFFFu;
-  const uint32_t sign = (u >> 31) ? F.sign_bit() : 0u;
+  const uint32_t sign = (u >> (31 - F.exp_bits - F.man_bits)) & F.sign_bit();  // float sign -> code sign
   // Normal target: truncate (a rebased + random low bits).
   const uint32_t t = a - rebias;
   const uint32_t normal = (t >> shift) + (((t & mask) + (rbits & mask)) >> shift);
