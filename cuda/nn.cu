@@ -88,11 +88,28 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
   }
 }
 
-// One thread per group of 4 elements (one Philox call gives the 4 words).
+// One thread per group of 4 elements (one Philox call gives the 4 words);
+// 16-byte vector loads and stores where the pointers allow (the group's 4
+// elements are consecutive and group-aligned), scalar ones otherwise and in
+// the tail group.
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+__device__ __forceinline__ float4 drop4(float4 v, const Philox4& r, uint32_t thr, float keep_scale) {
+  v.x = r.v[0] < thr ? 0.0f : v.x * keep_scale;
+  v.y = r.v[1] < thr ? 0.0f : v.y * keep_scale;
+  v.z = r.v[2] < thr ? 0.0f : v.z * keep_scale;
+  v.w = r.v[3] < thr ? 0.0f : v.w * keep_scale;
+  return v;
+}
 __global__ void dropout_kernel(float* x, int64_t n, uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
+  const bool vec = aligned16(x);
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     const Philox4 r = philox_group(seed, sid, uint64_t(g));
+    if (vec && g * 4 + 4 <= n) {
+      float4* x4 = reinterpret_cast<float4*>(x) + g;
+      *x4 = drop4(*x4, r, thr, keep_scale);
+      continue;
+    }
     for (int k = 0; k < 4; ++k) {
       const int64_t i = g * 4 + k;
       if (i < n) x[i] = r.v[k] < thr ? 0.0f : x[i] * keep_scale;
@@ -103,8 +120,17 @@ __global__ void dropout_kernel(float* x, int64_t n, uint32_t thr, float keep_sca
 __global__ void dropout_pair_kernel(const float* p, float* pd, float* dp, int64_t n, uint32_t thr, float keep_scale,
                                     uint64_t seed, uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
+  const bool vec = (pd == nullptr || (aligned16(p) && aligned16(pd))) && (dp == nullptr || aligned16(dp));
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     const Philox4 r = philox_group(seed, sid, uint64_t(g));
+    if (vec && g * 4 + 4 <= n) {
+      if (pd) reinterpret_cast<float4*>(pd)[g] = drop4(reinterpret_cast<const float4*>(p)[g], r, thr, keep_scale);
+      if (dp) {
+        float4* d4 = reinterpret_cast<float4*>(dp) + g;
+        *d4 = drop4(*d4, r, thr, keep_scale);
+      }
+      continue;
+    }
     for (int k = 0; k < 4; ++k) {
       const int64_t i = g * 4 + k;
       if (i >= n) break;

@@ -85,8 +85,18 @@ struct Slot {
   DeviceBuffer<float> expand;  // FP32 value of a BF16 operand (mixed GEMMs, hook)
 };
 
+// True when the plan is "round the source to BF16" and nothing else: two such
+// operands of the same source are the same bits, so the layer computes them
+// once (bf16 recipes: x for forward and wgrad, dy for dgrad and wgrad).
+bool bf16_rounding_only(const OperandPlan& p) {
+  return p.round_bf16 && p.quantizer == nullptr && p.pre == nullptr && !p.rht;
+}
+
 struct CudaLinearState final : LinearState {
-  Tensor x;            // copy of the forward's input [B, in]
+  int64_t batch = 0, in = 0;  // x's shape [B, in]
+  Tensor x;            // copy of the forward's input [B, in] (FP32), or, when x_bf16,
+  bool x_bf16 = false;  // its BF16 rounding packed two per float ([1, ceil(B*in/2)]): fwd_x and wgrad_x
+                        // are both bf16_rounding_only, so the forward's operand is the wgrad's
   bool has_w = false;  // plan.reuse_fwd_w: the forward's fwd_w operand follows
   bool w_bf16 = false;
   bool w_has_g = false;
@@ -236,13 +246,27 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
   if (y.rows != B || y.cols != out || (y.data == nullptr && B * out > 0)) y = alloc(B, out);
 
   auto st = std::make_unique<CudaLinearState>();
-  st->x = alloc(B, in);
-  if (B * in > 0)
-    check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
-          "CudaLinear::forward: saving x");
+  st->batch = B;
+  st->in = in;
+  DevOperand xo;
+  if (bf16_rounding_only(plan.operand(Operand::fwd_x)) && bf16_rounding_only(plan.operand(Operand::wgrad_x))) {
+    // Backward needs only the BF16 rounding of x: keep that (half the bytes
+    // of the FP32 copy, and wgrad does not round x again).
+    st->x_bf16 = true;
+    st->x = alloc(1, (B * in + 1) / 2);
+    uint16_t* xh = reinterpret_cast<uint16_t*>(st->x.data);
+    cuda::round_bf16_device(x.data, B * in, xh, kStream);
+    xo.bf16 = xh;
+    im.report(Operand::fwd_x, xo, B, in);
+  } else {
+    st->x = alloc(B, in);
+    if (B * in > 0)
+      check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+            "CudaLinear::forward: saving x");
+    xo = im.prepare(plan.operand(Operand::fwd_x), x.data, B, in, im.slot[0]);
+  }
 
   // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
-  const DevOperand xo = im.prepare(plan.operand(Operand::fwd_x), x.data, B, in, im.slot[0]);
   const DevOperand wo = im.prepare(plan.operand(Operand::fwd_w), w.data, out, in, im.slot[1]);
   im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
           0.0f);
@@ -278,7 +302,7 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   const auto* stp = dynamic_cast<const CudaLinearState*>(&state);
   if (stp == nullptr) throw Error("CudaLinear::backward: `state` was not written by CudaLinear::forward");
   const CudaLinearState& st = *stp;
-  const int64_t B = st.x.rows, in = st.x.cols, out = w.rows;
+  const int64_t B = st.batch, in = st.in, out = w.rows;
   if (w.cols != in)
     throw Error("CudaLinear::backward: W is " + shape(w.rows, w.cols) + " but the forward's x was " + shape(B, in) +
                 ": W's columns must equal x's columns (in_features)");
@@ -293,8 +317,14 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   if (dx.rows != B || dx.cols != in || (dx.data == nullptr && B * in > 0)) dx = alloc(B, in);
 
   // dgrad: dx^T [in, B] = W^T [in, out] dy^T [out, B].
+  // When both dy operands are plain BF16 roundings, wgrad reuses dgrad's (slot[0]
+  // is not written in between: the dgrad GEMM of two BF16 operands expands nothing).
+  const bool dy_shared = bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
+                         bf16_rounding_only(plan.operand(Operand::wgrad_grad_y));
+  DevOperand dy_op;
   {
     const DevOperand go = im.prepare(plan.operand(Operand::dgrad_grad_y), dy.data, B, out, im.slot[0]);
+    dy_op = go;
     DevOperand wo;
     if (plan.reuse_fwd_w && st.has_w) {
       if (st.w_bf16) {
@@ -313,8 +343,19 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
 
   // wgrad: dW^T [in, out] += x'^T [in, B] dy [B, out]  (x' = the wgrad_x operand).
   {
-    const DevOperand go = im.prepare(plan.operand(Operand::wgrad_grad_y), dy.data, B, out, im.slot[0]);
-    const DevOperand xo = im.prepare(plan.operand(Operand::wgrad_x), st.x.data, B, in, im.slot[1]);
+    DevOperand go, xo;
+    if (dy_shared && dy_op.is_bf16()) {
+      go = dy_op;
+      im.report(Operand::wgrad_grad_y, go, B, out);
+    } else {
+      go = im.prepare(plan.operand(Operand::wgrad_grad_y), dy.data, B, out, im.slot[0]);
+    }
+    if (st.x_bf16) {
+      xo.bf16 = reinterpret_cast<const uint16_t*>(st.x.data);
+      im.report(Operand::wgrad_x, xo, B, in);
+    } else {
+      xo = im.prepare(plan.operand(Operand::wgrad_x), st.x.data, B, in, im.slot[1]);
+    }
     im.gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, B, xo, in, B * in, im.slot[1], go, out, B * out, im.slot[0], dw_acc.data,
             in, 1.0f);
   }
