@@ -65,34 +65,55 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     p[i] = v;
 }
+// Elementwise kernels below: thread t handles the 4 consecutive elements
+// 4t..4t+3 (grid-stride), with 16-byte accesses when every pointer is 16-byte
+// aligned and the group is whole, scalar ones otherwise. Same arithmetic per
+// element either way.
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+__device__ __forceinline__ float f4_at(const float4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
+__device__ __forceinline__ void f4_set(float4& v, int k, float x) {
+  if (k == 0) v.x = x; else if (k == 1) v.y = x; else if (k == 2) v.z = x; else v.w = x;
+}
+// out[i] = f(a[i], b[i]) for every i < n (b may be null: f(a[i], 0)).
+template <class F>
+__device__ __forceinline__ void map4(int64_t n, const float* a, const float* b, float* out, F f) {
+  const int64_t groups = (n + 3) / 4;
+  const bool vec = aligned16(a) && (b == nullptr || aligned16(b)) && aligned16(out);
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    if (vec && g * 4 + 4 <= n) {
+      const float4 va = reinterpret_cast<const float4*>(a)[g];
+      const float4 vb = b ? reinterpret_cast<const float4*>(b)[g] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float4 r;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) f4_set(r, k, f(f4_at(va, k), f4_at(vb, k)));
+      reinterpret_cast<float4*>(out)[g] = r;
+      continue;
+    }
+    for (int64_t i = g * 4; i < g * 4 + 4 && i < n; ++i) out[i] = f(a[i], b ? b[i] : 0.0f);
+  }
+}
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] += x[i];
+  map4(n, y, x, y, [](float yi, float xi) { return yi + xi; });
 }
 __global__ void scale_kernel(float* g, int64_t n, float s) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     g[i] *= s;
 }
 __global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = x[i];
-    y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-  }
+  map4(n, x, nullptr, y, [](float v, float) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); });
 }
 __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = x[i];
+  map4(n, x, dy, dx, [](float v, float d) {
     const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
     const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-    dx[i] = dy[i] * (cdf + v * pdf);
-  }
+    return d * (cdf + v * pdf);
+  });
 }
 
 // One thread per group of 4 elements (one Philox call gives the 4 words);
 // 16-byte vector loads and stores where the pointers allow (the group's 4
 // elements are consecutive and group-aligned), scalar ones otherwise and in
 // the tail group.
-__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 __device__ __forceinline__ float4 drop4(float4 v, const Philox4& r, uint32_t thr, float keep_scale) {
   v.x = r.v[0] < thr ? 0.0f : v.x * keep_scale;
   v.y = r.v[1] < thr ? 0.0f : v.y * keep_scale;
@@ -481,7 +502,7 @@ void scatter_rows(const float* dout, int64_t n, int64_t cols, int64_t stride, fl
 
 void add_inplace(float* y, const float* x, int64_t n, cudaStream_t st) {
   if (n <= 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, st>>>(y, x, n);
+  add_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n);
   check_launch("add_kernel");
 }
 
@@ -493,13 +514,13 @@ void scale(float* g, int64_t n, float s, cudaStream_t st) {
 
 void gelu_forward(const float* x, float* y, int64_t n, cudaStream_t st) {
   if (n <= 0) return;
-  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, st>>>(x, y, n);
+  gelu_fwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, y, n);
   check_launch("gelu_fwd_kernel");
 }
 
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, cudaStream_t st) {
   if (n <= 0) return;
-  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, st>>>(x, dy, dx, n);
+  gelu_bwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, dy, dx, n);
   check_launch("gelu_bwd_kernel");
 }
 
