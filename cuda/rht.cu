@@ -19,7 +19,7 @@ struct Signs {
 
 template <bool Forward>
 __global__ void __launch_bounds__(kThreads)
-    rht_kernel(float* x, int64_t rows, int64_t cols, bool along_rows, const Signs signs) {
+    rht_kernel(const float* src, float* dst, int64_t rows, int64_t cols, bool along_rows, const Signs signs) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t chunks = rows * cols / 16;
   if (t >= chunks) return;
@@ -35,18 +35,19 @@ __global__ void __launch_bounds__(kThreads)
   }
   float v[16];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) v[i] = x[base + i * step];
+  for (int i = 0; i < 16; ++i) v[i] = src[base + i * step];
   if constexpr (Forward) {
     rht16_forward(v, signs.s);
   } else {
     rht16_inverse(v, signs.s);
   }
 #pragma unroll
-  for (int i = 0; i < 16; ++i) x[base + i * step] = v[i];
+  for (int i = 0; i < 16; ++i) dst[base + i * step] = v[i];  // src == dst: this chunk is already read
 }
 
 template <bool Forward>
-void launch(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed, cudaStream_t stream) {
+void launch(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
+            cudaStream_t stream) {
   if (rows < 0 || cols < 0) throw Error("RHT (cuda): negative tensor shape");
   const bool along_rows = axis == RhtAxis::rows;
   const int64_t len = along_rows ? cols : rows;
@@ -60,17 +61,21 @@ void launch(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed, c
   std::copy(a.begin(), a.end(), s.s);
   const int64_t blocks = (chunks + kThreads - 1) / kThreads;
   if (blocks > 0x7FFFFFFF) throw Error("RHT (cuda): tensor too large");
-  rht_kernel<Forward><<<unsigned(blocks), kThreads, 0, stream>>>(x, rows, cols, along_rows, s);
+  rht_kernel<Forward><<<unsigned(blocks), kThreads, 0, stream>>>(src, dst, rows, cols, along_rows, s);
   check_launch(Forward ? "rht_kernel<forward>" : "rht_kernel<inverse>");
 }
 
 }  // namespace
 
 void rht_forward_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed, cudaStream_t stream) {
-  launch<true>(x, rows, cols, axis, seed, stream);
+  launch<true>(x, x, rows, cols, axis, seed, stream);
+}
+void rht_forward_device(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
+                        cudaStream_t stream) {
+  launch<true>(src, dst, rows, cols, axis, seed, stream);
 }
 void rht_inverse_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed, cudaStream_t stream) {
-  launch<false>(x, rows, cols, axis, seed, stream);
+  launch<false>(x, x, rows, cols, axis, seed, stream);
 }
 
 }  // namespace fp4lab::cuda

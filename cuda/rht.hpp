@@ -21,6 +21,9 @@ namespace fp4lab::cuda {
 
 void rht_forward_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
                         cudaStream_t stream = nullptr);
+// Out of place: dst = RHT(src), src unchanged (src == dst is the in-place form).
+void rht_forward_device(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
+                        cudaStream_t stream = nullptr);
 void rht_inverse_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
                         cudaStream_t stream = nullptr);
 

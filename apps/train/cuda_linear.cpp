@@ -140,8 +140,10 @@ struct CudaLinear::Impl {
       cuda::fake_quantize_device(*p.pre, s.work.data(), rows, cols, p.pre_stream, qws, kStream);
     }
     if (p.rht) {
-      to_work();
-      cuda::rht_forward_device(s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream);
+      // Out of place from the source (no copy first), in place after `pre`.
+      ensure(s.work, n);
+      cuda::rht_forward_device(cur, s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream);
+      cur = s.work.data();
     }
     DevOperand o;
     if (p.quantizer) {
