@@ -189,8 +189,7 @@ FP4LAB_HD constexpr float decode_f32(uint32_t code) {
   const uint32_t mag = code & F.magnitude_mask();
   const uint32_t sign = F.is_signed ? ((code >> (F.exp_bits + F.man_bits)) & 1u) << 31 : 0u;
   const uint32_t normal = (mag << shift) + rebias;
-  const uint32_t subnormal =
-      float_bits(bits_float(min_normal_bits | (mag << shift)) - bits_float(min_normal_bits));
+  const uint32_t subnormal = float_bits(bits_float(min_normal_bits | (mag << shift)) - bits_float(min_normal_bits));
   uint32_t v = mag < (1u << F.man_bits) ? subnormal : normal;
   if constexpr (F.special == Special::ieee) v = (mag >> F.man_bits) == F.exp_field_max() ? 0x7F800000u : v;
   constexpr Format f = F;  // a local copy: device code cannot refer to the host global F

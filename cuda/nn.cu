@@ -70,9 +70,18 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
 // aligned and the group is whole, scalar ones otherwise. Same arithmetic per
 // element either way.
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-__device__ __forceinline__ float f4_at(const float4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
+__device__ __forceinline__ float f4_at(const float4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
 __device__ __forceinline__ void f4_set(float4& v, int k, float x) {
-  if (k == 0) v.x = x; else if (k == 1) v.y = x; else if (k == 2) v.z = x; else v.w = x;
+  if (k == 0)
+    v.x = x;
+  else if (k == 1)
+    v.y = x;
+  else if (k == 2)
+    v.z = x;
+  else
+    v.w = x;
 }
 // out[i] = f(a[i], b[i]) for every i < n (b may be null: f(a[i], 0)).
 template <class F>

@@ -94,10 +94,10 @@ bool bf16_rounding_only(const OperandPlan& p) {
 
 struct CudaLinearState final : LinearState {
   int64_t batch = 0, in = 0;  // x's shape [B, in]
-  Tensor x;            // copy of the forward's input [B, in] (FP32), or, when x_bf16,
-  bool x_bf16 = false;  // its BF16 rounding packed two per float ([1, ceil(B*in/2)]): fwd_x and wgrad_x
-                        // are both bf16_rounding_only, so the forward's operand is the wgrad's
-  bool has_w = false;  // plan.reuse_fwd_w: the forward's fwd_w operand follows
+  Tensor x;                   // copy of the forward's input [B, in] (FP32), or, when x_bf16,
+  bool x_bf16 = false;        // its BF16 rounding packed two per float ([1, ceil(B*in/2)]): fwd_x and wgrad_x
+                              // are both bf16_rounding_only, so the forward's operand is the wgrad's
+  bool has_w = false;         // plan.reuse_fwd_w: the forward's fwd_w operand follows
   bool w_bf16 = false;
   bool w_has_g = false;
   Tensor w_op;  // FP32 [out, in], or BF16 bits packed two per float ([1, ceil(out*in/2)])
