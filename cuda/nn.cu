@@ -123,12 +123,13 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
 // 16-byte vector loads and stores where the pointers allow (the group's 4
 // elements are consecutive and group-aligned), scalar ones otherwise and in
 // the tail group.
+// The dropout rule of one element (random word `word`), as the CPU's.
+__device__ __forceinline__ float drop1(float v, uint32_t word, uint32_t thr, float keep_scale) {
+  return word < thr ? 0.0f : v * keep_scale;
+}
 __device__ __forceinline__ float4 drop4(float4 v, const Philox4& r, uint32_t thr, float keep_scale) {
-  v.x = r.v[0] < thr ? 0.0f : v.x * keep_scale;
-  v.y = r.v[1] < thr ? 0.0f : v.y * keep_scale;
-  v.z = r.v[2] < thr ? 0.0f : v.z * keep_scale;
-  v.w = r.v[3] < thr ? 0.0f : v.w * keep_scale;
-  return v;
+  return make_float4(drop1(v.x, r.v[0], thr, keep_scale), drop1(v.y, r.v[1], thr, keep_scale),
+                     drop1(v.z, r.v[2], thr, keep_scale), drop1(v.w, r.v[3], thr, keep_scale));
 }
 __global__ void dropout_kernel(float* x, int64_t n, uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
@@ -142,7 +143,7 @@ __global__ void dropout_kernel(float* x, int64_t n, uint32_t thr, float keep_sca
     }
     for (int k = 0; k < 4; ++k) {
       const int64_t i = g * 4 + k;
-      if (i < n) x[i] = r.v[k] < thr ? 0.0f : x[i] * keep_scale;
+      if (i < n) x[i] = drop1(x[i], r.v[k], thr, keep_scale);
     }
   }
 }
@@ -164,9 +165,8 @@ __global__ void dropout_pair_kernel(const float* p, float* pd, float* dp, int64_
     for (int k = 0; k < 4; ++k) {
       const int64_t i = g * 4 + k;
       if (i >= n) break;
-      const bool d = r.v[k] < thr;
-      if (pd) pd[i] = d ? 0.0f : p[i] * keep_scale;
-      if (dp) dp[i] = d ? 0.0f : dp[i] * keep_scale;
+      if (pd) pd[i] = drop1(p[i], r.v[k], thr, keep_scale);
+      if (dp) dp[i] = drop1(dp[i], r.v[k], thr, keep_scale);
     }
   }
 }

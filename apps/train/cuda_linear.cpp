@@ -323,10 +323,9 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   // is not written in between: the dgrad GEMM of two BF16 operands expands nothing).
   const bool dy_shared = bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
                          bf16_rounding_only(plan.operand(Operand::wgrad_grad_y));
-  DevOperand dy_op;
+  const DevOperand dy_op = im.prepare(plan.operand(Operand::dgrad_grad_y), dy.data, B, out, im.slot[0]);
   {
-    const DevOperand go = im.prepare(plan.operand(Operand::dgrad_grad_y), dy.data, B, out, im.slot[0]);
-    dy_op = go;
+    const DevOperand& go = dy_op;
     DevOperand wo;
     if (plan.reuse_fwd_w && st.has_w) {
       if (st.w_bf16) {
