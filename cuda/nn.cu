@@ -12,37 +12,17 @@
 
 #include "core/error.hpp"
 #include "core/philox.hpp"
+#include "cuda/nn_device.cuh"
 
 namespace fp4lab::cuda::nn {
 
+using namespace detail;
+
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int64_t kRowBlock = 256;    // column reductions: the CPU's fixed row blocking
 constexpr int64_t kSumChunk = 16384;  // sum_squares: the CPU's chunk size
-constexpr int kWarp = 32;
 constexpr int64_t kNoIndex = INT64_MAX;  // cross-entropy argmax: "no element seen"
-
-void check_cublas_status(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));
-}
-
-// 1-D grid of `threads` over n items (grid-stride loops cover the rest).
-unsigned blocks_for(int64_t n, int threads = kThreads) {
-  const int64_t b = (n + threads - 1) / threads;
-  return unsigned(std::clamp<int64_t>(b, 1, 1 << 20));
-}
-
-// The xor butterfly leaves the same value in every lane (IEEE addition is
-// commutative, so lane i and lane i^m add the same two numbers), in a fixed order.
-__device__ double warp_sum(double v) {
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
-  return v;
-}
-__device__ float warp_max(float v) {
-  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
-  return v;
-}
 
 // Fixed-shape shared-memory tree over blockDim.x (a power of two) doubles.
 // Returns the total in thread 0 (and in every thread after the final sync).
@@ -69,7 +49,6 @@ __global__ void fill_kernel(float* p, int64_t n, float v) {
 // 4t..4t+3 (grid-stride), with 16-byte accesses when every pointer is 16-byte
 // aligned and the group is whole, scalar ones otherwise. Same arithmetic per
 // element either way.
-__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 __device__ __forceinline__ float f4_at(const float4& v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
@@ -123,14 +102,6 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
 // 16-byte vector loads and stores where the pointers allow (the group's 4
 // elements are consecutive and group-aligned), scalar ones otherwise and in
 // the tail group.
-// The dropout rule of one element (random word `word`), as the CPU's.
-__device__ __forceinline__ float drop1(float v, uint32_t word, uint32_t thr, float keep_scale) {
-  return word < thr ? 0.0f : v * keep_scale;
-}
-__device__ __forceinline__ float4 drop4(float4 v, const Philox4& r, uint32_t thr, float keep_scale) {
-  return make_float4(drop1(v.x, r.v[0], thr, keep_scale), drop1(v.y, r.v[1], thr, keep_scale),
-                     drop1(v.z, r.v[2], thr, keep_scale), drop1(v.w, r.v[3], thr, keep_scale));
-}
 __global__ void dropout_kernel(float* x, int64_t n, uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
   const bool vec = aligned16(x);
@@ -147,30 +118,6 @@ __global__ void dropout_kernel(float* x, int64_t n, uint32_t thr, float keep_sca
     }
   }
 }
-// pd = drop(p) (when pd is non-null) and dp = drop(dp), same mask.
-__global__ void dropout_pair_kernel(const float* p, float* pd, float* dp, int64_t n, uint32_t thr, float keep_scale,
-                                    uint64_t seed, uint64_t sid) {
-  const int64_t groups = (n + 3) / 4;
-  const bool vec = (pd == nullptr || (aligned16(p) && aligned16(pd))) && (dp == nullptr || aligned16(dp));
-  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
-    const Philox4 r = philox_group(seed, sid, uint64_t(g));
-    if (vec && g * 4 + 4 <= n) {
-      if (pd) reinterpret_cast<float4*>(pd)[g] = drop4(reinterpret_cast<const float4*>(p)[g], r, thr, keep_scale);
-      if (dp) {
-        float4* d4 = reinterpret_cast<float4*>(dp) + g;
-        *d4 = drop4(*d4, r, thr, keep_scale);
-      }
-      continue;
-    }
-    for (int k = 0; k < 4; ++k) {
-      const int64_t i = g * 4 + k;
-      if (i >= n) break;
-      if (pd) pd[i] = drop1(p[i], r.v[k], thr, keep_scale);
-      if (dp) dp[i] = drop1(dp[i], r.v[k], thr, keep_scale);
-    }
-  }
-}
-
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n,
                              AdamWConstants k) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -396,71 +343,6 @@ __global__ void sum_final_kernel(const double* part, int64_t nb, double* out) {
   if (threadIdx.x == 0) *out = s;
 }
 
-// ---- attention -------------------------------------------------------------------
-
-// Scaled, masked row softmax in place; one warp per row of probs [rows, T].
-__global__ void softmax_fwd_kernel(float* probs, int64_t rows, int64_t T, bool causal, float scale) {
-  const int64_t row = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= rows) return;
-  float* pr = probs + row * T;
-  const int64_t i = row % T;
-  const int64_t lim = causal ? i + 1 : T;
-  float mx = -INFINITY;
-  for (int64_t j = lane; j < lim; j += kWarp) {
-    const float s = pr[j] * scale;
-    pr[j] = s;
-    mx = fmaxf(mx, s);
-  }
-  mx = warp_max(mx);
-  double sum = 0.0;
-  for (int64_t j = lane; j < lim; j += kWarp) {
-    const float e = expf(pr[j] - mx);
-    pr[j] = e;
-    sum += e;
-  }
-  sum = warp_sum(sum);
-  const float inv = float(1.0 / sum);
-  for (int64_t j = lane; j < lim; j += kWarp) pr[j] *= inv;
-  for (int64_t j = lim + lane; j < T; j += kWarp) pr[j] = 0.0f;
-}
-// ds = p * (dp - sum_j dp p) * scale in place of dp; one warp per row.
-__global__ void softmax_bwd_kernel(const float* probs, float* dp, int64_t rows, int64_t T, float scale) {
-  const int64_t row = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= rows) return;
-  const float* pr = probs + row * T;
-  float* dr = dp + row * T;
-  double dot = 0.0;
-  for (int64_t j = lane; j < T; j += kWarp) dot += double(dr[j]) * double(pr[j]);
-  dot = warp_sum(dot);
-  const float d = float(dot);
-  for (int64_t j = lane; j < T; j += kWarp) dr[j] = pr[j] * (dr[j] - d) * scale;
-}
-
-// Pointer arrays of the batched GEMMs: array a, entry b*H + h = base[a] +
-// b*sb[a] + h*sh[a].
-struct PtrSpec {
-  float* base[6];
-  int64_t sb[6], sh[6];
-  int count;
-};
-__global__ void make_ptrs_kernel(PtrSpec s, int64_t B, int64_t H, float** out) {
-  const int64_t BH = B * H;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < BH * s.count;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int a = int(e / BH);
-    const int64_t bh = e % BH, b = bh / H, h = bh % H;
-    out[e] = s.base[a] + b * s.sb[a] + h * s.sh[a];
-  }
-}
-
-// Warp-per-row launch shape.
-unsigned warp_blocks(int64_t rows) {
-  const int64_t per = kThreads / kWarp;
-  return unsigned(std::max<int64_t>(1, (rows + per - 1) / per));
-}
-
 }  // namespace
 
 // ---- Scratch ------------------------------------------------------------------------
@@ -628,155 +510,6 @@ void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* dec
   if (k.apply_decay && !decay) throw Error("adamw_step: weight decay without a decay mask");
   adamw_kernel<<<blocks_for(n), kThreads, 0, st>>>(p, g, m, v, decay, n, k);
   check_launch("adamw_kernel");
-}
-
-// ---- Attention ------------------------------------------------------------------------
-
-Attention::Attention(cudaStream_t stream) : stream_(stream) {
-  check_cublas_status(cublasCreate(&h_), "cublasCreate (attention)");
-  try {
-    check_cublas_status(cublasSetStream(h_, stream_), "cublasSetStream (attention)");
-    // Pedantic FP32: no TF32 tensor cores, whatever NVIDIA_TF32_OVERRIDE says.
-    check_cublas_status(cublasSetMathMode(h_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode (attention)");
-    check_cublas_status(cublasSetPointerMode(h_, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode (attention)");
-  } catch (...) {
-    cublasDestroy(h_);
-    throw;
-  }
-}
-
-Attention::~Attention() {
-  if (h_) cublasDestroy(h_);
-}
-
-void Attention::check_dims(const AttentionDims& d) const {
-  const int64_t imax = std::numeric_limits<int>::max();
-  if (d.batch < 0 || d.seq < 0 || d.heads <= 0 || d.width <= 0 || d.width % d.heads != 0)
-    throw Error("attention: width " + std::to_string(d.width) + " is not a positive multiple of heads " +
-                std::to_string(d.heads));
-  if (d.seq > imax || 3 * d.width > imax || d.batch * d.heads > imax)
-    throw Error("attention: dimensions exceed cuBLAS's int range");
-}
-
-namespace {
-// Column-major view used below: a row-major [T, hd] block with row stride ld is
-// the column-major [hd, T] matrix with leading dimension ld.
-void sgemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-                   float* const* A, int64_t lda, float* const* B, int64_t ldb, float* const* C, int64_t ldc,
-                   int64_t count, const char* what) {
-  const float one = 1.0f, zero = 0.0f;
-  check_cublas_status(cublasSgemmBatched(h, ta, tb, int(m), int(n), int(k), &one, A, int(lda), B, int(ldb), &zero, C,
-                                         int(ldc), int(count)),
-                      what);
-}
-// Entries 0, 1, 2 of s: the per-head Q, K, V blocks of a [B, T, 3C] tensor
-// (row stride 3C; head h starts h * hd columns into its third).
-void set_qkv(PtrSpec& s, float* qkv, int64_t T, int64_t C, int64_t hd) {
-  for (int j = 0; j < 3; ++j) s.base[j] = qkv + j * C, s.sb[j] = T * 3 * C, s.sh[j] = hd;
-}
-}  // namespace
-
-void Attention::forward(const AttentionDims& d, const float* qkv, float* out, float* probs) {
-  check_dims(d);
-  const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
-  if (B * T == 0) return;
-  const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
-  if (thr != 0) {
-    if (pd_.size() < size_t(BH * T * T)) {
-      pd_.resize(0);
-      pd_.resize(size_t(BH * T * T));
-    }
-  }
-  float* q = const_cast<float*>(qkv);
-  // Arrays: 0 Q, 1 K, 2 V, 3 probs, 4 (dropped) probs used by P.V, 5 out.
-  PtrSpec s{};
-  s.count = 6;
-  set_qkv(s, q, T, C, hd);
-  s.base[3] = probs, s.sb[3] = H * T * T, s.sh[3] = T * T;
-  s.base[4] = thr ? pd_.data() : probs, s.sb[4] = H * T * T, s.sh[4] = T * T;
-  s.base[5] = out, s.sb[5] = T * C, s.sh[5] = hd;
-  if (ptrs_.size() < size_t(6 * BH)) {
-    ptrs_.resize(0);
-    ptrs_.resize(size_t(6 * BH));
-  }
-  float** P = ptrs_.data();
-  make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
-  check_launch("make_ptrs_kernel");
-  // probs^T (col-major [T, T]) = K Q^T: S[i][j] = q_i . k_j, unscaled (the
-  // softmax kernel scales, as the CPU does after its GEMM).
-  sgemm_batched(h_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, P + 1 * BH, ld, P + 0 * BH, ld, P + 3 * BH, T, BH,
-                "cublasSgemmBatched (attention scores)");
-  softmax_fwd_kernel<<<warp_blocks(BH * T), kThreads, 0, stream_>>>(probs, BH * T, T, d.causal, d.scale);
-  check_launch("softmax_fwd_kernel");
-  if (thr != 0) {
-    const float keep_scale = 1.0f / (1.0f - d.dropout);
-    const int64_t n = BH * T * T;
-    dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), nullptr, n, thr,
-                                                                           keep_scale, d.seed, d.stream_id);
-    check_launch("dropout_pair_kernel");
-  }
-  // out^T (col-major [hd, T], ld C) = V^T P^T.
-  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, P + 2 * BH, ld, P + 4 * BH, T, P + 5 * BH, C, BH,
-                "cublasSgemmBatched (attention P.V)");
-}
-
-void Attention::backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv) {
-  check_dims(d);
-  const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
-  if (B * T == 0) return;
-  const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
-  const size_t nn = size_t(BH * T * T);
-  if (dp_.size() < nn) {
-    dp_.resize(0);
-    dp_.resize(nn);
-  }
-  if (thr != 0 && pd_.size() < nn) {
-    pd_.resize(0);
-    pd_.resize(nn);
-  }
-  float* q = const_cast<float*>(qkv);
-  // Two sets of arrays. Set 1: 0 Q, 1 K, 2 V, 3 dout, 4 dp/ds, 5 (dropped) probs.
-  // Set 2: 0 dQ, 1 dK, 2 dV.
-  PtrSpec s{};
-  s.count = 6;
-  set_qkv(s, q, T, C, hd);
-  s.base[3] = const_cast<float*>(dout), s.sb[3] = T * C, s.sh[3] = hd;
-  s.base[4] = dp_.data(), s.sb[4] = H * T * T, s.sh[4] = T * T;
-  s.base[5] = thr ? pd_.data() : const_cast<float*>(probs), s.sb[5] = H * T * T, s.sh[5] = T * T;
-  PtrSpec g{};
-  g.count = 3;
-  set_qkv(g, dqkv, T, C, hd);
-  if (ptrs_.size() < size_t(9 * BH)) {
-    ptrs_.resize(0);
-    ptrs_.resize(size_t(9 * BH));
-  }
-  float** P = ptrs_.data();
-  float** G = P + 6 * BH;
-  make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
-  check_launch("make_ptrs_kernel");
-  make_ptrs_kernel<<<blocks_for(3 * BH), kThreads, 0, stream_>>>(g, B, H, G);
-  check_launch("make_ptrs_kernel");
-  // dp^T (col-major [T, T]) = V dout^T: dp[i][j] = dout_i . v_j.
-  sgemm_batched(h_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, P + 2 * BH, ld, P + 3 * BH, C, P + 4 * BH, T, BH,
-                "cublasSgemmBatched (attention dP)");
-  if (thr != 0) {
-    const float keep_scale = 1.0f / (1.0f - d.dropout);
-    const int64_t n = BH * T * T;
-    dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), dp_.data(), n, thr,
-                                                                           keep_scale, d.seed, d.stream_id);
-    check_launch("dropout_pair_kernel");
-  }
-  // dv^T (col-major [hd, T], ld 3C) = dout^T Pd.
-  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, P + 3 * BH, C, P + 5 * BH, T, G + 2 * BH, ld, BH,
-                "cublasSgemmBatched (attention dV)");
-  softmax_bwd_kernel<<<warp_blocks(BH * T), kThreads, 0, stream_>>>(probs, dp_.data(), BH * T, T, d.scale);
-  check_launch("softmax_bwd_kernel");
-  // dq^T = K^T ds^T: col-major [hd, T] = Kc (hd x T) * dsc (T x T).
-  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, P + 1 * BH, ld, P + 4 * BH, T, G + 0 * BH, ld, BH,
-                "cublasSgemmBatched (attention dQ)");
-  // dk^T = Q^T ds: Qc (hd x T) * dsc^T.
-  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, P + 0 * BH, ld, P + 4 * BH, T, G + 1 * BH, ld, BH,
-                "cublasSgemmBatched (attention dK)");
 }
 
 }  // namespace fp4lab::cuda::nn

@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -154,13 +156,27 @@ struct AttentionDims {
   uint64_t seed = 0, stream_id = 0;
 };
 
-// Materialised-probability attention on cuBLAS batched SGEMMs (one batch entry
-// per (sequence, head), pedantic FP32 math) plus row softmax kernels.
-// Owns its cuBLAS handle and scratch (pointer arrays, the dropped
-// probabilities and their gradient, [batch*heads*seq, seq] each).
+// Which implementation Attention runs (cuda/attention.cu):
+// - fused: FP32 tiled kernels on the CUDA cores (explicit FMAs): one kernel for
+//   scores + softmax + dropout + P.V, two for the backward (dQ per query tile;
+//   dK, dV per key tile); tiles above the causal diagonal are skipped. Needs a
+//   head dim of 16, 32, 64 or 128, T small enough for a 64-row tile of scores in
+//   shared memory (T <= 640 at head dim 64), 16-byte aligned pointers.
+// - cublas: batched cuBLAS SGEMMs in pedantic FP32 plus row-softmax and dropout
+//   kernels; any geometry.
+// - automatic: fused where it applies, cublas otherwise.
+// Both give the CPU's results up to summation order (the softmax reductions of
+// the fused path split each row over 4 threads instead of 32 lanes) and the
+// CPU's dropout mask bit for bit; each is deterministic run to run.
+enum class AttentionPath { automatic, fused, cublas };
+
+// Materialised-probability attention: the probabilities are written for the
+// backward (as the CPU backend keeps them). Owns its cuBLAS handle and scratch
+// (pointer arrays, [batch*heads*seq, seq] buffers for the dropped probabilities
+// and the score gradient).
 class Attention {
  public:
-  explicit Attention(cudaStream_t stream = nullptr);
+  explicit Attention(cudaStream_t stream = nullptr, AttentionPath path = AttentionPath::automatic);
   ~Attention();
   Attention(const Attention&) = delete;
   Attention& operator=(const Attention&) = delete;
@@ -176,10 +192,21 @@ class Attention {
   // dot), dq = ds k, dk = ds^T q, dv = drop(p)^T dout.
   void backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv);
 
+  // Whether the fused kernels can run d with these pointers (all device pointers
+  // the call will use); empty when they can, else the reason.
+  static std::string fused_unsupported(const AttentionDims& d, std::initializer_list<const void*> ptrs);
+
  private:
   void check_dims(const AttentionDims& d) const;
+  bool use_fused(const AttentionDims& d, std::initializer_list<const void*> ptrs) const;
+  void forward_cublas(const AttentionDims& d, const float* qkv, float* out, float* probs);
+  void backward_cublas(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv);
+  void forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs);
+  void backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv);
+  float* grow(DeviceBuffer<float>& b, size_t n);
   cublasHandle_t h_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  AttentionPath path_ = AttentionPath::automatic;
   DeviceBuffer<float*> ptrs_;
   DeviceBuffer<float> pd_, dp_;
 };

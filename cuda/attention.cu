@@ -1,0 +1,724 @@
+// Multi-head self-attention of the trainer's CUDA backend (cuda/nn.hpp,
+// class Attention): two implementations of the same operation.
+// - fused: FP32 tiled kernels (64 query rows per block; CUDA cores, explicit
+//   FMAs) that compute scores, softmax, dropout and P.V in one kernel, and the
+//   backward in two (dQ per query tile; dK, dV per key tile); key tiles above
+//   the causal diagonal are skipped. Head dims 16/32/64/128.
+// - cublas: batched pedantic-FP32 SGEMMs plus row-softmax and dropout kernels
+//   (every other geometry).
+// Both give the probabilities the CPU gives up to summation order, with the
+// CPU's dropout mask bit for bit.
+#include <cstdint>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/philox.hpp"
+#include "cuda/nn.hpp"
+#include "cuda/nn_device.cuh"
+
+namespace fp4lab::cuda::nn {
+
+using namespace detail;
+
+namespace {
+
+// ---- attention -------------------------------------------------------------------
+
+// Scaled, masked row softmax in place; one warp per row of probs [rows, T].
+__global__ void softmax_fwd_kernel(float* probs, int64_t rows, int64_t T, bool causal, float scale) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  float* pr = probs + row * T;
+  const int64_t i = row % T;
+  const int64_t lim = causal ? i + 1 : T;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j < lim; j += kWarp) {
+    const float s = pr[j] * scale;
+    pr[j] = s;
+    mx = fmaxf(mx, s);
+  }
+  mx = warp_max(mx);
+  double sum = 0.0;
+  for (int64_t j = lane; j < lim; j += kWarp) {
+    const float e = expf(pr[j] - mx);
+    pr[j] = e;
+    sum += e;
+  }
+  sum = warp_sum(sum);
+  const float inv = float(1.0 / sum);
+  for (int64_t j = lane; j < lim; j += kWarp) pr[j] *= inv;
+  for (int64_t j = lim + lane; j < T; j += kWarp) pr[j] = 0.0f;
+}
+// ds = p * (dp - sum_j dp p) * scale in place of dp; one warp per row.
+__global__ void softmax_bwd_kernel(const float* probs, float* dp, int64_t rows, int64_t T, float scale) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  const float* pr = probs + row * T;
+  float* dr = dp + row * T;
+  double dot = 0.0;
+  for (int64_t j = lane; j < T; j += kWarp) dot += double(dr[j]) * double(pr[j]);
+  dot = warp_sum(dot);
+  const float d = float(dot);
+  for (int64_t j = lane; j < T; j += kWarp) dr[j] = pr[j] * (dr[j] - d) * scale;
+}
+
+// Pointer arrays of the batched GEMMs: array a, entry b*H + h = base[a] +
+// b*sb[a] + h*sh[a].
+struct PtrSpec {
+  float* base[6];
+  int64_t sb[6], sh[6];
+  int count;
+};
+__global__ void make_ptrs_kernel(PtrSpec s, int64_t B, int64_t H, float** out) {
+  const int64_t BH = B * H;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < BH * s.count;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int a = int(e / BH);
+    const int64_t bh = e % BH, b = bh / H, h = bh % H;
+    out[e] = s.base[a] + b * s.sb[a] + h * s.sh[a];
+  }
+}
+
+// pd = drop(p) (when pd is non-null) and dp = drop(dp), same mask.
+__global__ void dropout_pair_kernel(const float* p, float* pd, float* dp, int64_t n, uint32_t thr, float keep_scale,
+                                    uint64_t seed, uint64_t sid) {
+  const int64_t groups = (n + 3) / 4;
+  const bool vec = (pd == nullptr || (aligned16(p) && aligned16(pd))) && (dp == nullptr || aligned16(dp));
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const Philox4 r = philox_group(seed, sid, uint64_t(g));
+    if (vec && g * 4 + 4 <= n) {
+      if (pd) reinterpret_cast<float4*>(pd)[g] = drop4(reinterpret_cast<const float4*>(p)[g], r, thr, keep_scale);
+      if (dp) {
+        float4* d4 = reinterpret_cast<float4*>(dp) + g;
+        *d4 = drop4(*d4, r, thr, keep_scale);
+      }
+      continue;
+    }
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = g * 4 + k;
+      if (i >= n) break;
+      if (pd) pd[i] = drop1(p[i], r.v[k], thr, keep_scale);
+      if (dp) dp[i] = drop1(dp[i], r.v[k], thr, keep_scale);
+    }
+  }
+}
+
+
+// ---- fused attention ---------------------------------------------------------------
+// Block = one (sequence, head) and one tile of kTile query rows (forward, dQ) or
+// key columns (dK, dV); 256 threads as 16 x 16, thread (ty, tx) owning rows
+// 4ty..4ty+3 of every output tile. Products accumulate with explicit FMAs in
+// increasing k order. Row passes (softmax, the dropout mask, the dS row dot)
+// give kParts threads to each row: thread part takes the column groups
+// 4 (part + kParts c) .. +3, and the kParts partial results are combined in
+// part order; reductions in float64 like the CPU's.
+constexpr int kTile = 64;                      // rows per block, columns per key tile
+constexpr int kLd = kTile + 4;                 // row length of transposed tiles (16-byte rows)
+constexpr int kFusedThreads = 256;
+constexpr int kParts = kFusedThreads / kTile;  // threads per row in the row passes
+constexpr size_t kFusedMaxSmem = 200 * 1024;   // bytes of shared memory a fused block may use
+
+struct FusedArgs {
+  const float* qkv;  // [B*T, 3C]
+  int64_t T, H, C;
+  float scale;
+  bool causal;
+  uint32_t thr;  // dropout threshold; 0: no dropout
+  float keep_scale;
+  uint64_t seed, sid;
+  bool vec_rows;  // T % 4 == 0 and the [*, T] tensors 16-byte aligned: float4 row accesses
+};
+
+template <int N>
+__device__ __forceinline__ void lds(const float* p, float (&v)[N]) {
+  if constexpr (N == 1) {
+    v[0] = p[0];
+  } else if constexpr (N == 2) {
+    const float2 t = *reinterpret_cast<const float2*>(p);
+    v[0] = t.x, v[1] = t.y;
+  } else {
+#pragma unroll
+    for (int c = 0; c < N; c += 4) {
+      const float4 t = *reinterpret_cast<const float4*>(p + c);
+      v[c] = t.x, v[c + 1] = t.y, v[c + 2] = t.z, v[c + 3] = t.w;
+    }
+  }
+}
+
+// acc[i][j] += sum over k < K of A[k][m0 + i] * B[k][n0 + j] (i < 4, j < N),
+// one FMA per term in increasing k. A and B in shared memory, rows lda / ldb apart.
+template <int N, int K>
+__device__ __forceinline__ void mma_tile(const float* A, int lda, const float* B, int ldb, int m0, int n0,
+                                         float (&acc)[4][N]) {
+#pragma unroll 8
+  for (int k = 0; k < K; ++k) {
+    float a[4], b[N];
+    lds<4>(A + k * lda + m0, a);
+    lds<N>(B + k * ldb + n0, b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < N; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+  }
+}
+
+// dst[d][r] (rows kLd apart) = src[(row0 + r) * ld + d] for r < kTile, d < HD;
+// zero for rows >= T. Threads run along r: conflict-free shared stores.
+template <int HD>
+__device__ __forceinline__ void load_transposed(float* dst, const float* src, int64_t ld, int64_t row0, int64_t T) {
+  for (int idx = threadIdx.x; idx < kTile * HD / 4; idx += kFusedThreads) {
+    const int r = idx % kTile, d = 4 * (idx / kTile);
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row0 + r < T) v = *reinterpret_cast<const float4*>(src + (row0 + r) * ld + d);
+    dst[(d + 0) * kLd + r] = v.x;
+    dst[(d + 1) * kLd + r] = v.y;
+    dst[(d + 2) * kLd + r] = v.z;
+    dst[(d + 3) * kLd + r] = v.w;
+  }
+}
+// dst[r][d] (rows HD apart) = src[(row0 + r) * ld + d]; zero for rows >= T.
+template <int HD>
+__device__ __forceinline__ void load_rows(float* dst, const float* src, int64_t ld, int64_t row0, int64_t T) {
+  for (int idx = threadIdx.x; idx < kTile * HD / 4; idx += kFusedThreads) {
+    const int r = idx / (HD / 4), d = 4 * (idx % (HD / 4));
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row0 + r < T) v = *reinterpret_cast<const float4*>(src + (row0 + r) * ld + d);
+    *reinterpret_cast<float4*>(dst + r * HD + d) = v;
+  }
+}
+
+// The random words of the 4 consecutive elements e0 .. e0+3 (any alignment).
+__device__ __forceinline__ Philox4 words4(uint64_t seed, uint64_t sid, uint64_t e0) {
+  const Philox4 a = philox_group(seed, sid, e0 >> 2);
+  const unsigned off = unsigned(e0 & 3u);
+  if (off == 0) return a;
+  const Philox4 b = philox_group(seed, sid, (e0 >> 2) + 1);
+  Philox4 w;
+#pragma unroll
+  for (unsigned k = 0; k < 4; ++k) {
+    const unsigned s = off + k;  // 1 .. 6
+    w.v[k] = s == 1 ? a.v[1] : s == 2 ? a.v[2] : s == 3 ? a.v[3] : s == 4 ? b.v[0] : s == 5 ? b.v[1] : b.v[2];
+  }
+  return w;
+}
+
+// The 4 elements p[e .. e+3] of a row-major [*, T] tensor, zero from column T on
+// (j = e's column).
+__device__ __forceinline__ void load_row4(const float* p, int64_t e, int64_t j, int64_t T, bool vec, float (&v)[4]) {
+  if (vec && j + 4 <= T) {
+    const float4 t = *reinterpret_cast<const float4*>(p + e);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = j + k < T ? p[e + k] : 0.0f;
+}
+__device__ __forceinline__ void store_row4(float* p, int64_t e, int64_t j, int64_t T, bool vec, const float (&v)[4]) {
+  if (vec && j + 4 <= T) {
+    *reinterpret_cast<float4*>(p + e) = make_float4(v[0], v[1], v[2], v[3]);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    if (j + k < T) p[e + k] = v[k];
+}
+
+// Key columns a query tile needs (all T, or up to its last row when causal).
+__device__ __forceinline__ int64_t key_end(const FusedArgs& g, int64_t q0) {
+  return g.causal ? (q0 + kTile < g.T ? q0 + kTile : g.T) : g.T;
+}
+
+// S^T [nk * kTile][kLd] = (A B^T)^T for the query tile: At = A^T [HD][kLd] is in
+// shared memory; B's rows (key tile kt) are loaded transposed into Bt.
+template <int HD>
+__device__ __forceinline__ void scores_tiles(const float* At, float* Bt, const float* bsrc, int64_t ld, int64_t T,
+                                             int nk, float* St) {
+  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  for (int kt = 0; kt < nk; ++kt) {
+    __syncthreads();  // Bt free
+    load_transposed<HD>(Bt, bsrc, ld, int64_t(kt) * kTile, T);
+    __syncthreads();
+    float acc[4][4] = {};
+    mma_tile<4, HD>(At, kLd, Bt, kLd, 4 * ty, 4 * tx, acc);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      *reinterpret_cast<float4*>(St + (kt * kTile + 4 * tx + j) * kLd + 4 * ty) =
+          make_float4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]);
+  }
+  __syncthreads();
+}
+
+// out rows of the tile [kTile][HD] = P B, P^T = St [nk * kTile][kLd] in shared
+// memory, B's rows (key tile kt) loaded into Bs [kTile][HD]. Rows >= T skipped.
+template <int HD>
+__device__ __forceinline__ void product_tiles(const float* St, float* Bs, const float* bsrc, int64_t ld, int64_t T,
+                                              int nk, float* out, int64_t out_ld, int64_t q0) {
+  constexpr int N = HD / 16;
+  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  float acc[4][N] = {};
+  for (int kt = 0; kt < nk; ++kt) {
+    __syncthreads();  // St complete, Bs free
+    load_rows<HD>(Bs, bsrc, ld, int64_t(kt) * kTile, T);
+    __syncthreads();
+    mma_tile<N, kTile>(St + kt * kTile * kLd, kLd, Bs, HD, 4 * ty, N * tx, acc);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = q0 + 4 * ty + i;
+    if (row >= T) continue;
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[row * out_ld + N * tx + j] = acc[i][j];
+  }
+}
+
+// Forward. probs [BH*T, T] written whole (zeros beyond the causal limit); out
+// [B*T, C] head h columns = drop(probs) V. grid (BH, query tiles).
+template <int HD>
+__global__ void __launch_bounds__(kFusedThreads) attn_fwd_fused(FusedArgs g, float* out, float* probs) {
+  extern __shared__ float4 smem_f4[];
+  float* const Qt = reinterpret_cast<float*>(smem_f4);  // [HD][kLd] query tile, transposed
+  float* const Kb = Qt + HD * kLd;                       // K^T tile / V tile / row partials
+  float* const St = Kb + HD * kLd;                       // [nk*kTile][kLd] scores -> dropped probs, transposed
+  const int64_t T = g.T, C = g.C, ld = 3 * C;
+  const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
+  const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kTile;  // longest causal rows first
+  const int64_t kend = key_end(g, q0);
+  const int nk = int((kend + kTile - 1) / kTile);
+  const float* qb = g.qkv + b * T * ld + h * HD;  // Q of (b, h); K at +C, V at +2C
+
+  load_transposed<HD>(Qt, qb, ld, q0, T);
+  scores_tiles<HD>(Qt, Kb, qb + C, ld, T, nk, St);
+
+  // Row passes: as softmax_fwd_kernel, per element: s = S * scale, m = max,
+  // e = exp(s - m), sum in float64, p = e * float(1 / sum).
+  const int r = threadIdx.x % kTile, part = threadIdx.x / kTile;
+  const int64_t i = q0 + r;
+  const int64_t lim = i >= T ? 0 : (g.causal ? i + 1 : T);
+  float* const redf = Kb;                                   // [kParts][kTile]
+  double* const redd = reinterpret_cast<double*>(Kb + kParts * kTile);  // [kParts][kTile]
+  float mx = -INFINITY;
+  for (int64_t j0 = 4 * part; j0 < lim; j0 += 4 * kParts)
+    for (int64_t j = j0; j < j0 + 4 && j < lim; ++j) {
+      float* s = St + j * kLd + r;
+      const float v = *s * g.scale;
+      *s = v;
+      mx = fmaxf(mx, v);
+    }
+  redf[part * kTile + r] = mx;
+  __syncthreads();
+  for (int q = 0; q < kParts; ++q) mx = fmaxf(mx, redf[q * kTile + r]);
+  double sum = 0.0;
+  for (int64_t j0 = 4 * part; j0 < lim; j0 += 4 * kParts)
+    for (int64_t j = j0; j < j0 + 4 && j < lim; ++j) {
+      float* s = St + j * kLd + r;
+      const float e = expf(*s - mx);
+      *s = e;
+      sum += e;
+    }
+  redd[part * kTile + r] = sum;
+  __syncthreads();
+  sum = redd[r];
+  for (int q = 1; q < kParts; ++q) sum += redd[q * kTile + r];
+  const float inv = float(1.0 / sum);
+  const int64_t scols = int64_t(nk) * kTile;
+  const int64_t jend = scols > T ? scols : T;
+  const int64_t e_row = (bh * T + i) * T;  // probs' linear index of (row i, column 0)
+  for (int64_t j0 = 4 * part; j0 < jend; j0 += 4 * kParts) {
+    float p[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) p[k] = j0 + k < lim ? St[(j0 + k) * kLd + r] * inv : 0.0f;
+    if (i < T && j0 < T) store_row4(probs, e_row + j0, j0, T, g.vec_rows, p);
+    if (j0 < scols) {
+      if (g.thr != 0 && j0 < lim) {
+        const Philox4 w = words4(g.seed, g.sid, uint64_t(e_row + j0));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) p[k] = drop1(p[k], w.v[k], g.thr, g.keep_scale);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) St[(j0 + k) * kLd + r] = p[k];
+    }
+  }
+  product_tiles<HD>(St, Kb, qb + 2 * C, ld, T, nk, out + b * T * C + h * HD, C, q0);
+}
+
+// Backward, per query tile: dP = dout V^T, dropped with the forward's mask; dS =
+// p (dP - sum_j dP p) scale (float64 dot) written to ds [BH*T, T] (columns below
+// the tile's key end; the rest is never read); dQ = dS K into dqkv.
+template <int HD>
+__global__ void __launch_bounds__(kFusedThreads)
+    attn_bwd_dq_fused(FusedArgs g, const float* probs, const float* dout, float* ds, float* dqkv) {
+  extern __shared__ float4 smem_f4[];
+  float* const Ot = reinterpret_cast<float*>(smem_f4);  // [HD][kLd] dout tile, transposed
+  float* const Kb = Ot + HD * kLd;                       // V^T tile / K tile / row partials
+  float* const St = Kb + HD * kLd;                       // [nk*kTile][kLd] dP -> dS, transposed
+  const int64_t T = g.T, C = g.C, ld = 3 * C;
+  const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
+  const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kTile;
+  const int64_t kend = key_end(g, q0);
+  const int nk = int((kend + kTile - 1) / kTile);
+  const float* qb = g.qkv + b * T * ld + h * HD;
+
+  load_transposed<HD>(Ot, dout + b * T * C + h * HD, C, q0, T);
+  scores_tiles<HD>(Ot, Kb, qb + 2 * C, ld, T, nk, St);
+
+  const int r = threadIdx.x % kTile, part = threadIdx.x / kTile;
+  const int64_t i = q0 + r;
+  const int64_t lim = i >= T ? 0 : (g.causal ? i + 1 : T);
+  double* const redd = reinterpret_cast<double*>(Kb);  // [kParts][kTile]
+  const int64_t e_row = (bh * T + i) * T;
+  double dot = 0.0;
+  for (int64_t j0 = 4 * part; j0 < lim; j0 += 4 * kParts) {
+    float p[4];
+    load_row4(probs, e_row + j0, j0, T, g.vec_rows, p);
+    Philox4 w{};
+    if (g.thr != 0) w = words4(g.seed, g.sid, uint64_t(e_row + j0));
+    for (int k = 0; k < 4 && j0 + k < lim; ++k) {
+      float* s = St + (j0 + k) * kLd + r;
+      const float dpd = g.thr != 0 ? drop1(*s, w.v[k], g.thr, g.keep_scale) : *s;
+      *s = dpd;
+      dot += double(dpd) * double(p[k]);
+    }
+  }
+  redd[part * kTile + r] = dot;
+  __syncthreads();
+  dot = redd[r];
+  for (int q = 1; q < kParts; ++q) dot += redd[q * kTile + r];
+  const float dd = float(dot);
+  const int64_t scols = int64_t(nk) * kTile;
+  for (int64_t j0 = 4 * part; j0 < scols; j0 += 4 * kParts) {
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, v[4];
+    if (j0 < lim) load_row4(probs, e_row + j0, j0, T, g.vec_rows, p);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float* s = St + (j0 + k) * kLd + r;
+      v[k] = j0 + k < lim ? p[k] * (*s - dd) * g.scale : 0.0f;
+      *s = v[k];
+    }
+    if (i < T && j0 < T) store_row4(ds, e_row + j0, j0, T, g.vec_rows, v);
+  }
+  product_tiles<HD>(St, Kb, qb + C, ld, T, nk, dqkv + b * T * ld + h * HD, ld, q0);
+}
+
+// Backward, per key tile j0: dV = drop(P)^T dout and dK = dS^T Q over the
+// query rows that see these keys (all, or i >= j0 when causal), in row order.
+template <int HD>
+__global__ void __launch_bounds__(kFusedThreads)
+    attn_bwd_dkv_fused(FusedArgs g, const float* probs, const float* ds, const float* dout, float* dqkv) {
+  constexpr int N = HD / 16;
+  extern __shared__ float4 smem_f4[];
+  float* const Ps = reinterpret_cast<float*>(smem_f4);  // [kTile][kTile] drop(P) rows i, columns j
+  float* const Ds = Ps + kTile * kTile;                  // [kTile][kTile] dS
+  float* const Os = Ds + kTile * kTile;                  // [kTile][HD] dout rows
+  float* const Qs = Os + kTile * HD;                     // [kTile][HD] Q rows
+  const int64_t T = g.T, C = g.C, ld = 3 * C;
+  const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
+  const int64_t j0 = int64_t(blockIdx.y) * kTile;  // causal: the first key tiles see the most rows
+  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  const float* qb = g.qkv + b * T * ld + h * HD;
+  const float* ob = dout + b * T * C + h * HD;
+  float acc_v[4][N] = {}, acc_k[4][N] = {};
+  for (int64_t i0 = g.causal ? j0 : 0; i0 < T; i0 += kTile) {
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kTile * kTile / 4; idx += kFusedThreads) {
+      const int ii = idx / (kTile / 4), c = 4 * (idx % (kTile / 4));
+      const int64_t i = i0 + ii, j = j0 + c;
+      float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (i < T && j < T) {
+        const int64_t e = (bh * T + i) * T + j;
+        load_row4(probs, e, j, T, g.vec_rows, p);
+        load_row4(ds, e, j, T, g.vec_rows, s);
+        if (g.thr != 0) {
+          const Philox4 w = words4(g.seed, g.sid, uint64_t(e));
+#pragma unroll
+          for (int k = 0; k < 4; ++k) p[k] = drop1(p[k], w.v[k], g.thr, g.keep_scale);
+        }
+      }
+      *reinterpret_cast<float4*>(Ps + ii * kTile + c) = make_float4(p[0], p[1], p[2], p[3]);
+      *reinterpret_cast<float4*>(Ds + ii * kTile + c) = make_float4(s[0], s[1], s[2], s[3]);
+    }
+    load_rows<HD>(Os, ob, C, i0, T);
+    load_rows<HD>(Qs, qb, ld, i0, T);
+    __syncthreads();
+    mma_tile<N, kTile>(Ps, kTile, Os, HD, 4 * ty, N * tx, acc_v);
+    mma_tile<N, kTile>(Ds, kTile, Qs, HD, 4 * ty, N * tx, acc_k);
+  }
+  float* const dk = dqkv + b * T * ld + C + h * HD;
+  float* const dv = dk + C;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = j0 + 4 * ty + i;
+    if (row >= T) continue;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      dk[row * ld + N * tx + j] = acc_k[i][j];
+      dv[row * ld + N * tx + j] = acc_v[i][j];
+    }
+  }
+}
+
+// Shared memory of the fused kernels (bytes).
+size_t fused_rows_smem(int64_t T, int64_t hd) {
+  const int64_t nk = (T + kTile - 1) / kTile;
+  return size_t(2 * hd * kLd + nk * kTile * kLd) * sizeof(float);
+}
+size_t fused_dkv_smem(int64_t hd) { return size_t(2 * kTile * kTile + 2 * kTile * hd) * sizeof(float); }
+
+// Launches Kernel with `smem` bytes of dynamic shared memory (opting in to more
+// than 48 KB once per kernel, on the device current at the first launch).
+template <auto Kernel, class... Args>
+void launch_fused(dim3 grid, size_t smem, cudaStream_t st, const char* name, Args... args) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFusedMaxSmem)), name);
+  });
+  Kernel<<<grid, kFusedThreads, smem, st>>>(args...);
+  check_launch(name);
+}
+
+}  // namespace
+
+// ---- Attention ------------------------------------------------------------------------
+
+Attention::Attention(cudaStream_t stream, AttentionPath path) : stream_(stream), path_(path) {
+  check_cublas_status(cublasCreate(&h_), "cublasCreate (attention)");
+  try {
+    check_cublas_status(cublasSetStream(h_, stream_), "cublasSetStream (attention)");
+    // Pedantic FP32: no TF32 tensor cores, whatever NVIDIA_TF32_OVERRIDE says.
+    check_cublas_status(cublasSetMathMode(h_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode (attention)");
+    check_cublas_status(cublasSetPointerMode(h_, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode (attention)");
+  } catch (...) {
+    cublasDestroy(h_);
+    throw;
+  }
+}
+
+Attention::~Attention() {
+  if (h_) cublasDestroy(h_);
+}
+
+void Attention::check_dims(const AttentionDims& d) const {
+  const int64_t imax = std::numeric_limits<int>::max();
+  if (d.batch < 0 || d.seq < 0 || d.heads <= 0 || d.width <= 0 || d.width % d.heads != 0)
+    throw Error("attention: width " + std::to_string(d.width) + " is not a positive multiple of heads " +
+                std::to_string(d.heads));
+  if (d.seq > imax || 3 * d.width > imax || d.batch * d.heads > imax)
+    throw Error("attention: dimensions exceed cuBLAS's int range");
+}
+
+namespace {
+// Column-major view used below: a row-major [T, hd] block with row stride ld is
+// the column-major [hd, T] matrix with leading dimension ld.
+void sgemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                   float* const* A, int64_t lda, float* const* B, int64_t ldb, float* const* C, int64_t ldc,
+                   int64_t count, const char* what) {
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas_status(cublasSgemmBatched(h, ta, tb, int(m), int(n), int(k), &one, A, int(lda), B, int(ldb), &zero, C,
+                                         int(ldc), int(count)),
+                      what);
+}
+// Entries 0, 1, 2 of s: the per-head Q, K, V blocks of a [B, T, 3C] tensor
+// (row stride 3C; head h starts h * hd columns into its third).
+void set_qkv(PtrSpec& s, float* qkv, int64_t T, int64_t C, int64_t hd) {
+  for (int j = 0; j < 3; ++j) s.base[j] = qkv + j * C, s.sb[j] = T * 3 * C, s.sh[j] = hd;
+}
+}  // namespace
+
+void Attention::forward_cublas(const AttentionDims& d, const float* qkv, float* out, float* probs) {
+  const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
+  if (B * T == 0) return;
+  const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
+  if (thr != 0) grow(pd_, size_t(BH * T * T));
+  float* q = const_cast<float*>(qkv);
+  // Arrays: 0 Q, 1 K, 2 V, 3 probs, 4 (dropped) probs used by P.V, 5 out.
+  PtrSpec s{};
+  s.count = 6;
+  set_qkv(s, q, T, C, hd);
+  s.base[3] = probs, s.sb[3] = H * T * T, s.sh[3] = T * T;
+  s.base[4] = thr ? pd_.data() : probs, s.sb[4] = H * T * T, s.sh[4] = T * T;
+  s.base[5] = out, s.sb[5] = T * C, s.sh[5] = hd;
+  if (ptrs_.size() < size_t(6 * BH)) {
+    ptrs_.resize(0);
+    ptrs_.resize(size_t(6 * BH));
+  }
+  float** P = ptrs_.data();
+  make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
+  check_launch("make_ptrs_kernel");
+  // probs^T (col-major [T, T]) = K Q^T: S[i][j] = q_i . k_j, unscaled (the
+  // softmax kernel scales, as the CPU does after its GEMM).
+  sgemm_batched(h_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, P + 1 * BH, ld, P + 0 * BH, ld, P + 3 * BH, T, BH,
+                "cublasSgemmBatched (attention scores)");
+  softmax_fwd_kernel<<<warp_blocks(BH * T), kThreads, 0, stream_>>>(probs, BH * T, T, d.causal, d.scale);
+  check_launch("softmax_fwd_kernel");
+  if (thr != 0) {
+    const float keep_scale = 1.0f / (1.0f - d.dropout);
+    const int64_t n = BH * T * T;
+    dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), nullptr, n, thr,
+                                                                           keep_scale, d.seed, d.stream_id);
+    check_launch("dropout_pair_kernel");
+  }
+  // out^T (col-major [hd, T], ld C) = V^T P^T.
+  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, P + 2 * BH, ld, P + 4 * BH, T, P + 5 * BH, C, BH,
+                "cublasSgemmBatched (attention P.V)");
+}
+
+void Attention::backward_cublas(const AttentionDims& d, const float* qkv, const float* probs, const float* dout,
+                                float* dqkv) {
+  const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
+  if (B * T == 0) return;
+  const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
+  const size_t nn = size_t(BH * T * T);
+  grow(dp_, nn);
+  if (thr != 0) grow(pd_, nn);
+  float* q = const_cast<float*>(qkv);
+  // Two sets of arrays. Set 1: 0 Q, 1 K, 2 V, 3 dout, 4 dp/ds, 5 (dropped) probs.
+  // Set 2: 0 dQ, 1 dK, 2 dV.
+  PtrSpec s{};
+  s.count = 6;
+  set_qkv(s, q, T, C, hd);
+  s.base[3] = const_cast<float*>(dout), s.sb[3] = T * C, s.sh[3] = hd;
+  s.base[4] = dp_.data(), s.sb[4] = H * T * T, s.sh[4] = T * T;
+  s.base[5] = thr ? pd_.data() : const_cast<float*>(probs), s.sb[5] = H * T * T, s.sh[5] = T * T;
+  PtrSpec g{};
+  g.count = 3;
+  set_qkv(g, dqkv, T, C, hd);
+  if (ptrs_.size() < size_t(9 * BH)) {
+    ptrs_.resize(0);
+    ptrs_.resize(size_t(9 * BH));
+  }
+  float** P = ptrs_.data();
+  float** G = P + 6 * BH;
+  make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
+  check_launch("make_ptrs_kernel");
+  make_ptrs_kernel<<<blocks_for(3 * BH), kThreads, 0, stream_>>>(g, B, H, G);
+  check_launch("make_ptrs_kernel");
+  // dp^T (col-major [T, T]) = V dout^T: dp[i][j] = dout_i . v_j.
+  sgemm_batched(h_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, P + 2 * BH, ld, P + 3 * BH, C, P + 4 * BH, T, BH,
+                "cublasSgemmBatched (attention dP)");
+  if (thr != 0) {
+    const float keep_scale = 1.0f / (1.0f - d.dropout);
+    const int64_t n = BH * T * T;
+    dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), dp_.data(), n, thr,
+                                                                           keep_scale, d.seed, d.stream_id);
+    check_launch("dropout_pair_kernel");
+  }
+  // dv^T (col-major [hd, T], ld 3C) = dout^T Pd.
+  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, P + 3 * BH, C, P + 5 * BH, T, G + 2 * BH, ld, BH,
+                "cublasSgemmBatched (attention dV)");
+  softmax_bwd_kernel<<<warp_blocks(BH * T), kThreads, 0, stream_>>>(probs, dp_.data(), BH * T, T, d.scale);
+  check_launch("softmax_bwd_kernel");
+  // dq^T = K^T ds^T: col-major [hd, T] = Kc (hd x T) * dsc (T x T).
+  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, P + 1 * BH, ld, P + 4 * BH, T, G + 0 * BH, ld, BH,
+                "cublasSgemmBatched (attention dQ)");
+  // dk^T = Q^T ds: Qc (hd x T) * dsc^T.
+  sgemm_batched(h_, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, P + 0 * BH, ld, P + 4 * BH, T, G + 1 * BH, ld, BH,
+                "cublasSgemmBatched (attention dK)");
+}
+
+// ---- dispatch and the fused path ------------------------------------------------------
+
+float* Attention::grow(DeviceBuffer<float>& b, size_t n) {
+  if (b.size() < n) {
+    b.resize(0);
+    b.resize(n);
+  }
+  return b.data();
+}
+
+std::string Attention::fused_unsupported(const AttentionDims& d, std::initializer_list<const void*> ptrs) {
+  const int64_t hd = d.heads > 0 ? d.width / d.heads : 0;
+  if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
+    return "head dim " + std::to_string(hd) + " (the fused kernels take 16, 32, 64 or 128)";
+  if (fused_rows_smem(d.seq, hd) > kFusedMaxSmem)
+    return "sequence length " + std::to_string(d.seq) + " (a 64-row tile of scores does not fit in shared memory)";
+  if ((d.seq + kTile - 1) / kTile > 65535) return "sequence length " + std::to_string(d.seq);
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return "a pointer that is not 16-byte aligned";
+  return {};
+}
+
+bool Attention::use_fused(const AttentionDims& d, std::initializer_list<const void*> ptrs) const {
+  if (path_ == AttentionPath::cublas) return false;
+  const std::string why = fused_unsupported(d, ptrs);
+  if (why.empty()) return true;
+  if (path_ == AttentionPath::fused) throw Error("attention: the fused path cannot run " + why);
+  return false;
+}
+
+void Attention::forward(const AttentionDims& d, const float* qkv, float* out, float* probs) {
+  check_dims(d);
+  if (d.batch * d.seq == 0) return;
+  if (use_fused(d, {qkv, out, probs}))
+    forward_fused(d, qkv, out, probs);
+  else
+    forward_cublas(d, qkv, out, probs);
+}
+
+void Attention::backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv) {
+  check_dims(d);
+  if (d.batch * d.seq == 0) return;
+  if (use_fused(d, {qkv, probs, dout, dqkv}))
+    backward_fused(d, qkv, probs, dout, dqkv);
+  else
+    backward_cublas(d, qkv, probs, dout, dqkv);
+}
+
+namespace {
+FusedArgs fused_args(const AttentionDims& d, const float* qkv) {
+  FusedArgs g{};
+  g.qkv = qkv;
+  g.T = d.seq, g.H = d.heads, g.C = d.width;
+  g.scale = d.scale;
+  g.causal = d.causal;
+  g.thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
+  g.keep_scale = d.dropout > 0.0f ? 1.0f / (1.0f - d.dropout) : 1.0f;
+  g.seed = d.seed, g.sid = d.stream_id;
+  g.vec_rows = d.seq % 4 == 0;  // the [*, T] tensors' alignment is checked by fused_unsupported
+  return g;
+}
+
+template <int HD>
+void run_fused_forward(const FusedArgs& g, int64_t BH, float* out, float* probs, cudaStream_t st) {
+  const dim3 grid(unsigned(BH), unsigned((g.T + kTile - 1) / kTile));
+  launch_fused<attn_fwd_fused<HD>>(grid, fused_rows_smem(g.T, HD), st, "attn_fwd_fused", g, out, probs);
+}
+template <int HD>
+void run_fused_backward(const FusedArgs& g, int64_t BH, const float* probs, const float* dout, float* ds,
+                        float* dqkv, cudaStream_t st) {
+  const dim3 grid(unsigned(BH), unsigned((g.T + kTile - 1) / kTile));
+  launch_fused<attn_bwd_dq_fused<HD>>(grid, fused_rows_smem(g.T, HD), st, "attn_bwd_dq_fused", g, probs, dout, ds,
+                                      dqkv);
+  launch_fused<attn_bwd_dkv_fused<HD>>(grid, fused_dkv_smem(HD), st, "attn_bwd_dkv_fused", g, probs,
+                                       static_cast<const float*>(ds), dout, dqkv);
+}
+}  // namespace
+
+void Attention::forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs) {
+  const FusedArgs g = fused_args(d, qkv);
+  const int64_t BH = d.batch * d.heads;
+  switch (d.width / d.heads) {
+    case 16: return run_fused_forward<16>(g, BH, out, probs, stream_);
+    case 32: return run_fused_forward<32>(g, BH, out, probs, stream_);
+    case 64: return run_fused_forward<64>(g, BH, out, probs, stream_);
+    default: return run_fused_forward<128>(g, BH, out, probs, stream_);
+  }
+}
+
+void Attention::backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout,
+                               float* dqkv) {
+  const FusedArgs g = fused_args(d, qkv);
+  const int64_t BH = d.batch * d.heads;
+  float* ds = grow(dp_, size_t(BH * d.seq * d.seq));
+  switch (d.width / d.heads) {
+    case 16: return run_fused_backward<16>(g, BH, probs, dout, ds, dqkv, stream_);
+    case 32: return run_fused_backward<32>(g, BH, probs, dout, ds, dqkv, stream_);
+    case 64: return run_fused_backward<64>(g, BH, probs, dout, ds, dqkv, stream_);
+    default: return run_fused_backward<128>(g, BH, probs, dout, ds, dqkv, stream_);
+  }
+}
+
+}  // namespace fp4lab::cuda::nn
