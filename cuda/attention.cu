@@ -115,8 +115,8 @@ __global__ void dropout_pair_kernel(const float* p, float* pd, float* dp, int64_
 // 4ty..4ty+3 of every output tile. Products accumulate with explicit FMAs in
 // increasing k order. Row passes (softmax, the dropout mask, the dS row dot)
 // give kParts threads to each row: thread part takes the column groups
-// 4 (part + kParts c) .. +3, and the kParts partial results are combined in
-// part order; reductions in float64 like the CPU's.
+// 4 (part + kParts c) .. +3, and the kParts partial results are combined by a
+// fixed shuffle butterfly (parts_sum); reductions in float64 like the CPU's.
 constexpr int kTile = 64;                      // rows per block, columns per key tile
 constexpr int kLd = kTile + 4;                 // row length of transposed tiles (16-byte rows)
 constexpr int kFusedThreads = 256;
@@ -167,29 +167,92 @@ __device__ __forceinline__ void mma_tile(const float* A, int lda, const float* B
   }
 }
 
-// dst[d][r] (rows kLd apart) = src[(row0 + r) * ld + d] for r < kTile, d < HD;
-// zero for rows >= T. Threads run along r: conflict-free shared stores.
+// Tiles of kTile rows x HD columns go global -> registers -> shared memory, so
+// that the next tile's loads are in flight while the current one is used:
+// fetch() reads rows row0 .. row0+kTile-1 (zero from row T on) of a row-major
+// source with rows `ld` floats apart; stash_transposed() writes them as
+// dst[d][r] (rows kLd apart), stash_rows() as dst[r][d] (rows HD apart).
 template <int HD>
-__device__ __forceinline__ void load_transposed(float* dst, const float* src, int64_t ld, int64_t row0, int64_t T) {
-  for (int idx = threadIdx.x; idx < kTile * HD / 4; idx += kFusedThreads) {
-    const int r = idx % kTile, d = 4 * (idx / kTile);
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (row0 + r < T) v = *reinterpret_cast<const float4*>(src + (row0 + r) * ld + d);
-    dst[(d + 0) * kLd + r] = v.x;
-    dst[(d + 1) * kLd + r] = v.y;
-    dst[(d + 2) * kLd + r] = v.z;
-    dst[(d + 3) * kLd + r] = v.w;
+struct TileRegs {
+  static constexpr int kVecs = kTile * HD / 4 / kFusedThreads;
+  float4 v[kVecs];
+};
+// Row r and first column d of vector idx (< kTile * HD / 4) of a tile. Row
+// order runs along d (whole rows per warp). Transposed order gives each warp 8
+// rows x 4 vectors (64 contiguous bytes per row; its shared stores dst[d][r]
+// then hit 16 banks twice instead of 2 banks 16 times).
+template <int HD, bool kTransposed>
+__device__ __forceinline__ void transposed_slot(int idx, int& r, int& d) {
+  if constexpr (kTransposed) {
+    const int lane = idx % 32, unit = idx / 32;  // unit: 8 rows x 4 vectors
+    r = 8 * (unit % (kTile / 8)) + lane % 8;
+    d = 4 * (4 * (unit / (kTile / 8)) + lane / 8);
+  } else {
+    r = idx / (HD / 4);
+    d = 4 * (idx % (HD / 4));
   }
 }
-// dst[r][d] (rows HD apart) = src[(row0 + r) * ld + d]; zero for rows >= T.
+template <int HD, bool kTransposed>
+__device__ __forceinline__ void fetch(TileRegs<HD>& t, const float* src, int64_t ld, int64_t row0, int64_t T) {
+#pragma unroll
+  for (int k = 0; k < TileRegs<HD>::kVecs; ++k) {
+    const int idx = int(threadIdx.x) + k * kFusedThreads;
+    int r, d;
+    transposed_slot<HD, kTransposed>(idx, r, d);
+    t.v[k] = row0 + r < T ? *reinterpret_cast<const float4*>(src + (row0 + r) * ld + d)
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+template <int HD>
+__device__ __forceinline__ void stash_transposed(const TileRegs<HD>& t, float* dst) {
+#pragma unroll
+  for (int k = 0; k < TileRegs<HD>::kVecs; ++k) {
+    const int idx = int(threadIdx.x) + k * kFusedThreads;
+    int r, d;
+    transposed_slot<HD, true>(idx, r, d);
+    dst[(d + 0) * kLd + r] = t.v[k].x;
+    dst[(d + 1) * kLd + r] = t.v[k].y;
+    dst[(d + 2) * kLd + r] = t.v[k].z;
+    dst[(d + 3) * kLd + r] = t.v[k].w;
+  }
+}
+template <int HD>
+__device__ __forceinline__ void stash_rows(const TileRegs<HD>& t, float* dst) {
+#pragma unroll
+  for (int k = 0; k < TileRegs<HD>::kVecs; ++k) {
+    const int idx = int(threadIdx.x) + k * kFusedThreads;
+    *reinterpret_cast<float4*>(dst + (idx / (HD / 4)) * HD + 4 * (idx % (HD / 4))) = t.v[k];
+  }
+}
+template <int HD>
+__device__ __forceinline__ void load_transposed(float* dst, const float* src, int64_t ld, int64_t row0, int64_t T) {
+  TileRegs<HD> t;
+  fetch<HD, true>(t, src, ld, row0, T);
+  stash_transposed<HD>(t, dst);
+}
 template <int HD>
 __device__ __forceinline__ void load_rows(float* dst, const float* src, int64_t ld, int64_t row0, int64_t T) {
-  for (int idx = threadIdx.x; idx < kTile * HD / 4; idx += kFusedThreads) {
-    const int r = idx / (HD / 4), d = 4 * (idx % (HD / 4));
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (row0 + r < T) v = *reinterpret_cast<const float4*>(src + (row0 + r) * ld + d);
-    *reinterpret_cast<float4*>(dst + r * HD + d) = v;
-  }
+  TileRegs<HD> t;
+  fetch<HD, false>(t, src, ld, row0, T);
+  stash_rows<HD>(t, dst);
+}
+
+// Thread (ty, tx) of the 16 x 16 output layout: warp w holds ty = 4 (w / 2) ..
+// +3 and tx = 8 (w % 2) .. +7, so one k step of mma_tile reads 4 distinct A
+// and 8 distinct B vectors per warp (one shared-memory wavefront each).
+__device__ __forceinline__ int tile_ty() { return 4 * int(threadIdx.x / 64) + int(threadIdx.x % 32) / 8; }
+__device__ __forceinline__ int tile_tx() { return 8 * int((threadIdx.x / 32) % 2) + int(threadIdx.x % 8); }
+
+// Thread of the row passes: warp w takes rows 8w .. 8w+7, lane l row 8w + l % 8
+// and part l / 8, so one warp access covers 64 contiguous bytes of 8 rows (global
+// memory) and 16 banks twice (the transposed shared tiles).
+__device__ __forceinline__ int pass_row() { return 8 * int(threadIdx.x / 32) + int(threadIdx.x % 8); }
+__device__ __forceinline__ int pass_part() { return int(threadIdx.x % 32) / 8; }
+// Sum over the kParts threads of a row (lanes 8 apart), the same bits in each.
+__device__ __forceinline__ double parts_sum(double v) {
+  v += __shfl_xor_sync(0xFFFFFFFFu, v, 8);
+  v += __shfl_xor_sync(0xFFFFFFFFu, v, 16);
+  return v;
 }
 
 // The random words of the 4 consecutive elements e0 .. e0+3 (any alignment).
@@ -233,18 +296,36 @@ __device__ __forceinline__ int64_t key_end(const FusedArgs& g, int64_t q0) {
   return g.causal ? (q0 + kTile < g.T ? q0 + kTile : g.T) : g.T;
 }
 
-// S^T [nk * kTile][kLd] = (A B^T)^T for the query tile: At = A^T [HD][kLd] is in
-// shared memory; B's rows (key tile kt) are loaded transposed into Bt.
-template <int HD>
+// S^T [nk * kTile][kLd] = (A B^T)^T for the query tile q0: At = A^T [HD][kLd]
+// is in shared memory; B's rows (key tile kt) are staged transposed in Bt. With
+// kScaled, S is multiplied by `scale` as it is stored, and rowmax[i] becomes
+// the max of row 4ty+i over its columns below lim (the causal/sequence limit).
+template <int HD, bool kScaled>
 __device__ __forceinline__ void scores_tiles(const float* At, float* Bt, const float* bsrc, int64_t ld, int64_t T,
-                                             int nk, float* St) {
-  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+                                             int nk, float* St, float scale, bool causal, int64_t q0,
+                                             float (&rowmax)[4]) {
+  const int ty = tile_ty(), tx = tile_tx();
+  TileRegs<HD> next;
+  fetch<HD, true>(next, bsrc, ld, 0, T);
   for (int kt = 0; kt < nk; ++kt) {
     __syncthreads();  // Bt free
-    load_transposed<HD>(Bt, bsrc, ld, int64_t(kt) * kTile, T);
+    stash_transposed<HD>(next, Bt);
     __syncthreads();
+    if (kt + 1 < nk) fetch<HD, true>(next, bsrc, ld, int64_t(kt + 1) * kTile, T);
     float acc[4][4] = {};
     mma_tile<4, HD>(At, kLd, Bt, kLd, 4 * ty, 4 * tx, acc);
+    if constexpr (kScaled) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t row = q0 + 4 * ty + i;
+        const int64_t lim = row >= T ? 0 : (causal ? row + 1 : T);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[i][j] *= scale;
+          if (kt * kTile + 4 * tx + j < lim) rowmax[i] = fmaxf(rowmax[i], acc[i][j]);
+        }
+      }
+    }
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       *reinterpret_cast<float4*>(St + (kt * kTile + 4 * tx + j) * kLd + 4 * ty) =
@@ -259,12 +340,15 @@ template <int HD>
 __device__ __forceinline__ void product_tiles(const float* St, float* Bs, const float* bsrc, int64_t ld, int64_t T,
                                               int nk, float* out, int64_t out_ld, int64_t q0) {
   constexpr int N = HD / 16;
-  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  const int ty = tile_ty(), tx = tile_tx();
   float acc[4][N] = {};
+  TileRegs<HD> next;
+  fetch<HD, false>(next, bsrc, ld, 0, T);
   for (int kt = 0; kt < nk; ++kt) {
     __syncthreads();  // St complete, Bs free
-    load_rows<HD>(Bs, bsrc, ld, int64_t(kt) * kTile, T);
+    stash_rows<HD>(next, Bs);
     __syncthreads();
+    if (kt + 1 < nk) fetch<HD, false>(next, bsrc, ld, int64_t(kt + 1) * kTile, T);
     mma_tile<N, kTile>(St + kt * kTile * kLd, kLd, Bs, HD, 4 * ty, N * tx, acc);
   }
 #pragma unroll
@@ -292,38 +376,39 @@ __global__ void __launch_bounds__(kFusedThreads) attn_fwd_fused(FusedArgs g, flo
   const float* qb = g.qkv + b * T * ld + h * HD;  // Q of (b, h); K at +C, V at +2C
 
   load_transposed<HD>(Qt, qb, ld, q0, T);
-  scores_tiles<HD>(Qt, Kb, qb + C, ld, T, nk, St);
+  float rowmax[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  scores_tiles<HD, true>(Qt, Kb, qb + C, ld, T, nk, St, g.scale, g.causal, q0, rowmax);
 
-  // Row passes: as softmax_fwd_kernel, per element: s = S * scale, m = max,
-  // e = exp(s - m), sum in float64, p = e * float(1 / sum).
-  const int r = threadIdx.x % kTile, part = threadIdx.x / kTile;
+  // Row passes, as softmax_fwd_kernel per element: s = S * scale (stored by
+  // scores_tiles, with each thread's row maxima), m = the row max, e = exp(s -
+  // m), sum in float64, p = e * float(1 / sum).
+  float* const redf = Kb;  // [2][kTile]: row maxima of the two column halves
+  {
+    const int ty = tile_ty(), half = int((threadIdx.x / 32) % 2);
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+      float m = rowmax[ii];
+      for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));  // the 8 tx of a warp
+      if (threadIdx.x % 8 == 0) redf[half * kTile + 4 * ty + ii] = m;
+    }
+  }
+  __syncthreads();
+  const int r = pass_row(), part = pass_part();
   const int64_t i = q0 + r;
   const int64_t lim = i >= T ? 0 : (g.causal ? i + 1 : T);
-  float* const redf = Kb;                                   // [kParts][kTile]
-  double* const redd = reinterpret_cast<double*>(Kb + kParts * kTile);  // [kParts][kTile]
-  float mx = -INFINITY;
+  const float mx = fmaxf(redf[r], redf[kTile + r]);
+  double sums[4] = {0.0, 0.0, 0.0, 0.0};  // one per column of a group: shorter dependency chains
+#pragma unroll 2
   for (int64_t j0 = 4 * part; j0 < lim; j0 += 4 * kParts)
-    for (int64_t j = j0; j < j0 + 4 && j < lim; ++j) {
-      float* s = St + j * kLd + r;
-      const float v = *s * g.scale;
-      *s = v;
-      mx = fmaxf(mx, v);
-    }
-  redf[part * kTile + r] = mx;
-  __syncthreads();
-  for (int q = 0; q < kParts; ++q) mx = fmaxf(mx, redf[q * kTile + r]);
-  double sum = 0.0;
-  for (int64_t j0 = 4 * part; j0 < lim; j0 += 4 * kParts)
-    for (int64_t j = j0; j < j0 + 4 && j < lim; ++j) {
-      float* s = St + j * kLd + r;
-      const float e = expf(*s - mx);
-      *s = e;
-      sum += e;
-    }
-  redd[part * kTile + r] = sum;
-  __syncthreads();
-  sum = redd[r];
-  for (int q = 1; q < kParts; ++q) sum += redd[q * kTile + r];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (j0 + k < lim) {
+        float* s = St + (j0 + k) * kLd + r;
+        const float e = expf(*s - mx);
+        *s = e;
+        sums[k] += e;
+      }
+  const double sum = parts_sum((sums[0] + sums[1]) + (sums[2] + sums[3]));
   const float inv = float(1.0 / sum);
   const int64_t scols = int64_t(nk) * kTile;
   const int64_t jend = scols > T ? scols : T;
@@ -364,42 +449,63 @@ __global__ void __launch_bounds__(kFusedThreads)
   const float* qb = g.qkv + b * T * ld + h * HD;
 
   load_transposed<HD>(Ot, dout + b * T * C + h * HD, C, q0, T);
-  scores_tiles<HD>(Ot, Kb, qb + 2 * C, ld, T, nk, St);
+  float unused[4];
+  scores_tiles<HD, false>(Ot, Kb, qb + 2 * C, ld, T, nk, St, 1.0f, g.causal, q0, unused);
 
-  const int r = threadIdx.x % kTile, part = threadIdx.x / kTile;
+  const int r = pass_row(), part = pass_part();
   const int64_t i = q0 + r;
   const int64_t lim = i >= T ? 0 : (g.causal ? i + 1 : T);
-  double* const redd = reinterpret_cast<double*>(Kb);  // [kParts][kTile]
   const int64_t e_row = (bh * T + i) * T;
-  double dot = 0.0;
-  for (int64_t j0 = 4 * part; j0 < lim; j0 += 4 * kParts) {
-    float p[4];
-    load_row4(probs, e_row + j0, j0, T, g.vec_rows, p);
-    Philox4 w{};
-    if (g.thr != 0) w = words4(g.seed, g.sid, uint64_t(e_row + j0));
-    for (int k = 0; k < 4 && j0 + k < lim; ++k) {
-      float* s = St + (j0 + k) * kLd + r;
-      const float dpd = g.thr != 0 ? drop1(*s, w.v[k], g.thr, g.keep_scale) : *s;
-      *s = dpd;
-      dot += double(dpd) * double(p[k]);
+  // Loads of kBatch groups are issued before any is used (latency overlap).
+  constexpr int kBatch = 4;
+  constexpr int64_t kStep = 4 * kParts;  // columns between a thread's groups
+  double dots[4] = {0.0, 0.0, 0.0, 0.0};  // one per column of a group
+  for (int64_t jb = 4 * part; jb < lim; jb += kStep * kBatch) {
+    float p[kBatch][4];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (jb + u * kStep < lim) load_row4(probs, e_row + jb + u * kStep, jb + u * kStep, T, g.vec_rows, p[u]);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t j0 = jb + u * kStep;
+      if (j0 >= lim) break;
+      Philox4 w{};
+      if (g.thr != 0) w = words4(g.seed, g.sid, uint64_t(e_row + j0));
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (j0 + k < lim) {
+          float* s = St + (j0 + k) * kLd + r;
+          const float dpd = g.thr != 0 ? drop1(*s, w.v[k], g.thr, g.keep_scale) : *s;
+          *s = dpd;
+          dots[k] += double(dpd) * double(p[u][k]);
+        }
     }
   }
-  redd[part * kTile + r] = dot;
-  __syncthreads();
-  dot = redd[r];
-  for (int q = 1; q < kParts; ++q) dot += redd[q * kTile + r];
-  const float dd = float(dot);
+  const float dd = float(parts_sum((dots[0] + dots[1]) + (dots[2] + dots[3])));
   const int64_t scols = int64_t(nk) * kTile;
-  for (int64_t j0 = 4 * part; j0 < scols; j0 += 4 * kParts) {
-    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, v[4];
-    if (j0 < lim) load_row4(probs, e_row + j0, j0, T, g.vec_rows, p);
+  for (int64_t jb = 4 * part; jb < scols; jb += kStep * kBatch) {
+    float p[kBatch][4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      float* s = St + (j0 + k) * kLd + r;
-      v[k] = j0 + k < lim ? p[k] * (*s - dd) * g.scale : 0.0f;
-      *s = v[k];
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t j0 = jb + u * kStep;
+      if (j0 < lim)
+        load_row4(probs, e_row + j0, j0, T, g.vec_rows, p[u]);
+      else
+        p[u][0] = p[u][1] = p[u][2] = p[u][3] = 0.0f;
     }
-    if (i < T && j0 < T) store_row4(ds, e_row + j0, j0, T, g.vec_rows, v);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t j0 = jb + u * kStep;
+      if (j0 >= scols) break;
+      float v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float* s = St + (j0 + k) * kLd + r;
+        v[k] = j0 + k < lim ? p[u][k] * (*s - dd) * g.scale : 0.0f;
+        *s = v[k];
+      }
+      if (i < T && j0 < T) store_row4(ds, e_row + j0, j0, T, g.vec_rows, v);
+    }
   }
   product_tiles<HD>(St, Kb, qb + C, ld, T, nk, dqkv + b * T * ld + h * HD, ld, q0);
 }
@@ -418,28 +524,40 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int64_t T = g.T, C = g.C, ld = 3 * C;
   const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
   const int64_t j0 = int64_t(blockIdx.y) * kTile;  // causal: the first key tiles see the most rows
-  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  const int ty = tile_ty(), tx = tile_tx();
   const float* qb = g.qkv + b * T * ld + h * HD;
   const float* ob = dout + b * T * C + h * HD;
   float acc_v[4][N] = {}, acc_k[4][N] = {};
   for (int64_t i0 = g.causal ? j0 : 0; i0 < T; i0 += kTile) {
     __syncthreads();
-    for (int idx = threadIdx.x; idx < kTile * kTile / 4; idx += kFusedThreads) {
+    // The P and dS loads of the step first (latency overlap), then masks and stores.
+    constexpr int kVecs = kTile * kTile / 4 / kFusedThreads;
+    float p[kVecs][4], d[kVecs][4];
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u) {
+      const int idx = int(threadIdx.x) + u * kFusedThreads;
+      const int64_t i = i0 + idx / (kTile / 4), j = j0 + 4 * (idx % (kTile / 4));
+      const int64_t e = (bh * T + i) * T + j;
+      if (i < T && j < T) {
+        load_row4(probs, e, j, T, g.vec_rows, p[u]);
+        load_row4(ds, e, j, T, g.vec_rows, d[u]);
+      } else {
+        p[u][0] = p[u][1] = p[u][2] = p[u][3] = 0.0f;
+        d[u][0] = d[u][1] = d[u][2] = d[u][3] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u) {
+      const int idx = int(threadIdx.x) + u * kFusedThreads;
       const int ii = idx / (kTile / 4), c = 4 * (idx % (kTile / 4));
       const int64_t i = i0 + ii, j = j0 + c;
-      float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (i < T && j < T) {
-        const int64_t e = (bh * T + i) * T + j;
-        load_row4(probs, e, j, T, g.vec_rows, p);
-        load_row4(ds, e, j, T, g.vec_rows, s);
-        if (g.thr != 0) {
-          const Philox4 w = words4(g.seed, g.sid, uint64_t(e));
+      if (g.thr != 0 && i < T && j < T) {
+        const Philox4 w = words4(g.seed, g.sid, uint64_t((bh * T + i) * T + j));
 #pragma unroll
-          for (int k = 0; k < 4; ++k) p[k] = drop1(p[k], w.v[k], g.thr, g.keep_scale);
-        }
+        for (int k = 0; k < 4; ++k) p[u][k] = drop1(p[u][k], w.v[k], g.thr, g.keep_scale);
       }
-      *reinterpret_cast<float4*>(Ps + ii * kTile + c) = make_float4(p[0], p[1], p[2], p[3]);
-      *reinterpret_cast<float4*>(Ds + ii * kTile + c) = make_float4(s[0], s[1], s[2], s[3]);
+      *reinterpret_cast<float4*>(Ps + ii * kTile + c) = make_float4(p[u][0], p[u][1], p[u][2], p[u][3]);
+      *reinterpret_cast<float4*>(Ds + ii * kTile + c) = make_float4(d[u][0], d[u][1], d[u][2], d[u][3]);
     }
     load_rows<HD>(Os, ob, C, i0, T);
     load_rows<HD>(Qs, qb, ld, i0, T);
