@@ -22,8 +22,13 @@ namespace fp4lab::cuda {
 void rht_forward_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
                         cudaStream_t stream = nullptr);
 // Out of place: dst = RHT(src), src unchanged (src == dst is the in-place form).
+// With amax_bits (a device pointer), *amax_bits also receives the output's
+// amax as tensor_amax_device gives it (the max over elements of |x|'s bit
+// pattern, NaN patterns dominating): quantize_device takes it as
+// tensor_amax_bits, so the two-level NVFP4 scale needs no extra pass. The
+// integer max is order-independent, so the value does not depend on timing.
 void rht_forward_device(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
-                        cudaStream_t stream = nullptr);
+                        cudaStream_t stream = nullptr, uint32_t* amax_bits = nullptr);
 void rht_inverse_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
                         cudaStream_t stream = nullptr);
 

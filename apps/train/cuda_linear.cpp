@@ -83,6 +83,7 @@ struct Slot {
   DeviceBuffer<uint16_t> h;    // BF16 operand
   DeviceBuffer<float> g;       // [1] its global decode scale
   DeviceBuffer<float> expand;  // FP32 value of a BF16 operand (mixed GEMMs, hook)
+  DeviceBuffer<uint32_t> amax{1};  // the RHT output's amax bits (for the quantizer's global scale)
 };
 
 // True when the plan is "round the source to BF16" and nothing else: two such
@@ -139,10 +140,14 @@ struct CudaLinear::Impl {
       to_work();
       cuda::fake_quantize_device(*p.pre, s.work.data(), rows, cols, p.pre_stream, qws, kStream);
     }
+    // The RHT's output amax feeds the quantizer's tensor-amax scale directly when
+    // nothing transforms the tensor in between (a quantizer-level RHT would).
+    const bool amax_from_rht = p.rht && p.quantizer && bf16_exact(*p.quantizer);
     if (p.rht) {
       // Out of place from the source (no copy first), in place after `pre`.
       ensure(s.work, n);
-      cuda::rht_forward_device(cur, s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream);
+      cuda::rht_forward_device(cur, s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream,
+                               amax_from_rht ? s.amax.data() : nullptr);
       cur = s.work.data();
     }
     DevOperand o;
@@ -154,7 +159,8 @@ struct CudaLinear::Impl {
         q.dequant_bf16 = s.h.data();
         q.bf16_gemm_operand = true;
         q.global_decode = s.g.data();
-        cuda::quantize_device(*p.quantizer, cur, cuda::InputType::f32, rows, cols, p.stream, q, qws, kStream);
+        cuda::quantize_device(*p.quantizer, cur, cuda::InputType::f32, rows, cols, p.stream, q, qws, kStream,
+                              cuda::QuantPath::automatic, amax_from_rht ? s.amax.data() : nullptr);
         o.bf16 = s.h.data();
         o.g = s.g.data();
       } else {

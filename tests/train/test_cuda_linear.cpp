@@ -21,6 +21,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -32,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include "apps/train/cuda_linear.hpp"
+#include "core/bits.hpp"
 #include "core/error.hpp"
 #include "cuda/device.hpp"
 #include "../cuda/gpu_test_util.hpp"  // FP4LAB_REQUIRE_GPU
@@ -306,7 +308,7 @@ TEST_CASE("cuda linear: the test's extra recipes are valid") { CHECK(extra_recip
 
 TEST_CASE("cuda linear: RHT kernel equals sim's bit for bit") {
   FP4LAB_REQUIRE_GPU();
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{32, 48}, {48, 7}, {16, 1}, {5, 64}}) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{32, 48}, {48, 7}, {16, 1}, {5, 64}, {272, 80}}) {
     for (RhtAxis axis : {RhtAxis::rows, RhtAxis::cols}) {
       const int64_t len = axis == RhtAxis::rows ? cols : rows;
       if (len % 16 != 0) {
@@ -327,6 +329,16 @@ TEST_CASE("cuda linear: RHT kernel equals sim's bit for bit") {
       Tensor e = dev_upload(h, rows, cols);
       cuda::rht_inverse_device(e.data, rows, cols, axis, 12345);
       CHECK(same_bits(dev_download(e.data, rows * cols), inv));
+      // Out of place with the output's amax (max |x| bit pattern), as quantize's tensor amax.
+      uint32_t want = 0;
+      for (float v : fwd) want = std::max(want, float_bits(v) & 0x7FFFFFFFu);
+      Tensor src = dev_upload(h, rows, cols), dst = dev_tensor(rows, cols);
+      cuda::DeviceBuffer<uint32_t> amax(1);
+      amax.fill_bytes(0x7F);  // the call must reset it
+      cuda::rht_forward_device(src.data, dst.data, rows, cols, axis, 12345, nullptr, amax.data());
+      CHECK(same_bits(dev_download(dst.data, rows * cols), fwd));
+      CHECK(same_bits(dev_download(src.data, rows * cols), h));
+      CHECK(amax.download()[0] == want);
     }
   }
 }
