@@ -216,12 +216,19 @@ struct CudaLinear::Impl {
     }
     const cublasHandle_t h = blas.handle();
     if (a.is_bf16() && b.is_bf16()) {
-      cuda::alpha_beta_device(a.g, b.g, beta, alpha_beta.data(), kStream);
-      check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
-      const cublasStatus_t st = cublasGemmEx(h, ta, tb, int(m), int(n), int(k), alpha_beta.data(), a.bf16, CUDA_R_16BF,
-                                             int(lda), b.bf16, CUDA_R_16BF, int(ldb), alpha_beta.data() + 1, c,
-                                             CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+      // alpha = g_dec(A) g_dec(B) lives on the device when either operand has a
+      // global scale; plain BF16 roundings (no scale) keep alpha = 1 on the host.
+      const bool scaled = a.g != nullptr || b.g != nullptr;
+      const float one = 1.0f;
+      if (scaled) {
+        cuda::alpha_beta_device(a.g, b.g, beta, alpha_beta.data(), kStream);
+        check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
+      }
+      const cublasStatus_t st = cublasGemmEx(
+          h, ta, tb, int(m), int(n), int(k), scaled ? alpha_beta.data() : &one, a.bf16, CUDA_R_16BF, int(lda), b.bf16,
+          CUDA_R_16BF, int(ldb), scaled ? alpha_beta.data() + 1 : &beta, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F,
+          CUBLAS_GEMM_DEFAULT);
+      if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
       check_cublas(st, "cublasGemmEx (bf16 operands, fp32 accumulation)");
       return;
     }
