@@ -108,7 +108,6 @@ __global__ void dropout_pair_kernel(const float* p, float* pd, float* dp, int64_
   }
 }
 
-
 // ---- fused attention ---------------------------------------------------------------
 // Block = one (sequence, head) and one tile of kTile query rows (forward, dQ) or
 // key columns (dK, dV); 256 threads as 16 x 16, thread (ty, tx) owning rows
@@ -117,8 +116,8 @@ __global__ void dropout_pair_kernel(const float* p, float* pd, float* dp, int64_
 // give kParts threads to each row: thread part takes the column groups
 // 4 (part + kParts c) .. +3, and the kParts partial results are combined by a
 // fixed shuffle butterfly (parts_sum); reductions in float64 like the CPU's.
-constexpr int kTile = 64;                      // rows per block, columns per key tile
-constexpr int kLd = kTile + 4;                 // row length of transposed tiles (16-byte rows)
+constexpr int kTile = 64;       // rows per block, columns per key tile
+constexpr int kLd = kTile + 4;  // row length of transposed tiles (16-byte rows)
 constexpr int kFusedThreads = 256;
 constexpr int kParts = kFusedThreads / kTile;  // threads per row in the row passes
 constexpr size_t kFusedMaxSmem = 200 * 1024;   // bytes of shared memory a fused block may use
@@ -366,8 +365,8 @@ template <int HD>
 __global__ void __launch_bounds__(kFusedThreads) attn_fwd_fused(FusedArgs g, float* out, float* probs) {
   extern __shared__ float4 smem_f4[];
   float* const Qt = reinterpret_cast<float*>(smem_f4);  // [HD][kLd] query tile, transposed
-  float* const Kb = Qt + HD * kLd;                       // K^T tile / V tile / row partials
-  float* const St = Kb + HD * kLd;                       // [nk*kTile][kLd] scores -> dropped probs, transposed
+  float* const Kb = Qt + HD * kLd;                      // K^T tile / V tile / row partials
+  float* const St = Kb + HD * kLd;                      // [nk*kTile][kLd] scores -> dropped probs, transposed
   const int64_t T = g.T, C = g.C, ld = 3 * C;
   const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
   const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kTile;  // longest causal rows first
@@ -439,8 +438,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     attn_bwd_dq_fused(FusedArgs g, const float* probs, const float* dout, float* ds, float* dqkv) {
   extern __shared__ float4 smem_f4[];
   float* const Ot = reinterpret_cast<float*>(smem_f4);  // [HD][kLd] dout tile, transposed
-  float* const Kb = Ot + HD * kLd;                       // V^T tile / K tile / row partials
-  float* const St = Kb + HD * kLd;                       // [nk*kTile][kLd] dP -> dS, transposed
+  float* const Kb = Ot + HD * kLd;                      // V^T tile / K tile / row partials
+  float* const St = Kb + HD * kLd;                      // [nk*kTile][kLd] dP -> dS, transposed
   const int64_t T = g.T, C = g.C, ld = 3 * C;
   const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
   const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kTile;
@@ -458,7 +457,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int64_t e_row = (bh * T + i) * T;
   // Loads of kBatch groups are issued before any is used (latency overlap).
   constexpr int kBatch = 4;
-  constexpr int64_t kStep = 4 * kParts;  // columns between a thread's groups
+  constexpr int64_t kStep = 4 * kParts;   // columns between a thread's groups
   double dots[4] = {0.0, 0.0, 0.0, 0.0};  // one per column of a group
   for (int64_t jb = 4 * part; jb < lim; jb += kStep * kBatch) {
     float p[kBatch][4];
@@ -518,9 +517,9 @@ __global__ void __launch_bounds__(kFusedThreads)
   constexpr int N = HD / 16;
   extern __shared__ float4 smem_f4[];
   float* const Ps = reinterpret_cast<float*>(smem_f4);  // [kTile][kTile] drop(P) rows i, columns j
-  float* const Ds = Ps + kTile * kTile;                  // [kTile][kTile] dS
-  float* const Os = Ds + kTile * kTile;                  // [kTile][HD] dout rows
-  float* const Qs = Os + kTile * HD;                     // [kTile][HD] Q rows
+  float* const Ds = Ps + kTile * kTile;                 // [kTile][kTile] dS
+  float* const Os = Ds + kTile * kTile;                 // [kTile][HD] dout rows
+  float* const Qs = Os + kTile * HD;                    // [kTile][HD] Q rows
   const int64_t T = g.T, C = g.C, ld = 3 * C;
   const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
   const int64_t j0 = int64_t(blockIdx.y) * kTile;  // causal: the first key tiles see the most rows
@@ -805,8 +804,8 @@ void run_fused_forward(const FusedArgs& g, int64_t BH, float* out, float* probs,
   launch_fused<attn_fwd_fused<HD>>(grid, fused_rows_smem(g.T, HD), st, "attn_fwd_fused", g, out, probs);
 }
 template <int HD>
-void run_fused_backward(const FusedArgs& g, int64_t BH, const float* probs, const float* dout, float* ds,
-                        float* dqkv, cudaStream_t st) {
+void run_fused_backward(const FusedArgs& g, int64_t BH, const float* probs, const float* dout, float* ds, float* dqkv,
+                        cudaStream_t st) {
   const dim3 grid(unsigned(BH), unsigned((g.T + kTile - 1) / kTile));
   launch_fused<attn_bwd_dq_fused<HD>>(grid, fused_rows_smem(g.T, HD), st, "attn_bwd_dq_fused", g, probs, dout, ds,
                                       dqkv);

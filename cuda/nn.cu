@@ -20,8 +20,8 @@ using namespace detail;
 
 namespace {
 
-constexpr int64_t kRowBlock = 256;    // column reductions: the CPU's fixed row blocking
-constexpr int64_t kSumChunk = 16384;  // sum_squares: the CPU's chunk size
+constexpr int64_t kRowBlock = 256;       // column reductions: the CPU's fixed row blocking
+constexpr int64_t kSumChunk = 16384;     // sum_squares: the CPU's chunk size
 constexpr int64_t kNoIndex = INT64_MAX;  // cross-entropy argmax: "no element seen"
 
 // Fixed-shape shared-memory tree over blockDim.x (a power of two) doubles.

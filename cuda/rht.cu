@@ -51,9 +51,8 @@ __device__ __forceinline__ uint32_t rht_chunk(const float* src, float* dst, int6
 }
 
 template <bool Forward>
-__global__ void __launch_bounds__(kThreads)
-    rht_kernel(const float* src, float* dst, int64_t rows, int64_t cols, bool along_rows, const Signs signs,
-               uint32_t* amax_bits) {
+__global__ void __launch_bounds__(kThreads) rht_kernel(const float* src, float* dst, int64_t rows, int64_t cols,
+                                                       bool along_rows, const Signs signs, uint32_t* amax_bits) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t chunks = rows * cols / 16;
   uint32_t m = 0;
@@ -65,8 +64,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <bool Forward>
-void launch(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
-            cudaStream_t stream, uint32_t* amax_bits) {
+void launch(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed, cudaStream_t stream,
+            uint32_t* amax_bits) {
   if (rows < 0 || cols < 0) throw Error("RHT (cuda): negative tensor shape");
   const bool along_rows = axis == RhtAxis::rows;
   const int64_t len = along_rows ? cols : rows;

@@ -79,10 +79,10 @@ struct DevOperand {
 
 // Scratch of one GEMM operand, reused from call to call (grow-only).
 struct Slot {
-  DeviceBuffer<float> work;    // FP32 copy the plan is applied to
-  DeviceBuffer<uint16_t> h;    // BF16 operand
-  DeviceBuffer<float> g;       // [1] its global decode scale
-  DeviceBuffer<float> expand;  // FP32 value of a BF16 operand (mixed GEMMs, hook)
+  DeviceBuffer<float> work;        // FP32 copy the plan is applied to
+  DeviceBuffer<uint16_t> h;        // BF16 operand
+  DeviceBuffer<float> g;           // [1] its global decode scale
+  DeviceBuffer<float> expand;      // FP32 value of a BF16 operand (mixed GEMMs, hook)
   DeviceBuffer<uint32_t> amax{1};  // the RHT output's amax bits (for the quantizer's global scale)
 };
 
@@ -224,10 +224,10 @@ struct CudaLinear::Impl {
         cuda::alpha_beta_device(a.g, b.g, beta, alpha_beta.data(), kStream);
         check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
       }
-      const cublasStatus_t st = cublasGemmEx(
-          h, ta, tb, int(m), int(n), int(k), scaled ? alpha_beta.data() : &one, a.bf16, CUDA_R_16BF, int(lda), b.bf16,
-          CUDA_R_16BF, int(ldb), scaled ? alpha_beta.data() + 1 : &beta, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F,
-          CUBLAS_GEMM_DEFAULT);
+      const cublasStatus_t st =
+          cublasGemmEx(h, ta, tb, int(m), int(n), int(k), scaled ? alpha_beta.data() : &one, a.bf16, CUDA_R_16BF,
+                       int(lda), b.bf16, CUDA_R_16BF, int(ldb), scaled ? alpha_beta.data() + 1 : &beta, c, CUDA_R_32F,
+                       int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
       check_cublas(st, "cublasGemmEx (bf16 operands, fp32 accumulation)");
       return;

@@ -94,8 +94,8 @@ void expect_close(const char* what, const std::vector<float>& got, const std::ve
     const double e = std::fabs(double(got[i]) - want[i]);
     if (!(e <= err)) err = e, at = i;
   }
-  INFO(what << ": max |err| " << err << " at " << at << " (got " << got[at] << ", want " << want[at]
-            << "), max |ref| " << mx);
+  INFO(what << ": max |err| " << err << " at " << at << " (got " << got[at] << ", want " << want[at] << "), max |ref| "
+            << mx);
   CHECK(err <= tol * (1.0 + mx));
 }
 

@@ -197,7 +197,7 @@ TEST_CASE("cuda backend: attention forward/backward match the CPU (causal/full, 
   struct Geo {
     int64_t B, T, H, hd;
   };
-  const Geo geos[] = {{1, 1, 1, 1},   {2, 1, 2, 3},    {2, 5, 3, 8},  {3, 17, 2, 16},
+  const Geo geos[] = {{1, 1, 1, 1},   {2, 1, 2, 3},    {2, 5, 3, 8},   {3, 17, 2, 16},
                       {2, 64, 4, 16}, {1, 130, 2, 32}, {2, 256, 6, 8}, {1, 256, 2, 64}};
   uint32_t seed = 100;
   for (const Geo& g : geos) {
