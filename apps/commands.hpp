@@ -17,10 +17,11 @@ void register_quantize_commands(CLI::App& app);  // quantize, golden, verify    
 void register_recipe_commands(CLI::App& app);    // recipes list|show|export     (cmd_recipes.cpp)
 void register_train_commands(CLI::App& app);     // train, compare, sweep        (cmd_train.cpp)
 // `fp4lab bench <what>`: each module adds its benchmark to the bench command.
-void register_bench_cast(CLI::App& bench);      // cmd_formats.cpp
-void register_bench_quantize(CLI::App& bench);  // cmd_quantize.cpp
-void register_bench_linear(CLI::App& bench);    // cmd_recipes.cpp
-void register_bench_train(CLI::App& bench);     // cmd_train.cpp
-void register_bench_gemm(CLI::App& bench);      // cmd_gemm.cpp (CUDA GEMMs; says so without CUDA)
+void register_bench_cast(CLI::App& bench);       // cmd_formats.cpp
+void register_bench_quantize(CLI::App& bench);   // cmd_quantize.cpp
+void register_bench_linear(CLI::App& bench);     // cmd_recipes.cpp
+void register_bench_train(CLI::App& bench);      // cmd_train.cpp
+void register_bench_gemm(CLI::App& bench);       // cmd_gemm.cpp (CUDA GEMMs; says so without CUDA)
+void register_bench_attention(CLI::App& bench);  // cmd_attention.cpp (CUDA attention; says so without CUDA)
 
 }  // namespace fp4lab

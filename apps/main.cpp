@@ -15,14 +15,15 @@ int main(int argc, char** argv) {
   fp4lab::register_quantize_commands(app);
   fp4lab::register_recipe_commands(app);
   fp4lab::register_train_commands(app);
-  CLI::App* bench =
-      app.add_subcommand("bench", "Benchmarks that print throughput figures (cast, quantize, linear, train, gemm)");
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Benchmarks that print throughput figures (cast, quantize, linear, train, gemm, attention)");
   bench->require_subcommand(1);
   fp4lab::register_bench_cast(*bench);
   fp4lab::register_bench_quantize(*bench);
   fp4lab::register_bench_linear(*bench);
   fp4lab::register_bench_train(*bench);
   fp4lab::register_bench_gemm(*bench);
+  fp4lab::register_bench_attention(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

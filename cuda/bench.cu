@@ -1,4 +1,4 @@
-// `fp4lab bench quantize|gemm --backend cuda` (bench.hpp). Timing: cudaEvents
+// `fp4lab bench quantize|gemm|attention --backend cuda` (bench.hpp). Timing: cudaEvents
 // around each launch sequence, warm-up first, median of `repeats` (METHOD.md).
 #include "cuda/bench.hpp"
 
@@ -11,6 +11,7 @@
 #include "core/philox.hpp"
 #include "cuda/device.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/nn.hpp"
 #include "cuda/quantize.hpp"
 #include "sim/quantizer.hpp"
 
@@ -283,6 +284,50 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
       "promoted into FP32 (mma.sync m16n8k32, not wgmma). GemmPath::automatic takes the BF16 path.\n");
   if (compute_capability() >= 100)
     std::printf("(sm_100+: the native block-scaled cuBLASLt path exists but is not benchmarked here.)\n");
+  return 0;
+}
+
+int bench_attention(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, bool causal, float dropout,
+                    int repeats) {
+  if (!gpu_available())
+    throw Error("bench attention --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
+  repeats = std::max(repeats, 3);
+  nn::AttentionDims d;
+  d.batch = batch, d.seq = seq, d.heads = heads, d.width = heads * head_dim, d.causal = causal;
+  d.scale = float(1.0 / std::sqrt(double(head_dim))), d.dropout = dropout, d.seed = 1, d.stream_id = 2;
+  const int64_t BT = batch * seq, C = d.width;
+  DeviceBuffer<float> qkv(size_t(BT * 3 * C)), out(size_t(BT * C)), probs(size_t(batch * heads * seq * seq)),
+      dout(size_t(BT * C)), dqkv(size_t(BT * 3 * C));
+  fill_normal(qkv.data(), nullptr, BT * 3 * C, 21);
+  fill_normal(dout.data(), nullptr, BT * C, 22);
+  const double pairs = causal ? double(seq) * double(seq + 1) / 2.0 : double(seq) * double(seq);
+  const double fwd_flops = 4.0 * double(batch * heads) * double(head_dim) * pairs;  // QK^T and PV
+  std::printf("device: %s\n", device_description().c_str());
+  std::printf("attention B=%lld T=%lld H=%lld hd=%lld %s, dropout %g, FP32; median of %d after warm-up\n",
+              (long long)batch, (long long)seq, (long long)heads, (long long)head_dim, causal ? "causal" : "full",
+              double(dropout), repeats);
+  std::printf("TFLOP/s count the products the mask leaves (forward 4 B H hd pairs, backward 8 B H hd pairs)\n\n");
+  std::printf("%-28s %10s %10s %10s %10s\n", "path", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s");
+  double fused_total = 0.0, cublas_total = 0.0;
+  for (nn::AttentionPath path : {nn::AttentionPath::fused, nn::AttentionPath::cublas}) {
+    const bool fused = path == nn::AttentionPath::fused;
+    if (fused) {
+      const std::string why = nn::Attention::fused_unsupported(d, {qkv.data(), out.data(), probs.data()});
+      if (!why.empty()) {
+        std::printf("%-28s the fused kernels cannot run %s\n", "fused FP32 kernels", why.c_str());
+        continue;
+      }
+    }
+    nn::Attention att(nullptr, path);
+    const double f = time_median_ms([&] { att.forward(d, qkv.data(), out.data(), probs.data()); }, 2, repeats);
+    const double b =
+        time_median_ms([&] { att.backward(d, qkv.data(), probs.data(), dout.data(), dqkv.data()); }, 2, repeats);
+    (fused ? fused_total : cublas_total) = f + b;
+    std::printf("%-28s %10.3f %10.1f %10.3f %10.1f\n", fused ? "fused FP32 kernels" : "cuBLAS pedantic SGEMM", f,
+                fwd_flops / (f * 1e-3) / 1e12, b, 2.0 * fwd_flops / (b * 1e-3) / 1e12);
+  }
+  if (fused_total > 0.0 && cublas_total > 0.0)
+    std::printf("\nfused forward+backward: %.2fx the speed of the cuBLAS path\n", cublas_total / fused_total);
   return 0;
 }
 

@@ -27,4 +27,13 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
 // and the MXFP8 GEMM at m x n x k, all in the same run. Returns 0 on success.
 int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats);
 
+// `fp4lab bench attention --backend cuda`: the trainer's attention (nn::Attention)
+// at batch x seq x heads x head_dim, forward and backward, on the fused FP32
+// kernels and on the cuBLAS (pedantic SGEMM) path, in one run. Prints the median
+// ms of each and its TFLOP/s counting only the products a causal mask leaves
+// (4 B H hd T(T+1)/2 forward, twice that backward; T^2 without the mask).
+// Returns 0 on success; throws fp4lab::Error without a GPU.
+int bench_attention(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, bool causal, float dropout,
+                    int repeats);
+
 }  // namespace fp4lab::cuda

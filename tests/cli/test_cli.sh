@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CLI tests of `fp4lab formats`, `cast`, `decode` and `bench cast`.
+# CLI tests of `fp4lab formats`, `cast`, `decode`, `bench cast` and the argument checks of `bench attention`.
 # Usage: test_cli.sh PATH/TO/fp4lab
 # Writes its .npy inputs and reads the outputs with Python's standard library
 # only (no NumPy needed); exits 77 (ctest: skipped) when python3 is missing.
@@ -145,6 +145,9 @@ for c in formats cast decode; do
 done
 "$FP4LAB" bench cast --elements 1000 --repeats 1 >"$T/bench.txt" || fail "bench cast: non-zero exit"
 grep -q "float8_e4m3fn" "$T/bench.txt" || fail "bench cast: no e4m3 row"
+# GPU benchmarks: argument errors are named before any GPU is needed.
+expect_error "bench attention cpu" "measures the CUDA attention only" "$FP4LAB" bench attention --backend cpu
+expect_error "bench attention dropout" "--dropout must be in" "$FP4LAB" bench attention --dropout 1.5
 
 if [ $fails -ne 0 ]; then
   echo "$fails CLI check(s) failed"
