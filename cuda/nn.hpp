@@ -10,9 +10,9 @@
 //   -ftz=false, so an expression evaluates as the same sequence of FP32
 //   operations as its C++ twin on the CPU; the exceptions are the libm
 //   functions (erff/expf on the GPU are within 2 ulp of glibc's).
-// - Attention GEMMs run on cuBLAS in pedantic FP32 (CUBLAS_PEDANTIC_MATH: no
-//   TF32, no reduced-precision reductions); only the summation order differs
-//   from the CPU's Eigen GEMMs.
+// - Attention products are FP32 FMAs: the fused kernels' explicit fmaf, or
+//   cuBLAS in pedantic FP32 (CUBLAS_PEDANTIC_MATH: no TF32, no reduced-precision
+//   reductions); only the summation order differs from the CPU's Eigen GEMMs.
 // - Every reduction has a fixed order that does not depend on timing: per-row
 //   reductions use a fixed lane-strided split plus a fixed shuffle/shared-memory
 //   tree; column reductions and scatter-adds loop over rows in row order. No
