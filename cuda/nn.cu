@@ -102,19 +102,31 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
 // 16-byte vector loads and stores where the pointers allow (the group's 4
 // elements are consecutive and group-aligned), scalar ones otherwise and in
 // the tail group.
-__global__ void dropout_kernel(float* x, int64_t n, uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
+// x = drop(x), plus the residual `add` when kAdd (the operations of dropout
+// then add_inplace, so the same bits).
+template <bool kAdd>
+__global__ void dropout_kernel(float* x, const float* add, int64_t n, uint32_t thr, float keep_scale, uint64_t seed,
+                               uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
-  const bool vec = aligned16(x);
+  const bool vec = aligned16(x) && (!kAdd || aligned16(add));
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     const Philox4 r = philox_group(seed, sid, uint64_t(g));
     if (vec && g * 4 + 4 <= n) {
       float4* x4 = reinterpret_cast<float4*>(x) + g;
-      *x4 = drop4(*x4, r, thr, keep_scale);
+      float4 v = drop4(*x4, r, thr, keep_scale);
+      if constexpr (kAdd) {
+        const float4 a = reinterpret_cast<const float4*>(add)[g];
+        v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
+      }
+      *x4 = v;
       continue;
     }
     for (int k = 0; k < 4; ++k) {
       const int64_t i = g * 4 + k;
-      if (i < n) x[i] = drop1(x[i], r.v[k], thr, keep_scale);
+      if (i < n) {
+        const float v = drop1(x[i], r.v[k], thr, keep_scale);
+        x[i] = kAdd ? v + add[i] : v;
+      }
     }
   }
 }
@@ -418,8 +430,18 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, cudaSt
 void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st) {
   if (p <= 0.0f || n <= 0) return;
   const float keep_scale = 1.0f / (1.0f - p);
-  dropout_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, n, dropout_threshold(p), keep_scale, seed, sid);
+  dropout_kernel<false>
+      <<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, nullptr, n, dropout_threshold(p), keep_scale, seed, sid);
   check_launch("dropout_kernel");
+}
+
+void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st) {
+  if (p <= 0.0f) return add_inplace(y, x, n, st);
+  if (n <= 0) return;
+  const float keep_scale = 1.0f / (1.0f - p);
+  dropout_kernel<true>
+      <<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, dropout_threshold(p), keep_scale, seed, sid);
+  check_launch("dropout_kernel<add>");
 }
 
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, int64_t rows, int64_t cols,

@@ -78,6 +78,10 @@ inline uint32_t dropout_threshold(float p) {
 // Inverted dropout in place on x[0..n): dropped elements become 0, the others
 // x * (1 / (1 - p)). The element index i is x's linear index. p <= 0: no-op.
 void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, cudaStream_t stream = nullptr);
+// The residual branch in one pass: y = dropout(y) + x, the operations (and
+// bits) of dropout(y, ...) followed by add_inplace(y, x, ...).
+void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id,
+                 cudaStream_t stream = nullptr);
 
 // ---- LayerNorm ---------------------------------------------------------------
 // Per row of x [rows, cols]: mean and variance in float64 (two passes, like the

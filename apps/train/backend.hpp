@@ -107,6 +107,13 @@ class Backend {
 
   // y += x (same shape).
   virtual void add_inplace(Tensor& y, const Tensor& x) = 0;
+  // The residual branch y = dropout(y) + x: dropout_forward(y, p, key) then
+  // add_inplace(y, x), which is what this default does; a backend may do both in
+  // one pass (the same operations per element, so the same bits).
+  virtual void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) {
+    dropout_forward(y, p, key);
+    add_inplace(y, x);
+  }
 
   // GPT embeddings: out[b*T+t] = wte[idx[b*T+t]] + wpe[t]  (idx host, [B*T]).
   virtual void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,

@@ -234,6 +234,10 @@ class CudaBackend final : public Backend {
     check_shape("add_inplace", "x", x, y.rows, y.cols);
     nn::add_inplace(y.data, x.data, y.size());
   }
+  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override {
+    check_shape("dropout_add", "x", x, y.rows, y.cols);
+    nn::dropout_add(y.data, x.data, y.size(), p, key.seed, key.stream);
+  }
 
   // ---- embeddings ----
   void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,

@@ -103,8 +103,7 @@ class Gpt final : public CrossEntropyModel {
       k.att = be_.empty(N, C);
       be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
       Tensor y = lin_fwd(k.attn_proj, s, k.att);
-      be_.dropout_forward(y, p, dropout_key(s, site(i, 1)));
-      be_.add_inplace(y, x);
+      be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));
       k.x_mid = y;
       k.m_in = be_.empty(N, C);
       k.mean2 = be_.empty(1, N);
@@ -114,8 +113,7 @@ class Gpt final : public CrossEntropyModel {
       k.g = be_.empty(N, 4 * C);
       be_.gelu_forward(k.f, k.g);
       Tensor m = lin_fwd(k.mlp_proj, s, k.g);
-      be_.dropout_forward(m, p, dropout_key(s, site(i, 2)));
-      be_.add_inplace(m, k.x_mid);
+      be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
       x = m;
     }
     xf_in_ = x;

@@ -141,8 +141,7 @@ class Vit final : public CrossEntropyModel {
       be_.gelu_forward(k.up_y, k.g);
       be_.dropout_forward(k.g, p, dropout_key(s, site(i, 1)));
       Tensor d = lin_fwd(k.down, s, k.g);
-      be_.dropout_forward(d, p, dropout_key(s, site(i, 2)));
-      be_.add_inplace(d, k.h1);
+      be_.dropout_add(d, k.h1, p, dropout_key(s, site(i, 2)));
       h = d;
     }
     Tensor cls = be_.empty(B, E);

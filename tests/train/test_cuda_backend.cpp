@@ -234,7 +234,7 @@ TEST_CASE("cuda backend: attention forward/backward match the CPU (causal/full, 
   }
 }
 
-TEST_CASE("cuda backend: dropout masks are the CPU's bit for bit") {
+TEST_CASE("cuda backend: dropout masks (and the fused dropout_add) are the CPU's bit for bit") {
   FP4LAB_REQUIRE_GPU();
   Pair b;
   for (int64_t n : {1, 3, 4, 5, 1000, 4097}) {
@@ -243,17 +243,23 @@ TEST_CASE("cuda backend: dropout masks are the CPU's bit for bit") {
       CAPTURE(p);
       const auto x = randv(size_t(n), 7 + uint32_t(n)), dy = randv(size_t(n), 8 + uint32_t(n));
       const DropoutKey key{0x1234567890ull, (uint64_t(0xD) << 60) | 12345};
-      std::vector<float> xf[2], dyb[2];
+      std::vector<float> xf[2], dyb[2], res[2];
       for (int w = 0; w < 2; ++w) {
         Backend& be = w ? *b.gpu : *b.cpu;
-        Tensor xt = put(be, x, 1, n), dt = put(be, dy, 1, n);
+        Tensor xt = put(be, x, 1, n), dt = put(be, dy, 1, n), rt = put(be, x, 1, n);
         be.dropout_forward(xt, p, key);
         be.dropout_backward(dt, p, key);
+        be.dropout_add(rt, dt, p, key);  // the residual branch: drop(x) + dy, fused on the GPU
         xf[w] = get(be, xt);
         dyb[w] = get(be, dt);
+        res[w] = get(be, rt);
       }
       expect_same_bits("dropout forward", xf[0], xf[1]);
       expect_same_bits("dropout backward", dyb[0], dyb[1]);
+      expect_same_bits("dropout_add", res[0], res[1]);
+      std::vector<float> unfused = xf[1];  // the GPU's dropout then add, element by element
+      for (size_t i = 0; i < unfused.size(); ++i) unfused[i] += dyb[1][i];
+      expect_same_bits("dropout_add == dropout then add", unfused, res[1]);
       if (p == 0.0f) expect_same_bits("p = 0 is a no-op", x, xf[1]);
       if (n >= 1000 && p > 0.0f) {  // the masks really drop about p of the elements
         const auto zeros = std::count(xf[1].begin(), xf[1].end(), 0.0f);
