@@ -60,9 +60,23 @@ void column_reduce(int64_t rows, int64_t cols, float* out, F f) {
   }
 }
 
-inline bool dropped(DropoutKey key, uint64_t i, uint32_t threshold) {
-  return random_bits(key.seed, key.stream, i) < threshold;
-}
+// Element i of a dropout site is dropped iff random_bits(seed, stream, i) <
+// threshold. DropoutWords draws those words for a run of elements at once through
+// core's random_words (whole Philox groups, eight at a time with AVX2): the same
+// bits as random_bits element by element, at a fraction of the cost.
+class DropoutWords {
+ public:
+  // The words of elements first .. first + n - 1 of key's stream (valid until the next call).
+  const uint32_t* get(DropoutKey key, uint64_t first, uint64_t n) {
+    words_.resize(size_t(n));
+    scratch_.resize(size_t(4 * ((n + 3) / 4 + 1)));
+    random_words(key.seed, key.stream, first, n, words_.data(), scratch_.data());
+    return words_.data();
+  }
+
+ private:
+  std::vector<uint32_t> words_, scratch_;
+};
 inline uint32_t dropout_threshold(float p) {
   const double t = std::ldexp(double(p), 32);
   return t >= 4294967295.0 ? 0xFFFFFFFFu : uint32_t(t);
@@ -253,8 +267,9 @@ class CpuBackend final : public Backend {
         o.noalias() = p * v;
       } else {
         MatrixRM pd(T, T);
-        for (int64_t i = 0; i < T * T; ++i)
-          pd.data()[i] = dropped(key, uint64_t(bh * T * T + i), thr) ? 0.0f : p.data()[i] * keep_scale;
+        DropoutWords dw;
+        const uint32_t* w = dw.get(key, uint64_t(bh * T * T), uint64_t(T * T));
+        for (int64_t i = 0; i < T * T; ++i) pd.data()[i] = w[i] < thr ? 0.0f : p.data()[i] * keep_scale;
         o.noalias() = pd * v;
       }
     }
@@ -283,8 +298,10 @@ class CpuBackend final : public Backend {
         dv.noalias() = p.transpose() * dout_m;
       } else {
         MatrixRM pd(T, T);
+        DropoutWords dw;
+        const uint32_t* w = dw.get(key, uint64_t(bh * T * T), uint64_t(T * T));
         for (int64_t i = 0; i < T * T; ++i) {
-          const bool d = dropped(key, uint64_t(bh * T * T + i), thr);
+          const bool d = w[i] < thr;
           pd.data()[i] = d ? 0.0f : p.data()[i] * keep_scale;
           dp.data()[i] = d ? 0.0f : dp.data()[i] * keep_scale;
         }
@@ -455,8 +472,19 @@ class CpuBackend final : public Backend {
     const uint32_t thr = dropout_threshold(p);
     const float keep_scale = 1.0f / (1.0f - p);
     const int64_t n = x.size();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) x.data[i] = dropped(key, uint64_t(i), thr) ? 0.0f : x.data[i] * keep_scale;
+    constexpr int64_t kChunk = 4096;  // elements per batch of words
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel
+    {
+      DropoutWords dw;
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
+        const uint32_t* w = dw.get(key, uint64_t(i0), uint64_t(len));
+        float* xc = x.data + i0;
+        for (int64_t i = 0; i < len; ++i) xc[i] = w[i] < thr ? 0.0f : xc[i] * keep_scale;
+      }
+    }
   }
   // acc[t] += sum over rows r with r % period == t of d[r] (deterministic order).
   void column_reduce_rows_mod(const Tensor& d, int64_t period, Tensor& acc) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "apps/train/backend.hpp"
+#include "core/philox.hpp"
 
 using namespace fp4lab::train;
 
@@ -204,6 +205,42 @@ TEST_CASE("embeddings, ViT tokens, dropout: gradients are the adjoints") {
     dropped += ones[size_t(i)] == 0.0f;
   }
   CHECK(std::abs(dropped - 2500) < 200);
+}
+
+TEST_CASE("dropout masks: element i is dropped iff random_bits(seed, stream, i) < threshold") {
+  // The definition, element by element (core's random_bits), against the backend's
+  // batched words: sizes around the 4-element Philox groups and the 4096-element chunks.
+  auto be = make_cpu_backend(2);
+  const fp4lab::train::DropoutKey key{0xC0FFEEull, 77};
+  const float p = 0.3f, keep = 1.0f / (1.0f - p);
+  const uint32_t thr = uint32_t(std::ldexp(double(p), 32));
+  for (int64_t n : {1, 3, 5, 4095, 4097, 9001}) {
+    CAPTURE(n);
+    std::vector<float> x = randv(size_t(n), uint32_t(n));
+    const std::vector<float> x0 = x;
+    Tensor t = view_of(x.data(), 1, n);
+    be->dropout_forward(t, p, key);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool drop = fp4lab::random_bits(key.seed, key.stream, uint64_t(i)) < thr;
+      bad += x[size_t(i)] != (drop ? 0.0f : x0[size_t(i)] * keep);
+    }
+    CHECK(bad == 0);
+  }
+  // Attention: with V = the identity (head dim = T), out is the dropped probabilities
+  // exactly; element e of probs (its linear index) is dropped iff its word < threshold.
+  const int64_t B = 2, T = 7, H = 1, C = T;  // odd T: rows straddle Philox groups
+  std::vector<float> qkv = randv(size_t(B * T * 3 * C), 5);
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t c = 0; c < C; ++c) qkv[size_t(r * 3 * C + 2 * C + c)] = (r % T == c) ? 1.0f : 0.0f;
+  Tensor out = be->empty(B * T, C), pr = be->empty(B * H * T, T);
+  be->attention_forward(AttentionShape{B, T, H, false, 0.5f, p}, view_of(qkv.data(), B * T, 3 * C), out, pr, key);
+  int64_t bad = 0;
+  for (int64_t e = 0; e < B * H * T * T; ++e) {
+    const bool drop = fp4lab::random_bits(key.seed, key.stream, uint64_t(e)) < thr;
+    bad += out.data[e] != (drop ? 0.0f : pr.data[e] * keep);  // B*T rows of C = T columns: same layout
+  }
+  CHECK(bad == 0);
 }
 
 TEST_CASE("results do not depend on the thread count") {
