@@ -165,7 +165,8 @@ struct AttentionDims {
 //   scores + softmax + dropout + P.V, two for the backward (dQ per query tile;
 //   dK, dV per key tile); tiles above the causal diagonal are skipped. Needs a
 //   head dim of 16, 32, 64 or 128, T small enough for a 64-row tile of scores in
-//   shared memory (T <= 640 at head dim 64), 16-byte aligned pointers.
+//   shared memory (T <= 704 / 640 / 576 / 448 at head dim 16 / 32 / 64 / 128),
+//   16-byte aligned pointers.
 // - cublas: batched cuBLAS SGEMMs in pedantic FP32 plus row-softmax and dropout
 //   kernels; any geometry.
 // - automatic: fused where it applies, cublas otherwise.

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/philox.hpp"
@@ -176,6 +177,15 @@ TEST_CASE("attention: the fused path names what it cannot run; automatic falls b
   CHECK(Attention::fused_unsupported(d, {}).find("sequence length 4096") != std::string::npos);
   d.seq = 256;
   CHECK(Attention::fused_unsupported(d, {}).empty());
+  // The longest sequences a 64-row tile of scores fits (the limits cuda/nn.hpp states).
+  for (auto [hd, tmax] : {std::pair<int64_t, int64_t>{16, 704}, {32, 640}, {64, 576}, {128, 448}}) {
+    CAPTURE(hd);
+    d.heads = 2, d.width = 2 * hd, d.seq = tmax;
+    CHECK(Attention::fused_unsupported(d, {}).empty());
+    d.seq = tmax + 1;
+    CHECK(Attention::fused_unsupported(d, {}).find("sequence length") != std::string::npos);
+  }
+  d.heads = 2, d.width = 128, d.seq = 256;
   alignas(16) static float buf[8];
   CHECK(Attention::fused_unsupported(d, {buf + 1}).find("16-byte aligned") != std::string::npos);
   FP4LAB_REQUIRE_GPU();
