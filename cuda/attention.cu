@@ -13,6 +13,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/philox.hpp"
@@ -290,9 +291,26 @@ __device__ __forceinline__ void store_row4(float* p, int64_t e, int64_t j, int64
     if (j + k < T) p[e + k] = v[k];
 }
 
-// Key columns a query tile needs (all T, or up to its last row when causal).
-__device__ __forceinline__ int64_t key_end(const FusedArgs& g, int64_t q0) {
-  return g.causal ? (q0 + kTile < g.T ? q0 + kTile : g.T) : g.T;
+// Columns query row `row` sees: 0 for padding rows (row >= T), row + 1 when
+// causal, else T.
+__device__ __forceinline__ int64_t row_limit(int64_t row, int64_t T, bool causal) {
+  return row >= T ? 0 : (causal ? row + 1 : T);
+}
+
+// The query tile of this block (forward, dQ): (sequence, head) from blockIdx.x,
+// the longest causal rows first along blockIdx.y, and the number of key tiles it
+// needs (all of them, or up to its last row when causal).
+struct QueryTile {
+  int64_t bh, b, h, q0;
+  int nk;
+};
+__device__ __forceinline__ QueryTile query_tile(const FusedArgs& g) {
+  QueryTile t;
+  t.bh = blockIdx.x, t.b = t.bh / g.H, t.h = t.bh % g.H;
+  t.q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kTile;
+  const int64_t kend = g.causal ? (t.q0 + kTile < g.T ? t.q0 + kTile : g.T) : g.T;
+  t.nk = int((kend + kTile - 1) / kTile);
+  return t;
 }
 
 // S^T [nk * kTile][kLd] = (A B^T)^T for the query tile q0: At = A^T [HD][kLd]
@@ -316,8 +334,7 @@ __device__ __forceinline__ void scores_tiles(const float* At, float* Bt, const f
     if constexpr (kScaled) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t row = q0 + 4 * ty + i;
-        const int64_t lim = row >= T ? 0 : (causal ? row + 1 : T);
+        const int64_t lim = row_limit(q0 + 4 * ty + i, T, causal);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           acc[i][j] *= scale;
@@ -368,10 +385,7 @@ __global__ void __launch_bounds__(kFusedThreads) attn_fwd_fused(FusedArgs g, flo
   float* const Kb = Qt + HD * kLd;                      // K^T tile / V tile / row partials
   float* const St = Kb + HD * kLd;                      // [nk*kTile][kLd] scores -> dropped probs, transposed
   const int64_t T = g.T, C = g.C, ld = 3 * C;
-  const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
-  const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kTile;  // longest causal rows first
-  const int64_t kend = key_end(g, q0);
-  const int nk = int((kend + kTile - 1) / kTile);
+  const auto [bh, b, h, q0, nk] = query_tile(g);
   const float* qb = g.qkv + b * T * ld + h * HD;  // Q of (b, h); K at +C, V at +2C
 
   load_transposed<HD>(Qt, qb, ld, q0, T);
@@ -394,7 +408,7 @@ __global__ void __launch_bounds__(kFusedThreads) attn_fwd_fused(FusedArgs g, flo
   __syncthreads();
   const int r = pass_row(), part = pass_part();
   const int64_t i = q0 + r;
-  const int64_t lim = i >= T ? 0 : (g.causal ? i + 1 : T);
+  const int64_t lim = row_limit(i, T, g.causal);
   const float mx = fmaxf(redf[r], redf[kTile + r]);
   double sums[4] = {0.0, 0.0, 0.0, 0.0};  // one per column of a group: shorter dependency chains
 #pragma unroll 2
@@ -441,10 +455,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   float* const Kb = Ot + HD * kLd;                      // V^T tile / K tile / row partials
   float* const St = Kb + HD * kLd;                      // [nk*kTile][kLd] dP -> dS, transposed
   const int64_t T = g.T, C = g.C, ld = 3 * C;
-  const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
-  const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kTile;
-  const int64_t kend = key_end(g, q0);
-  const int nk = int((kend + kTile - 1) / kTile);
+  const auto [bh, b, h, q0, nk] = query_tile(g);
   const float* qb = g.qkv + b * T * ld + h * HD;
 
   load_transposed<HD>(Ot, dout + b * T * C + h * HD, C, q0, T);
@@ -453,7 +464,7 @@ __global__ void __launch_bounds__(kFusedThreads)
 
   const int r = pass_row(), part = pass_part();
   const int64_t i = q0 + r;
-  const int64_t lim = i >= T ? 0 : (g.causal ? i + 1 : T);
+  const int64_t lim = row_limit(i, T, g.causal);
   const int64_t e_row = (bh * T + i) * T;
   // Loads of kBatch groups are issued before any is used (latency overlap).
   constexpr int kBatch = 4;
@@ -647,7 +658,6 @@ void set_qkv(PtrSpec& s, float* qkv, int64_t T, int64_t C, int64_t hd) {
 
 void Attention::forward_cublas(const AttentionDims& d, const float* qkv, float* out, float* probs) {
   const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
-  if (B * T == 0) return;
   const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
   if (thr != 0) grow(pd_, size_t(BH * T * T));
   float* q = const_cast<float*>(qkv);
@@ -658,11 +668,7 @@ void Attention::forward_cublas(const AttentionDims& d, const float* qkv, float* 
   s.base[3] = probs, s.sb[3] = H * T * T, s.sh[3] = T * T;
   s.base[4] = thr ? pd_.data() : probs, s.sb[4] = H * T * T, s.sh[4] = T * T;
   s.base[5] = out, s.sb[5] = T * C, s.sh[5] = hd;
-  if (ptrs_.size() < size_t(6 * BH)) {
-    ptrs_.resize(0);
-    ptrs_.resize(size_t(6 * BH));
-  }
-  float** P = ptrs_.data();
+  float** P = grow(ptrs_, size_t(6 * BH));
   make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
   check_launch("make_ptrs_kernel");
   // probs^T (col-major [T, T]) = K Q^T: S[i][j] = q_i . k_j, unscaled (the
@@ -686,7 +692,6 @@ void Attention::forward_cublas(const AttentionDims& d, const float* qkv, float* 
 void Attention::backward_cublas(const AttentionDims& d, const float* qkv, const float* probs, const float* dout,
                                 float* dqkv) {
   const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
-  if (B * T == 0) return;
   const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
   const size_t nn = size_t(BH * T * T);
   grow(dp_, nn);
@@ -703,11 +708,7 @@ void Attention::backward_cublas(const AttentionDims& d, const float* qkv, const 
   PtrSpec g{};
   g.count = 3;
   set_qkv(g, dqkv, T, C, hd);
-  if (ptrs_.size() < size_t(9 * BH)) {
-    ptrs_.resize(0);
-    ptrs_.resize(size_t(9 * BH));
-  }
-  float** P = ptrs_.data();
+  float** P = grow(ptrs_, size_t(9 * BH));
   float** G = P + 6 * BH;
   make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
   check_launch("make_ptrs_kernel");
@@ -737,14 +738,6 @@ void Attention::backward_cublas(const AttentionDims& d, const float* qkv, const 
 }
 
 // ---- dispatch and the fused path ------------------------------------------------------
-
-float* Attention::grow(DeviceBuffer<float>& b, size_t n) {
-  if (b.size() < n) {
-    b.resize(0);
-    b.resize(n);
-  }
-  return b.data();
-}
 
 std::string Attention::fused_unsupported(const AttentionDims& d, std::initializer_list<const void*> ptrs) {
   const int64_t hd = d.heads > 0 ? d.width / d.heads : 0;
@@ -814,15 +807,24 @@ void run_fused_backward(const FusedArgs& g, int64_t BH, const float* probs, cons
 }
 }  // namespace
 
+namespace {
+// f(std::integral_constant<int, HD>) for the head dims of the fused kernels
+// (fused_unsupported has checked that hd is one of them).
+template <class F>
+void with_head_dim(int64_t hd, F&& f) {
+  switch (hd) {
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    default: return f(std::integral_constant<int, 128>{});
+  }
+}
+}  // namespace
+
 void Attention::forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs) {
   const FusedArgs g = fused_args(d, qkv);
   const int64_t BH = d.batch * d.heads;
-  switch (d.width / d.heads) {
-    case 16: return run_fused_forward<16>(g, BH, out, probs, stream_);
-    case 32: return run_fused_forward<32>(g, BH, out, probs, stream_);
-    case 64: return run_fused_forward<64>(g, BH, out, probs, stream_);
-    default: return run_fused_forward<128>(g, BH, out, probs, stream_);
-  }
+  with_head_dim(d.width / d.heads, [&](auto hd) { run_fused_forward<hd.value>(g, BH, out, probs, stream_); });
 }
 
 void Attention::backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout,
@@ -830,12 +832,8 @@ void Attention::backward_fused(const AttentionDims& d, const float* qkv, const f
   const FusedArgs g = fused_args(d, qkv);
   const int64_t BH = d.batch * d.heads;
   float* ds = grow(dp_, size_t(BH * d.seq * d.seq));
-  switch (d.width / d.heads) {
-    case 16: return run_fused_backward<16>(g, BH, probs, dout, ds, dqkv, stream_);
-    case 32: return run_fused_backward<32>(g, BH, probs, dout, ds, dqkv, stream_);
-    case 64: return run_fused_backward<64>(g, BH, probs, dout, ds, dqkv, stream_);
-    default: return run_fused_backward<128>(g, BH, probs, dout, ds, dqkv, stream_);
-  }
+  with_head_dim(d.width / d.heads,
+                [&](auto hd) { run_fused_backward<hd.value>(g, BH, probs, dout, ds, dqkv, stream_); });
 }
 
 }  // namespace fp4lab::cuda::nn

@@ -41,30 +41,23 @@ struct KParams {
 // Compile-time formats of the hot quantizers ("kinds"); the rest is runtime.
 //   0 runtime element and scale     1 e2m1 + ue4m3 (NVFP4)     2 e2m1 + runtime scale (MXFP4...)
 //   3 e4m3fn + runtime scale        4 e5m2 + runtime scale
-// KindElem<K>::format() is kind K's element format (K != 0): the one place that
-// maps a kind to it; the codec helpers below take it as a template argument.
+// kind_format<K>() is kind K's element format (K != 0): the one place that maps
+// a kind to it; the codec helpers below take it as a template argument.
 template <int K>
-struct KindElem;
-template <>
-struct KindElem<1> {
-  FP4LAB_HD static constexpr const Format& format() { return float4_e2m1fn; }
-};
-template <>
-struct KindElem<2> {
-  FP4LAB_HD static constexpr const Format& format() { return float4_e2m1fn; }
-};
-template <>
-struct KindElem<3> {
-  FP4LAB_HD static constexpr const Format& format() { return float8_e4m3fn; }
-};
-template <>
-struct KindElem<4> {
-  FP4LAB_HD static constexpr const Format& format() { return float8_e5m2; }
-};
+FP4LAB_HD constexpr const Format& kind_format() {
+  static_assert(K >= 1 && K <= 4, "kind 0 has a run-time format");
+  if constexpr (K == 1 || K == 2) {
+    return float4_e2m1fn;
+  } else if constexpr (K == 3) {
+    return float8_e4m3fn;
+  } else {
+    return float8_e5m2;
+  }
+}
 template <int K>
 __device__ __forceinline__ Format kind_elem(const KParams& p) {
   if constexpr (K != 0) {
-    constexpr Format f = KindElem<K>::format();
+    constexpr Format f = kind_format<K>();
     return f;
   } else {
     return p.elem;
@@ -89,7 +82,7 @@ inline int kind_of(const QuantizerSpec& q) {
 template <int K>
 __device__ __forceinline__ uint32_t encode_rn(const Format& f, float y, Overflow o) {
   if constexpr (K != 0) {
-    return encode_rn_f32<KindElem<K>::format()>(y, o);
+    return encode_rn_f32<kind_format<K>()>(y, o);
   } else {
     return encode(f, y, Round::rn, o);
   }
@@ -100,7 +93,7 @@ __device__ __forceinline__ uint32_t encode_rn(const Format& f, float y, Overflow
 template <int K>
 __device__ __forceinline__ uint32_t encode_rs(const Format& f, float y, Overflow o, uint32_t rbits) {
   if constexpr (K != 0) {
-    return encode_rs_f32<KindElem<K>::format()>(y, rbits, o);
+    return encode_rs_f32<kind_format<K>()>(y, rbits, o);
   } else {
     return encode(f, y, Round::rs, o, rbits);
   }
@@ -210,7 +203,7 @@ __device__ __forceinline__ uint32_t encode_element(const KParams& p, const Forma
 template <int K>
 __device__ __forceinline__ float decode_elem(const Format& f, uint32_t code) {
   if constexpr (K != 0) {
-    return decode_f32<KindElem<K>::format()>(code);
+    return decode_f32<kind_format<K>()>(code);
   } else {
     return decode(f, code);
   }

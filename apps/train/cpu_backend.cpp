@@ -64,6 +64,10 @@ void column_reduce(int64_t rows, int64_t cols, float* out, F f) {
 // threshold. DropoutWords draws those words for a run of elements at once through
 // core's random_words (whole Philox groups, eight at a time with AVX2): the same
 // bits as random_bits element by element, at a fraction of the cost.
+// The dropout rule of one element with random word w (the GPU's drop1).
+inline float drop(float v, uint32_t w, uint32_t threshold, float keep_scale) {
+  return w < threshold ? 0.0f : v * keep_scale;
+}
 class DropoutWords {
  public:
   // The words of elements first .. first + n - 1 of key's stream (valid until the next call).
@@ -269,7 +273,7 @@ class CpuBackend final : public Backend {
         MatrixRM pd(T, T);
         DropoutWords dw;
         const uint32_t* w = dw.get(key, uint64_t(bh * T * T), uint64_t(T * T));
-        for (int64_t i = 0; i < T * T; ++i) pd.data()[i] = w[i] < thr ? 0.0f : p.data()[i] * keep_scale;
+        for (int64_t i = 0; i < T * T; ++i) pd.data()[i] = drop(p.data()[i], w[i], thr, keep_scale);
         o.noalias() = pd * v;
       }
     }
@@ -301,9 +305,8 @@ class CpuBackend final : public Backend {
         DropoutWords dw;
         const uint32_t* w = dw.get(key, uint64_t(bh * T * T), uint64_t(T * T));
         for (int64_t i = 0; i < T * T; ++i) {
-          const bool d = w[i] < thr;
-          pd.data()[i] = d ? 0.0f : p.data()[i] * keep_scale;
-          dp.data()[i] = d ? 0.0f : dp.data()[i] * keep_scale;
+          pd.data()[i] = drop(p.data()[i], w[i], thr, keep_scale);
+          dp.data()[i] = drop(dp.data()[i], w[i], thr, keep_scale);
         }
         dv.noalias() = pd.transpose() * dout_m;
       }
@@ -482,7 +485,7 @@ class CpuBackend final : public Backend {
         const int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
         const uint32_t* w = dw.get(key, uint64_t(i0), uint64_t(len));
         float* xc = x.data + i0;
-        for (int64_t i = 0; i < len; ++i) xc[i] = w[i] < thr ? 0.0f : xc[i] * keep_scale;
+        for (int64_t i = 0; i < len; ++i) xc[i] = drop(xc[i], w[i], thr, keep_scale);
       }
     }
   }
