@@ -73,7 +73,7 @@ void launch_tiles(const KParams& p, int kind, InputType in, cudaStream_t st) {
 
 // ---- tensor amax ---------------------------------------------------------------
 template <class In>
-__global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t n, uint32_t* out) {
+__global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t n, uint32_t* out, const AmaxFinish fin) {
   uint32_t m = 0;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t n
     }
     for (int64_t k = nv * 4 + i; k < n; k += stride) m = umax(m, abs_bits(load1<In>(x, k)));
   }
-  m = __reduce_max_sync(0xFFFFFFFFu, m);
-  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(out, m);
+  amax_warp_commit(m, out);
+  amax_pass_done(fin, out);
 }
 
 // NvGlobal of the tensor amax, once per tensor (not once per thread).
@@ -221,7 +221,11 @@ bool fused_supported(const QuantizerSpec& q) {
   return !q.rht || (q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1);
 }
 
-void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax_bits, cudaStream_t stream) {
+namespace {
+
+// tensor_amax_device, plus the optional NvGlobal of the result (fin).
+void tensor_amax_pass(const void* x, InputType type, int64_t n, uint32_t* amax_bits, const AmaxFinish& fin,
+                      cudaStream_t stream) {
   check(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
   if (n <= 0) return;
   static int sms = [] {
@@ -232,11 +236,27 @@ void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax
   }();
   const unsigned blocks = unsigned(std::min<int64_t>(int64_t(sms) * 8, (n / 8 + kThreads - 1) / kThreads + 1));
   if (type == InputType::bf16) {
-    amax_kernel<uint16_t><<<blocks, kThreads, 0, stream>>>(x, n, amax_bits);
+    amax_kernel<uint16_t><<<blocks, kThreads, 0, stream>>>(x, n, amax_bits, fin);
   } else {
-    amax_kernel<float><<<blocks, kThreads, 0, stream>>>(x, n, amax_bits);
+    amax_kernel<float><<<blocks, kThreads, 0, stream>>>(x, n, amax_bits, fin);
   }
   check_launch("amax_kernel");
+}
+
+// The AmaxFinish of a fused quantization's amax pass: NvGlobal into ws.global.
+AmaxFinish finish_into(const KParams& p, QuantWorkspace& ws, cudaStream_t stream) {
+  ws.global.resize(std::max<size_t>(ws.global.size(), 3));
+  if (ws.done.size() == 0) {
+    ws.done.resize(1);
+    check(cudaMemsetAsync(ws.done.data(), 0, sizeof(uint32_t), stream), "cudaMemsetAsync(amax counter)");
+  }
+  return AmaxFinish{p.elem, p.sfmt, ws.global.data(), ws.done.data()};
+}
+
+}  // namespace
+
+void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax_bits, cudaStream_t stream) {
+  tensor_amax_pass(x, type, n, amax_bits, AmaxFinish{}, stream);
 }
 
 void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols, RandomStream rs,
@@ -294,23 +314,24 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
     const bool need_amax = q.scale_rule == ScaleRule::nv && p.global;
     if (need_amax && tensor_amax_bits) {
       p.gamax = const_cast<uint32_t*>(tensor_amax_bits);  // only read by the quantize pass
+      ws.global.resize(std::max<size_t>(ws.global.size(), 3));
+      nv_global_kernel<<<1, 1, 0, stream>>>(p, ws.global.data());
+      check_launch("nv_global_kernel");
     } else if (need_amax) {
+      // The amax pass's last block also computes the global scale (amax_pass_done).
+      KParams pa = p;
+      pa.fin = finish_into(p, ws, stream);
       if (q.rht) {
         check(cudaMemsetAsync(p.gamax, 0, sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
         if (q.block_rows == 1)
-          qk::launch_rows(p, 16, true, 0, type, true, stream);
+          qk::launch_rows(pa, 16, true, 0, type, true, stream);
         else
-          qk::launch_cols(p, 16, true, 0, type, true, stream);
+          qk::launch_cols(pa, 16, true, 0, type, true, stream);
       } else {
-        tensor_amax_device(x, type, rows * cols, p.gamax, stream);
+        tensor_amax_pass(x, type, rows * cols, p.gamax, pa.fin, stream);
       }
     }
-    if (need_amax) {
-      ws.global.resize(3);
-      nv_global_kernel<<<1, 1, 0, stream>>>(p, ws.global.data());
-      check_launch("nv_global_kernel");
-      p.gparams = ws.global.data();
-    }
+    if (need_amax) p.gparams = ws.global.data();
     const int kind = qk::kind_of(q);
     if (q.block_rows == 1)
       qk::launch_rows(p, q.block_cols, q.rht, kind, type, false, stream);

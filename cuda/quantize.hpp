@@ -69,6 +69,7 @@ struct QuantWorkspace {
   DeviceBuffer<float> mult;     // [nbr*nbc] generic path: element multiplier per block
   DeviceBuffer<float> scale;    // [nbr*nbc] generic path: decoded scale per block
   DeviceBuffer<float> global;   // [3] NvGlobal of the tensor amax (fused path)
+  DeviceBuffer<uint32_t> done;  // [1] block counter of the amax pass (zero between passes)
 };
 
 // Shape of the scale grid: ceil(rows/block_rows) x ceil(cols/block_cols), [1,1] for [0,0].

@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
     uint32_t m = 0;
 #pragma unroll
     for (int cc = 0; cc < V; ++cc) m = umax(m, amax[cc]);
-    m = __reduce_max_sync(0xFFFFFFFFu, m);
-    if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(p.gamax, m);
+    amax_warp_commit(m, p.gamax);
+    amax_pass_done(p.fin, p.gamax);
     return;
   } else {
     if (!ok) return;

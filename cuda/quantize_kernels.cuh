@@ -17,6 +17,15 @@ namespace fp4lab::cuda::qk {
 
 constexpr int kThreads = 256;
 
+// Optional end of a tensor-amax pass (amax_pass_done below): where the grid's
+// last block writes NvGlobal of the final amax (out[0..2] = g_enc, g_dec,
+// mult), and the block counter it uses (zero between passes). out == null: off.
+struct AmaxFinish {
+  Format elem, sfmt;
+  float* out = nullptr;
+  uint32_t* done = nullptr;
+};
+
 // Everything a quantization kernel needs, passed by value (kernel parameter
 // space). Formats travel by value: their constexpr globals are host objects.
 struct KParams {
@@ -35,8 +44,47 @@ struct KParams {
   uint32_t* block_amax;  // generic path [nbr*nbc]
   float* block_mult;     // generic path
   float* block_scale;    // generic path
+  AmaxFinish fin;        // amax passes: NvGlobal of the result by the last block
   QuantOutputs out;
 };
+
+__device__ __forceinline__ uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+// Warp-level part of a tensor-amax pass: the warp's max |x| bits into *gamax.
+// Every lane of the warp must call it. The fence makes this warp's atomic
+// visible before its block reports to amax_pass_done.
+__device__ __forceinline__ void amax_warp_commit(uint32_t m, uint32_t* gamax) {
+  m = __reduce_max_sync(0xFFFFFFFFu, m);
+  if ((threadIdx.x & 31) == 0 && m != 0) {
+    atomicMax(gamax, m);
+    __threadfence();
+  }
+}
+
+// Every thread of every block calls this after amax_warp_commit. With fin.out
+// set, the grid's last block to arrive computes nv_global() of the final
+// amax (what nv_global_kernel computes from it; sim/scale_rules.hpp) into
+// fin.out and re-arms the counter: the quantization pass then reads the
+// global scale without a launch in between.
+__device__ __forceinline__ void amax_pass_done(const AmaxFinish& fin, uint32_t* gamax) {
+  if (fin.out == nullptr) return;  // uniform across the grid
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(fin.done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    __threadfence();
+    const uint32_t a = atomicOr(gamax, 0u);  // the final value, read at L2
+    const NvGlobal g = nv_global(bits_float(a), max_finite(fin.sfmt), max_finite(fin.elem));
+    fin.out[0] = g.g_enc;
+    fin.out[1] = g.g_dec;
+    fin.out[2] = g.mult;
+    *fin.done = 0;
+  }
+}
 
 // Compile-time formats of the hot quantizers ("kinds"); the rest is runtime.
 //   0 runtime element and scale     1 e2m1 + ue4m3 (NVFP4)     2 e2m1 + runtime scale (MXFP4...)
@@ -214,8 +262,6 @@ __device__ __forceinline__ uint32_t pick(const Philox4& g, uint32_t k) {
 }
 
 __device__ __forceinline__ uint32_t to_bf16(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
-
-__device__ __forceinline__ uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 template <class In>
 __device__ __forceinline__ float load1(const void* x, int64_t i) {

@@ -34,8 +34,8 @@ __global__ void __launch_bounds__(kThreads, (BC == 32 && sizeof(In) == 4) ? 2 : 
 #pragma unroll
   for (int j = 0; j < BC; ++j) amax = umax(amax, abs_bits(v[j]));
   if constexpr (AMAX_ONLY) {
-    amax = __reduce_max_sync(0xFFFFFFFFu, amax);
-    if ((threadIdx.x & 31) == 0 && amax != 0) atomicMax(p.gamax, amax);
+    amax_warp_commit(amax, p.gamax);
+    amax_pass_done(p.fin, p.gamax);
     return;
   } else {
     if (!ok) return;

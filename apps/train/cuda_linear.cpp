@@ -95,7 +95,7 @@ bool bf16_rounding_only(const OperandPlan& p) {
 
 struct CudaLinearState final : LinearState {
   int64_t batch = 0, in = 0;  // x's shape [B, in]
-  Tensor x;                   // copy of the forward's input [B, in] (FP32), or, when x_bf16,
+  Tensor x;                   // (empty when wx_ready) copy of the forward's input [B, in] (FP32), or, when x_bf16,
   bool x_bf16 = false;        // its BF16 rounding packed two per float ([1, ceil(B*in/2)]): fwd_x and wgrad_x
                               // are both bf16_rounding_only, so the forward's operand is the wgrad's
   bool has_w = false;         // plan.reuse_fwd_w: the forward's fwd_w operand follows
@@ -103,7 +103,20 @@ struct CudaLinearState final : LinearState {
   bool w_has_g = false;
   Tensor w_op;  // FP32 [out, in], or BF16 bits packed two per float ([1, ceil(out*in/2)])
   Tensor w_g;   // [1, 1]: g of a BF16 operand
+  // wgrad_x computed in the forward (a BF16 quantizer operand): its bits packed
+  // two per float ([1, ceil(B*in/2)]) and g ([1, 1]); x itself is not kept.
+  bool wx_ready = false;
+  OperandPlan wx_plan;  // the plan it was computed with (backward checks its own is the same)
+  Tensor wx, wx_g;
 };
+
+bool same_spec(const QuantizerSpec* a, const QuantizerSpec* b) { return a == b || (a && b && *a == *b); }
+bool same_stream(const RandomStream& a, const RandomStream& b) { return a.seed == b.seed && a.stream == b.stream; }
+bool same_plan(const OperandPlan& a, const OperandPlan& b) {
+  return a.op == b.op && same_spec(a.pre, b.pre) && same_stream(a.pre_stream, b.pre_stream) && a.rht == b.rht &&
+         a.rht_seed == b.rht_seed && same_spec(a.quantizer, b.quantizer) && same_stream(a.stream, b.stream) &&
+         a.round_bf16 == b.round_bf16;
+}
 
 std::string shape(int64_t r, int64_t c) { return "[" + std::to_string(r) + ", " + std::to_string(c) + "]"; }
 
@@ -124,8 +137,11 @@ struct CudaLinear::Impl {
   OperandHook hook;
 
   // Executes plan p on the source src [rows, cols] (device, not modified),
-  // writing into slot s.
-  DevOperand prepare(const OperandPlan& p, const float* src, int64_t rows, int64_t cols, Slot& s) {
+  // writing into slot s, or, for a BF16 quantizer operand, into bf16_dst /
+  // g_dst when given (caller-owned, rows * cols BF16 values and one float).
+  // Reports the operand to the hook unless `report_now` is false.
+  DevOperand prepare(const OperandPlan& p, const float* src, int64_t rows, int64_t cols, Slot& s,
+                     uint16_t* bf16_dst = nullptr, float* g_dst = nullptr, bool report_now = true) {
     const int64_t n = rows * cols;
     const float* cur = src;
     auto to_work = [&] {
@@ -140,10 +156,15 @@ struct CudaLinear::Impl {
       to_work();
       cuda::fake_quantize_device(*p.pre, s.work.data(), rows, cols, p.pre_stream, qws, kStream);
     }
-    // The RHT's output amax feeds the quantizer's tensor-amax scale directly when
-    // nothing transforms the tensor in between (a quantizer-level RHT would).
-    const bool amax_from_rht = p.rht && p.quantizer && bf16_exact(*p.quantizer);
-    if (p.rht) {
+    const bool exact = p.quantizer && bf16_exact(*p.quantizer);
+    // The wgrad RHT runs along columns (chunks of 16 rows): with [16,1] blocks
+    // it is the quantizer's own RHT (the same chunks, sim's rht16_forward, the
+    // same signs), fused into the column kernel, whose amax pass transforms too.
+    const bool rht_in_quantizer = p.rht && exact && p.quantizer->block_rows == 16 && p.quantizer->block_cols == 1;
+    // Otherwise the RHT's output amax feeds the quantizer's tensor-amax scale
+    // directly when nothing transforms the tensor in between.
+    const bool amax_from_rht = p.rht && exact && !rht_in_quantizer;
+    if (p.rht && !rht_in_quantizer) {
       // Out of place from the source (no copy first), in place after `pre`.
       ensure(s.work, n);
       cuda::rht_forward_device(cur, s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream,
@@ -151,23 +172,32 @@ struct CudaLinear::Impl {
       cur = s.work.data();
     }
     DevOperand o;
-    if (p.quantizer) {
-      if (bf16_exact(*p.quantizer)) {
+    if (exact) {
+      if (bf16_dst == nullptr) {
         ensure(s.h, n);
-        ensure(s.g, 1);
-        cuda::QuantOutputs q;
-        q.dequant_bf16 = s.h.data();
-        q.bf16_gemm_operand = true;
-        q.global_decode = s.g.data();
-        cuda::quantize_device(*p.quantizer, cur, cuda::InputType::f32, rows, cols, p.stream, q, qws, kStream,
-                              cuda::QuantPath::automatic, amax_from_rht ? s.amax.data() : nullptr);
-        o.bf16 = s.h.data();
-        o.g = s.g.data();
-      } else {
-        to_work();
-        cuda::fake_quantize_device(*p.quantizer, s.work.data(), rows, cols, p.stream, qws, kStream);
-        o.f32 = s.work.data();
+        bf16_dst = s.h.data();
       }
+      if (g_dst == nullptr) {
+        ensure(s.g, 1);
+        g_dst = s.g.data();
+      }
+      QuantizerSpec q = *p.quantizer;
+      if (rht_in_quantizer) {
+        q.rht = true;
+        q.rht_seed = p.rht_seed;  // quantize_device refuses rows % 16 != 0 with the plan RHT's message
+      }
+      cuda::QuantOutputs out;
+      out.dequant_bf16 = bf16_dst;
+      out.bf16_gemm_operand = true;
+      out.global_decode = g_dst;
+      cuda::quantize_device(q, cur, cuda::InputType::f32, rows, cols, p.stream, out, qws, kStream,
+                            cuda::QuantPath::automatic, amax_from_rht ? s.amax.data() : nullptr);
+      o.bf16 = bf16_dst;
+      o.g = g_dst;
+    } else if (p.quantizer) {
+      to_work();
+      cuda::fake_quantize_device(*p.quantizer, s.work.data(), rows, cols, p.stream, qws, kStream);
+      o.f32 = s.work.data();
     } else if (p.round_bf16) {
       ensure(s.h, n);
       cuda::round_bf16_device(cur, n, s.h.data(), kStream);
@@ -175,7 +205,7 @@ struct CudaLinear::Impl {
     } else {
       o.f32 = cur;
     }
-    report(p.op, o, rows, cols);
+    if (report_now) report(p.op, o, rows, cols);
     return o;
   }
 
@@ -274,10 +304,16 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
     xo.bf16 = xh;
     im.report(Operand::fwd_x, xo, B, in);
   } else {
-    st->x = alloc(B, in);
-    if (B * in > 0)
-      check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
-            "CudaLinear::forward: saving x");
+    // A BF16 quantizer operand for wgrad (the quantized recipes) is computed
+    // after the forward GEMM from x and kept instead of a copy of x.
+    const OperandPlan& wx = plan.operand(Operand::wgrad_x);
+    st->wx_ready = wx.quantizer != nullptr && bf16_exact(*wx.quantizer);
+    if (!st->wx_ready) {
+      st->x = alloc(B, in);
+      if (B * in > 0)
+        check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+              "CudaLinear::forward: saving x");
+    }
     xo = im.prepare(plan.operand(Operand::fwd_x), x.data, B, in, im.slot[0]);
   }
 
@@ -286,6 +322,15 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
   im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
           0.0f);
   if (b != nullptr) cuda::add_bias_device(y.data, b, B, out, kStream);
+
+  if (st->wx_ready) {
+    // After the GEMM: the slots' scratch is free again (same stream, so in order).
+    st->wx_plan = plan.operand(Operand::wgrad_x);
+    st->wx = alloc(1, (B * in + 1) / 2);
+    st->wx_g = alloc(1, 1);
+    im.prepare(st->wx_plan, x.data, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data), st->wx_g.data,
+               /*report_now=*/false);
+  }
 
   if (plan.reuse_fwd_w && out * in > 0) {
     // Keep Q_fwd_w(W) for dgrad (the same bits it would compute again).
@@ -366,6 +411,14 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
     }
     if (st.x_bf16) {
       xo.bf16 = reinterpret_cast<const uint16_t*>(st.x.data);
+      im.report(Operand::wgrad_x, xo, B, in);
+    } else if (st.wx_ready) {
+      if (!same_plan(st.wx_plan, plan.operand(Operand::wgrad_x)))
+        throw Error(
+            "CudaLinear::backward: the wgrad x operand was computed in the forward with another plan (recipe, "
+            "seed, layer or step); backward must get the forward's LinearContext");
+      xo.bf16 = reinterpret_cast<const uint16_t*>(st.wx.data);
+      xo.g = st.wx_g.data;
       im.report(Operand::wgrad_x, xo, B, in);
     } else {
       xo = im.prepare(plan.operand(Operand::wgrad_x), st.x.data, B, in, im.slot[1]);

@@ -6,10 +6,12 @@
 
 #include <cuda_bf16.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "core/bits.hpp"
 #include "core/error.hpp"
 #include "cuda/quantize.hpp"
 #include "gpu_test_util.hpp"
@@ -260,6 +262,49 @@ TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs") {
         }
         CHECK_MESSAGE(bad == 0, n << " " << s.rows << "x" << s.cols);
         CHECK_MESSAGE(bad_op == 0, n << " " << s.rows << "x" << s.cols);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda quantize: one workspace for many NVFP4 tensors (the amax pass re-arms its global scale)") {
+  // The fused path's amax pass leaves the global scale to its grid's last block
+  // and resets a counter in the workspace: a stale counter or scale shows up
+  // as a wrong global decode scale or wrong codes in a later call.
+  FP4LAB_REQUIRE_GPU();
+  QuantWorkspace ws;
+  const QuantizerSpec row = quantizer_by_name("nvfp4");
+  QuantizerSpec col = row, col_rht = row;
+  col.block_rows = 16;
+  col.block_cols = 1;
+  col_rht = col;
+  col_rht.rht = true;
+  col_rht.rht_seed = 3;
+  col_rht.round = Round::rs;
+  int k = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    for (const QuantizerSpec* q : {&row, &col, &col_rht}) {
+      for (Size s : {Size{512, 768}, Size{16, 48}, Size{1024, 1040}, Size{32, 16}}) {
+        ++k;
+        auto x = test::varied_randn(s.rows, s.cols, 40u + uint32_t(k), 20);
+        const float mag = std::ldexp(1.0f, (k * 7) % 23 - 11);  // a different amax every call
+        for (float& v : x) v *= mag;
+        const int64_t n = s.rows * s.cols;
+        const RandomStream rs{9, uint64_t(k)};
+        const QuantizedTensor cpu = quantize(*q, MatrixView<const float>(x.data(), s.rows, s.cols), rs);
+        DeviceBuffer<float> dx, g(1);
+        dx.upload(x);
+        DeviceBuffer<uint8_t> codes(static_cast<size_t>(n));
+        QuantOutputs o;
+        o.codes = codes.data();
+        o.global_decode = g.data();
+        quantize_device(*q, dx.data(), InputType::f32, s.rows, s.cols, rs, o, ws, nullptr, QuantPath::fused);
+        check(cudaDeviceSynchronize(), "test");
+        CAPTURE(describe(*q));
+        CAPTURE(s.rows);
+        CAPTURE(s.cols);
+        CHECK(float_bits(g.download()[0]) == float_bits(cpu.global_decode));
+        CHECK(test::same_bytes("codes", codes.download(), cpu.codes));
       }
     }
   }

@@ -392,6 +392,24 @@ TEST_CASE("cuda linear: shape errors name the input") {
                        Error);
 }
 
+TEST_CASE("cuda linear: backward refuses a context other than the forward's when wgrad's x was computed early") {
+  FP4LAB_REQUIRE_GPU();
+  CudaLinear lin;
+  const Recipe r = recipe_by_name("nvfp4");  // wgrad_x: RHT + NVFP4 [16,1], a BF16 operand made in the forward
+  const Inputs t = make_inputs({32, 48, 16}, 77);
+  Tensor x = dev_upload(t.x, t.B, t.in), w = dev_upload(t.w, t.out, t.in), dy = dev_upload(t.dy, t.B, t.out);
+  Tensor dw = dev_upload(t.dw0, t.out, t.in), y, dx;
+  LinearContext ctx{&r, 1, 2, 3, "blocks.0.mlp.fc"};
+  std::unique_ptr<LinearState> st;
+  lin.forward(ctx, x, w, nullptr, y, st, kAlloc);
+  LinearContext later = ctx;
+  later.step = 4;  // another stochastic stream for wgrad's x
+  CHECK_THROWS_WITH_AS(lin.backward(later, *st, w, dy, dx, dw, nullptr, kAlloc),
+                       doctest::Contains("forward's LinearContext"), Error);
+  CHECK_NOTHROW(lin.backward(ctx, *st, w, dy, dx, dw, nullptr, kAlloc));
+  cuda::check(cudaDeviceSynchronize(), "test sync");
+}
+
 }  // namespace fp4lab::train
 
 #endif  // FP4LAB_WITH_CUDA
