@@ -283,7 +283,8 @@ TEST_CASE("cuda quantize: one workspace for many NVFP4 tensors (the amax pass re
   col_rht.round = Round::rs;
   int k = 0;
   for (int rep = 0; rep < 2; ++rep) {
-    for (const QuantizerSpec* q : {&row, static_cast<const QuantizerSpec*>(&col), &col_rht}) {
+    const QuantizerSpec* specs[] = {&row, &col, &col_rht};
+    for (const QuantizerSpec* q : specs) {
       for (Size s : {Size{512, 768}, Size{16, 48}, Size{1024, 1040}, Size{32, 16}}) {
         ++k;
         auto x = test::varied_randn(s.rows, s.cols, 40u + uint32_t(k), 20);
