@@ -280,14 +280,19 @@ FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) 
   // Subnormal target (also for subnormal inputs: their stored significand, exponent field 1).
   const uint32_t exp_field = a >> 23;
   const uint32_t exp_eff = exp_field | uint32_t(exp_field == 0);
-  const uint64_t sig = uint64_t((a & 0x7FFFFFu) | (uint32_t(exp_field != 0) << 23));
+  const uint32_t sig = (a & 0x7FFFFFu) | (uint32_t(exp_field != 0) << 23);
   int d = s0 - int(exp_eff);  // >= 1 wherever this branch is selected
   d = d < 1 ? 1 : (d > 63 ? 63 : d);
-  const uint32_t q = uint32_t(sig >> d);  // sig < 2^24, so d >= 24 gives 0
-  const uint64_t frac32 = ((sig << 32) >> d) & 0xFFFFFFFFu;
-  const int up = d >= 32 ? 0 : 32 - d;
-  const uint64_t r32 = uint64_t(uint32_t(uint64_t(rbits) << up));
-  const uint32_t subnormal = q + uint32_t((frac32 + r32) >> 32);
+  // In 32-bit operations (every shift count below is in [0, 31]):
+  //   d < 32:  q = sig >> d, frac32 = sig << (32 - d) (mod 2^32), r32 = rbits << (32 - d);
+  //   d >= 32: q = 0 (sig < 2^24), frac32 = sig >> (d - 32), r32 = rbits;
+  // and the carry of frac32 + r32 out of 32 bits rounds up.
+  const bool far = d >= 32;
+  const int dl = d & 31, up = (32 - dl) & 31;
+  const uint32_t q = far ? 0u : sig >> dl;
+  const uint32_t frac32 = far ? sig >> dl : sig << up;
+  const uint32_t r32 = far ? rbits : rbits << up;
+  const uint32_t subnormal = q + uint32_t(frac32 + r32 < frac32);
   const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
   const uint32_t mag = (subnormal & sub_mask) | (normal & ~sub_mask);
   return detail::fast_code<F>(a, sign, mag, o);

@@ -25,10 +25,17 @@ FP4LAB_HD constexpr Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1)
   constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
   constexpr uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
+#if defined(__CUDA_ARCH__)
+    // The same products as the 64-bit form below, in 32-bit operations (NVVM
+    // keeps the 64-bit form's XORs and multiplies 64 bits wide).
+    const uint32_t hi0 = __umulhi(M0, ctr.v[0]), lo0 = M0 * ctr.v[0];
+    const uint32_t hi1 = __umulhi(M1, ctr.v[2]), lo1 = M1 * ctr.v[2];
+#else
     const uint64_t p0 = uint64_t(M0) * ctr.v[0];
     const uint64_t p1 = uint64_t(M1) * ctr.v[2];
     const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
     const uint32_t hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
+#endif
     ctr = Philox4{{hi1 ^ ctr.v[1] ^ k0, lo1, hi0 ^ ctr.v[3] ^ k1, lo0}};
     k0 += W0;
     k1 += W1;
