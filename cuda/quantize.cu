@@ -243,14 +243,42 @@ void tensor_amax_pass(const void* x, InputType type, int64_t n, uint32_t* amax_b
   check_launch("amax_kernel");
 }
 
-// The AmaxFinish of a fused quantization's amax pass: NvGlobal into ws.global.
-AmaxFinish finish_into(const KParams& p, QuantWorkspace& ws, cudaStream_t stream) {
-  ws.global.resize(std::max<size_t>(ws.global.size(), 3));
+// The AmaxFinish of a fused quantization's amax pass: NvGlobal into
+// ws.global[3 * slot .. 3 * slot + 2] (slot 0, or 1 for quantize_dual's second).
+AmaxFinish finish_into(const KParams& p, QuantWorkspace& ws, cudaStream_t stream, int slot = 0) {
+  ws.global.resize(std::max<size_t>(ws.global.size(), 6));
   if (ws.done.size() == 0) {
     ws.done.resize(1);
     check(cudaMemsetAsync(ws.done.data(), 0, sizeof(uint32_t), stream), "cudaMemsetAsync(amax counter)");
   }
-  return AmaxFinish{p.elem, p.sfmt, ws.global.data(), ws.done.data()};
+  return AmaxFinish{p.elem, p.sfmt, ws.global.data() + 3 * slot, ws.done.data()};
+}
+
+// The kernels' parameters of quantizer q on x [rows, cols] (no workspace yet).
+KParams make_params(const QuantizerSpec& q, const void* x, int64_t rows, int64_t cols, RandomStream rs,
+                    const QuantOutputs& out) {
+  const BlockGrid grid = block_grid(q, rows, cols);
+  KParams p{};
+  p.elem = *q.element;
+  p.sfmt = *q.scale;
+  p.rule = q.scale_rule;
+  p.round = q.round;
+  p.overflow = q.overflow;
+  p.global = q.global_scale == GlobalScale::tensor_amax;
+  p.rows = rows;
+  p.cols = cols;
+  p.nbc = grid.nbc;
+  p.br = grid.br;
+  p.bc = grid.bc;
+  p.x = x;
+  p.seed = rs.seed;
+  p.stream = rs.stream;
+  if (q.rht) {
+    const std::array<float, 16> s = rht_signs(q.rht_seed);
+    std::copy(s.begin(), s.end(), p.signs);
+  }
+  p.out = out;
+  return p;
 }
 
 }  // namespace
@@ -286,26 +314,7 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
 
   const BlockGrid grid = block_grid(q, rows, cols);
   const int64_t nblocks = grid.nbr * grid.nbc;
-  KParams p{};
-  p.elem = *q.element;
-  p.sfmt = *q.scale;
-  p.rule = q.scale_rule;
-  p.round = q.round;
-  p.overflow = q.overflow;
-  p.global = q.global_scale == GlobalScale::tensor_amax;
-  p.rows = rows;
-  p.cols = cols;
-  p.nbc = grid.nbc;
-  p.br = grid.br;
-  p.bc = grid.bc;
-  p.x = x;
-  p.seed = rs.seed;
-  p.stream = rs.stream;
-  if (q.rht) {
-    const std::array<float, 16> s = rht_signs(q.rht_seed);
-    std::copy(s.begin(), s.end(), p.signs);
-  }
-  p.out = out;
+  KParams p = make_params(q, x, rows, cols, rs, out);
   ws.amax.resize(std::max<size_t>(ws.amax.size(), size_t(1 + (fused ? 0 : nblocks))));
   p.gamax = ws.amax.data();
   if (rows == 0 || cols == 0) return;
@@ -314,7 +323,7 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
     const bool need_amax = q.scale_rule == ScaleRule::nv && p.global;
     if (need_amax && tensor_amax_bits) {
       p.gamax = const_cast<uint32_t*>(tensor_amax_bits);  // only read by the quantize pass
-      ws.global.resize(std::max<size_t>(ws.global.size(), 3));
+      ws.global.resize(std::max<size_t>(ws.global.size(), 6));
       nv_global_kernel<<<1, 1, 0, stream>>>(p, ws.global.data());
       check_launch("nv_global_kernel");
     } else if (need_amax) {
@@ -371,6 +380,48 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   else
     generic_element_kernel<float><<<grid_for(threads), kThreads, 0, stream>>>(p);
   check_launch("generic_element_kernel");
+}
+
+bool dual_supported(const QuantizerSpec& row_q, const QuantizerSpec& col_q, int64_t rows, int64_t cols) {
+  auto nvfp4 = [](const QuantizerSpec& q) {
+    return qk::kind_of(q) == 1 && q.scale_rule == ScaleRule::nv && (q.round == Round::rn || q.round == Round::rs);
+  };
+  return nvfp4(row_q) && nvfp4(col_q) && row_q.block_rows == 1 && row_q.block_cols == 16 && !row_q.rht &&
+         col_q.block_rows == 16 && col_q.block_cols == 1 && rows % 16 == 0 && cols % 16 == 0;
+}
+
+void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const QuantOutputs& row_out,
+                          const QuantizerSpec& col_q, RandomStream col_rs, const QuantOutputs& col_out, const void* x,
+                          InputType type, int64_t rows, int64_t cols, QuantWorkspace& ws, cudaStream_t stream) {
+  validate(row_q, "quantize_dual (cuda), row quantizer");
+  validate(col_q, "quantize_dual (cuda), column quantizer");
+  if (rows < 0 || cols < 0) throw Error("quantize_dual (cuda): negative shape");
+  if (!dual_supported(row_q, col_q, rows, cols))
+    throw Error(
+        "quantize_dual (cuda): needs NVFP4-kind quantizers (e2m1 elements, ue4m3 scales, nv rule, rn or rs) with "
+        "blocks [1,16] (no RHT) and [16,1] (RHT allowed) on a tensor whose sides are multiples of 16; got " +
+        describe(row_q) + " and " + describe(col_q) + " on [" + std::to_string(rows) + ", " + std::to_string(cols) +
+        "]");
+  KParams pr = make_params(row_q, x, rows, cols, row_rs, row_out);
+  KParams pc = make_params(col_q, x, rows, cols, col_rs, col_out);
+  ws.amax.resize(std::max<size_t>(ws.amax.size(), 2));
+  pr.gamax = ws.amax.data();
+  pc.gamax = ws.amax.data() + 1;
+  if (rows == 0 || cols == 0) return;
+  const bool need_r = row_q.global_scale == GlobalScale::tensor_amax;
+  const bool need_c = col_q.global_scale == GlobalScale::tensor_amax;
+  if (need_r || need_c) {
+    // One pass for both amaxes (the column operand's of its RHT output); its
+    // last block computes both global scales.
+    check(cudaMemsetAsync(ws.amax.data(), 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
+    KParams ar = pr, ac = pc;
+    if (need_r) ar.fin = finish_into(pr, ws, stream, 0);
+    if (need_c) ac.fin = finish_into(pc, ws, stream, 1);
+    qk::launch_dual(ar, ac, col_q.rht, type, true, stream);
+    if (need_r) pr.gparams = ws.global.data();
+    if (need_c) pc.gparams = ws.global.data() + 3;
+  }
+  qk::launch_dual(pr, pc, col_q.rht, type, false, stream);
 }
 
 void fake_quantize_device(const QuantizerSpec& q, float* x, int64_t rows, int64_t cols, RandomStream rs,

@@ -65,10 +65,10 @@ struct QuantOutputs {
 
 // Scratch memory reused between calls (the tensor amax and block amaxes).
 struct QuantWorkspace {
-  DeviceBuffer<uint32_t> amax;  // [1 + nbr*nbc]: tensor amax bits, then block amax bits (generic)
+  DeviceBuffer<uint32_t> amax;  // [1 + nbr*nbc]: tensor amax bits, then block amax bits (generic); dual: [2]
   DeviceBuffer<float> mult;     // [nbr*nbc] generic path: element multiplier per block
   DeviceBuffer<float> scale;    // [nbr*nbc] generic path: decoded scale per block
-  DeviceBuffer<float> global;   // [3] NvGlobal of the tensor amax (fused path)
+  DeviceBuffer<float> global;   // [6] NvGlobal of the tensor amax (fused path; dual: [3..5] the second's)
   DeviceBuffer<uint32_t> done;  // [1] block counter of the amax pass (zero between passes)
 };
 
@@ -86,6 +86,23 @@ bool fused_supported(const QuantizerSpec& q);
 void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols, RandomStream rs,
                      const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream = nullptr,
                      QuantPath path = QuantPath::automatic, const uint32_t* tensor_amax_bits = nullptr);
+
+// Two quantizations of one tensor in one pass over it: row_q with blocks
+// [1,16] and col_q with blocks [16,1] (with col_q.rht, the RHT down each
+// column first, as quantize_device does), each with its own random stream and
+// outputs; every output is bit-identical to quantize_device(row_q, ...) and
+// quantize_device(col_q, ...). The trainer's forward x / wgrad x and dgrad dy /
+// wgrad dy operands of NVIDIA's NVFP4 recipe. When either rule needs the tensor
+// amax, one pre-pass reads x once for both (two passes in all, instead of four).
+// Supported (dual_supported): both quantizers NVFP4-kind (e2m1 elements, ue4m3
+// scales, nv rule, with or without the per-tensor scale), rounding rn or rs,
+// rows % 16 == 0 and cols % 16 == 0; otherwise quantize_dual_device throws
+// fp4lab::Error naming both specs and the shape.
+bool dual_supported(const QuantizerSpec& row_q, const QuantizerSpec& col_q, int64_t rows, int64_t cols);
+void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const QuantOutputs& row_out,
+                          const QuantizerSpec& col_q, RandomStream col_rs, const QuantOutputs& col_out, const void* x,
+                          InputType type, int64_t rows, int64_t cols, QuantWorkspace& ws,
+                          cudaStream_t stream = nullptr);
 
 // Host convenience for tests and tools: uploads x, quantizes on the GPU and
 // returns the same struct as sim's quantize() (codes one per byte).

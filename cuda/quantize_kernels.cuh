@@ -61,12 +61,23 @@ __device__ __forceinline__ void amax_warp_commit(uint32_t m, uint32_t* gamax) {
   }
 }
 
+// nv_global() of the final amax bits at *gamax (read at L2) into fin.out.
+__device__ __forceinline__ void store_nv_global(const AmaxFinish& fin, uint32_t* gamax) {
+  const uint32_t a = atomicOr(gamax, 0u);
+  const NvGlobal g = nv_global(bits_float(a), max_finite(fin.sfmt), max_finite(fin.elem));
+  fin.out[0] = g.g_enc;
+  fin.out[1] = g.g_dec;
+  fin.out[2] = g.mult;
+}
+
 // Every thread of every block calls this after amax_warp_commit. With fin.out
 // set, the grid's last block to arrive computes nv_global() of the final
 // amax (what nv_global_kernel computes from it; sim/scale_rules.hpp) into
-// fin.out and re-arms the counter: the quantization pass then reads the
+// fin.out, and the same for a second amax (fin2, of a pass computing two),
+// then re-arms the counter fin.done: the quantization pass then reads the
 // global scale without a launch in between.
-__device__ __forceinline__ void amax_pass_done(const AmaxFinish& fin, uint32_t* gamax) {
+__device__ __forceinline__ void amax_pass_done(const AmaxFinish& fin, uint32_t* gamax,
+                                               const AmaxFinish& fin2 = AmaxFinish{}, uint32_t* gamax2 = nullptr) {
   if (fin.out == nullptr) return;  // uniform across the grid
   __shared__ bool last;
   __syncthreads();
@@ -77,11 +88,8 @@ __device__ __forceinline__ void amax_pass_done(const AmaxFinish& fin, uint32_t* 
   __syncthreads();
   if (last && threadIdx.x == 0) {
     __threadfence();
-    const uint32_t a = atomicOr(gamax, 0u);  // the final value, read at L2
-    const NvGlobal g = nv_global(bits_float(a), max_finite(fin.sfmt), max_finite(fin.elem));
-    fin.out[0] = g.g_enc;
-    fin.out[1] = g.g_dec;
-    fin.out[2] = g.mult;
+    store_nv_global(fin, gamax);
+    if (fin2.out) store_nv_global(fin2, gamax2);
     *fin.done = 0;
   }
 }
@@ -513,5 +521,9 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
 // amax_only: only atomicMax the (RHT-transformed) tensor amax into *p.gamax.
 void launch_rows(const KParams& p, int bc, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st);
 void launch_cols(const KParams& p, int br, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st);
+// quantize_dual.cu: pr ([1,16] blocks) and pc ([16,1] blocks, RHT when rht)
+// of the same input in one pass; amax_only: both tensor amaxes (pc's of the
+// RHT output) into pr.gamax / pc.gamax, finished by pr.fin / pc.fin.
+void launch_dual(const KParams& pr, const KParams& pc, bool rht, InputType in, bool amax_only, cudaStream_t st);
 
 }  // namespace fp4lab::cuda::qk

@@ -32,6 +32,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <optional>
 #include <string>
 
 #include "core/error.hpp"
@@ -62,6 +63,33 @@ bool bf16_exact(const QuantizerSpec& q) {
       e == &float4_e2m1fn || e == &float6_e2m3fn || e == &float6_e3m2fn || e == &float8_e4m3fn || e == &float8_e5m2;
   const bool scale = q.scale == &float8_e8m0fnu || q.scale == &ufloat8_e4m3;
   return element && scale && !q.rht;
+}
+
+// The wgrad RHT runs along columns (chunks of 16 rows): with [16,1] blocks it
+// is the quantizer's own RHT (the same chunks, sim's rht16_forward, the same
+// signs), fused into the quantization kernels, whose amax pass transforms too.
+bool rht_foldable(const OperandPlan& p) {
+  return p.rht && p.quantizer && bf16_exact(*p.quantizer) && p.quantizer->block_rows == 16 &&
+         p.quantizer->block_cols == 1;
+}
+
+// The one quantizer spec equivalent to plan p (its RHT folded in), when p is a
+// BF16-exact quantization of its source with nothing else before it.
+std::optional<QuantizerSpec> single_quantizer(const OperandPlan& p) {
+  if (!p.quantizer || !bf16_exact(*p.quantizer) || p.pre || (p.rht && !rht_foldable(p))) return std::nullopt;
+  QuantizerSpec q = *p.quantizer;
+  if (p.rht) {
+    q.rht = true;
+    q.rht_seed = p.rht_seed;
+  }
+  return q;
+}
+
+// True when plans a and b of one [rows, cols] source can be made in one
+// quantize_dual_device pass (a: blocks [1,16], b: [16,1]).
+bool pair_supported(const OperandPlan& a, const OperandPlan& b, int64_t rows, int64_t cols) {
+  const std::optional<QuantizerSpec> qa = single_quantizer(a), qb = single_quantizer(b);
+  return qa && qb && cuda::dual_supported(*qa, *qb, rows, cols);
 }
 
 template <class T>
@@ -131,6 +159,8 @@ struct CudaLinear::Impl {
   cuda::Blas blas{kStream};
   cuda::QuantWorkspace qws;
   Slot slot[2];
+  DeviceBuffer<uint16_t> dy_cols_h;  // backward: wgrad's dy operand when made together with dgrad's
+  DeviceBuffer<float> dy_cols_g{1};
   DeviceBuffer<float> alpha_beta{2};
   DeviceBuffer<float> hook_buf;
   DeviceBuffer<double> colsum;
@@ -157,10 +187,7 @@ struct CudaLinear::Impl {
       cuda::fake_quantize_device(*p.pre, s.work.data(), rows, cols, p.pre_stream, qws, kStream);
     }
     const bool exact = p.quantizer && bf16_exact(*p.quantizer);
-    // The wgrad RHT runs along columns (chunks of 16 rows): with [16,1] blocks
-    // it is the quantizer's own RHT (the same chunks, sim's rht16_forward, the
-    // same signs), fused into the column kernel, whose amax pass transforms too.
-    const bool rht_in_quantizer = p.rht && exact && p.quantizer->block_rows == 16 && p.quantizer->block_cols == 1;
+    const bool rht_in_quantizer = rht_foldable(p);  // see rht_foldable
     // Otherwise the RHT's output amax feeds the quantizer's tensor-amax scale
     // directly when nothing transforms the tensor in between.
     const bool amax_from_rht = p.rht && exact && !rht_in_quantizer;
@@ -207,6 +234,30 @@ struct CudaLinear::Impl {
     }
     if (report_now) report(p.op, o, rows, cols);
     return o;
+  }
+
+  // Plans a and b of one source [rows, cols] in one pass (quantize_dual_device),
+  // when both are single quantizers (single_quantizer) that it supports: a's
+  // blocks [1,16], b's [16,1]. a goes to slot sa, b to b_h / b_g (rows * cols
+  // BF16 values and one float). Returns false, doing nothing, otherwise.
+  // Reports neither operand.
+  bool prepare_pair(const OperandPlan& a, const OperandPlan& b, const float* src, int64_t rows, int64_t cols, Slot& sa,
+                    DevOperand& oa, uint16_t* b_h, float* b_g, DevOperand& ob) {
+    if (!pair_supported(a, b, rows, cols)) return false;
+    const std::optional<QuantizerSpec> qa = single_quantizer(a), qb = single_quantizer(b);
+    ensure(sa.h, rows * cols);
+    ensure(sa.g, 1);
+    cuda::QuantOutputs out_a, out_b;
+    out_a.dequant_bf16 = sa.h.data();
+    out_a.global_decode = sa.g.data();
+    out_b.dequant_bf16 = b_h;
+    out_b.global_decode = b_g;
+    out_a.bf16_gemm_operand = out_b.bf16_gemm_operand = true;
+    cuda::quantize_dual_device(*qa, a.stream, out_a, *qb, b.stream, out_b, src, cuda::InputType::f32, rows, cols, qws,
+                               kStream);
+    oa = DevOperand{nullptr, sa.h.data(), sa.g.data()};
+    ob = DevOperand{nullptr, b_h, b_g};
+    return true;
   }
 
   // The FP32 value of a BF16 operand (into s.expand), or the FP32 operand itself.
@@ -294,6 +345,7 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
   st->batch = B;
   st->in = in;
   DevOperand xo;
+  bool wx_made = false;  // the wgrad x operand is made (st->wx_ready)
   if (bf16_rounding_only(plan.operand(Operand::fwd_x)) && bf16_rounding_only(plan.operand(Operand::wgrad_x))) {
     // Backward needs only the BF16 rounding of x: keep that (half the bytes
     // of the FP32 copy, and wgrad does not round x again).
@@ -304,17 +356,31 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
     xo.bf16 = xh;
     im.report(Operand::fwd_x, xo, B, in);
   } else {
-    // A BF16 quantizer operand for wgrad (the quantized recipes) is computed
-    // after the forward GEMM from x and kept instead of a copy of x.
+    // A BF16 quantizer operand for wgrad (the quantized recipes) is made in
+    // the forward from x and kept instead of a copy of x: together with the
+    // forward's operand in one pass where quantize_dual_device applies, else
+    // after the forward GEMM.
+    const OperandPlan& fx = plan.operand(Operand::fwd_x);
     const OperandPlan& wx = plan.operand(Operand::wgrad_x);
     st->wx_ready = wx.quantizer != nullptr && bf16_exact(*wx.quantizer);
-    if (!st->wx_ready) {
+    if (st->wx_ready) {
+      st->wx_plan = wx;
+      st->wx = alloc(1, (B * in + 1) / 2);
+      st->wx_g = alloc(1, 1);
+      DevOperand wxo;
+      wx_made = im.prepare_pair(fx, wx, x.data, B, in, im.slot[0], xo, reinterpret_cast<uint16_t*>(st->wx.data),
+                                st->wx_g.data, wxo);
+    } else {
       st->x = alloc(B, in);
       if (B * in > 0)
         check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
               "CudaLinear::forward: saving x");
     }
-    xo = im.prepare(plan.operand(Operand::fwd_x), x.data, B, in, im.slot[0]);
+    if (wx_made) {
+      im.report(Operand::fwd_x, xo, B, in);
+    } else {
+      xo = im.prepare(fx, x.data, B, in, im.slot[0]);
+    }
   }
 
   // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
@@ -323,11 +389,8 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
           0.0f);
   if (b != nullptr) cuda::add_bias_device(y.data, b, B, out, kStream);
 
-  if (st->wx_ready) {
+  if (st->wx_ready && !wx_made) {
     // After the GEMM: the slots' scratch is free again (same stream, so in order).
-    st->wx_plan = plan.operand(Operand::wgrad_x);
-    st->wx = alloc(1, (B * in + 1) / 2);
-    st->wx_g = alloc(1, 1);
     im.prepare(st->wx_plan, x.data, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data), st->wx_g.data,
                /*report_now=*/false);
   }
@@ -381,7 +444,19 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   // is not written in between: the dgrad GEMM of two BF16 operands expands nothing).
   const bool dy_shared = bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
                          bf16_rounding_only(plan.operand(Operand::wgrad_grad_y));
-  const DevOperand dy_op = im.prepare(plan.operand(Operand::dgrad_grad_y), dy.data, B, out, im.slot[0]);
+  // Otherwise both dy operands in one pass where quantize_dual_device applies.
+  DevOperand dy_op, dy_wgrad;
+  bool dy_pair = false;
+  if (!dy_shared && pair_supported(plan.operand(Operand::dgrad_grad_y), plan.operand(Operand::wgrad_grad_y), B, out)) {
+    ensure(im.dy_cols_h, B * out);
+    dy_pair = im.prepare_pair(plan.operand(Operand::dgrad_grad_y), plan.operand(Operand::wgrad_grad_y), dy.data, B, out,
+                              im.slot[0], dy_op, im.dy_cols_h.data(), im.dy_cols_g.data(), dy_wgrad);
+  }
+  if (dy_pair) {
+    im.report(Operand::dgrad_grad_y, dy_op, B, out);
+  } else {
+    dy_op = im.prepare(plan.operand(Operand::dgrad_grad_y), dy.data, B, out, im.slot[0]);
+  }
   {
     const DevOperand& go = dy_op;
     DevOperand wo;
@@ -405,6 +480,9 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
     DevOperand go, xo;
     if (dy_shared && dy_op.is_bf16()) {
       go = dy_op;
+      im.report(Operand::wgrad_grad_y, go, B, out);
+    } else if (dy_pair) {
+      go = dy_wgrad;
       im.report(Operand::wgrad_grad_y, go, B, out);
     } else {
       go = im.prepare(plan.operand(Operand::wgrad_grad_y), dy.data, B, out, im.slot[0]);

@@ -311,6 +311,137 @@ TEST_CASE("cuda quantize: one workspace for many NVFP4 tensors (the amax pass re
   }
 }
 
+namespace {
+
+// quantize_dual_device's outputs for one operand, downloaded as a QuantizedTensor.
+struct DualOut {
+  DeviceBuffer<uint8_t> codes, scodes;
+  DeviceBuffer<float> scales, dq, g;
+  DeviceBuffer<uint16_t> op16;
+  DualOut(const QuantizerSpec& q, int64_t rows, int64_t cols)
+      : codes(size_t(rows * cols)),
+        scodes(size_t(rows * cols / 16)),
+        scales(size_t(rows * cols / 16)),
+        dq(size_t(rows * cols)),
+        g(1),
+        op16(size_t(rows * cols)) {
+    (void)q;
+    codes.fill_bytes(0xA5);
+    scodes.fill_bytes(0xA5);
+    scales.fill_bytes(0xA5);
+    dq.fill_bytes(0xA5);
+    g.fill_bytes(0xA5);
+  }
+  QuantOutputs outputs() {
+    QuantOutputs o;
+    o.codes = codes.data();
+    o.scale_codes = scodes.data();
+    o.scales = scales.data();
+    o.dequant = dq.data();
+    o.global_decode = g.data();
+    return o;
+  }
+  QuantizedTensor get(const QuantizerSpec& q, int64_t rows, int64_t cols) const {
+    QuantizedTensor t;
+    t.spec = q;
+    t.rows = rows;
+    t.cols = cols;
+    scale_grid(q, rows, cols, t.scale_rows, t.scale_cols);
+    t.codes = codes.download();
+    t.scale_codes = scodes.download();
+    t.scales = scales.download();
+    t.dequant = dq.download();
+    t.global_decode = g.download()[0];
+    return t;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit for bit") {
+  FP4LAB_REQUIRE_GPU();
+  const QuantizerSpec nv = quantizer_by_name("nvfp4");
+  QuantWorkspace ws;
+  int k = 0;
+  for (Size s : {Size{16, 16}, Size{48, 32}, Size{256, 1152}, Size{1040, 400}}) {
+    for (bool rht : {false, true}) {
+      for (Round rr : {Round::rn, Round::rs}) {
+        for (Round rc : {Round::rn, Round::rs}) {
+          for (bool global : {true, false}) {
+            ++k;
+            QuantizerSpec qr = nv, qc = nv;
+            qr.round = rr;
+            qc.round = rc;
+            qc.block_rows = 16;
+            qc.block_cols = 1;
+            qc.rht = rht;
+            qc.rht_seed = 5 + uint64_t(k);
+            if (!global) qr.global_scale = qc.global_scale = GlobalScale::none;
+            REQUIRE(dual_supported(qr, qc, s.rows, s.cols));
+            const bool bf16 = (k % 3) == 0;
+            auto x = test::varied_randn(s.rows, s.cols, 700u + uint32_t(k), 20);
+            if (bf16)
+              for (float& v : x) v = bits_float(float_bits(v) & 0xFFFF0000u);
+            const RandomStream rsr{11, uint64_t(2 * k)}, rsc{11, uint64_t(2 * k + 1)};
+            const MatrixView<const float> view(x.data(), s.rows, s.cols);
+            const QuantizedTensor cr = quantize(qr, view, rsr), cc = quantize(qc, view, rsc);
+            DeviceBuffer<float> d32;
+            DeviceBuffer<uint16_t> d16;
+            const void* dx;
+            if (bf16) {
+              std::vector<uint16_t> h(x.size());
+              for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(float_bits(x[i]) >> 16);
+              d16.upload(h);
+              dx = d16.data();
+            } else {
+              d32.upload(x);
+              dx = d32.data();
+            }
+            DualOut orow(qr, s.rows, s.cols), ocol(qc, s.rows, s.cols);
+            quantize_dual_device(qr, rsr, orow.outputs(), qc, rsc, ocol.outputs(), dx,
+                                 bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, ws);
+            check(cudaDeviceSynchronize(), "test");
+            CAPTURE(s.rows);
+            CAPTURE(s.cols);
+            CAPTURE(describe(qr));
+            CAPTURE(describe(qc));
+            CAPTURE(bf16);
+            CHECK(test::same_quantized(orow.get(qr, s.rows, s.cols), cr, x));
+            CHECK(test::same_quantized(ocol.get(qc, s.rows, s.cols), cc, x));
+            // The trainer's form: BF16 GEMM operands, against quantize_device's.
+            QuantOutputs a, b, ea, eb;
+            a.dequant_bf16 = orow.op16.data();
+            b.dequant_bf16 = ocol.op16.data();
+            a.bf16_gemm_operand = b.bf16_gemm_operand = true;
+            DeviceBuffer<uint16_t> want_r(size_t(s.rows * s.cols)), want_c(size_t(s.rows * s.cols));
+            ea.dequant_bf16 = want_r.data();
+            eb.dequant_bf16 = want_c.data();
+            ea.bf16_gemm_operand = eb.bf16_gemm_operand = true;
+            quantize_dual_device(qr, rsr, a, qc, rsc, b, dx, bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols,
+                                 ws);
+            QuantWorkspace ws2;
+            quantize_device(qr, dx, bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, rsr, ea, ws2);
+            quantize_device(qc, dx, bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, rsc, eb, ws2);
+            check(cudaDeviceSynchronize(), "test");
+            CHECK(orow.op16.download() == want_r.download());
+            CHECK(ocol.op16.download() == want_c.download());
+          }
+        }
+      }
+    }
+  }
+  // What it refuses.
+  QuantizerSpec qc = nv;
+  qc.block_rows = 16;
+  qc.block_cols = 1;
+  CHECK_FALSE(dual_supported(nv, qc, 32, 24));
+  CHECK_FALSE(dual_supported(nv, quantizer_by_name("mxfp4"), 32, 32));
+  CHECK_FALSE(dual_supported(qc, nv, 32, 32));
+  DeviceBuffer<float> d(32 * 24);
+  CHECK_THROWS_WITH_AS(quantize_dual_device(nv, {}, {}, qc, {}, {}, d.data(), InputType::f32, 32, 24, ws),
+                       doctest::Contains("multiples of 16"), Error);
+}
+
 TEST_CASE("cuda quantize: path and argument errors") {
   FP4LAB_REQUIRE_GPU();
   std::vector<float> x(64, 1.0f);

@@ -1,0 +1,190 @@
+// Two NVFP4 quantizations of one tensor in one pass (quantize.hpp,
+// quantize_dual_device): row blocks [1,16] (pr) and column blocks [16,1] (pc,
+// optionally after the RHT down each column), the two operands the trainer
+// makes of x (forward, wgrad) and of dy (dgrad, wgrad). One thread per strip
+// of 16 rows x 4 consecutive columns, as quantize_cols.cu; a row block's 16
+// columns are the strips of 4 adjacent lanes (cols % 16 == 0, so lane % 4 ==
+// strip column % 4), whose amaxes meet through two shuffles. Every numeric step
+// is the single-quantizer kernels' (quantize_kernels.cuh), so each output is
+// bit-identical to quantize_device's for the same spec.
+#include "cuda/quantize_kernels.cuh"
+
+#include "cuda/device.hpp"
+
+namespace fp4lab::cuda::qk {
+namespace {
+
+template <class In, bool RHT, bool AMAX_ONLY>
+__global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
+  constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t ngroups = pr.cols / 4, nstrips = pr.rows / 16;  // both multiples of 16 (host)
+  const bool ok = t < nstrips * ngroups;
+  int64_t i = 0, jg = 0;
+  if (ok) {
+    if (nstrips * ngroups < (int64_t(1) << 32)) {
+      i = uint32_t(t) / uint32_t(ngroups);
+    } else {
+      i = t / ngroups;
+    }
+    jg = t - i * ngroups;
+  }
+  const int64_t r0 = i * 16, c0 = jg * 4;
+  float v[16][4];
+#pragma unroll
+  for (int rr = 0; rr < 16; ++rr) load_n<In, 4>(pr.x, (r0 + rr) * pr.cols + c0, ok ? 4 : 0, v[rr]);
+
+  if constexpr (AMAX_ONLY) {
+    uint32_t mr = 0;
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr)
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) mr = umax(mr, abs_bits(v[rr][cc]));
+    uint32_t mc = mr;
+    if constexpr (RHT) {
+      mc = 0;
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        float col[16];
+#pragma unroll
+        for (int rr = 0; rr < 16; ++rr) col[rr] = v[rr][cc];
+        rht16_forward(col, pc.signs);
+#pragma unroll
+        for (int rr = 0; rr < 16; ++rr) mc = umax(mc, abs_bits(col[rr]));
+      }
+    }
+    amax_warp_commit(mr, pr.gamax);
+    amax_warp_commit(mc, pc.gamax);
+    if (pr.fin.out) {
+      amax_pass_done(pr.fin, pr.gamax, pc.fin, pc.gamax);
+    } else {
+      amax_pass_done(pc.fin, pc.gamax);
+    }
+    return;
+  } else {
+    // Row blocks: the amax of each of the 16 rows over this lane's 4 columns and
+    // its 3 neighbours' (every lane takes part, in range or not).
+    uint32_t ramax[16];
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) m = umax(m, abs_bits(v[rr][cc]));
+      m = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      ramax[rr] = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    }
+    if (!ok) return;
+    const Format f = kind_elem<K>(pr), sf = kind_scale<K>(pr);
+    const NvGlobal gr = nv_global_of(pr, f, sf), gc = nv_global_of(pc, f, sf);
+    if (t == 0) {
+      if (pr.out.global_decode) *pr.out.global_decode = gr.g_dec;
+      if (pc.out.global_decode) *pc.out.global_decode = gc.g_dec;
+    }
+
+    // pr: row r0 + rr, columns c0..c0+3, block (r0 + rr, c0 / 16); the block's
+    // first lane writes its scale.
+    auto row_block = [&](int rr, uint32_t m) {
+      const BlockParams bp = block_params<K>(pr, f, sf, m, gr);
+      if ((jg & 3) == 0) {
+        const int64_t si = (r0 + rr) * pr.nbc + c0 / 16;
+        if (pr.out.scale_codes) pr.out.scale_codes[si] = uint8_t(bp.code);
+        if (pr.out.scales) pr.out.scales[si] = bp.scale;
+      }
+      return bp;
+    };
+    if (pr.round == Round::rs) {
+      // Rolled over rows, as quantize_cols.cu (code size): run-time indexed copies.
+      float vs[16][4];
+      uint32_t ms[16];
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) {
+        ms[rr] = ramax[rr];
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) vs[rr][cc] = v[rr][cc];
+      }
+#pragma unroll 1
+      for (int rr = 0; rr < 16; ++rr) {
+        const BlockParams b[1] = {row_block(rr, ms[rr])};
+        encode_and_store<K, 4, 1>(pr, f, gr, r0 + rr, c0, vs[rr], b, 4);
+      }
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) {
+        const BlockParams b[1] = {row_block(rr, ramax[rr])};
+        encode_and_store<K, 4, 1>(pr, f, gr, r0 + rr, c0, v[rr], b, 4);
+      }
+    }
+
+    // pc: the RHT down each column (whole 16-row chunks), then blocks (r0 / 16, c0 + cc).
+    if constexpr (RHT) {
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        float col[16];
+#pragma unroll
+        for (int rr = 0; rr < 16; ++rr) col[rr] = v[rr][cc];
+        rht16_forward(col, pc.signs);
+#pragma unroll
+        for (int rr = 0; rr < 16; ++rr) v[rr][cc] = col[rr];
+      }
+    }
+    BlockParams bpc[4];
+    uint32_t sc[4];
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) m = umax(m, abs_bits(v[rr][cc]));
+      bpc[cc] = block_params<K>(pc, f, sf, m, gc);
+      sc[cc] = bpc[cc].code;
+    }
+    const int64_t si = i * pc.nbc + c0;  // nbc == cols
+    if (pc.out.scale_codes) store_bytes<4>(pc.out.scale_codes + si, sc, 4);
+    if (pc.out.scales) {
+      float s[4];
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) s[cc] = bpc[cc].scale;
+      store_f32<4>(pc.out.scales + si, s, 4);
+    }
+    if (pc.round == Round::rs) {
+      float vs[16][4];
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) vs[rr][cc] = v[rr][cc];
+#pragma unroll 1
+      for (int rr = 0; rr < 16; ++rr) encode_and_store<K, 4, 4>(pc, f, gc, r0 + rr, c0, vs[rr], bpc, 4);
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) encode_and_store<K, 4, 4>(pc, f, gc, r0 + rr, c0, v[rr], bpc, 4);
+    }
+  }
+}
+
+template <class In, bool RHT, bool AMAX>
+void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
+  const int64_t threads = (pr.rows / 16) * (pr.cols / 4);
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  if (blocks > 0) dual_kernel<In, RHT, AMAX><<<unsigned(blocks), kThreads, 0, st>>>(pr, pc);
+  check_launch("dual_kernel");
+}
+
+template <class In>
+void dispatch(const KParams& pr, const KParams& pc, bool rht, bool amax_only, cudaStream_t st) {
+  if (rht) {
+    if (amax_only) return go<In, true, true>(pr, pc, st);
+    return go<In, true, false>(pr, pc, st);
+  }
+  if (amax_only) return go<In, false, true>(pr, pc, st);
+  return go<In, false, false>(pr, pc, st);
+}
+
+}  // namespace
+
+void launch_dual(const KParams& pr, const KParams& pc, bool rht, InputType in, bool amax_only, cudaStream_t st) {
+  if (in == InputType::bf16)
+    dispatch<uint16_t>(pr, pc, rht, amax_only, st);
+  else
+    dispatch<float>(pr, pc, rht, amax_only, st);
+}
+
+}  // namespace fp4lab::cuda::qk
