@@ -151,6 +151,46 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
       "\nGB/s counts the input once plus the outputs (codes, scales). Rules with a per-tensor amax (nvfp4)\n"
       "read the input twice (amax pass + quantize pass); '(amax given)' times the quantize pass alone, as\n"
       "when the producer of the tensor supplies its amax.\n");
+
+  // The trainer's two NVFP4 operands of one tensor (NVIDIA's recipe): [1,16]
+  // for the forward / dgrad GEMM and RHT + [16,1] for wgrad, both as BF16 GEMM
+  // operands; two quantize_device calls against one quantize_dual_device.
+  std::printf("\n%-44s %-5s %9s %9s %8s\n", "two operands of one tensor (BF16 outputs)", "in", "ms", "GB/s", "of copy");
+  DeviceBuffer<uint16_t> op_a(static_cast<size_t>(n)), op_b(static_cast<size_t>(n));
+  DeviceBuffer<float> g2(2);
+  QuantWorkspace ws_b;
+  for (Round r : {Round::rn, Round::rs}) {
+    const QuantizerSpec qa = with(nv, r, false, 1, 16), qb = with(nv, r, true, 16, 1);
+    QuantOutputs oa, ob;
+    oa.dequant_bf16 = op_a.data();
+    ob.dequant_bf16 = op_b.data();
+    oa.bf16_gemm_operand = ob.bf16_gemm_operand = true;
+    oa.global_decode = g2.data();
+    ob.global_decode = g2.data() + 1;
+    for (int t = 0; t < 2; ++t) {
+      const InputType it = t == 0 ? InputType::bf16 : InputType::f32;
+      const void* x = t == 0 ? (const void*)x16.data() : (const void*)x32.data();
+      const double bytes = double(n) * (t == 0 ? 2 : 4) + 2.0 * double(n) * 2;
+      for (bool dual : {false, true}) {
+        const double ms = time_median_ms(
+            [&] {
+              if (dual) {
+                quantize_dual_device(qa, {1, 2}, oa, qb, {1, 3}, ob, x, it, rows, cols, ws);
+              } else {
+                quantize_device(qa, x, it, rows, cols, {1, 2}, oa, ws);
+                quantize_device(qb, x, it, rows, cols, {1, 3}, ob, ws_b);
+              }
+            },
+            3, repeats);
+        const double bw = bytes / (ms * 1e-3) / 1e9;
+        const std::string name = std::string(r == Round::rn ? "rn" : "rs") + " [1,16] + " +
+                                 (r == Round::rn ? "rn" : "rs") + " rht [16,1], " + (dual ? "one pass" : "two calls");
+        std::printf("%-44s %-5s %9.4f %9.0f %7.1f%%\n", name.c_str(), t == 0 ? "bf16" : "f32", ms, bw,
+                    100.0 * bw / copy_bw[t]);
+      }
+    }
+  }
+  std::printf("(GB/s: the input once plus both BF16 outputs; each form reads the input twice or more.)\n");
   return 0;
 }
 

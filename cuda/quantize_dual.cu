@@ -14,6 +14,33 @@
 namespace fp4lab::cuda::qk {
 namespace {
 
+// Stochastic rounding encodes rolled over the 16 rows (one Philox group per row;
+// unrolled, two operands' SR code overflows the instruction cache). The rolled
+// loop reads its row from shared memory, laid out [row][thread] so that a
+// warp's accesses are contiguous: a run-time indexed register array would
+// live in local memory, which at this occupancy spills out of L1.
+constexpr size_t kStageBytes = 16 * kThreads * (sizeof(float4) + sizeof(uint32_t));  // 80 KB
+
+struct Stage {
+  float4* v;    // [16][kThreads]: 4 columns of each row
+  uint32_t* m;  // [16][kThreads]: the row blocks' amax
+};
+
+__device__ __forceinline__ Stage stage_of() {
+  extern __shared__ float4 dual_stage[];
+  return Stage{dual_stage, reinterpret_cast<uint32_t*>(dual_stage + 16 * kThreads)};
+}
+
+__device__ __forceinline__ void stage_rows(const Stage& s, const float (&v)[16][4]) {
+#pragma unroll
+  for (int rr = 0; rr < 16; ++rr)
+    s.v[rr * kThreads + threadIdx.x] = make_float4(v[rr][0], v[rr][1], v[rr][2], v[rr][3]);
+}
+__device__ __forceinline__ void unstage_row(const Stage& s, int rr, float (&r)[4]) {
+  const float4 u = s.v[rr * kThreads + threadIdx.x];
+  r[0] = u.x, r[1] = u.y, r[2] = u.z, r[3] = u.w;
+}
+
 template <class In, bool RHT, bool AMAX_ONLY>
 __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
   constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
@@ -92,21 +119,22 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
       }
       return bp;
     };
-    if (pr.round == Round::rs) {
-      // Rolled over rows, as quantize_cols.cu (code size): run-time indexed copies.
-      float vs[16][4];
-      uint32_t ms[16];
+    const bool sr_rows = pr.round == Round::rs, sr_cols = pc.round == Round::rs;
+    const Stage stage = stage_of();  // only touched when one of them is rs (then launched with kStageBytes)
+    if (sr_rows || sr_cols) stage_rows(stage, v);
+    if (sr_rows) {
 #pragma unroll
-      for (int rr = 0; rr < 16; ++rr) {
-        ms[rr] = ramax[rr];
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) vs[rr][cc] = v[rr][cc];
-      }
+      for (int rr = 0; rr < 16; ++rr) stage.m[rr * kThreads + threadIdx.x] = ramax[rr];
 #pragma unroll 1
       for (int rr = 0; rr < 16; ++rr) {
-        const BlockParams b[1] = {row_block(rr, ms[rr])};
-        encode_and_store<K, 4, 1>(pr, f, gr, r0 + rr, c0, vs[rr], b, 4);
+        float row[4];
+        unstage_row(stage, rr, row);
+        const BlockParams b[1] = {row_block(rr, stage.m[rr * kThreads + threadIdx.x])};
+        encode_and_store<K, 4, 1>(pr, f, gr, r0 + rr, c0, row, b, 4);
       }
+      // v is dead across that loop: back from the stage.
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) unstage_row(stage, rr, v[rr]);
     } else {
 #pragma unroll
       for (int rr = 0; rr < 16; ++rr) {
@@ -145,14 +173,14 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
       for (int cc = 0; cc < 4; ++cc) s[cc] = bpc[cc].scale;
       store_f32<4>(pc.out.scales + si, s, 4);
     }
-    if (pc.round == Round::rs) {
-      float vs[16][4];
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr)
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) vs[rr][cc] = v[rr][cc];
+    if (sr_cols) {
+      stage_rows(stage, v);  // this thread's own slots: no synchronisation
 #pragma unroll 1
-      for (int rr = 0; rr < 16; ++rr) encode_and_store<K, 4, 4>(pc, f, gc, r0 + rr, c0, vs[rr], bpc, 4);
+      for (int rr = 0; rr < 16; ++rr) {
+        float row[4];
+        unstage_row(stage, rr, row);
+        encode_and_store<K, 4, 4>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
+      }
     } else {
 #pragma unroll
       for (int rr = 0; rr < 16; ++rr) encode_and_store<K, 4, 4>(pc, f, gc, r0 + rr, c0, v[rr], bpc, 4);
@@ -164,7 +192,13 @@ template <class In, bool RHT, bool AMAX>
 void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
   const int64_t threads = (pr.rows / 16) * (pr.cols / 4);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  if (blocks > 0) dual_kernel<In, RHT, AMAX><<<unsigned(blocks), kThreads, 0, st>>>(pr, pc);
+  const bool sr = !AMAX && (pr.round == Round::rs || pc.round == Round::rs);
+  if (sr) {
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(dual_kernel<In, RHT, AMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageBytes));
+    check(attr, "cudaFuncSetAttribute(dual_kernel, 80 KB shared memory)");
+  }
+  if (blocks > 0) dual_kernel<In, RHT, AMAX><<<unsigned(blocks), kThreads, sr ? kStageBytes : 0, st>>>(pr, pc);
   check_launch("dual_kernel");
 }
 
