@@ -14,10 +14,11 @@
 namespace fp4lab::cuda::qk {
 namespace {
 
-// Stochastic rounding encodes rolled over the 16 rows (one Philox group per row;
-// unrolled, two operands' SR code overflows the instruction cache). The rolled
-// loop reads its row from shared memory, laid out [row][thread] so that a
-// warp's accesses are contiguous: a run-time indexed register array would
+// The encodes are rolled over the 16 rows (one Philox group per row with SR):
+// unrolled, two operands' code overflows the instruction cache (measured: the
+// unrolled rn form ran 1.7x slower than the two single-operand kernels). The
+// rolled loop reads its row from shared memory, laid out [row][thread] so that
+// a warp's accesses are contiguous: a run-time indexed register array would
 // live in local memory, which at this occupancy spills out of L1.
 constexpr size_t kStageBytes = 16 * kThreads * (sizeof(float4) + sizeof(uint32_t));  // 80 KB
 
@@ -120,28 +121,20 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
       return bp;
     };
     const bool sr_rows = pr.round == Round::rs, sr_cols = pc.round == Round::rs;
-    const Stage stage = stage_of();  // only touched when one of them is rs (then launched with kStageBytes)
-    if (sr_rows || sr_cols) stage_rows(stage, v);
-    if (sr_rows) {
+    const Stage stage = stage_of();
+    stage_rows(stage, v);
 #pragma unroll
-      for (int rr = 0; rr < 16; ++rr) stage.m[rr * kThreads + threadIdx.x] = ramax[rr];
+    for (int rr = 0; rr < 16; ++rr) stage.m[rr * kThreads + threadIdx.x] = ramax[rr];
 #pragma unroll 1
-      for (int rr = 0; rr < 16; ++rr) {
-        float row[4];
-        unstage_row(stage, rr, row);
-        const BlockParams b[1] = {row_block(rr, stage.m[rr * kThreads + threadIdx.x])};
-        encode_and_store<K, 4, 1>(pr, f, gr, r0 + rr, c0, row, b, 4);
-      }
-      // v is dead across that loop: back from the stage.
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr) unstage_row(stage, rr, v[rr]);
-    } else {
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr) {
-        const BlockParams b[1] = {row_block(rr, ramax[rr])};
-        encode_and_store<K, 4, 1>(pr, f, gr, r0 + rr, c0, v[rr], b, 4);
-      }
+    for (int rr = 0; rr < 16; ++rr) {
+      float row[4];
+      unstage_row(stage, rr, row);
+      const BlockParams b[1] = {row_block(rr, stage.m[rr * kThreads + threadIdx.x])};
+      encode_and_store<K, 4, 1>(pr, f, gr, r0 + rr, c0, row, b, 4);
     }
+    // v is dead across that loop: back from the stage.
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) unstage_row(stage, rr, v[rr]);
 
     // pc: the RHT down each column (whole 16-row chunks), then blocks (r0 / 16, c0 + cc).
     if constexpr (RHT) {
@@ -173,17 +166,12 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
       for (int cc = 0; cc < 4; ++cc) s[cc] = bpc[cc].scale;
       store_f32<4>(pc.out.scales + si, s, 4);
     }
-    if (sr_cols) {
-      stage_rows(stage, v);  // this thread's own slots: no synchronisation
+    stage_rows(stage, v);  // this thread's own slots: no synchronisation
 #pragma unroll 1
-      for (int rr = 0; rr < 16; ++rr) {
-        float row[4];
-        unstage_row(stage, rr, row);
-        encode_and_store<K, 4, 4>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
-      }
-    } else {
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr) encode_and_store<K, 4, 4>(pc, f, gc, r0 + rr, c0, v[rr], bpc, 4);
+    for (int rr = 0; rr < 16; ++rr) {
+      float row[4];
+      unstage_row(stage, rr, row);
+      encode_and_store<K, 4, 4>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
     }
   }
 }
@@ -192,13 +180,13 @@ template <class In, bool RHT, bool AMAX>
 void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
   const int64_t threads = (pr.rows / 16) * (pr.cols / 4);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  const bool sr = !AMAX && (pr.round == Round::rs || pc.round == Round::rs);
-  if (sr) {
+  const size_t smem = AMAX ? 0 : kStageBytes;
+  if (!AMAX) {
     static const cudaError_t attr =
         cudaFuncSetAttribute(dual_kernel<In, RHT, AMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageBytes));
     check(attr, "cudaFuncSetAttribute(dual_kernel, 80 KB shared memory)");
   }
-  if (blocks > 0) dual_kernel<In, RHT, AMAX><<<unsigned(blocks), kThreads, sr ? kStageBytes : 0, st>>>(pr, pc);
+  if (blocks > 0) dual_kernel<In, RHT, AMAX><<<unsigned(blocks), kThreads, smem, st>>>(pr, pc);
   check_launch("dual_kernel");
 }
 
