@@ -78,15 +78,21 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
       store_f32<V>(p.out.scales + si, s, valid_c);
     }
     if (p.round == Round::rs) {
-      // Rolled over rows (code size; see encode_and_store): a run-time indexed copy.
-      float vs[BR][V];
+      // Rolled over rows (code size: one Philox group per row), each row read
+      // back from shared memory ([element][thread], conflict-free; launched
+      // with col_stage_bytes): a run-time indexed register copy would live in
+      // local memory, which spills out of L1 at this occupancy.
+      extern __shared__ float col_stage[];
 #pragma unroll
       for (int rr = 0; rr < BR; ++rr)
 #pragma unroll
-        for (int cc = 0; cc < V; ++cc) vs[rr][cc] = v[rr][cc];
+        for (int cc = 0; cc < V; ++cc) col_stage[(rr * V + cc) * kThreads + threadIdx.x] = v[rr][cc];
 #pragma unroll 1
       for (int rr = 0; rr < BR; ++rr) {
-        if (r0 + rr < p.rows) encode_and_store<K, V, V>(p, f, g, r0 + rr, c0, vs[rr], bp, valid_c);
+        float row[V];
+#pragma unroll
+        for (int cc = 0; cc < V; ++cc) row[cc] = col_stage[(rr * V + cc) * kThreads + threadIdx.x];
+        if (r0 + rr < p.rows) encode_and_store<K, V, V>(p, f, g, r0 + rr, c0, row, bp, valid_c);
       }
     } else {
 #pragma unroll
@@ -101,7 +107,15 @@ template <class In, int BR, int V, int K, bool RHT, bool AMAX>
 void go(const KParams& p, cudaStream_t st) {
   const int64_t threads = ((p.rows + BR - 1) / BR) * ((p.cols + V - 1) / V);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  if (blocks > 0) col_kernel<In, BR, V, K, RHT, AMAX><<<unsigned(blocks), kThreads, 0, st>>>(p);
+  // Stochastic rounding stages the strip in shared memory (col_kernel).
+  constexpr size_t stage_bytes = size_t(BR) * V * kThreads * sizeof(float);  // 64 KB
+  const bool stage = !AMAX && p.round == Round::rs;
+  if (stage) {
+    static const cudaError_t attr = cudaFuncSetAttribute(col_kernel<In, BR, V, K, RHT, AMAX>,
+                                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(stage_bytes));
+    check(attr, "cudaFuncSetAttribute(col_kernel, 64 KB shared memory)");
+  }
+  if (blocks > 0) col_kernel<In, BR, V, K, RHT, AMAX><<<unsigned(blocks), kThreads, stage ? stage_bytes : 0, st>>>(p);
   check_launch("col_kernel");
 }
 

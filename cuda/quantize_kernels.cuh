@@ -464,10 +464,20 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
     // fp4-trainkit's eq. 3 divides by the block scale (encode_element_rt).
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] / bp[j * NB / N].mult, p.overflow);
+  } else if (fast && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0) {
+    // Up to 4 Philox groups unrolled (branch-free encode_rs_f32: about 1000
+    // instructions), so that nothing is indexed at run time (local memory).
+#pragma unroll
+    for (int q = 0; q < N / 4; ++q) {
+      const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        code[4 * q + k] = encode_rs<K>(f, v[4 * q + k] * bp[(4 * q + k) * NB / N].mult, p.overflow, grp.v[k]);
+    }
   } else if (fast && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
-    // A rolled loop over Philox groups: the fully unrolled SR path (generic
-    // encode + Philox per element) was too large for the instruction cache.
-    // vs/ms/cs are indexed at run time (local memory, L1-resident).
+    // A rolled loop over Philox groups for longer runs: fully unrolled, the SR
+    // path was too large for the instruction cache. vs/ms/cs are indexed at
+    // run time (local memory).
     float vs[N], ms[N];
     uint32_t cs[N];
 #pragma unroll
