@@ -76,6 +76,9 @@ class Backend {
 
   // Linear y = x W^T + b through the recipe (recipes/quantized_linear.hpp).
   // dw (and db if non-null) are ACCUMULATED into (weight tying, several uses).
+  // x must not be modified until the linear_backward of this state: a backend
+  // may keep a reference to an owned x (Tensor::mem) instead of a copy, as
+  // PyTorch's autograd keeps its inputs (the CUDA backend does, for FP32 x).
   virtual void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                               std::unique_ptr<LinearState>& state) = 0;
   virtual void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,

@@ -123,7 +123,8 @@ bool bf16_rounding_only(const OperandPlan& p) {
 
 struct CudaLinearState final : LinearState {
   int64_t batch = 0, in = 0;  // x's shape [B, in]
-  Tensor x;                   // (empty when wx_ready) copy of the forward's input [B, in] (FP32), or, when x_bf16,
+  Tensor x;                   // (empty when wx_ready) the forward's input [B, in] (FP32; a reference to an owned
+                              // x, else a copy), or, when x_bf16,
   bool x_bf16 = false;        // its BF16 rounding packed two per float ([1, ceil(B*in/2)]): fwd_x and wgrad_x
                               // are both bf16_rounding_only, so the forward's operand is the wgrad's
   bool has_w = false;         // plan.reuse_fwd_w: the forward's fwd_w operand follows
@@ -370,8 +371,10 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
       DevOperand wxo;
       wx_made = im.prepare_pair(fx, wx, x.data, B, in, im.slot[0], xo, reinterpret_cast<uint16_t*>(st->wx.data),
                                 st->wx_g.data, wxo);
+    } else if (x.mem) {
+      st->x = x;  // an owned tensor: keep a reference (the caller leaves x unchanged until backward)
     } else {
-      st->x = alloc(B, in);
+      st->x = alloc(B, in);  // a view: its memory may go away, copy it
       if (B * in > 0)
         check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
               "CudaLinear::forward: saving x");
