@@ -54,6 +54,15 @@ FP4LAB_HD constexpr uint32_t random_bits(uint64_t seed, uint64_t stream, uint64_
   return philox_group(seed, stream, index >> 2).v[index & 3u];
 }
 
+// The trainers' dropout rule (CPU and CUDA backends): an element whose random
+// word w (random_bits of its index) is < dropout_threshold(p) is dropped.
+// floor(p * 2^32) clamped to [0, 2^32 - 1] (p <= 0: 0, nothing dropped; p >= 1:
+// 2^32 - 1, all but the word 2^32 - 1).
+FP4LAB_HD constexpr uint32_t dropout_threshold(float p) {
+  const double t = double(p) * 4294967296.0;
+  return t >= 4294967295.0 ? 0xFFFFFFFFu : (t <= 0.0 ? 0u : uint32_t(t));
+}
+
 // The words of `count` consecutive groups g0, g0+1, ... of (seed, stream) into
 // out[4 * count] (group g's four words at out[4 (g - g0)]); the group index
 // wraps modulo 2^64 as philox_group's does. Host only. On x86-64 CPUs with AVX2

@@ -28,6 +28,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "core/philox.hpp"
 #include "cuda/device.hpp"
 
 namespace fp4lab::cuda::nn {
@@ -69,12 +70,9 @@ void gelu_forward(const float* x, float* y, int64_t n, cudaStream_t stream = nul
 // dx = dy * (Phi(x) + x phi(x)).
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, cudaStream_t stream = nullptr);
 
-// The dropout threshold of probability p: element i is dropped iff
-// random_bits(seed, stream_id, i) < dropout_threshold(p); p >= 1 gives 2^32-1.
-inline uint32_t dropout_threshold(float p) {
-  const double t = double(p) * 4294967296.0;
-  return t >= 4294967295.0 ? 0xFFFFFFFFu : (t <= 0.0 ? 0u : uint32_t(t));
-}
+// Dropout: element i is dropped iff random_bits(seed, stream_id, i) <
+// dropout_threshold(p) (core/philox.hpp, the CPU backend's rule).
+using fp4lab::dropout_threshold;
 // Inverted dropout in place on x[0..n): dropped elements become 0, the others
 // x * (1 / (1 - p)). The element index i is x's linear index. p <= 0: no-op.
 void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, cudaStream_t stream = nullptr);

@@ -81,10 +81,6 @@ class DropoutWords {
  private:
   std::vector<uint32_t> words_, scratch_;
 };
-inline uint32_t dropout_threshold(float p) {
-  const double t = std::ldexp(double(p), 32);
-  return t >= 4294967295.0 ? 0xFFFFFFFFu : uint32_t(t);
-}
 
 struct CpuLinearState : LinearState {
   LinearSaved saved;

@@ -106,3 +106,17 @@ TEST_CASE("philox: philox_groups and random_words equal philox_group / random_bi
       for (uint64_t i = 0; i < n; ++i) REQUIRE(words[size_t(i)] == random_bits(7, 9, first + i));
     }
 }
+
+TEST_CASE("philox: dropout_threshold = floor(p * 2^32), clamped") {
+  CHECK(dropout_threshold(0.0f) == 0u);
+  CHECK(dropout_threshold(-0.5f) == 0u);
+  CHECK(dropout_threshold(0.5f) == 0x80000000u);
+  CHECK(dropout_threshold(0.25f) == 0x40000000u);
+  // 0.2f = 13421773 * 2^-26: times 2^32 = 858993472 exactly.
+  CHECK(dropout_threshold(0.2f) == 858993472u);
+  CHECK(dropout_threshold(1.0f) == 0xFFFFFFFFu);
+  CHECK(dropout_threshold(2.0f) == 0xFFFFFFFFu);
+  // The largest float below 1: 1 - 2^-24, times 2^32 = 2^32 - 2^8.
+  CHECK(dropout_threshold(0x1.fffffep-1f) == 0xFFFFFF00u);
+  static_assert(dropout_threshold(0.5f) == 0x80000000u);
+}
