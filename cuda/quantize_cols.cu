@@ -13,16 +13,8 @@ template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY>
 __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
-  const bool ok = t < nbr * ngroups;
-  int64_t i = 0, jg = 0;
-  if (ok) {
-    if (nbr * ngroups < (int64_t(1) << 32)) {
-      i = uint32_t(t) / uint32_t(ngroups);
-    } else {
-      i = t / ngroups;
-    }
-    jg = t - i * ngroups;
-  }
+  int64_t i, jg;
+  const bool ok = strip_of(t, nbr, ngroups, i, jg);
   const int64_t r0 = i * BR, c0 = jg * V;
   const int valid_c = ok ? int(p.cols - c0 < V ? p.cols - c0 : V) : 0;
   float v[BR][V];
@@ -33,15 +25,7 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   }
   if constexpr (RHT) {
     static_assert(BR == 16);
-#pragma unroll
-    for (int cc = 0; cc < V; ++cc) {
-      float col[16];
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr) col[rr] = v[rr][cc];
-      rht16_forward(col, p.signs);  // rows % 16 == 0 (checked on the host)
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr) v[rr][cc] = col[rr];
-    }
+    rht_columns(v, p.signs);  // rows % 16 == 0 (checked on the host)
   }
   uint32_t amax[V];
 #pragma unroll

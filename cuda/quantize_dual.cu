@@ -47,16 +47,8 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
   constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t ngroups = pr.cols / 4, nstrips = pr.rows / 16;  // both multiples of 16 (host)
-  const bool ok = t < nstrips * ngroups;
-  int64_t i = 0, jg = 0;
-  if (ok) {
-    if (nstrips * ngroups < (int64_t(1) << 32)) {
-      i = uint32_t(t) / uint32_t(ngroups);
-    } else {
-      i = t / ngroups;
-    }
-    jg = t - i * ngroups;
-  }
+  int64_t i, jg;
+  const bool ok = strip_of(t, nstrips, ngroups, i, jg);
   const int64_t r0 = i * 16, c0 = jg * 4;
   float v[16][4];
 #pragma unroll
@@ -70,16 +62,12 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
       for (int cc = 0; cc < 4; ++cc) mr = umax(mr, abs_bits(v[rr][cc]));
     uint32_t mc = mr;
     if constexpr (RHT) {
+      rht_columns(v, pc.signs);
       mc = 0;
 #pragma unroll
-      for (int cc = 0; cc < 4; ++cc) {
-        float col[16];
+      for (int rr = 0; rr < 16; ++rr)
 #pragma unroll
-        for (int rr = 0; rr < 16; ++rr) col[rr] = v[rr][cc];
-        rht16_forward(col, pc.signs);
-#pragma unroll
-        for (int rr = 0; rr < 16; ++rr) mc = umax(mc, abs_bits(col[rr]));
-      }
+        for (int cc = 0; cc < 4; ++cc) mc = umax(mc, abs_bits(v[rr][cc]));
     }
     amax_warp_commit(mr, pr.gamax);
     amax_warp_commit(mc, pc.gamax);
@@ -120,7 +108,6 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
       }
       return bp;
     };
-    const bool sr_rows = pr.round == Round::rs, sr_cols = pc.round == Round::rs;
     const Stage stage = stage_of();
     stage_rows(stage, v);
 #pragma unroll
@@ -137,17 +124,7 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
     for (int rr = 0; rr < 16; ++rr) unstage_row(stage, rr, v[rr]);
 
     // pc: the RHT down each column (whole 16-row chunks), then blocks (r0 / 16, c0 + cc).
-    if constexpr (RHT) {
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) {
-        float col[16];
-#pragma unroll
-        for (int rr = 0; rr < 16; ++rr) col[rr] = v[rr][cc];
-        rht16_forward(col, pc.signs);
-#pragma unroll
-        for (int rr = 0; rr < 16; ++rr) v[rr][cc] = col[rr];
-      }
-    }
+    if constexpr (RHT) rht_columns(v, pc.signs);
     BlockParams bpc[4];
     uint32_t sc[4];
 #pragma unroll

@@ -526,6 +526,38 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   }
 }
 
+// The strip (i, jg) of thread t in a grid of nstrips x ngroups strips, row
+// major (quantize_cols.cu, quantize_dual.cu); (0, 0) when t is past the end
+// (ok = false). A 32-bit division where the thread count allows.
+__device__ __forceinline__ bool strip_of(int64_t t, int64_t nstrips, int64_t ngroups, int64_t& i, int64_t& jg) {
+  const bool ok = t < nstrips * ngroups;
+  i = 0;
+  jg = 0;
+  if (ok) {
+    if (nstrips * ngroups < (int64_t(1) << 32)) {
+      i = uint32_t(t) / uint32_t(ngroups);
+    } else {
+      i = t / ngroups;
+    }
+    jg = t - i * ngroups;
+  }
+  return ok;
+}
+
+// The RHT (sim's rht16_forward) down each of the V columns of a 16-row strip, in place.
+template <int V>
+__device__ __forceinline__ void rht_columns(float (&v)[16][V], const float* signs) {
+#pragma unroll
+  for (int cc = 0; cc < V; ++cc) {
+    float col[16];
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) col[rr] = v[rr][cc];
+    rht16_forward(col, signs);
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) v[rr][cc] = col[rr];
+  }
+}
+
 // Launchers (quantize_rows.cu, quantize_cols.cu): row blocks [1,BC] with one
 // thread per block; column blocks [BR,1] with one thread per BR x V strip.
 // amax_only: only atomicMax the (RHT-transformed) tensor amax into *p.gamax.
