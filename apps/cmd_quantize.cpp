@@ -617,13 +617,17 @@ void register_bench_quantize(CLI::App& bench) {
   auto ba = std::make_shared<BenchArgs>();
   CLI::App* b = bench.add_subcommand(
       "quantize",
-      "Quantizer throughput: mxfp4, mxfp8_e4m3 and nvfp4 fake quantization of a rows x cols float32 tensor, RN and "
-      "SR,\n"
-      "and NVFP4 with RHT, on 1 thread and all OpenMP threads, with the ratio to a memcpy of the same bytes.");
+      "Quantizer throughput on a rows x cols tensor.\n"
+      "cpu: mxfp4, mxfp8_e4m3 and nvfp4 fake quantization of float32, RN and SR, and NVFP4 with RHT, on 1 thread\n"
+      "and all OpenMP threads, with the ratio to a memcpy of the same bytes.\n"
+      "cuda: the fused kernels from bf16 and float32 input (RN, SR, RHT, NVFP4 16x16, amax given), and the\n"
+      "trainer's two NVFP4 operands of one tensor (two calls against one pass), as a fraction of a\n"
+      "device-to-device copy measured in the same run.");
   b->add_option("--backend", ba->backend, "cpu, or cuda (needs the CUDA build)")->capture_default_str();
   b->add_option("--rows", ba->rows, "Tensor rows")->capture_default_str();
   b->add_option("--cols", ba->cols, "Tensor columns")->capture_default_str();
-  b->add_option("--repeats", ba->repeats, "Runs per measurement; the fastest is reported")->capture_default_str();
+  b->add_option("--repeats", ba->repeats, "Runs per measurement; cpu reports the fastest, cuda the median (at least 3)")
+      ->capture_default_str();
   b->callback([ba] { run_bench(*ba); });
 }
 

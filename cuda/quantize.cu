@@ -243,15 +243,21 @@ void tensor_amax_pass(const void* x, InputType type, int64_t n, uint32_t* amax_b
   check_launch("amax_kernel");
 }
 
-// The AmaxFinish of a fused quantization's amax pass: NvGlobal into
-// ws.global[3 * slot .. 3 * slot + 2] (slot 0, or 1 for quantize_dual's second).
-AmaxFinish finish_into(const KParams& p, QuantWorkspace& ws, cudaStream_t stream, int slot = 0) {
+// Where the NvGlobal of a tensor amax goes: ws.global[3 * slot .. 3 * slot + 2]
+// (slot 0, or 1 for quantize_dual's second quantizer).
+float* global_slot(QuantWorkspace& ws, int slot) {
   ws.global.resize(std::max<size_t>(ws.global.size(), 6));
+  return ws.global.data() + 3 * slot;
+}
+
+// The AmaxFinish of a fused quantization's amax pass: NvGlobal into global_slot(ws, slot).
+AmaxFinish finish_into(const KParams& p, QuantWorkspace& ws, cudaStream_t stream, int slot = 0) {
+  float* out = global_slot(ws, slot);
   if (ws.done.size() == 0) {
     ws.done.resize(1);
     check(cudaMemsetAsync(ws.done.data(), 0, sizeof(uint32_t), stream), "cudaMemsetAsync(amax counter)");
   }
-  return AmaxFinish{p.elem, p.sfmt, ws.global.data() + 3 * slot, ws.done.data()};
+  return AmaxFinish{p.elem, p.sfmt, out, ws.done.data()};
 }
 
 // The kernels' parameters of quantizer q on x [rows, cols] (no workspace yet).
@@ -323,8 +329,7 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
     const bool need_amax = q.scale_rule == ScaleRule::nv && p.global;
     if (need_amax && tensor_amax_bits) {
       p.gamax = const_cast<uint32_t*>(tensor_amax_bits);  // only read by the quantize pass
-      ws.global.resize(std::max<size_t>(ws.global.size(), 6));
-      nv_global_kernel<<<1, 1, 0, stream>>>(p, ws.global.data());
+      nv_global_kernel<<<1, 1, 0, stream>>>(p, global_slot(ws, 0));
       check_launch("nv_global_kernel");
     } else if (need_amax) {
       // The amax pass's last block also computes the global scale (amax_pass_done).
@@ -340,7 +345,7 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
         tensor_amax_pass(x, type, rows * cols, p.gamax, pa.fin, stream);
       }
     }
-    if (need_amax) p.gparams = ws.global.data();
+    if (need_amax) p.gparams = global_slot(ws, 0);
     const int kind = qk::kind_of(q);
     if (q.block_rows == 1)
       qk::launch_rows(p, q.block_cols, q.rht, kind, type, false, stream);
@@ -418,8 +423,8 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
     if (need_r) ar.fin = finish_into(pr, ws, stream, 0);
     if (need_c) ac.fin = finish_into(pc, ws, stream, 1);
     qk::launch_dual(ar, ac, col_q.rht, type, true, stream);
-    if (need_r) pr.gparams = ws.global.data();
-    if (need_c) pc.gparams = ws.global.data() + 3;
+    if (need_r) pr.gparams = global_slot(ws, 0);
+    if (need_c) pc.gparams = global_slot(ws, 1);
   }
   qk::launch_dual(pr, pc, col_q.rht, type, false, stream);
 }

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
     if (p.round == Round::rs) {
       // Rolled over rows (code size: one Philox group per row), each row read
       // back from shared memory ([element][thread], conflict-free; launched
-      // with col_stage_bytes): a run-time indexed register copy would live in
+      // with stage_bytes): a run-time indexed register copy would live in
       // local memory, which spills out of L1 at this occupancy.
       extern __shared__ float col_stage[];
 #pragma unroll
@@ -94,11 +94,7 @@ void go(const KParams& p, cudaStream_t st) {
   // Stochastic rounding stages the strip in shared memory (col_kernel).
   constexpr size_t stage_bytes = size_t(BR) * V * kThreads * sizeof(float);  // 64 KB
   const bool stage = !AMAX && p.round == Round::rs;
-  if (stage) {
-    static const cudaError_t attr = cudaFuncSetAttribute(col_kernel<In, BR, V, K, RHT, AMAX>,
-                                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(stage_bytes));
-    check(attr, "cudaFuncSetAttribute(col_kernel, 64 KB shared memory)");
-  }
+  if (stage) allow_dynamic_smem<col_kernel<In, BR, V, K, RHT, AMAX>>(stage_bytes, "col_kernel (64 KB shared memory)");
   if (blocks > 0) col_kernel<In, BR, V, K, RHT, AMAX><<<unsigned(blocks), kThreads, stage ? stage_bytes : 0, st>>>(p);
   check_launch("col_kernel");
 }

@@ -158,11 +158,7 @@ void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
   const int64_t threads = (pr.rows / 16) * (pr.cols / 4);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
   const size_t smem = AMAX ? 0 : kStageBytes;
-  if (!AMAX) {
-    static const cudaError_t attr =
-        cudaFuncSetAttribute(dual_kernel<In, RHT, AMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStageBytes));
-    check(attr, "cudaFuncSetAttribute(dual_kernel, 80 KB shared memory)");
-  }
+  if (!AMAX) allow_dynamic_smem<dual_kernel<In, RHT, AMAX>>(kStageBytes, "dual_kernel (80 KB shared memory)");
   if (blocks > 0) dual_kernel<In, RHT, AMAX><<<unsigned(blocks), kThreads, smem, st>>>(pr, pc);
   check_launch("dual_kernel");
 }

@@ -558,6 +558,14 @@ __device__ __forceinline__ void rht_columns(float (&v)[16][V], const float* sign
   }
 }
 
+// Lets Kernel take `bytes` (> 48 KB) of dynamic shared memory: the attribute
+// is set on the first call only (it applies to every later launch).
+template <auto Kernel>
+void allow_dynamic_smem(size_t bytes, const char* what) {
+  static const cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  check(e, what);
+}
+
 // Launchers (quantize_rows.cu, quantize_cols.cu): row blocks [1,BC] with one
 // thread per block; column blocks [BR,1] with one thread per BR x V strip.
 // amax_only: only atomicMax the (RHT-transformed) tensor amax into *p.gamax.

@@ -85,11 +85,15 @@ std::optional<QuantizerSpec> single_quantizer(const OperandPlan& p) {
   return q;
 }
 
-// True when plans a and b of one [rows, cols] source can be made in one
-// quantize_dual_device pass (a: blocks [1,16], b: [16,1]).
-bool pair_supported(const OperandPlan& a, const OperandPlan& b, int64_t rows, int64_t cols) {
+// The two quantizers of plans a and b of one [rows, cols] source when one
+// quantize_dual_device pass can make both (a: blocks [1,16], b: [16,1]).
+struct PairSpecs {
+  QuantizerSpec a, b;
+};
+std::optional<PairSpecs> pair_specs(const OperandPlan& a, const OperandPlan& b, int64_t rows, int64_t cols) {
   const std::optional<QuantizerSpec> qa = single_quantizer(a), qb = single_quantizer(b);
-  return qa && qb && cuda::dual_supported(*qa, *qb, rows, cols);
+  if (!qa || !qb || !cuda::dual_supported(*qa, *qb, rows, cols)) return std::nullopt;
+  return PairSpecs{*qa, *qb};
 }
 
 template <class T>
@@ -237,15 +241,11 @@ struct CudaLinear::Impl {
     return o;
   }
 
-  // Plans a and b of one source [rows, cols] in one pass (quantize_dual_device),
-  // when both are single quantizers (single_quantizer) that it supports: a's
-  // blocks [1,16], b's [16,1]. a goes to slot sa, b to b_h / b_g (rows * cols
-  // BF16 values and one float). Returns false, doing nothing, otherwise.
-  // Reports neither operand.
-  bool prepare_pair(const OperandPlan& a, const OperandPlan& b, const float* src, int64_t rows, int64_t cols, Slot& sa,
-                    DevOperand& oa, uint16_t* b_h, float* b_g, DevOperand& ob) {
-    if (!pair_supported(a, b, rows, cols)) return false;
-    const std::optional<QuantizerSpec> qa = single_quantizer(a), qb = single_quantizer(b);
+  // Plans a and b of one source [rows, cols] in one quantize_dual_device pass
+  // with their quantizers q (pair_specs): a into slot sa (returned), b into
+  // b_h / b_g (rows * cols BF16 values and one float). Reports neither.
+  DevOperand prepare_pair(const PairSpecs& q, const OperandPlan& a, const OperandPlan& b, const float* src,
+                          int64_t rows, int64_t cols, Slot& sa, uint16_t* b_h, float* b_g) {
     ensure(sa.h, rows * cols);
     ensure(sa.g, 1);
     cuda::QuantOutputs out_a, out_b;
@@ -254,11 +254,9 @@ struct CudaLinear::Impl {
     out_b.dequant_bf16 = b_h;
     out_b.global_decode = b_g;
     out_a.bf16_gemm_operand = out_b.bf16_gemm_operand = true;
-    cuda::quantize_dual_device(*qa, a.stream, out_a, *qb, b.stream, out_b, src, cuda::InputType::f32, rows, cols, qws,
+    cuda::quantize_dual_device(q.a, a.stream, out_a, q.b, b.stream, out_b, src, cuda::InputType::f32, rows, cols, qws,
                                kStream);
-    oa = DevOperand{nullptr, sa.h.data(), sa.g.data()};
-    ob = DevOperand{nullptr, b_h, b_g};
-    return true;
+    return DevOperand{nullptr, sa.h.data(), sa.g.data()};
   }
 
   // The FP32 value of a BF16 operand (into s.expand), or the FP32 operand itself.
@@ -368,9 +366,11 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
       st->wx_plan = wx;
       st->wx = alloc(1, (B * in + 1) / 2);
       st->wx_g = alloc(1, 1);
-      DevOperand wxo;
-      wx_made = im.prepare_pair(fx, wx, x.data, B, in, im.slot[0], xo, reinterpret_cast<uint16_t*>(st->wx.data),
-                                st->wx_g.data, wxo);
+      if (const std::optional<PairSpecs> q = pair_specs(fx, wx, B, in)) {
+        xo = im.prepare_pair(*q, fx, wx, x.data, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data),
+                             st->wx_g.data);
+        wx_made = true;
+      }
     } else if (x.mem) {
       st->x = x;  // an owned tensor: keep a reference (the caller leaves x unchanged until backward)
     } else {
@@ -448,17 +448,19 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   const bool dy_shared = bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
                          bf16_rounding_only(plan.operand(Operand::wgrad_grad_y));
   // Otherwise both dy operands in one pass where quantize_dual_device applies.
-  DevOperand dy_op, dy_wgrad;
+  const OperandPlan& dgy = plan.operand(Operand::dgrad_grad_y);
+  const OperandPlan& wgy = plan.operand(Operand::wgrad_grad_y);
+  DevOperand dy_op;
   bool dy_pair = false;
-  if (!dy_shared && pair_supported(plan.operand(Operand::dgrad_grad_y), plan.operand(Operand::wgrad_grad_y), B, out)) {
+  if (const std::optional<PairSpecs> q = dy_shared ? std::nullopt : pair_specs(dgy, wgy, B, out)) {
     ensure(im.dy_cols_h, B * out);
-    dy_pair = im.prepare_pair(plan.operand(Operand::dgrad_grad_y), plan.operand(Operand::wgrad_grad_y), dy.data, B, out,
-                              im.slot[0], dy_op, im.dy_cols_h.data(), im.dy_cols_g.data(), dy_wgrad);
+    dy_op = im.prepare_pair(*q, dgy, wgy, dy.data, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data());
+    dy_pair = true;
   }
   if (dy_pair) {
     im.report(Operand::dgrad_grad_y, dy_op, B, out);
   } else {
-    dy_op = im.prepare(plan.operand(Operand::dgrad_grad_y), dy.data, B, out, im.slot[0]);
+    dy_op = im.prepare(dgy, dy.data, B, out, im.slot[0]);
   }
   {
     const DevOperand& go = dy_op;
@@ -485,10 +487,10 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
       go = dy_op;
       im.report(Operand::wgrad_grad_y, go, B, out);
     } else if (dy_pair) {
-      go = dy_wgrad;
+      go = DevOperand{nullptr, im.dy_cols_h.data(), im.dy_cols_g.data()};
       im.report(Operand::wgrad_grad_y, go, B, out);
     } else {
-      go = im.prepare(plan.operand(Operand::wgrad_grad_y), dy.data, B, out, im.slot[0]);
+      go = im.prepare(wgy, dy.data, B, out, im.slot[0]);
     }
     if (st.x_bf16) {
       xo.bf16 = reinterpret_cast<const uint16_t*>(st.x.data);
