@@ -445,6 +445,11 @@ __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N]
     if (j < valid) dst[j] = uint16_t(h[j]);
 }
 
+template <int K, int N, int NB>
+__device__ __forceinline__ void store_outputs(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                              int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
+                                              int valid, bool codes);
+
 // Encodes N consecutive elements of row r from column c0 with block parameters
 // bp (one per element via bidx), writes every requested output.
 template <int K, int N, int NB>
@@ -501,8 +506,18 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       code[j] = encode_element_rt(f, p.rule, p.round, p.overflow, v[j], bp[j * NB / N].mult, rb);
     }
   }
+  store_outputs<K, N, NB>(p, f, g, r, c0, code, bp, valid, true);
+}
+
+// Every requested output of N consecutive element codes of row r from column
+// c0 (the codes themselves only if `codes`).
+template <int K, int N, int NB>
+__device__ __forceinline__ void store_outputs(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                              int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
+                                              int valid, bool codes) {
+  const int64_t base = r * p.cols + c0;
   const QuantOutputs& o = p.out;
-  if (o.codes) store_codes<N>(p, r, c0, code, valid);
+  if (codes && o.codes) store_codes<N>(p, r, c0, code, valid);
   if (o.dequant) {
     float d[N];
 #pragma unroll
@@ -523,6 +538,81 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       }
     }
     store_bf16<N>(o.dequant_bf16 + base, h, valid);
+  }
+}
+
+// Max |x| bits of N values (NaN bits propagate, as a max of abs_bits()): the
+// unsigned max of the raw bits is the negative value of largest magnitude when
+// there is one, the signed max the largest positive, so no per-element abs.
+template <int N>
+__device__ __forceinline__ uint32_t amax_bits(const float (&v)[N]) {
+  uint32_t umx = 0;
+  int32_t smx = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    umx = umax(umx, float_bits(v[j]));
+    smx = max(smx, int32_t(float_bits(v[j])));
+  }
+  return umax(umx & 0x7FFFFFFFu, uint32_t(smx));
+}
+
+// Can encode_store_e2m1_rn take a row block of block amax bits `amax` and
+// multiplier `mult`? No element product x * mult is NaN there: every x is
+// finite and mult is finite (rn, not fp4-trainkit's division).
+template <int K>
+__device__ __forceinline__ bool e2m1_rn_plain(const KParams& p, uint32_t amax, float mult) {
+  return (K == 1 || K == 2) && p.round == Round::rn && p.rule != ScaleRule::nv_noglobal && amax < 0x7F800000u &&
+         fabsf(mult) < inf_f();
+}
+
+// E2M1 rn codes of one row block (multiplier bp.mult) straight into packed
+// words: per element core's e2m1_rn_magnitude_biased() (three float roundings,
+// two integer minimums) and the sign bit, added into the word by integer
+// multiply-adds (the FMA pipe; the integer ALU pipe is what bounds the generic
+// form). Equal to encode_rn_f32<float4_e2m1fn>() of x * mult for non-NaN
+// products, which e2m1_rn_plain() guarantees. Then every requested output.
+template <int K, int N>
+__device__ __forceinline__ void encode_store_e2m1_rn(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                                     int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
+                                                     int valid) {
+  static_assert(N % 8 == 0);
+  constexpr uint32_t init = 0u - kE2m1MagnitudeBase * 0x11111111u;  // removes the base from all 8 nibbles
+  uint32_t w[N / 8];
+#pragma unroll
+  for (int q = 0; q < N / 8; ++q) {
+    w[q] = init;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float y = v[8 * q + k] * bp[0].mult;
+      w[q] += e2m1_rn_magnitude_biased(fabsf(y)) * (1u << (4 * k));
+      w[q] += __umulhi(float_bits(y), 2u) * (8u << (4 * k));  // the sign bit into the nibble's bit 3
+    }
+  }
+  const QuantOutputs& o = p.out;
+  const bool packed = o.codes && o.code_layout == CodeLayout::packed4;
+  if (packed) {
+    uint8_t* dst = o.codes + r * ((p.cols + 1) / 2) + c0 / 2;
+    if (valid == N && aligned<N / 2>(dst)) {
+      if constexpr (N == 32) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else if constexpr (N == 16) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+      } else {
+#pragma unroll
+        for (int q = 0; q < N / 8; ++q) reinterpret_cast<uint32_t*>(dst)[q] = w[q];
+      }
+    } else {
+      const int nbytes = (valid + 1) / 2;  // elements past `valid` are zeros: code 0
+#pragma unroll
+      for (int b = 0; b < N / 2; ++b)
+        if (b < nbytes) dst[b] = uint8_t(w[b / 4] >> (8 * (b % 4)));
+    }
+  }
+  if (o.dequant || o.dequant_bf16 || (o.codes && !packed)) {
+    uint32_t code[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) code[j] = (w[j / 8] >> (4 * (j % 8))) & 0xFu;
+    store_outputs<K, N, 1>(p, f, g, r, c0, code, bp, valid, !packed);
   }
 }
 

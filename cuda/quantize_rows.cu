@@ -30,9 +30,7 @@ __global__ void __launch_bounds__(kThreads, (BC == 32 && sizeof(In) == 4) ? 2 : 
     static_assert(BC == 16);
     rht16_forward(v, p.signs);  // cols % 16 == 0 (checked on the host): whole chunks
   }
-  uint32_t amax = 0;
-#pragma unroll
-  for (int j = 0; j < BC; ++j) amax = umax(amax, abs_bits(v[j]));
+  const uint32_t amax = amax_bits(v);
   if constexpr (AMAX_ONLY) {
     amax_warp_commit(amax, p.gamax);
     amax_pass_done(p.fin, p.gamax);
@@ -46,6 +44,9 @@ __global__ void __launch_bounds__(kThreads, (BC == 32 && sizeof(In) == 4) ? 2 : 
     const int64_t si = r * nblk + blk;
     if (p.out.scale_codes) p.out.scale_codes[si] = uint8_t(bp[0].code);
     if (p.out.scales) p.out.scales[si] = bp[0].scale;
+    if constexpr (K == 1 || K == 2) {
+      if (e2m1_rn_plain<K>(p, amax, bp[0].mult)) return encode_store_e2m1_rn<K, BC>(p, f, g, r, c0, v, bp, valid);
+    }
     encode_and_store<K, BC, 1>(p, f, g, r, c0, v, bp, valid);
   }
 }

@@ -370,6 +370,32 @@ TEST_CASE("encode_rn_f32 equals encode(rn) on a sampled sweep of float32 bit pat
   CHECK(fast_path_mismatches<float16>(xs) == 0);
 }
 
+TEST_CASE("e2m1 rn by float rounding: every float32 of |x| in [2^-10, 16), both signs, equals encode(rn)") {
+  // Every pattern where E2M1 has a code boundary (0.25 .. 5) and a margin
+  // around it; the sweep above covers the other exponents. Also checks the
+  // magnitude helper the GPU kernels call directly.
+  int64_t bad = 0;
+  for (uint32_t b = uint32_t(127 - 10) << 23; b < uint32_t(127 + 4) << 23; ++b)
+    for (uint32_t s : {0u, 0x80000000u}) {
+      const float x = bits_float(b | s);
+      const uint32_t want = encode(float4_e2m1fn, x, Round::rn, Overflow::saturate);
+      const uint32_t mag = e2m1_rn_magnitude_biased(bits_float(b)) - kE2m1MagnitudeBase;
+      if (encode_rn_f32<float4_e2m1fn>(x, Overflow::saturate) != want || (want & 7u) != mag) {
+        if (bad < 5) MESSAGE("x bits ", fmt_code(b | s), " want ", fmt_code(want), " magnitude ", mag);
+        ++bad;
+      }
+    }
+  CHECK(bad == 0);
+  // Saturation, Inf, 0 and the ties, by hand.
+  CHECK(e2m1_rn_magnitude_biased(0.0f) - kE2m1MagnitudeBase == 0);
+  CHECK(e2m1_rn_magnitude_biased(0.25f) - kE2m1MagnitudeBase == 0);
+  CHECK(e2m1_rn_magnitude_biased(2.5f) - kE2m1MagnitudeBase == 4);
+  CHECK(e2m1_rn_magnitude_biased(5.0f) - kE2m1MagnitudeBase == 6);
+  CHECK(e2m1_rn_magnitude_biased(1e30f) - kE2m1MagnitudeBase == 7);
+  CHECK(e2m1_rn_magnitude_biased(inf_f()) - kE2m1MagnitudeBase == 7);
+  CHECK(encode_rn_f32<float4_e2m1fn>(-quiet_nan_f(), Overflow::saturate) == 7);
+}
+
 namespace {
 // encode_rs_f32 against the generic encoder, each input with `words` random words
 // (plus the edge words 0, 1, 0x7FFFFFFF, 0x80000000 and 0xFFFFFFFF).
