@@ -253,35 +253,62 @@ FP4LAB_HD constexpr uint32_t e2m1_rn_magnitude_biased(float abs_x) {
   return m12 < m3 ? m12 : m3;
 }
 
+// Round-to-nearest-even magnitude code of float32 magnitude bits `a` (|x|) in
+// a format F of up to 16 bits with subnormals (not bfloat16: see below), by one
+// float rounding. With E = max(exponent of |x|, F's minimum normal exponent)
+// and the float M = 2^(E + 23 - man), whose ulp is F's quantum at |x|, the
+// float sum |x| + M rounds |x| (RNE, in hardware) to whole quanta q =
+// bits(|x| + M) - bits(M), and the code is q plus the code of 2^E's binade
+// start, (E - emin) << man. |x| is first capped at 2^(emax + 1), so Inf (and
+// NaN: callers handle it) give a code above every finite one (overflow).
+// Returns codes > max_magnitude_code() for overflowing magnitudes.
+template <const Format& F>
+FP4LAB_HD constexpr uint32_t rn_magnitude_code(uint32_t a) {
+  static_assert(!F.is_int && F.has_subnormals() && F.man_bits < 23 && emax(F) < 100);
+  constexpr int sh = 23 - F.man_bits;
+  constexpr uint32_t emin_bits = uint32_t(F.min_exponent() + 127) << 23;
+  constexpr uint32_t cap_bits = uint32_t(emax(F) + 1 + 127) << 23;
+  constexpr uint32_t code_offset = (emin_bits >> sh) + (uint32_t(sh) << F.man_bits);
+  const uint32_t c = a < cap_bits ? a : cap_bits;
+  const uint32_t e = c & 0x7F800000u;
+  const uint32_t m = (e > emin_bits ? e : emin_bits) + (uint32_t(sh) << 23);
+  return float_bits(bits_float(c) + bits_float(m)) - m + (m >> sh) - code_offset;
+}
+
 // Round-to-nearest-even encode of float32 into a signed floating format with
 // subnormals (every format here except e8m0, ue4m3 and int8), without branches, so
 // loops over it vectorise. Identical results to encode(F, x, Round::rn, o);
-// tests check that over all float32 inputs of a sampled grid and every edge.
+// tests check that over all float32 inputs of a sampled grid and every edge,
+// and exhaustively on the ranges around E2M1's, E4M3's and E5M2's codes.
+// The magnitude: e2m1_rn_magnitude_biased() for E2M1, rn_magnitude_code()
+// for the other formats of at most 16 bits, and integer rounding of the bits
+// for bfloat16 (its exponent range is float32's, so no float M above exists).
 template <const Format& F>
 FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
   static_assert(!F.is_int && F.is_signed && F.has_subnormals() && F.man_bits < 23);
-  if constexpr (F.exp_bits == 2 && F.man_bits == 1 && F.bias == 1 && F.special == Special::none) {
-    // E2M1: saturates under both policies, NaN -> max (format.hpp), -0 kept.
-    const uint32_t u = float_bits(x);
-    const uint32_t mag = e2m1_rn_magnitude_biased(bits_float(u & 0x7FFFFFFFu)) - kE2m1MagnitudeBase;
-    return (u & 0x7FFFFFFFu) > 0x7F800000u ? F.max_magnitude_code() : ((u >> 28) & 8u) | mag;
-  }
-  constexpr int shift = 23 - F.man_bits;
-  constexpr uint32_t rebias = uint32_t(127 - F.bias) << 23;
-  constexpr uint32_t min_normal_bits = uint32_t(F.min_exponent() + 127) << 23;
-  // A float whose ulp equals the target's subnormal quantum: adding it rounds
-  // |x| (RNE, in hardware) to a whole number of quanta held in its low bits.
-  constexpr float magic = pow2f(F.min_exponent() - F.man_bits + 23);
   const uint32_t u = float_bits(x);
   const uint32_t a = u & 0x7FFFFFFFu;
   const uint32_t sign = (u >> (31 - F.exp_bits - F.man_bits)) & F.sign_bit();  // float sign -> code sign
-  const uint32_t normal = (a - rebias + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift;
-  const uint32_t subnormal = float_bits(bits_float(a) + magic) - float_bits(magic);
-  // A mask blend, not `?:`: with a select GCC sinks the float add into the
-  // subnormal branch and then (trapping math, which we keep) refuses to
-  // if-convert the loop, so the loop does not vectorise.
-  const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
-  const uint32_t mag = (subnormal & sub_mask) | (normal & ~sub_mask);
+  uint32_t mag;
+  if constexpr (F.exp_bits == 2 && F.man_bits == 1 && F.bias == 1 && F.special == Special::none) {
+    mag = e2m1_rn_magnitude_biased(bits_float(a)) - kE2m1MagnitudeBase;  // (NaN: fast_code)
+  } else if constexpr (emax(F) < 100) {
+    mag = rn_magnitude_code<F>(a);
+  } else {
+    constexpr int shift = 23 - F.man_bits;
+    constexpr uint32_t rebias = uint32_t(127 - F.bias) << 23;
+    constexpr uint32_t min_normal_bits = uint32_t(F.min_exponent() + 127) << 23;
+    // A float whose ulp equals the target's subnormal quantum: adding it rounds
+    // |x| (RNE, in hardware) to a whole number of quanta held in its low bits.
+    constexpr float magic = pow2f(F.min_exponent() - F.man_bits + 23);
+    const uint32_t normal = (a - rebias + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift;
+    const uint32_t subnormal = float_bits(bits_float(a) + magic) - float_bits(magic);
+    // A mask blend, not `?:`: with a select GCC sinks the float add into the
+    // subnormal branch and then (trapping math, which we keep) refuses to
+    // if-convert the loop, so the loop does not vectorise.
+    const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
+    mag = (subnormal & sub_mask) | (normal & ~sub_mask);
+  }
   return detail::fast_code<F>(a, sign, mag, o);
 }
 

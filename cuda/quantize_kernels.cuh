@@ -49,6 +49,7 @@ struct KParams {
 };
 
 __device__ __forceinline__ uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
+__device__ __forceinline__ uint32_t umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
 // Warp-level part of a tensor-amax pass: the warp's max |x| bits into *gamax.
 // Every lane of the warp must call it. The fence makes this warp's atomic
@@ -556,63 +557,81 @@ __device__ __forceinline__ uint32_t amax_bits(const float (&v)[N]) {
   return umax(umx & 0x7FFFFFFFu, uint32_t(smx));
 }
 
-// Can encode_store_e2m1_rn take a row block of block amax bits `amax` and
-// multiplier `mult`? No element product x * mult is NaN there: every x is
-// finite and mult is finite (rn, not fp4-trainkit's division).
+// Kinds with a fast rn path (encode_store_rn_fast): E2M1 (1, 2) under either
+// policy (it always saturates), E4M3FN / E5M2 (3, 4) when saturating.
 template <int K>
-__device__ __forceinline__ bool e2m1_rn_plain(const KParams& p, uint32_t amax, float mult) {
-  return (K == 1 || K == 2) && p.round == Round::rn && p.rule != ScaleRule::nv_noglobal && amax < 0x7F800000u &&
-         fabsf(mult) < inf_f();
+constexpr bool kHasFastRn = K >= 1 && K <= 4;
+inline bool fast_rn_applies(int kind, const KParams& p) {
+  return kind >= 1 && kind <= 4 && p.round == Round::rn && p.rule != ScaleRule::nv_noglobal &&
+         (kind <= 2 || p.overflow == Overflow::saturate);
+}
+// Per block: may encode_store_rn_fast take a block of amax bits `amax` and
+// multiplier `mult`? Then no product x * mult is NaN: every x is finite and
+// mult is finite.
+__device__ __forceinline__ bool rn_fast_block(uint32_t amax, float mult) {
+  return amax < 0x7F800000u && fabsf(mult) < inf_f();
 }
 
-// E2M1 rn codes of one row block (multiplier bp.mult) straight into packed
-// words: per element core's e2m1_rn_magnitude_biased() (three float roundings,
-// two integer minimums) and the sign bit, added into the word by integer
-// multiply-adds (the FMA pipe; the integer ALU pipe is what bounds the generic
-// form). Equal to encode_rn_f32<float4_e2m1fn>() of x * mult for non-NaN
-// products, which e2m1_rn_plain() guarantees. Then every requested output.
+// rn codes of one row block (multiplier bp.mult) of a fast_rn_applies() kind,
+// straight into packed words, then every requested output. Per element: the
+// magnitude code by core's float-rounding forms (e2m1_rn_magnitude_biased for
+// E2M1: three float roundings and two integer minimums; rn_magnitude_code for
+// FP8, clamped to the largest finite code: saturation) and the sign bit, added
+// into the word by integer multiply-adds (the FMA pipe: the integer ALU pipe
+// is what bounds these kernels). Equal to encode_rn_f32<F>() of x * mult for
+// non-NaN products (rn_fast_block()).
 template <int K, int N>
-__device__ __forceinline__ void encode_store_e2m1_rn(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+__device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                      int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
                                                      int valid) {
-  static_assert(N % 8 == 0);
-  constexpr uint32_t init = 0u - kE2m1MagnitudeBase * 0x11111111u;  // removes the base from all 8 nibbles
-  uint32_t w[N / 8];
+  constexpr bool fp4 = K == 1 || K == 2;
+  constexpr int per_word = fp4 ? 8 : 4, bits = 32 / per_word;
+  static_assert(kHasFastRn<K> && N % per_word == 0);
+  // E2M1: the words start at minus kE2m1MagnitudeBase in every nibble.
+  constexpr uint32_t init = fp4 ? 0u - kE2m1MagnitudeBase * 0x11111111u : 0u;
+  constexpr Format F = kind_format<K>();
+  uint32_t w[N / per_word];
 #pragma unroll
-  for (int q = 0; q < N / 8; ++q) {
+  for (int q = 0; q < N / per_word; ++q) {
     w[q] = init;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float y = v[8 * q + k] * bp[0].mult;
-      w[q] += e2m1_rn_magnitude_biased(fabsf(y)) * (1u << (4 * k));
-      w[q] += __umulhi(float_bits(y), 2u) * (8u << (4 * k));  // the sign bit into the nibble's bit 3
+    for (int k = 0; k < per_word; ++k) {
+      const float y = v[per_word * q + k] * bp[0].mult;
+      uint32_t mag;
+      if constexpr (fp4) {
+        mag = e2m1_rn_magnitude_biased(fabsf(y));
+      } else {
+        mag = umin(rn_magnitude_code<kind_format<K>()>(float_bits(y) & 0x7FFFFFFFu), F.max_magnitude_code());
+      }
+      w[q] += mag * (1u << (bits * k));
+      w[q] += __umulhi(float_bits(y), 2u) * ((1u << (bits - 1)) << (bits * k));  // the sign bit
     }
   }
   const QuantOutputs& o = p.out;
-  const bool packed = o.codes && o.code_layout == CodeLayout::packed4;
-  if (packed) {
-    uint8_t* dst = o.codes + r * ((p.cols + 1) / 2) + c0 / 2;
-    if (valid == N && aligned<N / 2>(dst)) {
-      if constexpr (N == 32) {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-      } else if constexpr (N == 16) {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-      } else {
+  const bool packed = fp4 && o.codes && o.code_layout == CodeLayout::packed4;
+  const bool words = packed || (!fp4 && o.codes);  // the codes' layout is w's
+  if (words) {
+    constexpr int nbytes_full = fp4 ? N / 2 : N;
+    uint8_t* dst = fp4 ? o.codes + r * ((p.cols + 1) / 2) + c0 / 2 : o.codes + r * p.cols + c0;
+    if (valid == N && aligned<16>(dst) && nbytes_full % 16 == 0) {
 #pragma unroll
-        for (int q = 0; q < N / 8; ++q) reinterpret_cast<uint32_t*>(dst)[q] = w[q];
-      }
+      for (int k = 0; k < nbytes_full / 16; ++k)
+        reinterpret_cast<uint4*>(dst)[k] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+    } else if (valid == N && aligned<8>(dst) && nbytes_full % 8 == 0) {
+#pragma unroll
+      for (int k = 0; k < nbytes_full / 8; ++k) reinterpret_cast<uint2*>(dst)[k] = make_uint2(w[2 * k], w[2 * k + 1]);
     } else {
-      const int nbytes = (valid + 1) / 2;  // elements past `valid` are zeros: code 0
+      const int nbytes = fp4 ? (valid + 1) / 2 : valid;  // elements past `valid` are zeros: code 0
 #pragma unroll
-      for (int b = 0; b < N / 2; ++b)
+      for (int b = 0; b < nbytes_full; ++b)
         if (b < nbytes) dst[b] = uint8_t(w[b / 4] >> (8 * (b % 4)));
     }
   }
-  if (o.dequant || o.dequant_bf16 || (o.codes && !packed)) {
+  if (o.dequant || o.dequant_bf16 || (o.codes && !words)) {
     uint32_t code[N];
 #pragma unroll
-    for (int j = 0; j < N; ++j) code[j] = (w[j / 8] >> (4 * (j % 8))) & 0xFu;
-    store_outputs<K, N, 1>(p, f, g, r, c0, code, bp, valid, !packed);
+    for (int j = 0; j < N; ++j) code[j] = (w[j / per_word] >> (bits * (j % per_word))) & ((1u << bits) - 1u);
+    store_outputs<K, N, 1>(p, f, g, r, c0, code, bp, valid, !words);
   }
 }
 

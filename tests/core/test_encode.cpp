@@ -397,6 +397,35 @@ TEST_CASE("e2m1 rn by float rounding: every float32 of |x| in [2^-10, 16), both 
 }
 
 namespace {
+// encode_rn_f32<F> against encode() on every float32 pattern (both signs) with
+// a biased exponent in [lo, hi), under both overflow policies.
+template <const Format& F>
+int64_t rn_range_mismatches(int lo, int hi) {
+  int64_t bad = 0;
+  for (uint32_t b = uint32_t(lo) << 23; b < uint32_t(hi) << 23; ++b)
+    for (uint32_t s : {0u, 0x80000000u})
+      for (Overflow o : kPolicies) {
+        const float x = bits_float(b | s);
+        const uint32_t got = encode_rn_f32<F>(x, o), want = encode(F, x, Round::rn, o);
+        if (got != want) {
+          if (bad < 5) MESSAGE(F.name, " x bits ", fmt_code(b | s), " fast ", fmt_code(got), " generic ", fmt_code(want));
+          ++bad;
+        }
+      }
+  return bad;
+}
+}  // namespace
+
+TEST_CASE("encode_rn_f32 (FP8 by one float rounding): every float32 around the subnormal and overflow edges") {
+  // E4M3: below, across and above the subnormal range (2^-12 .. 2^-4) and the
+  // overflow region (256 .. 1024); E5M2 likewise (2^-19 .. 2^-12, 2^15 .. 2^18).
+  CHECK(rn_range_mismatches<float8_e4m3fn>(127 - 12, 127 - 4) == 0);
+  CHECK(rn_range_mismatches<float8_e4m3fn>(127 + 8, 127 + 10) == 0);
+  CHECK(rn_range_mismatches<float8_e5m2>(127 - 19, 127 - 12) == 0);
+  CHECK(rn_range_mismatches<float8_e5m2>(127 + 15, 127 + 18) == 0);
+}
+
+namespace {
 // encode_rs_f32 against the generic encoder, each input with `words` random words
 // (plus the edge words 0, 1, 0x7FFFFFFF, 0x80000000 and 0xFFFFFFFF).
 template <const Format& F>
