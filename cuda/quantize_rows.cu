@@ -1,6 +1,7 @@
 // Fused quantization of row blocks [1,16] and [1,32]: one thread per block
-// (16/32 consecutive elements of a row, 16-byte loads), optional RHT of the
-// block (sim's rht16_forward), amax, scale, codes and outputs in one pass.
+// (16/32 consecutive elements of a row, 16-byte loads; two [1,16] blocks per
+// thread for BF16 input with the fast rn path), optional RHT of the block
+// (sim's rht16_forward), amax, scale, codes and outputs in one pass.
 #include "cuda/quantize_kernels.cuh"
 
 #include "cuda/device.hpp"
@@ -8,70 +9,90 @@
 namespace fp4lab::cuda::qk {
 namespace {
 
-// FAST_RN: the kernel of a quantizer that fast_rn_applies() to (rn, kinds 1-4),
-// so that none of the other modes' code (SR's Philox, the generic encoder)
-// raises its register count: it runs at higher occupancy.
-template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, bool FAST_RN = false>
-__global__ void __launch_bounds__(kThreads, FAST_RN && BC == 16 ? 4 : (BC == 32 && sizeof(In) == 4) ? 2 : 3)
-    row_kernel(const KParams p) {
-  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t nblk = p.nbc;
-  const bool ok = t < p.rows * nblk;
-  int64_t r = 0, blk = 0;
-  if (ok) {
-    if (p.rows * nblk < (int64_t(1) << 32)) {  // 32-bit division where it suffices
-      r = uint32_t(t) / uint32_t(nblk);
-    } else {
-      r = t / nblk;
-    }
-    blk = t - r * nblk;
-  }
-  const int64_t c0 = blk * BC;
-  const int valid = ok ? int(p.cols - c0 < BC ? p.cols - c0 : BC) : 0;
-  float v[BC];
-  load_n<In, BC>(p.x, r * p.cols + c0, valid, v);
+// Everything after the load for one block (row r, block blk, columns c0 ..
+// c0 + valid - 1, values v): (RHT,) amax, block parameters, codes, outputs.
+template <int BC, int K, bool RHT, bool FAST_RN>
+__device__ __forceinline__ void row_block(const KParams& p, int64_t r, int64_t blk, float (&v)[BC], int valid) {
   if constexpr (RHT) {
     static_assert(BC == 16);
     rht16_forward(v, p.signs);  // cols % 16 == 0 (checked on the host): whole chunks
   }
+  const int64_t c0 = blk * BC;
   const uint32_t amax = amax_bits(v);
+  const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
+  const NvGlobal g = nv_global_of(p, f, sf);
+  BlockParams bp[1] = {block_params<K>(p, f, sf, amax, g)};
+  const int64_t si = r * p.nbc + blk;
+  if (p.out.scale_codes) p.out.scale_codes[si] = uint8_t(bp[0].code);
+  if (p.out.scales) p.out.scales[si] = bp[0].scale;
+  if constexpr (FAST_RN) {
+    if (rn_fast_block(amax, bp[0].mult)) return encode_store_rn_fast<K, BC>(p, f, g, r, c0, v, bp, valid);
+    // A block with NaN or Inf (or a non-finite multiplier): core's encode_rn_f32 per element.
+    uint32_t code[BC];
+#pragma unroll
+    for (int j = 0; j < BC; ++j) code[j] = encode_rn<K>(f, v[j] * bp[0].mult, p.overflow);
+    store_outputs<K, BC, 1>(p, f, g, r, c0, code, bp, valid, true);
+  } else {
+    encode_and_store<K, BC, 1>(p, f, g, r, c0, v, bp, valid);
+  }
+}
+
+// One thread per BPT consecutive blocks of a row (BPT > 1: more bytes in
+// flight per thread where one block is only 32 bytes of BF16).
+// FAST_RN: the kernel of a quantizer that fast_rn_applies() to (rn, kinds 1-4),
+// so that none of the other modes' code (SR's Philox, the generic encoder)
+// raises its register count: it runs at higher occupancy.
+template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, bool FAST_RN = false, int BPT = 1>
+__global__ void __launch_bounds__(kThreads, FAST_RN && BC * BPT == 16 ? 4 : (BC == 32 && sizeof(In) == 4) ? 2 : 3)
+    row_kernel(const KParams p) {
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t nunit = (p.nbc + BPT - 1) / BPT;  // threads per row
+  const bool ok = t < p.rows * nunit;
+  int64_t r = 0, u = 0;
+  if (ok) {
+    if (p.rows * nunit < (int64_t(1) << 32)) {  // 32-bit division where it suffices
+      r = uint32_t(t) / uint32_t(nunit);
+    } else {
+      r = t / nunit;
+    }
+    u = t - r * nunit;
+  }
+  const int64_t c0 = u * BPT * BC;
+  const int valid = ok ? int(p.cols - c0 < BPT * BC ? p.cols - c0 : BPT * BC) : 0;
+  float v[BPT * BC];
+  load_n<In, BPT * BC>(p.x, r * p.cols + c0, valid, v);
   if constexpr (AMAX_ONLY) {
-    amax_warp_commit(amax, p.gamax);
+    static_assert(BPT == 1);
+    if constexpr (RHT) rht16_forward(v, p.signs);
+    amax_warp_commit(amax_bits(v), p.gamax);
     amax_pass_done(p.fin, p.gamax);
-    return;
   } else {
     if (!ok) return;
-    const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
-    const NvGlobal g = nv_global_of(p, f, sf);
-    if (t == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
-    BlockParams bp[1] = {block_params<K>(p, f, sf, amax, g)};
-    const int64_t si = r * nblk + blk;
-    if (p.out.scale_codes) p.out.scale_codes[si] = uint8_t(bp[0].code);
-    if (p.out.scales) p.out.scales[si] = bp[0].scale;
-    if constexpr (FAST_RN) {
-      if (rn_fast_block(amax, bp[0].mult)) return encode_store_rn_fast<K, BC>(p, f, g, r, c0, v, bp, valid);
-      // A block with NaN or Inf (or a non-finite multiplier): core's encode_rn_f32 per element.
-      uint32_t code[BC];
+    if (t == 0 && p.out.global_decode) *p.out.global_decode = nv_global_of(p, kind_elem<K>(p), kind_scale<K>(p)).g_dec;
 #pragma unroll
-      for (int j = 0; j < BC; ++j) code[j] = encode_rn<K>(f, v[j] * bp[0].mult, p.overflow);
-      store_outputs<K, BC, 1>(p, f, g, r, c0, code, bp, valid, true);
-    } else {
-      encode_and_store<K, BC, 1>(p, f, g, r, c0, v, bp, valid);
+    for (int b = 0; b < BPT; ++b) {
+      if (b * BC >= valid) break;
+      float vb[BC];
+#pragma unroll
+      for (int j = 0; j < BC; ++j) vb[j] = v[b * BC + j];
+      row_block<BC, K, RHT, FAST_RN>(p, r, u * BPT + b, vb, valid - b * BC < BC ? valid - b * BC : BC);
     }
   }
 }
 
-template <class In, int BC, int K, bool RHT, bool AMAX, bool FAST_RN = false>
+template <class In, int BC, int K, bool RHT, bool AMAX, bool FAST_RN = false, int BPT = 1>
 void go(const KParams& p, cudaStream_t st) {
-  const int64_t threads = p.rows * p.nbc;
+  const int64_t threads = p.rows * ((p.nbc + BPT - 1) / BPT);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  if (blocks > 0) row_kernel<In, BC, K, RHT, AMAX, FAST_RN><<<unsigned(blocks), kThreads, 0, st>>>(p);
+  if (blocks > 0) row_kernel<In, BC, K, RHT, AMAX, FAST_RN, BPT><<<unsigned(blocks), kThreads, 0, st>>>(p);
   check_launch("row_kernel");
 }
-// Kind K's kernel, its FAST_RN form where the quantizer allows.
+// Kind K's kernel, its FAST_RN form where the quantizer allows (two 16-element
+// blocks per thread from BF16).
 template <class In, int BC, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
-  if (fast_rn_applies(K, p)) return go<In, BC, K, RHT, false, true>(p, st);
+  constexpr int bpt = BC == 16 && sizeof(In) == 2 ? 2 : 1;
+  if (fast_rn_applies(K, p)) return go<In, BC, K, RHT, false, true, bpt>(p, st);
   go<In, BC, K, RHT, false>(p, st);
 }
 

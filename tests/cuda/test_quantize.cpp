@@ -196,11 +196,16 @@ TEST_CASE("cuda quantize: bf16 input equals the f32 input of the same values") {
     for (Round r : {Round::rn, Round::rs}) {
       QuantizerSpec q = quantizer_by_name(n);
       q.round = r;
-      for (Size s : {Size{37, 53}, Size{64, 128}}) {
-        auto x = test::varied_randn(s.rows, s.cols, 77, 20);
-        test::round_to_bf16(x);
-        for (QuantPath p : paths_for(q))
-          if (!check_case(q, x, s, RandomStream{5, 6}, p, true)) ++failures;
+      // Odd and even block counts per row, partial blocks, one block per row
+      // (the fast rn kernel takes two [1,16] blocks per thread from BF16);
+      // random and adversarial values (NaN/Inf blocks take the per-element path).
+      for (Size s : {Size{37, 53}, Size{64, 128}, Size{9, 40}, Size{5, 16}}) {
+        for (bool adversarial : {false, true}) {
+          auto x = adversarial ? test::adversarial(s.rows, s.cols, 9u, true) : test::varied_randn(s.rows, s.cols, 77, 20);
+          test::round_to_bf16(x);
+          for (QuantPath p : paths_for(q))
+            if (!check_case(q, x, s, RandomStream{5, 6}, p, true)) ++failures;
+        }
       }
     }
   }
