@@ -22,7 +22,8 @@ namespace {
 using namespace qk;
 
 // ---- 16x16 tiles: one warp per tile, each lane 8 elements of one row --------
-template <class In, int K>
+// FAST_RN: a quantizer that fast_rn_applies() to (the rn kernel, as the row kernels').
+template <class In, int K, bool FAST_RN = false>
 __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t warp = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
@@ -34,10 +35,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   const int valid = (r < p.rows && c0 < p.cols) ? int(p.cols - c0 < 8 ? p.cols - c0 : 8) : 0;
   float v[8];
   load_n<In, 8>(p.x, r * p.cols + c0, valid, v);
-  uint32_t m = 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) m = umax(m, abs_bits(v[j]));
-  m = __reduce_max_sync(0xFFFFFFFFu, m);
+  const uint32_t m = __reduce_max_sync(0xFFFFFFFFu, amax_bits(v));
   const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
   const NvGlobal g = nv_global_of(p, f, sf);
   if (warp == 0 && lane == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
@@ -47,13 +45,23 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
     if (p.out.scale_codes) p.out.scale_codes[si] = uint8_t(bp[0].code);
     if (p.out.scales) p.out.scales[si] = bp[0].scale;
   }
-  if (valid > 0) encode_and_store<K, 8, 1>(p, f, g, r, c0, v, bp, valid);
+  if (valid <= 0) return;
+  if constexpr (FAST_RN) {
+    encode_store_rn<K, 8>(p, f, g, r, c0, v, bp, valid, m);
+  } else {
+    encode_and_store<K, 8, 1>(p, f, g, r, c0, v, bp, valid);
+  }
 }
 
 template <class In>
 void launch_tile_kernel(const KParams& p, int kind, unsigned blocks, cudaStream_t st) {
-  if (kind == 1)
+  const bool fast = fast_rn_applies(kind, p);
+  if (kind == 1 && fast)
+    tile_kernel<In, 1, true><<<blocks, kThreads, 0, st>>>(p);
+  else if (kind == 1)
     tile_kernel<In, 1><<<blocks, kThreads, 0, st>>>(p);
+  else if (kind == 2 && fast)
+    tile_kernel<In, 2, true><<<blocks, kThreads, 0, st>>>(p);
   else if (kind == 2)
     tile_kernel<In, 2><<<blocks, kThreads, 0, st>>>(p);
   else

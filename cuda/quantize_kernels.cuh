@@ -576,10 +576,10 @@ __device__ __forceinline__ bool rn_fast_block(uint32_t amax, float mult) {
 // straight into packed words, then every requested output. Per element: the
 // magnitude code by core's float-rounding forms (e2m1_rn_magnitude_biased for
 // E2M1: three float roundings and two integer minimums; rn_magnitude_code for
-// FP8, clamped to the largest finite code: saturation) and the sign bit, added
-// into the word by integer multiply-adds (the FMA pipe: the integer ALU pipe
-// is what bounds these kernels). Equal to encode_rn_f32<F>() of x * mult for
-// non-NaN products (rn_fast_block()).
+// FP8, clamped to the largest finite code: saturation), added into the word by
+// integer multiply-adds (the FMA pipe: the integer ALU pipe is what bounds
+// these kernels); the sign bits of a word at once by byte permutes. Equal to
+// encode_rn_f32<F>() of x * mult for non-NaN products (rn_fast_block()).
 template <int K, int N>
 __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                      int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
@@ -593,18 +593,31 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
   uint32_t w[N / per_word];
 #pragma unroll
   for (int q = 0; q < N / per_word; ++q) {
+    uint32_t yb[per_word];  // float bits of the products
     w[q] = init;
 #pragma unroll
     for (int k = 0; k < per_word; ++k) {
       const float y = v[per_word * q + k] * bp[0].mult;
+      yb[k] = float_bits(y);
       uint32_t mag;
       if constexpr (fp4) {
         mag = e2m1_rn_magnitude_biased(fabsf(y));
       } else {
-        mag = umin(rn_magnitude_code<kind_format<K>()>(float_bits(y) & 0x7FFFFFFFu), F.max_magnitude_code());
+        mag = umin(rn_magnitude_code<kind_format<K>()>(yb[k] & 0x7FFFFFFFu), F.max_magnitude_code());
       }
       w[q] += mag * (1u << (bits * k));
-      w[q] += __umulhi(float_bits(y), 2u) * ((1u << (bits - 1)) << (bits * k));  // the sign bit
+    }
+    // The sign bits, gathered with byte permutes (each float's top byte holds
+    // its sign in bit 7) instead of one shift and insert per element.
+    if constexpr (fp4) {
+      // Even elements' top bytes -> bits 7, 15, 23, 31, shifted to nibble bit 3;
+      // odd elements' land on bits 7, 15, 23, 31: their nibbles' bit 3.
+      const uint32_t even = __byte_perm(__byte_perm(yb[0], yb[2], 0x0073u), __byte_perm(yb[4], yb[6], 0x7300u), 0x7610u);
+      const uint32_t odd = __byte_perm(__byte_perm(yb[1], yb[3], 0x0073u), __byte_perm(yb[5], yb[7], 0x7300u), 0x7610u);
+      w[q] |= ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+    } else {
+      w[q] |= __byte_perm(__byte_perm(yb[0], yb[1], 0x0073u), __byte_perm(yb[2], yb[3], 0x7300u), 0x7610u) &
+              0x80808080u;
     }
   }
   const QuantOutputs& o = p.out;
@@ -620,6 +633,9 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
     } else if (valid == N && aligned<8>(dst) && nbytes_full % 8 == 0) {
 #pragma unroll
       for (int k = 0; k < nbytes_full / 8; ++k) reinterpret_cast<uint2*>(dst)[k] = make_uint2(w[2 * k], w[2 * k + 1]);
+    } else if (valid == N && aligned<4>(dst)) {
+#pragma unroll
+      for (int k = 0; k < nbytes_full / 4; ++k) reinterpret_cast<uint32_t*>(dst)[k] = w[k];
     } else {
       const int nbytes = fp4 ? (valid + 1) / 2 : valid;  // elements past `valid` are zeros: code 0
 #pragma unroll
@@ -633,6 +649,20 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
     for (int j = 0; j < N; ++j) code[j] = (w[j / per_word] >> (bits * (j % per_word))) & ((1u << bits) - 1u);
     store_outputs<K, N, 1>(p, f, g, r, c0, code, bp, valid, !words);
   }
+}
+
+// The rn codes and outputs of one block of a fast_rn_applies() kind (amax:
+// the block's amax bits): encode_store_rn_fast, or for a block with NaN or Inf
+// (or a non-finite multiplier) core's encode_rn_f32 per element.
+template <int K, int N>
+__device__ __forceinline__ void encode_store_rn(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                                int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
+                                                int valid, uint32_t amax) {
+  if (rn_fast_block(amax, bp[0].mult)) return encode_store_rn_fast<K, N>(p, f, g, r, c0, v, bp, valid);
+  uint32_t code[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[0].mult, p.overflow);
+  store_outputs<K, N, 1>(p, f, g, r, c0, code, bp, valid, true);
 }
 
 // The strip (i, jg) of thread t in a grid of nstrips x ngroups strips, row

@@ -26,12 +26,7 @@ __device__ __forceinline__ void row_block(const KParams& p, int64_t r, int64_t b
   if (p.out.scale_codes) p.out.scale_codes[si] = uint8_t(bp[0].code);
   if (p.out.scales) p.out.scales[si] = bp[0].scale;
   if constexpr (FAST_RN) {
-    if (rn_fast_block(amax, bp[0].mult)) return encode_store_rn_fast<K, BC>(p, f, g, r, c0, v, bp, valid);
-    // A block with NaN or Inf (or a non-finite multiplier): core's encode_rn_f32 per element.
-    uint32_t code[BC];
-#pragma unroll
-    for (int j = 0; j < BC; ++j) code[j] = encode_rn<K>(f, v[j] * bp[0].mult, p.overflow);
-    store_outputs<K, BC, 1>(p, f, g, r, c0, code, bp, valid, true);
+    encode_store_rn<K, BC>(p, f, g, r, c0, v, bp, valid, amax);
   } else {
     encode_and_store<K, BC, 1>(p, f, g, r, c0, v, bp, valid);
   }
