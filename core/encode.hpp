@@ -245,12 +245,15 @@ FP4LAB_HD constexpr float mul_add_exact_product(float a, float b, float c) {  //
 }
 FP4LAB_HD constexpr uint32_t e2m1_rn_magnitude_biased(float abs_x) {
   constexpr float B = 8388608.0f;
-  const uint32_t c1 = float_bits(mul_add_exact_product(abs_x, 2.0f, B));
-  const uint32_t c2 = float_bits(abs_x + (B + 2.0f));
-  const uint32_t c3 = float_bits(mul_add_exact_product(abs_x, 0.5f, B + 4.0f));
-  const uint32_t m12 = c1 < c2 ? c1 : c2;
-  const uint32_t m3 = c3 < kE2m1MagnitudeBase + 7u ? c3 : kE2m1MagnitudeBase + 7u;
-  return m12 < m3 ? m12 : m3;
+  // Signed minimums of the bits (all are positive floats, or NaN's bits for a
+  // NaN input: below 2^31 either way): SSE2 has a signed 32-bit compare only.
+  const int32_t c1 = int32_t(float_bits(mul_add_exact_product(abs_x, 2.0f, B)));
+  const int32_t c2 = int32_t(float_bits(abs_x + (B + 2.0f)));
+  const int32_t c3 = int32_t(float_bits(mul_add_exact_product(abs_x, 0.5f, B + 4.0f)));
+  constexpr int32_t cap = int32_t(kE2m1MagnitudeBase + 7u);
+  const int32_t m12 = c1 < c2 ? c1 : c2;
+  const int32_t m3 = c3 < cap ? c3 : cap;
+  return uint32_t(m12 < m3 ? m12 : m3);
 }
 
 // Round-to-nearest-even magnitude code of float32 magnitude bits `a` (|x|) in
@@ -269,9 +272,10 @@ FP4LAB_HD constexpr uint32_t rn_magnitude_code(uint32_t a) {
   constexpr uint32_t emin_bits = uint32_t(F.min_exponent() + 127) << 23;
   constexpr uint32_t cap_bits = uint32_t(emax(F) + 1 + 127) << 23;
   constexpr uint32_t code_offset = (emin_bits >> sh) + (uint32_t(sh) << F.man_bits);
-  const uint32_t c = a < cap_bits ? a : cap_bits;
+  // Signed compares (a < 2^31: magnitude bits): SSE2 has a signed 32-bit compare only.
+  const uint32_t c = int32_t(a) < int32_t(cap_bits) ? a : cap_bits;
   const uint32_t e = c & 0x7F800000u;
-  const uint32_t m = (e > emin_bits ? e : emin_bits) + (uint32_t(sh) << 23);
+  const uint32_t m = (int32_t(e) > int32_t(emin_bits) ? e : emin_bits) + (uint32_t(sh) << 23);
   return float_bits(bits_float(c) + bits_float(m)) - m + (m >> sh) - code_offset;
 }
 

@@ -207,11 +207,18 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
   std::printf("device: %s\n", device_description().c_str());
   std::printf("GEMM y[m,n] = A[m,k] B[n,k]^T, m=%lld n=%lld k=%lld, BF16 output, median of %d after warm-up\n",
               (long long)m, (long long)n, (long long)k, repeats);
-  const double ms_bf16 = time_median_ms(
-      [&] { gemm_bf16_nt(blas, a16.data(), b16.data(), y16.data(), OutType::bf16, m, n, k); }, 3, repeats);
+  auto gemm_ref = [&] { gemm_bf16_nt(blas, a16.data(), b16.data(), y16.data(), OutType::bf16, m, n, k); };
+  const double ms_bf16 = time_median_ms(gemm_ref, 3, repeats);
   const double tf_bf16 = flops / (ms_bf16 * 1e-3) / 1e12;
-  std::printf("\n%-58s %9s %9s %9s\n", "GEMM", "ms", "TFLOP/s", "of BF16");
-  std::printf("%-58s %9.4f %9.1f %8.1f%%\n", "cuBLAS BF16 (reference)", ms_bf16, tf_bf16, 100.0);
+  std::printf("\n%-58s %9s %9s %9s %9s\n", "GEMM", "ms", "TFLOP/s", "of BF16", "BF16 ms");
+  std::printf("%-58s %9.4f %9.1f %8.1f%% %9.4f\n", "cuBLAS BF16 (reference)", ms_bf16, tf_bf16, 100.0, ms_bf16);
+  // One row: fn timed interleaved with the BF16 reference ("of BF16" is the
+  // ratio of the two medians; "BF16 ms" is that reference's median).
+  auto row = [&](const std::string& name, const auto& fn) {
+    const auto [ms_ref, ms] = time_interleaved_median_ms(gemm_ref, fn, 3, repeats);
+    std::printf("%-58s %9.4f %9.1f %8.1f%% %9.4f\n", name.c_str(), ms, flops / (ms * 1e-3) / 1e12,
+                100.0 * ms_ref / ms, ms_ref);
+  };
 
   struct Side {
     DeviceBuffer<uint8_t> codes, scodes;
@@ -267,17 +274,12 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
       set_alpha_device(sa.gdec.data(), sb.gdec.data(), alpha.data(), blas.stream());
       gemm_bf16_nt(blas, sa.op16.data(), sb.op16.data(), y16.data(), OutType::bf16, m, n, k, 1.0f, alpha.data());
     };
-    const double ms_full = time_median_ms(full, 3, repeats);
+    row(std::string(c.name) + ": quantize A,B + GEMM", full);
     // (2) from already quantized operands (codes + scales): dequantize + GEMM.
     auto from_q = [&] {
       quantized_gemm_device(blas, sa.op, sb.op, y16.data(), OutType::bf16, gws, GemmPath::hopper_bf16);
     };
-    const double ms_q = time_median_ms(from_q, 3, repeats);
-    const double tf_full = flops / (ms_full * 1e-3) / 1e12, tf_q = flops / (ms_q * 1e-3) / 1e12;
-    std::printf("%-58s %9.4f %9.1f %8.1f%%\n", (std::string(c.name) + ": quantize A,B + GEMM").c_str(), ms_full,
-                tf_full, 100.0 * tf_full / tf_bf16);
-    std::printf("%-58s %9.4f %9.1f %8.1f%%\n", (std::string(c.name) + ": dequant + GEMM").c_str(), ms_q, tf_q,
-                100.0 * tf_q / tf_bf16);
+    row(std::string(c.name) + ": dequant + GEMM", from_q);
   }
   // MXFP8 on the FP8 tensor cores (per-32-block promotion), and cuBLASLt's
   // FP8 GEMM with one scale per tensor as the FP8 ceiling of this GPU.
@@ -297,23 +299,16 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
         from_q();
       };
       full();  // quantize once so that the codes-only timing below reads real codes
-      const double ms_full = time_median_ms(full, 3, repeats), ms_q = time_median_ms(from_q, 3, repeats);
-      const double tf_full = flops / (ms_full * 1e-3) / 1e12, tf_q = flops / (ms_q * 1e-3) / 1e12;
       const std::string name = std::string("MXFP8 ") + (qname + 6) + " (both [1,32]) on FP8 tensor cores";
-      std::printf("%-58s %9.4f %9.1f %8.1f%%\n", (name + ": quantize A,B + GEMM").c_str(), ms_full, tf_full,
-                  100.0 * tf_full / tf_bf16);
-      std::printf("%-58s %9.4f %9.1f %8.1f%%\n", (name + ": GEMM from codes").c_str(), ms_q, tf_q,
-                  100.0 * tf_q / tf_bf16);
+      row(name + ": quantize A,B + GEMM", full);
+      row(name + ": GEMM from codes", from_q);
     }
     try {
       DeviceBuffer<uint8_t> a8(static_cast<size_t>(m * k)), b8(static_cast<size_t>(n * k));
       a8.fill_bytes(0x38);  // 1.0 in E4M3: the values do not change the speed
       b8.fill_bytes(0x30);  // 0.5
-      const double ms8 = time_median_ms(
-          [&] { gemm_fp8_tensor_scaled_nt(blas, a8.data(), b8.data(), y16.data(), m, n, k); }, 3, repeats);
-      const double tf8 = flops / (ms8 * 1e-3) / 1e12;
-      std::printf("%-58s %9.4f %9.1f %8.1f%%\n", "cuBLASLt FP8 e4m3, one scale per tensor (FP8 ceiling)", ms8, tf8,
-                  100.0 * tf8 / tf_bf16);
+      row("cuBLASLt FP8 e4m3, one scale per tensor (FP8 ceiling)",
+          [&] { gemm_fp8_tensor_scaled_nt(blas, a8.data(), b8.data(), y16.data(), m, n, k); });
     } catch (const Error& e) {
       std::printf("%-58s %s\n", "cuBLASLt FP8 e4m3, one scale per tensor", e.what());
     }
@@ -321,7 +316,9 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
   std::printf(
       "\nNVFP4/MXFP4 GEMMs run on the BF16 tensor cores (dequantized operands are exact in BF16). MXFP8 runs\n"
       "both ways: dequantized to BF16, and on the FP8 tensor cores with each 32-element block's partial\n"
-      "promoted into FP32 (mma.sync m16n8k32, not wgmma). GemmPath::automatic takes the BF16 path.\n");
+      "promoted into FP32 (mma.sync m16n8k32, not wgmma). GemmPath::automatic takes the BF16 path.\n"
+      "Each row is timed interleaved with the cuBLAS BF16 GEMM (run, reference, run, ...): 'of BF16' is the\n"
+      "ratio of the two medians and 'BF16 ms' the reference's median during that row.\n");
   if (compute_capability() >= 100)
     std::printf("(sm_100+: the native block-scaled cuBLASLt path exists but is not benchmarked here.)\n");
   return 0;

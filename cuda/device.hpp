@@ -116,4 +116,37 @@ double time_median_ms(Fn&& fn, int warmup, int repeats, cudaStream_t stream) {
   return median_of(std::move(ms));
 }
 
+// Medians (ms) of `repeats` interleaved runs of a() and b() on `stream` (a, b,
+// a, b, ...; each run timed with its own pair of cudaEvents) after `warmup`
+// untimed runs of each: the ratio of the two does not drift with the GPU's
+// clock and temperature over a long benchmark, as one reference timed at the
+// start would.
+template <class A, class B>
+std::pair<double, double> time_interleaved_median_ms(A&& a, B&& b, int warmup, int repeats,
+                                                     cudaStream_t stream = nullptr) {
+  for (int i = 0; i < warmup; ++i) a(), b();
+  check(cudaStreamSynchronize(stream), "warm-up");
+  std::vector<cudaEvent_t> ev(4 * size_t(repeats));
+  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < repeats; ++i) {
+    check(cudaEventRecord(ev[4 * i], stream), "cudaEventRecord");
+    a();
+    check(cudaEventRecord(ev[4 * i + 1], stream), "cudaEventRecord");
+    check(cudaEventRecord(ev[4 * i + 2], stream), "cudaEventRecord");
+    b();
+    check(cudaEventRecord(ev[4 * i + 3], stream), "cudaEventRecord");
+  }
+  check(cudaStreamSynchronize(stream), "timed runs");
+  std::vector<double> ta(repeats), tb(repeats);
+  for (int i = 0; i < repeats; ++i) {
+    float t = 0;
+    check(cudaEventElapsedTime(&t, ev[4 * i], ev[4 * i + 1]), "cudaEventElapsedTime");
+    ta[i] = t;
+    check(cudaEventElapsedTime(&t, ev[4 * i + 2], ev[4 * i + 3]), "cudaEventElapsedTime");
+    tb[i] = t;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  return {median_of(std::move(ta)), median_of(std::move(tb))};
+}
+
 }  // namespace fp4lab::cuda
