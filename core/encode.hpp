@@ -236,7 +236,7 @@ FP4LAB_HD constexpr uint32_t encode(const Format& f, T x, Round r, Overflow o, u
 // bottleneck; encode_rn_f32<float4_e2m1fn> is built on it. Tests: every
 // float32 pattern of |x| in [2^-10, 16) and a sampled sweep of all others
 // against encode().
-inline constexpr uint32_t kE2m1MagnitudeBase = 0x4B000000u;  // float_bits(2^23)
+inline constexpr uint32_t kE2m1MagnitudeBase = 0x4B000000u;                   // float_bits(2^23)
 FP4LAB_HD constexpr float mul_add_exact_product(float a, float b, float c) {  // a * b exact (or overflowing)
 #ifdef __CUDA_ARCH__
   if (!__builtin_is_constant_evaluated()) return __fmaf_rn(a, b, c);  // one FFMA; same value as below

@@ -216,8 +216,8 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
   // ratio of the two medians; "BF16 ms" is that reference's median).
   auto row = [&](const std::string& name, const auto& fn) {
     const auto [ms_ref, ms] = time_interleaved_median_ms(gemm_ref, fn, 3, repeats);
-    std::printf("%-58s %9.4f %9.1f %8.1f%% %9.4f\n", name.c_str(), ms, flops / (ms * 1e-3) / 1e12,
-                100.0 * ms_ref / ms, ms_ref);
+    std::printf("%-58s %9.4f %9.1f %8.1f%% %9.4f\n", name.c_str(), ms, flops / (ms * 1e-3) / 1e12, 100.0 * ms_ref / ms,
+                ms_ref);
   };
 
   struct Side {

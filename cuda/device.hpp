@@ -4,6 +4,7 @@
 // Host-only header (plain C++; usable from .cpp files that link fp4lab_cuda).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -92,30 +93,6 @@ class DeviceBuffer {
 template <class Fn>
 double time_median_ms(Fn&& fn, int warmup, int repeats, cudaStream_t stream = nullptr);
 
-// Implementation of time_median_ms (templated so any callable works).
-double median_of(std::vector<double> v);
-template <class Fn>
-double time_median_ms(Fn&& fn, int warmup, int repeats, cudaStream_t stream) {
-  for (int i = 0; i < warmup; ++i) fn();
-  check(cudaStreamSynchronize(stream), "warm-up");
-  std::vector<cudaEvent_t> ev(2 * size_t(repeats));
-  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < repeats; ++i) {
-    check(cudaEventRecord(ev[2 * i], stream), "cudaEventRecord");
-    fn();
-    check(cudaEventRecord(ev[2 * i + 1], stream), "cudaEventRecord");
-  }
-  check(cudaStreamSynchronize(stream), "timed runs");
-  std::vector<double> ms(repeats);
-  for (int i = 0; i < repeats; ++i) {
-    float t = 0;
-    check(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
-    ms[i] = t;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  return median_of(std::move(ms));
-}
-
 // Medians (ms) of `repeats` interleaved runs of a() and b() on `stream` (a, b,
 // a, b, ...; each run timed with its own pair of cudaEvents) after `warmup`
 // untimed runs of each: the ratio of the two does not drift with the GPU's
@@ -123,30 +100,47 @@ double time_median_ms(Fn&& fn, int warmup, int repeats, cudaStream_t stream) {
 // start would.
 template <class A, class B>
 std::pair<double, double> time_interleaved_median_ms(A&& a, B&& b, int warmup, int repeats,
-                                                     cudaStream_t stream = nullptr) {
-  for (int i = 0; i < warmup; ++i) a(), b();
+                                                     cudaStream_t stream = nullptr);
+
+// Implementation of the two above (templated so any callable works): `repeats`
+// rounds, each running every fn once in order, each run timed with its own
+// pair of cudaEvents, after `warmup` untimed rounds; the times of fn i in [i].
+double median_of(std::vector<double> v);
+template <class... Fn>
+std::array<std::vector<double>, sizeof...(Fn)> time_rounds_ms(int warmup, int repeats, cudaStream_t stream,
+                                                              Fn&&... fn) {
+  constexpr size_t n = sizeof...(Fn);
+  for (int i = 0; i < warmup; ++i) (fn(), ...);
   check(cudaStreamSynchronize(stream), "warm-up");
-  std::vector<cudaEvent_t> ev(4 * size_t(repeats));
+  std::vector<cudaEvent_t> ev(2 * n * size_t(repeats));
   for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < repeats; ++i) {
-    check(cudaEventRecord(ev[4 * i], stream), "cudaEventRecord");
-    a();
-    check(cudaEventRecord(ev[4 * i + 1], stream), "cudaEventRecord");
-    check(cudaEventRecord(ev[4 * i + 2], stream), "cudaEventRecord");
-    b();
-    check(cudaEventRecord(ev[4 * i + 3], stream), "cudaEventRecord");
-  }
+  size_t e = 0;
+  auto timed = [&](auto& f) {
+    check(cudaEventRecord(ev[e++], stream), "cudaEventRecord");
+    f();
+    check(cudaEventRecord(ev[e++], stream), "cudaEventRecord");
+  };
+  for (int i = 0; i < repeats; ++i) (timed(fn), ...);
   check(cudaStreamSynchronize(stream), "timed runs");
-  std::vector<double> ta(repeats), tb(repeats);
-  for (int i = 0; i < repeats; ++i) {
-    float t = 0;
-    check(cudaEventElapsedTime(&t, ev[4 * i], ev[4 * i + 1]), "cudaEventElapsedTime");
-    ta[i] = t;
-    check(cudaEventElapsedTime(&t, ev[4 * i + 2], ev[4 * i + 3]), "cudaEventElapsedTime");
-    tb[i] = t;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  return {median_of(std::move(ta)), median_of(std::move(tb))};
+  std::array<std::vector<double>, n> ms;
+  for (size_t k = 0; k < n; ++k) ms[k].resize(size_t(repeats));
+  for (size_t i = 0; i < size_t(repeats); ++i)
+    for (size_t k = 0; k < n; ++k) {
+      float t = 0;
+      check(cudaEventElapsedTime(&t, ev[2 * (i * n + k)], ev[2 * (i * n + k) + 1]), "cudaEventElapsedTime");
+      ms[k][i] = t;
+    }
+  for (auto& x : ev) cudaEventDestroy(x);
+  return ms;
+}
+template <class Fn>
+double time_median_ms(Fn&& fn, int warmup, int repeats, cudaStream_t stream) {
+  return median_of(std::move(time_rounds_ms(warmup, repeats, stream, fn)[0]));
+}
+template <class A, class B>
+std::pair<double, double> time_interleaved_median_ms(A&& a, B&& b, int warmup, int repeats, cudaStream_t stream) {
+  auto ms = time_rounds_ms(warmup, repeats, stream, a, b);
+  return {median_of(std::move(ms[0])), median_of(std::move(ms[1]))};
 }
 
 }  // namespace fp4lab::cuda

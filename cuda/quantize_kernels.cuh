@@ -612,12 +612,13 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
     if constexpr (fp4) {
       // Even elements' top bytes -> bits 7, 15, 23, 31, shifted to nibble bit 3;
       // odd elements' land on bits 7, 15, 23, 31: their nibbles' bit 3.
-      const uint32_t even = __byte_perm(__byte_perm(yb[0], yb[2], 0x0073u), __byte_perm(yb[4], yb[6], 0x7300u), 0x7610u);
+      const uint32_t even =
+          __byte_perm(__byte_perm(yb[0], yb[2], 0x0073u), __byte_perm(yb[4], yb[6], 0x7300u), 0x7610u);
       const uint32_t odd = __byte_perm(__byte_perm(yb[1], yb[3], 0x0073u), __byte_perm(yb[5], yb[7], 0x7300u), 0x7610u);
       w[q] |= ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
     } else {
-      w[q] |= __byte_perm(__byte_perm(yb[0], yb[1], 0x0073u), __byte_perm(yb[2], yb[3], 0x7300u), 0x7610u) &
-              0x80808080u;
+      w[q] |=
+          __byte_perm(__byte_perm(yb[0], yb[1], 0x0073u), __byte_perm(yb[2], yb[3], 0x7300u), 0x7610u) & 0x80808080u;
     }
   }
   const QuantOutputs& o = p.out;
@@ -656,8 +657,8 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
 // (or a non-finite multiplier) core's encode_rn_f32 per element.
 template <int K, int N>
 __device__ __forceinline__ void encode_store_rn(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
-                                                int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
-                                                int valid, uint32_t amax) {
+                                                int64_t c0, const float (&v)[N], const BlockParams (&bp)[1], int valid,
+                                                uint32_t amax) {
   if (rn_fast_block(amax, bp[0].mult)) return encode_store_rn_fast<K, N>(p, f, g, r, c0, v, bp, valid);
   uint32_t code[N];
 #pragma unroll

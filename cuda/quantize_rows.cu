@@ -38,8 +38,9 @@ __device__ __forceinline__ void row_block(const KParams& p, int64_t r, int64_t b
 // so that none of the other modes' code (SR's Philox, the generic encoder)
 // raises its register count: it runs at higher occupancy.
 template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, bool FAST_RN = false, int BPT = 1>
-__global__ void __launch_bounds__(kThreads, FAST_RN && BC * BPT == 16 ? 4 : (BC == 32 && sizeof(In) == 4) ? 2 : 3)
-    row_kernel(const KParams p) {
+__global__ void __launch_bounds__(kThreads, FAST_RN&& BC* BPT == 16         ? 4
+                                            : (BC == 32 && sizeof(In) == 4) ? 2
+                                                                            : 3) row_kernel(const KParams p) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t nunit = (p.nbc + BPT - 1) / BPT;  // threads per row
   const bool ok = t < p.rows * nunit;

@@ -408,7 +408,8 @@ int64_t rn_range_mismatches(int lo, int hi) {
         const float x = bits_float(b | s);
         const uint32_t got = encode_rn_f32<F>(x, o), want = encode(F, x, Round::rn, o);
         if (got != want) {
-          if (bad < 5) MESSAGE(F.name, " x bits ", fmt_code(b | s), " fast ", fmt_code(got), " generic ", fmt_code(want));
+          if (bad < 5)
+            MESSAGE(F.name, " x bits ", fmt_code(b | s), " fast ", fmt_code(got), " generic ", fmt_code(want));
           ++bad;
         }
       }

@@ -201,7 +201,8 @@ TEST_CASE("cuda quantize: bf16 input equals the f32 input of the same values") {
       // random and adversarial values (NaN/Inf blocks take the per-element path).
       for (Size s : {Size{37, 53}, Size{64, 128}, Size{9, 40}, Size{5, 16}}) {
         for (bool adversarial : {false, true}) {
-          auto x = adversarial ? test::adversarial(s.rows, s.cols, 9u, true) : test::varied_randn(s.rows, s.cols, 77, 20);
+          auto x =
+              adversarial ? test::adversarial(s.rows, s.cols, 9u, true) : test::varied_randn(s.rows, s.cols, 77, 20);
           test::round_to_bf16(x);
           for (QuantPath p : paths_for(q))
             if (!check_case(q, x, s, RandomStream{5, 6}, p, true)) ++failures;
