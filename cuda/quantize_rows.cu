@@ -32,15 +32,21 @@ __device__ __forceinline__ void row_block(const KParams& p, int64_t r, int64_t b
   }
 }
 
+// Minimum resident blocks per SM (register cap): 4 for the fast rn kernel of
+// 16 elements per thread, 2 for 32 float32 elements, else 3.
+template <class In, int BC, bool FAST_RN, int BPT>
+constexpr int row_min_blocks() {
+  if (FAST_RN && BC * BPT == 16) return 4;
+  return BC == 32 && sizeof(In) == 4 ? 2 : 3;
+}
+
 // One thread per BPT consecutive blocks of a row (BPT > 1: more bytes in
 // flight per thread where one block is only 32 bytes of BF16).
 // FAST_RN: the kernel of a quantizer that fast_rn_applies() to (rn, kinds 1-4),
 // so that none of the other modes' code (SR's Philox, the generic encoder)
 // raises its register count: it runs at higher occupancy.
 template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, bool FAST_RN = false, int BPT = 1>
-__global__ void __launch_bounds__(kThreads, FAST_RN&& BC* BPT == 16         ? 4
-                                            : (BC == 32 && sizeof(In) == 4) ? 2
-                                                                            : 3) row_kernel(const KParams p) {
+__global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FAST_RN, BPT>()) row_kernel(const KParams p) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t nunit = (p.nbc + BPT - 1) / BPT;  // threads per row
   const bool ok = t < p.rows * nunit;
