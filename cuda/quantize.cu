@@ -53,17 +53,21 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   }
 }
 
+// Kind K's tile kernel, its FAST_RN form where the quantizer allows.
+template <class In, int K>
+void launch_tile_kind(const KParams& p, unsigned blocks, cudaStream_t st) {
+  if (fast_rn_applies(K, p))
+    tile_kernel<In, K, true><<<blocks, kThreads, 0, st>>>(p);
+  else
+    tile_kernel<In, K><<<blocks, kThreads, 0, st>>>(p);
+}
+
 template <class In>
 void launch_tile_kernel(const KParams& p, int kind, unsigned blocks, cudaStream_t st) {
-  const bool fast = fast_rn_applies(kind, p);
-  if (kind == 1 && fast)
-    tile_kernel<In, 1, true><<<blocks, kThreads, 0, st>>>(p);
-  else if (kind == 1)
-    tile_kernel<In, 1><<<blocks, kThreads, 0, st>>>(p);
-  else if (kind == 2 && fast)
-    tile_kernel<In, 2, true><<<blocks, kThreads, 0, st>>>(p);
+  if (kind == 1)
+    launch_tile_kind<In, 1>(p, blocks, st);
   else if (kind == 2)
-    tile_kernel<In, 2><<<blocks, kThreads, 0, st>>>(p);
+    launch_tile_kind<In, 2>(p, blocks, st);
   else
     tile_kernel<In, 0><<<blocks, kThreads, 0, st>>>(p);
 }

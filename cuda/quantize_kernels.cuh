@@ -556,11 +556,24 @@ __device__ __forceinline__ uint32_t amax_bits(const float (&v)[N]) {
   }
   return umax(umx & 0x7FFFFFFFu, uint32_t(smx));
 }
+// The same over a whole strip v[R][C], and over its column cc.
+template <int R, int C>
+__device__ __forceinline__ uint32_t amax_bits(const float (&v)[R][C]) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) m = umax(m, amax_bits(v[rr]));
+  return m;
+}
+template <int R, int C>
+__device__ __forceinline__ uint32_t column_amax_bits(const float (&v)[R][C], int cc) {
+  float col[R];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) col[rr] = v[rr][cc];
+  return amax_bits(col);
+}
 
 // Kinds with a fast rn path (encode_store_rn_fast): E2M1 (1, 2) under either
 // policy (it always saturates), E4M3FN / E5M2 (3, 4) when saturating.
-template <int K>
-constexpr bool kHasFastRn = K >= 1 && K <= 4;
 inline bool fast_rn_applies(int kind, const KParams& p) {
   return kind >= 1 && kind <= 4 && p.round == Round::rn && p.rule != ScaleRule::nv_noglobal &&
          (kind <= 2 || p.overflow == Overflow::saturate);
@@ -586,7 +599,7 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
                                                      int valid) {
   constexpr bool fp4 = K == 1 || K == 2;
   constexpr int per_word = fp4 ? 8 : 4, bits = 32 / per_word;
-  static_assert(kHasFastRn<K> && N % per_word == 0);
+  static_assert(K >= 1 && K <= 4 && N % per_word == 0);
   // E2M1: the words start at minus kE2m1MagnitudeBase in every nibble.
   constexpr uint32_t init = fp4 ? 0u - kE2m1MagnitudeBase * 0x11111111u : 0u;
   constexpr Format F = kind_format<K>();

@@ -10,17 +10,17 @@ namespace fp4lab::cuda::qk {
 namespace {
 
 // Everything after the load for one block (row r, block blk, columns c0 ..
-// c0 + valid - 1, values v): (RHT,) amax, block parameters, codes, outputs.
+// c0 + valid - 1, values v; the thread's formats and NvGlobal): (RHT,) amax,
+// block parameters, codes, outputs.
 template <int BC, int K, bool RHT, bool FAST_RN>
-__device__ __forceinline__ void row_block(const KParams& p, int64_t r, int64_t blk, float (&v)[BC], int valid) {
+__device__ __forceinline__ void row_block(const KParams& p, const Format& f, const Format& sf, const NvGlobal& g,
+                                          int64_t r, int64_t blk, float (&v)[BC], int valid) {
   if constexpr (RHT) {
     static_assert(BC == 16);
     rht16_forward(v, p.signs);  // cols % 16 == 0 (checked on the host): whole chunks
   }
   const int64_t c0 = blk * BC;
   const uint32_t amax = amax_bits(v);
-  const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
-  const NvGlobal g = nv_global_of(p, f, sf);
   BlockParams bp[1] = {block_params<K>(p, f, sf, amax, g)};
   const int64_t si = r * p.nbc + blk;
   if (p.out.scale_codes) p.out.scale_codes[si] = uint8_t(bp[0].code);
@@ -70,14 +70,16 @@ __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FAST_RN, BPT>
     amax_pass_done(p.fin, p.gamax);
   } else {
     if (!ok) return;
-    if (t == 0 && p.out.global_decode) *p.out.global_decode = nv_global_of(p, kind_elem<K>(p), kind_scale<K>(p)).g_dec;
+    const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
+    const NvGlobal g = nv_global_of(p, f, sf);
+    if (t == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
 #pragma unroll
     for (int b = 0; b < BPT; ++b) {
       if (b * BC >= valid) break;
       float vb[BC];
 #pragma unroll
       for (int j = 0; j < BC; ++j) vb[j] = v[b * BC + j];
-      row_block<BC, K, RHT, FAST_RN>(p, r, u * BPT + b, vb, valid - b * BC < BC ? valid - b * BC : BC);
+      row_block<BC, K, RHT, FAST_RN>(p, f, sf, g, r, u * BPT + b, vb, valid - b * BC < BC ? valid - b * BC : BC);
     }
   }
 }

@@ -369,6 +369,7 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
       if (const std::optional<PairSpecs> q = pair_specs(fx, wx, B, in)) {
         xo = im.prepare_pair(*q, fx, wx, x.data, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data),
                              st->wx_g.data);
+        im.report(Operand::fwd_x, xo, B, in);
         wx_made = true;
       }
     } else if (x.mem) {
@@ -379,11 +380,7 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
         check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
               "CudaLinear::forward: saving x");
     }
-    if (wx_made) {
-      im.report(Operand::fwd_x, xo, B, in);
-    } else {
-      xo = im.prepare(fx, x.data, B, in, im.slot[0]);
-    }
+    if (!wx_made) xo = im.prepare(fx, x.data, B, in, im.slot[0]);
   }
 
   // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
@@ -455,10 +452,8 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   if (const std::optional<PairSpecs> q = dy_shared ? std::nullopt : pair_specs(dgy, wgy, B, out)) {
     ensure(im.dy_cols_h, B * out);
     dy_op = im.prepare_pair(*q, dgy, wgy, dy.data, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data());
-    dy_pair = true;
-  }
-  if (dy_pair) {
     im.report(Operand::dgrad_grad_y, dy_op, B, out);
+    dy_pair = true;
   } else {
     dy_op = im.prepare(dgy, dy.data, B, out, im.slot[0]);
   }
