@@ -55,11 +55,19 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
   for (int rr = 0; rr < 16; ++rr) load_n<In, 4>(pr.x, (r0 + rr) * pr.cols + c0, ok ? 4 : 0, v[rr]);
 
   if constexpr (AMAX_ONLY) {
-    const uint32_t mr = amax_bits(v);
+    uint32_t mr = 0;
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr)
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) mr = umax(mr, abs_bits(v[rr][cc]));
     uint32_t mc = mr;
     if constexpr (RHT) {
       rht_columns(v, pc.signs);
-      mc = amax_bits(v);
+      mc = 0;
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) mc = umax(mc, abs_bits(v[rr][cc]));
     }
     amax_warp_commit(mr, pr.gamax);
     amax_warp_commit(mc, pc.gamax);
@@ -75,7 +83,9 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
     uint32_t ramax[16];
 #pragma unroll
     for (int rr = 0; rr < 16; ++rr) {
-      uint32_t m = amax_bits(v[rr]);
+      uint32_t m = 0;
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) m = umax(m, abs_bits(v[rr][cc]));
       m = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
       ramax[rr] = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
     }
@@ -119,7 +129,10 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
     uint32_t sc[4];
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) {
-      bpc[cc] = block_params<K>(pc, f, sf, column_amax_bits(v, cc), gc);
+      uint32_t m = 0;
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) m = umax(m, abs_bits(v[rr][cc]));
+      bpc[cc] = block_params<K>(pc, f, sf, m, gc);
       sc[cc] = bpc[cc].code;
     }
     const int64_t si = i * pc.nbc + c0;  // nbc == cols

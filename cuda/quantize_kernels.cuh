@@ -556,22 +556,6 @@ __device__ __forceinline__ uint32_t amax_bits(const float (&v)[N]) {
   }
   return umax(umx & 0x7FFFFFFFu, uint32_t(smx));
 }
-// The same over a whole strip v[R][C], and over its column cc.
-template <int R, int C>
-__device__ __forceinline__ uint32_t amax_bits(const float (&v)[R][C]) {
-  uint32_t m = 0;
-#pragma unroll
-  for (int rr = 0; rr < R; ++rr) m = umax(m, amax_bits(v[rr]));
-  return m;
-}
-template <int R, int C>
-__device__ __forceinline__ uint32_t column_amax_bits(const float (&v)[R][C], int cc) {
-  float col[R];
-#pragma unroll
-  for (int rr = 0; rr < R; ++rr) col[rr] = v[rr][cc];
-  return amax_bits(col);
-}
-
 // Kinds with a fast rn path (encode_store_rn_fast): E2M1 (1, 2) under either
 // policy (it always saturates), E4M3FN / E5M2 (3, 4) when saturating.
 inline bool fast_rn_applies(int kind, const KParams& p) {
