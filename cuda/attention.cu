@@ -659,7 +659,7 @@ void set_qkv(PtrSpec& s, float* qkv, int64_t T, int64_t C, int64_t hd) {
 void Attention::forward_cublas(const AttentionDims& d, const float* qkv, float* out, float* probs) {
   const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
   const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
-  if (thr != 0) grow(pd_, size_t(BH * T * T));
+  if (thr != 0) pd_.at_least(size_t(BH * T * T));
   float* q = const_cast<float*>(qkv);
   // Arrays: 0 Q, 1 K, 2 V, 3 probs, 4 (dropped) probs used by P.V, 5 out.
   PtrSpec s{};
@@ -668,7 +668,7 @@ void Attention::forward_cublas(const AttentionDims& d, const float* qkv, float* 
   s.base[3] = probs, s.sb[3] = H * T * T, s.sh[3] = T * T;
   s.base[4] = thr ? pd_.data() : probs, s.sb[4] = H * T * T, s.sh[4] = T * T;
   s.base[5] = out, s.sb[5] = T * C, s.sh[5] = hd;
-  float** P = grow(ptrs_, size_t(6 * BH));
+  float** P = ptrs_.at_least(size_t(6 * BH));
   make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
   check_launch("make_ptrs_kernel");
   // probs^T (col-major [T, T]) = K Q^T: S[i][j] = q_i . k_j, unscaled (the
@@ -694,8 +694,8 @@ void Attention::backward_cublas(const AttentionDims& d, const float* qkv, const 
   const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
   const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
   const size_t nn = size_t(BH * T * T);
-  grow(dp_, nn);
-  if (thr != 0) grow(pd_, nn);
+  dp_.at_least(nn);
+  if (thr != 0) pd_.at_least(nn);
   float* q = const_cast<float*>(qkv);
   // Two sets of arrays. Set 1: 0 Q, 1 K, 2 V, 3 dout, 4 dp/ds, 5 (dropped) probs.
   // Set 2: 0 dQ, 1 dK, 2 dV.
@@ -708,7 +708,7 @@ void Attention::backward_cublas(const AttentionDims& d, const float* qkv, const 
   PtrSpec g{};
   g.count = 3;
   set_qkv(g, dqkv, T, C, hd);
-  float** P = grow(ptrs_, size_t(9 * BH));
+  float** P = ptrs_.at_least(size_t(9 * BH));
   float** G = P + 6 * BH;
   make_ptrs_kernel<<<blocks_for(6 * BH), kThreads, 0, stream_>>>(s, B, H, P);
   check_launch("make_ptrs_kernel");
@@ -831,7 +831,7 @@ void Attention::backward_fused(const AttentionDims& d, const float* qkv, const f
                                float* dqkv) {
   const FusedArgs g = fused_args(d, qkv);
   const int64_t BH = d.batch * d.heads;
-  float* ds = grow(dp_, size_t(BH * d.seq * d.seq));
+  float* ds = dp_.at_least(size_t(BH * d.seq * d.seq));
   with_head_dim(d.width / d.heads,
                 [&](auto hd) { run_fused_backward<hd.value>(g, BH, probs, dout, ds, dqkv, stream_); });
 }

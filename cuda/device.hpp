@@ -57,6 +57,11 @@ class DeviceBuffer {
     if (n > 0) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
     n_ = n;
   }
+  // Grown (contents lost) to at least n elements; returns data().
+  T* at_least(size_t n) {
+    if (n_ < n) resize(n);
+    return p_;
+  }
   T* data() const { return p_; }
   size_t size() const { return n_; }
   size_t bytes() const { return n_ * sizeof(T); }

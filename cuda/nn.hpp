@@ -206,15 +206,6 @@ class Attention {
   void backward_cublas(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv);
   void forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs);
   void backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv);
-  // b's data, grown (contents lost) to at least n elements.
-  template <class T>
-  static T* grow(DeviceBuffer<T>& b, size_t n) {
-    if (b.size() < n) {
-      b.resize(0);
-      b.resize(n);
-    }
-    return b.data();
-  }
   cublasHandle_t h_ = nullptr;
   cudaStream_t stream_ = nullptr;
   AttentionPath path_ = AttentionPath::automatic;

@@ -258,7 +258,7 @@ void tensor_amax_pass(const void* x, InputType type, int64_t n, uint32_t* amax_b
 // Where the NvGlobal of a tensor amax goes: ws.global[3 * slot .. 3 * slot + 2]
 // (slot 0, or 1 for quantize_dual's second quantizer).
 float* global_slot(QuantWorkspace& ws, int slot) {
-  ws.global.resize(std::max<size_t>(ws.global.size(), 6));
+  ws.global.at_least(6);
   return ws.global.data() + 3 * slot;
 }
 
@@ -333,7 +333,7 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   const BlockGrid grid = block_grid(q, rows, cols);
   const int64_t nblocks = grid.nbr * grid.nbc;
   KParams p = make_params(q, x, rows, cols, rs, out);
-  ws.amax.resize(std::max<size_t>(ws.amax.size(), size_t(1 + (fused ? 0 : nblocks))));
+  ws.amax.at_least(size_t(1 + (fused ? 0 : nblocks)));
   p.gamax = ws.amax.data();
   if (rows == 0 || cols == 0) return;
 
@@ -369,8 +369,8 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   }
 
   // Generic path.
-  ws.mult.resize(std::max<size_t>(ws.mult.size(), size_t(nblocks)));
-  ws.scale.resize(std::max<size_t>(ws.scale.size(), size_t(nblocks)));
+  ws.mult.at_least(size_t(nblocks));
+  ws.scale.at_least(size_t(nblocks));
   p.block_amax = ws.amax.data() + 1;
   p.block_mult = ws.mult.data();
   p.block_scale = ws.scale.data();
@@ -421,7 +421,7 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
         "]");
   KParams pr = make_params(row_q, x, rows, cols, row_rs, row_out);
   KParams pc = make_params(col_q, x, rows, cols, col_rs, col_out);
-  ws.amax.resize(std::max<size_t>(ws.amax.size(), 2));
+  ws.amax.at_least(2);
   pr.gamax = ws.amax.data();
   pc.gamax = ws.amax.data() + 1;
   if (rows == 0 || cols == 0) return;

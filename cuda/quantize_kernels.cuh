@@ -556,6 +556,7 @@ __device__ __forceinline__ uint32_t amax_bits(const float (&v)[N]) {
   }
   return umax(umx & 0x7FFFFFFFu, uint32_t(smx));
 }
+
 // Kinds with a fast rn path (encode_store_rn_fast): E2M1 (1, 2) under either
 // policy (it always saturates), E4M3FN / E5M2 (3, 4) when saturating.
 inline bool fast_rn_applies(int kind, const KParams& p) {

@@ -107,14 +107,10 @@ class DevicePool {
   size_t cached_bytes_ = 0;
 };
 
-// Grows `b` to at least n elements (contents lost on growth).
+// Grows `b` to at least n elements (contents lost on growth), 64 at least.
 template <class T>
 T* reserve(DeviceBuffer<T>& b, size_t n) {
-  if (b.size() < n) {
-    b.resize(0);
-    b.resize(std::max<size_t>(n, 64));
-  }
-  return b.data();
+  return b.size() < n ? b.at_least(std::max<size_t>(n, 64)) : b.data();
 }
 
 void check_shape(const char* fn, const char* what, const Tensor& t, int64_t rows, int64_t cols) {

@@ -96,11 +96,6 @@ std::optional<PairSpecs> pair_specs(const OperandPlan& a, const OperandPlan& b, 
   return PairSpecs{*qa, *qb};
 }
 
-template <class T>
-void ensure(DeviceBuffer<T>& b, int64_t n) {
-  if (b.size() < size_t(n)) b.resize(size_t(n));
-}
-
 // A prepared GEMM operand (see the file comment). Row-major [rows, cols].
 struct DevOperand {
   const float* f32 = nullptr;
@@ -181,7 +176,7 @@ struct CudaLinear::Impl {
     const float* cur = src;
     auto to_work = [&] {
       if (cur == s.work.data()) return;
-      ensure(s.work, n);
+      s.work.at_least(size_t(n));
       if (n > 0)
         check(cudaMemcpyAsync(s.work.data(), cur, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
               "CudaLinear: operand copy");
@@ -198,7 +193,7 @@ struct CudaLinear::Impl {
     const bool amax_from_rht = p.rht && exact && !rht_in_quantizer;
     if (p.rht && !rht_in_quantizer) {
       // Out of place from the source (no copy first), in place after `pre`.
-      ensure(s.work, n);
+      s.work.at_least(size_t(n));
       cuda::rht_forward_device(cur, s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream,
                                amax_from_rht ? s.amax.data() : nullptr);
       cur = s.work.data();
@@ -206,11 +201,11 @@ struct CudaLinear::Impl {
     DevOperand o;
     if (exact) {
       if (bf16_dst == nullptr) {
-        ensure(s.h, n);
+        s.h.at_least(size_t(n));
         bf16_dst = s.h.data();
       }
       if (g_dst == nullptr) {
-        ensure(s.g, 1);
+        s.g.at_least(1);
         g_dst = s.g.data();
       }
       QuantizerSpec q = *p.quantizer;
@@ -231,7 +226,7 @@ struct CudaLinear::Impl {
       cuda::fake_quantize_device(*p.quantizer, s.work.data(), rows, cols, p.stream, qws, kStream);
       o.f32 = s.work.data();
     } else if (p.round_bf16) {
-      ensure(s.h, n);
+      s.h.at_least(size_t(n));
       cuda::round_bf16_device(cur, n, s.h.data(), kStream);
       o.bf16 = s.h.data();
     } else {
@@ -246,8 +241,8 @@ struct CudaLinear::Impl {
   // b_h / b_g (rows * cols BF16 values and one float). Reports neither.
   DevOperand prepare_pair(const PairSpecs& q, const OperandPlan& a, const OperandPlan& b, const float* src,
                           int64_t rows, int64_t cols, Slot& sa, uint16_t* b_h, float* b_g) {
-    ensure(sa.h, rows * cols);
-    ensure(sa.g, 1);
+    sa.h.at_least(size_t(rows * cols));
+    sa.g.at_least(1);
     cuda::QuantOutputs out_a, out_b;
     out_a.dequant_bf16 = sa.h.data();
     out_a.global_decode = sa.g.data();
@@ -262,7 +257,7 @@ struct CudaLinear::Impl {
   // The FP32 value of a BF16 operand (into s.expand), or the FP32 operand itself.
   const float* as_f32(const DevOperand& o, int64_t n, Slot& s) {
     if (!o.is_bf16()) return o.f32;
-    ensure(s.expand, n);
+    s.expand.at_least(size_t(n));
     cuda::bf16_to_f32_device(o.bf16, n, o.g, s.expand.data(), kStream);
     return s.expand.data();
   }
@@ -271,7 +266,7 @@ struct CudaLinear::Impl {
     if (!hook) return;
     const float* v = o.f32;
     if (o.is_bf16()) {
-      ensure(hook_buf, rows * cols);
+      hook_buf.at_least(size_t(rows * cols));
       cuda::bf16_to_f32_device(o.bf16, rows * cols, o.g, hook_buf.data(), kStream);
       v = hook_buf.data();
     }
@@ -450,7 +445,7 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   DevOperand dy_op;
   bool dy_pair = false;
   if (const std::optional<PairSpecs> q = dy_shared ? std::nullopt : pair_specs(dgy, wgy, B, out)) {
-    ensure(im.dy_cols_h, B * out);
+    im.dy_cols_h.at_least(size_t(B * out));
     dy_op = im.prepare_pair(*q, dgy, wgy, dy.data, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data());
     im.report(Operand::dgrad_grad_y, dy_op, B, out);
     dy_pair = true;
