@@ -11,7 +11,7 @@ namespace {
 
 template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY>
 __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
-  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
   const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
   int64_t i, jg;
   const bool ok = strip_of(t, nbr, ngroups, i, jg);

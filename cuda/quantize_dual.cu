@@ -45,7 +45,7 @@ __device__ __forceinline__ void unstage_row(const Stage& s, int rr, float (&r)[4
 template <class In, bool RHT, bool AMAX_ONLY>
 __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
   constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
-  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
   const int64_t ngroups = pr.cols / 4, nstrips = pr.rows / 16;  // both multiples of 16 (host)
   int64_t i, jg;
   const bool ok = strip_of(t, nstrips, ngroups, i, jg);

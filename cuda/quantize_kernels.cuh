@@ -62,6 +62,14 @@ __device__ __forceinline__ void amax_warp_commit(uint32_t m, uint32_t* gamax) {
   }
 }
 
+// The block index a kernel works on: reversed in amax passes, so that the
+// last bytes an amax pass reads are the tensor's first, which the quantization
+// pass that follows reads first, while they are still in L2.
+template <bool AMAX_PASS>
+__device__ __forceinline__ unsigned amax_pass_block() {
+  return AMAX_PASS ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+}
+
 // nv_global() of the final amax bits at *gamax (read at L2) into fin.out.
 __device__ __forceinline__ void store_nv_global(const AmaxFinish& fin, uint32_t* gamax) {
   const uint32_t a = atomicOr(gamax, 0u);

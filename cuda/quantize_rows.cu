@@ -47,7 +47,7 @@ constexpr int row_min_blocks() {
 // raises its register count: it runs at higher occupancy.
 template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, bool FAST_RN = false, int BPT = 1>
 __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FAST_RN, BPT>()) row_kernel(const KParams p) {
-  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
   const int64_t nunit = (p.nbc + BPT - 1) / BPT;  // threads per row
   const bool ok = t < p.rows * nunit;
   int64_t r = 0, u = 0;
