@@ -21,35 +21,41 @@ namespace {
 
 using namespace qk;
 
-// ---- 16x16 tiles: one warp per tile, each lane 8 elements of one row --------
-// FAST_RN: a quantizer that fast_rn_applies() to (the rn kernel, as the row kernels').
+// ---- 16x16 tiles: one warp per two side-by-side tiles ---------------------
+// Lane l takes row l % 16 of tile 2w + l / 16 of the warp's tile row: 16
+// consecutive elements (one or two 16-byte loads per lane; a row's two tiles
+// are 64 contiguous bytes of BF16). Each tile's amax is one warp reduction
+// in which the other tile's lanes contribute 0. FAST_RN: a quantizer that
+// fast_rn_applies() to (the rn kernel, as the row kernels').
 template <class In, int K, bool FAST_RN = false>
 __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, half = lane >> 4;
   const int64_t warp = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
-  const int64_t tiles_c = (p.cols + 15) / 16, tiles = ((p.rows + 15) / 16) * tiles_c;
-  if (warp >= tiles) return;  // warp-uniform
-  const int64_t tr = tiles < (int64_t(1) << 32) ? int64_t(uint32_t(warp) / uint32_t(tiles_c)) : warp / tiles_c;
-  const int64_t tc = warp - tr * tiles_c;
-  const int64_t r = tr * 16 + (lane >> 1), c0 = tc * 16 + (lane & 1) * 8;
-  const int valid = (r < p.rows && c0 < p.cols) ? int(p.cols - c0 < 8 ? p.cols - c0 : 8) : 0;
-  float v[8];
-  load_n<In, 8>(p.x, r * p.cols + c0, valid, v);
-  const uint32_t m = __reduce_max_sync(0xFFFFFFFFu, amax_bits(v));
+  const int64_t tiles_c = (p.cols + 15) / 16, pairs_c = (tiles_c + 1) / 2, pairs = ((p.rows + 15) / 16) * pairs_c;
+  if (warp >= pairs) return;  // warp-uniform
+  const int64_t tr = pairs < (int64_t(1) << 32) ? int64_t(uint32_t(warp) / uint32_t(pairs_c)) : warp / pairs_c;
+  const int64_t tc = (warp - tr * pairs_c) * 2 + half;
+  const int64_t r = tr * 16 + (lane & 15), c0 = tc * 16;
+  const int valid = (r < p.rows && c0 < p.cols) ? int(p.cols - c0 < 16 ? p.cols - c0 : 16) : 0;
+  float v[16];
+  load_n<In, 16>(p.x, r * p.cols + c0, valid, v);
+  const uint32_t a = amax_bits(v);
+  const uint32_t m0 = __reduce_max_sync(0xFFFFFFFFu, half ? 0u : a), m1 = __reduce_max_sync(0xFFFFFFFFu, half ? a : 0u);
+  const uint32_t m = half ? m1 : m0;
   const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
   const NvGlobal g = nv_global_of(p, f, sf);
   if (warp == 0 && lane == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
   BlockParams bp[1] = {block_params<K>(p, f, sf, m, g)};
-  if (lane == 0) {
+  if ((lane & 15) == 0 && tc < tiles_c) {
     const int64_t si = tr * p.nbc + tc;
     if (p.out.scale_codes) p.out.scale_codes[si] = uint8_t(bp[0].code);
     if (p.out.scales) p.out.scales[si] = bp[0].scale;
   }
   if (valid <= 0) return;
   if constexpr (FAST_RN) {
-    encode_store_rn<K, 8>(p, f, g, r, c0, v, bp, valid, m);
+    encode_store_rn<K, 16>(p, f, g, r, c0, v, bp, valid, m);
   } else {
-    encode_and_store<K, 8, 1>(p, f, g, r, c0, v, bp, valid);
+    encode_and_store<K, 16, 1>(p, f, g, r, c0, v, bp, valid);
   }
 }
 
@@ -73,9 +79,9 @@ void launch_tile_kernel(const KParams& p, int kind, unsigned blocks, cudaStream_
 }
 
 void launch_tiles(const KParams& p, int kind, InputType in, cudaStream_t st) {
-  const int64_t tiles = ((p.rows + 15) / 16) * ((p.cols + 15) / 16);
-  const unsigned blocks = unsigned((tiles * 32 + kThreads - 1) / kThreads);
-  if (tiles == 0) return;
+  const int64_t pairs = ((p.rows + 15) / 16) * ((p.cols + 31) / 32);  // one warp per two tiles
+  const unsigned blocks = unsigned((pairs * 32 + kThreads - 1) / kThreads);
+  if (pairs == 0) return;
   if (in == InputType::bf16)
     launch_tile_kernel<uint16_t>(p, kind, blocks, st);
   else
