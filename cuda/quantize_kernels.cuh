@@ -9,6 +9,7 @@
 #include "core/encode.hpp"
 #include "core/format.hpp"
 #include "core/philox.hpp"
+#include "cuda/fast_div.hpp"
 #include "cuda/quantize.hpp"
 #include "sim/rht.hpp"
 #include "sim/scale_rules.hpp"
@@ -46,6 +47,10 @@ struct KParams {
   float* block_scale;    // generic path
   AmaxFinish fin;        // amax passes: NvGlobal of the result by the last block
   QuantOutputs out;
+  // Row kernels' FULL form (quantize_rows.cu): the thread count and the
+  // division of a thread index by the threads per row.
+  uint32_t units = 0;
+  FastDivU31 unit_div;
 };
 
 __device__ __forceinline__ uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
@@ -296,13 +301,15 @@ __device__ __forceinline__ bool aligned(const void* p) {
 }
 
 // Loads N consecutive elements starting at element index i (valid = how many
-// are inside the tensor; the rest read as 0). Vector loads when possible.
-template <class In, int N>
+// are inside the tensor; the rest read as 0). Vector loads when possible; FULL:
+// the caller guarantees valid == N and a 16-byte aligned start (no checks).
+template <class In, int N, bool FULL = false>
 __device__ __forceinline__ void load_n(const void* x, int64_t i, int valid, float (&v)[N]) {
+  static_assert(!FULL || N % (16 / sizeof(In)) == 0);
   if constexpr (sizeof(In) == 2) {
     const uint16_t* s = static_cast<const uint16_t*>(x) + i;
     if constexpr (N % 8 == 0) {
-      if (valid == N && aligned<16>(s)) {
+      if (FULL || (valid == N && aligned<16>(s))) {
 #pragma unroll
         for (int k = 0; k < N / 8; ++k) {
           const uint4 u = __ldg(reinterpret_cast<const uint4*>(s) + k);
@@ -334,7 +341,7 @@ __device__ __forceinline__ void load_n(const void* x, int64_t i, int valid, floa
   } else {
     const float* s = static_cast<const float*>(x) + i;
     if constexpr (N % 4 == 0) {
-      if (valid == N && aligned<16>(s)) {
+      if (FULL || (valid == N && aligned<16>(s))) {
 #pragma unroll
         for (int k = 0; k < N / 4; ++k) {
           const float4 u = __ldg(reinterpret_cast<const float4*>(s) + k);
@@ -417,10 +424,12 @@ __device__ __forceinline__ void store_codes(const KParams& p, int64_t r, int64_t
   }
 }
 
-template <int N>
+// FULL (store_f32, store_bf16, store_outputs, encode_store_rn_fast): the
+// caller guarantees valid == N and 16-byte aligned rows (no checks).
+template <int N, bool FULL = false>
 __device__ __forceinline__ void store_f32(float* dst, const float (&v)[N], int valid) {
   if constexpr (N % 4 == 0) {
-    if (valid == N && aligned<16>(dst)) {
+    if (FULL || (valid == N && aligned<16>(dst))) {
 #pragma unroll
       for (int k = 0; k < N / 4; ++k)
         reinterpret_cast<float4*>(dst)[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
@@ -431,10 +440,10 @@ __device__ __forceinline__ void store_f32(float* dst, const float (&v)[N], int v
   for (int j = 0; j < N; ++j)
     if (j < valid) dst[j] = v[j];
 }
-template <int N>
+template <int N, bool FULL = false>
 __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N], int valid) {
   if constexpr (N % 8 == 0) {
-    if (valid == N && aligned<16>(dst)) {
+    if (FULL || (valid == N && aligned<16>(dst))) {
 #pragma unroll
       for (int k = 0; k < N / 8; ++k)
         reinterpret_cast<uint4*>(dst)[k] =
@@ -454,7 +463,7 @@ __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N]
     if (j < valid) dst[j] = uint16_t(h[j]);
 }
 
-template <int K, int N, int NB>
+template <int K, int N, int NB, bool FULL = false>
 __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                               int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
                                               int valid, bool codes);
@@ -520,7 +529,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
 
 // Every requested output of N consecutive element codes of row r from column
 // c0 (the codes themselves only if `codes`).
-template <int K, int N, int NB>
+template <int K, int N, int NB, bool FULL>
 __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                               int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
                                               int valid, bool codes) {
@@ -531,7 +540,7 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
     float d[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) d[j] = (decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) * g.g_dec;
-    store_f32<N>(o.dequant + base, d, valid);
+    store_f32<N, FULL>(o.dequant + base, d, valid);
   }
   if (o.dequant_bf16) {
     uint32_t h[N];
@@ -546,7 +555,7 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
         h[j] = to_bf16(o.bf16_gemm_operand ? d : d * g.g_dec);
       }
     }
-    store_bf16<N>(o.dequant_bf16 + base, h, valid);
+    store_bf16<N, FULL>(o.dequant_bf16 + base, h, valid);
   }
 }
 
@@ -586,7 +595,7 @@ __device__ __forceinline__ bool rn_fast_block(uint32_t amax, float mult) {
 // integer multiply-adds (the FMA pipe: the integer ALU pipe is what bounds
 // these kernels); the sign bits of a word at once by byte permutes. Equal to
 // encode_rn_f32<F>() of x * mult for non-NaN products (rn_fast_block()).
-template <int K, int N>
+template <int K, int N, bool FULL = false>
 __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                      int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
                                                      int valid) {
@@ -633,11 +642,11 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
   if (words) {
     constexpr int nbytes_full = fp4 ? N / 2 : N;
     uint8_t* dst = fp4 ? o.codes + r * ((p.cols + 1) / 2) + c0 / 2 : o.codes + r * p.cols + c0;
-    if (valid == N && aligned<16>(dst) && nbytes_full % 16 == 0) {
+    if (nbytes_full % 16 == 0 && (FULL || (valid == N && aligned<16>(dst)))) {
 #pragma unroll
       for (int k = 0; k < nbytes_full / 16; ++k)
         reinterpret_cast<uint4*>(dst)[k] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
-    } else if (valid == N && aligned<8>(dst) && nbytes_full % 8 == 0) {
+    } else if (nbytes_full % 8 == 0 && (FULL || (valid == N && aligned<8>(dst)))) {
 #pragma unroll
       for (int k = 0; k < nbytes_full / 8; ++k) reinterpret_cast<uint2*>(dst)[k] = make_uint2(w[2 * k], w[2 * k + 1]);
     } else if (valid == N && aligned<4>(dst)) {
@@ -654,18 +663,18 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
     uint32_t code[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = (w[j / per_word] >> (bits * (j % per_word))) & ((1u << bits) - 1u);
-    store_outputs<K, N, 1>(p, f, g, r, c0, code, bp, valid, !words);
+    store_outputs<K, N, 1, FULL>(p, f, g, r, c0, code, bp, valid, !words);
   }
 }
 
 // The rn codes and outputs of one block of a fast_rn_applies() kind (amax:
 // the block's amax bits): encode_store_rn_fast, or for a block with NaN or Inf
 // (or a non-finite multiplier) core's encode_rn_f32 per element.
-template <int K, int N>
+template <int K, int N, bool FULL = false>
 __device__ __forceinline__ void encode_store_rn(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                 int64_t c0, const float (&v)[N], const BlockParams (&bp)[1], int valid,
                                                 uint32_t amax) {
-  if (rn_fast_block(amax, bp[0].mult)) return encode_store_rn_fast<K, N>(p, f, g, r, c0, v, bp, valid);
+  if (rn_fast_block(amax, bp[0].mult)) return encode_store_rn_fast<K, N, FULL>(p, f, g, r, c0, v, bp, valid);
   uint32_t code[N];
 #pragma unroll
   for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[0].mult, p.overflow);

@@ -11,8 +11,8 @@ namespace {
 
 // Everything after the load for one block (row r, block blk, columns c0 ..
 // c0 + valid - 1, values v; the thread's formats and NvGlobal): (RHT,) amax,
-// block parameters, codes, outputs.
-template <int BC, int K, bool RHT, bool FAST_RN>
+// block parameters, codes, outputs. FULL: see row_kernel.
+template <int BC, int K, bool RHT, bool FAST_RN, bool FULL = false>
 __device__ __forceinline__ void row_block(const KParams& p, const Format& f, const Format& sf, const NvGlobal& g,
                                           int64_t r, int64_t blk, float (&v)[BC], int valid) {
   if constexpr (RHT) {
@@ -26,7 +26,7 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
   if (p.out.scale_codes) p.out.scale_codes[si] = uint8_t(bp[0].code);
   if (p.out.scales) p.out.scales[si] = bp[0].scale;
   if constexpr (FAST_RN) {
-    encode_store_rn<K, BC>(p, f, g, r, c0, v, bp, valid, amax);
+    encode_store_rn<K, BC, FULL>(p, f, g, r, c0, v, bp, valid, amax);
   } else {
     encode_and_store<K, BC, 1>(p, f, g, r, c0, v, bp, valid);
   }
@@ -45,8 +45,33 @@ constexpr int row_min_blocks() {
 // FAST_RN: the kernel of a quantizer that fast_rn_applies() to (rn, kinds 1-4),
 // so that none of the other modes' code (SR's Philox, the generic encoder)
 // raises its register count: it runs at higher occupancy.
-template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, bool FAST_RN = false, int BPT = 1>
+// FULL (with FAST_RN; row_full_applies()): every thread's BPT blocks are whole
+// and its loads and stores 16-byte aligned, and the tensor has fewer than 2^31
+// elements: 32-bit index arithmetic, the row of a thread by FastDivU31, no
+// bounds or alignment checks. The per-thread and per-block bookkeeping is a
+// large part of these kernels' instructions from BF16.
+template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, bool FAST_RN = false, int BPT = 1, bool FULL = false>
 __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FAST_RN, BPT>()) row_kernel(const KParams p) {
+  if constexpr (FULL) {
+    static_assert(FAST_RN && !AMAX_ONLY);
+    const uint32_t t = blockIdx.x * kThreads + threadIdx.x;
+    if (t >= p.units) return;
+    const uint32_t r = p.unit_div.div(t), u = t - r * uint32_t(p.nbc / BPT);
+    const uint32_t c0 = u * (BPT * BC);
+    float v[BPT * BC];
+    load_n<In, BPT * BC, true>(p.x, r * uint32_t(p.cols) + c0, BPT * BC, v);
+    const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
+    const NvGlobal g = nv_global_of(p, f, sf);
+    if (t == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
+#pragma unroll
+    for (int b = 0; b < BPT; ++b) {
+      float vb[BC];
+#pragma unroll
+      for (int j = 0; j < BC; ++j) vb[j] = v[b * BC + j];
+      row_block<BC, K, RHT, true, true>(p, f, sf, g, r, u * BPT + b, vb, BC);
+    }
+    return;
+  }
   const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
   const int64_t nunit = (p.nbc + BPT - 1) / BPT;  // threads per row
   const bool ok = t < p.rows * nunit;
@@ -84,19 +109,43 @@ __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FAST_RN, BPT>
   }
 }
 
-template <class In, int BC, int K, bool RHT, bool AMAX, bool FAST_RN = false, int BPT = 1>
+template <class In, int BC, int K, bool RHT, bool AMAX, bool FAST_RN = false, int BPT = 1, bool FULL = false>
 void go(const KParams& p, cudaStream_t st) {
   const int64_t threads = p.rows * ((p.nbc + BPT - 1) / BPT);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  if (blocks > 0) row_kernel<In, BC, K, RHT, AMAX, FAST_RN, BPT><<<unsigned(blocks), kThreads, 0, st>>>(p);
+  if (blocks > 0) row_kernel<In, BC, K, RHT, AMAX, FAST_RN, BPT, FULL><<<unsigned(blocks), kThreads, 0, st>>>(p);
   check_launch("row_kernel");
 }
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+// May a FAST_RN row kernel of `elems` elements per thread take its FULL form?
+// Whole thread spans (cols % elems == 0, so every row of every output starts
+// 16-byte aligned given 16-byte aligned bases: 16 FP4 elements are 8 bytes,
+// 16 elements in 16-byte vectors), aligned bases, fewer than 2^31 elements.
+bool row_full_applies(const KParams& p, int elems) {
+  const QuantOutputs& o = p.out;
+  return p.cols % elems == 0 && p.rows * p.cols < (int64_t(1) << 31) && aligned16(p.x) &&
+         (!o.codes || aligned16(o.codes)) && (!o.dequant || aligned16(o.dequant)) &&
+         (!o.dequant_bf16 || aligned16(o.dequant_bf16));
+}
+
 // Kind K's kernel, its FAST_RN form where the quantizer allows (two 16-element
-// blocks per thread from BF16).
+// blocks per thread from BF16), FULL where row_full_applies().
 template <class In, int BC, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr int bpt = BC == 16 && sizeof(In) == 2 ? 2 : 1;
-  if (fast_rn_applies(K, p)) return go<In, BC, K, RHT, false, true, bpt>(p, st);
+  if (fast_rn_applies(K, p)) {
+    if constexpr (!RHT) {
+      if (row_full_applies(p, bpt * BC)) {
+        KParams pf = p;
+        pf.units = uint32_t(p.rows * (p.nbc / bpt));
+        pf.unit_div = FastDivU31::of(uint32_t(p.nbc / bpt));
+        return go<In, BC, K, RHT, false, true, bpt, true>(pf, st);
+      }
+    }
+    return go<In, BC, K, RHT, false, true, bpt>(p, st);
+  }
   go<In, BC, K, RHT, false>(p, st);
 }
 
