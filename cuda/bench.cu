@@ -275,6 +275,11 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
       gemm_bf16_nt(blas, sa.op16.data(), sb.op16.data(), y16.data(), OutType::bf16, m, n, k, 1.0f, alpha.data());
     };
     row(std::string(c.name) + ": quantize A,B + GEMM", full);
+    // The GEMM of (1) alone, on the operands (1) made: what the quantization adds.
+    auto gemm_only = [&] {
+      gemm_bf16_nt(blas, sa.op16.data(), sb.op16.data(), y16.data(), OutType::bf16, m, n, k, 1.0f, alpha.data());
+    };
+    row(std::string(c.name) + ": its GEMM alone", gemm_only);
     // (2) from already quantized operands (codes + scales): dequantize + GEMM.
     auto from_q = [&] {
       quantized_gemm_device(blas, sa.op, sb.op, y16.data(), OutType::bf16, gws, GemmPath::hopper_bf16);
@@ -318,7 +323,8 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
       "both ways: dequantized to BF16, and on the FP8 tensor cores with each 32-element block's partial\n"
       "promoted into FP32 (mma.sync m16n8k32, not wgmma). GemmPath::automatic takes the BF16 path.\n"
       "Each row is timed interleaved with the cuBLAS BF16 GEMM (run, reference, run, ...): 'of BF16' is the\n"
-      "ratio of the two medians and 'BF16 ms' the reference's median during that row.\n");
+      "ratio of the two medians and 'BF16 ms' the reference's median during that row. 'its GEMM alone' is\n"
+      "the BF16 GEMM of the row above on the operands that row made (alpha read from device memory).\n");
   if (compute_capability() >= 100)
     std::printf("(sm_100+: the native block-scaled cuBLASLt path exists but is not benchmarked here.)\n");
   return 0;

@@ -26,25 +26,40 @@ using namespace qk;
 // consecutive elements (one or two 16-byte loads per lane; a row's two tiles
 // are 64 contiguous bytes of BF16). Each tile's amax is one warp reduction
 // in which the other tile's lanes contribute 0. FAST_RN: a quantizer that
-// fast_rn_applies() to (the rn kernel, as the row kernels').
-template <class In, int K, bool FAST_RN = false>
+// fast_rn_applies() to (the rn kernel, as the row kernels'). FULL (with
+// FAST_RN): rows % 16 == 0 and full_spans_apply(p, 32): whole tile pairs,
+// 32-bit indices, the tile row of a warp by FastDivU31, no bounds checks.
+template <class In, int K, bool FAST_RN = false, bool FULL = false>
 __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
+  static_assert(!FULL || FAST_RN);
   const int lane = threadIdx.x & 31, half = lane >> 4;
-  const int64_t warp = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
-  const int64_t tiles_c = (p.cols + 15) / 16, pairs_c = (tiles_c + 1) / 2, pairs = ((p.rows + 15) / 16) * pairs_c;
-  if (warp >= pairs) return;  // warp-uniform
-  const int64_t tr = pairs < (int64_t(1) << 32) ? int64_t(uint32_t(warp) / uint32_t(pairs_c)) : warp / pairs_c;
-  const int64_t tc = (warp - tr * pairs_c) * 2 + half;
-  const int64_t r = tr * 16 + (lane & 15), c0 = tc * 16;
-  const int valid = (r < p.rows && c0 < p.cols) ? int(p.cols - c0 < 16 ? p.cols - c0 : 16) : 0;
+  int64_t tr, tc, r, c0;
+  int valid;
+  const int64_t tiles_c = (p.cols + 15) / 16;
+  if constexpr (FULL) {
+    const uint32_t warp = (blockIdx.x * kThreads + threadIdx.x) >> 5;
+    if (warp >= p.units) return;  // warp-uniform
+    const uint32_t tr32 = p.unit_div.div(warp);
+    const uint32_t tc32 = (warp - tr32 * uint32_t(tiles_c / 2)) * 2 + half;
+    tr = tr32, tc = tc32, r = tr32 * 16 + (lane & 15), c0 = tc32 * 16;
+    valid = 16;
+  } else {
+    const int64_t warp = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+    const int64_t pairs_c = (tiles_c + 1) / 2, pairs = ((p.rows + 15) / 16) * pairs_c;
+    if (warp >= pairs) return;  // warp-uniform
+    tr = pairs < (int64_t(1) << 32) ? int64_t(uint32_t(warp) / uint32_t(pairs_c)) : warp / pairs_c;
+    tc = (warp - tr * pairs_c) * 2 + half;
+    r = tr * 16 + (lane & 15), c0 = tc * 16;
+    valid = (r < p.rows && c0 < p.cols) ? int(p.cols - c0 < 16 ? p.cols - c0 : 16) : 0;
+  }
   float v[16];
-  load_n<In, 16>(p.x, r * p.cols + c0, valid, v);
+  load_n<In, 16, FULL>(p.x, r * p.cols + c0, valid, v);
   const uint32_t a = amax_bits(v);
   const uint32_t m0 = __reduce_max_sync(0xFFFFFFFFu, half ? 0u : a), m1 = __reduce_max_sync(0xFFFFFFFFu, half ? a : 0u);
   const uint32_t m = half ? m1 : m0;
   const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
   const NvGlobal g = nv_global_of(p, f, sf);
-  if (warp == 0 && lane == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
   BlockParams bp[1] = {block_params<K>(p, f, sf, m, g)};
   if ((lane & 15) == 0 && tc < tiles_c) {
     const int64_t si = tr * p.nbc + tc;
@@ -53,19 +68,28 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   }
   if (valid <= 0) return;
   if constexpr (FAST_RN) {
-    encode_store_rn<K, 16>(p, f, g, r, c0, v, bp, valid, m);
+    encode_store_rn<K, 16, FULL>(p, f, g, r, c0, v, bp, valid, m);
   } else {
     encode_and_store<K, 16, 1>(p, f, g, r, c0, v, bp, valid);
   }
 }
 
-// Kind K's tile kernel, its FAST_RN form where the quantizer allows.
+// Kind K's tile kernel, its FAST_RN form where the quantizer allows (FULL
+// where the shape and alignment allow).
 template <class In, int K>
 void launch_tile_kind(const KParams& p, unsigned blocks, cudaStream_t st) {
-  if (fast_rn_applies(K, p))
-    tile_kernel<In, K, true><<<blocks, kThreads, 0, st>>>(p);
-  else
+  if (fast_rn_applies(K, p)) {
+    if (p.rows % 16 == 0 && full_spans_apply(p, 32)) {
+      KParams pf = p;
+      pf.units = uint32_t((p.rows / 16) * (p.cols / 32));
+      pf.unit_div = FastDivU31::of(uint32_t(p.cols / 32));
+      tile_kernel<In, K, true, true><<<blocks, kThreads, 0, st>>>(pf);
+    } else {
+      tile_kernel<In, K, true><<<blocks, kThreads, 0, st>>>(p);
+    }
+  } else {
     tile_kernel<In, K><<<blocks, kThreads, 0, st>>>(p);
+  }
 }
 
 template <class In>

@@ -358,8 +358,10 @@ __device__ __forceinline__ void load_n(const void* x, int64_t i, int valid, floa
       }
     }
   }
+  if constexpr (!FULL) {
 #pragma unroll
-  for (int j = 0; j < N; ++j) v[j] = j < valid ? load1<In>(x, i + j) : 0.0f;
+    for (int j = 0; j < N; ++j) v[j] = j < valid ? load1<In>(x, i + j) : 0.0f;
+  }
 }
 
 // Stores N bytes (the first `valid` of them) at dst, vectorised when aligned.
@@ -428,6 +430,7 @@ __device__ __forceinline__ void store_codes(const KParams& p, int64_t r, int64_t
 // caller guarantees valid == N and 16-byte aligned rows (no checks).
 template <int N, bool FULL = false>
 __device__ __forceinline__ void store_f32(float* dst, const float (&v)[N], int valid) {
+  static_assert(!FULL || N % 4 == 0);
   if constexpr (N % 4 == 0) {
     if (FULL || (valid == N && aligned<16>(dst))) {
 #pragma unroll
@@ -436,12 +439,15 @@ __device__ __forceinline__ void store_f32(float* dst, const float (&v)[N], int v
       return;
     }
   }
+  if constexpr (!FULL) {
 #pragma unroll
-  for (int j = 0; j < N; ++j)
-    if (j < valid) dst[j] = v[j];
+    for (int j = 0; j < N; ++j)
+      if (j < valid) dst[j] = v[j];
+  }
 }
 template <int N, bool FULL = false>
 __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N], int valid) {
+  static_assert(!FULL || N % 8 == 0);
   if constexpr (N % 8 == 0) {
     if (FULL || (valid == N && aligned<16>(dst))) {
 #pragma unroll
@@ -458,9 +464,11 @@ __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N]
       return;
     }
   }
+  if constexpr (!FULL) {
 #pragma unroll
-  for (int j = 0; j < N; ++j)
-    if (j < valid) dst[j] = uint16_t(h[j]);
+    for (int j = 0; j < N; ++j)
+      if (j < valid) dst[j] = uint16_t(h[j]);
+  }
 }
 
 template <int K, int N, int NB, bool FULL = false>
@@ -580,6 +588,20 @@ inline bool fast_rn_applies(int kind, const KParams& p) {
   return kind >= 1 && kind <= 4 && p.round == Round::rn && p.rule != ScaleRule::nv_noglobal &&
          (kind <= 2 || p.overflow == Overflow::saturate);
 }
+// May a FAST_RN kernel whose threads each take `elems` consecutive elements of
+// a row take its FULL form (no bounds or alignment checks, 32-bit indices)?
+// Whole thread spans (cols % elems == 0, elems a multiple of 16: then every
+// span of every output starts aligned for its vector stores given 16-byte
+// aligned bases: 16 bytes, or 8 for the 8 bytes of 16 FP4 codes), aligned
+// bases, fewer than 2^31 elements.
+inline bool full_spans_apply(const KParams& p, int elems) {
+  auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  const QuantOutputs& o = p.out;
+  return elems % 16 == 0 && p.cols % elems == 0 && p.rows * p.cols < (int64_t(1) << 31) && aligned16(p.x) &&
+         (!o.codes || aligned16(o.codes)) && (!o.dequant || aligned16(o.dequant)) &&
+         (!o.dequant_bf16 || aligned16(o.dequant_bf16));
+}
+
 // Per block: may encode_store_rn_fast take a block of amax bits `amax` and
 // multiplier `mult`? Then no product x * mult is NaN: every x is finite and
 // mult is finite.

@@ -45,7 +45,7 @@ constexpr int row_min_blocks() {
 // FAST_RN: the kernel of a quantizer that fast_rn_applies() to (rn, kinds 1-4),
 // so that none of the other modes' code (SR's Philox, the generic encoder)
 // raises its register count: it runs at higher occupancy.
-// FULL (with FAST_RN; row_full_applies()): every thread's BPT blocks are whole
+// FULL (with FAST_RN; full_spans_apply()): every thread's BPT blocks are whole
 // and its loads and stores 16-byte aligned, and the tensor has fewer than 2^31
 // elements: 32-bit index arithmetic, the row of a thread by FastDivU31, no
 // bounds or alignment checks. The per-thread and per-block bookkeeping is a
@@ -117,27 +117,14 @@ void go(const KParams& p, cudaStream_t st) {
   check_launch("row_kernel");
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
-// May a FAST_RN row kernel of `elems` elements per thread take its FULL form?
-// Whole thread spans (cols % elems == 0, so every row of every output starts
-// 16-byte aligned given 16-byte aligned bases: 16 FP4 elements are 8 bytes,
-// 16 elements in 16-byte vectors), aligned bases, fewer than 2^31 elements.
-bool row_full_applies(const KParams& p, int elems) {
-  const QuantOutputs& o = p.out;
-  return p.cols % elems == 0 && p.rows * p.cols < (int64_t(1) << 31) && aligned16(p.x) &&
-         (!o.codes || aligned16(o.codes)) && (!o.dequant || aligned16(o.dequant)) &&
-         (!o.dequant_bf16 || aligned16(o.dequant_bf16));
-}
-
 // Kind K's kernel, its FAST_RN form where the quantizer allows (two 16-element
-// blocks per thread from BF16), FULL where row_full_applies().
+// blocks per thread from BF16), FULL where full_spans_apply().
 template <class In, int BC, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr int bpt = BC == 16 && sizeof(In) == 2 ? 2 : 1;
   if (fast_rn_applies(K, p)) {
     if constexpr (!RHT) {
-      if (row_full_applies(p, bpt * BC)) {
+      if (full_spans_apply(p, bpt * BC)) {
         KParams pf = p;
         pf.units = uint32_t(p.rows * (p.nbc / bpt));
         pf.unit_div = FastDivU31::of(uint32_t(p.nbc / bpt));
