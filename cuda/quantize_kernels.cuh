@@ -582,6 +582,12 @@ __device__ __forceinline__ uint32_t amax_bits(const float (&v)[N]) {
   return umax(umx & 0x7FFFFFFFu, uint32_t(smx));
 }
 
+// The fast forms of a kernel (template argument): none (every mode through
+// encode_and_store), rn (encode_store_rn), rs (encode_store_rs_fast). A kernel
+// compiled for one fast form holds none of the other modes' code, so that its
+// register count, and with it its occupancy, is its own.
+enum class Fast { none, rn, rs };
+
 // Kinds with a fast rn path (encode_store_rn_fast): E2M1 (1, 2) under either
 // policy (it always saturates), E4M3FN / E5M2 (3, 4) when saturating.
 inline bool fast_rn_applies(int kind, const KParams& p) {
@@ -607,6 +613,47 @@ inline bool full_spans_apply(const KParams& p, int elems) {
 // mult is finite.
 __device__ __forceinline__ bool rn_fast_block(uint32_t amax, float mult) {
   return amax < 0x7F800000u && fabsf(mult) < inf_f();
+}
+
+// The codes of N consecutive elements of row r from column c0, packed in
+// words w as the output's layout has them (FP4: 8 nibbles per word, element
+// 0 in the low nibble; FP8: 4 bytes), stored, then every other requested
+// output (encode_store_rn_fast, encode_store_rs_fast).
+template <int K, int N, bool FULL>
+__device__ __forceinline__ void store_code_words(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                                 int64_t c0, const uint32_t (&w)[N / (K <= 2 ? 8 : 4)],
+                                                 const BlockParams (&bp)[1], int valid) {
+  constexpr bool fp4 = K == 1 || K == 2;
+  constexpr int per_word = fp4 ? 8 : 4, bits = 32 / per_word;
+  const QuantOutputs& o = p.out;
+  const bool packed = fp4 && o.codes && o.code_layout == CodeLayout::packed4;
+  const bool words = packed || (!fp4 && o.codes);  // the codes' layout is w's
+  if (words) {
+    constexpr int nbytes_full = fp4 ? N / 2 : N;
+    uint8_t* dst = fp4 ? o.codes + r * ((p.cols + 1) / 2) + c0 / 2 : o.codes + r * p.cols + c0;
+    if (nbytes_full % 16 == 0 && (FULL || (valid == N && aligned<16>(dst)))) {
+#pragma unroll
+      for (int k = 0; k < nbytes_full / 16; ++k)
+        reinterpret_cast<uint4*>(dst)[k] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+    } else if (nbytes_full % 8 == 0 && (FULL || (valid == N && aligned<8>(dst)))) {
+#pragma unroll
+      for (int k = 0; k < nbytes_full / 8; ++k) reinterpret_cast<uint2*>(dst)[k] = make_uint2(w[2 * k], w[2 * k + 1]);
+    } else if (valid == N && aligned<4>(dst)) {
+#pragma unroll
+      for (int k = 0; k < nbytes_full / 4; ++k) reinterpret_cast<uint32_t*>(dst)[k] = w[k];
+    } else {
+      const int nbytes = fp4 ? (valid + 1) / 2 : valid;  // elements past `valid` are zeros: code 0
+#pragma unroll
+      for (int b = 0; b < nbytes_full; ++b)
+        if (b < nbytes) dst[b] = uint8_t(w[b / 4] >> (8 * (b % 4)));
+    }
+  }
+  if (o.dequant || o.dequant_bf16 || (o.codes && !words)) {
+    uint32_t code[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) code[j] = (w[j / per_word] >> (bits * (j % per_word))) & ((1u << bits) - 1u);
+    store_outputs<K, N, 1, FULL>(p, f, g, r, c0, code, bp, valid, !words);
+  }
 }
 
 // rn codes of one row block (multiplier bp.mult) of a fast_rn_applies() kind,
@@ -658,35 +705,7 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
           __byte_perm(__byte_perm(yb[0], yb[1], 0x0073u), __byte_perm(yb[2], yb[3], 0x7300u), 0x7610u) & 0x80808080u;
     }
   }
-  const QuantOutputs& o = p.out;
-  const bool packed = fp4 && o.codes && o.code_layout == CodeLayout::packed4;
-  const bool words = packed || (!fp4 && o.codes);  // the codes' layout is w's
-  if (words) {
-    constexpr int nbytes_full = fp4 ? N / 2 : N;
-    uint8_t* dst = fp4 ? o.codes + r * ((p.cols + 1) / 2) + c0 / 2 : o.codes + r * p.cols + c0;
-    if (nbytes_full % 16 == 0 && (FULL || (valid == N && aligned<16>(dst)))) {
-#pragma unroll
-      for (int k = 0; k < nbytes_full / 16; ++k)
-        reinterpret_cast<uint4*>(dst)[k] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
-    } else if (nbytes_full % 8 == 0 && (FULL || (valid == N && aligned<8>(dst)))) {
-#pragma unroll
-      for (int k = 0; k < nbytes_full / 8; ++k) reinterpret_cast<uint2*>(dst)[k] = make_uint2(w[2 * k], w[2 * k + 1]);
-    } else if (valid == N && aligned<4>(dst)) {
-#pragma unroll
-      for (int k = 0; k < nbytes_full / 4; ++k) reinterpret_cast<uint32_t*>(dst)[k] = w[k];
-    } else {
-      const int nbytes = fp4 ? (valid + 1) / 2 : valid;  // elements past `valid` are zeros: code 0
-#pragma unroll
-      for (int b = 0; b < nbytes_full; ++b)
-        if (b < nbytes) dst[b] = uint8_t(w[b / 4] >> (8 * (b % 4)));
-    }
-  }
-  if (o.dequant || o.dequant_bf16 || (o.codes && !words)) {
-    uint32_t code[N];
-#pragma unroll
-    for (int j = 0; j < N; ++j) code[j] = (w[j / per_word] >> (bits * (j % per_word))) & ((1u << bits) - 1u);
-    store_outputs<K, N, 1, FULL>(p, f, g, r, c0, code, bp, valid, !words);
-  }
+  store_code_words<K, N, FULL>(p, f, g, r, c0, w, bp, valid);
 }
 
 // The rn codes and outputs of one block of a fast_rn_applies() kind (amax:
@@ -701,6 +720,41 @@ __device__ __forceinline__ void encode_store_rn(const KParams& p, const Format& 
 #pragma unroll
   for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[0].mult, p.overflow);
   store_outputs<K, N, 1>(p, f, g, r, c0, code, bp, valid, true);
+}
+
+// Kinds with a fast SR path (encode_store_rs_fast): 1-4 under rs (not the
+// nv_noglobal rule, which divides), on rows whose element indices keep the
+// 4-element Philox groups aligned (cols % 4 == 0).
+inline bool fast_rs_applies(int kind, const KParams& p) {
+  return kind >= 1 && kind <= 4 && p.round == Round::rs && p.rule != ScaleRule::nv_noglobal && p.cols % 4 == 0;
+}
+
+// SR codes of one row block (multiplier bp.mult) of a fast_rs_applies() kind:
+// one Philox group per 4 elements (core's philox_group of element index / 4,
+// word index % 4: random_bits()), core's encode_rs_f32 per element, the codes
+// added into packed words, then every requested output.
+template <int K, int N, bool FULL = false>
+__device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                                     int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
+                                                     int valid) {
+  constexpr bool fp4 = K == 1 || K == 2;
+  constexpr int per_word = fp4 ? 8 : 4, bits = 32 / per_word;
+  static_assert(K >= 1 && K <= 4 && N % per_word == 0);
+  const uint64_t group0 = uint64_t(r * p.cols + c0) >> 2;  // (r * cols + c0) % 4 == 0
+  uint32_t w[N / per_word];
+#pragma unroll
+  for (int k = 0; k < N / per_word; ++k) w[k] = 0;
+#pragma unroll
+  for (int q = 0; q < N / 4; ++q) {
+    const Philox4 grp = philox_group(p.seed, p.stream, group0 + q);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = 4 * q + k;
+      const uint32_t code = encode_rs<K>(f, v[j] * bp[0].mult, p.overflow, grp.v[k]);
+      w[j / per_word] += code * (1u << (bits * (j % per_word)));
+    }
+  }
+  store_code_words<K, N, FULL>(p, f, g, r, c0, w, bp, valid);
 }
 
 // The strip (i, jg) of thread t in a grid of nstrips x ngroups strips, row

@@ -12,7 +12,7 @@ namespace {
 // Everything after the load for one block (row r, block blk, columns c0 ..
 // c0 + valid - 1, values v; the thread's formats and NvGlobal): (RHT,) amax,
 // block parameters, codes, outputs. FULL: see row_kernel.
-template <int BC, int K, bool RHT, bool FAST_RN, bool FULL = false>
+template <int BC, int K, bool RHT, Fast FM, bool FULL = false>
 __device__ __forceinline__ void row_block(const KParams& p, const Format& f, const Format& sf, const NvGlobal& g,
                                           int64_t r, int64_t blk, float (&v)[BC], int valid) {
   if constexpr (RHT) {
@@ -25,35 +25,37 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
   const int64_t si = r * p.nbc + blk;
   if (p.out.scale_codes) p.out.scale_codes[si] = uint8_t(bp[0].code);
   if (p.out.scales) p.out.scales[si] = bp[0].scale;
-  if constexpr (FAST_RN) {
+  if constexpr (FM == Fast::rn) {
     encode_store_rn<K, BC, FULL>(p, f, g, r, c0, v, bp, valid, amax);
+  } else if constexpr (FM == Fast::rs) {
+    encode_store_rs_fast<K, BC, FULL>(p, f, g, r, c0, v, bp, valid);
   } else {
     encode_and_store<K, BC, 1>(p, f, g, r, c0, v, bp, valid);
   }
 }
 
 // Minimum resident blocks per SM (register cap): 4 for the fast rn kernel of
-// 16 elements per thread, 2 for 32 float32 elements, else 3.
-template <class In, int BC, bool FAST_RN, int BPT>
+// 16 elements per thread, 2 for 32 float32 elements or 32 SR elements (which
+// spilled under 3), else 3.
+template <class In, int BC, Fast FM, int BPT>
 constexpr int row_min_blocks() {
-  if (FAST_RN && BC * BPT == 16) return 4;
-  return BC == 32 && sizeof(In) == 4 ? 2 : 3;
+  if (FM == Fast::rn && BC * BPT == 16) return 4;
+  return BC == 32 && (sizeof(In) == 4 || FM == Fast::rs) ? 2 : 3;
 }
 
 // One thread per BPT consecutive blocks of a row (BPT > 1: more bytes in
 // flight per thread where one block is only 32 bytes of BF16).
-// FAST_RN: the kernel of a quantizer that fast_rn_applies() to (rn, kinds 1-4),
-// so that none of the other modes' code (SR's Philox, the generic encoder)
-// raises its register count: it runs at higher occupancy.
-// FULL (with FAST_RN; full_spans_apply()): every thread's BPT blocks are whole
+// FM: the fast form (Fast) of a quantizer that fast_rn_applies() or
+// fast_rs_applies() to (kinds 1-4), Fast::none for every other.
+// FULL (with a fast form; full_spans_apply()): every thread's BPT blocks are whole
 // and its loads and stores 16-byte aligned, and the tensor has fewer than 2^31
 // elements: 32-bit index arithmetic, the row of a thread by FastDivU31, no
 // bounds or alignment checks. The per-thread and per-block bookkeeping is a
 // large part of these kernels' instructions from BF16.
-template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, bool FAST_RN = false, int BPT = 1, bool FULL = false>
-__global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FAST_RN, BPT>()) row_kernel(const KParams p) {
+template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, int BPT = 1, bool FULL = false>
+__global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FM, BPT>()) row_kernel(const KParams p) {
   if constexpr (FULL) {
-    static_assert(FAST_RN && !AMAX_ONLY);
+    static_assert(FM != Fast::none && !AMAX_ONLY);
     const uint32_t t = blockIdx.x * kThreads + threadIdx.x;
     if (t >= p.units) return;
     const uint32_t r = p.unit_div.div(t), u = t - r * uint32_t(p.nbc / BPT);
@@ -68,7 +70,7 @@ __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FAST_RN, BPT>
       float vb[BC];
 #pragma unroll
       for (int j = 0; j < BC; ++j) vb[j] = v[b * BC + j];
-      row_block<BC, K, RHT, true, true>(p, f, sf, g, r, u * BPT + b, vb, BC);
+      row_block<BC, K, RHT, FM, true>(p, f, sf, g, r, u * BPT + b, vb, BC);
     }
     return;
   }
@@ -104,35 +106,38 @@ __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FAST_RN, BPT>
       float vb[BC];
 #pragma unroll
       for (int j = 0; j < BC; ++j) vb[j] = v[b * BC + j];
-      row_block<BC, K, RHT, FAST_RN>(p, f, sf, g, r, u * BPT + b, vb, valid - b * BC < BC ? valid - b * BC : BC);
+      row_block<BC, K, RHT, FM>(p, f, sf, g, r, u * BPT + b, vb, valid - b * BC < BC ? valid - b * BC : BC);
     }
   }
 }
 
-template <class In, int BC, int K, bool RHT, bool AMAX, bool FAST_RN = false, int BPT = 1, bool FULL = false>
+template <class In, int BC, int K, bool RHT, bool AMAX, Fast FM = Fast::none, int BPT = 1, bool FULL = false>
 void go(const KParams& p, cudaStream_t st) {
   const int64_t threads = p.rows * ((p.nbc + BPT - 1) / BPT);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  if (blocks > 0) row_kernel<In, BC, K, RHT, AMAX, FAST_RN, BPT, FULL><<<unsigned(blocks), kThreads, 0, st>>>(p);
+  if (blocks > 0) row_kernel<In, BC, K, RHT, AMAX, FM, BPT, FULL><<<unsigned(blocks), kThreads, 0, st>>>(p);
   check_launch("row_kernel");
 }
 
-// Kind K's kernel, its FAST_RN form where the quantizer allows (two 16-element
-// blocks per thread from BF16), FULL where full_spans_apply().
+// Kind K's FM form, FULL where full_spans_apply() to BPT blocks per thread.
+template <class In, int BC, int K, bool RHT, Fast FM, int BPT>
+void go_fast(const KParams& p, cudaStream_t st) {
+  if (full_spans_apply(p, BPT * BC)) {
+    KParams pf = p;
+    pf.units = uint32_t(p.rows * (p.nbc / BPT));
+    pf.unit_div = FastDivU31::of(uint32_t(p.nbc / BPT));
+    return go<In, BC, K, RHT, false, FM, BPT, true>(pf, st);
+  }
+  go<In, BC, K, RHT, false, FM, BPT>(p, st);
+}
+
+// Kind K's kernel: its rn form (two 16-element blocks per thread from BF16)
+// or SR form where the quantizer allows, else the form of every mode.
 template <class In, int BC, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr int bpt = BC == 16 && sizeof(In) == 2 ? 2 : 1;
-  if (fast_rn_applies(K, p)) {
-    if constexpr (!RHT) {
-      if (full_spans_apply(p, bpt * BC)) {
-        KParams pf = p;
-        pf.units = uint32_t(p.rows * (p.nbc / bpt));
-        pf.unit_div = FastDivU31::of(uint32_t(p.nbc / bpt));
-        return go<In, BC, K, RHT, false, true, bpt, true>(pf, st);
-      }
-    }
-    return go<In, BC, K, RHT, false, true, bpt>(p, st);
-  }
+  if (fast_rn_applies(K, p)) return go_fast<In, BC, K, RHT, Fast::rn, bpt>(p, st);
+  if (fast_rs_applies(K, p)) return go_fast<In, BC, K, RHT, Fast::rs, 1>(p, st);
   go<In, BC, K, RHT, false>(p, st);
 }
 
