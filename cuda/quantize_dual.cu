@@ -20,16 +20,18 @@ namespace {
 // rolled loop reads its row from shared memory, laid out [row][thread] so that
 // a warp's accesses are contiguous: a run-time indexed register array would
 // live in local memory, which at this occupancy spills out of L1.
-constexpr size_t kStageBytes = 16 * kThreads * (sizeof(float4) + sizeof(uint32_t));  // 80 KB
+constexpr size_t kStageBytes = 16 * kThreads * (sizeof(float4) + 2 * sizeof(float));  // 96 KB
 
 struct Stage {
-  float4* v;    // [16][kThreads]: 4 columns of each row
-  uint32_t* m;  // [16][kThreads]: the row blocks' amax
+  float4* v;      // [16][kThreads]: 4 columns of each row
+  float* mult;    // [16][kThreads]: the row blocks' element multipliers
+  float* scale;   // [16][kThreads]: and decoded scales
 };
 
 __device__ __forceinline__ Stage stage_of() {
   extern __shared__ float4 dual_stage[];
-  return Stage{dual_stage, reinterpret_cast<uint32_t*>(dual_stage + 16 * kThreads)};
+  float* m = reinterpret_cast<float*>(dual_stage + 16 * kThreads);
+  return Stage{dual_stage, m, m + 16 * kThreads};
 }
 
 __device__ __forceinline__ void stage_rows(const Stage& s, const float (&v)[16][4]) {
@@ -42,7 +44,9 @@ __device__ __forceinline__ void unstage_row(const Stage& s, int rr, float (&r)[4
   r[0] = u.x, r[1] = u.y, r[2] = u.z, r[3] = u.w;
 }
 
-template <class In, bool RHT, bool AMAX_ONLY>
+// FM: Fast::rn or Fast::rs when both quantizers round that way (only that
+// mode's code is compiled), else Fast::none.
+template <class In, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none>
 __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
   constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
   const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
@@ -89,35 +93,47 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
       m = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
       ramax[rr] = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
     }
-    if (!ok) return;
+    // The 4 lanes of a row block (lane % 4 == jg % 4: ngroups % 4 == 0) share
+    // its parameters: lane q computes those of rows 4k + q (k < 4) and writes
+    // their scales; every lane then takes each row's multiplier and scale from
+    // its owner by a shuffle (all lanes, in range or not).
     const Format f = kind_elem<K>(pr), sf = kind_scale<K>(pr);
     const NvGlobal gr = nv_global_of(pr, f, sf), gc = nv_global_of(pc, f, sf);
+    const int q = threadIdx.x & 3;
+    BlockParams own[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t m = q == 0 ? ramax[4 * k] : q == 1 ? ramax[4 * k + 1] : q == 2 ? ramax[4 * k + 2] : ramax[4 * k + 3];
+      own[k] = block_params<K>(pr, f, sf, m, gr);
+      if (ok) {
+        const int64_t si = (r0 + 4 * k + q) * pr.nbc + c0 / 16;
+        if (pr.out.scale_codes) pr.out.scale_codes[si] = uint8_t(own[k].code);
+        if (pr.out.scales) pr.out.scales[si] = own[k].scale;
+      }
+    }
+    const Stage stage = stage_of();
+    const int group = threadIdx.x & ~3;
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) {
+      const int src = (group | (rr & 3)) & 31;
+      stage.mult[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].mult, src);
+      stage.scale[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].scale, src);
+    }
+    if (!ok) return;
     if (t == 0) {
       if (pr.out.global_decode) *pr.out.global_decode = gr.g_dec;
       if (pc.out.global_decode) *pc.out.global_decode = gc.g_dec;
     }
 
-    // pr: row r0 + rr, columns c0..c0+3, block (r0 + rr, c0 / 16); the block's
-    // first lane writes its scale.
-    auto row_block = [&](int rr, uint32_t m) {
-      const BlockParams bp = block_params<K>(pr, f, sf, m, gr);
-      if ((jg & 3) == 0) {
-        const int64_t si = (r0 + rr) * pr.nbc + c0 / 16;
-        if (pr.out.scale_codes) pr.out.scale_codes[si] = uint8_t(bp.code);
-        if (pr.out.scales) pr.out.scales[si] = bp.scale;
-      }
-      return bp;
-    };
-    const Stage stage = stage_of();
+    // pr: row r0 + rr, columns c0..c0+3, block (r0 + rr, c0 / 16).
     stage_rows(stage, v);
-#pragma unroll
-    for (int rr = 0; rr < 16; ++rr) stage.m[rr * kThreads + threadIdx.x] = ramax[rr];
 #pragma unroll 1
     for (int rr = 0; rr < 16; ++rr) {
       float row[4];
       unstage_row(stage, rr, row);
-      const BlockParams b[1] = {row_block(rr, stage.m[rr * kThreads + threadIdx.x])};
-      encode_and_store<K, 4, 1>(pr, f, gr, r0 + rr, c0, row, b, 4);
+      const int at = rr * kThreads + threadIdx.x;
+      const BlockParams b[1] = {BlockParams{0u, stage.scale[at], stage.mult[at]}};
+      encode_and_store<K, 4, 1, FM>(pr, f, gr, r0 + rr, c0, row, b, 4);
     }
     // v is dead across that loop: back from the stage.
 #pragma unroll
@@ -148,29 +164,37 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
     for (int rr = 0; rr < 16; ++rr) {
       float row[4];
       unstage_row(stage, rr, row);
-      encode_and_store<K, 4, 4>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
+      encode_and_store<K, 4, 4, FM>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
     }
   }
 }
 
-template <class In, bool RHT, bool AMAX>
+template <class In, bool RHT, bool AMAX, Fast FM = Fast::none>
 void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
   const int64_t threads = (pr.rows / 16) * (pr.cols / 4);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
   const size_t smem = AMAX ? 0 : kStageBytes;
-  if (!AMAX) allow_dynamic_smem<dual_kernel<In, RHT, AMAX>>(kStageBytes, "dual_kernel (80 KB shared memory)");
-  if (blocks > 0) dual_kernel<In, RHT, AMAX><<<unsigned(blocks), kThreads, smem, st>>>(pr, pc);
+  if (!AMAX) allow_dynamic_smem<dual_kernel<In, RHT, AMAX, FM>>(kStageBytes, "dual_kernel (96 KB shared memory)");
+  if (blocks > 0) dual_kernel<In, RHT, AMAX, FM><<<unsigned(blocks), kThreads, smem, st>>>(pr, pc);
   check_launch("dual_kernel");
+}
+
+// The quantization pass in the fast form both quantizers allow.
+template <class In, bool RHT>
+void go_fast(const KParams& pr, const KParams& pc, cudaStream_t st) {
+  if (fast_rn_applies(1, pr) && fast_rn_applies(1, pc)) return go<In, RHT, false, Fast::rn>(pr, pc, st);
+  if (fast_rs_applies(1, pr) && fast_rs_applies(1, pc)) return go<In, RHT, false, Fast::rs>(pr, pc, st);
+  go<In, RHT, false>(pr, pc, st);
 }
 
 template <class In>
 void dispatch(const KParams& pr, const KParams& pc, bool rht, bool amax_only, cudaStream_t st) {
   if (rht) {
     if (amax_only) return go<In, true, true>(pr, pc, st);
-    return go<In, true, false>(pr, pc, st);
+    return go_fast<In, true>(pr, pc, st);
   }
   if (amax_only) return go<In, false, true>(pr, pc, st);
-  return go<In, false, false>(pr, pc, st);
+  return go_fast<In, false>(pr, pc, st);
 }
 
 }  // namespace

@@ -476,9 +476,18 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
                                               int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
                                               int valid, bool codes);
 
+// The fast forms of a kernel (template argument): none (every mode), rn, rs
+// (the row kernels' encode_store_rn / encode_store_rs_fast; encode_and_store's
+// FM). A kernel compiled for one fast form holds none of the other modes'
+// code, so that its register count, and with it its occupancy, is its own.
+enum class Fast { none, rn, rs };
+
 // Encodes N consecutive elements of row r from column c0 with block parameters
-// bp (one per element via bidx), writes every requested output.
-template <int K, int N, int NB>
+// bp (one per element via bidx), writes every requested output. FM != none:
+// the caller guarantees that mode (rn / rs, with a kind K != 0 and not the
+// nv_noglobal rule; rs: N % 4 == 0, N <= 16 and (r * cols + c0) % 4 == 0), and
+// only that mode's code is compiled.
+template <int K, int N, int NB, Fast FM = Fast::none>
 __device__ __forceinline__ void encode_and_store(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                  int64_t c0, const float (&v)[N], const BlockParams (&bp)[NB],
                                                  int valid) {
@@ -487,15 +496,13 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   uint32_t code[N];
   // One branch per thread, each mode's loop contiguous in the binary (an
   // element loop with the modes interleaved thrashed the instruction cache).
+  static_assert(FM == Fast::none || (K != 0 && (FM == Fast::rn || (N % 4 == 0 && N <= 16))));
   const bool fast = K != 0 && p.rule != ScaleRule::nv_noglobal;
-  if (fast && p.round == Round::rn) {
+  if (FM == Fast::rn || (FM == Fast::none && fast && p.round == Round::rn)) {
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[j * NB / N].mult, p.overflow);
-  } else if (K != 0 && p.rule == ScaleRule::nv_noglobal && p.round == Round::rn) {
-    // fp4-trainkit's eq. 3 divides by the block scale (encode_element_rt).
-#pragma unroll
-    for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] / bp[j * NB / N].mult, p.overflow);
-  } else if (fast && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0) {
+  } else if (FM == Fast::rs || (FM == Fast::none && fast && p.round == Round::rs && N % 4 == 0 && N <= 16 &&
+                                 (base & 3) == 0)) {
     // Up to 4 Philox groups unrolled (branch-free encode_rs_f32: about 1000
     // instructions), so that nothing is indexed at run time (local memory).
 #pragma unroll
@@ -505,6 +512,10 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       for (int k = 0; k < 4; ++k)
         code[4 * q + k] = encode_rs<K>(f, v[4 * q + k] * bp[(4 * q + k) * NB / N].mult, p.overflow, grp.v[k]);
     }
+  } else if (K != 0 && p.rule == ScaleRule::nv_noglobal && p.round == Round::rn) {
+    // fp4-trainkit's eq. 3 divides by the block scale (encode_element_rt).
+#pragma unroll
+    for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] / bp[j * NB / N].mult, p.overflow);
   } else if (fast && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
     // A rolled loop over Philox groups for longer runs: fully unrolled, the SR
     // path was too large for the instruction cache. vs/ms/cs are indexed at
@@ -581,12 +592,6 @@ __device__ __forceinline__ uint32_t amax_bits(const float (&v)[N]) {
   }
   return umax(umx & 0x7FFFFFFFu, uint32_t(smx));
 }
-
-// The fast forms of a kernel (template argument): none (every mode through
-// encode_and_store), rn (encode_store_rn), rs (encode_store_rs_fast). A kernel
-// compiled for one fast form holds none of the other modes' code, so that its
-// register count, and with it its occupancy, is its own.
-enum class Fast { none, rn, rs };
 
 // Kinds with a fast rn path (encode_store_rn_fast): E2M1 (1, 2) under either
 // policy (it always saturates), E4M3FN / E5M2 (3, 4) when saturating.
