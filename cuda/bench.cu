@@ -105,7 +105,8 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
     std::printf("device-to-device copy (%s, %.0f MB): %.4f ms, %.0f GB/s (read + write)\n", t == 0 ? "bf16" : "f32",
                 bytes / 1e6, ms, copy_bw[t]);
   }
-  std::printf("\n%-34s %-5s %9s %9s %8s %10s  %s\n", "quantizer", "in", "ms", "GB/s", "of copy", "passes", "outputs");
+  std::printf("\n%-34s %-5s %9s %9s %8s %8s %7s  %s\n", "quantizer", "in", "ms", "GB/s", "of copy", "moved", "passes",
+              "outputs");
   for (const Variant& v : vars) {
     const QuantizerSpec& q = v.spec;
     int64_t sr = 0, sc = 0;
@@ -143,14 +144,17 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
       const double ms = time_median_ms(run, 3, repeats);
       const double bw = (in_bytes + out_bytes) / (ms * 1e-3) / 1e9;
       const int passes = (two_pass && !v.amax_given) ? 2 : 1;
-      std::printf("%-34s %-5s %9.4f %9.0f %7.1f%% %10d  codes%s + scales\n", v.name.c_str(), t == 0 ? "bf16" : "f32",
-                  ms, bw, 100.0 * bw / copy_bw[t], passes, packed ? " (packed 4-bit)" : "");
+      const double moved = (passes * in_bytes + out_bytes) / (ms * 1e-3) / 1e9;
+      std::printf("%-34s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  codes%s + scales\n", v.name.c_str(),
+                  t == 0 ? "bf16" : "f32", ms, bw, 100.0 * bw / copy_bw[t], 100.0 * moved / copy_bw[t], passes,
+                  packed ? " (packed 4-bit)" : "");
     }
   }
   std::printf(
       "\nGB/s counts the input once plus the outputs (codes, scales). Rules with a per-tensor amax (nvfp4)\n"
       "read the input twice (amax pass + quantize pass); '(amax given)' times the quantize pass alone, as\n"
-      "when the producer of the tensor supplies its amax.\n");
+      "when the producer of the tensor supplies its amax. 'moved' counts the bytes the passes move (the\n"
+      "input once per pass), against the same copy.\n");
 
   // The trainer's two NVFP4 operands of one tensor (NVIDIA's recipe): [1,16]
   // for the forward / dgrad GEMM and RHT + [16,1] for wgrad, both as BF16 GEMM

@@ -9,7 +9,9 @@
 namespace fp4lab::cuda::qk {
 namespace {
 
-template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY>
+// FM: the fast form (quantize_kernels.cuh, Fast) of the quantizer's mode, whose
+// kernel holds no other mode's code.
+template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none>
 __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
   const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
@@ -76,27 +78,40 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
         float row[V];
 #pragma unroll
         for (int cc = 0; cc < V; ++cc) row[cc] = col_stage[(rr * V + cc) * kThreads + threadIdx.x];
-        if (r0 + rr < p.rows) encode_and_store<K, V, V>(p, f, g, r0 + rr, c0, row, bp, valid_c);
+        if (r0 + rr < p.rows) encode_and_store<K, V, V, FM>(p, f, g, r0 + rr, c0, row, bp, valid_c);
       }
     } else {
 #pragma unroll
       for (int rr = 0; rr < BR; ++rr) {
-        if (r0 + rr < p.rows) encode_and_store<K, V, V>(p, f, g, r0 + rr, c0, v[rr], bp, valid_c);
+        if (r0 + rr < p.rows) encode_and_store<K, V, V, FM>(p, f, g, r0 + rr, c0, v[rr], bp, valid_c);
       }
     }
   }
 }
 
-template <class In, int BR, int V, int K, bool RHT, bool AMAX>
+template <class In, int BR, int V, int K, bool RHT, bool AMAX, Fast FM = Fast::none>
 void go(const KParams& p, cudaStream_t st) {
   const int64_t threads = ((p.rows + BR - 1) / BR) * ((p.cols + V - 1) / V);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
   // Stochastic rounding stages the strip in shared memory (col_kernel).
   constexpr size_t stage_bytes = size_t(BR) * V * kThreads * sizeof(float);  // 64 KB
   const bool stage = !AMAX && p.round == Round::rs;
-  if (stage) allow_dynamic_smem<col_kernel<In, BR, V, K, RHT, AMAX>>(stage_bytes, "col_kernel (64 KB shared memory)");
-  if (blocks > 0) col_kernel<In, BR, V, K, RHT, AMAX><<<unsigned(blocks), kThreads, stage ? stage_bytes : 0, st>>>(p);
+  if (stage)
+    allow_dynamic_smem<col_kernel<In, BR, V, K, RHT, AMAX, FM>>(stage_bytes, "col_kernel (64 KB shared memory)");
+  if (blocks > 0)
+    col_kernel<In, BR, V, K, RHT, AMAX, FM><<<unsigned(blocks), kThreads, stage ? stage_bytes : 0, st>>>(p);
   check_launch("col_kernel");
+}
+
+// Kind K's kernel in the fast form its mode allows (rs: 4-column strips only,
+// whole Philox groups per row).
+template <class In, int BR, int V, int K, bool RHT>
+void go_kind(const KParams& p, cudaStream_t st) {
+  if (fast_rn_applies(K, p)) return go<In, BR, V, K, RHT, false, Fast::rn>(p, st);
+  if constexpr (V == 4) {
+    if (fast_rs_applies(K, p)) return go<In, BR, V, K, RHT, false, Fast::rs>(p, st);
+  }
+  go<In, BR, V, K, RHT, false>(p, st);
 }
 
 template <class In>
@@ -104,18 +119,18 @@ void dispatch(const KParams& p, int br, bool rht, int kind, bool amax_only, cuda
   if (amax_only) return go<In, 16, 4, 0, true, true>(p, st);
   if (br == 16) {
     if (rht) {
-      if (kind == 1) return go<In, 16, 4, 1, true, false>(p, st);
+      if (kind == 1) return go_kind<In, 16, 4, 1, true>(p, st);
       return go<In, 16, 4, 0, true, false>(p, st);
     }
-    if (kind == 1) return go<In, 16, 4, 1, false, false>(p, st);
-    if (kind == 2) return go<In, 16, 4, 2, false, false>(p, st);
+    if (kind == 1) return go_kind<In, 16, 4, 1, false>(p, st);
+    if (kind == 2) return go_kind<In, 16, 4, 2, false>(p, st);
     return go<In, 16, 4, 0, false, false>(p, st);
   }
   switch (kind) {
-    case 1: return go<In, 32, 2, 1, false, false>(p, st);
-    case 2: return go<In, 32, 2, 2, false, false>(p, st);
-    case 3: return go<In, 32, 2, 3, false, false>(p, st);
-    case 4: return go<In, 32, 2, 4, false, false>(p, st);
+    case 1: return go_kind<In, 32, 2, 1, false>(p, st);
+    case 2: return go_kind<In, 32, 2, 2, false>(p, st);
+    case 3: return go_kind<In, 32, 2, 3, false>(p, st);
+    case 4: return go_kind<In, 32, 2, 4, false>(p, st);
     default: return go<In, 32, 2, 0, false, false>(p, st);
   }
 }
