@@ -23,9 +23,9 @@ namespace {
 constexpr size_t kStageBytes = 16 * kThreads * (sizeof(float4) + 2 * sizeof(float));  // 96 KB
 
 struct Stage {
-  float4* v;      // [16][kThreads]: 4 columns of each row
-  float* mult;    // [16][kThreads]: the row blocks' element multipliers
-  float* scale;   // [16][kThreads]: and decoded scales
+  float4* v;     // [16][kThreads]: 4 columns of each row
+  float* mult;   // [16][kThreads]: the row blocks' element multipliers
+  float* scale;  // [16][kThreads]: and decoded scales
 };
 
 __device__ __forceinline__ Stage stage_of() {
@@ -103,7 +103,10 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
     BlockParams own[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const uint32_t m = q == 0 ? ramax[4 * k] : q == 1 ? ramax[4 * k + 1] : q == 2 ? ramax[4 * k + 2] : ramax[4 * k + 3];
+      const uint32_t m = q == 0   ? ramax[4 * k]
+                         : q == 1 ? ramax[4 * k + 1]
+                         : q == 2 ? ramax[4 * k + 2]
+                                  : ramax[4 * k + 3];
       own[k] = block_params<K>(pr, f, sf, m, gr);
       if (ok) {
         const int64_t si = (r0 + 4 * k + q) * pr.nbc + c0 / 16;

@@ -501,8 +501,8 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   if (FM == Fast::rn || (FM == Fast::none && fast && p.round == Round::rn)) {
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[j * NB / N].mult, p.overflow);
-  } else if (FM == Fast::rs || (FM == Fast::none && fast && p.round == Round::rs && N % 4 == 0 && N <= 16 &&
-                                 (base & 3) == 0)) {
+  } else if (FM == Fast::rs ||
+             (FM == Fast::none && fast && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0)) {
     // Up to 4 Philox groups unrolled (branch-free encode_rs_f32: about 1000
     // instructions), so that nothing is indexed at run time (local memory).
 #pragma unroll
@@ -620,16 +620,24 @@ __device__ __forceinline__ bool rn_fast_block(uint32_t amax, float mult) {
   return amax < 0x7F800000u && fabsf(mult) < inf_f();
 }
 
+// How kind K's codes pack into 32-bit words (K 1-4): FP4 8 nibbles a word,
+// element 0 in the low nibble; FP8 4 bytes.
+template <int K>
+struct CodeWords {
+  static_assert(K >= 1 && K <= 4);
+  static constexpr bool fp4 = K == 1 || K == 2;
+  static constexpr int per_word = fp4 ? 8 : 4, bits = 32 / per_word;
+};
+
 // The codes of N consecutive elements of row r from column c0, packed in
-// words w as the output's layout has them (FP4: 8 nibbles per word, element
-// 0 in the low nibble; FP8: 4 bytes), stored, then every other requested
+// words w as the output's layout has them (CodeWords), stored, then every other requested
 // output (encode_store_rn_fast, encode_store_rs_fast).
 template <int K, int N, bool FULL>
 __device__ __forceinline__ void store_code_words(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
-                                                 int64_t c0, const uint32_t (&w)[N / (K <= 2 ? 8 : 4)],
+                                                 int64_t c0, const uint32_t (&w)[N / CodeWords<K>::per_word],
                                                  const BlockParams (&bp)[1], int valid) {
-  constexpr bool fp4 = K == 1 || K == 2;
-  constexpr int per_word = fp4 ? 8 : 4, bits = 32 / per_word;
+  constexpr bool fp4 = CodeWords<K>::fp4;
+  constexpr int per_word = CodeWords<K>::per_word, bits = CodeWords<K>::bits;
   const QuantOutputs& o = p.out;
   const bool packed = fp4 && o.codes && o.code_layout == CodeLayout::packed4;
   const bool words = packed || (!fp4 && o.codes);  // the codes' layout is w's
@@ -673,8 +681,8 @@ template <int K, int N, bool FULL = false>
 __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                      int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
                                                      int valid) {
-  constexpr bool fp4 = K == 1 || K == 2;
-  constexpr int per_word = fp4 ? 8 : 4, bits = 32 / per_word;
+  constexpr bool fp4 = CodeWords<K>::fp4;
+  constexpr int per_word = CodeWords<K>::per_word, bits = CodeWords<K>::bits;
   static_assert(K >= 1 && K <= 4 && N % per_word == 0);
   // E2M1: the words start at minus kE2m1MagnitudeBase in every nibble.
   constexpr uint32_t init = fp4 ? 0u - kE2m1MagnitudeBase * 0x11111111u : 0u;
@@ -742,9 +750,8 @@ template <int K, int N, bool FULL = false>
 __device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                      int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
                                                      int valid) {
-  constexpr bool fp4 = K == 1 || K == 2;
-  constexpr int per_word = fp4 ? 8 : 4, bits = 32 / per_word;
-  static_assert(K >= 1 && K <= 4 && N % per_word == 0);
+  constexpr int per_word = CodeWords<K>::per_word, bits = CodeWords<K>::bits;
+  static_assert(N % per_word == 0);
   const uint64_t group0 = uint64_t(r * p.cols + c0) >> 2;  // (r * cols + c0) % 4 == 0
   uint32_t w[N / per_word];
 #pragma unroll
