@@ -44,8 +44,9 @@ __device__ __forceinline__ void unstage_row(const Stage& s, int rr, float (&r)[4
   r[0] = u.x, r[1] = u.y, r[2] = u.z, r[3] = u.w;
 }
 
-// FM: Fast::rn or Fast::rs when both quantizers round that way (only that
-// mode's code is compiled), else Fast::none.
+// FM: Fast::rn or Fast::rs when both quantizers round that way and every base
+// pointer is 16-byte aligned (only that mode's code is compiled, its stores
+// unchecked: encode_and_store's FULL), else Fast::none.
 template <class In, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none>
 __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
   constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
       unstage_row(stage, rr, row);
       const int at = rr * kThreads + threadIdx.x;
       const BlockParams b[1] = {BlockParams{0u, stage.scale[at], stage.mult[at]}};
-      encode_and_store<K, 4, 1, FM>(pr, f, gr, r0 + rr, c0, row, b, 4);
+      encode_and_store<K, 4, 1, FM, FM != Fast::none>(pr, f, gr, r0 + rr, c0, row, b, 4);
     }
     // v is dead across that loop: back from the stage.
 #pragma unroll
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
     for (int rr = 0; rr < 16; ++rr) {
       float row[4];
       unstage_row(stage, rr, row);
-      encode_and_store<K, 4, 4, FM>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
+      encode_and_store<K, 4, 4, FM, FM != Fast::none>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
     }
   }
 }
@@ -182,9 +183,11 @@ void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
   check_launch("dual_kernel");
 }
 
-// The quantization pass in the fast form both quantizers allow.
+// The quantization pass in the fast form both quantizers allow (rows of 4
+// elements: every span is aligned given aligned bases, cols % 16 == 0).
 template <class In, bool RHT>
 void go_fast(const KParams& pr, const KParams& pc, cudaStream_t st) {
+  if (!bases_aligned16(pr) || !bases_aligned16(pc)) return go<In, RHT, false>(pr, pc, st);
   if (fast_rn_applies(1, pr) && fast_rn_applies(1, pc)) return go<In, RHT, false, Fast::rn>(pr, pc, st);
   if (fast_rs_applies(1, pr) && fast_rs_applies(1, pc)) return go<In, RHT, false, Fast::rs>(pr, pc, st);
   go<In, RHT, false>(pr, pc, st);

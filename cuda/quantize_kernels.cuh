@@ -427,7 +427,8 @@ __device__ __forceinline__ void store_codes(const KParams& p, int64_t r, int64_t
 }
 
 // FULL (store_f32, store_bf16, store_outputs, encode_store_rn_fast): the
-// caller guarantees valid == N and 16-byte aligned rows (no checks).
+// caller guarantees valid == N and destinations aligned for their vector
+// stores (16 bytes; 8 for 4 BF16 values or 16 FP4 codes): no checks.
 template <int N, bool FULL = false>
 __device__ __forceinline__ void store_f32(float* dst, const float (&v)[N], int valid) {
   static_assert(!FULL || N % 4 == 0);
@@ -447,7 +448,7 @@ __device__ __forceinline__ void store_f32(float* dst, const float (&v)[N], int v
 }
 template <int N, bool FULL = false>
 __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N], int valid) {
-  static_assert(!FULL || N % 8 == 0);
+  static_assert(!FULL || N % 8 == 0 || N == 4);
   if constexpr (N % 8 == 0) {
     if (FULL || (valid == N && aligned<16>(dst))) {
 #pragma unroll
@@ -459,7 +460,7 @@ __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N]
     }
   }
   if constexpr (N == 4) {
-    if (valid == 4 && aligned<8>(dst)) {
+    if (FULL || (valid == 4 && aligned<8>(dst))) {
       *reinterpret_cast<uint2*>(dst) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
       return;
     }
@@ -486,8 +487,8 @@ enum class Fast { none, rn, rs };
 // bp (one per element via bidx), writes every requested output. FM != none:
 // the caller guarantees that mode (rn / rs, with a kind K != 0 and not the
 // nv_noglobal rule; rs: N % 4 == 0, N <= 16 and (r * cols + c0) % 4 == 0), and
-// only that mode's code is compiled.
-template <int K, int N, int NB, Fast FM = Fast::none>
+// only that mode's code is compiled. FULL: as store_outputs'.
+template <int K, int N, int NB, Fast FM = Fast::none, bool FULL = false>
 __device__ __forceinline__ void encode_and_store(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                  int64_t c0, const float (&v)[N], const BlockParams (&bp)[NB],
                                                  int valid) {
@@ -543,7 +544,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       code[j] = encode_element_rt(f, p.rule, p.round, p.overflow, v[j], bp[j * NB / N].mult, rb);
     }
   }
-  store_outputs<K, N, NB>(p, f, g, r, c0, code, bp, valid, true);
+  store_outputs<K, N, NB, FULL>(p, f, g, r, c0, code, bp, valid, true);
 }
 
 // Every requested output of N consecutive element codes of row r from column
@@ -563,14 +564,15 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
   }
   if (o.dequant_bf16) {
     uint32_t h[N];
+    if (K == 1 && o.bf16_gemm_operand) {
+      // e2m1 x ue4m3 is exact in BF16 (<= 5 significant bits, 2^-10..2688),
+      // and rounding an exactly representable value is truncation.
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-      const float d = decode_elem<K>(f, code[j]) * bp[j * NB / N].scale;
-      if (K == 1 && o.bf16_gemm_operand) {
-        // e2m1 x ue4m3 is exact in BF16 (<= 5 significant bits, 2^-10..2688),
-        // and rounding an exactly representable value is truncation.
-        h[j] = float_bits(d) >> 16;
-      } else {
+      for (int j = 0; j < N; ++j) h[j] = float_bits(decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) >> 16;
+    } else {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float d = decode_elem<K>(f, code[j]) * bp[j * NB / N].scale;
         h[j] = to_bf16(o.bf16_gemm_operand ? d : d * g.g_dec);
       }
     }
@@ -599,6 +601,14 @@ inline bool fast_rn_applies(int kind, const KParams& p) {
   return kind >= 1 && kind <= 4 && p.round == Round::rn && p.rule != ScaleRule::nv_noglobal &&
          (kind <= 2 || p.overflow == Overflow::saturate);
 }
+// Are the input and every requested output of p 16-byte aligned?
+inline bool bases_aligned16(const KParams& p) {
+  auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  const QuantOutputs& o = p.out;
+  return aligned16(p.x) && (!o.codes || aligned16(o.codes)) && (!o.dequant || aligned16(o.dequant)) &&
+         (!o.dequant_bf16 || aligned16(o.dequant_bf16));
+}
+
 // May a FAST_RN kernel whose threads each take `elems` consecutive elements of
 // a row take its FULL form (no bounds or alignment checks, 32-bit indices)?
 // Whole thread spans (cols % elems == 0, elems a multiple of 16: then every
@@ -606,11 +616,7 @@ inline bool fast_rn_applies(int kind, const KParams& p) {
 // aligned bases: 16 bytes, or 8 for the 8 bytes of 16 FP4 codes), aligned
 // bases, fewer than 2^31 elements.
 inline bool full_spans_apply(const KParams& p, int elems) {
-  auto aligned16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
-  const QuantOutputs& o = p.out;
-  return elems % 16 == 0 && p.cols % elems == 0 && p.rows * p.cols < (int64_t(1) << 31) && aligned16(p.x) &&
-         (!o.codes || aligned16(o.codes)) && (!o.dequant || aligned16(o.dequant)) &&
-         (!o.dequant_bf16 || aligned16(o.dequant_bf16));
+  return elems % 16 == 0 && p.cols % elems == 0 && p.rows * p.cols < (int64_t(1) << 31) && bases_aligned16(p);
 }
 
 // Per block: may encode_store_rn_fast take a block of amax bits `amax` and
