@@ -42,9 +42,9 @@ void register_bench_gemm(CLI::App& bench) {
   CLI::App* g = bench.add_subcommand(
       "gemm",
       "GEMM throughput on the GPU: cuBLAS BF16 against the NVFP4 / MXFP4 / MXFP8 GEMMs (quantize both operands +\n"
-      "GEMM, and dequantize + GEMM from quantized operands), MXFP8 on the FP8 tensor cores (sm_89+), and\n"
-      "cuBLASLt FP8 with one scale per tensor; TFLOP/s and % of BF16, one run (each row timed interleaved with\n"
-      "the BF16 GEMM, so the ratio does not drift with the GPU's clock over the run).\n"
+      "GEMM, that GEMM alone, and dequantize + GEMM from quantized operands), MXFP8 on the FP8 tensor cores\n"
+      "(sm_89+), and cuBLASLt FP8 with one scale per tensor; TFLOP/s and % of BF16, one run (each row timed\n"
+      "interleaved with the BF16 GEMM, so the ratio does not drift with the GPU's clock over the run).\n"
       "Example: fp4lab bench gemm --backend cuda --m 8192 --n 8192 --k 8192");
   g->add_option("--backend", ga->backend, "cuda (the only backend of this benchmark)")->capture_default_str();
   g->add_option("--m", ga->m, "Rows of A and y")->capture_default_str();
