@@ -270,19 +270,20 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
     const QuantizerSpec qa = quantizer_by_name(c.qa), qb = quantizer_by_name(c.qb);
     Side sa, sb;
     const QuantOutputs oa = prep(sa, qa, m), ob = prep(sb, qb, n);
+    // The BF16 GEMM of the exact operands with alpha = g_dec(A) g_dec(B).
+    auto gemm_only = [&] {
+      gemm_bf16_nt(blas, sa.op16.data(), sb.op16.data(), y16.data(), OutType::bf16, m, n, k, 1.0f, alpha.data());
+    };
     // (1) from BF16 inputs: quantize both operands (fused kernel writing codes,
-    // scales and the exact BF16 operand) + BF16 GEMM with alpha = g_dec(A) g_dec(B).
+    // scales and the exact BF16 operand) + that GEMM.
     auto full = [&] {
       quantize_device(qa, a16.data(), InputType::bf16, m, k, {1, 1}, oa, sa.ws);
       quantize_device(qb, b16.data(), InputType::bf16, n, k, {1, 2}, ob, sb.ws);
       set_alpha_device(sa.gdec.data(), sb.gdec.data(), alpha.data(), blas.stream());
-      gemm_bf16_nt(blas, sa.op16.data(), sb.op16.data(), y16.data(), OutType::bf16, m, n, k, 1.0f, alpha.data());
+      gemm_only();
     };
     row(std::string(c.name) + ": quantize A,B + GEMM", full);
     // The GEMM of (1) alone, on the operands (1) made: what the quantization adds.
-    auto gemm_only = [&] {
-      gemm_bf16_nt(blas, sa.op16.data(), sb.op16.data(), y16.data(), OutType::bf16, m, n, k, 1.0f, alpha.data());
-    };
     row(std::string(c.name) + ": its GEMM alone", gemm_only);
     // (2) from already quantized operands (codes + scales): dequantize + GEMM.
     auto from_q = [&] {

@@ -25,13 +25,13 @@ using namespace qk;
 // Lane l takes row l % 16 of tile 2w + l / 16 of the warp's tile row: 16
 // consecutive elements (one or two 16-byte loads per lane; a row's two tiles
 // are 64 contiguous bytes of BF16). Each tile's amax is one warp reduction
-// in which the other tile's lanes contribute 0. FAST_RN: a quantizer that
-// fast_rn_applies() to (the rn kernel, as the row kernels'). FULL (with
-// FAST_RN): rows % 16 == 0 and full_spans_apply(p, 32): whole tile pairs,
+// in which the other tile's lanes contribute 0. FM: Fast::rn for a quantizer
+// that fast_rn_applies() to (as the row kernels'), else Fast::none. FULL (with
+// Fast::rn): rows % 16 == 0 and full_spans_apply(p, 32): whole tile pairs,
 // 32-bit indices, the tile row of a warp by FastDivU31, no bounds checks.
-template <class In, int K, bool FAST_RN = false, bool FULL = false>
+template <class In, int K, Fast FM = Fast::none, bool FULL = false>
 __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
-  static_assert(!FULL || FAST_RN);
+  static_assert(FM != Fast::rs && (!FULL || FM == Fast::rn));
   const int lane = threadIdx.x & 31, half = lane >> 4;
   int64_t tr, tc, r, c0;
   int valid;
@@ -67,25 +67,23 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
     if (p.out.scales) p.out.scales[si] = bp[0].scale;
   }
   if (valid <= 0) return;
-  if constexpr (FAST_RN) {
+  if constexpr (FM == Fast::rn) {
     encode_store_rn<K, 16, FULL>(p, f, g, r, c0, v, bp, valid, m);
   } else {
     encode_and_store<K, 16, 1>(p, f, g, r, c0, v, bp, valid);
   }
 }
 
-// Kind K's tile kernel, its FAST_RN form where the quantizer allows (FULL
+// Kind K's tile kernel, its Fast::rn form where the quantizer allows (FULL
 // where the shape and alignment allow).
 template <class In, int K>
 void launch_tile_kind(const KParams& p, unsigned blocks, cudaStream_t st) {
   if (fast_rn_applies(K, p)) {
     if (p.rows % 16 == 0 && full_spans_apply(p, 32)) {
-      KParams pf = p;
-      pf.units = uint32_t((p.rows / 16) * (p.cols / 32));
-      pf.unit_div = FastDivU31::of(uint32_t(p.cols / 32));
-      tile_kernel<In, K, true, true><<<blocks, kThreads, 0, st>>>(pf);
+      const KParams pf = full_params(p, (p.rows / 16) * (p.cols / 32), p.cols / 32);
+      tile_kernel<In, K, Fast::rn, true><<<blocks, kThreads, 0, st>>>(pf);
     } else {
-      tile_kernel<In, K, true><<<blocks, kThreads, 0, st>>>(p);
+      tile_kernel<In, K, Fast::rn><<<blocks, kThreads, 0, st>>>(p);
     }
   } else {
     tile_kernel<In, K><<<blocks, kThreads, 0, st>>>(p);

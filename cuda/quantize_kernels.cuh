@@ -47,8 +47,9 @@ struct KParams {
   float* block_scale;    // generic path
   AmaxFinish fin;        // amax passes: NvGlobal of the result by the last block
   QuantOutputs out;
-  // Row kernels' FULL form (quantize_rows.cu): the thread count and the
-  // division of a thread index by the threads per row.
+  // FULL kernel forms (full_params): the count of work units (row-kernel
+  // threads, tile-kernel warps) and the division of a unit index by the units
+  // per row (of elements, or of tiles).
   uint32_t units = 0;
   FastDivU31 unit_div;
 };
@@ -609,14 +610,24 @@ inline bool bases_aligned16(const KParams& p) {
          (!o.dequant_bf16 || aligned16(o.dequant_bf16));
 }
 
-// May a FAST_RN kernel whose threads each take `elems` consecutive elements of
-// a row take its FULL form (no bounds or alignment checks, 32-bit indices)?
+// May a fast-form kernel (Fast::rn / Fast::rs) whose threads each take `elems`
+// consecutive elements of a row take its FULL form (no bounds or alignment
+// checks, 32-bit indices)?
 // Whole thread spans (cols % elems == 0, elems a multiple of 16: then every
 // span of every output starts aligned for its vector stores given 16-byte
 // aligned bases: 16 bytes, or 8 for the 8 bytes of 16 FP4 codes), aligned
 // bases, fewer than 2^31 elements.
 inline bool full_spans_apply(const KParams& p, int elems) {
   return elems % 16 == 0 && p.cols % elems == 0 && p.rows * p.cols < (int64_t(1) << 31) && bases_aligned16(p);
+}
+
+// p for a FULL kernel form of `units` work units, `per_row` of them per row
+// (full_spans_apply() holds, so both fit in 31 bits).
+inline KParams full_params(const KParams& p, int64_t units, int64_t per_row) {
+  KParams f = p;
+  f.units = uint32_t(units);
+  f.unit_div = FastDivU31::of(uint32_t(per_row));
+  return f;
 }
 
 // Per block: may encode_store_rn_fast take a block of amax bits `amax` and

@@ -122,12 +122,8 @@ void go(const KParams& p, cudaStream_t st) {
 // Kind K's FM form, FULL where full_spans_apply() to BPT blocks per thread.
 template <class In, int BC, int K, bool RHT, Fast FM, int BPT>
 void go_fast(const KParams& p, cudaStream_t st) {
-  if (full_spans_apply(p, BPT * BC)) {
-    KParams pf = p;
-    pf.units = uint32_t(p.rows * (p.nbc / BPT));
-    pf.unit_div = FastDivU31::of(uint32_t(p.nbc / BPT));
-    return go<In, BC, K, RHT, false, FM, BPT, true>(pf, st);
-  }
+  if (full_spans_apply(p, BPT * BC))
+    return go<In, BC, K, RHT, false, FM, BPT, true>(full_params(p, p.rows * (p.nbc / BPT), p.nbc / BPT), st);
   go<In, BC, K, RHT, false, FM, BPT>(p, st);
 }
 
