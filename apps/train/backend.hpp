@@ -15,11 +15,22 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "recipes/quantized_linear.hpp"
 
 namespace fp4lab::train {
+
+// Elements [offset, offset + size) of a flat buffer.
+struct IndexRange {
+  int64_t offset = 0, size = 0;
+  bool operator==(const IndexRange&) const = default;
+};
+
+// Throws fp4lab::Error naming `what` unless each range is non-empty and the
+// ranges are sorted, disjoint and inside [0, n).
+void check_ranges(const char* what, std::span<const IndexRange> ranges, int64_t n);
 
 struct Tensor {
   float* data = nullptr;
@@ -142,10 +153,12 @@ class Backend {
   // Optimiser support over flat buffers of n floats.
   virtual double sum_squares(const Tensor& g) = 0;  // float64, fixed order
   virtual void scale(Tensor& g, float s) = 0;
-  // One AdamW step (PyTorch semantics): p -= lr*wd*p (if decay[i]); m = b1 m + (1-b1) g;
-  // v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
-  virtual void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const uint8_t* decay_mask, float lr,
-                          float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
+  // One AdamW step (PyTorch semantics): p -= lr*wd*p (if i lies in one of
+  // `decayed`); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  // p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
+  // `decayed`: sorted, disjoint ranges of the flat buffer (check_ranges).
+  virtual void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed,
+                          float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
 };
 
 // The CPU backend (Eigen + OpenMP). threads <= 0: OpenMP's default.

@@ -438,25 +438,36 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) g.data[i] *= sc;
   }
-  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const uint8_t* decay, float lr, float b1, float b2,
-                  float eps, float wd, int64_t t) override {
+  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
+                  float b1, float b2, float eps, float wd, int64_t t) override {
     const int64_t n = p.size();
+    check_ranges("cpu backend adamw_step (decayed)", decayed, n);
     const float bc1 = float(1.0 - std::pow(double(b1), double(t)));
     const float bc2s = float(std::sqrt(1.0 - std::pow(double(b2), double(t))));
     const float step = lr / bc1;
     const float shrink = 1.0f - lr * wd;
+    // Elements [a, b), decayed or not.
+    auto update = [&](int64_t a, int64_t b, bool decay) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float x = p.data[i];
-      if (wd != 0.0f && decay[i]) x *= shrink;
-      const float gi = g.data[i];
-      const float mi = m.data[i] + (gi - m.data[i]) * (1.0f - b1);  // torch lerp
-      const float vi = v.data[i] * b2 + (1.0f - b2) * gi * gi;
-      m.data[i] = mi;
-      v.data[i] = vi;
-      const float denom = std::sqrt(vi) / bc2s + eps;
-      p.data[i] = x - step * (mi / denom);
+      for (int64_t i = a; i < b; ++i) {
+        float x = p.data[i];
+        if (decay) x *= shrink;
+        const float gi = g.data[i];
+        const float mi = m.data[i] + (gi - m.data[i]) * (1.0f - b1);  // torch lerp
+        const float vi = v.data[i] * b2 + (1.0f - b2) * gi * gi;
+        m.data[i] = mi;
+        v.data[i] = vi;
+        const float denom = std::sqrt(vi) / bc2s + eps;
+        p.data[i] = x - step * (mi / denom);
+      }
+    };
+    int64_t done = 0;
+    for (const IndexRange& r : decayed) {
+      update(done, r.offset, false);
+      update(r.offset, r.offset + r.size, wd != 0.0f);
+      done = r.offset + r.size;
     }
+    update(done, n, false);
   }
 
  private:

@@ -5,8 +5,8 @@
 // Memory: Tensors hold DEVICE pointers from a caching allocator (free lists by
 // rounded size; a block goes back to its list when the last shared_ptr to it
 // dies, so the per-step empty() calls stop calling cudaMalloc after the first
-// step). Host inputs (token ids, targets, the AdamW decay mask) are uploaded
-// into reusable device buffers. All work runs in order on the legacy default
+// step). Host inputs (token ids, targets) are uploaded into reusable device
+// buffers; the AdamW decay mask is built on the device from its ranges. All work runs in order on the legacy default
 // stream, so a block recycled by the allocator is only reused by work queued
 // after the last use of its previous owner.
 //
@@ -348,12 +348,13 @@ class CudaBackend final : public Backend {
   // ---- optimiser ----
   double sum_squares(const Tensor& g) override { return nn::sum_squares(g.data, g.size(), scratch_); }
   void scale(Tensor& g, float s) override { nn::scale(g.data, g.size(), s); }
-  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const uint8_t* decay, float lr, float b1, float b2,
-                  float eps, float wd, int64_t t) override {
+  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
+                  float b1, float b2, float eps, float wd, int64_t t) override {
     const int64_t n = p.size();
     check_size("adamw_step", "grad", g, n);
     check_size("adamw_step", "m", m, n);
     check_size("adamw_step", "v", v, n);
+    check_ranges("cuda backend adamw_step (decayed)", decayed, n);
     nn::AdamWConstants k;
     k.beta1 = b1;
     k.beta2 = b2;
@@ -366,12 +367,16 @@ class CudaBackend final : public Backend {
     k.apply_decay = wd != 0.0f;
     const uint8_t* d_decay = nullptr;
     if (k.apply_decay) {
-      if (!decay) throw Error("cuda backend adamw_step: weight decay without a decay mask");
-      // The mask rarely changes: re-upload only when its bytes differ.
-      if (decay_host_.size() != size_t(n) || std::memcmp(decay_host_.data(), decay, size_t(n)) != 0) {
-        decay_host_.assign(decay, decay + n);
-        reserve(decay_dev_, size_t(n));
-        check(cudaMemcpy(decay_dev_.data(), decay, size_t(n), cudaMemcpyHostToDevice), "adamw_step (decay mask)");
+      // The kernel reads a byte mask; it is rebuilt on the device only when the
+      // ranges change (comparing the ranges costs nothing next to the step).
+      if (decay_mask_n_ != n ||
+          !std::equal(decayed.begin(), decayed.end(), decay_ranges_.begin(), decay_ranges_.end())) {
+        uint8_t* d = reserve(decay_dev_, size_t(n));
+        check(cudaMemsetAsync(d, 0, size_t(n), nullptr), "adamw_step (decay mask)");
+        for (const IndexRange& r : decayed)
+          check(cudaMemsetAsync(d + r.offset, 1, size_t(r.size), nullptr), "adamw_step (decay mask)");
+        decay_ranges_.assign(decayed.begin(), decayed.end());
+        decay_mask_n_ = n;
       }
       d_decay = decay_dev_.data();
     }
@@ -418,7 +423,9 @@ class CudaBackend final : public Backend {
   DeviceBuffer<int32_t> idx_, offsets_, positions_dev_, targets_;
   DeviceBuffer<double> loss_rows_;
   DeviceBuffer<uint8_t> ok_rows_, decay_dev_;
-  std::vector<uint8_t> decay_host_, ok_host_;
+  std::vector<uint8_t> ok_host_;
+  std::vector<IndexRange> decay_ranges_;  // what decay_dev_ holds, for a buffer of decay_mask_n_ elements
+  int64_t decay_mask_n_ = -1;
   std::vector<double> loss_host_;
   std::vector<int32_t> count_, start_, group_rows_, group_offsets_, positions_;
 };

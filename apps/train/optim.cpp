@@ -31,7 +31,7 @@ double AdamW::step(double lr) {
     if (coef < 1.0) be_.scale(params_.grads, float(coef));
   }
   ++t_;
-  be_.adamw_step(params_.values, params_.grads, m_, v_, params_.decay_mask.data(), float(lr), float(cfg_.beta1),
+  be_.adamw_step(params_.values, params_.grads, m_, v_, params_.decay_ranges, float(lr), float(cfg_.beta1),
                  float(cfg_.beta2), float(cfg_.eps), float(cfg_.weight_decay), t_);
   return norm;
 }

@@ -65,15 +65,34 @@ std::vector<float> init_values(const ParamInfo& p, uint64_t seed, int index) {
 void ParamStore::finalize(Backend& be, uint64_t seed) {
   values = be.empty(1, total_);
   grads = be.zeros(1, total_);
-  decay_mask.assign(size_t(total_), 0);
+  decay_ranges.clear();
   std::vector<float> host(static_cast<size_t>(total_));
   for (size_t k = 0; k < infos_.size(); ++k) {
     const ParamInfo& p = infos_[k];
     const std::vector<float> v = init_values(p, seed, int(k));
     std::copy(v.begin(), v.end(), host.begin() + p.offset);
-    if (p.decay) std::fill(decay_mask.begin() + p.offset, decay_mask.begin() + p.offset + p.size(), 1);
+    if (!p.decay || p.size() == 0) continue;
+    if (!decay_ranges.empty() && decay_ranges.back().offset + decay_ranges.back().size == p.offset)
+      decay_ranges.back().size += p.size();
+    else
+      decay_ranges.push_back(IndexRange{p.offset, p.size()});
   }
   be.upload(host.data(), values);
+}
+
+void check_ranges(const char* what, std::span<const IndexRange> ranges, int64_t n) {
+  int64_t end = 0;
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    const IndexRange& r = ranges[k];
+    if (r.size <= 0 || r.offset < end || r.offset > n - r.size)
+      throw Error(std::string(what) + ": range " + std::to_string(k) + " [" + std::to_string(r.offset) + ", " +
+                  std::to_string(r.offset + r.size) + ") is " +
+                  (r.size <= 0      ? "empty"
+                   : r.offset < end ? "not after the previous range's end " + std::to_string(end)
+                                    : "outside the buffer of " + std::to_string(n) + " elements") +
+                  "; ranges must be non-empty, sorted, disjoint and inside [0, n)");
+    end = r.offset + r.size;
+  }
 }
 
 }  // namespace fp4lab::train

@@ -52,8 +52,8 @@ class ParamStore {
   float* value_ptr(int i) const { return values.data + infos_[size_t(i)].offset; }
   float* grad_ptr(int i) const { return grads.data + infos_[size_t(i)].offset; }
 
-  Tensor values, grads;             // [1, size()] each
-  std::vector<uint8_t> decay_mask;  // [size()] host
+  Tensor values, grads;                  // [1, size()] each
+  std::vector<IndexRange> decay_ranges;  // the decayed parameters' elements, merged where adjacent
  private:
   std::vector<ParamInfo> infos_;
   int64_t total_ = 0;

@@ -429,19 +429,25 @@ TEST_CASE("cuda backend: sum_squares and AdamW match the CPU") {
   const auto p0 = randv(size_t(n), 1), m0 = randv(size_t(n), 3, 0.1f);
   auto v0 = randv(size_t(n), 4, 0.01f);
   for (auto& x : v0) x = std::abs(x);
-  std::vector<uint8_t> mask(static_cast<size_t>(n)), mask2(static_cast<size_t>(n));
+  // Decayed ranges: many short ones (edges everywhere, first element included),
+  // then one long one that ends at the buffer's last element.
+  std::vector<IndexRange> ranges, ranges2{{1000, n - 1000}};
   std::mt19937 rng(5);
-  for (auto& m : mask) m = uint8_t(rng() % 2);
-  for (auto& m : mask2) m = uint8_t(rng() % 2);
+  for (int64_t at = 0; at < n;) {
+    const int64_t len = 1 + int64_t(rng() % 37), gap = int64_t(rng() % 29) + 1;
+    if (at + len > n) break;
+    ranges.push_back({at, len});
+    at += len + gap;
+  }
   for (float wd : {0.0f, 0.1f}) {
     CAPTURE(wd);
     std::vector<float> r[2][3];
     for (int w = 0; w < 2; ++w) {
       Backend& be = w ? *b.gpu : *b.cpu;
       Tensor p = put(be, p0, 1, n), m = put(be, m0, 1, n), v = put(be, v0, 1, n);
-      for (int64_t t = 1; t <= 4; ++t) {  // mask changes at step 3 (re-upload on the GPU)
+      for (int64_t t = 1; t <= 4; ++t) {  // ranges change at step 3 (the GPU rebuilds its mask)
         Tensor gt = put(be, randv(size_t(n), 10 + uint32_t(t)), 1, n);
-        be.adamw_step(p, gt, m, v, (t < 3 ? mask : mask2).data(), 1e-3f * float(t), 0.9f, 0.99f, 1e-8f, wd, t);
+        be.adamw_step(p, gt, m, v, t < 3 ? ranges : ranges2, 1e-3f * float(t), 0.9f, 0.99f, 1e-8f, wd, t);
       }
       r[w][0] = get(be, p);
       r[w][1] = get(be, m);

@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "apps/train/optim.hpp"
 
@@ -39,4 +41,36 @@ TEST_CASE("AdamW: one step by hand, decay only on marked parameters, clipping") 
   CHECK(clip.step(0.0) == doctest::Approx(5.0));
   CHECK(ps.grads.data[0] == doctest::Approx(0.6).epsilon(1e-5));
   CHECK(ps.grads.data[1] == doctest::Approx(0.8).epsilon(1e-5));
+}
+
+TEST_CASE("AdamW: decayed ranges merge where adjacent; each element decays exactly when its range says so") {
+  auto be = make_cpu_backend(2);
+  ParamStore ps;
+  const bool decay[] = {true, true, false, true, false, false, true};
+  const int64_t sizes[] = {3, 5, 2, 7, 1, 4, 6};
+  for (int k = 0; k < 7; ++k) ps.add(std::to_string(k), 1, sizes[k], decay[k], Init::normal, 1.0f);
+  ps.finalize(*be, 3);
+  const std::vector<IndexRange> want{{0, 8}, {10, 7}, {22, 6}};
+  CHECK(ps.decay_ranges == want);
+  // Zero gradients and moments: the update is exactly p * (1 - lr*wd) where decayed, p elsewhere.
+  const std::vector<float> before(ps.values.data, ps.values.data + ps.size());
+  AdamW opt(AdamWConfig{0.9, 0.99, 1e-8, 0.25, 0.0}, ps, *be);
+  opt.step(0.5);
+  const float shrink = 1.0f - 0.5f * 0.25f;
+  for (int64_t i = 0; i < ps.size(); ++i) {
+    CAPTURE(i);
+    const bool decayed = (i < 8) || (i >= 10 && i < 17) || (i >= 22);
+    CHECK(ps.values.data[i] == (decayed ? before[size_t(i)] * shrink : before[size_t(i)]));
+  }
+}
+
+TEST_CASE("check_ranges: names the range at fault") {
+  CHECK_NOTHROW(check_ranges("t", std::vector<IndexRange>{}, 0));
+  CHECK_NOTHROW(check_ranges("t", std::vector<IndexRange>{{0, 2}, {2, 3}}, 5));
+  CHECK_THROWS_WITH_AS(check_ranges("t", std::vector<IndexRange>{{0, 2}, {1, 3}}, 5),
+                       doctest::Contains("range 1 [1, 4) is not after the previous range's end 2"), fp4lab::Error);
+  CHECK_THROWS_WITH_AS(check_ranges("t", std::vector<IndexRange>{{3, 3}}, 5),
+                       doctest::Contains("range 0 [3, 6) is outside the buffer of 5 elements"), fp4lab::Error);
+  CHECK_THROWS_WITH_AS(check_ranges("t", std::vector<IndexRange>{{1, 0}}, 5), doctest::Contains("is empty"),
+                       fp4lab::Error);
 }

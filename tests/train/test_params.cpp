@@ -20,8 +20,8 @@ TEST_CASE("flat buffer with named views; init statistics") {
   CHECK(ps.info(b).offset == 10000);
   CHECK(ps.index("c") == c);
   CHECK_THROWS_AS(ps.index("d"), fp4lab::Error);
-  CHECK(ps.decay_mask[0] == 1);
-  CHECK(ps.decay_mask[10000] == 0);
+  REQUIRE(ps.decay_ranges.size() == 1);
+  CHECK(ps.decay_ranges[0] == IndexRange{0, 10000});
   double s2 = 0, mx = 0, umax = 0;
   for (int64_t i = 0; i < 10000; ++i) s2 += double(ps.value(a).data[i]) * ps.value(a).data[i];
   CHECK(std::sqrt(s2 / 10000) == doctest::Approx(0.02).epsilon(0.05));
