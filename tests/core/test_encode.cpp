@@ -467,6 +467,58 @@ TEST_CASE("encode_rs_f32 equals encode(rs) on bfloat16 patterns and sampled floa
   CHECK(rs_fast_path_mismatches<float16>(xs, 3) == 0);
 }
 
+TEST_CASE("shl_clamped / shr_clamped: PTX's saturating shift counts") {
+  for (uint32_t n = 0; n < 40; ++n) {
+    CAPTURE(n);
+    CHECK(shl_clamped(0x80000001u, n) == (n >= 32 ? 0u : 0x80000001u << n));
+    CHECK(shr_clamped(0x80000001u, n) == (n >= 32 ? 0u : 0x80000001u >> n));
+  }
+  CHECK(shl_clamped(0xFFFFFFFFu, 0u - 3u) == 0u);  // a negative count, converted
+  CHECK(shr_clamped(0xFFFFFFFFu, 0x80000000u) == 0u);
+}
+
+TEST_CASE("E2M1 stochastic rounding: the folded encode and the value form against the generic encoder") {
+  // Every exponent field, both signs, sampled significands (every one for the
+  // exponents where the discarded-bit count d crosses 32, 23 and the normal
+  // range: fields 116-118, 125-127), each with edge and random words.
+  std::mt19937 rng(77);
+  int64_t bad_code = 0, bad_value = 0, n = 0;
+  for (uint32_t e = 0; e < 255; ++e) {
+    const bool all = (e >= 116 && e <= 118) || (e >= 125 && e <= 127);
+    const uint32_t step = all ? 1u : 2039u;
+    for (uint32_t m = 0; m < (1u << 23); m += step)
+      for (uint32_t sign : {0u, 0x80000000u}) {
+        const uint32_t yb = sign | (e << 23) | m;
+        const float y = bits_float(yb);
+        uint32_t ws[6] = {0u, 0xFFFFFFFFu, 0x80000000u, 0x7FFFFFFFu, uint32_t(rng()), uint32_t(rng())};
+        const int nw = all ? 3 : 6;
+        for (int k = 0; k < nw; ++k) {
+          const uint32_t w = all ? ws[3 + k] : ws[k];
+          const uint32_t want = encode(float4_e2m1fn, y, Round::rs, S, w);
+          const uint32_t got = encode_rs_f32<float4_e2m1fn>(y, w, S);
+          const uint32_t value = e2m1_rs_value_bits(yb, w);
+          const uint32_t want_value = float_bits(float(decode(float4_e2m1fn, want)));
+          ++n;
+          if (got != want && bad_code++ < 5)
+            MESSAGE("encode_rs_f32: y ", fmt_code(yb), " rbits ", fmt_code(w), " got ", fmt_code(got), " want ",
+                    fmt_code(want));
+          if (value != want_value && bad_value++ < 5)
+            MESSAGE("e2m1_rs_value_bits: y ", fmt_code(yb), " rbits ", fmt_code(w), " got ", fmt_code(value),
+                    " want ", fmt_code(want_value));
+        }
+      }
+  }
+  // Inf: saturates to 6 with its sign, under both policies.
+  for (uint32_t w : {0u, 0xFFFFFFFFu}) {
+    CHECK(e2m1_rs_value_bits(0x7F800000u, w) == float_bits(6.0f));
+    CHECK(e2m1_rs_value_bits(0xFF800000u, w) == float_bits(-6.0f));
+    CHECK(encode_rs_f32<float4_e2m1fn>(-inf_f(), w, N) == encode(float4_e2m1fn, -inf_f(), Round::rs, N, w));
+  }
+  CHECK(n > 50000000);
+  CHECK(bad_code == 0);
+  CHECK(bad_value == 0);
+}
+
 TEST_CASE("stochastic rounding: exact codes for given random bits") {
   // e4m3fn, x = 2^-10 = half the smallest subnormal 2^-9: as a float32 its
   // significand is 2^23, and D = 24 bits fall below the quantum 2^-9; the
