@@ -256,6 +256,19 @@ FP4LAB_HD constexpr uint32_t e2m1_rn_magnitude_biased(float abs_x) {
   return uint32_t(m12 < m3 ? m12 : m3);
 }
 
+// The value of E2M1 round-to-nearest-even, without the code: returns
+// float_bits(decode(encode_rn_f32<float4_e2m1fn>(y, o))) for y's bits yb, y
+// not NaN, either policy. The magnitude code c of e2m1_rn_magnitude_biased
+// becomes its value's bits directly: from c = 2 (1.0) up the code's bits are
+// the exponent's low bits and the mantissa bit, (c << 22) + bits(0.5); c = 1
+// is 0.5, c = 0 zero. Used where only values are wanted (the GPU's BF16
+// operands).
+FP4LAB_HD constexpr uint32_t e2m1_rn_value_bits(uint32_t yb) {
+  const uint32_t c = e2m1_rn_magnitude_biased(bits_float(yb & 0x7FFFFFFFu)) - kE2m1MagnitudeBase;
+  const uint32_t v = c >= 2 ? (c << 22) + 0x3F000000u : (c == 1 ? 0x3F000000u : 0u);
+  return v | (yb & 0x80000000u);
+}
+
 // Round-to-nearest-even magnitude code of float32 magnitude bits `a` (|x|) in
 // a format F of up to 16 bits with subnormals (not bfloat16: see below), by one
 // float rounding. With E = max(exponent of |x|, F's minimum normal exponent)

@@ -46,14 +46,15 @@ __device__ __forceinline__ void unstage_row(const Stage& s, int rr, float (&r)[4
 
 // FM: Fast::rn or Fast::rs when both quantizers round that way and every base
 // pointer is 16-byte aligned (only that mode's code is compiled, its stores
-// unchecked: encode_and_store's FULL), else Fast::none.
+// unchecked: encode_and_store's FULL), their _bf16 forms when both outputs
+// are only BF16 GEMM operands, else Fast::none.
 template <class In, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none>
 __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
   constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
   // The row loops below: 4 rows an iteration with SR (four independent Philox
   // chains: 3% faster than 1 at 8192^2 from f32), 1 otherwise (2 and 4 were no
   // faster for rn, and 4 slower from BF16).
-  constexpr int kRowUnroll = FM == Fast::rs ? 4 : 1;
+  constexpr int kRowUnroll = FM == Fast::rs || FM == Fast::rs_bf16 ? 4 : 1;
   const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
   const int64_t ngroups = pr.cols / 4, nstrips = pr.rows / 16;  // both multiples of 16 (host)
   int64_t i, jg;
@@ -192,8 +193,15 @@ void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
 template <class In, bool RHT>
 void go_fast(const KParams& pr, const KParams& pc, cudaStream_t st) {
   if (!bases_aligned16(pr) || !bases_aligned16(pc)) return go<In, RHT, false>(pr, pc, st);
-  if (fast_rn_applies(1, pr) && fast_rn_applies(1, pc)) return go<In, RHT, false, Fast::rn>(pr, pc, st);
-  if (fast_rs_applies(1, pr) && fast_rs_applies(1, pc)) return go<In, RHT, false, Fast::rs>(pr, pc, st);
+  const bool operands = bf16_operand_only(pr) && bf16_operand_only(pc);
+  if (fast_rn_applies(1, pr) && fast_rn_applies(1, pc)) {
+    if (operands) return go<In, RHT, false, Fast::rn_bf16>(pr, pc, st);
+    return go<In, RHT, false, Fast::rn>(pr, pc, st);
+  }
+  if (fast_rs_applies(1, pr) && fast_rs_applies(1, pc)) {
+    if (operands) return go<In, RHT, false, Fast::rs_bf16>(pr, pc, st);
+    return go<In, RHT, false, Fast::rs>(pr, pc, st);
+  }
   go<In, RHT, false>(pr, pc, st);
 }
 

@@ -480,9 +480,19 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
 
 // The fast forms of a kernel (template argument): none (every mode), rn, rs
 // (the row kernels' encode_store_rn / encode_store_rs_fast; encode_and_store's
-// FM). A kernel compiled for one fast form holds none of the other modes'
-// code, so that its register count, and with it its occupancy, is its own.
-enum class Fast { none, rn, rs };
+// FM), rn_bf16 / rs_bf16 (rn / rs, E2M1 elements with UE4M3 scales (kind 1),
+// and the one element output is the BF16 GEMM operand: the trainer's;
+// encode_and_store only). A kernel compiled for one fast form holds none of
+// the other modes' code, so that its register count, and with it its
+// occupancy, is its own.
+enum class Fast { none, rn, rs, rn_bf16, rs_bf16 };
+
+// Is p's one element output the BF16 GEMM operand (the condition of the
+// _bf16 fast forms on the outputs)?
+inline bool bf16_operand_only(const KParams& p) {
+  const QuantOutputs& o = p.out;
+  return o.dequant_bf16 && o.bf16_gemm_operand && !o.codes && !o.dequant;
+}
 
 // Encodes N consecutive elements of row r from column c0 with block parameters
 // bp (one per element via bidx), writes every requested output. FM != none:
@@ -495,6 +505,43 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
                                                  int valid) {
   // Block of element j: bp[j * NB / N] (NB == 1: one block; NB == N: one per element).
   const int64_t base = r * p.cols + c0;
+  if constexpr (FM == Fast::rn_bf16 || FM == Fast::rs_bf16) {
+    // The BF16 operand straight from each element's rounded value
+    // (e2m1_rn_value_bits / e2m1_rs_value_bits: no code, no decode). A group of
+    // 4 holding a NaN product takes the code path (E2M1 maps NaN to +6,
+    // whatever its sign).
+    constexpr bool sr = FM == Fast::rs_bf16;
+    static_assert(K == 1 && N % 4 == 0 && N <= 16);
+    uint32_t h[N];
+#pragma unroll
+    for (int q = 0; q < N / 4; ++q) {
+      Philox4 grp{};
+      if constexpr (sr) grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
+      uint32_t yb[4], amax = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        yb[k] = float_bits(v[4 * q + k] * bp[(4 * q + k) * NB / N].mult);
+        amax = umax(amax, yb[k] & 0x7FFFFFFFu);
+      }
+      if (amax <= 0x7F800000u) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t value = sr ? e2m1_rs_value_bits(yb[k], grp.v[k]) : e2m1_rn_value_bits(yb[k]);
+          h[4 * q + k] = float_bits(bits_float(value) * bp[(4 * q + k) * NB / N].scale) >> 16;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float y = bits_float(yb[k]);
+          const uint32_t code = sr ? encode_rs<K>(f, y, p.overflow, grp.v[k]) : encode_rn<K>(f, y, p.overflow);
+          h[4 * q + k] = float_bits(decode_elem<K>(f, code) * bp[(4 * q + k) * NB / N].scale) >> 16;
+        }
+      }
+    }
+    // e2m1 x ue4m3 is exact in BF16: truncation (store_outputs' K == 1 operand).
+    store_bf16<N, FULL>(p.out.dequant_bf16 + base, h, valid);
+    return;
+  }
   uint32_t code[N];
   // One branch per thread, each mode's loop contiguous in the binary (an
   // element loop with the modes interleaved thrashed the instruction cache).

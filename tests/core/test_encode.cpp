@@ -477,12 +477,12 @@ TEST_CASE("shl_clamped / shr_clamped: PTX's saturating shift counts") {
   CHECK(shr_clamped(0xFFFFFFFFu, 0x80000000u) == 0u);
 }
 
-TEST_CASE("E2M1 stochastic rounding: the folded encode and the value form against the generic encoder") {
+TEST_CASE("E2M1: the folded SR encode and the SR and rn value forms against the generic encoder") {
   // Every exponent field, both signs, sampled significands (every one for the
-  // exponents where the discarded-bit count d crosses 32, 23 and the normal
-  // range: fields 116-118, 125-127), each with edge and random words.
+  // exponents where SR's discarded-bit count d crosses 32, 23 and the normal
+  // range: fields 116-118, 125-127), SR with edge and random words.
   std::mt19937 rng(77);
-  int64_t bad_code = 0, bad_value = 0, n = 0;
+  int64_t bad_code = 0, bad_value = 0, bad_rn_value = 0, n = 0;
   for (uint32_t e = 0; e < 255; ++e) {
     const bool all = (e >= 116 && e <= 118) || (e >= 125 && e <= 127);
     const uint32_t step = all ? 1u : 2039u;
@@ -490,6 +490,10 @@ TEST_CASE("E2M1 stochastic rounding: the folded encode and the value form agains
       for (uint32_t sign : {0u, 0x80000000u}) {
         const uint32_t yb = sign | (e << 23) | m;
         const float y = bits_float(yb);
+        const uint32_t want_rn = float_bits(float(decode(float4_e2m1fn, encode(float4_e2m1fn, y, Round::rn, S))));
+        if (e2m1_rn_value_bits(yb) != want_rn && bad_rn_value++ < 5)
+          MESSAGE("e2m1_rn_value_bits: y ", fmt_code(yb), " got ", fmt_code(e2m1_rn_value_bits(yb)), " want ",
+                  fmt_code(want_rn));
         uint32_t ws[6] = {0u, 0xFFFFFFFFu, 0x80000000u, 0x7FFFFFFFu, uint32_t(rng()), uint32_t(rng())};
         const int nw = all ? 3 : 6;
         for (int k = 0; k < nw; ++k) {
@@ -517,6 +521,8 @@ TEST_CASE("E2M1 stochastic rounding: the folded encode and the value form agains
   CHECK(n > 50000000);
   CHECK(bad_code == 0);
   CHECK(bad_value == 0);
+  CHECK(bad_rn_value == 0);
+  CHECK(e2m1_rn_value_bits(0xFF800000u) == float_bits(-6.0f));
 }
 
 TEST_CASE("stochastic rounding: exact codes for given random bits") {

@@ -364,6 +364,30 @@ struct DualOut {
 
 }  // namespace
 
+namespace {
+// The BF16 GEMM operand of a quantized tensor (E2M1 x UE4M3 is exact in BF16:
+// the top half of the float), from sim's codes and decoded block scales.
+std::vector<uint16_t> operand_bits(const QuantizedTensor& q) {
+  std::vector<uint16_t> h(size_t(q.rows * q.cols));
+  for (int64_t r = 0; r < q.rows; ++r)
+    for (int64_t c = 0; c < q.cols; ++c) {
+      const float scale = q.scales[size_t((r / q.spec.block_rows) * q.scale_cols + c / q.spec.block_cols)];
+      const float d = decode(*q.spec.element, q.codes[size_t(r * q.cols + c)]) * scale;
+      h[size_t(r * q.cols + c)] = uint16_t(float_bits(d) >> 16);
+    }
+  return h;
+}
+// Elements whose BF16 bits differ, NaNs of any payload counted equal (the GPU
+// makes the canonical NaN, the CPU propagates its operand's).
+int64_t operand_mismatches(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  if (got.size() != want.size()) return -1;
+  auto nan = [](uint16_t h) { return (h & 0x7F80u) == 0x7F80u && (h & 0x7Fu) != 0; };
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i] && !(nan(got[i]) && nan(want[i]));
+  return bad;
+}
+}  // namespace
+
 TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit for bit") {
   FP4LAB_REQUIRE_GPU();
   const QuantizerSpec nv = quantizer_by_name("nvfp4");
@@ -385,7 +409,10 @@ TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit 
             if (!global) qr.global_scale = qc.global_scale = GlobalScale::none;
             REQUIRE(dual_supported(qr, qc, s.rows, s.cols));
             const bool bf16 = (k % 3) == 0;
-            auto x = test::varied_randn(s.rows, s.cols, 700u + uint32_t(k), 20);
+            // Every fifth case adversarial (NaN, Inf, zero blocks, ...; each mode pair and
+            // input type among them): the trainer forms' per-group NaN path too.
+            auto x = k % 5 == 1 ? test::adversarial(s.rows, s.cols, 700u + uint32_t(k), true)
+                                : test::varied_randn(s.rows, s.cols, 700u + uint32_t(k), 20);
             if (bf16)
               for (float& v : x) v = bits_float(float_bits(v) & 0xFFFF0000u);
             const RandomStream rsr{11, uint64_t(2 * k)}, rsc{11, uint64_t(2 * k + 1)};
@@ -431,6 +458,9 @@ TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit 
             check(cudaDeviceSynchronize(), "test");
             CHECK(orow.op16.download() == want_r.download());
             CHECK(ocol.op16.download() == want_c.download());
+            // And against the CPU's codes and scales: BF16(decode(code) * block scale).
+            CHECK(operand_mismatches(orow.op16.download(), operand_bits(cr)) == 0);
+            CHECK(operand_mismatches(ocol.op16.download(), operand_bits(cc)) == 0);
           }
         }
       }
