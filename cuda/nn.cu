@@ -10,8 +10,10 @@
 #include <limits>
 #include <string>
 
+#include "core/encode.hpp"
 #include "core/error.hpp"
 #include "core/philox.hpp"
+#include "cuda/linear_ops.hpp"
 #include "cuda/nn_device.cuh"
 
 namespace fp4lab::cuda::nn {
@@ -62,9 +64,23 @@ __device__ __forceinline__ void f4_set(float4& v, int k, float x) {
   else
     v.w = x;
 }
-// out[i] = f(a[i], b[i]) for every i < n (b may be null: f(a[i], 0)).
+// The BF16 companion of a float (Tensor::bf16): round to nearest even.
+__device__ __forceinline__ uint32_t bf16_rn(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
+// 4 consecutive companions at out_h + 4g: one 8-byte store where aligned.
+__device__ __forceinline__ void store_bf16x4(uint16_t* out_h, int64_t g, const float4& r) {
+  const uint2 w = make_uint2(bf16_rn(r.x) | bf16_rn(r.y) << 16, bf16_rn(r.z) | bf16_rn(r.w) << 16);
+  if ((reinterpret_cast<uintptr_t>(out_h) & 7u) == 0) {
+    reinterpret_cast<uint2*>(out_h)[g] = w;
+  } else {
+    uint16_t* d = out_h + 4 * g;
+    d[0] = uint16_t(w.x), d[1] = uint16_t(w.x >> 16), d[2] = uint16_t(w.y), d[3] = uint16_t(w.y >> 16);
+  }
+}
+// out[i] = f(a[i], b[i]) for every i < n (b may be null: f(a[i], 0)), and
+// out_h[i] = its BF16 rounding when out_h is not null.
 template <class F>
-__device__ __forceinline__ void map4(int64_t n, const float* a, const float* b, float* out, F f) {
+__device__ __forceinline__ void map4(int64_t n, const float* a, const float* b, float* out, F f,
+                                     uint16_t* out_h = nullptr) {
   const int64_t groups = (n + 3) / 4;
   const bool vec = aligned16(a) && (b == nullptr || aligned16(b)) && aligned16(out);
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
@@ -75,9 +91,13 @@ __device__ __forceinline__ void map4(int64_t n, const float* a, const float* b, 
 #pragma unroll
       for (int k = 0; k < 4; ++k) f4_set(r, k, f(f4_at(va, k), f4_at(vb, k)));
       reinterpret_cast<float4*>(out)[g] = r;
+      if (out_h) store_bf16x4(out_h, g, r);
       continue;
     }
-    for (int64_t i = g * 4; i < g * 4 + 4 && i < n; ++i) out[i] = f(a[i], b ? b[i] : 0.0f);
+    for (int64_t i = g * 4; i < g * 4 + 4 && i < n; ++i) {
+      out[i] = f(a[i], b ? b[i] : 0.0f);
+      if (out_h) out_h[i] = uint16_t(bf16_rn(out[i]));
+    }
   }
 }
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
@@ -87,15 +107,19 @@ __global__ void scale_kernel(float* g, int64_t n, float s) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     g[i] *= s;
 }
-__global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n) {
-  map4(n, x, nullptr, y, [](float v, float) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); });
+__global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n, uint16_t* y_h) {
+  map4(
+      n, x, nullptr, y, [](float v, float) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }, y_h);
 }
-__global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int64_t n) {
-  map4(n, x, dy, dx, [](float v, float d) {
-    const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-    const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-    return d * (cdf + v * pdf);
-  });
+__global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_h) {
+  map4(
+      n, x, dy, dx,
+      [](float v, float d) {
+        const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+        const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+        return d * (cdf + v * pdf);
+      },
+      dx_h);
 }
 
 // One thread per group of 4 elements (one Philox call gives the 4 words);
@@ -103,10 +127,10 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
 // elements are consecutive and group-aligned), scalar ones otherwise and in
 // the tail group.
 // x = drop(x), plus the residual `add` when kAdd (the operations of dropout
-// then add_inplace, so the same bits).
+// then add_inplace, so the same bits); x_h (may be null) the BF16 of the result.
 template <bool kAdd>
 __global__ void dropout_kernel(float* x, const float* add, int64_t n, uint32_t thr, float keep_scale, uint64_t seed,
-                               uint64_t sid) {
+                               uint64_t sid, uint16_t* x_h) {
   const int64_t groups = (n + 3) / 4;
   const bool vec = aligned16(x) && (!kAdd || aligned16(add));
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
@@ -119,6 +143,7 @@ __global__ void dropout_kernel(float* x, const float* add, int64_t n, uint32_t t
         v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
       }
       *x4 = v;
+      if (x_h) store_bf16x4(x_h, g, v);
       continue;
     }
     for (int k = 0; k < 4; ++k) {
@@ -126,6 +151,7 @@ __global__ void dropout_kernel(float* x, const float* add, int64_t n, uint32_t t
       if (i < n) {
         const float v = drop1(x[i], r.v[k], thr, keep_scale);
         x[i] = kAdd ? v + add[i] : v;
+        if (x_h) x_h[i] = uint16_t(bf16_rn(x[i]));
       }
     }
   }
@@ -149,7 +175,7 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const
 
 // One warp per row.
 __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* beta, float eps, int64_t rows,
-                              int64_t cols, float* y, float* mean, float* rstd) {
+                              int64_t cols, float* y, float* mean, float* rstd, uint16_t* y_h) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -171,6 +197,7 @@ __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* b
   for (int64_t j = lane; j < cols; j += kWarp) {
     const float h = (xr[j] - m) * rs;
     yr[j] = h * gamma[j] + (beta ? beta[j] : 0.0f);
+    if (y_h) y_h[r * cols + j] = uint16_t(bf16_rn(yr[j]));
   }
 }
 
@@ -415,23 +442,27 @@ void scale(float* g, int64_t n, float s, cudaStream_t st) {
   check_launch("scale_kernel");
 }
 
-void gelu_forward(const float* x, float* y, int64_t n, cudaStream_t st) {
+void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16, cudaStream_t st) {
   if (n <= 0) return;
-  gelu_fwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, y, n);
+  gelu_fwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, y, n, y_bf16);
   check_launch("gelu_fwd_kernel");
 }
 
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, cudaStream_t st) {
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_bf16, cudaStream_t st) {
   if (n <= 0) return;
-  gelu_bwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, dy, dx, n);
+  gelu_bwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, dy, dx, n, dx_bf16);
   check_launch("gelu_bwd_kernel");
 }
 
-void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st) {
-  if (p <= 0.0f || n <= 0) return;
+void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, uint16_t* x_bf16, cudaStream_t st) {
+  if (n <= 0) return;
+  if (p <= 0.0f) {
+    if (x_bf16) round_bf16_device(x, n, x_bf16, st);  // the data stays; its companion is still due
+    return;
+  }
   const float keep_scale = 1.0f / (1.0f - p);
-  dropout_kernel<false>
-      <<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, nullptr, n, dropout_threshold(p), keep_scale, seed, sid);
+  dropout_kernel<false><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, nullptr, n, dropout_threshold(p), keep_scale,
+                                                                      seed, sid, x_bf16);
   check_launch("dropout_kernel");
 }
 
@@ -440,15 +471,15 @@ void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, ui
   if (n <= 0) return;
   const float keep_scale = 1.0f / (1.0f - p);
   dropout_kernel<true>
-      <<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, dropout_threshold(p), keep_scale, seed, sid);
+      <<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, dropout_threshold(p), keep_scale, seed, sid, nullptr);
   check_launch("dropout_kernel<add>");
 }
 
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, int64_t rows, int64_t cols,
-                       float* y, float* mean, float* rstd, cudaStream_t st) {
+                       float* y, float* mean, float* rstd, uint16_t* y_bf16, cudaStream_t st) {
   if (rows <= 0) return;
   if (cols <= 0) throw Error("layernorm_forward: no columns");
-  ln_fwd_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(x, gamma, beta, eps, rows, cols, y, mean, rstd);
+  ln_fwd_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(x, gamma, beta, eps, rows, cols, y, mean, rstd, y_bf16);
   check_launch("ln_fwd_kernel");
 }
 

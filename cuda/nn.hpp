@@ -65,17 +65,23 @@ void scatter_rows(const float* dout, int64_t n, int64_t cols, int64_t stride, fl
 // ---- elementwise -----------------------------------------------------------
 void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream = nullptr);  // y += x
 void scale(float* g, int64_t n, float s, cudaStream_t stream = nullptr);               // g *= s
+// The functions below that take a `*_bf16` pointer also write there (when not
+// null) the round-to-nearest-even BF16 of every float they write, in the same
+// pass: the BF16 GEMM operand of the trainer's next linear layer.
 // GELU, exact erf form: y = 0.5 x (1 + erf(x / sqrt 2)).
-void gelu_forward(const float* x, float* y, int64_t n, cudaStream_t stream = nullptr);
+void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr);
 // dx = dy * (Phi(x) + x phi(x)).
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, cudaStream_t stream = nullptr);
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_bf16 = nullptr,
+                   cudaStream_t stream = nullptr);
 
 // Dropout: element i is dropped iff random_bits(seed, stream_id, i) <
 // dropout_threshold(p) (core/philox.hpp, the CPU backend's rule).
 using fp4lab::dropout_threshold;
 // Inverted dropout in place on x[0..n): dropped elements become 0, the others
 // x * (1 / (1 - p)). The element index i is x's linear index. p <= 0: no-op.
-void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, cudaStream_t stream = nullptr);
+// x_bf16 is written for p <= 0 too.
+void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, uint16_t* x_bf16 = nullptr,
+             cudaStream_t stream = nullptr);
 // The residual branch in one pass: y = dropout(y) + x, the operations (and
 // bits) of dropout(y, ...) followed by add_inplace(y, x, ...).
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id,
@@ -86,7 +92,7 @@ void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, ui
 // CPU), rstd = float(1 / sqrt(var + eps)), y = (x - mean) * rstd * gamma + beta.
 // gamma [cols]; beta [cols] or null; mean, rstd [rows] written.
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, int64_t rows, int64_t cols,
-                       float* y, float* mean, float* rstd, cudaStream_t stream = nullptr);
+                       float* y, float* mean, float* rstd, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr);
 // dx [rows, cols] written; dgamma_acc [cols] += sum_r dy * xhat and dbeta_acc
 // [cols] (null: skipped) += sum_r dy, each column summed in float64 over fixed
 // blocks of 256 rows in row order, then the blocks in order (the CPU's order).

@@ -36,12 +36,17 @@ struct Tensor {
   float* data = nullptr;
   int64_t rows = 0, cols = 0;
   std::shared_ptr<float[]> mem;  // null for views
+  // Optional BF16 companion (Backend::add_bf16_companion): size() BF16 values
+  // in the backend's memory, the round-to-nearest-even BF16 of data once one of
+  // the ops documented as writing it has written the tensor. bf16_mem owns it.
+  uint16_t* bf16 = nullptr;
+  std::shared_ptr<float[]> bf16_mem;
   int64_t size() const { return rows * cols; }
   float* row(int64_t r) const { return data + r * cols; }
 };
 
 // A view of `rows x cols` floats at `p` (no ownership).
-inline Tensor view_of(float* p, int64_t rows, int64_t cols) { return Tensor{p, rows, cols, nullptr}; }
+inline Tensor view_of(float* p, int64_t rows, int64_t cols) { return Tensor{p, rows, cols, nullptr, nullptr, nullptr}; }
 
 // What a linear layer keeps between forward and backward (backend specific).
 struct LinearState {
@@ -94,6 +99,22 @@ class Backend {
                               std::unique_ptr<LinearState>& state) = 0;
   virtual void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
                                Tensor& dx, Tensor& dw_acc, float* db_acc) = 0;
+
+  // BF16 companions: a producer writes the BF16 GEMM operand of the linear
+  // layer it feeds in the same pass as its FP32 output, instead of the layer
+  // rounding that output in a pass of its own. Does this backend read the
+  // companion of the linear layer of ctx's input x (grad: of its output
+  // gradient dy)? True only where that layer's plan makes both GEMM operands
+  // of the tensor by plain BF16 rounding. Default: never.
+  virtual bool linear_reads_bf16(const LinearContext& ctx, bool grad) {
+    (void)ctx, (void)grad;
+    return false;
+  }
+  // Gives t a companion (contents unspecified); backends that never read one
+  // do nothing. Written by: layernorm_forward (y), gelu_forward (y),
+  // gelu_backward (dx), dropout_backward (dy). Every other op that writes a
+  // tensor leaves its companion stale, so one of those must write it last.
+  virtual void add_bf16_companion(Tensor& t) { (void)t; }
 
   // LayerNorm over each row: y = (x - mean) * rstd * gamma + beta (beta may be
   // null: nanoGPT's bias=False). mean/rstd [rows] are saved for backward.

@@ -165,6 +165,14 @@ class CudaBackend final : public Backend {
     nn::copy_cols(src.data + sc, src.cols, dst.data + dc, dst.cols, src.rows, n);
   }
 
+  // ---- BF16 companions ----
+  bool linear_reads_bf16(const LinearContext& ctx, bool grad) override { return linear_.reads_bf16(ctx, grad); }
+  void add_bf16_companion(Tensor& t) override {
+    Tensor h = empty(1, (t.size() + 1) / 2);  // size() BF16 values
+    t.bf16 = reinterpret_cast<uint16_t*>(h.data);
+    t.bf16_mem = std::move(h.mem);
+  }
+
   // ---- linear ----
   void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state) override {
@@ -181,7 +189,7 @@ class CudaBackend final : public Backend {
     check_shape("layernorm_forward", "y", y, x.rows, x.cols);
     check_size("layernorm_forward", "mean", mean, x.rows);
     check_size("layernorm_forward", "rstd", rstd, x.rows);
-    nn::layernorm_forward(x.data, gamma, beta, eps, x.rows, x.cols, y.data, mean.data, rstd.data);
+    nn::layernorm_forward(x.data, gamma, beta, eps, x.rows, x.cols, y.data, mean.data, rstd.data, y.bf16);
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
                           Tensor& dx, float* dgamma, float* dbeta) override {
@@ -194,12 +202,12 @@ class CudaBackend final : public Backend {
   }
   void gelu_forward(const Tensor& x, Tensor& y) override {
     check_size("gelu_forward", "y", y, x.size());
-    nn::gelu_forward(x.data, y.data, x.size());
+    nn::gelu_forward(x.data, y.data, x.size(), y.bf16);
   }
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     check_size("gelu_backward", "dy", dy, x.size());
     check_size("gelu_backward", "dx", dx, x.size());
-    nn::gelu_backward(x.data, dy.data, dx.data, x.size());
+    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), dx.bf16);
   }
 
   // ---- attention ----
@@ -224,7 +232,7 @@ class CudaBackend final : public Backend {
     nn::dropout(x.data, x.size(), p, key.seed, key.stream);
   }
   void dropout_backward(Tensor& dy, float p, DropoutKey key) override {
-    nn::dropout(dy.data, dy.size(), p, key.seed, key.stream);
+    nn::dropout(dy.data, dy.size(), p, key.seed, key.stream, dy.bf16);
   }
   void add_inplace(Tensor& y, const Tensor& x) override {
     check_shape("add_inplace", "x", x, y.rows, y.cols);

@@ -325,6 +325,13 @@ CudaLinear::~CudaLinear() = default;
 
 void CudaLinear::set_operand_hook(OperandHook hook) { impl_->hook = std::move(hook); }
 
+bool CudaLinear::reads_bf16(const LinearContext& ctx, bool grad) const {
+  const LinearPlan plan = linear_plan(ctx);
+  return grad ? bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
+                    bf16_rounding_only(plan.operand(Operand::wgrad_grad_y))
+              : bf16_rounding_only(plan.operand(Operand::fwd_x)) && bf16_rounding_only(plan.operand(Operand::wgrad_x));
+}
+
 void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                          std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc) {
   if (x.cols != w.cols)
@@ -344,10 +351,14 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
     // Backward needs only the BF16 rounding of x: keep that (half the bytes
     // of the FP32 copy, and wgrad does not round x again).
     st->x_bf16 = true;
-    st->x = alloc(1, (B * in + 1) / 2);
-    uint16_t* xh = reinterpret_cast<uint16_t*>(st->x.data);
-    cuda::round_bf16_device(x.data, B * in, xh, kStream);
-    xo.bf16 = xh;
+    if (x.bf16) {
+      // The producer wrote the rounding (Tensor::bf16): keep a reference to it.
+      st->x = Tensor{reinterpret_cast<float*>(x.bf16), 1, (B * in + 1) / 2, x.bf16_mem, nullptr, nullptr};
+    } else {
+      st->x = alloc(1, (B * in + 1) / 2);
+      cuda::round_bf16_device(x.data, B * in, reinterpret_cast<uint16_t*>(st->x.data), kStream);
+    }
+    xo.bf16 = reinterpret_cast<const uint16_t*>(st->x.data);
     im.report(Operand::fwd_x, xo, B, in);
   } else {
     // A BF16 quantizer operand for wgrad (the quantized recipes) is made in
@@ -449,6 +460,9 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
     dy_op = im.prepare_pair(*q, dgy, wgy, dy.data, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data());
     im.report(Operand::dgrad_grad_y, dy_op, B, out);
     dy_pair = true;
+  } else if (dy_shared && dy.bf16) {
+    dy_op.bf16 = dy.bf16;  // the producer's rounding (Tensor::bf16)
+    im.report(Operand::dgrad_grad_y, dy_op, B, out);
   } else {
     dy_op = im.prepare(dgy, dy.data, B, out, im.slot[0]);
   }

@@ -47,6 +47,11 @@ class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
   void backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy, Tensor& dx,
                 Tensor& dw_acc, float* db_acc, const std::function<Tensor(int64_t, int64_t)>& alloc);
 
+  // Backend::linear_reads_bf16: does the plan of ctx make both GEMM operands of
+  // x (grad: of dy) by plain BF16 rounding? Then forward (backward) takes
+  // x.bf16 (dy.bf16) as that rounding where the tensor has a companion.
+  bool reads_bf16(const LinearContext& ctx, bool grad) const;
+
   // Test hook: when set, every GEMM operand the layer prepares is reported as
   // (operand, device pointer to its FP32 value [rows, cols] row-major, rows,
   // cols) before the GEMM runs: the exact value multiplied (for BF16 GEMM

@@ -507,8 +507,8 @@ TEST_CASE("E2M1: the folded SR encode and the SR and rn value forms against the 
             MESSAGE("encode_rs_f32: y ", fmt_code(yb), " rbits ", fmt_code(w), " got ", fmt_code(got), " want ",
                     fmt_code(want));
           if (value != want_value && bad_value++ < 5)
-            MESSAGE("e2m1_rs_value_bits: y ", fmt_code(yb), " rbits ", fmt_code(w), " got ", fmt_code(value),
-                    " want ", fmt_code(want_value));
+            MESSAGE("e2m1_rs_value_bits: y ", fmt_code(yb), " rbits ", fmt_code(w), " got ", fmt_code(value), " want ",
+                    fmt_code(want_value));
         }
       }
   }

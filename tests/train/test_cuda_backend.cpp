@@ -28,6 +28,8 @@ TEST_CASE("cuda backend: make_backend(\"cuda\") in a build without CUDA says so"
 #include <vector>
 
 #include "apps/train/model.hpp"
+#include "core/encode.hpp"
+#include "recipes/recipe.hpp"
 #include "cuda/device.hpp"
 #include "../cuda/gpu_test_util.hpp"  // FP4LAB_REQUIRE_GPU
 
@@ -547,6 +549,104 @@ TEST_CASE("cuda backend: one GPT and one ViT training step match the CPU (FP32 r
     CHECK(std::abs(loss[0] - loss[1]) <= 1e-5 * (1.0 + std::abs(loss[0])));
     expect_close("parameter gradients", grads[0], grads[1], 1e-4);
   }
+}
+
+TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer writes") {
+  FP4LAB_REQUIRE_GPU();
+  auto be = make_backend("cuda");
+  // The companion of t, downloaded, against core's rounding of t's data.
+  auto expect_companion = [&](const char* what, const Tensor& t) {
+    const std::vector<float> v = get(*be, t);
+    std::vector<uint16_t> h(v.size());
+    REQUIRE(cudaMemcpy(h.data(), t.bf16, h.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < v.size(); ++i)
+      if (h[i] != fp4lab::encode_rn_f32<fp4lab::bfloat16>(v[i], fp4lab::Overflow::nonsaturate) && !bad++) first = i;
+    INFO(what, ": ", bad, " of ", v.size(), " companions differ, first at ", first);
+    CHECK(bad == 0);
+  };
+  for (int64_t n : {1, 7, 4099, 10007}) {
+    for (bool shifted : {false, true}) {  // shifted: a companion 2 bytes off alignment (the scalar stores)
+      CAPTURE(n);
+      CAPTURE(shifted);
+      // Values around BF16 ties too: x with low halves 0x8000 exactly.
+      auto x = randv(size_t(n), 70 + uint32_t(n), 3.0f);
+      for (size_t i = 0; i < x.size(); i += 3)
+        x[i] = fp4lab::bits_float((fp4lab::float_bits(x[i]) & 0xFFFF0000u) | 0x8000u);
+      const auto dy = randv(size_t(n), 71 + uint32_t(n));
+      auto with_companion = [&](int64_t rows, int64_t cols) {
+        Tensor t = be->empty(rows, cols);
+        if (!shifted) {
+          be->add_bf16_companion(t);
+        } else {
+          Tensor wide = be->empty(1, rows * cols + 1);
+          be->add_bf16_companion(wide);
+          t.bf16 = wide.bf16 + 1;
+          t.bf16_mem = wide.bf16_mem;
+        }
+        return t;
+      };
+      Tensor xt = put(*be, x, 1, n), dyt = put(*be, dy, 1, n);
+      Tensor y = with_companion(1, n), dx = with_companion(1, n);
+      be->gelu_forward(xt, y);
+      expect_companion("gelu_forward", y);
+      be->gelu_backward(xt, dyt, dx);
+      expect_companion("gelu_backward", dx);
+      for (float p : {0.2f, 0.0f}) {
+        Tensor d = with_companion(1, n);
+        be->copy(dyt, d);  // copy leaves the companion stale; dropout_backward writes it
+        be->dropout_backward(d, p, DropoutKey{3, 4});
+        expect_companion(p > 0 ? "dropout_backward" : "dropout_backward (p = 0)", d);
+      }
+      const int64_t rows = n == 1 ? 1 : 7, cols = n / rows;
+      Tensor ln = with_companion(rows, cols), mean = be->empty(1, rows), rstd = be->empty(1, rows);
+      Tensor g = put(*be, randv(size_t(cols), 72, 0.5f, 1.0f), 1, cols);
+      be->layernorm_forward(view_of(xt.data, rows, cols), g.data, nullptr, 1e-5f, ln, mean, rstd);
+      expect_companion("layernorm_forward", ln);
+    }
+  }
+}
+
+TEST_CASE("cuda backend: a bf16-recipe GPT step (operands from BF16 companions) matches the CPU") {
+  FP4LAB_REQUIRE_GPU();
+  Pair b;
+  ModelConfig mc;
+  mc.type = "gpt";
+  mc.layers = 2;
+  mc.heads = 2;
+  mc.width = 32;
+  mc.dropout = 0.1;
+  mc.vocab_size = 29;
+  mc.context = 16;
+  Batch bt;
+  bt.size = 3;
+  std::mt19937 rng(4);
+  bt.tokens.resize(size_t(bt.size * mc.context));
+  bt.targets.resize(bt.tokens.size());
+  for (auto& t : bt.tokens) t = int32_t(rng() % 29);
+  for (auto& t : bt.targets) t = int32_t(rng() % 29);
+  const fp4lab::Recipe bf16 = fp4lab::recipe_by_name("bf16");
+  StepContext sc;
+  sc.recipe = &bf16;
+  sc.seed = 12;
+  sc.step = 1;
+  fp4lab::LinearContext lc{&bf16, sc.seed, 0, sc.step, "h.0.attn.c_attn"};
+  CHECK(b.gpu->linear_reads_bf16(lc, false));
+  CHECK(b.gpu->linear_reads_bf16(lc, true));
+  CHECK_FALSE(b.cpu->linear_reads_bf16(lc, false));
+  double loss[2];
+  std::vector<float> grads[2];
+  for (int w = 0; w < 2; ++w) {
+    Backend& be = w ? *b.gpu : *b.cpu;
+    auto model = make_model(mc, be, 6);
+    be.fill(model->params().grads, 0.0f);
+    loss[w] = model->forward_backward(bt, sc, nullptr);
+    grads[w] = get(be, model->params().grads);
+  }
+  // Same BF16 operands (a stale or wrong companion would be far off); FP32
+  // accumulation order only.
+  CHECK(std::abs(loss[0] - loss[1]) <= 1e-5 * (1.0 + std::abs(loss[0])));
+  expect_close("parameter gradients", grads[0], grads[1], 1e-4);
 }
 
 #endif  // FP4LAB_WITH_CUDA
