@@ -1,5 +1,6 @@
 // The ViT of model.hpp (fp4-trainkit's one-block ViT on MNIST).
 #include <cmath>
+#include <initializer_list>
 
 #include "apps/train/model.hpp"
 #include "core/error.hpp"
@@ -74,6 +75,18 @@ class Vit final : public CrossEntropyModel {
     be_.linear_forward(l.context(s), x, w(l), bias(l), y, l.state);
     return y;
   }
+  // An uninitialised [rows, cols] tensor for the producer of the input of the
+  // linear layers ls (grad: of their output gradient), with a BF16 companion
+  // where the backend reads one for every one of them
+  // (Backend::linear_reads_bf16); the producer writes it.
+  Tensor feeding(std::initializer_list<const LinearLayer*> ls, const StepContext& s, bool grad, int64_t rows,
+                 int64_t cols) {
+    Tensor t = be_.empty(rows, cols);
+    bool all = true;
+    for (const LinearLayer* l : ls) all = all && be_.linear_reads_bf16(l->context(s), grad);
+    if (all) be_.add_bf16_companion(t);
+    return t;
+  }
   Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy) {
     Tensor dx, dw = params_.grad(l.w);
     be_.linear_backward(l.context(s), *l.state, w(l), dy, dx, dw, dbias(l));
@@ -115,7 +128,7 @@ class Vit final : public CrossEntropyModel {
     for (size_t i = 0; i < blocks_.size(); ++i) {
       Block& k = blocks_[i];
       k.x_in = h;
-      k.a = be_.empty(B * L, E);
+      k.a = feeding({&k.q, &k.k, &k.v}, s, false, B * L, E);
       k.mean1 = be_.empty(1, B * L);
       k.rstd1 = be_.empty(1, B * L);
       be_.layernorm_forward(h, params_.value_ptr(k.ln1_w), params_.value_ptr(k.ln1_b), float(cfg_.layernorm_eps), k.a,
@@ -131,7 +144,7 @@ class Vit final : public CrossEntropyModel {
       Tensor o = lin_fwd(k.o, s, k.att);
       be_.add_inplace(o, h);  // h1 = h + o
       k.h1 = o;
-      k.u = be_.empty(B * L, E);
+      k.u = feeding({&k.up}, s, false, B * L, E);
       k.mean2 = be_.empty(1, B * L);
       k.rstd2 = be_.empty(1, B * L);
       be_.layernorm_forward(k.h1, params_.value_ptr(k.ln2_w), params_.value_ptr(k.ln2_b), float(cfg_.layernorm_eps),
@@ -165,12 +178,12 @@ class Vit final : public CrossEntropyModel {
     for (size_t ii = blocks_.size(); ii-- > 0;) {
       Block& k = blocks_[ii];
       // h2 = h1 + drop(down(drop(gelu(up(ln2(h1))))))
-      Tensor dd = be_.empty(B * L, E);
+      Tensor dd = feeding({&k.down}, s, true, B * L, E);
       be_.copy(dh, dd);
       be_.dropout_backward(dd, p, dropout_key(s, site(ii, 2)));
       Tensor dg = lin_bwd(k.down, s, dd);
       be_.dropout_backward(dg, p, dropout_key(s, site(ii, 1)));
-      Tensor dup = be_.empty(B * L, ffn_);
+      Tensor dup = feeding({&k.up}, s, true, B * L, ffn_);
       be_.gelu_backward(k.up_y, dg, dup);
       Tensor du = lin_bwd(k.up, s, dup);
       Tensor dh1 = be_.empty(B * L, E);

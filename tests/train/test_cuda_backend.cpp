@@ -607,24 +607,9 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
   }
 }
 
-TEST_CASE("cuda backend: a bf16-recipe GPT step (operands from BF16 companions) matches the CPU") {
+TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from BF16 companions) match the CPU") {
   FP4LAB_REQUIRE_GPU();
   Pair b;
-  ModelConfig mc;
-  mc.type = "gpt";
-  mc.layers = 2;
-  mc.heads = 2;
-  mc.width = 32;
-  mc.dropout = 0.1;
-  mc.vocab_size = 29;
-  mc.context = 16;
-  Batch bt;
-  bt.size = 3;
-  std::mt19937 rng(4);
-  bt.tokens.resize(size_t(bt.size * mc.context));
-  bt.targets.resize(bt.tokens.size());
-  for (auto& t : bt.tokens) t = int32_t(rng() % 29);
-  for (auto& t : bt.targets) t = int32_t(rng() % 29);
   const fp4lab::Recipe bf16 = fp4lab::recipe_by_name("bf16");
   StepContext sc;
   sc.recipe = &bf16;
@@ -634,19 +619,44 @@ TEST_CASE("cuda backend: a bf16-recipe GPT step (operands from BF16 companions) 
   CHECK(b.gpu->linear_reads_bf16(lc, false));
   CHECK(b.gpu->linear_reads_bf16(lc, true));
   CHECK_FALSE(b.cpu->linear_reads_bf16(lc, false));
-  double loss[2];
-  std::vector<float> grads[2];
-  for (int w = 0; w < 2; ++w) {
-    Backend& be = w ? *b.gpu : *b.cpu;
-    auto model = make_model(mc, be, 6);
-    be.fill(model->params().grads, 0.0f);
-    loss[w] = model->forward_backward(bt, sc, nullptr);
-    grads[w] = get(be, model->params().grads);
+  for (const char* type : {"gpt", "vit"}) {
+    CAPTURE(type);
+    ModelConfig mc;
+    mc.type = type;
+    mc.layers = 2;
+    mc.heads = 2;
+    mc.width = 32;
+    mc.dropout = 0.1;
+    mc.vocab_size = 29;
+    mc.context = 16;
+    mc.image_size = 14;
+    mc.patch_size = 7;
+    Batch bt;
+    bt.size = 3;
+    std::mt19937 rng(4);
+    if (mc.type == "gpt") {
+      bt.tokens.resize(size_t(bt.size * mc.context));
+      bt.targets.resize(bt.tokens.size());
+      for (auto& t : bt.tokens) t = int32_t(rng() % 29);
+      for (auto& t : bt.targets) t = int32_t(rng() % 29);
+    } else {
+      bt.images = randv(size_t(bt.size * 14 * 14), 9);
+      bt.targets = {2, 5, 9};
+    }
+    double loss[2];
+    std::vector<float> grads[2];
+    for (int w = 0; w < 2; ++w) {
+      Backend& be = w ? *b.gpu : *b.cpu;
+      auto model = make_model(mc, be, 6);
+      be.fill(model->params().grads, 0.0f);
+      loss[w] = model->forward_backward(bt, sc, nullptr);
+      grads[w] = get(be, model->params().grads);
+    }
+    // Same BF16 operands (a stale or wrong companion would be far off); FP32
+    // accumulation order only.
+    CHECK(std::abs(loss[0] - loss[1]) <= 1e-5 * (1.0 + std::abs(loss[0])));
+    expect_close("parameter gradients", grads[0], grads[1], 1e-4);
   }
-  // Same BF16 operands (a stale or wrong companion would be far off); FP32
-  // accumulation order only.
-  CHECK(std::abs(loss[0] - loss[1]) <= 1e-5 * (1.0 + std::abs(loss[0])));
-  expect_close("parameter gradients", grads[0], grads[1], 1e-4);
 }
 
 #endif  // FP4LAB_WITH_CUDA
