@@ -17,6 +17,7 @@
 
 #include "core/error.hpp"
 #include "core/philox.hpp"
+#include "cuda/linear_ops.hpp"
 #include "cuda/nn.hpp"
 #include "cuda/nn_device.cuh"
 
@@ -131,7 +132,8 @@ struct FusedArgs {
   uint32_t thr;  // dropout threshold; 0: no dropout
   float keep_scale;
   uint64_t seed, sid;
-  bool vec_rows;  // T % 4 == 0 and the [*, T] tensors 16-byte aligned: float4 row accesses
+  bool vec_rows;    // T % 4 == 0 and the [*, T] tensors 16-byte aligned: float4 row accesses
+  uint16_t* out_h;  // null, or the BF16 companion of the output (out; dqkv): same layout
 };
 
 template <int N>
@@ -352,9 +354,10 @@ __device__ __forceinline__ void scores_tiles(const float* At, float* Bt, const f
 
 // out rows of the tile [kTile][HD] = P B, P^T = St [nk * kTile][kLd] in shared
 // memory, B's rows (key tile kt) loaded into Bs [kTile][HD]. Rows >= T skipped.
+// out_h: null, or out's BF16 companion (same offsets).
 template <int HD>
 __device__ __forceinline__ void product_tiles(const float* St, float* Bs, const float* bsrc, int64_t ld, int64_t T,
-                                              int nk, float* out, int64_t out_ld, int64_t q0) {
+                                              int nk, float* out, int64_t out_ld, int64_t q0, uint16_t* out_h) {
   constexpr int N = HD / 16;
   const int ty = tile_ty(), tx = tile_tx();
   float acc[4][N] = {};
@@ -372,7 +375,10 @@ __device__ __forceinline__ void product_tiles(const float* St, float* Bs, const 
     const int64_t row = q0 + 4 * ty + i;
     if (row >= T) continue;
 #pragma unroll
-    for (int j = 0; j < N; ++j) out[row * out_ld + N * tx + j] = acc[i][j];
+    for (int j = 0; j < N; ++j) {
+      out[row * out_ld + N * tx + j] = acc[i][j];
+      if (out_h) out_h[row * out_ld + N * tx + j] = uint16_t(bf16_rn(acc[i][j]));
+    }
   }
 }
 
@@ -441,7 +447,8 @@ __global__ void __launch_bounds__(kFusedThreads) attn_fwd_fused(FusedArgs g, flo
       for (int k = 0; k < 4; ++k) St[(j0 + k) * kLd + r] = p[k];
     }
   }
-  product_tiles<HD>(St, Kb, qb + 2 * C, ld, T, nk, out + b * T * C + h * HD, C, q0);
+  const int64_t o0 = b * T * C + h * HD;
+  product_tiles<HD>(St, Kb, qb + 2 * C, ld, T, nk, out + o0, C, q0, g.out_h ? g.out_h + o0 : nullptr);
 }
 
 // Backward, per query tile: dP = dout V^T, dropped with the forward's mask; dS =
@@ -517,7 +524,8 @@ __global__ void __launch_bounds__(kFusedThreads)
       if (i < T && j0 < T) store_row4(ds, e_row + j0, j0, T, g.vec_rows, v);
     }
   }
-  product_tiles<HD>(St, Kb, qb + C, ld, T, nk, dqkv + b * T * ld + h * HD, ld, q0);
+  const int64_t o0 = b * T * ld + h * HD;
+  product_tiles<HD>(St, Kb, qb + C, ld, T, nk, dqkv + o0, ld, q0, g.out_h ? g.out_h + o0 : nullptr);
 }
 
 // Backward, per key tile j0: dV = drop(P)^T dout and dK = dS^T Q over the
@@ -575,16 +583,23 @@ __global__ void __launch_bounds__(kFusedThreads)
     mma_tile<N, kTile>(Ps, kTile, Os, HD, 4 * ty, N * tx, acc_v);
     mma_tile<N, kTile>(Ds, kTile, Qs, HD, 4 * ty, N * tx, acc_k);
   }
-  float* const dk = dqkv + b * T * ld + C + h * HD;
+  const int64_t k0 = b * T * ld + C + h * HD;  // dK's offset; dV's is k0 + C
+  float* const dk = dqkv + k0;
   float* const dv = dk + C;
+  uint16_t* const dk_h = g.out_h ? g.out_h + k0 : nullptr;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t row = j0 + 4 * ty + i;
     if (row >= T) continue;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      dk[row * ld + N * tx + j] = acc_k[i][j];
-      dv[row * ld + N * tx + j] = acc_v[i][j];
+      const int64_t e = row * ld + N * tx + j;
+      dk[e] = acc_k[i][j];
+      dv[e] = acc_v[i][j];
+      if (dk_h) {
+        dk_h[e] = uint16_t(bf16_rn(acc_k[i][j]));
+        dk_h[e + C] = uint16_t(bf16_rn(acc_v[i][j]));
+      }
     }
   }
 }
@@ -759,27 +774,33 @@ bool Attention::use_fused(const AttentionDims& d, std::initializer_list<const vo
   return false;
 }
 
-void Attention::forward(const AttentionDims& d, const float* qkv, float* out, float* probs) {
+void Attention::forward(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_bf16) {
   check_dims(d);
   if (d.batch * d.seq == 0) return;
-  if (use_fused(d, {qkv, out, probs}))
-    forward_fused(d, qkv, out, probs);
-  else
+  if (use_fused(d, {qkv, out, probs})) {
+    forward_fused(d, qkv, out, probs, out_bf16);
+  } else {
     forward_cublas(d, qkv, out, probs);
+    if (out_bf16) round_bf16_device(out, d.batch * d.seq * d.width, out_bf16, stream_);
+  }
 }
 
-void Attention::backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv) {
+void Attention::backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
+                         uint16_t* dqkv_bf16) {
   check_dims(d);
   if (d.batch * d.seq == 0) return;
-  if (use_fused(d, {qkv, probs, dout, dqkv}))
-    backward_fused(d, qkv, probs, dout, dqkv);
-  else
+  if (use_fused(d, {qkv, probs, dout, dqkv})) {
+    backward_fused(d, qkv, probs, dout, dqkv, dqkv_bf16);
+  } else {
     backward_cublas(d, qkv, probs, dout, dqkv);
+    if (dqkv_bf16) round_bf16_device(dqkv, d.batch * d.seq * 3 * d.width, dqkv_bf16, stream_);
+  }
 }
 
 namespace {
-FusedArgs fused_args(const AttentionDims& d, const float* qkv) {
+FusedArgs fused_args(const AttentionDims& d, const float* qkv, uint16_t* out_h) {
   FusedArgs g{};
+  g.out_h = out_h;
   g.qkv = qkv;
   g.T = d.seq, g.H = d.heads, g.C = d.width;
   g.scale = d.scale;
@@ -821,15 +842,15 @@ void with_head_dim(int64_t hd, F&& f) {
 }
 }  // namespace
 
-void Attention::forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs) {
-  const FusedArgs g = fused_args(d, qkv);
+void Attention::forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_h) {
+  const FusedArgs g = fused_args(d, qkv, out_h);
   const int64_t BH = d.batch * d.heads;
   with_head_dim(d.width / d.heads, [&](auto hd) { run_fused_forward<hd.value>(g, BH, out, probs, stream_); });
 }
 
 void Attention::backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout,
-                               float* dqkv) {
-  const FusedArgs g = fused_args(d, qkv);
+                               float* dqkv, uint16_t* dqkv_h) {
+  const FusedArgs g = fused_args(d, qkv, dqkv_h);
   const int64_t BH = d.batch * d.heads;
   float* ds = dp_.at_least(size_t(BH * d.seq * d.seq));
   with_head_dim(d.width / d.heads,

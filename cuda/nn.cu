@@ -10,7 +10,6 @@
 #include <limits>
 #include <string>
 
-#include "core/encode.hpp"
 #include "core/error.hpp"
 #include "core/philox.hpp"
 #include "cuda/linear_ops.hpp"
@@ -64,8 +63,6 @@ __device__ __forceinline__ void f4_set(float4& v, int k, float x) {
   else
     v.w = x;
 }
-// The BF16 companion of a float (Tensor::bf16): round to nearest even.
-__device__ __forceinline__ uint32_t bf16_rn(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
 // 4 consecutive companions at out_h + 4g: one 8-byte store where aligned.
 __device__ __forceinline__ void store_bf16x4(uint16_t* out_h, int64_t g, const float4& r) {
   const uint2 w = make_uint2(bf16_rn(r.x) | bf16_rn(r.y) << 16, bf16_rn(r.z) | bf16_rn(r.w) << 16);

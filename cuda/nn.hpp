@@ -195,11 +195,15 @@ class Attention {
   // normaliser summed in float64. out [B*T, C] head h columns = drop(probs) v,
   // where element e of probs (its linear index) is dropped iff
   // random_bits(seed, stream_id, e) < dropout_threshold(dropout).
-  void forward(const AttentionDims& d, const float* qkv, float* out, float* probs);
+  // out_bf16 (may be null): out's BF16 companion, written in the same pass
+  // (fused path) or by one rounding pass after (cuBLAS path).
+  void forward(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_bf16 = nullptr);
   // dqkv [B*T, 3C] (every column written) from dout [B*T, C] and the saved
   // probs: dp = drop(dout v^T), ds = p * (dp - sum_j dp p) * scale (float64
   // dot), dq = ds k, dk = ds^T q, dv = drop(p)^T dout.
-  void backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv);
+  // dqkv_bf16 (may be null): dqkv's BF16 companion, as forward's out_bf16.
+  void backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
+                uint16_t* dqkv_bf16 = nullptr);
 
   // Whether the fused kernels can run d with these pointers (all device pointers
   // the call will use); empty when they can, else the reason.
@@ -210,8 +214,9 @@ class Attention {
   bool use_fused(const AttentionDims& d, std::initializer_list<const void*> ptrs) const;
   void forward_cublas(const AttentionDims& d, const float* qkv, float* out, float* probs);
   void backward_cublas(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv);
-  void forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs);
-  void backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv);
+  void forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_h);
+  void backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
+                      uint16_t* dqkv_h);
   cublasHandle_t h_ = nullptr;
   cudaStream_t stream_ = nullptr;
   AttentionPath path_ = AttentionPath::automatic;

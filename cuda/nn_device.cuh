@@ -1,6 +1,7 @@
 // Device helpers shared by the trainer's kernels (cuda/nn.cu, cuda/attention.cu):
-// launch shapes, the fixed-order warp reductions and the dropout rule of one
-// element. Internal to cuda/; include only from .cu files.
+// launch shapes, the fixed-order warp reductions, the dropout rule of one
+// element and the BF16 rounding of companions. Internal to cuda/; include only
+// from .cu files.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "core/encode.hpp"
 #include "core/error.hpp"
 #include "core/philox.hpp"
 
@@ -17,6 +19,10 @@ namespace fp4lab::cuda::nn::detail {
 
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
+
+// The BF16 companion of a float (Tensor::bf16 of the trainer): round to
+// nearest even, as round_bf16_device.
+__device__ __forceinline__ uint32_t bf16_rn(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
 
 inline void check_cublas_status(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));

@@ -112,8 +112,9 @@ class Backend {
   }
   // Gives t a companion (contents unspecified); backends that never read one
   // do nothing. Written by: layernorm_forward (y), gelu_forward (y),
-  // gelu_backward (dx), dropout_backward (dy). Every other op that writes a
-  // tensor leaves its companion stale, so one of those must write it last.
+  // gelu_backward (dx), attention_forward (out), attention_backward (dqkv),
+  // dropout_backward (dy). Every other op that writes a tensor leaves its
+  // companion stale, so one of those must write it last.
   virtual void add_bf16_companion(Tensor& t) { (void)t; }
 
   // LayerNorm over each row: y = (x - mean) * rstd * gamma + beta (beta may be

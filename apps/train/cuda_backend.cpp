@@ -216,7 +216,7 @@ class CudaBackend final : public Backend {
     const nn::AttentionDims d = dims(s, qkv, key);
     check_shape("attention_forward", "out", out, qkv.rows, d.width);
     check_shape("attention_forward", "probs", probs, s.batch * s.heads * s.seq, s.seq);
-    attention_.forward(d, qkv.data, out.data, probs.data);
+    attention_.forward(d, qkv.data, out.data, probs.data, out.bf16);
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
                           Tensor& dqkv, DropoutKey key) override {
@@ -224,7 +224,7 @@ class CudaBackend final : public Backend {
     check_shape("attention_backward", "probs", probs, s.batch * s.heads * s.seq, s.seq);
     check_shape("attention_backward", "dout", dout, qkv.rows, d.width);
     check_shape("attention_backward", "dqkv", dqkv, qkv.rows, qkv.cols);
-    attention_.backward(d, qkv.data, probs.data, dout.data, dqkv.data);
+    attention_.backward(d, qkv.data, probs.data, dout.data, dqkv.data, dqkv.bf16);
   }
 
   // ---- dropout, add ----

@@ -108,7 +108,7 @@ class Gpt final : public CrossEntropyModel {
       be_.layernorm_forward(x, ptr(k.ln1_w), ptr(k.ln1_b), eps, k.a, k.mean1, k.rstd1);
       k.qkv = lin_fwd(k.c_attn, s, k.a);
       k.probs = be_.empty(B * cfg_.heads * T, T);
-      k.att = be_.empty(N, C);
+      k.att = feeding(k.attn_proj, s, false, N, C);
       be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
       Tensor y = lin_fwd(k.attn_proj, s, k.att);
       be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));
@@ -156,7 +156,7 @@ class Gpt final : public CrossEntropyModel {
       be_.copy(dmid, dy);
       be_.dropout_backward(dy, p, dropout_key(s, site(i, 1)));
       Tensor datt = lin_bwd(k.attn_proj, s, dy);
-      Tensor dqkv = be_.empty(N, 3 * C);
+      Tensor dqkv = feeding(k.c_attn, s, true, N, 3 * C);
       be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)));
       Tensor da = lin_bwd(k.c_attn, s, dqkv);
       Tensor dxin = be_.empty(N, C);

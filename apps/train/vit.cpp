@@ -139,7 +139,7 @@ class Vit final : public CrossEntropyModel {
       be_.copy_cols(kk, 0, k.qkv, E, E);
       be_.copy_cols(v, 0, k.qkv, 2 * E, E);
       k.probs = be_.empty(B * H * L, L);
-      k.att = be_.empty(B * L, E);
+      k.att = feeding({&k.o}, s, false, B * L, E);
       be_.attention_forward(shape(B, scale, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
       Tensor o = lin_fwd(k.o, s, k.att);
       be_.add_inplace(o, h);  // h1 = h + o

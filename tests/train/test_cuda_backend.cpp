@@ -92,6 +92,20 @@ void expect_same_bits(const std::string& what, const std::vector<float>& a, cons
   CHECK(bad == 0);
 }
 
+// t's BF16 companion (Tensor::bf16), downloaded, against core's
+// round-to-nearest-even BF16 of t's data.
+void expect_companion(Backend& be, const std::string& what, const Tensor& t) {
+  REQUIRE(t.bf16 != nullptr);
+  const std::vector<float> v = get(be, t);
+  std::vector<uint16_t> h(v.size());
+  REQUIRE(cudaMemcpy(h.data(), t.bf16, h.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (h[i] != fp4lab::encode_rn_f32<fp4lab::bfloat16>(v[i], fp4lab::Overflow::nonsaturate) && !bad++) first = i;
+  INFO(what, ": ", bad, " of ", v.size(), " companions differ, first at ", first);
+  CHECK(bad == 0);
+}
+
 struct Pair {
   std::unique_ptr<Backend> cpu = make_cpu_backend(2);
   std::unique_ptr<Backend> gpu = make_backend("cuda");
@@ -221,8 +235,16 @@ TEST_CASE("cuda backend: attention forward/backward match the CPU (causal/full, 
           Backend& be = w ? *b.gpu : *b.cpu;
           Tensor q = put(be, qkv, B * T, 3 * C), o = be.empty(B * T, C), pr = be.empty(B * H * T, T),
                  d = put(be, dout, B * T, C), dq = be.empty(B * T, 3 * C);
+          if (w == 1) {  // the GPU writes BF16 companions of out and dqkv too (fused and cuBLAS paths)
+            be.add_bf16_companion(o);
+            be.add_bf16_companion(dq);
+          }
           be.attention_forward(s, q, o, pr, key);
           be.attention_backward(s, q, pr, d, dq, key);
+          if (w == 1) {
+            expect_companion(be, "attention_forward out", o);
+            expect_companion(be, "attention_backward dqkv", dq);
+          }
           out[w] = get(be, o);
           probs[w] = get(be, pr);
           dqkv[w] = get(be, dq);
@@ -554,17 +576,6 @@ TEST_CASE("cuda backend: one GPT and one ViT training step match the CPU (FP32 r
 TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer writes") {
   FP4LAB_REQUIRE_GPU();
   auto be = make_backend("cuda");
-  // The companion of t, downloaded, against core's rounding of t's data.
-  auto expect_companion = [&](const char* what, const Tensor& t) {
-    const std::vector<float> v = get(*be, t);
-    std::vector<uint16_t> h(v.size());
-    REQUIRE(cudaMemcpy(h.data(), t.bf16, h.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < v.size(); ++i)
-      if (h[i] != fp4lab::encode_rn_f32<fp4lab::bfloat16>(v[i], fp4lab::Overflow::nonsaturate) && !bad++) first = i;
-    INFO(what, ": ", bad, " of ", v.size(), " companions differ, first at ", first);
-    CHECK(bad == 0);
-  };
   for (int64_t n : {1, 7, 4099, 10007}) {
     for (bool shifted : {false, true}) {  // shifted: a companion 2 bytes off alignment (the scalar stores)
       CAPTURE(n);
@@ -589,20 +600,20 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
       Tensor xt = put(*be, x, 1, n), dyt = put(*be, dy, 1, n);
       Tensor y = with_companion(1, n), dx = with_companion(1, n);
       be->gelu_forward(xt, y);
-      expect_companion("gelu_forward", y);
+      expect_companion(*be, "gelu_forward", y);
       be->gelu_backward(xt, dyt, dx);
-      expect_companion("gelu_backward", dx);
+      expect_companion(*be, "gelu_backward", dx);
       for (float p : {0.2f, 0.0f}) {
         Tensor d = with_companion(1, n);
         be->copy(dyt, d);  // copy leaves the companion stale; dropout_backward writes it
         be->dropout_backward(d, p, DropoutKey{3, 4});
-        expect_companion(p > 0 ? "dropout_backward" : "dropout_backward (p = 0)", d);
+        expect_companion(*be, p > 0 ? "dropout_backward" : "dropout_backward (p = 0)", d);
       }
       const int64_t rows = n == 1 ? 1 : 7, cols = n / rows;
       Tensor ln = with_companion(rows, cols), mean = be->empty(1, rows), rstd = be->empty(1, rows);
       Tensor g = put(*be, randv(size_t(cols), 72, 0.5f, 1.0f), 1, cols);
       be->layernorm_forward(view_of(xt.data, rows, cols), g.data, nullptr, 1e-5f, ln, mean, rstd);
-      expect_companion("layernorm_forward", ln);
+      expect_companion(*be, "layernorm_forward", ln);
     }
   }
 }
