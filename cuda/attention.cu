@@ -354,8 +354,9 @@ __device__ __forceinline__ void scores_tiles(const float* At, float* Bt, const f
 
 // out rows of the tile [kTile][HD] = P B, P^T = St [nk * kTile][kLd] in shared
 // memory, B's rows (key tile kt) loaded into Bs [kTile][HD]. Rows >= T skipped.
-// out_h: null, or out's BF16 companion (same offsets).
-template <int HD>
+// kH: out_h is out's BF16 companion (same offsets), written too; else unused
+// (a kernel without companions holds none of their code).
+template <int HD, bool kH>
 __device__ __forceinline__ void product_tiles(const float* St, float* Bs, const float* bsrc, int64_t ld, int64_t T,
                                               int nk, float* out, int64_t out_ld, int64_t q0, uint16_t* out_h) {
   constexpr int N = HD / 16;
@@ -377,14 +378,14 @@ __device__ __forceinline__ void product_tiles(const float* St, float* Bs, const 
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       out[row * out_ld + N * tx + j] = acc[i][j];
-      if (out_h) out_h[row * out_ld + N * tx + j] = uint16_t(bf16_rn(acc[i][j]));
+      if constexpr (kH) out_h[row * out_ld + N * tx + j] = uint16_t(bf16_rn(acc[i][j]));
     }
   }
 }
 
 // Forward. probs [BH*T, T] written whole (zeros beyond the causal limit); out
 // [B*T, C] head h columns = drop(probs) V. grid (BH, query tiles).
-template <int HD>
+template <int HD, bool kH>
 __global__ void __launch_bounds__(kFusedThreads) attn_fwd_fused(FusedArgs g, float* out, float* probs) {
   extern __shared__ float4 smem_f4[];
   float* const Qt = reinterpret_cast<float*>(smem_f4);  // [HD][kLd] query tile, transposed
@@ -448,13 +449,13 @@ __global__ void __launch_bounds__(kFusedThreads) attn_fwd_fused(FusedArgs g, flo
     }
   }
   const int64_t o0 = b * T * C + h * HD;
-  product_tiles<HD>(St, Kb, qb + 2 * C, ld, T, nk, out + o0, C, q0, g.out_h ? g.out_h + o0 : nullptr);
+  product_tiles<HD, kH>(St, Kb, qb + 2 * C, ld, T, nk, out + o0, C, q0, g.out_h + o0);
 }
 
 // Backward, per query tile: dP = dout V^T, dropped with the forward's mask; dS =
 // p (dP - sum_j dP p) scale (float64 dot) written to ds [BH*T, T] (columns below
 // the tile's key end; the rest is never read); dQ = dS K into dqkv.
-template <int HD>
+template <int HD, bool kH>
 __global__ void __launch_bounds__(kFusedThreads)
     attn_bwd_dq_fused(FusedArgs g, const float* probs, const float* dout, float* ds, float* dqkv) {
   extern __shared__ float4 smem_f4[];
@@ -525,12 +526,12 @@ __global__ void __launch_bounds__(kFusedThreads)
     }
   }
   const int64_t o0 = b * T * ld + h * HD;
-  product_tiles<HD>(St, Kb, qb + C, ld, T, nk, dqkv + o0, ld, q0, g.out_h ? g.out_h + o0 : nullptr);
+  product_tiles<HD, kH>(St, Kb, qb + C, ld, T, nk, dqkv + o0, ld, q0, g.out_h + o0);
 }
 
 // Backward, per key tile j0: dV = drop(P)^T dout and dK = dS^T Q over the
 // query rows that see these keys (all, or i >= j0 when causal), in row order.
-template <int HD>
+template <int HD, bool kH>
 __global__ void __launch_bounds__(kFusedThreads)
     attn_bwd_dkv_fused(FusedArgs g, const float* probs, const float* ds, const float* dout, float* dqkv) {
   constexpr int N = HD / 16;
@@ -586,7 +587,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int64_t k0 = b * T * ld + C + h * HD;  // dK's offset; dV's is k0 + C
   float* const dk = dqkv + k0;
   float* const dv = dk + C;
-  uint16_t* const dk_h = g.out_h ? g.out_h + k0 : nullptr;
+  uint16_t* const dk_h = g.out_h + k0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t row = j0 + 4 * ty + i;
@@ -596,7 +597,7 @@ __global__ void __launch_bounds__(kFusedThreads)
       const int64_t e = row * ld + N * tx + j;
       dk[e] = acc_k[i][j];
       dv[e] = acc_v[i][j];
-      if (dk_h) {
+      if constexpr (kH) {
         dk_h[e] = uint16_t(bf16_rn(acc_k[i][j]));
         dk_h[e + C] = uint16_t(bf16_rn(acc_v[i][j]));
       }
@@ -812,19 +813,19 @@ FusedArgs fused_args(const AttentionDims& d, const float* qkv, uint16_t* out_h) 
   return g;
 }
 
-template <int HD>
+template <int HD, bool kH>
 void run_fused_forward(const FusedArgs& g, int64_t BH, float* out, float* probs, cudaStream_t st) {
   const dim3 grid(unsigned(BH), unsigned((g.T + kTile - 1) / kTile));
-  launch_fused<attn_fwd_fused<HD>>(grid, fused_rows_smem(g.T, HD), st, "attn_fwd_fused", g, out, probs);
+  launch_fused<attn_fwd_fused<HD, kH>>(grid, fused_rows_smem(g.T, HD), st, "attn_fwd_fused", g, out, probs);
 }
-template <int HD>
+template <int HD, bool kH>
 void run_fused_backward(const FusedArgs& g, int64_t BH, const float* probs, const float* dout, float* ds, float* dqkv,
                         cudaStream_t st) {
   const dim3 grid(unsigned(BH), unsigned((g.T + kTile - 1) / kTile));
-  launch_fused<attn_bwd_dq_fused<HD>>(grid, fused_rows_smem(g.T, HD), st, "attn_bwd_dq_fused", g, probs, dout, ds,
-                                      dqkv);
-  launch_fused<attn_bwd_dkv_fused<HD>>(grid, fused_dkv_smem(HD), st, "attn_bwd_dkv_fused", g, probs,
-                                       static_cast<const float*>(ds), dout, dqkv);
+  launch_fused<attn_bwd_dq_fused<HD, kH>>(grid, fused_rows_smem(g.T, HD), st, "attn_bwd_dq_fused", g, probs, dout, ds,
+                                          dqkv);
+  launch_fused<attn_bwd_dkv_fused<HD, kH>>(grid, fused_dkv_smem(HD), st, "attn_bwd_dkv_fused", g, probs,
+                                           static_cast<const float*>(ds), dout, dqkv);
 }
 }  // namespace
 
@@ -845,7 +846,12 @@ void with_head_dim(int64_t hd, F&& f) {
 void Attention::forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_h) {
   const FusedArgs g = fused_args(d, qkv, out_h);
   const int64_t BH = d.batch * d.heads;
-  with_head_dim(d.width / d.heads, [&](auto hd) { run_fused_forward<hd.value>(g, BH, out, probs, stream_); });
+  with_head_dim(d.width / d.heads, [&](auto hd) {
+    if (out_h)
+      run_fused_forward<hd.value, true>(g, BH, out, probs, stream_);
+    else
+      run_fused_forward<hd.value, false>(g, BH, out, probs, stream_);
+  });
 }
 
 void Attention::backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout,
@@ -853,8 +859,12 @@ void Attention::backward_fused(const AttentionDims& d, const float* qkv, const f
   const FusedArgs g = fused_args(d, qkv, dqkv_h);
   const int64_t BH = d.batch * d.heads;
   float* ds = dp_.at_least(size_t(BH * d.seq * d.seq));
-  with_head_dim(d.width / d.heads,
-                [&](auto hd) { run_fused_backward<hd.value>(g, BH, probs, dout, ds, dqkv, stream_); });
+  with_head_dim(d.width / d.heads, [&](auto hd) {
+    if (dqkv_h)
+      run_fused_backward<hd.value, true>(g, BH, probs, dout, ds, dqkv, stream_);
+    else
+      run_fused_backward<hd.value, false>(g, BH, probs, dout, ds, dqkv, stream_);
+  });
 }
 
 }  // namespace fp4lab::cuda::nn
