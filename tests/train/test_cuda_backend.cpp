@@ -528,48 +528,64 @@ TEST_CASE("cuda backend: every op gives the same bits run to run") {
   for (size_t i = 0; i < a.size(); ++i) expect_same_bits("run " + std::to_string(i), a[i], b2[i]);
 }
 
+namespace {
+// A 2-layer GPT or ViT (width 32, 2 heads, dropout 0.1) and a batch of 3 for it.
+struct SmallStep {
+  ModelConfig mc;
+  Batch bt;
+};
+SmallStep small_step(const std::string& type, uint32_t seed) {
+  SmallStep r;
+  ModelConfig& mc = r.mc;
+  mc.type = type;
+  mc.layers = 2;
+  mc.heads = 2;
+  mc.width = 32;
+  mc.dropout = 0.1;
+  mc.vocab_size = 29;
+  mc.context = 16;
+  mc.image_size = 14;
+  mc.patch_size = 7;
+  Batch& bt = r.bt;
+  bt.size = 3;
+  std::mt19937 rng(seed);
+  if (mc.type == "gpt") {
+    bt.tokens.resize(size_t(bt.size * mc.context));
+    bt.targets.resize(bt.tokens.size());
+    for (auto& t : bt.tokens) t = int32_t(rng() % 29);
+    for (auto& t : bt.targets) t = int32_t(rng() % 29);
+  } else {
+    bt.images = randv(size_t(bt.size * 14 * 14), seed + 5);
+    for (int i = 0; i < 3; ++i) bt.targets.push_back(int32_t(rng() % 10));
+  }
+  return r;
+}
+// One forward + backward of a fresh model (init seed 5) on the CPU and on the
+// GPU: the losses agree to 1e-5 and the gradients to 1e-4 (FP32 accumulation order).
+void expect_step_matches(Pair& b, const SmallStep& in, const StepContext& sc) {
+  double loss[2];
+  std::vector<float> grads[2];
+  for (int w = 0; w < 2; ++w) {
+    Backend& be = w ? *b.gpu : *b.cpu;
+    auto model = make_model(in.mc, be, 5);
+    be.fill(model->params().grads, 0.0f);
+    loss[w] = model->forward_backward(in.bt, sc, nullptr);
+    grads[w] = get(be, model->params().grads);
+  }
+  CHECK(std::abs(loss[0] - loss[1]) <= 1e-5 * (1.0 + std::abs(loss[0])));
+  expect_close("parameter gradients", grads[0], grads[1], 1e-4);
+}
+}  // namespace
+
 TEST_CASE("cuda backend: one GPT and one ViT training step match the CPU (FP32 recipe)") {
   FP4LAB_REQUIRE_GPU();
   Pair b;
+  StepContext sc;
+  sc.seed = 11;
+  sc.step = 2;
   for (const char* type : {"gpt", "vit"}) {
     CAPTURE(type);
-    ModelConfig mc;
-    mc.type = type;
-    mc.layers = 2;
-    mc.heads = 2;
-    mc.width = 32;
-    mc.dropout = 0.1;
-    mc.vocab_size = 29;
-    mc.context = 16;
-    mc.image_size = 14;
-    mc.patch_size = 7;
-    Batch bt;
-    bt.size = 3;
-    std::mt19937 rng(3);
-    if (mc.type == "gpt") {
-      bt.tokens.resize(size_t(bt.size * mc.context));
-      bt.targets.resize(bt.tokens.size());
-      for (auto& t : bt.tokens) t = int32_t(rng() % 29);
-      for (auto& t : bt.targets) t = int32_t(rng() % 29);
-    } else {
-      bt.images = randv(size_t(bt.size * 14 * 14), 8);
-      bt.targets = {1, 7, 3};
-    }
-    StepContext sc;
-    sc.seed = 11;
-    sc.step = 2;
-    double loss[2];
-    std::vector<float> grads[2];
-    for (int w = 0; w < 2; ++w) {
-      Backend& be = w ? *b.gpu : *b.cpu;
-      auto model = make_model(mc, be, 5);
-      be.fill(model->params().grads, 0.0f);
-      int64_t correct = 0;
-      loss[w] = model->forward_backward(bt, sc, &correct);
-      grads[w] = get(be, model->params().grads);
-    }
-    CHECK(std::abs(loss[0] - loss[1]) <= 1e-5 * (1.0 + std::abs(loss[0])));
-    expect_close("parameter gradients", grads[0], grads[1], 1e-4);
+    expect_step_matches(b, small_step(type, 3), sc);
   }
 }
 
@@ -630,43 +646,10 @@ TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from BF16 comp
   CHECK(b.gpu->linear_reads_bf16(lc, false));
   CHECK(b.gpu->linear_reads_bf16(lc, true));
   CHECK_FALSE(b.cpu->linear_reads_bf16(lc, false));
+  // Same BF16 operands (a stale or wrong companion would be far off).
   for (const char* type : {"gpt", "vit"}) {
     CAPTURE(type);
-    ModelConfig mc;
-    mc.type = type;
-    mc.layers = 2;
-    mc.heads = 2;
-    mc.width = 32;
-    mc.dropout = 0.1;
-    mc.vocab_size = 29;
-    mc.context = 16;
-    mc.image_size = 14;
-    mc.patch_size = 7;
-    Batch bt;
-    bt.size = 3;
-    std::mt19937 rng(4);
-    if (mc.type == "gpt") {
-      bt.tokens.resize(size_t(bt.size * mc.context));
-      bt.targets.resize(bt.tokens.size());
-      for (auto& t : bt.tokens) t = int32_t(rng() % 29);
-      for (auto& t : bt.targets) t = int32_t(rng() % 29);
-    } else {
-      bt.images = randv(size_t(bt.size * 14 * 14), 9);
-      bt.targets = {2, 5, 9};
-    }
-    double loss[2];
-    std::vector<float> grads[2];
-    for (int w = 0; w < 2; ++w) {
-      Backend& be = w ? *b.gpu : *b.cpu;
-      auto model = make_model(mc, be, 6);
-      be.fill(model->params().grads, 0.0f);
-      loss[w] = model->forward_backward(bt, sc, nullptr);
-      grads[w] = get(be, model->params().grads);
-    }
-    // Same BF16 operands (a stale or wrong companion would be far off); FP32
-    // accumulation order only.
-    CHECK(std::abs(loss[0] - loss[1]) <= 1e-5 * (1.0 + std::abs(loss[0])));
-    expect_close("parameter gradients", grads[0], grads[1], 1e-4);
+    expect_step_matches(b, small_step(type, 4), sc);
   }
 }
 
