@@ -168,6 +168,41 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const
   }
 }
 
+// dst = drop(y) out of place, y += x first (stored back) when x is not null;
+// dst_h (may be null) the BF16 of dst. drop: false for p <= 0 (dst = y).
+// Per element the operations of add_inplace, copy and dropout in place.
+__global__ void dropout_to_kernel(float* y, const float* x, float* dst, uint16_t* dst_h, int64_t n, bool drop,
+                                  uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
+  const int64_t groups = (n + 3) / 4;
+  const bool vec = aligned16(y) && (x == nullptr || aligned16(x)) && aligned16(dst);
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    Philox4 r{};
+    if (drop) r = philox_group(seed, sid, uint64_t(g));
+    if (vec && g * 4 + 4 <= n) {
+      float4 v = reinterpret_cast<const float4*>(y)[g];
+      if (x) {
+        const float4 a = reinterpret_cast<const float4*>(x)[g];
+        v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
+        reinterpret_cast<float4*>(y)[g] = v;
+      }
+      if (drop) v = drop4(v, r, thr, keep_scale);
+      reinterpret_cast<float4*>(dst)[g] = v;
+      if (dst_h) store_bf16x4(dst_h, g, v);
+      continue;
+    }
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = g * 4 + k;
+      if (i < n) {
+        float v = y[i];
+        if (x) y[i] = v = v + x[i];
+        if (drop) v = drop1(v, r.v[k], thr, keep_scale);
+        dst[i] = v;
+        if (dst_h) dst_h[i] = uint16_t(bf16_rn(v));
+      }
+    }
+  }
+}
+
 // ---- LayerNorm ---------------------------------------------------------------
 
 // One warp per row.
@@ -470,6 +505,15 @@ void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, ui
   dropout_kernel<true>
       <<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, dropout_threshold(p), keep_scale, seed, sid, nullptr);
   check_launch("dropout_kernel<add>");
+}
+
+void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64_t seed, uint64_t sid,
+                uint16_t* dst_bf16, cudaStream_t st) {
+  if (n <= 0) return;
+  const bool drop = p > 0.0f;
+  dropout_to_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(
+      y, x, dst, dst_bf16, n, drop, drop ? dropout_threshold(p) : 0u, drop ? 1.0f / (1.0f - p) : 1.0f, seed, sid);
+  check_launch("dropout_to_kernel");
 }
 
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, int64_t rows, int64_t cols,

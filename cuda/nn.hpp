@@ -87,6 +87,13 @@ void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, ui
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id,
                  cudaStream_t stream = nullptr);
 
+// dst = dropout(y) out of place (y + x first, stored back into y, when x is
+// not null; p <= 0: dst = y): the operations and bits of add_inplace(y, x),
+// a copy of y into dst and dropout(dst, ...), in one pass. The mask index is
+// the element's linear index. dst_bf16: dst's companion.
+void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64_t seed, uint64_t stream_id,
+                uint16_t* dst_bf16 = nullptr, cudaStream_t stream = nullptr);
+
 // ---- LayerNorm ---------------------------------------------------------------
 // Per row of x [rows, cols]: mean and variance in float64 (two passes, like the
 // CPU), rstd = float(1 / sqrt(var + eps)), y = (x - mean) * rstd * gamma + beta.

@@ -113,7 +113,8 @@ class Backend {
   // Gives t a companion (contents unspecified); backends that never read one
   // do nothing. Written by: layernorm_forward (y), gelu_forward (y),
   // gelu_backward (dx), attention_forward (out), attention_backward (dqkv),
-  // dropout_backward (dy). Every other op that writes a tensor leaves its
+  // dropout_backward (dy), dropout_backward_to and add_dropout_backward_to
+  // (dst). Every other op that writes a tensor leaves its
   // companion stale, so one of those must write it last.
   virtual void add_bf16_companion(Tensor& t) { (void)t; }
 
@@ -140,6 +141,20 @@ class Backend {
   // Inverted dropout in place (p = 0 is a no-op); backward applies the same mask to dy.
   virtual void dropout_forward(Tensor& x, float p, DropoutKey key) = 0;
   virtual void dropout_backward(Tensor& dy, float p, DropoutKey key) = 0;
+  // Out of place: dst = dropout_backward of src (src unchanged), i.e.
+  // copy(src, dst) then dropout_backward(dst, p, key), which is what this
+  // default does; a backend may do it in one pass (same bits).
+  virtual void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key) {
+    copy(src, dst);
+    dropout_backward(dst, p, key);
+  }
+  // The residual gradient step: y += x, then dst = dropout_backward of y (out
+  // of place), i.e. add_inplace(y, x) then dropout_backward_to(y, dst, ...),
+  // which is what this default does; a backend may do it in one pass.
+  virtual void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key) {
+    add_inplace(y, x);
+    dropout_backward_to(y, dst, p, key);
+  }
 
   // y += x (same shape).
   virtual void add_inplace(Tensor& y, const Tensor& x) = 0;

@@ -234,6 +234,15 @@ class CudaBackend final : public Backend {
   void dropout_backward(Tensor& dy, float p, DropoutKey key) override {
     nn::dropout(dy.data, dy.size(), p, key.seed, key.stream, dy.bf16);
   }
+  void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key) override {
+    check_shape("dropout_backward_to", "dst", dst, src.rows, src.cols);
+    nn::dropout_to(src.data, nullptr, dst.data, src.size(), p, key.seed, key.stream, dst.bf16);
+  }
+  void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key) override {
+    check_shape("add_dropout_backward_to", "x", x, y.rows, y.cols);
+    check_shape("add_dropout_backward_to", "dst", dst, y.rows, y.cols);
+    nn::dropout_to(y.data, x.data, dst.data, y.size(), p, key.seed, key.stream, dst.bf16);
+  }
   void add_inplace(Tensor& y, const Tensor& x) override {
     check_shape("add_inplace", "x", x, y.rows, y.cols);
     nn::add_inplace(y.data, x.data, y.size());

@@ -142,19 +142,16 @@ class Gpt final : public CrossEntropyModel {
       Block& k = blocks_[size_t(i)];
       // x_out = x_mid + drop(c_proj(gelu(c_fc(ln_2(x_mid)))))
       Tensor dm = feeding(k.mlp_proj, s, true, N, C);
-      be_.copy(dx, dm);
-      be_.dropout_backward(dm, p, dropout_key(s, site(i, 2)));
+      be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
       Tensor dg = lin_bwd(k.mlp_proj, s, dm);
       Tensor df = feeding(k.c_fc, s, true, N, 4 * C);
       be_.gelu_backward(k.f, dg, df);
       Tensor dmi = lin_bwd(k.c_fc, s, df);
       Tensor dmid = be_.empty(N, C);
       be_.layernorm_backward(dmi, k.x_mid, ptr(k.ln2_w), k.mean2, k.rstd2, dmid, gptr(k.ln2_w), gptr(k.ln2_b));
-      be_.add_inplace(dmid, dx);
-      // x_mid = x_in + drop(c_proj(attn(c_attn(ln_1(x_in)))))
+      // x_mid = x_in + drop(c_proj(attn(c_attn(ln_1(x_in))))): dmid += dx, dy = drop(dmid).
       Tensor dy = feeding(k.attn_proj, s, true, N, C);
-      be_.copy(dmid, dy);
-      be_.dropout_backward(dy, p, dropout_key(s, site(i, 1)));
+      be_.add_dropout_backward_to(dmid, dx, dy, p, dropout_key(s, site(i, 1)));
       Tensor datt = lin_bwd(k.attn_proj, s, dy);
       Tensor dqkv = feeding(k.c_attn, s, true, N, 3 * C);
       be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)));

@@ -179,8 +179,7 @@ class Vit final : public CrossEntropyModel {
       Block& k = blocks_[ii];
       // h2 = h1 + drop(down(drop(gelu(up(ln2(h1))))))
       Tensor dd = feeding({&k.down}, s, true, B * L, E);
-      be_.copy(dh, dd);
-      be_.dropout_backward(dd, p, dropout_key(s, site(ii, 2)));
+      be_.dropout_backward_to(dh, dd, p, dropout_key(s, site(ii, 2)));
       Tensor dg = lin_bwd(k.down, s, dd);
       be_.dropout_backward(dg, p, dropout_key(s, site(ii, 1)));
       Tensor dup = feeding({&k.up}, s, true, B * L, ffn_);

@@ -258,7 +258,9 @@ TEST_CASE("cuda backend: attention forward/backward match the CPU (causal/full, 
   }
 }
 
-TEST_CASE("cuda backend: dropout masks (and the fused dropout_add) are the CPU's bit for bit") {
+TEST_CASE(
+    "cuda backend: dropout masks (and the fused dropout_add, dropout_backward_to, add_dropout_backward_to) are the "
+    "CPU's bit for bit") {
   FP4LAB_REQUIRE_GPU();
   Pair b;
   for (int64_t n : {1, 3, 4, 5, 1000, 4097}) {
@@ -267,20 +269,41 @@ TEST_CASE("cuda backend: dropout masks (and the fused dropout_add) are the CPU's
       CAPTURE(p);
       const auto x = randv(size_t(n), 7 + uint32_t(n)), dy = randv(size_t(n), 8 + uint32_t(n));
       const DropoutKey key{0x1234567890ull, (uint64_t(0xD) << 60) | 12345};
-      std::vector<float> xf[2], dyb[2], res[2];
+      std::vector<float> xf[2], dyb[2], res[2], to[2], sum[2], sum_to[2];
       for (int w = 0; w < 2; ++w) {
         Backend& be = w ? *b.gpu : *b.cpu;
         Tensor xt = put(be, x, 1, n), dt = put(be, dy, 1, n), rt = put(be, x, 1, n);
+        // Out of place, one pass on the GPU: dst = drop(src); y += x, dst = drop(y).
+        Tensor src = put(be, dy, 1, n), dst = be.empty(1, n), y = put(be, dy, 1, n), yx = put(be, x, 1, n),
+               dst2 = be.empty(1, n);
+        if (w == 1) {
+          be.add_bf16_companion(dst);
+          be.add_bf16_companion(dst2);
+        }
         be.dropout_forward(xt, p, key);
         be.dropout_backward(dt, p, key);
         be.dropout_add(rt, dt, p, key);  // the residual branch: drop(x) + dy, fused on the GPU
+        be.dropout_backward_to(src, dst, p, key);
+        be.add_dropout_backward_to(y, yx, dst2, p, key);
         xf[w] = get(be, xt);
         dyb[w] = get(be, dt);
         res[w] = get(be, rt);
+        to[w] = get(be, dst);
+        sum[w] = get(be, y);
+        sum_to[w] = get(be, dst2);
+        CHECK(get(be, src) == dy);  // the source stays
+        if (w == 1) {
+          expect_companion(be, "dropout_backward_to", dst);
+          expect_companion(be, "add_dropout_backward_to", dst2);
+        }
       }
       expect_same_bits("dropout forward", xf[0], xf[1]);
       expect_same_bits("dropout backward", dyb[0], dyb[1]);
       expect_same_bits("dropout_add", res[0], res[1]);
+      expect_same_bits("dropout_backward_to", to[0], to[1]);
+      expect_same_bits("dropout_backward_to == dropout_backward in place", dyb[1], to[1]);
+      expect_same_bits("add_dropout_backward_to (the sum)", sum[0], sum[1]);
+      expect_same_bits("add_dropout_backward_to (dst)", sum_to[0], sum_to[1]);
       std::vector<float> unfused = xf[1];  // the GPU's dropout then add, element by element
       for (size_t i = 0; i < unfused.size(); ++i) unfused[i] += dyb[1][i];
       expect_same_bits("dropout_add == dropout then add", unfused, res[1]);
