@@ -44,53 +44,18 @@ __device__ __forceinline__ void unstage_row(const Stage& s, int rr, float (&r)[4
   r[0] = u.x, r[1] = u.y, r[2] = u.z, r[3] = u.w;
 }
 
-// The amax pass of a pair: both tensor amaxes (pc's of the RHT output when
-// RHT) into pr.gamax / pc.gamax, finished by pr.fin / pc.fin (amax_pass_done).
-// Its own thread shape, not the quantization pass's: a thread takes 16 rows x
-// 2 columns (a warp reads 64 consecutive columns of each row), so it holds 32
-// values instead of 64 and the pass runs at full occupancy; blocks in reverse
-// (amax_pass_block) for the L2 reuse of the pass that follows. Max is exact in
-// any order, so the shape does not change the result.
-template <class In, bool RHT>
-__global__ void __launch_bounds__(kThreads) dual_amax_kernel(const KParams pr, const KParams pc) {
-  const int64_t t = int64_t(amax_pass_block<true>()) * kThreads + threadIdx.x;
-  const int64_t npairs = pr.cols / 2, nstrips = pr.rows / 16;  // cols % 16 == 0, rows % 16 == 0 (host)
-  int64_t i, jp;
-  const bool ok = strip_of(t, nstrips, npairs, i, jp);
-  float v[16][2];
-#pragma unroll
-  for (int rr = 0; rr < 16; ++rr) load_n<In, 2>(pr.x, (i * 16 + rr) * pr.cols + 2 * jp, ok ? 2 : 0, v[rr]);
-  uint32_t mr = 0;
-#pragma unroll
-  for (int rr = 0; rr < 16; ++rr) mr = umax(mr, umax(abs_bits(v[rr][0]), abs_bits(v[rr][1])));
-  uint32_t mc = mr;
-  if constexpr (RHT) {
-    rht_columns(v, pc.signs);
-    mc = 0;
-#pragma unroll
-    for (int rr = 0; rr < 16; ++rr) mc = umax(mc, umax(abs_bits(v[rr][0]), abs_bits(v[rr][1])));
-  }
-  amax_warp_commit(mr, pr.gamax);
-  amax_warp_commit(mc, pc.gamax);
-  if (pr.fin.out) {
-    amax_pass_done(pr.fin, pr.gamax, pc.fin, pc.gamax);
-  } else {
-    amax_pass_done(pc.fin, pc.gamax);
-  }
-}
-
 // FM: Fast::rn or Fast::rs when both quantizers round that way and every base
 // pointer is 16-byte aligned (only that mode's code is compiled, its stores
 // unchecked: encode_and_store's FULL), their _bf16 forms when both outputs
 // are only BF16 GEMM operands, else Fast::none.
-template <class In, bool RHT, Fast FM = Fast::none>
+template <class In, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none>
 __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
   constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
   // The row loops below: 4 rows an iteration with SR (four independent Philox
   // chains: 3% faster than 1 at 8192^2 from f32), 1 otherwise (2 and 4 were no
   // faster for rn, and 4 slower from BF16).
   constexpr int kRowUnroll = FM == Fast::rs || FM == Fast::rs_bf16 ? 4 : 1;
-  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
   const int64_t ngroups = pr.cols / 4, nstrips = pr.rows / 16;  // both multiples of 16 (host)
   int64_t i, jg;
   const bool ok = strip_of(t, nstrips, ngroups, i, jg);
@@ -99,132 +64,154 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
 #pragma unroll
   for (int rr = 0; rr < 16; ++rr) load_n<In, 4>(pr.x, (r0 + rr) * pr.cols + c0, ok ? 4 : 0, v[rr]);
 
-  // Row blocks: the amax of each of the 16 rows over this lane's 4 columns and
-  // its 3 neighbours' (every lane takes part, in range or not).
-  uint32_t ramax[16];
+  if constexpr (AMAX_ONLY) {
+    uint32_t mr = 0;
 #pragma unroll
-  for (int rr = 0; rr < 16; ++rr) {
-    uint32_t m = 0;
+    for (int rr = 0; rr < 16; ++rr)
 #pragma unroll
-    for (int cc = 0; cc < 4; ++cc) m = umax(m, abs_bits(v[rr][cc]));
-    m = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-    ramax[rr] = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
-  }
-  // The 4 lanes of a row block (lane % 4 == jg % 4: ngroups % 4 == 0) share
-  // its parameters: lane q computes those of rows 4k + q (k < 4) and writes
-  // their scales; every lane then takes each row's multiplier and scale from
-  // its owner by a shuffle (all lanes, in range or not).
-  const Format f = kind_elem<K>(pr), sf = kind_scale<K>(pr);
-  const NvGlobal gr = nv_global_of(pr, f, sf), gc = nv_global_of(pc, f, sf);
-  const int q = threadIdx.x & 3;
-  BlockParams own[4];
+      for (int cc = 0; cc < 4; ++cc) mr = umax(mr, abs_bits(v[rr][cc]));
+    uint32_t mc = mr;
+    if constexpr (RHT) {
+      rht_columns(v, pc.signs);
+      mc = 0;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint32_t m = q == 0 ? ramax[4 * k] : q == 1 ? ramax[4 * k + 1] : q == 2 ? ramax[4 * k + 2] : ramax[4 * k + 3];
-    own[k] = block_params<K>(pr, f, sf, m, gr);
-    if (ok) {
-      const int64_t si = (r0 + 4 * k + q) * pr.nbc + c0 / 16;
-      if (pr.out.scale_codes) pr.out.scale_codes[si] = uint8_t(own[k].code);
-      if (pr.out.scales) pr.out.scales[si] = own[k].scale;
+      for (int rr = 0; rr < 16; ++rr)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) mc = umax(mc, abs_bits(v[rr][cc]));
     }
-  }
-  const Stage stage = stage_of();
-  const int group = threadIdx.x & ~3;
+    amax_warp_commit(mr, pr.gamax);
+    amax_warp_commit(mc, pc.gamax);
+    if (pr.fin.out) {
+      amax_pass_done(pr.fin, pr.gamax, pc.fin, pc.gamax);
+    } else {
+      amax_pass_done(pc.fin, pc.gamax);
+    }
+    return;
+  } else {
+    // Row blocks: the amax of each of the 16 rows over this lane's 4 columns and
+    // its 3 neighbours' (every lane takes part, in range or not).
+    uint32_t ramax[16];
 #pragma unroll
-  for (int rr = 0; rr < 16; ++rr) {
-    const int src = (group | (rr & 3)) & 31;
-    stage.mult[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].mult, src);
-    stage.scale[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].scale, src);
-  }
-  if (!ok) return;
-  if (t == 0) {
-    if (pr.out.global_decode) *pr.out.global_decode = gr.g_dec;
-    if (pc.out.global_decode) *pc.out.global_decode = gc.g_dec;
-  }
+    for (int rr = 0; rr < 16; ++rr) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) m = umax(m, abs_bits(v[rr][cc]));
+      m = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      ramax[rr] = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    }
+    // The 4 lanes of a row block (lane % 4 == jg % 4: ngroups % 4 == 0) share
+    // its parameters: lane q computes those of rows 4k + q (k < 4) and writes
+    // their scales; every lane then takes each row's multiplier and scale from
+    // its owner by a shuffle (all lanes, in range or not).
+    const Format f = kind_elem<K>(pr), sf = kind_scale<K>(pr);
+    const NvGlobal gr = nv_global_of(pr, f, sf), gc = nv_global_of(pc, f, sf);
+    const int q = threadIdx.x & 3;
+    BlockParams own[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t m = q == 0   ? ramax[4 * k]
+                         : q == 1 ? ramax[4 * k + 1]
+                         : q == 2 ? ramax[4 * k + 2]
+                                  : ramax[4 * k + 3];
+      own[k] = block_params<K>(pr, f, sf, m, gr);
+      if (ok) {
+        const int64_t si = (r0 + 4 * k + q) * pr.nbc + c0 / 16;
+        if (pr.out.scale_codes) pr.out.scale_codes[si] = uint8_t(own[k].code);
+        if (pr.out.scales) pr.out.scales[si] = own[k].scale;
+      }
+    }
+    const Stage stage = stage_of();
+    const int group = threadIdx.x & ~3;
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) {
+      const int src = (group | (rr & 3)) & 31;
+      stage.mult[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].mult, src);
+      stage.scale[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].scale, src);
+    }
+    if (!ok) return;
+    if (t == 0) {
+      if (pr.out.global_decode) *pr.out.global_decode = gr.g_dec;
+      if (pc.out.global_decode) *pc.out.global_decode = gc.g_dec;
+    }
 
-  // pr: row r0 + rr, columns c0..c0+3, block (r0 + rr, c0 / 16).
-  stage_rows(stage, v);
+    // pr: row r0 + rr, columns c0..c0+3, block (r0 + rr, c0 / 16).
+    stage_rows(stage, v);
 #pragma unroll kRowUnroll
-  for (int rr = 0; rr < 16; ++rr) {
-    float row[4];
-    unstage_row(stage, rr, row);
-    const int at = rr * kThreads + threadIdx.x;
-    const BlockParams b[1] = {BlockParams{0u, stage.scale[at], stage.mult[at]}};
-    encode_and_store<K, 4, 1, FM, FM != Fast::none>(pr, f, gr, r0 + rr, c0, row, b, 4);
-  }
-  // v is dead across that loop: back from the stage.
+    for (int rr = 0; rr < 16; ++rr) {
+      float row[4];
+      unstage_row(stage, rr, row);
+      const int at = rr * kThreads + threadIdx.x;
+      const BlockParams b[1] = {BlockParams{0u, stage.scale[at], stage.mult[at]}};
+      encode_and_store<K, 4, 1, FM, FM != Fast::none>(pr, f, gr, r0 + rr, c0, row, b, 4);
+    }
+    // v is dead across that loop: back from the stage.
 #pragma unroll
-  for (int rr = 0; rr < 16; ++rr) unstage_row(stage, rr, v[rr]);
+    for (int rr = 0; rr < 16; ++rr) unstage_row(stage, rr, v[rr]);
 
-  // pc: the RHT down each column (whole 16-row chunks), then blocks (r0 / 16, c0 + cc).
-  if constexpr (RHT) rht_columns(v, pc.signs);
-  BlockParams bpc[4];
-  uint32_t sc[4];
+    // pc: the RHT down each column (whole 16-row chunks), then blocks (r0 / 16, c0 + cc).
+    if constexpr (RHT) rht_columns(v, pc.signs);
+    BlockParams bpc[4];
+    uint32_t sc[4];
 #pragma unroll
-  for (int cc = 0; cc < 4; ++cc) {
-    uint32_t m = 0;
+    for (int cc = 0; cc < 4; ++cc) {
+      uint32_t m = 0;
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) m = umax(m, abs_bits(v[rr][cc]));
-    bpc[cc] = block_params<K>(pc, f, sf, m, gc);
-    sc[cc] = bpc[cc].code;
-  }
-  const int64_t si = i * pc.nbc + c0;  // nbc == cols
-  if (pc.out.scale_codes) store_bytes<4>(pc.out.scale_codes + si, sc, 4);
-  if (pc.out.scales) {
-    float s[4];
+      for (int rr = 0; rr < 16; ++rr) m = umax(m, abs_bits(v[rr][cc]));
+      bpc[cc] = block_params<K>(pc, f, sf, m, gc);
+      sc[cc] = bpc[cc].code;
+    }
+    const int64_t si = i * pc.nbc + c0;  // nbc == cols
+    if (pc.out.scale_codes) store_bytes<4>(pc.out.scale_codes + si, sc, 4);
+    if (pc.out.scales) {
+      float s[4];
 #pragma unroll
-    for (int cc = 0; cc < 4; ++cc) s[cc] = bpc[cc].scale;
-    store_f32<4>(pc.out.scales + si, s, 4);
-  }
-  stage_rows(stage, v);  // this thread's own slots: no synchronisation
+      for (int cc = 0; cc < 4; ++cc) s[cc] = bpc[cc].scale;
+      store_f32<4>(pc.out.scales + si, s, 4);
+    }
+    stage_rows(stage, v);  // this thread's own slots: no synchronisation
 #pragma unroll kRowUnroll
-  for (int rr = 0; rr < 16; ++rr) {
-    float row[4];
-    unstage_row(stage, rr, row);
-    encode_and_store<K, 4, 4, FM, FM != Fast::none>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
+    for (int rr = 0; rr < 16; ++rr) {
+      float row[4];
+      unstage_row(stage, rr, row);
+      encode_and_store<K, 4, 4, FM, FM != Fast::none>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
+    }
   }
 }
 
-template <class In, bool RHT, Fast FM = Fast::none>
+template <class In, bool RHT, bool AMAX, Fast FM = Fast::none>
 void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
   const int64_t threads = (pr.rows / 16) * (pr.cols / 4);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  allow_dynamic_smem<dual_kernel<In, RHT, FM>>(kStageBytes, "dual_kernel (96 KB shared memory)");
-  if (blocks > 0) dual_kernel<In, RHT, FM><<<unsigned(blocks), kThreads, kStageBytes, st>>>(pr, pc);
+  const size_t smem = AMAX ? 0 : kStageBytes;
+  if (!AMAX) allow_dynamic_smem<dual_kernel<In, RHT, AMAX, FM>>(kStageBytes, "dual_kernel (96 KB shared memory)");
+  if (blocks > 0) dual_kernel<In, RHT, AMAX, FM><<<unsigned(blocks), kThreads, smem, st>>>(pr, pc);
   check_launch("dual_kernel");
-}
-template <class In, bool RHT>
-void go_amax(const KParams& pr, const KParams& pc, cudaStream_t st) {
-  const int64_t threads = (pr.rows / 16) * (pr.cols / 2);
-  const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  if (blocks > 0) dual_amax_kernel<In, RHT><<<unsigned(blocks), kThreads, 0, st>>>(pr, pc);
-  check_launch("dual_amax_kernel");
 }
 
 // The quantization pass in the fast form both quantizers allow (rows of 4
 // elements: every span is aligned given aligned bases, cols % 16 == 0).
 template <class In, bool RHT>
 void go_fast(const KParams& pr, const KParams& pc, cudaStream_t st) {
-  if (!bases_aligned16(pr) || !bases_aligned16(pc)) return go<In, RHT>(pr, pc, st);
+  if (!bases_aligned16(pr) || !bases_aligned16(pc)) return go<In, RHT, false>(pr, pc, st);
   const bool operands = bf16_operand_only(pr) && bf16_operand_only(pc);
   if (fast_rn_applies(1, pr) && fast_rn_applies(1, pc)) {
-    if (operands) return go<In, RHT, Fast::rn_bf16>(pr, pc, st);
-    return go<In, RHT, Fast::rn>(pr, pc, st);
+    if (operands) return go<In, RHT, false, Fast::rn_bf16>(pr, pc, st);
+    return go<In, RHT, false, Fast::rn>(pr, pc, st);
   }
   if (fast_rs_applies(1, pr) && fast_rs_applies(1, pc)) {
-    if (operands) return go<In, RHT, Fast::rs_bf16>(pr, pc, st);
-    return go<In, RHT, Fast::rs>(pr, pc, st);
+    if (operands) return go<In, RHT, false, Fast::rs_bf16>(pr, pc, st);
+    return go<In, RHT, false, Fast::rs>(pr, pc, st);
   }
-  go<In, RHT>(pr, pc, st);
+  go<In, RHT, false>(pr, pc, st);
 }
 
 template <class In>
 void dispatch(const KParams& pr, const KParams& pc, bool rht, bool amax_only, cudaStream_t st) {
   if (rht) {
-    if (amax_only) return go_amax<In, true>(pr, pc, st);
+    if (amax_only) return go<In, true, true>(pr, pc, st);
     return go_fast<In, true>(pr, pc, st);
   }
-  if (amax_only) return go_amax<In, false>(pr, pc, st);
+  if (amax_only) return go<In, false, true>(pr, pc, st);
   return go_fast<In, false>(pr, pc, st);
 }
 
