@@ -33,26 +33,22 @@ FP4LAB_HD constexpr float quiet_nan_f() { return bits_float(0x7FC00000u); }
 // more (a negative int converted, too) gives 0, where C++'s << and >> are
 // undefined. In device code one PTX shift each (nvcc would add a compare and a
 // select to the C++ form).
-FP4LAB_HD constexpr uint32_t shl_clamped(uint32_t x, uint32_t n) {
+template <bool kLeft>
+FP4LAB_HD constexpr uint32_t shift_clamped(uint32_t x, uint32_t n) {
 #if defined(__CUDA_ARCH__)
   if (!__builtin_is_constant_evaluated()) {
     uint32_t r;
-    asm("shl.b32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(n));
+    if constexpr (kLeft)
+      asm("shl.b32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(n));
+    else
+      asm("shr.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(n));
     return r;
   }
 #endif
-  return n >= 32 ? 0u : x << n;
+  return n >= 32 ? 0u : kLeft ? x << n : x >> n;
 }
-FP4LAB_HD constexpr uint32_t shr_clamped(uint32_t x, uint32_t n) {
-#if defined(__CUDA_ARCH__)
-  if (!__builtin_is_constant_evaluated()) {
-    uint32_t r;
-    asm("shr.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(n));
-    return r;
-  }
-#endif
-  return n >= 32 ? 0u : x >> n;
-}
+FP4LAB_HD constexpr uint32_t shl_clamped(uint32_t x, uint32_t n) { return shift_clamped<true>(x, n); }
+FP4LAB_HD constexpr uint32_t shr_clamped(uint32_t x, uint32_t n) { return shift_clamped<false>(x, n); }
 
 // Number of leading zero bits of a 64-bit value (64 for 0).
 FP4LAB_HD constexpr int clz64(uint64_t x) {

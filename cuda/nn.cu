@@ -12,7 +12,6 @@
 
 #include "core/error.hpp"
 #include "core/philox.hpp"
-#include "cuda/linear_ops.hpp"
 #include "cuda/nn_device.cuh"
 
 namespace fp4lab::cuda::nn {
@@ -119,37 +118,27 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
       dx_h);
 }
 
-// One thread per group of 4 elements (one Philox call gives the 4 words);
-// 16-byte vector loads and stores where the pointers allow (the group's 4
-// elements are consecutive and group-aligned), scalar ones otherwise and in
-// the tail group.
-// x = drop(x), plus the residual `add` when kAdd (the operations of dropout
-// then add_inplace, so the same bits); x_h (may be null) the BF16 of the result.
-template <bool kAdd>
-__global__ void dropout_kernel(float* x, const float* add, int64_t n, uint32_t thr, float keep_scale, uint64_t seed,
-                               uint64_t sid, uint16_t* x_h) {
+// Dropout kernels: one thread per group of 4 elements (one Philox call gives
+// the 4 words); 16-byte vector loads and stores where the pointers allow (the
+// group's 4 elements are consecutive and group-aligned), scalar ones otherwise
+// and in the tail group.
+// The residual branch: x = drop(x) + add (the operations of dropout then
+// add_inplace, so the same bits).
+__global__ void dropout_add_kernel(float* x, const float* add, int64_t n, uint32_t thr, float keep_scale, uint64_t seed,
+                                   uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
-  const bool vec = aligned16(x) && (!kAdd || aligned16(add));
+  const bool vec = aligned16(x) && aligned16(add);
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     const Philox4 r = philox_group(seed, sid, uint64_t(g));
     if (vec && g * 4 + 4 <= n) {
       float4* x4 = reinterpret_cast<float4*>(x) + g;
-      float4 v = drop4(*x4, r, thr, keep_scale);
-      if constexpr (kAdd) {
-        const float4 a = reinterpret_cast<const float4*>(add)[g];
-        v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
-      }
-      *x4 = v;
-      if (x_h) store_bf16x4(x_h, g, v);
+      const float4 v = drop4(*x4, r, thr, keep_scale), a = reinterpret_cast<const float4*>(add)[g];
+      *x4 = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
       continue;
     }
     for (int k = 0; k < 4; ++k) {
       const int64_t i = g * 4 + k;
-      if (i < n) {
-        const float v = drop1(x[i], r.v[k], thr, keep_scale);
-        x[i] = kAdd ? v + add[i] : v;
-        if (x_h) x_h[i] = uint16_t(bf16_rn(x[i]));
-      }
+      if (i < n) x[i] = drop1(x[i], r.v[k], thr, keep_scale) + add[i];
     }
   }
 }
@@ -168,9 +157,10 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const
   }
 }
 
-// dst = drop(y) out of place, y += x first (stored back) when x is not null;
-// dst_h (may be null) the BF16 of dst. drop: false for p <= 0 (dst = y).
-// Per element the operations of add_inplace, copy and dropout in place.
+// dst = drop(y), y += x first (stored back) when x is not null; dst_h (may be
+// null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
+// in-place dropout). Per element the operations of add_inplace, copy and
+// dropout in place.
 __global__ void dropout_to_kernel(float* y, const float* x, float* dst, uint16_t* dst_h, int64_t n, bool drop,
                                   uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
@@ -487,24 +477,17 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16
 }
 
 void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, uint16_t* x_bf16, cudaStream_t st) {
-  if (n <= 0) return;
-  if (p <= 0.0f) {
-    if (x_bf16) round_bf16_device(x, n, x_bf16, st);  // the data stays; its companion is still due
-    return;
-  }
-  const float keep_scale = 1.0f / (1.0f - p);
-  dropout_kernel<false><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, nullptr, n, dropout_threshold(p), keep_scale,
-                                                                      seed, sid, x_bf16);
-  check_launch("dropout_kernel");
+  if (p <= 0.0f && x_bf16 == nullptr) return;  // nothing to write
+  dropout_to(x, nullptr, x, n, p, seed, sid, x_bf16, st);
 }
 
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st) {
   if (p <= 0.0f) return add_inplace(y, x, n, st);
   if (n <= 0) return;
   const float keep_scale = 1.0f / (1.0f - p);
-  dropout_kernel<true>
-      <<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, dropout_threshold(p), keep_scale, seed, sid, nullptr);
-  check_launch("dropout_kernel<add>");
+  dropout_add_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, dropout_threshold(p), keep_scale, seed,
+                                                                   sid);
+  check_launch("dropout_add_kernel");
 }
 
 void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64_t seed, uint64_t sid,

@@ -119,6 +119,13 @@ struct Slot {
 bool bf16_rounding_only(const OperandPlan& p) {
   return p.round_bf16 && p.quantizer == nullptr && p.pre == nullptr && !p.rht;
 }
+// Are both GEMM operands of x (grad: of dy) plain BF16 roundings, i.e. one
+// rounding serves both (and a BF16 companion of the tensor can be it)?
+bool rounds_only(const LinearPlan& plan, bool grad) {
+  return grad ? bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
+                    bf16_rounding_only(plan.operand(Operand::wgrad_grad_y))
+              : bf16_rounding_only(plan.operand(Operand::fwd_x)) && bf16_rounding_only(plan.operand(Operand::wgrad_x));
+}
 
 struct CudaLinearState final : LinearState {
   int64_t batch = 0, in = 0;  // x's shape [B, in]
@@ -325,12 +332,7 @@ CudaLinear::~CudaLinear() = default;
 
 void CudaLinear::set_operand_hook(OperandHook hook) { impl_->hook = std::move(hook); }
 
-bool CudaLinear::reads_bf16(const LinearContext& ctx, bool grad) const {
-  const LinearPlan plan = linear_plan(ctx);
-  return grad ? bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
-                    bf16_rounding_only(plan.operand(Operand::wgrad_grad_y))
-              : bf16_rounding_only(plan.operand(Operand::fwd_x)) && bf16_rounding_only(plan.operand(Operand::wgrad_x));
-}
+bool CudaLinear::reads_bf16(const LinearContext& ctx, bool grad) const { return rounds_only(linear_plan(ctx), grad); }
 
 void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                          std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc) {
@@ -347,7 +349,7 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
   st->in = in;
   DevOperand xo;
   bool wx_made = false;  // the wgrad x operand is made (st->wx_ready)
-  if (bf16_rounding_only(plan.operand(Operand::fwd_x)) && bf16_rounding_only(plan.operand(Operand::wgrad_x))) {
+  if (rounds_only(plan, false)) {
     // Backward needs only the BF16 rounding of x: keep that (half the bytes
     // of the FP32 copy, and wgrad does not round x again).
     st->x_bf16 = true;
@@ -448,8 +450,7 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   // dgrad: dx^T [in, B] = W^T [in, out] dy^T [out, B].
   // When both dy operands are plain BF16 roundings, wgrad reuses dgrad's (slot[0]
   // is not written in between: the dgrad GEMM of two BF16 operands expands nothing).
-  const bool dy_shared = bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
-                         bf16_rounding_only(plan.operand(Operand::wgrad_grad_y));
+  const bool dy_shared = rounds_only(plan, true);
   // Otherwise both dy operands in one pass where quantize_dual_device applies.
   const OperandPlan& dgy = plan.operand(Operand::dgrad_grad_y);
   const OperandPlan& wgy = plan.operand(Operand::wgrad_grad_y);

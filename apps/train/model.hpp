@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -124,6 +125,19 @@ struct LinearLayer {
   std::unique_ptr<LinearState> state;
   LinearContext context(const StepContext& s) const { return LinearContext{s.recipe, s.seed, id, s.step, name}; }
 };
+
+// An uninitialised [rows, cols] tensor for the op that produces the input of
+// the linear layers ls (grad: their output gradient), with a BF16 companion
+// where the backend reads one for every one of them
+// (Backend::linear_reads_bf16); that op must be a companion writer.
+inline Tensor empty_for_linear(Backend& be, std::initializer_list<const LinearLayer*> ls, const StepContext& s,
+                               bool grad, int64_t rows, int64_t cols) {
+  Tensor t = be.empty(rows, cols);
+  bool all = true;
+  for (const LinearLayer* l : ls) all = all && be.linear_reads_bf16(l->context(s), grad);
+  if (all) be.add_bf16_companion(t);
+  return t;
+}
 
 // Dropout stream of `site` (a model-specific index) at `step`.
 inline DropoutKey dropout_key(const StepContext& s, uint64_t site) {

@@ -1,6 +1,5 @@
 // The ViT of model.hpp (fp4-trainkit's one-block ViT on MNIST).
 #include <cmath>
-#include <initializer_list>
 
 #include "apps/train/model.hpp"
 #include "core/error.hpp"
@@ -75,18 +74,6 @@ class Vit final : public CrossEntropyModel {
     be_.linear_forward(l.context(s), x, w(l), bias(l), y, l.state);
     return y;
   }
-  // An uninitialised [rows, cols] tensor for the producer of the input of the
-  // linear layers ls (grad: of their output gradient), with a BF16 companion
-  // where the backend reads one for every one of them
-  // (Backend::linear_reads_bf16); the producer writes it.
-  Tensor feeding(std::initializer_list<const LinearLayer*> ls, const StepContext& s, bool grad, int64_t rows,
-                 int64_t cols) {
-    Tensor t = be_.empty(rows, cols);
-    bool all = true;
-    for (const LinearLayer* l : ls) all = all && be_.linear_reads_bf16(l->context(s), grad);
-    if (all) be_.add_bf16_companion(t);
-    return t;
-  }
   Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy) {
     Tensor dx, dw = params_.grad(l.w);
     be_.linear_backward(l.context(s), *l.state, w(l), dy, dx, dw, dbias(l));
@@ -128,7 +115,7 @@ class Vit final : public CrossEntropyModel {
     for (size_t i = 0; i < blocks_.size(); ++i) {
       Block& k = blocks_[i];
       k.x_in = h;
-      k.a = feeding({&k.q, &k.k, &k.v}, s, false, B * L, E);
+      k.a = empty_for_linear(be_, {&k.q, &k.k, &k.v}, s, false, B * L, E);
       k.mean1 = be_.empty(1, B * L);
       k.rstd1 = be_.empty(1, B * L);
       be_.layernorm_forward(h, params_.value_ptr(k.ln1_w), params_.value_ptr(k.ln1_b), float(cfg_.layernorm_eps), k.a,
@@ -139,12 +126,12 @@ class Vit final : public CrossEntropyModel {
       be_.copy_cols(kk, 0, k.qkv, E, E);
       be_.copy_cols(v, 0, k.qkv, 2 * E, E);
       k.probs = be_.empty(B * H * L, L);
-      k.att = feeding({&k.o}, s, false, B * L, E);
+      k.att = empty_for_linear(be_, {&k.o}, s, false, B * L, E);
       be_.attention_forward(shape(B, scale, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
       Tensor o = lin_fwd(k.o, s, k.att);
       be_.add_inplace(o, h);  // h1 = h + o
       k.h1 = o;
-      k.u = feeding({&k.up}, s, false, B * L, E);
+      k.u = empty_for_linear(be_, {&k.up}, s, false, B * L, E);
       k.mean2 = be_.empty(1, B * L);
       k.rstd2 = be_.empty(1, B * L);
       be_.layernorm_forward(k.h1, params_.value_ptr(k.ln2_w), params_.value_ptr(k.ln2_b), float(cfg_.layernorm_eps),
@@ -178,11 +165,11 @@ class Vit final : public CrossEntropyModel {
     for (size_t ii = blocks_.size(); ii-- > 0;) {
       Block& k = blocks_[ii];
       // h2 = h1 + drop(down(drop(gelu(up(ln2(h1))))))
-      Tensor dd = feeding({&k.down}, s, true, B * L, E);
+      Tensor dd = empty_for_linear(be_, {&k.down}, s, true, B * L, E);
       be_.dropout_backward_to(dh, dd, p, dropout_key(s, site(ii, 2)));
       Tensor dg = lin_bwd(k.down, s, dd);
       be_.dropout_backward(dg, p, dropout_key(s, site(ii, 1)));
-      Tensor dup = feeding({&k.up}, s, true, B * L, ffn_);
+      Tensor dup = empty_for_linear(be_, {&k.up}, s, true, B * L, ffn_);
       be_.gelu_backward(k.up_y, dg, dup);
       Tensor du = lin_bwd(k.up, s, dup);
       Tensor dh1 = be_.empty(B * L, E);
