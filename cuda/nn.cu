@@ -4,6 +4,7 @@
 #include "cuda/nn.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstdint>
 #include <cmath>
@@ -224,7 +225,7 @@ __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* b
 }
 
 __global__ void ln_bwd_dx_kernel(const float* dy, const float* x, const float* gamma, const float* mean,
-                                 const float* rstd, int64_t rows, int64_t cols, float* dx) {
+                                 const float* rstd, int64_t rows, int64_t cols, const float* residual, float* dx) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -241,14 +242,23 @@ __global__ void ln_bwd_dx_kernel(const float* dy, const float* x, const float* g
   s2 = warp_sum(s2);
   const float a = float(s1 / double(cols)), b = float(s2 / double(cols));
   float* dr = dx + r * cols;
+  const float* res = residual ? residual + r * cols : nullptr;
   for (int64_t j = lane; j < cols; j += kWarp) {
     const float h = (xr[j] - m) * rs;
-    dr[j] = rs * (gr[j] * gamma[j] - a - h * b);
+    const float d = rs * (gr[j] * gamma[j] - a - h * b);
+    dr[j] = res ? d + res[j] : d;
   }
 }
 
-// Column reductions: block (rb, ct) sums rows rb*256 .. of columns ct*256+tid
-// in row order (float64); finish adds the block partials in block order.
+// Column reductions: each column is summed in float64 over fixed blocks of
+// kRowBlock rows in row order, then the block partials in block order (the CPU's
+// order). Block (rb, cb) of col_partial_kernel takes rows rb*kRowBlock .. and
+// columns cb*32 ..: its 8 warps first load every term of the tile into shared
+// memory (32 independent loads a thread: the chains below wait on no global
+// load), then warp 0 runs the 32 column chains over the tile's rows in order.
+constexpr int kColTile = 32;                        // columns per col_partial block (one warp's lanes)
+constexpr int kColThreads = 256;                    // threads per col_partial block
+constexpr int kColRowsPerThread = kRowBlock * kColTile / kColThreads;
 struct PlainTerm {
   const float* a;
   int64_t lda;
@@ -262,30 +272,50 @@ struct LnGammaTerm {
   }
 };
 template <class F>
-__global__ void col_partial_kernel(F f, int64_t rows, int64_t cols, double* part) {
-  const int64_t b = blockIdx.x;
-  const int64_t c = blockIdx.y * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
-  const int64_t r1 = min(rows, (b + 1) * kRowBlock);
+__global__ void __launch_bounds__(kColThreads) col_partial_kernel(F f, int64_t rows, int64_t cols, double* part) {
+  __shared__ float tile[kRowBlock][kColTile];
+  const int lane = int(threadIdx.x) % kColTile, w = int(threadIdx.x) / kColTile;
+  const int64_t r0 = int64_t(blockIdx.x) * kRowBlock, c = int64_t(blockIdx.y) * kColTile + lane;
+  const int n = int(min(rows - r0, kRowBlock));
+  if (c < cols) {
+#pragma unroll
+    for (int u = 0; u < kColRowsPerThread; ++u) {
+      const int r = w + u * (kColThreads / kColTile);
+      if (r < n) tile[r][lane] = f(r0 + r, c);
+    }
+  }
+  __syncthreads();
+  if (w != 0 || c >= cols) return;
   double p = 0.0;
-  for (int64_t r = b * kRowBlock; r < r1; ++r) p += double(f(r, c));
-  part[b * cols + c] = p;
+#pragma unroll 16
+  for (int r = 0; r < n; ++r) p += double(tile[r][lane]);
+  part[int64_t(blockIdx.x) * cols + c] = p;
 }
+// out[c] += float(the block partials of column c added in block order); the
+// loads of 16 partials are issued before they are added.
 __global__ void col_finish_kernel(const double* part, int64_t nb, int64_t cols, float* out) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
+  constexpr int kBatch = 16;
   double s = 0.0;
-  for (int64_t b = 0; b < nb; ++b) s += part[b * cols + c];
+  for (int64_t b0 = 0; b0 < nb; b0 += kBatch) {
+    double v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = b0 + u < nb ? part[(b0 + u) * cols + c] : 0.0;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (b0 + u < nb) s += v[u];
+  }
   out[c] += float(s);
 }
 template <class F>
 void column_reduce(F f, int64_t rows, int64_t cols, float* out, Scratch& scratch, cudaStream_t st) {
   if (rows <= 0 || cols <= 0) return;
   const int64_t nb = (rows + kRowBlock - 1) / kRowBlock;
-  const int64_t ct = (cols + kThreads - 1) / kThreads;
+  const int64_t ct = (cols + kColTile - 1) / kColTile;
   if (ct > 65535 || nb > (int64_t(1) << 31) - 1) throw Error("column reduction: tensor too large");
   double* part = scratch.get<double>(0, size_t(nb * cols));
-  col_partial_kernel<<<dim3(unsigned(nb), unsigned(ct)), kThreads, 0, st>>>(f, rows, cols, part);
+  col_partial_kernel<<<dim3(unsigned(nb), unsigned(ct)), kColThreads, 0, st>>>(f, rows, cols, part);
   check_launch("col_partial_kernel");
   col_finish_kernel<<<blocks_for(cols), kThreads, 0, st>>>(part, nb, cols, out);
   check_launch("col_finish_kernel");
@@ -424,6 +454,10 @@ void* Scratch::get(int slot, size_t bytes) {
 
 void fill(float* p, int64_t n, float v, cudaStream_t st) {
   if (n <= 0) return;
+  if (std::bit_cast<uint32_t>(v) == 0u) {  // +0.0f: all bytes zero
+    check(cudaMemsetAsync(p, 0, size_t(n) * sizeof(float), st), "fill (cudaMemsetAsync)");
+    return;
+  }
   fill_kernel<<<blocks_for(n), kThreads, 0, st>>>(p, n, v);
   check_launch("fill_kernel");
 }
@@ -509,10 +543,10 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
 
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, float* dx, float* dgamma_acc, float* dbeta_acc, Scratch& scratch,
-                        cudaStream_t st) {
+                        const float* residual, cudaStream_t st) {
   if (rows <= 0) return;
   if (cols <= 0) throw Error("layernorm_backward: no columns");
-  ln_bwd_dx_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(dy, x, gamma, mean, rstd, rows, cols, dx);
+  ln_bwd_dx_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(dy, x, gamma, mean, rstd, rows, cols, residual, dx);
   check_launch("ln_bwd_dx_kernel");
   if (dgamma_acc) column_reduce(LnGammaTerm{dy, x, mean, rstd, cols}, rows, cols, dgamma_acc, scratch, st);
   if (dbeta_acc) column_reduce(PlainTerm{dy, cols}, rows, cols, dbeta_acc, scratch, st);

@@ -100,12 +100,13 @@ void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64
 // gamma [cols]; beta [cols] or null; mean, rstd [rows] written.
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, int64_t rows, int64_t cols,
                        float* y, float* mean, float* rstd, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr);
-// dx [rows, cols] written; dgamma_acc [cols] += sum_r dy * xhat and dbeta_acc
-// [cols] (null: skipped) += sum_r dy, each column summed in float64 over fixed
-// blocks of 256 rows in row order, then the blocks in order (the CPU's order).
+// dx [rows, cols] written (plus residual [rows, cols], one float add, where
+// not null); dgamma_acc [cols] += sum_r dy * xhat and dbeta_acc [cols] (null:
+// skipped) += sum_r dy, each column summed in float64 over fixed blocks of 256
+// rows in row order, then the blocks in order (the CPU's order).
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, float* dx, float* dgamma_acc, float* dbeta_acc, Scratch& scratch,
-                        cudaStream_t stream = nullptr);
+                        const float* residual = nullptr, cudaStream_t stream = nullptr);
 
 // ---- reductions over rows ---------------------------------------------------
 // out[c] += float(sum over r < rows of a[r*lda + c]) for c < cols (float64,

@@ -122,9 +122,12 @@ class Backend {
   // null: nanoGPT's bias=False). mean/rstd [rows] are saved for backward.
   virtual void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y,
                                  Tensor& mean, Tensor& rstd) = 0;
-  // dx written; dgamma/dbeta accumulated (dbeta may be null).
+  // dx written; dgamma/dbeta accumulated (dbeta may be null). With a residual
+  // (same shape as x), dx = LayerNorm's input gradient + residual, one float
+  // add per element: the bits of layernorm_backward then add_inplace(dx, *residual).
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean,
-                                  const Tensor& rstd, Tensor& dx, float* dgamma_acc, float* dbeta_acc) = 0;
+                                  const Tensor& rstd, Tensor& dx, float* dgamma_acc, float* dbeta_acc,
+                                  const Tensor* residual = nullptr) = 0;
 
   // GELU, exact erf form (PyTorch nn.GELU()): y = x * Phi(x).
   virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;

@@ -174,8 +174,9 @@ class CpuBackend final : public Backend {
     }
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dgamma, float* dbeta) override {
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
     const int64_t n = x.rows, c = x.cols;
+    if (residual) check_same("layernorm_backward residual", x, *residual);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
       const float* xr = x.row(r);
@@ -189,9 +190,11 @@ class CpuBackend final : public Backend {
       }
       const float a = float(s1 / double(c)), b = float(s2 / double(c));
       float* dr = dx.row(r);
+      const float* res = residual ? residual->row(r) : nullptr;
       for (int64_t j = 0; j < c; ++j) {
         const float h = (xr[j] - m) * rs;
-        dr[j] = rs * (gr[j] * gamma[j] - a - h * b);
+        const float d = rs * (gr[j] * gamma[j] - a - h * b);
+        dr[j] = res ? d + res[j] : d;
       }
     }
     column_reduce(n, c, dgamma, [&](int64_t r, int64_t j) {

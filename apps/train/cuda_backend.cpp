@@ -192,13 +192,14 @@ class CudaBackend final : public Backend {
     nn::layernorm_forward(x.data, gamma, beta, eps, x.rows, x.cols, y.data, mean.data, rstd.data, y.bf16);
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dgamma, float* dbeta) override {
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
     check_shape("layernorm_backward", "dy", dy, x.rows, x.cols);
+    if (residual) check_shape("layernorm_backward", "residual", *residual, x.rows, x.cols);
     check_shape("layernorm_backward", "dx", dx, x.rows, x.cols);
     check_size("layernorm_backward", "mean", mean, x.rows);
     check_size("layernorm_backward", "rstd", rstd, x.rows);
     nn::layernorm_backward(dy.data, x.data, gamma, mean.data, rstd.data, x.rows, x.cols, dx.data, dgamma, dbeta,
-                           scratch_);
+                           scratch_, residual ? residual->data : nullptr);
   }
   void gelu_forward(const Tensor& x, Tensor& y) override {
     check_size("gelu_forward", "y", y, x.size());

@@ -149,8 +149,7 @@ class Gpt final : public CrossEntropyModel {
       be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)));
       Tensor da = lin_bwd(k.c_attn, s, dqkv);
       Tensor dxin = be_.empty(N, C);
-      be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b));
-      be_.add_inplace(dxin, dmid);
+      be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid);
       dx = dxin;
     }
     be_.dropout_backward(dx, p, dropout_key(s, 0));

@@ -174,8 +174,7 @@ class Vit final : public CrossEntropyModel {
       Tensor du = lin_bwd(k.up, s, dup);
       Tensor dh1 = be_.empty(B * L, E);
       be_.layernorm_backward(du, k.h1, params_.value_ptr(k.ln2_w), k.mean2, k.rstd2, dh1, params_.grad_ptr(k.ln2_w),
-                             params_.grad_ptr(k.ln2_b));
-      be_.add_inplace(dh1, dh);
+                             params_.grad_ptr(k.ln2_b), &dh);
       // h1 = h + o_proj(attn(q, k, v of ln1(h)))
       Tensor datt = lin_bwd(k.o, s, dh1);
       Tensor dqkv = be_.empty(B * L, 3 * E);
@@ -189,8 +188,7 @@ class Vit final : public CrossEntropyModel {
       be_.add_inplace(da, lin_bwd(k.v, s, dv));
       Tensor dx = be_.empty(B * L, E);
       be_.layernorm_backward(da, k.x_in, params_.value_ptr(k.ln1_w), k.mean1, k.rstd1, dx, params_.grad_ptr(k.ln1_w),
-                             params_.grad_ptr(k.ln1_b));
-      be_.add_inplace(dx, dh1);
+                             params_.grad_ptr(k.ln1_b), &dh1);
       dh = dx;
     }
     Tensor dpe = be_.empty(B * patches_, E);

@@ -72,6 +72,16 @@ TEST_CASE("layernorm: forward normalises, backward matches finite differences") 
   check_fd(xv, gx, loss);
   check_fd(gam, dg, loss);
   check_fd(bet, db, loss);
+  // The residual form: dx + residual with one float add, the same bits.
+  auto resv = randv(N * C, 5);
+  Tensor res = view_of(resv.data(), N, C), dxr = be->empty(N, C);
+  std::vector<float> dg2(C, 0.0f);
+  be->layernorm_backward(dy, x, gam.data(), mean, rstd, dxr, dg2.data(), nullptr, &res);
+  for (int64_t i = 0; i < N * C; ++i) REQUIRE(dxr.data[i] == gx[size_t(i)] + resv[size_t(i)]);
+  CHECK(dg2 == dg);
+  Tensor bad = be->empty(N, C + 1);
+  CHECK_THROWS_WITH_AS(be->layernorm_backward(dy, x, gam.data(), mean, rstd, dxr, dg2.data(), nullptr, &bad),
+                       doctest::Contains("residual"), fp4lab::Error);
 }
 
 TEST_CASE("gelu (erf form): values and derivative") {

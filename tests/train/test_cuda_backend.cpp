@@ -162,7 +162,7 @@ TEST_CASE("cuda backend: memory, copies and the caching allocator") {
 TEST_CASE("cuda backend: layernorm forward/backward match the CPU") {
   FP4LAB_REQUIRE_GPU();
   Pair b;
-  const int64_t shapes[][2] = {{1, 1}, {1, 5}, {3, 7}, {37, 64}, {300, 130}, {513, 768}};
+  const int64_t shapes[][2] = {{1, 1}, {1, 5}, {3, 7}, {37, 64}, {300, 130}, {513, 768}, {1100, 200}};
   int k = 0;
   for (auto [N, C] : shapes) {
     const bool with_beta = k++ % 2 == 0;
@@ -181,9 +181,18 @@ TEST_CASE("cuda backend: layernorm forward/backward match the CPU") {
       Tensor dyt = put(be, dy, N, C), dx = be.empty(N, C), dg = put(be, dg0, 1, C), db = put(be, db0, 1, C);
       be.layernorm_backward(dyt, xt, gt.data, mean, rstd, dx, dg.data, with_beta ? db.data : nullptr);
       out[w] = {get(be, y), get(be, mean), get(be, rstd), get(be, dx), get(be, dg), get(be, db)};
+      // The residual form: the bits of the plain form followed by add_inplace.
+      Tensor res = put(be, randv(size_t(N * C), 70 + k), N, C), dxr = be.empty(N, C), dg2 = put(be, dg0, 1, C);
+      be.layernorm_backward(dyt, xt, gt.data, mean, rstd, dxr, dg2.data, nullptr, &res);
+      be.add_inplace(dx, res);
+      expect_same_bits(w ? "gpu: residual form" : "cpu: residual form", get(be, dx), get(be, dxr));
+      expect_same_bits("dgamma with a residual", out[w][4], get(be, dg2));
     }
     const char* names[] = {"y", "mean", "rstd", "dx", "dgamma", "dbeta"};
-    for (int i = 0; i < 6; ++i) expect_close(names[i], out[0][size_t(i)], out[1][size_t(i)], 1e-5);
+    // dgamma and dbeta: the CPU's summation order (256-row blocks in row
+    // order, then the blocks), so bit for bit.
+    for (int i = 0; i < 4; ++i) expect_close(names[i], out[0][size_t(i)], out[1][size_t(i)], 1e-5);
+    for (int i = 4; i < 6; ++i) expect_same_bits(names[i], out[0][size_t(i)], out[1][size_t(i)]);
   }
 }
 
