@@ -529,8 +529,60 @@ __global__ void __launch_bounds__(kFusedThreads)
   product_tiles<HD, kH>(St, Kb, qb + C, ld, T, nk, dqkv + o0, ld, q0, g.out_h + o0);
 }
 
+// The operands of one step of attn_bwd_dkv_fused (query rows i0 .. i0+kTile-1
+// against key columns j0 ..), in registers while the previous step's products
+// run: P and dS [kTile][kTile] as loaded (the dropout mask is applied when they
+// are stashed), dout and Q rows [kTile][HD].
+template <int HD>
+struct DkvRegs {
+  static constexpr int kVecs = kTile * kTile / 4 / kFusedThreads;
+  float p[kVecs][4], d[kVecs][4];
+  TileRegs<HD> o, q;
+};
+template <int HD>
+__device__ __forceinline__ void fetch_dkv(DkvRegs<HD>& t, const FusedArgs& g, const float* probs, const float* ds,
+                                          const float* ob, const float* qb, int64_t bh, int64_t i0, int64_t j0) {
+  const int64_t T = g.T;
+#pragma unroll
+  for (int u = 0; u < DkvRegs<HD>::kVecs; ++u) {
+    const int idx = int(threadIdx.x) + u * kFusedThreads;
+    const int64_t i = i0 + idx / (kTile / 4), j = j0 + 4 * (idx % (kTile / 4));
+    const int64_t e = (bh * T + i) * T + j;
+    if (i < T && j < T) {
+      load_row4(probs, e, j, T, g.vec_rows, t.p[u]);
+      load_row4(ds, e, j, T, g.vec_rows, t.d[u]);
+    } else {
+      t.p[u][0] = t.p[u][1] = t.p[u][2] = t.p[u][3] = 0.0f;
+      t.d[u][0] = t.d[u][1] = t.d[u][2] = t.d[u][3] = 0.0f;
+    }
+  }
+  fetch<HD, false>(t.o, ob, g.C, i0, T);
+  fetch<HD, false>(t.q, qb, 3 * g.C, i0, T);
+}
+template <int HD>
+__device__ __forceinline__ void stash_dkv(DkvRegs<HD>& t, const FusedArgs& g, int64_t bh, int64_t i0, int64_t j0,
+                                          float* Ps, float* Ds, float* Os, float* Qs) {
+  const int64_t T = g.T;
+#pragma unroll
+  for (int u = 0; u < DkvRegs<HD>::kVecs; ++u) {
+    const int idx = int(threadIdx.x) + u * kFusedThreads;
+    const int ii = idx / (kTile / 4), c = 4 * (idx % (kTile / 4));
+    const int64_t i = i0 + ii, j = j0 + c;
+    if (g.thr != 0 && i < T && j < T) {
+      const Philox4 w = words4(g.seed, g.sid, uint64_t((bh * T + i) * T + j));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t.p[u][k] = drop1(t.p[u][k], w.v[k], g.thr, g.keep_scale);
+    }
+    *reinterpret_cast<float4*>(Ps + ii * kTile + c) = make_float4(t.p[u][0], t.p[u][1], t.p[u][2], t.p[u][3]);
+    *reinterpret_cast<float4*>(Ds + ii * kTile + c) = make_float4(t.d[u][0], t.d[u][1], t.d[u][2], t.d[u][3]);
+  }
+  stash_rows<HD>(t.o, Os);
+  stash_rows<HD>(t.q, Qs);
+}
+
 // Backward, per key tile j0: dV = drop(P)^T dout and dK = dS^T Q over the
 // query rows that see these keys (all, or i >= j0 when causal), in row order.
+// The next step's operands are loaded while the current step's products run.
 template <int HD, bool kH>
 __global__ void __launch_bounds__(kFusedThreads)
     attn_bwd_dkv_fused(FusedArgs g, const float* probs, const float* ds, const float* dout, float* dqkv) {
@@ -547,40 +599,14 @@ __global__ void __launch_bounds__(kFusedThreads)
   const float* qb = g.qkv + b * T * ld + h * HD;
   const float* ob = dout + b * T * C + h * HD;
   float acc_v[4][N] = {}, acc_k[4][N] = {};
-  for (int64_t i0 = g.causal ? j0 : 0; i0 < T; i0 += kTile) {
+  const int64_t first = g.causal ? j0 : 0;
+  DkvRegs<HD> next;
+  if (first < T) fetch_dkv<HD>(next, g, probs, ds, ob, qb, bh, first, j0);
+  for (int64_t i0 = first; i0 < T; i0 += kTile) {
+    __syncthreads();  // the previous step's products are done with the tiles
+    stash_dkv<HD>(next, g, bh, i0, j0, Ps, Ds, Os, Qs);
     __syncthreads();
-    // The P and dS loads of the step first (latency overlap), then masks and stores.
-    constexpr int kVecs = kTile * kTile / 4 / kFusedThreads;
-    float p[kVecs][4], d[kVecs][4];
-#pragma unroll
-    for (int u = 0; u < kVecs; ++u) {
-      const int idx = int(threadIdx.x) + u * kFusedThreads;
-      const int64_t i = i0 + idx / (kTile / 4), j = j0 + 4 * (idx % (kTile / 4));
-      const int64_t e = (bh * T + i) * T + j;
-      if (i < T && j < T) {
-        load_row4(probs, e, j, T, g.vec_rows, p[u]);
-        load_row4(ds, e, j, T, g.vec_rows, d[u]);
-      } else {
-        p[u][0] = p[u][1] = p[u][2] = p[u][3] = 0.0f;
-        d[u][0] = d[u][1] = d[u][2] = d[u][3] = 0.0f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kVecs; ++u) {
-      const int idx = int(threadIdx.x) + u * kFusedThreads;
-      const int ii = idx / (kTile / 4), c = 4 * (idx % (kTile / 4));
-      const int64_t i = i0 + ii, j = j0 + c;
-      if (g.thr != 0 && i < T && j < T) {
-        const Philox4 w = words4(g.seed, g.sid, uint64_t((bh * T + i) * T + j));
-#pragma unroll
-        for (int k = 0; k < 4; ++k) p[u][k] = drop1(p[u][k], w.v[k], g.thr, g.keep_scale);
-      }
-      *reinterpret_cast<float4*>(Ps + ii * kTile + c) = make_float4(p[u][0], p[u][1], p[u][2], p[u][3]);
-      *reinterpret_cast<float4*>(Ds + ii * kTile + c) = make_float4(d[u][0], d[u][1], d[u][2], d[u][3]);
-    }
-    load_rows<HD>(Os, ob, C, i0, T);
-    load_rows<HD>(Qs, qb, ld, i0, T);
-    __syncthreads();
+    if (i0 + kTile < T) fetch_dkv<HD>(next, g, probs, ds, ob, qb, bh, i0 + kTile, j0);
     mma_tile<N, kTile>(Ps, kTile, Os, HD, 4 * ty, N * tx, acc_v);
     mma_tile<N, kTile>(Ds, kTile, Qs, HD, 4 * ty, N * tx, acc_k);
   }
