@@ -354,8 +354,9 @@ __device__ __forceinline__ void scores_tiles(const float* At, float* Bt, const f
 
 // out rows of the tile [kTile][HD] = P B, P^T = St [nk * kTile][kLd] in shared
 // memory, B's rows (key tile kt) loaded into Bs [kTile][HD]. Rows >= T skipped.
-// kH: out_h is out's BF16 companion (same offsets), written too; else unused
-// (a kernel without companions holds none of their code).
+// kH: out_h is out's BF16 companion (same offsets), written too, and out may
+// be null (the companion only); else out_h is unused (a kernel without
+// companions holds none of their code).
 template <int HD, bool kH>
 __device__ __forceinline__ void product_tiles(const float* St, float* Bs, const float* bsrc, int64_t ld, int64_t T,
                                               int nk, float* out, int64_t out_ld, int64_t q0, uint16_t* out_h) {
@@ -377,7 +378,7 @@ __device__ __forceinline__ void product_tiles(const float* St, float* Bs, const 
     if (row >= T) continue;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      out[row * out_ld + N * tx + j] = acc[i][j];
+      if (!kH || out) out[row * out_ld + N * tx + j] = acc[i][j];
       if constexpr (kH) out_h[row * out_ld + N * tx + j] = uint16_t(bf16_rn(acc[i][j]));
     }
   }
@@ -449,7 +450,7 @@ __global__ void __launch_bounds__(kFusedThreads) attn_fwd_fused(FusedArgs g, flo
     }
   }
   const int64_t o0 = b * T * C + h * HD;
-  product_tiles<HD, kH>(St, Kb, qb + 2 * C, ld, T, nk, out + o0, C, q0, g.out_h + o0);
+  product_tiles<HD, kH>(St, Kb, qb + 2 * C, ld, T, nk, out ? out + o0 : nullptr, C, q0, g.out_h + o0);
 }
 
 // Backward, per query tile: dP = dout V^T, dropped with the forward's mask; dS =
@@ -526,7 +527,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     }
   }
   const int64_t o0 = b * T * ld + h * HD;
-  product_tiles<HD, kH>(St, Kb, qb + C, ld, T, nk, dqkv + o0, ld, q0, g.out_h + o0);
+  product_tiles<HD, kH>(St, Kb, qb + C, ld, T, nk, dqkv ? dqkv + o0 : nullptr, ld, q0, g.out_h + o0);
 }
 
 // The operands of one step of attn_bwd_dkv_fused (query rows i0 .. i0+kTile-1
@@ -611,8 +612,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     mma_tile<N, kTile>(Ds, kTile, Qs, HD, 4 * ty, N * tx, acc_k);
   }
   const int64_t k0 = b * T * ld + C + h * HD;  // dK's offset; dV's is k0 + C
-  float* const dk = dqkv + k0;
-  float* const dv = dk + C;
+  float* const dk = dqkv ? dqkv + k0 : nullptr;  // null: the companion only (kH)
+  float* const dv = dqkv ? dk + C : nullptr;
   uint16_t* const dk_h = g.out_h + k0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -621,8 +622,10 @@ __global__ void __launch_bounds__(kFusedThreads)
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const int64_t e = row * ld + N * tx + j;
-      dk[e] = acc_k[i][j];
-      dv[e] = acc_v[i][j];
+      if (!kH || dqkv) {
+        dk[e] = acc_k[i][j];
+        dv[e] = acc_v[i][j];
+      }
       if constexpr (kH) {
         dk_h[e] = uint16_t(bf16_rn(acc_k[i][j]));
         dk_h[e + C] = uint16_t(bf16_rn(acc_v[i][j]));
@@ -803,24 +806,30 @@ bool Attention::use_fused(const AttentionDims& d, std::initializer_list<const vo
 
 void Attention::forward(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_bf16) {
   check_dims(d);
+  if (!out && !out_bf16) throw Error("attention forward: no output (out and out_bf16 both null)");
   if (d.batch * d.seq == 0) return;
   if (use_fused(d, {qkv, out, probs})) {
     forward_fused(d, qkv, out, probs, out_bf16);
   } else {
-    forward_cublas(d, qkv, out, probs);
-    if (out_bf16) round_bf16_device(out, d.batch * d.seq * d.width, out_bf16, stream_);
+    const int64_t n = d.batch * d.seq * d.width;
+    float* o = out ? out : f32_out_.at_least(size_t(n));  // the companion only: FP32 in scratch first
+    forward_cublas(d, qkv, o, probs);
+    if (out_bf16) round_bf16_device(o, n, out_bf16, stream_);
   }
 }
 
 void Attention::backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
                          uint16_t* dqkv_bf16) {
   check_dims(d);
+  if (!dqkv && !dqkv_bf16) throw Error("attention backward: no output (dqkv and dqkv_bf16 both null)");
   if (d.batch * d.seq == 0) return;
   if (use_fused(d, {qkv, probs, dout, dqkv})) {
     backward_fused(d, qkv, probs, dout, dqkv, dqkv_bf16);
   } else {
-    backward_cublas(d, qkv, probs, dout, dqkv);
-    if (dqkv_bf16) round_bf16_device(dqkv, d.batch * d.seq * 3 * d.width, dqkv_bf16, stream_);
+    const int64_t n = d.batch * d.seq * 3 * d.width;
+    float* o = dqkv ? dqkv : f32_out_.at_least(size_t(n));  // the companion only: FP32 in scratch first
+    backward_cublas(d, qkv, probs, dout, o);
+    if (dqkv_bf16) round_bf16_device(o, n, dqkv_bf16, stream_);
   }
 }
 

@@ -74,7 +74,8 @@ __device__ __forceinline__ void store_bf16x4(uint16_t* out_h, int64_t g, const f
   }
 }
 // out[i] = f(a[i], b[i]) for every i < n (b may be null: f(a[i], 0)), and
-// out_h[i] = its BF16 rounding when out_h is not null.
+// out_h[i] = its BF16 rounding when out_h is not null. out may be null when
+// out_h is not (a tensor whose FP32 values were dropped: the companion only).
 template <class F>
 __device__ __forceinline__ void map4(int64_t n, const float* a, const float* b, float* out, F f,
                                      uint16_t* out_h = nullptr) {
@@ -87,13 +88,14 @@ __device__ __forceinline__ void map4(int64_t n, const float* a, const float* b, 
       float4 r;
 #pragma unroll
       for (int k = 0; k < 4; ++k) f4_set(r, k, f(f4_at(va, k), f4_at(vb, k)));
-      reinterpret_cast<float4*>(out)[g] = r;
+      if (out) reinterpret_cast<float4*>(out)[g] = r;
       if (out_h) store_bf16x4(out_h, g, r);
       continue;
     }
     for (int64_t i = g * 4; i < g * 4 + 4 && i < n; ++i) {
-      out[i] = f(a[i], b ? b[i] : 0.0f);
-      if (out_h) out_h[i] = uint16_t(bf16_rn(out[i]));
+      const float r = f(a[i], b ? b[i] : 0.0f);
+      if (out) out[i] = r;
+      if (out_h) out_h[i] = uint16_t(bf16_rn(r));
     }
   }
 }
@@ -160,8 +162,8 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const
 
 // dst = drop(y), y += x first (stored back) when x is not null; dst_h (may be
 // null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
-// in-place dropout). Per element the operations of add_inplace, copy and
-// dropout in place.
+// in-place dropout), or null when dst_h is not (the companion only). Per
+// element the operations of add_inplace, copy and dropout in place.
 __global__ void dropout_to_kernel(float* y, const float* x, float* dst, uint16_t* dst_h, int64_t n, bool drop,
                                   uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
@@ -177,7 +179,7 @@ __global__ void dropout_to_kernel(float* y, const float* x, float* dst, uint16_t
         reinterpret_cast<float4*>(y)[g] = v;
       }
       if (drop) v = drop4(v, r, thr, keep_scale);
-      reinterpret_cast<float4*>(dst)[g] = v;
+      if (dst) reinterpret_cast<float4*>(dst)[g] = v;
       if (dst_h) store_bf16x4(dst_h, g, v);
       continue;
     }
@@ -187,7 +189,7 @@ __global__ void dropout_to_kernel(float* y, const float* x, float* dst, uint16_t
         float v = y[i];
         if (x) y[i] = v = v + x[i];
         if (drop) v = drop1(v, r.v[k], thr, keep_scale);
-        dst[i] = v;
+        if (dst) dst[i] = v;
         if (dst_h) dst_h[i] = uint16_t(bf16_rn(v));
       }
     }
@@ -216,11 +218,11 @@ __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* b
     mean[r] = m;
     rstd[r] = rs;
   }
-  float* yr = y + r * cols;
   for (int64_t j = lane; j < cols; j += kWarp) {
     const float h = (xr[j] - m) * rs;
-    yr[j] = h * gamma[j] + (beta ? beta[j] : 0.0f);
-    if (y_h) y_h[r * cols + j] = uint16_t(bf16_rn(yr[j]));
+    const float v = h * gamma[j] + (beta ? beta[j] : 0.0f);
+    if (y) y[r * cols + j] = v;  // null: the companion only
+    if (y_h) y_h[r * cols + j] = uint16_t(bf16_rn(v));
   }
 }
 

@@ -67,7 +67,10 @@ void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream = null
 void scale(float* g, int64_t n, float s, cudaStream_t stream = nullptr);               // g *= s
 // The functions below that take a `*_bf16` pointer also write there (when not
 // null) the round-to-nearest-even BF16 of every float they write, in the same
-// pass: the BF16 GEMM operand of the trainer's next linear layer.
+// pass: the BF16 GEMM operand of the trainer's next linear layer. With a
+// `*_bf16` pointer, the FP32 output (y, dx, dst; LayerNorm's y; Attention's
+// out and dqkv) may be null: only the BF16 values are written (a tensor
+// whose FP32 values nothing reads).
 // GELU, exact erf form: y = 0.5 x (1 + erf(x / sqrt 2)).
 void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr);
 // dx = dy * (Phi(x) + x phi(x)).
@@ -230,6 +233,7 @@ class Attention {
   AttentionPath path_ = AttentionPath::automatic;
   DeviceBuffer<float*> ptrs_;
   DeviceBuffer<float> pd_, dp_;
+  DeviceBuffer<float> f32_out_;  // the cuBLAS path's FP32 output where only a companion is asked for
 };
 
 }  // namespace fp4lab::cuda::nn

@@ -116,7 +116,13 @@ class Backend {
   // dropout_backward (dy), dropout_backward_to and add_dropout_backward_to
   // (dst). Every other op that writes a tensor leaves its
   // companion stale, so one of those must write it last.
-  virtual void add_bf16_companion(Tensor& t) { (void)t; }
+  // drop_f32: nothing will read t's FP32 values, only the companion (the
+  // caller's promise: t's sole readers are linear layers for which
+  // linear_reads_bf16 is true, with no bias when t is an output gradient). A
+  // backend that gives t a companion may then free t's FP32 values (t.data =
+  // null); the companion writers above, except the in-place dropout_backward,
+  // then write the companion alone.
+  virtual void add_bf16_companion(Tensor& t, bool drop_f32 = false) { (void)t, (void)drop_f32; }
 
   // LayerNorm over each row: y = (x - mean) * rstd * gamma + beta (beta may be
   // null: nanoGPT's bias=False). mean/rstd [rows] are saved for backward.

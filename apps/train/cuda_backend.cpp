@@ -167,10 +167,14 @@ class CudaBackend final : public Backend {
 
   // ---- BF16 companions ----
   bool linear_reads_bf16(const LinearContext& ctx, bool grad) override { return linear_.reads_bf16(ctx, grad); }
-  void add_bf16_companion(Tensor& t) override {
+  void add_bf16_companion(Tensor& t, bool drop_f32) override {
     Tensor h = empty(1, (t.size() + 1) / 2);  // size() BF16 values
     t.bf16 = reinterpret_cast<uint16_t*>(h.data);
     t.bf16_mem = std::move(h.mem);
+    if (drop_f32) {  // the companion alone (its FP32 block goes back to the cache)
+      t.data = nullptr;
+      t.mem.reset();
+    }
   }
 
   // ---- linear ----

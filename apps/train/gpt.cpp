@@ -94,30 +94,30 @@ class Gpt final : public CrossEntropyModel {
     for (int64_t i = 0; i < int64_t(blocks_.size()); ++i) {
       Block& k = blocks_[size_t(i)];
       k.x_in = x;
-      k.a = empty_for_linear(be_, {&k.c_attn}, s, false, N, C);
+      k.a = empty_for_linear(be_, {&k.c_attn}, s, false, N, C, true);
       k.mean1 = be_.empty(1, N);
       k.rstd1 = be_.empty(1, N);
       be_.layernorm_forward(x, ptr(k.ln1_w), ptr(k.ln1_b), eps, k.a, k.mean1, k.rstd1);
       k.qkv = lin_fwd(k.c_attn, s, k.a);
       k.probs = be_.empty(B * cfg_.heads * T, T);
-      k.att = empty_for_linear(be_, {&k.attn_proj}, s, false, N, C);
+      k.att = empty_for_linear(be_, {&k.attn_proj}, s, false, N, C, true);
       be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
       Tensor y = lin_fwd(k.attn_proj, s, k.att);
       be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));
       k.x_mid = y;
-      k.m_in = empty_for_linear(be_, {&k.c_fc}, s, false, N, C);
+      k.m_in = empty_for_linear(be_, {&k.c_fc}, s, false, N, C, true);
       k.mean2 = be_.empty(1, N);
       k.rstd2 = be_.empty(1, N);
       be_.layernorm_forward(k.x_mid, ptr(k.ln2_w), ptr(k.ln2_b), eps, k.m_in, k.mean2, k.rstd2);
       k.f = lin_fwd(k.c_fc, s, k.m_in);
-      k.g = empty_for_linear(be_, {&k.mlp_proj}, s, false, N, 4 * C);
+      k.g = empty_for_linear(be_, {&k.mlp_proj}, s, false, N, 4 * C, true);
       be_.gelu_forward(k.f, k.g);
       Tensor m = lin_fwd(k.mlp_proj, s, k.g);
       be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
       x = m;
     }
     xf_in_ = x;
-    xf_ = empty_for_linear(be_, {&head_}, s, false, N, C);
+    xf_ = empty_for_linear(be_, {&head_}, s, false, N, C, true);
     meanf_ = be_.empty(1, N);
     rstdf_ = be_.empty(1, N);
     be_.layernorm_forward(x, ptr(lnf_w_), ptr(lnf_b_), eps, xf_, meanf_, rstdf_);
@@ -133,19 +133,19 @@ class Gpt final : public CrossEntropyModel {
     for (int64_t i = int64_t(blocks_.size()) - 1; i >= 0; --i) {
       Block& k = blocks_[size_t(i)];
       // x_out = x_mid + drop(c_proj(gelu(c_fc(ln_2(x_mid)))))
-      Tensor dm = empty_for_linear(be_, {&k.mlp_proj}, s, true, N, C);
+      Tensor dm = empty_for_linear(be_, {&k.mlp_proj}, s, true, N, C, true);
       be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
       Tensor dg = lin_bwd(k.mlp_proj, s, dm);
-      Tensor df = empty_for_linear(be_, {&k.c_fc}, s, true, N, 4 * C);
+      Tensor df = empty_for_linear(be_, {&k.c_fc}, s, true, N, 4 * C, true);
       be_.gelu_backward(k.f, dg, df);
       Tensor dmi = lin_bwd(k.c_fc, s, df);
       Tensor dmid = be_.empty(N, C);
       be_.layernorm_backward(dmi, k.x_mid, ptr(k.ln2_w), k.mean2, k.rstd2, dmid, gptr(k.ln2_w), gptr(k.ln2_b));
       // x_mid = x_in + drop(c_proj(attn(c_attn(ln_1(x_in))))): dmid += dx, dy = drop(dmid).
-      Tensor dy = empty_for_linear(be_, {&k.attn_proj}, s, true, N, C);
+      Tensor dy = empty_for_linear(be_, {&k.attn_proj}, s, true, N, C, true);
       be_.add_dropout_backward_to(dmid, dx, dy, p, dropout_key(s, site(i, 1)));
       Tensor datt = lin_bwd(k.attn_proj, s, dy);
-      Tensor dqkv = empty_for_linear(be_, {&k.c_attn}, s, true, N, 3 * C);
+      Tensor dqkv = empty_for_linear(be_, {&k.c_attn}, s, true, N, 3 * C, true);
       be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)));
       Tensor da = lin_bwd(k.c_attn, s, dqkv);
       Tensor dxin = be_.empty(N, C);

@@ -130,12 +130,19 @@ struct LinearLayer {
 // the linear layers ls (grad: their output gradient), with a BF16 companion
 // where the backend reads one for every one of them
 // (Backend::linear_reads_bf16); that op must be a companion writer.
+// only_linears: the layers ls are the tensor's only readers; then, where they
+// all read the companion (and, for an output gradient, none has a bias: its
+// gradient sums the FP32 dy), the backend may drop the FP32 values
+// (Backend::add_bf16_companion's drop_f32), and the producer writes only BF16.
 inline Tensor empty_for_linear(Backend& be, std::initializer_list<const LinearLayer*> ls, const StepContext& s,
-                               bool grad, int64_t rows, int64_t cols) {
+                               bool grad, int64_t rows, int64_t cols, bool only_linears = false) {
   Tensor t = be.empty(rows, cols);
-  bool all = true;
-  for (const LinearLayer* l : ls) all = all && be.linear_reads_bf16(l->context(s), grad);
-  if (all) be.add_bf16_companion(t);
+  bool all = true, bias = false;
+  for (const LinearLayer* l : ls) {
+    all = all && be.linear_reads_bf16(l->context(s), grad);
+    bias = bias || l->b >= 0;
+  }
+  if (all) be.add_bf16_companion(t, only_linears && !(grad && bias));
   return t;
 }
 

@@ -115,7 +115,7 @@ class Vit final : public CrossEntropyModel {
     for (size_t i = 0; i < blocks_.size(); ++i) {
       Block& k = blocks_[i];
       k.x_in = h;
-      k.a = empty_for_linear(be_, {&k.q, &k.k, &k.v}, s, false, B * L, E);
+      k.a = empty_for_linear(be_, {&k.q, &k.k, &k.v}, s, false, B * L, E, true);
       k.mean1 = be_.empty(1, B * L);
       k.rstd1 = be_.empty(1, B * L);
       be_.layernorm_forward(h, params_.value_ptr(k.ln1_w), params_.value_ptr(k.ln1_b), float(cfg_.layernorm_eps), k.a,
@@ -126,12 +126,12 @@ class Vit final : public CrossEntropyModel {
       be_.copy_cols(kk, 0, k.qkv, E, E);
       be_.copy_cols(v, 0, k.qkv, 2 * E, E);
       k.probs = be_.empty(B * H * L, L);
-      k.att = empty_for_linear(be_, {&k.o}, s, false, B * L, E);
+      k.att = empty_for_linear(be_, {&k.o}, s, false, B * L, E, true);
       be_.attention_forward(shape(B, scale, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
       Tensor o = lin_fwd(k.o, s, k.att);
       be_.add_inplace(o, h);  // h1 = h + o
       k.h1 = o;
-      k.u = empty_for_linear(be_, {&k.up}, s, false, B * L, E);
+      k.u = empty_for_linear(be_, {&k.up}, s, false, B * L, E, true);
       k.mean2 = be_.empty(1, B * L);
       k.rstd2 = be_.empty(1, B * L);
       be_.layernorm_forward(k.h1, params_.value_ptr(k.ln2_w), params_.value_ptr(k.ln2_b), float(cfg_.layernorm_eps),

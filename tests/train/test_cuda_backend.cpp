@@ -106,6 +106,22 @@ void expect_companion(Backend& be, const std::string& what, const Tensor& t) {
   CHECK(bad == 0);
 }
 
+// `only`, a tensor whose FP32 values the backend dropped (add_bf16_companion's
+// drop_f32), holds the same companion bits as `full`, the same op's output
+// with its FP32 values kept.
+void expect_same_companion(const std::string& what, const Tensor& full, const Tensor& only) {
+  REQUIRE(only.data == nullptr);
+  REQUIRE(only.bf16 != nullptr);
+  REQUIRE(full.size() == only.size());
+  std::vector<uint16_t> a(size_t(full.size())), b(a.size());
+  REQUIRE(cudaMemcpy(a.data(), full.bf16, a.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(b.data(), only.bf16, b.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i];
+  INFO(what, " (FP32 dropped): ", bad, " of ", a.size(), " companions differ from the FP32-kept form's");
+  CHECK(bad == 0);
+}
+
 struct Pair {
   std::unique_ptr<Backend> cpu = make_cpu_backend(2);
   std::unique_ptr<Backend> gpu = make_backend("cuda");
@@ -253,6 +269,14 @@ TEST_CASE("cuda backend: attention forward/backward match the CPU (causal/full, 
           if (w == 1) {
             expect_companion(be, "attention_forward out", o);
             expect_companion(be, "attention_backward dqkv", dq);
+            // The companions alone (FP32 dropped), the same bits.
+            Tensor o2 = be.empty(B * T, C), pr2 = be.empty(B * H * T, T), dq2 = be.empty(B * T, 3 * C);
+            be.add_bf16_companion(o2, true);
+            be.add_bf16_companion(dq2, true);
+            be.attention_forward(s, q, o2, pr2, key);
+            be.attention_backward(s, q, pr2, d, dq2, key);
+            expect_same_companion("attention_forward out", o, o2);
+            expect_same_companion("attention_backward dqkv", dq, dq2);
           }
           out[w] = get(be, o);
           probs[w] = get(be, pr);
@@ -304,6 +328,14 @@ TEST_CASE(
         if (w == 1) {
           expect_companion(be, "dropout_backward_to", dst);
           expect_companion(be, "add_dropout_backward_to", dst2);
+          Tensor src3 = put(be, dy, 1, n), dst3 = be.empty(1, n), y3 = put(be, dy, 1, n), dst4 = be.empty(1, n);
+          be.add_bf16_companion(dst3, true);
+          be.add_bf16_companion(dst4, true);
+          be.dropout_backward_to(src3, dst3, p, key);
+          be.add_dropout_backward_to(y3, yx, dst4, p, key);
+          expect_same_companion("dropout_backward_to", dst, dst3);
+          expect_same_companion("add_dropout_backward_to", dst2, dst4);
+          expect_same_bits("add_dropout_backward_to's sum (FP32 of dst dropped)", get(be, y), get(be, y3));
         }
       }
       expect_same_bits("dropout forward", xf[0], xf[1]);
@@ -645,12 +677,24 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
         }
         return t;
       };
+      auto companion_only = [&](int64_t rows, int64_t cols) {
+        Tensor t = be->empty(rows, cols);
+        be->add_bf16_companion(t, true);
+        return t;
+      };
       Tensor xt = put(*be, x, 1, n), dyt = put(*be, dy, 1, n);
-      Tensor y = with_companion(1, n), dx = with_companion(1, n);
+      Tensor y = with_companion(1, n), dx = with_companion(1, n), y2 = companion_only(1, n),
+             dx2 = companion_only(1, n);
       be->gelu_forward(xt, y);
       expect_companion(*be, "gelu_forward", y);
       be->gelu_backward(xt, dyt, dx);
       expect_companion(*be, "gelu_backward", dx);
+      be->gelu_forward(xt, y2);
+      be->gelu_backward(xt, dyt, dx2);
+      if (!shifted) {
+        expect_same_companion("gelu_forward", y, y2);
+        expect_same_companion("gelu_backward", dx, dx2);
+      }
       for (float p : {0.2f, 0.0f}) {
         Tensor d = with_companion(1, n);
         be->copy(dyt, d);  // copy leaves the companion stale; dropout_backward writes it
@@ -662,6 +706,9 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
       Tensor g = put(*be, randv(size_t(cols), 72, 0.5f, 1.0f), 1, cols);
       be->layernorm_forward(view_of(xt.data, rows, cols), g.data, nullptr, 1e-5f, ln, mean, rstd);
       expect_companion(*be, "layernorm_forward", ln);
+      Tensor ln2 = companion_only(rows, cols);
+      be->layernorm_forward(view_of(xt.data, rows, cols), g.data, nullptr, 1e-5f, ln2, mean, rstd);
+      if (!shifted) expect_same_companion("layernorm_forward", ln, ln2);
     }
   }
 }
