@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   const uint32_t m = half ? m1 : m0;
   const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
   const NvGlobal g = nv_global_of(p, f, sf);
-  if (blockIdx.x == 0 && threadIdx.x == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
+  if (blockIdx.x == 0 && threadIdx.x == 0) store_global_decode(p.out, g.g_dec);
   BlockParams bp[1] = {block_params<K>(p, f, sf, m, g)};
   if ((lane & 15) == 0 && tc < tiles_c) {
     const int64_t si = tr * p.nbc + tc;
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) generic_amax_kernel(const KParams p)
 __global__ void __launch_bounds__(kThreads) generic_scale_kernel(const KParams p, int64_t nblocks) {
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const NvGlobal g = nv_global_of(p, p.elem, p.sfmt);
-  if (i == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
+  if (i == 0) store_global_decode(p.out, g.g_dec);
   if (i >= nblocks) return;
   const BlockParams b = block_params_rt(p.elem, p.sfmt, p.rule, p.block_amax[i], g);
   p.block_mult[i] = b.mult;

@@ -61,6 +61,13 @@ struct QuantOutputs {
   uint16_t* dequant_bf16 = nullptr;
   bool bf16_gemm_operand = false;
   float* global_decode = nullptr;  // 1 float: g_dec (1 when the rule has no global scale)
+  // 1 float, where not null: g_dec * *gemm_alpha_other (g_dec alone where
+  // that is null), written by the kernel that writes g_dec: the epilogue
+  // alpha of a simulated GEMM whose other operand's g_dec is already on the
+  // device, without a launch of its own. The product's bits do not depend on
+  // the operand order.
+  float* gemm_alpha = nullptr;
+  const float* gemm_alpha_other = nullptr;
 };
 
 // Scratch memory reused between calls (the tensor amax and block amaxes).

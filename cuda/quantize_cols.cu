@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
     if (!ok) return;
     const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
     const NvGlobal g = nv_global_of(p, f, sf);
-    if (t == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
+    if (t == 0) store_global_decode(p.out, g.g_dec);
     BlockParams bp[V];
     uint32_t sc[V];
 #pragma unroll

@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
     }
     if (!ok) return;
     if (t == 0) {
-      if (pr.out.global_decode) *pr.out.global_decode = gr.g_dec;
-      if (pc.out.global_decode) *pc.out.global_decode = gc.g_dec;
+      store_global_decode(pr.out, gr.g_dec);
+      store_global_decode(pc.out, gc.g_dec);
     }
 
     // pr: row r0 + rr, columns c0..c0+3, block (r0 + rr, c0 / 16).

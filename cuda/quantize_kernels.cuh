@@ -76,6 +76,13 @@ __device__ __forceinline__ unsigned amax_pass_block() {
   return AMAX_PASS ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
 }
 
+// The grid's one write of g_dec (by one thread) into o.global_decode, and of
+// the GEMM alpha g_dec * other g_dec into o.gemm_alpha (QuantOutputs).
+__device__ __forceinline__ void store_global_decode(const QuantOutputs& o, float g_dec) {
+  if (o.global_decode) *o.global_decode = g_dec;
+  if (o.gemm_alpha) *o.gemm_alpha = o.gemm_alpha_other ? g_dec * *o.gemm_alpha_other : g_dec;
+}
+
 // nv_global() of the final amax bits at *gamax (read at L2) into fin.out.
 __device__ __forceinline__ void store_nv_global(const AmaxFinish& fin, uint32_t* gamax) {
   const uint32_t a = atomicOr(gamax, 0u);

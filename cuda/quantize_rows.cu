@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FM, BPT>()) r
     load_n<In, BPT * BC, true>(p.x, r * uint32_t(p.cols) + c0, BPT * BC, v);
     const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
     const NvGlobal g = nv_global_of(p, f, sf);
-    if (t == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
+    if (t == 0) store_global_decode(p.out, g.g_dec);
 #pragma unroll
     for (int b = 0; b < BPT; ++b) {
       float vb[BC];
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FM, BPT>()) r
     if (!ok) return;
     const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
     const NvGlobal g = nv_global_of(p, f, sf);
-    if (t == 0 && p.out.global_decode) *p.out.global_decode = g.g_dec;
+    if (t == 0) store_global_decode(p.out, g.g_dec);
 #pragma unroll
     for (int b = 0; b < BPT; ++b) {
       if (b * BC >= valid) break;

@@ -101,7 +101,20 @@ struct DevOperand {
   const float* f32 = nullptr;
   const uint16_t* bf16 = nullptr;
   const float* g = nullptr;  // device scalar, only with bf16; null = 1
+  // [alpha, beta] on the device for the GEMM this operand was made for, alpha
+  // written by its quantization (GemmAlpha), or null; ab_beta: that beta.
+  const float* alpha_beta = nullptr;
+  float ab_beta = 0.0f;
   bool is_bf16() const { return bf16 != nullptr; }
+};
+
+// Where an operand's quantization also writes the alpha of the GEMM it feeds
+// (cuda::QuantOutputs::gemm_alpha): dev -> [alpha, beta] (beta preset), other:
+// the other operand's g_dec, already on the device (null = 1). dev null: none.
+struct GemmAlpha {
+  float* dev = nullptr;
+  const float* other = nullptr;
+  float beta = 0.0f;
 };
 
 // Scratch of one GEMM operand, reused from call to call (grow-only).
@@ -169,6 +182,18 @@ struct CudaLinear::Impl {
   DeviceBuffer<uint16_t> dy_cols_h;  // backward: wgrad's dy operand when made together with dgrad's
   DeviceBuffer<float> dy_cols_g{1};
   DeviceBuffer<float> alpha_beta{2};
+  // [alpha, beta] of the forward, dgrad and wgrad GEMMs whose alpha a
+  // quantization writes (GemmAlpha); betas 0, 0, 1 set once.
+  DeviceBuffer<float> gemm_ab = preset_betas();
+  enum AlphaSlot { kFwd = 0, kDgrad = 1, kWgrad = 2 };
+  GemmAlpha alpha_for(AlphaSlot slot, const float* other) {
+    return GemmAlpha{gemm_ab.data() + 2 * slot, other, slot == kWgrad ? 1.0f : 0.0f};
+  }
+  static DeviceBuffer<float> preset_betas() {
+    DeviceBuffer<float> b;
+    b.upload(std::vector<float>{1.0f, 0.0f, 1.0f, 0.0f, 1.0f, 1.0f});
+    return b;
+  }
   DeviceBuffer<float> hook_buf;
   DeviceBuffer<double> colsum;
   OperandHook hook;
@@ -177,8 +202,11 @@ struct CudaLinear::Impl {
   // writing into slot s, or, for a BF16 quantizer operand, into bf16_dst /
   // g_dst when given (caller-owned, rows * cols BF16 values and one float).
   // Reports the operand to the hook unless `report_now` is false.
+  // alpha: where the operand is a BF16 quantizer operand, its quantization also
+  // writes the alpha of its GEMM (DevOperand::alpha_beta).
   DevOperand prepare(const OperandPlan& p, const float* src, int64_t rows, int64_t cols, Slot& s,
-                     uint16_t* bf16_dst = nullptr, float* g_dst = nullptr, bool report_now = true) {
+                     uint16_t* bf16_dst = nullptr, float* g_dst = nullptr, bool report_now = true,
+                     GemmAlpha alpha = {}) {
     const int64_t n = rows * cols;
     const float* cur = src;
     auto to_work = [&] {
@@ -224,10 +252,14 @@ struct CudaLinear::Impl {
       out.dequant_bf16 = bf16_dst;
       out.bf16_gemm_operand = true;
       out.global_decode = g_dst;
+      out.gemm_alpha = alpha.dev;
+      out.gemm_alpha_other = alpha.other;
       cuda::quantize_device(q, cur, cuda::InputType::f32, rows, cols, p.stream, out, qws, kStream,
                             cuda::QuantPath::automatic, amax_from_rht ? s.amax.data() : nullptr);
       o.bf16 = bf16_dst;
       o.g = g_dst;
+      o.alpha_beta = alpha.dev;
+      o.ab_beta = alpha.beta;
     } else if (p.quantizer) {
       to_work();
       cuda::fake_quantize_device(*p.quantizer, s.work.data(), rows, cols, p.stream, qws, kStream);
@@ -246,8 +278,11 @@ struct CudaLinear::Impl {
   // Plans a and b of one source [rows, cols] in one quantize_dual_device pass
   // with their quantizers q (pair_specs): a into slot sa (returned), b into
   // b_h / b_g (rows * cols BF16 values and one float). Reports neither.
+  // alpha_a / alpha_b: the GEMM alphas their quantization writes (GemmAlpha);
+  // the caller sets b's on the operand it builds from b_h / b_g.
   DevOperand prepare_pair(const PairSpecs& q, const OperandPlan& a, const OperandPlan& b, const float* src,
-                          int64_t rows, int64_t cols, Slot& sa, uint16_t* b_h, float* b_g) {
+                          int64_t rows, int64_t cols, Slot& sa, uint16_t* b_h, float* b_g, GemmAlpha alpha_a = {},
+                          GemmAlpha alpha_b = {}) {
     sa.h.at_least(size_t(rows * cols));
     sa.g.at_least(1);
     cuda::QuantOutputs out_a, out_b;
@@ -256,9 +291,13 @@ struct CudaLinear::Impl {
     out_b.dequant_bf16 = b_h;
     out_b.global_decode = b_g;
     out_a.bf16_gemm_operand = out_b.bf16_gemm_operand = true;
+    out_a.gemm_alpha = alpha_a.dev;
+    out_a.gemm_alpha_other = alpha_a.other;
+    out_b.gemm_alpha = alpha_b.dev;
+    out_b.gemm_alpha_other = alpha_b.other;
     cuda::quantize_dual_device(q.a, a.stream, out_a, q.b, b.stream, out_b, src, cuda::InputType::f32, rows, cols, qws,
                                kStream);
-    return DevOperand{nullptr, sa.h.data(), sa.g.data()};
+    return DevOperand{nullptr, sa.h.data(), sa.g.data(), alpha_a.dev, alpha_a.beta};
   }
 
   // The FP32 value of a BF16 operand (into s.expand), or the FP32 operand itself.
@@ -300,16 +339,23 @@ struct CudaLinear::Impl {
     if (a.is_bf16() && b.is_bf16()) {
       // alpha = g_dec(A) g_dec(B) lives on the device when either operand has a
       // global scale; plain BF16 roundings (no scale) keep alpha = 1 on the host.
+      // Where an operand's quantization wrote this GEMM's alpha (GemmAlpha),
+      // no kernel computes it here.
       const bool scaled = a.g != nullptr || b.g != nullptr;
       const float one = 1.0f;
-      if (scaled) {
+      const DevOperand* made = a.alpha_beta ? &a : b.alpha_beta ? &b : nullptr;
+      const float* ab = alpha_beta.data();
+      if (scaled && made) {
+        if (made->ab_beta != beta) throw Error("CudaLinear: a GEMM alpha slot was prepared for another beta");
+        ab = made->alpha_beta;
+      } else if (scaled) {
         cuda::alpha_beta_device(a.g, b.g, beta, alpha_beta.data(), kStream);
-        check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
       }
+      if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
       const cublasStatus_t st =
-          cublasGemmEx(h, ta, tb, int(m), int(n), int(k), scaled ? alpha_beta.data() : &one, a.bf16, CUDA_R_16BF,
-                       int(lda), b.bf16, CUDA_R_16BF, int(ldb), scaled ? alpha_beta.data() + 1 : &beta, c, CUDA_R_32F,
-                       int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          cublasGemmEx(h, ta, tb, int(m), int(n), int(k), scaled ? ab : &one, a.bf16, CUDA_R_16BF, int(lda), b.bf16,
+                       CUDA_R_16BF, int(ldb), scaled ? ab + 1 : &beta, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT);
       if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
       check_cublas(st, "cublasGemmEx (bf16 operands, fp32 accumulation)");
       return;
@@ -392,7 +438,9 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
   }
 
   // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
-  const DevOperand wo = im.prepare(plan.operand(Operand::fwd_w), w.data, out, in, im.slot[1]);
+  // W is made after x: its quantization writes the forward GEMM's alpha (x's g_dec is on the device).
+  const DevOperand wo = im.prepare(plan.operand(Operand::fwd_w), w.data, out, in, im.slot[1], nullptr, nullptr, true,
+                                   xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
   im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
           0.0f);
   if (b != nullptr) cuda::add_bias_device(y.data, b, B, out, kStream);
@@ -456,9 +504,17 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   const OperandPlan& wgy = plan.operand(Operand::wgrad_grad_y);
   DevOperand dy_op;
   bool dy_pair = false;
+  GemmAlpha wgrad_alpha;
   if (const std::optional<PairSpecs> q = dy_shared ? std::nullopt : pair_specs(dgy, wgy, B, out)) {
     im.dy_cols_h.at_least(size_t(B * out));
-    dy_op = im.prepare_pair(*q, dgy, wgy, dy.data, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data());
+    // The GEMM alphas, where the other operand's g_dec is already on the device:
+    // dgrad's W kept from the forward; wgrad's x operand made in the forward.
+    const GemmAlpha dgrad_alpha = plan.reuse_fwd_w && st.has_w && st.w_bf16
+                                      ? im.alpha_for(Impl::kDgrad, st.w_has_g ? st.w_g.data : nullptr)
+                                      : GemmAlpha{};
+    if (st.x_bf16 || st.wx_ready) wgrad_alpha = im.alpha_for(Impl::kWgrad, st.x_bf16 ? nullptr : st.wx_g.data);
+    dy_op = im.prepare_pair(*q, dgy, wgy, dy.data, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data(),
+                            dgrad_alpha, wgrad_alpha);
     im.report(Operand::dgrad_grad_y, dy_op, B, out);
     dy_pair = true;
   } else if (dy_shared && dy.bf16) {
@@ -492,7 +548,7 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
       go = dy_op;
       im.report(Operand::wgrad_grad_y, go, B, out);
     } else if (dy_pair) {
-      go = DevOperand{nullptr, im.dy_cols_h.data(), im.dy_cols_g.data()};
+      go = DevOperand{nullptr, im.dy_cols_h.data(), im.dy_cols_g.data(), wgrad_alpha.dev, wgrad_alpha.beta};
       im.report(Operand::wgrad_grad_y, go, B, out);
     } else {
       go = im.prepare(wgy, dy.data, B, out, im.slot[0]);

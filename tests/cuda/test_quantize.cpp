@@ -302,15 +302,24 @@ TEST_CASE("cuda quantize: one workspace for many NVFP4 tensors (the amax pass re
         DeviceBuffer<float> dx, g(1);
         dx.upload(x);
         DeviceBuffer<uint8_t> codes(static_cast<size_t>(n));
+        // The GEMM alpha written with g_dec: g_dec times another operand's
+        // (odd calls) or g_dec alone.
+        const float other_g = std::ldexp(1.0f, -(k % 9)) * (1.0f + float(k) / 64.0f);
+        DeviceBuffer<float> alpha(1), other(1);
+        other.upload(std::vector<float>{other_g});
         QuantOutputs o;
         o.codes = codes.data();
         o.global_decode = g.data();
+        o.gemm_alpha = alpha.data();
+        o.gemm_alpha_other = k % 2 ? other.data() : nullptr;
         quantize_device(*q, dx.data(), InputType::f32, s.rows, s.cols, rs, o, ws, nullptr, QuantPath::fused);
         check(cudaDeviceSynchronize(), "test");
         CAPTURE(describe(*q));
         CAPTURE(s.rows);
         CAPTURE(s.cols);
         CHECK(float_bits(g.download()[0]) == float_bits(cpu.global_decode));
+        CHECK(float_bits(alpha.download()[0]) ==
+              float_bits(k % 2 ? cpu.global_decode * other_g : cpu.global_decode));
         CHECK(test::same_bytes("codes", codes.download(), cpu.codes));
       }
     }
@@ -446,6 +455,13 @@ TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit 
             a.dequant_bf16 = orow.op16.data();
             b.dequant_bf16 = ocol.op16.data();
             a.bf16_gemm_operand = b.bf16_gemm_operand = true;
+            // With the GEMM alphas (the trainer's backward): a's times another
+            // operand's g_dec, b's alone.
+            DeviceBuffer<float> alphas(2), other(1);
+            other.upload(std::vector<float>{0.3f});
+            a.gemm_alpha = alphas.data();
+            a.gemm_alpha_other = other.data();
+            b.gemm_alpha = alphas.data() + 1;
             DeviceBuffer<uint16_t> want_r(size_t(s.rows * s.cols)), want_c(size_t(s.rows * s.cols));
             ea.dequant_bf16 = want_r.data();
             eb.dequant_bf16 = want_c.data();
@@ -458,6 +474,11 @@ TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit 
             check(cudaDeviceSynchronize(), "test");
             CHECK(orow.op16.download() == want_r.download());
             CHECK(ocol.op16.download() == want_c.download());
+            {
+              const std::vector<float> al = alphas.download();
+              CHECK(float_bits(al[0]) == float_bits(cr.global_decode * 0.3f));
+              CHECK(float_bits(al[1]) == float_bits(cc.global_decode));
+            }
             // And against the CPU's codes and scales: BF16(decode(code) * block scale).
             CHECK(operand_mismatches(orow.op16.download(), operand_bits(cr)) == 0);
             CHECK(operand_mismatches(ocol.op16.download(), operand_bits(cc)) == 0);
