@@ -93,6 +93,11 @@ inline std::vector<float> adversarial(int64_t rows, int64_t cols, uint32_t seed,
   return v;
 }
 
+// Same float bits, or both NaN (any payload; see same_bits).
+inline bool same_float(float a, float b) {
+  return fp4lab::float_bits(a) == fp4lab::float_bits(b) || (std::isnan(a) && std::isnan(b));
+}
+
 // First mismatch, printed with index and both bit patterns; true if all equal.
 // NaN equals NaN whatever its payload: the payload of a NaN produced by FP32
 // arithmetic is hardware-specific (x86 propagates the operand's payload, NVIDIA
