@@ -267,9 +267,10 @@ bool fused_supported(const QuantizerSpec& q) {
 namespace {
 
 // tensor_amax_device, plus the optional NvGlobal of the result (fin).
+// armed: *amax_bits is already zero (QuantWorkspace::amax_armed), no memset.
 void tensor_amax_pass(const void* x, InputType type, int64_t n, uint32_t* amax_bits, const AmaxFinish& fin,
-                      cudaStream_t stream) {
-  check(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
+                      cudaStream_t stream, bool armed = false) {
+  if (!armed) check(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
   if (n <= 0) return;
   static int sms = [] {
     int dev = 0, v = 0;
@@ -364,7 +365,9 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   const BlockGrid grid = block_grid(q, rows, cols);
   const int64_t nblocks = grid.nbr * grid.nbc;
   KParams p = make_params(q, x, rows, cols, rs, out);
-  ws.amax.at_least(size_t(1 + (fused ? 0 : nblocks)));
+  const size_t amax_words = size_t(fused ? 2 : 1 + nblocks);  // fused: the two words quantize_dual uses too
+  if (ws.amax.size() < amax_words) ws.amax_armed = false;     // grown: contents undefined
+  ws.amax.at_least(amax_words);
   p.gamax = ws.amax.data();
   if (rows == 0 || cols == 0) return;
 
@@ -376,17 +379,19 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
       check_launch("nv_global_kernel");
     } else if (need_amax) {
       // The amax pass's last block also computes the global scale (amax_pass_done).
+      // Its last block also re-arms the amax word (zero again for the next pass).
       KParams pa = p;
       pa.fin = finish_into(p, ws, stream);
+      if (!ws.amax_armed) check(cudaMemsetAsync(p.gamax, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
       if (q.rht) {
-        check(cudaMemsetAsync(p.gamax, 0, sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
         if (q.block_rows == 1)
           qk::launch_rows(pa, 16, true, 0, type, true, stream);
         else
           qk::launch_cols(pa, 16, true, 0, type, true, stream);
       } else {
-        tensor_amax_pass(x, type, rows * cols, p.gamax, pa.fin, stream);
+        tensor_amax_pass(x, type, rows * cols, p.gamax, pa.fin, stream, /*armed=*/true);
       }
+      ws.amax_armed = true;
     }
     if (need_amax) p.gparams = global_slot(ws, 0);
     const int kind = qk::kind_of(q);
@@ -405,6 +410,7 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   p.block_amax = ws.amax.data() + 1;
   p.block_mult = ws.mult.data();
   p.block_scale = ws.scale.data();
+  ws.amax_armed = false;  // the generic path leaves its amaxes there
   check(cudaMemsetAsync(ws.amax.data(), 0, size_t(1 + nblocks) * sizeof(uint32_t), stream), "cudaMemsetAsync");
   const int64_t n = rows * cols;
   if (nblocks == 1) {
@@ -452,6 +458,7 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
         "]");
   KParams pr = make_params(row_q, x, rows, cols, row_rs, row_out);
   KParams pc = make_params(col_q, x, rows, cols, col_rs, col_out);
+  if (ws.amax.size() < 2) ws.amax_armed = false;  // grown: contents undefined
   ws.amax.at_least(2);
   pr.gamax = ws.amax.data();
   pc.gamax = ws.amax.data() + 1;
@@ -460,12 +467,13 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
   const bool need_c = col_q.global_scale == GlobalScale::tensor_amax;
   if (need_r || need_c) {
     // One pass for both amaxes (the column operand's of its RHT output); its
-    // last block computes both global scales.
-    check(cudaMemsetAsync(ws.amax.data(), 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
+    // last block computes both global scales and re-arms both amax words.
+    if (!ws.amax_armed) check(cudaMemsetAsync(ws.amax.data(), 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
     KParams ar = pr, ac = pc;
     if (need_r) ar.fin = finish_into(pr, ws, stream, 0);
     if (need_c) ac.fin = finish_into(pc, ws, stream, 1);
     qk::launch_dual(ar, ac, col_q.rht, type, true, stream);
+    ws.amax_armed = true;
     if (need_r) pr.gparams = global_slot(ws, 0);
     if (need_c) pc.gparams = global_slot(ws, 1);
   }

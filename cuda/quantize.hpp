@@ -77,6 +77,10 @@ struct QuantWorkspace {
   DeviceBuffer<float> scale;    // [nbr*nbc] generic path: decoded scale per block
   DeviceBuffer<float> global;   // [6] NvGlobal of the tensor amax (fused path; dual: [3..5] the second's)
   DeviceBuffer<uint32_t> done;  // [1] block counter of the amax pass (zero between passes)
+  // amax[0..1] are zero in stream order: the fused amax passes (which compute
+  // the global scales) leave them so; whatever else writes them clears this.
+  // While set, an amax pass needs no memset first.
+  bool amax_armed = false;
 };
 
 // Shape of the scale grid: ceil(rows/block_rows) x ceil(cols/block_cols), [1,1] for [0,0].

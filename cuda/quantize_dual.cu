@@ -81,11 +81,7 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
     }
     amax_warp_commit(mr, pr.gamax);
     amax_warp_commit(mc, pc.gamax);
-    if (pr.fin.out) {
-      amax_pass_done(pr.fin, pr.gamax, pc.fin, pc.gamax);
-    } else {
-      amax_pass_done(pc.fin, pc.gamax);
-    }
+    amax_pass_done(pr.fin, pr.gamax, pc.fin, pc.gamax);  // re-arms both words
     return;
   } else {
     // Row blocks: the amax of each of the 16 rows over this lane's 4 columns and

@@ -93,26 +93,31 @@ __device__ __forceinline__ void store_nv_global(const AmaxFinish& fin, uint32_t*
 }
 
 // Every thread of every block calls this after amax_warp_commit. With fin.out
-// set, the grid's last block to arrive computes nv_global() of the final
-// amax (what nv_global_kernel computes from it; sim/scale_rules.hpp) into
-// fin.out, and the same for a second amax (fin2, of a pass computing two),
-// then re-arms the counter fin.done: the quantization pass then reads the
-// global scale without a launch in between.
+// or fin2.out set, the grid's last block to arrive computes nv_global() of
+// the final amax (what nv_global_kernel computes from it; sim/scale_rules.hpp)
+// into fin.out, and the same for a second amax (fin2, of a pass computing
+// two), then re-arms the counter and the amax words (gamax, gamax2: back to
+// zero, QuantWorkspace::amax_armed): the quantization pass then reads the
+// global scale without a launch in between, and the next amax pass needs no
+// memset.
 __device__ __forceinline__ void amax_pass_done(const AmaxFinish& fin, uint32_t* gamax,
                                                const AmaxFinish& fin2 = AmaxFinish{}, uint32_t* gamax2 = nullptr) {
-  if (fin.out == nullptr) return;  // uniform across the grid
+  uint32_t* const done = fin.out ? fin.done : fin2.done;
+  if (done == nullptr) return;  // uniform across the grid
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    last = atomicAdd(fin.done, 1u) == gridDim.x - 1;
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
   }
   __syncthreads();
   if (last && threadIdx.x == 0) {
     __threadfence();
-    store_nv_global(fin, gamax);
+    if (fin.out) store_nv_global(fin, gamax);
     if (fin2.out) store_nv_global(fin2, gamax2);
-    *fin.done = 0;
+    *gamax = 0;
+    if (gamax2) *gamax2 = 0;
+    *done = 0;
   }
 }
 
