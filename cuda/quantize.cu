@@ -5,6 +5,8 @@
 #include "cuda/quantize.hpp"
 #include "cuda/quantize_kernels.cuh"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <array>
 #include <string>
@@ -29,16 +31,24 @@ using namespace qk;
 // that fast_rn_applies() to (as the row kernels'), else Fast::none. FULL (with
 // Fast::rn): rows % 16 == 0 and full_spans_apply(p, 32): whole tile pairs,
 // 32-bit indices, the tile row of a warp by FastDivU31, no bounds checks.
-template <class In, int K, Fast FM = Fast::none, bool FULL = false>
+// GRID_AMAX (an nv rule with a tensor amax, launched cooperatively, every
+// block resident): the tensor amax in the same kernel, from the values each
+// lane already holds: commit, grid-wide barrier, the global scale from the
+// amax word in every block; the last block to read it re-arms the word and the
+// counter p.fin.done (QuantWorkspace::amax_armed). Same values as the amax
+// pass + tile_kernel.
+template <class In, int K, Fast FM = Fast::none, bool FULL = false, bool GRID_AMAX = false>
 __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   static_assert(FM != Fast::rs && (!FULL || FM == Fast::rn));
   const int lane = threadIdx.x & 31, half = lane >> 4;
-  int64_t tr, tc, r, c0;
+  int64_t tr = 0, tc = 0, r = 0, c0 = 0;
   int valid;
+  bool active;  // warp-uniform: the warp has a tile pair (GRID_AMAX keeps the others to the barrier)
   const int64_t tiles_c = (p.cols + 15) / 16;
   if constexpr (FULL) {
     const uint32_t warp = (blockIdx.x * kThreads + threadIdx.x) >> 5;
-    if (warp >= p.units) return;  // warp-uniform
+    active = warp < p.units;
+    if (!GRID_AMAX && !active) return;
     const uint32_t tr32 = p.unit_div.div(warp);
     const uint32_t tc32 = (warp - tr32 * uint32_t(tiles_c / 2)) * 2 + half;
     tr = tr32, tc = tc32, r = tr32 * 16 + (lane & 15), c0 = tc32 * 16;
@@ -46,19 +56,41 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   } else {
     const int64_t warp = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
     const int64_t pairs_c = (tiles_c + 1) / 2, pairs = ((p.rows + 15) / 16) * pairs_c;
-    if (warp >= pairs) return;  // warp-uniform
+    active = warp < pairs;
+    if (!GRID_AMAX && !active) return;
     tr = pairs < (int64_t(1) << 32) ? int64_t(uint32_t(warp) / uint32_t(pairs_c)) : warp / pairs_c;
     tc = (warp - tr * pairs_c) * 2 + half;
     r = tr * 16 + (lane & 15), c0 = tc * 16;
     valid = (r < p.rows && c0 < p.cols) ? int(p.cols - c0 < 16 ? p.cols - c0 : 16) : 0;
   }
   float v[16];
-  load_n<In, 16, FULL>(p.x, r * p.cols + c0, valid, v);
+  if (GRID_AMAX && !active) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) v[j] = 0.0f;
+  } else {
+    load_n<In, 16, FULL>(p.x, r * p.cols + c0, valid, v);
+  }
   const uint32_t a = amax_bits(v);
+  const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
+  NvGlobal g;
+  if constexpr (GRID_AMAX) {
+    amax_warp_commit(a, p.gamax);
+    cooperative_groups::this_grid().sync();
+    g = nv_global(bits_float(__ldcg(p.gamax)), max_finite(sf), max_finite(f));
+    __syncthreads();  // every thread of the block has read the amax word
+    if (threadIdx.x == 0) {
+      __threadfence();
+      if (atomicAdd(p.fin.done, 1u) == gridDim.x - 1) {
+        *p.gamax = 0;
+        *p.fin.done = 0;
+      }
+    }
+    if (!active) return;
+  } else {
+    g = nv_global_of(p, f, sf);
+  }
   const uint32_t m0 = __reduce_max_sync(0xFFFFFFFFu, half ? 0u : a), m1 = __reduce_max_sync(0xFFFFFFFFu, half ? a : 0u);
   const uint32_t m = half ? m1 : m0;
-  const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
-  const NvGlobal g = nv_global_of(p, f, sf);
   if (blockIdx.x == 0 && threadIdx.x == 0) store_global_decode(p.out, g.g_dec);
   BlockParams bp[1] = {block_params<K>(p, f, sf, m, g)};
   if ((lane & 15) == 0 && tc < tiles_c) {
@@ -98,6 +130,39 @@ void launch_tile_kernel(const KParams& p, int kind, unsigned blocks, cudaStream_
     launch_tile_kind<In, 2>(p, blocks, st);
   else
     tile_kernel<In, 0><<<blocks, kThreads, 0, st>>>(p);
+}
+
+// The NVFP4 tile quantization with its tensor amax in one cooperative launch
+// (tile_kernel's GRID_AMAX), when every block of the grid can be resident at
+// once (the trainer's weights); false (nothing launched) otherwise. p.gamax
+// must be zero (re-armed by the kernel), p.fin.done the zeroed counter.
+template <class In, bool FULL>
+bool try_tiles_grid_amax(const KParams& p, unsigned blocks, cudaStream_t st) {
+  const auto kernel = tile_kernel<In, 1, Fast::rn, FULL, true>;
+  static const int64_t capacity = [&] {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+    return int64_t(sms) * per_sm;
+  }();
+  if (int64_t(blocks) > capacity) return false;
+  KParams arg = p;
+  void* args[] = {&arg};
+  check(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(kThreads), args, 0, st),
+        "cudaLaunchCooperativeKernel (tile_kernel, tensor amax)");
+  return true;
+}
+bool launch_tiles_grid_amax(const KParams& p, InputType in, cudaStream_t st) {
+  if (!fast_rn_applies(1, p)) return false;
+  const int64_t pairs = ((p.rows + 15) / 16) * ((p.cols + 31) / 32);
+  const unsigned blocks = unsigned((pairs * 32 + kThreads - 1) / kThreads);
+  if (pairs == 0) return false;
+  const bool full = p.rows % 16 == 0 && full_spans_apply(p, 32);
+  const KParams pf = full ? full_params(p, (p.rows / 16) * (p.cols / 32), p.cols / 32) : p;
+  if (in == InputType::bf16)
+    return full ? try_tiles_grid_amax<uint16_t, true>(pf, blocks, st) : try_tiles_grid_amax<uint16_t, false>(pf, blocks, st);
+  return full ? try_tiles_grid_amax<float, true>(pf, blocks, st) : try_tiles_grid_amax<float, false>(pf, blocks, st);
 }
 
 void launch_tiles(const KParams& p, int kind, InputType in, cudaStream_t st) {
@@ -383,6 +448,13 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
       KParams pa = p;
       pa.fin = finish_into(p, ws, stream);
       if (!ws.amax_armed) check(cudaMemsetAsync(p.gamax, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
+      // NVFP4 16x16 tiles of a tensor whose grid fits on the GPU at once (the
+      // trainer's weights): amax and quantization in one launch.
+      if (!q.rht && q.block_rows == 16 && q.block_cols == 16 && qk::kind_of(q) == 1 &&
+          launch_tiles_grid_amax(pa, type, stream)) {
+        ws.amax_armed = true;
+        return;
+      }
       if (q.rht) {
         if (q.block_rows == 1)
           qk::launch_rows(pa, 16, true, 0, type, true, stream);

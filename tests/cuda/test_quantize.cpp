@@ -287,11 +287,15 @@ TEST_CASE("cuda quantize: one workspace for many NVFP4 tensors (the amax pass re
   col_rht.rht = true;
   col_rht.rht_seed = 3;
   col_rht.round = Round::rs;
+  // 16x16 tiles: amax and quantization in one cooperative kernel where its
+  // grid fits on the GPU at once, else two passes (2048 x 2304: more blocks
+  // than an H100 holds); the sizes alternate between the two.
+  const QuantizerSpec tile = quantizer_by_name("nvfp4_2d");
   int k = 0;
   for (int rep = 0; rep < 2; ++rep) {
-    const QuantizerSpec* specs[] = {&row, &col, &col_rht};
+    const QuantizerSpec* specs[] = {&row, &col, &col_rht, &tile};
     for (const QuantizerSpec* q : specs) {
-      for (Size s : {Size{512, 768}, Size{16, 48}, Size{1024, 1040}, Size{32, 16}}) {
+      for (Size s : {Size{512, 768}, Size{16, 48}, Size{2048, 2304}, Size{1024, 1040}, Size{32, 16}, Size{40, 56}}) {
         ++k;
         auto x = test::varied_randn(s.rows, s.cols, 40u + uint32_t(k), 20);
         const float mag = std::ldexp(1.0f, (k * 7) % 23 - 11);  // a different amax every call
@@ -307,8 +311,10 @@ TEST_CASE("cuda quantize: one workspace for many NVFP4 tensors (the amax pass re
         const float other_g = std::ldexp(1.0f, -(k % 9)) * (1.0f + float(k) / 64.0f);
         DeviceBuffer<float> alpha(1), other(1);
         other.upload(std::vector<float>{other_g});
+        DeviceBuffer<uint8_t> scodes(cpu.scale_codes.size());
         QuantOutputs o;
         o.codes = codes.data();
+        o.scale_codes = scodes.data();
         o.global_decode = g.data();
         o.gemm_alpha = alpha.data();
         o.gemm_alpha_other = k % 2 ? other.data() : nullptr;
@@ -320,6 +326,7 @@ TEST_CASE("cuda quantize: one workspace for many NVFP4 tensors (the amax pass re
         CHECK(float_bits(g.download()[0]) == float_bits(cpu.global_decode));
         CHECK(test::same_float(alpha.download()[0], k % 2 ? cpu.global_decode * other_g : cpu.global_decode));
         CHECK(test::same_bytes("codes", codes.download(), cpu.codes));
+        CHECK(test::same_bytes("scale codes", scodes.download(), cpu.scale_codes));
       }
     }
   }
