@@ -295,7 +295,7 @@ TEST_CASE("cuda quantize: one workspace for many NVFP4 tensors (the amax pass re
   for (int rep = 0; rep < 2; ++rep) {
     const QuantizerSpec* specs[] = {&row, &col, &col_rht, &tile};
     for (const QuantizerSpec* q : specs) {
-      for (Size s : {Size{512, 768}, Size{16, 48}, Size{2048, 2304}, Size{1024, 1040}, Size{32, 16}, Size{40, 56}}) {
+      for (Size s : {Size{512, 768}, Size{16, 48}, Size{2048, 2304}, Size{1024, 1040}, Size{32, 16}, Size{48, 56}}) {
         ++k;
         auto x = test::varied_randn(s.rows, s.cols, 40u + uint32_t(k), 20);
         const float mag = std::ldexp(1.0f, (k * 7) % 23 - 11);  // a different amax every call
