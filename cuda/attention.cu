@@ -611,7 +611,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     mma_tile<N, kTile>(Ps, kTile, Os, HD, 4 * ty, N * tx, acc_v);
     mma_tile<N, kTile>(Ds, kTile, Qs, HD, 4 * ty, N * tx, acc_k);
   }
-  const int64_t k0 = b * T * ld + C + h * HD;  // dK's offset; dV's is k0 + C
+  const int64_t k0 = b * T * ld + C + h * HD;    // dK's offset; dV's is k0 + C
   float* const dk = dqkv ? dqkv + k0 : nullptr;  // null: the companion only (kH)
   float* const dv = dqkv ? dk + C : nullptr;
   uint16_t* const dk_h = g.out_h + k0;

@@ -258,8 +258,8 @@ __global__ void ln_bwd_dx_kernel(const float* dy, const float* x, const float* g
 // columns cb*32 ..: its 8 warps first load every term of the tile into shared
 // memory (32 independent loads a thread: the chains below wait on no global
 // load), then warp 0 runs the 32 column chains over the tile's rows in order.
-constexpr int kColTile = 32;                        // columns per col_partial block (one warp's lanes)
-constexpr int kColThreads = 256;                    // threads per col_partial block
+constexpr int kColTile = 32;      // columns per col_partial block (one warp's lanes)
+constexpr int kColThreads = 256;  // threads per col_partial block
 constexpr int kColRowsPerThread = kRowBlock * kColTile / kColThreads;
 struct PlainTerm {
   const float* a;

@@ -161,7 +161,8 @@ bool launch_tiles_grid_amax(const KParams& p, InputType in, cudaStream_t st) {
   const bool full = p.rows % 16 == 0 && full_spans_apply(p, 32);
   const KParams pf = full ? full_params(p, (p.rows / 16) * (p.cols / 32), p.cols / 32) : p;
   if (in == InputType::bf16)
-    return full ? try_tiles_grid_amax<uint16_t, true>(pf, blocks, st) : try_tiles_grid_amax<uint16_t, false>(pf, blocks, st);
+    return full ? try_tiles_grid_amax<uint16_t, true>(pf, blocks, st)
+                : try_tiles_grid_amax<uint16_t, false>(pf, blocks, st);
   return full ? try_tiles_grid_amax<float, true>(pf, blocks, st) : try_tiles_grid_amax<float, false>(pf, blocks, st);
 }
 
@@ -540,7 +541,8 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
   if (need_r || need_c) {
     // One pass for both amaxes (the column operand's of its RHT output); its
     // last block computes both global scales and re-arms both amax words.
-    if (!ws.amax_armed) check(cudaMemsetAsync(ws.amax.data(), 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
+    if (!ws.amax_armed)
+      check(cudaMemsetAsync(ws.amax.data(), 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
     KParams ar = pr, ac = pc;
     if (need_r) ar.fin = finish_into(pr, ws, stream, 0);
     if (need_c) ac.fin = finish_into(pc, ws, stream, 1);

@@ -352,10 +352,9 @@ struct CudaLinear::Impl {
         cuda::alpha_beta_device(a.g, b.g, beta, alpha_beta.data(), kStream);
       }
       if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
-      const cublasStatus_t st =
-          cublasGemmEx(h, ta, tb, int(m), int(n), int(k), scaled ? ab : &one, a.bf16, CUDA_R_16BF, int(lda), b.bf16,
-                       CUDA_R_16BF, int(ldb), scaled ? ab + 1 : &beta, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT);
+      const cublasStatus_t st = cublasGemmEx(h, ta, tb, int(m), int(n), int(k), scaled ? ab : &one, a.bf16, CUDA_R_16BF,
+                                             int(lda), b.bf16, CUDA_R_16BF, int(ldb), scaled ? ab + 1 : &beta, c,
+                                             CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
       check_cublas(st, "cublasGemmEx (bf16 operands, fp32 accumulation)");
       return;

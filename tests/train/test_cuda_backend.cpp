@@ -683,8 +683,7 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
         return t;
       };
       Tensor xt = put(*be, x, 1, n), dyt = put(*be, dy, 1, n);
-      Tensor y = with_companion(1, n), dx = with_companion(1, n), y2 = companion_only(1, n),
-             dx2 = companion_only(1, n);
+      Tensor y = with_companion(1, n), dx = with_companion(1, n), y2 = companion_only(1, n), dx2 = companion_only(1, n);
       be->gelu_forward(xt, y);
       expect_companion(*be, "gelu_forward", y);
       be->gelu_backward(xt, dyt, dx);
