@@ -47,25 +47,6 @@ __global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int64_t 
   if (i < rows * cols) y[i] = y[i] + b[i % cols];
 }
 
-// partial[k, c] = sum of x[r, c] over the rows r of chunk k, in row order.
-__global__ void column_chunk_kernel(const float* x, int64_t rows, int64_t cols, double* partial) {
-  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t k = blockIdx.y;
-  if (c >= cols) return;
-  const int64_t r0 = k * kColumnSumChunk, r1 = min(rows, r0 + kColumnSumChunk);
-  double s = 0.0;
-  for (int64_t r = r0; r < r1; ++r) s += double(x[r * cols + c]);
-  partial[k * cols + c] = s;
-}
-
-__global__ void column_finish_kernel(const double* partial, int64_t chunks, int64_t cols, float* acc) {
-  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= cols) return;
-  double s = 0.0;
-  for (int64_t k = 0; k < chunks; ++k) s += partial[k * cols + c];
-  acc[c] = acc[c] + float(s);
-}
-
 __global__ void alpha_beta_kernel(const float* ga, const float* gb, float beta, float* out) {
   out[0] = (ga ? *ga : 1.0f) * (gb ? *gb : 1.0f);
   out[1] = beta;
@@ -89,19 +70,6 @@ void add_bias_device(float* y, const float* b, int64_t rows, int64_t cols, cudaS
   if (rows <= 0 || cols <= 0) return;
   add_bias_kernel<<<blocks_for(rows * cols, "add_bias"), kThreads, 0, stream>>>(y, b, rows, cols);
   check_launch("add_bias_kernel");
-}
-
-void column_sums_add_device(const float* x, int64_t rows, int64_t cols, float* acc, DeviceBuffer<double>& partial,
-                            cudaStream_t stream) {
-  if (cols <= 0) return;
-  const int64_t chunks = std::max<int64_t>(1, (rows + kColumnSumChunk - 1) / kColumnSumChunk);
-  if (chunks > 65535) throw Error("column sums (cuda): too many rows (" + std::to_string(rows) + ")");
-  if (partial.size() < size_t(chunks * cols)) partial.resize(size_t(chunks * cols));
-  const dim3 grid(blocks_for(cols, "column sums"), unsigned(chunks));
-  column_chunk_kernel<<<grid, kThreads, 0, stream>>>(x, rows, cols, partial.data());
-  check_launch("column_chunk_kernel");
-  column_finish_kernel<<<blocks_for(cols, "column sums"), kThreads, 0, stream>>>(partial.data(), chunks, cols, acc);
-  check_launch("column_finish_kernel");
 }
 
 void alpha_beta_device(const float* ga, const float* gb, float beta, float* out, cudaStream_t stream) {

@@ -1,5 +1,5 @@
 // Small kernels of the trainer's quantized linear layer
-// (apps/train/cuda_linear.hpp): bfloat16 operands, bias, column sums and the
+// (apps/train/cuda_linear.hpp): bfloat16 operands, bias and the
 // GEMM scalars. Device pointers; asynchronous on `stream`.
 #pragma once
 
@@ -23,15 +23,6 @@ void bf16_to_f32_device(const uint16_t* bits, int64_t n, const float* scale, flo
 
 // y[r, c] += b[c] for a row-major [rows, cols] y (one FP32 add per element).
 void add_bias_device(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t stream = nullptr);
-
-// acc[c] += float(sum over r of double(x[r, c])) for a row-major [rows, cols] x.
-// The sum is taken in float64 in a fixed order (rows in chunks of
-// kColumnSumChunk, each chunk in row order, then the chunk sums in chunk
-// order), so the result is deterministic; with rows <= kColumnSumChunk it is
-// the plain row-order float64 sum. `partial` is scratch (grown as needed).
-inline constexpr int64_t kColumnSumChunk = 256;
-void column_sums_add_device(const float* x, int64_t rows, int64_t cols, float* acc, DeviceBuffer<double>& partial,
-                            cudaStream_t stream = nullptr);
 
 // out[0] = (ga ? *ga : 1) * (gb ? *gb : 1), out[1] = beta: the {alpha, beta}
 // of a GEMM in cuBLAS's device pointer mode.

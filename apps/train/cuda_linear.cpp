@@ -40,6 +40,7 @@
 #include "cuda/device.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/linear_ops.hpp"
+#include "cuda/nn.hpp"
 #include "cuda/quantize.hpp"
 #include "cuda/rht.hpp"
 
@@ -195,7 +196,7 @@ struct CudaLinear::Impl {
     return b;
   }
   DeviceBuffer<float> hook_buf;
-  DeviceBuffer<double> colsum;
+  cuda::nn::Scratch colsum;  // db's column-sum partials
   OperandHook hook;
 
   // Executes plan p on the source src [rows, cols] (device, not modified),
@@ -570,7 +571,7 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
             in, 1.0f);
   }
 
-  if (db_acc != nullptr) cuda::column_sums_add_device(dy.data, B, out, db_acc, im.colsum, kStream);
+  if (db_acc != nullptr) cuda::nn::column_sum_acc(dy.data, out, B, out, db_acc, im.colsum, kStream);
 }
 
 }  // namespace fp4lab::train

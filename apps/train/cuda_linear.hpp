@@ -12,8 +12,8 @@
 //     FP32 accumulation, alpha = g_dec(A) * g_dec(B) (device pointer mode);
 //   - otherwise: fake-quantized FP32 operands and SGEMM.
 // db = column sums of dy in float64, rounded once to float and added to db_acc
-// (cuda/linear_ops.hpp column_sums_add_device: row chunks of 256 summed in a
-// fixed order; bit-identical to the CPU for up to 256 rows), deterministic.
+// (cuda/nn.hpp column_sum_acc: blocks of 256 rows summed in a fixed order;
+// bit-identical to the CPU for up to 256 rows), deterministic.
 // Backward needs the forward's x: the state keeps a copy (allocated with
 // `alloc`), and, when the plan reuses Q_fwd_w(W) for dgrad, that operand.
 //
