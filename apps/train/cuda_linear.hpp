@@ -9,7 +9,9 @@
 //   - operands whose values are exact in BF16 (quantized with an element of
 //     at most 8 significant bits times an e8m0/ue4m3 block scale, no
 //     quantizer-level RHT, or bf16-rounded): cuBLAS BF16 tensor-core GEMM with
-//     FP32 accumulation, alpha = g_dec(A) * g_dec(B) (device pointer mode);
+//     FP32 accumulation, alpha = g_dec(A) * g_dec(B) (device pointer mode;
+//     written by the later operand's quantization where the other's g_dec is
+//     already on the device, else by a one-thread kernel);
 //   - otherwise: fake-quantized FP32 operands and SGEMM.
 // db = column sums of dy in float64, rounded once to float and added to db_acc
 // (cuda/nn.hpp column_sum_acc: blocks of 256 rows summed in a fixed order;
