@@ -232,12 +232,6 @@ __device__ __forceinline__ void load_transposed(float* dst, const float* src, in
   fetch<HD, true>(t, src, ld, row0, T);
   stash_transposed<HD>(t, dst);
 }
-template <int HD>
-__device__ __forceinline__ void load_rows(float* dst, const float* src, int64_t ld, int64_t row0, int64_t T) {
-  TileRegs<HD> t;
-  fetch<HD, false>(t, src, ld, row0, T);
-  stash_rows<HD>(t, dst);
-}
 
 // Thread (ty, tx) of the 16 x 16 output layout: warp w holds ty = 4 (w / 2) ..
 // +3 and tx = 8 (w % 2) .. +7, so one k step of mma_tile reads 4 distinct A

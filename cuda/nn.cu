@@ -293,21 +293,12 @@ __global__ void __launch_bounds__(kColThreads) col_partial_kernel(F f, int64_t r
   for (int r = 0; r < n; ++r) p += double(tile[r][lane]);
   part[int64_t(blockIdx.x) * cols + c] = p;
 }
-// out[c] += float(the block partials of column c added in block order); the
-// loads of 16 partials are issued before they are added.
+// out[c] += float(the block partials of column c added in block order).
 __global__ void col_finish_kernel(const double* part, int64_t nb, int64_t cols, float* out) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
-  constexpr int kBatch = 16;
   double s = 0.0;
-  for (int64_t b0 = 0; b0 < nb; b0 += kBatch) {
-    double v[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = b0 + u < nb ? part[(b0 + u) * cols + c] : 0.0;
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (b0 + u < nb) s += v[u];
-  }
+  for (int64_t b = 0; b < nb; ++b) s += part[b * cols + c];
   out[c] += float(s);
 }
 template <class F>

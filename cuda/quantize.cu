@@ -77,13 +77,9 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
     amax_warp_commit(a, p.gamax);
     cooperative_groups::this_grid().sync();
     g = nv_global(bits_float(__ldcg(p.gamax)), max_finite(sf), max_finite(f));
-    __syncthreads();  // every thread of the block has read the amax word
-    if (threadIdx.x == 0) {
-      __threadfence();
-      if (atomicAdd(p.fin.done, 1u) == gridDim.x - 1) {
-        *p.gamax = 0;
-        *p.fin.done = 0;
-      }
+    if (last_block_to_arrive(p.fin.done) && threadIdx.x == 0) {  // every block has read the amax word
+      *p.gamax = 0;
+      *p.fin.done = 0;
     }
     if (!active) return;
   } else {

@@ -92,6 +92,20 @@ __device__ __forceinline__ void store_nv_global(const AmaxFinish& fin, uint32_t*
   fin.out[2] = g.mult;
 }
 
+// Every thread of every block calls this once it is done with what the grid's
+// last block will change: true in the grid's last block to arrive at the
+// block counter *done (every thread of it), after a fence; false elsewhere.
+__device__ __forceinline__ bool last_block_to_arrive(uint32_t* done) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  return last;
+}
+
 // Every thread of every block calls this after amax_warp_commit. With fin.out
 // or fin2.out set, the grid's last block to arrive computes nv_global() of
 // the final amax (what nv_global_kernel computes from it; sim/scale_rules.hpp)
@@ -104,14 +118,7 @@ __device__ __forceinline__ void amax_pass_done(const AmaxFinish& fin, uint32_t* 
                                                const AmaxFinish& fin2 = AmaxFinish{}, uint32_t* gamax2 = nullptr) {
   uint32_t* const done = fin.out ? fin.done : fin2.done;
   if (done == nullptr) return;  // uniform across the grid
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(done, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (last && threadIdx.x == 0) {
+  if (last_block_to_arrive(done) && threadIdx.x == 0) {
     __threadfence();
     if (fin.out) store_nv_global(fin, gamax);
     if (fin2.out) store_nv_global(fin2, gamax2);

@@ -182,17 +182,17 @@ struct CudaLinear::Impl {
   Slot slot[2];
   DeviceBuffer<uint16_t> dy_cols_h;  // backward: wgrad's dy operand when made together with dgrad's
   DeviceBuffer<float> dy_cols_g{1};
-  DeviceBuffer<float> alpha_beta{2};
-  // [alpha, beta] of the forward, dgrad and wgrad GEMMs whose alpha a
-  // quantization writes (GemmAlpha); betas 0, 0, 1 set once.
+  // [alpha, beta] pairs of the device-pointer-mode GEMMs: the forward, dgrad
+  // and wgrad GEMMs whose alpha a quantization writes (GemmAlpha; betas 0, 0,
+  // 1 set once), then the pair alpha_beta_device computes for any other.
+  enum AlphaSlot { kFwd = 0, kDgrad = 1, kWgrad = 2, kComputed = 3 };
   DeviceBuffer<float> gemm_ab = preset_betas();
-  enum AlphaSlot { kFwd = 0, kDgrad = 1, kWgrad = 2 };
   GemmAlpha alpha_for(AlphaSlot slot, const float* other) {
     return GemmAlpha{gemm_ab.data() + 2 * slot, other, slot == kWgrad ? 1.0f : 0.0f};
   }
   static DeviceBuffer<float> preset_betas() {
     DeviceBuffer<float> b;
-    b.upload(std::vector<float>{1.0f, 0.0f, 1.0f, 0.0f, 1.0f, 1.0f});
+    b.upload(std::vector<float>{1.0f, 0.0f, 1.0f, 0.0f, 1.0f, 1.0f, 1.0f, 0.0f});
     return b;
   }
   DeviceBuffer<float> hook_buf;
@@ -345,12 +345,12 @@ struct CudaLinear::Impl {
       const bool scaled = a.g != nullptr || b.g != nullptr;
       const float one = 1.0f;
       const DevOperand* made = a.alpha_beta ? &a : b.alpha_beta ? &b : nullptr;
-      const float* ab = alpha_beta.data();
+      const float* ab = gemm_ab.data() + 2 * kComputed;
       if (scaled && made) {
         if (made->ab_beta != beta) throw Error("CudaLinear: a GEMM alpha slot was prepared for another beta");
         ab = made->alpha_beta;
       } else if (scaled) {
-        cuda::alpha_beta_device(a.g, b.g, beta, alpha_beta.data(), kStream);
+        cuda::alpha_beta_device(a.g, b.g, beta, gemm_ab.data() + 2 * kComputed, kStream);
       }
       if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
       const cublasStatus_t st = cublasGemmEx(h, ta, tb, int(m), int(n), int(k), scaled ? ab : &one, a.bf16, CUDA_R_16BF,
