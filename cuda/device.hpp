@@ -93,6 +93,52 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
+// Page-locked host memory of n T's (cudaMallocHost), the destination of
+// device-to-host copies that must not block the host (cudaMemcpyAsync into
+// pageable memory would). Grown, never shrunk; contents lost on growth.
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { release(); }
+  T* at_least(size_t n) {
+    if (n_ < n) {
+      release();
+      check(cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMallocHost");
+      n_ = n;
+    }
+    return p_;
+  }
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void release() noexcept {
+    if (p_) cudaFreeHost(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// A cudaEvent_t made without timing (cudaEventDisableTiming), for the host to
+// wait on one point of a stream.
+class Event {
+ public:
+  Event() { check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreateWithFlags"); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() { cudaEventDestroy(e_); }
+  void record(cudaStream_t st) { check(cudaEventRecord(e_, st), "cudaEventRecord"); }
+  void wait(const char* what) { check(cudaEventSynchronize(e_), what); }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
 // Median time in milliseconds of `repeats` runs of fn() on `stream`, each timed
 // with its own pair of cudaEvents, after `warmup` untimed runs.
 template <class Fn>

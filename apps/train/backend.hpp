@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 
+#include "core/error.hpp"
 #include "recipes/quantized_linear.hpp"
 
 namespace fp4lab::train {
@@ -195,6 +196,24 @@ class Backend {
   // dlogits = (softmax - onehot) / N when dlogits is non-null; counts rows
   // whose argmax (first maximum) equals the target into *correct if non-null.
   virtual double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) = 0;
+  // The same in two halves, so that a backend which queues work need not wait
+  // for the loss before the backward pass is queued: cross_entropy_start
+  // validates the targets and issues the work (dlogits may be read by work
+  // issued after it); cross_entropy_finish returns the mean loss and *correct
+  // of the last start (an Error when there is no unfinished start; a start
+  // replaces an unfinished one). This default computes everything in start
+  // (the CPU backend).
+  virtual void cross_entropy_start(const Tensor& logits, const int32_t* targets, Tensor* dlogits) {
+    ce_pending_ = false;
+    ce_loss_ = cross_entropy(logits, targets, dlogits, &ce_correct_);
+    ce_pending_ = true;
+  }
+  virtual double cross_entropy_finish(int64_t* correct) {
+    if (!ce_pending_) throw Error("cross_entropy_finish: no cross_entropy_start to finish");
+    ce_pending_ = false;
+    if (correct) *correct = ce_correct_;
+    return ce_loss_;
+  }
 
   // Optimiser support over flat buffers of n floats.
   virtual double sum_squares(const Tensor& g) = 0;  // float64, fixed order
@@ -205,6 +224,12 @@ class Backend {
   // `decayed`: sorted, disjoint ranges of the flat buffer (check_ranges).
   virtual void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed,
                           float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
+
+ private:
+  // The default cross_entropy_start / finish's result.
+  bool ce_pending_ = false;
+  double ce_loss_ = 0.0;
+  int64_t ce_correct_ = 0;
 };
 
 // The CPU backend (Eigen + OpenMP). threads <= 0: OpenMP's default.

@@ -6,9 +6,13 @@
 // rounded size; a block goes back to its list when the last shared_ptr to it
 // dies, so the per-step empty() calls stop calling cudaMalloc after the first
 // step). Host inputs (token ids, targets) are uploaded into reusable device
-// buffers; the AdamW decay mask is built on the device from its ranges. All work runs in order on the legacy default
-// stream, so a block recycled by the allocator is only reused by work queued
-// after the last use of its previous owner.
+// buffers through pinned staging buffers, and the cross-entropy's per-row
+// results come back into pinned memory behind an event, so that neither blocks
+// the host: a training step waits for the GPU only for the gradient norm and
+// at its end. The AdamW decay mask is built on the device from its ranges. All
+// work runs in order on the legacy default stream, so a block recycled by the
+// allocator is only reused by work queued after the last use of its previous
+// owner.
 //
 // Numerics: the same operations as the CPU backend in the same FP32/FP64
 // precision; only summation orders differ (fixed ones, so every call gives the
@@ -266,7 +270,7 @@ class CudaBackend final : public Backend {
       throw Error("embedding: wpe [" + std::to_string(wpe.rows) + ", " + std::to_string(wpe.cols) +
                   "] does not cover seq " + std::to_string(seq) + " x width " + std::to_string(C));
     check_shape("embed_forward", "out", out, n, C);
-    int32_t* d_idx = upload_ints(idx_, idx, n);
+    int32_t* d_idx = ids_up_.put(idx, n);
     nn::embed_forward(d_idx, batch, seq, wte.data, wpe.data, C, out.data);
   }
   void embed_backward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& dout, Tensor& dwte,
@@ -296,9 +300,9 @@ class CudaBackend final : public Backend {
     positions_.resize(size_t(n));
     for (int64_t i = 0; i < n; ++i) positions_[size_t(start_[size_t(idx[i])]++)] = int32_t(i);
     const int64_t ng = int64_t(group_rows_.size());
-    int32_t* d_rows = upload_ints(idx_, group_rows_.data(), ng);
-    int32_t* d_off = upload_ints(offsets_, group_offsets_.data(), ng + 1);
-    int32_t* d_pos = upload_ints(positions_dev_, positions_.data(), n);
+    int32_t* d_rows = group_rows_up_.put(group_rows_.data(), ng);
+    int32_t* d_off = group_offsets_up_.put(group_offsets_.data(), ng + 1);
+    int32_t* d_pos = positions_up_.put(positions_.data(), n);
     nn::embed_backward_grouped(d_rows, d_off, d_pos, ng, dout.data, C, dwte.data);
     nn::rows_mod_sum_acc(dout.data, n, C, seq, dwpe.data);
   }
@@ -340,29 +344,48 @@ class CudaBackend final : public Backend {
   }
 
   // ---- loss ----
+  // Launched by cross_entropy_start (targets uploaded, per-row losses and hits
+  // copied into pinned memory behind an event); cross_entropy_finish waits for
+  // the event and sums on the host.
   double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) override {
+    cross_entropy_start(logits, targets, dlogits);
+    return cross_entropy_finish(correct);
+  }
+  void cross_entropy_start(const Tensor& logits, const int32_t* targets, Tensor* dlogits) override {
+    ce_pending_ = false;
     const int64_t n = logits.rows, v = logits.cols;
     for (int64_t r = 0; r < n; ++r)
       if (targets[r] < 0 || targets[r] >= v)
         throw Error("cross_entropy: target " + std::to_string(targets[r]) + " outside [0, " + std::to_string(v) + ")");
     if (dlogits) check_shape("cross_entropy", "dlogits", *dlogits, n, v);
+    ce_rows_ = n;
+    if (n > 0) {
+      int32_t* d_t = targets_up_.put(targets, n);
+      double* d_loss = reserve(loss_rows_, size_t(n));
+      uint8_t* d_ok = reserve(ok_rows_, size_t(n));
+      nn::cross_entropy_rows(logits.data, d_t, n, v, 1.0f / float(n), dlogits ? dlogits->data : nullptr, d_loss, d_ok);
+      check(cudaMemcpyAsync(loss_host_.at_least(size_t(n)), d_loss, size_t(n) * sizeof(double),
+                            cudaMemcpyDeviceToHost, nullptr),
+            "cross_entropy (download losses)");
+      check(cudaMemcpyAsync(ok_host_.at_least(size_t(n)), d_ok, size_t(n), cudaMemcpyDeviceToHost, nullptr),
+            "cross_entropy (download hits)");
+      ce_done_.record(nullptr);
+    }
+    ce_pending_ = true;
+  }
+  double cross_entropy_finish(int64_t* correct) override {
+    if (!ce_pending_) throw Error("cross_entropy_finish: no cross_entropy_start to finish");
+    ce_pending_ = false;
+    const int64_t n = ce_rows_;
     if (n == 0) {
       if (correct) *correct = 0;
       return std::numeric_limits<double>::quiet_NaN();  // the CPU's 0/0 as well
     }
-    int32_t* d_t = upload_ints(targets_, targets, n);
-    double* d_loss = reserve(loss_rows_, size_t(n));
-    uint8_t* d_ok = reserve(ok_rows_, size_t(n));
-    nn::cross_entropy_rows(logits.data, d_t, n, v, 1.0f / float(n), dlogits ? dlogits->data : nullptr, d_loss, d_ok);
-    loss_host_.resize(size_t(n));
-    ok_host_.resize(size_t(n));
-    check(cudaMemcpy(loss_host_.data(), d_loss, size_t(n) * sizeof(double), cudaMemcpyDeviceToHost),
-          "cross_entropy (download losses)");
-    check(cudaMemcpy(ok_host_.data(), d_ok, size_t(n), cudaMemcpyDeviceToHost), "cross_entropy (download hits)");
+    ce_done_.wait("cross_entropy (waiting for the losses)");
     // The CPU's float64 row-order mean.
     double s = 0.0;
     int64_t c = 0;
-    for (int64_t r = 0; r < n; ++r) s += loss_host_[size_t(r)], c += ok_host_[size_t(r)];
+    for (int64_t r = 0; r < n; ++r) s += loss_host_.data()[r], c += ok_host_.data()[r];
     if (correct) *correct = c;
     return s / double(n);
   }
@@ -432,23 +455,42 @@ class CudaBackend final : public Backend {
         throw Error("embedding: token id " + std::to_string(idx[i]) + " outside the vocabulary [0, " +
                     std::to_string(vocab) + ")");
   }
-  static int32_t* upload_ints(DeviceBuffer<int32_t>& buf, const int32_t* host, int64_t n) {
-    int32_t* d = reserve(buf, size_t(std::max<int64_t>(n, 1)));
-    if (n > 0) check(cudaMemcpy(d, host, size_t(n) * 4, cudaMemcpyHostToDevice), "cuda backend (upload ids)");
-    return d;
-  }
+  // Host int32 values -> a reusable device buffer, without blocking the host:
+  // through a pinned staging buffer and an async copy on the stream (a copy
+  // from pageable memory may wait for the stream's queued work). The staging
+  // buffer is rewritten only after its previous copy has completed.
+  struct IntUpload {
+    DeviceBuffer<int32_t> dev;
+    fp4lab::cuda::PinnedBuffer<int32_t> host;
+    fp4lab::cuda::Event done;
+    int32_t* put(const int32_t* src, int64_t n) {
+      int32_t* d = reserve(dev, size_t(std::max<int64_t>(n, 1)));
+      if (n > 0) {
+        done.wait("cuda backend (upload of host ints: previous copy)");
+        int32_t* h = host.at_least(size_t(n));
+        std::memcpy(h, src, size_t(n) * sizeof(int32_t));
+        check(cudaMemcpyAsync(d, h, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, nullptr),
+              "cuda backend (upload of host ints)");
+        done.record(nullptr);
+      }
+      return d;
+    }
+  };
 
   std::shared_ptr<DevicePool> pool_;  // first member: destroyed last
   nn::Scratch scratch_;
   nn::Attention attention_;
   CudaLinear linear_;
-  DeviceBuffer<int32_t> idx_, offsets_, positions_dev_, targets_;
+  IntUpload ids_up_, group_rows_up_, group_offsets_up_, positions_up_, targets_up_;
   DeviceBuffer<double> loss_rows_;
   DeviceBuffer<uint8_t> ok_rows_, decay_dev_;
-  std::vector<uint8_t> ok_host_;
+  fp4lab::cuda::PinnedBuffer<uint8_t> ok_host_;
   std::vector<IndexRange> decay_ranges_;  // what decay_dev_ holds, for a buffer of decay_mask_n_ elements
   int64_t decay_mask_n_ = -1;
-  std::vector<double> loss_host_;
+  fp4lab::cuda::PinnedBuffer<double> loss_host_;
+  fp4lab::cuda::Event ce_done_;
+  int64_t ce_rows_ = 0;
+  bool ce_pending_ = false;
   std::vector<int32_t> count_, start_, group_rows_, group_offsets_, positions_;
 };
 

@@ -97,9 +97,11 @@ class CrossEntropyModel : public Model {
   double forward_backward(const Batch& b, const StepContext& s, int64_t* correct) override {
     Tensor logits = forward(b, s);
     Tensor dlogits = be_.empty(logits.rows, logits.cols);
-    const double loss = be_.cross_entropy(logits, b.targets.data(), &dlogits, correct);
+    // The backward pass is issued before the loss is waited for (a GPU keeps
+    // running while the host reads it).
+    be_.cross_entropy_start(logits, b.targets.data(), &dlogits);
     backward(b, s, dlogits);
-    return loss;
+    return be_.cross_entropy_finish(correct);
   }
   double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override {
     Tensor logits = forward(b, s);

@@ -148,6 +148,13 @@ TEST_CASE("cross entropy: loss of uniform logits is log(V); gradient matches fin
   std::vector<float> g(d.data, d.data + 12);
   check_fd(
       l, g, [&] { return be->cross_entropy(view_of(l.data(), 3, 4), t.data(), nullptr, nullptr); }, 1e-3f, 1e-2);
+  // The two-half form returns what the one call does.
+  int64_t c1 = -1, c2 = -1;
+  const double one = be->cross_entropy(view_of(l.data(), 3, 4), t.data(), nullptr, &c1);
+  be->cross_entropy_start(view_of(l.data(), 3, 4), t.data(), nullptr);
+  CHECK(be->cross_entropy_finish(&c2) == one);
+  CHECK(c2 == c1);
+  CHECK_THROWS_WITH(be->cross_entropy_finish(nullptr), doctest::Contains("no cross_entropy_start"));
 }
 
 TEST_CASE("linear (fp32 recipe = null): y = x W^T + b and its gradients") {

@@ -492,11 +492,31 @@ TEST_CASE("cuda backend: cross-entropy matches the CPU (loss, hits with ties, dl
     CHECK(std::abs(loss[0] - loss[1]) <= 1e-12 * (1.0 + std::abs(loss[0])));
     CHECK(eval_loss[1] == loss[1]);
     expect_close("dlogits", dl[0], dl[1], 2e-6);
+    // Split into start / finish, with the logits overwritten on the device and
+    // the host's targets changed after the start: the loss, hits and dlogits
+    // are those of the inputs at the start (stream order; staged targets).
+    for (int w = 0; w < 2; ++w) {
+      CAPTURE(w);
+      Backend& be = w ? *b.gpu : *b.cpu;
+      Tensor lt = put(be, logits, N, V), d = be.empty(N, V);
+      std::vector<int32_t> tg2 = tg;
+      be.cross_entropy_start(lt, tg2.data(), &d);
+      std::vector<float> dl_split = get(be, d);  // before the logits change (a download waits)
+      be.fill(lt, 0.0f);
+      std::fill(tg2.begin(), tg2.end(), 0);
+      int64_t c = -1;
+      CHECK(be.cross_entropy_finish(&c) == loss[w]);
+      CHECK(c == correct[w]);
+      CHECK(dl_split == dl[w]);
+      CHECK_THROWS_WITH(be.cross_entropy_finish(nullptr), doctest::Contains("no cross_entropy_start"));
+    }
   }
   Backend& g = *b.gpu;
   Tensor l = g.zeros(1, 3);
   const int32_t bad = 3;
   CHECK_THROWS_WITH(g.cross_entropy(l, &bad, nullptr, nullptr), doctest::Contains("outside [0, 3)"));
+  CHECK_THROWS_WITH(g.cross_entropy_start(l, &bad, nullptr), doctest::Contains("outside [0, 3)"));
+  CHECK_THROWS_WITH(g.cross_entropy_finish(nullptr), doctest::Contains("no cross_entropy_start"));
 }
 
 TEST_CASE("cuda backend: sum_squares and AdamW match the CPU") {
