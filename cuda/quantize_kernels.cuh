@@ -566,11 +566,15 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   // element loop with the modes interleaved thrashed the instruction cache).
   static_assert(FM == Fast::none || (K != 0 && (FM == Fast::rn || (N % 4 == 0 && N <= 16))));
   const bool fast = K != 0 && p.rule != ScaleRule::nv_noglobal;
+  // The SR branches serve either rule: fp4-trainkit's nv_noglobal (eq. 3)
+  // divides by the block scale (encode_element_rt), the others multiply.
+  const bool div = FM == Fast::none && p.rule == ScaleRule::nv_noglobal;
+  auto operand = [&](float x, float mult) { return div ? x / mult : x * mult; };
   if (FM == Fast::rn || (FM == Fast::none && fast && p.round == Round::rn)) {
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[j * NB / N].mult, p.overflow);
   } else if (FM == Fast::rs ||
-             (FM == Fast::none && fast && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0)) {
+             (FM == Fast::none && K != 0 && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0)) {
     // Up to 4 Philox groups unrolled (branch-free encode_rs_f32: about 1000
     // instructions), so that nothing is indexed at run time (local memory).
 #pragma unroll
@@ -578,13 +582,26 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        code[4 * q + k] = encode_rs<K>(f, v[4 * q + k] * bp[(4 * q + k) * NB / N].mult, p.overflow, grp.v[k]);
+        code[4 * q + k] =
+            encode_rs<K>(f, operand(v[4 * q + k], bp[(4 * q + k) * NB / N].mult), p.overflow, grp.v[k]);
     }
   } else if (K != 0 && p.rule == ScaleRule::nv_noglobal && p.round == Round::rn) {
-    // fp4-trainkit's eq. 3 divides by the block scale (encode_element_rt).
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] / bp[j * NB / N].mult, p.overflow);
-  } else if (fast && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
+  } else if (K != 0 && p.round == Round::rs && N < 4) {
+    // Runs shorter than a Philox group (the [32,1] column kernels' 2-column
+    // strips): the one or two groups the run touches, not one per element.
+    const uint64_t g0 = uint64_t(base) >> 2;
+    const Philox4 ga = philox_group(p.seed, p.stream, g0);
+    Philox4 gb = ga;
+    if (((uint64_t(base) + N - 1) >> 2) != g0) gb = philox_group(p.seed, p.stream, g0 + 1);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const uint64_t idx = uint64_t(base) + j;
+      const uint32_t rb = pick((idx >> 2) == g0 ? ga : gb, uint32_t(idx & 3u));
+      code[j] = encode_rs<K>(f, operand(v[j], bp[j * NB / N].mult), p.overflow, rb);
+    }
+  } else if (K != 0 && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
     // A rolled loop over Philox groups for longer runs: fully unrolled, the SR
     // path was too large for the instruction cache. vs/ms/cs are indexed at
     // run time (local memory).
@@ -599,7 +616,8 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
     for (int q = 0; q < N / 4; ++q) {
       const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) cs[4 * q + k] = encode_rs<K>(f, vs[4 * q + k] * ms[4 * q + k], p.overflow, grp.v[k]);
+      for (int k = 0; k < 4; ++k)
+        cs[4 * q + k] = encode_rs<K>(f, operand(vs[4 * q + k], ms[4 * q + k]), p.overflow, grp.v[k]);
     }
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = cs[j];

@@ -135,12 +135,31 @@ TEST_CASE("cuda quantize: adversarial values (NaN, Inf, zero blocks, subnormals,
   FP4LAB_REQUIRE_GPU();
   const char* names[] = {"nvfp4",      "nvfp4_2d", "nvfp4_col",  "mxfp4",          "mxfp8_e4m3",
                          "mxfp8_e5m2", "mxint8",   "mxfp6_e2m3", "fp8_e4m3_tensor"};
+  std::vector<QuantizerSpec> specs;
+  for (const char* n : names) specs.push_back(quantizer_by_name(n));
+  // fp4_all_the_way's nv_noglobal blocks (x / scale: zero blocks divide by a
+  // zero scale) along both axes, and tetrajet's MXFP4 column blocks.
+  for (int axis = 0; axis < 2; ++axis) {
+    QuantizerSpec q = quantizer_by_name("nvfp4");
+    q.scale_rule = ScaleRule::nv_noglobal;
+    q.global_scale = GlobalScale::none;
+    q.block_rows = axis ? 16 : 1;
+    q.block_cols = axis ? 1 : 16;
+    specs.push_back(q);
+  }
+  {
+    QuantizerSpec q = quantizer_by_name("mxfp4");
+    q.scale_rule = ScaleRule::tetrajet;
+    q.block_rows = 32;
+    q.block_cols = 1;
+    specs.push_back(q);
+  }
   int failures = 0, cases = 0;
   for (bool nan_inf : {false, true}) {
-    for (const char* n : names) {
+    for (const QuantizerSpec& spec : specs) {
       for (Round r : kRounds) {
         for (Overflow o : {Overflow::saturate, Overflow::nonsaturate}) {
-          QuantizerSpec q = quantizer_by_name(n);
+          QuantizerSpec q = spec;
           q.round = r;
           q.overflow = o;
           const Size s{45, 70};
