@@ -104,12 +104,24 @@ void go(const KParams& p, cudaStream_t st) {
 }
 
 // Kind K's kernel in the fast form its mode allows (rs: 4-column strips only,
-// whole Philox groups per row).
+// whole Philox groups per row); the value forms (Fast::rn_bf16 / rs_bf16) of
+// E2M1 kinds whose one output is the BF16 GEMM operand (the trainer's wgrad
+// operands).
 template <class In, int BR, int V, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
-  if (fast_rn_applies(K, p)) return go<In, BR, V, K, RHT, false, Fast::rn>(p, st);
+  constexpr bool e2m1 = K == 1 || K == 2;
+  const bool values = e2m1 && bf16_operand_only(p);
+  if (fast_rn_applies(K, p)) {
+    if constexpr (e2m1)
+      if (values) return go<In, BR, V, K, RHT, false, Fast::rn_bf16>(p, st);
+    return go<In, BR, V, K, RHT, false, Fast::rn>(p, st);
+  }
   if constexpr (V == 4) {
-    if (fast_rs_applies(K, p)) return go<In, BR, V, K, RHT, false, Fast::rs>(p, st);
+    if (fast_rs_applies(K, p)) {
+      if constexpr (e2m1)
+        if (values) return go<In, BR, V, K, RHT, false, Fast::rs_bf16>(p, st);
+      return go<In, BR, V, K, RHT, false, Fast::rs>(p, st);
+    }
   }
   go<In, BR, V, K, RHT, false>(p, st);
 }

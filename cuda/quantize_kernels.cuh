@@ -499,9 +499,9 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
 
 // The fast forms of a kernel (template argument): none (every mode), rn, rs
 // (the row kernels' encode_store_rn / encode_store_rs_fast; encode_and_store's
-// FM), rn_bf16 / rs_bf16 (rn / rs, E2M1 elements with UE4M3 scales (kind 1),
-// and the one element output is the BF16 GEMM operand: the trainer's;
-// encode_and_store only). A kernel compiled for one fast form holds none of
+// FM), rn_bf16 / rs_bf16 (rn / rs, E2M1 elements with UE4M3 or E8M0 scales
+// (kinds 1, 2), and the one element output is the BF16 GEMM operand: the
+// trainer's; encode_and_store only). A kernel compiled for one fast form holds none of
 // the other modes' code, so that its register count, and with it its
 // occupancy, is its own.
 enum class Fast { none, rn, rs, rn_bf16, rs_bf16 };
@@ -526,45 +526,49 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   const int64_t base = r * p.cols + c0;
   if constexpr (FM == Fast::rn_bf16 || FM == Fast::rs_bf16) {
     // The BF16 operand straight from each element's rounded value
-    // (e2m1_rn_value_bits / e2m1_rs_value_bits: no code, no decode). A group of
-    // 4 holding a NaN product takes the code path (E2M1 maps NaN to +6,
-    // whatever its sign).
+    // (e2m1_rn_value_bits / e2m1_rs_value_bits: no code, no decode), in groups
+    // of G elements (a Philox group with SR). A group holding a NaN product
+    // takes the code path (E2M1 maps NaN to +6, whatever its sign).
+    // E2M1 values (at most 2 significant bits) times a UE4M3 (kind 1) or E8M0
+    // (kind 2) scale are exact in BF16 wherever the FP32 product is finite, so
+    // the operand is the product's top half, as store_outputs' rounding gives.
     constexpr bool sr = FM == Fast::rs_bf16;
-    static_assert(K == 1 && N % 4 == 0 && N <= 16);
+    constexpr int G = N < 4 ? N : 4;
+    static_assert((K == 1 || K == 2) && N % G == 0 && N <= 16 && (!sr || G == 4));
     uint32_t h[N];
 #pragma unroll
-    for (int q = 0; q < N / 4; ++q) {
+    for (int q = 0; q < N / G; ++q) {
       Philox4 grp{};
       if constexpr (sr) grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
-      uint32_t yb[4], amax = 0;
+      uint32_t yb[G], amax = 0;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        yb[k] = float_bits(v[4 * q + k] * bp[(4 * q + k) * NB / N].mult);
+      for (int k = 0; k < G; ++k) {
+        yb[k] = float_bits(v[G * q + k] * bp[(G * q + k) * NB / N].mult);
         amax = umax(amax, yb[k] & 0x7FFFFFFFu);
       }
       if (amax <= 0x7F800000u) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < G; ++k) {
           const uint32_t value = sr ? e2m1_rs_value_bits(yb[k], grp.v[k]) : e2m1_rn_value_bits(yb[k]);
-          h[4 * q + k] = float_bits(bits_float(value) * bp[(4 * q + k) * NB / N].scale) >> 16;
+          h[G * q + k] = float_bits(bits_float(value) * bp[(G * q + k) * NB / N].scale) >> 16;
         }
       } else {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < G; ++k) {
           const float y = bits_float(yb[k]);
           const uint32_t code = sr ? encode_rs<K>(f, y, p.overflow, grp.v[k]) : encode_rn<K>(f, y, p.overflow);
-          h[4 * q + k] = float_bits(decode_elem<K>(f, code) * bp[(4 * q + k) * NB / N].scale) >> 16;
+          h[G * q + k] = float_bits(decode_elem<K>(f, code) * bp[(G * q + k) * NB / N].scale) >> 16;
         }
       }
     }
-    // e2m1 x ue4m3 is exact in BF16: truncation (store_outputs' K == 1 operand).
     store_bf16<N, FULL>(p.out.dequant_bf16 + base, h, valid);
     return;
   }
   uint32_t code[N];
   // One branch per thread, each mode's loop contiguous in the binary (an
   // element loop with the modes interleaved thrashed the instruction cache).
-  static_assert(FM == Fast::none || (K != 0 && (FM == Fast::rn || (N % 4 == 0 && N <= 16))));
+  static_assert(FM == Fast::none || FM == Fast::rn_bf16 || FM == Fast::rs_bf16 ||  // (returned above)
+                (K != 0 && (FM == Fast::rn || (N % 4 == 0 && N <= 16))));
   const bool fast = K != 0 && p.rule != ScaleRule::nv_noglobal;
   // The SR branches serve either rule: fp4-trainkit's nv_noglobal (eq. 3)
   // divides by the block scale (encode_element_rt), the others multiply.
@@ -582,8 +586,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        code[4 * q + k] =
-            encode_rs<K>(f, operand(v[4 * q + k], bp[(4 * q + k) * NB / N].mult), p.overflow, grp.v[k]);
+        code[4 * q + k] = encode_rs<K>(f, operand(v[4 * q + k], bp[(4 * q + k) * NB / N].mult), p.overflow, grp.v[k]);
     }
   } else if (K != 0 && p.rule == ScaleRule::nv_noglobal && p.round == Round::rn) {
 #pragma unroll

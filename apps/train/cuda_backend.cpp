@@ -364,8 +364,8 @@ class CudaBackend final : public Backend {
       double* d_loss = reserve(loss_rows_, size_t(n));
       uint8_t* d_ok = reserve(ok_rows_, size_t(n));
       nn::cross_entropy_rows(logits.data, d_t, n, v, 1.0f / float(n), dlogits ? dlogits->data : nullptr, d_loss, d_ok);
-      check(cudaMemcpyAsync(loss_host_.at_least(size_t(n)), d_loss, size_t(n) * sizeof(double),
-                            cudaMemcpyDeviceToHost, nullptr),
+      check(cudaMemcpyAsync(loss_host_.at_least(size_t(n)), d_loss, size_t(n) * sizeof(double), cudaMemcpyDeviceToHost,
+                            nullptr),
             "cross_entropy (download losses)");
       check(cudaMemcpyAsync(ok_host_.at_least(size_t(n)), d_ok, size_t(n), cudaMemcpyDeviceToHost, nullptr),
             "cross_entropy (download hits)");

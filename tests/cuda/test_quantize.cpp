@@ -234,61 +234,75 @@ TEST_CASE("cuda quantize: bf16 input equals the f32 input of the same values") {
 
 TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs") {
   FP4LAB_REQUIRE_GPU();
-  for (const char* n : {"nvfp4", "mxfp4", "nvfp4_2d", "nvfp4_col", "mxfp8_e4m3"}) {
-    for (Size s : {Size{37, 53}, Size{64, 128}, Size{3, 1}}) {
-      for (QuantPath path : {QuantPath::fused, QuantPath::generic}) {
-        const QuantizerSpec q = quantizer_by_name(n);
-        const auto x = test::varied_randn(s.rows, s.cols, 11, 12);
-        const int64_t nel = s.rows * s.cols;
-        const QuantizedTensor cpu = quantize(q, MatrixView<const float>(x.data(), s.rows, s.cols));
-        DeviceBuffer<float> dx;
-        dx.upload(x);
-        const bool packed = q.element->bits() == 4;
-        const int64_t code_bytes = packed ? s.rows * ((s.cols + 1) / 2) : nel;
-        DeviceBuffer<uint8_t> codes(static_cast<size_t>(code_bytes));
-        DeviceBuffer<uint16_t> b16(static_cast<size_t>(nel)), op16(static_cast<size_t>(nel));
-        codes.fill_bytes(0xEE);
-        b16.fill_bytes(0xEE);
-        op16.fill_bytes(0xEE);
-        QuantWorkspace ws;
-        QuantOutputs o;
-        o.codes = codes.data();
-        o.code_layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
-        o.dequant_bf16 = b16.data();
-        quantize_device(q, dx.data(), InputType::f32, s.rows, s.cols, {}, o, ws, nullptr, path);
-        QuantOutputs o2;
-        o2.dequant_bf16 = op16.data();
-        o2.bf16_gemm_operand = true;
-        quantize_device(q, dx.data(), InputType::f32, s.rows, s.cols, {}, o2, ws, nullptr, path);
-        check(cudaDeviceSynchronize(), "test");
-        // Packed codes: sim's packing of sim's codes.
-        const std::vector<uint8_t> want = pack_codes(*q.element, cpu.codes.data(), s.rows, s.cols);
-        CHECK(test::same_bytes("packed codes", codes.download(), want));
-        // BF16 dequant: CUDA's own host converter (an independent oracle) of sim's FP32 dequant;
-        // the GEMM operand: the same of decode(code) * scale without the global decode scale.
-        const auto got = b16.download(), got_op = op16.download();
-        int bad = 0, bad_op = 0;
-        for (int64_t i = 0; i < nel; ++i) {
-          const __nv_bfloat16 w = __float2bfloat16_rn(cpu.dequant[size_t(i)]);
-          uint16_t wb;
-          std::memcpy(&wb, &w, 2);
-          const bool nan = std::isnan(cpu.dequant[size_t(i)]);
-          if (!(nan ? (got[size_t(i)] & 0x7FFF) > 0x7F80 : got[size_t(i)] == wb)) ++bad;
-          const int64_t r = i / s.cols, c = i % s.cols;
-          const int64_t br = q.block_rows ? q.block_rows : s.rows, bc = q.block_cols ? q.block_cols : s.cols;
-          const float sc = cpu.scales[size_t((r / br) * cpu.scale_cols + c / bc)];
-          const float v = decode(*q.element, cpu.codes[size_t(i)]) * sc;
-          const __nv_bfloat16 w2 = __float2bfloat16_rn(v);
-          uint16_t wb2;
-          std::memcpy(&wb2, &w2, 2);
-          if (!(std::isnan(v) ? (got_op[size_t(i)] & 0x7FFF) > 0x7F80 : got_op[size_t(i)] == wb2)) ++bad_op;
-          // The GEMM operand is exact (no rounding) for these quantizers and data.
-          if (!std::isnan(v) && float(w2) != v) ++bad_op;
+  std::vector<std::pair<std::string, QuantizerSpec>> specs;
+  for (const char* n : {"nvfp4", "mxfp4", "nvfp4_2d", "nvfp4_col", "mxfp8_e4m3"})
+    specs.emplace_back(n, quantizer_by_name(n));
+  // The MX recipes' wgrad operands: MXFP4 column blocks, RN and SR.
+  for (Round r : {Round::rn, Round::rs}) {
+    QuantizerSpec q = quantizer_by_name("mxfp4");
+    q.block_rows = 32;
+    q.block_cols = 1;
+    q.round = r;
+    specs.emplace_back(r == Round::rn ? "mxfp4 [32,1]" : "mxfp4 [32,1] rs", q);
+  }
+  for (const auto& [n, q] : specs) {
+    for (Size s : {Size{37, 53}, Size{64, 128}, Size{3, 1}, Size{64, 64}})
+      for (int data = 0; data < 2; ++data) {
+        for (QuantPath path : {QuantPath::fused, QuantPath::generic}) {
+          // Data 1: NaN, Inf, zero blocks, subnormals, ties (the 64 x 64 case
+          // has whole 32-row blocks and 4-column strips, the value forms' kernels).
+          const auto x =
+              data ? test::adversarial(s.rows, s.cols, 13, true) : test::varied_randn(s.rows, s.cols, 11, 12);
+          const int64_t nel = s.rows * s.cols;
+          const QuantizedTensor cpu = quantize(q, MatrixView<const float>(x.data(), s.rows, s.cols));
+          DeviceBuffer<float> dx;
+          dx.upload(x);
+          const bool packed = q.element->bits() == 4;
+          const int64_t code_bytes = packed ? s.rows * ((s.cols + 1) / 2) : nel;
+          DeviceBuffer<uint8_t> codes(static_cast<size_t>(code_bytes));
+          DeviceBuffer<uint16_t> b16(static_cast<size_t>(nel)), op16(static_cast<size_t>(nel));
+          codes.fill_bytes(0xEE);
+          b16.fill_bytes(0xEE);
+          op16.fill_bytes(0xEE);
+          QuantWorkspace ws;
+          QuantOutputs o;
+          o.codes = codes.data();
+          o.code_layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
+          o.dequant_bf16 = b16.data();
+          quantize_device(q, dx.data(), InputType::f32, s.rows, s.cols, {}, o, ws, nullptr, path);
+          QuantOutputs o2;
+          o2.dequant_bf16 = op16.data();
+          o2.bf16_gemm_operand = true;
+          quantize_device(q, dx.data(), InputType::f32, s.rows, s.cols, {}, o2, ws, nullptr, path);
+          check(cudaDeviceSynchronize(), "test");
+          // Packed codes: sim's packing of sim's codes.
+          const std::vector<uint8_t> want = pack_codes(*q.element, cpu.codes.data(), s.rows, s.cols);
+          CHECK(test::same_bytes("packed codes", codes.download(), want));
+          // BF16 dequant: CUDA's own host converter (an independent oracle) of sim's FP32 dequant;
+          // the GEMM operand: the same of decode(code) * scale without the global decode scale.
+          const auto got = b16.download(), got_op = op16.download();
+          int bad = 0, bad_op = 0;
+          for (int64_t i = 0; i < nel; ++i) {
+            const __nv_bfloat16 w = __float2bfloat16_rn(cpu.dequant[size_t(i)]);
+            uint16_t wb;
+            std::memcpy(&wb, &w, 2);
+            const bool nan = std::isnan(cpu.dequant[size_t(i)]);
+            if (!(nan ? (got[size_t(i)] & 0x7FFF) > 0x7F80 : got[size_t(i)] == wb)) ++bad;
+            const int64_t r = i / s.cols, c = i % s.cols;
+            const int64_t br = q.block_rows ? q.block_rows : s.rows, bc = q.block_cols ? q.block_cols : s.cols;
+            const float sc = cpu.scales[size_t((r / br) * cpu.scale_cols + c / bc)];
+            const float v = decode(*q.element, cpu.codes[size_t(i)]) * sc;
+            const __nv_bfloat16 w2 = __float2bfloat16_rn(v);
+            uint16_t wb2;
+            std::memcpy(&wb2, &w2, 2);
+            if (!(std::isnan(v) ? (got_op[size_t(i)] & 0x7FFF) > 0x7F80 : got_op[size_t(i)] == wb2)) ++bad_op;
+            // The GEMM operand is exact (no rounding) for these quantizers and data.
+            if (!std::isnan(v) && float(w2) != v) ++bad_op;
+          }
+          CHECK_MESSAGE(bad == 0, n << " " << s.rows << "x" << s.cols << " data " << data);
+          CHECK_MESSAGE(bad_op == 0, n << " " << s.rows << "x" << s.cols << " data " << data);
         }
-        CHECK_MESSAGE(bad == 0, n << " " << s.rows << "x" << s.cols);
-        CHECK_MESSAGE(bad_op == 0, n << " " << s.rows << "x" << s.cols);
       }
-    }
   }
 }
 
