@@ -269,6 +269,31 @@ FP4LAB_HD constexpr uint32_t e2m1_rn_value_bits(uint32_t yb) {
   return v | (yb & 0x80000000u);
 }
 
+// The value of round-to-nearest-even with saturation, without the code: returns
+// float_bits(decode(encode_rn_f32<F>(y, Overflow::saturate))) for y's bits yb,
+// y not NaN, F a signed floating-point format with subnormals and fewer than
+// 23 mantissa bits (the FP8 and FP6 elements). |y| is first clamped to F's
+// largest finite value (saturation: the result of anything above it, Inf
+// included), then rounded in place: in F's normal range by adding half an ulp
+// of F (plus the tie-to-even bit) and clearing the bits F lacks; below it by
+// one float addition of a number whose ulp is F's subnormal quantum (the
+// hardware rounds to nearest even) and its subtraction (exact). The sign is
+// kept (-0 stays -0, as E4M3 / E5M2 code it). Used where only values are
+// wanted (the GPU's BF16 GEMM operands).
+template <const Format& F>
+FP4LAB_HD constexpr uint32_t rn_sat_value_bits(uint32_t yb) {
+  static_assert(!F.is_int && F.is_signed && F.has_subnormals() && F.man_bits < 23 && F.exp_bits <= 8);
+  constexpr uint32_t max_bits = float_bits(max_finite(F));
+  constexpr int shift = 23 - F.man_bits;
+  constexpr uint32_t min_normal_bits = uint32_t(F.min_exponent() + 127) << 23;
+  constexpr float magic = pow2f(F.min_exponent() - F.man_bits + 23);
+  const uint32_t m = yb & 0x7FFFFFFFu;
+  const uint32_t a = m < max_bits ? m : max_bits;
+  const uint32_t normal = (a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) & ~((1u << shift) - 1u);
+  const uint32_t subnormal = float_bits((bits_float(a) + magic) - magic);
+  return (a < min_normal_bits ? subnormal : normal) | (yb & 0x80000000u);
+}
+
 // Round-to-nearest-even magnitude code of float32 magnitude bits `a` (|x|) in
 // a format F of up to 16 bits with subnormals (not bfloat16: see below), by one
 // float rounding. With E = max(exponent of |x|, F's minimum normal exponent)

@@ -104,16 +104,15 @@ void go(const KParams& p, cudaStream_t st) {
 }
 
 // Kind K's kernel in the fast form its mode allows (rs: 4-column strips only,
-// whole Philox groups per row); the value forms (Fast::rn_bf16 / rs_bf16) of
-// E2M1 kinds whose one output is the BF16 GEMM operand (the trainer's wgrad
-// operands).
+// whole Philox groups per row); the value forms (Fast::rn_bf16 / rs_bf16)
+// where the one output is the BF16 GEMM operand (the trainer's wgrad
+// operands; rs_bf16 for E2M1 only).
 template <class In, int BR, int V, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr bool e2m1 = K == 1 || K == 2;
-  const bool values = e2m1 && bf16_operand_only(p);
+  const bool values = bf16_operand_only(p);
   if (fast_rn_applies(K, p)) {
-    if constexpr (e2m1)
-      if (values) return go<In, BR, V, K, RHT, false, Fast::rn_bf16>(p, st);
+    if (values) return go<In, BR, V, K, RHT, false, Fast::rn_bf16>(p, st);
     return go<In, BR, V, K, RHT, false, Fast::rn>(p, st);
   }
   if constexpr (V == 4) {

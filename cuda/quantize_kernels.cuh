@@ -448,7 +448,8 @@ __device__ __forceinline__ void store_codes(const KParams& p, int64_t r, int64_t
 
 // FULL (store_f32, store_bf16, store_outputs, encode_store_rn_fast): the
 // caller guarantees valid == N and destinations aligned for their vector
-// stores (16 bytes; 8 for 4 BF16 values or 16 FP4 codes): no checks.
+// stores (16 bytes; 8 for 4 BF16 values or 16 FP4 codes, 4 for 2 BF16
+// values): no checks.
 template <int N, bool FULL = false>
 __device__ __forceinline__ void store_f32(float* dst, const float (&v)[N], int valid) {
   static_assert(!FULL || N % 4 == 0);
@@ -468,7 +469,7 @@ __device__ __forceinline__ void store_f32(float* dst, const float (&v)[N], int v
 }
 template <int N, bool FULL = false>
 __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N], int valid) {
-  static_assert(!FULL || N % 8 == 0 || N == 4);
+  static_assert(!FULL || N % 8 == 0 || N == 4 || N == 2);
   if constexpr (N % 8 == 0) {
     if (FULL || (valid == N && aligned<16>(dst))) {
 #pragma unroll
@@ -482,6 +483,12 @@ __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N]
   if constexpr (N == 4) {
     if (FULL || (valid == 4 && aligned<8>(dst))) {
       *reinterpret_cast<uint2*>(dst) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+      return;
+    }
+  }
+  if constexpr (N == 2) {
+    if (FULL || (valid == 2 && aligned<4>(dst))) {
+      *reinterpret_cast<uint32_t*>(dst) = h[0] | h[1] << 16;
       return;
     }
   }
@@ -500,8 +507,9 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
 // The fast forms of a kernel (template argument): none (every mode), rn, rs
 // (the row kernels' encode_store_rn / encode_store_rs_fast; encode_and_store's
 // FM), rn_bf16 / rs_bf16 (rn / rs, E2M1 elements with UE4M3 or E8M0 scales
-// (kinds 1, 2), and the one element output is the BF16 GEMM operand: the
-// trainer's; encode_and_store only). A kernel compiled for one fast form holds none of
+// (kinds 1, 2), rn_bf16 also E4M3 / E5M2 (kinds 3, 4, saturating), and the
+// one element output is the BF16 GEMM operand: the trainer's;
+// encode_and_store only). A kernel compiled for one fast form holds none of
 // the other modes' code, so that its register count, and with it its
 // occupancy, is its own.
 enum class Fast { none, rn, rs, rn_bf16, rs_bf16 };
@@ -525,16 +533,22 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   // Block of element j: bp[j * NB / N] (NB == 1: one block; NB == N: one per element).
   const int64_t base = r * p.cols + c0;
   if constexpr (FM == Fast::rn_bf16 || FM == Fast::rs_bf16) {
-    // The BF16 operand straight from each element's rounded value
-    // (e2m1_rn_value_bits / e2m1_rs_value_bits: no code, no decode), in groups
-    // of G elements (a Philox group with SR). A group holding a NaN product
-    // takes the code path (E2M1 maps NaN to +6, whatever its sign).
-    // E2M1 values (at most 2 significant bits) times a UE4M3 (kind 1) or E8M0
-    // (kind 2) scale are exact in BF16 wherever the FP32 product is finite, so
-    // the operand is the product's top half, as store_outputs' rounding gives.
+    // The BF16 operand straight from each element's rounded value (no code,
+    // no decode: e2m1_rn_value_bits / e2m1_rs_value_bits, and for E4M3 / E5M2
+    // (kinds 3, 4; rn, saturating) rn_sat_value_bits), in groups of G elements
+    // (a Philox group with SR). A group holding a NaN product takes the code
+    // path (E2M1 maps NaN to +6, whatever its sign). E2M1 values (at most 2
+    // significant bits) times a UE4M3 or E8M0 scale are exact in BF16 wherever
+    // the FP32 product is finite, so their operand is the product's top half,
+    // which store_outputs' rounding gives; FP8 values (up to 4 significant
+    // bits) times an E8M0 scale can fall below BF16's subnormal quantum: rounded.
     constexpr bool sr = FM == Fast::rs_bf16;
+    constexpr bool e2m1 = K == 1 || K == 2;
     constexpr int G = N < 4 ? N : 4;
-    static_assert((K == 1 || K == 2) && N % G == 0 && N <= 16 && (!sr || G == 4));
+    static_assert(K >= 1 && K <= 4 && N % G == 0 && (!sr || (e2m1 && G == 4 && N <= 16)));
+    auto operand_bits = [](float value, float scale) {
+      return e2m1 ? float_bits(value * scale) >> 16 : to_bf16(value * scale);
+    };
     uint32_t h[N];
 #pragma unroll
     for (int q = 0; q < N / G; ++q) {
@@ -549,15 +563,21 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       if (amax <= 0x7F800000u) {
 #pragma unroll
         for (int k = 0; k < G; ++k) {
-          const uint32_t value = sr ? e2m1_rs_value_bits(yb[k], grp.v[k]) : e2m1_rn_value_bits(yb[k]);
-          h[G * q + k] = float_bits(bits_float(value) * bp[(G * q + k) * NB / N].scale) >> 16;
+          uint32_t value;
+          if constexpr (sr)
+            value = e2m1_rs_value_bits(yb[k], grp.v[k]);
+          else if constexpr (e2m1)
+            value = e2m1_rn_value_bits(yb[k]);
+          else
+            value = rn_sat_value_bits<kind_format<K>()>(yb[k]);
+          h[G * q + k] = operand_bits(bits_float(value), bp[(G * q + k) * NB / N].scale);
         }
       } else {
 #pragma unroll
         for (int k = 0; k < G; ++k) {
           const float y = bits_float(yb[k]);
           const uint32_t code = sr ? encode_rs<K>(f, y, p.overflow, grp.v[k]) : encode_rn<K>(f, y, p.overflow);
-          h[G * q + k] = float_bits(decode_elem<K>(f, code) * bp[(G * q + k) * NB / N].scale) >> 16;
+          h[G * q + k] = operand_bits(decode_elem<K>(f, code), bp[(G * q + k) * NB / N].scale);
         }
       }
     }

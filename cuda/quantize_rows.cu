@@ -29,6 +29,8 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
     encode_store_rn<K, BC, FULL>(p, f, g, r, c0, v, bp, valid, amax);
   } else if constexpr (FM == Fast::rs) {
     encode_store_rs_fast<K, BC, FULL>(p, f, g, r, c0, v, bp, valid);
+  } else if constexpr (FM == Fast::rn_bf16 || FM == Fast::rs_bf16) {
+    encode_and_store<K, BC, 1, FM, FULL>(p, f, g, r, c0, v, bp, valid);
   } else {
     encode_and_store<K, BC, 1>(p, f, g, r, c0, v, bp, valid);
   }
@@ -39,7 +41,7 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
 // spilled under 3), else 3.
 template <class In, int BC, Fast FM, int BPT>
 constexpr int row_min_blocks() {
-  if (FM == Fast::rn && BC * BPT == 16) return 4;
+  if ((FM == Fast::rn || FM == Fast::rn_bf16) && BC * BPT == 16) return 4;
   return BC == 32 && (sizeof(In) == 4 || FM == Fast::rs) ? 2 : 3;
 }
 
@@ -132,8 +134,18 @@ void go_fast(const KParams& p, cudaStream_t st) {
 template <class In, int BC, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr int bpt = BC == 16 && sizeof(In) == 2 ? 2 : 1;
-  if (fast_rn_applies(K, p)) return go_fast<In, BC, K, RHT, Fast::rn, bpt>(p, st);
-  if (fast_rs_applies(K, p)) return go_fast<In, BC, K, RHT, Fast::rs, 1>(p, st);
+  // The value forms where the one output is the BF16 GEMM operand (rs_bf16: E2M1 only).
+  constexpr bool e2m1 = K == 1 || K == 2;
+  const bool values = bf16_operand_only(p);
+  if (fast_rn_applies(K, p)) {
+    if (values) return go_fast<In, BC, K, RHT, Fast::rn_bf16, bpt>(p, st);
+    return go_fast<In, BC, K, RHT, Fast::rn, bpt>(p, st);
+  }
+  if (fast_rs_applies(K, p)) {
+    if constexpr (e2m1 && BC == 16)
+      if (values) return go_fast<In, BC, K, RHT, Fast::rs_bf16, 1>(p, st);
+    return go_fast<In, BC, K, RHT, Fast::rs, 1>(p, st);
+  }
   go<In, BC, K, RHT, false>(p, st);
 }
 

@@ -525,6 +525,48 @@ TEST_CASE("E2M1: the folded SR encode and the SR and rn value forms against the 
   CHECK(e2m1_rn_value_bits(0xFF800000u) == float_bits(-6.0f));
 }
 
+namespace {
+// rn_sat_value_bits<F> against the generic encoder and decoder: every exponent
+// field, both signs, sampled significands (every one in the fields around F's
+// subnormal / normal boundary and its largest binade), plus Inf.
+template <const Format& F>
+int64_t rn_sat_value_mismatches() {
+  int64_t bad = 0;
+  const int emin_field = F.min_exponent() + 127, emax_field = emax(F) + 127;
+  for (uint32_t e = 0; e < 255; ++e) {
+    const bool all = std::abs(int(e) - emin_field) <= 1 || std::abs(int(e) - emax_field) <= 1 ||
+                     int(e) == emin_field - F.man_bits - 1;
+    for (uint32_t m = 0; m < (1u << 23); m += all ? 1u : 1021u)
+      for (uint32_t sign : {0u, 0x80000000u}) {
+        const uint32_t yb = sign | (e << 23) | m;
+        const uint32_t want = float_bits(float(decode(F, encode(F, bits_float(yb), Round::rn, Overflow::saturate))));
+        if (rn_sat_value_bits<F>(yb) != want && bad++ < 5)
+          MESSAGE(F.name, ": y ", fmt_code(yb), " got ", fmt_code(rn_sat_value_bits<F>(yb)), " want ", fmt_code(want));
+      }
+  }
+  for (uint32_t yb : {0x7F800000u, 0xFF800000u}) {
+    const uint32_t want = float_bits(float(decode(F, encode(F, bits_float(yb), Round::rn, Overflow::saturate))));
+    if (rn_sat_value_bits<F>(yb) != want) ++bad;
+  }
+  return bad;
+}
+}  // namespace
+
+TEST_CASE("FP8 / FP6: the rn value form (saturating) against the generic encoder") {
+  CHECK(rn_sat_value_mismatches<float8_e4m3fn>() == 0);
+  CHECK(rn_sat_value_mismatches<float8_e5m2>() == 0);
+  CHECK(rn_sat_value_mismatches<float6_e2m3fn>() == 0);
+  CHECK(rn_sat_value_mismatches<float6_e3m2fn>() == 0);
+  // Spot values: 460 and Inf saturate to 448 (E4M3), -0 keeps its sign, the
+  // smallest subnormal's half ties to zero, three halves to two quanta.
+  CHECK(rn_sat_value_bits<float8_e4m3fn>(float_bits(460.0f)) == float_bits(448.0f));
+  CHECK(rn_sat_value_bits<float8_e4m3fn>(0xFF800000u) == float_bits(-448.0f));
+  CHECK(rn_sat_value_bits<float8_e4m3fn>(0x80000000u) == 0x80000000u);
+  CHECK(rn_sat_value_bits<float8_e4m3fn>(float_bits(0x1p-10f)) == 0u);
+  CHECK(rn_sat_value_bits<float8_e4m3fn>(float_bits(0x3p-10f)) == float_bits(0x1p-8f));
+  CHECK(rn_sat_value_bits<float8_e5m2>(float_bits(1e9f)) == float_bits(57344.0f));
+}
+
 TEST_CASE("stochastic rounding: exact codes for given random bits") {
   // e4m3fn, x = 2^-10 = half the smallest subnormal 2^-9: as a float32 its
   // significand is 2^23, and D = 24 bits fall below the quantum 2^-9; the

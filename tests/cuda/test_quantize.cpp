@@ -235,16 +235,17 @@ TEST_CASE("cuda quantize: bf16 input equals the f32 input of the same values") {
 TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs") {
   FP4LAB_REQUIRE_GPU();
   std::vector<std::pair<std::string, QuantizerSpec>> specs;
-  for (const char* n : {"nvfp4", "mxfp4", "nvfp4_2d", "nvfp4_col", "mxfp8_e4m3"})
+  for (const char* n : {"nvfp4", "mxfp4", "nvfp4_2d", "nvfp4_col", "mxfp8_e4m3", "mxfp8_e5m2"})
     specs.emplace_back(n, quantizer_by_name(n));
-  // The MX recipes' wgrad operands: MXFP4 column blocks, RN and SR.
-  for (Round r : {Round::rn, Round::rs}) {
-    QuantizerSpec q = quantizer_by_name("mxfp4");
-    q.block_rows = 32;
-    q.block_cols = 1;
-    q.round = r;
-    specs.emplace_back(r == Round::rn ? "mxfp4 [32,1]" : "mxfp4 [32,1] rs", q);
-  }
+  // The MX recipes' wgrad operands: column blocks, MXFP4 RN and SR, MXFP8 RN.
+  for (const char* n : {"mxfp4", "mxfp8_e4m3", "mxfp8_e5m2"})
+    for (Round r : {Round::rn, Round::rs}) {
+      QuantizerSpec q = quantizer_by_name(n);
+      q.block_rows = 32;
+      q.block_cols = 1;
+      q.round = r;
+      specs.emplace_back(std::string(n) + (r == Round::rn ? " [32,1]" : " [32,1] rs"), q);
+    }
   for (const auto& [n, q] : specs) {
     for (Size s : {Size{37, 53}, Size{64, 128}, Size{3, 1}, Size{64, 64}})
       for (int data = 0; data < 2; ++data) {
