@@ -297,8 +297,10 @@ TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs") {
             uint16_t wb2;
             std::memcpy(&wb2, &w2, 2);
             if (!(std::isnan(v) ? (got_op[size_t(i)] & 0x7FFF) > 0x7F80 : got_op[size_t(i)] == wb2)) ++bad_op;
-            // The GEMM operand is exact (no rounding) for these quantizers and data.
-            if (!std::isnan(v) && float(w2) != v) ++bad_op;
+            // The GEMM operand is exact (no rounding) for these quantizers and
+            // data (FP8 values times an E8M0 scale may fall below BF16's
+            // subnormal quantum on the adversarial data: rounded, as checked above).
+            if (!std::isnan(v) && float(w2) != v && (data == 0 || packed)) ++bad_op;
           }
           CHECK_MESSAGE(bad == 0, n << " " << s.rows << "x" << s.cols << " data " << data);
           CHECK_MESSAGE(bad_op == 0, n << " " << s.rows << "x" << s.cols << " data " << data);
