@@ -93,9 +93,9 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
-// Page-locked host memory of n T's (cudaMallocHost), the destination of
-// device-to-host copies that must not block the host (cudaMemcpyAsync into
-// pageable memory would). Grown, never shrunk; contents lost on growth.
+// Page-locked host memory of n T's (cudaMallocHost): the destination or the
+// source of copies that must not block the host (cudaMemcpyAsync with
+// pageable memory may). Grown, never shrunk; contents lost on growth.
 template <class T>
 class PinnedBuffer {
  public:

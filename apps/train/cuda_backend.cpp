@@ -352,6 +352,9 @@ class CudaBackend final : public Backend {
     return cross_entropy_finish(correct);
   }
   void cross_entropy_start(const Tensor& logits, const int32_t* targets, Tensor* dlogits) override {
+    // An unfinished start's copies may still be writing the pinned buffers
+    // that this one may reallocate.
+    if (ce_pending_ && ce_rows_ > 0) ce_done_.wait("cross_entropy (the unfinished previous start)");
     ce_pending_ = false;
     const int64_t n = logits.rows, v = logits.cols;
     for (int64_t r = 0; r < n; ++r)
