@@ -106,7 +106,8 @@ void go(const KParams& p, cudaStream_t st) {
 // Kind K's kernel in the fast form its mode allows (rs: 4-column strips only,
 // whole Philox groups per row); the value forms (Fast::rn_bf16 / rs_bf16)
 // where the one output is the BF16 GEMM operand (the trainer's wgrad
-// operands; rs_bf16 for E2M1 only).
+// operands; rs_bf16 for E2M1 only, also in 2-column strips: cols % 4 == 0
+// puts each strip's row in one Philox group).
 template <class In, int BR, int V, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr bool e2m1 = K == 1 || K == 2;
@@ -115,12 +116,10 @@ void go_kind(const KParams& p, cudaStream_t st) {
     if (values) return go<In, BR, V, K, RHT, false, Fast::rn_bf16>(p, st);
     return go<In, BR, V, K, RHT, false, Fast::rn>(p, st);
   }
-  if constexpr (V == 4) {
-    if (fast_rs_applies(K, p)) {
-      if constexpr (e2m1)
-        if (values) return go<In, BR, V, K, RHT, false, Fast::rs_bf16>(p, st);
-      return go<In, BR, V, K, RHT, false, Fast::rs>(p, st);
-    }
+  if (fast_rs_applies(K, p)) {
+    if constexpr (e2m1)
+      if (values) return go<In, BR, V, K, RHT, false, Fast::rs_bf16>(p, st);
+    if constexpr (V == 4) return go<In, BR, V, K, RHT, false, Fast::rs>(p, st);
   }
   go<In, BR, V, K, RHT, false>(p, st);
 }

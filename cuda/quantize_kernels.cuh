@@ -544,8 +544,11 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
     // bits) times an E8M0 scale can fall below BF16's subnormal quantum: rounded.
     constexpr bool sr = FM == Fast::rs_bf16;
     constexpr bool e2m1 = K == 1 || K == 2;
+    // SR with N == 2 (the [32,1] column kernels' 2-column strips): the run
+    // starts on an even element index (the caller's fast_rs_applies: cols % 4
+    // == 0, even c0), so it lies in one Philox group.
     constexpr int G = N < 4 ? N : 4;
-    static_assert(K >= 1 && K <= 4 && N % G == 0 && (!sr || (e2m1 && G == 4 && N <= 16)));
+    static_assert(K >= 1 && K <= 4 && N % G == 0 && (!sr || (e2m1 && (G == 4 || G == 2) && N <= 16)));
     auto operand_bits = [](float value, float scale) {
       return e2m1 ? float_bits(value * scale) >> 16 : to_bf16(value * scale);
     };
@@ -554,6 +557,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
     for (int q = 0; q < N / G; ++q) {
       Philox4 grp{};
       if constexpr (sr) grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
+      auto rbits = [&](int k) { return G == 4 ? grp.v[k] : pick(grp, uint32_t(base & 3) + uint32_t(k)); };
       uint32_t yb[G], amax = 0;
 #pragma unroll
       for (int k = 0; k < G; ++k) {
@@ -565,7 +569,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
         for (int k = 0; k < G; ++k) {
           uint32_t value;
           if constexpr (sr)
-            value = e2m1_rs_value_bits(yb[k], grp.v[k]);
+            value = e2m1_rs_value_bits(yb[k], rbits(k));
           else if constexpr (e2m1)
             value = e2m1_rn_value_bits(yb[k]);
           else
@@ -576,7 +580,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
 #pragma unroll
         for (int k = 0; k < G; ++k) {
           const float y = bits_float(yb[k]);
-          const uint32_t code = sr ? encode_rs<K>(f, y, p.overflow, grp.v[k]) : encode_rn<K>(f, y, p.overflow);
+          const uint32_t code = sr ? encode_rs<K>(f, y, p.overflow, rbits(k)) : encode_rn<K>(f, y, p.overflow);
           h[G * q + k] = operand_bits(decode_elem<K>(f, code), bp[(G * q + k) * NB / N].scale);
         }
       }
