@@ -112,6 +112,12 @@ template <class In, int BR, int V, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr bool e2m1 = K == 1 || K == 2;
   const bool values = bf16_operand_only(p);
+  if constexpr (K == 1) {
+    if (values && p.rule == ScaleRule::nv_noglobal) {  // which the other fast forms exclude
+      if (p.round == Round::rn) return go<In, BR, V, K, RHT, false, Fast::rn_bf16_div>(p, st);
+      if (p.round == Round::rs && p.cols % 4 == 0) return go<In, BR, V, K, RHT, false, Fast::rs_bf16_div>(p, st);
+    }
+  }
   if (fast_rn_applies(K, p)) {
     if (values) return go<In, BR, V, K, RHT, false, Fast::rn_bf16>(p, st);
     return go<In, BR, V, K, RHT, false, Fast::rn>(p, st);

@@ -512,7 +512,14 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
 // encode_and_store only). A kernel compiled for one fast form holds none of
 // the other modes' code, so that its register count, and with it its
 // occupancy, is its own.
-enum class Fast { none, rn, rs, rn_bf16, rs_bf16 };
+enum class Fast { none, rn, rs, rn_bf16, rs_bf16, rn_bf16_div, rs_bf16_div };
+// The value forms; _div: fp4-trainkit's nv_noglobal rule (x / scale; E2M1 with
+// UE4M3 scales, kind 1), which the other fast forms exclude.
+FP4LAB_HD constexpr bool value_form(Fast fm) {
+  return fm == Fast::rn_bf16 || fm == Fast::rs_bf16 || fm == Fast::rn_bf16_div || fm == Fast::rs_bf16_div;
+}
+FP4LAB_HD constexpr bool value_form_sr(Fast fm) { return fm == Fast::rs_bf16 || fm == Fast::rs_bf16_div; }
+FP4LAB_HD constexpr bool value_form_div(Fast fm) { return fm == Fast::rn_bf16_div || fm == Fast::rs_bf16_div; }
 
 // Is p's one element output the BF16 GEMM operand (the condition of the
 // _bf16 fast forms on the outputs)?
@@ -532,7 +539,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
                                                  int valid) {
   // Block of element j: bp[j * NB / N] (NB == 1: one block; NB == N: one per element).
   const int64_t base = r * p.cols + c0;
-  if constexpr (FM == Fast::rn_bf16 || FM == Fast::rs_bf16) {
+  if constexpr (value_form(FM)) {
     // The BF16 operand straight from each element's rounded value (no code,
     // no decode: e2m1_rn_value_bits / e2m1_rs_value_bits, and for E4M3 / E5M2
     // (kinds 3, 4; rn, saturating) rn_sat_value_bits), in groups of G elements
@@ -542,8 +549,9 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
     // the FP32 product is finite, so their operand is the product's top half,
     // which store_outputs' rounding gives; FP8 values (up to 4 significant
     // bits) times an E8M0 scale can fall below BF16's subnormal quantum: rounded.
-    constexpr bool sr = FM == Fast::rs_bf16;
+    constexpr bool sr = value_form_sr(FM), div = value_form_div(FM);
     constexpr bool e2m1 = K == 1 || K == 2;
+    static_assert(!div || K == 1);
     // SR with N == 2 (the [32,1] column kernels' 2-column strips): the run
     // starts on an even element index (the caller's fast_rs_applies: cols % 4
     // == 0, even c0), so it lies in one Philox group.
@@ -561,7 +569,8 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       uint32_t yb[G], amax = 0;
 #pragma unroll
       for (int k = 0; k < G; ++k) {
-        yb[k] = float_bits(v[G * q + k] * bp[(G * q + k) * NB / N].mult);
+        const float x = v[G * q + k], m = bp[(G * q + k) * NB / N].mult;
+        yb[k] = float_bits(div ? x / m : x * m);
         amax = umax(amax, yb[k] & 0x7FFFFFFFu);
       }
       if (amax <= 0x7F800000u) {
@@ -591,7 +600,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   uint32_t code[N];
   // One branch per thread, each mode's loop contiguous in the binary (an
   // element loop with the modes interleaved thrashed the instruction cache).
-  static_assert(FM == Fast::none || FM == Fast::rn_bf16 || FM == Fast::rs_bf16 ||  // (returned above)
+  static_assert(FM == Fast::none || value_form(FM) ||  // (returned above)
                 (K != 0 && (FM == Fast::rn || (N % 4 == 0 && N <= 16))));
   const bool fast = K != 0 && p.rule != ScaleRule::nv_noglobal;
   // The SR branches serve either rule: fp4-trainkit's nv_noglobal (eq. 3)

@@ -29,7 +29,7 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
     encode_store_rn<K, BC, FULL>(p, f, g, r, c0, v, bp, valid, amax);
   } else if constexpr (FM == Fast::rs) {
     encode_store_rs_fast<K, BC, FULL>(p, f, g, r, c0, v, bp, valid);
-  } else if constexpr (FM == Fast::rn_bf16 || FM == Fast::rs_bf16) {
+  } else if constexpr (value_form(FM)) {
     encode_and_store<K, BC, 1, FM, FULL>(p, f, g, r, c0, v, bp, valid);
   } else {
     encode_and_store<K, BC, 1>(p, f, g, r, c0, v, bp, valid);
@@ -41,7 +41,7 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
 // spilled under 3), else 3.
 template <class In, int BC, Fast FM, int BPT>
 constexpr int row_min_blocks() {
-  if ((FM == Fast::rn || FM == Fast::rn_bf16) && BC * BPT == 16) return 4;
+  if ((FM == Fast::rn || FM == Fast::rn_bf16 || FM == Fast::rn_bf16_div) && BC * BPT == 16) return 4;
   return BC == 32 && (sizeof(In) == 4 || FM == Fast::rs) ? 2 : 3;
 }
 
@@ -134,9 +134,17 @@ void go_fast(const KParams& p, cudaStream_t st) {
 template <class In, int BC, int K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr int bpt = BC == 16 && sizeof(In) == 2 ? 2 : 1;
-  // The value forms where the one output is the BF16 GEMM operand (rs_bf16: E2M1 only).
+  // The value forms where the one output is the BF16 GEMM operand (rs_bf16: E2M1 only;
+  // the _div forms: nv_noglobal, which the other fast forms exclude).
   constexpr bool e2m1 = K == 1 || K == 2;
   const bool values = bf16_operand_only(p);
+  if constexpr (K == 1) {
+    if (values && p.rule == ScaleRule::nv_noglobal) {
+      if (p.round == Round::rn) return go_fast<In, BC, K, RHT, Fast::rn_bf16_div, bpt>(p, st);
+      if constexpr (BC == 16)
+        if (p.round == Round::rs && p.cols % 4 == 0) return go_fast<In, BC, K, RHT, Fast::rs_bf16_div, 1>(p, st);
+    }
+  }
   if (fast_rn_applies(K, p)) {
     if (values) return go_fast<In, BC, K, RHT, Fast::rn_bf16, bpt>(p, st);
     return go_fast<In, BC, K, RHT, Fast::rn, bpt>(p, st);

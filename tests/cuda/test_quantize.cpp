@@ -246,6 +246,17 @@ TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs") {
       q.round = r;
       specs.emplace_back(std::string(n) + (r == Round::rn ? " [32,1]" : " [32,1] rs"), q);
     }
+  // fp4_all_the_way's nv_noglobal blocks (x / scale) along both axes, RN and SR.
+  for (int axis = 0; axis < 2; ++axis)
+    for (Round r : {Round::rn, Round::rs}) {
+      QuantizerSpec q = quantizer_by_name("nvfp4");
+      q.scale_rule = ScaleRule::nv_noglobal;
+      q.global_scale = GlobalScale::none;
+      q.block_rows = axis ? 16 : 1;
+      q.block_cols = axis ? 1 : 16;
+      q.round = r;
+      specs.emplace_back(std::string("nv_noglobal ") + (axis ? "[16,1]" : "[1,16]") + (r == Round::rn ? "" : " rs"), q);
+    }
   for (const auto& [n, q] : specs) {
     for (Size s : {Size{37, 53}, Size{64, 128}, Size{3, 1}, Size{64, 64}})
       for (int data = 0; data < 2; ++data) {
