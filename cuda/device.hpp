@@ -112,7 +112,6 @@ class PinnedBuffer {
     return p_;
   }
   T* data() const { return p_; }
-  size_t size() const { return n_; }
 
  private:
   void release() noexcept {

@@ -602,14 +602,13 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   // element loop with the modes interleaved thrashed the instruction cache).
   static_assert(FM == Fast::none || value_form(FM) ||  // (returned above)
                 (K != 0 && (FM == Fast::rn || (N % 4 == 0 && N <= 16))));
-  const bool fast = K != 0 && p.rule != ScaleRule::nv_noglobal;
-  // The SR branches serve either rule: fp4-trainkit's nv_noglobal (eq. 3)
-  // divides by the block scale (encode_element_rt), the others multiply.
+  // The rn and SR branches serve either rule: fp4-trainkit's nv_noglobal
+  // (eq. 3) divides by the block scale (encode_element_rt), the others multiply.
   const bool div = FM == Fast::none && p.rule == ScaleRule::nv_noglobal;
   auto operand = [&](float x, float mult) { return div ? x / mult : x * mult; };
-  if (FM == Fast::rn || (FM == Fast::none && fast && p.round == Round::rn)) {
+  if (FM == Fast::rn || (FM == Fast::none && K != 0 && p.round == Round::rn)) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] * bp[j * NB / N].mult, p.overflow);
+    for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, operand(v[j], bp[j * NB / N].mult), p.overflow);
   } else if (FM == Fast::rs ||
              (FM == Fast::none && K != 0 && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0)) {
     // Up to 4 Philox groups unrolled (branch-free encode_rs_f32: about 1000
@@ -621,9 +620,6 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       for (int k = 0; k < 4; ++k)
         code[4 * q + k] = encode_rs<K>(f, operand(v[4 * q + k], bp[(4 * q + k) * NB / N].mult), p.overflow, grp.v[k]);
     }
-  } else if (K != 0 && p.rule == ScaleRule::nv_noglobal && p.round == Round::rn) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, v[j] / bp[j * NB / N].mult, p.overflow);
   } else if (K != 0 && p.round == Round::rs && N < 4) {
     // Runs shorter than a Philox group (the [32,1] column kernels' 2-column
     // strips): the one or two groups the run touches, not one per element.
