@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
   NvGlobal g;
   if constexpr (GRID_AMAX) {
-    amax_warp_commit(a, p.gamax);
+    amax_block_commit(a, p.gamax);
     cooperative_groups::this_grid().sync();
     g = nv_global(bits_float(__ldcg(p.gamax)), max_finite(sf), max_finite(f));
     if (last_block_to_arrive(p.fin.done) && threadIdx.x == 0) {  // every block has read the amax word
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const void* x, int64_t n
     }
     for (int64_t k = nv * 4 + i; k < n; k += stride) m = umax(m, abs_bits(load1<In>(x, k)));
   }
-  amax_warp_commit(m, out);
+  amax_block_commit(m, out);
   amax_pass_done(fin, out);
 }
 

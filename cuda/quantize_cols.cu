@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
     uint32_t m = 0;
 #pragma unroll
     for (int cc = 0; cc < V; ++cc) m = umax(m, amax[cc]);
-    amax_warp_commit(m, p.gamax);
+    amax_block_commit(m, p.gamax);
     amax_pass_done(p.fin, p.gamax);
     return;
   } else {

@@ -9,6 +9,8 @@
 // bit-identical to quantize_device's for the same spec.
 #include "cuda/quantize_kernels.cuh"
 
+#include <algorithm>
+
 #include "cuda/device.hpp"
 
 namespace fp4lab::cuda::qk {
@@ -47,17 +49,15 @@ __device__ __forceinline__ void unstage_row(const Stage& s, int rr, float (&r)[4
 // FM: Fast::rn or Fast::rs when both quantizers round that way and every base
 // pointer is 16-byte aligned (only that mode's code is compiled, its stores
 // unchecked: encode_and_store's FULL), their _bf16 forms when both outputs
-// are only BF16 GEMM operands, else Fast::none. The amax-only form fits three
-// blocks per SM (80 registers, no spills): a 16384 x 384 tensor's 384 blocks
-// run in one wave (the trainer's amax passes 1.46 -> 1.39 ms per nvfp4 step).
-template <class In, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none>
-__global__ void __launch_bounds__(kThreads, AMAX_ONLY ? 3 : 2) dual_kernel(const KParams pr, const KParams pc) {
+// are only BF16 GEMM operands, else Fast::none.
+template <class In, bool RHT, Fast FM = Fast::none>
+__global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
   constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
   // The row loops below: 4 rows an iteration with SR (four independent Philox
   // chains: 3% faster than 1 at 8192^2 from f32), 1 otherwise (2 and 4 were no
   // faster for rn, and 4 slower from BF16).
   constexpr int kRowUnroll = FM == Fast::rs || FM == Fast::rs_bf16 ? 4 : 1;
-  const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t ngroups = pr.cols / 4, nstrips = pr.rows / 16;  // both multiples of 16 (host)
   int64_t i, jg;
   const bool ok = strip_of(t, nstrips, ngroups, i, jg);
@@ -66,151 +66,204 @@ __global__ void __launch_bounds__(kThreads, AMAX_ONLY ? 3 : 2) dual_kernel(const
 #pragma unroll
   for (int rr = 0; rr < 16; ++rr) load_n<In, 4>(pr.x, (r0 + rr) * pr.cols + c0, ok ? 4 : 0, v[rr]);
 
-  if constexpr (AMAX_ONLY) {
-    uint32_t mr = 0;
+  // Row blocks: the amax of each of the 16 rows over this lane's 4 columns and
+  // its 3 neighbours' (every lane takes part, in range or not).
+  uint32_t ramax[16];
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr)
+  for (int rr = 0; rr < 16; ++rr) {
+    uint32_t m = 0;
 #pragma unroll
-      for (int cc = 0; cc < 4; ++cc) mr = umax(mr, abs_bits(v[rr][cc]));
-    uint32_t mc = mr;
-    if constexpr (RHT) {
-      rht_columns(v, pc.signs);
-      mc = 0;
+    for (int cc = 0; cc < 4; ++cc) m = umax(m, abs_bits(v[rr][cc]));
+    m = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+    ramax[rr] = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  }
+  // The 4 lanes of a row block (lane % 4 == jg % 4: ngroups % 4 == 0) share
+  // its parameters: lane q computes those of rows 4k + q (k < 4) and writes
+  // their scales; every lane then takes each row's multiplier and scale from
+  // its owner by a shuffle (all lanes, in range or not).
+  const Format f = kind_elem<K>(pr), sf = kind_scale<K>(pr);
+  const NvGlobal gr = nv_global_of(pr, f, sf), gc = nv_global_of(pc, f, sf);
+  const int q = threadIdx.x & 3;
+  BlockParams own[4];
 #pragma unroll
-      for (int rr = 0; rr < 16; ++rr)
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) mc = umax(mc, abs_bits(v[rr][cc]));
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t m = q == 0 ? ramax[4 * k] : q == 1 ? ramax[4 * k + 1] : q == 2 ? ramax[4 * k + 2] : ramax[4 * k + 3];
+    own[k] = block_params<K>(pr, f, sf, m, gr);
+    if (ok) {
+      const int64_t si = (r0 + 4 * k + q) * pr.nbc + c0 / 16;
+      if (pr.out.scale_codes) pr.out.scale_codes[si] = uint8_t(own[k].code);
+      if (pr.out.scales) pr.out.scales[si] = own[k].scale;
     }
-    amax_warp_commit(mr, pr.gamax);
-    amax_warp_commit(mc, pc.gamax);
-    amax_pass_done(pr.fin, pr.gamax, pc.fin, pc.gamax);  // re-arms both words
-    return;
-  } else {
-    // Row blocks: the amax of each of the 16 rows over this lane's 4 columns and
-    // its 3 neighbours' (every lane takes part, in range or not).
-    uint32_t ramax[16];
+  }
+  const Stage stage = stage_of();
+  const int group = threadIdx.x & ~3;
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-      uint32_t m = 0;
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) m = umax(m, abs_bits(v[rr][cc]));
-      m = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-      ramax[rr] = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
-    }
-    // The 4 lanes of a row block (lane % 4 == jg % 4: ngroups % 4 == 0) share
-    // its parameters: lane q computes those of rows 4k + q (k < 4) and writes
-    // their scales; every lane then takes each row's multiplier and scale from
-    // its owner by a shuffle (all lanes, in range or not).
-    const Format f = kind_elem<K>(pr), sf = kind_scale<K>(pr);
-    const NvGlobal gr = nv_global_of(pr, f, sf), gc = nv_global_of(pc, f, sf);
-    const int q = threadIdx.x & 3;
-    BlockParams own[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t m = q == 0   ? ramax[4 * k]
-                         : q == 1 ? ramax[4 * k + 1]
-                         : q == 2 ? ramax[4 * k + 2]
-                                  : ramax[4 * k + 3];
-      own[k] = block_params<K>(pr, f, sf, m, gr);
-      if (ok) {
-        const int64_t si = (r0 + 4 * k + q) * pr.nbc + c0 / 16;
-        if (pr.out.scale_codes) pr.out.scale_codes[si] = uint8_t(own[k].code);
-        if (pr.out.scales) pr.out.scales[si] = own[k].scale;
-      }
-    }
-    const Stage stage = stage_of();
-    const int group = threadIdx.x & ~3;
-#pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-      const int src = (group | (rr & 3)) & 31;
-      stage.mult[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].mult, src);
-      stage.scale[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].scale, src);
-    }
-    if (!ok) return;
-    if (t == 0) {
-      store_global_decode(pr.out, gr.g_dec);
-      store_global_decode(pc.out, gc.g_dec);
-    }
+  for (int rr = 0; rr < 16; ++rr) {
+    const int src = (group | (rr & 3)) & 31;
+    stage.mult[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].mult, src);
+    stage.scale[rr * kThreads + threadIdx.x] = __shfl_sync(0xFFFFFFFFu, own[rr >> 2].scale, src);
+  }
+  if (!ok) return;
+  if (t == 0) {
+    store_global_decode(pr.out, gr.g_dec);
+    store_global_decode(pc.out, gc.g_dec);
+  }
 
-    // pr: row r0 + rr, columns c0..c0+3, block (r0 + rr, c0 / 16).
-    stage_rows(stage, v);
+  // pr: row r0 + rr, columns c0..c0+3, block (r0 + rr, c0 / 16).
+  stage_rows(stage, v);
 #pragma unroll kRowUnroll
-    for (int rr = 0; rr < 16; ++rr) {
-      float row[4];
-      unstage_row(stage, rr, row);
-      const int at = rr * kThreads + threadIdx.x;
-      const BlockParams b[1] = {BlockParams{0u, stage.scale[at], stage.mult[at]}};
-      encode_and_store<K, 4, 1, FM, FM != Fast::none>(pr, f, gr, r0 + rr, c0, row, b, 4);
-    }
-    // v is dead across that loop: back from the stage.
+  for (int rr = 0; rr < 16; ++rr) {
+    float row[4];
+    unstage_row(stage, rr, row);
+    const int at = rr * kThreads + threadIdx.x;
+    const BlockParams b[1] = {BlockParams{0u, stage.scale[at], stage.mult[at]}};
+    encode_and_store<K, 4, 1, FM, FM != Fast::none>(pr, f, gr, r0 + rr, c0, row, b, 4);
+  }
+  // v is dead across that loop: back from the stage.
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) unstage_row(stage, rr, v[rr]);
+  for (int rr = 0; rr < 16; ++rr) unstage_row(stage, rr, v[rr]);
 
-    // pc: the RHT down each column (whole 16-row chunks), then blocks (r0 / 16, c0 + cc).
-    if constexpr (RHT) rht_columns(v, pc.signs);
-    BlockParams bpc[4];
-    uint32_t sc[4];
+  // pc: the RHT down each column (whole 16-row chunks), then blocks (r0 / 16, c0 + cc).
+  if constexpr (RHT) rht_columns(v, pc.signs);
+  BlockParams bpc[4];
+  uint32_t sc[4];
 #pragma unroll
-    for (int cc = 0; cc < 4; ++cc) {
-      uint32_t m = 0;
+  for (int cc = 0; cc < 4; ++cc) {
+    uint32_t m = 0;
 #pragma unroll
-      for (int rr = 0; rr < 16; ++rr) m = umax(m, abs_bits(v[rr][cc]));
-      bpc[cc] = block_params<K>(pc, f, sf, m, gc);
-      sc[cc] = bpc[cc].code;
-    }
-    const int64_t si = i * pc.nbc + c0;  // nbc == cols
-    if (pc.out.scale_codes) store_bytes<4>(pc.out.scale_codes + si, sc, 4);
-    if (pc.out.scales) {
-      float s[4];
+    for (int rr = 0; rr < 16; ++rr) m = umax(m, abs_bits(v[rr][cc]));
+    bpc[cc] = block_params<K>(pc, f, sf, m, gc);
+    sc[cc] = bpc[cc].code;
+  }
+  const int64_t si = i * pc.nbc + c0;  // nbc == cols
+  if (pc.out.scale_codes) store_bytes<4>(pc.out.scale_codes + si, sc, 4);
+  if (pc.out.scales) {
+    float s[4];
 #pragma unroll
-      for (int cc = 0; cc < 4; ++cc) s[cc] = bpc[cc].scale;
-      store_f32<4>(pc.out.scales + si, s, 4);
-    }
-    stage_rows(stage, v);  // this thread's own slots: no synchronisation
+    for (int cc = 0; cc < 4; ++cc) s[cc] = bpc[cc].scale;
+    store_f32<4>(pc.out.scales + si, s, 4);
+  }
+  stage_rows(stage, v);  // this thread's own slots: no synchronisation
 #pragma unroll kRowUnroll
-    for (int rr = 0; rr < 16; ++rr) {
-      float row[4];
-      unstage_row(stage, rr, row);
-      encode_and_store<K, 4, 4, FM, FM != Fast::none>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
-    }
+  for (int rr = 0; rr < 16; ++rr) {
+    float row[4];
+    unstage_row(stage, rr, row);
+    encode_and_store<K, 4, 4, FM, FM != Fast::none>(pc, f, gc, r0 + rr, c0, row, bpc, 4);
   }
 }
 
-template <class In, bool RHT, bool AMAX, Fast FM = Fast::none>
+template <class In, bool RHT, Fast FM = Fast::none>
 void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
   const int64_t threads = (pr.rows / 16) * (pr.cols / 4);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  const size_t smem = AMAX ? 0 : kStageBytes;
-  if (!AMAX) allow_dynamic_smem<dual_kernel<In, RHT, AMAX, FM>>(kStageBytes, "dual_kernel (96 KB shared memory)");
-  if (blocks > 0) dual_kernel<In, RHT, AMAX, FM><<<unsigned(blocks), kThreads, smem, st>>>(pr, pc);
+  allow_dynamic_smem<dual_kernel<In, RHT, FM>>(kStageBytes, "dual_kernel (96 KB shared memory)");
+  if (blocks > 0) dual_kernel<In, RHT, FM><<<unsigned(blocks), kThreads, kStageBytes, st>>>(pr, pc);
   check_launch("dual_kernel");
+}
+
+// The two tensor amaxes ahead of the quantization pass: pr's of x into
+// *pr.gamax, pc's (of the RHT output with RHT) into *pc.gamax, finished by
+// pr.fin / pc.fin (amax_pass_done). One thread per strip of 16 rows x V
+// columns (V = 4 / sizeof(In): one 4-byte load per row, a warp reading 128
+// contiguous bytes of it), the grid persistent over the strips: the next
+// strip's loads are in flight while this one is reduced (one strip a thread
+// at once left the SMs waiting on L2 first and issuing after: 14.4 us for a
+// 16384 x 384 f32 tensor at IPC 1.2). The strips go from the tensor's end to
+// its start, so that the quantization pass that follows finds its first
+// bytes in L2. The RHT is rht16_forward's operations but its final * 0.25f,
+// applied once to this thread's largest |t| instead: RN is monotone, so
+// max |fl(t / 4)| == fl(max |t| / 4); the GPU's arithmetic NaNs are all
+// 0x7FFFFFFF either way, and Inf stays Inf.
+template <class In, bool RHT>
+__global__ void __launch_bounds__(kThreads, 4) dual_amax_kernel(const KParams pr, const KParams pc) {
+  constexpr int V = 4 / int(sizeof(In));
+  const int64_t nstrips = pr.rows / 16, ngroups = pr.cols / V, units = nstrips * ngroups;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  // A strip is 16 words, one per row: an f32 element or two BF16 ones.
+  // BF16 words at a base that is not 4-byte aligned: two 2-byte loads each.
+  const bool halves = V == 2 && (reinterpret_cast<uintptr_t>(pr.x) & 3u) != 0;
+  auto load = [&](int64_t k, uint32_t(&w)[16]) {
+    int64_t i, jg;
+    strip_of(units - 1 - k, nstrips, ngroups, i, jg);
+    const In* s = static_cast<const In*>(pr.x) + i * 16 * pr.cols + jg * V;
+    if (halves) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(s);
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr)
+        w[rr] = uint32_t(__ldg(h + rr * pr.cols)) | uint32_t(__ldg(h + rr * pr.cols + 1)) << 16;
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) w[rr] = __ldg(reinterpret_cast<const unsigned int*>(s + rr * pr.cols));
+    }
+  };
+  uint32_t mr = 0, mt = 0;
+  auto reduce = [&](const uint32_t(&w)[16]) {
+#pragma unroll
+    for (int cc = 0; cc < V; ++cc) {
+      float col[16];
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) {
+        const float x = V == 1 ? bits_float(w[rr]) : bits_float(cc == 0 ? w[rr] << 16 : w[rr] & 0xFFFF0000u);
+        mr = umax(mr, abs_bits(x));
+        col[rr] = x * pc.signs[rr];
+      }
+      if constexpr (RHT) {
+        rht16_butterflies(col);
+#pragma unroll
+        for (int rr = 0; rr < 16; ++rr) mt = umax(mt, abs_bits(col[rr]));
+      }
+    }
+  };
+  uint32_t a[16], b[16];
+  int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (k < units) load(k, a);
+  for (; k < units; k += 2 * stride) {
+    if (k + stride < units) load(k + stride, b);
+    reduce(a);
+    if (k + 2 * stride < units) load(k + 2 * stride, a);
+    if (k + stride < units) reduce(b);
+  }
+  const uint32_t mc = RHT ? float_bits(bits_float(mt) * 0.25f) : mr;
+  amax_block_commit(mr, pr.gamax, mc, pc.gamax);
+  amax_pass_done(pr.fin, pr.gamax, pc.fin, pc.gamax);  // re-arms both words
+}
+
+template <class In, bool RHT>
+void go_amax(const KParams& pr, const KParams& pc, cudaStream_t st) {
+  static const int64_t resident = [] {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dual_amax_kernel<In, RHT>, kThreads, 0);
+    return int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
+  }();
+  const int64_t units = (pr.rows / 16) * (pr.cols / (4 / int64_t(sizeof(In))));
+  const int64_t blocks = std::min((units + kThreads - 1) / kThreads, resident);
+  if (blocks > 0) dual_amax_kernel<In, RHT><<<unsigned(blocks), kThreads, 0, st>>>(pr, pc);
+  check_launch("dual_amax_kernel");
 }
 
 // The quantization pass in the fast form both quantizers allow (rows of 4
 // elements: every span is aligned given aligned bases, cols % 16 == 0).
 template <class In, bool RHT>
 void go_fast(const KParams& pr, const KParams& pc, cudaStream_t st) {
-  if (!bases_aligned16(pr) || !bases_aligned16(pc)) return go<In, RHT, false>(pr, pc, st);
+  if (!bases_aligned16(pr) || !bases_aligned16(pc)) return go<In, RHT>(pr, pc, st);
   const bool operands = bf16_operand_only(pr) && bf16_operand_only(pc);
   if (fast_rn_applies(1, pr) && fast_rn_applies(1, pc)) {
-    if (operands) return go<In, RHT, false, Fast::rn_bf16>(pr, pc, st);
-    return go<In, RHT, false, Fast::rn>(pr, pc, st);
+    if (operands) return go<In, RHT, Fast::rn_bf16>(pr, pc, st);
+    return go<In, RHT, Fast::rn>(pr, pc, st);
   }
   if (fast_rs_applies(1, pr) && fast_rs_applies(1, pc)) {
-    if (operands) return go<In, RHT, false, Fast::rs_bf16>(pr, pc, st);
-    return go<In, RHT, false, Fast::rs>(pr, pc, st);
+    if (operands) return go<In, RHT, Fast::rs_bf16>(pr, pc, st);
+    return go<In, RHT, Fast::rs>(pr, pc, st);
   }
-  go<In, RHT, false>(pr, pc, st);
+  go<In, RHT>(pr, pc, st);
 }
 
 template <class In>
 void dispatch(const KParams& pr, const KParams& pc, bool rht, bool amax_only, cudaStream_t st) {
-  if (rht) {
-    if (amax_only) return go<In, true, true>(pr, pc, st);
-    return go_fast<In, true>(pr, pc, st);
-  }
-  if (amax_only) return go<In, false, true>(pr, pc, st);
-  return go_fast<In, false>(pr, pc, st);
+  if (rht) return amax_only ? go_amax<In, true>(pr, pc, st) : go_fast<In, true>(pr, pc, st);
+  return amax_only ? go_amax<In, false>(pr, pc, st) : go_fast<In, false>(pr, pc, st);
 }
 
 }  // namespace

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FM, BPT>()) r
   if constexpr (AMAX_ONLY) {
     static_assert(BPT == 1);
     if constexpr (RHT) rht16_forward(v, p.signs);
-    amax_warp_commit(amax_bits(v), p.gamax);
+    amax_block_commit(amax_bits(v), p.gamax);
     amax_pass_done(p.fin, p.gamax);
   } else {
     if (!ok) return;

@@ -553,6 +553,64 @@ TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit 
                        doctest::Contains("multiples of 16"), Error);
 }
 
+// The amax pass ahead of the dual quantization is persistent over 16-row
+// strips (a grid of what fits on the GPU at once): tensors with more strips
+// than resident threads (several strips a thread, the next one's loads in
+// flight), and a BF16 input whose base is not 4-byte aligned (its words loaded
+// as halves). The global scales follow from both amaxes (the column
+// operand's of its RHT output), so the outputs show any difference.
+TEST_CASE("cuda quantize: quantize_dual_device's amax pass on large and unaligned inputs") {
+  FP4LAB_REQUIRE_GPU();
+  const QuantizerSpec nv = quantizer_by_name("nvfp4");
+  QuantizerSpec qr = nv, qc = nv;
+  qc.round = Round::rs;
+  qc.block_rows = 16;
+  qc.block_cols = 1;
+  qc.rht = true;
+  qc.rht_seed = 77;
+  QuantWorkspace ws;
+  struct Case {
+    int64_t rows, cols;
+    bool bf16;
+    int offset;  // elements between the buffer's start and the tensor's
+  };
+  int k = 0;
+  for (const Case& c :
+       {Case{4096, 1152, false, 0}, Case{4096, 2304, true, 0}, Case{256, 1152, true, 1}, Case{64, 48, true, 3}}) {
+    ++k;
+    auto x = k == 4 ? test::adversarial(c.rows, c.cols, 900u, true) : test::varied_randn(c.rows, c.cols, 900u + k, 20);
+    if (c.bf16)
+      for (float& v : x) v = bits_float(float_bits(v) & 0xFFFF0000u);
+    const RandomStream rsr{3, uint64_t(k)}, rsc{4, uint64_t(k)};
+    const MatrixView<const float> view(x.data(), c.rows, c.cols);
+    const QuantizedTensor cr = quantize(qr, view, rsr), cc = quantize(qc, view, rsc);
+    DeviceBuffer<float> d32;
+    DeviceBuffer<uint16_t> d16;
+    const void* dx;
+    if (c.bf16) {
+      std::vector<uint16_t> h(x.size() + size_t(c.offset));
+      for (size_t i = 0; i < x.size(); ++i) h[i + size_t(c.offset)] = uint16_t(float_bits(x[i]) >> 16);
+      d16.upload(h);
+      dx = d16.data() + c.offset;
+    } else {
+      std::vector<float> h(x.size() + size_t(c.offset));
+      std::copy(x.begin(), x.end(), h.begin() + c.offset);
+      d32.upload(h);
+      dx = d32.data() + c.offset;
+    }
+    DualOut orow(qr, c.rows, c.cols), ocol(qc, c.rows, c.cols);
+    quantize_dual_device(qr, rsr, orow.outputs(), qc, rsc, ocol.outputs(), dx,
+                         c.bf16 ? InputType::bf16 : InputType::f32, c.rows, c.cols, ws);
+    check(cudaDeviceSynchronize(), "test");
+    CAPTURE(c.rows);
+    CAPTURE(c.cols);
+    CAPTURE(c.bf16);
+    CAPTURE(c.offset);
+    CHECK(test::same_quantized(orow.get(qr, c.rows, c.cols), cr, x));
+    CHECK(test::same_quantized(ocol.get(qc, c.rows, c.cols), cc, x));
+  }
+}
+
 TEST_CASE("cuda quantize: path and argument errors") {
   FP4LAB_REQUIRE_GPU();
   std::vector<float> x(64, 1.0f);
