@@ -70,13 +70,16 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
   std::vector<std::string> names = quantizers.empty() ? quantizer_names() : quantizers;
   std::vector<Variant> vars;
   for (const auto& n : names) vars.push_back({n, parse_quantizer(n)});
-  // The modes the targets name (SR, RHT), on NVFP4: the gradient / wgrad operands of NVIDIA's recipe.
+  // The modes the targets name (SR, RHT), on NVFP4: the gradient / wgrad operands of NVIDIA's recipe;
+  // and SR on MXFP4 (one pass: E8M0 block scales, no tensor amax).
   const QuantizerSpec nv = quantizer_by_name("nvfp4");
+  vars.push_back({"mxfp4 rs", with(quantizer_by_name("mxfp4"), Round::rs, false, 1, 32)});
   vars.push_back({"nvfp4 rs", with(nv, Round::rs, false, 1, 16)});
   vars.push_back({"nvfp4 rs rht [1,16]", with(nv, Round::rs, true, 1, 16)});
   vars.push_back({"nvfp4 rs rht [16,1]", with(nv, Round::rs, true, 16, 1)});
   vars.push_back({"nvfp4_2d [16,16]", with(nv, Round::rn, false, 16, 16)});
   vars.push_back({"nvfp4 (amax given)", nv, true});
+  vars.push_back({"nvfp4 rs (amax given)", with(nv, Round::rs, false, 1, 16), true});
   vars.push_back({"nvfp4 rs rht [1,16] (amax given)", with(nv, Round::rs, true, 1, 16), true});
 
   const int64_t n = rows * cols;
