@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "core/philox.hpp"
+#include "cuda/amax_device.cuh"
 #include "cuda/nn_device.cuh"
 
 namespace fp4lab::cuda::nn {
@@ -106,19 +107,19 @@ __global__ void scale_kernel(float* g, int64_t n, float s) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     g[i] *= s;
 }
+__device__ __forceinline__ float gelu_value(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
+__device__ __forceinline__ float gelu_grad(float v, float d) {
+  const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+  const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+  return d * (cdf + v * pdf);
+}
 __global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n, uint16_t* y_h) {
   map4(
-      n, x, nullptr, y, [](float v, float) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }, y_h);
+      n, x, nullptr, y, [](float v, float) { return gelu_value(v); }, y_h);
 }
 __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_h) {
   map4(
-      n, x, dy, dx,
-      [](float v, float d) {
-        const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-        const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-        return d * (cdf + v * pdf);
-      },
-      dx_h);
+      n, x, dy, dx, [](float v, float d) { return gelu_grad(v, d); }, dx_h);
 }
 
 // Dropout kernels: one thread per group of 4 elements (one Philox call gives
@@ -164,36 +165,124 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const
 // null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
 // in-place dropout), or null when dst_h is not (the companion only). Per
 // element the operations of add_inplace, copy and dropout in place.
-__global__ void dropout_to_kernel(float* y, const float* x, float* dst, uint16_t* dst_h, int64_t n, bool drop,
-                                  uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
-  const int64_t groups = (n + 3) / 4;
-  const bool vec = aligned16(y) && (x == nullptr || aligned16(x)) && aligned16(dst);
-  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+struct DropoutTo {
+  float* y;
+  const float* x;
+  float* dst;
+  uint16_t* dst_h;
+  bool drop;
+  uint32_t thr;
+  float keep_scale;
+  uint64_t seed, sid;
+  // Group g (elements 4g .. 4g + 3, all in range, 16-byte aligned pointers):
+  // writes it, returns dst's 4 values.
+  __device__ __forceinline__ float4 operator()(int64_t g) const {
     Philox4 r{};
     if (drop) r = philox_group(seed, sid, uint64_t(g));
+    float4 v = reinterpret_cast<const float4*>(y)[g];
+    if (x) {
+      const float4 a = reinterpret_cast<const float4*>(x)[g];
+      v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
+      reinterpret_cast<float4*>(y)[g] = v;
+    }
+    if (drop) v = drop4(v, r, thr, keep_scale);
+    if (dst) reinterpret_cast<float4*>(dst)[g] = v;
+    if (dst_h) store_bf16x4(dst_h, g, v);
+    return v;
+  }
+};
+__global__ void dropout_to_kernel(const DropoutTo op, int64_t n) {
+  const int64_t groups = (n + 3) / 4;
+  const bool vec = aligned16(op.y) && (op.x == nullptr || aligned16(op.x)) && aligned16(op.dst);
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     if (vec && g * 4 + 4 <= n) {
-      float4 v = reinterpret_cast<const float4*>(y)[g];
-      if (x) {
-        const float4 a = reinterpret_cast<const float4*>(x)[g];
-        v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
-        reinterpret_cast<float4*>(y)[g] = v;
-      }
-      if (drop) v = drop4(v, r, thr, keep_scale);
-      if (dst) reinterpret_cast<float4*>(dst)[g] = v;
-      if (dst_h) store_bf16x4(dst_h, g, v);
+      op(g);
       continue;
     }
+    Philox4 r{};
+    if (op.drop) r = philox_group(op.seed, op.sid, uint64_t(g));
     for (int k = 0; k < 4; ++k) {
       const int64_t i = g * 4 + k;
       if (i < n) {
-        float v = y[i];
-        if (x) y[i] = v = v + x[i];
-        if (drop) v = drop1(v, r.v[k], thr, keep_scale);
-        if (dst) dst[i] = v;
-        if (dst_h) dst_h[i] = uint16_t(bf16_rn(v));
+        float v = op.y[i];
+        if (op.x) op.y[i] = v = v + op.x[i];
+        if (op.drop) v = drop1(v, r.v[k], op.thr, op.keep_scale);
+        if (op.dst) op.dst[i] = v;
+        if (op.dst_h) op.dst_h[i] = uint16_t(bf16_rn(v));
       }
     }
   }
+}
+
+// GELU forward / backward on group g (4 elements, aligned), as map4's vector path.
+struct GeluFwd {
+  const float* x;
+  float* y;
+  uint16_t* y_h;
+  __device__ __forceinline__ float4 operator()(int64_t g) const {
+    const float4 a = reinterpret_cast<const float4*>(x)[g];
+    const float4 r = make_float4(gelu_value(a.x), gelu_value(a.y), gelu_value(a.z), gelu_value(a.w));
+    if (y) reinterpret_cast<float4*>(y)[g] = r;
+    if (y_h) store_bf16x4(y_h, g, r);
+    return r;
+  }
+};
+struct GeluBwd {
+  const float *x, *dy;
+  float* dx;
+  uint16_t* dx_h;
+  __device__ __forceinline__ float4 operator()(int64_t g) const {
+    const float4 a = reinterpret_cast<const float4*>(x)[g], d = reinterpret_cast<const float4*>(dy)[g];
+    const float4 r = make_float4(gelu_grad(a.x, d.x), gelu_grad(a.y, d.y), gelu_grad(a.z, d.z), gelu_grad(a.w, d.w));
+    if (dx) reinterpret_cast<float4*>(dx)[g] = r;
+    if (dx_h) store_bf16x4(dx_h, g, r);
+    return r;
+  }
+};
+
+// A producer with its ProducerAmax (nn.hpp): one thread per strip of 16 rows
+// x 4 columns of the output [rows, cols]; op(g) writes float4 group g and
+// returns its values, which strip_amaxes reduces (amax_device.cuh).
+template <class Op, bool RHT>
+__global__ void __launch_bounds__(kThreads)
+    producer_amax_kernel(const Op op, int64_t rows, int64_t cols, const ProducerAmax a) {
+  const int64_t ngroups = cols / 4, strips = (rows / 16) * ngroups;
+  const int64_t t = blockIdx.x * int64_t(kThreads) + threadIdx.x;
+  uint32_t m = 0, mt = 0;
+  if (t < strips) {
+    const int64_t i = t / ngroups, jg = t - i * ngroups;
+    float v[16][4];
+#pragma unroll
+    for (int rr = 0; rr < 16; ++rr) {
+      const float4 r = op((i * 16 + rr) * ngroups + jg);
+      v[rr][0] = r.x, v[rr][1] = r.y, v[rr][2] = r.z, v[rr][3] = r.w;
+    }
+    strip_amaxes<4, RHT>(v, a.signs, m, mt);
+  }
+  amax_block_commit(m, a.words, RHT ? rht_quarter(mt) : m, a.words + 1);
+}
+
+// Checks a's preconditions for a producer of n values whose FP32 pointers are
+// ptrs (null ones skipped), zeroes its words and launches producer_amax_kernel.
+template <class Op>
+void launch_producer_amax(const char* what, const Op& op, int64_t n, const ProducerAmax& a,
+                          std::initializer_list<const void*> ptrs, cudaStream_t st) {
+  bool aligned = true;
+  for (const void* p : ptrs) aligned = aligned && (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+  if (a.words == nullptr || a.rows * a.cols != n || a.rows % 16 != 0 || a.cols % 4 != 0 || !aligned)
+    throw Error(std::string(what) + ": its tensor amaxes need [rows, cols] with rows * cols = " + std::to_string(n) +
+                ", rows % 16 == 0, cols % 4 == 0 and 16-byte aligned tensors; got [" + std::to_string(a.rows) + ", " +
+                std::to_string(a.cols) + "]" + (aligned ? "" : ", a misaligned tensor") +
+                (a.words ? "" : ", no amax words"));
+  check(cudaMemsetAsync(a.words, 0, 2 * sizeof(uint32_t), st), "cudaMemsetAsync (producer amax)");
+  const int64_t strips = (a.rows / 16) * (a.cols / 4);
+  if (strips == 0) return;
+  const unsigned blocks = unsigned((strips + kThreads - 1) / kThreads);
+  if (a.rht)
+    producer_amax_kernel<Op, true><<<blocks, kThreads, 0, st>>>(op, a.rows, a.cols, a);
+  else
+    producer_amax_kernel<Op, false><<<blocks, kThreads, 0, st>>>(op, a.rows, a.cols, a);
+  check_launch(what);
 }
 
 // ---- LayerNorm ---------------------------------------------------------------
@@ -491,13 +580,16 @@ void scale(float* g, int64_t n, float s, cudaStream_t st) {
   check_launch("scale_kernel");
 }
 
-void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16, cudaStream_t st) {
+void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16, cudaStream_t st, const ProducerAmax* amax) {
+  if (amax) return launch_producer_amax("gelu_forward", GeluFwd{x, y, y_bf16}, n, *amax, {x, y}, st);
   if (n <= 0) return;
   gelu_fwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, y, n, y_bf16);
   check_launch("gelu_fwd_kernel");
 }
 
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_bf16, cudaStream_t st) {
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_bf16, cudaStream_t st,
+                   const ProducerAmax* amax) {
+  if (amax) return launch_producer_amax("gelu_backward", GeluBwd{x, dy, dx, dx_bf16}, n, *amax, {x, dy, dx}, st);
   if (n <= 0) return;
   gelu_bwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, dy, dx, n, dx_bf16);
   check_launch("gelu_bwd_kernel");
@@ -518,11 +610,13 @@ void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, ui
 }
 
 void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64_t seed, uint64_t sid,
-                uint16_t* dst_bf16, cudaStream_t st) {
-  if (n <= 0) return;
+                uint16_t* dst_bf16, cudaStream_t st, const ProducerAmax* amax) {
   const bool drop = p > 0.0f;
-  dropout_to_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(
-      y, x, dst, dst_bf16, n, drop, drop ? dropout_threshold(p) : 0u, drop ? 1.0f / (1.0f - p) : 1.0f, seed, sid);
+  const DropoutTo op{y,    x,  dst, dst_bf16, drop, drop ? dropout_threshold(p) : 0u, drop ? 1.0f / (1.0f - p) : 1.0f,
+                     seed, sid};
+  if (amax) return launch_producer_amax("dropout_to", op, n, *amax, {y, x, dst}, st);
+  if (n <= 0) return;
+  dropout_to_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(op, n);
   check_launch("dropout_to_kernel");
 }
 

@@ -71,11 +71,28 @@ void scale(float* g, int64_t n, float s, cudaStream_t stream = nullptr);        
 // `*_bf16` pointer, the FP32 output (y, dx, dst; LayerNorm's y; Attention's
 // out and dqkv) may be null: only the BF16 values are written (a tensor
 // whose FP32 values nothing reads).
+//
+// The functions below that take a `ProducerAmax*` also compute, when it is
+// not null, the two tensor amaxes that the NVFP4 quantization of what they
+// write needs (cuda/quantize.hpp quantize_dual_device's amax_given), in the
+// same pass: words[0] = the max over the output of abs_bits (the float bits
+// with the sign cleared: NaN bits above Inf's), words[1] = the same over its
+// RHT (sim/rht.hpp rht16_forward with `signs`) down each 16-row chunk of
+// every column of the output viewed as [rows, cols] (rht false: words[1] =
+// words[0]). They zero words first. Needs rows * cols == n, rows % 16 == 0,
+// cols % 4 == 0 and 16-byte aligned FP32 pointers (else Error).
+struct ProducerAmax {
+  uint32_t* words = nullptr;  // device, 2 words
+  int64_t rows = 0, cols = 0;
+  bool rht = false;
+  float signs[16] = {};
+};
 // GELU, exact erf form: y = 0.5 x (1 + erf(x / sqrt 2)).
-void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr);
+void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr,
+                  const ProducerAmax* amax = nullptr);
 // dx = dy * (Phi(x) + x phi(x)).
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_bf16 = nullptr,
-                   cudaStream_t stream = nullptr);
+                   cudaStream_t stream = nullptr, const ProducerAmax* amax = nullptr);
 
 // Dropout: element i is dropped iff random_bits(seed, stream_id, i) <
 // dropout_threshold(p) (core/philox.hpp, the CPU backend's rule).
@@ -93,9 +110,9 @@ void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, ui
 // dst = dropout(y) out of place (y + x first, stored back into y, when x is
 // not null; p <= 0: dst = y): the operations and bits of add_inplace(y, x),
 // a copy of y into dst and dropout(dst, ...), in one pass. The mask index is
-// the element's linear index. dst_bf16: dst's companion.
+// the element's linear index. dst_bf16: dst's companion; amax: dst's amaxes.
 void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64_t seed, uint64_t stream_id,
-                uint16_t* dst_bf16 = nullptr, cudaStream_t stream = nullptr);
+                uint16_t* dst_bf16 = nullptr, cudaStream_t stream = nullptr, const ProducerAmax* amax = nullptr);
 
 // ---- LayerNorm ---------------------------------------------------------------
 // Per row of x [rows, cols]: mean and variance in float64 (two passes, like the

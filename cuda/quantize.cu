@@ -515,7 +515,8 @@ bool dual_supported(const QuantizerSpec& row_q, const QuantizerSpec& col_q, int6
 
 void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const QuantOutputs& row_out,
                           const QuantizerSpec& col_q, RandomStream col_rs, const QuantOutputs& col_out, const void* x,
-                          InputType type, int64_t rows, int64_t cols, QuantWorkspace& ws, cudaStream_t stream) {
+                          InputType type, int64_t rows, int64_t cols, QuantWorkspace& ws, cudaStream_t stream,
+                          const uint32_t* amax_given) {
   validate(row_q, "quantize_dual (cuda), row quantizer");
   validate(col_q, "quantize_dual (cuda), column quantizer");
   if (rows < 0 || cols < 0) throw Error("quantize_dual (cuda): negative shape");
@@ -534,7 +535,11 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
   if (rows == 0 || cols == 0) return;
   const bool need_r = row_q.global_scale == GlobalScale::tensor_amax;
   const bool need_c = col_q.global_scale == GlobalScale::tensor_amax;
-  if (need_r || need_c) {
+  if ((need_r || need_c) && amax_given) {
+    // Only read by the quantization pass (each thread computes NvGlobal from them).
+    pr.gamax = const_cast<uint32_t*>(amax_given);
+    pc.gamax = const_cast<uint32_t*>(amax_given) + 1;
+  } else if (need_r || need_c) {
     // One pass for both amaxes (the column operand's of its RHT output); its
     // last block computes both global scales and re-arms both amax words.
     if (!ws.amax_armed)

@@ -109,11 +109,14 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
 // scales, nv rule, with or without the per-tensor scale), rounding rn or rs,
 // rows % 16 == 0 and cols % 16 == 0; otherwise quantize_dual_device throws
 // fp4lab::Error naming both specs and the shape.
+// `amax_given` (device pointer to 2 words, optional): the amax bits of x and
+// of col_q's RHT output (of x when !col_q.rht) supplied by x's producer
+// (nn.hpp ProducerAmax); the pre-pass is then skipped.
 bool dual_supported(const QuantizerSpec& row_q, const QuantizerSpec& col_q, int64_t rows, int64_t cols);
 void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const QuantOutputs& row_out,
                           const QuantizerSpec& col_q, RandomStream col_rs, const QuantOutputs& col_out, const void* x,
-                          InputType type, int64_t rows, int64_t cols, QuantWorkspace& ws,
-                          cudaStream_t stream = nullptr);
+                          InputType type, int64_t rows, int64_t cols, QuantWorkspace& ws, cudaStream_t stream = nullptr,
+                          const uint32_t* amax_given = nullptr);
 
 // Host convenience for tests and tools: uploads x, quantizes on the GPU and
 // returns the same struct as sim's quantize() (codes one per byte).

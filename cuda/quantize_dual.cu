@@ -170,10 +170,8 @@ void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
 // at once left the SMs waiting on L2 first and issuing after: 14.4 us for a
 // 16384 x 384 f32 tensor at IPC 1.2). The strips go from the tensor's end to
 // its start, so that the quantization pass that follows finds its first
-// bytes in L2. The RHT is rht16_forward's operations but its final * 0.25f,
-// applied once to this thread's largest |t| instead: RN is monotone, so
-// max |fl(t / 4)| == fl(max |t| / 4); the GPU's arithmetic NaNs are all
-// 0x7FFFFFFF either way, and Inf stays Inf.
+// bytes in L2. The amaxes are strip_amaxes' (amax_device.cuh: the RHT's
+// final quarter applied once, to this thread's largest |t|).
 template <class In, bool RHT>
 __global__ void __launch_bounds__(kThreads, 4) dual_amax_kernel(const KParams pr, const KParams pc) {
   constexpr int V = 4 / int(sizeof(In));
@@ -198,21 +196,17 @@ __global__ void __launch_bounds__(kThreads, 4) dual_amax_kernel(const KParams pr
   };
   uint32_t mr = 0, mt = 0;
   auto reduce = [&](const uint32_t(&w)[16]) {
+    float v[16][V];
 #pragma unroll
-    for (int cc = 0; cc < V; ++cc) {
-      float col[16];
-#pragma unroll
-      for (int rr = 0; rr < 16; ++rr) {
-        const float x = V == 1 ? bits_float(w[rr]) : bits_float(cc == 0 ? w[rr] << 16 : w[rr] & 0xFFFF0000u);
-        mr = umax(mr, abs_bits(x));
-        col[rr] = x * pc.signs[rr];
-      }
-      if constexpr (RHT) {
-        rht16_butterflies(col);
-#pragma unroll
-        for (int rr = 0; rr < 16; ++rr) mt = umax(mt, abs_bits(col[rr]));
+    for (int rr = 0; rr < 16; ++rr) {
+      if constexpr (V == 1) {
+        v[rr][0] = bits_float(w[rr]);
+      } else {
+        v[rr][0] = bits_float(w[rr] << 16);
+        v[rr][1] = bits_float(w[rr] & 0xFFFF0000u);
       }
     }
+    strip_amaxes<V, RHT>(v, pc.signs, mr, mt);
   };
   uint32_t a[16], b[16];
   int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x;
@@ -223,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 4) dual_amax_kernel(const KParams pr
     if (k + 2 * stride < units) load(k + 2 * stride, a);
     if (k + stride < units) reduce(b);
   }
-  const uint32_t mc = RHT ? float_bits(bits_float(mt) * 0.25f) : mr;
+  const uint32_t mc = RHT ? rht_quarter(mt) : mr;
   amax_block_commit(mr, pr.gamax, mc, pc.gamax);
   amax_pass_done(pr.fin, pr.gamax, pc.fin, pc.gamax);  // re-arms both words
 }

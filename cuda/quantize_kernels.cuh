@@ -9,6 +9,7 @@
 #include "core/encode.hpp"
 #include "core/format.hpp"
 #include "core/philox.hpp"
+#include "cuda/amax_device.cuh"
 #include "cuda/fast_div.hpp"
 #include "cuda/quantize.hpp"
 #include "sim/rht.hpp"
@@ -54,37 +55,7 @@ struct KParams {
   FastDivU31 unit_div;
 };
 
-__device__ __forceinline__ uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 __device__ __forceinline__ uint32_t umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
-
-// Block-level part of a tensor-amax pass: the block's max |x| bits m (and m2,
-// of a pass computing two amaxes) into *gamax (*gamax2) by one atomicMax of
-// thread 0 each. Every thread of the block must call it (it synchronises the
-// block). No fence here: thread 0 itself reports the block to
-// amax_pass_done (its fence orders these atomics before that report), and
-// the cooperative tile kernel's grid sync orders them before its reads. (A
-// fence after each warp's atomic, as before, stalled the amax passes'
-// warps on memory barriers for half their cycles.)
-__device__ __forceinline__ void amax_block_commit(uint32_t m, uint32_t* gamax, uint32_t m2 = 0,
-                                                  uint32_t* gamax2 = nullptr) {
-  __shared__ uint32_t part[2][32];
-  m = __reduce_max_sync(0xFFFFFFFFu, m);
-  m2 = __reduce_max_sync(0xFFFFFFFFu, m2);
-  if ((threadIdx.x & 31) == 0) {
-    part[0][threadIdx.x >> 5] = m;
-    part[1][threadIdx.x >> 5] = m2;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t a = 0, b = 0;
-    for (unsigned w = 0; w < (blockDim.x + 31) / 32; ++w) {
-      a = umax(a, part[0][w]);
-      b = umax(b, part[1][w]);
-    }
-    if (a != 0) atomicMax(gamax, a);
-    if (gamax2 != nullptr && b != 0) atomicMax(gamax2, b);
-  }
-}
 
 // The block index a kernel works on: reversed in amax passes, so that the
 // last bytes an amax pass reads are the tensor's first, which the quantization

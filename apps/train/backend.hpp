@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -33,6 +34,15 @@ struct IndexRange {
 // ranges are sorted, disjoint and inside [0, n).
 void check_ranges(const char* what, std::span<const IndexRange> ranges, int64_t n);
 
+// What a linear layer wants of its input's (grad: output gradient's) producer
+// besides the values: the two tensor amaxes of its NVFP4 operands' global
+// scales (Backend::linear_amax_request).
+struct AmaxRequest {
+  bool rht = false;       // the second amax is of the RHT down 16-row column chunks
+  uint64_t rht_seed = 0;  // its signs (sim/rht.hpp)
+  bool operator==(const AmaxRequest&) const = default;
+};
+
 struct Tensor {
   float* data = nullptr;
   int64_t rows = 0, cols = 0;
@@ -42,12 +52,25 @@ struct Tensor {
   // the ops documented as writing it has written the tensor. bf16_mem owns it.
   uint16_t* bf16 = nullptr;
   std::shared_ptr<float[]> bf16_mem;
+  // Optional tensor-amax companion (Backend::add_amax_companion): two uint32
+  // words in the backend's memory for the amaxes `amax_request` names, valid
+  // once `amax_written` (set by the ops documented as writing it).
+  uint32_t* amax = nullptr;
+  std::shared_ptr<float[]> amax_mem;
+  AmaxRequest amax_request;
+  bool amax_written = false;
   int64_t size() const { return rows * cols; }
   float* row(int64_t r) const { return data + r * cols; }
 };
 
 // A view of `rows x cols` floats at `p` (no ownership).
-inline Tensor view_of(float* p, int64_t rows, int64_t cols) { return Tensor{p, rows, cols, nullptr, nullptr, nullptr}; }
+inline Tensor view_of(float* p, int64_t rows, int64_t cols) {
+  Tensor t;
+  t.data = p;
+  t.rows = rows;
+  t.cols = cols;
+  return t;
+}
 
 // What a linear layer keeps between forward and backward (backend specific).
 struct LinearState {
@@ -124,6 +147,24 @@ class Backend {
   // null); the companion writers above, except the in-place dropout_backward,
   // then write the companion alone.
   virtual void add_bf16_companion(Tensor& t, bool drop_f32 = false) { (void)t, (void)drop_f32; }
+
+  // Tensor-amax companions: a producer computes the tensor amaxes that the
+  // NVFP4 quantization of the linear layer it feeds needs (its global scales),
+  // in the same pass as its output, instead of the layer reading the tensor
+  // once more for them. What the layer of ctx's input x (grad: its output
+  // gradient dy), of shape [rows, cols], wants; nothing where its plan needs no
+  // amax or the backend computes it itself. Default: nothing.
+  virtual std::optional<AmaxRequest> linear_amax_request(const LinearContext& ctx, bool grad, int64_t rows,
+                                                         int64_t cols) {
+    (void)ctx, (void)grad, (void)rows, (void)cols;
+    return std::nullopt;
+  }
+  // Gives t an amax companion for r (amax_written false). Written (and
+  // amax_written set) by: gelu_forward (y), gelu_backward (dx),
+  // dropout_backward_to and add_dropout_backward_to (dst). Other producers
+  // leave it unwritten (the layer then computes the amaxes itself); an op that
+  // changes t after its writer leaves it stale, so none may. Default: nothing.
+  virtual void add_amax_companion(Tensor& t, const AmaxRequest& r) { (void)t, (void)r; }
 
   // LayerNorm over each row: y = (x - mean) * rstd * gamma + beta (beta may be
   // null: nanoGPT's bias=False). mean/rstd [rows] are saved for backward.

@@ -18,11 +18,13 @@
 // precision; only summation orders differ (fixed ones, so every call gives the
 // same bits run to run), and the dropout masks are the CPU's bit for bit.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -31,6 +33,7 @@
 #include "core/error.hpp"
 #include "cuda/device.hpp"
 #include "cuda/nn.hpp"
+#include "sim/rht.hpp"
 
 namespace fp4lab::train {
 
@@ -181,6 +184,19 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // ---- tensor-amax companions ----
+  std::optional<AmaxRequest> linear_amax_request(const LinearContext& ctx, bool grad, int64_t rows,
+                                                 int64_t cols) override {
+    return linear_.amax_request(ctx, grad, rows, cols);
+  }
+  void add_amax_companion(Tensor& t, const AmaxRequest& r) override {
+    Tensor w = empty(1, 2);  // two 32-bit words
+    t.amax = reinterpret_cast<uint32_t*>(w.data);
+    t.amax_mem = std::move(w.mem);
+    t.amax_request = r;
+    t.amax_written = false;
+  }
+
   // ---- linear ----
   void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state) override {
@@ -211,12 +227,16 @@ class CudaBackend final : public Backend {
   }
   void gelu_forward(const Tensor& x, Tensor& y) override {
     check_size("gelu_forward", "y", y, x.size());
-    nn::gelu_forward(x.data, y.data, x.size(), y.bf16);
+    const std::optional<nn::ProducerAmax> a = producer_amax(y, {x.data, y.data});
+    nn::gelu_forward(x.data, y.data, x.size(), y.bf16, nullptr, a ? &*a : nullptr);
+    y.amax_written = a.has_value();
   }
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     check_size("gelu_backward", "dy", dy, x.size());
     check_size("gelu_backward", "dx", dx, x.size());
-    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), dx.bf16);
+    const std::optional<nn::ProducerAmax> a = producer_amax(dx, {x.data, dy.data, dx.data});
+    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), dx.bf16, nullptr, a ? &*a : nullptr);
+    dx.amax_written = a.has_value();
   }
 
   // ---- attention ----
@@ -245,12 +265,17 @@ class CudaBackend final : public Backend {
   }
   void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key) override {
     check_shape("dropout_backward_to", "dst", dst, src.rows, src.cols);
-    nn::dropout_to(src.data, nullptr, dst.data, src.size(), p, key.seed, key.stream, dst.bf16);
+    const std::optional<nn::ProducerAmax> a = producer_amax(dst, {src.data, dst.data});
+    nn::dropout_to(src.data, nullptr, dst.data, src.size(), p, key.seed, key.stream, dst.bf16, nullptr,
+                   a ? &*a : nullptr);
+    dst.amax_written = a.has_value();
   }
   void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key) override {
     check_shape("add_dropout_backward_to", "x", x, y.rows, y.cols);
     check_shape("add_dropout_backward_to", "dst", dst, y.rows, y.cols);
-    nn::dropout_to(y.data, x.data, dst.data, y.size(), p, key.seed, key.stream, dst.bf16);
+    const std::optional<nn::ProducerAmax> a = producer_amax(dst, {y.data, x.data, dst.data});
+    nn::dropout_to(y.data, x.data, dst.data, y.size(), p, key.seed, key.stream, dst.bf16, nullptr, a ? &*a : nullptr);
+    dst.amax_written = a.has_value();
   }
   void add_inplace(Tensor& y, const Tensor& x) override {
     check_shape("add_inplace", "x", x, y.rows, y.cols);
@@ -432,6 +457,24 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The ProducerAmax of t's amax companion, where t has one and the producer
+  // can compute it (its FP32 tensors ptrs 16-byte aligned, rows % 16 == 0 and
+  // cols % 4 == 0); else nothing (the linear layer then computes the amaxes).
+  static std::optional<nn::ProducerAmax> producer_amax(const Tensor& t, std::initializer_list<const float*> ptrs) {
+    if (t.amax == nullptr || t.rows % 16 != 0 || t.cols % 4 != 0) return std::nullopt;
+    for (const float* p : ptrs)
+      if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return std::nullopt;
+    nn::ProducerAmax a;
+    a.words = t.amax;
+    a.rows = t.rows;
+    a.cols = t.cols;
+    a.rht = t.amax_request.rht;
+    if (a.rht) {
+      const std::array<float, 16> s = rht_signs(t.amax_request.rht_seed);
+      std::copy(s.begin(), s.end(), a.signs);
+    }
+    return a;
+  }
   std::function<Tensor(int64_t, int64_t)> alloc() {
     return [this](int64_t r, int64_t c) { return empty(r, c); };
   }

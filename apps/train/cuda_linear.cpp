@@ -97,6 +97,10 @@ std::optional<PairSpecs> pair_specs(const OperandPlan& a, const OperandPlan& b, 
   return PairSpecs{*qa, *qb};
 }
 
+// The amaxes quantize_dual_device takes for q (its amax_given): the source's
+// and its RHT's down 16-row chunks with b's signs (b's RHT, if any: a has none).
+AmaxRequest request_of(const PairSpecs& q) { return AmaxRequest{q.b.rht, q.b.rht ? q.b.rht_seed : 0}; }
+
 // A prepared GEMM operand (see the file comment). Row-major [rows, cols].
 struct DevOperand {
   const float* f32 = nullptr;
@@ -281,9 +285,14 @@ struct CudaLinear::Impl {
   // b_h / b_g (rows * cols BF16 values and one float). Reports neither.
   // alpha_a / alpha_b: the GEMM alphas their quantization writes (GemmAlpha);
   // the caller sets b's on the operand it builds from b_h / b_g.
-  DevOperand prepare_pair(const PairSpecs& q, const OperandPlan& a, const OperandPlan& b, const float* src,
+  // src_t: the source tensor, whose amax companion (Tensor::amax) serves
+  // when its producer wrote it for these quantizers.
+  DevOperand prepare_pair(const PairSpecs& q, const OperandPlan& a, const OperandPlan& b, const Tensor& src_t,
                           int64_t rows, int64_t cols, Slot& sa, uint16_t* b_h, float* b_g, GemmAlpha alpha_a = {},
                           GemmAlpha alpha_b = {}) {
+    const float* src = src_t.data;
+    const bool given = src_t.amax != nullptr && src_t.amax_written && src_t.rows == rows && src_t.cols == cols &&
+                       src_t.amax_request == request_of(q);
     sa.h.at_least(size_t(rows * cols));
     sa.g.at_least(1);
     cuda::QuantOutputs out_a, out_b;
@@ -297,7 +306,7 @@ struct CudaLinear::Impl {
     out_b.gemm_alpha = alpha_b.dev;
     out_b.gemm_alpha_other = alpha_b.other;
     cuda::quantize_dual_device(q.a, a.stream, out_a, q.b, b.stream, out_b, src, cuda::InputType::f32, rows, cols, qws,
-                               kStream);
+                               kStream, given ? src_t.amax : nullptr);
     return DevOperand{nullptr, sa.h.data(), sa.g.data(), alpha_a.dev, alpha_a.beta};
   }
 
@@ -380,6 +389,21 @@ void CudaLinear::set_operand_hook(OperandHook hook) { impl_->hook = std::move(ho
 
 bool CudaLinear::reads_bf16(const LinearContext& ctx, bool grad) const { return rounds_only(linear_plan(ctx), grad); }
 
+std::optional<AmaxRequest> CudaLinear::amax_request(const LinearContext& ctx, bool grad, int64_t rows,
+                                                    int64_t cols) const {
+  const LinearPlan plan = linear_plan(ctx);
+  // The conditions under which forward / backward take the pair path.
+  if (grad && rounds_only(plan, true)) return std::nullopt;
+  if (!grad && rounds_only(plan, false)) return std::nullopt;
+  const OperandPlan& a = plan.operand(grad ? Operand::dgrad_grad_y : Operand::fwd_x);
+  const OperandPlan& b = plan.operand(grad ? Operand::wgrad_grad_y : Operand::wgrad_x);
+  if (!grad && !(b.quantizer != nullptr && bf16_exact(*b.quantizer))) return std::nullopt;
+  const std::optional<PairSpecs> q = pair_specs(a, b, rows, cols);
+  if (!q || (q->a.global_scale != GlobalScale::tensor_amax && q->b.global_scale != GlobalScale::tensor_amax))
+    return std::nullopt;
+  return request_of(*q);
+}
+
 void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                          std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc) {
   if (x.cols != w.cols)
@@ -401,7 +425,8 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
     st->x_bf16 = true;
     if (x.bf16) {
       // The producer wrote the rounding (Tensor::bf16): keep a reference to it.
-      st->x = Tensor{reinterpret_cast<float*>(x.bf16), 1, (B * in + 1) / 2, x.bf16_mem, nullptr, nullptr};
+      st->x = view_of(reinterpret_cast<float*>(x.bf16), 1, (B * in + 1) / 2);
+      st->x.mem = x.bf16_mem;
     } else {
       st->x = alloc(1, (B * in + 1) / 2);
       cuda::round_bf16_device(x.data, B * in, reinterpret_cast<uint16_t*>(st->x.data), kStream);
@@ -421,8 +446,7 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
       st->wx = alloc(1, (B * in + 1) / 2);
       st->wx_g = alloc(1, 1);
       if (const std::optional<PairSpecs> q = pair_specs(fx, wx, B, in)) {
-        xo = im.prepare_pair(*q, fx, wx, x.data, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data),
-                             st->wx_g.data);
+        xo = im.prepare_pair(*q, fx, wx, x, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data), st->wx_g.data);
         im.report(Operand::fwd_x, xo, B, in);
         wx_made = true;
       }
@@ -513,8 +537,8 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
                                       ? im.alpha_for(Impl::kDgrad, st.w_has_g ? st.w_g.data : nullptr)
                                       : GemmAlpha{};
     if (st.x_bf16 || st.wx_ready) wgrad_alpha = im.alpha_for(Impl::kWgrad, st.x_bf16 ? nullptr : st.wx_g.data);
-    dy_op = im.prepare_pair(*q, dgy, wgy, dy.data, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data(),
-                            dgrad_alpha, wgrad_alpha);
+    dy_op = im.prepare_pair(*q, dgy, wgy, dy, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data(), dgrad_alpha,
+                            wgrad_alpha);
     im.report(Operand::dgrad_grad_y, dy_op, B, out);
     dy_pair = true;
   } else if (dy_shared && dy.bf16) {

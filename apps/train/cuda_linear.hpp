@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "apps/train/backend.hpp"
 
@@ -53,6 +54,13 @@ class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
   // x (grad: of dy) by plain BF16 rounding? Then forward (backward) takes
   // x.bf16 (dy.bf16) as that rounding where the tensor has a companion.
   bool reads_bf16(const LinearContext& ctx, bool grad) const;
+
+  // Backend::linear_amax_request: the amaxes of x (grad: dy), [rows, cols],
+  // that the plan of ctx needs for its one-pass NVFP4 quantization of both
+  // operands (quantize_dual_device) with a tensor-amax global scale. forward
+  // (backward) then takes them from x.amax (dy.amax) where it is written for
+  // the same request, instead of its own amax pass.
+  std::optional<AmaxRequest> amax_request(const LinearContext& ctx, bool grad, int64_t rows, int64_t cols) const;
 
   // Test hook: when set, every GEMM operand the layer prepares is reported as
   // (operand, device pointer to its FP32 value [rows, cols] row-major, rows,

@@ -145,6 +145,11 @@ inline Tensor empty_for_linear(Backend& be, std::initializer_list<const LinearLa
     bias = bias || l->b >= 0;
   }
   if (all) be.add_bf16_companion(t, only_linears && !(grad && bias));
+  // One reader: the producer may compute its tensor amaxes (a writer of them
+  // does; any other leaves the companion unwritten, and the layer computes them).
+  if (ls.size() == 1)
+    if (const std::optional<AmaxRequest> r = be.linear_amax_request((*ls.begin())->context(s), grad, rows, cols))
+      be.add_amax_companion(t, *r);
   return t;
 }
 

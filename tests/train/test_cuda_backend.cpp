@@ -30,6 +30,7 @@ TEST_CASE("cuda backend: make_backend(\"cuda\") in a build without CUDA says so"
 #include "apps/train/model.hpp"
 #include "core/encode.hpp"
 #include "recipes/recipe.hpp"
+#include "sim/rht.hpp"
 #include "cuda/device.hpp"
 #include "../cuda/gpu_test_util.hpp"  // FP4LAB_REQUIRE_GPU
 
@@ -730,6 +731,137 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
       if (!shifted) expect_same_companion("layernorm_forward", ln, ln2);
     }
   }
+}
+
+namespace {
+// The two words of t's amax companion.
+std::vector<uint32_t> amax_words(const Tensor& t) {
+  std::vector<uint32_t> w(2);
+  fp4lab::cuda::check(cudaMemcpy(w.data(), t.amax, 8, cudaMemcpyDeviceToHost), "test");
+  return w;
+}
+// What the companion must hold for the values v [rows, cols]: the max
+// abs_bits of v, and of sim's RHT of v down 16-row column chunks (rht).
+std::vector<uint32_t> want_amax(std::vector<float> v, int64_t rows, int64_t cols, const AmaxRequest& r) {
+  auto amax = [](const std::vector<float>& x) {
+    uint32_t m = 0;
+    for (float f : x) m = std::max(m, fp4lab::float_bits(f) & 0x7FFFFFFFu);
+    return m;
+  };
+  const uint32_t plain = amax(v);
+  if (!r.rht) return {plain, plain};
+  fp4lab::rht_forward(fp4lab::MatrixView<float>(v.data(), rows, cols), fp4lab::RhtAxis::cols, r.rht_seed);
+  return {plain, amax(v)};
+}
+}  // namespace
+
+TEST_CASE("cuda backend: amax companions are the tensor amaxes of what each producer writes") {
+  FP4LAB_REQUIRE_GPU();
+  auto be = make_backend("cuda");
+  for (const AmaxRequest r : {AmaxRequest{true, 41}, AmaxRequest{false, 0}}) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{48, 64}, {1040, 132}}) {
+      CAPTURE(r.rht);
+      CAPTURE(rows);
+      CAPTURE(cols);
+      const size_t n = size_t(rows * cols);
+      auto x = randv(n, 80 + uint32_t(rows), 3.0f);
+      x[7] = x[7 + size_t(cols)] = 3e38f;  // their RHT column chunk overflows to Inf (quartered or not)
+      x[n / 2] = -2e-40f;
+      const auto dy = randv(n, 81 + uint32_t(rows)), res = randv(n, 82 + uint32_t(rows));
+      Tensor xt = put(*be, x, rows, cols), dyt = put(*be, dy, rows, cols);
+      auto with_amax = [&] {
+        Tensor t = be->empty(rows, cols);
+        be->add_amax_companion(t, r);
+        CHECK_FALSE(t.amax_written);
+        return t;
+      };
+      auto expect = [&](const char* what, const Tensor& t, const Tensor& plain) {
+        CAPTURE(what);
+        REQUIRE(t.amax_written);
+        const std::vector<float> v = get(*be, t);
+        expect_same_bits(std::string(what) + " (values, against the op without a companion)", v, get(*be, plain));
+        CHECK(amax_words(t) == want_amax(v, rows, cols, r));
+      };
+      Tensor y = with_amax(), y0 = be->empty(rows, cols);
+      be->gelu_forward(xt, y);
+      be->gelu_forward(xt, y0);
+      expect("gelu_forward", y, y0);
+      Tensor dx = with_amax(), dx0 = be->empty(rows, cols);
+      be->gelu_backward(xt, dyt, dx);
+      be->gelu_backward(xt, dyt, dx0);
+      expect("gelu_backward", dx, dx0);
+      for (float p : {0.2f, 0.0f}) {
+        CAPTURE(p);
+        Tensor d = with_amax(), d0 = be->empty(rows, cols);
+        be->dropout_backward_to(dyt, d, p, DropoutKey{5, 6});
+        be->dropout_backward_to(dyt, d0, p, DropoutKey{5, 6});
+        expect("dropout_backward_to", d, d0);
+        Tensor ya = put(*be, res, rows, cols), yb = put(*be, res, rows, cols);
+        Tensor e = with_amax(), e0 = be->empty(rows, cols);
+        be->add_dropout_backward_to(ya, xt, e, p, DropoutKey{7, 8});
+        be->add_dropout_backward_to(yb, xt, e0, p, DropoutKey{7, 8});
+        expect("add_dropout_backward_to", e, e0);
+        expect_same_bits("add_dropout_backward_to (y += x)", get(*be, ya), get(*be, yb));
+      }
+      // A producer that does not write the companion leaves it unwritten.
+      Tensor l = with_amax(), mean = be->empty(1, rows), rstd = be->empty(1, rows);
+      Tensor g = put(*be, randv(size_t(cols), 83, 0.5f, 1.0f), 1, cols);
+      be->layernorm_forward(xt, g.data, nullptr, 1e-5f, l, mean, rstd);
+      CHECK_FALSE(l.amax_written);
+    }
+  }
+  // A shape the producer cannot serve (rows % 16 != 0): no amaxes, and the values stand.
+  Tensor x = put(*be, randv(40, 90), 10, 4), y = be->empty(10, 4);
+  be->add_amax_companion(y, AmaxRequest{true, 3});
+  be->gelu_forward(x, y);
+  CHECK_FALSE(y.amax_written);
+}
+
+// The NVFP4 layers take their amaxes from the companions: every canned recipe
+// with one-pass operands gives the same bits with and without them (the
+// companion replaces the layer's own amax pass only), forward and backward.
+TEST_CASE("cuda backend: NVFP4 layers with amax companions give the bits of their own amax passes") {
+  FP4LAB_REQUIRE_GPU();
+  auto be = make_backend("cuda");
+  int requests = 0;
+  for (const std::string& name : fp4lab::recipe_names()) {
+    const fp4lab::Recipe rec = fp4lab::recipe_by_name(name);
+    CAPTURE(name);
+    const int64_t B = 64, in = 96, out = 48;
+    const fp4lab::LinearContext lc{&rec, 21, 3, 4, "h.1.mlp.c_proj"};
+    const std::optional<AmaxRequest> rx = be->linear_amax_request(lc, false, B, in);
+    const std::optional<AmaxRequest> ry = be->linear_amax_request(lc, true, B, out);
+    requests += int(rx.has_value()) + int(ry.has_value());
+    if (!rx && !ry) continue;
+    const auto h = randv(size_t(B * in), 91, 2.0f), w = randv(size_t(out * in), 92, 0.2f);
+    const auto g = randv(size_t(B * out), 93, 1e-3f);
+    Tensor ht = put(*be, h, B, in), wt = put(*be, w, out, in), gt = put(*be, g, B, out);
+    std::vector<std::vector<float> > got[2];
+    for (int with = 0; with < 2; ++with) {
+      Tensor x = be->empty(B, in), dy = be->empty(B, out);
+      if (with && rx) be->add_amax_companion(x, *rx);
+      if (with && ry) be->add_amax_companion(dy, *ry);
+      be->gelu_forward(ht, x);  // x = gelu(h): the producer writes the companion
+      be->dropout_backward_to(gt, dy, 0.1f, DropoutKey{9, 10});
+      if (with) {
+        CHECK(x.amax_written == rx.has_value());
+        CHECK(dy.amax_written == ry.has_value());
+      }
+      Tensor y = be->empty(B, out), dx = be->empty(B, in), dw = be->empty(out, in);
+      be->fill(dw, 0.0f);
+      std::unique_ptr<LinearState> st;
+      be->linear_forward(lc, x, wt, nullptr, y, st);
+      be->linear_backward(lc, *st, wt, dy, dx, dw, nullptr);
+      got[with] = {get(*be, y), get(*be, dx), get(*be, dw)};
+    }
+    expect_same_bits("y", got[0][0], got[1][0]);
+    expect_same_bits("dx", got[0][1], got[1][1]);
+    expect_same_bits("dW", got[0][2], got[1][2]);
+  }
+  CHECK(requests >= 2);  // nvfp4 asks for both
+  // And the request follows the plan: none for the bf16 recipe.
+  const fp4lab::Recipe bf16 = fp4lab::recipe_by_name("bf16");
+  CHECK_FALSE(be->linear_amax_request(fp4lab::LinearContext{&bf16, 1, 0, 0, "h.0.mlp.c_fc"}, false, 64, 96));
 }
 
 TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from BF16 companions) match the CPU") {
