@@ -165,6 +165,44 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const
 // null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
 // in-place dropout), or null when dst_h is not (the companion only). Per
 // element the operations of add_inplace, copy and dropout in place.
+// V (2 or 4) consecutive floats at p + i (i % V == 0, p 16-byte aligned).
+template <int V>
+__device__ __forceinline__ void load_v(const float* p, int64_t i, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 u = reinterpret_cast<const float4*>(p)[i / 4];
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+  } else {
+    static_assert(V == 2);
+    const float2 u = reinterpret_cast<const float2*>(p)[i / 2];
+    v[0] = u.x, v[1] = u.y;
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_v(float* p, int64_t i, const float (&v)[V]) {
+  if constexpr (V == 4)
+    reinterpret_cast<float4*>(p)[i / 4] = make_float4(v[0], v[1], v[2], v[3]);
+  else
+    reinterpret_cast<float2*>(p)[i / 2] = make_float2(v[0], v[1]);
+}
+// Their BF16 companions at h + i.
+template <int V>
+__device__ __forceinline__ void store_bf16_v(uint16_t* h, int64_t i, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    store_bf16x4(h, i / 4, make_float4(v[0], v[1], v[2], v[3]));
+  } else if ((reinterpret_cast<uintptr_t>(h) & 3u) == 0) {
+    reinterpret_cast<uint32_t*>(h)[i / 2] = bf16_rn(v[0]) | bf16_rn(v[1]) << 16;
+  } else {
+    h[i] = uint16_t(bf16_rn(v[0])), h[i + 1] = uint16_t(bf16_rn(v[1]));
+  }
+}
+
+// The producers' per-element operations on V consecutive elements from
+// element i (i % V == 0, 16-byte aligned pointers): op.run<V>(i, r) writes
+// them and returns the values written in r.
+// dst = drop(y), y += x first (stored back) when x is not null; dst_h (may be
+// null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
+// in-place dropout), or null when dst_h is not (the companion only). Per
+// element the operations of add_inplace, copy and dropout in place.
 struct DropoutTo {
   float* y;
   const float* x;
@@ -174,21 +212,25 @@ struct DropoutTo {
   uint32_t thr;
   float keep_scale;
   uint64_t seed, sid;
-  // Group g (elements 4g .. 4g + 3, all in range, 16-byte aligned pointers):
-  // writes it, returns dst's 4 values.
-  __device__ __forceinline__ float4 operator()(int64_t g) const {
+  template <int V>
+  __device__ __forceinline__ void run(int64_t i, float (&v)[V]) const {
     Philox4 r{};
-    if (drop) r = philox_group(seed, sid, uint64_t(g));
-    float4 v = reinterpret_cast<const float4*>(y)[g];
+    if (drop) r = philox_group(seed, sid, uint64_t(i) >> 2);  // the group of elements i .. i + V - 1
+    load_v<V>(y, i, v);
     if (x) {
-      const float4 a = reinterpret_cast<const float4*>(x)[g];
-      v = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
-      reinterpret_cast<float4*>(y)[g] = v;
+      float a[V];
+      load_v<V>(x, i, a);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = v[k] + a[k];
+      store_v<V>(y, i, v);
     }
-    if (drop) v = drop4(v, r, thr, keep_scale);
-    if (dst) reinterpret_cast<float4*>(dst)[g] = v;
-    if (dst_h) store_bf16x4(dst_h, g, v);
-    return v;
+    if (drop) {
+      const bool hi = V == 2 && (i & 2) != 0;  // a pair's words: 0, 1 or 2, 3
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = drop1(v[k], hi ? r.v[k + 2] : r.v[k], thr, keep_scale);
+    }
+    if (dst) store_v<V>(dst, i, v);
+    if (dst_h) store_bf16_v<V>(dst_h, i, v);
   }
 };
 __global__ void dropout_to_kernel(const DropoutTo op, int64_t n) {
@@ -196,7 +238,8 @@ __global__ void dropout_to_kernel(const DropoutTo op, int64_t n) {
   const bool vec = aligned16(op.y) && (op.x == nullptr || aligned16(op.x)) && aligned16(op.dst);
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     if (vec && g * 4 + 4 <= n) {
-      op(g);
+      float v[4];
+      op.run<4>(g * 4, v);
       continue;
     }
     Philox4 r{};
@@ -214,50 +257,55 @@ __global__ void dropout_to_kernel(const DropoutTo op, int64_t n) {
   }
 }
 
-// GELU forward / backward on group g (4 elements, aligned), as map4's vector path.
+// GELU forward / backward (the operations of map4's kernels above).
 struct GeluFwd {
   const float* x;
   float* y;
   uint16_t* y_h;
-  __device__ __forceinline__ float4 operator()(int64_t g) const {
-    const float4 a = reinterpret_cast<const float4*>(x)[g];
-    const float4 r = make_float4(gelu_value(a.x), gelu_value(a.y), gelu_value(a.z), gelu_value(a.w));
-    if (y) reinterpret_cast<float4*>(y)[g] = r;
-    if (y_h) store_bf16x4(y_h, g, r);
-    return r;
+  template <int V>
+  __device__ __forceinline__ void run(int64_t i, float (&r)[V]) const {
+    load_v<V>(x, i, r);
+#pragma unroll
+    for (int k = 0; k < V; ++k) r[k] = gelu_value(r[k]);
+    if (y) store_v<V>(y, i, r);
+    if (y_h) store_bf16_v<V>(y_h, i, r);
   }
 };
 struct GeluBwd {
   const float *x, *dy;
   float* dx;
   uint16_t* dx_h;
-  __device__ __forceinline__ float4 operator()(int64_t g) const {
-    const float4 a = reinterpret_cast<const float4*>(x)[g], d = reinterpret_cast<const float4*>(dy)[g];
-    const float4 r = make_float4(gelu_grad(a.x, d.x), gelu_grad(a.y, d.y), gelu_grad(a.z, d.z), gelu_grad(a.w, d.w));
-    if (dx) reinterpret_cast<float4*>(dx)[g] = r;
-    if (dx_h) store_bf16x4(dx_h, g, r);
-    return r;
+  template <int V>
+  __device__ __forceinline__ void run(int64_t i, float (&r)[V]) const {
+    float d[V];
+    load_v<V>(x, i, r);
+    load_v<V>(dy, i, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) r[k] = gelu_grad(r[k], d[k]);
+    if (dx) store_v<V>(dx, i, r);
+    if (dx_h) store_bf16_v<V>(dx_h, i, r);
   }
 };
 
 // A producer with its ProducerAmax (nn.hpp): one thread per strip of 16 rows
-// x 4 columns of the output [rows, cols]; op(g) writes float4 group g and
-// returns its values, which strip_amaxes reduces (amax_device.cuh).
+// x kStripCols columns of the output [rows, cols]; op.run writes each row's
+// part and returns its values, which strip_amaxes reduces (amax_device.cuh).
+// Two columns: 32 values live per thread (four columns' 64 took 106-112
+// registers, two blocks per SM).
+constexpr int kStripCols = 2;
 template <class Op, bool RHT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 4)
     producer_amax_kernel(const Op op, int64_t rows, int64_t cols, const ProducerAmax a) {
-  const int64_t ngroups = cols / 4, strips = (rows / 16) * ngroups;
+  constexpr int V = kStripCols;
+  const int64_t ngroups = cols / V, strips = (rows / 16) * ngroups;
   const int64_t t = blockIdx.x * int64_t(kThreads) + threadIdx.x;
   uint32_t m = 0, mt = 0;
   if (t < strips) {
     const int64_t i = t / ngroups, jg = t - i * ngroups;
-    float v[16][4];
+    float v[16][V];
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) {
-      const float4 r = op((i * 16 + rr) * ngroups + jg);
-      v[rr][0] = r.x, v[rr][1] = r.y, v[rr][2] = r.z, v[rr][3] = r.w;
-    }
-    strip_amaxes<4, RHT>(v, a.signs, m, mt);
+    for (int rr = 0; rr < 16; ++rr) op.template run<V>((i * 16 + rr) * cols + jg * V, v[rr]);
+    strip_amaxes<V, RHT>(v, a.signs, m, mt);
   }
   amax_block_commit(m, a.words, RHT ? rht_quarter(mt) : m, a.words + 1);
 }
@@ -275,7 +323,7 @@ void launch_producer_amax(const char* what, const Op& op, int64_t n, const Produ
                 std::to_string(a.cols) + "]" + (aligned ? "" : ", a misaligned tensor") +
                 (a.words ? "" : ", no amax words"));
   check(cudaMemsetAsync(a.words, 0, 2 * sizeof(uint32_t), st), "cudaMemsetAsync (producer amax)");
-  const int64_t strips = (a.rows / 16) * (a.cols / 4);
+  const int64_t strips = (a.rows / 16) * (a.cols / kStripCols);
   if (strips == 0) return;
   const unsigned blocks = unsigned((strips + kThreads - 1) / kThreads);
   if (a.rht)
