@@ -161,10 +161,6 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const
   }
 }
 
-// dst = drop(y), y += x first (stored back) when x is not null; dst_h (may be
-// null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
-// in-place dropout), or null when dst_h is not (the companion only). Per
-// element the operations of add_inplace, copy and dropout in place.
 // V (2 or 4) consecutive floats at p + i (i % V == 0, p 16-byte aligned).
 template <int V>
 __device__ __forceinline__ void load_v(const float* p, int64_t i, float (&v)[V]) {
@@ -199,6 +195,7 @@ __device__ __forceinline__ void store_bf16_v(uint16_t* h, int64_t i, const float
 // The producers' per-element operations on V consecutive elements from
 // element i (i % V == 0, 16-byte aligned pointers): op.run<V>(i, r) writes
 // them and returns the values written in r.
+//
 // dst = drop(y), y += x first (stored back) when x is not null; dst_h (may be
 // null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
 // in-place dropout), or null when dst_h is not (the companion only). Per
