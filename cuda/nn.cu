@@ -193,8 +193,13 @@ __device__ __forceinline__ void store_bf16_v(uint16_t* h, int64_t i, const float
 }
 
 // The producers' per-element operations on V consecutive elements from
-// element i (i % V == 0, 16-byte aligned pointers): op.run<V>(i, r) writes
-// them and returns the values written in r.
+// element i (i % V == 0, 16-byte aligned pointers), in two steps:
+// op.load<V>(i, v) reads the inputs and computes what it can without
+// writing; op.store<V>(i, v) writes the outputs and leaves in v the values
+// written (the output tensor's). A kernel that works on several rows loads
+// them all before it stores any: a store between two loads keeps the compiler
+// from moving the second load above it (the pointers might alias), which
+// chained the 16 rows of a strip one memory latency after another.
 //
 // dst = drop(y), y += x first (stored back) when x is not null; dst_h (may be
 // null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
@@ -209,20 +214,23 @@ struct DropoutTo {
   uint32_t thr;
   float keep_scale;
   uint64_t seed, sid;
+  // v = y (+ x).
   template <int V>
-  __device__ __forceinline__ void run(int64_t i, float (&v)[V]) const {
-    Philox4 r{};
-    if (drop) r = philox_group(seed, sid, uint64_t(i) >> 2);  // the group of elements i .. i + V - 1
+  __device__ __forceinline__ void load(int64_t i, float (&v)[V]) const {
     load_v<V>(y, i, v);
     if (x) {
       float a[V];
       load_v<V>(x, i, a);
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = v[k] + a[k];
-      store_v<V>(y, i, v);
     }
+  }
+  template <int V>
+  __device__ __forceinline__ void store(int64_t i, float (&v)[V]) const {
+    if (x) store_v<V>(y, i, v);
     if (drop) {
-      const bool hi = V == 2 && (i & 2) != 0;  // a pair's words: 0, 1 or 2, 3
+      const Philox4 r = philox_group(seed, sid, uint64_t(i) >> 2);  // the group of elements i .. i + V - 1
+      const bool hi = V == 2 && (i & 2) != 0;                       // a pair's words: 0, 1 or 2, 3
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = drop1(v[k], hi ? r.v[k + 2] : r.v[k], thr, keep_scale);
     }
@@ -236,7 +244,8 @@ __global__ void dropout_to_kernel(const DropoutTo op, int64_t n) {
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     if (vec && g * 4 + 4 <= n) {
       float v[4];
-      op.run<4>(g * 4, v);
+      op.load<4>(g * 4, v);
+      op.store<4>(g * 4, v);
       continue;
     }
     Philox4 r{};
@@ -260,10 +269,13 @@ struct GeluFwd {
   float* y;
   uint16_t* y_h;
   template <int V>
-  __device__ __forceinline__ void run(int64_t i, float (&r)[V]) const {
+  __device__ __forceinline__ void load(int64_t i, float (&r)[V]) const {
     load_v<V>(x, i, r);
 #pragma unroll
     for (int k = 0; k < V; ++k) r[k] = gelu_value(r[k]);
+  }
+  template <int V>
+  __device__ __forceinline__ void store(int64_t i, float (&r)[V]) const {
     if (y) store_v<V>(y, i, r);
     if (y_h) store_bf16_v<V>(y_h, i, r);
   }
@@ -273,23 +285,30 @@ struct GeluBwd {
   float* dx;
   uint16_t* dx_h;
   template <int V>
-  __device__ __forceinline__ void run(int64_t i, float (&r)[V]) const {
+  __device__ __forceinline__ void load(int64_t i, float (&r)[V]) const {
     float d[V];
     load_v<V>(x, i, r);
     load_v<V>(dy, i, d);
 #pragma unroll
     for (int k = 0; k < V; ++k) r[k] = gelu_grad(r[k], d[k]);
+  }
+  template <int V>
+  __device__ __forceinline__ void store(int64_t i, float (&r)[V]) const {
     if (dx) store_v<V>(dx, i, r);
     if (dx_h) store_bf16_v<V>(dx_h, i, r);
   }
 };
 
 // A producer with its ProducerAmax (nn.hpp): one thread per strip of 16 rows
-// x kStripCols columns of the output [rows, cols]; op.run writes each row's
-// part and returns its values, which strip_amaxes reduces (amax_device.cuh).
+// x kStripCols columns of the output [rows, cols]: op.load of every row, then
+// op.store of every row, whose values strip_amaxes reduces (amax_device.cuh).
 // Two columns: 32 values live per thread (four columns' 64 took 106-112
 // registers, two blocks per SM).
 constexpr int kStripCols = 2;
+// Rows loaded before any of them is stored: four latency chains a strip
+// instead of sixteen (8 or 16 rows at once spilled at 64-80 registers: the
+// GELU's temporaries of every row in flight).
+constexpr int kBatchRows = 4;
 template <class Op, bool RHT>
 __global__ void __launch_bounds__(kThreads, 4)
     producer_amax_kernel(const Op op, int64_t rows, int64_t cols, const ProducerAmax a) {
@@ -301,7 +320,12 @@ __global__ void __launch_bounds__(kThreads, 4)
     const int64_t i = t / ngroups, jg = t - i * ngroups;
     float v[16][V];
 #pragma unroll
-    for (int rr = 0; rr < 16; ++rr) op.template run<V>((i * 16 + rr) * cols + jg * V, v[rr]);
+    for (int r0 = 0; r0 < 16; r0 += kBatchRows) {
+#pragma unroll
+      for (int rr = r0; rr < r0 + kBatchRows; ++rr) op.template load<V>((i * 16 + rr) * cols + jg * V, v[rr]);
+#pragma unroll
+      for (int rr = r0; rr < r0 + kBatchRows; ++rr) op.template store<V>((i * 16 + rr) * cols + jg * V, v[rr]);
+    }
     strip_amaxes<V, RHT>(v, a.signs, m, mt);
   }
   amax_block_commit(m, a.words, RHT ? rht_quarter(mt) : m, a.words + 1);
