@@ -331,18 +331,28 @@ __global__ void __launch_bounds__(kThreads, 4)
   amax_block_commit(m, a.words, RHT ? rht_quarter(mt) : m, a.words + 1);
 }
 
+}  // namespace
+
+bool producer_amax_fits(int64_t rows, int64_t cols, std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return false;
+  return rows % 16 == 0 && cols % 4 == 0;
+}
+
+namespace {
+
 // Checks a's preconditions for a producer of n values whose FP32 pointers are
 // ptrs (null ones skipped), zeroes its words and launches producer_amax_kernel.
 template <class Op>
 void launch_producer_amax(const char* what, const Op& op, int64_t n, const ProducerAmax& a,
                           std::initializer_list<const void*> ptrs, cudaStream_t st) {
-  bool aligned = true;
-  for (const void* p : ptrs) aligned = aligned && (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-  if (a.words == nullptr || a.rows * a.cols != n || a.rows % 16 != 0 || a.cols % 4 != 0 || !aligned)
+  if (a.words == nullptr || a.rows * a.cols != n || !producer_amax_fits(a.rows, a.cols, ptrs)) {
+    const bool aligned = producer_amax_fits(0, 0, ptrs);  // the pointers alone
     throw Error(std::string(what) + ": its tensor amaxes need [rows, cols] with rows * cols = " + std::to_string(n) +
                 ", rows % 16 == 0, cols % 4 == 0 and 16-byte aligned tensors; got [" + std::to_string(a.rows) + ", " +
                 std::to_string(a.cols) + "]" + (aligned ? "" : ", a misaligned tensor") +
                 (a.words ? "" : ", no amax words"));
+  }
   check(cudaMemsetAsync(a.words, 0, 2 * sizeof(uint32_t), st), "cudaMemsetAsync (producer amax)");
   const int64_t strips = (a.rows / 16) * (a.cols / kStripCols);
   if (strips == 0) return;

@@ -87,6 +87,9 @@ struct ProducerAmax {
   bool rht = false;
   float signs[16] = {};
 };
+// Can a producer of a [rows, cols] output whose FP32 tensors are at ptrs (null
+// ones skipped) compute its amaxes (the preconditions above but the words)?
+bool producer_amax_fits(int64_t rows, int64_t cols, std::initializer_list<const void*> ptrs);
 // GELU, exact erf form: y = 0.5 x (1 + erf(x / sqrt 2)).
 void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr,
                   const ProducerAmax* amax = nullptr);

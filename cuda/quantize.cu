@@ -135,13 +135,7 @@ void launch_tile_kernel(const KParams& p, int kind, unsigned blocks, cudaStream_
 template <class In, bool FULL>
 bool try_tiles_grid_amax(const KParams& p, unsigned blocks, cudaStream_t st) {
   const auto kernel = tile_kernel<In, 1, Fast::rn, FULL, true>;
-  static const int64_t capacity = [&] {
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
-    return int64_t(sms) * per_sm;
-  }();
+  static const int64_t capacity = resident_blocks(kernel);
   if (int64_t(blocks) > capacity) return false;
   KParams arg = p;
   void* args[] = {&arg};

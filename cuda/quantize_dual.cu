@@ -224,13 +224,7 @@ __global__ void __launch_bounds__(kThreads, 4) dual_amax_kernel(const KParams pr
 
 template <class In, bool RHT>
 void go_amax(const KParams& pr, const KParams& pc, cudaStream_t st) {
-  static const int64_t resident = [] {
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dual_amax_kernel<In, RHT>, kThreads, 0);
-    return int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
-  }();
+  static const int64_t resident = std::max<int64_t>(resident_blocks(dual_amax_kernel<In, RHT>), 1);
   const int64_t units = (pr.rows / 16) * (pr.cols / (4 / int64_t(sizeof(In))));
   const int64_t blocks = std::min((units + kThreads - 1) / kThreads, resident);
   if (blocks > 0) dual_amax_kernel<In, RHT><<<unsigned(blocks), kThreads, 0, st>>>(pr, pc);

@@ -923,6 +923,18 @@ __device__ __forceinline__ void rht_columns(float (&v)[16][V], const float* sign
   }
 }
 
+// How many blocks of kThreads threads (no dynamic shared memory) of `kernel`
+// the GPU holds at once: SMs x resident blocks per SM (0 if it cannot run),
+// the size of a cooperative or persistent grid. Callers keep it (static).
+template <class Kernel>
+int64_t resident_blocks(Kernel kernel) {
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+  return int64_t(sms) * per_sm;
+}
+
 // Lets Kernel take `bytes` (> 48 KB) of dynamic shared memory: the attribute
 // is set on the first call only (it applies to every later launch).
 template <auto Kernel>

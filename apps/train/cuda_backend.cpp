@@ -458,12 +458,10 @@ class CudaBackend final : public Backend {
 
  private:
   // The ProducerAmax of t's amax companion, where t has one and the producer
-  // can compute it (its FP32 tensors ptrs 16-byte aligned, rows % 16 == 0 and
-  // cols % 4 == 0); else nothing (the linear layer then computes the amaxes).
-  static std::optional<nn::ProducerAmax> producer_amax(const Tensor& t, std::initializer_list<const float*> ptrs) {
-    if (t.amax == nullptr || t.rows % 16 != 0 || t.cols % 4 != 0) return std::nullopt;
-    for (const float* p : ptrs)
-      if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return std::nullopt;
+  // (its FP32 tensors at ptrs) can compute it (nn::producer_amax_fits); else
+  // nothing (the linear layer then computes the amaxes).
+  static std::optional<nn::ProducerAmax> producer_amax(const Tensor& t, std::initializer_list<const void*> ptrs) {
+    if (t.amax == nullptr || !nn::producer_amax_fits(t.rows, t.cols, ptrs)) return std::nullopt;
     nn::ProducerAmax a;
     a.words = t.amax;
     a.rows = t.rows;
