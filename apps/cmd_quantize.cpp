@@ -620,8 +620,8 @@ void register_bench_quantize(CLI::App& bench) {
       "Quantizer throughput on a rows x cols tensor.\n"
       "cpu: mxfp4, mxfp8_e4m3 and nvfp4 fake quantization of float32, RN and SR, and NVFP4 with RHT, on 1 thread\n"
       "and all OpenMP threads, with the ratio to a memcpy of the same bytes.\n"
-      "cuda: the fused kernels from bf16 and float32 input (RN; SR on MXFP4 and NVFP4; RHT; NVFP4 16x16;\n"
-      "amax given), and the trainer's two NVFP4 operands of one tensor (two calls against one pass), as a\n"
+      "cuda: the fused kernels from bf16 and float32 input (RN; SR on MXFP4 and NVFP4; RHT with RN and SR on\n"
+      "[1,16] and [16,1] blocks; NVFP4 16x16; amax given), and the trainer's two NVFP4 operands of one tensor (two calls against one pass), as a\n"
       "fraction of a device-to-device copy measured in the same run.");
   b->add_option("--backend", ba->backend, "cpu, or cuda (needs the CUDA build)")->capture_default_str();
   b->add_option("--rows", ba->rows, "Tensor rows")->capture_default_str();

@@ -81,6 +81,10 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
   vars.push_back({"nvfp4 (amax given)", nv, true});
   vars.push_back({"nvfp4 rs (amax given)", with(nv, Round::rs, false, 1, 16), true});
   vars.push_back({"nvfp4 rs rht [1,16] (amax given)", with(nv, Round::rs, true, 1, 16), true});
+  vars.push_back({"nvfp4 rs rht [16,1] (amax given)", with(nv, Round::rs, true, 16, 1), true});
+  // RHT with rn: the wgrad x operand of NVIDIA's recipe.
+  vars.push_back({"nvfp4 rht [1,16] (amax given)", with(nv, Round::rn, true, 1, 16), true});
+  vars.push_back({"nvfp4 rht [16,1] (amax given)", with(nv, Round::rn, true, 16, 1), true});
 
   const int64_t n = rows * cols;
   DeviceBuffer<float> x32(static_cast<size_t>(n)), y32(static_cast<size_t>(n));
