@@ -10,21 +10,31 @@ namespace fp4lab::cuda::qk {
 namespace {
 
 // FM: the fast form (quantize_kernels.cuh, Fast) of the quantizer's mode, whose
-// kernel holds no other mode's code.
-template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none>
+// kernel holds no other mode's code. FULL (with a fast form, V == 4;
+// cols_full_apply()): every strip whole, bases 16-byte aligned, fewer than 2^31
+// elements: the strip of a thread by FastDivU31, no per-row bounds checks,
+// each row's codes one store (measured from FP32 [16,1] rn + RHT, ncu: 6.5
+// ISETP and 4 branch instructions per element went to the checks).
+template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, bool FULL = false>
 __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
-  const int64_t t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
-  const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
-  int64_t i, jg;
-  const bool ok = strip_of(t, nbr, ngroups, i, jg);
-  const int64_t r0 = i * BR, c0 = jg * V;
-  const int valid_c = ok ? int(p.cols - c0 < V ? p.cols - c0 : V) : 0;
-  float v[BR][V];
-#pragma unroll
-  for (int rr = 0; rr < BR; ++rr) {
-    const bool row_ok = r0 + rr < p.rows;
-    load_n<In, V>(p.x, (r0 + rr) * p.cols + c0, row_ok ? valid_c : 0, v[rr]);
+  static_assert(!FULL || (FM != Fast::none && !AMAX_ONLY && V == 4));
+  int64_t t, i, jg;
+  bool ok;
+  if constexpr (FULL) {
+    const uint32_t u = blockIdx.x * kThreads + threadIdx.x;
+    ok = u < p.units;
+    const uint32_t strip = p.unit_div.div(u);
+    t = u, i = strip, jg = u - strip * uint32_t(p.cols / V);
+  } else {
+    t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
+    const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
+    ok = strip_of(t, nbr, ngroups, i, jg);
   }
+  const int64_t r0 = i * BR, c0 = jg * V;
+  const int valid_c = FULL ? V : ok ? int(p.cols - c0 < V ? p.cols - c0 : V) : 0;
+  if (FULL && !ok) return;
+  float v[BR][V];
+  load_rows<In, BR, V>(p.x, r0 * p.cols + c0, p.cols, int(p.rows - r0 < BR ? p.rows - r0 : BR), valid_c, v);
   if constexpr (RHT) {
     static_assert(BR == 16);
     rht_columns(v, p.signs);  // rows % 16 == 0 (checked on the host)
@@ -78,29 +88,42 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
         float row[V];
 #pragma unroll
         for (int cc = 0; cc < V; ++cc) row[cc] = col_stage[(rr * V + cc) * kThreads + threadIdx.x];
-        if (r0 + rr < p.rows) encode_and_store<K, V, V, FM>(p, f, g, r0 + rr, c0, row, bp, valid_c);
+        if (FULL || r0 + rr < p.rows) encode_and_store<K, V, V, FM, FULL>(p, f, g, r0 + rr, c0, row, bp, valid_c);
       }
     } else {
 #pragma unroll
       for (int rr = 0; rr < BR; ++rr) {
-        if (r0 + rr < p.rows) encode_and_store<K, V, V, FM>(p, f, g, r0 + rr, c0, v[rr], bp, valid_c);
+        if (FULL || r0 + rr < p.rows) encode_and_store<K, V, V, FM, FULL>(p, f, g, r0 + rr, c0, v[rr], bp, valid_c);
       }
     }
   }
 }
 
-template <class In, int BR, int V, int K, bool RHT, bool AMAX, Fast FM = Fast::none>
+template <class In, int BR, int V, int K, bool RHT, bool AMAX, Fast FM = Fast::none, bool FULL = false>
 void go(const KParams& p, cudaStream_t st) {
   const int64_t threads = ((p.rows + BR - 1) / BR) * ((p.cols + V - 1) / V);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
   // Stochastic rounding stages the strip in shared memory (col_kernel).
   constexpr size_t stage_bytes = size_t(BR) * V * kThreads * sizeof(float);  // 64 KB
   const bool stage = !AMAX && p.round == Round::rs;
+  auto* kernel = col_kernel<In, BR, V, K, RHT, AMAX, FM, FULL>;
   if (stage)
-    allow_dynamic_smem<col_kernel<In, BR, V, K, RHT, AMAX, FM>>(stage_bytes, "col_kernel (64 KB shared memory)");
+    allow_dynamic_smem<col_kernel<In, BR, V, K, RHT, AMAX, FM, FULL>>(stage_bytes, "col_kernel (64 KB shared memory)");
   if (blocks > 0)
-    col_kernel<In, BR, V, K, RHT, AMAX, FM><<<unsigned(blocks), kThreads, stage ? stage_bytes : 0, st>>>(p);
+    kernel<<<unsigned(blocks), kThreads, stage ? stage_bytes : 0, st>>>(FULL ? full_params(p, threads, p.cols / V) : p);
   check_launch("col_kernel");
+}
+
+// May the fast form FM of a 4-column-strip kernel take its FULL form?
+inline bool cols_full_apply(const KParams& p, int br) {
+  return p.rows % br == 0 && p.cols % 4 == 0 && p.rows * p.cols < (int64_t(1) << 31) && bases_aligned16(p);
+}
+
+template <class In, int BR, int V, int K, bool RHT, Fast FM>
+void go_fast(const KParams& p, cudaStream_t st) {
+  if constexpr (V == 4)
+    if (cols_full_apply(p, BR)) return go<In, BR, V, K, RHT, false, FM, true>(p, st);
+  go<In, BR, V, K, RHT, false, FM>(p, st);
 }
 
 // Kind K's kernel in the fast form its mode allows (rs: 4-column strips only,
@@ -114,18 +137,18 @@ void go_kind(const KParams& p, cudaStream_t st) {
   const bool values = bf16_operand_only(p);
   if constexpr (K == 1) {
     if (values && p.rule == ScaleRule::nv_noglobal) {  // which the other fast forms exclude
-      if (p.round == Round::rn) return go<In, BR, V, K, RHT, false, Fast::rn_bf16_div>(p, st);
-      if (p.round == Round::rs && p.cols % 4 == 0) return go<In, BR, V, K, RHT, false, Fast::rs_bf16_div>(p, st);
+      if (p.round == Round::rn) return go_fast<In, BR, V, K, RHT, Fast::rn_bf16_div>(p, st);
+      if (p.round == Round::rs && p.cols % 4 == 0) return go_fast<In, BR, V, K, RHT, Fast::rs_bf16_div>(p, st);
     }
   }
   if (fast_rn_applies(K, p)) {
-    if (values) return go<In, BR, V, K, RHT, false, Fast::rn_bf16>(p, st);
-    return go<In, BR, V, K, RHT, false, Fast::rn>(p, st);
+    if (values) return go_fast<In, BR, V, K, RHT, Fast::rn_bf16>(p, st);
+    return go_fast<In, BR, V, K, RHT, Fast::rn>(p, st);
   }
   if (fast_rs_applies(K, p)) {
     if constexpr (e2m1)
-      if (values) return go<In, BR, V, K, RHT, false, Fast::rs_bf16>(p, st);
-    if constexpr (V == 4) return go<In, BR, V, K, RHT, false, Fast::rs>(p, st);
+      if (values) return go_fast<In, BR, V, K, RHT, Fast::rs_bf16>(p, st);
+    if constexpr (V == 4) return go_fast<In, BR, V, K, RHT, Fast::rs>(p, st);
   }
   go<In, BR, V, K, RHT, false>(p, st);
 }

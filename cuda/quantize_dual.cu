@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, con
   const bool ok = strip_of(t, nstrips, ngroups, i, jg);
   const int64_t r0 = i * 16, c0 = jg * 4;
   float v[16][4];
-#pragma unroll
-  for (int rr = 0; rr < 16; ++rr) load_n<In, 4>(pr.x, (r0 + rr) * pr.cols + c0, ok ? 4 : 0, v[rr]);
+  load_rows<In, 16, 4>(pr.x, r0 * pr.cols + c0, pr.cols, ok ? 16 : 0, 4, v);
 
   // Row blocks: the amax of each of the 16 rows over this lane's 4 columns and
   // its 3 neighbours' (every lane takes part, in range or not).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/encode.hpp"
 #include "core/format.hpp"
@@ -373,6 +374,41 @@ __device__ __forceinline__ void load_n(const void* x, int64_t i, int valid, floa
   }
 }
 
+// Loads R rows of N consecutive elements, row rr from element index i0 + rr *
+// stride (rows from rows_valid on, and elements from valid on, read as 0), as
+// load_n does row by row, except that from BF16 with N == 2 or 4 a whole strip
+// (every row in range, one 4- or 8-byte load each) issues all R loads before
+// it widens any of them. load_n's widening sits inside its per-row alignment
+// branch, so a loop of load_n calls waited for each row's load before issuing
+// the next one: the column kernels ran 16 memory latencies in a row per strip
+// (ncu: a [16,1] amax pass from BF16 at IPC 1.2 and 36% of DRAM bandwidth,
+// slower than the same pass from FP32).
+template <class In, int R, int N>
+__device__ __forceinline__ void load_rows(const void* x, int64_t i0, int64_t stride, int rows_valid, int valid,
+                                          float (&v)[R][N]) {
+  if constexpr (sizeof(In) == 2 && (N == 2 || N == 4)) {
+    using Raw = std::conditional_t<N == 4, uint2, uint32_t>;
+    const uint16_t* s = static_cast<const uint16_t*>(x) + i0;
+    if (rows_valid >= R && valid == N && stride % N == 0 && aligned<sizeof(Raw)>(s)) {
+      Raw raw[R];
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) raw[rr] = __ldg(reinterpret_cast<const Raw*>(s + rr * stride));
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw[rr]);
+#pragma unroll
+        for (int q = 0; q < N / 2; ++q) {
+          v[rr][2 * q] = bits_float(w[q] << 16);
+          v[rr][2 * q + 1] = bits_float(w[q] & 0xFFFF0000u);
+        }
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) load_n<In, N>(x, i0 + rr * stride, rr < rows_valid ? valid : 0, v[rr]);
+}
+
 // Stores N bytes (the first `valid` of them) at dst, vectorised when aligned.
 template <int N>
 __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&b)[N], int valid) {
@@ -415,11 +451,24 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&b)[N]
 }
 
 // Codes of N consecutive columns starting at column c0 of row r (c0 even for
-// packed4), in the output's layout.
-template <int N>
+// packed4), in the output's layout. FULL with N == 4 (the column and dual
+// kernels' 4-column strips): valid == 4, cols even and the destination
+// aligned (2 bytes packed, 4 bytes as bytes): one store, no checks.
+template <int N, bool FULL = false>
 __device__ __forceinline__ void store_codes(const KParams& p, int64_t r, int64_t c0, const uint32_t (&code)[N],
                                             int valid) {
   const QuantOutputs& o = p.out;
+  if constexpr (FULL && N == 4) {
+    const int64_t i = r * p.cols + c0;
+    if (o.code_layout == CodeLayout::packed4) {
+      *reinterpret_cast<uint16_t*>(o.codes + i / 2) =
+          uint16_t((code[0] & 0xFu) | (code[1] & 0xFu) << 4 | (code[2] & 0xFu) << 8 | (code[3] & 0xFu) << 12);
+    } else {
+      *reinterpret_cast<uint32_t*>(o.codes + i) =
+          (code[0] & 0xFFu) | (code[1] & 0xFFu) << 8 | (code[2] & 0xFFu) << 16 | (code[3] & 0xFFu) << 24;
+    }
+    return;
+  }
   if (o.code_layout == CodeLayout::packed4) {
     constexpr int NB = (N + 1) / 2;
     uint32_t b[NB];
@@ -661,7 +710,7 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
                                               int valid, bool codes) {
   const int64_t base = r * p.cols + c0;
   const QuantOutputs& o = p.out;
-  if (codes && o.codes) store_codes<N>(p, r, c0, code, valid);
+  if (codes && o.codes) store_codes<N, FULL>(p, r, c0, code, valid);
   if (o.dequant) {
     float d[N];
 #pragma unroll
