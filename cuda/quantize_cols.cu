@@ -34,17 +34,24 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   const int valid_c = FULL ? V : ok ? int(p.cols - c0 < V ? p.cols - c0 : V) : 0;
   if (FULL && !ok) return;
   float v[BR][V];
-  load_rows<In, BR, V>(p.x, r0 * p.cols + c0, p.cols, int(p.rows - r0 < BR ? p.rows - r0 : BR), valid_c, v);
+  const int rows_valid = int(p.rows - r0 < BR ? p.rows - r0 : BR);
   if constexpr (RHT) {
     static_assert(BR == 16);
-    rht_columns(v, p.signs);  // rows % 16 == 0 (checked on the host)
+    // rows % 16 == 0 (checked on the host); the signs folded into the loads.
+    uint32_t flip[16];
+    rht_sign_flips(p.signs, flip);
+    load_rows<In, BR, V, true>(p.x, r0 * p.cols + c0, p.cols, rows_valid, valid_c, v, flip);
+    rht_columns<V, true>(v, p.signs);
+  } else {
+    load_rows<In, BR, V>(p.x, r0 * p.cols + c0, p.cols, rows_valid, valid_c, v);
   }
   uint32_t amax[V];
 #pragma unroll
   for (int cc = 0; cc < V; ++cc) {
-    amax[cc] = 0;
+    AmaxBits m;
 #pragma unroll
-    for (int rr = 0; rr < BR; ++rr) amax[cc] = umax(amax[cc], abs_bits(v[rr][cc]));
+    for (int rr = 0; rr < BR; ++rr) m.add(v[rr][cc]);
+    amax[cc] = m.bits();
   }
   if constexpr (AMAX_ONLY) {
     uint32_t m = 0;
@@ -90,6 +97,14 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
         for (int cc = 0; cc < V; ++cc) row[cc] = col_stage[(rr * V + cc) * kThreads + threadIdx.x];
         if (FULL || r0 + rr < p.rows) encode_and_store<K, V, V, FM, FULL>(p, f, g, r0 + rr, c0, row, bp, valid_c);
       }
+    } else if constexpr (FULL && FM == Fast::rn) {
+      // Every row's codes, then each output over the whole strip (store_strip_full).
+      uint32_t code[BR][V];
+#pragma unroll
+      for (int rr = 0; rr < BR; ++rr)
+#pragma unroll
+        for (int cc = 0; cc < V; ++cc) code[rr][cc] = encode_rn<K>(f, v[rr][cc] * bp[cc].mult, p.overflow);
+      store_strip_full<K, BR>(p, f, g, r0, c0, code, bp);
     } else {
 #pragma unroll
       for (int rr = 0; rr < BR; ++rr) {

@@ -383,9 +383,12 @@ __device__ __forceinline__ void load_n(const void* x, int64_t i, int valid, floa
 // the next one: the column kernels ran 16 memory latencies in a row per strip
 // (ncu: a [16,1] amax pass from BF16 at IPC 1.2 and 36% of DRAM bandwidth,
 // slower than the same pass from FP32).
-template <class In, int R, int N>
+// FLIP: row rr's values come out with their sign bits xor'ed with flip[rr] (0
+// or 0x80000000), the RHT's exact d_i * v_i folded into the BF16 widening (one
+// shift-and-add or mask-and-xor per value either way).
+template <class In, int R, int N, bool FLIP = false>
 __device__ __forceinline__ void load_rows(const void* x, int64_t i0, int64_t stride, int rows_valid, int valid,
-                                          float (&v)[R][N]) {
+                                          float (&v)[R][N], const uint32_t* flip = nullptr) {
   if constexpr (sizeof(In) == 2 && (N == 2 || N == 4)) {
     using Raw = std::conditional_t<N == 4, uint2, uint32_t>;
     const uint16_t* s = static_cast<const uint16_t*>(x) + i0;
@@ -396,10 +399,11 @@ __device__ __forceinline__ void load_rows(const void* x, int64_t i0, int64_t str
 #pragma unroll
       for (int rr = 0; rr < R; ++rr) {
         const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw[rr]);
+        const uint32_t m = FLIP ? flip[rr] : 0u;
 #pragma unroll
         for (int q = 0; q < N / 2; ++q) {
-          v[rr][2 * q] = bits_float(w[q] << 16);
-          v[rr][2 * q + 1] = bits_float(w[q] & 0xFFFF0000u);
+          v[rr][2 * q] = bits_float((w[q] << 16) + m);  // + m: m's one bit, above the 16 zeros
+          v[rr][2 * q + 1] = bits_float((w[q] & 0xFFFF0000u) ^ m);
         }
       }
       return;
@@ -407,6 +411,12 @@ __device__ __forceinline__ void load_rows(const void* x, int64_t i0, int64_t str
   }
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) load_n<In, N>(x, i0 + rr * stride, rr < rows_valid ? valid : 0, v[rr]);
+  if constexpr (FLIP) {  // after every row's load: a use between them serialises their latencies
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+      for (int j = 0; j < N; ++j) v[rr][j] = bits_float(float_bits(v[rr][j]) ^ flip[rr]);
+  }
 }
 
 // Stores N bytes (the first `valid` of them) at dst, vectorised when aligned.
@@ -450,6 +460,23 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&b)[N]
     if (j < valid) dst[j] = uint8_t(b[j]);
 }
 
+// Element index of (row r, column c0). FULL forms hold fewer than 2^31
+// elements (their host conditions), so the index is formed in 32 bits, which
+// the compiler strength-reduces across a kernel's unrolled rows (the 64-bit
+// product cost ~10 integer instructions per row of a column strip).
+template <bool FULL>
+__device__ __forceinline__ int64_t elem_index(const KParams& p, int64_t r, int64_t c0) {
+  if constexpr (FULL) return int64_t(uint32_t(r) * uint32_t(p.cols) + uint32_t(c0));
+  return r * p.cols + c0;
+}
+
+// 4 codes in one word: PACKED4 nibbles (code 0 lowest), else bytes.
+template <bool PACKED4>
+__device__ __forceinline__ uint32_t pack_codes4(const uint32_t (&c)[4]) {
+  if constexpr (PACKED4) return (c[0] & 0xFu) | (c[1] & 0xFu) << 4 | (c[2] & 0xFu) << 8 | (c[3] & 0xFu) << 12;
+  return (c[0] & 0xFFu) | (c[1] & 0xFFu) << 8 | (c[2] & 0xFFu) << 16 | (c[3] & 0xFFu) << 24;
+}
+
 // Codes of N consecutive columns starting at column c0 of row r (c0 even for
 // packed4), in the output's layout. FULL with N == 4 (the column and dual
 // kernels' 4-column strips): valid == 4, cols even and the destination
@@ -459,14 +486,11 @@ __device__ __forceinline__ void store_codes(const KParams& p, int64_t r, int64_t
                                             int valid) {
   const QuantOutputs& o = p.out;
   if constexpr (FULL && N == 4) {
-    const int64_t i = r * p.cols + c0;
-    if (o.code_layout == CodeLayout::packed4) {
-      *reinterpret_cast<uint16_t*>(o.codes + i / 2) =
-          uint16_t((code[0] & 0xFu) | (code[1] & 0xFu) << 4 | (code[2] & 0xFu) << 8 | (code[3] & 0xFu) << 12);
-    } else {
-      *reinterpret_cast<uint32_t*>(o.codes + i) =
-          (code[0] & 0xFFu) | (code[1] & 0xFFu) << 8 | (code[2] & 0xFFu) << 16 | (code[3] & 0xFFu) << 24;
-    }
+    const int64_t i = elem_index<true>(p, r, c0);
+    if (o.code_layout == CodeLayout::packed4)
+      *reinterpret_cast<uint16_t*>(o.codes + i / 2) = uint16_t(pack_codes4<true>(code));
+    else
+      *reinterpret_cast<uint32_t*>(o.codes + i) = pack_codes4<false>(code);
     return;
   }
   if (o.code_layout == CodeLayout::packed4) {
@@ -576,7 +600,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
                                                  int64_t c0, const float (&v)[N], const BlockParams (&bp)[NB],
                                                  int valid) {
   // Block of element j: bp[j * NB / N] (NB == 1: one block; NB == N: one per element).
-  const int64_t base = r * p.cols + c0;
+  const int64_t base = elem_index<FULL>(p, r, c0);
   if constexpr (value_form(FM)) {
     // The BF16 operand straight from each element's rounded value (no code,
     // no decode: e2m1_rn_value_bits / e2m1_rs_value_bits, and for E4M3 / E5M2
@@ -702,52 +726,111 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   store_outputs<K, N, NB, FULL>(p, f, g, r, c0, code, bp, valid, true);
 }
 
+// The FP32 dequantized values of N codes: (decode(code) * scale) * g_dec.
+template <int K, int N, int NB>
+__device__ __forceinline__ void dequant_f32(const Format& f, const NvGlobal& g, const uint32_t (&code)[N],
+                                            const BlockParams (&bp)[NB], float (&d)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) d[j] = (decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) * g.g_dec;
+}
+// The BF16 output bits of N codes (QuantOutputs::dequant_bf16).
+template <int K, int N, int NB>
+__device__ __forceinline__ void dequant_bf16(const QuantOutputs& o, const Format& f, const NvGlobal& g,
+                                             const uint32_t (&code)[N], const BlockParams (&bp)[NB], uint32_t (&h)[N]) {
+  if (K == 1 && o.bf16_gemm_operand) {
+    // e2m1 x ue4m3 is exact in BF16 (<= 5 significant bits, 2^-10..2688),
+    // and rounding an exactly representable value is truncation.
+#pragma unroll
+    for (int j = 0; j < N; ++j) h[j] = float_bits(decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) >> 16;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float d = decode_elem<K>(f, code[j]) * bp[j * NB / N].scale;
+      h[j] = to_bf16(o.bf16_gemm_operand ? d : d * g.g_dec);
+    }
+  }
+}
+
 // Every requested output of N consecutive element codes of row r from column
 // c0 (the codes themselves only if `codes`).
 template <int K, int N, int NB, bool FULL>
 __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                               int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
                                               int valid, bool codes) {
-  const int64_t base = r * p.cols + c0;
+  const int64_t base = elem_index<FULL>(p, r, c0);
   const QuantOutputs& o = p.out;
   if (codes && o.codes) store_codes<N, FULL>(p, r, c0, code, valid);
   if (o.dequant) {
     float d[N];
-#pragma unroll
-    for (int j = 0; j < N; ++j) d[j] = (decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) * g.g_dec;
+    dequant_f32<K>(f, g, code, bp, d);
     store_f32<N, FULL>(o.dequant + base, d, valid);
   }
   if (o.dequant_bf16) {
     uint32_t h[N];
-    if (K == 1 && o.bf16_gemm_operand) {
-      // e2m1 x ue4m3 is exact in BF16 (<= 5 significant bits, 2^-10..2688),
-      // and rounding an exactly representable value is truncation.
-#pragma unroll
-      for (int j = 0; j < N; ++j) h[j] = float_bits(decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) >> 16;
-    } else {
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const float d = decode_elem<K>(f, code[j]) * bp[j * NB / N].scale;
-        h[j] = to_bf16(o.bf16_gemm_operand ? d : d * g.g_dec);
-      }
-    }
+    dequant_bf16<K>(o, f, g, code, bp, h);
     store_bf16<N, FULL>(o.dequant_bf16 + base, h, valid);
   }
 }
 
-// Max |x| bits of N values (NaN bits propagate, as a max of abs_bits()): the
-// unsigned max of the raw bits is the negative value of largest magnitude when
-// there is one, the signed max the largest positive, so no per-element abs.
-template <int N>
-__device__ __forceinline__ uint32_t amax_bits(const float (&v)[N]) {
+// Every requested output of a whole R-row strip of 4 columns from (r0, c0)
+// (the FULL column kernels' rn form), output by output: each output's check
+// once per strip, not once per row (ncu, the [16,1] rn kernel from BF16: ~13
+// instructions a row of 4 elements went to re-testing the output pointers and
+// the code layout).
+template <int K, int R>
+__device__ __forceinline__ void store_strip_full(const KParams& p, const Format& f, const NvGlobal& g, int64_t r0,
+                                                 int64_t c0, const uint32_t (&code)[R][4],
+                                                 const BlockParams (&bp)[4]) {
+  const QuantOutputs& o = p.out;
+  const uint32_t cols = uint32_t(p.cols), i0 = uint32_t(elem_index<true>(p, r0, c0));
+  if (o.codes) {
+    if (o.code_layout == CodeLayout::packed4) {
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr)
+        *reinterpret_cast<uint16_t*>(o.codes + (i0 + rr * cols) / 2) = uint16_t(pack_codes4<true>(code[rr]));
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr)
+        *reinterpret_cast<uint32_t*>(o.codes + i0 + rr * cols) = pack_codes4<false>(code[rr]);
+    }
+  }
+  if (o.dequant) {
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      float d[4];
+      dequant_f32<K>(f, g, code[rr], bp, d);
+      store_f32<4, true>(o.dequant + i0 + rr * cols, d, 4);
+    }
+  }
+  if (o.dequant_bf16) {
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      uint32_t h[4];
+      dequant_bf16<K>(o, f, g, code[rr], bp, h);
+      store_bf16<4, true>(o.dequant_bf16 + i0 + rr * cols, h, 4);
+    }
+  }
+}
+
+// Max |x| bits of values (NaN bits propagate, as a max of abs_bits()), added
+// one at a time (AmaxBits) or N at once (amax_bits): the unsigned max of the raw
+// bits is the negative value of largest magnitude when there is one, the signed
+// max the largest positive, so no per-element abs.
+struct AmaxBits {
   uint32_t umx = 0;
   int32_t smx = 0;
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    umx = umax(umx, float_bits(v[j]));
-    smx = max(smx, int32_t(float_bits(v[j])));
+  __device__ __forceinline__ void add(float x) {
+    umx = umax(umx, float_bits(x));
+    smx = max(smx, int32_t(float_bits(x)));
   }
-  return umax(umx & 0x7FFFFFFFu, uint32_t(smx));
+  __device__ __forceinline__ uint32_t bits() const { return umax(umx & 0x7FFFFFFFu, uint32_t(smx)); }
+};
+template <int N>
+__device__ __forceinline__ uint32_t amax_bits(const float (&v)[N]) {
+  AmaxBits m;
+#pragma unroll
+  for (int j = 0; j < N; ++j) m.add(v[j]);
+  return m.bits();
 }
 
 // Kinds with a fast rn path (encode_store_rn_fast): E2M1 (1, 2) under either
@@ -923,7 +1006,7 @@ __device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const For
                                                      int valid) {
   constexpr int per_word = CodeWords<K>::per_word, bits = CodeWords<K>::bits;
   static_assert(N % per_word == 0);
-  const uint64_t group0 = uint64_t(r * p.cols + c0) >> 2;  // (r * cols + c0) % 4 == 0
+  const uint64_t group0 = uint64_t(elem_index<FULL>(p, r, c0)) >> 2;  // (r * cols + c0) % 4 == 0
   uint32_t w[N / per_word];
 #pragma unroll
   for (int k = 0; k < N / per_word; ++k) w[k] = 0;
@@ -958,18 +1041,33 @@ __device__ __forceinline__ bool strip_of(int64_t t, int64_t nstrips, int64_t ngr
   return ok;
 }
 
-// The RHT (sim's rht16_forward) down each of the V columns of a 16-row strip, in place.
-template <int V>
+// The RHT (sim's rht16_forward) down each of the V columns of a 16-row strip,
+// in place. PRESIGNED: v holds d_i * v_i already (load_rows' FLIP with
+// rht_sign_flips()), so only the butterflies and the * 0.25f remain.
+template <int V, bool PRESIGNED = false>
 __device__ __forceinline__ void rht_columns(float (&v)[16][V], const float* signs) {
 #pragma unroll
   for (int cc = 0; cc < V; ++cc) {
     float col[16];
 #pragma unroll
     for (int rr = 0; rr < 16; ++rr) col[rr] = v[rr][cc];
-    rht16_forward(col, signs);
+    if constexpr (PRESIGNED) {
+      rht16_butterflies(col);
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) col[rr] = col[rr] * 0.25f;
+    } else {
+      rht16_forward(col, signs);
+    }
 #pragma unroll
     for (int rr = 0; rr < 16; ++rr) v[rr][cc] = col[rr];
   }
+}
+// The sign bits of the RHT's d_i (+-1.0f): x * d_i == x with its sign bit xor'ed
+// by flip[i], exactly (a NaN's payload aside, which the butterflies' first add
+// replaces by the GPU's canonical NaN either way).
+__device__ __forceinline__ void rht_sign_flips(const float* signs, uint32_t (&flip)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) flip[i] = float_bits(signs[i]) & 0x80000000u;
 }
 
 // How many blocks of kThreads threads (no dynamic shared memory) of `kernel`
