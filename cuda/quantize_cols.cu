@@ -98,13 +98,30 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
         if (FULL || r0 + rr < p.rows) encode_and_store<K, V, V, FM, FULL>(p, f, g, r0 + rr, c0, row, bp, valid_c);
       }
     } else if constexpr (FULL && FM == Fast::rn) {
-      // Every row's codes, then each output over the whole strip (store_strip_full).
-      uint32_t code[BR][V];
+      // Every row's codes, then each output over the whole strip
+      // (store_strip_full). Where no block holds a NaN product (rn_fast_block),
+      // e2m1_rn_bytes4: 8 instructions an element instead of encode_rn's 12.
+      uint32_t words[BR];
+      bool fast = true;
+      float mult[V];
 #pragma unroll
-      for (int rr = 0; rr < BR; ++rr)
+      for (int cc = 0; cc < V; ++cc) {
+        fast = fast && rn_fast_block(amax[cc], bp[cc].mult);
+        mult[cc] = bp[cc].mult;
+      }
+      if (fast) {
 #pragma unroll
-        for (int cc = 0; cc < V; ++cc) code[rr][cc] = encode_rn<K>(f, v[rr][cc] * bp[cc].mult, p.overflow);
-      store_strip_full<K, BR>(p, f, g, r0, c0, code, bp);
+        for (int rr = 0; rr < BR; ++rr) words[rr] = e2m1_rn_bytes4(v[rr], mult);
+      } else {
+#pragma unroll
+        for (int rr = 0; rr < BR; ++rr) {
+          uint32_t code[V];
+#pragma unroll
+          for (int cc = 0; cc < V; ++cc) code[cc] = encode_rn<K>(f, v[rr][cc] * mult[cc], p.overflow);
+          words[rr] = pack_codes4<false>(code);
+        }
+      }
+      store_strip_full<K, BR>(p, f, g, r0, c0, words, bp);
     } else {
 #pragma unroll
       for (int rr = 0; rr < BR; ++rr) {

@@ -776,37 +776,46 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
 // (the FULL column kernels' rn form), output by output: each output's check
 // once per strip, not once per row (ncu, the [16,1] rn kernel from BF16: ~13
 // instructions a row of 4 elements went to re-testing the output pointers and
-// the code layout).
+// the code layout). words[rr]: row rr's 4 codes (E2M1, < 16) as bytes,
+// pack_codes4<false>'s (one register a row, not four).
 template <int K, int R>
 __device__ __forceinline__ void store_strip_full(const KParams& p, const Format& f, const NvGlobal& g, int64_t r0,
-                                                 int64_t c0, const uint32_t (&code)[R][4],
-                                                 const BlockParams (&bp)[4]) {
+                                                 int64_t c0, const uint32_t (&words)[R], const BlockParams (&bp)[4]) {
+  static_assert(K == 1 || K == 2);
   const QuantOutputs& o = p.out;
   const uint32_t cols = uint32_t(p.cols), i0 = uint32_t(elem_index<true>(p, r0, c0));
+  auto codes_of = [&](int rr, uint32_t(&c)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] = (words[rr] >> (8 * j)) & 0xFFu;
+  };
   if (o.codes) {
     if (o.code_layout == CodeLayout::packed4) {
 #pragma unroll
-      for (int rr = 0; rr < R; ++rr)
-        *reinterpret_cast<uint16_t*>(o.codes + (i0 + rr * cols) / 2) = uint16_t(pack_codes4<true>(code[rr]));
+      for (int rr = 0; rr < R; ++rr) {
+        const uint32_t x = words[rr] | words[rr] >> 4;  // bytes 0 and 2: codes 0|1 and 2|3 as nibbles
+        *reinterpret_cast<uint16_t*>(o.codes + (i0 + rr * cols) / 2) = uint16_t(__byte_perm(x, 0u, 0x0020));
+      }
     } else {
 #pragma unroll
-      for (int rr = 0; rr < R; ++rr)
-        *reinterpret_cast<uint32_t*>(o.codes + i0 + rr * cols) = pack_codes4<false>(code[rr]);
+      for (int rr = 0; rr < R; ++rr) *reinterpret_cast<uint32_t*>(o.codes + i0 + rr * cols) = words[rr];
     }
   }
   if (o.dequant) {
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
+      uint32_t c[4];
+      codes_of(rr, c);
       float d[4];
-      dequant_f32<K>(f, g, code[rr], bp, d);
+      dequant_f32<K>(f, g, c, bp, d);
       store_f32<4, true>(o.dequant + i0 + rr * cols, d, 4);
     }
   }
   if (o.dequant_bf16) {
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
-      uint32_t h[4];
-      dequant_bf16<K>(o, f, g, code[rr], bp, h);
+      uint32_t c[4], h[4];
+      codes_of(rr, c);
+      dequant_bf16<K>(o, f, g, c, bp, h);
       store_bf16<4, true>(o.dequant_bf16 + i0 + rr * cols, h, 4);
     }
   }
@@ -872,6 +881,24 @@ inline KParams full_params(const KParams& p, int64_t units, int64_t per_row) {
 // mult is finite.
 __device__ __forceinline__ bool rn_fast_block(uint32_t amax, float mult) {
   return amax < 0x7F800000u && fabsf(mult) < inf_f();
+}
+
+// The E2M1 rn codes of v[j] * mult[j] (j < 4) as bytes (pack_codes4<false>'s
+// layout), by encode_store_rn_fast's arithmetic: core's
+// e2m1_rn_magnitude_biased summed into the word, the signs gathered by byte
+// permutes. For blocks that rn_fast_block() admits (no product is NaN; an
+// infinite one saturates as encode_rn_f32's does).
+__device__ __forceinline__ uint32_t e2m1_rn_bytes4(const float (&v)[4], const float (&mult)[4]) {
+  uint32_t w = 0u - kE2m1MagnitudeBase * 0x01010101u, yb[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float y = v[j] * mult[j];
+    yb[j] = float_bits(y);
+    w += e2m1_rn_magnitude_biased(fabsf(y)) << (8 * j);
+  }
+  // Each float's top byte (its sign in bit 7) into byte j, then to bit 3 of it.
+  const uint32_t tops = __byte_perm(__byte_perm(yb[0], yb[1], 0x0073u), __byte_perm(yb[2], yb[3], 0x7300u), 0x7610u);
+  return w | ((tops >> 4) & 0x08080808u);
 }
 
 // How kind K's codes pack into 32-bit words (K 1-4): FP4 8 nibbles a word,
