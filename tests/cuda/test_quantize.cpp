@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -190,14 +191,56 @@ TEST_CASE("cuda quantize: RHT fused with the quantization (wgrad operands), SR a
           q.rht_seed = seed;
           q.round = r;
           q.global_scale = gs;
-          // Rows axis: cols % 16 == 0, any rows; cols axis: rows % 16 == 0, any cols.
-          const Size s = axis == 0 ? Size{37, 80} : Size{48, 53};
-          const auto x = test::varied_randn(s.rows, s.cols, uint32_t(seed + 3), 10);
-          if (!check_case(q, x, s, RandomStream{99, 1}, QuantPath::fused)) ++failures;
-          if (!check_case(q, x, s, RandomStream{99, 1}, QuantPath::automatic)) ++failures;
+          // Rows axis: cols % 16 == 0, any rows; cols axis: rows % 16 == 0, any
+          // cols (64 x 96: whole 4-column strips, the column kernels' FULL form).
+          for (Size s : {axis == 0 ? Size{37, 80} : Size{48, 53}, Size{64, 96}}) {
+            // Random, adversarial (NaN / Inf blocks take the per-element encode),
+            // and both as BF16 inputs.
+            for (int data = 0; data < 4; ++data) {
+              auto x = data % 2 ? test::adversarial(s.rows, s.cols, uint32_t(seed + 5), true)
+                                : test::varied_randn(s.rows, s.cols, uint32_t(seed + 3), 10);
+              const bool bf16 = data >= 2;
+              if (bf16) test::round_to_bf16(x);
+              if (!check_case(q, x, s, RandomStream{99, 1}, QuantPath::fused, bf16)) ++failures;
+              if (!check_case(q, x, s, RandomStream{99, 1}, QuantPath::automatic, bf16)) ++failures;
+            }
+          }
         }
       }
     }
+  }
+  // Column blocks whose butterflies leave tiny outputs beside large ones
+  // (cancellation; fl(h / 4) rounds in FP32's subnormal range), and whole
+  // blocks scaled towards the FP32 floor or up (the fast rn form's blocks and
+  // the per-element ones).
+  {
+    const Size s{64, 96};
+    std::vector<float> x(size_t(s.rows * s.cols));
+    std::mt19937 gen(2024);
+    const float parts[] = {0.0f, 1.0f, 2.0f, 0x1p-130f, 0x3p-148f, 0x1.8p-126f, 1e-45f, 0x1p-125f, 1.0f, 1.0f};
+    const float scales[] = {1.0f, 0x1p-85f, 0x1p-100f, 0x1p-118f, 0x1p60f, 0x1p-60f, 1.0f};
+    for (int64_t c = 0; c < s.cols; ++c)
+      for (int64_t b = 0; b < s.rows / 16; ++b) {
+        const float sc = scales[size_t(c + 3 * b) % std::size(scales)];
+        for (int64_t k = 0; k < 16; ++k) {
+          const float v = parts[gen() % std::size(parts)] * sc;
+          x[size_t((16 * b + k) * s.cols + c)] = (gen() & 1u) ? -v : v;
+        }
+      }
+    for (Round r : {Round::rn, Round::rs})
+      for (GlobalScale gs : {GlobalScale::tensor_amax, GlobalScale::none})
+        for (bool bf16 : {false, true}) {
+          QuantizerSpec q = quantizer_by_name("nvfp4");
+          q.block_rows = 16;
+          q.block_cols = 1;
+          q.rht = true;
+          q.rht_seed = 77;
+          q.round = r;
+          q.global_scale = gs;
+          std::vector<float> xi = x;
+          if (bf16) test::round_to_bf16(xi);
+          if (!check_case(q, xi, s, RandomStream{7, 7}, QuantPath::fused, bf16)) ++failures;
+        }
   }
   CHECK(failures == 0);
   // The RHT axis must be a multiple of 16, as on the CPU.
@@ -257,10 +300,20 @@ TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs") {
       q.round = r;
       specs.emplace_back(std::string("nv_noglobal ") + (axis ? "[16,1]" : "[1,16]") + (r == Round::rn ? "" : " rs"), q);
     }
+  // The wgrad operand with its RHT down the columns, RN and SR.
+  for (Round r : {Round::rn, Round::rs}) {
+    QuantizerSpec q = quantizer_by_name("nvfp4");
+    q.block_rows = 16;
+    q.block_cols = 1;
+    q.rht = true;
+    q.round = r;
+    specs.emplace_back(r == Round::rn ? "nvfp4 rht [16,1]" : "nvfp4 rht [16,1] rs", q);
+  }
   for (const auto& [n, q] : specs) {
-    for (Size s : {Size{37, 53}, Size{64, 128}, Size{3, 1}, Size{64, 64}})
+    for (Size s : {Size{37, 53}, Size{64, 128}, Size{3, 1}, Size{64, 64}}) {
+      if (q.rht && s.rows % 16 != 0) continue;  // the RHT axis is whole 16-row chunks
       for (int data = 0; data < 2; ++data) {
-        for (QuantPath path : {QuantPath::fused, QuantPath::generic}) {
+        for (QuantPath path : paths_for(q)) {
           // Data 1: NaN, Inf, zero blocks, subnormals, ties (the 64 x 64 case
           // has whole 32-row blocks and 4-column strips, the value forms' kernels).
           const auto x =
@@ -317,6 +370,7 @@ TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs") {
           CHECK_MESSAGE(bad_op == 0, n << " " << s.rows << "x" << s.cols << " data " << data);
         }
       }
+    }
   }
 }
 
