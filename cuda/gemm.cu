@@ -192,6 +192,13 @@ bool is_nvfp4_1x16(const QuantizerSpec& q) {
   return q.element == &float4_e2m1fn && (q.scale == &ufloat8_e4m3 || q.scale == &float8_e4m3fn) && q.block_rows == 1 &&
          q.block_cols == 16 && !q.rht;
 }
+// NVFP4 [16,16] (the NVIDIA recipe's weights): the same E2M1 codes with one
+// scale per 16 x 16 tile, which is each of its rows' [1,16] scale.
+bool is_nvfp4_16x16(const QuantizerSpec& q) {
+  return q.element == &float4_e2m1fn && (q.scale == &ufloat8_e4m3 || q.scale == &float8_e4m3fn) &&
+         q.block_rows == 16 && q.block_cols == 16 && !q.rht;
+}
+bool is_nvfp4_native(const QuantizerSpec& q) { return is_nvfp4_1x16(q) || is_nvfp4_16x16(q); }
 bool is_mx_1x32(const QuantizerSpec& q) {
   return (q.element == &float4_e2m1fn || q.element == &float8_e4m3fn || q.element == &float8_e5m2) &&
          q.scale == &float8_e8m0fnu && q.block_rows == 1 && q.block_cols == 32 && !q.rht;
@@ -206,14 +213,15 @@ cudaDataType_t lt_type(const Format* f) {
 // cuBLASLt block-scaled matmul (Blackwell). NOT RUN (no sm_100 GPU available).
 void blackwell_gemm(Blas& blas, const QuantOperand& a, const QuantOperand& b, void* y, OutType out, GemmWorkspace& ws) {
   const int64_t m = a.rows, n = b.rows, k = a.cols;
-  const bool nv = is_nvfp4_1x16(a.spec);
+  const bool nv = is_nvfp4_native(a.spec);
   const int64_t bk = nv ? 16 : 32;
   const int64_t kb = (k + bk - 1) / bk;
-  // Swizzle both operands' scales (tested packing kernels).
+  // Swizzle both operands' scales (tested packing kernels); [16,16] tiles'
+  // scales expand to their rows' [1,16] scales on the way.
   ws.a_sw.resize(size_t(swizzled_scale_bytes(m, kb)));
   ws.b_sw.resize(size_t(swizzled_scale_bytes(n, kb)));
-  swizzle_scales_device(a.scale_codes, m, kb, ws.a_sw.data(), blas.stream());
-  swizzle_scales_device(b.scale_codes, n, kb, ws.b_sw.data(), blas.stream());
+  swizzle_scales_device(a.scale_codes, m, kb, ws.a_sw.data(), blas.stream(), a.spec.block_rows);
+  swizzle_scales_device(b.scale_codes, n, kb, ws.b_sw.data(), blas.stream(), b.spec.block_rows);
 
   const cudaDataType_t ct = out == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF;
   LtGemmNT g(lt_type(a.spec.element), lt_type(b.spec.element), ct, m, n, k);
@@ -271,7 +279,7 @@ bool fp8_tensor_core_supported(const QuantizerSpec& qa, const QuantizerSpec& qb)
 }
 
 bool blackwell_native_supported(const QuantizerSpec& qa, const QuantizerSpec& qb) {
-  return (is_nvfp4_1x16(qa) && is_nvfp4_1x16(qb)) || (is_mx_1x32(qa) && is_mx_1x32(qb));
+  return (is_nvfp4_native(qa) && is_nvfp4_native(qb)) || (is_mx_1x32(qa) && is_mx_1x32(qb));
 }
 
 GemmPath quantized_gemm_device(Blas& blas, const QuantOperand& a, const QuantOperand& b, void* y, OutType out,
@@ -287,7 +295,7 @@ GemmPath quantized_gemm_device(Blas& blas, const QuantOperand& a, const QuantOpe
   set_alpha_device(a.global_decode, b.global_decode, ws.alpha.data(), blas.stream());
   if (path == GemmPath::blackwell_native) {
     if (!blackwell_native_supported(a.spec, b.spec))
-      throw Error("quantized GEMM: the Blackwell path takes NVFP4 [1,16] or MX [1,32] operands, got " +
+      throw Error("quantized GEMM: the Blackwell path takes NVFP4 [1,16] / [16,16] or MX [1,32] operands, got " +
                   describe(a.spec) + " x " + describe(b.spec));
     if (compute_capability() < 100)
       throw Error("quantized GEMM: the Blackwell block-scaled path needs sm_100 or newer; this GPU is sm_" +

@@ -25,8 +25,10 @@
 //                 k32 partial is narrower than FP32, so this path is NOT
 //                 equivalent to sim's quantized_gemm up to order only: compare
 //                 at a tolerance relative to sum |a||b|.
-//   blackwell_native (sm_100 and newer, NVFP4 [1,16] ue4m3 with e2m1, or MX
-//                 [1,32] e8m0 with e2m1 / e4m3 / e5m2): cuBLASLt's block-scaled
+//   blackwell_native (sm_100 and newer, NVFP4 [1,16] or [16,16] ue4m3 with
+//                 e2m1 (a [16,16] tile's scale given to each of its rows as
+//                 its [1,16] scale), or MX [1,32] e8m0 with e2m1 / e4m3 /
+//                 e5m2): cuBLASLt's block-scaled
 //                 matmul (CUDA_R_4F_E2M1 with CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3,
 //                 FP8 with VEC32_UE8M0), operands in the packed / swizzled layouts
 //                 of cuda/packing.hpp. NOT RUN: written against the cuBLASLt

@@ -1,7 +1,9 @@
 #include "cuda/packing.hpp"
 
 #include <algorithm>
+#include <string>
 
+#include "core/error.hpp"
 #include "cuda/device.hpp"
 
 namespace fp4lab::cuda {
@@ -46,7 +48,8 @@ __global__ void transpose_kernel(const uint8_t* in, int64_t rows, int64_t cols, 
   }
 }
 
-__global__ void swizzle_kernel(const uint8_t* s, int64_t rows, int64_t cols, uint8_t* out, int64_t total) {
+__global__ void swizzle_kernel(const uint8_t* s, int64_t rows, int64_t cols, int64_t row_block, uint8_t* out,
+                               int64_t total) {
   const int64_t o = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (o >= total) return;
   const int64_t c4 = (cols + 3) / 4 * 4;
@@ -55,7 +58,7 @@ __global__ void swizzle_kernel(const uint8_t* s, int64_t rows, int64_t cols, uin
   const int64_t tr = tile / tiles_c, tc = tile % tiles_c;
   const int64_t r32 = in_tile / 16, rest = in_tile % 16, rq = rest / 4, c = rest % 4;
   const int64_t i = tr * 128 + rq * 32 + r32, j = tc * 4 + c;
-  out[o] = (i < rows && j < cols) ? s[i * cols + j] : uint8_t(0);
+  out[o] = (i < rows && j < cols) ? s[(i / row_block) * cols + j] : uint8_t(0);
 }
 
 }  // namespace
@@ -77,10 +80,12 @@ void transpose_fp4_packed_device(const uint8_t* packed, int64_t rows, int64_t co
 
 int64_t swizzled_scale_bytes(int64_t rows, int64_t cols) { return (rows + 127) / 128 * 128 * ((cols + 3) / 4 * 4); }
 
-void swizzle_scales_device(const uint8_t* scales, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t stream) {
+void swizzle_scales_device(const uint8_t* scales, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t stream,
+                           int64_t row_block) {
+  if (row_block < 1) throw Error("swizzle_scales_device: row_block " + std::to_string(row_block) + " is not >= 1");
   const int64_t total = swizzled_scale_bytes(rows, cols);
   if (total == 0) return;
-  swizzle_kernel<<<blocks_for(total), kThreads, 0, stream>>>(scales, rows, cols, out, total);
+  swizzle_kernel<<<blocks_for(total), kThreads, 0, stream>>>(scales, rows, cols, row_block, out, total);
   check_launch("swizzle_kernel");
 }
 

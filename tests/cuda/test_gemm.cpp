@@ -225,7 +225,12 @@ TEST_CASE("cuda gemm: the Blackwell block-scaled path is refused below sm_100") 
   FP4LAB_REQUIRE_GPU();
   CHECK(blackwell_native_supported(quantizer_by_name("nvfp4"), quantizer_by_name("nvfp4")));
   CHECK(blackwell_native_supported(quantizer_by_name("mxfp8_e4m3"), quantizer_by_name("mxfp8_e4m3")));
-  CHECK(!blackwell_native_supported(quantizer_by_name("nvfp4"), quantizer_by_name("nvfp4_2d")));
+  // NVFP4 [16,16] tiles go as their rows' [1,16] scales (the NVIDIA recipe's x and W).
+  CHECK(blackwell_native_supported(quantizer_by_name("nvfp4"), quantizer_by_name("nvfp4_2d")));
+  CHECK(!blackwell_native_supported(quantizer_by_name("nvfp4"), quantizer_by_name("mxfp4")));
+  QuantizerSpec rht = quantizer_by_name("nvfp4");
+  rht.rht = true;
+  CHECK(!blackwell_native_supported(rht, quantizer_by_name("nvfp4")));
   if (compute_capability() < 100) {
     std::vector<float> a(32 * 64, 1.0f);
     const MatrixView<const float> v(a.data(), 32, 64);

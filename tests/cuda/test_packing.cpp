@@ -62,6 +62,23 @@ TEST_CASE("cuda packing: cuBLASLt swizzled scales equal sim's, hand-worked offse
     CHECK_MESSAGE(test::same_bytes("swizzle", out.download(), swizzle_scales(sc.data(), rows, cols)),
                   rows << "x" << cols);
   }
+  // row_block 16 (NVFP4 [16,16] tiles for cuBLASLt's [1,16] layout): sim's
+  // swizzle of the scales with each tile row repeated for its 16 rows.
+  for (const auto& s : sizes) {
+    const int64_t rows = s[0], cols = s[1], tile_rows = (rows + 15) / 16;
+    const auto tiles = random_bytes(size_t(tile_rows * cols), uint32_t(3 * rows + cols), 0xFF);
+    std::vector<uint8_t> expanded(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) expanded[size_t(r * cols + c)] = tiles[size_t((r / 16) * cols + c)];
+    DeviceBuffer<uint8_t> d, out(static_cast<size_t>(swizzled_scale_bytes(rows, cols)));
+    d.upload(tiles);
+    out.fill_bytes(0xEE);
+    swizzle_scales_device(d.data(), rows, cols, out.data(), nullptr, 16);
+    check(cudaDeviceSynchronize(), "swizzle");
+    CHECK_MESSAGE(test::same_bytes("swizzle 16x16", out.download(), swizzle_scales(expanded.data(), rows, cols)),
+                  rows << "x" << cols);
+  }
+  CHECK_THROWS_AS(swizzle_scales_device(nullptr, 1, 1, nullptr, nullptr, 0), Error);
   // sim/packing.hpp's hand-checked example: R = 256, C = 8, scale (37, 6) lands at 598.
   std::vector<uint8_t> sc(256 * 8, 0);
   sc[37 * 8 + 6] = 0x5A;
