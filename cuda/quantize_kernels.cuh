@@ -783,40 +783,48 @@ __device__ __forceinline__ void store_strip_full(const KParams& p, const Format&
                                                  int64_t c0, const uint32_t (&words)[R], const BlockParams (&bp)[4]) {
   static_assert(K == 1 || K == 2);
   const QuantOutputs& o = p.out;
-  const uint32_t cols = uint32_t(p.cols), i0 = uint32_t(elem_index<true>(p, r0, c0));
+  // Row rr of an output at its strip's base plus rr times its row pitch, the
+  // product in 32 bits (a whole tensor holds fewer than 2^31 elements): one
+  // wide multiply-add a row, not a 64-bit index update.
+  const uint32_t cols = uint32_t(p.cols);
+  const size_t i0 = size_t(elem_index<true>(p, r0, c0));
   auto codes_of = [&](int rr, uint32_t(&c)[4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) c[j] = (words[rr] >> (8 * j)) & 0xFFu;
   };
   if (o.codes) {
     if (o.code_layout == CodeLayout::packed4) {
+      uint8_t* base = o.codes + i0 / 2;
 #pragma unroll
       for (int rr = 0; rr < R; ++rr) {
         const uint32_t x = words[rr] | words[rr] >> 4;  // bytes 0 and 2: codes 0|1 and 2|3 as nibbles
-        *reinterpret_cast<uint16_t*>(o.codes + (i0 + rr * cols) / 2) = uint16_t(__byte_perm(x, 0u, 0x0020));
+        *reinterpret_cast<uint16_t*>(base + uint32_t(rr) * (cols / 2)) = uint16_t(__byte_perm(x, 0u, 0x0020));
       }
     } else {
+      uint8_t* base = o.codes + i0;
 #pragma unroll
-      for (int rr = 0; rr < R; ++rr) *reinterpret_cast<uint32_t*>(o.codes + i0 + rr * cols) = words[rr];
+      for (int rr = 0; rr < R; ++rr) *reinterpret_cast<uint32_t*>(base + uint32_t(rr) * cols) = words[rr];
     }
   }
   if (o.dequant) {
+    float* base = o.dequant + i0;
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       uint32_t c[4];
       codes_of(rr, c);
       float d[4];
       dequant_f32<K>(f, g, c, bp, d);
-      store_f32<4, true>(o.dequant + i0 + rr * cols, d, 4);
+      store_f32<4, true>(base + uint32_t(rr) * cols, d, 4);
     }
   }
   if (o.dequant_bf16) {
+    uint16_t* base = o.dequant_bf16 + i0;
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       uint32_t c[4], h[4];
       codes_of(rr, c);
       dequant_bf16<K>(o, f, g, c, bp, h);
-      store_bf16<4, true>(o.dequant_bf16 + i0 + rr * cols, h, 4);
+      store_bf16<4, true>(base + uint32_t(rr) * cols, h, 4);
     }
   }
 }
