@@ -10,14 +10,15 @@ namespace fp4lab::cuda::qk {
 namespace {
 
 // FM: the fast form (quantize_kernels.cuh, Fast) of the quantizer's mode, whose
-// kernel holds no other mode's code. FULL (with a fast form, V == 4;
-// cols_full_apply()): every strip whole, bases 16-byte aligned, fewer than 2^31
-// elements: the strip of a thread by FastDivU31, no per-row bounds checks,
-// each row's codes one store (measured from FP32 [16,1] rn + RHT, ncu: 6.5
-// ISETP and 4 branch instructions per element went to the checks).
+// kernel holds no other mode's code. FULL (with a fast form, V == 4, or a
+// value form, V == 2; cols_full_apply()): every strip whole, bases 16-byte
+// aligned, fewer than 2^31 elements: the strip of a thread by FastDivU31, no
+// per-row bounds checks, each row's codes (values) one store (measured from
+// FP32 [16,1] rn + RHT, ncu: 6.5 ISETP and 4 branch instructions per element
+// went to the checks).
 template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, bool FULL = false>
 __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
-  static_assert(!FULL || (FM != Fast::none && !AMAX_ONLY && V == 4));
+  static_assert(!FULL || (FM != Fast::none && !AMAX_ONLY && (V == 4 || value_form(FM))));
   int64_t t, i, jg;
   bool ok;
   if constexpr (FULL) {
@@ -146,15 +147,19 @@ void go(const KParams& p, cudaStream_t st) {
   check_launch("col_kernel");
 }
 
-// May the fast form FM of a 4-column-strip kernel take its FULL form?
-inline bool cols_full_apply(const KParams& p, int br) {
-  return p.rows % br == 0 && p.cols % 4 == 0 && p.rows * p.cols < (int64_t(1) << 31) && bases_aligned16(p);
+// May the fast form of a BR x V strip kernel take its FULL form?
+inline bool cols_full_apply(const KParams& p, int br, int v) {
+  return p.rows % br == 0 && p.cols % v == 0 && p.rows * p.cols < (int64_t(1) << 31) && bases_aligned16(p);
 }
 
+// FULL where it applies: 4-column strips in every fast form, 2-column strips
+// (the [32,1] MX kernels) in the value forms (the trainer's wgrad operands:
+// ncu, mxfp8 training, 16384 x 384 FP32 and the like: 3.8 ms a step in the
+// checked form, a quarter of the step's kernel time).
 template <class In, int BR, int V, int K, bool RHT, Fast FM>
 void go_fast(const KParams& p, cudaStream_t st) {
-  if constexpr (V == 4)
-    if (cols_full_apply(p, BR)) return go<In, BR, V, K, RHT, false, FM, true>(p, st);
+  if constexpr (V == 4 || value_form(FM))
+    if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true>(p, st);
   go<In, BR, V, K, RHT, false, FM>(p, st);
 }
 

@@ -376,8 +376,8 @@ __device__ __forceinline__ void load_n(const void* x, int64_t i, int valid, floa
 
 // Loads R rows of N consecutive elements, row rr from element index i0 + rr *
 // stride (rows from rows_valid on, and elements from valid on, read as 0), as
-// load_n does row by row, except that from BF16 with N == 2 or 4 a whole strip
-// (every row in range, one 4- or 8-byte load each) issues all R loads before
+// load_n does row by row, except that with N == 2 or 4 a whole strip (every
+// row in range, one 4- or 8-byte load each from BF16, 8 or 16 from FP32) issues all R loads before
 // it widens any of them. load_n's widening sits inside its per-row alignment
 // branch, so a loop of load_n calls waited for each row's load before issuing
 // the next one: the column kernels ran 16 memory latencies in a row per strip
@@ -409,8 +409,26 @@ __device__ __forceinline__ void load_rows(const void* x, int64_t i0, int64_t str
       return;
     }
   }
+  bool whole = false;
+  if constexpr (sizeof(In) == 4 && (N == 2 || N == 4)) {
+    // FP32 the same way: one alignment check for the strip, not one a row.
+    using Raw = std::conditional_t<N == 4, float4, float2>;
+    const float* s = static_cast<const float*>(x) + i0;
+    whole = rows_valid >= R && valid == N && stride % N == 0 && aligned<sizeof(Raw)>(s);
+    if (whole) {
 #pragma unroll
-  for (int rr = 0; rr < R; ++rr) load_n<In, N>(x, i0 + rr * stride, rr < rows_valid ? valid : 0, v[rr]);
+      for (int rr = 0; rr < R; ++rr) {
+        const Raw u = __ldg(reinterpret_cast<const Raw*>(s + rr * stride));
+        const float* f = reinterpret_cast<const float*>(&u);
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[rr][j] = f[j];
+      }
+    }
+  }
+  if (!whole) {
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) load_n<In, N>(x, i0 + rr * stride, rr < rows_valid ? valid : 0, v[rr]);
+  }
   if constexpr (FLIP) {  // after every row's load: a use between them serialises their latencies
 #pragma unroll
     for (int rr = 0; rr < R; ++rr)
@@ -723,7 +741,9 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       code[j] = encode_element_rt(f, p.rule, p.round, p.overflow, v[j], bp[j * NB / N].mult, rb);
     }
   }
-  store_outputs<K, N, NB, FULL>(p, f, g, r, c0, code, bp, valid, true);
+  // (A value form returned above; its FULL kernels may have N == 2, which
+  // store_outputs' FULL stores do not take.)
+  if constexpr (!value_form(FM)) store_outputs<K, N, NB, FULL>(p, f, g, r, c0, code, bp, valid, true);
 }
 
 // The FP32 dequantized values of N codes: (decode(code) * scale) * g_dec.
