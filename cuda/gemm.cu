@@ -188,17 +188,14 @@ __global__ void alpha_kernel(const float* ga, const float* gb, float* ab) {
   ab[1] = 0.0f;
 }
 
-bool is_nvfp4_1x16(const QuantizerSpec& q) {
-  return q.element == &float4_e2m1fn && (q.scale == &ufloat8_e4m3 || q.scale == &float8_e4m3fn) && q.block_rows == 1 &&
-         q.block_cols == 16 && !q.rht;
-}
-// NVFP4 [16,16] (the NVIDIA recipe's weights): the same E2M1 codes with one
-// scale per 16 x 16 tile, which is each of its rows' [1,16] scale.
-bool is_nvfp4_16x16(const QuantizerSpec& q) {
+// NVFP4 operands for cuBLASLt's VEC16_UE4M3 mode: E2M1 codes with E4M3 scales
+// in [1,16] blocks, or in [16,16] tiles (the NVIDIA recipe's weights), a
+// tile's scale being each of its rows' [1,16] scale.
+bool is_nvfp4_blocks(const QuantizerSpec& q, int block_rows) {
   return q.element == &float4_e2m1fn && (q.scale == &ufloat8_e4m3 || q.scale == &float8_e4m3fn) &&
-         q.block_rows == 16 && q.block_cols == 16 && !q.rht;
+         q.block_rows == block_rows && q.block_cols == 16 && !q.rht;
 }
-bool is_nvfp4_native(const QuantizerSpec& q) { return is_nvfp4_1x16(q) || is_nvfp4_16x16(q); }
+bool is_nvfp4_native(const QuantizerSpec& q) { return is_nvfp4_blocks(q, 1) || is_nvfp4_blocks(q, 16); }
 bool is_mx_1x32(const QuantizerSpec& q) {
   return (q.element == &float4_e2m1fn || q.element == &float8_e4m3fn || q.element == &float8_e5m2) &&
          q.scale == &float8_e8m0fnu && q.block_rows == 1 && q.block_cols == 32 && !q.rht;
