@@ -324,7 +324,8 @@ FP4LAB_HD constexpr uint32_t rn_magnitude_code(uint32_t a) {
 // and exhaustively on the ranges around E2M1's, E4M3's and E5M2's codes.
 // The magnitude: e2m1_rn_magnitude_biased() for E2M1, rn_magnitude_code()
 // for the other formats of at most 16 bits, and integer rounding of the bits
-// for bfloat16 (its exponent range is float32's, so no float M above exists).
+// for bfloat16 (its exponent range is float32's, so no float M above exists,
+// and none is needed: its subnormals are float32's cut short).
 template <const Format& F>
 FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
   static_assert(!F.is_int && F.is_signed && F.has_subnormals() && F.man_bits < 23);
@@ -336,6 +337,12 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
     mag = e2m1_rn_magnitude_biased(bits_float(a)) - kE2m1MagnitudeBase;  // (NaN: fast_code)
   } else if constexpr (emax(F) < 100) {
     mag = rn_magnitude_code<F>(a);
+  } else if constexpr (F.exp_bits == 8 && F.bias == 127) {
+    // bfloat16: float32's exponent field, so its codes are the top bits of
+    // float32's (subnormals included) and RNE is integer rounding of the bits
+    // at the cut, across the subnormal boundary too (no subnormal branch).
+    constexpr int shift = 23 - F.man_bits;
+    mag = (a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift;
   } else {
     constexpr int shift = 23 - F.man_bits;
     constexpr uint32_t rebias = uint32_t(127 - F.bias) << 23;
