@@ -337,26 +337,27 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
     mag = e2m1_rn_magnitude_biased(bits_float(a)) - kE2m1MagnitudeBase;  // (NaN: fast_code)
   } else if constexpr (emax(F) < 100) {
     mag = rn_magnitude_code<F>(a);
-  } else if constexpr (F.exp_bits == 8 && F.bias == 127) {
-    // bfloat16: float32's exponent field, so its codes are the top bits of
-    // float32's (subnormals included) and RNE is integer rounding of the bits
-    // at the cut, across the subnormal boundary too (no subnormal branch).
-    constexpr int shift = 23 - F.man_bits;
-    mag = (a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift;
   } else {
     constexpr int shift = 23 - F.man_bits;
     constexpr uint32_t rebias = uint32_t(127 - F.bias) << 23;
-    constexpr uint32_t min_normal_bits = uint32_t(F.min_exponent() + 127) << 23;
-    // A float whose ulp equals the target's subnormal quantum: adding it rounds
-    // |x| (RNE, in hardware) to a whole number of quanta held in its low bits.
-    constexpr float magic = pow2f(F.min_exponent() - F.man_bits + 23);
     const uint32_t normal = (a - rebias + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift;
-    const uint32_t subnormal = float_bits(bits_float(a) + magic) - float_bits(magic);
-    // A mask blend, not `?:`: with a select GCC sinks the float add into the
-    // subnormal branch and then (trapping math, which we keep) refuses to
-    // if-convert the loop, so the loop does not vectorise.
-    const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
-    mag = (subnormal & sub_mask) | (normal & ~sub_mask);
+    if constexpr (F.exp_bits == 8 && F.bias == 127) {
+      // bfloat16: float32's exponent field, so its codes are the top bits of
+      // float32's (subnormals included): the integer rounding above holds
+      // across the subnormal boundary too.
+      mag = normal;
+    } else {
+      constexpr uint32_t min_normal_bits = uint32_t(F.min_exponent() + 127) << 23;
+      // A float whose ulp equals the target's subnormal quantum: adding it rounds
+      // |x| (RNE, in hardware) to a whole number of quanta held in its low bits.
+      constexpr float magic = pow2f(F.min_exponent() - F.man_bits + 23);
+      const uint32_t subnormal = float_bits(bits_float(a) + magic) - float_bits(magic);
+      // A mask blend, not `?:`: with a select GCC sinks the float add into the
+      // subnormal branch and then (trapping math, which we keep) refuses to
+      // if-convert the loop, so the loop does not vectorise.
+      const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
+      mag = (subnormal & sub_mask) | (normal & ~sub_mask);
+    }
   }
   return detail::fast_code<F>(a, sign, mag, o);
 }

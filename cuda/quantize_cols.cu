@@ -149,7 +149,7 @@ void go(const KParams& p, cudaStream_t st) {
 
 // May the fast form of a BR x V strip kernel take its FULL form?
 inline bool cols_full_apply(const KParams& p, int br, int v) {
-  return p.rows % br == 0 && p.cols % v == 0 && p.rows * p.cols < (int64_t(1) << 31) && bases_aligned16(p);
+  return p.rows % br == 0 && p.cols % v == 0 && index32_fits(p) && bases_aligned16(p);
 }
 
 // FULL where it applies: 4-column strips in every fast form, 2-column strips

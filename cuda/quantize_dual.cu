@@ -232,11 +232,10 @@ void go_amax(const KParams& pr, const KParams& pc, cudaStream_t st) {
 
 // The quantization pass in the fast form both quantizers allow (rows of 4
 // elements: every span is aligned given aligned bases, cols % 16 == 0; fewer
-// than 2^31 elements, elem_index's FULL condition).
+// than 2^31 elements, index32_fits).
 template <class In, bool RHT>
 void go_fast(const KParams& pr, const KParams& pc, cudaStream_t st) {
-  if (!bases_aligned16(pr) || !bases_aligned16(pc) || pr.rows * pr.cols >= (int64_t(1) << 31))
-    return go<In, RHT>(pr, pc, st);
+  if (!bases_aligned16(pr) || !bases_aligned16(pc) || !index32_fits(pr)) return go<In, RHT>(pr, pc, st);
   const bool operands = bf16_operand_only(pr) && bf16_operand_only(pc);
   if (fast_rn_applies(1, pr) && fast_rn_applies(1, pc)) {
     if (operands) return go<In, RHT, Fast::rn_bf16>(pr, pc, st);

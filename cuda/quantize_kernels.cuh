@@ -478,8 +478,12 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&b)[N]
     if (j < valid) dst[j] = uint8_t(b[j]);
 }
 
+// Does p's tensor hold fewer than 2^31 elements (every FULL form's host
+// condition, so that elem_index<true> and the strip indices fit 32 bits)?
+inline bool index32_fits(const KParams& p) { return p.rows * p.cols < (int64_t(1) << 31); }
+
 // Element index of (row r, column c0). FULL forms hold fewer than 2^31
-// elements (their host conditions), so the index is formed in 32 bits, which
+// elements (index32_fits), so the index is formed in 32 bits, which
 // the compiler strength-reduces across a kernel's unrolled rows (the 64-bit
 // product cost ~10 integer instructions per row of a column strip).
 template <bool FULL>
@@ -892,7 +896,7 @@ inline bool bases_aligned16(const KParams& p) {
 // aligned bases: 16 bytes, or 8 for the 8 bytes of 16 FP4 codes), aligned
 // bases, fewer than 2^31 elements.
 inline bool full_spans_apply(const KParams& p, int elems) {
-  return elems % 16 == 0 && p.cols % elems == 0 && p.rows * p.cols < (int64_t(1) << 31) && bases_aligned16(p);
+  return elems % 16 == 0 && p.cols % elems == 0 && index32_fits(p) && bases_aligned16(p);
 }
 
 // p for a FULL kernel form of `units` work units, `per_row` of them per row
@@ -911,6 +915,12 @@ __device__ __forceinline__ bool rn_fast_block(uint32_t amax, float mult) {
   return amax < 0x7F800000u && fabsf(mult) < inf_f();
 }
 
+// The top bytes of four floats (each its sign in bit 7) as the bytes of one
+// word, a first in byte 0: three byte permutes instead of a shift and insert each.
+__device__ __forceinline__ uint32_t top_bytes4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0073u), __byte_perm(c, d, 0x7300u), 0x7610u);
+}
+
 // The E2M1 rn codes of v[j] * mult[j] (j < 4) as bytes (pack_codes4<false>'s
 // layout), by encode_store_rn_fast's arithmetic: core's
 // e2m1_rn_magnitude_biased summed into the word, the signs gathered by byte
@@ -924,9 +934,8 @@ __device__ __forceinline__ uint32_t e2m1_rn_bytes4(const float (&v)[4], const fl
     yb[j] = float_bits(y);
     w += e2m1_rn_magnitude_biased(fabsf(y)) << (8 * j);
   }
-  // Each float's top byte (its sign in bit 7) into byte j, then to bit 3 of it.
-  const uint32_t tops = __byte_perm(__byte_perm(yb[0], yb[1], 0x0073u), __byte_perm(yb[2], yb[3], 0x7300u), 0x7610u);
-  return w | ((tops >> 4) & 0x08080808u);
+  // Each product's sign from bit 7 of byte j to bit 3 of it.
+  return w | ((top_bytes4(yb[0], yb[1], yb[2], yb[3]) >> 4) & 0x08080808u);
 }
 
 // How kind K's codes pack into 32-bit words (K 1-4): FP4 8 nibbles a word,
@@ -1018,13 +1027,11 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
     if constexpr (fp4) {
       // Even elements' top bytes -> bits 7, 15, 23, 31, shifted to nibble bit 3;
       // odd elements' land on bits 7, 15, 23, 31: their nibbles' bit 3.
-      const uint32_t even =
-          __byte_perm(__byte_perm(yb[0], yb[2], 0x0073u), __byte_perm(yb[4], yb[6], 0x7300u), 0x7610u);
-      const uint32_t odd = __byte_perm(__byte_perm(yb[1], yb[3], 0x0073u), __byte_perm(yb[5], yb[7], 0x7300u), 0x7610u);
+      const uint32_t even = top_bytes4(yb[0], yb[2], yb[4], yb[6]);
+      const uint32_t odd = top_bytes4(yb[1], yb[3], yb[5], yb[7]);
       w[q] |= ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
     } else {
-      w[q] |=
-          __byte_perm(__byte_perm(yb[0], yb[1], 0x0073u), __byte_perm(yb[2], yb[3], 0x7300u), 0x7610u) & 0x80808080u;
+      w[q] |= top_bytes4(yb[0], yb[1], yb[2], yb[3]) & 0x80808080u;
     }
   }
   store_code_words<K, N, FULL>(p, f, g, r, c0, w, bp, valid);
