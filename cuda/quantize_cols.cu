@@ -16,12 +16,27 @@ namespace {
 // per-row bounds checks, each row's codes (values) one store (measured from
 // FP32 [16,1] rn + RHT, ncu: 6.5 ISETP and 4 branch instructions per element
 // went to the checks).
-template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, bool FULL = false>
+// SPLIT (the FULL [32,1] rn value form; go_fast()): two threads a strip,
+// lanes l and l + 16 of a warp, each loading and encoding 16 of its 32 rows,
+// the two halves' amaxes combined by a shuffle: half the registers a thread.
+template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, bool FULL = false,
+          bool SPLIT = false>
 __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   static_assert(!FULL || (FM != Fast::none && !AMAX_ONLY && (V == 4 || value_form(FM))));
+  static_assert(!SPLIT || (FULL && BR == 32 && !RHT && FM == Fast::rn_bf16));
+  constexpr int RT = SPLIT ? BR / 2 : BR;  // rows a thread holds
   int64_t t, i, jg;
   bool ok;
-  if constexpr (FULL) {
+  int half = 0;
+  if constexpr (SPLIT) {
+    const uint32_t lane = threadIdx.x & 31u;
+    uint32_t u = ((blockIdx.x * kThreads + threadIdx.x) >> 5) * 16u + (lane & 15u);
+    half = int(lane >> 4);
+    ok = u < p.units;
+    if (!ok) u = 0;  // both lanes of a strip stay for the shuffle; nothing is stored
+    const uint32_t strip = p.unit_div.div(u);
+    t = ok ? u : 1, i = strip, jg = u - strip * uint32_t(p.cols / V);  // t: only t == 0 stores g_dec
+  } else if constexpr (FULL) {
     const uint32_t u = blockIdx.x * kThreads + threadIdx.x;
     ok = u < p.units;
     const uint32_t strip = p.unit_div.div(u);
@@ -31,11 +46,11 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
     const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
     ok = strip_of(t, nbr, ngroups, i, jg);
   }
-  const int64_t r0 = i * BR, c0 = jg * V;
+  const int64_t r0 = i * BR + half * RT, c0 = jg * V;
   const int valid_c = FULL ? V : ok ? int(p.cols - c0 < V ? p.cols - c0 : V) : 0;
-  if (FULL && !ok) return;
-  float v[BR][V];
-  const int rows_valid = int(p.rows - r0 < BR ? p.rows - r0 : BR);
+  if (FULL && !SPLIT && !ok) return;
+  float v[RT][V];
+  const int rows_valid = int(p.rows - r0 < RT ? p.rows - r0 : RT);
   if constexpr (RHT) {
     static_assert(BR == 16);
     // rows % 16 == 0 (checked on the host); the signs folded into the loads.
@@ -44,15 +59,16 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
     load_rows<In, BR, V, true>(p.x, r0 * p.cols + c0, p.cols, rows_valid, valid_c, v, flip);
     rht_columns<V, true>(v, p.signs);
   } else {
-    load_rows<In, BR, V>(p.x, r0 * p.cols + c0, p.cols, rows_valid, valid_c, v);
+    load_rows<In, RT, V>(p.x, r0 * p.cols + c0, p.cols, rows_valid, valid_c, v);
   }
   uint32_t amax[V];
 #pragma unroll
   for (int cc = 0; cc < V; ++cc) {
     AmaxBits m;
 #pragma unroll
-    for (int rr = 0; rr < BR; ++rr) m.add(v[rr][cc]);
+    for (int rr = 0; rr < RT; ++rr) m.add(v[rr][cc]);
     amax[cc] = m.bits();
+    if constexpr (SPLIT) amax[cc] = umax(amax[cc], __shfl_xor_sync(0xFFFFFFFFu, amax[cc], 16));
   }
   if constexpr (AMAX_ONLY) {
     uint32_t m = 0;
@@ -74,8 +90,9 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
       sc[cc] = bp[cc].code;
     }
     const int64_t si = i * p.nbc + c0;  // nbc == cols
-    if (p.out.scale_codes) store_bytes<V>(p.out.scale_codes + si, sc, valid_c);
-    if (p.out.scales) {
+    // SPLIT: the strip's first half stores its scales.
+    if (p.out.scale_codes && half == 0) store_bytes<V>(p.out.scale_codes + si, sc, valid_c);
+    if (p.out.scales && half == 0) {
       float s[V];
 #pragma unroll
       for (int cc = 0; cc < V; ++cc) s[cc] = bp[cc].scale;
@@ -88,11 +105,11 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
       // local memory, which spills out of L1 at this occupancy.
       extern __shared__ float col_stage[];
 #pragma unroll
-      for (int rr = 0; rr < BR; ++rr)
+      for (int rr = 0; rr < RT; ++rr)
 #pragma unroll
         for (int cc = 0; cc < V; ++cc) col_stage[(rr * V + cc) * kThreads + threadIdx.x] = v[rr][cc];
 #pragma unroll 1
-      for (int rr = 0; rr < BR; ++rr) {
+      for (int rr = 0; rr < RT; ++rr) {
         float row[V];
 #pragma unroll
         for (int cc = 0; cc < V; ++cc) row[cc] = col_stage[(rr * V + cc) * kThreads + threadIdx.x];
@@ -125,23 +142,27 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
       store_strip_full<K, BR>(p, f, g, r0, c0, words, bp);
     } else {
 #pragma unroll
-      for (int rr = 0; rr < BR; ++rr) {
+      for (int rr = 0; rr < RT; ++rr) {
         if (FULL || r0 + rr < p.rows) encode_and_store<K, V, V, FM, FULL>(p, f, g, r0 + rr, c0, v[rr], bp, valid_c);
       }
     }
   }
 }
 
-template <class In, int BR, int V, int K, bool RHT, bool AMAX, Fast FM = Fast::none, bool FULL = false>
+template <class In, int BR, int V, int K, bool RHT, bool AMAX, Fast FM = Fast::none, bool FULL = false,
+          bool SPLIT = false>
 void go(const KParams& p, cudaStream_t st) {
-  const int64_t threads = ((p.rows + BR - 1) / BR) * ((p.cols + V - 1) / V);
-  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  const int64_t threads = ((p.rows + BR - 1) / BR) * ((p.cols + V - 1) / V);  // strips
+  // SPLIT: 16 strips a warp
+  const int64_t blocks =
+      SPLIT ? ((threads + 15) / 16 * 32 + kThreads - 1) / kThreads : (threads + kThreads - 1) / kThreads;
   // Stochastic rounding stages the strip in shared memory (col_kernel).
   constexpr size_t stage_bytes = size_t(BR) * V * kThreads * sizeof(float);  // 64 KB
   const bool stage = !AMAX && p.round == Round::rs;
-  auto* kernel = col_kernel<In, BR, V, K, RHT, AMAX, FM, FULL>;
+  auto* kernel = col_kernel<In, BR, V, K, RHT, AMAX, FM, FULL, SPLIT>;
   if (stage)
-    allow_dynamic_smem<col_kernel<In, BR, V, K, RHT, AMAX, FM, FULL>>(stage_bytes, "col_kernel (64 KB shared memory)");
+    allow_dynamic_smem<col_kernel<In, BR, V, K, RHT, AMAX, FM, FULL, SPLIT>>(stage_bytes,
+                                                                             "col_kernel (64 KB shared memory)");
   if (blocks > 0)
     kernel<<<unsigned(blocks), kThreads, stage ? stage_bytes : 0, st>>>(FULL ? full_params(p, threads, p.cols / V) : p);
   check_launch("col_kernel");
@@ -158,6 +179,8 @@ inline bool cols_full_apply(const KParams& p, int br, int v) {
 // checked form, a quarter of the step's kernel time).
 template <class In, int BR, int V, int K, bool RHT, Fast FM>
 void go_fast(const KParams& p, cudaStream_t st) {
+  if constexpr (BR == 32 && FM == Fast::rn_bf16 && !RHT)
+    if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true, true>(p, st);
   if constexpr (V == 4 || value_form(FM))
     if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true>(p, st);
   go<In, BR, V, K, RHT, false, FM>(p, st);
