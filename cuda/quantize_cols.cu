@@ -16,14 +16,14 @@ namespace {
 // per-row bounds checks, each row's codes (values) one store (measured from
 // FP32 [16,1] rn + RHT, ncu: 6.5 ISETP and 4 branch instructions per element
 // went to the checks).
-// SPLIT (the FULL [32,1] rn value form; go_fast()): two threads a strip,
+// SPLIT (the FULL [32,1] value forms; go_fast()): two threads a strip,
 // lanes l and l + 16 of a warp, each loading and encoding 16 of its 32 rows,
 // the two halves' amaxes combined by a shuffle: half the registers a thread.
 template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, bool FULL = false,
           bool SPLIT = false>
 __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   static_assert(!FULL || (FM != Fast::none && !AMAX_ONLY && (V == 4 || value_form(FM))));
-  static_assert(!SPLIT || (FULL && BR == 32 && !RHT && FM == Fast::rn_bf16));
+  static_assert(!SPLIT || (FULL && BR == 32 && !RHT && (FM == Fast::rn_bf16 || FM == Fast::rs_bf16)));
   constexpr int RT = SPLIT ? BR / 2 : BR;  // rows a thread holds
   int64_t t, i, jg;
   bool ok;
@@ -157,7 +157,7 @@ void go(const KParams& p, cudaStream_t st) {
   const int64_t blocks =
       SPLIT ? ((threads + 15) / 16 * 32 + kThreads - 1) / kThreads : (threads + kThreads - 1) / kThreads;
   // Stochastic rounding stages the strip in shared memory (col_kernel).
-  constexpr size_t stage_bytes = size_t(BR) * V * kThreads * sizeof(float);  // 64 KB
+  constexpr size_t stage_bytes = size_t(SPLIT ? BR / 2 : BR) * V * kThreads * sizeof(float);  // 64 KB (SPLIT 32)
   const bool stage = !AMAX && p.round == Round::rs;
   auto* kernel = col_kernel<In, BR, V, K, RHT, AMAX, FM, FULL, SPLIT>;
   if (stage)
@@ -179,7 +179,7 @@ inline bool cols_full_apply(const KParams& p, int br, int v) {
 // checked form, a quarter of the step's kernel time).
 template <class In, int BR, int V, int K, bool RHT, Fast FM>
 void go_fast(const KParams& p, cudaStream_t st) {
-  if constexpr (BR == 32 && FM == Fast::rn_bf16 && !RHT)
+  if constexpr (BR == 32 && (FM == Fast::rn_bf16 || FM == Fast::rs_bf16) && !RHT)
     if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true, true>(p, st);
   if constexpr (V == 4 || value_form(FM))
     if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true>(p, st);
