@@ -9,6 +9,13 @@
 namespace fp4lab::cuda::qk {
 namespace {
 
+// The split form (col_kernel's SPLIT) of a strip kernel, and the rows of a
+// strip each thread holds.
+FP4LAB_HD constexpr bool split_form(int br, bool rht, Fast fm) {
+  return br == 32 && !rht && (fm == Fast::rn_bf16 || fm == Fast::rs_bf16);
+}
+FP4LAB_HD constexpr int rows_a_thread(int br, bool split) { return split ? br / 2 : br; }
+
 // FM: the fast form (quantize_kernels.cuh, Fast) of the quantizer's mode, whose
 // kernel holds no other mode's code. FULL (with a fast form, V == 4, or a
 // value form, V == 2; cols_full_apply()): every strip whole, bases 16-byte
@@ -23,19 +30,19 @@ template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fa
           bool SPLIT = false>
 __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   static_assert(!FULL || (FM != Fast::none && !AMAX_ONLY && (V == 4 || value_form(FM))));
-  static_assert(!SPLIT || (FULL && BR == 32 && !RHT && (FM == Fast::rn_bf16 || FM == Fast::rs_bf16)));
-  constexpr int RT = SPLIT ? BR / 2 : BR;  // rows a thread holds
+  static_assert(!SPLIT || (FULL && split_form(BR, RHT, FM)));
+  constexpr int RT = rows_a_thread(BR, SPLIT);
   int64_t t, i, jg;
   bool ok;
   int half = 0;
   if constexpr (SPLIT) {
     const uint32_t lane = threadIdx.x & 31u;
-    uint32_t u = ((blockIdx.x * kThreads + threadIdx.x) >> 5) * 16u + (lane & 15u);
+    const uint32_t u = ((blockIdx.x * kThreads + threadIdx.x) >> 5) * 16u + (lane & 15u);
     half = int(lane >> 4);
     ok = u < p.units;
-    if (!ok) u = 0;  // both lanes of a strip stay for the shuffle; nothing is stored
-    const uint32_t strip = p.unit_div.div(u);
-    t = ok ? u : 1, i = strip, jg = u - strip * uint32_t(p.cols / V);  // t: only t == 0 stores g_dec
+    const uint32_t in = ok ? u : 0u;  // both lanes of a strip stay for the shuffle; nothing is stored
+    const uint32_t strip = p.unit_div.div(in);
+    t = u, i = strip, jg = in - strip * uint32_t(p.cols / V);
   } else if constexpr (FULL) {
     const uint32_t u = blockIdx.x * kThreads + threadIdx.x;
     ok = u < p.units;
@@ -90,13 +97,14 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
       sc[cc] = bp[cc].code;
     }
     const int64_t si = i * p.nbc + c0;  // nbc == cols
-    // SPLIT: the strip's first half stores its scales.
-    if (p.out.scale_codes && half == 0) store_bytes<V>(p.out.scale_codes + si, sc, valid_c);
-    if (p.out.scales && half == 0) {
-      float s[V];
+    if (half == 0) {                    // SPLIT: the strip's first half stores its scales
+      if (p.out.scale_codes) store_bytes<V>(p.out.scale_codes + si, sc, valid_c);
+      if (p.out.scales) {
+        float s[V];
 #pragma unroll
-      for (int cc = 0; cc < V; ++cc) s[cc] = bp[cc].scale;
-      store_f32<V>(p.out.scales + si, s, valid_c);
+        for (int cc = 0; cc < V; ++cc) s[cc] = bp[cc].scale;
+        store_f32<V>(p.out.scales + si, s, valid_c);
+      }
     }
     if (p.round == Round::rs) {
       // Rolled over rows (code size: one Philox group per row), each row read
@@ -152,19 +160,18 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
 template <class In, int BR, int V, int K, bool RHT, bool AMAX, Fast FM = Fast::none, bool FULL = false,
           bool SPLIT = false>
 void go(const KParams& p, cudaStream_t st) {
-  const int64_t threads = ((p.rows + BR - 1) / BR) * ((p.cols + V - 1) / V);  // strips
-  // SPLIT: 16 strips a warp
-  const int64_t blocks =
-      SPLIT ? ((threads + 15) / 16 * 32 + kThreads - 1) / kThreads : (threads + kThreads - 1) / kThreads;
-  // Stochastic rounding stages the strip in shared memory (col_kernel).
-  constexpr size_t stage_bytes = size_t(SPLIT ? BR / 2 : BR) * V * kThreads * sizeof(float);  // 64 KB (SPLIT 32)
+  const int64_t strips = ((p.rows + BR - 1) / BR) * ((p.cols + V - 1) / V);
+  const int64_t threads = SPLIT ? (strips + 15) / 16 * 32 : strips;  // SPLIT: 16 strips a warp
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  // Stochastic rounding stages a thread's rows in shared memory (col_kernel).
+  constexpr size_t stage_bytes = size_t(rows_a_thread(BR, SPLIT)) * V * kThreads * sizeof(float);  // 64 / 32 KB
   const bool stage = !AMAX && p.round == Round::rs;
   auto* kernel = col_kernel<In, BR, V, K, RHT, AMAX, FM, FULL, SPLIT>;
   if (stage)
     allow_dynamic_smem<col_kernel<In, BR, V, K, RHT, AMAX, FM, FULL, SPLIT>>(stage_bytes,
-                                                                             "col_kernel (64 KB shared memory)");
+                                                                             "col_kernel (stage shared memory)");
   if (blocks > 0)
-    kernel<<<unsigned(blocks), kThreads, stage ? stage_bytes : 0, st>>>(FULL ? full_params(p, threads, p.cols / V) : p);
+    kernel<<<unsigned(blocks), kThreads, stage ? stage_bytes : 0, st>>>(FULL ? full_params(p, strips, p.cols / V) : p);
   check_launch("col_kernel");
 }
 
@@ -179,7 +186,7 @@ inline bool cols_full_apply(const KParams& p, int br, int v) {
 // checked form, a quarter of the step's kernel time).
 template <class In, int BR, int V, int K, bool RHT, Fast FM>
 void go_fast(const KParams& p, cudaStream_t st) {
-  if constexpr (BR == 32 && (FM == Fast::rn_bf16 || FM == Fast::rs_bf16) && !RHT)
+  if constexpr (split_form(BR, RHT, FM))
     if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true, true>(p, st);
   if constexpr (V == 4 || value_form(FM))
     if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true>(p, st);
