@@ -1,21 +1,65 @@
 #!/usr/bin/env bash
-# One batched device call: build the CUDA backend, run the GPU tests and the
-# two CUDA benchmarks, logs to $OUT (see /work/.library/device/README.md).
-# Usage on the device machine, from the repository root: bash cuda/run_device.sh [tests|bench|all]
+# One batched device call (see /work/.library/device/README.md): build (or take
+# prebuilt binaries), then the steps asked for, each one's log under $OUT.
+# Usage on the device machine, from the repository root:
+#   bash cuda/run_device.sh [STEP...]      (default: tests bench)
+# Steps:
+#   tests       test_cuda, then test_train's CUDA cases (-tc="*cuda*")
+#   quantize    fp4lab bench quantize --backend cuda, 8192 x 8192 (QPICK=regex keeps matching rows)
+#   gemm        fp4lab bench gemm --backend cuda, 8192^3
+#   train       fp4lab bench train on the shakespeare_char GPT, the recipes of RECIPES
+#               (comma-separated; default: every canned recipe), STEPS iterations (20)
+#   pytorch     scripts/bench_pytorch_gpt.py on the same GPU, fp32 and bf16 (the train baseline)
+#   bench       quantize gemm
+# Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train from DIR (an
+# archive `bins.tar.xz` there is unpacked first) instead of building in /tmp/b;
+# TCF=PATTERN narrows test_cuda to matching test cases.
 set -o pipefail
-what=${1:-all}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests bench)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu.txt"
 t0=$(date +%s)
-cmake -S . -B /tmp/b -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-# -k 0: other modules' work in progress must not stop test_cuda from building.
-ninja -C /tmp/b -k 0 -j16 test_cuda fp4lab >"$OUT/build.log" 2>&1 || grep -E "error|FAILED" -A3 "$OUT/build.log" | head -40
-echo "build: $(( $(date +%s) - t0 )) s"
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  /tmp/b/tests/test_cuda 2>&1 | tee "$OUT/test_cuda.log" | tail -60
+if [ -n "${PREBUILT:-}" ]; then
+  [ -f "$PREBUILT/bins.tar.xz" ] && tar -xJf "$PREBUILT/bins.tar.xz" -C "$PREBUILT"
+  FP4LAB=$PREBUILT/fp4lab TEST_CUDA=$PREBUILT/test_cuda TEST_TRAIN=$PREBUILT/test_train
+else
+  cmake -S . -B /tmp/b -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
+    >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+  # -k 0: other modules' work in progress must not stop test_cuda from building.
+  ninja -C /tmp/b -k 0 -j16 test_cuda test_train fp4lab >"$OUT/build.log" 2>&1 ||
+    grep -E "error|FAILED" -A3 "$OUT/build.log" | head -40
+  FP4LAB=/tmp/b/apps/fp4lab TEST_CUDA=/tmp/b/tests/test_cuda TEST_TRAIN=/tmp/b/tests/test_train
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  /tmp/b/apps/fp4lab bench quantize --backend cuda --rows 8192 --cols 8192 --repeats 20 2>&1 | tee "$OUT/bench_quantize.log"
-  /tmp/b/apps/fp4lab bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --repeats 20 2>&1 | tee "$OUT/bench_gemm.log"
-fi
+echo "build: $(($(date +%s) - t0)) s"
+recipes=${RECIPES:-fp32,bf16,nvfp4,mxfp8,mx_baseline,nvidia_round_to_infinity,tetrajet,fp4_all_the_way,nvfp4_fwd_mxfp8_bwd}
+run_step() {
+  case "$1" in
+    tests)
+      "$TEST_CUDA" ${TCF:+-tc="$TCF"} 2>&1 | tee "$OUT/test_cuda.log" | tail -8
+      "$TEST_TRAIN" -tc="*cuda*" 2>&1 | tee "$OUT/test_train_cuda.log" | tail -4
+      ;;
+    quantize)
+      "$FP4LAB" bench quantize --backend cuda --rows 8192 --cols 8192 --repeats 20 2>&1 | tee "$OUT/bench_quantize.log" |
+        grep -E "${QPICK:-.}"
+      ;;
+    gemm) "$FP4LAB" bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --repeats 20 2>&1 | tee "$OUT/bench_gemm.log" ;;
+    train)
+      "$FP4LAB" bench train --config configs/gpt_shakespeare_char.json --backend cuda --steps "${STEPS:-20}" \
+        --recipes "$recipes" 2>&1 | tee "$OUT/bench_train.log"
+      ;;
+    pytorch)
+      for d in fp32 bf16; do
+        python3 scripts/bench_pytorch_gpt.py --device cuda --size shakespeare_char --dtype "$d" --steps "${STEPS:-20}" \
+          2>&1 | tee -a "$OUT/bench_pytorch.log" | tail -2
+      done
+      ;;
+    bench) run_step quantize && run_step gemm ;;
+    *) echo "run_device.sh: unknown step '$1' (valid: tests quantize gemm train pytorch bench)" >&2; return 2 ;;
+  esac
+}
+for s in "${steps[@]}"; do
+  echo "== $s"
+  run_step "$s"
+done
