@@ -100,6 +100,33 @@ TEST_CASE("fp4-trainkit's table is reproduced exactly") {
   }
 }
 
+// configs/recipes/fp4_all_the_way_two_level.json: the canned fp4_all_the_way
+// (fp4-trainkit's single-level eq. 3, the ViT anchor) with the per-tensor FP32
+// scale of the paper's reference code on every operand, everything else
+// (blocks, rounding, scale format) unchanged.
+TEST_CASE("configs/recipes/fp4_all_the_way_two_level.json") {
+  const std::string file = std::string(__FILE__);
+  const std::string root = file.substr(0, file.rfind("/tests/recipes/"));
+  const Recipe r = parse_recipe(root + "/configs/recipes/fp4_all_the_way_two_level.json");
+  const Recipe base = recipe_by_name("fp4_all_the_way");
+  CHECK(r.name == "fp4_all_the_way_two_level");
+  CHECK(r.double_quantization == base.double_quantization);
+  CHECK(r.wgrad_rht == base.wgrad_rht);
+  for (int i = 0; i < kOperandCount; ++i) {
+    CAPTURE(i);
+    REQUIRE(r.operands[size_t(i)].has_value());
+    const QuantizerSpec& q = *r.operands[size_t(i)];
+    const QuantizerSpec& b = *base.operands[size_t(i)];
+    CHECK(q.scale_rule == ScaleRule::nv);
+    CHECK(q.global_scale == GlobalScale::tensor_amax);
+    CHECK(q.round == b.round);
+    CHECK(q.element == b.element);
+    CHECK(q.scale == b.scale);
+    CHECK(q.block_rows == b.block_rows);
+    CHECK(q.block_cols == b.block_cols);
+  }
+}
+
 TEST_CASE("nvfp4 recipe follows arXiv 2509.25149") {
   const Recipe r = recipe_by_name("nvfp4");
   const int blocks[kOperandCount][2] = {{1, 16}, {16, 16}, {1, 16}, {16, 16}, {16, 1}, {16, 1}};
