@@ -46,6 +46,45 @@ void gemm_fp8_tensor_scaled_nt(Blas& blas, const uint8_t* a, const uint8_t* b, u
   g.run(blas, &alpha, a, b, &beta, y, "FP8 e4m3, per-tensor scale");
 }
 
+// The floor of any stochastic-rounding quantizer under DESIGN.md's random-bit
+// contract (philox.hpp: element i takes word i % 4 of Philox4x32-10 group
+// i / 4): each thread reads 16 consecutive elements, draws their 4 groups and
+// writes one nibble an element (the top 4 bits of the element's bits plus its
+// word, so neither the loads nor the rounds can be dropped), with no block
+// scale, amax or encode. n % 16 == 0, x 16-byte aligned.
+template <class In>
+__global__ void philox_floor_kernel(const In* x, uint8_t* out, int64_t n, uint64_t seed, uint64_t stream) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t * 16 >= n) return;
+  uint32_t bits[16];
+  if constexpr (sizeof(In) == 2) {
+    const uint4* src = reinterpret_cast<const uint4*>(x + t * 16);
+    const uint4 a = __ldg(src), b = __ldg(src + 1);
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) bits[2 * j] = w[j] << 16, bits[2 * j + 1] = w[j] & 0xFFFF0000u;
+  } else {
+    const float4* src = reinterpret_cast<const float4*>(x + t * 16);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 v = __ldg(src + j);
+      bits[4 * j] = float_bits(v.x), bits[4 * j + 1] = float_bits(v.y);
+      bits[4 * j + 2] = float_bits(v.z), bits[4 * j + 3] = float_bits(v.w);
+    }
+  }
+  uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const Philox4 g = philox_group(seed, stream, uint64_t(t) * 4 + q);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = 4 * q + j;
+      packed[e / 8] |= ((bits[e] + g.v[j]) >> 28) << (4 * (e % 8));
+    }
+  }
+  *reinterpret_cast<uint2*>(out + t * 8) = make_uint2(packed[0], packed[1]);
+}
+
 QuantizerSpec with(QuantizerSpec q, Round r, bool rht, int br, int bc) {
   q.round = r;
   q.rht = rht;
@@ -156,11 +195,32 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
                   packed ? " (packed 4-bit)" : "");
     }
   }
+  if (n % 16 == 0) {
+    // What any SR row above could reach at best: reading the input, drawing
+    // one Philox word an element and writing 4-bit codes, nothing else.
+    for (int t = 0; t < 2; ++t) {
+      const double ms = time_median_ms(
+          [&] {
+            const unsigned blocks = unsigned((n / 16 + 255) / 256);
+            if (t == 0)
+              philox_floor_kernel<<<blocks, 256>>>(x16.data(), codes.data(), n, 99, 5);
+            else
+              philox_floor_kernel<<<blocks, 256>>>(x32.data(), codes.data(), n, 99, 5);
+            check_launch("philox_floor_kernel");
+          },
+          3, repeats);
+      const double bw = (double(n) * (t == 0 ? 2 : 4) + double(n / 2)) / (ms * 1e-3) / 1e9;
+      std::printf("%-34s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  4-bit words (no scales)\n", "SR floor: Philox + 4-bit out",
+                  t == 0 ? "bf16" : "f32", ms, bw, 100.0 * bw / copy_bw[t], 100.0 * bw / copy_bw[t], 1);
+    }
+  }
   std::printf(
       "\nGB/s counts the input once plus the outputs (codes, scales). Rules with a per-tensor amax (nvfp4)\n"
       "read the input twice (amax pass + quantize pass); '(amax given)' times the quantize pass alone, as\n"
       "when the producer of the tensor supplies its amax. 'moved' counts the bytes the passes move (the\n"
-      "input once per pass), against the same copy.\n");
+      "input once per pass), against the same copy. 'SR floor' reads the input, draws each element's\n"
+      "Philox word (DESIGN.md's contract) and writes 4 bits an element: no amax, scale or encode, so no\n"
+      "stochastic-rounding quantizer under that contract can be faster.\n");
 
   // The trainer's two NVFP4 operands of one tensor (NVIDIA's recipe): [1,16]
   // for the forward / dgrad GEMM and RHT + [16,1] for wgrad, both as BF16 GEMM
