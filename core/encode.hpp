@@ -362,38 +362,46 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
   return detail::fast_code<F>(a, sign, mag, o);
 }
 
-// E2M1 (float4_e2m1fn) stochastic rounding of |y| below 1.0, the format's
-// subnormal range (quantum 0.5): encode_rs_f32's target-subnormal branch below
-// with this format's constants folded in. a: |y|'s bits, below 0x3F800000.
-// Returns the rounded magnitude in quanta: 0, 1 or 2 (2: up to 1.0). With e the
-// exponent field, d = 149 - e discarded bits and s = 32 - d = e - 117:
-//   s >= 0 (d <= 32): frac32 = sig << s (mod 2^32), r32 = rbits << s;
-//   s < 0  (d > 32):  frac32 = sig >> -s, r32 = rbits;
-// with clamped shifts both cases are one expression (the other shift is 0),
-// and a subnormal input (e = 0) has frac32 = 0, as encode_rs_f32 gives it.
-FP4LAB_HD constexpr uint32_t e2m1_rs_quanta_below_one(uint32_t a, uint32_t rbits) {
-  const uint32_t e = a >> 23;
-  const uint32_t s = e - 117u;  // wraps below e = 117: a clamped shift count then
-  const uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;
-  const uint32_t frac32 = shl_clamped(sig, s) | shr_clamped(sig, 0u - s);
-  const uint32_t r32 = shl_clamped(rbits, int32_t(s) > 0 ? s : 0u);
-  return uint32_t(e == 126u) + uint32_t(frac32 + r32 < frac32);
+// E2M1 (float4_e2m1fn) stochastic rounding of a magnitude, as encode_rs_f32's
+// contract below gives it, in one computation for every exponent instead of
+// its normal and target-subnormal branches (fewer integer-pipe instructions:
+// the GPU's SR kernels are bound by that pipe). a: |y|'s bits, not NaN.
+// Returns the magnitude code before saturation (above 7 for |y| beyond the
+// format: callers clamp, as fast_code does). With e = a's exponent field:
+//   E2M1's quantum at |y| is 0.5 below 2 and 2^(e - 128) above; the bits of
+//   |y|'s significand sig (implicit bit set, also for e == 0, as the
+//   contract's subnormal branch takes it) below that quantum are the
+//   discarded ones: d = 149 - e of them below 2 (e <= 127), 22 above.
+//   sp = clamp(e - 117, 0, 10) = 32 - min(d, 32), sn = max(117 - e, 0) = d - 32 where d > 32:
+//   X = (sig >> sn) << sp as 64 bits holds the discarded bits (their top 32
+//   where d > 32, truncated as the contract truncates them) in its low word
+//   and the whole quanta in its high word; rbits << sp (mod 2^32) is the
+//   contract's random addend (the low min(d, 32) bits of rbits, left-aligned);
+//   q = (X + (rbits << sp mod 2^32)) >> 32 is the rounded count of quanta, and
+//   each binade above [1, 2) adds 2 codes: 2 (e - 127).
+FP4LAB_HD constexpr uint32_t e2m1_rs_magnitude(uint32_t a, uint32_t rbits) {
+  const int32_t e = int32_t(a >> 23);
+  const int32_t s = e - 117;
+  const uint32_t sp = uint32_t(s < 0 ? 0 : (s > 10 ? 10 : s));
+  const uint32_t sn = uint32_t(s < 0 ? -s : 0);
+  const uint32_t sig = shr_clamped((a & 0x7FFFFFu) | 0x800000u, sn);
+  const uint32_t p = 1u << sp;
+  const uint32_t q = uint32_t((uint64_t(sig) * p + uint32_t(rbits * p)) >> 32);
+  const int32_t k = 2 * (e - 127);
+  return q + uint32_t(k > 0 ? k : 0);
 }
 
 // The value of E2M1 stochastic rounding, without the code: returns
 // float_bits(decode(encode_rs_f32<float4_e2m1fn>(y, rbits, o))) for y's bits
-// yb, y not NaN, either policy (E2M1 saturates under both). |y| >= 1: the low
-// 22 bits of rbits added to |y|'s bits and the sum truncated to one mantissa
-// bit (a carry runs into the exponent); |y| < 1: 0, 0.5 or 1 by
-// e2m1_rs_quanta_below_one; then capped at 6 (Inf too) and given y's sign.
-// The GPU's dequantize-only path (the trainer's BF16 GEMM operands) uses it.
+// yb, y not NaN, either policy (E2M1 saturates under both; Inf gives 6):
+// e2m1_rs_magnitude capped at code 7, its value's bits ((m + 252) << 22 for
+// codes 2..7, m * 0.5 for 0 and 1), y's sign. The GPU's dequantize-only path
+// (the trainer's BF16 GEMM operands) uses it.
 FP4LAB_HD constexpr uint32_t e2m1_rs_value_bits(uint32_t yb, uint32_t rbits) {
-  const uint32_t a = yb & 0x7FFFFFFFu;
-  const uint32_t normal = (a + (rbits & 0x3FFFFFu)) & 0xFFC00000u;
-  const uint32_t q = e2m1_rs_quanta_below_one(a, rbits);
-  const uint32_t below_one = q == 0 ? 0u : 0x3E800000u + (q << 23);  // 0.5 or 1.0
-  const uint32_t v = a < 0x3F800000u ? below_one : normal;
-  return (v < 0x40C00000u ? v : 0x40C00000u) | (yb & 0x80000000u);
+  const uint32_t m0 = e2m1_rs_magnitude(yb & 0x7FFFFFFFu, rbits);
+  const uint32_t m = m0 < 7u ? m0 : 7u;
+  const uint32_t v = m >= 2u ? (m + 252u) << 22 : m * 0x3F000000u;
+  return v | (yb & 0x80000000u);
 }
 
 // Stochastic-rounding encode of float32 (PTX cvt.rs, as encode(F, x,
@@ -426,10 +434,8 @@ FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) 
   const uint32_t t = a - rebias;
   const uint32_t normal = (t >> shift) + (((t & mask) + (rbits & mask)) >> shift);
   if constexpr (F.exp_bits == 2 && F.man_bits == 1 && F.bias == 1 && F.special == Special::none) {
-    // E2M1: the subnormal branch below with its constants folded (fewer integer instructions).
-    const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
-    const uint32_t mag = (e2m1_rs_quanta_below_one(a, rbits) & sub_mask) | (normal & ~sub_mask);
-    return detail::fast_code<F>(a, sign, mag, o);
+    // E2M1: both branches below in one computation (e2m1_rs_magnitude).
+    return detail::fast_code<F>(a, sign, e2m1_rs_magnitude(a, rbits), o);
   }
   // Subnormal target (also for subnormal inputs: their stored significand, exponent field 1).
   const uint32_t exp_field = a >> 23;

@@ -49,11 +49,14 @@ void gemm_fp8_tensor_scaled_nt(Blas& blas, const uint8_t* a, const uint8_t* b, u
 // The floor of any stochastic-rounding quantizer under DESIGN.md's random-bit
 // contract (philox.hpp: element i takes word i % 4 of Philox4x32-10 group
 // i / 4): each thread reads 16 consecutive elements, draws their 4 groups and
-// writes one nibble an element (the top 4 bits of the element's bits plus its
-// word, so neither the loads nor the rounds can be dropped), with no block
-// scale, amax or encode. n % 16 == 0, x 16-byte aligned.
-template <class In>
-__global__ void philox_floor_kernel(const In* x, uint8_t* out, int64_t n, uint64_t seed, uint64_t stream) {
+// writes one nibble an element, with no block scale or amax. ENCODE == false:
+// the nibble is the top 4 bits of the element's bits plus its word (neither
+// the loads nor the rounds can be dropped); true: core's E2M1 SR code of the
+// element times `mult` (encode_rs_f32, the quantizers' encoder), so the row
+// is the floor of an E2M1 SR quantizer with this encoder. n % 16 == 0, x
+// 16-byte aligned.
+template <class In, bool ENCODE>
+__global__ void philox_floor_kernel(const In* x, uint8_t* out, int64_t n, uint64_t seed, uint64_t stream, float mult) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t * 16 >= n) return;
   uint32_t bits[16];
@@ -79,7 +82,9 @@ __global__ void philox_floor_kernel(const In* x, uint8_t* out, int64_t n, uint64
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = 4 * q + j;
-      packed[e / 8] |= ((bits[e] + g.v[j]) >> 28) << (4 * (e % 8));
+      const uint32_t nib = ENCODE ? encode_rs_f32<float4_e2m1fn>(bits_float(bits[e]) * mult, g.v[j], Overflow::saturate)
+                                  : (bits[e] + g.v[j]) >> 28;
+      packed[e / 8] |= nib << (4 * (e % 8));
     }
   }
   *reinterpret_cast<uint2*>(out + t * 8) = make_uint2(packed[0], packed[1]);
@@ -197,21 +202,30 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
   }
   if (n % 16 == 0) {
     // What any SR row above could reach at best: reading the input, drawing
-    // one Philox word an element and writing 4-bit codes, nothing else.
-    for (int t = 0; t < 2; ++t) {
-      const double ms = time_median_ms(
-          [&] {
-            const unsigned blocks = unsigned((n / 16 + 255) / 256);
-            if (t == 0)
-              philox_floor_kernel<<<blocks, 256>>>(x16.data(), codes.data(), n, 99, 5);
-            else
-              philox_floor_kernel<<<blocks, 256>>>(x32.data(), codes.data(), n, 99, 5);
-            check_launch("philox_floor_kernel");
-          },
-          3, repeats);
-      const double bw = (double(n) * (t == 0 ? 2 : 4) + double(n / 2)) / (ms * 1e-3) / 1e9;
-      std::printf("%-34s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  4-bit words (no scales)\n", "SR floor: Philox + 4-bit out",
-                  t == 0 ? "bf16" : "f32", ms, bw, 100.0 * bw / copy_bw[t], 100.0 * bw / copy_bw[t], 1);
+    // one Philox word an element and writing 4-bit codes (with and without
+    // core's E2M1 SR encode), no amax or block scale.
+    for (bool enc : {false, true}) {
+      for (int t = 0; t < 2; ++t) {
+        const double ms = time_median_ms(
+            [&] {
+              const unsigned blocks = unsigned((n / 16 + 255) / 256);
+              // mult 2: the N(0,1) input spread over E2M1's range, its normal and subnormal targets
+              if (t == 0 && enc)
+                philox_floor_kernel<uint16_t, true><<<blocks, 256>>>(x16.data(), codes.data(), n, 99, 5, 2.0f);
+              if (t == 0 && !enc)
+                philox_floor_kernel<uint16_t, false><<<blocks, 256>>>(x16.data(), codes.data(), n, 99, 5, 2.0f);
+              if (t == 1 && enc)
+                philox_floor_kernel<float, true><<<blocks, 256>>>(x32.data(), codes.data(), n, 99, 5, 2.0f);
+              if (t == 1 && !enc)
+                philox_floor_kernel<float, false><<<blocks, 256>>>(x32.data(), codes.data(), n, 99, 5, 2.0f);
+              check_launch("philox_floor_kernel");
+            },
+            3, repeats);
+        const double bw = (double(n) * (t == 0 ? 2 : 4) + double(n / 2)) / (ms * 1e-3) / 1e9;
+        std::printf("%-34s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  4-bit codes (no scales)\n",
+                    enc ? "SR floor: Philox + e2m1 SR encode" : "SR floor: Philox + 4-bit out", t == 0 ? "bf16" : "f32",
+                    ms, bw, 100.0 * bw / copy_bw[t], 100.0 * bw / copy_bw[t], 1);
+      }
     }
   }
   std::printf(
@@ -219,8 +233,9 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
       "read the input twice (amax pass + quantize pass); '(amax given)' times the quantize pass alone, as\n"
       "when the producer of the tensor supplies its amax. 'moved' counts the bytes the passes move (the\n"
       "input once per pass), against the same copy. 'SR floor' reads the input, draws each element's\n"
-      "Philox word (DESIGN.md's contract) and writes 4 bits an element: no amax, scale or encode, so no\n"
-      "stochastic-rounding quantizer under that contract can be faster.\n");
+      "Philox word (DESIGN.md's contract) and writes 4 bits an element, with core's E2M1 SR encode of\n"
+      "x * 2 or without: no amax or block scale, so no SR quantizer under that contract (and with that\n"
+      "encoder) can be faster.\n");
 
   // The trainer's two NVFP4 operands of one tensor (NVIDIA's recipe): [1,16]
   // for the forward / dgrad GEMM and RHT + [16,1] for wgrad, both as BF16 GEMM

@@ -1058,20 +1058,47 @@ inline bool fast_rs_applies(int kind, const KParams& p) {
   return kind >= 1 && kind <= 4 && p.round == Round::rs && p.rule != ScaleRule::nv_noglobal && p.cols % 4 == 0;
 }
 
-// SR codes of one row block (multiplier bp.mult) of a fast_rs_applies() kind:
-// one Philox group per 4 elements (core's philox_group of element index / 4,
-// word index % 4: random_bits()), core's encode_rs_f32 per element, the codes
-// added into packed words, then every requested output.
+// SR codes of one row block (multiplier bp.mult, amax bits amax) of a
+// fast_rs_applies() kind: one Philox group per 4 elements (core's philox_group
+// of element index / 4, word index % 4: random_bits()), the codes added into
+// packed words, then every requested output. E2M1 blocks that rn_fast_block()
+// admits (no NaN product) take core's e2m1_rs_magnitude capped at 7, the
+// signs gathered by byte permutes (encode_store_rn_fast's way): no per-element
+// NaN select or sign shift (the integer ALU pipe bounds these kernels); other
+// blocks and kinds core's encode_rs_f32 per element.
 template <int K, int N, bool FULL = false>
 __device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                      int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
-                                                     int valid) {
+                                                     int valid, uint32_t amax) {
+  constexpr bool fp4 = CodeWords<K>::fp4;
   constexpr int per_word = CodeWords<K>::per_word, bits = CodeWords<K>::bits;
-  static_assert(N % per_word == 0);
+  static_assert(N % per_word == 0 && N % 4 == 0);
   const uint64_t group0 = uint64_t(elem_index<FULL>(p, r, c0)) >> 2;  // (r * cols + c0) % 4 == 0
   uint32_t w[N / per_word];
 #pragma unroll
   for (int k = 0; k < N / per_word; ++k) w[k] = 0;
+  if constexpr (fp4) {
+    if (rn_fast_block(amax, bp[0].mult)) {
+#pragma unroll
+      for (int q = 0; q < N / 8; ++q) {
+        uint32_t yb[8];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const Philox4 grp = philox_group(p.seed, p.stream, group0 + 2 * q + h);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float y = v[8 * q + 4 * h + k] * bp[0].mult;
+            yb[4 * h + k] = float_bits(y);
+            w[q] += umin(e2m1_rs_magnitude(float_bits(fabsf(y)), grp.v[k]), 7u) * (1u << (4 * (4 * h + k)));
+          }
+        }
+        const uint32_t even = top_bytes4(yb[0], yb[2], yb[4], yb[6]);
+        const uint32_t odd = top_bytes4(yb[1], yb[3], yb[5], yb[7]);
+        w[q] |= ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+      }
+      return store_code_words<K, N, FULL>(p, f, g, r, c0, w, bp, valid);
+    }
+  }
 #pragma unroll
   for (int q = 0; q < N / 4; ++q) {
     const Philox4 grp = philox_group(p.seed, p.stream, group0 + q);

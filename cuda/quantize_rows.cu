@@ -28,7 +28,7 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
   if constexpr (FM == Fast::rn) {
     encode_store_rn<K, BC, FULL>(p, f, g, r, c0, v, bp, valid, amax);
   } else if constexpr (FM == Fast::rs) {
-    encode_store_rs_fast<K, BC, FULL>(p, f, g, r, c0, v, bp, valid);
+    encode_store_rs_fast<K, BC, FULL>(p, f, g, r, c0, v, bp, valid, amax);
   } else if constexpr (value_form(FM)) {
     encode_and_store<K, BC, 1, FM, FULL>(p, f, g, r, c0, v, bp, valid);
   } else {
