@@ -365,7 +365,8 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
 // E2M1 (float4_e2m1fn) stochastic rounding of a magnitude, as encode_rs_f32's
 // contract below gives it, in one computation for every exponent instead of
 // its normal and target-subnormal branches (fewer integer-pipe instructions:
-// the GPU's SR kernels are bound by that pipe). a: |y|'s bits, not NaN.
+// the GPU's SR kernels are bound by that pipe). a: y's bits (its sign bit
+// is ignored), y not NaN.
 // Returns the magnitude code before saturation (above 7 for |y| beyond the
 // format: callers clamp, as fast_code does). With e = a's exponent field:
 //   E2M1's quantum at |y| is 0.5 below 2 and 2^(e - 128) above; the bits of
@@ -380,11 +381,13 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
 //   q = (X + (rbits << sp mod 2^32)) >> 32 is the rounded count of quanta, and
 //   each binade above [1, 2) adds 2 codes: 2 (e - 127).
 FP4LAB_HD constexpr uint32_t e2m1_rs_magnitude(uint32_t a, uint32_t rbits) {
-  const int32_t e = int32_t(a >> 23);
+  const uint32_t top = a >> 23;  // exponent field, the sign above it
+  const int32_t e = int32_t(top & 0xFFu);
   const int32_t s = e - 117;
   const uint32_t sp = uint32_t(s < 0 ? 0 : (s > 10 ? 10 : s));
   const uint32_t sn = uint32_t(s < 0 ? -s : 0);
-  const uint32_t sig = shr_clamped((a & 0x7FFFFFu) | 0x800000u, sn);
+  // (a & 0x7FFFFF) | 0x800000 as a multiply-add (the FMA pipe, not the integer ALU's two logic operations).
+  const uint32_t sig = shr_clamped(a - (top - 1u) * 0x800000u, sn);
   const uint32_t p = 1u << sp;
   const uint32_t q = uint32_t((uint64_t(sig) * p + uint32_t(rbits * p)) >> 32);
   const int32_t k = 2 * (e - 127);
@@ -398,7 +401,7 @@ FP4LAB_HD constexpr uint32_t e2m1_rs_magnitude(uint32_t a, uint32_t rbits) {
 // codes 2..7, m * 0.5 for 0 and 1), y's sign. The GPU's dequantize-only path
 // (the trainer's BF16 GEMM operands) uses it.
 FP4LAB_HD constexpr uint32_t e2m1_rs_value_bits(uint32_t yb, uint32_t rbits) {
-  const uint32_t m0 = e2m1_rs_magnitude(yb & 0x7FFFFFFFu, rbits);
+  const uint32_t m0 = e2m1_rs_magnitude(yb, rbits);
   const uint32_t m = m0 < 7u ? m0 : 7u;
   const uint32_t v = m >= 2u ? (m + 252u) << 22 : m * 0x3F000000u;
   return v | (yb & 0x80000000u);
