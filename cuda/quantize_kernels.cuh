@@ -1089,7 +1089,7 @@ __device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const For
           for (int k = 0; k < 4; ++k) {
             const float y = v[8 * q + 4 * h + k] * bp[0].mult;
             yb[4 * h + k] = float_bits(y);
-            w[q] += umin(e2m1_rs_magnitude(float_bits(fabsf(y)), grp.v[k]), 7u) * (1u << (4 * (4 * h + k)));
+            w[q] += umin(e2m1_rs_magnitude(yb[4 * h + k], grp.v[k]), 7u) * (1u << (4 * (4 * h + k)));
           }
         }
         const uint32_t even = top_bytes4(yb[0], yb[2], yb[4], yb[6]);
