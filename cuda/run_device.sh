@@ -11,6 +11,7 @@
 #               (comma-separated; default: every canned recipe), STEPS iterations (20)
 #   pytorch     scripts/bench_pytorch_gpt.py on the same GPU, fp32 and bf16 (the train baseline)
 #   bench       quantize gemm
+#   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train from DIR (an
 # archive `bins.tar.xz` there is unpacked first) instead of building in /tmp/b;
 # TCF=PATTERN narrows test_cuda to matching test cases.
@@ -56,7 +57,8 @@ run_step() {
       done
       ;;
     bench) run_step quantize && run_step gemm ;;
-    *) echo "run_device.sh: unknown step '$1' (valid: tests quantize gemm train pytorch bench)" >&2; return 2 ;;
+    all) run_step tests && run_step bench ;;
+    *) echo "run_device.sh: unknown step '$1' (valid: tests quantize gemm train pytorch bench all)" >&2; return 2 ;;
   esac
 }
 for s in "${steps[@]}"; do
