@@ -433,13 +433,13 @@ FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) 
   const uint32_t u = float_bits(x);
   const uint32_t a = u & 0x7FFFFFFFu;
   const uint32_t sign = (u >> (31 - F.exp_bits - F.man_bits)) & F.sign_bit();  // float sign -> code sign
-  // Normal target: truncate (a rebased + random low bits).
-  const uint32_t t = a - rebias;
-  const uint32_t normal = (t >> shift) + (((t & mask) + (rbits & mask)) >> shift);
   if constexpr (F.exp_bits == 2 && F.man_bits == 1 && F.bias == 1 && F.special == Special::none) {
     // E2M1: both branches below in one computation (e2m1_rs_magnitude).
     return detail::fast_code<F>(a, sign, e2m1_rs_magnitude(a, rbits), o);
   }
+  // Normal target: truncate (a rebased + random low bits).
+  const uint32_t t = a - rebias;
+  const uint32_t normal = (t >> shift) + (((t & mask) + (rbits & mask)) >> shift);
   // Subnormal target (also for subnormal inputs: their stored significand, exponent field 1).
   const uint32_t exp_field = a >> 23;
   const uint32_t exp_eff = exp_field | uint32_t(exp_field == 0);

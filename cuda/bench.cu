@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/encode.hpp"
@@ -206,19 +207,19 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
     // core's E2M1 SR encode), no amax or block scale.
     for (bool enc : {false, true}) {
       for (int t = 0; t < 2; ++t) {
+        // mult 2: the N(0,1) input spread over E2M1's range, its normal and subnormal targets
+        auto launch = [&](auto encode, const auto* x) {
+          using In = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
+          philox_floor_kernel<In, decltype(encode)::value>
+              <<<unsigned((n / 16 + 255) / 256), 256>>>(x, codes.data(), n, 99, 5, 2.0f);
+          check_launch("philox_floor_kernel");
+        };
         const double ms = time_median_ms(
             [&] {
-              const unsigned blocks = unsigned((n / 16 + 255) / 256);
-              // mult 2: the N(0,1) input spread over E2M1's range, its normal and subnormal targets
-              if (t == 0 && enc)
-                philox_floor_kernel<uint16_t, true><<<blocks, 256>>>(x16.data(), codes.data(), n, 99, 5, 2.0f);
-              if (t == 0 && !enc)
-                philox_floor_kernel<uint16_t, false><<<blocks, 256>>>(x16.data(), codes.data(), n, 99, 5, 2.0f);
-              if (t == 1 && enc)
-                philox_floor_kernel<float, true><<<blocks, 256>>>(x32.data(), codes.data(), n, 99, 5, 2.0f);
-              if (t == 1 && !enc)
-                philox_floor_kernel<float, false><<<blocks, 256>>>(x32.data(), codes.data(), n, 99, 5, 2.0f);
-              check_launch("philox_floor_kernel");
+              if (enc)
+                t == 0 ? launch(std::true_type{}, x16.data()) : launch(std::true_type{}, x32.data());
+              else
+                t == 0 ? launch(std::false_type{}, x16.data()) : launch(std::false_type{}, x32.data());
             },
             3, repeats);
         const double bw = (double(n) * (t == 0 ? 2 : 4) + double(n / 2)) / (ms * 1e-3) / 1e9;

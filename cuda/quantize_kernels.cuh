@@ -921,6 +921,16 @@ __device__ __forceinline__ uint32_t top_bytes4(uint32_t a, uint32_t b, uint32_t 
   return __byte_perm(__byte_perm(a, b, 0x0073u), __byte_perm(c, d, 0x7300u), 0x7610u);
 }
 
+// The sign bits of 8 E2M1 codes packed as nibbles (element j in nibble j), from
+// their products' float bits yb: bit 3 of each nibble. Even elements' top bytes
+// -> bits 7, 15, 23, 31, shifted to their nibbles' bit 3; odd elements' land on
+// bits 7, 15, 23, 31: their nibbles' bit 3.
+__device__ __forceinline__ uint32_t e2m1_signs8(const uint32_t (&yb)[8]) {
+  const uint32_t even = top_bytes4(yb[0], yb[2], yb[4], yb[6]);
+  const uint32_t odd = top_bytes4(yb[1], yb[3], yb[5], yb[7]);
+  return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+}
+
 // The E2M1 rn codes of v[j] * mult[j] (j < 4) as bytes (pack_codes4<false>'s
 // layout), by encode_store_rn_fast's arithmetic: core's
 // e2m1_rn_magnitude_biased summed into the word, the signs gathered by byte
@@ -1025,11 +1035,7 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
     // The sign bits, gathered with byte permutes (each float's top byte holds
     // its sign in bit 7) instead of one shift and insert per element.
     if constexpr (fp4) {
-      // Even elements' top bytes -> bits 7, 15, 23, 31, shifted to nibble bit 3;
-      // odd elements' land on bits 7, 15, 23, 31: their nibbles' bit 3.
-      const uint32_t even = top_bytes4(yb[0], yb[2], yb[4], yb[6]);
-      const uint32_t odd = top_bytes4(yb[1], yb[3], yb[5], yb[7]);
-      w[q] |= ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+      w[q] |= e2m1_signs8(yb);
     } else {
       w[q] |= top_bytes4(yb[0], yb[1], yb[2], yb[3]) & 0x80808080u;
     }
@@ -1092,9 +1098,7 @@ __device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const For
             w[q] += umin(e2m1_rs_magnitude(yb[4 * h + k], grp.v[k]), 7u) * (1u << (4 * (4 * h + k)));
           }
         }
-        const uint32_t even = top_bytes4(yb[0], yb[2], yb[4], yb[6]);
-        const uint32_t odd = top_bytes4(yb[1], yb[3], yb[5], yb[7]);
-        w[q] |= ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+        w[q] |= e2m1_signs8(yb);
       }
       return store_code_words<K, N, FULL>(p, f, g, r, c0, w, bp, valid);
     }
