@@ -1,13 +1,13 @@
 // `fp4lab bench attention`: the trainer's attention on the GPU, the fused FP32
 // kernels against the cuBLAS SGEMM path, forward and backward, in one run
-// (cuda/bench.hpp). CUDA only.
+// (apps/bench_cuda.hpp). CUDA only.
 #include <memory>
 #include <string>
 
 #include "apps/commands.hpp"
 #include "core/error.hpp"
 #ifdef FP4LAB_WITH_CUDA
-#include "cuda/bench.hpp"
+#include "apps/bench_cuda.hpp"
 #endif
 
 namespace fp4lab {

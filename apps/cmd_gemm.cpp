@@ -1,14 +1,14 @@
 // `fp4lab bench gemm`: throughput of the CUDA GEMMs (cuBLAS BF16, the NVFP4 /
 // MXFP4 / MXFP8 block-scaled GEMMs simulated exactly on BF16 tensor cores,
 // MXFP8 on the FP8 tensor cores with per-block promotion, cuBLASLt FP8 with a
-// per-tensor scale) at m x n x k, measured in one run (cuda/bench.hpp). CUDA only.
+// per-tensor scale) at m x n x k, measured in one run (apps/bench_cuda.hpp). CUDA only.
 #include <memory>
 #include <string>
 
 #include "apps/commands.hpp"
 #include "core/error.hpp"
 #ifdef FP4LAB_WITH_CUDA
-#include "cuda/bench.hpp"
+#include "apps/bench_cuda.hpp"
 #endif
 
 namespace fp4lab {

@@ -20,9 +20,9 @@
 #include "core/npy.hpp"
 #include "sim/packing.hpp"
 #include "sim/quantizer.hpp"
-#include "sim/quantizer_internal.hpp"
+#include "sim/block_scales.hpp"
 #ifdef FP4LAB_WITH_CUDA
-#include "cuda/bench.hpp"
+#include "apps/bench_cuda.hpp"
 #endif
 
 namespace fp4lab {

@@ -13,7 +13,7 @@
 
 #include "apps/commands.hpp"
 #include "core/error.hpp"
-#include "recipes/quantized_linear.hpp"
+#include "train/cpu/linear.hpp"
 #include "recipes/recipe.hpp"
 
 namespace fp4lab {

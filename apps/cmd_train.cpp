@@ -6,10 +6,10 @@
 #include <sstream>
 
 #include "apps/commands.hpp"
-#include "apps/train/compare.hpp"
-#include "apps/train/config.hpp"
-#include "apps/train/optim.hpp"
-#include "apps/train/run.hpp"
+#include "train/compare.hpp"
+#include "train/config.hpp"
+#include "train/optim.hpp"
+#include "train/run.hpp"
 #include "core/error.hpp"
 
 namespace fp4lab {

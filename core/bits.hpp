@@ -17,6 +17,9 @@ FP4LAB_HD constexpr uint32_t float_bits(float x) { return __builtin_bit_cast(uin
 FP4LAB_HD constexpr float bits_float(uint32_t u) { return __builtin_bit_cast(float, u); }
 FP4LAB_HD constexpr uint64_t double_bits(double x) { return __builtin_bit_cast(uint64_t, x); }
 FP4LAB_HD constexpr double bits_double(uint64_t u) { return __builtin_bit_cast(double, u); }
+// Bits of |x| (the sign bit cleared; NaN patterns stay above every finite and
+// infinite magnitude, so an unsigned maximum of these is an amax).
+FP4LAB_HD constexpr uint32_t abs_bits(float x) { return float_bits(x) & 0x7FFFFFFFu; }
 
 // 2^k as a float32, exact for -149 <= k <= 127 (subnormal results included).
 FP4LAB_HD constexpr float pow2f(int k) {

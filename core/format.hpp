@@ -234,5 +234,9 @@ inline constexpr const Format* all_formats[] = {
 const Format& format_by_name(std::string_view name);
 // The valid names, comma-separated, for error messages and --help.
 std::string format_names();
+// The short name used in JSON and describe(): e2m1, e2m3, e3m2, e4m3, e5m2,
+// e4m3fnuz, e5m2fnuz, e8m0, ue4m3, int8, bf16, f16, f32 (the format's first
+// alias; format_by_name accepts it back).
+std::string_view short_format_name(const Format& f);
 
 }  // namespace fp4lab

@@ -12,6 +12,8 @@ struct Alias {
   std::string_view alias;
   const Format* format;
 };
+// The first alias of a format is its short name (short_format_name), so the
+// order within one format matters.
 constexpr Alias aliases[] = {
     {"e2m1", &float4_e2m1fn},
     {"fp4", &float4_e2m1fn},
@@ -25,15 +27,22 @@ constexpr Alias aliases[] = {
     {"e8m0", &float8_e8m0fnu},
     {"e8m0fnu", &float8_e8m0fnu},
     {"ue4m3", &ufloat8_e4m3},
+    {"int8", &int8_mx},
     {"mxint8", &int8_mx},
     {"bf16", &bfloat16},
-    {"fp16", &float16},
     {"f16", &float16},
+    {"fp16", &float16},
     {"half", &float16},
-    {"fp32", &float32},
     {"f32", &float32},
+    {"fp32", &float32},
 };
 }  // namespace
+
+std::string_view short_format_name(const Format& f) {
+  for (const Alias& a : aliases)
+    if (a.format == &f) return a.alias;
+  return f.name;
+}
 
 std::string format_names() {
   std::string out;

@@ -8,7 +8,7 @@
 #include "core/encode.hpp"
 #include "core/format.hpp"
 #include "cuda/packing.hpp"
-#include "sim/quantizer_internal.hpp"
+#include "sim/block_scales.hpp"
 
 namespace fp4lab::cuda {
 

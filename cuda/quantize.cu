@@ -14,7 +14,7 @@
 #include "core/encode.hpp"
 #include "core/format.hpp"
 #include "core/philox.hpp"
-#include "sim/quantizer_internal.hpp"
+#include "sim/block_scales.hpp"
 #include "sim/rht.hpp"
 #include "sim/scale_rules.hpp"
 

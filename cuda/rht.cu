@@ -7,7 +7,7 @@
 
 #include "core/error.hpp"
 #include "cuda/device.hpp"
-#include "sim/scale_rules.hpp"  // abs_bits
+#include "core/bits.hpp"
 
 namespace fp4lab::cuda {
 namespace {

@@ -23,7 +23,7 @@
 #include "core/error.hpp"
 #include "core/format_dispatch.hpp"
 #include "core/philox.hpp"
-#include "sim/quantizer_internal.hpp"
+#include "sim/block_scales.hpp"
 #include "sim/rht.hpp"
 #include "sim/scale_rules.hpp"
 
@@ -32,23 +32,6 @@ namespace fp4lab {
 // ---------------------------------------------------------------------------
 // names
 // ---------------------------------------------------------------------------
-
-std::string_view short_format_name(const Format& f) {
-  if (&f == &float4_e2m1fn) return "e2m1";
-  if (&f == &float6_e2m3fn) return "e2m3";
-  if (&f == &float6_e3m2fn) return "e3m2";
-  if (&f == &float8_e4m3fn) return "e4m3";
-  if (&f == &float8_e5m2) return "e5m2";
-  if (&f == &float8_e4m3fnuz) return "e4m3fnuz";
-  if (&f == &float8_e5m2fnuz) return "e5m2fnuz";
-  if (&f == &float8_e8m0fnu) return "e8m0";
-  if (&f == &ufloat8_e4m3) return "ue4m3";
-  if (&f == &int8_mx) return "int8";
-  if (&f == &bfloat16) return "bf16";
-  if (&f == &float16) return "f16";
-  if (&f == &float32) return "f32";
-  return f.name;
-}
 
 std::string_view scale_rule_name(ScaleRule r) {
   switch (r) {

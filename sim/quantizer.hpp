@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -33,6 +34,10 @@
 namespace fp4lab {
 
 enum class ScaleRule : uint8_t { ocp, ceil, tetrajet, nv, nv_noglobal, tensor_amax };
+// The rule's JSON name ("ocp", "ceil", "tetrajet", "nv", "nv_noglobal",
+// "tensor_amax") and back (fp4lab::Error naming the valid choices otherwise).
+std::string_view scale_rule_name(ScaleRule r);
+ScaleRule parse_scale_rule(std::string_view s);
 enum class GlobalScale : uint8_t { none, tensor_amax };
 
 struct QuantizerSpec {

@@ -122,9 +122,6 @@ struct MxScale {
   FP4LAB_HD constexpr uint32_t code() const { return nan ? 0xFFu : uint32_t(exp + 127); }
 };
 
-// Bits of |x|.
-FP4LAB_HD constexpr uint32_t abs_bits(float x) { return float_bits(x) & 0x7FFFFFFFu; }
-
 // floor(log2(a)) and the significand of a (as a 24-bit integer in
 // [2^23, 2^24)) for finite, non-zero float bits a (sign cleared). Exact,
 // subnormals included.

@@ -8,7 +8,8 @@
 
 using fp4lab::cuda::FastDivU31;
 
-TEST_CASE("fast_div: floor(n / d) for every divisor shape and the dividends that stress it") {
+TEST_CASE("fast_div: floor(n / d) for every divisor shape and the dividends that stress it" *
+          doctest::test_suite("host")) {
   std::mt19937_64 rng(7);
   auto check = [&](uint32_t d) {
     const FastDivU31 f = FastDivU31::of(d);

@@ -31,7 +31,6 @@ double rel_err(const std::vector<float>& got, const std::vector<double>& ref) {
 }  // namespace
 
 TEST_CASE("cuda gemm: cuBLAS BF16 NT product against float64") {
-  FP4LAB_REQUIRE_GPU();
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{33, 47, 64}, {128, 96, 200}, {1, 1, 8}}) {
     auto a = test::varied_randn(m, k, 1, 0), b = test::varied_randn(n, k, 2, 0);
     test::round_to_bf16(a);
@@ -60,7 +59,6 @@ TEST_CASE("cuda gemm: cuBLAS BF16 NT product against float64") {
 }
 
 TEST_CASE("cuda gemm: simulated NVFP4 / MXFP4 / MXFP8 GEMMs equal sim's quantized_gemm up to accumulation order") {
-  FP4LAB_REQUIRE_GPU();
   struct Case {
     const char *qa, *qb;
   };
@@ -131,7 +129,6 @@ const std::tuple<int64_t, int64_t, int64_t> kFp8Shapes[] = {{37, 45, 96}, {130, 
 }  // namespace
 
 TEST_CASE("cuda gemm: MXFP8 on the FP8 tensor cores is exact where the block partials are exact") {
-  FP4LAB_REQUIRE_GPU();
   if (compute_capability() < 89) {
     MESSAGE("FP8 mma needs sm_89+: test skipped");
     return;
@@ -169,7 +166,6 @@ TEST_CASE("cuda gemm: MXFP8 on the FP8 tensor cores is exact where the block par
 }
 
 TEST_CASE("cuda gemm: MXFP8 on the FP8 tensor cores within the accumulation bound on general data") {
-  FP4LAB_REQUIRE_GPU();
   if (compute_capability() < 89) {
     MESSAGE("FP8 mma needs sm_89+: test skipped");
     return;
@@ -222,7 +218,6 @@ TEST_CASE("cuda gemm: the FP8 tensor-core path refuses what it cannot compute, n
 }
 
 TEST_CASE("cuda gemm: the Blackwell block-scaled path is refused below sm_100") {
-  FP4LAB_REQUIRE_GPU();
   CHECK(blackwell_native_supported(quantizer_by_name("nvfp4"), quantizer_by_name("nvfp4")));
   CHECK(blackwell_native_supported(quantizer_by_name("mxfp8_e4m3"), quantizer_by_name("mxfp8_e4m3")));
   // NVFP4 [16,16] tiles go as their rows' [1,16] scales (the NVIDIA recipe's x and W).

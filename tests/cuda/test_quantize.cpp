@@ -56,7 +56,6 @@ constexpr Round kRounds[] = {Round::rn, Round::rna, Round::rz, Round::rp, Round:
 }  // namespace
 
 TEST_CASE("cuda quantize: every canned quantizer x rounding x overflow, both paths, bit-exact") {
-  FP4LAB_REQUIRE_GPU();
   const Size sizes[] = {{37, 53}, {64, 96}, {1, 1}, {5, 200}};
   int cases = 0, failures = 0;
   for (const std::string& name : quantizer_names()) {
@@ -81,7 +80,6 @@ TEST_CASE("cuda quantize: every canned quantizer x rounding x overflow, both pat
 }
 
 TEST_CASE("cuda quantize: every block shape x scale rule x element, partial blocks") {
-  FP4LAB_REQUIRE_GPU();
   struct Rule {
     ScaleRule rule;
     const Format* scale;
@@ -133,7 +131,6 @@ TEST_CASE("cuda quantize: every block shape x scale rule x element, partial bloc
 }
 
 TEST_CASE("cuda quantize: adversarial values (NaN, Inf, zero blocks, subnormals, ties, FLT_MAX)") {
-  FP4LAB_REQUIRE_GPU();
   const char* names[] = {"nvfp4",      "nvfp4_2d", "nvfp4_col",  "mxfp4",          "mxfp8_e4m3",
                          "mxfp8_e5m2", "mxint8",   "mxfp6_e2m3", "fp8_e4m3_tensor"};
   std::vector<QuantizerSpec> specs;
@@ -178,7 +175,6 @@ TEST_CASE("cuda quantize: adversarial values (NaN, Inf, zero blocks, subnormals,
 }
 
 TEST_CASE("cuda quantize: RHT fused with the quantization (wgrad operands), SR and RN") {
-  FP4LAB_REQUIRE_GPU();
   int failures = 0;
   for (int axis = 0; axis < 2; ++axis) {
     for (Round r : {Round::rn, Round::rs}) {
@@ -252,7 +248,6 @@ TEST_CASE("cuda quantize: RHT fused with the quantization (wgrad operands), SR a
 }
 
 TEST_CASE("cuda quantize: bf16 input equals the f32 input of the same values") {
-  FP4LAB_REQUIRE_GPU();
   int failures = 0;
   for (const char* n : {"nvfp4", "nvfp4_2d", "nvfp4_col", "mxfp4", "mxfp8_e4m3", "fp8_e5m2_tensor"}) {
     for (Round r : {Round::rn, Round::rs}) {
@@ -276,7 +271,6 @@ TEST_CASE("cuda quantize: bf16 input equals the f32 input of the same values") {
 }
 
 TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs, from FP32 and BF16 input") {
-  FP4LAB_REQUIRE_GPU();
   std::vector<std::pair<std::string, QuantizerSpec>> specs;
   for (const char* n : {"nvfp4", "mxfp4", "nvfp4_2d", "nvfp4_col", "mxfp8_e4m3", "mxfp8_e5m2"})
     specs.emplace_back(n, quantizer_by_name(n));
@@ -390,7 +384,6 @@ TEST_CASE("cuda quantize: one workspace for many NVFP4 tensors (the amax pass re
   // The fused path's amax pass leaves the global scale to its grid's last block
   // and resets a counter in the workspace: a stale counter or scale shows up
   // as a wrong global decode scale or wrong codes in a later call.
-  FP4LAB_REQUIRE_GPU();
   QuantWorkspace ws;
   const QuantizerSpec row = quantizer_by_name("nvfp4");
   QuantizerSpec col = row, col_rht = row;
@@ -517,7 +510,6 @@ int64_t operand_mismatches(const std::vector<uint16_t>& got, const std::vector<u
 }  // namespace
 
 TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit for bit") {
-  FP4LAB_REQUIRE_GPU();
   const QuantizerSpec nv = quantizer_by_name("nvfp4");
   QuantWorkspace ws;
   int k = 0;
@@ -626,7 +618,6 @@ TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit 
 // as halves). The global scales follow from both amaxes (the column
 // operand's of its RHT output), so the outputs show any difference.
 TEST_CASE("cuda quantize: quantize_dual_device's amax pass on large and unaligned inputs") {
-  FP4LAB_REQUIRE_GPU();
   const QuantizerSpec nv = quantizer_by_name("nvfp4");
   QuantizerSpec qr = nv, qc = nv;
   qc.round = Round::rs;
@@ -678,7 +669,6 @@ TEST_CASE("cuda quantize: quantize_dual_device's amax pass on large and unaligne
 }
 
 TEST_CASE("cuda quantize: path and argument errors") {
-  FP4LAB_REQUIRE_GPU();
   std::vector<float> x(64, 1.0f);
   const MatrixView<const float> v(x.data(), 8, 8);
   QuantizerSpec q = quantizer_by_name("mxfp4");
@@ -691,7 +681,6 @@ TEST_CASE("cuda quantize: path and argument errors") {
 }
 
 TEST_CASE("cuda fake_quantize: in place, inverse RHT, equals sim's fake_quantize bit for bit") {
-  FP4LAB_REQUIRE_GPU();
   struct Case {
     const char* name;
     Round round;

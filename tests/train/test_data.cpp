@@ -1,11 +1,12 @@
-// Data (apps/train/data.cpp): IDX parsing with clear errors, nanoGPT's char vocabulary and split, samplers.
+// Data (train/data.cpp): IDX parsing with clear errors, nanoGPT's char vocabulary and split, samplers.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
-#include "apps/train/data.hpp"
+#include "train/data.hpp"
 #include "core/error.hpp"
 
 using namespace fp4lab::train;

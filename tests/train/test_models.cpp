@@ -1,11 +1,11 @@
-// Models (apps/train/vit.cpp, gpt.cpp): the full backward pass of each model
+// Models (train/vit.cpp, gpt.cpp): the full backward pass of each model
 // matches finite differences of its loss, parameter by parameter.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <random>
 
-#include "apps/train/model.hpp"
+#include "train/model.hpp"
 
 using namespace fp4lab::train;
 

@@ -1,11 +1,11 @@
-// Optimiser (apps/train/optim.cpp): nanoGPT's schedule and PyTorch's AdamW step, by hand.
+// Optimiser (train/optim.cpp): nanoGPT's schedule and PyTorch's AdamW step, by hand.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "apps/train/optim.hpp"
+#include "train/optim.hpp"
 
 using namespace fp4lab::train;
 

@@ -1,9 +1,9 @@
-// Parameter store (apps/train/params.cpp): layout, names, reproducible init with the right statistics.
+// Parameter store (train/params.cpp): layout, names, reproducible init with the right statistics.
 #include <doctest/doctest.h>
 
 #include <cmath>
 
-#include "apps/train/params.hpp"
+#include "train/params.hpp"
 #include "core/error.hpp"
 
 using namespace fp4lab::train;

@@ -1,4 +1,4 @@
-// Runs (apps/train/run.cpp) and configs (config.cpp): a tiny end-to-end training
+// Runs (train/run.cpp) and configs (config.cpp): a tiny end-to-end training
 // run on a generated fixture must reduce the loss; --resume continues
 // bit-exactly; config errors name the JSON path.
 #include <doctest/doctest.h>
@@ -7,9 +7,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "apps/train/config.hpp"
-#include "apps/train/compare.hpp"
-#include "apps/train/run.hpp"
+#include "train/config.hpp"
+#include "train/compare.hpp"
+#include "train/run.hpp"
 #include "core/error.hpp"
 
 using namespace fp4lab::train;

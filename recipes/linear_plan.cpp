@@ -1,0 +1,65 @@
+// The plan of a quantized linear layer (linear_plan.hpp).
+#include "recipes/linear_plan.hpp"
+
+#include <string>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace fp4lab {
+
+uint64_t stream_id(uint64_t layer_id, Operand op, uint64_t step) {
+  if (layer_id >= (uint64_t(1) << 16))
+    throw Error("stream_id: layer_id " + std::to_string(layer_id) + " is too large (must be < 65536)");
+  if (step >= (uint64_t(1) << 41))
+    throw Error("stream_id: step " + std::to_string(step) + " is too large (must be < 2^41)");
+  return (uint64_t(0xA) << 60) | (layer_id << 44) | (step << 3) | uint64_t(op);
+}
+
+LinearPlan linear_plan(const LinearContext& ctx) {
+  LinearPlan plan;
+  const Recipe* r = ctx.recipe;
+  for (int i = 0; i < kOperandCount; ++i) plan.operands[size_t(i)].op = Operand(i);
+  if (r == nullptr) return plan;
+  const bool quantize = !r->keeps_high_precision(std::string(ctx.layer_name));
+  const bool bf16 = r->high_precision == HighPrecision::bf16;
+  auto stream_of = [&](Operand op) { return RandomStream{ctx.seed, stream_id(ctx.layer_id, op, ctx.step)}; };
+  for (int i = 0; i < kOperandCount; ++i) {
+    OperandPlan& o = plan.operands[size_t(i)];
+    const auto& q = r->operand(o.op);
+    if (quantize && q) {
+      o.quantizer = &*q;
+      o.stream = stream_of(o.op);
+      plan.quantized = true;
+    } else {
+      o.round_bf16 = bf16;
+    }
+  }
+  if (!quantize) return plan;
+  if (r->double_quantization) {
+    // dgrad's W' = Q_fwd_w(W) and wgrad's x' = Q_fwd_x(x), each with its forward stream (same bits).
+    for (auto [dst, src] : {std::pair{Operand::dgrad_w, Operand::fwd_w}, std::pair{Operand::wgrad_x, Operand::fwd_x}}) {
+      const auto& q = r->operand(src);
+      if (!q) continue;
+      plan.operands[size_t(dst)].pre = &*q;
+      plan.operands[size_t(dst)].pre_stream = stream_of(src);
+    }
+  }
+  if (r->wgrad_rht) {
+    for (Operand op : {Operand::wgrad_grad_y, Operand::wgrad_x}) {
+      plan.operands[size_t(op)].rht = true;
+      plan.operands[size_t(op)].rht_seed = r->rht_seed;
+    }
+  }
+  // dgrad's W operand is bit-identical to the forward's: the same quantizer on
+  // the same W, without random bits (stochastic rounding draws from the
+  // operand's own stream) and without double quantization.
+  const auto& f = r->operand(Operand::fwd_w);
+  const auto& d = r->operand(Operand::dgrad_w);
+  plan.reuse_fwd_w = !r->double_quantization && f && d && *f == *d && f->round != Round::rs;
+  return plan;
+}
+
+bool linear_is_quantized(const LinearContext& ctx) { return linear_plan(ctx).quantized; }
+
+}  // namespace fp4lab

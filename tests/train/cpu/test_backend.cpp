@@ -1,0 +1,275 @@
+// Finite-difference gradient checks of every CPU backend layer (train/cpu/backend.cpp).
+// Loss L = sum(y .* R) for a fixed random R; dL/dy = R. Central differences in
+// float inputs, the loss accumulated in double.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "train/backend.hpp"
+#include "core/philox.hpp"
+
+using namespace fp4lab::train;
+
+namespace {
+
+std::vector<float> randv(size_t n, uint32_t seed, float s = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, s);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+double dot(const Tensor& y, const std::vector<float>& r) {
+  double s = 0;
+  for (int64_t i = 0; i < y.size(); ++i) s += double(y.data[i]) * r[size_t(i)];
+  return s;
+}
+// Checks analytic gradient `g` of loss(x) against central differences at a few indices.
+void check_fd(std::vector<float>& x, const std::vector<float>& g, const std::function<double()>& loss,
+              float eps = 1e-2f, double tol = 2e-2) {
+  const size_t n = x.size(), stride = std::max<size_t>(1, n / 23);
+  for (size_t i = 0; i < n; i += stride) {
+    const float x0 = x[i];
+    x[i] = x0 + eps;
+    const double lp = loss();
+    x[i] = x0 - eps;
+    const double lm = loss();
+    x[i] = x0;
+    const double fd = (lp - lm) / (2.0 * double(eps));
+    CHECK_MESSAGE(std::abs(fd - g[i]) <= tol * (1.0 + std::abs(fd)), "index ", i, ": fd ", fd, " analytic ", g[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("layernorm: forward normalises, backward matches finite differences") {
+  auto be = make_cpu_backend(1);
+  const int64_t N = 5, C = 12;
+  auto xv = randv(N * C, 1), gam = randv(C, 2), bet = randv(C, 3), r = randv(N * C, 4);
+  auto run = [&](Tensor& y, Tensor& mean, Tensor& rstd) {
+    Tensor x = view_of(xv.data(), N, C);
+    be->layernorm_forward(x, gam.data(), bet.data(), 1e-5f, y, mean, rstd);
+  };
+  Tensor y = be->empty(N, C), mean = be->empty(1, N), rstd = be->empty(1, N);
+  run(y, mean, rstd);
+  // Hand oracle: row mean of (y - beta)/gamma is 0.
+  double s = 0;
+  for (int64_t j = 0; j < C; ++j) s += (y.row(0)[j] - bet[size_t(j)]) / gam[size_t(j)];
+  CHECK(std::abs(s / C) < 1e-5);
+  Tensor dy = view_of(r.data(), N, C), dx = be->empty(N, C);
+  std::vector<float> dg(C, 0.0f), db(C, 0.0f);
+  Tensor x = view_of(xv.data(), N, C);
+  be->layernorm_backward(dy, x, gam.data(), mean, rstd, dx, dg.data(), db.data());
+  auto loss = [&] {
+    Tensor yy = be->empty(N, C), m = be->empty(1, N), rs = be->empty(1, N);
+    run(yy, m, rs);
+    return dot(yy, r);
+  };
+  std::vector<float> gx(dx.data, dx.data + dx.size());
+  check_fd(xv, gx, loss);
+  check_fd(gam, dg, loss);
+  check_fd(bet, db, loss);
+  // The residual form: dx + residual with one float add, the same bits.
+  auto resv = randv(N * C, 5);
+  Tensor res = view_of(resv.data(), N, C), dxr = be->empty(N, C);
+  std::vector<float> dg2(C, 0.0f);
+  be->layernorm_backward(dy, x, gam.data(), mean, rstd, dxr, dg2.data(), nullptr, &res);
+  for (int64_t i = 0; i < N * C; ++i) REQUIRE(dxr.data[i] == gx[size_t(i)] + resv[size_t(i)]);
+  CHECK(dg2 == dg);
+  Tensor bad = be->empty(N, C + 1);
+  CHECK_THROWS_WITH_AS(be->layernorm_backward(dy, x, gam.data(), mean, rstd, dxr, dg2.data(), nullptr, &bad),
+                       doctest::Contains("residual"), fp4lab::Error);
+}
+
+TEST_CASE("gelu (erf form): values and derivative") {
+  auto be = make_cpu_backend(1);
+  std::vector<float> xv = {-3.0f, -1.0f, 0.0f, 0.5f, 2.0f};
+  Tensor x = view_of(xv.data(), 1, 5), y = be->empty(1, 5);
+  be->gelu_forward(x, y);
+  CHECK(y.data[1] == doctest::Approx(-0.158655254).epsilon(1e-6));  // -Phi(-1)
+  CHECK(y.data[4] == doctest::Approx(1.954499736).epsilon(1e-6));   // 2 Phi(2)
+  auto r = randv(5, 7);
+  Tensor dx = be->empty(1, 5);
+  be->gelu_backward(x, view_of(r.data(), 1, 5), dx);
+  std::vector<float> g(dx.data, dx.data + 5);
+  check_fd(
+      xv, g,
+      [&] {
+        Tensor yy = be->empty(1, 5);
+        be->gelu_forward(view_of(xv.data(), 1, 5), yy);
+        return dot(yy, r);
+      },
+      1e-3f, 1e-2);
+}
+
+TEST_CASE("attention: causal and full, with and without dropout, match finite differences") {
+  auto be = make_cpu_backend(2);
+  for (bool causal : {true, false})
+    for (float p : {0.0f, 0.3f}) {
+      const int64_t B = 2, T = 5, H = 2, C = 8;
+      AttentionShape s{B, T, H, causal, 0.5f, p};
+      auto qkv = randv(B * T * 3 * C, 11), r = randv(B * T * C, 12);
+      DropoutKey key{9, 3};
+      auto fwd = [&](Tensor& out, Tensor& probs) {
+        be->attention_forward(s, view_of(qkv.data(), B * T, 3 * C), out, probs, key);
+      };
+      Tensor out = be->empty(B * T, C), probs = be->empty(B * H * T, T);
+      fwd(out, probs);
+      if (causal) CHECK(probs.row(0)[1] == 0.0f);  // token 0 sees only itself
+      CHECK(std::abs(probs.row(1)[0] + probs.row(1)[1] + probs.row(1)[2] + probs.row(1)[3] + probs.row(1)[4] - 1.0f) <
+            1e-6);
+      Tensor dqkv = be->empty(B * T, 3 * C);
+      be->attention_backward(s, view_of(qkv.data(), B * T, 3 * C), probs, view_of(r.data(), B * T, C), dqkv, key);
+      std::vector<float> g(dqkv.data, dqkv.data + dqkv.size());
+      check_fd(
+          qkv, g,
+          [&] {
+            Tensor o = be->empty(B * T, C), pr = be->empty(B * H * T, T);
+            fwd(o, pr);
+            return dot(o, r);
+          },
+          1e-2f, 3e-2);
+    }
+}
+
+TEST_CASE("cross entropy: loss of uniform logits is log(V); gradient matches finite differences") {
+  auto be = make_cpu_backend(1);
+  std::vector<float> z(3 * 4, 0.0f);
+  std::vector<int32_t> t = {0, 3, 2};
+  int64_t correct = 0;
+  CHECK(be->cross_entropy(view_of(z.data(), 3, 4), t.data(), nullptr, &correct) == doctest::Approx(std::log(4.0)));
+  CHECK(correct == 1);  // ties pick the first index: only row 0 (target 0) is a hit
+  auto l = randv(12, 5);
+  Tensor d = be->empty(3, 4);
+  be->cross_entropy(view_of(l.data(), 3, 4), t.data(), &d, nullptr);
+  std::vector<float> g(d.data, d.data + 12);
+  check_fd(
+      l, g, [&] { return be->cross_entropy(view_of(l.data(), 3, 4), t.data(), nullptr, nullptr); }, 1e-3f, 1e-2);
+  // The two-half form returns what the one call does.
+  int64_t c1 = -1, c2 = -1;
+  const double one = be->cross_entropy(view_of(l.data(), 3, 4), t.data(), nullptr, &c1);
+  be->cross_entropy_start(view_of(l.data(), 3, 4), t.data(), nullptr);
+  CHECK(be->cross_entropy_finish(&c2) == one);
+  CHECK(c2 == c1);
+  CHECK_THROWS_WITH(be->cross_entropy_finish(nullptr), doctest::Contains("no cross_entropy_start"));
+}
+
+TEST_CASE("linear (fp32 recipe = null): y = x W^T + b and its gradients") {
+  auto be = make_cpu_backend(1);
+  const int64_t N = 4, I = 6, O = 3;
+  auto x = randv(N * I, 21), w = randv(O * I, 22), b = randv(O, 23), r = randv(N * O, 24);
+  fp4lab::LinearContext ctx{};
+  auto fwd = [&](std::unique_ptr<LinearState>& st) {
+    Tensor y;
+    be->linear_forward(ctx, view_of(x.data(), N, I), view_of(w.data(), O, I), b.data(), y, st);
+    return y;
+  };
+  std::unique_ptr<LinearState> st;
+  Tensor y = fwd(st);
+  double ref = b[1];
+  for (int64_t k = 0; k < I; ++k) ref += double(x[size_t(2 * I + k)]) * w[size_t(1 * I + k)];
+  CHECK(y.row(2)[1] == doctest::Approx(ref).epsilon(1e-5));
+  Tensor dx, dw = be->zeros(O, I);
+  std::vector<float> db(O, 0.0f);
+  be->linear_backward(ctx, *st, view_of(w.data(), O, I), view_of(r.data(), N, O), dx, dw, db.data());
+  auto loss = [&] {
+    std::unique_ptr<LinearState> s2;
+    return dot(fwd(s2), r);
+  };
+  check_fd(x, std::vector<float>(dx.data, dx.data + dx.size()), loss);
+  check_fd(w, std::vector<float>(dw.data, dw.data + dw.size()), loss);
+  check_fd(b, db, loss);
+}
+
+TEST_CASE("embeddings, ViT tokens, dropout: gradients are the adjoints") {
+  auto be = make_cpu_backend(2);
+  // GPT embedding: out = wte[idx] + wpe[t].
+  const int64_t V = 5, T = 3, C = 4, B = 2;
+  auto wte = randv(V * C, 31), wpe = randv(T * C, 32), r = randv(B * T * C, 33);
+  std::vector<int32_t> idx = {1, 4, 1, 0, 2, 1};
+  Tensor out = be->empty(B * T, C);
+  be->embed_forward(idx.data(), B, T, view_of(wte.data(), V, C), view_of(wpe.data(), T, C), out);
+  CHECK(out.row(3)[2] == wte[0 * C + 2] + wpe[0 * C + 2]);
+  Tensor dwte = be->zeros(V, C), dwpe = be->zeros(T, C);
+  be->embed_backward(idx.data(), B, T, view_of(r.data(), B * T, C), dwte, dwpe);
+  // Token 1 appears at rows 0, 2, 5.
+  CHECK(dwte.row(1)[0] == doctest::Approx(r[0] + r[2 * C] + r[5 * C]));
+  CHECK(dwpe.row(1)[3] == doctest::Approx(r[1 * C + 3] + r[4 * C + 3]));
+  // ViT tokens: row 0 of each image = cls + pos[0].
+  const int64_t P = 2;
+  auto pt = randv(B * P * C, 34), cls = randv(C, 35), pos = randv((P + 1) * C, 36), r2 = randv(B * (P + 1) * C, 37);
+  Tensor h = be->empty(B * (P + 1), C);
+  be->vit_tokens_forward(view_of(pt.data(), B * P, C), B, cls.data(), view_of(pos.data(), P + 1, C), h);
+  CHECK(h.row(3)[1] == cls[1] + pos[1]);
+  CHECK(h.row(5)[0] == pt[3 * C] + pos[2 * C]);
+  Tensor dp = be->empty(B * P, C), dpos = be->zeros(P + 1, C);
+  std::vector<float> dcls(C, 0.0f);
+  be->vit_tokens_backward(view_of(r2.data(), B * (P + 1), C), B, dp, dcls.data(), dpos);
+  CHECK(dcls[2] == doctest::Approx(r2[2] + r2[3 * C + 2]));
+  CHECK(dp.row(3)[1] == r2[5 * C + 1]);
+  // Dropout: kept elements scaled by 1/(1-p), the same mask in backward, about p dropped.
+  std::vector<float> ones(10000, 1.0f), ones2(10000, 1.0f);
+  Tensor a = view_of(ones.data(), 1, 10000), g = view_of(ones2.data(), 1, 10000);
+  be->dropout_forward(a, 0.25f, DropoutKey{1, 2});
+  be->dropout_backward(g, 0.25f, DropoutKey{1, 2});
+  int dropped = 0;
+  for (int i = 0; i < 10000; ++i) {
+    CHECK((ones[size_t(i)] == 0.0f || ones[size_t(i)] == doctest::Approx(1.0f / 0.75f)));
+    CHECK(ones[size_t(i)] == ones2[size_t(i)]);
+    dropped += ones[size_t(i)] == 0.0f;
+  }
+  CHECK(std::abs(dropped - 2500) < 200);
+}
+
+TEST_CASE("dropout masks: element i is dropped iff random_bits(seed, stream, i) < threshold") {
+  // The definition, element by element (core's random_bits), against the backend's
+  // batched words: sizes around the 4-element Philox groups and the 4096-element chunks.
+  auto be = make_cpu_backend(2);
+  const fp4lab::train::DropoutKey key{0xC0FFEEull, 77};
+  const float p = 0.3f, keep = 1.0f / (1.0f - p);
+  const uint32_t thr = uint32_t(std::ldexp(double(p), 32));
+  for (int64_t n : {1, 3, 5, 4095, 4097, 9001}) {
+    CAPTURE(n);
+    std::vector<float> x = randv(size_t(n), uint32_t(n));
+    const std::vector<float> x0 = x;
+    Tensor t = view_of(x.data(), 1, n);
+    be->dropout_forward(t, p, key);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool drop = fp4lab::random_bits(key.seed, key.stream, uint64_t(i)) < thr;
+      bad += x[size_t(i)] != (drop ? 0.0f : x0[size_t(i)] * keep);
+    }
+    CHECK(bad == 0);
+  }
+  // Attention: with V = the identity (head dim = T), out is the dropped probabilities
+  // exactly; element e of probs (its linear index) is dropped iff its word < threshold.
+  const int64_t B = 2, T = 7, H = 1, C = T;  // odd T: rows straddle Philox groups
+  std::vector<float> qkv = randv(size_t(B * T * 3 * C), 5);
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t c = 0; c < C; ++c) qkv[size_t(r * 3 * C + 2 * C + c)] = (r % T == c) ? 1.0f : 0.0f;
+  Tensor out = be->empty(B * T, C), pr = be->empty(B * H * T, T);
+  be->attention_forward(AttentionShape{B, T, H, false, 0.5f, p}, view_of(qkv.data(), B * T, 3 * C), out, pr, key);
+  int64_t bad = 0;
+  for (int64_t e = 0; e < B * H * T * T; ++e) {
+    const bool drop = fp4lab::random_bits(key.seed, key.stream, uint64_t(e)) < thr;
+    bad += out.data[e] != (drop ? 0.0f : pr.data[e] * keep);  // B*T rows of C = T columns: same layout
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("results do not depend on the thread count") {
+  const int64_t B = 3, T = 16, H = 2, C = 16;
+  auto qkv = randv(B * T * 3 * C, 41);
+  std::vector<float> o1, o2;
+  for (int th : {1, 2}) {
+    auto be = make_cpu_backend(th);
+    Tensor out = be->empty(B * T, C), pr = be->empty(B * H * T, T);
+    be->attention_forward(AttentionShape{B, T, H, true, 0.25f, 0.1f}, view_of(qkv.data(), B * T, 3 * C), out, pr,
+                          DropoutKey{3, 4});
+    (th == 1 ? o1 : o2).assign(out.data, out.data + out.size());
+  }
+  CHECK(o1 == o2);
+}

@@ -1,0 +1,442 @@
+// The quantized linear layer (train/cpu/linear.hpp): FP32 gradients
+// against finite differences in double precision; every canned recipe's GEMMs
+// against an explicit composition of fake_quantize calls made here (so each
+// GEMM uses the quantizer the recipe names, on its axis, with its stream);
+// nvfp4's 2-D weight blocks; the wgrad RHT; thread-count independence and the
+// stochastic-rounding streams.
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/error.hpp"
+#include "train/cpu/linear.hpp"
+#include "sim/rht.hpp"
+
+using namespace fp4lab;
+
+namespace {
+
+const Operand kOps[kOperandCount] = {Operand::fwd_x,   Operand::fwd_w,        Operand::dgrad_grad_y,
+                                     Operand::dgrad_w, Operand::wgrad_grad_y, Operand::wgrad_x};
+
+MatrixRM randm(int64_t r, int64_t c, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  MatrixRM m(r, c);
+  for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = d(g);
+  return m;
+}
+
+bool same_bits(const MatrixRM& a, const MatrixRM& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         std::memcmp(a.data(), b.data(), size_t(a.size()) * sizeof(float)) == 0;
+}
+
+// The documented stream layout, written out independently of stream_id().
+uint64_t expected_stream(uint64_t layer, Operand op, uint64_t step) {
+  return (uint64_t(0xA) << 60) | (layer << 44) | (step << 3) | uint64_t(op);
+}
+
+// bfloat16 round-to-nearest-even by bit manipulation (finite inputs).
+float bf16_rne(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct Out {
+  MatrixRM y, dx, dw;
+  std::vector<float> db;
+};
+
+struct Setup {
+  MatrixRM x, w, dy;
+  std::vector<float> b;
+  uint64_t seed = 1234, layer = 3, step = 7;
+};
+
+Setup make_setup(int64_t batch, int64_t in, int64_t out, uint32_t s) {
+  Setup st;
+  st.x = randm(batch, in, s);
+  st.w = randm(out, in, s + 1, 0.1f);
+  st.dy = randm(batch, out, s + 2, 1e-3f);
+  std::mt19937 g(s + 3);
+  std::normal_distribution<float> d;
+  for (int64_t i = 0; i < out; ++i) st.b.push_back(d(g));
+  return st;
+}
+
+Out run(const Recipe* r, const Setup& st, const char* layer_name = "", uint64_t step_override = ~0ull) {
+  LinearContext ctx{r, st.seed, st.layer, step_override == ~0ull ? st.step : step_override};
+  ctx.layer_name = layer_name;
+  Out o;
+  LinearSaved saved;
+  linear_forward(ctx, st.x, st.w, st.b.data(), o.y, saved);
+  o.db.assign(size_t(st.w.rows()), 0.0f);
+  linear_backward(ctx, saved, st.w, st.dy, o.dx, o.dw, o.db.data());
+  return o;
+}
+
+// Plain FP32 layer on given operands: y = x w^T + b, dx = g w, dW = g2^T x2.
+MatrixRM fp32_y(const MatrixRM& x, const MatrixRM& w, const std::vector<float>& b) {
+  MatrixRM y;
+  LinearSaved s;
+  linear_forward(LinearContext{}, x, w, b.data(), y, s);
+  return y;
+}
+MatrixRM fp32_dx(const MatrixRM& g, const MatrixRM& w) {
+  LinearSaved s;
+  s.x = MatrixRM::Zero(g.rows(), w.cols());
+  MatrixRM dx, dw;
+  linear_backward(LinearContext{}, s, w, g, dx, dw, nullptr);
+  return dx;
+}
+MatrixRM fp32_dw(const MatrixRM& g, const MatrixRM& x) {
+  LinearSaved s;
+  s.x = x;
+  MatrixRM dx, dw;
+  linear_backward(LinearContext{}, s, MatrixRM::Zero(g.cols(), x.cols()), g, dx, dw, nullptr);
+  return dw;
+}
+
+// fake_quantize of a copy with the layer's stream for `op`.
+MatrixRM fq(const QuantizerSpec& q, MatrixRM m, const Setup& st, Operand op, uint64_t step) {
+  fake_quantize(q, MatrixView<float>(m.data(), m.rows(), m.cols()),
+                RandomStream{st.seed, expected_stream(st.layer, op, step)});
+  return m;
+}
+
+MatrixRM rht_cols(MatrixRM m, uint64_t seed) {
+  rht_forward(MatrixView<float>(m.data(), m.rows(), m.cols()), RhtAxis::cols, seed);
+  return m;
+}
+
+// What the recipe says the layer computes (train/cpu/linear.hpp), composed
+// here from fake_quantize, the RHT and plain FP32 GEMMs.
+Out expected(const Recipe& r, const Setup& st, uint64_t step) {
+  auto prep = [&](Operand op, MatrixRM m) {
+    if (r.operand(op)) return fq(*r.operand(op), std::move(m), st, op, step);
+    if (r.high_precision == HighPrecision::bf16)
+      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = bf16_rne(m.data()[i]);
+    return m;
+  };
+  Out o;
+  const MatrixRM x0 = prep(Operand::fwd_x, st.x);
+  o.y = fp32_y(x0, prep(Operand::fwd_w, st.w), st.b);
+  MatrixRM wsrc = st.w;
+  if (r.double_quantization && r.operand(Operand::fwd_w))
+    wsrc = fq(*r.operand(Operand::fwd_w), st.w, st, Operand::fwd_w, step);
+  o.dx = fp32_dx(prep(Operand::dgrad_grad_y, st.dy), prep(Operand::dgrad_w, wsrc));
+  MatrixRM g = st.dy, xs = (r.double_quantization && r.operand(Operand::fwd_x)) ? x0 : st.x;
+  if (r.wgrad_rht) {
+    g = rht_cols(g, r.rht_seed);
+    xs = rht_cols(xs, r.rht_seed);
+  }
+  o.dw = fp32_dw(prep(Operand::wgrad_grad_y, g), prep(Operand::wgrad_x, xs));
+  return o;
+}
+
+double rel_diff(const MatrixRM& a, const MatrixRM& b) {
+  return double((a - b).norm()) / std::max(1e-30, double(b.norm()));
+}
+
+}  // namespace
+
+TEST_CASE("fp32 layer: gradients match finite differences in double precision") {
+  const int64_t B = 5, I = 7, O = 3;
+  Setup st = make_setup(B, I, O, 11);
+  st.dy = randm(B, O, 99);  // G: L = sum(G .* y)
+  // Double-precision loss of the definition y = x W^T + b.
+  auto loss = [&](const Eigen::MatrixXd& x, const Eigen::MatrixXd& w, const Eigen::VectorXd& b) {
+    const Eigen::MatrixXd y = (x * w.transpose()).rowwise() + b.transpose();
+    return (y.array() * st.dy.cast<double>().array()).sum();
+  };
+  const Eigen::MatrixXd x = st.x.cast<double>(), w = st.w.cast<double>();
+  const Eigen::VectorXd b = Eigen::Map<const Eigen::VectorXf>(st.b.data(), O).cast<double>();
+  const double h = 1e-3;
+  Eigen::MatrixXd fx(B, I), fw(O, I);
+  Eigen::VectorXd fb(O);
+  for (int64_t i = 0; i < x.size(); ++i) {
+    Eigen::MatrixXd p = x, m = x;
+    p(i / I, i % I) += h;
+    m(i / I, i % I) -= h;
+    fx(i / I, i % I) = (loss(p, w, b) - loss(m, w, b)) / (2 * h);
+  }
+  for (int64_t i = 0; i < w.size(); ++i) {
+    Eigen::MatrixXd p = w, m = w;
+    p(i / I, i % I) += h;
+    m(i / I, i % I) -= h;
+    fw(i / I, i % I) = (loss(x, p, b) - loss(x, m, b)) / (2 * h);
+  }
+  for (int64_t i = 0; i < O; ++i) {
+    Eigen::VectorXd p = b, m = b;
+    p(i) += h;
+    m(i) -= h;
+    fb(i) = (loss(x, w, p) - loss(x, w, m)) / (2 * h);
+  }
+  const Recipe fp32 = recipe_by_name("fp32");
+  for (const Recipe* r : {static_cast<const Recipe*>(nullptr), &fp32}) {
+    const Out o = run(r, st);
+    const Eigen::MatrixXd y_ref = (x * w.transpose()).rowwise() + b.transpose();
+    CHECK((o.y.cast<double>() - y_ref).cwiseAbs().maxCoeff() < 1e-5);
+    CHECK((o.dx.cast<double>() - fx).cwiseAbs().maxCoeff() < 1e-5 * (1 + fx.cwiseAbs().maxCoeff()));
+    CHECK((o.dw.cast<double>() - fw).cwiseAbs().maxCoeff() < 1e-5 * (1 + fw.cwiseAbs().maxCoeff()));
+    for (int64_t i = 0; i < O; ++i) CHECK(std::abs(o.db[size_t(i)] - fb(i)) < 1e-5 * (1 + std::abs(fb(i))));
+  }
+}
+
+TEST_CASE("stream ids: layout and limits") {
+  CHECK(stream_id(3, Operand::wgrad_x, 7) == expected_stream(3, Operand::wgrad_x, 7));
+  CHECK(stream_id(65535, Operand::fwd_x, (uint64_t(1) << 41) - 1) ==
+        expected_stream(65535, Operand::fwd_x, (uint64_t(1) << 41) - 1));
+  CHECK_THROWS_AS(stream_id(65536, Operand::fwd_x, 0), Error);
+  CHECK_THROWS_AS(stream_id(0, Operand::fwd_x, uint64_t(1) << 41), Error);
+}
+
+TEST_CASE("every canned recipe: each GEMM uses the quantizer the recipe names") {
+  // Batch 48 (multiple of 16 for the RHT), odd-ish widths with partial blocks.
+  const Setup st = make_setup(48, 80, 40, 5);
+  const Out ref = run(nullptr, st);
+  for (const auto& name : recipe_names()) {
+    CAPTURE(name);
+    const Recipe r = recipe_by_name(name);
+    const Out got = run(&r, st);
+    const Out exp = expected(r, st, st.step);
+    CHECK(same_bits(got.y, exp.y));
+    CHECK(same_bits(got.dx, exp.dx));
+    CHECK(same_bits(got.dw, exp.dw));
+    CHECK(got.db == ref.db);  // db is never quantized
+    // One operand at a time: only that operand's GEMM changes, and it equals
+    // the GEMM on an explicit fake_quantize of that operand.
+    for (Operand op : kOps) {
+      if (!r.operand(op)) continue;
+      CAPTURE(operand_name(op));
+      Recipe one;
+      one.name = "only";
+      one.operands[size_t(op)] = r.operand(op);
+      const Out o = run(&one, st);
+      const QuantizerSpec& q = *r.operand(op);
+      const bool fwd = op == Operand::fwd_x || op == Operand::fwd_w;
+      const bool dgrad = op == Operand::dgrad_grad_y || op == Operand::dgrad_w;
+      const bool wgrad = !fwd && !dgrad;
+      CHECK(same_bits(o.y, fwd ? fp32_y(op == Operand::fwd_x ? fq(q, st.x, st, op, st.step) : st.x,
+                                        op == Operand::fwd_w ? fq(q, st.w, st, op, st.step) : st.w, st.b)
+                               : ref.y));
+      CHECK(same_bits(o.dx, dgrad ? fp32_dx(op == Operand::dgrad_grad_y ? fq(q, st.dy, st, op, st.step) : st.dy,
+                                            op == Operand::dgrad_w ? fq(q, st.w, st, op, st.step) : st.w)
+                                  : ref.dx));
+      CHECK(same_bits(o.dw, wgrad ? fp32_dw(op == Operand::wgrad_grad_y ? fq(q, st.dy, st, op, st.step) : st.dy,
+                                            op == Operand::wgrad_x ? fq(q, st.x, st, op, st.step) : st.x)
+                                  : ref.dw));
+      // ... and the quantization is not a no-op.
+      const MatrixRM& changed = fwd ? o.y : (dgrad ? o.dx : o.dw);
+      const MatrixRM& base = fwd ? ref.y : (dgrad ? ref.dx : ref.dw);
+      CHECK_FALSE(same_bits(changed, base));
+    }
+  }
+}
+
+TEST_CASE("double quantization re-quantizes the forward's quantized W and x (tetrajet)") {
+  const Setup st = make_setup(64, 64, 32, 8);
+  Recipe r = recipe_by_name("tetrajet");
+  const Out with = run(&r, st);
+  r.double_quantization = false;
+  const Out without = run(&r, st);
+  CHECK(same_bits(with.y, without.y));
+  CHECK_FALSE(same_bits(with.dx, without.dx));
+  CHECK_FALSE(same_bits(with.dw, without.dw));
+  // Explicitly: dgrad's W operand = Q3(Q1(W)).
+  r.double_quantization = true;
+  const QuantizerSpec q1 = *r.operand(Operand::fwd_w), q3 = *r.operand(Operand::dgrad_w);
+  const QuantizerSpec q2 = *r.operand(Operand::dgrad_grad_y);
+  const MatrixRM w13 = fq(q3, fq(q1, st.w, st, Operand::fwd_w, st.step), st, Operand::dgrad_w, st.step);
+  CHECK(same_bits(with.dx, fp32_dx(fq(q2, st.dy, st, Operand::dgrad_grad_y, st.step), w13)));
+}
+
+TEST_CASE("nvfp4: W's 16x16 quantization is the transpose of W^T's") {
+  const Recipe r = recipe_by_name("nvfp4");
+  const QuantizerSpec q = *r.operand(Operand::fwd_w);
+  REQUIRE(q.block_rows == 16);
+  REQUIRE(q.block_cols == 16);
+  CHECK(*r.operand(Operand::dgrad_w) == q);
+  {
+    // The layer keeps the forward's Q(W) for dgrad (same quantizer, RN) ...
+    const Setup st = make_setup(32, 48, 32, 3);
+    LinearContext ctx{&r, 1, 0, 0};
+    MatrixRM y;
+    LinearSaved saved;
+    linear_forward(ctx, st.x, st.w, nullptr, y, saved);
+    CHECK(same_bits(saved.w_q, fq(q, st.w, st, Operand::fwd_w, 0)));
+    // ... but not when the two quantizers differ (mx_baseline: [1,32] vs [32,1]).
+    const Recipe m = recipe_by_name("mx_baseline");
+    ctx.recipe = &m;
+    linear_forward(ctx, st.x, st.w, nullptr, y, saved);
+    CHECK(saved.w_q.size() == 0);
+  }
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{48, 64}, {40, 72}, {17, 33}}) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    const MatrixRM w = randm(rows, cols, uint32_t(rows * cols));
+    const MatrixRM wt = w.transpose();
+    const QuantizedTensor a = quantize(q, MatrixView<const float>(w.data(), rows, cols));
+    const QuantizedTensor b = quantize(q, MatrixView<const float>(wt.data(), cols, rows));
+    bool same = true;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        same = same && a.dequant[size_t(i * cols + j)] == b.dequant[size_t(j * rows + i)];
+        same = same && a.codes[size_t(i * cols + j)] == b.codes[size_t(j * rows + i)];
+      }
+    CHECK(same);
+    // A 1x16 quantization does not have this property (the test can fail).
+    QuantizerSpec q1 = q;
+    q1.block_rows = 1;
+    const QuantizedTensor c = quantize(q1, MatrixView<const float>(w.data(), rows, cols));
+    const QuantizedTensor d = quantize(q1, MatrixView<const float>(wt.data(), cols, rows));
+    bool same1 = true;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        same1 = same1 && c.dequant[size_t(i * cols + j)] == d.dequant[size_t(j * rows + i)];
+    CHECK_FALSE(same1);
+  }
+}
+
+TEST_CASE("wgrad RHT leaves dW unchanged when quantization is off") {
+  const Setup st = make_setup(64, 48, 32, 21);
+  Recipe r;
+  r.name = "rht_only";
+  r.wgrad_rht = true;
+  r.rht_seed = 5;
+  const Out o = run(&r, st), ref = run(nullptr, st);
+  CHECK(same_bits(o.y, ref.y));
+  CHECK(same_bits(o.dx, ref.dx));
+  CHECK(rel_diff(o.dw, ref.dw) < 1e-5);
+  // It is really applied: dW is the GEMM of the rotated operands.
+  CHECK(same_bits(o.dw, fp32_dw(rht_cols(st.dy, 5), rht_cols(st.x, 5))));
+  // A batch that is not a multiple of 16 cannot be rotated.
+  const Setup bad = make_setup(40, 16, 16, 2);
+  CHECK_THROWS_AS(run(&r, bad), Error);
+}
+
+TEST_CASE("same seed gives the same bits on 1 and N threads") {
+  const Setup st = make_setup(160, 96, 272, 31);
+  for (const char* name : {"nvfp4", "tetrajet", "fp4_all_the_way", "bf16", "fp32"}) {
+    CAPTURE(name);
+    const Recipe r = recipe_by_name(name);
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Out one = run(&r, st);
+    omp_set_num_threads(4);
+    const Out many = run(&r, st);
+    omp_set_num_threads(saved_threads);
+    CHECK(same_bits(one.y, many.y));
+    CHECK(same_bits(one.dx, many.dx));
+    CHECK(same_bits(one.dw, many.dw));
+    CHECK(one.db == many.db);
+  }
+}
+
+TEST_CASE("stochastic rounding: different steps and layers draw different bits") {
+  const Setup st = make_setup(64, 64, 32, 41);
+  const Recipe r = recipe_by_name("tetrajet");  // RN forward, SR backward
+  const Out s7 = run(&r, st), s7b = run(&r, st), s8 = run(&r, st, "", 8);
+  CHECK(same_bits(s7.dx, s7b.dx));
+  CHECK(same_bits(s7.dw, s7b.dw));
+  CHECK(same_bits(s7.y, s8.y));  // RN: no randomness
+  CHECK_FALSE(same_bits(s7.dx, s8.dx));
+  CHECK_FALSE(same_bits(s7.dw, s8.dw));
+  CHECK(same_bits(s8.dx, expected(r, st, 8).dx));
+  Setup other = st;
+  other.layer = 4;
+  CHECK_FALSE(same_bits(run(&r, other).dx, s7.dx));
+  other = st;
+  other.seed = 99;
+  CHECK_FALSE(same_bits(run(&r, other).dw, s7.dw));
+}
+
+TEST_CASE("kept layers and the bf16 mode") {
+  const Setup st = make_setup(32, 48, 16, 51);
+  // bf16: operands rounded to bf16 RN, FP32 accumulation.
+  const Recipe bf = recipe_by_name("bf16");
+  const Out b = run(&bf, st);
+  MatrixRM xb = st.x, wb = st.w, gb = st.dy;
+  for (MatrixRM* m : {&xb, &wb, &gb})
+    for (int64_t i = 0; i < m->size(); ++i) m->data()[i] = bf16_rne(m->data()[i]);
+  CHECK(same_bits(b.y, fp32_y(xb, wb, st.b)));
+  CHECK(same_bits(b.dx, fp32_dx(gb, wb)));
+  CHECK(same_bits(b.dw, fp32_dw(gb, xb)));
+  CHECK_FALSE(same_bits(b.y, run(nullptr, st).y));
+  // nvfp4 keeps "*head*" layers in its high-precision mode (bf16): no
+  // quantizer, no RHT.
+  const Recipe nv = recipe_by_name("nvfp4");
+  const Out kept = run(&nv, st, "lm_head");
+  CHECK(same_bits(kept.y, b.y));
+  CHECK(same_bits(kept.dx, b.dx));
+  CHECK(same_bits(kept.dw, b.dw));
+  LinearContext ctx{&nv, 0, 0, 0};
+  ctx.layer_name = "lm_head";
+  CHECK_FALSE(linear_is_quantized(ctx));
+  ctx.layer_name = "blocks.0.mlp.fc1";
+  CHECK(linear_is_quantized(ctx));
+  CHECK_FALSE(same_bits(run(&nv, st, "blocks.0.mlp.fc1").y, b.y));
+}
+
+TEST_CASE("shape errors name the shapes") {
+  const Setup st = make_setup(8, 16, 4, 1);
+  MatrixRM y;
+  LinearSaved s;
+  const MatrixRM wrong = MatrixRM::Zero(4, 15);
+  CHECK_THROWS_AS(linear_forward(LinearContext{}, st.x, wrong, nullptr, y, s), Error);
+  linear_forward(LinearContext{}, st.x, st.w, nullptr, y, s);
+  MatrixRM dx, dw;
+  const MatrixRM bad_dy = MatrixRM::Zero(8, 5);
+  CHECK_THROWS_AS(linear_backward(LinearContext{}, s, st.w, bad_dy, dx, dw, nullptr), Error);
+}
+
+TEST_CASE("linear_plan: what each operand is, per recipe") {
+  for (const std::string& name : recipe_names()) {
+    CAPTURE(name);
+    const Recipe r = recipe_by_name(name);
+    const LinearContext ctx{&r, 42, 3, 9, "blocks.0.fc"};
+    const LinearPlan p = linear_plan(ctx);
+    CHECK(p.quantized == linear_is_quantized(ctx));
+    for (Operand op : kOps) {
+      CAPTURE(operand_name(op));
+      const OperandPlan& o = p.operand(op);
+      CHECK(o.op == op);
+      CHECK(o.quantizer == (r.operand(op) ? &*r.operand(op) : nullptr));
+      if (o.quantizer) CHECK(o.stream.stream == expected_stream(3, op, 9));
+      CHECK(o.round_bf16 == (!o.quantizer && r.high_precision == HighPrecision::bf16));
+      const bool wgrad = op == Operand::wgrad_grad_y || op == Operand::wgrad_x;
+      CHECK(o.rht == (wgrad && r.wgrad_rht));
+      const bool dq_target = op == Operand::dgrad_w || op == Operand::wgrad_x;
+      CHECK((o.pre != nullptr) == (dq_target && r.double_quantization));
+      if (o.pre) {
+        const Operand src = op == Operand::dgrad_w ? Operand::fwd_w : Operand::fwd_x;
+        CHECK(o.pre == &*r.operand(src));
+        CHECK(o.pre_stream.stream == expected_stream(3, src, 9));
+      }
+    }
+    CHECK(p.reuse_fwd_w == (name == "nvfp4"));
+    // A kept layer: no quantizer, no RHT, no double quantization.
+    const LinearPlan k = linear_plan(LinearContext{&r, 42, 3, 9, "lm_head"});
+    if (!r.keep_high_precision.empty()) {
+      CHECK_FALSE(k.quantized);
+      CHECK_FALSE(k.reuse_fwd_w);
+      for (const OperandPlan& o : k.operands) {
+        CHECK(o.quantizer == nullptr);
+        CHECK(o.pre == nullptr);
+        CHECK_FALSE(o.rht);
+        CHECK(o.round_bf16 == (r.high_precision == HighPrecision::bf16));
+      }
+    }
+  }
+  // No recipe: every operand is its source.
+  for (const OperandPlan& o : linear_plan(LinearContext{}).operands) CHECK_FALSE(o.changes());
+}

@@ -1,0 +1,285 @@
+// The trainer's compute backend (DESIGN.md sec. 1): every operation the models
+// need, behind one small interface, so the models are written once and a CUDA
+// backend can implement the same calls with kernels + cuBLAS later.
+//
+// Tensors are 2-D row-major float32 in the backend's memory (host memory for
+// the CPU backend). A Tensor either owns its memory (`mem`) or is a view into
+// another buffer (the flat parameter buffer, a slice of an activation).
+// All row counts are "tokens" (batch x sequence collapsed), all column counts
+// are features. Integer inputs (token ids, class labels) are host arrays.
+//
+// Determinism: every operation of the CPU backend gives the same bits with 1 or
+// N OpenMP threads (rows are independent; reductions over rows use a fixed
+// blocking and a fixed summation order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "core/error.hpp"
+#include "recipes/linear_plan.hpp"
+
+namespace fp4lab::train {
+
+// Elements [offset, offset + size) of a flat buffer.
+struct IndexRange {
+  int64_t offset = 0, size = 0;
+  bool operator==(const IndexRange&) const = default;
+};
+
+// Throws fp4lab::Error naming `what` unless each range is non-empty and the
+// ranges are sorted, disjoint and inside [0, n).
+void check_ranges(const char* what, std::span<const IndexRange> ranges, int64_t n);
+
+// What a linear layer wants of its input's (grad: output gradient's) producer
+// besides the values: the two tensor amaxes of its NVFP4 operands' global
+// scales (Backend::linear_amax_request).
+struct AmaxRequest {
+  bool rht = false;       // the second amax is of the RHT down 16-row column chunks
+  uint64_t rht_seed = 0;  // its signs (sim/rht.hpp)
+  bool operator==(const AmaxRequest&) const = default;
+};
+
+struct Tensor {
+  float* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  std::shared_ptr<float[]> mem;  // null for views
+  // Optional BF16 companion (Backend::add_bf16_companion): size() BF16 values
+  // in the backend's memory, the round-to-nearest-even BF16 of data once one of
+  // the ops documented as writing it has written the tensor. bf16_mem owns it.
+  uint16_t* bf16 = nullptr;
+  std::shared_ptr<float[]> bf16_mem;
+  // Optional tensor-amax companion (Backend::add_amax_companion): two uint32
+  // words in the backend's memory for the amaxes `amax_request` names, valid
+  // once `amax_written` (set by the ops documented as writing it).
+  uint32_t* amax = nullptr;
+  std::shared_ptr<float[]> amax_mem;
+  AmaxRequest amax_request;
+  bool amax_written = false;
+  int64_t size() const { return rows * cols; }
+  float* row(int64_t r) const { return data + r * cols; }
+};
+
+// A view of `rows x cols` floats at `p` (no ownership).
+inline Tensor view_of(float* p, int64_t rows, int64_t cols) {
+  Tensor t;
+  t.data = p;
+  t.rows = rows;
+  t.cols = cols;
+  return t;
+}
+
+// What a linear layer keeps between forward and backward (backend specific).
+struct LinearState {
+  virtual ~LinearState() = default;
+};
+
+// Attention geometry: `batch` sequences of `seq` tokens, `heads` heads of
+// width cols/heads. scale multiplies q.k (1/sqrt(head_dim) normally).
+struct AttentionShape {
+  int64_t batch = 0, seq = 0, heads = 0;
+  bool causal = false;
+  float scale = 1.0f;
+  float dropout = 0.0f;  // on the attention probabilities (inverted dropout)
+};
+
+// Dropout masks are not stored: element i of a tensor dropped under
+// (seed, stream) is dropped iff random_bits(seed, stream, i) < p * 2^32
+// (core/philox.hpp), so backward regenerates the same mask.
+struct DropoutKey {
+  uint64_t seed = 0, stream = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Waits until every operation issued so far has finished (a no-op on the
+  // CPU; the CUDA backend's calls are asynchronous). For timing.
+  virtual void synchronize() {}
+
+  // Memory.
+  virtual Tensor empty(int64_t rows, int64_t cols) = 0;  // contents unspecified
+  Tensor zeros(int64_t rows, int64_t cols) {
+    Tensor t = empty(rows, cols);
+    fill(t, 0.0f);
+    return t;
+  }
+  virtual void fill(Tensor& t, float v) = 0;
+  virtual void upload(const float* host, Tensor& t) = 0;    // host -> t (t.size() floats)
+  virtual void download(const Tensor& t, float* host) = 0;  // t -> host
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;    // same size
+  virtual void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols) = 0;
+
+  // Linear y = x W^T + b through the recipe (recipes/linear_plan.hpp; train/cpu/linear.hpp is the reference).
+  // dw (and db if non-null) are ACCUMULATED into (weight tying, several uses).
+  // x must not be modified until the linear_backward of this state: a backend
+  // may keep a reference to an owned x (Tensor::mem) instead of a copy, as
+  // PyTorch's autograd keeps its inputs (the CUDA backend does, for FP32 x).
+  virtual void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+                              std::unique_ptr<LinearState>& state) = 0;
+  virtual void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+                               Tensor& dx, Tensor& dw_acc, float* db_acc) = 0;
+
+  // BF16 companions: a producer writes the BF16 GEMM operand of the linear
+  // layer it feeds in the same pass as its FP32 output, instead of the layer
+  // rounding that output in a pass of its own. Does this backend read the
+  // companion of the linear layer of ctx's input x (grad: of its output
+  // gradient dy)? True only where that layer's plan makes both GEMM operands
+  // of the tensor by plain BF16 rounding. Default: never.
+  virtual bool linear_reads_bf16(const LinearContext& ctx, bool grad) {
+    (void)ctx, (void)grad;
+    return false;
+  }
+  // Gives t a companion (contents unspecified); backends that never read one
+  // do nothing. Written by: layernorm_forward (y), gelu_forward (y),
+  // gelu_backward (dx), attention_forward (out), attention_backward (dqkv),
+  // dropout_backward (dy), dropout_backward_to and add_dropout_backward_to
+  // (dst). Every other op that writes a tensor leaves its
+  // companion stale, so one of those must write it last.
+  // drop_f32: nothing will read t's FP32 values, only the companion (the
+  // caller's promise: t's sole readers are linear layers for which
+  // linear_reads_bf16 is true, with no bias when t is an output gradient). A
+  // backend that gives t a companion may then free t's FP32 values (t.data =
+  // null); the companion writers above, except the in-place dropout_backward,
+  // then write the companion alone.
+  virtual void add_bf16_companion(Tensor& t, bool drop_f32 = false) { (void)t, (void)drop_f32; }
+
+  // Tensor-amax companions: a producer computes the tensor amaxes that the
+  // NVFP4 quantization of the linear layer it feeds needs (its global scales),
+  // in the same pass as its output, instead of the layer reading the tensor
+  // once more for them. What the layer of ctx's input x (grad: its output
+  // gradient dy), of shape [rows, cols], wants; nothing where its plan needs no
+  // amax or the backend computes it itself. Default: nothing.
+  virtual std::optional<AmaxRequest> linear_amax_request(const LinearContext& ctx, bool grad, int64_t rows,
+                                                         int64_t cols) {
+    (void)ctx, (void)grad, (void)rows, (void)cols;
+    return std::nullopt;
+  }
+  // Gives t an amax companion for r (amax_written false). Written (and
+  // amax_written set) by: gelu_forward (y), gelu_backward (dx),
+  // dropout_backward_to and add_dropout_backward_to (dst). Other producers
+  // leave it unwritten (the layer then computes the amaxes itself); an op that
+  // changes t after its writer leaves it stale, so none may. Default: nothing.
+  virtual void add_amax_companion(Tensor& t, const AmaxRequest& r) { (void)t, (void)r; }
+
+  // LayerNorm over each row: y = (x - mean) * rstd * gamma + beta (beta may be
+  // null: nanoGPT's bias=False). mean/rstd [rows] are saved for backward.
+  virtual void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y,
+                                 Tensor& mean, Tensor& rstd) = 0;
+  // dx written; dgamma/dbeta accumulated (dbeta may be null). With a residual
+  // (same shape as x), dx = LayerNorm's input gradient + residual, one float
+  // add per element: the bits of layernorm_backward then add_inplace(dx, *residual).
+  virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean,
+                                  const Tensor& rstd, Tensor& dx, float* dgamma_acc, float* dbeta_acc,
+                                  const Tensor* residual = nullptr) = 0;
+
+  // GELU, exact erf form (PyTorch nn.GELU()): y = x * Phi(x).
+  virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+
+  // Multi-head self-attention core on qkv [B*T, 3C] (q | k | v column blocks,
+  // head h = columns h*hd..(h+1)*hd of each block): out [B*T, C].
+  // probs [B*H*T, T] saves the softmax probabilities (before dropout).
+  virtual void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
+                                 DropoutKey key) = 0;
+  virtual void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
+                                  Tensor& dqkv, DropoutKey key) = 0;
+
+  // Inverted dropout in place (p = 0 is a no-op); backward applies the same mask to dy.
+  virtual void dropout_forward(Tensor& x, float p, DropoutKey key) = 0;
+  virtual void dropout_backward(Tensor& dy, float p, DropoutKey key) = 0;
+  // Out of place: dst = dropout_backward of src (src unchanged), i.e.
+  // copy(src, dst) then dropout_backward(dst, p, key), which is what this
+  // default does; a backend may do it in one pass (same bits).
+  virtual void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key) {
+    copy(src, dst);
+    dropout_backward(dst, p, key);
+  }
+  // The residual gradient step: y += x, then dst = dropout_backward of y (out
+  // of place), i.e. add_inplace(y, x) then dropout_backward_to(y, dst, ...),
+  // which is what this default does; a backend may do it in one pass.
+  virtual void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key) {
+    add_inplace(y, x);
+    dropout_backward_to(y, dst, p, key);
+  }
+
+  // y += x (same shape).
+  virtual void add_inplace(Tensor& y, const Tensor& x) = 0;
+  // The residual branch y = dropout(y) + x: dropout_forward(y, p, key) then
+  // add_inplace(y, x), which is what this default does; a backend may do both in
+  // one pass (the same operations per element, so the same bits).
+  virtual void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) {
+    dropout_forward(y, p, key);
+    add_inplace(y, x);
+  }
+
+  // GPT embeddings: out[b*T+t] = wte[idx[b*T+t]] + wpe[t]  (idx host, [B*T]).
+  virtual void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,
+                             Tensor& out) = 0;
+  virtual void embed_backward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& dout, Tensor& dwte_acc,
+                              Tensor& dwpe_acc) = 0;
+
+  // ViT tokens: out[b*(P+1)] = cls + pos[0]; out[b*(P+1)+1+p] = patches[b*P+p] + pos[1+p].
+  virtual void vit_tokens_forward(const Tensor& patches, int64_t batch, const float* cls, const Tensor& pos,
+                                  Tensor& out) = 0;
+  virtual void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls_acc,
+                                   Tensor& dpos_acc) = 0;
+  // Rows r*stride (r < n) of x -> out [n, C], and the transpose scatter (dx zeroed elsewhere).
+  virtual void gather_rows(const Tensor& x, int64_t stride, Tensor& out) = 0;
+  virtual void scatter_rows(const Tensor& dout, int64_t stride, Tensor& dx) = 0;
+
+  // Softmax cross-entropy over rows of logits [N, V] with targets [N] (host).
+  // Returns the mean loss (float64 accumulation in row order); writes
+  // dlogits = (softmax - onehot) / N when dlogits is non-null; counts rows
+  // whose argmax (first maximum) equals the target into *correct if non-null.
+  virtual double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) = 0;
+  // The same in two halves, so that a backend which queues work need not wait
+  // for the loss before the backward pass is queued: cross_entropy_start
+  // validates the targets and issues the work (dlogits may be read by work
+  // issued after it); cross_entropy_finish returns the mean loss and *correct
+  // of the last start (an Error when there is no unfinished start; a start
+  // replaces an unfinished one). This default computes everything in start
+  // (the CPU backend).
+  virtual void cross_entropy_start(const Tensor& logits, const int32_t* targets, Tensor* dlogits) {
+    ce_pending_ = false;
+    ce_loss_ = cross_entropy(logits, targets, dlogits, &ce_correct_);
+    ce_pending_ = true;
+  }
+  virtual double cross_entropy_finish(int64_t* correct) {
+    if (!ce_pending_) throw Error("cross_entropy_finish: no cross_entropy_start to finish");
+    ce_pending_ = false;
+    if (correct) *correct = ce_correct_;
+    return ce_loss_;
+  }
+
+  // Optimiser support over flat buffers of n floats.
+  virtual double sum_squares(const Tensor& g) = 0;  // float64, fixed order
+  virtual void scale(Tensor& g, float s) = 0;
+  // One AdamW step (PyTorch semantics): p -= lr*wd*p (if i lies in one of
+  // `decayed`); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  // p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
+  // `decayed`: sorted, disjoint ranges of the flat buffer (check_ranges).
+  virtual void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed,
+                          float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
+
+ private:
+  // The default cross_entropy_start / finish's result.
+  bool ce_pending_ = false;
+  double ce_loss_ = 0.0;
+  int64_t ce_correct_ = 0;
+};
+
+// The CPU backend (Eigen + OpenMP; train/cpu/backend.cpp). threads <= 0: OpenMP's default.
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+#ifdef FP4LAB_WITH_CUDA
+// The CUDA backend (train/cuda/backend.cpp); throws fp4lab::Error when no GPU is present.
+std::unique_ptr<Backend> make_cuda_backend();
+#endif
+// "cpu" or "cuda" (the latter throws when fp4lab was built without CUDA or no GPU is present).
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
+
+}  // namespace fp4lab::train

@@ -1,0 +1,370 @@
+#include "train/config.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/error.hpp"
+
+namespace fp4lab::train {
+
+using nlohmann::json;
+
+namespace {
+
+// Strict reader of one JSON object: typed getters, then finish() rejects any
+// key that was not asked for.
+class Obj {
+ public:
+  Obj(const json& j, std::string where) : j_(j), where_(std::move(where)) {
+    if (!j.is_object()) throw Error(where_ + ": expected a JSON object, got " + std::string(j.type_name()));
+  }
+  template <class T>
+  void get(const char* key, T& out) {
+    known_.insert(key);
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return;
+    const std::string path = where_ + "." + key;
+    try {
+      if constexpr (std::is_same_v<T, bool>) {
+        if (!it->is_boolean()) throw 0;
+      } else if constexpr (std::is_integral_v<T>) {
+        if (!it->is_number_integer()) throw 0;
+        if constexpr (std::is_unsigned_v<T>)
+          if (it->template get<int64_t>() < 0) throw 0;
+      } else if constexpr (std::is_floating_point_v<T>) {
+        if (!it->is_number()) throw 0;
+      } else if constexpr (std::is_same_v<T, std::string>) {
+        if (!it->is_string()) throw 0;
+      }
+      out = it->template get<T>();
+    } catch (int) {
+      throw Error(path + ": " + it->dump() + " has the wrong type; expected " + type_of<T>());
+    }
+  }
+  void get_json(const char* key, json& out) {
+    known_.insert(key);
+    auto it = j_.find(key);
+    if (it != j_.end()) out = *it;
+  }
+  const json* sub(const char* key) {
+    known_.insert(key);
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!known_.count(it.key())) {
+        std::string valid;
+        for (const auto& k : known_) valid += (valid.empty() ? "" : ", ") + k;
+        throw Error(where_ + "." + it.key() + ": unknown key; valid keys here: " + valid);
+      }
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  template <class T>
+  static const char* type_of() {
+    if constexpr (std::is_same_v<T, bool>)
+      return "true or false";
+    else if constexpr (std::is_unsigned_v<T>)
+      return "a non-negative integer";
+    else if constexpr (std::is_integral_v<T>)
+      return "an integer";
+    else if constexpr (std::is_floating_point_v<T>)
+      return "a number";
+    else
+      return "a string";
+  }
+  const json& j_;
+  std::string where_;
+  std::set<std::string> known_;
+};
+
+void check_choice(const std::string& path, const std::string& v, std::initializer_list<const char*> valid) {
+  std::string all;
+  for (const char* c : valid) {
+    if (v == c) return;
+    all += (all.empty() ? "" : ", ") + std::string(c);
+  }
+  throw Error(path + ": \"" + v + "\" is not valid; valid: " + all);
+}
+void check_positive(const std::string& path, double v, bool allow_zero = false) {
+  if (!(allow_zero ? v >= 0 : v > 0))
+    throw Error(path + ": " + std::to_string(v) + " must be " + (allow_zero ? ">= 0" : "> 0"));
+}
+
+}  // namespace
+
+RunConfig config_from_json(const json& j, const std::string& where) {
+  RunConfig c;
+  Obj o(j, where);
+  o.get("name", c.name);
+  o.get("seed", c.seed);
+  o.get("backend", c.backend);
+  check_choice(where + ".backend", c.backend, {"cpu", "cuda"});
+  o.get("threads", c.threads);
+  o.get_json("recipe", c.recipe);
+  if (!c.recipe.is_string() && !c.recipe.is_object())
+    throw Error(where + ".recipe: expected a recipe name, a recipe file path or an inline recipe object");
+
+  const json* m = o.sub("model");
+  if (!m) throw Error(where + ".model: missing (an object with at least \"type\": \"vit\" or \"gpt\")");
+  {
+    Obj mo(*m, where + ".model");
+    ModelConfig& mc = c.model;
+    mo.get("type", mc.type);
+    check_choice(where + ".model.type", mc.type, {"vit", "gpt"});
+    if (mc.type == "vit") {
+      mc.layers = 1, mc.heads = 4, mc.width = 64, mc.dropout = 0.1, mc.bias = true;
+      mc.attn_scale = "sqrt_head_dim";
+    } else {
+      mc.layers = 4, mc.heads = 4, mc.width = 128, mc.dropout = 0.0, mc.bias = false;
+    }
+    mo.get("layers", mc.layers);
+    mo.get("heads", mc.heads);
+    mo.get("width", mc.width);
+    mo.get("dropout", mc.dropout);
+    mo.get("bias", mc.bias);
+    mo.get("layernorm_eps", mc.layernorm_eps);
+    if (mc.type == "vit") {
+      mo.get("image_size", mc.image_size);
+      mo.get("patch_size", mc.patch_size);
+      mo.get("channels", mc.channels);
+      mo.get("classes", mc.classes);
+      mo.get("mlp_ratio", mc.mlp_ratio);
+      mo.get("attn_scale", mc.attn_scale);
+      check_choice(where + ".model.attn_scale", mc.attn_scale, {"inv_sqrt_head_dim", "sqrt_head_dim"});
+    } else {
+      mo.get("context", mc.context);
+      mo.get("vocab_size", mc.vocab_size);
+    }
+    mo.finish();
+    for (auto [k, v] : {std::pair{"layers", mc.layers}, {"heads", mc.heads}, {"width", mc.width}})
+      check_positive(where + ".model." + k, double(v));
+    if (mc.width % mc.heads != 0)
+      throw Error(where + ".model.width: " + std::to_string(mc.width) + " is not a multiple of heads (" +
+                  std::to_string(mc.heads) + ")");
+    if (mc.dropout < 0 || mc.dropout >= 1)
+      throw Error(where + ".model.dropout: " + std::to_string(mc.dropout) + " must be in [0, 1)");
+    if (mc.type == "vit" && (mc.patch_size <= 0 || mc.image_size % mc.patch_size != 0))
+      throw Error(where + ".model.patch_size: " + std::to_string(mc.patch_size) + " must divide image_size " +
+                  std::to_string(mc.image_size));
+  }
+
+  const json* d = o.sub("data");
+  if (!d) throw Error(where + ".data: missing (an object with \"type\": \"mnist\" or \"char\" and \"path\")");
+  {
+    Obj dobj(*d, where + ".data");
+    dobj.get("type", c.data.type);
+    check_choice(where + ".data.type", c.data.type, {"mnist", "char"});
+    c.data.path = c.data.type == "mnist" ? "data/mnist" : "data/shakespeare_char/input.txt";
+    dobj.get("path", c.data.path);
+    dobj.get("mean", c.data.mean);
+    dobj.get("std", c.data.std);
+    dobj.get("train_limit", c.data.train_limit);
+    dobj.get("test_limit", c.data.test_limit);
+    dobj.finish();
+    if ((c.data.type == "mnist") != (c.model.type == "vit"))
+      throw Error(where + ".data.type: \"" + c.data.type + "\" does not fit model.type \"" + c.model.type +
+                  "\" (vit trains on mnist, gpt on char)");
+  }
+
+  TrainingConfig& t = c.training;
+  if (c.model.type == "gpt") {
+    t.batch_size = 12, t.steps = 2000, t.schedule = ScheduleConfig{"cosine", 1e-3, 1e-4, 100, 0};
+    t.adamw = AdamWConfig{0.9, 0.99, 1e-8, 0.1, 1.0};
+    t.eval_interval = 250;
+  } else {
+    t.batch_size = 64, t.epochs = 5, t.optimizer = "adam", t.schedule = ScheduleConfig{"constant", 1e-3, 0.0, 0, 0};
+    t.adamw = AdamWConfig{0.9, 0.999, 1e-8, 0.0, 0.0};
+  }
+  if (const json* tj = o.sub("training")) {
+    Obj to(*tj, where + ".training");
+    to.get("batch_size", t.batch_size);
+    to.get("steps", t.steps);
+    to.get("epochs", t.epochs);
+    if (tj->contains("epochs") && !tj->contains("steps")) t.steps = 0;
+    to.get("optimizer", t.optimizer);
+    check_choice(where + ".training.optimizer", t.optimizer, {"adamw", "adam"});
+    to.get("lr", t.schedule.lr);
+    to.get("min_lr", t.schedule.min_lr);
+    to.get("schedule", t.schedule.kind);
+    check_choice(where + ".training.schedule", t.schedule.kind, {"constant", "cosine"});
+    to.get("warmup_steps", t.schedule.warmup_steps);
+    to.get("decay_steps", t.schedule.decay_steps);
+    to.get("beta1", t.adamw.beta1);
+    to.get("beta2", t.adamw.beta2);
+    to.get("eps", t.adamw.eps);
+    to.get("weight_decay", t.adamw.weight_decay);
+    to.get("grad_clip", t.adamw.grad_clip);
+    to.get("eval_interval", t.eval_interval);
+    to.get("eval_iters", t.eval_iters);
+    to.get("eval_batch_size", t.eval_batch_size);
+    to.get("log_interval", t.log_interval);
+    to.get("checkpoint_interval", t.checkpoint_interval);
+    to.finish();
+  }
+  if (t.optimizer == "adam" && t.adamw.weight_decay != 0.0)
+    throw Error(where + ".training.weight_decay: " + std::to_string(t.adamw.weight_decay) +
+                " with optimizer \"adam\" (plain Adam has no decoupled decay); use optimizer \"adamw\"");
+  check_positive(where + ".training.batch_size", double(t.batch_size));
+  check_positive(where + ".training.lr", t.schedule.lr);
+  check_positive(where + ".training.log_interval", double(t.log_interval));
+  check_positive(where + ".training.eval_batch_size", double(t.eval_batch_size));
+  if (t.steps < 0 || t.epochs < 0 || (t.steps == 0 && t.epochs == 0))
+    throw Error(where + ".training: give a positive \"steps\" (or \"epochs\" for mnist)");
+  if (t.epochs > 0 && c.data.type != "mnist" && t.steps == 0)
+    throw Error(where + ".training.epochs: only for mnist; give \"steps\" for char data");
+  if (t.adamw.beta1 < 0 || t.adamw.beta1 >= 1 || t.adamw.beta2 < 0 || t.adamw.beta2 >= 1)
+    throw Error(where + ".training.beta1/beta2: must be in [0, 1)");
+
+  if (const json* l = o.sub("layers")) {
+    Obj lo(*l, where + ".layers");
+    json k;
+    lo.get_json("keep_high_precision", k);
+    lo.finish();
+    if (!k.is_null()) {
+      if (!k.is_array()) throw Error(where + ".layers.keep_high_precision: expected an array of name patterns");
+      for (size_t i = 0; i < k.size(); ++i) {
+        if (!k[i].is_string())
+          throw Error(where + ".layers.keep_high_precision[" + std::to_string(i) + "]: expected a string pattern");
+        c.keep_high_precision.push_back(k[i].get<std::string>());
+      }
+    }
+  }
+  if (const json* out = o.sub("output")) {
+    Obj oo(*out, where + ".output");
+    oo.get("dir", c.output_dir);
+    oo.get("name", c.output_name);
+    oo.finish();
+  }
+  o.finish();
+  // Check the recipe resolves now, so a typo fails before any work.
+  try {
+    resolve_recipe(c);
+  } catch (const Error& e) {
+    throw Error(where + ".recipe: " + e.what());
+  }
+  return c;
+}
+
+json config_to_json(const RunConfig& c) {
+  const ModelConfig& m = c.model;
+  json model = {{"type", m.type},
+                {"layers", m.layers},
+                {"heads", m.heads},
+                {"width", m.width},
+                {"dropout", m.dropout},
+                {"bias", m.bias},
+                {"layernorm_eps", m.layernorm_eps}};
+  if (m.type == "vit") {
+    model.update({{"image_size", m.image_size},
+                  {"patch_size", m.patch_size},
+                  {"channels", m.channels},
+                  {"classes", m.classes},
+                  {"mlp_ratio", m.mlp_ratio},
+                  {"attn_scale", m.attn_scale}});
+  } else {
+    model.update({{"context", m.context}, {"vocab_size", m.vocab_size}});
+  }
+  const TrainingConfig& t = c.training;
+  json training = {{"batch_size", t.batch_size},
+                   {"steps", t.steps},
+                   {"epochs", t.epochs},
+                   {"optimizer", t.optimizer},
+                   {"lr", t.schedule.lr},
+                   {"min_lr", t.schedule.min_lr},
+                   {"schedule", t.schedule.kind},
+                   {"warmup_steps", t.schedule.warmup_steps},
+                   {"decay_steps", t.schedule.decay_steps},
+                   {"beta1", t.adamw.beta1},
+                   {"beta2", t.adamw.beta2},
+                   {"eps", t.adamw.eps},
+                   {"weight_decay", t.adamw.weight_decay},
+                   {"grad_clip", t.adamw.grad_clip},
+                   {"eval_interval", t.eval_interval},
+                   {"eval_iters", t.eval_iters},
+                   {"eval_batch_size", t.eval_batch_size},
+                   {"log_interval", t.log_interval},
+                   {"checkpoint_interval", t.checkpoint_interval}};
+  json data = {{"type", c.data.type},
+               {"path", c.data.path},
+               {"train_limit", c.data.train_limit},
+               {"test_limit", c.data.test_limit}};
+  if (c.data.type == "mnist") data.update({{"mean", c.data.mean}, {"std", c.data.std}});
+  return json{{"name", c.name},       {"model", model},
+              {"data", data},         {"training", training},
+              {"recipe", c.recipe},   {"layers", {{"keep_high_precision", c.keep_high_precision}}},
+              {"seed", c.seed},       {"backend", c.backend},
+              {"threads", c.threads}, {"output", {{"dir", c.output_dir}, {"name", c.output_name}}}};
+}
+
+json read_json_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error("cannot open config file " + path);
+  try {
+    return json::parse(f);
+  } catch (const json::parse_error& e) {
+    throw Error(path + ": invalid JSON: " + e.what());
+  }
+}
+
+void apply_set(json& j, const std::string& a) {
+  const auto eq = a.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw Error("--set \"" + a + "\": expected key=value with a dotted key, e.g. training.lr=3e-4");
+  const std::string key = a.substr(0, eq), val = a.substr(eq + 1);
+  json v;
+  try {
+    v = json::parse(val);
+  } catch (const json::parse_error&) {
+    v = val;
+  }
+  json* cur = &j;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) throw Error("--set \"" + a + "\": empty component in key \"" + key + "\"");
+    if (!cur->is_object()) {
+      if (cur->is_null())
+        *cur = json::object();
+      else
+        throw Error("--set \"" + a + "\": \"" + key.substr(0, start - 1) + "\" is not an object");
+    }
+    if (dot == std::string::npos) {
+      (*cur)[part] = v;
+      return;
+    }
+    cur = &(*cur)[part];
+    start = dot + 1;
+  }
+}
+
+Recipe resolve_recipe(const RunConfig& c) {
+  Recipe r = c.recipe.is_string() ? parse_recipe(c.recipe.get<std::string>()) : recipe_from_json(c.recipe, "recipe");
+  for (const auto& p : c.keep_high_precision) r.keep_high_precision.push_back(p);
+  return r;
+}
+
+std::string recipe_label(const RunConfig& c) {
+  if (c.recipe.is_string()) {
+    const std::string s = c.recipe.get<std::string>();
+    if (!s.empty() && s.front() == '{') return resolve_recipe(c).name;
+    if (s.find('/') != std::string::npos || s.ends_with(".json")) return std::filesystem::path(s).stem().string();
+    return s;
+  }
+  if (c.recipe.contains("name") && c.recipe["name"].is_string()) return c.recipe["name"].get<std::string>();
+  if (c.recipe.contains("extends") && c.recipe["extends"].is_string())
+    return c.recipe["extends"].get<std::string>() + "_custom";
+  return "custom";
+}
+
+std::string run_directory(const RunConfig& c) {
+  const std::string n =
+      c.output_name.empty() ? c.name + "-" + recipe_label(c) + "-s" + std::to_string(c.seed) : c.output_name;
+  return (std::filesystem::path(c.output_dir) / n).string();
+}
+
+}  // namespace fp4lab::train

@@ -1,0 +1,85 @@
+// Experiment configs (configs/*.json): one JSON object with
+//   name      string
+//   model     {type: "vit"|"gpt", layers, heads, width, dropout, bias, layernorm_eps,
+//              image_size, patch_size, channels, classes, mlp_ratio, attn_scale,  (vit)
+//              vocab_size, context}                                               (gpt; vocab_size from the data)
+//   data      {type: "mnist"|"char", path, mean, std, train_limit, test_limit}
+//   training  {batch_size, steps | epochs, optimizer: "adamw"|"adam", lr, min_lr,
+//              schedule: "constant"|"cosine", warmup_steps, decay_steps, beta1, beta2, eps,
+//              weight_decay, grad_clip, eval_interval, eval_iters, eval_batch_size,
+//              log_interval, checkpoint_interval}
+//   recipe    a canned name ("fp32", "nvfp4", ...), a recipe JSON file path, or an inline
+//             recipe object (recipes/recipe.hpp: {"extends": "nvfp4", ...})
+//   layers    {keep_high_precision: [layer-name patterns]}  (added to the recipe's own)
+//   seed      integer (init, data order, dropout, stochastic rounding)
+//   backend   "cpu" | "cuda"
+//   threads   OpenMP threads (0 = OpenMP's default)
+//   output    {dir: "runs", name: run directory name (default <name>-<recipe>-s<seed>)}
+// Every key is optional except model.type and data.type; unknown keys are
+// errors naming the JSON path (e.g. "config.training.lr_max: unknown key; valid: ...").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "train/model.hpp"
+#include "train/optim.hpp"
+
+namespace fp4lab::train {
+
+struct DataConfig {
+  std::string type = "mnist";  // "mnist" | "char"
+  std::string path;            // mnist: directory of the IDX files; char: the text file
+  double mean = 0.1307, std = 0.3081;
+  int64_t train_limit = 0, test_limit = 0;  // use only the first N examples (0 = all)
+};
+
+struct TrainingConfig {
+  int64_t batch_size = 64;
+  int64_t steps = 0;                // total optimiser steps (0: from epochs)
+  double epochs = 0.0;              // mnist: steps = round(epochs * steps_per_epoch)
+  std::string optimizer = "adamw";  // "adam" = AdamW with weight_decay 0 everywhere
+  ScheduleConfig schedule;
+  AdamWConfig adamw;
+  int64_t eval_interval = 0;       // steps between evaluations (0: once per epoch for mnist, 250 for char)
+  int64_t eval_iters = 20;         // char: batches per split per evaluation
+  int64_t eval_batch_size = 1000;  // mnist test pass
+  int64_t log_interval = 10;
+  int64_t checkpoint_interval = 0;  // 0: at evaluations and at the end
+};
+
+struct RunConfig {
+  std::string name = "run";
+  ModelConfig model;
+  DataConfig data;
+  TrainingConfig training;
+  nlohmann::json recipe = "fp32";  // as given (name, path or object)
+  std::vector<std::string> keep_high_precision;
+  uint64_t seed = 1;
+  std::string backend = "cpu";
+  int threads = 0;
+  std::string output_dir = "runs";
+  std::string output_name;  // empty: <name>-<recipe name>-s<seed>
+};
+
+// Parses and validates; `where` prefixes error paths.
+RunConfig config_from_json(const nlohmann::json& j, const std::string& where = "config");
+// The resolved config (every field, defaults included; recipe as given).
+nlohmann::json config_to_json(const RunConfig& c);
+// Reads a JSON file (errors name the file and the parse position).
+nlohmann::json read_json_file(const std::string& path);
+// Applies "a.b.c=value" to j: value parsed as JSON when it is valid JSON,
+// else taken as a string. Intermediate objects are created; a path through a
+// non-object is an error.
+void apply_set(nlohmann::json& j, const std::string& assignment);
+
+// The recipe of a config, with its layers.keep_high_precision patterns added.
+Recipe resolve_recipe(const RunConfig& c);
+// Short name of the config's recipe (canned name, file stem or inline "name").
+std::string recipe_label(const RunConfig& c);
+std::string run_directory(const RunConfig& c);
+
+}  // namespace fp4lab::train

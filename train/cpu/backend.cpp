@@ -1,0 +1,523 @@
+// The CPU backend: Eigen for the GEMM-shaped work, OpenMP over independent rows
+// (or fixed blocks of rows) so results do not depend on the thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "train/backend.hpp"
+#include "train/cpu/erf.hpp"
+#include "train/cpu/linear.hpp"
+#include "core/error.hpp"
+#include "core/philox.hpp"
+
+namespace fp4lab::train {
+
+namespace {
+
+// memcpy of n floats split over the OpenMP threads (a serial copy of an
+// activation leaves the other threads idle).
+void parallel_copy(float* dst, const float* src, int64_t n) {
+  constexpr int64_t kChunk = int64_t(1) << 14;
+#pragma omp parallel for schedule(static) if (n > kChunk)
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) std::memcpy(dst + c0, src + c0, size_t(std::min(kChunk, n - c0)) * 4);
+}
+
+using Stride = Eigen::OuterStride<>;
+using ConstMap = Eigen::Map<const MatrixRM, 0, Stride>;
+using Map = Eigen::Map<MatrixRM, 0, Stride>;
+
+constexpr int64_t kRowBlock = 256;  // fixed row blocking of column reductions
+
+void check_same(const char* fn, const Tensor& a, const Tensor& b) {
+  if (a.rows != b.rows || a.cols != b.cols)
+    throw Error(std::string(fn) + ": shape mismatch [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) +
+                "] vs [" + std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]");
+}
+
+// Column sums of f(r, c) over all rows, deterministically: fixed blocks of
+// kRowBlock rows summed in row order (float64), then the block partials in
+// block order. out[c] += result.
+template <class F>
+void column_reduce(int64_t rows, int64_t cols, float* out, F f) {
+  const int64_t nb = (rows + kRowBlock - 1) / kRowBlock;
+  std::vector<double> part(size_t(nb * cols), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < nb; ++b) {
+    double* p = part.data() + b * cols;
+    const int64_t r1 = std::min(rows, (b + 1) * kRowBlock);
+    for (int64_t r = b * kRowBlock; r < r1; ++r)
+      for (int64_t c = 0; c < cols; ++c) p[c] += double(f(r, c));
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    double s = 0.0;
+    for (int64_t b = 0; b < nb; ++b) s += part[size_t(b * cols + c)];
+    out[c] += float(s);
+  }
+}
+
+// Element i of a dropout site is dropped iff random_bits(seed, stream, i) <
+// threshold. DropoutWords draws those words for a run of elements at once through
+// core's random_words (whole Philox groups, eight at a time with AVX2): the same
+// bits as random_bits element by element, at a fraction of the cost.
+// The dropout rule of one element with random word w (the GPU's drop1).
+inline float drop(float v, uint32_t w, uint32_t threshold, float keep_scale) {
+  return w < threshold ? 0.0f : v * keep_scale;
+}
+class DropoutWords {
+ public:
+  // The words of elements first .. first + n - 1 of key's stream (valid until the next call).
+  const uint32_t* get(DropoutKey key, uint64_t first, uint64_t n) {
+    words_.resize(size_t(n));
+    scratch_.resize(size_t(4 * ((n + 3) / 4 + 1)));
+    random_words(key.seed, key.stream, first, n, words_.data(), scratch_.data());
+    return words_.data();
+  }
+
+ private:
+  std::vector<uint32_t> words_, scratch_;
+};
+
+struct CpuLinearState : LinearState {
+  LinearSaved saved;
+};
+
+MatrixRM to_matrix(const Tensor& t) { return ConstMap(t.data, t.rows, t.cols, Stride(t.cols)); }
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) {
+    if (threads > 0) omp_set_num_threads(threads);
+  }
+  std::string name() const override { return "cpu"; }
+
+  Tensor empty(int64_t rows, int64_t cols) override {
+    if (rows < 0 || cols < 0) throw Error("cpu backend: negative tensor shape");
+    Tensor t;
+    t.rows = rows;
+    t.cols = cols;
+    t.mem = std::shared_ptr<float[]>(new float[size_t(std::max<int64_t>(1, rows * cols))]);
+    t.data = t.mem.get();
+    return t;
+  }
+  void fill(Tensor& t, float v) override {
+    constexpr int64_t kChunk = int64_t(1) << 14;
+    const int64_t n = t.size();
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) std::fill(t.data + c0, t.data + std::min(n, c0 + kChunk), v);
+  }
+  void upload(const float* host, Tensor& t) override { std::memcpy(t.data, host, size_t(t.size()) * 4); }
+  void download(const Tensor& t, float* host) override { std::memcpy(host, t.data, size_t(t.size()) * 4); }
+  void copy(const Tensor& src, Tensor& dst) override {
+    if (src.size() != dst.size()) throw Error("cpu backend: copy between tensors of different sizes");
+    parallel_copy(dst.data, src.data, src.size());
+  }
+  void copy_cols(const Tensor& src, int64_t sc, Tensor& dst, int64_t dc, int64_t n) override {
+    if (src.rows != dst.rows || sc + n > src.cols || dc + n > dst.cols)
+      throw Error("cpu backend: copy_cols out of range");
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < src.rows; ++r) std::memcpy(dst.row(r) + dc, src.row(r) + sc, size_t(n) * 4);
+  }
+
+  void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+                      std::unique_ptr<LinearState>& state) override {
+    auto st = std::make_unique<CpuLinearState>();
+    MatrixRM ym;
+    fp4lab::linear_forward(ctx, to_matrix(x), to_matrix(w), b, ym, st->saved);
+    if (y.rows != ym.rows() || y.cols != ym.cols()) y = empty(ym.rows(), ym.cols());
+    parallel_copy(y.data, ym.data(), y.size());
+    state = std::move(st);
+  }
+  void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+                       Tensor& dx, Tensor& dw_acc, float* db_acc) override {
+    const auto& st = dynamic_cast<const CpuLinearState&>(state);
+    MatrixRM dxm, dwm;
+    std::vector<float> db;
+    if (db_acc) db.assign(size_t(w.rows), 0.0f);
+    fp4lab::linear_backward(ctx, st.saved, to_matrix(w), to_matrix(dy), dxm, dwm, db_acc ? db.data() : nullptr);
+    if (dx.rows != dxm.rows() || dx.cols != dxm.cols()) dx = empty(dxm.rows(), dxm.cols());
+    parallel_copy(dx.data, dxm.data(), dx.size());
+    check_same("linear_backward dW", w, dw_acc);
+    float* d = dw_acc.data;
+    const float* s = dwm.data();
+    const int64_t n = dw_acc.size();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    if (db_acc)
+      for (int64_t i = 0; i < w.rows; ++i) db_acc[i] += db[size_t(i)];
+  }
+
+  void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
+                         Tensor& rstd) override {
+    const int64_t n = x.rows, c = x.cols;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x.row(r);
+      double s = 0.0;
+      for (int64_t j = 0; j < c; ++j) s += xr[j];
+      const double mu = s / double(c);
+      double v = 0.0;
+      for (int64_t j = 0; j < c; ++j) v += (xr[j] - mu) * (xr[j] - mu);
+      const float rs = float(1.0 / std::sqrt(v / double(c) + double(eps)));
+      const float m = float(mu);
+      mean.data[r] = m;
+      rstd.data[r] = rs;
+      float* yr = y.row(r);
+      for (int64_t j = 0; j < c; ++j) {
+        const float h = (xr[j] - m) * rs;
+        yr[j] = h * gamma[j] + (beta ? beta[j] : 0.0f);
+      }
+    }
+  }
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
+    const int64_t n = x.rows, c = x.cols;
+    if (residual) check_same("layernorm_backward residual", x, *residual);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x.row(r);
+      const float* gr = dy.row(r);
+      const float m = mean.data[r], rs = rstd.data[r];
+      double s1 = 0.0, s2 = 0.0;  // sum(g*gamma), sum(g*gamma*xhat)
+      for (int64_t j = 0; j < c; ++j) {
+        const float gg = gr[j] * gamma[j];
+        s1 += gg;
+        s2 += double(gg) * double((xr[j] - m) * rs);
+      }
+      const float a = float(s1 / double(c)), b = float(s2 / double(c));
+      float* dr = dx.row(r);
+      const float* res = residual ? residual->row(r) : nullptr;
+      for (int64_t j = 0; j < c; ++j) {
+        const float h = (xr[j] - m) * rs;
+        const float d = rs * (gr[j] * gamma[j] - a - h * b);
+        dr[j] = res ? d + res[j] : d;
+      }
+    }
+    column_reduce(n, c, dgamma, [&](int64_t r, int64_t j) {
+      return dy.data[r * c + j] * ((x.data[r * c + j] - mean.data[r]) * rstd.data[r]);
+    });
+    if (dbeta) column_reduce(n, c, dbeta, [&](int64_t r, int64_t j) { return dy.data[r * c + j]; });
+  }
+
+  // Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), with erf_f32 (erf.hpp: within
+  // 3 ulp of erf, and vectorisable, unlike libm's erff).
+  void gelu_forward(const Tensor& x, Tensor& y) override {
+    const int64_t n = x.size();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x.data[i];
+      y.data[i] = 0.5f * v * (1.0f + erf_f32(v * 0.70710678118654752f));
+    }
+  }
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    // Chunks: erf in a vectorised loop, then libm's expf (a scalar call) in a
+    // second one. dx may alias dy.
+    constexpr int64_t kChunk = 1024;
+    const int64_t n = x.size();
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+      const int64_t len = std::min(kChunk, n - c0);
+      const float* xv = x.data + c0;
+      float e[kChunk];
+      for (int64_t j = 0; j < len; ++j) e[j] = erf_f32(xv[j] * 0.70710678118654752f);
+      for (int64_t j = 0; j < len; ++j) {
+        const float v = xv[j];
+        const float cdf = 0.5f * (1.0f + e[j]);
+        const float pdf = 0.39894228040143268f * std::exp(-0.5f * v * v);
+        dx.data[c0 + j] = dy.data[c0 + j] * (cdf + v * pdf);
+      }
+    }
+  }
+
+  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
+                         DropoutKey key) override {
+    const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
+    check_attention(s, qkv);
+    const uint32_t thr = dropout_threshold(s.dropout);
+    const float keep_scale = s.dropout > 0.0f ? 1.0f / (1.0f - s.dropout) : 1.0f;
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < s.batch * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* base = qkv.data + b * T * qkv.cols;
+      ConstMap q(base + h * hd, T, hd, Stride(qkv.cols));
+      ConstMap k(base + C + h * hd, T, hd, Stride(qkv.cols));
+      ConstMap v(base + 2 * C + h * hd, T, hd, Stride(qkv.cols));
+      Map p(probs.data + bh * T * T, T, T, Stride(T));
+      p.noalias() = q * k.transpose();
+      for (int64_t i = 0; i < T; ++i) {
+        float* pr = p.data() + i * T;
+        const int64_t lim = s.causal ? i + 1 : T;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < lim; ++j) {
+          pr[j] *= s.scale;
+          mx = std::max(mx, pr[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < lim; ++j) {
+          pr[j] = std::exp(pr[j] - mx);
+          sum += pr[j];
+        }
+        const float inv = float(1.0 / sum);
+        for (int64_t j = 0; j < lim; ++j) pr[j] *= inv;
+        for (int64_t j = lim; j < T; ++j) pr[j] = 0.0f;
+      }
+      Map o(out.data + b * T * C + h * hd, T, hd, Stride(C));
+      if (thr == 0) {
+        o.noalias() = p * v;
+      } else {
+        MatrixRM pd(T, T);
+        DropoutWords dw;
+        const uint32_t* w = dw.get(key, uint64_t(bh * T * T), uint64_t(T * T));
+        for (int64_t i = 0; i < T * T; ++i) pd.data()[i] = drop(p.data()[i], w[i], thr, keep_scale);
+        o.noalias() = pd * v;
+      }
+    }
+  }
+  void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
+                          Tensor& dqkv, DropoutKey key) override {
+    const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
+    check_attention(s, qkv);
+    const uint32_t thr = dropout_threshold(s.dropout);
+    const float keep_scale = s.dropout > 0.0f ? 1.0f / (1.0f - s.dropout) : 1.0f;
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < s.batch * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* base = qkv.data + b * T * qkv.cols;
+      ConstMap q(base + h * hd, T, hd, Stride(qkv.cols));
+      ConstMap k(base + C + h * hd, T, hd, Stride(qkv.cols));
+      ConstMap v(base + 2 * C + h * hd, T, hd, Stride(qkv.cols));
+      ConstMap p(probs.data + bh * T * T, T, T, Stride(T));
+      ConstMap dout_m(dout.data + b * T * C + h * hd, T, hd, Stride(C));
+      float* dbase = dqkv.data + b * T * dqkv.cols;
+      Map dq(dbase + h * hd, T, hd, Stride(dqkv.cols));
+      Map dk(dbase + C + h * hd, T, hd, Stride(dqkv.cols));
+      Map dv(dbase + 2 * C + h * hd, T, hd, Stride(dqkv.cols));
+      MatrixRM dp = dout_m * v.transpose();  // d(dropped probs)
+      if (thr == 0) {
+        dv.noalias() = p.transpose() * dout_m;
+      } else {
+        MatrixRM pd(T, T);
+        DropoutWords dw;
+        const uint32_t* w = dw.get(key, uint64_t(bh * T * T), uint64_t(T * T));
+        for (int64_t i = 0; i < T * T; ++i) {
+          pd.data()[i] = drop(p.data()[i], w[i], thr, keep_scale);
+          dp.data()[i] = drop(dp.data()[i], w[i], thr, keep_scale);
+        }
+        dv.noalias() = pd.transpose() * dout_m;
+      }
+      // Softmax backward: ds = p * (dp - sum_j dp*p), then the scale.
+      for (int64_t i = 0; i < T; ++i) {
+        const float* pr = p.data() + i * T;
+        float* dr = dp.data() + i * T;
+        double dot = 0.0;
+        for (int64_t j = 0; j < T; ++j) dot += double(dr[j]) * double(pr[j]);
+        const float d = float(dot);
+        for (int64_t j = 0; j < T; ++j) dr[j] = pr[j] * (dr[j] - d) * s.scale;
+      }
+      dq.noalias() = dp * k;
+      dk.noalias() = dp.transpose() * q;
+    }
+  }
+
+  void dropout_forward(Tensor& x, float p, DropoutKey key) override { dropout_apply(x, p, key); }
+  void dropout_backward(Tensor& dy, float p, DropoutKey key) override { dropout_apply(dy, p, key); }
+
+  void add_inplace(Tensor& y, const Tensor& x) override {
+    check_same("add_inplace", y, x);
+    const int64_t n = y.size();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) y.data[i] += x.data[i];
+  }
+
+  void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,
+                     Tensor& out) override {
+    const int64_t C = wte.cols;
+    for (int64_t i = 0; i < batch * seq; ++i)
+      if (idx[i] < 0 || idx[i] >= wte.rows)
+        throw Error("embedding: token id " + std::to_string(idx[i]) + " outside the vocabulary [0, " +
+                    std::to_string(wte.rows) + ")");
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < batch * seq; ++i) {
+      const float* e = wte.row(idx[i]);
+      const float* p = wpe.row(i % seq);
+      float* o = out.row(i);
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    }
+  }
+  void embed_backward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& dout, Tensor& dwte,
+                      Tensor& dwpe) override {
+    const int64_t C = dout.cols;
+    // Rows in order (a scatter-add: a fixed order keeps it deterministic).
+    for (int64_t i = 0; i < batch * seq; ++i) {
+      const float* g = dout.row(i);
+      float* e = dwte.row(idx[i]);
+      for (int64_t c = 0; c < C; ++c) e[c] += g[c];
+    }
+    column_reduce_rows_mod(dout, seq, dwpe);
+  }
+
+  void vit_tokens_forward(const Tensor& patches, int64_t batch, const float* cls, const Tensor& pos,
+                          Tensor& out) override {
+    const int64_t P = patches.rows / batch, C = patches.cols, L = P + 1;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < batch * L; ++r) {
+      const int64_t b = r / L, t = r % L;
+      const float* src = t == 0 ? cls : patches.row(b * P + t - 1);
+      const float* pr = pos.row(t);
+      float* o = out.row(r);
+      for (int64_t c = 0; c < C; ++c) o[c] = src[c] + pr[c];
+    }
+  }
+  void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls, Tensor& dpos) override {
+    const int64_t L = dout.rows / batch, P = L - 1, C = dout.cols;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < batch * P; ++r) {
+      const int64_t b = r / P, p = r % P;
+      std::memcpy(dpatches.row(r), dout.row(b * L + 1 + p), size_t(C) * 4);
+    }
+    column_reduce_rows_mod(dout, L, dpos);
+    column_reduce(batch, C, dcls, [&](int64_t b, int64_t c) { return dout.data[b * L * C + c]; });
+  }
+  void gather_rows(const Tensor& x, int64_t stride, Tensor& out) override {
+    for (int64_t r = 0; r < out.rows; ++r) std::memcpy(out.row(r), x.row(r * stride), size_t(x.cols) * 4);
+  }
+  void scatter_rows(const Tensor& dout, int64_t stride, Tensor& dx) override {
+    fill(dx, 0.0f);
+    for (int64_t r = 0; r < dout.rows; ++r) std::memcpy(dx.row(r * stride), dout.row(r), size_t(dx.cols) * 4);
+  }
+
+  double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) override {
+    const int64_t n = logits.rows, v = logits.cols;
+    for (int64_t r = 0; r < n; ++r)
+      if (targets[r] < 0 || targets[r] >= v)
+        throw Error("cross_entropy: target " + std::to_string(targets[r]) + " outside [0, " + std::to_string(v) + ")");
+    std::vector<double> loss(static_cast<size_t>(n));
+    std::vector<uint8_t> ok(static_cast<size_t>(n));
+    const float inv_n = 1.0f / float(n);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; ++r) {
+      const float* l = logits.row(r);
+      float mx = l[0];
+      int64_t arg = 0;
+      for (int64_t j = 1; j < v; ++j)
+        if (l[j] > mx) mx = l[j], arg = j;
+      double sum = 0.0;
+      for (int64_t j = 0; j < v; ++j) sum += std::exp(double(l[j] - mx));
+      const double lse = double(mx) + std::log(sum);
+      loss[size_t(r)] = lse - double(l[targets[r]]);
+      ok[size_t(r)] = arg == targets[r];
+      if (dlogits) {
+        float* d = dlogits->row(r);
+        for (int64_t j = 0; j < v; ++j) d[j] = float(std::exp(double(l[j]) - lse)) * inv_n;
+        d[targets[r]] -= inv_n;
+      }
+    }
+    double s = 0.0;
+    int64_t c = 0;
+    for (int64_t r = 0; r < n; ++r) s += loss[size_t(r)], c += ok[size_t(r)];
+    if (correct) *correct = c;
+    return s / double(n);
+  }
+
+  double sum_squares(const Tensor& g) override {
+    const int64_t n = g.size(), blk = 1 << 14, nb = (n + blk - 1) / blk;
+    std::vector<double> part(size_t(nb), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nb; ++b) {
+      double s = 0.0;
+      for (int64_t i = b * blk; i < std::min(n, (b + 1) * blk); ++i) s += double(g.data[i]) * double(g.data[i]);
+      part[size_t(b)] = s;
+    }
+    double s = 0.0;
+    for (double x : part) s += x;
+    return s;
+  }
+  void scale(Tensor& g, float sc) override {
+    const int64_t n = g.size();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) g.data[i] *= sc;
+  }
+  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
+                  float b1, float b2, float eps, float wd, int64_t t) override {
+    const int64_t n = p.size();
+    check_ranges("cpu backend adamw_step (decayed)", decayed, n);
+    const float bc1 = float(1.0 - std::pow(double(b1), double(t)));
+    const float bc2s = float(std::sqrt(1.0 - std::pow(double(b2), double(t))));
+    const float step = lr / bc1;
+    const float shrink = 1.0f - lr * wd;
+    // Elements [a, b), decayed or not.
+    auto update = [&](int64_t a, int64_t b, bool decay) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = a; i < b; ++i) {
+        float x = p.data[i];
+        if (decay) x *= shrink;
+        const float gi = g.data[i];
+        const float mi = m.data[i] + (gi - m.data[i]) * (1.0f - b1);  // torch lerp
+        const float vi = v.data[i] * b2 + (1.0f - b2) * gi * gi;
+        m.data[i] = mi;
+        v.data[i] = vi;
+        const float denom = std::sqrt(vi) / bc2s + eps;
+        p.data[i] = x - step * (mi / denom);
+      }
+    };
+    int64_t done = 0;
+    for (const IndexRange& r : decayed) {
+      update(done, r.offset, false);
+      update(r.offset, r.offset + r.size, wd != 0.0f);
+      done = r.offset + r.size;
+    }
+    update(done, n, false);
+  }
+
+ private:
+  static void check_attention(const AttentionShape& s, const Tensor& qkv) {
+    if (qkv.cols % 3 != 0 || (qkv.cols / 3) % s.heads != 0 || qkv.rows != s.batch * s.seq)
+      throw Error("attention: qkv [" + std::to_string(qkv.rows) + ", " + std::to_string(qkv.cols) +
+                  "] does not fit batch " + std::to_string(s.batch) + " x seq " + std::to_string(s.seq) + ", " +
+                  std::to_string(s.heads) + " heads");
+  }
+  void dropout_apply(Tensor& x, float p, DropoutKey key) {
+    if (p <= 0.0f) return;
+    const uint32_t thr = dropout_threshold(p);
+    const float keep_scale = 1.0f / (1.0f - p);
+    const int64_t n = x.size();
+    constexpr int64_t kChunk = 4096;  // elements per batch of words
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel
+    {
+      DropoutWords dw;
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
+        const uint32_t* w = dw.get(key, uint64_t(i0), uint64_t(len));
+        float* xc = x.data + i0;
+        for (int64_t i = 0; i < len; ++i) xc[i] = drop(xc[i], w[i], thr, keep_scale);
+      }
+    }
+  }
+  // acc[t] += sum over rows r with r % period == t of d[r] (deterministic order).
+  void column_reduce_rows_mod(const Tensor& d, int64_t period, Tensor& acc) {
+    const int64_t C = d.cols, reps = d.rows / period;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < period; ++t) {
+      float* a = acc.row(t);
+      std::vector<double> s(size_t(C), 0.0);
+      for (int64_t b = 0; b < reps; ++b) {
+        const float* g = d.row(b * period + t);
+        for (int64_t c = 0; c < C; ++c) s[size_t(c)] += g[c];
+      }
+      for (int64_t c = 0; c < C; ++c) a[c] += float(s[size_t(c)]);
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace fp4lab::train

@@ -1,0 +1,184 @@
+// The quantized linear layer on the CPU (linear.hpp): fake-quantized
+// operands, FP32 Eigen GEMMs on fixed output tiles.
+#include "train/cpu/linear.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/encode.hpp"
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "sim/quantizer.hpp"
+#include "sim/rht.hpp"
+
+namespace fp4lab {
+
+namespace {
+
+// Output tile of one parallel GEMM task: kGemmRowBlock rows x kGemmColBlock
+// columns. Every tile is computed by single-threaded Eigen (inside an OpenMP
+// region Eigen does not spawn threads), over the whole reduction dimension, so
+// each output element's summation order depends only on the problem shape and
+// the fixed tiling, never on the thread count. Large tiles keep Eigen's
+// operand packing (O(k (m + n)) per tile) small next to the O(2 m n k) flops.
+constexpr int64_t kGemmColBlock = 256;
+
+template <class A, class B>
+void gemm_tiled(MatrixRM& c, const A& a, const B& b) {
+  const int64_t m = a.rows(), n = b.cols();
+  c.resize(m, n);
+  if (m == 0 || n == 0) return;
+  if (a.cols() == 0) {
+    c.setZero();
+    return;
+  }
+  const int64_t tm = (m + kGemmRowBlock - 1) / kGemmRowBlock;
+  const int64_t tn = (n + kGemmColBlock - 1) / kGemmColBlock;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < tm * tn; ++t) {
+    const int64_t r0 = (t / tn) * kGemmRowBlock, c0 = (t % tn) * kGemmColBlock;
+    const int64_t nr = std::min(kGemmRowBlock, m - r0), nc = std::min(kGemmColBlock, n - c0);
+    c.block(r0, c0, nr, nc).noalias() = a.middleRows(r0, nr) * b.middleCols(c0, nc);
+  }
+}
+
+MatrixView<float> view(MatrixRM& m) { return MatrixView<float>(m.data(), m.rows(), m.cols()); }
+
+// Round to bfloat16, nearest-even (the high-precision mode "bf16": GEMM
+// operands in bf16, FP32 accumulation). Inf/NaN stay Inf/NaN.
+void round_bf16(MatrixView<float> m) {
+  const int64_t rows = m.rows, cols = m.cols;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = m.data + r * m.stride;
+    for (int64_t c = 0; c < cols; ++c) p[c] = decode(bfloat16, encode_rn_f32<bfloat16>(p[c], Overflow::nonsaturate));
+  }
+}
+
+void check_shapes(const char* fn, const MatrixRM& x, const MatrixRM& w) {
+  if (x.cols() != w.cols())
+    throw Error(std::string(fn) + ": x is [" + std::to_string(x.rows()) + ", " + std::to_string(x.cols()) +
+                "] but W is [" + std::to_string(w.rows()) + ", " + std::to_string(w.cols()) +
+                "]: x's columns must equal W's columns (in_features)");
+}
+
+}  // namespace
+
+void apply_operand_plan(const OperandPlan& p, MatrixView<float> m) {
+  if (p.pre) fake_quantize(*p.pre, m, p.pre_stream);
+  if (p.rht) rht_forward(m, RhtAxis::cols, p.rht_seed);
+  if (p.quantizer) {
+    fake_quantize(*p.quantizer, m, p.stream);
+  } else if (p.round_bf16) {
+    round_bf16(m);
+  }
+}
+
+void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM& w, const float* bias, MatrixRM& y,
+                    LinearSaved& saved) {
+  check_shapes("linear_forward", x, w);
+  const LinearPlan plan = linear_plan(ctx);
+  saved.x = x;
+  saved.x_q.resize(0, 0);
+  saved.w_q.resize(0, 0);
+  MatrixRM xq, wq;
+  const MatrixRM* xa = &x;
+  const MatrixRM* wa = &w;
+  if (plan.operand(Operand::fwd_x).changes()) {
+    xq = x;
+    apply_operand_plan(plan.operand(Operand::fwd_x), view(xq));
+    xa = &xq;
+  }
+  if (plan.operand(Operand::fwd_w).changes()) {
+    wq = w;
+    apply_operand_plan(plan.operand(Operand::fwd_w), view(wq));
+    wa = &wq;
+  }
+  gemm_tiled(y, *xa, wa->transpose());
+  if (bias != nullptr) {
+    const int64_t rows = y.rows(), cols = y.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* yr = y.data() + r * cols;
+      for (int64_t c = 0; c < cols; ++c) yr[c] += bias[c];
+    }
+  }
+  // wgrad_x's pre (double quantization) is Q_fwd_x(x) with fwd_x's stream: the
+  // forward's fwd_x operand (a bare quantizer), kept instead of recomputed.
+  if (plan.operand(Operand::wgrad_x).pre) saved.x_q = std::move(xq);
+  if (plan.reuse_fwd_w) saved.w_q = std::move(wq);
+}
+
+void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const MatrixRM& w, const MatrixRM& dy,
+                     MatrixRM& dx, MatrixRM& dw, float* db) {
+  check_shapes("linear_backward", saved.x, w);
+  if (dy.rows() != saved.x.rows() || dy.cols() != w.rows())
+    throw Error("linear_backward: dy is [" + std::to_string(dy.rows()) + ", " + std::to_string(dy.cols()) +
+                "], expected [" + std::to_string(saved.x.rows()) + ", " + std::to_string(w.rows()) +
+                "] (batch rows of x, out_features of W)");
+  const LinearPlan plan = linear_plan(ctx);
+
+  // dgrad: dx = Q(dy) Q(W'), reduction over out.
+  {
+    MatrixRM g, wb;
+    const MatrixRM* ga = &dy;
+    const MatrixRM* wa = &w;
+    const OperandPlan& pg = plan.operand(Operand::dgrad_grad_y);
+    const OperandPlan& pw = plan.operand(Operand::dgrad_w);
+    if (pg.changes()) {
+      g = dy;
+      apply_operand_plan(pg, view(g));
+      ga = &g;
+    }
+    if (plan.reuse_fwd_w && saved.w_q.rows() == w.rows() && saved.w_q.cols() == w.cols()) {
+      wa = &saved.w_q;
+    } else if (pw.changes()) {
+      wb = w;
+      apply_operand_plan(pw, view(wb));
+      wa = &wb;
+    }
+    gemm_tiled(dx, *ga, *wa);
+  }
+
+  // wgrad: dW = Q(R dy)^T Q(R x'), reduction over B.
+  {
+    MatrixRM g, xb;
+    const MatrixRM* ga = &dy;
+    const MatrixRM* xa = &saved.x;
+    const OperandPlan& pg = plan.operand(Operand::wgrad_grad_y);
+    OperandPlan px = plan.operand(Operand::wgrad_x);
+    if (pg.changes()) {
+      g = dy;
+      apply_operand_plan(pg, view(g));
+      ga = &g;
+    }
+    if (px.pre && saved.x_q.rows() != saved.x.rows())
+      throw Error(
+          "linear_backward: the recipe uses double_quantization but `saved` holds no Q_fwd_x(x); pass the "
+          "LinearSaved that linear_forward filled with the same context");
+    if (px.changes()) {
+      xb = px.pre ? saved.x_q : saved.x;
+      px.pre = nullptr;  // saved.x_q is pre's result already
+      apply_operand_plan(px, view(xb));
+      xa = &xb;
+    }
+    gemm_tiled(dw, ga->transpose(), *xa);
+  }
+
+  if (db != nullptr) {
+    // Column strips of 64, rows in order: a fixed summation order per column.
+    const int64_t rows = dy.rows(), cols = dy.cols(), strips = (cols + 63) / 64;
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < strips; ++s) {
+      const int64_t c0 = s * 64, nc = std::min<int64_t>(64, cols - c0);
+      double acc[64] = {};
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* dr = dy.data() + r * cols + c0;
+        for (int64_t c = 0; c < nc; ++c) acc[c] += double(dr[c]);
+      }
+      for (int64_t c = 0; c < nc; ++c) db[c0 + c] = float(acc[c]);
+    }
+  }
+}
+
+}  // namespace fp4lab

@@ -1,0 +1,548 @@
+// The trainer's CUDA backend: every Backend call (train/backend.hpp) on
+// the GPU with the kernels of train/cuda/nn.hpp, the linear layer through CudaLinear
+// (train/cuda/linear.hpp). Compiled only when fp4lab is built with CUDA.
+//
+// Memory: Tensors hold DEVICE pointers from a caching allocator (free lists by
+// rounded size; a block goes back to its list when the last shared_ptr to it
+// dies, so the per-step empty() calls stop calling cudaMalloc after the first
+// step). Host inputs (token ids, targets) are uploaded into reusable device
+// buffers through pinned staging buffers, and the cross-entropy's per-row
+// results come back into pinned memory behind an event, so that neither blocks
+// the host: a training step waits for the GPU only for the gradient norm and
+// at its end. The AdamW decay mask is built on the device from its ranges. All
+// work runs in order on the legacy default stream, so a block recycled by the
+// allocator is only reused by work queued after the last use of its previous
+// owner.
+//
+// Numerics: the same operations as the CPU backend in the same FP32/FP64
+// precision; only summation orders differ (fixed ones, so every call gives the
+// same bits run to run), and the dropout masks are the CPU's bit for bit.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "train/backend.hpp"
+#include "train/cuda/linear.hpp"
+#include "core/error.hpp"
+#include "cuda/device.hpp"
+#include "train/cuda/nn.hpp"
+#include "sim/rht.hpp"
+
+namespace fp4lab::train {
+
+namespace {
+
+namespace nn = fp4lab::cuda::nn;
+using fp4lab::cuda::check;
+using fp4lab::cuda::DeviceBuffer;
+
+// ---- caching device allocator ---------------------------------------------------
+
+// Sizes are rounded to 512-byte steps up to 1 MiB, above that to eighths of the
+// enclosing power of two (at most 12.5% slack), so that slightly different
+// requests share free lists.
+size_t round_bytes(size_t b) {
+  if (b <= (size_t(1) << 20)) return std::max<size_t>(512, (b + 511) / 512 * 512);
+  size_t p = size_t(1) << 20;
+  while (p < b) p <<= 1;
+  const size_t step = p / 8;
+  return (b + step - 1) / step * step;
+}
+
+class DevicePool {
+ public:
+  DevicePool() = default;
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  ~DevicePool() {
+    // At program exit the runtime may already be unloading: errors ignored.
+    for (auto& [bytes, list] : free_)
+      for (void* p : list) cudaFree(p);
+  }
+
+  void* acquire(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= bytes;
+        return p;
+      }
+    }
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      // Out of memory: hand the cached blocks back to the driver and retry once.
+      cudaGetLastError();
+      release_cached();
+      e = cudaMalloc(&p, bytes);
+    }
+    if (e != cudaSuccess) check(e, ("cudaMalloc of " + std::to_string(bytes) + " bytes (cuda backend tensor)").c_str());
+    return p;
+  }
+  void release(void* p, size_t bytes) noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      free_[bytes].push_back(p);
+      cached_bytes_ += bytes;
+    } catch (...) {
+      cudaFree(p);  // bookkeeping failed: give it back rather than leak
+    }
+  }
+  void release_cached() {
+    std::lock_guard<std::mutex> lock(mu_);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (releasing cached blocks)");
+    for (auto& [bytes, list] : free_) {
+      for (void* p : list) cudaFree(p);
+      list.clear();
+    }
+    cached_bytes_ = 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t cached_bytes_ = 0;
+};
+
+// Grows `b` to at least n elements (contents lost on growth), 64 at least.
+template <class T>
+T* reserve(DeviceBuffer<T>& b, size_t n) {
+  return b.size() < n ? b.at_least(std::max<size_t>(n, 64)) : b.data();
+}
+
+void check_shape(const char* fn, const char* what, const Tensor& t, int64_t rows, int64_t cols) {
+  if (t.rows != rows || t.cols != cols)
+    throw Error(std::string("cuda backend ") + fn + ": " + what + " is [" + std::to_string(t.rows) + ", " +
+                std::to_string(t.cols) + "], expected [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+}
+void check_size(const char* fn, const char* what, const Tensor& t, int64_t n) {
+  if (t.size() != n)
+    throw Error(std::string("cuda backend ") + fn + ": " + what + " holds " + std::to_string(t.size()) +
+                " floats, expected " + std::to_string(n));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() : pool_(std::make_shared<DevicePool>()) {}
+  std::string name() const override { return "cuda"; }
+  void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+  // ---- memory ----
+  Tensor empty(int64_t rows, int64_t cols) override {
+    if (rows < 0 || cols < 0)
+      throw Error("cuda backend: negative tensor shape [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+    const size_t bytes = round_bytes(size_t(std::max<int64_t>(1, rows * cols)) * sizeof(float));
+    float* p = static_cast<float*>(pool_->acquire(bytes));
+    Tensor t;
+    t.rows = rows;
+    t.cols = cols;
+    std::shared_ptr<DevicePool> pool = pool_;  // the pool outlives every tensor
+    t.mem = std::shared_ptr<float[]>(p, [pool, bytes](float* q) { pool->release(q, bytes); });
+    t.data = p;
+    return t;
+  }
+  void fill(Tensor& t, float v) override { nn::fill(t.data, t.size(), v); }
+  void upload(const float* host, Tensor& t) override {
+    if (t.size() > 0)
+      check(cudaMemcpy(t.data, host, size_t(t.size()) * 4, cudaMemcpyHostToDevice), "cuda backend upload");
+  }
+  void download(const Tensor& t, float* host) override {
+    if (t.size() > 0)
+      check(cudaMemcpy(host, t.data, size_t(t.size()) * 4, cudaMemcpyDeviceToHost), "cuda backend download");
+  }
+  void copy(const Tensor& src, Tensor& dst) override {
+    if (src.size() != dst.size()) throw Error("cuda backend: copy between tensors of different sizes");
+    if (src.size() > 0)
+      check(cudaMemcpyAsync(dst.data, src.data, size_t(src.size()) * 4, cudaMemcpyDeviceToDevice, nullptr),
+            "cuda backend copy");
+  }
+  void copy_cols(const Tensor& src, int64_t sc, Tensor& dst, int64_t dc, int64_t n) override {
+    if (src.rows != dst.rows || sc < 0 || dc < 0 || n < 0 || sc + n > src.cols || dc + n > dst.cols)
+      throw Error("cuda backend: copy_cols out of range");
+    nn::copy_cols(src.data + sc, src.cols, dst.data + dc, dst.cols, src.rows, n);
+  }
+
+  // ---- BF16 companions ----
+  bool linear_reads_bf16(const LinearContext& ctx, bool grad) override { return linear_.reads_bf16(ctx, grad); }
+  void add_bf16_companion(Tensor& t, bool drop_f32) override {
+    Tensor h = empty(1, (t.size() + 1) / 2);  // size() BF16 values
+    t.bf16 = reinterpret_cast<uint16_t*>(h.data);
+    t.bf16_mem = std::move(h.mem);
+    if (drop_f32) {  // the companion alone (its FP32 block goes back to the cache)
+      t.data = nullptr;
+      t.mem.reset();
+    }
+  }
+
+  // ---- tensor-amax companions ----
+  std::optional<AmaxRequest> linear_amax_request(const LinearContext& ctx, bool grad, int64_t rows,
+                                                 int64_t cols) override {
+    return linear_.amax_request(ctx, grad, rows, cols);
+  }
+  void add_amax_companion(Tensor& t, const AmaxRequest& r) override {
+    Tensor w = empty(1, 2);  // two 32-bit words
+    t.amax = reinterpret_cast<uint32_t*>(w.data);
+    t.amax_mem = std::move(w.mem);
+    t.amax_request = r;
+    t.amax_written = false;
+  }
+
+  // ---- linear ----
+  void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+                      std::unique_ptr<LinearState>& state) override {
+    linear_.forward(ctx, x, w, b, y, state, alloc());
+  }
+  void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+                       Tensor& dx, Tensor& dw_acc, float* db_acc) override {
+    linear_.backward(ctx, state, w, dy, dx, dw_acc, db_acc, alloc());
+  }
+
+  // ---- LayerNorm, GELU ----
+  void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
+                         Tensor& rstd) override {
+    check_shape("layernorm_forward", "y", y, x.rows, x.cols);
+    check_size("layernorm_forward", "mean", mean, x.rows);
+    check_size("layernorm_forward", "rstd", rstd, x.rows);
+    nn::layernorm_forward(x.data, gamma, beta, eps, x.rows, x.cols, y.data, mean.data, rstd.data, y.bf16);
+  }
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
+    check_shape("layernorm_backward", "dy", dy, x.rows, x.cols);
+    if (residual) check_shape("layernorm_backward", "residual", *residual, x.rows, x.cols);
+    check_shape("layernorm_backward", "dx", dx, x.rows, x.cols);
+    check_size("layernorm_backward", "mean", mean, x.rows);
+    check_size("layernorm_backward", "rstd", rstd, x.rows);
+    nn::layernorm_backward(dy.data, x.data, gamma, mean.data, rstd.data, x.rows, x.cols, dx.data, dgamma, dbeta,
+                           scratch_, residual ? residual->data : nullptr);
+  }
+  void gelu_forward(const Tensor& x, Tensor& y) override {
+    check_size("gelu_forward", "y", y, x.size());
+    const std::optional<nn::ProducerAmax> a = producer_amax(y, {x.data, y.data});
+    nn::gelu_forward(x.data, y.data, x.size(), y.bf16, nullptr, a ? &*a : nullptr);
+    y.amax_written = a.has_value();
+  }
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    check_size("gelu_backward", "dy", dy, x.size());
+    check_size("gelu_backward", "dx", dx, x.size());
+    const std::optional<nn::ProducerAmax> a = producer_amax(dx, {x.data, dy.data, dx.data});
+    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), dx.bf16, nullptr, a ? &*a : nullptr);
+    dx.amax_written = a.has_value();
+  }
+
+  // ---- attention ----
+  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
+                         DropoutKey key) override {
+    const nn::AttentionDims d = dims(s, qkv, key);
+    check_shape("attention_forward", "out", out, qkv.rows, d.width);
+    check_shape("attention_forward", "probs", probs, s.batch * s.heads * s.seq, s.seq);
+    attention_.forward(d, qkv.data, out.data, probs.data, out.bf16);
+  }
+  void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
+                          Tensor& dqkv, DropoutKey key) override {
+    const nn::AttentionDims d = dims(s, qkv, key);
+    check_shape("attention_backward", "probs", probs, s.batch * s.heads * s.seq, s.seq);
+    check_shape("attention_backward", "dout", dout, qkv.rows, d.width);
+    check_shape("attention_backward", "dqkv", dqkv, qkv.rows, qkv.cols);
+    attention_.backward(d, qkv.data, probs.data, dout.data, dqkv.data, dqkv.bf16);
+  }
+
+  // ---- dropout, add ----
+  void dropout_forward(Tensor& x, float p, DropoutKey key) override {
+    nn::dropout(x.data, x.size(), p, key.seed, key.stream);
+  }
+  void dropout_backward(Tensor& dy, float p, DropoutKey key) override {
+    nn::dropout(dy.data, dy.size(), p, key.seed, key.stream, dy.bf16);
+  }
+  void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key) override {
+    check_shape("dropout_backward_to", "dst", dst, src.rows, src.cols);
+    const std::optional<nn::ProducerAmax> a = producer_amax(dst, {src.data, dst.data});
+    nn::dropout_to(src.data, nullptr, dst.data, src.size(), p, key.seed, key.stream, dst.bf16, nullptr,
+                   a ? &*a : nullptr);
+    dst.amax_written = a.has_value();
+  }
+  void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key) override {
+    check_shape("add_dropout_backward_to", "x", x, y.rows, y.cols);
+    check_shape("add_dropout_backward_to", "dst", dst, y.rows, y.cols);
+    const std::optional<nn::ProducerAmax> a = producer_amax(dst, {y.data, x.data, dst.data});
+    nn::dropout_to(y.data, x.data, dst.data, y.size(), p, key.seed, key.stream, dst.bf16, nullptr, a ? &*a : nullptr);
+    dst.amax_written = a.has_value();
+  }
+  void add_inplace(Tensor& y, const Tensor& x) override {
+    check_shape("add_inplace", "x", x, y.rows, y.cols);
+    nn::add_inplace(y.data, x.data, y.size());
+  }
+  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override {
+    check_shape("dropout_add", "x", x, y.rows, y.cols);
+    nn::dropout_add(y.data, x.data, y.size(), p, key.seed, key.stream);
+  }
+
+  // ---- embeddings ----
+  void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,
+                     Tensor& out) override {
+    const int64_t n = batch * seq, C = wte.cols;
+    check_ids(idx, n, wte.rows);
+    if (wpe.rows < seq || wpe.cols != C)
+      throw Error("embedding: wpe [" + std::to_string(wpe.rows) + ", " + std::to_string(wpe.cols) +
+                  "] does not cover seq " + std::to_string(seq) + " x width " + std::to_string(C));
+    check_shape("embed_forward", "out", out, n, C);
+    int32_t* d_idx = ids_up_.put(idx, n);
+    nn::embed_forward(d_idx, batch, seq, wte.data, wpe.data, C, out.data);
+  }
+  void embed_backward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& dout, Tensor& dwte,
+                      Tensor& dwpe) override {
+    const int64_t n = batch * seq, C = dout.cols;
+    check_ids(idx, n, dwte.rows);
+    check_shape("embed_backward", "dout", dout, n, dwte.cols);
+    if (dwpe.rows < seq || dwpe.cols != C) throw Error("cuda backend embed_backward: dwpe too small");
+    // Group the positions of each token id (counting sort, positions increasing
+    // within a group): the GPU then adds each vocabulary row's gradients in the
+    // CPU's row order without atomics.
+    const int64_t V = dwte.rows;
+    count_.assign(size_t(V), 0);
+    for (int64_t i = 0; i < n; ++i) ++count_[size_t(idx[i])];
+    start_.resize(size_t(V));
+    group_rows_.clear();
+    group_offsets_.assign(1, 0);
+    int32_t acc = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      start_[size_t(v)] = acc;
+      acc += count_[size_t(v)];
+      if (count_[size_t(v)] > 0) {
+        group_rows_.push_back(int32_t(v));
+        group_offsets_.push_back(acc);
+      }
+    }
+    positions_.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) positions_[size_t(start_[size_t(idx[i])]++)] = int32_t(i);
+    const int64_t ng = int64_t(group_rows_.size());
+    int32_t* d_rows = group_rows_up_.put(group_rows_.data(), ng);
+    int32_t* d_off = group_offsets_up_.put(group_offsets_.data(), ng + 1);
+    int32_t* d_pos = positions_up_.put(positions_.data(), n);
+    nn::embed_backward_grouped(d_rows, d_off, d_pos, ng, dout.data, C, dwte.data);
+    nn::rows_mod_sum_acc(dout.data, n, C, seq, dwpe.data);
+  }
+
+  void vit_tokens_forward(const Tensor& patches, int64_t batch, const float* cls, const Tensor& pos,
+                          Tensor& out) override {
+    if (batch <= 0 || patches.rows % batch != 0)
+      throw Error("vit_tokens_forward: " + std::to_string(patches.rows) + " patch rows do not split into batch " +
+                  std::to_string(batch));
+    const int64_t P = patches.rows / batch, C = patches.cols;
+    check_shape("vit_tokens_forward", "pos", pos, P + 1, C);
+    check_shape("vit_tokens_forward", "out", out, batch * (P + 1), C);
+    nn::vit_tokens_forward(patches.data, batch, P, C, cls, pos.data, out.data);
+  }
+  void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls, Tensor& dpos) override {
+    if (batch <= 0 || dout.rows % batch != 0)
+      throw Error("vit_tokens_backward: " + std::to_string(dout.rows) + " token rows do not split into batch " +
+                  std::to_string(batch));
+    const int64_t L = dout.rows / batch, P = L - 1, C = dout.cols;
+    check_shape("vit_tokens_backward", "dpatches", dpatches, batch * P, C);
+    check_shape("vit_tokens_backward", "dpos", dpos, L, C);
+    // dpatches: per image, rows 1..L-1 of its token block (one strided copy).
+    if (P > 0)
+      check(cudaMemcpy2DAsync(dpatches.data, size_t(P * C) * 4, dout.data + C, size_t(L * C) * 4, size_t(P * C) * 4,
+                              size_t(batch), cudaMemcpyDeviceToDevice, nullptr),
+            "vit_tokens_backward (cudaMemcpy2DAsync)");
+    nn::rows_mod_sum_acc(dout.data, dout.rows, C, L, dpos.data);
+    nn::column_sum_acc(dout.data, L * C, batch, C, dcls, scratch_);
+  }
+  void gather_rows(const Tensor& x, int64_t stride, Tensor& out) override {
+    if (out.cols != x.cols || (out.rows > 0 && (out.rows - 1) * stride >= x.rows))
+      throw Error("cuda backend gather_rows: out of range");
+    nn::gather_rows(x.data, x.cols, stride, out.data, out.rows);
+  }
+  void scatter_rows(const Tensor& dout, int64_t stride, Tensor& dx) override {
+    if (dout.cols != dx.cols || (dout.rows > 0 && (dout.rows - 1) * stride >= dx.rows))
+      throw Error("cuda backend scatter_rows: out of range");
+    nn::scatter_rows(dout.data, dout.rows, dx.cols, stride, dx.data, dx.rows);
+  }
+
+  // ---- loss ----
+  // Launched by cross_entropy_start (targets uploaded, per-row losses and hits
+  // copied into pinned memory behind an event); cross_entropy_finish waits for
+  // the event and sums on the host.
+  double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) override {
+    cross_entropy_start(logits, targets, dlogits);
+    return cross_entropy_finish(correct);
+  }
+  void cross_entropy_start(const Tensor& logits, const int32_t* targets, Tensor* dlogits) override {
+    // An unfinished start's copies may still be writing the pinned buffers
+    // that this one may reallocate.
+    if (ce_pending_ && ce_rows_ > 0) ce_done_.wait("cross_entropy (the unfinished previous start)");
+    ce_pending_ = false;
+    const int64_t n = logits.rows, v = logits.cols;
+    for (int64_t r = 0; r < n; ++r)
+      if (targets[r] < 0 || targets[r] >= v)
+        throw Error("cross_entropy: target " + std::to_string(targets[r]) + " outside [0, " + std::to_string(v) + ")");
+    if (dlogits) check_shape("cross_entropy", "dlogits", *dlogits, n, v);
+    ce_rows_ = n;
+    if (n > 0) {
+      int32_t* d_t = targets_up_.put(targets, n);
+      double* d_loss = reserve(loss_rows_, size_t(n));
+      uint8_t* d_ok = reserve(ok_rows_, size_t(n));
+      nn::cross_entropy_rows(logits.data, d_t, n, v, 1.0f / float(n), dlogits ? dlogits->data : nullptr, d_loss, d_ok);
+      check(cudaMemcpyAsync(loss_host_.at_least(size_t(n)), d_loss, size_t(n) * sizeof(double), cudaMemcpyDeviceToHost,
+                            nullptr),
+            "cross_entropy (download losses)");
+      check(cudaMemcpyAsync(ok_host_.at_least(size_t(n)), d_ok, size_t(n), cudaMemcpyDeviceToHost, nullptr),
+            "cross_entropy (download hits)");
+      ce_done_.record(nullptr);
+    }
+    ce_pending_ = true;
+  }
+  double cross_entropy_finish(int64_t* correct) override {
+    if (!ce_pending_) throw Error("cross_entropy_finish: no cross_entropy_start to finish");
+    ce_pending_ = false;
+    const int64_t n = ce_rows_;
+    if (n == 0) {
+      if (correct) *correct = 0;
+      return std::numeric_limits<double>::quiet_NaN();  // the CPU's 0/0 as well
+    }
+    ce_done_.wait("cross_entropy (waiting for the losses)");
+    // The CPU's float64 row-order mean.
+    double s = 0.0;
+    int64_t c = 0;
+    for (int64_t r = 0; r < n; ++r) s += loss_host_.data()[r], c += ok_host_.data()[r];
+    if (correct) *correct = c;
+    return s / double(n);
+  }
+
+  // ---- optimiser ----
+  double sum_squares(const Tensor& g) override { return nn::sum_squares(g.data, g.size(), scratch_); }
+  void scale(Tensor& g, float s) override { nn::scale(g.data, g.size(), s); }
+  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
+                  float b1, float b2, float eps, float wd, int64_t t) override {
+    const int64_t n = p.size();
+    check_size("adamw_step", "grad", g, n);
+    check_size("adamw_step", "m", m, n);
+    check_size("adamw_step", "v", v, n);
+    check_ranges("cuda backend adamw_step (decayed)", decayed, n);
+    nn::AdamWConstants k;
+    k.beta1 = b1;
+    k.beta2 = b2;
+    k.eps = eps;
+    // The CPU backend's host constants, computed identically.
+    const float bc1 = float(1.0 - std::pow(double(b1), double(t)));
+    k.bc2s = float(std::sqrt(1.0 - std::pow(double(b2), double(t))));
+    k.step = lr / bc1;
+    k.shrink = 1.0f - lr * wd;
+    k.apply_decay = wd != 0.0f;
+    const uint8_t* d_decay = nullptr;
+    if (k.apply_decay) {
+      // The kernel reads a byte mask; it is rebuilt on the device only when the
+      // ranges change (comparing the ranges costs nothing next to the step).
+      if (decay_mask_n_ != n ||
+          !std::equal(decayed.begin(), decayed.end(), decay_ranges_.begin(), decay_ranges_.end())) {
+        uint8_t* d = reserve(decay_dev_, size_t(n));
+        check(cudaMemsetAsync(d, 0, size_t(n), nullptr), "adamw_step (decay mask)");
+        for (const IndexRange& r : decayed)
+          check(cudaMemsetAsync(d + r.offset, 1, size_t(r.size), nullptr), "adamw_step (decay mask)");
+        decay_ranges_.assign(decayed.begin(), decayed.end());
+        decay_mask_n_ = n;
+      }
+      d_decay = decay_dev_.data();
+    }
+    nn::adamw_step(p.data, g.data, m.data, v.data, d_decay, n, k);
+  }
+
+ private:
+  // The ProducerAmax of t's amax companion, where t has one and the producer
+  // (its FP32 tensors at ptrs) can compute it (nn::producer_amax_fits); else
+  // nothing (the linear layer then computes the amaxes).
+  static std::optional<nn::ProducerAmax> producer_amax(const Tensor& t, std::initializer_list<const void*> ptrs) {
+    if (t.amax == nullptr || !nn::producer_amax_fits(t.rows, t.cols, ptrs)) return std::nullopt;
+    nn::ProducerAmax a;
+    a.words = t.amax;
+    a.rows = t.rows;
+    a.cols = t.cols;
+    a.rht = t.amax_request.rht;
+    if (a.rht) {
+      const std::array<float, 16> s = rht_signs(t.amax_request.rht_seed);
+      std::copy(s.begin(), s.end(), a.signs);
+    }
+    return a;
+  }
+  std::function<Tensor(int64_t, int64_t)> alloc() {
+    return [this](int64_t r, int64_t c) { return empty(r, c); };
+  }
+  static nn::AttentionDims dims(const AttentionShape& s, const Tensor& qkv, DropoutKey key) {
+    if (s.heads <= 0 || qkv.cols % 3 != 0 || (qkv.cols / 3) % s.heads != 0 || qkv.rows != s.batch * s.seq)
+      throw Error("attention: qkv [" + std::to_string(qkv.rows) + ", " + std::to_string(qkv.cols) +
+                  "] does not fit batch " + std::to_string(s.batch) + " x seq " + std::to_string(s.seq) + ", " +
+                  std::to_string(s.heads) + " heads");
+    nn::AttentionDims d;
+    d.batch = s.batch;
+    d.seq = s.seq;
+    d.heads = s.heads;
+    d.width = qkv.cols / 3;
+    d.causal = s.causal;
+    d.scale = s.scale;
+    d.dropout = s.dropout;
+    d.seed = key.seed;
+    d.stream_id = key.stream;
+    return d;
+  }
+  static void check_ids(const int32_t* idx, int64_t n, int64_t vocab) {
+    for (int64_t i = 0; i < n; ++i)
+      if (idx[i] < 0 || idx[i] >= vocab)
+        throw Error("embedding: token id " + std::to_string(idx[i]) + " outside the vocabulary [0, " +
+                    std::to_string(vocab) + ")");
+  }
+  // Host int32 values -> a reusable device buffer, without blocking the host:
+  // through a pinned staging buffer and an async copy on the stream (a copy
+  // from pageable memory may wait for the stream's queued work). The staging
+  // buffer is rewritten only after its previous copy has completed.
+  struct IntUpload {
+    DeviceBuffer<int32_t> dev;
+    fp4lab::cuda::PinnedBuffer<int32_t> host;
+    fp4lab::cuda::Event done;
+    int32_t* put(const int32_t* src, int64_t n) {
+      int32_t* d = reserve(dev, size_t(std::max<int64_t>(n, 1)));
+      if (n > 0) {
+        done.wait("cuda backend (upload of host ints: previous copy)");
+        int32_t* h = host.at_least(size_t(n));
+        std::memcpy(h, src, size_t(n) * sizeof(int32_t));
+        check(cudaMemcpyAsync(d, h, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, nullptr),
+              "cuda backend (upload of host ints)");
+        done.record(nullptr);
+      }
+      return d;
+    }
+  };
+
+  std::shared_ptr<DevicePool> pool_;  // first member: destroyed last
+  nn::Scratch scratch_;
+  nn::Attention attention_;
+  CudaLinear linear_;
+  IntUpload ids_up_, group_rows_up_, group_offsets_up_, positions_up_, targets_up_;
+  DeviceBuffer<double> loss_rows_;
+  DeviceBuffer<uint8_t> ok_rows_, decay_dev_;
+  fp4lab::cuda::PinnedBuffer<uint8_t> ok_host_;
+  std::vector<IndexRange> decay_ranges_;  // what decay_dev_ holds, for a buffer of decay_mask_n_ elements
+  int64_t decay_mask_n_ = -1;
+  fp4lab::cuda::PinnedBuffer<double> loss_host_;
+  fp4lab::cuda::Event ce_done_;
+  int64_t ce_rows_ = 0;
+  bool ce_pending_ = false;
+  std::vector<int32_t> count_, start_, group_rows_, group_offsets_, positions_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  if (!fp4lab::cuda::gpu_available()) throw Error("backend \"cuda\": no CUDA device found (valid backends here: cpu)");
+  return std::make_unique<CudaBackend>();
+}
+
+}  // namespace fp4lab::train

@@ -1,0 +1,601 @@
+// The quantized linear layer on the GPU (cuda_linear.hpp): executes
+// linear_plan() (recipes/linear_plan.hpp) with the CUDA quantizers and
+// cuBLAS.
+//
+// Operand forms. Every prepared GEMM operand is one of
+//   f32      an FP32 tensor: the source itself, or the plan's result after
+//            fake_quantize_device / RHT (bit-identical to the CPU's operand);
+//   bf16     BF16 bits plus an optional device scalar g (the NVFP4 global
+//            decode scale): value = bf16 * g in exact arithmetic. Used for
+//            a bf16-rounded operand (g absent; the bits are the CPU's rounded
+//            value) and for a quantizer whose decode(code) * block_scale is
+//            exact in BF16 (bf16_exact() below; quantize_device's
+//            bf16_gemm_operand output), whose FP32 value bf16 * g in one FP32
+//            multiply is the CPU's fake-quantized value bit for bit.
+// A GEMM whose two operands are both bf16 runs on the BF16 tensor cores (FP32
+// accumulation, alpha = g_a * g_b in device pointer mode); otherwise any bf16
+// operand is expanded to its FP32 value and the GEMM is a pure FP32 one
+// (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32, whatever the environment says).
+//
+// Exactness of the BF16 operand: an element of e2m1 / e2m3 / e3m2 / e4m3 /
+// e5m2 has at most 4 significant bits, an e8m0 scale 1 and a ue4m3 scale at
+// most 4, so decode(code) * scale has at most 8 significant bits: exact in
+// BF16 wherever BF16 has normal numbers. With ue4m3 scales the product lies
+// in [2^-18, 448 * 57344], always normal. With e8m0 scales it is normal unless
+// the block scale is below 2^-117 (e5m2) / 2^-124 (e4m3), i.e. a block whose
+// amax is below ~2^-100; e2m1 / e2m3 / e3m2 elements are exact for every
+// e8m0 scale. Such MXFP8 blocks (values below 1e-30) would lose low bits in
+// BF16's subnormal range; the layer does not check for them at run time
+// (it would need a device-to-host synchronisation per GEMM).
+#include "train/cuda/linear.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <optional>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "cuda/device.hpp"
+#include "cuda/gemm.hpp"
+#include "train/cuda/linear_ops.hpp"
+#include "train/cuda/nn.hpp"
+#include "cuda/quantize.hpp"
+#include "cuda/rht.hpp"
+
+namespace fp4lab::train {
+
+namespace {
+
+using cuda::check;
+using cuda::check_cublas;
+using cuda::DeviceBuffer;
+
+constexpr cudaStream_t kStream = nullptr;  // the default stream
+
+// True if quantize_device's bf16_gemm_operand output (decode(code) * block
+// scale) is exact in BF16 for this spec (see the file comment for the e8m0
+// range caveat). A quantizer-level RHT is excluded: its fake-quantized value
+// is transformed back (not a code times a scale).
+bool bf16_exact(const QuantizerSpec& q) {
+  const Format* e = q.element;
+  const bool element =
+      e == &float4_e2m1fn || e == &float6_e2m3fn || e == &float6_e3m2fn || e == &float8_e4m3fn || e == &float8_e5m2;
+  const bool scale = q.scale == &float8_e8m0fnu || q.scale == &ufloat8_e4m3;
+  return element && scale && !q.rht;
+}
+
+// The wgrad RHT runs along columns (chunks of 16 rows): with [16,1] blocks it
+// is the quantizer's own RHT (the same chunks, sim's rht16_forward, the same
+// signs), fused into the quantization kernels, whose amax pass transforms too.
+bool rht_foldable(const OperandPlan& p) {
+  return p.rht && p.quantizer && bf16_exact(*p.quantizer) && p.quantizer->block_rows == 16 &&
+         p.quantizer->block_cols == 1;
+}
+
+// The one quantizer spec equivalent to plan p (its RHT folded in), when p is a
+// BF16-exact quantization of its source with nothing else before it.
+std::optional<QuantizerSpec> single_quantizer(const OperandPlan& p) {
+  if (!p.quantizer || !bf16_exact(*p.quantizer) || p.pre || (p.rht && !rht_foldable(p))) return std::nullopt;
+  QuantizerSpec q = *p.quantizer;
+  if (p.rht) {
+    q.rht = true;
+    q.rht_seed = p.rht_seed;
+  }
+  return q;
+}
+
+// The two quantizers of plans a and b of one [rows, cols] source when one
+// quantize_dual_device pass can make both (a: blocks [1,16], b: [16,1]).
+struct PairSpecs {
+  QuantizerSpec a, b;
+};
+std::optional<PairSpecs> pair_specs(const OperandPlan& a, const OperandPlan& b, int64_t rows, int64_t cols) {
+  const std::optional<QuantizerSpec> qa = single_quantizer(a), qb = single_quantizer(b);
+  if (!qa || !qb || !cuda::dual_supported(*qa, *qb, rows, cols)) return std::nullopt;
+  return PairSpecs{*qa, *qb};
+}
+
+// The amaxes quantize_dual_device takes for q (its amax_given): the source's
+// and its RHT's down 16-row chunks with b's signs (b's RHT, if any: a has none).
+AmaxRequest request_of(const PairSpecs& q) { return AmaxRequest{q.b.rht, q.b.rht ? q.b.rht_seed : 0}; }
+
+// A prepared GEMM operand (see the file comment). Row-major [rows, cols].
+struct DevOperand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  const float* g = nullptr;  // device scalar, only with bf16; null = 1
+  // [alpha, beta] on the device for the GEMM this operand was made for, alpha
+  // written by its quantization (GemmAlpha), or null; ab_beta: that beta.
+  const float* alpha_beta = nullptr;
+  float ab_beta = 0.0f;
+  bool is_bf16() const { return bf16 != nullptr; }
+};
+
+// Where an operand's quantization also writes the alpha of the GEMM it feeds
+// (cuda::QuantOutputs::gemm_alpha): dev -> [alpha, beta] (beta preset), other:
+// the other operand's g_dec, already on the device (null = 1). dev null: none.
+struct GemmAlpha {
+  float* dev = nullptr;
+  const float* other = nullptr;
+  float beta = 0.0f;
+};
+
+// Scratch of one GEMM operand, reused from call to call (grow-only).
+struct Slot {
+  DeviceBuffer<float> work;        // FP32 copy the plan is applied to
+  DeviceBuffer<uint16_t> h;        // BF16 operand
+  DeviceBuffer<float> g;           // [1] its global decode scale
+  DeviceBuffer<float> expand;      // FP32 value of a BF16 operand (mixed GEMMs, hook)
+  DeviceBuffer<uint32_t> amax{1};  // the RHT output's amax bits (for the quantizer's global scale)
+};
+
+// True when the plan is "round the source to BF16" and nothing else: two such
+// operands of the same source are the same bits, so the layer computes them
+// once (bf16 recipes: x for forward and wgrad, dy for dgrad and wgrad).
+bool bf16_rounding_only(const OperandPlan& p) {
+  return p.round_bf16 && p.quantizer == nullptr && p.pre == nullptr && !p.rht;
+}
+// Are both GEMM operands of x (grad: of dy) plain BF16 roundings, i.e. one
+// rounding serves both (and a BF16 companion of the tensor can be it)?
+bool rounds_only(const LinearPlan& plan, bool grad) {
+  return grad ? bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
+                    bf16_rounding_only(plan.operand(Operand::wgrad_grad_y))
+              : bf16_rounding_only(plan.operand(Operand::fwd_x)) && bf16_rounding_only(plan.operand(Operand::wgrad_x));
+}
+
+struct CudaLinearState final : LinearState {
+  int64_t batch = 0, in = 0;  // x's shape [B, in]
+  Tensor x;                   // (empty when wx_ready) the forward's input [B, in] (FP32; a reference to an owned
+                              // x, else a copy), or, when x_bf16,
+  bool x_bf16 = false;        // its BF16 rounding packed two per float ([1, ceil(B*in/2)]): fwd_x and wgrad_x
+                              // are both bf16_rounding_only, so the forward's operand is the wgrad's
+  bool has_w = false;         // plan.reuse_fwd_w: the forward's fwd_w operand follows
+  bool w_bf16 = false;
+  bool w_has_g = false;
+  Tensor w_op;  // FP32 [out, in], or BF16 bits packed two per float ([1, ceil(out*in/2)])
+  Tensor w_g;   // [1, 1]: g of a BF16 operand
+  // wgrad_x computed in the forward (a BF16 quantizer operand): its bits packed
+  // two per float ([1, ceil(B*in/2)]) and g ([1, 1]); x itself is not kept.
+  bool wx_ready = false;
+  OperandPlan wx_plan;  // the plan it was computed with (backward checks its own is the same)
+  Tensor wx, wx_g;
+};
+
+bool same_spec(const QuantizerSpec* a, const QuantizerSpec* b) { return a == b || (a && b && *a == *b); }
+bool same_stream(const RandomStream& a, const RandomStream& b) { return a.seed == b.seed && a.stream == b.stream; }
+bool same_plan(const OperandPlan& a, const OperandPlan& b) {
+  return a.op == b.op && same_spec(a.pre, b.pre) && same_stream(a.pre_stream, b.pre_stream) && a.rht == b.rht &&
+         a.rht_seed == b.rht_seed && same_spec(a.quantizer, b.quantizer) && same_stream(a.stream, b.stream) &&
+         a.round_bf16 == b.round_bf16;
+}
+
+std::string shape(int64_t r, int64_t c) { return "[" + std::to_string(r) + ", " + std::to_string(c) + "]"; }
+
+void check_int(int64_t v, const char* what) {
+  if (v > 0x7FFFFFFF)
+    throw Error(std::string("CudaLinear: ") + what + " (" + std::to_string(v) + ") exceeds cuBLAS's int range");
+}
+
+}  // namespace
+
+struct CudaLinear::Impl {
+  cuda::Blas blas{kStream};
+  cuda::QuantWorkspace qws;
+  Slot slot[2];
+  DeviceBuffer<uint16_t> dy_cols_h;  // backward: wgrad's dy operand when made together with dgrad's
+  DeviceBuffer<float> dy_cols_g{1};
+  // [alpha, beta] pairs of the device-pointer-mode GEMMs: the forward, dgrad
+  // and wgrad GEMMs whose alpha a quantization writes (GemmAlpha; betas 0, 0,
+  // 1 set once), then the pair alpha_beta_device computes for any other.
+  enum AlphaSlot { kFwd = 0, kDgrad = 1, kWgrad = 2, kComputed = 3 };
+  DeviceBuffer<float> gemm_ab = preset_betas();
+  GemmAlpha alpha_for(AlphaSlot slot, const float* other) {
+    return GemmAlpha{gemm_ab.data() + 2 * slot, other, slot == kWgrad ? 1.0f : 0.0f};
+  }
+  static DeviceBuffer<float> preset_betas() {
+    DeviceBuffer<float> b;
+    b.upload(std::vector<float>{1.0f, 0.0f, 1.0f, 0.0f, 1.0f, 1.0f, 1.0f, 0.0f});
+    return b;
+  }
+  DeviceBuffer<float> hook_buf;
+  cuda::nn::Scratch colsum;  // db's column-sum partials
+  OperandHook hook;
+
+  // Executes plan p on the source src [rows, cols] (device, not modified),
+  // writing into slot s, or, for a BF16 quantizer operand, into bf16_dst /
+  // g_dst when given (caller-owned, rows * cols BF16 values and one float).
+  // Reports the operand to the hook unless `report_now` is false.
+  // alpha: where the operand is a BF16 quantizer operand, its quantization also
+  // writes the alpha of its GEMM (DevOperand::alpha_beta).
+  DevOperand prepare(const OperandPlan& p, const float* src, int64_t rows, int64_t cols, Slot& s,
+                     uint16_t* bf16_dst = nullptr, float* g_dst = nullptr, bool report_now = true,
+                     GemmAlpha alpha = {}) {
+    const int64_t n = rows * cols;
+    const float* cur = src;
+    auto to_work = [&] {
+      if (cur == s.work.data()) return;
+      s.work.at_least(size_t(n));
+      if (n > 0)
+        check(cudaMemcpyAsync(s.work.data(), cur, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+              "CudaLinear: operand copy");
+      cur = s.work.data();
+    };
+    if (p.pre) {
+      to_work();
+      cuda::fake_quantize_device(*p.pre, s.work.data(), rows, cols, p.pre_stream, qws, kStream);
+    }
+    const bool exact = p.quantizer && bf16_exact(*p.quantizer);
+    const bool rht_in_quantizer = rht_foldable(p);  // see rht_foldable
+    // Otherwise the RHT's output amax feeds the quantizer's tensor-amax scale
+    // directly when nothing transforms the tensor in between.
+    const bool amax_from_rht = p.rht && exact && !rht_in_quantizer;
+    if (p.rht && !rht_in_quantizer) {
+      // Out of place from the source (no copy first), in place after `pre`.
+      s.work.at_least(size_t(n));
+      cuda::rht_forward_device(cur, s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream,
+                               amax_from_rht ? s.amax.data() : nullptr);
+      cur = s.work.data();
+    }
+    DevOperand o;
+    if (exact) {
+      if (bf16_dst == nullptr) {
+        s.h.at_least(size_t(n));
+        bf16_dst = s.h.data();
+      }
+      if (g_dst == nullptr) {
+        s.g.at_least(1);
+        g_dst = s.g.data();
+      }
+      QuantizerSpec q = *p.quantizer;
+      if (rht_in_quantizer) {
+        q.rht = true;
+        q.rht_seed = p.rht_seed;  // quantize_device refuses rows % 16 != 0 with the plan RHT's message
+      }
+      cuda::QuantOutputs out;
+      out.dequant_bf16 = bf16_dst;
+      out.bf16_gemm_operand = true;
+      out.global_decode = g_dst;
+      out.gemm_alpha = alpha.dev;
+      out.gemm_alpha_other = alpha.other;
+      cuda::quantize_device(q, cur, cuda::InputType::f32, rows, cols, p.stream, out, qws, kStream,
+                            cuda::QuantPath::automatic, amax_from_rht ? s.amax.data() : nullptr);
+      o.bf16 = bf16_dst;
+      o.g = g_dst;
+      o.alpha_beta = alpha.dev;
+      o.ab_beta = alpha.beta;
+    } else if (p.quantizer) {
+      to_work();
+      cuda::fake_quantize_device(*p.quantizer, s.work.data(), rows, cols, p.stream, qws, kStream);
+      o.f32 = s.work.data();
+    } else if (p.round_bf16) {
+      s.h.at_least(size_t(n));
+      cuda::round_bf16_device(cur, n, s.h.data(), kStream);
+      o.bf16 = s.h.data();
+    } else {
+      o.f32 = cur;
+    }
+    if (report_now) report(p.op, o, rows, cols);
+    return o;
+  }
+
+  // Plans a and b of one source [rows, cols] in one quantize_dual_device pass
+  // with their quantizers q (pair_specs): a into slot sa (returned), b into
+  // b_h / b_g (rows * cols BF16 values and one float). Reports neither.
+  // alpha_a / alpha_b: the GEMM alphas their quantization writes (GemmAlpha);
+  // the caller sets b's on the operand it builds from b_h / b_g.
+  // src_t: the source tensor, whose amax companion (Tensor::amax) serves
+  // when its producer wrote it for these quantizers.
+  DevOperand prepare_pair(const PairSpecs& q, const OperandPlan& a, const OperandPlan& b, const Tensor& src_t,
+                          int64_t rows, int64_t cols, Slot& sa, uint16_t* b_h, float* b_g, GemmAlpha alpha_a = {},
+                          GemmAlpha alpha_b = {}) {
+    const float* src = src_t.data;
+    const bool given = src_t.amax != nullptr && src_t.amax_written && src_t.rows == rows && src_t.cols == cols &&
+                       src_t.amax_request == request_of(q);
+    sa.h.at_least(size_t(rows * cols));
+    sa.g.at_least(1);
+    cuda::QuantOutputs out_a, out_b;
+    out_a.dequant_bf16 = sa.h.data();
+    out_a.global_decode = sa.g.data();
+    out_b.dequant_bf16 = b_h;
+    out_b.global_decode = b_g;
+    out_a.bf16_gemm_operand = out_b.bf16_gemm_operand = true;
+    out_a.gemm_alpha = alpha_a.dev;
+    out_a.gemm_alpha_other = alpha_a.other;
+    out_b.gemm_alpha = alpha_b.dev;
+    out_b.gemm_alpha_other = alpha_b.other;
+    cuda::quantize_dual_device(q.a, a.stream, out_a, q.b, b.stream, out_b, src, cuda::InputType::f32, rows, cols, qws,
+                               kStream, given ? src_t.amax : nullptr);
+    return DevOperand{nullptr, sa.h.data(), sa.g.data(), alpha_a.dev, alpha_a.beta};
+  }
+
+  // The FP32 value of a BF16 operand (into s.expand), or the FP32 operand itself.
+  const float* as_f32(const DevOperand& o, int64_t n, Slot& s) {
+    if (!o.is_bf16()) return o.f32;
+    s.expand.at_least(size_t(n));
+    cuda::bf16_to_f32_device(o.bf16, n, o.g, s.expand.data(), kStream);
+    return s.expand.data();
+  }
+
+  void report(Operand op, const DevOperand& o, int64_t rows, int64_t cols) {
+    if (!hook) return;
+    const float* v = o.f32;
+    if (o.is_bf16()) {
+      hook_buf.at_least(size_t(rows * cols));
+      cuda::bf16_to_f32_device(o.bf16, rows * cols, o.g, hook_buf.data(), kStream);
+      v = hook_buf.data();
+    }
+    hook(op, v, rows, cols);
+  }
+
+  // Column-major C [m, n] (ldc) = alpha op(A) op(B) + beta C, with A, B the
+  // prepared operands (row-major buffers seen column-major with lda / ldb;
+  // a_elems / b_elems = their element counts). A and B come from slot[0] / slot[1]
+  // as given in sa / sb (for expansion scratch).
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const DevOperand& a,
+            int64_t lda, int64_t a_elems, Slot& sa, const DevOperand& b, int64_t ldb, int64_t b_elems, Slot& sb,
+            float* c, int64_t ldc, float beta) {
+    if (m == 0 || n == 0) return;
+    check_int(m, "GEMM m");
+    check_int(n, "GEMM n");
+    check_int(k, "GEMM k");
+    if (k == 0) {
+      // C = beta C (cuBLAS with k = 0 does the same, but say it explicitly).
+      if (beta == 0.0f) check(cudaMemsetAsync(c, 0, size_t(m * n) * sizeof(float), kStream), "CudaLinear: zero C");
+      return;
+    }
+    const cublasHandle_t h = blas.handle();
+    if (a.is_bf16() && b.is_bf16()) {
+      // alpha = g_dec(A) g_dec(B) lives on the device when either operand has a
+      // global scale; plain BF16 roundings (no scale) keep alpha = 1 on the host.
+      // Where an operand's quantization wrote this GEMM's alpha (GemmAlpha),
+      // no kernel computes it here.
+      const bool scaled = a.g != nullptr || b.g != nullptr;
+      const float one = 1.0f;
+      const DevOperand* made = a.alpha_beta ? &a : b.alpha_beta ? &b : nullptr;
+      const float* ab = gemm_ab.data() + 2 * kComputed;
+      if (scaled && made) {
+        if (made->ab_beta != beta) throw Error("CudaLinear: a GEMM alpha slot was prepared for another beta");
+        ab = made->alpha_beta;
+      } else if (scaled) {
+        cuda::alpha_beta_device(a.g, b.g, beta, gemm_ab.data() + 2 * kComputed, kStream);
+      }
+      if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
+      const cublasStatus_t st = cublasGemmEx(h, ta, tb, int(m), int(n), int(k), scaled ? ab : &one, a.bf16, CUDA_R_16BF,
+                                             int(lda), b.bf16, CUDA_R_16BF, int(ldb), scaled ? ab + 1 : &beta, c,
+                                             CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+      check_cublas(st, "cublasGemmEx (bf16 operands, fp32 accumulation)");
+      return;
+    }
+    const float* af = as_f32(a, a_elems, sa);
+    const float* bf = as_f32(b, b_elems, sb);
+    const float alpha = 1.0f;
+    check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+    check_cublas(
+        cublasGemmEx(h, ta, tb, int(m), int(n), int(k), &alpha, af, CUDA_R_32F, int(lda), bf, CUDA_R_32F, int(ldb),
+                     &beta, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (fp32, pedantic)");
+  }
+};
+
+CudaLinear::CudaLinear() : impl_(std::make_unique<Impl>()) {
+  check_cublas(cublasSetMathMode(impl_->blas.handle(), CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+CudaLinear::~CudaLinear() = default;
+
+void CudaLinear::set_operand_hook(OperandHook hook) { impl_->hook = std::move(hook); }
+
+bool CudaLinear::reads_bf16(const LinearContext& ctx, bool grad) const { return rounds_only(linear_plan(ctx), grad); }
+
+std::optional<AmaxRequest> CudaLinear::amax_request(const LinearContext& ctx, bool grad, int64_t rows,
+                                                    int64_t cols) const {
+  const LinearPlan plan = linear_plan(ctx);
+  // The conditions under which forward / backward take the pair path.
+  if (grad && rounds_only(plan, true)) return std::nullopt;
+  if (!grad && rounds_only(plan, false)) return std::nullopt;
+  const OperandPlan& a = plan.operand(grad ? Operand::dgrad_grad_y : Operand::fwd_x);
+  const OperandPlan& b = plan.operand(grad ? Operand::wgrad_grad_y : Operand::wgrad_x);
+  if (!grad && !(b.quantizer != nullptr && bf16_exact(*b.quantizer))) return std::nullopt;
+  const std::optional<PairSpecs> q = pair_specs(a, b, rows, cols);
+  if (!q || (q->a.global_scale != GlobalScale::tensor_amax && q->b.global_scale != GlobalScale::tensor_amax))
+    return std::nullopt;
+  return request_of(*q);
+}
+
+void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+                         std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc) {
+  if (x.cols != w.cols)
+    throw Error("CudaLinear::forward: x is " + shape(x.rows, x.cols) + " but W is " + shape(w.rows, w.cols) +
+                ": x's columns must equal W's columns (in_features)");
+  const int64_t B = x.rows, in = x.cols, out = w.rows;
+  const LinearPlan plan = linear_plan(ctx);
+  Impl& im = *impl_;
+  if (y.rows != B || y.cols != out || (y.data == nullptr && B * out > 0)) y = alloc(B, out);
+
+  auto st = std::make_unique<CudaLinearState>();
+  st->batch = B;
+  st->in = in;
+  DevOperand xo;
+  bool wx_made = false;  // the wgrad x operand is made (st->wx_ready)
+  if (rounds_only(plan, false)) {
+    // Backward needs only the BF16 rounding of x: keep that (half the bytes
+    // of the FP32 copy, and wgrad does not round x again).
+    st->x_bf16 = true;
+    if (x.bf16) {
+      // The producer wrote the rounding (Tensor::bf16): keep a reference to it.
+      st->x = view_of(reinterpret_cast<float*>(x.bf16), 1, (B * in + 1) / 2);
+      st->x.mem = x.bf16_mem;
+    } else {
+      st->x = alloc(1, (B * in + 1) / 2);
+      cuda::round_bf16_device(x.data, B * in, reinterpret_cast<uint16_t*>(st->x.data), kStream);
+    }
+    xo.bf16 = reinterpret_cast<const uint16_t*>(st->x.data);
+    im.report(Operand::fwd_x, xo, B, in);
+  } else {
+    // A BF16 quantizer operand for wgrad (the quantized recipes) is made in
+    // the forward from x and kept instead of a copy of x: together with the
+    // forward's operand in one pass where quantize_dual_device applies, else
+    // after the forward GEMM.
+    const OperandPlan& fx = plan.operand(Operand::fwd_x);
+    const OperandPlan& wx = plan.operand(Operand::wgrad_x);
+    st->wx_ready = wx.quantizer != nullptr && bf16_exact(*wx.quantizer);
+    if (st->wx_ready) {
+      st->wx_plan = wx;
+      st->wx = alloc(1, (B * in + 1) / 2);
+      st->wx_g = alloc(1, 1);
+      if (const std::optional<PairSpecs> q = pair_specs(fx, wx, B, in)) {
+        xo = im.prepare_pair(*q, fx, wx, x, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data), st->wx_g.data);
+        im.report(Operand::fwd_x, xo, B, in);
+        wx_made = true;
+      }
+    } else if (x.mem) {
+      st->x = x;  // an owned tensor: keep a reference (the caller leaves x unchanged until backward)
+    } else {
+      st->x = alloc(B, in);  // a view: its memory may go away, copy it
+      if (B * in > 0)
+        check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+              "CudaLinear::forward: saving x");
+    }
+    if (!wx_made) xo = im.prepare(fx, x.data, B, in, im.slot[0]);
+  }
+
+  // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
+  // W is made after x: its quantization writes the forward GEMM's alpha (x's g_dec is on the device).
+  const DevOperand wo = im.prepare(plan.operand(Operand::fwd_w), w.data, out, in, im.slot[1], nullptr, nullptr, true,
+                                   xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
+  im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
+          0.0f);
+  if (b != nullptr) cuda::add_bias_device(y.data, b, B, out, kStream);
+
+  if (st->wx_ready && !wx_made) {
+    // After the GEMM: the slots' scratch is free again (same stream, so in order).
+    im.prepare(st->wx_plan, x.data, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data), st->wx_g.data,
+               /*report_now=*/false);
+  }
+
+  if (plan.reuse_fwd_w && out * in > 0) {
+    // Keep Q_fwd_w(W) for dgrad (the same bits it would compute again).
+    st->has_w = true;
+    if (wo.is_bf16()) {
+      st->w_bf16 = true;
+      st->w_op = alloc(1, (out * in + 1) / 2);
+      check(cudaMemcpyAsync(st->w_op.data, wo.bf16, size_t(out * in) * sizeof(uint16_t), cudaMemcpyDeviceToDevice,
+                            kStream),
+            "CudaLinear::forward: saving Q(W)");
+      if (wo.g) {
+        st->w_has_g = true;
+        st->w_g = alloc(1, 1);
+        check(cudaMemcpyAsync(st->w_g.data, wo.g, sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+              "CudaLinear::forward: saving g_dec(W)");
+      }
+    } else {
+      st->w_op = alloc(out, in);
+      check(cudaMemcpyAsync(st->w_op.data, wo.f32, size_t(out * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
+            "CudaLinear::forward: saving Q(W)");
+    }
+  }
+  state = std::move(st);
+}
+
+void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+                          Tensor& dx, Tensor& dw_acc, float* db_acc,
+                          const std::function<Tensor(int64_t, int64_t)>& alloc) {
+  const auto* stp = dynamic_cast<const CudaLinearState*>(&state);
+  if (stp == nullptr) throw Error("CudaLinear::backward: `state` was not written by CudaLinear::forward");
+  const CudaLinearState& st = *stp;
+  const int64_t B = st.batch, in = st.in, out = w.rows;
+  if (w.cols != in)
+    throw Error("CudaLinear::backward: W is " + shape(w.rows, w.cols) + " but the forward's x was " + shape(B, in) +
+                ": W's columns must equal x's columns (in_features)");
+  if (dy.rows != B || dy.cols != out)
+    throw Error("CudaLinear::backward: dy is " + shape(dy.rows, dy.cols) + ", expected " + shape(B, out) +
+                " (batch rows of x, out_features of W)");
+  if (dw_acc.rows != out || dw_acc.cols != in)
+    throw Error("CudaLinear::backward: dW is " + shape(dw_acc.rows, dw_acc.cols) + ", expected W's shape " +
+                shape(out, in));
+  const LinearPlan plan = linear_plan(ctx);
+  Impl& im = *impl_;
+  if (dx.rows != B || dx.cols != in || (dx.data == nullptr && B * in > 0)) dx = alloc(B, in);
+
+  // dgrad: dx^T [in, B] = W^T [in, out] dy^T [out, B].
+  // When both dy operands are plain BF16 roundings, wgrad reuses dgrad's (slot[0]
+  // is not written in between: the dgrad GEMM of two BF16 operands expands nothing).
+  const bool dy_shared = rounds_only(plan, true);
+  // Otherwise both dy operands in one pass where quantize_dual_device applies.
+  const OperandPlan& dgy = plan.operand(Operand::dgrad_grad_y);
+  const OperandPlan& wgy = plan.operand(Operand::wgrad_grad_y);
+  DevOperand dy_op;
+  bool dy_pair = false;
+  GemmAlpha wgrad_alpha;
+  if (const std::optional<PairSpecs> q = dy_shared ? std::nullopt : pair_specs(dgy, wgy, B, out)) {
+    im.dy_cols_h.at_least(size_t(B * out));
+    // The GEMM alphas, where the other operand's g_dec is already on the device:
+    // dgrad's W kept from the forward; wgrad's x operand made in the forward.
+    const GemmAlpha dgrad_alpha = plan.reuse_fwd_w && st.has_w && st.w_bf16
+                                      ? im.alpha_for(Impl::kDgrad, st.w_has_g ? st.w_g.data : nullptr)
+                                      : GemmAlpha{};
+    if (st.x_bf16 || st.wx_ready) wgrad_alpha = im.alpha_for(Impl::kWgrad, st.x_bf16 ? nullptr : st.wx_g.data);
+    dy_op = im.prepare_pair(*q, dgy, wgy, dy, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data(), dgrad_alpha,
+                            wgrad_alpha);
+    im.report(Operand::dgrad_grad_y, dy_op, B, out);
+    dy_pair = true;
+  } else if (dy_shared && dy.bf16) {
+    dy_op.bf16 = dy.bf16;  // the producer's rounding (Tensor::bf16)
+    im.report(Operand::dgrad_grad_y, dy_op, B, out);
+  } else {
+    dy_op = im.prepare(dgy, dy.data, B, out, im.slot[0]);
+  }
+  {
+    const DevOperand& go = dy_op;
+    DevOperand wo;
+    if (plan.reuse_fwd_w && st.has_w) {
+      if (st.w_bf16) {
+        wo.bf16 = reinterpret_cast<const uint16_t*>(st.w_op.data);
+        wo.g = st.w_has_g ? st.w_g.data : nullptr;
+      } else {
+        wo.f32 = st.w_op.data;
+      }
+      im.report(Operand::dgrad_w, wo, out, in);
+    } else {
+      wo = im.prepare(plan.operand(Operand::dgrad_w), w.data, out, in, im.slot[1]);
+    }
+    im.gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, wo, in, out * in, im.slot[1], go, out, B * out, im.slot[0], dx.data,
+            in, 0.0f);
+  }
+
+  // wgrad: dW^T [in, out] += x'^T [in, B] dy [B, out]  (x' = the wgrad_x operand).
+  {
+    DevOperand go, xo;
+    if (dy_shared && dy_op.is_bf16()) {
+      go = dy_op;
+      im.report(Operand::wgrad_grad_y, go, B, out);
+    } else if (dy_pair) {
+      go = DevOperand{nullptr, im.dy_cols_h.data(), im.dy_cols_g.data(), wgrad_alpha.dev, wgrad_alpha.beta};
+      im.report(Operand::wgrad_grad_y, go, B, out);
+    } else {
+      go = im.prepare(wgy, dy.data, B, out, im.slot[0]);
+    }
+    if (st.x_bf16) {
+      xo.bf16 = reinterpret_cast<const uint16_t*>(st.x.data);
+      im.report(Operand::wgrad_x, xo, B, in);
+    } else if (st.wx_ready) {
+      if (!same_plan(st.wx_plan, plan.operand(Operand::wgrad_x)))
+        throw Error(
+            "CudaLinear::backward: the wgrad x operand was computed in the forward with another plan (recipe, "
+            "seed, layer or step); backward must get the forward's LinearContext");
+      xo.bf16 = reinterpret_cast<const uint16_t*>(st.wx.data);
+      xo.g = st.wx_g.data;
+      im.report(Operand::wgrad_x, xo, B, in);
+    } else {
+      xo = im.prepare(plan.operand(Operand::wgrad_x), st.x.data, B, in, im.slot[1]);
+    }
+    im.gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, B, xo, in, B * in, im.slot[1], go, out, B * out, im.slot[0], dw_acc.data,
+            in, 1.0f);
+  }
+
+  if (db_acc != nullptr) cuda::nn::column_sum_acc(dy.data, out, B, out, db_acc, im.colsum, kStream);
+}
+
+}  // namespace fp4lab::train

@@ -1,0 +1,78 @@
+// The quantized linear layer y = x W^T + b on the GPU (the trainer's CUDA
+// backend), executing the same recipe plan as the CPU reference
+// (train/cpu/linear.hpp, recipes/linear_plan.hpp linear_plan()): same quantizers, same
+// RandomStream per operand, same double quantization, same wgrad RHT, same
+// bf16 rounding of unquantized operands, same reuse of Q_fwd_w(W) for dgrad.
+// The quantized (or bf16-rounded) GEMM operands are bit-identical to the CPU's;
+// the GEMM outputs differ from the CPU only by FP32 accumulation order:
+//   - operands that are plain FP32: cuBLAS SGEMM in pure FP32 (no TF32);
+//   - operands whose values are exact in BF16 (quantized with an element of
+//     at most 8 significant bits times an e8m0/ue4m3 block scale, no
+//     quantizer-level RHT, or bf16-rounded): cuBLAS BF16 tensor-core GEMM with
+//     FP32 accumulation, alpha = g_dec(A) * g_dec(B) (device pointer mode;
+//     written by the later operand's quantization where the other's g_dec is
+//     already on the device, else by a one-thread kernel);
+//   - otherwise: fake-quantized FP32 operands and SGEMM.
+// db = column sums of dy in float64, rounded once to float and added to db_acc
+// (train/cuda/nn.hpp column_sum_acc: blocks of 256 rows summed in a fixed order;
+// bit-identical to the CPU for up to 256 rows), deterministic.
+// Backward needs the forward's x: the state keeps a copy (allocated with
+// `alloc`), and, when the plan reuses Q_fwd_w(W) for dgrad, that operand.
+//
+// Shapes (row-major, device memory): x [B, in], W [out, in], b [out] (device,
+// may be null), y [B, out], dy [B, out], dx [B, in], dW [out, in].
+// Everything runs on the default stream; the calls return without
+// synchronising.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "train/backend.hpp"
+
+namespace fp4lab::train {
+
+class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
+ public:
+  CudaLinear();
+  ~CudaLinear();
+  CudaLinear(const CudaLinear&) = delete;
+  CudaLinear& operator=(const CudaLinear&) = delete;
+
+  // Same contract as Backend::linear_forward / linear_backward (backend.hpp); all pointers are device pointers,
+  // Tensor::data is device memory. dw_acc and db_acc are ACCUMULATED into.
+  // `alloc(rows, cols)` returns a new device tensor; it is called for y (dx)
+  // when y (dx) does not already have the output's shape.
+  void forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+               std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc);
+  void backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy, Tensor& dx,
+                Tensor& dw_acc, float* db_acc, const std::function<Tensor(int64_t, int64_t)>& alloc);
+
+  // Backend::linear_reads_bf16: does the plan of ctx make both GEMM operands of
+  // x (grad: of dy) by plain BF16 rounding? Then forward (backward) takes
+  // x.bf16 (dy.bf16) as that rounding where the tensor has a companion.
+  bool reads_bf16(const LinearContext& ctx, bool grad) const;
+
+  // Backend::linear_amax_request: the amaxes of x (grad: dy), [rows, cols],
+  // that the plan of ctx needs for its one-pass NVFP4 quantization of both
+  // operands (quantize_dual_device) with a tensor-amax global scale. forward
+  // (backward) then takes them from x.amax (dy.amax) where it is written for
+  // the same request, instead of its own amax pass.
+  std::optional<AmaxRequest> amax_request(const LinearContext& ctx, bool grad, int64_t rows, int64_t cols) const;
+
+  // Test hook: when set, every GEMM operand the layer prepares is reported as
+  // (operand, device pointer to its FP32 value [rows, cols] row-major, rows,
+  // cols) before the GEMM runs: the exact value multiplied (for BF16 GEMM
+  // operands, decode(code) * scale * g_dec in FP32, i.e. the CPU's fake-quantized
+  // value). Null by default (no extra work).
+  using OperandHook = std::function<void(Operand, const float*, int64_t, int64_t)>;
+  void set_operand_hook(OperandHook hook);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fp4lab::train

@@ -1,0 +1,31 @@
+// Small kernels of the trainer's quantized linear layer
+// (train/cuda/linear.hpp): bfloat16 operands, bias and the
+// GEMM scalars. Device pointers; asynchronous on `stream`.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "cuda/device.hpp"
+
+namespace fp4lab::cuda {
+
+// bits[i] = bfloat16 code of x[i], round-to-nearest-even, Inf/NaN kept
+// (core's encode_rn_f32<bfloat16>(x, nonsaturate): the CPU layer's bf16 rounding).
+void round_bf16_device(const float* x, int64_t n, uint16_t* bits, cudaStream_t stream = nullptr);
+
+// out[i] = decode(bfloat16, bits[i]) * (*scale) in FP32 (one multiply, RN); a
+// null `scale` (device pointer) means no multiply. With bits a quantizer's BF16
+// GEMM operand (decode(code) * block_scale, exact) and scale its g_dec, this is
+// the quantizer's FP32 dequantized value bit for bit.
+void bf16_to_f32_device(const uint16_t* bits, int64_t n, const float* scale, float* out, cudaStream_t stream = nullptr);
+
+// y[r, c] += b[c] for a row-major [rows, cols] y (one FP32 add per element).
+void add_bias_device(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t stream = nullptr);
+
+// out[0] = (ga ? *ga : 1) * (gb ? *gb : 1), out[1] = beta: the {alpha, beta}
+// of a GEMM in cuBLAS's device pointer mode.
+void alpha_beta_device(const float* ga, const float* gb, float beta, float* out, cudaStream_t stream = nullptr);
+
+}  // namespace fp4lab::cuda

@@ -1,0 +1,175 @@
+// The GPT of model.hpp (nanoGPT's architecture).
+#include <cmath>
+
+#include "train/model.hpp"
+#include "core/error.hpp"
+
+namespace fp4lab::train {
+
+namespace {
+
+struct Block {
+  int ln1_w, ln1_b = -1, ln2_w, ln2_b = -1;
+  LinearLayer c_attn, attn_proj, c_fc, mlp_proj;
+  Tensor x_in, a, mean1, rstd1, qkv, probs, att, x_mid, m_in, mean2, rstd2, f, g;
+};
+
+class Gpt final : public CrossEntropyModel {
+ public:
+  Gpt(const ModelConfig& c, Backend& be, uint64_t seed) : CrossEntropyModel(be), cfg_(c) {
+    if (c.width % c.heads != 0)
+      throw Error("model.width " + std::to_string(c.width) + " must be a multiple of model.heads " +
+                  std::to_string(c.heads));
+    const int64_t C = c.width, V = c.vocab_size, T = c.context;
+    const float proj_std = float(0.02 / std::sqrt(2.0 * double(c.layers)));
+    uint64_t next_id = 0;
+    auto linear = [&](const std::string& name, int64_t in, int64_t out, float std) {
+      LinearLayer l;
+      l.name = name;
+      l.id = next_id++;
+      l.w = params_.add("transformer." + name + ".weight", out, in, true, Init::normal, std);
+      if (c.bias) l.b = params_.add("transformer." + name + ".bias", 1, out, false, Init::zeros);
+      infos_.push_back(LinearLayerInfo{name, l.id, in, out});
+      return l;
+    };
+    wte_ = params_.add("transformer.wte.weight", V, C, true, Init::normal, 0.02f);
+    wpe_ = params_.add("transformer.wpe.weight", T, C, true, Init::normal, 0.02f);
+    for (int64_t i = 0; i < c.layers; ++i) {
+      const std::string p = "h." + std::to_string(i) + ".";
+      Block b;
+      b.ln1_w = params_.add("transformer." + p + "ln_1.weight", 1, C, false, Init::ones);
+      if (c.bias) b.ln1_b = params_.add("transformer." + p + "ln_1.bias", 1, C, false, Init::zeros);
+      b.c_attn = linear(p + "attn.c_attn", C, 3 * C, 0.02f);
+      b.attn_proj = linear(p + "attn.c_proj", C, C, proj_std);
+      b.ln2_w = params_.add("transformer." + p + "ln_2.weight", 1, C, false, Init::ones);
+      if (c.bias) b.ln2_b = params_.add("transformer." + p + "ln_2.bias", 1, C, false, Init::zeros);
+      b.c_fc = linear(p + "mlp.c_fc", C, 4 * C, 0.02f);
+      b.mlp_proj = linear(p + "mlp.c_proj", 4 * C, C, proj_std);
+      blocks_.push_back(std::move(b));
+    }
+    lnf_w_ = params_.add("transformer.ln_f.weight", 1, C, false, Init::ones);
+    if (c.bias) lnf_b_ = params_.add("transformer.ln_f.bias", 1, C, false, Init::zeros);
+    // lm_head: no bias, weight tied to wte (its gradient is added to wte's).
+    head_.name = "lm_head";
+    head_.id = next_id++;
+    head_.w = wte_;
+    infos_.push_back(LinearLayerInfo{"lm_head", head_.id, C, V});
+    params_.finalize(be, seed);
+  }
+
+  std::vector<LinearLayerInfo> linear_layers() const override { return infos_; }
+  int64_t items_per_sample() const override { return cfg_.context; }
+
+ private:
+  const float* ptr(int i) const { return i >= 0 ? params_.value_ptr(i) : nullptr; }
+  float* gptr(int i) const { return i >= 0 ? params_.grad_ptr(i) : nullptr; }
+  Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x) {
+    Tensor y;
+    be_.linear_forward(l.context(s), x, params_.value(l.w), ptr(l.b), y, l.state);
+    return y;
+  }
+  Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy) {
+    Tensor dx, dw = params_.grad(l.w);
+    be_.linear_backward(l.context(s), *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b));
+    return dx;
+  }
+  uint64_t site(int64_t block, int k) const { return 1 + uint64_t(block) * 4 + uint64_t(k); }
+  AttentionShape shape(int64_t B, float p) const {
+    const int64_t hd = cfg_.width / cfg_.heads;
+    return AttentionShape{B, cfg_.context, cfg_.heads, true, float(1.0 / std::sqrt(double(hd))), p};
+  }
+
+  Tensor forward(const Batch& bt, const StepContext& s) override {
+    const int64_t B = bt.size, T = cfg_.context, C = cfg_.width, N = B * T;
+    if (int64_t(bt.tokens.size()) != N || int64_t(bt.targets.size()) != N)
+      throw Error("gpt: batch holds " + std::to_string(bt.tokens.size()) + " tokens / " +
+                  std::to_string(bt.targets.size()) + " targets, expected " + std::to_string(B) + " x context " +
+                  std::to_string(T));
+    batch_ = B;
+    const float p = s.train ? float(cfg_.dropout) : 0.0f;
+    const float eps = float(cfg_.layernorm_eps);
+    Tensor x = be_.empty(N, C);
+    be_.embed_forward(bt.tokens.data(), B, T, params_.value(wte_), params_.value(wpe_), x);
+    be_.dropout_forward(x, p, dropout_key(s, 0));
+    for (int64_t i = 0; i < int64_t(blocks_.size()); ++i) {
+      Block& k = blocks_[size_t(i)];
+      k.x_in = x;
+      k.a = empty_for_linear(be_, {&k.c_attn}, s, false, N, C, true);
+      k.mean1 = be_.empty(1, N);
+      k.rstd1 = be_.empty(1, N);
+      be_.layernorm_forward(x, ptr(k.ln1_w), ptr(k.ln1_b), eps, k.a, k.mean1, k.rstd1);
+      k.qkv = lin_fwd(k.c_attn, s, k.a);
+      k.probs = be_.empty(B * cfg_.heads * T, T);
+      k.att = empty_for_linear(be_, {&k.attn_proj}, s, false, N, C, true);
+      be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
+      Tensor y = lin_fwd(k.attn_proj, s, k.att);
+      be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));
+      k.x_mid = y;
+      k.m_in = empty_for_linear(be_, {&k.c_fc}, s, false, N, C, true);
+      k.mean2 = be_.empty(1, N);
+      k.rstd2 = be_.empty(1, N);
+      be_.layernorm_forward(k.x_mid, ptr(k.ln2_w), ptr(k.ln2_b), eps, k.m_in, k.mean2, k.rstd2);
+      k.f = lin_fwd(k.c_fc, s, k.m_in);
+      k.g = empty_for_linear(be_, {&k.mlp_proj}, s, false, N, 4 * C, true);
+      be_.gelu_forward(k.f, k.g);
+      Tensor m = lin_fwd(k.mlp_proj, s, k.g);
+      be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
+      x = m;
+    }
+    xf_in_ = x;
+    xf_ = empty_for_linear(be_, {&head_}, s, false, N, C, true);
+    meanf_ = be_.empty(1, N);
+    rstdf_ = be_.empty(1, N);
+    be_.layernorm_forward(x, ptr(lnf_w_), ptr(lnf_b_), eps, xf_, meanf_, rstdf_);
+    return lin_fwd(head_, s, xf_);
+  }
+
+  void backward(const Batch& bt, const StepContext& s, const Tensor& dlogits) override {
+    const int64_t B = batch_, T = cfg_.context, C = cfg_.width, N = B * T;
+    const float p = s.train ? float(cfg_.dropout) : 0.0f;
+    Tensor dxf = lin_bwd(head_, s, dlogits);  // dW into wte's gradient (tied)
+    Tensor dx = be_.empty(N, C);
+    be_.layernorm_backward(dxf, xf_in_, ptr(lnf_w_), meanf_, rstdf_, dx, gptr(lnf_w_), gptr(lnf_b_));
+    for (int64_t i = int64_t(blocks_.size()) - 1; i >= 0; --i) {
+      Block& k = blocks_[size_t(i)];
+      // x_out = x_mid + drop(c_proj(gelu(c_fc(ln_2(x_mid)))))
+      Tensor dm = empty_for_linear(be_, {&k.mlp_proj}, s, true, N, C, true);
+      be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
+      Tensor dg = lin_bwd(k.mlp_proj, s, dm);
+      Tensor df = empty_for_linear(be_, {&k.c_fc}, s, true, N, 4 * C, true);
+      be_.gelu_backward(k.f, dg, df);
+      Tensor dmi = lin_bwd(k.c_fc, s, df);
+      Tensor dmid = be_.empty(N, C);
+      be_.layernorm_backward(dmi, k.x_mid, ptr(k.ln2_w), k.mean2, k.rstd2, dmid, gptr(k.ln2_w), gptr(k.ln2_b));
+      // x_mid = x_in + drop(c_proj(attn(c_attn(ln_1(x_in))))): dmid += dx, dy = drop(dmid).
+      Tensor dy = empty_for_linear(be_, {&k.attn_proj}, s, true, N, C, true);
+      be_.add_dropout_backward_to(dmid, dx, dy, p, dropout_key(s, site(i, 1)));
+      Tensor datt = lin_bwd(k.attn_proj, s, dy);
+      Tensor dqkv = empty_for_linear(be_, {&k.c_attn}, s, true, N, 3 * C, true);
+      be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)));
+      Tensor da = lin_bwd(k.c_attn, s, dqkv);
+      Tensor dxin = be_.empty(N, C);
+      be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid);
+      dx = dxin;
+    }
+    be_.dropout_backward(dx, p, dropout_key(s, 0));
+    Tensor dwte = params_.grad(wte_), dwpe = params_.grad(wpe_);
+    be_.embed_backward(bt.tokens.data(), B, T, dx, dwte, dwpe);
+  }
+
+  ModelConfig cfg_;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  std::vector<Block> blocks_;
+  LinearLayer head_;
+  std::vector<LinearLayerInfo> infos_;
+  int64_t batch_ = 0;
+  Tensor xf_in_, xf_, meanf_, rstdf_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gpt(const ModelConfig& cfg, Backend& be, uint64_t seed) {
+  return std::make_unique<Gpt>(cfg, be, seed);
+}
+
+}  // namespace fp4lab::train

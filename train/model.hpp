@@ -1,0 +1,161 @@
+// The trainer's models, written once against the Backend interface with
+// manual forward and backward passes (no autograd).
+//
+// vit: fp4-trainkit's one-block ViT on MNIST (vuiseng9/fp4-trainkit,
+//   examples/models/vit.py TinyViT/ViTOneBlock + examples/models/transformer_block.py):
+//   patch 7x7 -> width 64 (a Conv2d with stride = kernel, i.e. a linear layer on
+//   flattened patches, named "patch_embed"), [CLS] token + learned position
+//   embedding (trunc_normal std 0.02), one pre-LN block: attention with separate
+//   q_proj/k_proj/v_proj/o_proj (4 heads, dropout 0.1 on the attention
+//   probabilities, score scale sqrt(head_dim) as their `1 / (dh ** -0.5)`), MLP
+//   up_proj (ratio 2) -> GELU -> dropout -> down_proj -> dropout, no final
+//   LayerNorm, classification head "head" on the [CLS] token. Linear layers use
+//   PyTorch's default init U(+-1/sqrt(fan_in)) for weights and biases.
+// gpt: nanoGPT (karpathy/nanoGPT model.py): token + position embeddings, pre-LN
+//   blocks (ln_1, c_attn [3C x C], causal attention, c_proj; ln_2, c_fc [4C x C],
+//   GELU, c_proj [C x 4C]), dropout on embeddings, attention probabilities and
+//   both residual branches, final ln_f, lm_head tied to the token embedding.
+//   Init N(0, 0.02), c_proj weights N(0, 0.02/sqrt(2 n_layer)); bias as configured
+//   (nanoGPT's train.py default bias=False: LayerNorms without bias, linears without bias).
+//
+// Every linear layer goes through the recipe (Backend::linear_forward) with a
+// stable layer id (declaration order) and a name matched by the recipe's
+// keep_high_precision patterns.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "train/backend.hpp"
+#include "train/params.hpp"
+#include "recipes/recipe.hpp"
+
+namespace fp4lab::train {
+
+struct ModelConfig {
+  std::string type = "gpt";  // "vit" | "gpt"
+  // common
+  int64_t layers = 1, heads = 4, width = 64;
+  double dropout = 0.0;
+  bool bias = true;
+  double layernorm_eps = 1e-5;
+  // vit
+  int64_t image_size = 28, patch_size = 7, channels = 1, classes = 10;
+  double mlp_ratio = 2.0;
+  std::string attn_scale = "inv_sqrt_head_dim";  // or "sqrt_head_dim" (fp4-trainkit's)
+  // gpt
+  int64_t vocab_size = 65, context = 64;
+};
+
+// One training or evaluation batch on the host.
+struct Batch {
+  int64_t size = 0;              // images or sequences
+  std::vector<float> images;     // vit: [size, channels*image_size^2], already normalised
+  std::vector<int32_t> tokens;   // gpt: [size, context]
+  std::vector<int32_t> targets;  // vit: [size] labels; gpt: [size, context] next tokens
+};
+
+struct StepContext {
+  const Recipe* recipe = nullptr;  // nullptr = plain FP32
+  uint64_t seed = 0;               // stochastic rounding + dropout
+  uint64_t step = 0;
+  bool train = true;  // dropout on
+};
+
+struct LinearLayerInfo {
+  std::string name;
+  uint64_t id = 0;
+  int64_t in = 0, out = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+  // Forward + backward: returns the mean loss; ADDS the gradients to
+  // params().grads (the caller zeroes them). *correct: argmax hits (vit).
+  virtual double forward_backward(const Batch& b, const StepContext& ctx, int64_t* correct) = 0;
+  // Forward only (no dropout when ctx.train is false): mean loss, hits.
+  virtual double evaluate(const Batch& b, const StepContext& ctx, int64_t* correct) = 0;
+  virtual std::vector<LinearLayerInfo> linear_layers() const = 0;
+  // Work per sample (an image or a token) for throughput figures.
+  virtual int64_t items_per_sample() const = 0;
+
+ protected:
+  ParamStore params_;
+};
+
+// A model whose loss is the cross-entropy of its logits (both of ours):
+// forward_backward and evaluate in terms of the model's forward (logits) and
+// backward (from dlogits).
+class CrossEntropyModel : public Model {
+ public:
+  double forward_backward(const Batch& b, const StepContext& s, int64_t* correct) override {
+    Tensor logits = forward(b, s);
+    Tensor dlogits = be_.empty(logits.rows, logits.cols);
+    // The backward pass is issued before the loss is waited for (a GPU keeps
+    // running while the host reads it).
+    be_.cross_entropy_start(logits, b.targets.data(), &dlogits);
+    backward(b, s, dlogits);
+    return be_.cross_entropy_finish(correct);
+  }
+  double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override {
+    Tensor logits = forward(b, s);
+    return be_.cross_entropy(logits, b.targets.data(), nullptr, correct);
+  }
+
+ protected:
+  explicit CrossEntropyModel(Backend& be) : be_(be) {}
+  virtual Tensor forward(const Batch& b, const StepContext& s) = 0;
+  virtual void backward(const Batch& b, const StepContext& s, const Tensor& dlogits) = 0;
+  Backend& be_;
+};
+
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, Backend& be, uint64_t seed);
+std::unique_ptr<Model> make_vit(const ModelConfig& cfg, Backend& be, uint64_t seed);
+std::unique_ptr<Model> make_gpt(const ModelConfig& cfg, Backend& be, uint64_t seed);
+
+// Helper shared by the models: one linear layer's bookkeeping.
+struct LinearLayer {
+  std::string name;
+  uint64_t id = 0;
+  int w = -1, b = -1;  // parameter indices (b = -1: no bias)
+  std::unique_ptr<LinearState> state;
+  LinearContext context(const StepContext& s) const { return LinearContext{s.recipe, s.seed, id, s.step, name}; }
+};
+
+// An uninitialised [rows, cols] tensor for the op that produces the input of
+// the linear layers ls (grad: their output gradient), with a BF16 companion
+// where the backend reads one for every one of them
+// (Backend::linear_reads_bf16); that op must be a companion writer.
+// only_linears: the layers ls are the tensor's only readers; then, where they
+// all read the companion (and, for an output gradient, none has a bias: its
+// gradient sums the FP32 dy), the backend may drop the FP32 values
+// (Backend::add_bf16_companion's drop_f32), and the producer writes only BF16.
+inline Tensor empty_for_linear(Backend& be, std::initializer_list<const LinearLayer*> ls, const StepContext& s,
+                               bool grad, int64_t rows, int64_t cols, bool only_linears = false) {
+  Tensor t = be.empty(rows, cols);
+  bool all = true, bias = false;
+  for (const LinearLayer* l : ls) {
+    all = all && be.linear_reads_bf16(l->context(s), grad);
+    bias = bias || l->b >= 0;
+  }
+  if (all) be.add_bf16_companion(t, only_linears && !(grad && bias));
+  // One reader: the producer may compute its tensor amaxes (a writer of them
+  // does; any other leaves the companion unwritten, and the layer computes them).
+  if (ls.size() == 1)
+    if (const std::optional<AmaxRequest> r = be.linear_amax_request((*ls.begin())->context(s), grad, rows, cols))
+      be.add_amax_companion(t, *r);
+  return t;
+}
+
+// Dropout stream of `site` (a model-specific index) at `step`.
+inline DropoutKey dropout_key(const StepContext& s, uint64_t site) {
+  return DropoutKey{s.seed, (uint64_t(0xD) << 60) | (site << 44) | s.step};
+}
+
+}  // namespace fp4lab::train

@@ -1,0 +1,83 @@
+#include "train/params.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/philox.hpp"
+
+namespace fp4lab::train {
+
+namespace {
+constexpr uint64_t kInitStream = uint64_t(0xB) << 60;
+
+// Uniform in (0, 1): 24 random bits, never 0.
+double unit(uint64_t seed, uint64_t stream, uint64_t i) {
+  return (double(random_bits(seed, stream, i) >> 8) + 0.5) / 16777216.0;
+}
+// Standard normal, Box-Muller on two uniforms of counters 2i, 2i+1.
+double std_normal(uint64_t seed, uint64_t stream, uint64_t i) {
+  const double u1 = unit(seed, stream, 2 * i), u2 = unit(seed, stream, 2 * i + 1);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+}  // namespace
+
+int ParamStore::add(const std::string& name, int64_t rows, int64_t cols, bool decay, Init init, float init_arg) {
+  for (const auto& p : infos_)
+    if (p.name == name) throw Error("parameter \"" + name + "\" declared twice");
+  infos_.push_back(ParamInfo{name, total_, rows, cols, decay, init, init_arg});
+  total_ += rows * cols;
+  return int(infos_.size() - 1);
+}
+
+int ParamStore::index(const std::string& name) const {
+  std::string all;
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    if (infos_[i].name == name) return int(i);
+    all += (i ? ", " : "") + infos_[i].name;
+  }
+  throw Error("no parameter \"" + name + "\"; parameters: " + all);
+}
+
+std::vector<float> init_values(const ParamInfo& p, uint64_t seed, int index) {
+  std::vector<float> v(size_t(p.size()));
+  const uint64_t stream = kInitStream | uint64_t(index);
+  for (int64_t i = 0; i < p.size(); ++i) {
+    double x = 0.0;
+    switch (p.init) {
+      case Init::zeros: x = 0.0; break;
+      case Init::ones: x = 1.0; break;
+      case Init::normal: x = p.init_arg * std_normal(seed, stream, uint64_t(i)); break;
+      case Init::trunc_normal: {
+        // Rejection on successive draws (counter i + k * size), like torch's [-2, 2] absolute bounds.
+        for (uint64_t k = 0;; ++k) {
+          x = p.init_arg * std_normal(seed, stream, uint64_t(i) + k * uint64_t(p.size()));
+          if (x >= -2.0 && x <= 2.0) break;
+        }
+        break;
+      }
+      case Init::uniform: x = p.init_arg * (2.0 * unit(seed, stream, uint64_t(i)) - 1.0); break;
+    }
+    v[size_t(i)] = float(x);
+  }
+  return v;
+}
+
+void ParamStore::finalize(Backend& be, uint64_t seed) {
+  values = be.empty(1, total_);
+  grads = be.zeros(1, total_);
+  decay_ranges.clear();
+  std::vector<float> host(static_cast<size_t>(total_));
+  for (size_t k = 0; k < infos_.size(); ++k) {
+    const ParamInfo& p = infos_[k];
+    const std::vector<float> v = init_values(p, seed, int(k));
+    std::copy(v.begin(), v.end(), host.begin() + p.offset);
+    if (!p.decay || p.size() == 0) continue;
+    if (!decay_ranges.empty() && decay_ranges.back().offset + decay_ranges.back().size == p.offset)
+      decay_ranges.back().size += p.size();
+    else
+      decay_ranges.push_back(IndexRange{p.offset, p.size()});
+  }
+  be.upload(host.data(), values);
+}
+
+}  // namespace fp4lab::train
