@@ -29,7 +29,7 @@ pids=()
 launched=()
 IFS=, read -ra names <<<"$recipes"
 for r in "${names[@]}"; do
-  # Run directory: <out>/<config name>-<recipe>-s<seed> (run_directory() in apps/train/config.cpp).
+  # Run directory: <out>/<config name>-<recipe>-s<seed> (run_directory() in train/config.cpp).
   d=$(ls -d "$out"/*-"$r"-s* 2>/dev/null | head -1)
   if [ -n "$d" ] && [ -f "$d/summary.json" ]; then echo "parallel_sweep: $r already finished ($d)"; continue; fi
   cmd=("$fp4lab" train "$config" --recipe "$r" --quiet --set output.dir="$out" --set threads="$threads" "${sets[@]}")
