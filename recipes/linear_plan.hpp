@@ -44,8 +44,8 @@ bool linear_is_quantized(const LinearContext& ctx);
 
 // ---- The plan: what each GEMM operand is (backend neutral) ------------------
 // linear_plan() is the single place where a recipe + context is turned into
-// the six operands' preparation; the CPU layer below and the CUDA layer
-// (train/cuda/linear.hpp) both execute it, so their operands agree bit for
+// the six operands' preparation; the CPU layer (train/cpu/linear.hpp) and the
+// CUDA layer (train/cuda/linear.hpp) both execute it, so their operands agree bit for
 // bit.
 //
 // One operand is made from its source tensor (fwd_x, wgrad_x: x; fwd_w,

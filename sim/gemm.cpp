@@ -4,6 +4,7 @@
 #include <Eigen/Core>
 
 #include "core/error.hpp"
+#include "sim/gemm_tiled.hpp"
 
 namespace fp4lab {
 
@@ -27,8 +28,10 @@ void gemm_nt(MatrixView<const float> a, MatrixView<const float> b, MatrixView<fl
                 ", " + std::to_string(y.cols) + "] (want y [a.rows, b.rows], a.cols == b.cols)");
   ConstMap am(a.data, a.rows, a.cols, Eigen::OuterStride<>(a.stride));
   ConstMap bm(b.data, b.rows, b.cols, Eigen::OuterStride<>(b.stride));
+  RowMat out;
+  gemm_tiled(out, am, bm.transpose());
   Map ym(y.data, y.rows, y.cols, Eigen::OuterStride<>(y.stride));
-  ym.noalias() = am * bm.transpose();
+  ym = out;
 }
 
 Tensor<float> quantized_gemm(const QuantizerSpec& qa, MatrixView<const float> a, const QuantizerSpec& qb,

@@ -9,10 +9,12 @@
 //
 // Accumulation model (named, because it decides the low bits of y):
 //   fp32_eigen  every product dq(a) * dq(b) rounded to FP32, summed in FP32 in
-//               Eigen 3.4's blocked GEMM order (panel/kernel blocking over k;
-//               the order depends on Eigen's version and SIMD width, not on the
-//               number of threads). Not the accumulation order of a tensor-core
-//               GEMM: compare with hardware at a tolerance, never bitwise.
+//               Eigen 3.4's blocked GEMM order within fixed output tiles
+//               (sim/gemm_tiled.hpp; the order depends on Eigen's version and
+//               SIMD width, not on the number of threads). The trainer's CPU
+//               linear layer uses the same GEMM. Not the accumulation order of
+//               a tensor-core GEMM: compare with hardware at a tolerance, never
+//               bitwise.
 #pragma once
 
 #include <string_view>

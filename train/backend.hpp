@@ -1,6 +1,7 @@
-// The trainer's compute backend (DESIGN.md sec. 1): every operation the models
-// need, behind one small interface, so the models are written once and a CUDA
-// backend can implement the same calls with kernels + cuBLAS later.
+// The trainer's compute backend (docs/DESIGN.md): every operation the models
+// need, behind one small interface, so the models are written once. Two
+// implementations: train/cpu/ (Eigen + OpenMP, the reference) and train/cuda/
+// (kernels + cuBLAS).
 //
 // Tensors are 2-D row-major float32 in the backend's memory (host memory for
 // the CPU backend). A Tensor either owns its memory (`mem`) or is a view into

@@ -1,6 +1,9 @@
 // Dequantized GEMM simulation (sim/gemm.hpp).
 #include <doctest/doctest.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -19,6 +22,32 @@ TEST_CASE("gemm_nt: hand-worked 2x3 * (2x3)^T") {
   CHECK(accum_model_name(AccumModel::fp32_eigen) == "fp32_eigen");
   std::vector<float> bad(6);
   CHECK_THROWS_AS(gemm_nt({a.data(), 2, 3}, {b.data(), 3, 2}, {bad.data(), 2, 3}), Error);
+}
+
+TEST_CASE("gemm_nt: the same bits with 1 and 4 threads (fixed output tiles)") {
+  // Shapes with partial tiles in both directions and a long reduction, where
+  // Eigen's own multi-threaded GEMM splits k differently per thread count.
+  const int64_t m = 200, n = 300, k = 1500;
+  std::mt19937 g(5);
+  std::normal_distribution<float> d;
+  std::vector<float> a(size_t(m * k)), b(size_t(n * k)), y1(size_t(m * n)), y4(size_t(m * n));
+  for (float& v : a) v = d(g);
+  for (float& v : b) v = d(g);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  gemm_nt({a.data(), m, k}, {b.data(), n, k}, {y1.data(), m, n});
+  omp_set_num_threads(4);
+  gemm_nt({a.data(), m, k}, {b.data(), n, k}, {y4.data(), m, n});
+  omp_set_num_threads(saved);
+  CHECK(y1 == y4);
+  double worst = 0;  // and it is the product: against float64
+  for (int64_t i = 0; i < m; i += 37)
+    for (int64_t j = 0; j < n; j += 41) {
+      double ref = 0;
+      for (int64_t t = 0; t < k; ++t) ref += double(a[size_t(i * k + t)]) * double(b[size_t(j * k + t)]);
+      worst = std::max(worst, std::abs(ref - double(y1[size_t(i * n + j)])));
+    }
+  CHECK(worst < 1e-3);
 }
 
 TEST_CASE("quantized_gemm: representable operands are exact; random operands close to FP64") {

@@ -9,38 +9,12 @@
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "sim/quantizer.hpp"
+#include "sim/gemm_tiled.hpp"
 #include "sim/rht.hpp"
 
 namespace fp4lab {
 
 namespace {
-
-// Output tile of one parallel GEMM task: kGemmRowBlock rows x kGemmColBlock
-// columns. Every tile is computed by single-threaded Eigen (inside an OpenMP
-// region Eigen does not spawn threads), over the whole reduction dimension, so
-// each output element's summation order depends only on the problem shape and
-// the fixed tiling, never on the thread count. Large tiles keep Eigen's
-// operand packing (O(k (m + n)) per tile) small next to the O(2 m n k) flops.
-constexpr int64_t kGemmColBlock = 256;
-
-template <class A, class B>
-void gemm_tiled(MatrixRM& c, const A& a, const B& b) {
-  const int64_t m = a.rows(), n = b.cols();
-  c.resize(m, n);
-  if (m == 0 || n == 0) return;
-  if (a.cols() == 0) {
-    c.setZero();
-    return;
-  }
-  const int64_t tm = (m + kGemmRowBlock - 1) / kGemmRowBlock;
-  const int64_t tn = (n + kGemmColBlock - 1) / kGemmColBlock;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < tm * tn; ++t) {
-    const int64_t r0 = (t / tn) * kGemmRowBlock, c0 = (t % tn) * kGemmColBlock;
-    const int64_t nr = std::min(kGemmRowBlock, m - r0), nc = std::min(kGemmColBlock, n - c0);
-    c.block(r0, c0, nr, nc).noalias() = a.middleRows(r0, nr) * b.middleCols(c0, nc);
-  }
-}
 
 MatrixView<float> view(MatrixRM& m) { return MatrixView<float>(m.data(), m.rows(), m.cols()); }
 

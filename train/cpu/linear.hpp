@@ -22,10 +22,9 @@
 // recipe.keep_high_precision use no quantizer (but the recipe's high-precision
 // mode); a null recipe is plain FP32.
 //
-// Accumulation model "fp32_eigen": Eigen FP32 GEMM (no FMA contraction), the
-// output split into fixed blocks of kGemmRowBlock rows computed in parallel
-// (OpenMP), each block by single-threaded Eigen, so the bits do not depend on
-// the thread count.
+// Accumulation model "fp32_eigen" (sim/gemm_tiled.hpp): Eigen FP32 GEMMs on
+// fixed output tiles computed in parallel, each by single-threaded Eigen, so
+// the bits do not depend on the thread count.
 #pragma once
 
 #include <cstdint>
@@ -38,8 +37,6 @@
 namespace fp4lab {
 
 using MatrixRM = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-inline constexpr int64_t kGemmRowBlock = 64;  // output rows per parallel GEMM task
 
 // Executes one operand plan on the CPU, in place on m (the operand's source).
 void apply_operand_plan(const OperandPlan& p, MatrixView<float> m);
