@@ -105,18 +105,26 @@ struct Variant {
   bool amax_given = false;  // time the fused kernel alone (tensor amax supplied by the producer)
 };
 
-}  // namespace
+// The input of bench_quantize in both types (the same N(0,1) values), and
+// the bandwidth of a device-to-device copy of each, the 100% of every row.
+struct QuantBenchInput {
+  int64_t rows = 0, cols = 0, n = 0;
+  int repeats = 0;
+  DeviceBuffer<float> x32, y32;
+  DeviceBuffer<uint16_t> x16;
+  double copy_bw[2] = {0, 0};  // GB/s, [0] bf16, [1] f32 (read + write)
+  InputType type(int t) const { return t == 0 ? InputType::bf16 : InputType::f32; }
+  const void* x(int t) const { return t == 0 ? (const void*)x16.data() : (const void*)x32.data(); }
+  double in_bytes(int t) const { return double(n) * (t == 0 ? 2 : 4); }
+};
 
-int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& quantizers, int repeats) {
-  if (!gpu_available())
-    throw Error("bench quantize --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
-  if (rows <= 0 || cols <= 0) throw Error("bench quantize: rows and cols must be positive");
-  repeats = std::max(repeats, 3);
-  std::vector<std::string> names = quantizers.empty() ? quantizer_names() : quantizers;
+// The canned (or named) quantizers, then the modes the targets name (SR, RHT)
+// on NVFP4 (the gradient / wgrad operands of NVIDIA's recipe), and SR on MXFP4
+// (one pass: E8M0 block scales, no tensor amax).
+std::vector<Variant> quantize_variants(const std::vector<std::string>& quantizers) {
+  const std::vector<std::string> names = quantizers.empty() ? quantizer_names() : quantizers;
   std::vector<Variant> vars;
   for (const auto& n : names) vars.push_back({n, parse_quantizer(n)});
-  // The modes the targets name (SR, RHT), on NVFP4: the gradient / wgrad operands of NVIDIA's recipe;
-  // and SR on MXFP4 (one pass: E8M0 block scales, no tensor amax).
   const QuantizerSpec nv = quantizer_by_name("nvfp4");
   vars.push_back({"mxfp4 rs", with(quantizer_by_name("mxfp4"), Round::rs, false, 1, 32)});
   vars.push_back({"nvfp4 rs", with(nv, Round::rs, false, 1, 16)});
@@ -130,20 +138,16 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
   // RHT with rn: the wgrad x operand of NVIDIA's recipe.
   vars.push_back({"nvfp4 rht [1,16] (amax given)", with(nv, Round::rn, true, 1, 16), true});
   vars.push_back({"nvfp4 rht [16,1] (amax given)", with(nv, Round::rn, true, 16, 1), true});
+  return vars;
+}
 
-  const int64_t n = rows * cols;
-  DeviceBuffer<float> x32(static_cast<size_t>(n)), y32(static_cast<size_t>(n));
-  DeviceBuffer<uint16_t> x16(static_cast<size_t>(n));
-  fill_normal(x32.data(), x16.data(), n, 1234);
-  DeviceBuffer<uint8_t> codes(static_cast<size_t>(n)), scodes(static_cast<size_t>(n / 16 + 1024));
-  DeviceBuffer<float> gdec(1);
-  QuantWorkspace ws;
-  DeviceBuffer<uint32_t> amax_given(1);
-
-  std::printf("device: %s\n", device_description().c_str());
-  std::printf("input %lld x %lld, median of %d timed runs after warm-up (cudaEvent)\n", (long long)rows,
-              (long long)cols, repeats);
-  double copy_bw[2];
+void measure_copies(QuantBenchInput& in) {
+  const int64_t n = in.n;
+  const int repeats = in.repeats;
+  auto& y32 = in.y32;
+  auto& x16 = in.x16;
+  auto& x32 = in.x32;
+  auto& copy_bw = in.copy_bw;
   for (int t = 0; t < 2; ++t) {
     const size_t bytes = size_t(n) * (t == 0 ? 2 : 4);
     const double ms = time_median_ms(
@@ -157,6 +161,17 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
     std::printf("device-to-device copy (%s, %.0f MB): %.4f ms, %.0f GB/s (read + write)\n", t == 0 ? "bf16" : "f32",
                 bytes / 1e6, ms, copy_bw[t]);
   }
+}
+
+// One row per quantizer and input type: its median time, and its bandwidth
+// against the copy.
+void bench_quantizers(const QuantBenchInput& in, const std::vector<Variant>& vars) {
+  const int64_t rows = in.rows, cols = in.cols, n = in.n;
+  const int repeats = in.repeats;
+  DeviceBuffer<uint8_t> codes(static_cast<size_t>(n)), scodes(static_cast<size_t>(n / 16 + 1024));
+  DeviceBuffer<float> gdec(1);
+  QuantWorkspace ws;
+  DeviceBuffer<uint32_t> amax_given(1);
   std::printf("\n%-34s %-5s %9s %9s %8s %8s %7s  %s\n", "quantizer", "in", "ms", "GB/s", "of copy", "moved", "passes",
               "outputs");
   for (const Variant& v : vars) {
@@ -173,9 +188,9 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
     o.global_decode = gdec.data();
     const double out_bytes = double(packed ? n / 2 : n) + double(sr * sc) * (has_codes ? 1 : 4);
     for (int t = 0; t < 2; ++t) {
-      const InputType it = t == 0 ? InputType::bf16 : InputType::f32;
-      const void* x = t == 0 ? (const void*)x16.data() : (const void*)x32.data();
-      const double in_bytes = double(n) * (t == 0 ? 2 : 4);
+      const InputType it = in.type(t);
+      const void* x = in.x(t);
+      const double in_bytes = in.in_bytes(t);
       const bool two_pass = q.scale_rule == ScaleRule::nv && q.global_scale == GlobalScale::tensor_amax;
       QuantizerSpec qq = q;
       if (v.amax_given) {
@@ -197,14 +212,22 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
       const int passes = (two_pass && !v.amax_given) ? 2 : 1;
       const double moved = (passes * in_bytes + out_bytes) / (ms * 1e-3) / 1e9;
       std::printf("%-34s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  codes%s + scales\n", v.name.c_str(),
-                  t == 0 ? "bf16" : "f32", ms, bw, 100.0 * bw / copy_bw[t], 100.0 * moved / copy_bw[t], passes,
+                  t == 0 ? "bf16" : "f32", ms, bw, 100.0 * bw / in.copy_bw[t], 100.0 * moved / in.copy_bw[t], passes,
                   packed ? " (packed 4-bit)" : "");
     }
   }
-  if (n % 16 == 0) {
-    // What any SR row above could reach at best: reading the input, drawing
-    // one Philox word an element and writing 4-bit codes (with and without
-    // core's E2M1 SR encode), no amax or block scale.
+}
+
+// What any SR row could reach at best: reading the input, drawing one Philox
+// word an element and writing 4-bit codes (with and without core's E2M1 SR
+// encode), no amax or block scale.
+void bench_sr_floor(const QuantBenchInput& in) {
+  const int64_t n = in.n;
+  const int repeats = in.repeats;
+  const auto& x16 = in.x16;
+  const auto& x32 = in.x32;
+  DeviceBuffer<uint8_t> codes(static_cast<size_t>(n));
+  {
     for (bool enc : {false, true}) {
       for (int t = 0; t < 2; ++t) {
         // mult 2: the N(0,1) input spread over E2M1's range, its normal and subnormal targets
@@ -225,22 +248,20 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
         const double bw = (double(n) * (t == 0 ? 2 : 4) + double(n / 2)) / (ms * 1e-3) / 1e9;
         std::printf("%-34s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  4-bit codes (no scales)\n",
                     enc ? "SR floor: Philox + e2m1 SR encode" : "SR floor: Philox + 4-bit out", t == 0 ? "bf16" : "f32",
-                    ms, bw, 100.0 * bw / copy_bw[t], 100.0 * bw / copy_bw[t], 1);
+                    ms, bw, 100.0 * bw / in.copy_bw[t], 100.0 * bw / in.copy_bw[t], 1);
       }
     }
   }
-  std::printf(
-      "\nGB/s counts the input once plus the outputs (codes, scales). Rules with a per-tensor amax (nvfp4)\n"
-      "read the input twice (amax pass + quantize pass); '(amax given)' times the quantize pass alone, as\n"
-      "when the producer of the tensor supplies its amax. 'moved' counts the bytes the passes move (the\n"
-      "input once per pass), against the same copy. 'SR floor' reads the input, draws each element's\n"
-      "Philox word (DESIGN.md's contract) and writes 4 bits an element, with core's E2M1 SR encode of\n"
-      "x * 2 or without: no amax or block scale, so no SR quantizer under that contract (and with that\n"
-      "encoder) can be faster.\n");
+}
 
-  // The trainer's two NVFP4 operands of one tensor (NVIDIA's recipe): [1,16]
-  // for the forward / dgrad GEMM and RHT + [16,1] for wgrad, both as BF16 GEMM
-  // operands; two quantize_device calls against one quantize_dual_device.
+// The trainer's two NVFP4 operands of one tensor (NVIDIA's recipe): [1,16]
+// for the forward / dgrad GEMM and RHT + [16,1] for wgrad, both as BF16 GEMM
+// operands; two quantize_device calls against one quantize_dual_device.
+void bench_two_operands(const QuantBenchInput& in) {
+  const int64_t rows = in.rows, cols = in.cols, n = in.n;
+  const int repeats = in.repeats;
+  const QuantizerSpec nv = quantizer_by_name("nvfp4");
+  QuantWorkspace ws;
   std::printf("\n%-44s %-5s %9s %9s %8s\n", "two operands of one tensor (BF16 outputs)", "in", "ms", "GB/s", "of copy");
   DeviceBuffer<uint16_t> op_a(static_cast<size_t>(n)), op_b(static_cast<size_t>(n));
   DeviceBuffer<float> g2(2);
@@ -254,8 +275,8 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
     oa.global_decode = g2.data();
     ob.global_decode = g2.data() + 1;
     for (int t = 0; t < 2; ++t) {
-      const InputType it = t == 0 ? InputType::bf16 : InputType::f32;
-      const void* x = t == 0 ? (const void*)x16.data() : (const void*)x32.data();
+      const InputType it = in.type(t);
+      const void* x = in.x(t);
       const double bytes = double(n) * (t == 0 ? 2 : 4) + 2.0 * double(n) * 2;
       for (bool dual : {false, true}) {
         const double ms = time_median_ms(
@@ -272,48 +293,77 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
         const std::string name = std::string(r == Round::rn ? "rn" : "rs") + " [1,16] + " +
                                  (r == Round::rn ? "rn" : "rs") + " rht [16,1], " + (dual ? "one pass" : "two calls");
         std::printf("%-44s %-5s %9.4f %9.0f %7.1f%%\n", name.c_str(), t == 0 ? "bf16" : "f32", ms, bw,
-                    100.0 * bw / copy_bw[t]);
+                    100.0 * bw / in.copy_bw[t]);
       }
     }
   }
   std::printf("(GB/s: the input once plus both BF16 outputs; each form reads the input twice or more.)\n");
+}
+
+}  // namespace
+
+int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& quantizers, int repeats) {
+  if (!gpu_available())
+    throw Error("bench quantize --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
+  if (rows <= 0 || cols <= 0) throw Error("bench quantize: rows and cols must be positive");
+  const std::vector<Variant> vars = quantize_variants(quantizers);
+  QuantBenchInput in;
+  in.rows = rows, in.cols = cols, in.n = rows * cols, in.repeats = std::max(repeats, 3);
+  in.x32.resize(static_cast<size_t>(in.n));
+  in.y32.resize(static_cast<size_t>(in.n));
+  in.x16.resize(static_cast<size_t>(in.n));
+  fill_normal(in.x32.data(), in.x16.data(), in.n, 1234);
+  std::printf("device: %s\n", device_description().c_str());
+  std::printf("input %lld x %lld, median of %d timed runs after warm-up (cudaEvent)\n", (long long)rows,
+              (long long)cols, in.repeats);
+  measure_copies(in);
+  bench_quantizers(in, vars);
+  if (in.n % 16 == 0) bench_sr_floor(in);
+  std::printf(
+      "\nGB/s counts the input once plus the outputs (codes, scales). Rules with a per-tensor amax (nvfp4)\n"
+      "read the input twice (amax pass + quantize pass); '(amax given)' times the quantize pass alone, as\n"
+      "when the producer of the tensor supplies its amax. 'moved' counts the bytes the passes move (the\n"
+      "input once per pass), against the same copy. 'SR floor' reads the input, draws each element's\n"
+      "Philox word (DESIGN.md's contract) and writes 4 bits an element, with core's E2M1 SR encode of\n"
+      "x * 2 or without: no amax or block scale, so no SR quantizer under that contract (and with that\n"
+      "encoder) can be faster.\n");
+
+  bench_two_operands(in);
   return 0;
 }
 
-int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
-  if (!gpu_available())
-    throw Error("bench gemm --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
-  repeats = std::max(repeats, 3);
-  DeviceBuffer<uint16_t> a16(static_cast<size_t>(m * k)), b16(static_cast<size_t>(n * k)),
-      y16(static_cast<size_t>(m * n));
-  fill_normal(nullptr, a16.data(), m * k, 11);
-  fill_normal(nullptr, b16.data(), n * k, 12, 0.05f);
+namespace {
+
+// What bench_gemm's rows share: the BF16 operands, the cuBLAS handle, and the
+// row printer that times a candidate interleaved with the BF16 reference.
+struct GemmBench {
+  int64_t m = 0, n = 0, k = 0;
+  int repeats = 0;
+  double flops = 0;
+  DeviceBuffer<uint16_t> a16, b16, y16;
   Blas blas;
-  const double flops = 2.0 * double(m) * double(n) * double(k);
-  std::printf("device: %s\n", device_description().c_str());
-  std::printf("GEMM y[m,n] = A[m,k] B[n,k]^T, m=%lld n=%lld k=%lld, BF16 output, median of %d after warm-up\n",
-              (long long)m, (long long)n, (long long)k, repeats);
-  auto gemm_ref = [&] { gemm_bf16_nt(blas, a16.data(), b16.data(), y16.data(), OutType::bf16, m, n, k); };
-  const double ms_bf16 = time_median_ms(gemm_ref, 3, repeats);
-  const double tf_bf16 = flops / (ms_bf16 * 1e-3) / 1e12;
-  std::printf("\n%-58s %9s %9s %9s %9s\n", "GEMM", "ms", "TFLOP/s", "of BF16", "BF16 ms");
-  std::printf("%-58s %9.4f %9.1f %8.1f%% %9.4f\n", "cuBLAS BF16 (reference)", ms_bf16, tf_bf16, 100.0, ms_bf16);
+  void gemm_ref() { gemm_bf16_nt(blas, a16.data(), b16.data(), y16.data(), OutType::bf16, m, n, k); }
   // One row: fn timed interleaved with the BF16 reference ("of BF16" is the
   // ratio of the two medians; "BF16 ms" is that reference's median).
-  auto row = [&](const std::string& name, const auto& fn) {
-    const auto [ms_ref, ms] = time_interleaved_median_ms(gemm_ref, fn, 3, repeats);
+  template <class F>
+  void row(const std::string& name, const F& fn) {
+    const auto [ms_ref, ms] = time_interleaved_median_ms([&] { gemm_ref(); }, fn, 3, repeats);
     std::printf("%-58s %9.4f %9.1f %8.1f%% %9.4f\n", name.c_str(), ms, flops / (ms * 1e-3) / 1e12, 100.0 * ms_ref / ms,
                 ms_ref);
-  };
+  }
+};
 
-  struct Side {
+// One quantized operand of a GEMM row: its buffers and its QuantOperand view.
+struct Side {
     DeviceBuffer<uint8_t> codes, scodes;
     DeviceBuffer<uint16_t> op16;
     DeviceBuffer<float> gdec;
     QuantWorkspace ws;
     QuantOperand op;
   };
-  auto prep = [&](Side& s, const QuantizerSpec& q, int64_t rows) {
+// Sizes s for q on a [rows, k] operand; the outputs a fused quantization
+// writes for a BF16-tensor-core GEMM (codes, scales, g_dec, exact BF16 operand).
+QuantOutputs prep(Side& s, const QuantizerSpec& q, int64_t rows, int64_t k) {
     int64_t sr = 0, sc = 0;
     scale_grid(q, rows, k, sr, sc);
     const bool packed = q.element->bits() == 4;
@@ -336,7 +386,17 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
     o.dequant_bf16 = s.op16.data();
     o.bf16_gemm_operand = true;
     return o;
-  };
+}
+
+// NVFP4 / MXFP4 / MXFP8 GEMMs on the BF16 tensor cores: quantize + GEMM, the
+// GEMM alone, and dequantize + GEMM from codes.
+void bench_bf16_tensor_core_rows(GemmBench& g) {
+  const int64_t m = g.m, n = g.n, k = g.k;
+  auto& blas = g.blas;
+  auto& a16 = g.a16;
+  auto& b16 = g.b16;
+  auto& y16 = g.y16;
+  auto row = [&](const std::string& name, const auto& fn) { g.row(name, fn); };
   struct Case {
     const char* name;
     const char* qa;
@@ -351,7 +411,7 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
   for (const Case& c : cases) {
     const QuantizerSpec qa = quantizer_by_name(c.qa), qb = quantizer_by_name(c.qb);
     Side sa, sb;
-    const QuantOutputs oa = prep(sa, qa, m), ob = prep(sb, qb, n);
+    const QuantOutputs oa = prep(sa, qa, m, k), ob = prep(sb, qb, n, k);
     // The BF16 GEMM of the exact operands with alpha = g_dec(A) g_dec(B).
     auto gemm_only = [&] {
       gemm_bf16_nt(blas, sa.op16.data(), sb.op16.data(), y16.data(), OutType::bf16, m, n, k, 1.0f, alpha.data());
@@ -373,13 +433,22 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
     };
     row(std::string(c.name) + ": dequant + GEMM", from_q);
   }
-  // MXFP8 on the FP8 tensor cores (per-32-block promotion), and cuBLASLt's
-  // FP8 GEMM with one scale per tensor as the FP8 ceiling of this GPU.
+}
+
+// MXFP8 on the FP8 tensor cores (per-32-block promotion), and cuBLASLt's FP8
+// GEMM with one scale per tensor as the FP8 ceiling of this GPU.
+void bench_fp8_tensor_core_rows(GemmBench& g) {
+  const int64_t m = g.m, n = g.n, k = g.k;
+  auto& blas = g.blas;
+  auto& a16 = g.a16;
+  auto& b16 = g.b16;
+  auto& y16 = g.y16;
+  auto row = [&](const std::string& name, const auto& fn) { g.row(name, fn); };
   if (compute_capability() >= 89) {
     for (const char* qname : {"mxfp8_e4m3", "mxfp8_e5m2"}) {
       const QuantizerSpec q = quantizer_by_name(qname);
       Side sa, sb;
-      QuantOutputs oa = prep(sa, q, m), ob = prep(sb, q, n);
+      QuantOutputs oa = prep(sa, q, m, k), ob = prep(sb, q, n, k);
       oa.dequant_bf16 = ob.dequant_bf16 = nullptr;  // codes and scales only
       oa.bf16_gemm_operand = ob.bf16_gemm_operand = false;
       auto from_q = [&] {
@@ -405,6 +474,30 @@ int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
       std::printf("%-58s %s\n", "cuBLASLt FP8 e4m3, one scale per tensor", e.what());
     }
   }
+}
+
+}  // namespace
+
+int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats) {
+  if (!gpu_available())
+    throw Error("bench gemm --backend cuda: no CUDA GPU is visible (cudaGetDeviceCount reports none)");
+  GemmBench g;
+  g.m = m, g.n = n, g.k = k, g.repeats = std::max(repeats, 3);
+  g.flops = 2.0 * double(m) * double(n) * double(k);
+  g.a16.resize(static_cast<size_t>(m * k));
+  g.b16.resize(static_cast<size_t>(n * k));
+  g.y16.resize(static_cast<size_t>(m * n));
+  fill_normal(nullptr, g.a16.data(), m * k, 11);
+  fill_normal(nullptr, g.b16.data(), n * k, 12, 0.05f);
+  std::printf("device: %s\n", device_description().c_str());
+  std::printf("GEMM y[m,n] = A[m,k] B[n,k]^T, m=%lld n=%lld k=%lld, BF16 output, median of %d after warm-up\n",
+              (long long)m, (long long)n, (long long)k, g.repeats);
+  const double ms_bf16 = time_median_ms([&] { g.gemm_ref(); }, 3, g.repeats);
+  const double tf_bf16 = g.flops / (ms_bf16 * 1e-3) / 1e12;
+  std::printf("\n%-58s %9s %9s %9s %9s\n", "GEMM", "ms", "TFLOP/s", "of BF16", "BF16 ms");
+  std::printf("%-58s %9.4f %9.1f %8.1f%% %9.4f\n", "cuBLAS BF16 (reference)", ms_bf16, tf_bf16, 100.0, ms_bf16);
+  bench_bf16_tensor_core_rows(g);
+  if (compute_capability() >= 89) bench_fp8_tensor_core_rows(g);
   std::printf(
       "\nNVFP4/MXFP4 GEMMs run on the BF16 tensor cores (dequantized operands are exact in BF16). MXFP8 runs\n"
       "both ways: dequantized to BF16, and on the FP8 tensor cores with each 32-element block's partial\n"
