@@ -2,9 +2,9 @@
 # One batched device call (see /work/.library/device/README.md): build (or take
 # prebuilt binaries), then the steps asked for, each one's log under $OUT.
 # Usage on the device machine, from the repository root:
-#   bash cuda/run_device.sh [STEP...]      (default: tests bench)
+#   bash scripts/run_device.sh [STEP...]      (default: tests bench)
 # Steps:
-#   tests       test_cuda, then test_train's CUDA cases (-tc="*cuda*")
+#   tests       test_cuda, then test_train_cuda
 #   quantize    fp4lab bench quantize --backend cuda, 8192 x 8192 (QPICK=regex keeps matching rows)
 #   gemm        fp4lab bench gemm --backend cuda, 8192^3
 #   train       fp4lab bench train on the shakespeare_char GPT, the recipes of RECIPES
@@ -12,7 +12,7 @@
 #   pytorch     scripts/bench_pytorch_gpt.py on the same GPU, fp32 and bf16 (the train baseline)
 #   bench       quantize gemm
 #   all         tests quantize gemm
-# Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train from DIR (an
+# Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
 # archive `bins.tar.xz` there is unpacked first) instead of building in /tmp/b;
 # TCF=PATTERN narrows test_cuda to matching test cases.
 set -o pipefail
@@ -24,14 +24,14 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&
 t0=$(date +%s)
 if [ -n "${PREBUILT:-}" ]; then
   [ -f "$PREBUILT/bins.tar.xz" ] && tar -xJf "$PREBUILT/bins.tar.xz" -C "$PREBUILT"
-  FP4LAB=$PREBUILT/fp4lab TEST_CUDA=$PREBUILT/test_cuda TEST_TRAIN=$PREBUILT/test_train
+  FP4LAB=$PREBUILT/fp4lab TEST_CUDA=$PREBUILT/test_cuda TEST_TRAIN_CUDA=$PREBUILT/test_train_cuda
 else
   cmake -S . -B /tmp/b -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
     >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   # -k 0: other modules' work in progress must not stop test_cuda from building.
-  ninja -C /tmp/b -k 0 -j16 test_cuda test_train fp4lab >"$OUT/build.log" 2>&1 ||
+  ninja -C /tmp/b -k 0 -j16 test_cuda test_train_cuda fp4lab >"$OUT/build.log" 2>&1 ||
     grep -E "error|FAILED" -A3 "$OUT/build.log" | head -40
-  FP4LAB=/tmp/b/apps/fp4lab TEST_CUDA=/tmp/b/tests/test_cuda TEST_TRAIN=/tmp/b/tests/test_train
+  FP4LAB=/tmp/b/apps/fp4lab TEST_CUDA=/tmp/b/tests/test_cuda TEST_TRAIN_CUDA=/tmp/b/tests/test_train_cuda
 fi
 echo "build: $(($(date +%s) - t0)) s"
 recipes=${RECIPES:-fp32,bf16,nvfp4,mxfp8,mx_baseline,nvidia_round_to_infinity,tetrajet,fp4_all_the_way,nvfp4_fwd_mxfp8_bwd}
@@ -39,7 +39,7 @@ run_step() {
   case "$1" in
     tests)
       "$TEST_CUDA" ${TCF:+-tc="$TCF"} 2>&1 | tee "$OUT/test_cuda.log" | tail -8
-      "$TEST_TRAIN" -tc="*cuda*" 2>&1 | tee "$OUT/test_train_cuda.log" | tail -4
+      "$TEST_TRAIN_CUDA" 2>&1 | tee "$OUT/test_train_cuda.log" | tail -4
       ;;
     quantize)
       "$FP4LAB" bench quantize --backend cuda --rows 8192 --cols 8192 --repeats 20 2>&1 | tee "$OUT/bench_quantize.log" |
