@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
+#include <cstdint>
 
 namespace fp4lab {
 
@@ -47,28 +47,142 @@ const char* dtype_descr(DType d) {
   return "";
 }
 
-// Value of `key` in the header dict, e.g. 'descr': '<f4' -> "<f4".
-std::string header_value(const std::string& header, const std::string& key, const std::string& path) {
-  const auto k = header.find("'" + key + "'");
-  if (k == std::string::npos) throw Error(path + ": .npy header has no '" + key + "' entry");
-  auto p = header.find(':', k);
-  if (p == std::string::npos) throw Error(path + ": malformed .npy header near '" + key + "'");
-  ++p;
-  while (p < header.size() && header[p] == ' ') ++p;
-  if (p >= header.size()) throw Error(path + ": malformed .npy header near '" + key + "'");
-  if (header[p] == '\'') {
-    const auto e = header.find('\'', p + 1);
-    if (e == std::string::npos) throw Error(path + ": malformed .npy header near '" + key + "'");
-    return header.substr(p + 1, e - p - 1);
+// The header dict of a .npy file, parsed by the grammar NumPy writes and
+// accepts (numpy.lib.format: a Python dict literal with exactly the keys
+// 'descr', 'fortran_order' and 'shape', in any order, an optional trailing
+// comma, then padding spaces and a newline):
+//   header  := ws '{' ws entry (ws ',' ws entry)* (ws ',')? ws '}' ws
+//   entry   := key ws ':' ws value
+//   descr   := a quoted string ('...' or "...")
+//   fortran := True | False
+//   shape   := '(' ws ')' | '(' ws int ws ',' ws ')' | '(' ws int (ws ',' ws int)+ (ws ',')? ws ')'
+//   int     := [0-9]+   (a dimension, at most 2^63 - 1)
+// Anything else is an error naming the file and the offending text.
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
+  Shape shape;
+};
+
+class HeaderParser {
+ public:
+  HeaderParser(const std::string& text, const std::string& path) : t_(text), path_(path) {}
+
+  NpyHeader parse() {
+    NpyHeader h;
+    bool seen[3] = {false, false, false};
+    ws();
+    expect('{');
+    for (;;) {
+      ws();
+      if (peek() == '}') break;
+      const std::string key = quoted("a key");
+      ws();
+      expect(':');
+      ws();
+      int k = -1;
+      if (key == "descr") {
+        k = 0, h.descr = quoted("the descr string");
+      } else if (key == "fortran_order") {
+        k = 1, h.fortran_order = boolean();
+      } else if (key == "shape") {
+        k = 2, h.shape = shape();
+      } else {
+        fail("unknown key '" + key + "' (valid: 'descr', 'fortran_order', 'shape')");
+      }
+      if (seen[k]) fail("key '" + key + "' given twice");
+      seen[k] = true;
+      ws();
+      if (peek() == ',') {
+        ++i_;
+        continue;
+      }
+      if (peek() != '}') fail("expected ',' or '}'");
+    }
+    ++i_;
+    ws();
+    if (i_ != t_.size()) fail("unexpected text after the header dict");
+    const char* names[3] = {"descr", "fortran_order", "shape"};
+    for (int k = 0; k < 3; ++k)
+      if (!seen[k]) throw Error(path_ + ": .npy header has no '" + names[k] + "' entry");
+    return h;
   }
-  if (header[p] == '(') {
-    const auto e = header.find(')', p);
-    if (e == std::string::npos) throw Error(path + ": malformed .npy header near '" + key + "'");
-    return header.substr(p + 1, e - p - 1);
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    const size_t from = i_ < t_.size() ? i_ : t_.size();
+    throw Error(path_ + ": malformed .npy header: " + what + " at offset " + std::to_string(from) + " of \"" +
+                t_.substr(0, t_.find_last_not_of(" \n") + 1) + "\"");
   }
-  auto e = p;
-  while (e < header.size() && header[e] != ',' && header[e] != '}') ++e;
-  return header.substr(p, e - p);
+  char peek() const { return i_ < t_.size() ? t_[i_] : '\0'; }
+  void ws() {
+    while (i_ < t_.size() && (t_[i_] == ' ' || t_[i_] == '\n' || t_[i_] == '\t' || t_[i_] == '\r')) ++i_;
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++i_;
+  }
+  std::string quoted(const char* what) {
+    const char q = peek();
+    if (q != '\'' && q != '"') fail(std::string("expected ") + what + " in quotes");
+    const size_t e = t_.find(q, i_ + 1);
+    if (e == std::string::npos) fail("unterminated string");
+    std::string v = t_.substr(i_ + 1, e - i_ - 1);
+    i_ = e + 1;
+    return v;
+  }
+  bool boolean() {
+    if (t_.compare(i_, 4, "True") == 0) return i_ += 4, true;
+    if (t_.compare(i_, 5, "False") == 0) return i_ += 5, false;
+    fail("expected True or False for 'fortran_order'");
+  }
+  int64_t integer() {
+    if (peek() < '0' || peek() > '9') fail("expected a non-negative decimal integer in 'shape'");
+    uint64_t v = 0;
+    while (peek() >= '0' && peek() <= '9') {
+      v = v * 10 + uint64_t(peek() - '0');
+      if (v > uint64_t(INT64_MAX)) fail("a dimension of 'shape' exceeds 2^63 - 1");
+      ++i_;
+    }
+    return int64_t(v);
+  }
+  Shape shape() {
+    Shape s;
+    expect('(');
+    ws();
+    if (peek() == ')') return ++i_, s;
+    for (;;) {
+      s.push_back(integer());
+      ws();
+      if (peek() == ')') {
+        if (s.size() == 1) fail("a 1-D shape needs a trailing comma, as in (n,)");
+        ++i_;
+        return s;
+      }
+      expect(',');
+      ws();
+      if (peek() == ')') return ++i_, s;
+    }
+  }
+
+  const std::string& t_;
+  const std::string& path_;
+  size_t i_ = 0;
+};
+
+// Element count of a shape, or an error when it overflows int64.
+int64_t checked_numel(const Shape& s, size_t elem_bytes, const std::string& path) {
+  uint64_t n = 1;
+  bool zero = false;
+  for (int64_t d : s) zero = zero || d == 0;
+  if (zero) return 0;
+  for (int64_t d : s) {
+    if (n > uint64_t(INT64_MAX) / uint64_t(d) / elem_bytes)
+      throw Error(path + ": .npy shape " + shape_str(s) + " has more elements than fit in memory (the byte count " +
+                  "overflows 64 bits)");
+    n *= uint64_t(d);
+  }
+  return int64_t(n);
 }
 
 }  // namespace
@@ -97,7 +211,8 @@ NpyArray read_npy(const std::string& path) {
   std::string header(header_len, '\0');
   if (!in.read(header.data(), header_len)) throw Error(path + ": truncated .npy header");
 
-  const std::string descr = header_value(header, "descr", path);
+  const NpyHeader h = HeaderParser(header, path).parse();
+  const std::string& descr = h.descr;
   NpyArray arr;
   if (descr == "<f4")
     arr.dtype = DType::float32;
@@ -109,25 +224,23 @@ NpyArray read_npy(const std::string& path) {
     arr.dtype = DType::uint16;
   else
     throw Error(path + ": unsupported dtype '" + descr + "' (valid: <f4 float32, <f8 float64, |u1 uint8, <u2 uint16)");
-  const std::string fortran = header_value(header, "fortran_order", path);
-  if (fortran.find("True") != std::string::npos)
+  if (h.fortran_order)
     throw Error(path + ": Fortran-order arrays are not supported (save with np.ascontiguousarray)");
-  const std::string shape_text = header_value(header, "shape", path);
-  std::stringstream ss(shape_text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const auto first = item.find_first_not_of(" ");
-    if (first == std::string::npos) continue;
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(item.substr(first), &used);
-      if (v < 0) throw Error("");
-      arr.shape.push_back(v);
-    } catch (...) {
-      throw Error(path + ": bad shape entry '" + item + "' in .npy header");
-    }
-  }
-  const size_t nbytes = size_t(shape_numel(arr.shape)) * dtype_size(arr.dtype);
+  arr.shape = h.shape;
+  const size_t nbytes = size_t(checked_numel(arr.shape, dtype_size(arr.dtype), path)) * dtype_size(arr.dtype);
+  // The data's size is checked against the file before anything is allocated.
+  const std::streamoff data_at = in.tellg();
+  in.seekg(0, std::ios::end);
+  const std::streamoff file_end = in.tellg();
+  in.seekg(data_at);
+  if (data_at < 0 || file_end < data_at || !in) throw Error(path + ": cannot determine the file's size");
+  const uint64_t have = uint64_t(file_end - data_at);
+  if (have < nbytes)
+    throw Error(path + ": truncated .npy data (expected " + std::to_string(nbytes) + " bytes for shape " +
+                shape_str(arr.shape) + " " + dtype_name(arr.dtype) + ", the file holds " + std::to_string(have) + ")");
+  if (have > nbytes)
+    throw Error(path + ": " + std::to_string(have - nbytes) + " bytes after the .npy data (expected " +
+                std::to_string(nbytes) + " bytes for shape " + shape_str(arr.shape) + " " + dtype_name(arr.dtype) + ")");
   arr.bytes.resize(nbytes);
   if (nbytes && !in.read(reinterpret_cast<char*>(arr.bytes.data()), std::streamsize(nbytes)))
     throw Error(path + ": truncated .npy data (expected " + std::to_string(nbytes) + " bytes for shape " +
@@ -179,7 +292,7 @@ Tensor<float> read_npy_float32(const std::string& path) {
   NpyArray a = read_npy(path);
   if (a.dtype != DType::float32) throw Error(path + ": expected float32 data, got " + dtype_name(a.dtype));
   Tensor<float> t(a.shape);
-  std::memcpy(t.data.data(), a.bytes.data(), a.bytes.size());
+  if (!a.bytes.empty()) std::memcpy(t.data.data(), a.bytes.data(), a.bytes.size());
   return t;
 }
 
@@ -187,7 +300,7 @@ Tensor<double> read_npy_as_float64(const std::string& path) {
   NpyArray a = read_npy(path);
   Tensor<double> t(a.shape);
   if (a.dtype == DType::float64) {
-    std::memcpy(t.data.data(), a.bytes.data(), a.bytes.size());
+    if (!a.bytes.empty()) std::memcpy(t.data.data(), a.bytes.data(), a.bytes.size());
   } else if (a.dtype == DType::float32) {
     for (int64_t i = 0; i < t.numel(); ++i) {
       float f;

@@ -174,3 +174,60 @@ TEST_CASE("npy: a failed write leaves no file") {
   write_npy(q, DType::float32, {1}, &x);
   CHECK(read_npy(q).bytes.size() == 4);
 }
+
+TEST_CASE("npy: the header grammar NumPy writes and nothing looser; shapes checked before allocation") {
+  TmpDir tmp;
+  const std::string f4(16, '\0');
+  auto dict = [](const std::string& shape) {
+    return "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+  };
+  struct Bad {
+    std::string name, bytes, expect;
+  } bads[] = {
+      // Shapes that an ad-hoc reader took for something else.
+      {"pow.npy", npy_bytes(dict("(2**62)"), f4), "malformed .npy header"},
+      {"float.npy", npy_bytes(dict("(1e3,)"), f4), "malformed .npy header"},
+      {"junk.npy", npy_bytes(dict("(4x, 32)"), f4), "malformed .npy header"},
+      {"neg.npy", npy_bytes(dict("(-4,)"), f4), "malformed .npy header"},
+      {"noncomma.npy", npy_bytes(dict("(4)"), f4), "trailing comma"},
+      {"big.npy", npy_bytes(dict("(99999999999999999999,)"), f4), "exceeds 2^63 - 1"},
+      // A product that overflows (signed overflow before), and a huge valid
+      // shape: both rejected before any allocation.
+      {"overflow.npy", npy_bytes(dict("(4611686018427387904, 4)"), f4), "overflows 64 bits"},
+      {"huge.npy", npy_bytes(dict("(1099511627776, 1024)"), f4), "truncated .npy data"},
+      // Keys.
+      {"nokey.npy", npy_bytes("{'descr': '<f4', 'shape': (4,), }", f4), "no 'fortran_order' entry"},
+      {"extra.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'x': 1}", f4),
+       "unknown key 'x'"},
+      {"twice.npy", npy_bytes("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (4,)}", f4),
+       "given twice"},
+      {"bool.npy", npy_bytes("{'descr': '<f4', 'fortran_order': 0, 'shape': (4,), }", f4), "True or False"},
+      {"after.npy", npy_bytes(dict("(4,)") + " x", f4), "unexpected text"},
+      // Data size against the file.
+      {"long.npy", npy_bytes(dict("(3,)"), f4), "4 bytes after the .npy data"},
+  };
+  for (const Bad& b : bads) {
+    INFO(b.name);
+    write_file(tmp.path(b.name), b.bytes);
+    const std::string msg = error_of(tmp.path(b.name));
+    CHECK(msg.find(b.expect) != std::string::npos);
+    CHECK(msg.find(b.name) != std::string::npos);
+  }
+  // What NumPy accepts: any key order, double quotes, no trailing comma, spaces.
+  write_file(tmp.path("order.npy"), npy_bytes("{\"shape\": ( 2 , 2 ), \"fortran_order\": False, \"descr\": \"<f4\"}", f4));
+  CHECK(read_npy(tmp.path("order.npy")).shape == Shape{2, 2});
+  write_file(tmp.path("scalar.npy"), npy_bytes(dict("()"), f4.substr(0, 4)));
+  CHECK(read_npy(tmp.path("scalar.npy")).shape == Shape{});
+}
+
+TEST_CASE("npy: zero-size arrays read and write without touching their (null) data") {
+  TmpDir tmp;
+  for (const Shape& s : {Shape{0}, Shape{0, 5}, Shape{3, 0}}) {
+    INFO(shape_str(s));
+    write_npy(tmp.path("z.npy"), DType::float32, s, nullptr);
+    const Tensor<float> t = read_npy_float32(tmp.path("z.npy"));
+    CHECK(t.shape == s);
+    CHECK(t.data.empty());
+    CHECK(read_npy_as_float64(tmp.path("z.npy")).data.empty());
+  }
+}
