@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -9,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
-#include <sstream>
+#include <string>
+#include <vector>
 
 #include "train/data.hpp"
 #include "core/error.hpp"
@@ -92,13 +95,450 @@ std::string fmt_duration(double s) {
   return b;
 }
 
-// Everything about the data a run needs.
-struct DataSet {
-  ImageSet train_images, test_images;
-  CharText text;
-  std::optional<ImageSampler> images;
-  std::optional<TextSampler> text_train;
+// ---- tasks: what a model family brings to a run --------------------------------
+
+// The data, training batches, evaluation and reported metric of one model
+// family. A task owns its data set (its samplers point into it).
+class Task {
+ public:
+  Task() = default;
+  Task(const Task&) = delete;
+  Task& operator=(const Task&) = delete;
+  virtual ~Task() = default;
+
+  virtual Batch train_batch(int64_t step) const = 0;
+  // Adds the evaluation's figures to `rec`, the record after `step` steps.
+  virtual void evaluate(Model& model, const StepContext& sc, int64_t step, json& rec) const = 0;
+  // The progress line of an evaluation record.
+  virtual std::string eval_line(int64_t step, const json& rec) const = 0;
+  // Steps of one pass over the training data (0: the task counts no epochs).
+  virtual int64_t steps_per_epoch() const = 0;
+  // Steps between evaluations when the config gives none.
+  virtual int64_t default_eval_interval() const = 0;
+
+  double better(double best, double v) const { return higher_is_better ? std::max(best, v) : std::min(best, v); }
+
+  std::string metric;          // summary.json's "metric": a field of the evaluation records
+  bool higher_is_better = false;
+  double worst = 0.0;          // "best" before the first evaluation
+  std::string item;            // what items_per_s counts
+  bool eval_at_start = false;  // evaluate before the first step
 };
+
+// vit: MNIST classification, scored by test-set accuracy.
+class ImageTask final : public Task {
+ public:
+  explicit ImageTask(const RunConfig& cfg)
+      : test_limit_(cfg.data.test_limit), eval_batch_size_(cfg.training.eval_batch_size) {
+    metric = "test_acc", higher_is_better = true, worst = -1.0, item = "images";
+    train_ = load_mnist(cfg.data.path, true);
+    test_ = load_mnist(cfg.data.path, false);
+    if (train_.rows != cfg.model.image_size || train_.cols != cfg.model.image_size)
+      throw Error(cfg.data.path + ": images are " + std::to_string(train_.rows) + "x" + std::to_string(train_.cols) +
+                  " but model.image_size is " + std::to_string(cfg.model.image_size));
+    sampler_.set = &train_;
+    sampler_.batch_size = cfg.training.batch_size;
+    sampler_.limit = cfg.data.train_limit;
+    sampler_.mean = float(cfg.data.mean);
+    sampler_.std = float(cfg.data.std);
+    sampler_.seed = cfg.seed;
+  }
+  Batch train_batch(int64_t step) const override { return sampler_.train_batch(step); }
+  // One sequential pass over the (first test_limit) test images.
+  void evaluate(Model& model, const StepContext& sc, int64_t, json& rec) const override {
+    ImageSampler ts = sampler_;
+    ts.set = &test_;
+    ts.limit = test_limit_;
+    const int64_t n = ts.size(), nb = (n + eval_batch_size_ - 1) / eval_batch_size_;
+    double loss = 0.0;
+    int64_t hits = 0;
+    for (int64_t k = 0; k < nb; ++k) {
+      Batch b = ts.eval_batch(k, eval_batch_size_);
+      int64_t c = 0;
+      loss += model.evaluate(b, sc, &c) * double(b.size);
+      hits += c;
+    }
+    rec["test_acc"] = 100.0 * double(hits) / double(n);
+    rec["test_loss"] = loss / double(n);
+  }
+  std::string eval_line(int64_t step, const json& rec) const override {
+    char b[200];
+    std::snprintf(b, sizeof b, "eval step %lld: test_acc %.2f%% test_loss %.4f\n", (long long)step,
+                  rec.at("test_acc").get<double>(), rec.at("test_loss").get<double>());
+    return b;
+  }
+  int64_t steps_per_epoch() const override { return sampler_.steps_per_epoch(); }
+  int64_t default_eval_interval() const override { return steps_per_epoch(); }
+
+ private:
+  ImageSet train_, test_;
+  ImageSampler sampler_;
+  int64_t test_limit_, eval_batch_size_;
+};
+
+// gpt: next-character prediction, scored by the validation loss (nanoGPT).
+class TextTask final : public Task {
+ public:
+  explicit TextTask(const RunConfig& cfg) : text_(load_char_text(cfg.data.path)), eval_iters_(cfg.training.eval_iters) {
+    metric = "val_loss", higher_is_better = false, worst = 1e30, item = "tokens", eval_at_start = true;
+    sampler_.data = &text_.train;
+    sampler_.batch_size = cfg.training.batch_size;
+    sampler_.context = cfg.model.context;
+    sampler_.seed = cfg.seed;
+    sampler_.stream = uint64_t(0xC) << 60;
+  }
+  int64_t vocab_size() const { return int64_t(text_.vocab.size()); }
+  Batch train_batch(int64_t step) const override { return sampler_.batch(step); }
+  // eval_iters random batches of each split, drawn from a stream of their own.
+  void evaluate(Model& model, const StepContext& sc, int64_t step, json& rec) const override {
+    for (int split = 0; split < 2; ++split) {
+      TextSampler s = sampler_;
+      s.data = split == 0 ? &text_.train : &text_.val;
+      s.stream = kEvalStream | uint64_t(split) << 56 | uint64_t(step);
+      double sum = 0.0;
+      for (int64_t k = 0; k < eval_iters_; ++k) sum += model.evaluate(s.batch(k), sc, nullptr);
+      rec[split == 0 ? "train_loss" : "val_loss"] = sum / double(eval_iters_);
+    }
+  }
+  std::string eval_line(int64_t step, const json& rec) const override {
+    char b[200];
+    std::snprintf(b, sizeof b, "eval step %lld: train_loss %.4f val_loss %.4f\n", (long long)step,
+                  rec.at("train_loss").get<double>(), rec.at("val_loss").get<double>());
+    return b;
+  }
+  int64_t steps_per_epoch() const override { return 0; }
+  int64_t default_eval_interval() const override { return 250; }
+
+ private:
+  CharText text_;
+  TextSampler sampler_;
+  int64_t eval_iters_;
+};
+
+// Loads the data of cfg's model family; char text sets cfg.model.vocab_size.
+std::unique_ptr<Task> make_task(RunConfig& cfg) {
+  if (cfg.model.type == "vit") return std::make_unique<ImageTask>(cfg);
+  auto t = std::make_unique<TextTask>(cfg);
+  cfg.model.vocab_size = t->vocab_size();
+  return t;
+}
+
+// ---- the run directory -------------------------------------------------------------
+
+// --resume: the checkpoint exists and config.json matches `resolved` (threads aside).
+void check_resumable(const fs::path& dir, const fs::path& ckpt_path, const json& resolved) {
+  if (!fs::exists(ckpt_path)) throw Error("cannot resume: " + ckpt_path.string() + " does not exist");
+  json saved = read_json_file((dir / "config.json").string());
+  json a = saved, b = resolved;
+  for (json* x : {&a, &b}) x->erase("threads");
+  if (a != b)
+    throw Error("cannot resume " + dir.string() +
+                ": its config.json differs from this config (resume with the "
+                "same config and --set options)");
+}
+
+// A fresh run: an empty directory (an existing one only with force) with
+// config.json and an empty metrics.jsonl.
+void create_run_directory(const fs::path& dir, const json& resolved, bool force) {
+  if (fs::exists(dir) && !fs::is_empty(dir)) {
+    if (!force)
+      throw Error("run directory " + dir.string() +
+                  " already exists; pass --resume to continue it, --force to overwrite it, or --set output.name=NEW");
+    fs::remove_all(dir);
+  }
+  fs::create_directories(dir);
+  write_atomic(dir / "config.json", resolved.dump(2) + "\n");
+  std::ofstream(dir / "metrics.jsonl", std::ios::trunc);
+}
+
+// Drops the metric lines written after `step` (a resumed run recomputes them).
+void truncate_metrics(const fs::path& metrics_path, int64_t step) {
+  std::vector<json> lines = read_metrics(metrics_path.string());
+  std::string keep;
+  for (const auto& l : lines)
+    if (l.value("step", int64_t(0)) <= step) keep += l.dump() + "\n";
+  write_atomic(metrics_path, keep);
+}
+
+// ---- progress output -------------------------------------------------------------------
+
+// A bar on a terminal; elsewhere a line every log_interval steps or 5% of the run.
+class Progress {
+ public:
+  Progress() = default;
+  Progress(std::ostream& log, bool on, int64_t total, int64_t log_interval)
+      : log_(&log),
+        on_(on),
+        tty_(on && ::isatty(STDERR_FILENO) && &log == &std::cerr),
+        total_(total),
+        plain_every_(std::max<int64_t>(log_interval, total / 20)) {}
+
+  // After `done` steps; ms: time per step so far.
+  void step(int64_t done, double loss, double lr, double ms) const {
+    if (!on_) return;
+    const double eta = ms / 1000.0 * double(total_ - done);
+    char b[256];
+    if (tty_) {
+      const int width = 30, fill = int(double(width) * double(done) / double(total_));
+      std::snprintf(b, sizeof b, "\r\033[K[%s%s] %lld/%lld loss %.4f %.1f ms/step ETA %s",
+                    std::string(size_t(fill), '#').c_str(), std::string(size_t(width - fill), '.').c_str(),
+                    (long long)done, (long long)total_, loss, ms, fmt_duration(eta).c_str());
+      *log_ << b << std::flush;
+    } else if (done % plain_every_ == 0 || done == total_) {
+      std::snprintf(b, sizeof b, "step %lld/%lld loss %.4f lr %.3g %.1f ms/step ETA %s\n", (long long)done,
+                    (long long)total_, loss, lr, ms, fmt_duration(eta).c_str());
+      *log_ << b << std::flush;
+    }
+  }
+  void eval(const std::string& line) const {
+    if (!on_) return;
+    if (tty_) *log_ << "\r\033[K";
+    *log_ << line << std::flush;
+  }
+  void end() const {
+    if (tty_) *log_ << "\n";
+  }
+
+ private:
+  std::ostream* log_ = nullptr;
+  bool on_ = false, tty_ = false;
+  int64_t total_ = 0, plain_every_ = 1;
+};
+
+// ---- a training run -----------------------------------------------------------------------
+
+class Training {
+ public:
+  // Config -> task (data), step counts, run directory, model and optimiser.
+  Training(const RunConfig& cfg, const RunOptions& opt);
+  // Continues from the run directory's checkpoint.
+  void resume();
+  // Trains from the first step not yet done to the end (or a stop or a divergence).
+  void train();
+  // Writes summary.json; throws if the run diverged.
+  RunResult finish();
+
+ private:
+  void build_model();
+  StepContext context(int64_t step, bool train) const;
+  bool train_step(int64_t step);
+  void record_eval(int64_t step);
+  void checkpoint(int64_t step);
+  json summary() const;
+
+  const RunOptions& opt_;
+  std::ostream& log_;
+  RunConfig cfg_;
+  const fs::path dir_, ckpt_path_, metrics_path_;
+  const Recipe recipe_;
+  const std::string label_;
+  std::unique_ptr<Task> task_;
+  int64_t total_ = 0, eval_interval_ = 0;
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<AdamW> adam_;
+  std::optional<Recipe> switched_;  // the recipe from switch_at_ on
+  uint64_t switch_at_ = 0;
+  int64_t items_ = 0;  // items (images, tokens) per step
+
+  int64_t start_ = 0, step_ = 0;
+  double best_ = 0.0, last_loss_ = 0.0, last_eval_metric_ = std::nan("");
+  std::string status_ = "completed", error_;
+  std::ofstream metrics_;
+  Progress progress_;
+  std::chrono::steady_clock::time_point t_run_;
+  double train_seconds_ = 0.0;
+  int64_t timed_steps_ = 0;
+  RunResult res_;
+};
+
+Training::Training(const RunConfig& cfg, const RunOptions& opt)
+    : opt_(opt),
+      log_(opt.log ? *opt.log : std::cerr),
+      cfg_(cfg),
+      dir_(run_directory(cfg_)),
+      ckpt_path_(dir_ / "checkpoint.bin"),
+      metrics_path_(dir_ / "metrics.jsonl"),
+      recipe_(resolve_recipe(cfg_)),
+      label_(recipe_label(cfg_)) {
+  const TrainingConfig& tc = cfg_.training;
+  task_ = make_task(cfg_);
+  const int64_t spe = task_->steps_per_epoch();
+  total_ = tc.steps > 0 ? tc.steps : int64_t(std::llround(tc.epochs * double(spe)));
+  eval_interval_ = tc.eval_interval > 0 ? tc.eval_interval : task_->default_eval_interval();
+  if (total_ <= 0) throw Error("config.training: the run has no steps");
+
+  json resolved = config_to_json(cfg_);
+  resolved["recipe_resolved"] = recipe_to_json(recipe_);
+  if (opt.resume)
+    check_resumable(dir_, ckpt_path_, resolved);
+  else
+    create_run_directory(dir_, resolved, opt.force);
+  build_model();
+  best_ = task_->worst;
+}
+
+void Training::build_model() {
+  const TrainingConfig& tc = cfg_.training;
+  be_ = make_backend(cfg_.backend, cfg_.threads);
+  model_ = make_model(cfg_.model, *be_, cfg_.seed);
+  AdamWConfig ac = tc.adamw;
+  if (tc.optimizer == "adam") ac.weight_decay = 0.0;
+  adam_ = std::make_unique<AdamW>(ac, model_->params(), *be_);
+  switch_at_ = uint64_t(total_);
+  if (recipe_.switch_to) {
+    switch_at_ = switch_step(recipe_, uint64_t(total_));
+    switched_ = effective_recipe(recipe_, uint64_t(total_) - 1, uint64_t(total_));
+  }
+  items_ = tc.batch_size * model_->items_per_sample();
+}
+
+StepContext Training::context(int64_t step, bool train) const {
+  StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train};
+  if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;
+  return sc;
+}
+
+void Training::resume() {
+  ParamStore& ps = model_->params();
+  Checkpoint c = load_checkpoint(ckpt_path_, ps.size());
+  be_->upload(c.values.data(), ps.values);
+  be_->upload(c.m.data(), adam_->m());
+  be_->upload(c.v.data(), adam_->v());
+  start_ = c.header.at("step").get<int64_t>();
+  adam_->set_steps_taken(c.header.at("adam_t").get<int64_t>());
+  best_ = c.header.at("best").get<double>();
+  truncate_metrics(metrics_path_, start_);
+  log_ << "resuming " << dir_.string() << " at step " << start_ << "/" << total_ << "\n";
+}
+
+void Training::train() {
+  const TrainingConfig& tc = cfg_.training;
+  metrics_.open(metrics_path_, std::ios::app);
+  res_.dir = dir_.string();
+  res_.first_step = start_;
+  progress_ = Progress(log_, opt_.progress, total_, tc.log_interval);
+  t_run_ = std::chrono::steady_clock::now();
+
+  if (start_ == 0 && task_->eval_at_start) record_eval(0);
+  for (step_ = start_; step_ < total_; ++step_) {
+    if (opt_.stop_after >= 0 && step_ >= opt_.stop_after) {
+      status_ = "stopped";
+      break;
+    }
+    if (!train_step(step_)) break;
+    const int64_t done = step_ + 1;
+    const bool eval_now = done % eval_interval_ == 0 || done == total_;
+    if (eval_now) record_eval(done);
+    if ((tc.checkpoint_interval > 0 ? done % tc.checkpoint_interval == 0 : eval_now) || done == total_)
+      checkpoint(done);
+  }
+  progress_.end();
+  metrics_.close();
+}
+
+// One optimiser step (0-based `step`) and its metrics line and progress; false
+// (status "diverged", an error line in metrics.jsonl) on a NaN/Inf loss or gradient.
+bool Training::train_step(int64_t step) {
+  const TrainingConfig& tc = cfg_.training;
+  const auto t0 = std::chrono::steady_clock::now();
+  Batch b = task_->train_batch(step);
+  const StepContext sc = context(step, true);
+  be_->fill(model_->params().grads, 0.0f);
+  int64_t hits = 0;
+  const double loss = model_->forward_backward(b, sc, &hits);
+  const double lr = learning_rate(tc.schedule, step, total_);
+  if (!std::isfinite(loss)) error_ = "loss is " + std::string(std::isnan(loss) ? "NaN" : "Inf");
+  double gnorm = 0.0;
+  if (error_.empty()) {
+    gnorm = adam_->step(lr);
+    if (!std::isfinite(gnorm)) error_ = "gradient norm is " + std::string(std::isnan(gnorm) ? "NaN" : "Inf");
+  }
+  if (!error_.empty()) {
+    status_ = "diverged";
+    metrics_ << json{{"step", step}, {"error", error_}}.dump() << "\n" << std::flush;
+    return false;
+  }
+  be_->synchronize();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (step - start_ >= 2) train_seconds_ += dt, ++timed_steps_;  // skip warm-up steps
+  res_.step_losses.push_back(loss);
+  last_loss_ = loss;
+  const int64_t done = step + 1;
+  const double ms = timed_steps_ ? 1000.0 * train_seconds_ / double(timed_steps_) : 1000.0 * dt;
+  if (done % tc.log_interval == 0 || done == total_) {
+    metrics_ << json{{"step", done},       {"loss", loss},      {"lr", lr},
+                     {"grad_norm", gnorm}, {"ms_per_step", ms}, {"items_per_s", double(items_) * 1000.0 / ms}}
+                    .dump()
+             << "\n";
+  }
+  progress_.step(done, loss, lr, ms);
+  return true;
+}
+
+// Evaluates after `step` steps: a metrics.jsonl record, the best metric, a progress line.
+void Training::record_eval(int64_t step) {
+  json rec = {{"step", step}, {"eval", true}};
+  task_->evaluate(*model_, context(step, false), step, rec);
+  const double v = rec[task_->metric].get<double>();
+  last_eval_metric_ = v;
+  best_ = task_->better(best_, v);
+  metrics_ << rec.dump() << "\n" << std::flush;
+  progress_.eval(task_->eval_line(step, rec));
+}
+
+// checkpoint.bin after `step` steps: parameters, AdamW moments, step, best.
+void Training::checkpoint(int64_t step) {
+  ParamStore& ps = model_->params();
+  Checkpoint c;
+  c.header = {
+      {"step", step}, {"adam_t", adam_->steps_taken()}, {"best", best_}, {"params", ps.size()}, {"recipe", label_}};
+  c.values.resize(size_t(ps.size()));
+  c.m.resize(size_t(ps.size()));
+  c.v.resize(size_t(ps.size()));
+  be_->download(ps.values, c.values.data());
+  be_->download(adam_->m(), c.m.data());
+  be_->download(adam_->v(), c.v.data());
+  save_checkpoint(ckpt_path_, c);
+}
+
+json Training::summary() const {
+  const double ms = timed_steps_ ? 1000.0 * train_seconds_ / double(timed_steps_) : std::nan("");
+  json s = {{"name", cfg_.name},
+            {"recipe", label_},
+            {"model", cfg_.model.type},
+            {"seed", cfg_.seed},
+            {"status", status_},
+            {"steps", step_},
+            {"total_steps", total_},
+            {"metric", task_->metric},
+            {"higher_is_better", task_->higher_is_better},
+            {"final", last_eval_metric_},
+            {"best", best_},
+            {"final_train_loss", last_loss_},
+            {"ms_per_step", ms},
+            {"items_per_s", double(items_) * 1000.0 / ms},
+            {"item", task_->item},
+            {"params", model_->params().size()},
+            {"backend", cfg_.backend},
+            {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
+  if (!error_.empty()) s["error"] = error_;
+  return s;
+}
+
+RunResult Training::finish() {
+  const json s = summary();
+  if (status_ != "stopped") write_atomic(dir_ / "summary.json", s.dump(2) + "\n");
+  res_.status = status_;
+  res_.summary = s;
+  res_.final_params.resize(size_t(model_->params().size()));
+  be_->download(model_->params().values, res_.final_params.data());
+  if (status_ == "diverged")
+    throw Error("run " + dir_.string() + " diverged at step " + std::to_string(step_) + ": " + error_ +
+                "; stopped. The last good checkpoint is kept in " + ckpt_path_.string() +
+                (fs::exists(ckpt_path_) ? "" : " (none was written yet)"));
+  return std::move(res_);
+}
 
 }  // namespace
 
@@ -120,278 +560,11 @@ std::vector<json> read_metrics(const std::string& path) {
   return out;
 }
 
-RunResult run_training(const RunConfig& cfg_in, const RunOptions& opt) {
-  std::ostream& log = opt.log ? *opt.log : std::cerr;
-  RunConfig cfg = cfg_in;
-  const fs::path dir = run_directory(cfg);
-  const fs::path ckpt_path = dir / "checkpoint.bin", metrics_path = dir / "metrics.jsonl";
-  const Recipe recipe = resolve_recipe(cfg);
-  const std::string label = recipe_label(cfg);
-
-  // ---- data ----
-  DataSet ds;
-  const TrainingConfig& tc = cfg.training;
-  const bool vit = cfg.model.type == "vit";
-  if (vit) {
-    ds.train_images = load_mnist(cfg.data.path, true);
-    ds.test_images = load_mnist(cfg.data.path, false);
-    if (ds.train_images.rows != cfg.model.image_size || ds.train_images.cols != cfg.model.image_size)
-      throw Error(cfg.data.path + ": images are " + std::to_string(ds.train_images.rows) + "x" +
-                  std::to_string(ds.train_images.cols) + " but model.image_size is " +
-                  std::to_string(cfg.model.image_size));
-    ImageSampler s;
-    s.set = &ds.train_images;
-    s.batch_size = tc.batch_size;
-    s.limit = cfg.data.train_limit;
-    s.mean = float(cfg.data.mean);
-    s.std = float(cfg.data.std);
-    s.seed = cfg.seed;
-    ds.images = s;
-  } else {
-    ds.text = load_char_text(cfg.data.path);
-    cfg.model.vocab_size = int64_t(ds.text.vocab.size());
-    TextSampler s;
-    s.data = &ds.text.train;
-    s.batch_size = tc.batch_size;
-    s.context = cfg.model.context;
-    s.seed = cfg.seed;
-    s.stream = uint64_t(0xC) << 60;
-    ds.text_train = s;
-  }
-  const int64_t spe = vit ? ds.images->steps_per_epoch() : 0;
-  const int64_t total = tc.steps > 0 ? tc.steps : int64_t(std::llround(tc.epochs * double(spe)));
-  const int64_t eval_interval = tc.eval_interval > 0 ? tc.eval_interval : (vit ? spe : 250);
-  if (total <= 0) throw Error("config.training: the run has no steps");
-
-  // ---- run directory ----
-  json resolved = config_to_json(cfg);
-  resolved["recipe_resolved"] = recipe_to_json(recipe);
-  if (opt.resume) {
-    if (!fs::exists(ckpt_path)) throw Error("cannot resume: " + ckpt_path.string() + " does not exist");
-    json saved = read_json_file((dir / "config.json").string());
-    json a = saved, b = resolved;
-    for (json* x : {&a, &b}) x->erase("threads");
-    if (a != b)
-      throw Error("cannot resume " + dir.string() +
-                  ": its config.json differs from this config (resume with the "
-                  "same config and --set options)");
-  } else {
-    if (fs::exists(dir) && !fs::is_empty(dir)) {
-      if (!opt.force)
-        throw Error("run directory " + dir.string() +
-                    " already exists; pass --resume to continue it, --force to overwrite it, or --set output.name=NEW");
-      fs::remove_all(dir);
-    }
-    fs::create_directories(dir);
-    write_atomic(dir / "config.json", resolved.dump(2) + "\n");
-    std::ofstream(metrics_path, std::ios::trunc);
-  }
-
-  // ---- model + optimiser ----
-  auto be = make_backend(cfg.backend, cfg.threads);
-  auto model = make_model(cfg.model, *be, cfg.seed);
-  ParamStore& ps = model->params();
-  AdamWConfig ac = tc.adamw;
-  if (tc.optimizer == "adam") ac.weight_decay = 0.0;
-  AdamW adam(ac, ps, *be);
-  std::optional<Recipe> switched;
-  uint64_t switch_at = uint64_t(total);
-  if (recipe.switch_to) {
-    switch_at = switch_step(recipe, uint64_t(total));
-    switched = effective_recipe(recipe, uint64_t(total) - 1, uint64_t(total));
-  }
-
-  int64_t start = 0;
-  double best = vit ? -1.0 : 1e30;
-  if (opt.resume) {
-    Checkpoint c = load_checkpoint(ckpt_path, ps.size());
-    be->upload(c.values.data(), ps.values);
-    be->upload(c.m.data(), adam.m());
-    be->upload(c.v.data(), adam.v());
-    start = c.header.at("step").get<int64_t>();
-    adam.set_steps_taken(c.header.at("adam_t").get<int64_t>());
-    best = c.header.at("best").get<double>();
-    // Drop metric lines written after the checkpoint (they will be recomputed).
-    std::vector<json> lines = read_metrics(metrics_path.string());
-    std::string keep;
-    for (const auto& l : lines)
-      if (l.value("step", int64_t(0)) <= start) keep += l.dump() + "\n";
-    write_atomic(metrics_path, keep);
-    log << "resuming " << dir.string() << " at step " << start << "/" << total << "\n";
-  }
-  std::ofstream metrics(metrics_path, std::ios::app);
-
-  const std::string metric = vit ? "test_acc" : "val_loss";
-  auto evaluate = [&](int64_t step) {
-    StepContext sc{&recipe, cfg.seed, uint64_t(step), false};
-    if (switched && uint64_t(step) >= switch_at) sc.recipe = &*switched;
-    json rec = {{"step", step}, {"eval", true}};
-    if (vit) {
-      ImageSampler ts = *ds.images;
-      ts.set = &ds.test_images;
-      ts.limit = cfg.data.test_limit;
-      const int64_t n = ts.size(), nb = (n + tc.eval_batch_size - 1) / tc.eval_batch_size;
-      double loss = 0.0;
-      int64_t hits = 0;
-      for (int64_t k = 0; k < nb; ++k) {
-        Batch b = ts.eval_batch(k, tc.eval_batch_size);
-        int64_t c = 0;
-        loss += model->evaluate(b, sc, &c) * double(b.size);
-        hits += c;
-      }
-      rec["test_acc"] = 100.0 * double(hits) / double(n);
-      rec["test_loss"] = loss / double(n);
-    } else {
-      for (int split = 0; split < 2; ++split) {
-        TextSampler s = *ds.text_train;
-        s.data = split == 0 ? &ds.text.train : &ds.text.val;
-        s.stream = kEvalStream | uint64_t(split) << 56 | uint64_t(step);
-        double sum = 0.0;
-        for (int64_t k = 0; k < tc.eval_iters; ++k) sum += model->evaluate(s.batch(k), sc, nullptr);
-        rec[split == 0 ? "train_loss" : "val_loss"] = sum / double(tc.eval_iters);
-      }
-    }
-    return rec;
-  };
-  auto checkpoint = [&](int64_t step) {
-    Checkpoint c;
-    c.header = {
-        {"step", step}, {"adam_t", adam.steps_taken()}, {"best", best}, {"params", ps.size()}, {"recipe", label}};
-    c.values.resize(size_t(ps.size()));
-    c.m.resize(size_t(ps.size()));
-    c.v.resize(size_t(ps.size()));
-    be->download(ps.values, c.values.data());
-    be->download(adam.m(), c.m.data());
-    be->download(adam.v(), c.v.data());
-    save_checkpoint(ckpt_path, c);
-  };
-
-  RunResult res;
-  res.dir = dir.string();
-  res.first_step = start;
-  const bool tty = opt.progress && ::isatty(STDERR_FILENO) && &log == &std::cerr;
-  const int64_t items = tc.batch_size * model->items_per_sample();
-  const int64_t plain_every = std::max<int64_t>(tc.log_interval, total / 20);
-  auto t_run = std::chrono::steady_clock::now();
-  double train_seconds = 0.0;
-  int64_t timed_steps = 0;
-  double last_loss = 0.0, last_eval_metric = std::nan("");
-  std::string status = "completed";
-  std::string error;
-
-  auto record_eval = [&](int64_t step) {
-    json rec = evaluate(step);
-    const double v = rec[metric].get<double>();
-    last_eval_metric = v;
-    best = vit ? std::max(best, v) : std::min(best, v);
-    metrics << rec.dump() << "\n" << std::flush;
-    if (opt.progress) {
-      if (tty) log << "\r\033[K";
-      char b[200];
-      if (vit)
-        std::snprintf(b, sizeof b, "eval step %lld: test_acc %.2f%% test_loss %.4f\n", (long long)step,
-                      rec["test_acc"].get<double>(), rec["test_loss"].get<double>());
-      else
-        std::snprintf(b, sizeof b, "eval step %lld: train_loss %.4f val_loss %.4f\n", (long long)step,
-                      rec["train_loss"].get<double>(), rec["val_loss"].get<double>());
-      log << b << std::flush;
-    }
-  };
-
-  if (start == 0 && !vit) record_eval(0);  // nanoGPT evaluates before the first step
-  int64_t step = start;
-  for (; step < total; ++step) {
-    if (opt.stop_after >= 0 && step >= opt.stop_after) {
-      status = "stopped";
-      break;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    Batch b = vit ? ds.images->train_batch(step) : ds.text_train->batch(step);
-    StepContext sc{&recipe, cfg.seed, uint64_t(step), true};
-    if (switched && uint64_t(step) >= switch_at) sc.recipe = &*switched;
-    be->fill(ps.grads, 0.0f);
-    int64_t hits = 0;
-    const double loss = model->forward_backward(b, sc, &hits);
-    const double lr = learning_rate(tc.schedule, step, total);
-    if (!std::isfinite(loss)) {
-      error = "loss is " + std::string(std::isnan(loss) ? "NaN" : "Inf");
-    }
-    double gnorm = 0.0;
-    if (error.empty()) {
-      gnorm = adam.step(lr);
-      if (!std::isfinite(gnorm)) error = "gradient norm is " + std::string(std::isnan(gnorm) ? "NaN" : "Inf");
-    }
-    if (!error.empty()) {
-      status = "diverged";
-      metrics << json{{"step", step}, {"error", error}}.dump() << "\n" << std::flush;
-      break;
-    }
-    be->synchronize();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (step - start >= 2) train_seconds += dt, ++timed_steps;  // skip warm-up steps
-    res.step_losses.push_back(loss);
-    last_loss = loss;
-    const int64_t done = step + 1;
-    const double ms = timed_steps ? 1000.0 * train_seconds / double(timed_steps) : 1000.0 * dt;
-    if (done % tc.log_interval == 0 || done == total) {
-      metrics << json{{"step", done},       {"loss", loss},      {"lr", lr},
-                      {"grad_norm", gnorm}, {"ms_per_step", ms}, {"items_per_s", double(items) * 1000.0 / ms}}
-                     .dump()
-              << "\n";
-    }
-    if (opt.progress) {
-      const double eta = ms / 1000.0 * double(total - done);
-      if (tty) {
-        const int width = 30, fill = int(double(width) * double(done) / double(total));
-        char b2[256];
-        std::snprintf(b2, sizeof b2, "\r\033[K[%s%s] %lld/%lld loss %.4f %.1f ms/step ETA %s",
-                      std::string(size_t(fill), '#').c_str(), std::string(size_t(width - fill), '.').c_str(),
-                      (long long)done, (long long)total, loss, ms, fmt_duration(eta).c_str());
-        log << b2 << std::flush;
-      } else if (done % plain_every == 0 || done == total) {
-        char b2[256];
-        std::snprintf(b2, sizeof b2, "step %lld/%lld loss %.4f lr %.3g %.1f ms/step ETA %s\n", (long long)done,
-                      (long long)total, loss, lr, ms, fmt_duration(eta).c_str());
-        log << b2 << std::flush;
-      }
-    }
-    const bool eval_now = done % eval_interval == 0 || done == total;
-    if (eval_now) record_eval(done);
-    if ((tc.checkpoint_interval > 0 ? done % tc.checkpoint_interval == 0 : eval_now) || done == total) checkpoint(done);
-  }
-  if (tty && opt.progress) log << "\n";
-  metrics.close();
-
-  const double ms = timed_steps ? 1000.0 * train_seconds / double(timed_steps) : std::nan("");
-  json summary = {{"name", cfg.name},
-                  {"recipe", label},
-                  {"model", cfg.model.type},
-                  {"seed", cfg.seed},
-                  {"status", status},
-                  {"steps", step},
-                  {"total_steps", total},
-                  {"metric", metric},
-                  {"higher_is_better", vit},
-                  {"final", last_eval_metric},
-                  {"best", best},
-                  {"final_train_loss", last_loss},
-                  {"ms_per_step", ms},
-                  {"items_per_s", double(items) * 1000.0 / ms},
-                  {"item", vit ? "images" : "tokens"},
-                  {"params", ps.size()},
-                  {"backend", cfg.backend},
-                  {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count()}};
-  if (!error.empty()) summary["error"] = error;
-  if (status != "stopped") write_atomic(dir / "summary.json", summary.dump(2) + "\n");
-  res.status = status;
-  res.summary = summary;
-  res.final_params.resize(size_t(ps.size()));
-  be->download(ps.values, res.final_params.data());
-  if (status == "diverged")
-    throw Error("run " + dir.string() + " diverged at step " + std::to_string(step) + ": " + error +
-                "; stopped. The last good checkpoint is kept in " + ckpt_path.string() +
-                (fs::exists(ckpt_path) ? "" : " (none was written yet)"));
-  return res;
+RunResult run_training(const RunConfig& cfg, const RunOptions& opt) {
+  Training t(cfg, opt);
+  if (opt.resume) t.resume();
+  t.train();
+  return t.finish();
 }
 
 }  // namespace fp4lab::train
