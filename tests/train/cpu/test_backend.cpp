@@ -1,7 +1,11 @@
-// Finite-difference gradient checks of every CPU backend layer (train/cpu/backend.cpp).
-// Loss L = sum(y .* R) for a fixed random R; dL/dy = R. Central differences in
-// float inputs, the loss accumulated in double.
+// The CPU backend (train/cpu/backend.cpp): finite-difference gradient checks
+// of every layer (loss L = sum(y .* R) for a fixed random R, dL/dy = R; central
+// differences in float inputs, the loss accumulated in double), the dropout
+// mask's definition, and the backend operation table (backend_cases.hpp) on 1
+// against 3 threads, bit for bit.
 #include <doctest/doctest.h>
+
+#include <omp.h>
 
 #include <cmath>
 #include <functional>
@@ -10,6 +14,7 @@
 
 #include "train/backend.hpp"
 #include "core/philox.hpp"
+#include "train/backend_cases.hpp"
 
 using namespace fp4lab::train;
 
@@ -260,16 +265,117 @@ TEST_CASE("dropout masks: element i is dropped iff random_bits(seed, stream, i) 
   CHECK(bad == 0);
 }
 
-TEST_CASE("results do not depend on the thread count") {
-  const int64_t B = 3, T = 16, H = 2, C = 16;
-  auto qkv = randv(B * T * 3 * C, 41);
-  std::vector<float> o1, o2;
-  for (int th : {1, 2}) {
-    auto be = make_cpu_backend(th);
-    Tensor out = be->empty(B * T, C), pr = be->empty(B * H * T, T);
-    be->attention_forward(AttentionShape{B, T, H, true, 0.25f, 0.1f}, view_of(qkv.data(), B * T, 3 * C), out, pr,
-                          DropoutKey{3, 4});
-    (th == 1 ? o1 : o2).assign(out.data, out.data + out.size());
+namespace {
+
+// A CPU backend whose every call runs on `threads` OpenMP threads. The CPU
+// backend sets the thread count once, in its constructor, through
+// omp_set_num_threads, which is per calling thread, not per backend: of two
+// CPU backends in one process, the one made last would set the count for both.
+class Pinned final : public Backend {
+ public:
+  explicit Pinned(int threads) : threads_(threads), be_(make_cpu_backend(threads)) {}
+  std::string name() const override { return "cpu"; }
+  Tensor empty(int64_t rows, int64_t cols) override { return be().empty(rows, cols); }
+  void fill(Tensor& t, float v) override { be().fill(t, v); }
+  void upload(const float* host, Tensor& t) override { be().upload(host, t); }
+  void download(const Tensor& t, float* host) override { be().download(t, host); }
+  void copy(const Tensor& src, Tensor& dst) override { be().copy(src, dst); }
+  void copy_cols(const Tensor& s, int64_t sc, Tensor& d, int64_t dc, int64_t n) override {
+    be().copy_cols(s, sc, d, dc, n);
   }
-  CHECK(o1 == o2);
+  void linear_forward(const fp4lab::LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+                      std::unique_ptr<LinearState>& state) override {
+    be().linear_forward(ctx, x, w, b, y, state);
+  }
+  void linear_backward(const fp4lab::LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+                       Tensor& dx, Tensor& dw_acc, float* db_acc) override {
+    be().linear_backward(ctx, state, w, dy, dx, dw_acc, db_acc);
+  }
+  void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
+                         Tensor& rstd) override {
+    be().layernorm_forward(x, gamma, beta, eps, y, mean, rstd);
+  }
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
+    be().layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, residual);
+  }
+  void gelu_forward(const Tensor& x, Tensor& y) override { be().gelu_forward(x, y); }
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override { be().gelu_backward(x, dy, dx); }
+  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
+                         DropoutKey key) override {
+    be().attention_forward(s, qkv, out, probs, key);
+  }
+  void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
+                          Tensor& dqkv, DropoutKey key) override {
+    be().attention_backward(s, qkv, probs, dout, dqkv, key);
+  }
+  void dropout_forward(Tensor& x, float p, DropoutKey key) override { be().dropout_forward(x, p, key); }
+  void dropout_backward(Tensor& dy, float p, DropoutKey key) override { be().dropout_backward(dy, p, key); }
+  void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key) override {
+    be().dropout_backward_to(src, dst, p, key);
+  }
+  void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key) override {
+    be().add_dropout_backward_to(y, x, dst, p, key);
+  }
+  void add_inplace(Tensor& y, const Tensor& x) override { be().add_inplace(y, x); }
+  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override { be().dropout_add(y, x, p, key); }
+  void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,
+                     Tensor& out) override {
+    be().embed_forward(idx, batch, seq, wte, wpe, out);
+  }
+  void embed_backward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& dout, Tensor& dwte,
+                      Tensor& dwpe) override {
+    be().embed_backward(idx, batch, seq, dout, dwte, dwpe);
+  }
+  void vit_tokens_forward(const Tensor& patches, int64_t batch, const float* cls, const Tensor& pos,
+                          Tensor& out) override {
+    be().vit_tokens_forward(patches, batch, cls, pos, out);
+  }
+  void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls, Tensor& dpos) override {
+    be().vit_tokens_backward(dout, batch, dpatches, dcls, dpos);
+  }
+  void gather_rows(const Tensor& x, int64_t stride, Tensor& out) override { be().gather_rows(x, stride, out); }
+  void scatter_rows(const Tensor& dout, int64_t stride, Tensor& dx) override { be().scatter_rows(dout, stride, dx); }
+  double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) override {
+    return be().cross_entropy(logits, targets, dlogits, correct);
+  }
+  void cross_entropy_start(const Tensor& logits, const int32_t* targets, Tensor* dlogits) override {
+    be().cross_entropy_start(logits, targets, dlogits);
+  }
+  double cross_entropy_finish(int64_t* correct) override { return be().cross_entropy_finish(correct); }
+  double sum_squares(const Tensor& g) override { return be().sum_squares(g); }
+  void scale(Tensor& g, float s) override { be().scale(g, s); }
+  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
+                  float b1, float b2, float eps, float wd, int64_t t) override {
+    be().adamw_step(p, g, m, v, decayed, lr, b1, b2, eps, wd, t);
+  }
+
+ private:
+  Backend& be() {
+    omp_set_num_threads(threads_);
+    return *be_;
+  }
+  int threads_;
+  std::unique_ptr<Backend> be_;
+};
+
+}  // namespace
+
+// The operation table (tests/train/backend_cases.hpp) on the CPU backend: the
+// backend promises the same bits on any thread count (train/backend.hpp), so
+// every output of every row, whatever the row's tolerance, bit for bit.
+TEST_CASE("backend op table: the CPU backend on 3 threads gives the bits of 1 thread, run to run") {
+  namespace bt = fp4lab::train::test;
+  const std::vector<bt::OpCase> cases = bt::backend_op_cases();
+  Pinned one(1), three(3);
+  const int64_t n = bt::compare_backends(one, three, cases, {"cpu (1 thread)", "cpu (3 threads)", true});
+  MESSAGE(cases.size(), " rows, ", n, " outputs compared");
+  CHECK(n >= int64_t(cases.size()));
+  const int64_t again = bt::check_run_to_run(three, cases, "cpu (3 threads)");
+  CHECK(again == n);
+  // Each backend's calls run on its own thread count, whichever was made last.
+  Tensor t = one.empty(1, 1);
+  CHECK(omp_get_max_threads() == 1);
+  t = three.empty(1, 1);
+  CHECK(omp_get_max_threads() == 3);
 }
