@@ -1,0 +1,340 @@
+// Block parameters and element encoding of the quantization kernels, private
+// to cuda/: sim's block scale rules per block (block_params), element codes in
+// every mode (encode_and_store: the form of every kernel, and the BF16 value
+// forms), decoding, and every requested output of a run of codes
+// (store_outputs). The same FP4LAB_HD functions as sim/quantizer.cpp. Part of
+// quantize_kernels.cuh.
+#pragma once
+
+#include "cuda/quantize_io.cuh"
+#include "cuda/quantize_params.cuh"
+
+namespace fp4lab::cuda::qk {
+
+template <int K>
+__device__ __forceinline__ uint32_t encode_rn(const Format& f, float y, Overflow o) {
+  if constexpr (K != 0) {
+    return encode_rn_f32<kind_format<K>()>(y, o);
+  } else {
+    return encode(f, y, Round::rn, o);
+  }
+}
+
+// Stochastic rounding: core's branch-free encode_rs_f32 (== encode(rs)) for the
+// compile-time formats, the generic encoder otherwise.
+template <int K>
+__device__ __forceinline__ uint32_t encode_rs(const Format& f, float y, Overflow o, uint32_t rbits) {
+  if constexpr (K != 0) {
+    return encode_rs_f32<kind_format<K>()>(y, rbits, o);
+  } else {
+    return encode(f, y, Round::rs, o, rbits);
+  }
+}
+
+// ---- block parameters: compute_block_scales() of sim, per block ------------
+struct BlockParams {
+  uint32_t code = 0;  // scale-format code (unused for float32 scales)
+  float scale = 0;    // decoded scale
+  float mult = 0;     // element operand: x * mult, or x / mult for nv_noglobal
+};
+
+__device__ __forceinline__ NvGlobal nv_global_of(const KParams& p, const Format& elem, const Format& sfmt) {
+  if (p.gparams) return NvGlobal{p.gparams[0], p.gparams[1], p.gparams[2]};
+  const float elem_max = max_finite(elem);
+  if (p.rule == ScaleRule::nv && p.global) return nv_global(bits_float(*p.gamax), max_finite(sfmt), elem_max);
+  return nv_no_global(elem_max);
+}
+
+__device__ __forceinline__ BlockParams block_params_impl(const Format& elem, const Format& sfmt, ScaleRule rule,
+                                                         uint32_t amax, const NvGlobal& g) {
+  BlockParams b;
+  switch (rule) {
+    case ScaleRule::ocp:
+    case ScaleRule::ceil:
+    case ScaleRule::tetrajet: {
+      const MxScale s = rule == ScaleRule::ocp    ? mx_scale_ocp(amax, elem)
+                        : rule == ScaleRule::ceil ? mx_scale_ceil(amax, elem)
+                                                  : mx_scale_tetrajet(amax, elem);
+      b.code = s.code();
+      b.scale = s.nan ? quiet_nan_f() : pow2f(s.exp);
+      b.mult = s.nan ? quiet_nan_f() : pow2f(-s.exp);
+      break;
+    }
+    case ScaleRule::nv: {
+      const NvBlockScale s = nv_block_scale(bits_float(amax), g, sfmt);
+      b.code = s.code;
+      b.scale = s.scale;
+      b.mult = s.encode;
+      break;
+    }
+    case ScaleRule::nv_noglobal: {
+      const NvBlockScale s = nv_noglobal_block_scale(bits_float(amax), max_finite(elem), sfmt);
+      b.code = s.code;
+      b.scale = s.scale;
+      b.mult = s.scale;
+      break;
+    }
+    case ScaleRule::tensor_amax: {
+      const TensorScale t = tensor_amax_scale(bits_float(amax), max_finite(elem));
+      b.scale = t.decode;
+      b.mult = t.encode;
+      break;
+    }
+  }
+  return b;
+}
+// Out of line for runtime formats (compile time: encode() is large).
+__device__ __noinline__ inline BlockParams block_params_rt(const Format elem, const Format sfmt, ScaleRule rule,
+                                                           uint32_t amax, const NvGlobal g) {
+  return block_params_impl(elem, sfmt, rule, amax, g);
+}
+template <int K>
+__device__ __forceinline__ BlockParams block_params(const KParams& p, const Format& elem, const Format& sfmt,
+                                                    uint32_t amax, const NvGlobal& g) {
+  if constexpr (K == 1) {
+    // NVFP4's scale format is ufloat8_e4m3: sim's compile-time E4M3 forms
+    // (branch-free encode_rn_f32 / decode_f32, equal to the generic rule by test).
+    if (p.rule == ScaleRule::nv) {
+      const NvBlockScale s = nv_block_scale<ufloat8_e4m3>(bits_float(amax), g);
+      return BlockParams{s.code, s.scale, s.encode};
+    }
+    if (p.rule == ScaleRule::nv_noglobal) {
+      const NvBlockScale s = nv_noglobal_block_scale<ufloat8_e4m3>(bits_float(amax), max_finite(elem));
+      return BlockParams{s.code, s.scale, s.scale};
+    }
+  } else if constexpr (K != 0) {
+    if (p.rule == ScaleRule::ocp) return block_params_impl(elem, sfmt, ScaleRule::ocp, amax, g);
+  }
+  return block_params_rt(elem, sfmt, p.rule, amax, g);
+}
+
+// Element code of x in a block with multiplier `mult` (sim's row_generic /
+// row_rn_fast; the float64 product for MX rules with rp/rm as sim).
+__device__ __noinline__ inline uint32_t encode_element_rt(const Format f, ScaleRule rule, Round round,
+                                                          Overflow overflow, float x, float mult, uint32_t rbits) {
+  const bool pow2 = rule == ScaleRule::ocp || rule == ScaleRule::ceil || rule == ScaleRule::tetrajet;
+  if (pow2 && (round == Round::rp || round == Round::rm))
+    return encode(f, double(x) * double(mult), round, overflow, rbits);
+  const float y = rule == ScaleRule::nv_noglobal ? x / mult : x * mult;
+  return encode(f, y, round, overflow, rbits);
+}
+template <int K>
+__device__ __forceinline__ uint32_t encode_element(const KParams& p, const Format& f, float x, float mult,
+                                                   uint32_t rbits) {
+  if constexpr (K != 0) {
+    if (p.rule != ScaleRule::nv_noglobal) {
+      if (p.round == Round::rn) return encode_rn<K>(f, x * mult, p.overflow);
+      if (p.round == Round::rs) return encode_rs<K>(f, x * mult, p.overflow, rbits);
+    }
+  }
+  return encode_element_rt(f, p.rule, p.round, p.overflow, x, mult, rbits);
+}
+
+// decode() of an element code; core's branch-free decode_f32 for the
+// compile-time formats.
+template <int K>
+__device__ __forceinline__ float decode_elem(const Format& f, uint32_t code) {
+  if constexpr (K != 0) {
+    return decode_f32<kind_format<K>()>(code);
+  } else {
+    return decode(f, code);
+  }
+}
+
+__device__ __forceinline__ uint32_t pick(const Philox4& g, uint32_t k) {
+  return k == 0 ? g.v[0] : k == 1 ? g.v[1] : k == 2 ? g.v[2] : g.v[3];
+}
+
+__device__ __forceinline__ uint32_t to_bf16(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
+
+
+template <int K, int N, int NB, bool FULL = false>
+__device__ __forceinline__ void store_outputs(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                              int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
+                                              int valid, bool codes);
+
+// Encodes N consecutive elements of row r from column c0 with block parameters
+// bp (one per element via bidx), writes every requested output. FM != none:
+// the caller guarantees that mode (rn / rs, with a kind K != 0 and not the
+// nv_noglobal rule; rs: N % 4 == 0, N <= 16 and (r * cols + c0) % 4 == 0), and
+// only that mode's code is compiled. FULL: as store_outputs'.
+template <int K, int N, int NB, Fast FM = Fast::none, bool FULL = false>
+__device__ __forceinline__ void encode_and_store(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                                 int64_t c0, const float (&v)[N], const BlockParams (&bp)[NB],
+                                                 int valid) {
+  // Block of element j: bp[j * NB / N] (NB == 1: one block; NB == N: one per element).
+  const int64_t base = elem_index<FULL>(p, r, c0);
+  if constexpr (value_form(FM)) {
+    // The BF16 operand straight from each element's rounded value (no code,
+    // no decode: e2m1_rn_value_bits / e2m1_rs_value_bits, and for E4M3 / E5M2
+    // (kinds 3, 4; rn, saturating) rn_sat_value_bits), in groups of G elements
+    // (a Philox group with SR). A group holding a NaN product takes the code
+    // path (E2M1 maps NaN to +6, whatever its sign). E2M1 values (at most 2
+    // significant bits) times a UE4M3 or E8M0 scale are exact in BF16 wherever
+    // the FP32 product is finite, so their operand is the product's top half,
+    // which store_outputs' rounding gives; FP8 values (up to 4 significant
+    // bits) times an E8M0 scale can fall below BF16's subnormal quantum: rounded.
+    constexpr bool sr = value_form_sr(FM), div = value_form_div(FM);
+    constexpr bool e2m1 = K == 1 || K == 2;
+    static_assert(!div || K == 1);
+    // SR with N == 2 (the [32,1] column kernels' 2-column strips): the run
+    // starts on an even element index (the caller's fast_rs_applies: cols % 4
+    // == 0, even c0), so it lies in one Philox group.
+    constexpr int G = N < 4 ? N : 4;
+    static_assert(K >= 1 && K <= 4 && N % G == 0 && (!sr || (e2m1 && (G == 4 || G == 2) && N <= 16)));
+    auto operand_bits = [](float value, float scale) {
+      return e2m1 ? float_bits(value * scale) >> 16 : to_bf16(value * scale);
+    };
+    uint32_t h[N];
+#pragma unroll
+    for (int q = 0; q < N / G; ++q) {
+      Philox4 grp{};
+      if constexpr (sr) grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
+      auto rbits = [&](int k) { return G == 4 ? grp.v[k] : pick(grp, uint32_t(base & 3) + uint32_t(k)); };
+      uint32_t yb[G], amax = 0;
+#pragma unroll
+      for (int k = 0; k < G; ++k) {
+        const float x = v[G * q + k], m = bp[(G * q + k) * NB / N].mult;
+        yb[k] = float_bits(div ? x / m : x * m);
+        amax = umax(amax, yb[k] & 0x7FFFFFFFu);
+      }
+      if (amax <= 0x7F800000u) {
+#pragma unroll
+        for (int k = 0; k < G; ++k) {
+          uint32_t value;
+          if constexpr (sr)
+            value = e2m1_rs_value_bits(yb[k], rbits(k));
+          else if constexpr (e2m1)
+            value = e2m1_rn_value_bits(yb[k]);
+          else
+            value = rn_sat_value_bits<kind_format<K>()>(yb[k]);
+          h[G * q + k] = operand_bits(bits_float(value), bp[(G * q + k) * NB / N].scale);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < G; ++k) {
+          const float y = bits_float(yb[k]);
+          const uint32_t code = sr ? encode_rs<K>(f, y, p.overflow, rbits(k)) : encode_rn<K>(f, y, p.overflow);
+          h[G * q + k] = operand_bits(decode_elem<K>(f, code), bp[(G * q + k) * NB / N].scale);
+        }
+      }
+    }
+    store_bf16<N, FULL>(p.out.dequant_bf16 + base, h, valid);
+    return;
+  }
+  uint32_t code[N];
+  // One branch per thread, each mode's loop contiguous in the binary (an
+  // element loop with the modes interleaved thrashed the instruction cache).
+  static_assert(FM == Fast::none || value_form(FM) ||  // (returned above)
+                (K != 0 && (FM == Fast::rn || (N % 4 == 0 && N <= 16))));
+  // The rn and SR branches serve either rule: fp4-trainkit's nv_noglobal
+  // (eq. 3) divides by the block scale (encode_element_rt), the others multiply.
+  const bool div = FM == Fast::none && p.rule == ScaleRule::nv_noglobal;
+  auto operand = [&](float x, float mult) { return div ? x / mult : x * mult; };
+  if (FM == Fast::rn || (FM == Fast::none && K != 0 && p.round == Round::rn)) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, operand(v[j], bp[j * NB / N].mult), p.overflow);
+  } else if (FM == Fast::rs ||
+             (FM == Fast::none && K != 0 && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0)) {
+    // Up to 4 Philox groups unrolled (branch-free encode_rs_f32: about 1000
+    // instructions), so that nothing is indexed at run time (local memory).
+#pragma unroll
+    for (int q = 0; q < N / 4; ++q) {
+      const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        code[4 * q + k] = encode_rs<K>(f, operand(v[4 * q + k], bp[(4 * q + k) * NB / N].mult), p.overflow, grp.v[k]);
+    }
+  } else if (K != 0 && p.round == Round::rs && N < 4) {
+    // Runs shorter than a Philox group (the [32,1] column kernels' 2-column
+    // strips): the one or two groups the run touches, not one per element.
+    const uint64_t g0 = uint64_t(base) >> 2;
+    const Philox4 ga = philox_group(p.seed, p.stream, g0);
+    Philox4 gb = ga;
+    if (((uint64_t(base) + N - 1) >> 2) != g0) gb = philox_group(p.seed, p.stream, g0 + 1);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const uint64_t idx = uint64_t(base) + j;
+      const uint32_t rb = pick((idx >> 2) == g0 ? ga : gb, uint32_t(idx & 3u));
+      code[j] = encode_rs<K>(f, operand(v[j], bp[j * NB / N].mult), p.overflow, rb);
+    }
+  } else if (K != 0 && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
+    // A rolled loop over Philox groups for longer runs: fully unrolled, the SR
+    // path was too large for the instruction cache. vs/ms/cs are indexed at
+    // run time (local memory).
+    float vs[N], ms[N];
+    uint32_t cs[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      vs[j] = v[j];
+      ms[j] = bp[j * NB / N].mult;
+    }
+#pragma unroll 1
+    for (int q = 0; q < N / 4; ++q) {
+      const Philox4 grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        cs[4 * q + k] = encode_rs<K>(f, operand(vs[4 * q + k], ms[4 * q + k]), p.overflow, grp.v[k]);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) code[j] = cs[j];
+  } else {
+    const bool sr = p.round == Round::rs;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const uint32_t rb = sr ? random_bits(p.seed, p.stream, uint64_t(base + j)) : 0u;
+      code[j] = encode_element_rt(f, p.rule, p.round, p.overflow, v[j], bp[j * NB / N].mult, rb);
+    }
+  }
+  // (A value form returned above; its FULL kernels may have N == 2, which
+  // store_outputs' FULL stores do not take.)
+  if constexpr (!value_form(FM)) store_outputs<K, N, NB, FULL>(p, f, g, r, c0, code, bp, valid, true);
+}
+
+// The FP32 dequantized values of N codes: (decode(code) * scale) * g_dec.
+template <int K, int N, int NB>
+__device__ __forceinline__ void dequant_f32(const Format& f, const NvGlobal& g, const uint32_t (&code)[N],
+                                            const BlockParams (&bp)[NB], float (&d)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) d[j] = (decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) * g.g_dec;
+}
+// The BF16 output bits of N codes (QuantOutputs::dequant_bf16).
+template <int K, int N, int NB>
+__device__ __forceinline__ void dequant_bf16(const QuantOutputs& o, const Format& f, const NvGlobal& g,
+                                             const uint32_t (&code)[N], const BlockParams (&bp)[NB], uint32_t (&h)[N]) {
+  if (K == 1 && o.bf16_gemm_operand) {
+    // e2m1 x ue4m3 is exact in BF16 (<= 5 significant bits, 2^-10..2688),
+    // and rounding an exactly representable value is truncation.
+#pragma unroll
+    for (int j = 0; j < N; ++j) h[j] = float_bits(decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) >> 16;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float d = decode_elem<K>(f, code[j]) * bp[j * NB / N].scale;
+      h[j] = to_bf16(o.bf16_gemm_operand ? d : d * g.g_dec);
+    }
+  }
+}
+
+// Every requested output of N consecutive element codes of row r from column
+// c0 (the codes themselves only if `codes`).
+template <int K, int N, int NB, bool FULL>
+__device__ __forceinline__ void store_outputs(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
+                                              int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
+                                              int valid, bool codes) {
+  const int64_t base = elem_index<FULL>(p, r, c0);
+  const QuantOutputs& o = p.out;
+  if (codes && o.codes) store_codes<N, FULL>(p, r, c0, code, valid);
+  if (o.dequant) {
+    float d[N];
+    dequant_f32<K>(f, g, code, bp, d);
+    store_f32<N, FULL>(o.dequant + base, d, valid);
+  }
+  if (o.dequant_bf16) {
+    uint32_t h[N];
+    dequant_bf16<K>(o, f, g, code, bp, h);
+    store_bf16<N, FULL>(o.dequant_bf16 + base, h, valid);
+  }
+}
+
+}  // namespace fp4lab::cuda::qk
