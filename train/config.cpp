@@ -94,6 +94,145 @@ void check_positive(const std::string& path, double v, bool allow_zero = false) 
     throw Error(path + ": " + std::to_string(v) + " must be " + (allow_zero ? ">= 0" : "> 0"));
 }
 
+// config.model: the defaults of its type, then the given keys, then checks.
+void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
+  Obj mo(m, where + ".model");
+  mo.get("type", mc.type);
+  check_choice(where + ".model.type", mc.type, {"vit", "gpt"});
+  if (mc.type == "vit") {
+    mc.layers = 1, mc.heads = 4, mc.width = 64, mc.dropout = 0.1, mc.bias = true;
+    mc.attn_scale = "sqrt_head_dim";
+  } else {
+    mc.layers = 4, mc.heads = 4, mc.width = 128, mc.dropout = 0.0, mc.bias = false;
+  }
+  mo.get("layers", mc.layers);
+  mo.get("heads", mc.heads);
+  mo.get("width", mc.width);
+  mo.get("dropout", mc.dropout);
+  mo.get("bias", mc.bias);
+  mo.get("layernorm_eps", mc.layernorm_eps);
+  if (mc.type == "vit") {
+    mo.get("image_size", mc.image_size);
+    mo.get("patch_size", mc.patch_size);
+    mo.get("channels", mc.channels);
+    mo.get("classes", mc.classes);
+    mo.get("mlp_ratio", mc.mlp_ratio);
+    mo.get("attn_scale", mc.attn_scale);
+    check_choice(where + ".model.attn_scale", mc.attn_scale, {"inv_sqrt_head_dim", "sqrt_head_dim"});
+  } else {
+    mo.get("context", mc.context);
+    mo.get("vocab_size", mc.vocab_size);
+  }
+  mo.finish();
+  for (auto [k, v] : {std::pair{"layers", mc.layers}, {"heads", mc.heads}, {"width", mc.width}})
+    check_positive(where + ".model." + k, double(v));
+  if (mc.width % mc.heads != 0)
+    throw Error(where + ".model.width: " + std::to_string(mc.width) + " is not a multiple of heads (" +
+                std::to_string(mc.heads) + ")");
+  if (mc.dropout < 0 || mc.dropout >= 1)
+    throw Error(where + ".model.dropout: " + std::to_string(mc.dropout) + " must be in [0, 1)");
+  if (mc.type == "vit" && (mc.patch_size <= 0 || mc.image_size % mc.patch_size != 0))
+    throw Error(where + ".model.patch_size: " + std::to_string(mc.patch_size) + " must divide image_size " +
+                std::to_string(mc.image_size));
+}
+
+// config.data, which must fit the model type.
+void parse_data(const json& d, const std::string& where, const std::string& model_type, DataConfig& dc) {
+  Obj dobj(d, where + ".data");
+  dobj.get("type", dc.type);
+  check_choice(where + ".data.type", dc.type, {"mnist", "char"});
+  dc.path = dc.type == "mnist" ? "data/mnist" : "data/shakespeare_char/input.txt";
+  dobj.get("path", dc.path);
+  dobj.get("mean", dc.mean);
+  dobj.get("std", dc.std);
+  dobj.get("train_limit", dc.train_limit);
+  dobj.get("test_limit", dc.test_limit);
+  dobj.finish();
+  if ((dc.type == "mnist") != (model_type == "vit"))
+    throw Error(where + ".data.type: \"" + dc.type + "\" does not fit model.type \"" + model_type +
+                "\" (vit trains on mnist, gpt on char)");
+}
+
+// The training defaults of a model type (nanoGPT's baby GPT; fp4-trainkit's ViT).
+TrainingConfig training_defaults(const std::string& model_type) {
+  TrainingConfig t;
+  if (model_type == "gpt") {
+    t.batch_size = 12, t.steps = 2000, t.schedule = ScheduleConfig{"cosine", 1e-3, 1e-4, 100, 0};
+    t.adamw = AdamWConfig{0.9, 0.99, 1e-8, 0.1, 1.0};
+    t.eval_interval = 250;
+  } else {
+    t.batch_size = 64, t.epochs = 5, t.optimizer = "adam", t.schedule = ScheduleConfig{"constant", 1e-3, 0.0, 0, 0};
+    t.adamw = AdamWConfig{0.9, 0.999, 1e-8, 0.0, 0.0};
+  }
+  return t;
+}
+
+// The keys of config.training given in tj over t.
+void read_training(const json& tj, const std::string& where, TrainingConfig& t) {
+  Obj to(tj, where + ".training");
+  to.get("batch_size", t.batch_size);
+  to.get("steps", t.steps);
+  to.get("epochs", t.epochs);
+  if (tj.contains("epochs") && !tj.contains("steps")) t.steps = 0;
+  to.get("optimizer", t.optimizer);
+  check_choice(where + ".training.optimizer", t.optimizer, {"adamw", "adam"});
+  to.get("lr", t.schedule.lr);
+  to.get("min_lr", t.schedule.min_lr);
+  to.get("schedule", t.schedule.kind);
+  check_choice(where + ".training.schedule", t.schedule.kind, {"constant", "cosine"});
+  to.get("warmup_steps", t.schedule.warmup_steps);
+  to.get("decay_steps", t.schedule.decay_steps);
+  to.get("beta1", t.adamw.beta1);
+  to.get("beta2", t.adamw.beta2);
+  to.get("eps", t.adamw.eps);
+  to.get("weight_decay", t.adamw.weight_decay);
+  to.get("grad_clip", t.adamw.grad_clip);
+  to.get("eval_interval", t.eval_interval);
+  to.get("eval_iters", t.eval_iters);
+  to.get("eval_batch_size", t.eval_batch_size);
+  to.get("log_interval", t.log_interval);
+  to.get("checkpoint_interval", t.checkpoint_interval);
+  to.finish();
+}
+
+void check_training(const TrainingConfig& t, const std::string& where, const std::string& data_type) {
+  if (t.optimizer == "adam" && t.adamw.weight_decay != 0.0)
+    throw Error(where + ".training.weight_decay: " + std::to_string(t.adamw.weight_decay) +
+                " with optimizer \"adam\" (plain Adam has no decoupled decay); use optimizer \"adamw\"");
+  check_positive(where + ".training.batch_size", double(t.batch_size));
+  check_positive(where + ".training.lr", t.schedule.lr);
+  check_positive(where + ".training.log_interval", double(t.log_interval));
+  check_positive(where + ".training.eval_batch_size", double(t.eval_batch_size));
+  if (t.steps < 0 || t.epochs < 0 || (t.steps == 0 && t.epochs == 0))
+    throw Error(where + ".training: give a positive \"steps\" (or \"epochs\" for mnist)");
+  if (t.epochs > 0 && data_type != "mnist" && t.steps == 0)
+    throw Error(where + ".training.epochs: only for mnist; give \"steps\" for char data");
+  if (t.adamw.beta1 < 0 || t.adamw.beta1 >= 1 || t.adamw.beta2 < 0 || t.adamw.beta2 >= 1)
+    throw Error(where + ".training.beta1/beta2: must be in [0, 1)");
+}
+
+// config.layers.keep_high_precision: an array of name patterns.
+void parse_layers(const json& l, const std::string& where, std::vector<std::string>& keep) {
+  Obj lo(l, where + ".layers");
+  json k;
+  lo.get_json("keep_high_precision", k);
+  lo.finish();
+  if (k.is_null()) return;
+  if (!k.is_array()) throw Error(where + ".layers.keep_high_precision: expected an array of name patterns");
+  for (size_t i = 0; i < k.size(); ++i) {
+    if (!k[i].is_string())
+      throw Error(where + ".layers.keep_high_precision[" + std::to_string(i) + "]: expected a string pattern");
+    keep.push_back(k[i].get<std::string>());
+  }
+}
+
+void parse_output(const json& out, const std::string& where, RunConfig& c) {
+  Obj oo(out, where + ".output");
+  oo.get("dir", c.output_dir);
+  oo.get("name", c.output_name);
+  oo.finish();
+}
+
 }  // namespace
 
 RunConfig config_from_json(const json& j, const std::string& where) {
@@ -110,135 +249,15 @@ RunConfig config_from_json(const json& j, const std::string& where) {
 
   const json* m = o.sub("model");
   if (!m) throw Error(where + ".model: missing (an object with at least \"type\": \"vit\" or \"gpt\")");
-  {
-    Obj mo(*m, where + ".model");
-    ModelConfig& mc = c.model;
-    mo.get("type", mc.type);
-    check_choice(where + ".model.type", mc.type, {"vit", "gpt"});
-    if (mc.type == "vit") {
-      mc.layers = 1, mc.heads = 4, mc.width = 64, mc.dropout = 0.1, mc.bias = true;
-      mc.attn_scale = "sqrt_head_dim";
-    } else {
-      mc.layers = 4, mc.heads = 4, mc.width = 128, mc.dropout = 0.0, mc.bias = false;
-    }
-    mo.get("layers", mc.layers);
-    mo.get("heads", mc.heads);
-    mo.get("width", mc.width);
-    mo.get("dropout", mc.dropout);
-    mo.get("bias", mc.bias);
-    mo.get("layernorm_eps", mc.layernorm_eps);
-    if (mc.type == "vit") {
-      mo.get("image_size", mc.image_size);
-      mo.get("patch_size", mc.patch_size);
-      mo.get("channels", mc.channels);
-      mo.get("classes", mc.classes);
-      mo.get("mlp_ratio", mc.mlp_ratio);
-      mo.get("attn_scale", mc.attn_scale);
-      check_choice(where + ".model.attn_scale", mc.attn_scale, {"inv_sqrt_head_dim", "sqrt_head_dim"});
-    } else {
-      mo.get("context", mc.context);
-      mo.get("vocab_size", mc.vocab_size);
-    }
-    mo.finish();
-    for (auto [k, v] : {std::pair{"layers", mc.layers}, {"heads", mc.heads}, {"width", mc.width}})
-      check_positive(where + ".model." + k, double(v));
-    if (mc.width % mc.heads != 0)
-      throw Error(where + ".model.width: " + std::to_string(mc.width) + " is not a multiple of heads (" +
-                  std::to_string(mc.heads) + ")");
-    if (mc.dropout < 0 || mc.dropout >= 1)
-      throw Error(where + ".model.dropout: " + std::to_string(mc.dropout) + " must be in [0, 1)");
-    if (mc.type == "vit" && (mc.patch_size <= 0 || mc.image_size % mc.patch_size != 0))
-      throw Error(where + ".model.patch_size: " + std::to_string(mc.patch_size) + " must divide image_size " +
-                  std::to_string(mc.image_size));
-  }
-
+  parse_model(*m, where, c.model);
   const json* d = o.sub("data");
   if (!d) throw Error(where + ".data: missing (an object with \"type\": \"mnist\" or \"char\" and \"path\")");
-  {
-    Obj dobj(*d, where + ".data");
-    dobj.get("type", c.data.type);
-    check_choice(where + ".data.type", c.data.type, {"mnist", "char"});
-    c.data.path = c.data.type == "mnist" ? "data/mnist" : "data/shakespeare_char/input.txt";
-    dobj.get("path", c.data.path);
-    dobj.get("mean", c.data.mean);
-    dobj.get("std", c.data.std);
-    dobj.get("train_limit", c.data.train_limit);
-    dobj.get("test_limit", c.data.test_limit);
-    dobj.finish();
-    if ((c.data.type == "mnist") != (c.model.type == "vit"))
-      throw Error(where + ".data.type: \"" + c.data.type + "\" does not fit model.type \"" + c.model.type +
-                  "\" (vit trains on mnist, gpt on char)");
-  }
-
-  TrainingConfig& t = c.training;
-  if (c.model.type == "gpt") {
-    t.batch_size = 12, t.steps = 2000, t.schedule = ScheduleConfig{"cosine", 1e-3, 1e-4, 100, 0};
-    t.adamw = AdamWConfig{0.9, 0.99, 1e-8, 0.1, 1.0};
-    t.eval_interval = 250;
-  } else {
-    t.batch_size = 64, t.epochs = 5, t.optimizer = "adam", t.schedule = ScheduleConfig{"constant", 1e-3, 0.0, 0, 0};
-    t.adamw = AdamWConfig{0.9, 0.999, 1e-8, 0.0, 0.0};
-  }
-  if (const json* tj = o.sub("training")) {
-    Obj to(*tj, where + ".training");
-    to.get("batch_size", t.batch_size);
-    to.get("steps", t.steps);
-    to.get("epochs", t.epochs);
-    if (tj->contains("epochs") && !tj->contains("steps")) t.steps = 0;
-    to.get("optimizer", t.optimizer);
-    check_choice(where + ".training.optimizer", t.optimizer, {"adamw", "adam"});
-    to.get("lr", t.schedule.lr);
-    to.get("min_lr", t.schedule.min_lr);
-    to.get("schedule", t.schedule.kind);
-    check_choice(where + ".training.schedule", t.schedule.kind, {"constant", "cosine"});
-    to.get("warmup_steps", t.schedule.warmup_steps);
-    to.get("decay_steps", t.schedule.decay_steps);
-    to.get("beta1", t.adamw.beta1);
-    to.get("beta2", t.adamw.beta2);
-    to.get("eps", t.adamw.eps);
-    to.get("weight_decay", t.adamw.weight_decay);
-    to.get("grad_clip", t.adamw.grad_clip);
-    to.get("eval_interval", t.eval_interval);
-    to.get("eval_iters", t.eval_iters);
-    to.get("eval_batch_size", t.eval_batch_size);
-    to.get("log_interval", t.log_interval);
-    to.get("checkpoint_interval", t.checkpoint_interval);
-    to.finish();
-  }
-  if (t.optimizer == "adam" && t.adamw.weight_decay != 0.0)
-    throw Error(where + ".training.weight_decay: " + std::to_string(t.adamw.weight_decay) +
-                " with optimizer \"adam\" (plain Adam has no decoupled decay); use optimizer \"adamw\"");
-  check_positive(where + ".training.batch_size", double(t.batch_size));
-  check_positive(where + ".training.lr", t.schedule.lr);
-  check_positive(where + ".training.log_interval", double(t.log_interval));
-  check_positive(where + ".training.eval_batch_size", double(t.eval_batch_size));
-  if (t.steps < 0 || t.epochs < 0 || (t.steps == 0 && t.epochs == 0))
-    throw Error(where + ".training: give a positive \"steps\" (or \"epochs\" for mnist)");
-  if (t.epochs > 0 && c.data.type != "mnist" && t.steps == 0)
-    throw Error(where + ".training.epochs: only for mnist; give \"steps\" for char data");
-  if (t.adamw.beta1 < 0 || t.adamw.beta1 >= 1 || t.adamw.beta2 < 0 || t.adamw.beta2 >= 1)
-    throw Error(where + ".training.beta1/beta2: must be in [0, 1)");
-
-  if (const json* l = o.sub("layers")) {
-    Obj lo(*l, where + ".layers");
-    json k;
-    lo.get_json("keep_high_precision", k);
-    lo.finish();
-    if (!k.is_null()) {
-      if (!k.is_array()) throw Error(where + ".layers.keep_high_precision: expected an array of name patterns");
-      for (size_t i = 0; i < k.size(); ++i) {
-        if (!k[i].is_string())
-          throw Error(where + ".layers.keep_high_precision[" + std::to_string(i) + "]: expected a string pattern");
-        c.keep_high_precision.push_back(k[i].get<std::string>());
-      }
-    }
-  }
-  if (const json* out = o.sub("output")) {
-    Obj oo(*out, where + ".output");
-    oo.get("dir", c.output_dir);
-    oo.get("name", c.output_name);
-    oo.finish();
-  }
+  parse_data(*d, where, c.model.type, c.data);
+  c.training = training_defaults(c.model.type);
+  if (const json* tj = o.sub("training")) read_training(*tj, where, c.training);
+  check_training(c.training, where, c.data.type);
+  if (const json* l = o.sub("layers")) parse_layers(*l, where, c.keep_high_precision);
+  if (const json* out = o.sub("output")) parse_output(*out, where, c);
   o.finish();
   // Check the recipe resolves now, so a typo fails before any work.
   try {
