@@ -298,10 +298,6 @@ struct VerifyArgs {
   bool allow_missing = false;
 };
 
-struct Mismatch {
-  int64_t count = 0;
-};
-
 // Compares one array; prints the first `max_report` mismatches.
 template <class GetExp, class GetGot, class Describe>
 int64_t compare(const std::string& what, int64_t n, int max_report, GetExp exp, GetGot got, Describe describe_at) {
@@ -315,11 +311,11 @@ int64_t compare(const std::string& what, int64_t n, int max_report, GetExp exp, 
   return bad;
 }
 
-void run_verify(const VerifyArgs& a) {
-  const fs::path mpath = fs::path(a.suite) / "manifest.json";
+// The suite's manifest.json, checked for its format and version.
+nlohmann::json read_manifest(const std::string& suite, const fs::path& mpath) {
   std::ifstream f(mpath);
   if (!f)
-    throw Error(mpath.string() + ": cannot read the suite manifest (is " + a.suite + " a `fp4lab golden` directory?)");
+    throw Error(mpath.string() + ": cannot read the suite manifest (is " + suite + " a `fp4lab golden` directory?)");
   nlohmann::json m;
   try {
     m = nlohmann::json::parse(f);
@@ -331,129 +327,161 @@ void run_verify(const VerifyArgs& a) {
   if (m.value("suite_version", 0) != suite_version)
     throw Error(mpath.string() + ": suite_version " + std::to_string(m.value("suite_version", 0)) +
                 " is not supported by this fp4lab (supports " + std::to_string(suite_version) + ")");
+  return m;
+}
+
+// One case of the suite against the candidate's files for it.
+struct VerifyCase {
+  std::string name;
+  QuantizerSpec spec;
+  int64_t rows = 0, cols = 0, srows = 0, scols = 0;
+  fs::path gdir, cdir;  // golden and candidate directories of the case
+  Tensor<float> input;
+  int max_report = 10;
+  // What the case's comparisons found.
+  int compared = 0;  // files compared
+  int64_t bad = 0;   // mismatches (a wrong file type or shape counts one)
+  std::vector<std::string> notes;
+
+  std::string in_at(int64_t i) const {
+    return fmt_float(input.data[size_t(i)]) + " (" + hex_bits(float_bits(input.data[size_t(i)]), 8) + ")";
+  }
+};
+
+VerifyCase load_case(const nlohmann::json& c, const VerifyArgs& a, const fs::path& mpath) {
+  VerifyCase v;
+  v.name = c.at("name");
+  v.spec = quantizer_from_json(c.at("quantizer"), mpath.string() + ": " + v.name + ".quantizer");
+  v.rows = c.at("shape")[0], v.cols = c.at("shape")[1];
+  v.srows = c.at("scale_shape")[0], v.scols = c.at("scale_shape")[1];
+  v.gdir = fs::path(a.suite) / v.name, v.cdir = fs::path(a.candidate) / v.name;
+  v.input = read_npy_float32((v.gdir / "input.npy").string());
+  v.max_report = a.max_report;
+  return v;
+}
+
+// codes.npy: uint8 [rows, cols], or FP4 packed two per byte.
+void verify_codes(VerifyCase& v) {
+  const char* name = v.name.c_str();
+  const int64_t rows = v.rows, cols = v.cols;
+  const NpyArray exp = read_npy((v.gdir / "codes.npy").string());
+  const NpyArray got = read_npy((v.cdir / "codes.npy").string());
+  std::vector<uint8_t> g;
+  const bool fp4 = v.spec.element->bits() == 4;
+  if (got.dtype != DType::uint8) {
+    std::printf("FAIL %s: codes.npy must be uint8, got %s\n", name, dtype_name(got.dtype));
+    ++v.bad;
+  } else if (got.shape == Shape{rows, cols}) {
+    g.assign(got.bytes.begin(), got.bytes.end());
+  } else if (fp4 && got.shape == Shape{rows, (cols + 1) / 2}) {
+    g = unpack_fp4(got.bytes.data(), rows, cols);
+    v.notes.push_back("codes packed");
+  } else {
+    std::printf("FAIL %s: codes.npy shape %s, expected [%" PRId64 ", %" PRId64 "]%s\n", name,
+                shape_str(got.shape).c_str(), rows, cols, fp4 ? " (or packed [rows, ceil(cols/2)])" : "");
+    ++v.bad;
+  }
+  if (g.empty() && rows * cols != 0) return;
+  ++v.compared;
+  const uint8_t* e = exp.bytes.data();
+  const Format& el = *v.spec.element;
+  const int digits = el.bits() <= 4 ? 1 : 2;
+  const int64_t nb = compare(
+      "codes", rows * cols, v.max_report, [&](int64_t i) { return e[i]; }, [&](int64_t i) { return g[size_t(i)]; },
+      [&](int64_t i) {
+        return "codes[" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + "] input " + v.in_at(i) +
+               ": expected " + hex_bits(e[i], digits) + " (" + fmt_float(decode(el, e[i])) + ") got " +
+               hex_bits(g[size_t(i)], digits) + " (" + fmt_float(decode(el, g[size_t(i)])) + ")";
+      });
+  if (nb) std::printf("FAIL %s: %" PRId64 " of %" PRId64 " codes differ (above)\n", name, nb, rows * cols);
+  v.bad += nb;
+}
+
+// scales.npy: the suite's dtype and shape (uint8 codes or float32).
+void verify_scales(VerifyCase& v) {
+  const char* name = v.name.c_str();
+  const int64_t srows = v.srows, scols = v.scols;
+  const NpyArray exp = read_npy((v.gdir / "scales.npy").string());
+  const NpyArray got = read_npy((v.cdir / "scales.npy").string());
+  if (got.dtype != exp.dtype || got.shape != exp.shape) {
+    std::printf("FAIL %s: scales.npy is %s %s, expected %s [%" PRId64 ", %" PRId64 "]\n", name,
+                dtype_name(got.dtype), shape_str(got.shape).c_str(), dtype_name(exp.dtype), srows, scols);
+    ++v.bad;
+    return;
+  }
+  ++v.compared;
+  const bool fl = exp.dtype == DType::float32;
+  const size_t w = fl ? 4 : 1;
+  auto word = [&](const NpyArray& arr, int64_t i) {
+    uint32_t x = 0;
+    std::memcpy(&x, arr.bytes.data() + size_t(i) * w, w);
+    return x;
+  };
+  auto val = [&](uint32_t x) { return fl ? fmt_float(bits_float(x)) : fmt_float(decode(*v.spec.scale, x)); };
+  const int64_t nb = compare(
+      "scales", srows * scols, v.max_report, [&](int64_t i) { return word(exp, i); },
+      [&](int64_t i) { return word(got, i); },
+      [&](int64_t i) {
+        return "scales[" + std::to_string(i / scols) + ", " + std::to_string(i % scols) + "] (block rows " +
+               std::to_string((i / scols) * v.spec.block_rows) + "..., cols " +
+               std::to_string((i % scols) * v.spec.block_cols) + "...): expected " +
+               hex_bits(word(exp, i), fl ? 8 : 2) + " (" + val(word(exp, i)) + ") got " +
+               hex_bits(word(got, i), fl ? 8 : 2) + " (" + val(word(got, i)) + ")";
+      });
+  if (nb) std::printf("FAIL %s: %" PRId64 " of %" PRId64 " scales differ (above)\n", name, nb, srows * scols);
+  v.bad += nb;
+}
+
+// dequant.npy: float32 [rows, cols], bitwise; any NaN matches any NaN.
+void verify_dequant(VerifyCase& v) {
+  const char* name = v.name.c_str();
+  const int64_t rows = v.rows, cols = v.cols;
+  const Tensor<float> exp = read_npy_float32((v.gdir / "dequant.npy").string());
+  const NpyArray got_raw = read_npy((v.cdir / "dequant.npy").string());
+  if (got_raw.dtype != DType::float32 || got_raw.shape != Shape{rows, cols}) {
+    std::printf("FAIL %s: dequant.npy is %s %s, expected float32 [%" PRId64 ", %" PRId64 "]\n", name,
+                dtype_name(got_raw.dtype), shape_str(got_raw.shape).c_str(), rows, cols);
+    ++v.bad;
+    return;
+  }
+  ++v.compared;
+  auto gbits = [&](int64_t i) {
+    uint32_t x;
+    std::memcpy(&x, got_raw.bytes.data() + size_t(i) * 4, 4);
+    return x;
+  };
+  auto canon = [](uint32_t x) { return (x & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : x; };
+  const int64_t nb = compare(
+      "dequant", rows * cols, v.max_report, [&](int64_t i) { return canon(float_bits(exp.data[size_t(i)])); },
+      [&](int64_t i) { return canon(gbits(i)); },
+      [&](int64_t i) {
+        return "dequant[" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + "] input " + v.in_at(i) +
+               ": expected " + hex_bits(float_bits(exp.data[size_t(i)]), 8) + " (" + fmt_float(exp.data[size_t(i)]) +
+               ") got " + hex_bits(gbits(i), 8) + " (" + fmt_float(bits_float(gbits(i))) + ")";
+      });
+  if (nb) std::printf("FAIL %s: %" PRId64 " of %" PRId64 " dequant values differ (above)\n", name, nb, rows * cols);
+  v.bad += nb;
+}
+
+void run_verify(const VerifyArgs& a) {
+  const fs::path mpath = fs::path(a.suite) / "manifest.json";
+  const nlohmann::json m = read_manifest(a.suite, mpath);
   int64_t cases_bad = 0, cases_ok = 0, cases_missing = 0;
   for (const auto& c : m.at("cases")) {
-    const std::string name = c.at("name");
-    const QuantizerSpec spec = quantizer_from_json(c.at("quantizer"), mpath.string() + ": " + name + ".quantizer");
-    const int64_t rows = c.at("shape")[0], cols = c.at("shape")[1];
-    const int64_t srows = c.at("scale_shape")[0], scols = c.at("scale_shape")[1];
-    const fs::path gdir = fs::path(a.suite) / name, cdir = fs::path(a.candidate) / name;
-    const Tensor<float> input = read_npy_float32((gdir / "input.npy").string());
-    int compared = 0;
-    int64_t bad = 0;
-    std::vector<std::string> notes;
-    auto in_at = [&](int64_t i) {
-      return fmt_float(input.data[size_t(i)]) + " (" + hex_bits(float_bits(input.data[size_t(i)]), 8) + ")";
-    };
-    // codes
-    if (fs::exists(cdir / "codes.npy")) {
-      const NpyArray exp = read_npy((gdir / "codes.npy").string());
-      const NpyArray got = read_npy((cdir / "codes.npy").string());
-      std::vector<uint8_t> g;
-      const bool fp4 = spec.element->bits() == 4;
-      if (got.dtype != DType::uint8) {
-        std::printf("FAIL %s: codes.npy must be uint8, got %s\n", name.c_str(), dtype_name(got.dtype));
-        ++bad;
-      } else if (got.shape == Shape{rows, cols}) {
-        g.assign(got.bytes.begin(), got.bytes.end());
-      } else if (fp4 && got.shape == Shape{rows, (cols + 1) / 2}) {
-        g = unpack_fp4(got.bytes.data(), rows, cols);
-        notes.push_back("codes packed");
-      } else {
-        std::printf("FAIL %s: codes.npy shape %s, expected [%" PRId64 ", %" PRId64 "]%s\n", name.c_str(),
-                    shape_str(got.shape).c_str(), rows, cols, fp4 ? " (or packed [rows, ceil(cols/2)])" : "");
-        ++bad;
-      }
-      if (!g.empty() || rows * cols == 0) {
-        ++compared;
-        const uint8_t* e = exp.bytes.data();
-        const int digits = spec.element->bits() <= 4 ? 1 : 2;
-        const int64_t nb = compare(
-            "codes", rows * cols, a.max_report, [&](int64_t i) { return e[i]; },
-            [&](int64_t i) { return g[size_t(i)]; },
-            [&](int64_t i) {
-              return "codes[" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + "] input " + in_at(i) +
-                     ": expected " + hex_bits(e[i], digits) + " (" + fmt_float(decode(*spec.element, e[i])) + ") got " +
-                     hex_bits(g[size_t(i)], digits) + " (" + fmt_float(decode(*spec.element, g[size_t(i)])) + ")";
-            });
-        if (nb)
-          std::printf("FAIL %s: %" PRId64 " of %" PRId64 " codes differ (above)\n", name.c_str(), nb, rows * cols);
-        bad += nb;
-      }
-    }
-    // scales
-    if (fs::exists(cdir / "scales.npy")) {
-      const NpyArray exp = read_npy((gdir / "scales.npy").string());
-      const NpyArray got = read_npy((cdir / "scales.npy").string());
-      if (got.dtype != exp.dtype || got.shape != exp.shape) {
-        std::printf("FAIL %s: scales.npy is %s %s, expected %s [%" PRId64 ", %" PRId64 "]\n", name.c_str(),
-                    dtype_name(got.dtype), shape_str(got.shape).c_str(), dtype_name(exp.dtype), srows, scols);
-        ++bad;
-      } else {
-        ++compared;
-        const bool fl = exp.dtype == DType::float32;
-        const size_t w = fl ? 4 : 1;
-        auto word = [&](const NpyArray& arr, int64_t i) {
-          uint32_t v = 0;
-          std::memcpy(&v, arr.bytes.data() + size_t(i) * w, w);
-          return v;
-        };
-        auto val = [&](uint32_t v) { return fl ? fmt_float(bits_float(v)) : fmt_float(decode(*spec.scale, v)); };
-        const int64_t nb = compare(
-            "scales", srows * scols, a.max_report, [&](int64_t i) { return word(exp, i); },
-            [&](int64_t i) { return word(got, i); },
-            [&](int64_t i) {
-              return "scales[" + std::to_string(i / scols) + ", " + std::to_string(i % scols) + "] (block rows " +
-                     std::to_string((i / scols) * spec.block_rows) + "..., cols " +
-                     std::to_string((i % scols) * spec.block_cols) + "...): expected " +
-                     hex_bits(word(exp, i), fl ? 8 : 2) + " (" + val(word(exp, i)) + ") got " +
-                     hex_bits(word(got, i), fl ? 8 : 2) + " (" + val(word(got, i)) + ")";
-            });
-        if (nb)
-          std::printf("FAIL %s: %" PRId64 " of %" PRId64 " scales differ (above)\n", name.c_str(), nb, srows * scols);
-        bad += nb;
-      }
-    }
-    // dequant
-    if (fs::exists(cdir / "dequant.npy")) {
-      const Tensor<float> exp = read_npy_float32((gdir / "dequant.npy").string());
-      const NpyArray got_raw = read_npy((cdir / "dequant.npy").string());
-      if (got_raw.dtype != DType::float32 || got_raw.shape != Shape{rows, cols}) {
-        std::printf("FAIL %s: dequant.npy is %s %s, expected float32 [%" PRId64 ", %" PRId64 "]\n", name.c_str(),
-                    dtype_name(got_raw.dtype), shape_str(got_raw.shape).c_str(), rows, cols);
-        ++bad;
-      } else {
-        ++compared;
-        auto gbits = [&](int64_t i) {
-          uint32_t v;
-          std::memcpy(&v, got_raw.bytes.data() + size_t(i) * 4, 4);
-          return v;
-        };
-        auto canon = [](uint32_t v) { return (v & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : v; };
-        const int64_t nb = compare(
-            "dequant", rows * cols, a.max_report, [&](int64_t i) { return canon(float_bits(exp.data[size_t(i)])); },
-            [&](int64_t i) { return canon(gbits(i)); },
-            [&](int64_t i) {
-              return "dequant[" + std::to_string(i / cols) + ", " + std::to_string(i % cols) + "] input " + in_at(i) +
-                     ": expected " + hex_bits(float_bits(exp.data[size_t(i)]), 8) + " (" +
-                     fmt_float(exp.data[size_t(i)]) + ") got " + hex_bits(gbits(i), 8) + " (" +
-                     fmt_float(bits_float(gbits(i))) + ")";
-            });
-        if (nb)
-          std::printf("FAIL %s: %" PRId64 " of %" PRId64 " dequant values differ (above)\n", name.c_str(), nb,
-                      rows * cols);
-        bad += nb;
-      }
-    }
-    if (compared == 0 && bad == 0) {
+    VerifyCase v = load_case(c, a, mpath);
+    if (fs::exists(v.cdir / "codes.npy")) verify_codes(v);
+    if (fs::exists(v.cdir / "scales.npy")) verify_scales(v);
+    if (fs::exists(v.cdir / "dequant.npy")) verify_dequant(v);
+    if (v.compared == 0 && v.bad == 0) {
       ++cases_missing;
-      std::printf("MISSING %s: no codes.npy, scales.npy or dequant.npy in %s\n", name.c_str(), cdir.string().c_str());
-    } else if (bad) {
+      std::printf("MISSING %s: no codes.npy, scales.npy or dequant.npy in %s\n", v.name.c_str(),
+                  v.cdir.string().c_str());
+    } else if (v.bad) {
       ++cases_bad;
     } else {
       ++cases_ok;
-      std::printf("ok   %s (%d file%s%s)\n", name.c_str(), compared, compared == 1 ? "" : "s",
-                  notes.empty() ? "" : (", " + notes[0]).c_str());
+      std::printf("ok   %s (%d file%s%s)\n", v.name.c_str(), v.compared, v.compared == 1 ? "" : "s",
+                  v.notes.empty() ? "" : (", " + v.notes[0]).c_str());
     }
   }
   std::printf("\n%" PRId64 " cases match, %" PRId64 " mismatch, %" PRId64 " missing\n", cases_ok, cases_bad,
