@@ -1,9 +1,13 @@
 // `fp4lab train`, `fp4lab compare`, `fp4lab sweep` and `fp4lab bench train`.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "apps/commands.hpp"
 #include "train/compare.hpp"
@@ -110,11 +114,7 @@ void bench_train(const std::string& config_path, const std::string& recipes, int
   }
 }
 
-}  // namespace
-
-void register_train_commands(CLI::App& app) {
-  auto args = std::make_shared<TrainArgs>();
-
+void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   CLI::App* train = app.add_subcommand("train", "Train a model from a JSON experiment config (configs/*.json)");
   train->add_option("config", args->config, "Experiment config (JSON)")->required()->check(CLI::ExistingFile);
   train->add_option("--recipe", args->recipe,
@@ -139,7 +139,9 @@ void register_train_commands(CLI::App& app) {
                 s["final"].get<double>(), s["best"].get<double>(), s["ms_per_step"].get<double>(),
                 s["items_per_s"].get<double>(), s["item"].get<std::string>().c_str());
   });
+}
 
+void add_compare(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   CLI::App* compare = app.add_subcommand("compare", "Compare finished runs: table + loss-curve PNG (gnuplot)");
   auto dirs = std::make_shared<std::vector<std::string>>();
   compare->add_option("run_dirs", *dirs, "Run directories")->required()->check(CLI::ExistingDirectory);
@@ -147,7 +149,42 @@ void register_train_commands(CLI::App& app) {
   compare->add_option("--baseline", args->baseline,
                       "Recipe of the reference run (default: fp32/bf16 run, else the first)");
   compare->callback([args, dirs] { print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline})); });
+}
 
+// Every recipe x seed combination is validated before any is trained; a
+// diverged run (it has a summary) is reported and the others go on.
+void run_sweep(const TrainArgs& args) {
+  std::vector<std::string> run_dirs;
+  const auto recipes = split_list(args.recipes, "--recipes");
+  std::vector<std::string> seeds;
+  if (!args.seeds.empty())
+    seeds = split_list(args.seeds, "--seeds");
+  else
+    seeds.push_back("");
+  std::vector<RunConfig> cfgs;
+  for (const auto& seed : seeds)
+    for (const auto& r : recipes) {
+      json j = load_config(args.config, args.sets, r);
+      if (!seed.empty()) apply_set(j, "seed=" + seed);
+      cfgs.push_back(config_from_json(j));
+    }
+  for (const auto& cfg : cfgs) {
+    std::cerr << "fp4lab sweep: " << recipe_label(cfg) << " seed " << cfg.seed << " -> " << run_directory(cfg) << "\n";
+    RunOptions o;
+    o.force = args.force;
+    o.progress = !args.quiet;
+    try {
+      run_training(cfg, o);
+    } catch (const Error& e) {
+      std::cerr << "fp4lab sweep: " << e.what() << "\n";
+      if (!std::filesystem::exists(std::filesystem::path(run_directory(cfg)) / "summary.json")) throw;
+    }
+    run_dirs.push_back(run_directory(cfg));
+  }
+  print_compare(compare_runs(run_dirs, CompareOptions{args.plot, ""}));
+}
+
+void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   CLI::App* sweep = app.add_subcommand("sweep", "Train one config under several recipes x seeds, then compare");
   sweep->add_option("config", args->config, "Experiment config (JSON)")->required()->check(CLI::ExistingFile);
   sweep->add_option("--recipes", args->recipes, "Comma-separated recipes (default fp32)");
@@ -156,39 +193,17 @@ void register_train_commands(CLI::App& app) {
   sweep->add_flag("--force", args->force, "Overwrite existing run directories");
   sweep->add_flag("--quiet", args->quiet, "No progress output");
   sweep->add_option("--plot", args->plot, "PNG path of the comparison");
-  sweep->callback([args] {
-    std::vector<std::string> run_dirs;
-    const auto recipes = split_list(args->recipes, "--recipes");
-    std::vector<std::string> seeds;
-    if (!args->seeds.empty())
-      seeds = split_list(args->seeds, "--seeds");
-    else
-      seeds.push_back("");
-    // Validate every combination before training any.
-    std::vector<RunConfig> cfgs;
-    for (const auto& seed : seeds)
-      for (const auto& r : recipes) {
-        json j = load_config(args->config, args->sets, r);
-        if (!seed.empty()) apply_set(j, "seed=" + seed);
-        cfgs.push_back(config_from_json(j));
-      }
-    for (const auto& cfg : cfgs) {
-      std::cerr << "fp4lab sweep: " << recipe_label(cfg) << " seed " << cfg.seed << " -> " << run_directory(cfg)
-                << "\n";
-      RunOptions o;
-      o.force = args->force;
-      o.progress = !args->quiet;
-      try {
-        run_training(cfg, o);
-      } catch (const Error& e) {
-        // A diverged run still has a summary; report and go on with the others.
-        std::cerr << "fp4lab sweep: " << e.what() << "\n";
-        if (!std::filesystem::exists(std::filesystem::path(run_directory(cfg)) / "summary.json")) throw;
-      }
-      run_dirs.push_back(run_directory(cfg));
-    }
-    print_compare(compare_runs(run_dirs, CompareOptions{args->plot, ""}));
-  });
+  sweep->callback([args] { run_sweep(*args); });
+}
+
+}  // namespace
+
+// train, compare and sweep share one TrainArgs (one of them runs).
+void register_train_commands(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  add_train(app, args);
+  add_compare(app, args);
+  add_sweep(app, args);
 }
 
 void register_bench_train(CLI::App& bench) {
