@@ -37,7 +37,7 @@ using namespace qk;
 // amax word in every block; the last block to read it re-arms the word and the
 // counter p.fin.done (QuantWorkspace::amax_armed). Same values as the amax
 // pass + tile_kernel.
-template <class In, int K, Fast FM = Fast::none, bool FULL = false, bool GRID_AMAX = false>
+template <class In, KernelKind K, Fast FM = Fast::none, bool FULL = false, bool GRID_AMAX = false>
 __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
   static_assert(FM != Fast::rs && (!FULL || FM == Fast::rn));
   const int lane = threadIdx.x & 31, half = lane >> 4;
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const KParams p) {
 
 // Kind K's tile kernel, its Fast::rn form where the quantizer allows (FULL
 // where the shape and alignment allow).
-template <class In, int K>
+template <class In, KernelKind K>
 void launch_tile_kind(const KParams& p, unsigned blocks, cudaStream_t st) {
   if (fast_rn_applies(K, p)) {
     if (p.rows % 16 == 0 && full_spans_apply(p, 32)) {
@@ -119,22 +119,23 @@ void launch_tile_kind(const KParams& p, unsigned blocks, cudaStream_t st) {
 }
 
 template <class In>
-void launch_tile_kernel(const KParams& p, int kind, unsigned blocks, cudaStream_t st) {
-  if (kind == 1)
-    launch_tile_kind<In, 1>(p, blocks, st);
-  else if (kind == 2)
-    launch_tile_kind<In, 2>(p, blocks, st);
+void launch_tile_kernel(const KParams& p, KernelKind kind, unsigned blocks, cudaStream_t st) {
+  if (kind == KernelKind::nvfp4)
+    launch_tile_kind<In, KernelKind::nvfp4>(p, blocks, st);
+  else if (kind == KernelKind::e2m1)
+    launch_tile_kind<In, KernelKind::e2m1>(p, blocks, st);
   else
-    tile_kernel<In, 0><<<blocks, kThreads, 0, st>>>(p);
+    tile_kernel<In, KernelKind::runtime><<<blocks, kThreads, 0, st>>>(p);
 }
 
 // The NVFP4 tile quantization with its tensor amax in one cooperative launch
-// (tile_kernel's GRID_AMAX), when every block of the grid can be resident at
-// once (the trainer's weights); false (nothing launched) otherwise. p.gamax
+// (tile_kernel's GRID_AMAX; AmaxStrategy::cooperative, whose plan has the rn
+// rounding of its Fast::rn form), when every block of the grid can be resident
+// at once (the trainer's weights); false (nothing launched) otherwise. p.gamax
 // must be zero (re-armed by the kernel), p.fin.done the zeroed counter.
 template <class In, bool FULL>
 bool try_tiles_grid_amax(const KParams& p, unsigned blocks, cudaStream_t st) {
-  const auto kernel = tile_kernel<In, 1, Fast::rn, FULL, true>;
+  const auto kernel = tile_kernel<In, KernelKind::nvfp4, Fast::rn, FULL, true>;
   static const int64_t capacity = resident_blocks(kernel);
   if (int64_t(blocks) > capacity) return false;
   KParams arg = p;
@@ -144,7 +145,6 @@ bool try_tiles_grid_amax(const KParams& p, unsigned blocks, cudaStream_t st) {
   return true;
 }
 bool launch_tiles_grid_amax(const KParams& p, InputType in, cudaStream_t st) {
-  if (!fast_rn_applies(1, p)) return false;
   const int64_t pairs = ((p.rows + 15) / 16) * ((p.cols + 31) / 32);
   const unsigned blocks = unsigned((pairs * 32 + kThreads - 1) / kThreads);
   if (pairs == 0) return false;
@@ -156,7 +156,7 @@ bool launch_tiles_grid_amax(const KParams& p, InputType in, cudaStream_t st) {
   return full ? try_tiles_grid_amax<float, true>(pf, blocks, st) : try_tiles_grid_amax<float, false>(pf, blocks, st);
 }
 
-void launch_tiles(const KParams& p, int kind, InputType in, cudaStream_t st) {
+void launch_tiles(const KParams& p, KernelKind kind, InputType in, cudaStream_t st) {
   const int64_t pairs = ((p.rows + 15) / 16) * ((p.cols + 31) / 32);  // one warp per two tiles
   const unsigned blocks = unsigned((pairs * 32 + kThreads - 1) / kThreads);
   if (pairs == 0) return;
@@ -296,12 +296,6 @@ __global__ void __launch_bounds__(kThreads) generic_element_kernel(const KParams
 }
 
 // ---- host side ----------------------------------------------------------------
-// Fused kernels: [1,16] [1,32] (rows), [16,1] [32,1] (columns), [16,16] (tiles).
-bool fused_shape(const QuantizerSpec& q) {
-  const int br = q.block_rows, bc = q.block_cols;
-  return (br == 1 && (bc == 16 || bc == 32)) || (bc == 1 && (br == 16 || br == 32)) || (br == 16 && bc == 16);
-}
-
 unsigned grid_for(int64_t work, int64_t per_block = kThreads) {
   const int64_t b = (work + per_block - 1) / per_block;
   return unsigned(std::clamp<int64_t>(b, 1, 0x7FFFFFFF));
@@ -313,11 +307,6 @@ void scale_grid(const QuantizerSpec& q, int64_t rows, int64_t cols, int64_t& sca
   const BlockGrid g = block_grid(q, rows, cols);
   scale_rows = g.nbr;
   scale_cols = g.nbc;
-}
-
-bool fused_supported(const QuantizerSpec& q) {
-  if (!fused_shape(q)) return false;
-  return !q.rht || (q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1);
 }
 
 namespace {
@@ -387,15 +376,9 @@ KParams make_params(const QuantizerSpec& q, const void* x, int64_t rows, int64_t
   return p;
 }
 
-}  // namespace
-
-void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax_bits, cudaStream_t stream) {
-  tensor_amax_pass(x, type, n, amax_bits, AmaxFinish{}, stream);
-}
-
-void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols, RandomStream rs,
-                     const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream, QuantPath path,
-                     const uint32_t* tensor_amax_bits) {
+// quantize_device's checks of the call, before any plan: the spec, the shape,
+// the code layout and the RHT axis.
+void check_call(const QuantizerSpec& q, const QuantOutputs& out, int64_t rows, int64_t cols) {
   validate(q, "quantize (cuda)");
   if (rows < 0 || cols < 0) throw Error("quantize (cuda): negative shape");
   if (out.code_layout == CodeLayout::packed4 && out.codes && q.element->bits() != 4)
@@ -408,66 +391,60 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
       throw Error("RHT: the tensor's " + std::string(along_rows ? "column count" : "row count") + " (" +
                   std::to_string(len) + ") must be a multiple of 16 (the transform works on whole 16-element chunks)");
   }
-  const bool can_fuse = fused_supported(q);
-  if (path == QuantPath::fused && !can_fuse)
-    throw Error(
-        "quantize (cuda): the fused kernel handles blocks [1,16], [1,32], [16,16], [16,1], [32,1] (RHT on "
-        "[1,16]/[16,1]); got " +
-        describe(q));
-  if (path == QuantPath::generic && q.rht)
-    throw Error("quantize (cuda): the generic path has no RHT; use the fused path for " + describe(q));
-  const bool fused = path == QuantPath::fused || (path == QuantPath::automatic && can_fuse);
+}
 
-  const BlockGrid grid = block_grid(q, rows, cols);
-  const int64_t nblocks = grid.nbr * grid.nbc;
-  KParams p = make_params(q, x, rows, cols, rs, out);
-  const size_t amax_words = size_t(fused ? 2 : 1 + nblocks);  // fused: the two words quantize_dual uses too
-  if (ws.amax.size() < amax_words) ws.amax_armed = false;     // grown: contents undefined
-  ws.amax.at_least(amax_words);
-  p.gamax = ws.amax.data();
-  if (rows == 0 || cols == 0) return;
+// The quantization kernel of a fused plan (rows, cols or tiles).
+void launch_family(const KernelPlan& plan, const KParams& p, cudaStream_t stream) {
+  switch (plan.family) {
+    case Family::rows: return launch_rows(p, plan.block, plan.rht, plan.kind, plan.input, stream);
+    case Family::cols: return launch_cols(p, plan.block, plan.rht, plan.kind, plan.input, stream);
+    case Family::tiles: return launch_tiles(p, plan.kind, plan.input, stream);
+    default: throw Error("quantize (cuda): not a fused family");
+  }
+}
 
-  if (fused) {
-    const bool need_amax = q.scale_rule == ScaleRule::nv && p.global;
-    if (need_amax && tensor_amax_bits) {
+// A fused plan: its amax strategy (the global scale into global_slot(ws, 0),
+// read by the quantization kernel through p.gparams), then its kernel.
+void run_fused(const KernelPlan& plan, KParams& p, QuantWorkspace& ws, cudaStream_t stream,
+               const uint32_t* tensor_amax_bits) {
+  switch (plan.amax) {
+    case AmaxStrategy::none:
+      break;
+    case AmaxStrategy::given:
       p.gamax = const_cast<uint32_t*>(tensor_amax_bits);  // only read by the quantize pass
       nv_global_kernel<<<1, 1, 0, stream>>>(p, global_slot(ws, 0));
       check_launch("nv_global_kernel");
-    } else if (need_amax) {
-      // The amax pass's last block also computes the global scale (amax_pass_done).
-      // Its last block also re-arms the amax word (zero again for the next pass).
+      break;
+    case AmaxStrategy::cooperative:
+    case AmaxStrategy::pre_pass: {
+      // The amax pass's last block also computes the global scale (amax_pass_done)
+      // and re-arms the amax word (zero again for the next pass).
       KParams pa = p;
       pa.fin = finish_into(p, ws, stream);
       if (!ws.amax_armed) check(cudaMemsetAsync(p.gamax, 0, 2 * sizeof(uint32_t), stream), "cudaMemsetAsync(amax)");
       // NVFP4 16x16 tiles of a tensor whose grid fits on the GPU at once (the
       // trainer's weights): amax and quantization in one launch.
-      if (!q.rht && q.block_rows == 16 && q.block_cols == 16 && qk::kind_of(q) == 1 &&
-          launch_tiles_grid_amax(pa, type, stream)) {
+      if (plan.amax == AmaxStrategy::cooperative && launch_tiles_grid_amax(pa, plan.input, stream)) {
         ws.amax_armed = true;
         return;
       }
-      if (q.rht) {
-        if (q.block_rows == 1)
-          qk::launch_rows(pa, 16, true, 0, type, true, stream);
-        else
-          qk::launch_cols(pa, 16, true, 0, type, true, stream);
-      } else {
-        tensor_amax_pass(x, type, rows * cols, p.gamax, pa.fin, stream, /*armed=*/true);
-      }
+      if (plan.rht && plan.family == Family::rows)
+        launch_rows_amax(pa, plan.input, stream);
+      else if (plan.rht)
+        launch_cols_amax(pa, plan.input, stream);
+      else
+        tensor_amax_pass(p.x, plan.input, p.rows * p.cols, p.gamax, pa.fin, stream, /*armed=*/true);
       ws.amax_armed = true;
+      break;
     }
-    if (need_amax) p.gparams = global_slot(ws, 0);
-    const int kind = qk::kind_of(q);
-    if (q.block_rows == 1)
-      qk::launch_rows(p, q.block_cols, q.rht, kind, type, false, stream);
-    else if (q.block_cols == 1)
-      qk::launch_cols(p, q.block_rows, q.rht, kind, type, false, stream);
-    else
-      launch_tiles(p, kind, type, stream);
-    return;
   }
+  if (plan.amax != AmaxStrategy::none) p.gparams = global_slot(ws, 0);
+  launch_family(plan, p, stream);
+}
 
-  // Generic path.
+// The generic path: block amaxes (and the tensor amax), block scales, elements.
+void run_generic(KParams& p, const BlockGrid& grid, InputType type, QuantWorkspace& ws, cudaStream_t stream) {
+  const int64_t nblocks = grid.nbr * grid.nbc, rows = p.rows, cols = p.cols;
   ws.mult.at_least(size_t(nblocks));
   ws.scale.at_least(size_t(nblocks));
   p.block_amax = ws.amax.data() + 1;
@@ -479,7 +456,7 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   if (nblocks == 1) {
     // One block ([0,0], or a block larger than the tensor): the tensor amax
     // kernel (per-warp atomics on one word would serialise).
-    tensor_amax_device(x, type, n, ws.amax.data(), stream);
+    tensor_amax_pass(p.x, type, n, ws.amax.data(), AmaxFinish{}, stream);
     check(cudaMemcpyAsync(ws.amax.data() + 1, ws.amax.data(), sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream),
           "cudaMemcpyAsync(amax)");
   } else {
@@ -499,12 +476,29 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   check_launch("generic_element_kernel");
 }
 
-bool dual_supported(const QuantizerSpec& row_q, const QuantizerSpec& col_q, int64_t rows, int64_t cols) {
-  auto nvfp4 = [](const QuantizerSpec& q) {
-    return qk::kind_of(q) == 1 && q.scale_rule == ScaleRule::nv && (q.round == Round::rn || q.round == Round::rs);
-  };
-  return nvfp4(row_q) && nvfp4(col_q) && row_q.block_rows == 1 && row_q.block_cols == 16 && !row_q.rht &&
-         col_q.block_rows == 16 && col_q.block_cols == 1 && rows % 16 == 0 && cols % 16 == 0;
+}  // namespace
+
+void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax_bits, cudaStream_t stream) {
+  tensor_amax_pass(x, type, n, amax_bits, AmaxFinish{}, stream);
+}
+
+void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols, RandomStream rs,
+                     const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream, QuantPath path,
+                     const uint32_t* tensor_amax_bits) {
+  check_call(q, out, rows, cols);
+  const KernelPlan plan = plan_quantize(q, type, path, tensor_amax_bits != nullptr);
+  const BlockGrid grid = block_grid(q, rows, cols);
+  KParams p = make_params(q, x, rows, cols, rs, out);
+  // Fused: the two words quantize_dual uses too; generic: the tensor amax, then the block amaxes.
+  const size_t amax_words = size_t(plan.family == Family::generic ? 1 + grid.nbr * grid.nbc : 2);
+  if (ws.amax.size() < amax_words) ws.amax_armed = false;  // grown: contents undefined
+  ws.amax.at_least(amax_words);
+  p.gamax = ws.amax.data();
+  if (rows == 0 || cols == 0) return;
+  if (plan.family == Family::generic)
+    run_generic(p, grid, type, ws, stream);
+  else
+    run_fused(plan, p, ws, stream, tensor_amax_bits);
 }
 
 void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const QuantOutputs& row_out,
@@ -514,7 +508,8 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
   validate(row_q, "quantize_dual (cuda), row quantizer");
   validate(col_q, "quantize_dual (cuda), column quantizer");
   if (rows < 0 || cols < 0) throw Error("quantize_dual (cuda): negative shape");
-  if (!dual_supported(row_q, col_q, rows, cols))
+  const std::optional<KernelPlan> plan = plan_dual(row_q, col_q, type, rows, cols, amax_given != nullptr);
+  if (!plan)
     throw Error(
         "quantize_dual (cuda): needs NVFP4-kind quantizers (e2m1 elements, ue4m3 scales, nv rule, rn or rs) with "
         "blocks [1,16] (no RHT) and [16,1] (RHT allowed) on a tensor whose sides are multiples of 16; got " +
@@ -529,11 +524,11 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
   if (rows == 0 || cols == 0) return;
   const bool need_r = row_q.global_scale == GlobalScale::tensor_amax;
   const bool need_c = col_q.global_scale == GlobalScale::tensor_amax;
-  if ((need_r || need_c) && amax_given) {
+  if (plan->amax == AmaxStrategy::given) {
     // Only read by the quantization pass (each thread computes NvGlobal from them).
     pr.gamax = const_cast<uint32_t*>(amax_given);
     pc.gamax = const_cast<uint32_t*>(amax_given) + 1;
-  } else if (need_r || need_c) {
+  } else if (plan->amax == AmaxStrategy::pre_pass) {
     // One pass for both amaxes (the column operand's of its RHT output); its
     // last block computes both global scales and re-arms both amax words.
     if (!ws.amax_armed)
@@ -541,12 +536,12 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
     KParams ar = pr, ac = pc;
     if (need_r) ar.fin = finish_into(pr, ws, stream, 0);
     if (need_c) ac.fin = finish_into(pc, ws, stream, 1);
-    qk::launch_dual(ar, ac, col_q.rht, type, true, stream);
+    launch_dual(ar, ac, plan->rht, type, true, stream);
     ws.amax_armed = true;
     if (need_r) pr.gparams = global_slot(ws, 0);
     if (need_c) pc.gparams = global_slot(ws, 1);
   }
-  qk::launch_dual(pr, pc, col_q.rht, type, false, stream);
+  launch_dual(pr, pc, plan->rht, type, false, stream);
 }
 
 void fake_quantize_device(const QuantizerSpec& q, float* x, int64_t rows, int64_t cols, RandomStream rs,

@@ -89,6 +89,25 @@ void scale_grid(const QuantizerSpec& q, int64_t rows, int64_t cols, int64_t& sca
 // True if the fused kernel handles this spec (block shape and RHT constraints).
 bool fused_supported(const QuantizerSpec& q);
 
+// True if QuantOutputs' bf16_gemm_operand output (decode(code) * block scale,
+// without g_dec) is exact in BF16 for q: E2M1 / E2M3 / E3M2 / E4M3 / E5M2
+// elements (at most 4 significant bits) with E8M0 or UE4M3 scales (at most 4
+// for UE4M3), no RHT of the quantizer (its fake-quantized value is the inverse
+// transform of such a product, not the product). The product has at most 8
+// significant bits; with UE4M3 scales it is always a normal BF16 number. With
+// E8M0 scales it is normal unless an FP8 element's block scale is below 2^-117
+// (E5M2) / 2^-124 (E4M3), i.e. a block amax below ~2^-100, whose products would
+// lose low bits in BF16's subnormal range (not checked at run time); E2M1 /
+// E2M3 / E3M2 elements are exact for every E8M0 scale.
+bool bf16_exact(const QuantizerSpec& q);
+
+// True if an RHT down 16-row chunks (sim's rht16_forward, chunks of a column)
+// applied to a tensor and then quantized with q is q with its own RHT
+// (q.rht = true, the same signs): [16,1] blocks, whose RHT the fused column
+// kernels (and their amax pass) apply, and bf16_exact(q). What lets a caller
+// fold its own column RHT into the quantization.
+bool rht_foldable(const QuantizerSpec& q);
+
 // Quantizes x on `stream`. Throws fp4lab::Error on an invalid spec (validate()),
 // an RHT axis that is not a multiple of 16, or an unsupported path choice.
 // `tensor_amax_bits` (device pointer, optional): the tensor's amax bit pattern

@@ -32,7 +32,7 @@ FP4LAB_HD constexpr int rows_a_thread(int br, bool split) { return split ? br / 
 // SPLIT (the FULL [32,1] value forms; go_fast()): two threads a strip,
 // lanes l and l + 16 of a warp, each loading and encoding 16 of its 32 rows,
 // the two halves' amaxes combined by a shuffle: half the registers a thread.
-template <class In, int BR, int V, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, bool FULL = false,
+template <class In, int BR, int V, KernelKind K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, bool FULL = false,
           bool SPLIT = false>
 __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   static_assert(!FULL || (FM != Fast::none && !AMAX_ONLY && (V == 4 || value_form(FM))));
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   }
 }
 
-template <class In, int BR, int V, int K, bool RHT, bool AMAX, Fast FM = Fast::none, bool FULL = false,
+template <class In, int BR, int V, KernelKind K, bool RHT, bool AMAX, Fast FM = Fast::none, bool FULL = false,
           bool SPLIT = false>
 void go(const KParams& p, cudaStream_t st) {
   const int64_t strips = ((p.rows + BR - 1) / BR) * ((p.cols + V - 1) / V);
@@ -190,7 +190,7 @@ inline bool cols_full_apply(const KParams& p, int br, int v) {
 // (the [32,1] MX kernels) in the value forms (the trainer's wgrad operands:
 // ncu, mxfp8 training, 16384 x 384 FP32 and the like: 3.8 ms a step in the
 // checked form, a quarter of the step's kernel time).
-template <class In, int BR, int V, int K, bool RHT, Fast FM>
+template <class In, int BR, int V, KernelKind K, bool RHT, Fast FM>
 void go_fast(const KParams& p, cudaStream_t st) {
   if constexpr (split_form(BR, RHT, FM)) {
     if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true, true>(p, st);
@@ -205,11 +205,11 @@ void go_fast(const KParams& p, cudaStream_t st) {
 // where the one output is the BF16 GEMM operand (the trainer's wgrad
 // operands; rs_bf16 for E2M1 only, also in 2-column strips: cols % 4 == 0
 // puts each strip's row in one Philox group).
-template <class In, int BR, int V, int K, bool RHT>
+template <class In, int BR, int V, KernelKind K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
-  constexpr bool e2m1 = K == 1 || K == 2;
+  constexpr bool e2m1 = e2m1_kind(K);
   const bool values = bf16_operand_only(p);
-  if constexpr (K == 1) {
+  if constexpr (K == KernelKind::nvfp4) {
     if (values && p.rule == ScaleRule::nv_noglobal) {  // which the other fast forms exclude
       if (p.round == Round::rn) return go_fast<In, BR, V, K, RHT, Fast::rn_bf16_div>(p, st);
       if (p.round == Round::rs && p.cols % 4 == 0) return go_fast<In, BR, V, K, RHT, Fast::rs_bf16_div>(p, st);
@@ -229,19 +229,19 @@ void go_kind(const KParams& p, cudaStream_t st) {
 
 }  // namespace cols_detail
 
-template <class In, int BR, int K, bool RHT>
+template <class In, int BR, KernelKind K, bool RHT>
 void cols_launch(const KParams& p, cudaStream_t st) {
   using namespace cols_detail;
   constexpr int V = BR == 16 ? 4 : 2;
-  if constexpr (K == 0)
-    go<In, BR, V, 0, RHT, false>(p, st);
+  if constexpr (K == KernelKind::runtime)
+    go<In, BR, V, KernelKind::runtime, RHT, false>(p, st);
   else
     go_kind<In, BR, V, K, RHT>(p, st);
 }
 
 template <class In>
 void cols_amax_launch(const KParams& p, cudaStream_t st) {
-  cols_detail::go<In, 16, 4, 0, true, true>(p, st);
+  cols_detail::go<In, 16, 4, KernelKind::runtime, true, true>(p, st);
 }
 
 }  // namespace fp4lab::cuda::qk

@@ -52,7 +52,7 @@ __device__ __forceinline__ void unstage_row(const Stage& s, int rr, float (&r)[4
 // are only BF16 GEMM operands, else Fast::none.
 template <class In, bool RHT, Fast FM = Fast::none>
 __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
-  constexpr int K = 1;  // e2m1 elements, ue4m3 scales (checked on the host)
+  constexpr KernelKind K = KernelKind::nvfp4;  // e2m1 elements, ue4m3 scales (checked on the host)
   // The row loops below: 4 rows an iteration with SR (four independent Philox
   // chains: 3% faster than 1 at 8192^2 from f32), 1 otherwise (2 and 4 were no
   // faster for rn, and 4 slower from BF16).
@@ -237,11 +237,11 @@ template <class In, bool RHT>
 void go_fast(const KParams& pr, const KParams& pc, cudaStream_t st) {
   if (!bases_aligned16(pr) || !bases_aligned16(pc) || !index32_fits(pr)) return go<In, RHT>(pr, pc, st);
   const bool operands = bf16_operand_only(pr) && bf16_operand_only(pc);
-  if (fast_rn_applies(1, pr) && fast_rn_applies(1, pc)) {
+  if (fast_rn_applies(KernelKind::nvfp4, pr) && fast_rn_applies(KernelKind::nvfp4, pc)) {
     if (operands) return go<In, RHT, Fast::rn_bf16>(pr, pc, st);
     return go<In, RHT, Fast::rn>(pr, pc, st);
   }
-  if (fast_rs_applies(1, pr) && fast_rs_applies(1, pc)) {
+  if (fast_rs_applies(KernelKind::nvfp4, pr) && fast_rs_applies(KernelKind::nvfp4, pc)) {
     if (operands) return go<In, RHT, Fast::rs_bf16>(pr, pc, st);
     return go<In, RHT, Fast::rs>(pr, pc, st);
   }

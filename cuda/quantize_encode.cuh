@@ -11,9 +11,9 @@
 
 namespace fp4lab::cuda::qk {
 
-template <int K>
+template <KernelKind K>
 __device__ __forceinline__ uint32_t encode_rn(const Format& f, float y, Overflow o) {
-  if constexpr (K != 0) {
+  if constexpr (K != KernelKind::runtime) {
     return encode_rn_f32<kind_format<K>()>(y, o);
   } else {
     return encode(f, y, Round::rn, o);
@@ -22,9 +22,9 @@ __device__ __forceinline__ uint32_t encode_rn(const Format& f, float y, Overflow
 
 // Stochastic rounding: core's branch-free encode_rs_f32 (== encode(rs)) for the
 // compile-time formats, the generic encoder otherwise.
-template <int K>
+template <KernelKind K>
 __device__ __forceinline__ uint32_t encode_rs(const Format& f, float y, Overflow o, uint32_t rbits) {
-  if constexpr (K != 0) {
+  if constexpr (K != KernelKind::runtime) {
     return encode_rs_f32<kind_format<K>()>(y, rbits, o);
   } else {
     return encode(f, y, Round::rs, o, rbits);
@@ -88,10 +88,10 @@ __device__ __noinline__ inline BlockParams block_params_rt(const Format elem, co
                                                            uint32_t amax, const NvGlobal g) {
   return block_params_impl(elem, sfmt, rule, amax, g);
 }
-template <int K>
+template <KernelKind K>
 __device__ __forceinline__ BlockParams block_params(const KParams& p, const Format& elem, const Format& sfmt,
                                                     uint32_t amax, const NvGlobal& g) {
-  if constexpr (K == 1) {
+  if constexpr (K == KernelKind::nvfp4) {
     // NVFP4's scale format is ufloat8_e4m3: sim's compile-time E4M3 forms
     // (branch-free encode_rn_f32 / decode_f32, equal to the generic rule by test).
     if (p.rule == ScaleRule::nv) {
@@ -102,7 +102,7 @@ __device__ __forceinline__ BlockParams block_params(const KParams& p, const Form
       const NvBlockScale s = nv_noglobal_block_scale<ufloat8_e4m3>(bits_float(amax), max_finite(elem));
       return BlockParams{s.code, s.scale, s.scale};
     }
-  } else if constexpr (K != 0) {
+  } else if constexpr (K != KernelKind::runtime) {
     if (p.rule == ScaleRule::ocp) return block_params_impl(elem, sfmt, ScaleRule::ocp, amax, g);
   }
   return block_params_rt(elem, sfmt, p.rule, amax, g);
@@ -118,10 +118,10 @@ __device__ __noinline__ inline uint32_t encode_element_rt(const Format f, ScaleR
   const float y = rule == ScaleRule::nv_noglobal ? x / mult : x * mult;
   return encode(f, y, round, overflow, rbits);
 }
-template <int K>
+template <KernelKind K>
 __device__ __forceinline__ uint32_t encode_element(const KParams& p, const Format& f, float x, float mult,
                                                    uint32_t rbits) {
-  if constexpr (K != 0) {
+  if constexpr (K != KernelKind::runtime) {
     if (p.rule != ScaleRule::nv_noglobal) {
       if (p.round == Round::rn) return encode_rn<K>(f, x * mult, p.overflow);
       if (p.round == Round::rs) return encode_rs<K>(f, x * mult, p.overflow, rbits);
@@ -132,9 +132,9 @@ __device__ __forceinline__ uint32_t encode_element(const KParams& p, const Forma
 
 // decode() of an element code; core's branch-free decode_f32 for the
 // compile-time formats.
-template <int K>
+template <KernelKind K>
 __device__ __forceinline__ float decode_elem(const Format& f, uint32_t code) {
-  if constexpr (K != 0) {
+  if constexpr (K != KernelKind::runtime) {
     return decode_f32<kind_format<K>()>(code);
   } else {
     return decode(f, code);
@@ -148,17 +148,17 @@ __device__ __forceinline__ uint32_t pick(const Philox4& g, uint32_t k) {
 __device__ __forceinline__ uint32_t to_bf16(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
 
 
-template <int K, int N, int NB, bool FULL = false>
+template <KernelKind K, int N, int NB, bool FULL = false>
 __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                               int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
                                               int valid, bool codes);
 
 // Encodes N consecutive elements of row r from column c0 with block parameters
 // bp (one per element via bidx), writes every requested output. FM != none:
-// the caller guarantees that mode (rn / rs, with a kind K != 0 and not the
+// the caller guarantees that mode (rn / rs, with a kind other than runtime and not the
 // nv_noglobal rule; rs: N % 4 == 0, N <= 16 and (r * cols + c0) % 4 == 0), and
 // only that mode's code is compiled. FULL: as store_outputs'.
-template <int K, int N, int NB, Fast FM = Fast::none, bool FULL = false>
+template <KernelKind K, int N, int NB, Fast FM = Fast::none, bool FULL = false>
 __device__ __forceinline__ void encode_and_store(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                  int64_t c0, const float (&v)[N], const BlockParams (&bp)[NB],
                                                  int valid) {
@@ -167,7 +167,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   if constexpr (value_form(FM)) {
     // The BF16 operand straight from each element's rounded value (no code,
     // no decode: e2m1_rn_value_bits / e2m1_rs_value_bits, and for E4M3 / E5M2
-    // (kinds 3, 4; rn, saturating) rn_sat_value_bits), in groups of G elements
+    // (the e4m3, e5m2 kinds; rn, saturating) rn_sat_value_bits), in groups of G elements
     // (a Philox group with SR). A group holding a NaN product takes the code
     // path (E2M1 maps NaN to +6, whatever its sign). E2M1 values (at most 2
     // significant bits) times a UE4M3 or E8M0 scale are exact in BF16 wherever
@@ -175,13 +175,13 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
     // which store_outputs' rounding gives; FP8 values (up to 4 significant
     // bits) times an E8M0 scale can fall below BF16's subnormal quantum: rounded.
     constexpr bool sr = value_form_sr(FM), div = value_form_div(FM);
-    constexpr bool e2m1 = K == 1 || K == 2;
-    static_assert(!div || K == 1);
+    constexpr bool e2m1 = e2m1_kind(K);
+    static_assert(!div || K == KernelKind::nvfp4);
     // SR with N == 2 (the [32,1] column kernels' 2-column strips): the run
     // starts on an even element index (the caller's fast_rs_applies: cols % 4
     // == 0, even c0), so it lies in one Philox group.
     constexpr int G = N < 4 ? N : 4;
-    static_assert(K >= 1 && K <= 4 && N % G == 0 && (!sr || (e2m1 && (G == 4 || G == 2) && N <= 16)));
+    static_assert(K != KernelKind::runtime && N % G == 0 && (!sr || (e2m1 && (G == 4 || G == 2) && N <= 16)));
     auto operand_bits = [](float value, float scale) {
       return e2m1 ? float_bits(value * scale) >> 16 : to_bf16(value * scale);
     };
@@ -226,16 +226,16 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   // One branch per thread, each mode's loop contiguous in the binary (an
   // element loop with the modes interleaved thrashed the instruction cache).
   static_assert(FM == Fast::none || value_form(FM) ||  // (returned above)
-                (K != 0 && (FM == Fast::rn || (N % 4 == 0 && N <= 16))));
+                (K != KernelKind::runtime && (FM == Fast::rn || (N % 4 == 0 && N <= 16))));
   // The rn and SR branches serve either rule: fp4-trainkit's nv_noglobal
   // (eq. 3) divides by the block scale (encode_element_rt), the others multiply.
   const bool div = FM == Fast::none && p.rule == ScaleRule::nv_noglobal;
   auto operand = [&](float x, float mult) { return div ? x / mult : x * mult; };
-  if (FM == Fast::rn || (FM == Fast::none && K != 0 && p.round == Round::rn)) {
+  if (FM == Fast::rn || (FM == Fast::none && K != KernelKind::runtime && p.round == Round::rn)) {
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, operand(v[j], bp[j * NB / N].mult), p.overflow);
   } else if (FM == Fast::rs ||
-             (FM == Fast::none && K != 0 && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0)) {
+             (FM == Fast::none && K != KernelKind::runtime && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0)) {
     // Up to 4 Philox groups unrolled (branch-free encode_rs_f32: about 1000
     // instructions), so that nothing is indexed at run time (local memory).
 #pragma unroll
@@ -245,7 +245,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       for (int k = 0; k < 4; ++k)
         code[4 * q + k] = encode_rs<K>(f, operand(v[4 * q + k], bp[(4 * q + k) * NB / N].mult), p.overflow, grp.v[k]);
     }
-  } else if (K != 0 && p.round == Round::rs && N < 4) {
+  } else if (K != KernelKind::runtime && p.round == Round::rs && N < 4) {
     // Runs shorter than a Philox group (the [32,1] column kernels' 2-column
     // strips): the one or two groups the run touches, not one per element.
     const uint64_t g0 = uint64_t(base) >> 2;
@@ -258,7 +258,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       const uint32_t rb = pick((idx >> 2) == g0 ? ga : gb, uint32_t(idx & 3u));
       code[j] = encode_rs<K>(f, operand(v[j], bp[j * NB / N].mult), p.overflow, rb);
     }
-  } else if (K != 0 && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
+  } else if (K != KernelKind::runtime && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
     // A rolled loop over Philox groups for longer runs: fully unrolled, the SR
     // path was too large for the instruction cache. vs/ms/cs are indexed at
     // run time (local memory).
@@ -292,17 +292,17 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
 }
 
 // The FP32 dequantized values of N codes: (decode(code) * scale) * g_dec.
-template <int K, int N, int NB>
+template <KernelKind K, int N, int NB>
 __device__ __forceinline__ void dequant_f32(const Format& f, const NvGlobal& g, const uint32_t (&code)[N],
                                             const BlockParams (&bp)[NB], float (&d)[N]) {
 #pragma unroll
   for (int j = 0; j < N; ++j) d[j] = (decode_elem<K>(f, code[j]) * bp[j * NB / N].scale) * g.g_dec;
 }
 // The BF16 output bits of N codes (QuantOutputs::dequant_bf16).
-template <int K, int N, int NB>
+template <KernelKind K, int N, int NB>
 __device__ __forceinline__ void dequant_bf16(const QuantOutputs& o, const Format& f, const NvGlobal& g,
                                              const uint32_t (&code)[N], const BlockParams (&bp)[NB], uint32_t (&h)[N]) {
-  if (K == 1 && o.bf16_gemm_operand) {
+  if (K == KernelKind::nvfp4 && o.bf16_gemm_operand) {
     // e2m1 x ue4m3 is exact in BF16 (<= 5 significant bits, 2^-10..2688),
     // and rounding an exactly representable value is truncation.
 #pragma unroll
@@ -318,7 +318,7 @@ __device__ __forceinline__ void dequant_bf16(const QuantOutputs& o, const Format
 
 // Every requested output of N consecutive element codes of row r from column
 // c0 (the codes themselves only if `codes`).
-template <int K, int N, int NB, bool FULL>
+template <KernelKind K, int N, int NB, bool FULL>
 __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                               int64_t c0, const uint32_t (&code)[N], const BlockParams (&bp)[NB],
                                               int valid, bool codes) {

@@ -17,10 +17,10 @@ namespace fp4lab::cuda::qk {
 // instructions a row of 4 elements went to re-testing the output pointers and
 // the code layout). words[rr]: row rr's 4 codes (E2M1, < 16) as bytes,
 // pack_codes4<false>'s (one register a row, not four).
-template <int K, int R>
+template <KernelKind K, int R>
 __device__ __forceinline__ void store_strip_full(const KParams& p, const Format& f, const NvGlobal& g, int64_t r0,
                                                  int64_t c0, const uint32_t (&words)[R], const BlockParams (&bp)[4]) {
-  static_assert(K == 1 || K == 2);
+  static_assert(e2m1_kind(K));
   const QuantOutputs& o = p.out;
   // Row rr of an output at its strip's base plus rr times its row pitch, the
   // product in 32 bits (a whole tensor holds fewer than 2^31 elements): one
@@ -107,19 +107,19 @@ __device__ __forceinline__ uint32_t e2m1_rn_bytes4(const float (&v)[4], const fl
   return w | ((top_bytes4(yb[0], yb[1], yb[2], yb[3]) >> 4) & 0x08080808u);
 }
 
-// How kind K's codes pack into 32-bit words (K 1-4): FP4 8 nibbles a word,
+// How kind K's codes pack into 32-bit words (every kind but runtime): FP4 8 nibbles a word,
 // element 0 in the low nibble; FP8 4 bytes.
-template <int K>
+template <KernelKind K>
 struct CodeWords {
-  static_assert(K >= 1 && K <= 4);
-  static constexpr bool fp4 = K == 1 || K == 2;
+  static_assert(K != KernelKind::runtime);
+  static constexpr bool fp4 = e2m1_kind(K);
   static constexpr int per_word = fp4 ? 8 : 4, bits = 32 / per_word;
 };
 
 // The codes of N consecutive elements of row r from column c0, packed in
 // words w as the output's layout has them (CodeWords), stored, then every other requested
 // output (encode_store_rn_fast, encode_store_rs_fast).
-template <int K, int N, bool FULL>
+template <KernelKind K, int N, bool FULL>
 __device__ __forceinline__ void store_code_words(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                  int64_t c0, const uint32_t (&w)[N / CodeWords<K>::per_word],
                                                  const BlockParams (&bp)[1], int valid) {
@@ -164,13 +164,13 @@ __device__ __forceinline__ void store_code_words(const KParams& p, const Format&
 // integer multiply-adds (the FMA pipe: the integer ALU pipe is what bounds
 // these kernels); the sign bits of a word at once by byte permutes. Equal to
 // encode_rn_f32<F>() of x * mult for non-NaN products (rn_fast_block()).
-template <int K, int N, bool FULL = false>
+template <KernelKind K, int N, bool FULL = false>
 __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                      int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
                                                      int valid) {
   constexpr bool fp4 = CodeWords<K>::fp4;
   constexpr int per_word = CodeWords<K>::per_word, bits = CodeWords<K>::bits;
-  static_assert(K >= 1 && K <= 4 && N % per_word == 0);
+  static_assert(K != KernelKind::runtime && N % per_word == 0);
   // E2M1: the words start at minus kE2m1MagnitudeBase in every nibble.
   constexpr uint32_t init = fp4 ? 0u - kE2m1MagnitudeBase * 0x11111111u : 0u;
   constexpr Format F = kind_format<K>();
@@ -205,7 +205,7 @@ __device__ __forceinline__ void encode_store_rn_fast(const KParams& p, const For
 // The rn codes and outputs of one block of a fast_rn_applies() kind (amax:
 // the block's amax bits): encode_store_rn_fast, or for a block with NaN or Inf
 // (or a non-finite multiplier) core's encode_rn_f32 per element.
-template <int K, int N, bool FULL = false>
+template <KernelKind K, int N, bool FULL = false>
 __device__ __forceinline__ void encode_store_rn(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                 int64_t c0, const float (&v)[N], const BlockParams (&bp)[1], int valid,
                                                 uint32_t amax) {
@@ -224,7 +224,7 @@ __device__ __forceinline__ void encode_store_rn(const KParams& p, const Format& 
 // signs gathered by byte permutes (encode_store_rn_fast's way): no per-element
 // NaN select or sign shift (the integer ALU pipe bounds these kernels); other
 // blocks and kinds core's encode_rs_f32 per element.
-template <int K, int N, bool FULL = false>
+template <KernelKind K, int N, bool FULL = false>
 __device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                      int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
                                                      int valid, uint32_t amax) {

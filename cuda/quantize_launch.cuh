@@ -8,7 +8,7 @@
 // error.
 //
 // Grouping rule of inst/: every file that instantiates a compile-time kind
-// (1-4) also holds kernels of other element or scale formats (the runtime
+// (any but KernelKind::runtime) also holds kernels of other element or scale formats (the runtime
 // kind, or another kind), so that the out-of-line block_params_rt /
 // encode_element_rt are called with different formats within the unit: alone,
 // one kind lets cicc specialise their interface to its constant formats, which
@@ -17,20 +17,22 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/quantize_plan.hpp"
+
 namespace fp4lab::cuda::qk {
 
 struct KParams;
 
 // Row blocks [1,BC] (BC 16 or 32), kind K (0 runtime formats; 1-4 the
 // compile-time kinds, quantize_kernels.cuh), RHT of each block (BC 16).
-template <class In, int BC, int K, bool RHT>
+template <class In, int BC, KernelKind K, bool RHT>
 void rows_launch(const KParams& p, cudaStream_t st);
 // The RHT amax pass of [1,16] blocks: the transformed tensor's amax into *p.gamax.
 template <class In>
 void rows_amax_launch(const KParams& p, cudaStream_t st);
 
 // Column blocks [BR,1] (BR 16 or 32), kind K, RHT down each column (BR 16).
-template <class In, int BR, int K, bool RHT>
+template <class In, int BR, KernelKind K, bool RHT>
 void cols_launch(const KParams& p, cudaStream_t st);
 // The RHT amax pass of [16,1] blocks.
 template <class In>

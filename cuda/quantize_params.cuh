@@ -14,6 +14,7 @@
 #include "cuda/amax_device.cuh"
 #include "cuda/fast_div.hpp"
 #include "cuda/quantize.hpp"
+#include "cuda/quantize_plan.hpp"
 #include "sim/rht.hpp"
 #include "sim/scale_rules.hpp"
 
@@ -59,45 +60,37 @@ struct KParams {
 
 __device__ __forceinline__ uint32_t umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
-// Compile-time formats of the hot quantizers ("kinds"); the rest is runtime.
-//   0 runtime element and scale     1 e2m1 + ue4m3 (NVFP4)     2 e2m1 + runtime scale (MXFP4...)
-//   3 e4m3fn + runtime scale        4 e5m2 + runtime scale
-// kind_format<K>() is kind K's element format (K != 0): the one place that maps
-// a kind to it; the codec helpers below take it as a template argument.
-template <int K>
+// The compile-time formats of kernel kind K (KernelKind, quantize_plan.hpp).
+// kind_format<K>() is kind K's element format (K != runtime): the one place
+// that maps a kind to it; the codec helpers take it as a template argument.
+template <KernelKind K>
 FP4LAB_HD constexpr const Format& kind_format() {
-  static_assert(K >= 1 && K <= 4, "kind 0 has a run-time format");
-  if constexpr (K == 1 || K == 2) {
+  static_assert(K != KernelKind::runtime, "the runtime kind has a run-time format");
+  if constexpr (e2m1_kind(K)) {
     return float4_e2m1fn;
-  } else if constexpr (K == 3) {
+  } else if constexpr (K == KernelKind::e4m3) {
     return float8_e4m3fn;
   } else {
     return float8_e5m2;
   }
 }
-template <int K>
+template <KernelKind K>
 __device__ __forceinline__ Format kind_elem(const KParams& p) {
-  if constexpr (K != 0) {
+  if constexpr (K != KernelKind::runtime) {
     constexpr Format f = kind_format<K>();
     return f;
   } else {
     return p.elem;
   }
 }
-template <int K>
+template <KernelKind K>
 __device__ __forceinline__ Format kind_scale(const KParams& p) {
-  if constexpr (K == 1) {
+  if constexpr (K == KernelKind::nvfp4) {
     constexpr Format f = ufloat8_e4m3;
     return f;
   } else {
     return p.sfmt;
   }
-}
-inline int kind_of(const QuantizerSpec& q) {
-  if (q.element == &float4_e2m1fn) return q.scale == &ufloat8_e4m3 ? 1 : 2;
-  if (q.element == &float8_e4m3fn) return 3;
-  if (q.element == &float8_e5m2) return 4;
-  return 0;
 }
 
 // Does p's tensor hold fewer than 2^31 elements (every FULL form's host
@@ -107,14 +100,14 @@ inline bool index32_fits(const KParams& p) { return p.rows * p.cols < (int64_t(1
 // The fast forms of a kernel (template argument): none (every mode), rn, rs
 // (the row kernels' encode_store_rn / encode_store_rs_fast; encode_and_store's
 // FM), rn_bf16 / rs_bf16 (rn / rs, E2M1 elements with UE4M3 or E8M0 scales
-// (kinds 1, 2), rn_bf16 also E4M3 / E5M2 (kinds 3, 4, saturating), and the
+// (nvfp4, e2m1 kinds), rn_bf16 also E4M3 / E5M2 (e4m3, e5m2, saturating), and the
 // one element output is the BF16 GEMM operand: the trainer's;
 // encode_and_store only). A kernel compiled for one fast form holds none of
 // the other modes' code, so that its register count, and with it its
 // occupancy, is its own.
 enum class Fast { none, rn, rs, rn_bf16, rs_bf16, rn_bf16_div, rs_bf16_div };
 // The value forms; _div: fp4-trainkit's nv_noglobal rule (x / scale; E2M1 with
-// UE4M3 scales, kind 1), which the other fast forms exclude.
+// UE4M3 scales, the nvfp4 kind), which the other fast forms exclude.
 FP4LAB_HD constexpr bool value_form(Fast fm) {
   return fm == Fast::rn_bf16 || fm == Fast::rs_bf16 || fm == Fast::rn_bf16_div || fm == Fast::rs_bf16_div;
 }
@@ -128,11 +121,11 @@ inline bool bf16_operand_only(const KParams& p) {
   return o.dequant_bf16 && o.bf16_gemm_operand && !o.codes && !o.dequant;
 }
 
-// Kinds with a fast rn path (encode_store_rn_fast): E2M1 (1, 2) under either
-// policy (it always saturates), E4M3FN / E5M2 (3, 4) when saturating.
-inline bool fast_rn_applies(int kind, const KParams& p) {
-  return kind >= 1 && kind <= 4 && p.round == Round::rn && p.rule != ScaleRule::nv_noglobal &&
-         (kind <= 2 || p.overflow == Overflow::saturate);
+// Kinds with a fast rn path (encode_store_rn_fast): E2M1 (nvfp4, e2m1) under
+// either policy (it always saturates), E4M3FN / E5M2 when saturating.
+inline bool fast_rn_applies(KernelKind kind, const KParams& p) {
+  return kind != KernelKind::runtime && p.round == Round::rn && p.rule != ScaleRule::nv_noglobal &&
+         (e2m1_kind(kind) || p.overflow == Overflow::saturate);
 }
 // Are the input and every requested output of p 16-byte aligned?
 inline bool bases_aligned16(const KParams& p) {
@@ -162,11 +155,11 @@ inline KParams full_params(const KParams& p, int64_t units, int64_t per_row) {
   return f;
 }
 
-// Kinds with a fast SR path (encode_store_rs_fast): 1-4 under rs (not the
+// Kinds with a fast SR path (encode_store_rs_fast): all but runtime under rs (not the
 // nv_noglobal rule, which divides), on rows whose element indices keep the
 // 4-element Philox groups aligned (cols % 4 == 0).
-inline bool fast_rs_applies(int kind, const KParams& p) {
-  return kind >= 1 && kind <= 4 && p.round == Round::rs && p.rule != ScaleRule::nv_noglobal && p.cols % 4 == 0;
+inline bool fast_rs_applies(KernelKind kind, const KParams& p) {
+  return kind != KernelKind::runtime && p.round == Round::rs && p.rule != ScaleRule::nv_noglobal && p.cols % 4 == 0;
 }
 
 // How many blocks of kThreads threads (no dynamic shared memory) of `kernel`
@@ -189,11 +182,15 @@ void allow_dynamic_smem(size_t bytes, const char* what) {
   check(e, what);
 }
 
-// Launchers (quantize_rows.cu, quantize_cols.cu): row blocks [1,BC] with one
-// thread per block; column blocks [BR,1] with one thread per BR x V strip.
-// amax_only: only atomicMax the (RHT-transformed) tensor amax into *p.gamax.
-void launch_rows(const KParams& p, int bc, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st);
-void launch_cols(const KParams& p, int br, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st);
+// Launchers (quantize_rows.cu, quantize_cols.cu) of a plan's row blocks
+// [1,bc] (one thread per block) or column blocks [br,1] (one thread per
+// br x V strip) of kind `kind`; the _amax forms: the RHT amax pass of [1,16] /
+// [16,1] blocks, which only atomicMax the transformed tensor's amax into
+// *p.gamax (finished by p.fin).
+void launch_rows(const KParams& p, int bc, bool rht, KernelKind kind, InputType in, cudaStream_t st);
+void launch_cols(const KParams& p, int br, bool rht, KernelKind kind, InputType in, cudaStream_t st);
+void launch_rows_amax(const KParams& p, InputType in, cudaStream_t st);
+void launch_cols_amax(const KParams& p, InputType in, cudaStream_t st);
 // quantize_dual.cu: pr ([1,16] blocks) and pc ([16,1] blocks, RHT when rht)
 // of the same input in one pass; amax_only: both tensor amaxes (pc's of the
 // RHT output) into pr.gamax / pc.gamax, finished by pr.fin / pc.fin.

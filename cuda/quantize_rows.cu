@@ -1,6 +1,8 @@
-// Dispatch of the row-block kernels ([1,16] and [1,32] blocks): the launcher
-// of the block width, kind, RHT and input type. The kernels live in
-// quantize_rows.cuh, compiled in cuda/inst/rows*.cu.
+// Dispatch of the row-block kernels ([1,16] and [1,32] blocks): a plan's
+// (quantize_plan.hpp) block size, kind, RHT and input type to their launcher.
+// The plan has already reduced the kind to one these kernels have (no other
+// choice is made here); the kernels live in quantize_rows.cuh, compiled in
+// cuda/inst/rows*.cu.
 #include "cuda/quantize_kernels.cuh"
 #include "cuda/quantize_launch.cuh"
 
@@ -8,33 +10,40 @@ namespace fp4lab::cuda::qk {
 namespace {
 
 template <class In>
-void dispatch(const KParams& p, int bc, bool rht, int kind, bool amax_only, cudaStream_t st) {
-  if (amax_only) return rows_amax_launch<In>(p, st);
+void dispatch(const KParams& p, int bc, bool rht, KernelKind kind, cudaStream_t st) {
+  using enum KernelKind;
   if (bc == 16) {
     if (rht) {
-      if (kind == 1) return rows_launch<In, 16, 1, true>(p, st);
-      return rows_launch<In, 16, 0, true>(p, st);
+      if (kind == nvfp4) return rows_launch<In, 16, nvfp4, true>(p, st);
+      return rows_launch<In, 16, runtime, true>(p, st);
     }
-    if (kind == 1) return rows_launch<In, 16, 1, false>(p, st);
-    if (kind == 2) return rows_launch<In, 16, 2, false>(p, st);
-    return rows_launch<In, 16, 0, false>(p, st);
+    if (kind == nvfp4) return rows_launch<In, 16, nvfp4, false>(p, st);
+    if (kind == e2m1) return rows_launch<In, 16, e2m1, false>(p, st);
+    return rows_launch<In, 16, runtime, false>(p, st);
   }
   switch (kind) {
-    case 1: return rows_launch<In, 32, 1, false>(p, st);
-    case 2: return rows_launch<In, 32, 2, false>(p, st);
-    case 3: return rows_launch<In, 32, 3, false>(p, st);
-    case 4: return rows_launch<In, 32, 4, false>(p, st);
-    default: return rows_launch<In, 32, 0, false>(p, st);
+    case nvfp4: return rows_launch<In, 32, nvfp4, false>(p, st);
+    case e2m1: return rows_launch<In, 32, e2m1, false>(p, st);
+    case e4m3: return rows_launch<In, 32, e4m3, false>(p, st);
+    case e5m2: return rows_launch<In, 32, e5m2, false>(p, st);
+    default: return rows_launch<In, 32, runtime, false>(p, st);
   }
 }
 
 }  // namespace
 
-void launch_rows(const KParams& p, int bc, bool rht, int kind, InputType in, bool amax_only, cudaStream_t st) {
+void launch_rows(const KParams& p, int bc, bool rht, KernelKind kind, InputType in, cudaStream_t st) {
   if (in == InputType::bf16)
-    dispatch<uint16_t>(p, bc, rht, kind, amax_only, st);
+    dispatch<uint16_t>(p, bc, rht, kind, st);
   else
-    dispatch<float>(p, bc, rht, kind, amax_only, st);
+    dispatch<float>(p, bc, rht, kind, st);
+}
+
+void launch_rows_amax(const KParams& p, InputType in, cudaStream_t st) {
+  if (in == InputType::bf16)
+    rows_amax_launch<uint16_t>(p, st);
+  else
+    rows_amax_launch<float>(p, st);
 }
 
 }  // namespace fp4lab::cuda::qk

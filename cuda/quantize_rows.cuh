@@ -17,7 +17,7 @@ namespace rows_detail {
 // Everything after the load for one block (row r, block blk, columns c0 ..
 // c0 + valid - 1, values v; the thread's formats and NvGlobal): (RHT,) amax,
 // block parameters, codes, outputs. FULL: see row_kernel.
-template <int BC, int K, bool RHT, Fast FM, bool FULL = false>
+template <int BC, KernelKind K, bool RHT, Fast FM, bool FULL = false>
 __device__ __forceinline__ void row_block(const KParams& p, const Format& f, const Format& sf, const NvGlobal& g,
                                           int64_t r, int64_t blk, float (&v)[BC], int valid) {
   if constexpr (RHT) {
@@ -53,13 +53,13 @@ constexpr int row_min_blocks() {
 // One thread per BPT consecutive blocks of a row (BPT > 1: more bytes in
 // flight per thread where one block is only 32 bytes of BF16).
 // FM: the fast form (Fast) of a quantizer that fast_rn_applies() or
-// fast_rs_applies() to (kinds 1-4), Fast::none for every other.
+// fast_rs_applies() to (every kind but runtime), Fast::none for every other.
 // FULL (with a fast form; full_spans_apply()): every thread's BPT blocks are whole
 // and its loads and stores 16-byte aligned, and the tensor has fewer than 2^31
 // elements: 32-bit index arithmetic, the row of a thread by FastDivU31, no
 // bounds or alignment checks. The per-thread and per-block bookkeeping is a
 // large part of these kernels' instructions from BF16.
-template <class In, int BC, int K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, int BPT = 1, bool FULL = false>
+template <class In, int BC, KernelKind K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, int BPT = 1, bool FULL = false>
 __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FM, BPT>()) row_kernel(const KParams p) {
   if constexpr (FULL) {
     static_assert(FM != Fast::none && !AMAX_ONLY);
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FM, BPT>()) r
   }
 }
 
-template <class In, int BC, int K, bool RHT, bool AMAX, Fast FM = Fast::none, int BPT = 1, bool FULL = false>
+template <class In, int BC, KernelKind K, bool RHT, bool AMAX, Fast FM = Fast::none, int BPT = 1, bool FULL = false>
 void go(const KParams& p, cudaStream_t st) {
   const int64_t threads = p.rows * ((p.nbc + BPT - 1) / BPT);
   const int64_t blocks = (threads + kThreads - 1) / kThreads;
@@ -127,7 +127,7 @@ void go(const KParams& p, cudaStream_t st) {
 }
 
 // Kind K's FM form, FULL where full_spans_apply() to BPT blocks per thread.
-template <class In, int BC, int K, bool RHT, Fast FM, int BPT>
+template <class In, int BC, KernelKind K, bool RHT, Fast FM, int BPT>
 void go_fast(const KParams& p, cudaStream_t st) {
   if (full_spans_apply(p, BPT * BC))
     return go<In, BC, K, RHT, false, FM, BPT, true>(full_params(p, p.rows * (p.nbc / BPT), p.nbc / BPT), st);
@@ -136,14 +136,14 @@ void go_fast(const KParams& p, cudaStream_t st) {
 
 // Kind K's kernel: its rn form (two 16-element blocks per thread from BF16)
 // or SR form where the quantizer allows, else the form of every mode.
-template <class In, int BC, int K, bool RHT>
+template <class In, int BC, KernelKind K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr int bpt = BC == 16 && sizeof(In) == 2 ? 2 : 1;
   // The value forms where the one output is the BF16 GEMM operand (rs_bf16: E2M1 only;
   // the _div forms: nv_noglobal, which the other fast forms exclude).
-  constexpr bool e2m1 = K == 1 || K == 2;
+  constexpr bool e2m1 = e2m1_kind(K);
   const bool values = bf16_operand_only(p);
-  if constexpr (K == 1) {
+  if constexpr (K == KernelKind::nvfp4) {
     if (values && p.rule == ScaleRule::nv_noglobal) {
       if (p.round == Round::rn) return go_fast<In, BC, K, RHT, Fast::rn_bf16_div, bpt>(p, st);
       if constexpr (BC == 16)
@@ -164,18 +164,18 @@ void go_kind(const KParams& p, cudaStream_t st) {
 
 }  // namespace rows_detail
 
-template <class In, int BC, int K, bool RHT>
+template <class In, int BC, KernelKind K, bool RHT>
 void rows_launch(const KParams& p, cudaStream_t st) {
   using namespace rows_detail;
-  if constexpr (K == 0)
-    go<In, BC, 0, RHT, false>(p, st);
+  if constexpr (K == KernelKind::runtime)
+    go<In, BC, KernelKind::runtime, RHT, false>(p, st);
   else
     go_kind<In, BC, K, RHT>(p, st);
 }
 
 template <class In>
 void rows_amax_launch(const KParams& p, cudaStream_t st) {
-  rows_detail::go<In, 16, 0, true, true>(p, st);  // only RHT needs its own amax pass
+  rows_detail::go<In, 16, KernelKind::runtime, true, true>(p, st);  // only RHT needs its own amax pass
 }
 
 }  // namespace fp4lab::cuda::qk

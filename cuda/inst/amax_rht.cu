@@ -1,6 +1,6 @@
 // Explicit instantiations: the RHT amax passes of [1,16] and [16,1] blocks (the transformed tensor's amax), FP32
-// and BF16 input, together so that the amax helpers' shared variables stay module-wide as before the split.
-// Kernels: quantize_rows.cuh, quantize_cols.cuh.
+// and BF16 input, together so that the amax helpers' shared variables stay module-wide as in one unit of several
+// kernels. Kernels: quantize_rows.cuh, quantize_cols.cuh.
 #include "cuda/quantize_cols.cuh"
 #include "cuda/quantize_rows.cuh"
 

@@ -1,10 +1,11 @@
-// Explicit instantiations, BF16 input: the [16,1] column kernels with the RHT down each column: kind 1 (NVFP4)
-// and the runtime kind. Kernels: quantize_cols.cuh; dispatch: quantize_cols.cu; grouping: quantize_launch.cuh.
+// Explicit instantiations, BF16 input: the [16,1] column kernels with the RHT down each column: the nvfp4 and
+// runtime kinds (KernelKind, quantize_plan.hpp). Kernels: quantize_cols.cuh; dispatch: quantize_cols.cu;
+// grouping rule: quantize_launch.cuh.
 #include "cuda/quantize_cols.cuh"
 
 namespace fp4lab::cuda::qk {
 
-template void cols_launch<uint16_t, 16, 1, true>(const KParams&, cudaStream_t);
-template void cols_launch<uint16_t, 16, 0, true>(const KParams&, cudaStream_t);
+template void cols_launch<uint16_t, 16, KernelKind::nvfp4, true>(const KParams&, cudaStream_t);
+template void cols_launch<uint16_t, 16, KernelKind::runtime, true>(const KParams&, cudaStream_t);
 
 }  // namespace fp4lab::cuda::qk

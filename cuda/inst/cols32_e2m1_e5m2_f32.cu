@@ -1,10 +1,11 @@
-// Explicit instantiations, FP32 input: the [32,1] column kernels of kinds 2 (E2M1 with a run-time scale) and 4
-// (E5M2). Kernels: quantize_cols.cuh; dispatch: quantize_cols.cu; grouping: quantize_launch.cuh.
+// Explicit instantiations, FP32 input: the [32,1] column kernels of the e2m1 and e5m2 kinds (KernelKind,
+// quantize_plan.hpp). Kernels: quantize_cols.cuh; dispatch: quantize_cols.cu; grouping rule:
+// quantize_launch.cuh.
 #include "cuda/quantize_cols.cuh"
 
 namespace fp4lab::cuda::qk {
 
-template void cols_launch<float, 32, 2, false>(const KParams&, cudaStream_t);
-template void cols_launch<float, 32, 4, false>(const KParams&, cudaStream_t);
+template void cols_launch<float, 32, KernelKind::e2m1, false>(const KParams&, cudaStream_t);
+template void cols_launch<float, 32, KernelKind::e5m2, false>(const KParams&, cudaStream_t);
 
 }  // namespace fp4lab::cuda::qk

@@ -1,10 +1,11 @@
-// Explicit instantiations, FP32 input: the [32,1] column kernels of kind 1 (NVFP4) and of the runtime kind.
-// Kernels: quantize_cols.cuh; dispatch: quantize_cols.cu; grouping: quantize_launch.cuh.
+// Explicit instantiations, FP32 input: the [32,1] column kernels of the nvfp4 and runtime kinds (KernelKind,
+// quantize_plan.hpp). Kernels: quantize_cols.cuh; dispatch: quantize_cols.cu; grouping rule:
+// quantize_launch.cuh.
 #include "cuda/quantize_cols.cuh"
 
 namespace fp4lab::cuda::qk {
 
-template void cols_launch<float, 32, 1, false>(const KParams&, cudaStream_t);
-template void cols_launch<float, 32, 0, false>(const KParams&, cudaStream_t);
+template void cols_launch<float, 32, KernelKind::nvfp4, false>(const KParams&, cudaStream_t);
+template void cols_launch<float, 32, KernelKind::runtime, false>(const KParams&, cudaStream_t);
 
 }  // namespace fp4lab::cuda::qk

@@ -54,25 +54,13 @@ using cuda::DeviceBuffer;
 
 constexpr cudaStream_t kStream = nullptr;  // the default stream
 
-// True if quantize_device's bf16_gemm_operand output (decode(code) * block
-// scale) is exact in BF16 for this spec (see the file comment for the e8m0
-// range caveat). A quantizer-level RHT is excluded: its fake-quantized value
-// is transformed back (not a code times a scale).
-bool bf16_exact(const QuantizerSpec& q) {
-  const Format* e = q.element;
-  const bool element =
-      e == &float4_e2m1fn || e == &float6_e2m3fn || e == &float6_e3m2fn || e == &float8_e4m3fn || e == &float8_e5m2;
-  const bool scale = q.scale == &float8_e8m0fnu || q.scale == &ufloat8_e4m3;
-  return element && scale && !q.rht;
-}
+// cuda/quantize.hpp's bf16_exact (see the file comment for the e8m0 range caveat).
+using cuda::bf16_exact;
 
 // The wgrad RHT runs along columns (chunks of 16 rows): with [16,1] blocks it
 // is the quantizer's own RHT (the same chunks, sim's rht16_forward, the same
 // signs), fused into the quantization kernels, whose amax pass transforms too.
-bool rht_foldable(const OperandPlan& p) {
-  return p.rht && p.quantizer && bf16_exact(*p.quantizer) && p.quantizer->block_rows == 16 &&
-         p.quantizer->block_cols == 1;
-}
+bool rht_foldable(const OperandPlan& p) { return p.rht && p.quantizer && cuda::rht_foldable(*p.quantizer); }
 
 // The one quantizer spec equivalent to plan p (its RHT folded in), when p is a
 // BF16-exact quantization of its source with nothing else before it.
