@@ -26,9 +26,8 @@ FP4LAB_HD constexpr int rows_a_thread(int br, bool split) { return split ? br / 
 // kernel holds no other mode's code. FULL (with a fast form, V == 4, or a
 // value form, V == 2; cols_full_apply()): every strip whole, bases 16-byte
 // aligned, fewer than 2^31 elements: the strip of a thread by FastDivU31, no
-// per-row bounds checks, each row's codes (values) one store (measured from
-// FP32 [16,1] rn + RHT, ncu: 6.5 ISETP and 4 branch instructions per element
-// went to the checks).
+// per-row bounds checks, each row's codes (values) one store (the checks are
+// otherwise several integer and branch instructions per element).
 // SPLIT (the FULL [32,1] value forms; go_fast()): two threads a strip,
 // lanes l and l + 16 of a warp, each loading and encoding 16 of its 32 rows,
 // the two halves' amaxes combined by a shuffle: half the registers a thread.
@@ -187,9 +186,8 @@ inline bool cols_full_apply(const KParams& p, int br, int v) {
 }
 
 // FULL where it applies: 4-column strips in every fast form, 2-column strips
-// (the [32,1] MX kernels) in the value forms (the trainer's wgrad operands:
-// ncu, mxfp8 training, 16384 x 384 FP32 and the like: 3.8 ms a step in the
-// checked form, a quarter of the step's kernel time).
+// (the [32,1] MX kernels) in the value forms (the trainer's wgrad operands,
+// where the checked form's bookkeeping dominates the kernel).
 template <class In, int BR, int V, KernelKind K, bool RHT, Fast FM>
 void go_fast(const KParams& p, cudaStream_t st) {
   if constexpr (split_form(BR, RHT, FM)) {

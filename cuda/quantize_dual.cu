@@ -17,8 +17,7 @@ namespace fp4lab::cuda::qk {
 namespace {
 
 // The encodes are rolled over the 16 rows (one Philox group per row with SR):
-// unrolled, two operands' code overflows the instruction cache (measured: the
-// unrolled rn form ran 1.7x slower than the two single-operand kernels). The
+// unrolled, two operands' code overflows the instruction cache. The
 // rolled loop reads its row from shared memory, laid out [row][thread] so that
 // a warp's accesses are contiguous: a run-time indexed register array would
 // live in local memory, which at this occupancy spills out of L1.
@@ -54,8 +53,7 @@ template <class In, bool RHT, Fast FM = Fast::none>
 __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
   constexpr KernelKind K = KernelKind::nvfp4;  // e2m1 elements, ue4m3 scales (checked on the host)
   // The row loops below: 4 rows an iteration with SR (four independent Philox
-  // chains: 3% faster than 1 at 8192^2 from f32), 1 otherwise (2 and 4 were no
-  // faster for rn, and 4 slower from BF16).
+  // chains in flight), 1 otherwise (rn gains nothing from more).
   constexpr int kRowUnroll = FM == Fast::rs || FM == Fast::rs_bf16 ? 4 : 1;
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t ngroups = pr.cols / 4, nstrips = pr.rows / 16;  // both multiples of 16 (host)
@@ -166,10 +164,9 @@ void go(const KParams& pr, const KParams& pc, cudaStream_t st) {
 // columns (V = 4 / sizeof(In): one 4-byte load per row, a warp reading 128
 // contiguous bytes of it), the grid persistent over the strips: the next
 // strip's loads are in flight while this one is reduced (one strip a thread
-// at once left the SMs waiting on L2 first and issuing after: 14.4 us for a
-// 16384 x 384 f32 tensor at IPC 1.2). The strips go from the tensor's end to
-// its start, so that the quantization pass that follows finds its first
-// bytes in L2. The amaxes are strip_amaxes' (amax_device.cuh: the RHT's
+// at once leaves the SMs waiting on L2 first and issuing after). The strips go
+// from the tensor's end to its start, so that the quantization pass that
+// follows finds its first bytes in L2. The amaxes are strip_amaxes' (amax_device.cuh: the RHT's
 // final quarter applied once, to this thread's largest |t|).
 template <class In, bool RHT>
 __global__ void __launch_bounds__(kThreads, 4) dual_amax_kernel(const KParams pr, const KParams pc) {

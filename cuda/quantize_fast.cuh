@@ -13,9 +13,8 @@ namespace fp4lab::cuda::qk {
 
 // Every requested output of a whole R-row strip of 4 columns from (r0, c0)
 // (the FULL column kernels' rn form), output by output: each output's check
-// once per strip, not once per row (ncu, the [16,1] rn kernel from BF16: ~13
-// instructions a row of 4 elements went to re-testing the output pointers and
-// the code layout). words[rr]: row rr's 4 codes (E2M1, < 16) as bytes,
+// once per strip, not once per row (re-testing the output pointers and the
+// code layout every row is a large share of a row's instructions). words[rr]: row rr's 4 codes (E2M1, < 16) as bytes,
 // pack_codes4<false>'s (one register a row, not four).
 template <KernelKind K, int R>
 __device__ __forceinline__ void store_strip_full(const KParams& p, const Format& f, const NvGlobal& g, int64_t r0,

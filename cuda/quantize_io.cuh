@@ -94,10 +94,8 @@ __device__ __forceinline__ void load_n(const void* x, int64_t i, int valid, floa
 // load_n does row by row, except that with N == 2 or 4 a whole strip (every
 // row in range, one 4- or 8-byte load each from BF16, 8 or 16 from FP32) issues all R loads before
 // it widens any of them. load_n's widening sits inside its per-row alignment
-// branch, so a loop of load_n calls waited for each row's load before issuing
-// the next one: the column kernels ran 16 memory latencies in a row per strip
-// (ncu: a [16,1] amax pass from BF16 at IPC 1.2 and 36% of DRAM bandwidth,
-// slower than the same pass from FP32).
+// branch, so a loop of load_n calls waits for each row's load before issuing
+// the next one: 16 memory latencies in a row per strip of a column kernel.
 // FLIP: row rr's values come out with their sign bits xor'ed with flip[rr] (0
 // or 0x80000000), the RHT's exact d_i * v_i folded into the BF16 widening (one
 // shift-and-add or mask-and-xor per value either way).
@@ -195,8 +193,8 @@ __device__ __forceinline__ void store_bytes(uint8_t* dst, const uint32_t (&b)[N]
 
 // Element index of (row r, column c0). FULL forms hold fewer than 2^31
 // elements (index32_fits), so the index is formed in 32 bits, which
-// the compiler strength-reduces across a kernel's unrolled rows (the 64-bit
-// product cost ~10 integer instructions per row of a column strip).
+// the compiler strength-reduces across a kernel's unrolled rows (a 64-bit
+// product is several integer instructions per row of a column strip).
 template <bool FULL>
 __device__ __forceinline__ int64_t elem_index(const KParams& p, int64_t r, int64_t c0) {
   if constexpr (FULL) return int64_t(uint32_t(r) * uint32_t(p.cols) + uint32_t(c0));

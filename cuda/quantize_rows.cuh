@@ -42,8 +42,8 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
 }
 
 // Minimum resident blocks per SM (register cap): 4 for the fast rn kernel of
-// 16 elements per thread, 2 for 32 float32 elements or 32 SR elements (which
-// spilled under 3), else 3.
+// 16 elements per thread, 2 for 32 float32 elements or 32 SR elements (whose
+// registers spill under a cap of 3), else 3.
 template <class In, int BC, Fast FM, int BPT>
 constexpr int row_min_blocks() {
   if ((FM == Fast::rn || FM == Fast::rn_bf16 || FM == Fast::rn_bf16_div) && BC * BPT == 16) return 4;
