@@ -36,6 +36,12 @@ struct LinearContext {
   uint64_t layer_id = 0;
   uint64_t step = 0;
   std::string_view layer_name = {};  // matched against recipe->keep_high_precision
+  // False for a forward that no backward follows (evaluation): the layer
+  // keeps nothing for backward and prepares no backward operand (the wgrad
+  // operands, whose RHT needs a row count that is a multiple of 16), so a
+  // forward-only batch may have any row count. linear_backward after such a
+  // forward is an error.
+  bool backward = true;
 };
 
 // True when this layer's GEMMs are quantized (recipe set, layer not kept in

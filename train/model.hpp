@@ -62,7 +62,8 @@ struct StepContext {
   const Recipe* recipe = nullptr;  // nullptr = plain FP32
   uint64_t seed = 0;               // stochastic rounding + dropout
   uint64_t step = 0;
-  bool train = true;  // dropout on
+  bool train = true;     // dropout on
+  bool backward = true;  // a backward pass follows (Model::evaluate clears it: forward only)
 };
 
 struct LinearLayerInfo {
@@ -79,7 +80,8 @@ class Model {
   // Forward + backward: returns the mean loss; ADDS the gradients to
   // params().grads (the caller zeroes them). *correct: argmax hits (vit).
   virtual double forward_backward(const Batch& b, const StepContext& ctx, int64_t* correct) = 0;
-  // Forward only (no dropout when ctx.train is false): mean loss, hits.
+  // Forward only (no dropout when ctx.train is false; the linear layers run
+  // with LinearContext::backward false): mean loss, hits.
   virtual double evaluate(const Batch& b, const StepContext& ctx, int64_t* correct) = 0;
   virtual std::vector<LinearLayerInfo> linear_layers() const = 0;
   // Work per sample (an image or a token) for throughput figures.
@@ -104,7 +106,9 @@ class CrossEntropyModel : public Model {
     return be_.cross_entropy_finish(correct);
   }
   double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override {
-    Tensor logits = forward(b, s);
+    StepContext fwd = s;
+    fwd.backward = false;  // the layers prepare no backward operand
+    Tensor logits = forward(b, fwd);
     return be_.cross_entropy(logits, b.targets.data(), nullptr, correct);
   }
 
@@ -125,7 +129,9 @@ struct LinearLayer {
   uint64_t id = 0;
   int w = -1, b = -1;  // parameter indices (b = -1: no bias)
   std::unique_ptr<LinearState> state;
-  LinearContext context(const StepContext& s) const { return LinearContext{s.recipe, s.seed, id, s.step, name}; }
+  LinearContext context(const StepContext& s) const {
+    return LinearContext{s.recipe, s.seed, id, s.step, name, s.backward};
+  }
 };
 
 // An uninitialised [rows, cols] tensor for the op that produces the input of

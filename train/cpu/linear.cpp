@@ -52,9 +52,13 @@ void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM&
                     LinearSaved& saved) {
   check_shapes("linear_forward", x, w);
   const LinearPlan plan = linear_plan(ctx);
-  saved.x = x;
+  saved.forward_only = !ctx.backward;
   saved.x_q.resize(0, 0);
   saved.w_q.resize(0, 0);
+  if (ctx.backward)
+    saved.x = x;
+  else
+    saved.x.resize(0, 0);
   MatrixRM xq, wq;
   const MatrixRM* xa = &x;
   const MatrixRM* wa = &w;
@@ -79,12 +83,16 @@ void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM&
   }
   // wgrad_x's pre (double quantization) is Q_fwd_x(x) with fwd_x's stream: the
   // forward's fwd_x operand (a bare quantizer), kept instead of recomputed.
+  if (!ctx.backward) return;
   if (plan.operand(Operand::wgrad_x).pre) saved.x_q = std::move(xq);
   if (plan.reuse_fwd_w) saved.w_q = std::move(wq);
 }
 
 void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const MatrixRM& w, const MatrixRM& dy,
                      MatrixRM& dx, MatrixRM& dw, float* db) {
+  if (saved.forward_only)
+    throw Error("linear_backward: the forward ran with LinearContext::backward false (evaluation) and kept nothing "
+                "for a backward pass");
   check_shapes("linear_backward", saved.x, w);
   if (dy.rows() != saved.x.rows() || dy.cols() != w.rows())
     throw Error("linear_backward: dy is [" + std::to_string(dy.rows()) + ", " + std::to_string(dy.cols()) +

@@ -149,6 +149,7 @@ struct CudaLinearState final : LinearState {
   bool wx_ready = false;
   OperandPlan wx_plan;  // the plan it was computed with (backward checks its own is the same)
   Tensor wx, wx_g;
+  bool forward_only = false;  // the forward ran with ctx.backward false: nothing above is kept for backward
 };
 
 bool same_spec(const QuantizerSpec* a, const QuantizerSpec* b) { return a == b || (a && b && *a == *b); }
@@ -379,6 +380,7 @@ bool CudaLinear::reads_bf16(const LinearContext& ctx, bool grad) const { return 
 
 std::optional<AmaxRequest> CudaLinear::amax_request(const LinearContext& ctx, bool grad, int64_t rows,
                                                     int64_t cols) const {
+  if (!ctx.backward) return std::nullopt;  // a forward-only layer takes no pair path
   const LinearPlan plan = linear_plan(ctx);
   // The conditions under which forward / backward take the pair path.
   if (grad && rounds_only(plan, true)) return std::nullopt;
@@ -405,6 +407,7 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
   auto st = std::make_unique<CudaLinearState>();
   st->batch = B;
   st->in = in;
+  st->forward_only = !ctx.backward;
   DevOperand xo;
   bool wx_made = false;  // the wgrad x operand is made (st->wx_ready)
   if (rounds_only(plan, false)) {
@@ -421,6 +424,9 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
     }
     xo.bf16 = reinterpret_cast<const uint16_t*>(st->x.data);
     im.report(Operand::fwd_x, xo, B, in);
+  } else if (!ctx.backward) {
+    // Evaluation: the forward operand alone; nothing is kept for backward.
+    xo = im.prepare(plan.operand(Operand::fwd_x), x.data, B, in, im.slot[0]);
   } else {
     // A BF16 quantizer operand for wgrad (the quantized recipes) is made in
     // the forward from x and kept instead of a copy of x: together with the
@@ -463,7 +469,7 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
                /*report_now=*/false);
   }
 
-  if (plan.reuse_fwd_w && out * in > 0) {
+  if (ctx.backward && plan.reuse_fwd_w && out * in > 0) {
     // Keep Q_fwd_w(W) for dgrad (the same bits it would compute again).
     st->has_w = true;
     if (wo.is_bf16()) {
@@ -493,6 +499,9 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   const auto* stp = dynamic_cast<const CudaLinearState*>(&state);
   if (stp == nullptr) throw Error("CudaLinear::backward: `state` was not written by CudaLinear::forward");
   const CudaLinearState& st = *stp;
+  if (st.forward_only)
+    throw Error("CudaLinear::backward: the forward ran with LinearContext::backward false (evaluation) and kept "
+                "nothing for a backward pass");
   const int64_t B = st.batch, in = st.in, out = w.rows;
   if (w.cols != in)
     throw Error("CudaLinear::backward: W is " + shape(w.rows, w.cols) + " but the forward's x was " + shape(B, in) +

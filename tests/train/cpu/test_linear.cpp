@@ -440,3 +440,28 @@ TEST_CASE("linear_plan: what each operand is, per recipe") {
   // No recipe: every operand is its source.
   for (const OperandPlan& o : linear_plan(LinearContext{}).operands) CHECK_FALSE(o.changes());
 }
+
+TEST_CASE("linear: a forward-only layer (evaluation) keeps nothing; its y is the training forward's; backward refuses") {
+  const Recipe r = recipe_by_name("nvfp4");  // wgrad RHT: training batches need 16-row chunks, evaluation not
+  for (const int64_t rows : {int64_t(32), int64_t(17 * 5)}) {
+    INFO("rows ", rows);
+    std::mt19937 g(4);
+    std::normal_distribution<float> d;
+    MatrixRM x(rows, 48), w(32, 48), y_eval, y_train;
+    for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = d(g);
+    for (int64_t i = 0; i < w.size(); ++i) w.data()[i] = 0.1f * d(g);
+    LinearContext ctx{&r, 1, 2, 3, "blocks.0.mlp.fc"};
+    LinearContext eval = ctx;
+    eval.backward = false;
+    LinearSaved s_eval, s_train;
+    linear_forward(eval, x, w, nullptr, y_eval, s_eval);
+    CHECK(s_eval.forward_only);
+    CHECK(s_eval.x.size() == 0);
+    CHECK(s_eval.w_q.size() == 0);
+    linear_forward(ctx, x, w, nullptr, y_train, s_train);
+    CHECK(y_eval == y_train);
+    MatrixRM dy = MatrixRM::Constant(rows, 32, 1e-3f), dx, dw;
+    CHECK_THROWS_WITH_AS(linear_backward(eval, s_eval, w, dy, dx, dw, nullptr), doctest::Contains("kept nothing"),
+                         Error);
+  }
+}

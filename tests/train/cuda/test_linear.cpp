@@ -405,5 +405,49 @@ TEST_CASE("cuda linear: backward refuses a context other than the forward's when
   cuda::check(cudaDeviceSynchronize(), "test sync");
 }
 
+TEST_CASE("cuda linear: a forward-only layer (evaluation) takes any row count and keeps nothing for backward") {
+  // Evaluation batches need not be multiples of 16 (the ViT's 1000 images x 17
+  // tokens): the forward prepares no wgrad operand, whose RHT needs whole
+  // 16-row chunks. Its y is the training forward's y bit for bit (the same
+  // operand bits, the same GEMM), and close to the CPU's.
+  CudaLinear lin;
+  for (const char* name : {"nvfp4", "tetrajet", "mxfp8", "bf16", "fp4_all_the_way", "nvfp4_fwd_mxfp8_bwd"}) {
+    INFO(name);
+    const Recipe r = recipe_by_name(name);
+    for (const int64_t rows : {int64_t(64), int64_t(680)}) {
+      INFO("rows ", rows);
+      const Inputs t = make_inputs({rows, 64, 48}, 91);
+      Tensor x = dev_upload(t.x, t.B, t.in), w = dev_upload(t.w, t.out, t.in), y_eval, y_train;
+      LinearContext ctx{&r, 1, 2, 3, "blocks.0.mlp.fc"};
+      LinearContext eval = ctx;
+      eval.backward = false;
+      std::unique_ptr<LinearState> st_eval, st_train;
+      REQUIRE_NOTHROW(lin.forward(eval, x, w, nullptr, y_eval, st_eval, kAlloc));
+      Tensor dy = dev_upload(t.dy, t.B, t.out), dw = dev_upload(t.dw0, t.out, t.in), dx;
+      CHECK_THROWS_WITH_AS(lin.backward(eval, *st_eval, w, dy, dx, dw, nullptr, kAlloc),
+                           doctest::Contains("kept nothing"), Error);
+      cuda::check(cudaDeviceSynchronize(), "test sync");
+      const std::vector<float> ye = dev_download(y_eval.data, y_eval.size());
+      // The CPU reference forward (forward-only as well).
+      MatrixRM y_cpu;
+      LinearSaved saved;
+      linear_forward(eval, to_m(t.x, t.B, t.in), to_m(t.w, t.out, t.in), nullptr, y_cpu, saved);
+      CHECK(saved.forward_only);
+      CHECK(saved.x.size() == 0);
+      double err = 0, ref = 0;
+      for (int64_t i = 0; i < rows * t.out; ++i) {
+        err = std::max(err, std::abs(double(ye[size_t(i)]) - double(y_cpu.data()[i])));
+        ref = std::max(ref, std::abs(double(y_cpu.data()[i])));
+      }
+      CHECK(err <= 1e-4 * (1.0 + ref));
+      if (rows % 16 == 0) {
+        lin.forward(ctx, x, w, nullptr, y_train, st_train, kAlloc);
+        cuda::check(cudaDeviceSynchronize(), "test sync");
+        CHECK(same_bits(ye, dev_download(y_train.data, y_train.size())));
+      }
+    }
+  }
+}
+
 }  // namespace fp4lab::train
 
