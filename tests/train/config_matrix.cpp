@@ -1,0 +1,126 @@
+// The shipped-config matrix (config_matrix.hpp).
+#include "train/config_matrix.hpp"
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "recipes/recipe.hpp"
+#include "train/config.hpp"
+#include "train/run.hpp"
+
+namespace fp4lab::train::test {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+void be32(std::ofstream& f, uint32_t v) {
+  const char b[4] = {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+  f.write(b, 4);
+}
+
+// n MNIST-shaped images (28x28, pixel values varying with the image) and labels.
+void write_mnist_split(const fs::path& dir, const char* pre, uint32_t n) {
+  {
+    std::ofstream f(dir / (std::string(pre) + "-images-idx3-ubyte"), std::ios::binary);
+    be32(f, 0x803), be32(f, n), be32(f, 28), be32(f, 28);
+    for (uint32_t i = 0; i < n; ++i)
+      for (uint32_t p = 0; p < 784; ++p) f.put(char((i * 37 + p * (i % 7 + 1)) & 0xFF));
+  }
+  std::ofstream f(dir / (std::string(pre) + "-labels-idx1-ubyte"), std::ios::binary);
+  be32(f, 0x801), be32(f, n);
+  for (uint32_t i = 0; i < n; ++i) f.put(char(i % 10));
+}
+
+struct Fixtures {
+  fs::path root;
+  std::string text, mnist;
+  Fixtures() {
+    root = fs::temp_directory_path() / ("fp4lab_config_matrix_" + std::to_string(::getpid()));
+    fs::remove_all(root);
+    fs::create_directories(root / "mnist");
+    text = (root / "text.txt").string();
+    std::ofstream t(text);
+    const char* words[] = {"the cat sat. ", "a dog ran! ", "we sing low; ", "to be or not. "};
+    for (int i = 0; i < 800; ++i) t << words[(i * 7 + i / 3) % 4];
+    // 40 test images: an evaluation batch of 40 x 17 = 680 rows, not a
+    // multiple of 16 (as the shipped 1000 x 17).
+    write_mnist_split(root / "mnist", "train", 40);
+    write_mnist_split(root / "mnist", "t10k", 40);
+    mnist = (root / "mnist").string();
+  }
+  ~Fixtures() { fs::remove_all(root); }
+};
+
+std::vector<fs::path> shipped_configs() {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(fs::path(FP4LAB_SOURCE_DIR) / "configs"))
+    if (e.is_regular_file() && e.path().extension() == ".json") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The shipped config with the matrix's tiny overrides.
+json tiny(json j, const Fixtures& fx, const std::string& backend, int threads, const fs::path& out) {
+  const bool text = j.at("data").at("type") == "char";
+  j["data"]["path"] = text ? fx.text : fx.mnist;
+  j["data"].erase("train_limit");
+  j["data"].erase("test_limit");
+  json& t = j["training"];
+  t.erase("epochs");
+  t["steps"] = 2;
+  // Row counts of a training batch stay multiples of 16, as the wgrad RHT
+  // needs (GPT: batch x context; ViT: 16 images x 17 tokens).
+  t["batch_size"] = text ? 1 : 16;
+  t["eval_interval"] = 2;
+  t["eval_iters"] = 1;
+  t["log_interval"] = 1;
+  t["warmup_steps"] = 1;
+  t["decay_steps"] = 2;
+  if (text) j["model"]["context"] = std::min<int64_t>(j["model"].value("context", int64_t(16)), 16);
+  j["backend"] = backend;
+  j["threads"] = threads;
+  j["output"] = {{"dir", out.string()}};
+  return j;
+}
+
+}  // namespace
+
+void check_config_matrix(const std::string& backend, int threads) {
+  const Fixtures fx;
+  const std::vector<fs::path> configs = shipped_configs();
+  REQUIRE(configs.size() >= 4);  // gpt_baby, gpt_shakespeare_char, vit_mnist, vit_mnist_quick
+  for (const fs::path& path : configs) {
+    const json shipped = read_json_file(path.string());
+    for (const std::string& recipe : recipe_names()) {
+      INFO(path.filename().string(), " x ", recipe, " on ", backend);
+      json j = tiny(shipped, fx, backend, threads, fx.root / "runs");
+      j["recipe"] = recipe;
+      std::ostringstream log;
+      RunOptions opt;
+      opt.progress = false;
+      opt.log = &log;
+      RunResult r;
+      try {
+        r = run_training(config_from_json(j), opt);
+      } catch (const std::exception& e) {
+        const std::string what = std::string("the run threw: ") + e.what();
+        FAIL_CHECK(what);
+        continue;
+      }
+      CHECK(r.status == "completed");
+      const json& final_metric = r.summary["final"];
+      CHECK((final_metric.is_number() && std::isfinite(final_metric.get<double>())));
+    }
+  }
+}
+
+}  // namespace fp4lab::train::test

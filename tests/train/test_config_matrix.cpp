@@ -1,0 +1,10 @@
+// Every shipped config x every canned recipe trains and evaluates on the CPU
+// backend (config_matrix.hpp); tests/train/cuda/test_config_matrix.cpp runs the
+// same matrix on the GPU.
+#include <doctest/doctest.h>
+
+#include "train/config_matrix.hpp"
+
+TEST_CASE("shipped configs x canned recipes: 2 steps and an evaluation on the CPU") {
+  fp4lab::train::test::check_config_matrix("cpu", 2);
+}
