@@ -89,11 +89,28 @@ struct CpuLinearState : LinearState {
 
 MatrixRM to_matrix(const Tensor& t) { return ConstMap(t.data, t.rows, t.cols, Stride(t.cols)); }
 
+// The backend's OpenMP thread count for the duration of one operation (the
+// calling thread's setting is restored after it), so that two CPU backends in
+// one process each use their own. threads <= 0: OpenMP's default, untouched.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int threads) : saved_(omp_get_max_threads()), set_(threads > 0) {
+    if (set_) omp_set_num_threads(threads);
+  }
+  ~ThreadCount() {
+    if (set_) omp_set_num_threads(saved_);
+  }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int saved_;
+  bool set_;
+};
+
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) {
-    if (threads > 0) omp_set_num_threads(threads);
-  }
+  explicit CpuBackend(int threads) : threads_(threads) {}
   std::string name() const override { return "cpu"; }
 
   Tensor empty(int64_t rows, int64_t cols) override {
@@ -106,6 +123,7 @@ class CpuBackend final : public Backend {
     return t;
   }
   void fill(Tensor& t, float v) override {
+    const ThreadCount use(threads_);
     constexpr int64_t kChunk = int64_t(1) << 14;
     const int64_t n = t.size();
 #pragma omp parallel for schedule(static) if (n > kChunk)
@@ -114,10 +132,12 @@ class CpuBackend final : public Backend {
   void upload(const float* host, Tensor& t) override { std::memcpy(t.data, host, size_t(t.size()) * 4); }
   void download(const Tensor& t, float* host) override { std::memcpy(host, t.data, size_t(t.size()) * 4); }
   void copy(const Tensor& src, Tensor& dst) override {
+    const ThreadCount use(threads_);
     if (src.size() != dst.size()) throw Error("cpu backend: copy between tensors of different sizes");
     parallel_copy(dst.data, src.data, src.size());
   }
   void copy_cols(const Tensor& src, int64_t sc, Tensor& dst, int64_t dc, int64_t n) override {
+    const ThreadCount use(threads_);
     if (src.rows != dst.rows || sc + n > src.cols || dc + n > dst.cols)
       throw Error("cpu backend: copy_cols out of range");
 #pragma omp parallel for schedule(static)
@@ -126,6 +146,7 @@ class CpuBackend final : public Backend {
 
   void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state) override {
+    const ThreadCount use(threads_);
     auto st = std::make_unique<CpuLinearState>();
     MatrixRM ym;
     fp4lab::linear_forward(ctx, to_matrix(x), to_matrix(w), b, ym, st->saved);
@@ -135,6 +156,7 @@ class CpuBackend final : public Backend {
   }
   void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
                        Tensor& dx, Tensor& dw_acc, float* db_acc) override {
+    const ThreadCount use(threads_);
     const auto& st = dynamic_cast<const CpuLinearState&>(state);
     MatrixRM dxm, dwm;
     std::vector<float> db;
@@ -154,6 +176,7 @@ class CpuBackend final : public Backend {
 
   void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override {
+    const ThreadCount use(threads_);
     const int64_t n = x.rows, c = x.cols;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
@@ -176,6 +199,7 @@ class CpuBackend final : public Backend {
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
                           Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
+    const ThreadCount use(threads_);
     const int64_t n = x.rows, c = x.cols;
     if (residual) check_same("layernorm_backward residual", x, *residual);
 #pragma omp parallel for schedule(static)
@@ -207,6 +231,7 @@ class CpuBackend final : public Backend {
   // Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), with erf_f32 (erf.hpp: within
   // 3 ulp of erf, and vectorisable, unlike libm's erff).
   void gelu_forward(const Tensor& x, Tensor& y) override {
+    const ThreadCount use(threads_);
     const int64_t n = x.size();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -215,6 +240,7 @@ class CpuBackend final : public Backend {
     }
   }
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    const ThreadCount use(threads_);
     // Chunks: erf in a vectorised loop, then libm's expf (a scalar call) in a
     // second one. dx may alias dy.
     constexpr int64_t kChunk = 1024;
@@ -236,6 +262,7 @@ class CpuBackend final : public Backend {
 
   void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
                          DropoutKey key) override {
+    const ThreadCount use(threads_);
     const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
     check_attention(s, qkv);
     const uint32_t thr = dropout_threshold(s.dropout);
@@ -280,6 +307,7 @@ class CpuBackend final : public Backend {
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
                           Tensor& dqkv, DropoutKey key) override {
+    const ThreadCount use(threads_);
     const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
     check_attention(s, qkv);
     const uint32_t thr = dropout_threshold(s.dropout);
@@ -324,10 +352,17 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void dropout_forward(Tensor& x, float p, DropoutKey key) override { dropout_apply(x, p, key); }
-  void dropout_backward(Tensor& dy, float p, DropoutKey key) override { dropout_apply(dy, p, key); }
+  void dropout_forward(Tensor& x, float p, DropoutKey key) override {
+    const ThreadCount use(threads_);
+    dropout_apply(x, p, key);
+  }
+  void dropout_backward(Tensor& dy, float p, DropoutKey key) override {
+    const ThreadCount use(threads_);
+    dropout_apply(dy, p, key);
+  }
 
   void add_inplace(Tensor& y, const Tensor& x) override {
+    const ThreadCount use(threads_);
     check_same("add_inplace", y, x);
     const int64_t n = y.size();
 #pragma omp parallel for schedule(static)
@@ -336,6 +371,7 @@ class CpuBackend final : public Backend {
 
   void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,
                      Tensor& out) override {
+    const ThreadCount use(threads_);
     const int64_t C = wte.cols;
     for (int64_t i = 0; i < batch * seq; ++i)
       if (idx[i] < 0 || idx[i] >= wte.rows)
@@ -351,6 +387,7 @@ class CpuBackend final : public Backend {
   }
   void embed_backward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& dout, Tensor& dwte,
                       Tensor& dwpe) override {
+    const ThreadCount use(threads_);
     const int64_t C = dout.cols;
     // Rows in order (a scatter-add: a fixed order keeps it deterministic).
     for (int64_t i = 0; i < batch * seq; ++i) {
@@ -363,6 +400,7 @@ class CpuBackend final : public Backend {
 
   void vit_tokens_forward(const Tensor& patches, int64_t batch, const float* cls, const Tensor& pos,
                           Tensor& out) override {
+    const ThreadCount use(threads_);
     const int64_t P = patches.rows / batch, C = patches.cols, L = P + 1;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < batch * L; ++r) {
@@ -374,6 +412,7 @@ class CpuBackend final : public Backend {
     }
   }
   void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls, Tensor& dpos) override {
+    const ThreadCount use(threads_);
     const int64_t L = dout.rows / batch, P = L - 1, C = dout.cols;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < batch * P; ++r) {
@@ -384,14 +423,17 @@ class CpuBackend final : public Backend {
     column_reduce(batch, C, dcls, [&](int64_t b, int64_t c) { return dout.data[b * L * C + c]; });
   }
   void gather_rows(const Tensor& x, int64_t stride, Tensor& out) override {
+    const ThreadCount use(threads_);
     for (int64_t r = 0; r < out.rows; ++r) std::memcpy(out.row(r), x.row(r * stride), size_t(x.cols) * 4);
   }
   void scatter_rows(const Tensor& dout, int64_t stride, Tensor& dx) override {
+    const ThreadCount use(threads_);
     fill(dx, 0.0f);
     for (int64_t r = 0; r < dout.rows; ++r) std::memcpy(dx.row(r * stride), dout.row(r), size_t(dx.cols) * 4);
   }
 
   double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) override {
+    const ThreadCount use(threads_);
     const int64_t n = logits.rows, v = logits.cols;
     for (int64_t r = 0; r < n; ++r)
       if (targets[r] < 0 || targets[r] >= v)
@@ -425,6 +467,7 @@ class CpuBackend final : public Backend {
   }
 
   double sum_squares(const Tensor& g) override {
+    const ThreadCount use(threads_);
     const int64_t n = g.size(), blk = 1 << 14, nb = (n + blk - 1) / blk;
     std::vector<double> part(size_t(nb), 0.0);
 #pragma omp parallel for schedule(static)
@@ -438,12 +481,14 @@ class CpuBackend final : public Backend {
     return s;
   }
   void scale(Tensor& g, float sc) override {
+    const ThreadCount use(threads_);
     const int64_t n = g.size();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) g.data[i] *= sc;
   }
   void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
                   float b1, float b2, float eps, float wd, int64_t t) override {
+    const ThreadCount use(threads_);
     const int64_t n = p.size();
     check_ranges("cpu backend adamw_step (decayed)", decayed, n);
     const float bc1 = float(1.0 - std::pow(double(b1), double(t)));
@@ -514,6 +559,9 @@ class CpuBackend final : public Backend {
       for (int64_t c = 0; c < C; ++c) a[c] += float(s[size_t(c)]);
     }
   }
+
+ private:
+  int threads_ = 0;  // OpenMP threads of every operation (<= 0: the default)
 };
 
 }  // namespace
