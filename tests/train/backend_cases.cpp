@@ -46,26 +46,6 @@ std::string cat(const A&... a) {
   return s.str();
 }
 
-// Normal draws (never exactly zero) times s, plus `shift`.
-std::vector<float> randv(size_t n, uint32_t seed, float s = 1.0f, float shift = 0.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, s);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    x = d(g) + shift;
-    if (x == 0.0f) x = 0.5f;
-  }
-  return v;
-}
-
-Tensor put(Backend& be, const std::vector<float>& v, int64_t rows, int64_t cols) {
-  if (int64_t(v.size()) != rows * cols)
-    throw Error(cat("backend_cases: ", v.size(), " values for a [", rows, ", ", cols, "] tensor"));
-  Tensor t = be.empty(rows, cols);
-  be.upload(v.data(), t);
-  return t;
-}
-
 Output host(std::string name, const std::vector<float>& h, int64_t rows, int64_t cols, double tol = -1.0) {
   Output o;
   o.name = std::move(name);
@@ -612,6 +592,26 @@ std::vector<std::string> names(const Outputs& o) {
 }
 
 }  // namespace
+
+std::vector<float> randv(size_t n, uint32_t seed, float s, float shift) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, s);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    x = d(g) + shift;
+    if (x == 0.0f) x = 0.5f;
+  }
+  return v;
+}
+
+Tensor put(Backend& be, const std::vector<float>& v, int64_t rows, int64_t cols) {
+  if (int64_t(v.size()) != rows * cols)
+    throw Error(cat("backend_cases: ", v.size(), " values for a [", rows, ", ", cols, "] tensor"));
+  Tensor t = be.empty(rows, cols);
+  be.upload(v.data(), t);
+  return t;
+}
+
 
 const Output& find_output(const Outputs& outs, const std::string& name) {
   for (const Output& o : outs)

@@ -63,6 +63,12 @@ struct OpCase {
 // start/finish), sum_squares, AdamW.
 std::vector<OpCase> backend_op_cases();
 
+// Test inputs: n normal draws (never exactly zero) times s, plus `shift`, from
+// a fixed seed; and a backend tensor [rows, cols] holding them (an Error when
+// v has another size).
+std::vector<float> randv(size_t n, uint32_t seed, float s = 1.0f, float shift = 0.0f);
+Tensor put(Backend& be, const std::vector<float>& v, int64_t rows, int64_t cols);
+
 struct CompareOptions {
   std::string ref_label, test_label;  // in messages; empty: Backend::name()
   bool bitwise = false;               // every output bit for bit, whatever the row's tolerance

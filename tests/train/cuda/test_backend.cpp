@@ -40,24 +40,9 @@ namespace bt = fp4lab::train::test;
 
 namespace {
 
-// Normal draws (never exactly zero in practice) times s, plus `shift`.
-std::vector<float> randv(size_t n, uint32_t seed, float s = 1.0f, float shift = 0.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, s);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    x = d(g) + shift;
-    if (x == 0.0f) x = 0.5f;
-  }
-  return v;
-}
+using bt::put;
+using bt::randv;
 
-Tensor put(Backend& be, const std::vector<float>& v, int64_t rows, int64_t cols) {
-  Tensor t = be.empty(rows, cols);
-  REQUIRE(int64_t(v.size()) == rows * cols);
-  be.upload(v.data(), t);
-  return t;
-}
 std::vector<float> get(Backend& be, const Tensor& t) {
   std::vector<float> v(size_t(t.size()));
   be.download(t, v.data());
