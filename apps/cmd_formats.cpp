@@ -1,8 +1,9 @@
 // `fp4lab formats`, `fp4lab cast`, `fp4lab decode` and `fp4lab bench cast`.
 //
-// cast/decode are thin wrappers around core/cast.hpp: read a .npy, convert,
-// write a .npy atomically (core/npy.hpp), so a failure never leaves a partial
-// output file.
+// cast/decode are thin wrappers around core/cast.hpp: check the output path,
+// read a .npy, convert, write a .npy atomically (OutputSet), so a failure
+// never leaves a partial output file. cast warns (stderr, one line) about NaN
+// and Inf inputs and says what the target format makes of them.
 #include <omp.h>
 
 #include <algorithm>
@@ -102,13 +103,20 @@ struct CastArgs {
 };
 
 template <class T, class C>
-void cast_typed(const Format& f, const NpyArray& a, const CastOptions& opt, const std::string& out, DType out_dtype) {
+void cast_typed(const Format& f, const NpyArray& a, const CastOptions& opt, const CastArgs& args, OutputSet& out,
+                DType out_dtype) {
   const size_t n = size_t(shape_numel(a.shape));
+  set_activity("casting " + args.in + " (" + std::to_string(n) + " elements) to " + std::string(f.name));
   std::vector<T> x(n);
   if (n) std::memcpy(x.data(), a.bytes.data(), n * sizeof(T));
+  const NonFinite nf = count_nonfinite(x.data(), n);
+  if (nf.any())
+    std::fprintf(stderr, "warning: %s: %s; %s\n", args.in.c_str(), nonfinite_str(nf).c_str(),
+                 nonfinite_encoding(f, opt.round, opt.overflow, nf).c_str());
   std::vector<C> codes(n);
   encode_array(f, x.data(), codes.data(), n, opt);
-  write_npy(out, out_dtype, a.shape, codes.data());
+  out.write_npy(args.out, out_dtype, a.shape, codes.data());
+  out.commit();
 }
 
 void run_cast(const CastArgs& args) {
@@ -121,17 +129,20 @@ void run_cast(const CastArgs& args) {
   if (code_bytes(f) == 0)
     throw Error("--to " + args.to +
                 ": float32 codes are 32-bit and cannot be written; choose a format of at most 16 bits");
+  OutputSet out;
+  out.add(args.out);
+  set_activity("reading " + args.in);
   const NpyArray a = read_npy(args.in);
   if (a.dtype != DType::float32 && a.dtype != DType::float64)
     throw Error(args.in + ": cast needs float32 or float64 input, got " + dtype_name(a.dtype));
   const bool wide = code_bytes(f) == 2;
   const DType out_dtype = wide ? DType::uint16 : DType::uint8;
   if (a.dtype == DType::float32) {
-    wide ? cast_typed<float, uint16_t>(f, a, opt, args.out, out_dtype)
-         : cast_typed<float, uint8_t>(f, a, opt, args.out, out_dtype);
+    wide ? cast_typed<float, uint16_t>(f, a, opt, args, out, out_dtype)
+         : cast_typed<float, uint8_t>(f, a, opt, args, out, out_dtype);
   } else {
-    wide ? cast_typed<double, uint16_t>(f, a, opt, args.out, out_dtype)
-         : cast_typed<double, uint8_t>(f, a, opt, args.out, out_dtype);
+    wide ? cast_typed<double, uint16_t>(f, a, opt, args, out, out_dtype)
+         : cast_typed<double, uint8_t>(f, a, opt, args, out, out_dtype);
   }
 }
 
@@ -140,8 +151,9 @@ struct DecodeArgs {
 };
 
 template <class C>
-void decode_typed(const Format& f, const NpyArray& a, const DecodeArgs& args) {
+void decode_typed(const Format& f, const NpyArray& a, const DecodeArgs& args, OutputSet& dst) {
   const size_t n = size_t(shape_numel(a.shape));
+  set_activity("decoding " + args.in + " (" + std::to_string(n) + " codes)");
   std::vector<C> codes(n);
   if (n) std::memcpy(codes.data(), a.bytes.data(), n * sizeof(C));
   const size_t bad = first_invalid_code(f, codes.data(), n);
@@ -150,22 +162,26 @@ void decode_typed(const Format& f, const NpyArray& a, const DecodeArgs& args) {
                 std::string(f.name) + " codes are 0.." + std::to_string(f.code_count() - 1));
   std::vector<float> out(n);
   decode_array(f, codes.data(), out.data(), n);
-  write_npy(args.out, DType::float32, a.shape, out.data());
+  dst.write_npy(args.out, DType::float32, a.shape, out.data());
+  dst.commit();
 }
 
 void run_decode(const DecodeArgs& args) {
   const Format& f = format_by_name(args.from);
   if (code_bytes(f) == 0)
     throw Error("--from " + args.from + ": float32 codes are not supported; choose a format of at most 16 bits");
+  OutputSet dst;
+  dst.add(args.out);
+  set_activity("reading " + args.in);
   const NpyArray a = read_npy(args.in);
   const DType want = code_bytes(f) == 2 ? DType::uint16 : DType::uint8;
   if (a.dtype != want)
     throw Error(args.in + ": " + std::string(f.name) + " codes must be stored as " + dtype_name(want) + ", got " +
                 dtype_name(a.dtype));
   if (want == DType::uint8)
-    decode_typed<uint8_t>(f, a, args);
+    decode_typed<uint8_t>(f, a, args, dst);
   else
-    decode_typed<uint16_t>(f, a, args);
+    decode_typed<uint16_t>(f, a, args, dst);
 }
 
 // ---- fp4lab bench cast --------------------------------------------------------
@@ -192,6 +208,7 @@ void run_bench_cast(const BenchArgs& args) {
   if (args.elements <= 0) throw Error("--elements must be positive, got " + std::to_string(args.elements));
   if (args.repeats <= 0) throw Error("--repeats must be positive, got " + std::to_string(args.repeats));
   const size_t n = size_t(args.elements);
+  set_activity("allocating the arrays of --elements " + std::to_string(n) + " for bench cast");
   // Inputs: magnitudes log-uniform in [2^-12, 2^12] with random signs, so every
   // format sees its subnormal, normal and overflow ranges.
   std::vector<float> x(n), copy(n);
@@ -200,6 +217,7 @@ void run_bench_cast(const BenchArgs& args) {
   for (size_t i = 0; i < n; ++i) x[i] = ((rng() & 1) ? -1.0f : 1.0f) * std::exp2(ex(rng));
   std::vector<uint8_t> c8(n);
   std::vector<uint16_t> c16(n);
+  set_activity("");
 
   const int all = omp_get_max_threads();
   const int thread_counts[2] = {1, all};
