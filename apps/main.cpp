@@ -303,6 +303,7 @@ int main(int argc, char** argv) {
   app.footer(exit_codes_footer);
   fp4lab::register_format_commands(app);
   fp4lab::register_quantize_commands(app);
+  fp4lab::register_golden_commands(app);
   fp4lab::register_recipe_commands(app);
   fp4lab::register_train_commands(app);
   CLI::App* bench = app.add_subcommand(
