@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CLI tests of `fp4lab formats`, `cast`, `decode`, `bench cast` and the argument checks of `bench attention`.
+# CLI tests of `fp4lab formats`, `cast`, `decode`, `bench cast` and the argument checks of `bench attention`;
+# test_robust.py (called at the end): outputs all-or-none, exit codes, NaN warnings, `verify`.
 # Usage: test_cli.sh PATH/TO/fp4lab
 # Writes its .npy inputs and reads the outputs with Python's standard library
 # only (no NumPy needed); exits 77 (ctest: skipped) when python3 is missing.
@@ -148,6 +149,9 @@ grep -q "float8_e4m3fn" "$T/bench.txt" || fail "bench cast: no e4m3 row"
 # GPU benchmarks: argument errors are named before any GPU is needed.
 expect_error "bench attention cpu" "measures the CUDA attention only" "$FP4LAB" bench attention --backend cpu
 expect_error "bench attention dropout" "--dropout must be in" "$FP4LAB" bench attention --dropout 1.5
+
+# --- outputs all-or-none, exit codes, NaN warnings, verify (python3 stdlib) ------
+python3 "$(dirname "$0")/test_robust.py" "$FP4LAB" || fail "test_robust.py (FAIL lines above)"
 
 if [ $fails -ne 0 ]; then
   echo "$fails CLI check(s) failed"
