@@ -64,6 +64,25 @@ struct NpyHeader {
   Shape shape;
 };
 
+// Header text for a one-line message: control and non-ASCII bytes as
+// \xHH, at most 160 characters.
+std::string printable(const std::string& t) {
+  std::string out;
+  for (const char ch : t) {
+    const unsigned char u = static_cast<unsigned char>(ch);
+    if (u >= 0x20 && u < 0x7F) {
+      out += ch;
+    } else {
+      const char* hex = "0123456789ABCDEF";
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    }
+    if (out.size() >= 160) return out + "...";
+  }
+  return out;
+}
+
 class HeaderParser {
  public:
   HeaderParser(const std::string& text, const std::string& path) : t_(text), path_(path) {}
@@ -88,9 +107,9 @@ class HeaderParser {
       } else if (key == "shape") {
         k = 2, h.shape = shape();
       } else {
-        fail("unknown key '" + key + "' (valid: 'descr', 'fortran_order', 'shape')");
+        fail("unknown key '" + printable(key) + "' (valid: 'descr', 'fortran_order', 'shape')");
       }
-      if (seen[k]) fail("key '" + key + "' given twice");
+      if (seen[k]) fail("key '" + printable(key) + "' given twice");
       seen[k] = true;
       ws();
       if (peek() == ',') {
@@ -112,8 +131,9 @@ class HeaderParser {
   [[noreturn]] void fail(const std::string& what) const {
     const size_t from = i_ < t_.size() ? i_ : t_.size();
     throw Error(path_ + ": malformed .npy header: " + what + " at offset " + std::to_string(from) + " of \"" +
-                t_.substr(0, t_.find_last_not_of(" \n") + 1) + "\"");
+                printable(t_.substr(0, t_.find_last_not_of(" \n") + 1)) + "\"");
   }
+
   char peek() const { return i_ < t_.size() ? t_[i_] : '\0'; }
   void ws() {
     while (i_ < t_.size() && (t_[i_] == ' ' || t_[i_] == '\n' || t_[i_] == '\t' || t_[i_] == '\r')) ++i_;
@@ -223,9 +243,9 @@ NpyArray read_npy(const std::string& path) {
   else if (descr == "<u2")
     arr.dtype = DType::uint16;
   else
-    throw Error(path + ": unsupported dtype '" + descr + "' (valid: <f4 float32, <f8 float64, |u1 uint8, <u2 uint16)");
-  if (h.fortran_order)
-    throw Error(path + ": Fortran-order arrays are not supported (save with np.ascontiguousarray)");
+    throw Error(path + ": unsupported dtype '" + printable(descr) +
+                "' (valid: <f4 float32, <f8 float64, |u1 uint8, <u2 uint16)");
+  if (h.fortran_order) throw Error(path + ": Fortran-order arrays are not supported (save with np.ascontiguousarray)");
   arr.shape = h.shape;
   const size_t nbytes = size_t(checked_numel(arr.shape, dtype_size(arr.dtype), path)) * dtype_size(arr.dtype);
   // The data's size is checked against the file before anything is allocated.
@@ -240,7 +260,8 @@ NpyArray read_npy(const std::string& path) {
                 shape_str(arr.shape) + " " + dtype_name(arr.dtype) + ", the file holds " + std::to_string(have) + ")");
   if (have > nbytes)
     throw Error(path + ": " + std::to_string(have - nbytes) + " bytes after the .npy data (expected " +
-                std::to_string(nbytes) + " bytes for shape " + shape_str(arr.shape) + " " + dtype_name(arr.dtype) + ")");
+                std::to_string(nbytes) + " bytes for shape " + shape_str(arr.shape) + " " + dtype_name(arr.dtype) +
+                ")");
   arr.bytes.resize(nbytes);
   if (nbytes && !in.read(reinterpret_cast<char*>(arr.bytes.data()), std::streamsize(nbytes)))
     throw Error(path + ": truncated .npy data (expected " + std::to_string(nbytes) + " bytes for shape " +

@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "core/npy.hpp"
+#include "fuzz.hpp"
 
 using namespace fp4lab;
 namespace fs = std::filesystem;
@@ -230,4 +231,33 @@ TEST_CASE("npy: zero-size arrays read and write without touching their (null) da
     CHECK(t.data.empty());
     CHECK(read_npy_as_float64(tmp.path("z.npy")).data.empty());
   }
+}
+
+TEST_CASE("npy: a few hundred mutated files give a valid array or one clean error (fuzz)") {
+  TmpDir tmp;
+  const float f[6] = {1, -2, 3.5f, 0, 1e-3f, -7};
+  const double d[2] = {1.0 / 3, -2};
+  const std::string seeds[] = {
+      npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                std::string(reinterpret_cast<const char*>(f), 24)),
+      npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }", "\x01\x02\x03\x04"),
+      npy_bytes("{'descr': '<f8', 'fortran_order': False, 'shape': (1, 2), }",
+                std::string(reinterpret_cast<const char*>(d), 16), 2),
+  };
+  test::FuzzCounts c;
+  const std::string p = tmp.path("fuzz.npy");
+  for (uint32_t k = 0; k < 360; ++k) {
+    write_file(p, test::mutate_bytes(seeds[k % 3], k));
+    test::classify(c, "mutation " + std::to_string(k), [&] {
+      const NpyArray a = read_npy(p);
+      REQUIRE(int64_t(a.bytes.size()) == shape_numel(a.shape) * int64_t(a.dtype == DType::float64   ? 8
+                                                                         : a.dtype == DType::float32 ? 4
+                                                                         : a.dtype == DType::uint16  ? 2
+                                                                                                     : 1));
+      if (a.dtype == DType::float32) (void)read_npy_float32(p);
+    });
+  }
+  test::report("npy", c);
+  CHECK(c.valid > 0);
+  CHECK(c.clean_error > 0);
 }
