@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "fuzz.hpp"
 #include "recipes/recipe.hpp"
 
 using namespace fp4lab;
@@ -341,4 +342,27 @@ TEST_CASE("describe lists Q0..Q5 and the other fields") {
   CHECK(operand_by_name("wgrad_x") == Operand::wgrad_x);
   CHECK(contains(error_of([] { operand_by_name("bwd_x"); }), "wgrad_grad_y"));
   for (Operand op : kOps) CHECK(operand_by_name(operand_name(op)) == op);
+}
+
+TEST_CASE("recipe JSON: a few hundred mutated recipes give a valid recipe or one clean error (fuzz)") {
+  test::FuzzCounts c;
+  const std::vector<std::string> names = recipe_names();
+  uint32_t k = 0;
+  for (const std::string& name : names) {
+    const nlohmann::json base = recipe_to_json(recipe_by_name(name));
+    for (int i = 0; i < 30; ++i, ++k) {
+      const nlohmann::json j = test::mutate_json(base, k);
+      test::classify(c, name + " json mutation " + std::to_string(k), [&] {
+        const Recipe r = recipe_from_json(j);
+        validate(r);
+      });
+      // The same document as text, mutated byte-wise (parse_recipe's JSON-text form).
+      const std::string text = test::mutate_bytes(base.dump(), k);
+      if (!text.empty() && text[0] == '{')
+        test::classify(c, name + " text mutation " + std::to_string(k), [&] { validate(parse_recipe(text)); });
+    }
+  }
+  test::report("recipe JSON", c);
+  CHECK(c.valid > 0);
+  CHECK(c.clean_error > 0);
 }
