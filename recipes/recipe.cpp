@@ -309,7 +309,7 @@ Recipe parse_recipe(const std::string& s) {
     try {
       j = nlohmann::json::parse(s);
     } catch (const nlohmann::json::parse_error& e) {
-      throw Error("recipe JSON does not parse: " + std::string(e.what()));
+      throw Error("recipe JSON does not parse: " + json_error_text(e.what()));
     }
     return recipe_from_json(j, "recipe");
   }
@@ -324,7 +324,7 @@ Recipe parse_recipe(const std::string& s) {
   try {
     j = nlohmann::json::parse(f);
   } catch (const nlohmann::json::parse_error& e) {
-    throw Error(s + ": not valid JSON: " + e.what());
+    throw Error(s + ": not valid JSON: " + json_error_text(e.what()));
   }
   try {
     return recipe_from_json(j, "recipe");

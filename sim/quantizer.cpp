@@ -226,7 +226,7 @@ QuantizerSpec parse_quantizer(const std::string& s) {
     try {
       j = nlohmann::json::parse(s);
     } catch (const nlohmann::json::parse_error& e) {
-      throw Error("quantizer JSON '" + s + "' does not parse: " + e.what());
+      throw Error("quantizer JSON '" + s + "' does not parse: " + json_error_text(e.what()));
     }
     return quantizer_from_json(j, "quantizer");
   }
@@ -239,7 +239,7 @@ QuantizerSpec parse_quantizer(const std::string& s) {
   try {
     j = nlohmann::json::parse(f);
   } catch (const nlohmann::json::parse_error& e) {
-    throw Error("quantizer file '" + s + "' is not valid JSON: " + e.what());
+    throw Error("quantizer file '" + s + "' is not valid JSON: " + json_error_text(e.what()));
   }
   return quantizer_from_json(j, s);
 }
@@ -737,7 +737,7 @@ QuantStats quant_stats(const QuantizedTensor& qt, MatrixView<const float> x_in) 
       sig += v * v;
       const double e = v - d;
       err += e * e;
-      maxerr = std::max(maxerr, std::fabs(e));
+      maxerr = std::isnan(e) || std::isnan(maxerr) ? std::nan("") : std::max(maxerr, std::fabs(e));
       if (v != 0.0 && !std::isnan(v)) {
         ++nonzero;
         if (d == 0.0) ++flushed;
