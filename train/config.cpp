@@ -1,7 +1,10 @@
 #include "train/config.hpp"
 
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "core/error.hpp"
@@ -11,6 +14,36 @@ namespace fp4lab::train {
 using nlohmann::json;
 
 namespace {
+
+// A string holding an integer literal: what apply_set makes of an integer
+// that JSON's 64-bit integers cannot hold (so an error can name it as given).
+bool is_integer_literal(const json& v) {
+  if (!v.is_string()) return false;
+  const std::string& s = v.get_ref<const std::string&>();
+  const size_t d = !s.empty() && s[0] == '-';
+  return s.size() > d && s.find_first_not_of("0123456789", d) == std::string::npos;
+}
+
+// An integer key's value must fit T: "PATH: V is out of range; valid: an integer in MIN..MAX".
+// A negative value for an unsigned key, or an integer beyond T (also a whole
+// number written as a float, e.g. 1e20), is out of range, never clamped or wrapped.
+template <class T>
+void check_integer_range(const std::string& path, const json& v) {
+  using L = std::numeric_limits<T>;
+  bool out = is_integer_literal(v);
+  if (v.is_number_unsigned()) {
+    out = v.get<uint64_t>() > uint64_t(L::max());
+  } else if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    out = x < int64_t(L::min()) || (x > 0 && uint64_t(x) > uint64_t(L::max()));
+  } else if (v.is_number_float()) {
+    const double x = v.get<double>(), end = 2.0 * double(L::max() / 2 + 1);  // L::max() + 1, exactly
+    out = std::isfinite(x) && x == std::floor(x) && (x < double(L::min()) || x >= end);
+  }
+  if (out)
+    throw Error(path + ": " + (v.is_string() ? v.get<std::string>() : v.dump()) +
+                " is out of range; valid: an integer in " + std::to_string(L::min()) + ".." + std::to_string(L::max()));
+}
 
 // Strict reader of one JSON object: typed getters, then finish() rejects any
 // key that was not asked for.
@@ -29,10 +62,13 @@ class Obj {
       if constexpr (std::is_same_v<T, bool>) {
         if (!it->is_boolean()) throw 0;
       } else if constexpr (std::is_integral_v<T>) {
+        check_integer_range<T>(path, *it);
         if (!it->is_number_integer()) throw 0;
-        if constexpr (std::is_unsigned_v<T>)
-          if (it->template get<int64_t>() < 0) throw 0;
       } else if constexpr (std::is_floating_point_v<T>) {
+        if (is_integer_literal(*it)) {  // an integer too large for JSON's integers (apply_set)
+          out = T(std::stod(it->template get<std::string>()));
+          return;
+        }
         if (!it->is_number()) throw 0;
       } else if constexpr (std::is_same_v<T, std::string>) {
         if (!it->is_string()) throw 0;
@@ -231,7 +267,21 @@ void parse_output(const json& out, const std::string& where, RunConfig& c) {
   oo.get("dir", c.output_dir);
   oo.get("name", c.output_name);
   oo.finish();
+  if (c.output_dir.empty()) throw Error(where + ".output.dir: empty; valid: a directory path (default \"runs\")");
 }
+
+// A name that becomes (part of) one directory name under output.dir: not
+// empty, no '/', no "..", no control characters.
+void check_dir_name(const std::string& path, const std::string& v, const char* what) {
+  bool bad = v.empty() || v.find('/') != std::string::npos || v.find("..") != std::string::npos;
+  for (unsigned char ch : v) bad = bad || ch < 0x20 || ch == 0x7f;
+  if (bad)
+    throw Error(path + ": \"" + v + "\" cannot name a run directory; valid: a non-empty " + what +
+                " without '/', \"..\" or control characters, e.g. \"gpt_baby\"");
+}
+
+// threads: 0 (OpenMP's default) or 1..kMaxThreads, the same bound on every machine.
+constexpr int kMaxThreads = 1024;
 
 }  // namespace
 
@@ -243,6 +293,10 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   o.get("backend", c.backend);
   check_choice(where + ".backend", c.backend, {"cpu", "cuda"});
   o.get("threads", c.threads);
+  if (c.threads < 0 || c.threads > kMaxThreads)
+    throw Error(where + ".threads: " + std::to_string(c.threads) + " is not valid; valid: 0 (OpenMP's default) or 1.." +
+                std::to_string(kMaxThreads));
+  check_dir_name(where + ".name", c.name, "name");
   o.get_json("recipe", c.recipe);
   if (!c.recipe.is_string() && !c.recipe.is_object())
     throw Error(where + ".recipe: expected a recipe name, a recipe file path or an inline recipe object");
@@ -265,7 +319,27 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   } catch (const Error& e) {
     throw Error(where + ".recipe: " + e.what());
   }
+  // The run directory's name: output.name, or <name>-<recipe label>-s<seed>.
+  if (!c.output_name.empty())
+    check_dir_name(where + ".output.name", c.output_name, "name");
+  else
+    check_dir_name(where + ".recipe", recipe_label(c), "recipe name (it names the run directory)");
   return c;
+}
+
+std::vector<std::string> config_warnings(const RunConfig& c, int64_t total_steps, const std::string& where) {
+  std::vector<std::string> w;
+  const ScheduleConfig& s = c.training.schedule;
+  if (s.warmup_steps >= total_steps) {
+    char b[320];
+    std::snprintf(b, sizeof b,
+                  "warning: %s.training.warmup_steps %lld >= the run's %lld steps: the learning rate never reaches "
+                  "its set value %g (it peaks at %g)",
+                  where.c_str(), (long long)s.warmup_steps, (long long)total_steps, s.lr,
+                  s.lr * double(total_steps) / double(s.warmup_steps + 1));
+    w.push_back(b);
+  }
+  return w;
 }
 
 json config_to_json(const RunConfig& c) {
@@ -340,6 +414,8 @@ void apply_set(json& j, const std::string& a) {
   } catch (const json::parse_error&) {
     v = val;
   }
+  // An integer beyond 64 bits stays as given (a string), so a range error can name it.
+  if (v.is_number_float() && is_integer_literal(json(val))) v = val;
   json* cur = &j;
   size_t start = 0;
   while (true) {
@@ -384,6 +460,50 @@ std::string run_directory(const RunConfig& c) {
   const std::string n =
       c.output_name.empty() ? c.name + "-" + recipe_label(c) + "-s" + std::to_string(c.seed) : c.output_name;
   return (std::filesystem::path(c.output_dir) / n).string();
+}
+
+json run_identity(json resolved, bool data_loaded) {
+  resolved.erase("threads");
+  resolved.erase("output");
+  if (!data_loaded && resolved.contains("model")) resolved["model"].erase("vocab_size");
+  return resolved;
+}
+
+namespace {
+
+// "key old -> new" for each leaf where a and b differ (objects are walked, the rest compared whole).
+void json_diff(const json& a, const json& b, const std::string& path, std::vector<std::string>& out) {
+  if (a.is_object() && b.is_object()) {
+    for (auto it = a.begin(); it != a.end(); ++it)
+      json_diff(it.value(), b.contains(it.key()) ? b[it.key()] : json(), path + (path.empty() ? "" : ".") + it.key(),
+                out);
+    for (auto it = b.begin(); it != b.end(); ++it)
+      if (!a.contains(it.key())) json_diff(json(), it.value(), path + (path.empty() ? "" : ".") + it.key(), out);
+  } else if (a != b) {
+    out.push_back(path + " " + (a.is_null() ? "(absent)" : a.dump()) + " -> " + (b.is_null() ? "(absent)" : b.dump()));
+  }
+}
+
+}  // namespace
+
+std::string config_difference(json saved, json resolved) {
+  std::vector<std::string> d;
+  const json rs = saved.value("recipe_resolved", json()), rr = resolved.value("recipe_resolved", json());
+  saved.erase("recipe_resolved"), resolved.erase("recipe_resolved");
+  json_diff(saved, resolved, "", d);
+  if (d.empty()) json_diff(rs, rr, "recipe_resolved", d);
+  std::string s;
+  for (size_t i = 0; i < d.size() && i < 5; ++i) s += (i ? ", " : "") + d[i];
+  if (d.size() > 5) s += " and " + std::to_string(d.size() - 5) + " more";
+  return s;
+}
+
+std::string config_hash(const json& resolved) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char c : run_identity(resolved).dump()) h = (h ^ c) * 0x100000001b3ull;
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h);
+  return b;
 }
 
 }  // namespace fp4lab::train

@@ -13,8 +13,11 @@
 //   layers    {keep_high_precision: [layer-name patterns]}  (added to the recipe's own)
 //   seed      integer (init, data order, dropout, stochastic rounding)
 //   backend   "cpu" | "cuda"
-//   threads   OpenMP threads (0 = OpenMP's default)
+//   threads   OpenMP threads: 0 (OpenMP's default) or 1..1024
 //   output    {dir: "runs", name: run directory name (default <name>-<recipe>-s<seed>)}
+//             name, output.name and the recipe label must make one directory name:
+//             non-empty, no '/', no "..", no control characters
+//   Integers out of their type's range (seed: 0..2^64-1) are errors naming the value.
 // Every key is optional except model.type and data.type; unknown keys are
 // errors naming the JSON path (e.g. "config.training.lr_max: unknown key; valid: ...").
 #pragma once
@@ -67,8 +70,22 @@ struct RunConfig {
 
 // Parses and validates; `where` prefixes error paths.
 RunConfig config_from_json(const nlohmann::json& j, const std::string& where = "config");
+// One-line warnings about a valid config that likely does not do what was
+// meant, given the run's total steps (e.g. warmup_steps >= steps: the learning
+// rate never reaches its set value).
+std::vector<std::string> config_warnings(const RunConfig& c, int64_t total_steps, const std::string& where = "config");
 // The resolved config (every field, defaults included; recipe as given).
 nlohmann::json config_to_json(const RunConfig& c);
+// The part of a resolved config (config_to_json + "recipe_resolved") that
+// identifies a run: all but "threads" and "output" (where the run lives);
+// without data_loaded, model.vocab_size (set from the data) is left out too.
+nlohmann::json run_identity(nlohmann::json resolved, bool data_loaded = true);
+// "training.lr 0.001 -> 0.01, ..." (at most 5, then "and N more"): where two
+// run identities differ, the config's keys first, recipe_resolved's only when
+// those agree; "" when equal.
+std::string config_difference(nlohmann::json saved, nlohmann::json resolved);
+// FNV-1a 64 of run_identity(resolved), 16 hex digits (summary.json's and the checkpoint's config_hash).
+std::string config_hash(const nlohmann::json& resolved);
 // Reads a JSON file (errors name the file and the parse position).
 nlohmann::json read_json_file(const std::string& path);
 // Applies "a.b.c=value" to j: value parsed as JSON when it is valid JSON,
