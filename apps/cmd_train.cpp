@@ -121,8 +121,11 @@ void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
                     "Recipe: canned name, recipe JSON file or inline JSON (overrides the config's)");
   train->add_option("--set", args->sets,
                     "Override a config key: dotted.key=value (value parsed as JSON if it is JSON)");
-  train->add_flag("--resume", args->resume, "Continue the run in its directory from its last checkpoint (bit-exact)");
-  train->add_flag("--force", args->force, "Overwrite an existing run directory");
+  train->add_flag(
+      "--resume", args->resume,
+      "Continue the run in its directory from its last checkpoint (bit-exact); a finished run: nothing to do");
+  train->add_flag("--force", args->force,
+                  "Replace an existing run directory (the old one is removed once the new run has a checkpoint)");
   train->add_flag("--quiet", args->quiet, "No progress output");
   train->callback([args] {
     RunConfig cfg = config_from_json(load_config(args->config, args->sets, args->recipe));
@@ -133,6 +136,10 @@ void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
     std::cerr << "fp4lab train: " << cfg.name << " (" << cfg.model.type << "), recipe " << recipe_label(cfg)
               << ", seed " << cfg.seed << " -> " << run_directory(cfg) << "\n";
     RunResult r = run_training(cfg, o);
+    if (!r.note.empty()) {  // a finished run, left as it is
+      std::printf("%s\n", r.note.c_str());
+      return;
+    }
     const json& s = r.summary;
     std::printf("%s: %s, final %s %.4f (best %.4f), %.2f ms/step, %.0f %s/s\n", r.dir.c_str(),
                 s["status"].get<std::string>().c_str(), s["metric"].get<std::string>().c_str(),
@@ -151,8 +158,11 @@ void add_compare(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   compare->callback([args, dirs] { print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline})); });
 }
 
-// Every recipe x seed combination is validated before any is trained; a
-// diverged run (it has a summary) is reported and the others go on.
+// Every recipe x seed combination and its run directory are checked before
+// any is trained: a directory with a different config is an error naming the
+// keys, a finished run with the same config is kept (not run again), an
+// unfinished one needs --resume (continue) or --force (replace). A diverged
+// run is reported and the others go on.
 void run_sweep(const TrainArgs& args) {
   std::vector<std::string> run_dirs;
   const auto recipes = split_list(args.recipes, "--recipes");
@@ -168,16 +178,26 @@ void run_sweep(const TrainArgs& args) {
       if (!seed.empty()) apply_set(j, "seed=" + seed);
       cfgs.push_back(config_from_json(j));
     }
+  RunOptions o;
+  o.resume = args.resume;
+  o.force = args.force;
+  o.reuse = true;
+  o.progress = !args.quiet;
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    const std::string dir = plan_run(cfgs[i], o).dir;
+    for (size_t k = 0; k < i; ++k)
+      if (run_directory(cfgs[k]) == dir)
+        throw Error("sweep: " + recipe_label(cfgs[k]) + " seed " + std::to_string(cfgs[k].seed) + " and " +
+                    recipe_label(cfgs[i]) + " seed " + std::to_string(cfgs[i].seed) + " would both write " + dir +
+                    "; drop --set output.name so each run gets its own directory");
+  }
   for (const auto& cfg : cfgs) {
     std::cerr << "fp4lab sweep: " << recipe_label(cfg) << " seed " << cfg.seed << " -> " << run_directory(cfg) << "\n";
-    RunOptions o;
-    o.force = args.force;
-    o.progress = !args.quiet;
     try {
-      run_training(cfg, o);
-    } catch (const Error& e) {
+      const RunResult r = run_training(cfg, o);
+      if (!r.note.empty()) std::cerr << "fp4lab sweep: " << r.note << "\n";
+    } catch (const DivergedError& e) {
       std::cerr << "fp4lab sweep: " << e.what() << "\n";
-      if (!std::filesystem::exists(std::filesystem::path(run_directory(cfg)) / "summary.json")) throw;
     }
     run_dirs.push_back(run_directory(cfg));
   }
@@ -190,7 +210,9 @@ void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   sweep->add_option("--recipes", args->recipes, "Comma-separated recipes (default fp32)");
   sweep->add_option("--seeds", args->seeds, "Comma-separated seeds (default: the config's seed)");
   sweep->add_option("--set", args->sets, "Override a config key: dotted.key=value");
-  sweep->add_flag("--force", args->force, "Overwrite existing run directories");
+  sweep->add_flag("--resume", args->resume,
+                  "Continue unfinished runs from their checkpoints (finished runs with the same config are kept)");
+  sweep->add_flag("--force", args->force, "Replace existing run directories (as train --force)");
   sweep->add_flag("--quiet", args->quiet, "No progress output");
   sweep->add_option("--plot", args->plot, "PNG path of the comparison");
   sweep->callback([args] { run_sweep(*args); });

@@ -56,9 +56,9 @@ void save_checkpoint(const fs::path& path, const Checkpoint& c) {
   write_atomic(path, bytes);
 }
 
-Checkpoint load_checkpoint(const fs::path& path, int64_t n) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot resume: no checkpoint " + path.string());
+// The checkpoint's JSON header (step, adam_t, best, params, recipe, config_hash);
+// `f` is left at the parameters.
+json read_checkpoint_header(std::istream& f, const fs::path& path) {
   char magic[8];
   uint64_t len = 0;
   f.read(magic, 8);
@@ -67,12 +67,22 @@ Checkpoint load_checkpoint(const fs::path& path, int64_t n) {
     throw Error(path.string() + ": not an fp4lab checkpoint (bad magic/header)");
   std::string h(len, '\0');
   f.read(h.data(), std::streamsize(len));
-  Checkpoint c;
   try {
-    c.header = json::parse(h);
+    return json::parse(h);
   } catch (const json::parse_error& e) {
     throw Error(path.string() + ": corrupt checkpoint header: " + e.what());
   }
+}
+json read_checkpoint_header(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  return read_checkpoint_header(f, path);
+}
+
+Checkpoint load_checkpoint(const fs::path& path, int64_t n) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error("cannot resume: no checkpoint " + path.string());
+  Checkpoint c;
+  c.header = read_checkpoint_header(f, path);
   if (c.header.value("params", int64_t(-1)) != n)
     throw Error(path.string() + ": checkpoint holds " + c.header.value("params", json(-1)).dump() +
                 " parameters but the model has " + std::to_string(n) + " (different config?)");
@@ -118,7 +128,7 @@ class Task {
 
   double better(double best, double v) const { return higher_is_better ? std::max(best, v) : std::min(best, v); }
 
-  std::string metric;          // summary.json's "metric": a field of the evaluation records
+  std::string metric;  // summary.json's "metric": a field of the evaluation records
   bool higher_is_better = false;
   double worst = 0.0;          // "best" before the first evaluation
   std::string item;            // what items_per_s counts
@@ -225,35 +235,142 @@ std::unique_ptr<Task> make_task(RunConfig& cfg) {
 
 // ---- the run directory -------------------------------------------------------------
 
-// --resume: the checkpoint exists and config.json matches `resolved` (threads aside).
-void check_resumable(const fs::path& dir, const fs::path& ckpt_path, const json& resolved) {
-  if (!fs::exists(ckpt_path)) throw Error("cannot resume: " + ckpt_path.string() + " does not exist");
-  json saved = read_json_file((dir / "config.json").string());
-  json a = saved, b = resolved;
-  for (json* x : {&a, &b}) x->erase("threads");
-  if (a != b)
-    throw Error("cannot resume " + dir.string() +
-                ": its config.json differs from this config (resume with the "
-                "same config and --set options)");
+// A directory a failed start left: only config.json, an empty metrics.jsonl and
+// temporary files. It holds nothing of a run, so it counts as absent.
+bool failed_start_only(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n == "config.json" || n.find(".tmp.") != std::string::npos) continue;
+    if (n == "metrics.jsonl" && e.is_regular_file() && e.file_size() == 0) continue;
+    return false;
+  }
+  return true;
 }
 
-// A fresh run: an empty directory (an existing one only with force) with
-// config.json and an empty metrics.jsonl.
-void create_run_directory(const fs::path& dir, const json& resolved, bool force) {
-  if (fs::exists(dir) && !fs::is_empty(dir)) {
-    if (!force)
+// <dir>.old.<pid> siblings: runs an interrupted --force set aside.
+std::string set_aside_note(const fs::path& dir) {
+  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  std::error_code ec;
+  std::string s;
+  for (fs::directory_iterator it(parent, ec), e; !ec && it != e; it.increment(ec))
+    if (it->path().filename().string().starts_with(dir.filename().string() + ".old."))
+      s += "note: " + it->path().string() + " is a run that an interrupted --force set aside from " + dir.string() +
+           "; move it back or remove it\n";
+  return s;
+}
+
+struct Plan {
+  RunAction action = RunAction::start;
+  std::string notes;  // lines to log, each ending in '\n'
+  std::string done;   // action none: "<dir>: already completed ...; nothing to do"
+  json summary;       // action none: summary.json (null if missing)
+};
+
+// What to do with `dir` for the resolved config `resolved` of a run of `total`
+// steps (-1: unknown yet) under `opt`; throws where the run cannot go on.
+Plan plan_directory(const fs::path& dir, const json& resolved, int64_t total, const RunOptions& opt, bool data_loaded) {
+  if (opt.resume && opt.force)
+    throw Error("--resume and --force exclude each other: --resume continues " + dir.string() +
+                ", --force replaces it");
+  Plan p;
+  p.notes = set_aside_note(dir);
+  const fs::path ckpt = dir / "checkpoint.bin", sum = dir / "summary.json";
+  const bool exists = fs::exists(dir);
+  if (exists && !fs::is_directory(dir)) throw Error(dir.string() + ": exists and is not a directory");
+  const bool stale = exists && !fs::is_empty(dir) && failed_start_only(dir);
+  if (!exists || fs::is_empty(dir) || stale) {
+    if (opt.resume && !opt.reuse)
+      throw Error(
+          "cannot resume: " + ckpt.string() + " does not exist" +
+          (stale ? " (" + dir.string() + " holds only the config.json of a start that failed; run without --resume)"
+                 : ""));
+    if (stale)
+      p.notes += "note: " + dir.string() + " holds only the config.json of a start that failed; starting anew\n";
+    p.action = RunAction::start;
+    return p;
+  }
+  if (opt.force) {
+    p.action = RunAction::replace;
+    return p;
+  }
+  const std::string diff = config_difference(run_identity(read_json_file((dir / "config.json").string()), data_loaded),
+                                             run_identity(resolved, data_loaded));
+  if (!diff.empty()) {
+    if (opt.resume)
+      throw Error(
+          "cannot resume " + dir.string() +
+          ": its config.json differs from this config (resume with the same config and --set options): " + diff);
+    throw Error(dir.string() + ": exists with a different config: " + diff +
+                "; use --force to replace it, or --set output.name=NEW to keep both");
+  }
+  // Finished: summary.json written (completed or diverged), or the checkpoint at the last step.
+  if (fs::exists(sum)) p.summary = read_json_file(sum.string());
+  const json head = fs::exists(ckpt) ? read_checkpoint_header(ckpt) : json::object();
+  const int64_t at = p.summary.is_object() ? p.summary.value("steps", int64_t(-1)) : head.value("step", int64_t(-1));
+  if (p.summary.is_object() || (total > 0 && at == total)) {
+    if (!opt.resume && !opt.reuse)
       throw Error("run directory " + dir.string() +
                   " already exists; pass --resume to continue it, --force to overwrite it, or --set output.name=NEW");
-    fs::remove_all(dir);
+    const bool has = p.summary.is_object();
+    const json& src = has ? p.summary : head;
+    char best[64];
+    std::snprintf(best, sizeof best, "%.4f", src.value("best", std::nan("")));
+    const std::string status = has ? p.summary.value("status", "completed") : "completed";
+    const std::string metric = has                                            ? p.summary.value("metric", "")
+                               : resolved["model"].value("type", "") == "vit" ? "test_acc"
+                                                                              : "val_loss";
+    p.done = dir.string() + ": " + (status == "diverged" ? "diverged" : "already completed") + " at step " +
+             std::to_string(at) + " (best " + metric + " " + best + "); nothing to do" +
+             (has ? "" : " (summary.json is missing: stopped after its last checkpoint)");
+    if (status == "diverged" && !opt.reuse)
+      throw Error("cannot resume " + dir.string() + ": it diverged at step " + std::to_string(at) +
+                  " (summary.json); --force runs it again");
+    p.action = RunAction::none;
+    return p;
   }
-  fs::create_directories(dir);
-  write_atomic(dir / "config.json", resolved.dump(2) + "\n");
-  std::ofstream(dir / "metrics.jsonl", std::ios::trunc);
+  if (!opt.resume)
+    throw Error(
+        "run directory " + dir.string() + " already exists (unfinished" +
+        (head.contains("step") ? ", checkpoint at step " + head["step"].dump() : std::string(", no checkpoint")) +
+        "); pass --resume to continue it, --force to overwrite it, or --set output.name=NEW");
+  if (!fs::exists(ckpt)) throw Error("cannot resume: " + ckpt.string() + " does not exist");
+  p.action = RunAction::resume;
+  return p;
 }
 
-// Drops the metric lines written after `step` (a resumed run recomputes them).
-void truncate_metrics(const fs::path& metrics_path, int64_t step) {
-  std::vector<json> lines = read_metrics(metrics_path.string());
+fs::path sibling(const fs::path& dir, const std::string& tag) {
+  return dir.string() + "." + tag + "." + std::to_string(::getpid());
+}
+
+// A fresh run directory with config.json and an empty metrics.jsonl, made as
+// <dir>.tmp.<pid> and renamed into place; `aside` (non-empty: force) first
+// receives the existing directory, a failed start's directory is removed.
+void create_run_directory(const fs::path& dir, const json& resolved, const fs::path& aside) {
+  const fs::path tmp = sibling(dir, "tmp");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    write_atomic(tmp / "config.json", resolved.dump(2) + "\n");
+    std::ofstream(tmp / "metrics.jsonl", std::ios::trunc);
+    if (!aside.empty())
+      fs::rename(dir, aside);
+    else if (fs::exists(dir))
+      fs::remove_all(dir);  // empty, or a failed start's config.json
+    fs::rename(tmp, dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    if (!aside.empty() && fs::exists(aside) && !fs::exists(dir)) fs::rename(aside, dir, ec);
+    throw;
+  }
+}
+
+// Drops the metric lines written after `step` (a resumed run recomputes them)
+// and a torn last line (warned about on `log`).
+void truncate_metrics(const fs::path& metrics_path, int64_t step, std::ostream& log) {
+  std::string torn;
+  std::vector<json> lines = read_metrics(metrics_path.string(), &torn);
+  if (!torn.empty()) log << "warning: " << torn << "\n";
   std::string keep;
   for (const auto& l : lines)
     if (l.value("step", int64_t(0)) <= step) keep += l.dump() + "\n";
@@ -309,10 +426,13 @@ class Progress {
 
 class Training {
  public:
-  // Config -> task (data), step counts, run directory, model and optimiser.
+  // Config -> task (data), step counts, the plan for the run directory (nothing written yet).
   Training(const RunConfig& cfg, const RunOptions& opt);
-  // Continues from the run directory's checkpoint.
-  void resume();
+  // The directory holds a finished run with this config: nothing to do.
+  bool finished() const { return plan_.action == RunAction::none; }
+  RunResult unchanged() const;
+  // Backend, model and optimiser; then the run directory (fresh, replacing, or resumed from its checkpoint).
+  void start();
   // Trains from the first step not yet done to the end (or a stop or a divergence).
   void train();
   // Writes summary.json; throws if the run diverged.
@@ -320,6 +440,8 @@ class Training {
 
  private:
   void build_model();
+  void resume();
+  void abandon();
   StepContext context(int64_t step, bool train) const;
   bool train_step(int64_t step);
   void record_eval(int64_t step);
@@ -334,6 +456,12 @@ class Training {
   const std::string label_;
   std::unique_ptr<Task> task_;
   int64_t total_ = 0, eval_interval_ = 0;
+  json resolved_;
+  std::string hash_;
+  Plan plan_;
+  fs::path aside_;             // replace: where the old run waits until the first checkpoint
+  bool created_ = false;       // this invocation created the directory
+  bool checkpointed_ = false;  // this invocation wrote a checkpoint
   std::unique_ptr<Backend> be_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> adam_;
@@ -347,7 +475,7 @@ class Training {
   std::ofstream metrics_;
   Progress progress_;
   std::chrono::steady_clock::time_point t_run_;
-  double train_seconds_ = 0.0;
+  double train_seconds_ = 0.0, warmup_seconds_ = 0.0;  // steps after / among the first two of this invocation
   int64_t timed_steps_ = 0;
   RunResult res_;
 };
@@ -368,14 +496,54 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
   eval_interval_ = tc.eval_interval > 0 ? tc.eval_interval : task_->default_eval_interval();
   if (total_ <= 0) throw Error("config.training: the run has no steps");
 
-  json resolved = config_to_json(cfg_);
-  resolved["recipe_resolved"] = recipe_to_json(recipe_);
-  if (opt.resume)
-    check_resumable(dir_, ckpt_path_, resolved);
-  else
-    create_run_directory(dir_, resolved, opt.force);
-  build_model();
+  resolved_ = config_to_json(cfg_);
+  resolved_["recipe_resolved"] = recipe_to_json(recipe_);
+  hash_ = config_hash(resolved_);
+  plan_ = plan_directory(dir_, resolved_, total_, opt, true);
+  log_ << plan_.notes;
+  if (finished()) return;
+  for (const auto& w : config_warnings(cfg_, total_)) log_ << w << "\n";
   best_ = task_->worst;
+}
+
+RunResult Training::unchanged() const {
+  RunResult r;
+  r.dir = dir_.string();
+  r.summary = plan_.summary;
+  r.status = plan_.summary.is_object() ? plan_.summary.value("status", "completed") : "completed";
+  r.note = plan_.done;
+  r.first_step = r.summary.is_object() ? r.summary.value("steps", total_) : total_;
+  return r;
+}
+
+void Training::start() {
+  build_model();
+  if (plan_.action == RunAction::resume) return resume();
+  if (plan_.action == RunAction::replace) {
+    aside_ = sibling(dir_, "old");
+    log_ << "replacing " << dir_.string() << ": the old run waits in " << aside_.string()
+         << " until this run's first checkpoint\n";
+  }
+  create_run_directory(dir_, resolved_, aside_);
+  created_ = true;
+}
+
+// A failure before this invocation's first checkpoint: the directory it
+// created goes, and a replaced run comes back.
+void Training::abandon() {
+  if (!created_ || checkpointed_) return;
+  if (metrics_.is_open()) metrics_.close();
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+  if (!aside_.empty()) {
+    fs::rename(aside_, dir_, ec);
+    if (ec)
+      log_ << "warning: could not move " << aside_.string() << " back to " << dir_.string() << ": " << ec.message()
+           << "\n";
+    else
+      aside_.clear();
+  }
+  created_ = false;
 }
 
 void Training::build_model() {
@@ -408,7 +576,7 @@ void Training::resume() {
   start_ = c.header.at("step").get<int64_t>();
   adam_->set_steps_taken(c.header.at("adam_t").get<int64_t>());
   best_ = c.header.at("best").get<double>();
-  truncate_metrics(metrics_path_, start_);
+  truncate_metrics(metrics_path_, start_, log_);
   log_ << "resuming " << dir_.string() << " at step " << start_ << "/" << total_ << "\n";
 }
 
@@ -420,18 +588,23 @@ void Training::train() {
   progress_ = Progress(log_, opt_.progress, total_, tc.log_interval);
   t_run_ = std::chrono::steady_clock::now();
 
-  if (start_ == 0 && task_->eval_at_start) record_eval(0);
-  for (step_ = start_; step_ < total_; ++step_) {
-    if (opt_.stop_after >= 0 && step_ >= opt_.stop_after) {
-      status_ = "stopped";
-      break;
+  try {
+    if (start_ == 0 && task_->eval_at_start) record_eval(0);
+    for (step_ = start_; step_ < total_; ++step_) {
+      if (opt_.stop_after >= 0 && step_ >= opt_.stop_after) {
+        status_ = "stopped";
+        break;
+      }
+      if (!train_step(step_)) break;
+      const int64_t done = step_ + 1;
+      const bool eval_now = done % eval_interval_ == 0 || done == total_;
+      if (eval_now) record_eval(done);
+      if ((tc.checkpoint_interval > 0 ? done % tc.checkpoint_interval == 0 : eval_now) || done == total_)
+        checkpoint(done);
     }
-    if (!train_step(step_)) break;
-    const int64_t done = step_ + 1;
-    const bool eval_now = done % eval_interval_ == 0 || done == total_;
-    if (eval_now) record_eval(done);
-    if ((tc.checkpoint_interval > 0 ? done % tc.checkpoint_interval == 0 : eval_now) || done == total_)
-      checkpoint(done);
+  } catch (...) {
+    abandon();
+    throw;
   }
   progress_.end();
   metrics_.close();
@@ -461,7 +634,10 @@ bool Training::train_step(int64_t step) {
   }
   be_->synchronize();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (step - start_ >= 2) train_seconds_ += dt, ++timed_steps_;  // skip warm-up steps
+  if (step - start_ >= 2)
+    train_seconds_ += dt, ++timed_steps_;  // skip warm-up steps
+  else
+    warmup_seconds_ += dt;
   res_.step_losses.push_back(loss);
   last_loss_ = loss;
   const int64_t done = step + 1;
@@ -491,8 +667,9 @@ void Training::record_eval(int64_t step) {
 void Training::checkpoint(int64_t step) {
   ParamStore& ps = model_->params();
   Checkpoint c;
-  c.header = {
-      {"step", step}, {"adam_t", adam_->steps_taken()}, {"best", best_}, {"params", ps.size()}, {"recipe", label_}};
+  c.header = {{"step", step},     {"adam_t", adam_->steps_taken()},
+              {"best", best_},    {"params", ps.size()},
+              {"recipe", label_}, {"config_hash", hash_}};
   c.values.resize(size_t(ps.size()));
   c.m.resize(size_t(ps.size()));
   c.v.resize(size_t(ps.size()));
@@ -500,10 +677,21 @@ void Training::checkpoint(int64_t step) {
   be_->download(adam_->m(), c.m.data());
   be_->download(adam_->v(), c.v.data());
   save_checkpoint(ckpt_path_, c);
+  checkpointed_ = true;
+  if (!aside_.empty()) {  // the new run is under way: the replaced one goes
+    std::error_code ec;
+    fs::remove_all(aside_, ec);
+    if (ec) log_ << "warning: could not remove the replaced run " << aside_.string() << ": " << ec.message() << "\n";
+    aside_.clear();
+  }
 }
 
 json Training::summary() const {
-  const double ms = timed_steps_ ? 1000.0 * train_seconds_ / double(timed_steps_) : std::nan("");
+  // With fewer than 3 steps in this invocation, the warm-up steps are all there is to time.
+  const int64_t ran = int64_t(res_.step_losses.size());
+  const double ms = timed_steps_ ? 1000.0 * train_seconds_ / double(timed_steps_)
+                    : ran        ? 1000.0 * warmup_seconds_ / double(ran)
+                                 : std::nan("");
   json s = {{"name", cfg_.name},
             {"recipe", label_},
             {"model", cfg_.model.type},
@@ -521,6 +709,7 @@ json Training::summary() const {
             {"item", task_->item},
             {"params", model_->params().size()},
             {"backend", cfg_.backend},
+            {"config_hash", hash_},
             {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
   if (!error_.empty()) s["error"] = error_;
   return s;
@@ -528,43 +717,78 @@ json Training::summary() const {
 
 RunResult Training::finish() {
   const json s = summary();
-  if (status_ != "stopped") write_atomic(dir_ / "summary.json", s.dump(2) + "\n");
+  const bool restore = !aside_.empty();  // replacing, and no checkpoint yet: the old run comes back
+  if (restore)
+    abandon();
+  else if (status_ != "stopped")
+    write_atomic(dir_ / "summary.json", s.dump(2) + "\n");
   res_.status = status_;
   res_.summary = s;
   res_.final_params.resize(size_t(model_->params().size()));
   be_->download(model_->params().values, res_.final_params.data());
-  if (status_ == "diverged")
-    throw Error("run " + dir_.string() + " diverged at step " + std::to_string(step_) + ": " + error_ +
-                "; stopped. The last good checkpoint is kept in " + ckpt_path_.string() +
-                (fs::exists(ckpt_path_) ? "" : " (none was written yet)"));
+  if (status_ == "diverged") {
+    const std::string msg =
+        "run " + dir_.string() + " diverged at step " + std::to_string(step_) + ": " + error_ + "; stopped. ";
+    if (restore)
+      throw Error(msg + "No checkpoint was written; " + dir_.string() + " holds the run it was to replace again");
+    throw DivergedError(msg + "The last good checkpoint is kept in " + ckpt_path_.string() +
+                        (fs::exists(ckpt_path_) ? "" : " (none was written yet)"));
+  }
   return std::move(res_);
 }
 
 }  // namespace
 
-std::vector<json> read_metrics(const std::string& path) {
+std::vector<json> read_metrics(const std::string& path, std::string* torn) {
   std::ifstream f(path);
   if (!f) throw Error("cannot open " + path);
+  if (torn) torn->clear();
   std::vector<json> out;
-  std::string line;
+  std::string line, bad, bad_text;
   int lineno = 0;
   while (std::getline(f, line)) {
     ++lineno;
     if (line.empty()) continue;
+    if (!bad.empty()) throw Error(bad);  // an invalid line before the last: not a torn write
     try {
       out.push_back(json::parse(line));
     } catch (const json::parse_error& e) {
-      throw Error(path + ":" + std::to_string(lineno) + ": invalid JSON line: " + e.what());
+      bad = path + ":" + std::to_string(lineno) + ": invalid JSON line: " + e.what();
+      if (!torn) throw Error(bad);
+      *torn = path + ":" + std::to_string(lineno) +
+              ": dropped a torn last line (a run killed while writing it): " + line.substr(0, 60);
     }
   }
   return out;
 }
 
+// File system errors (permissions, a full disk, a name taken meanwhile) as fp4lab::Error.
+template <class F>
+auto fs_errors(F&& f) {
+  try {
+    return f();
+  } catch (const fs::filesystem_error& e) {
+    throw Error(e.what());
+  }
+}
+
+RunPlan plan_run(const RunConfig& cfg, const RunOptions& opt) {
+  json resolved = config_to_json(cfg);
+  resolved["recipe_resolved"] = recipe_to_json(resolve_recipe(cfg));
+  const fs::path dir = run_directory(cfg);
+  Plan p = fs_errors(
+      [&] { return plan_directory(dir, resolved, cfg.training.steps > 0 ? cfg.training.steps : -1, opt, false); });
+  return RunPlan{p.action, dir.string(), p.notes + p.done};
+}
+
 RunResult run_training(const RunConfig& cfg, const RunOptions& opt) {
-  Training t(cfg, opt);
-  if (opt.resume) t.resume();
-  t.train();
-  return t.finish();
+  return fs_errors([&] {
+    Training t(cfg, opt);
+    if (t.finished()) return t.unchanged();
+    t.start();
+    t.train();
+    return t.finish();
+  });
 }
 
 }  // namespace fp4lab::train

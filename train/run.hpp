@@ -7,14 +7,32 @@
 //                     {"step": s, "eval": true, "test_acc", "test_loss"}        (vit)
 //                     {"step": s, "eval": true, "val_loss", "train_loss"}       (gpt)
 //   summary.json    status ("completed" | "diverged"), metric name and direction, final and
-//                   best metric, ms/step and items/s (images or tokens), wall time
-//   checkpoint.bin  parameters + AdamW moments + step, written atomically (tmp + rename)
+//                   best metric, ms/step and items/s (images or tokens), wall time, and
+//                   config_hash (train/config.hpp: FNV-1a 64 of config.json without threads and output)
+//   checkpoint.bin  parameters + AdamW moments + step (+ config_hash), written atomically (tmp + rename)
 //                   at every evaluation (or every training.checkpoint_interval steps) and at the end.
 // Everything random (init, data order, dropout, stochastic rounding) is a pure
 // function of (seed, step), so `resume` continues bit-exactly: the resumed run
 // computes the same losses and parameters as an uninterrupted one.
 // A NaN/Inf loss or gradient stops the run with an fp4lab::Error naming the
 // step; the last good checkpoint stays in place and summary.json says "diverged".
+//
+// Lifecycle (nothing finished is modified or deleted unless the command's success is certain):
+// - The data, the backend, the model and the optimiser are set up before the
+//   directory is touched; a fresh directory appears whole (written as
+//   <dir>.tmp.<pid>, then renamed). A failure before the run's first
+//   checkpoint removes the directory it created.
+// - An existing directory is compared with the new resolved config (threads and
+//   output aside); a difference is an error naming the differing keys.
+// - A directory holding only config.json (and an empty metrics.jsonl), left by a
+//   start that failed, counts as absent (a one-line note says so).
+// - resume of a finished run (summary.json exists, or the checkpoint is at the
+//   last step) is a no-op: RunResult::note says so and no file changes.
+// - force moves the old directory aside to <dir>.old.<pid>, removes it once the
+//   new run has written its first checkpoint, and moves it back if the new run
+//   fails (or stops, or diverges) before that.
+// - A torn last line of metrics.jsonl (a run killed mid-write) is dropped on
+//   resume with a warning.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +42,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.hpp"
 #include "train/config.hpp"
 
 namespace fp4lab::train {
 
 struct RunOptions {
-  bool resume = false;          // continue from <dir>/checkpoint.bin
-  bool force = false;           // overwrite an existing run directory
+  bool resume = false;          // continue from <dir>/checkpoint.bin (a finished run: a no-op)
+  bool force = false;           // replace an existing run directory (see the lifecycle above)
+  bool reuse = false;           // sweep: an absent directory starts (also with resume), and a finished
+                                // run with the same config is kept as it is (a no-op) without resume too
   int64_t stop_after = -1;      // stop (as if interrupted) once this many steps are done; -1 = run to the end
   bool progress = true;         // progress bar on a TTY / log lines otherwise
   std::ostream* log = nullptr;  // nullptr: std::cerr
@@ -41,13 +62,34 @@ struct RunResult {
   std::string status;               // "completed", "stopped" (stop_after), "diverged"
   std::vector<double> step_losses;  // losses of the steps run in this invocation
   int64_t first_step = 0;           // step index of step_losses[0]
-  std::vector<float> final_params;  // host copy of the parameters at the end
+  std::vector<float> final_params;  // host copy of the parameters at the end (empty if nothing ran)
   nlohmann::json summary;
+  std::string note;  // nothing ran: "<dir>: already completed at step N (best M X); nothing to do"
+};
+
+// A run that diverged; its directory keeps summary.json with status "diverged".
+class DivergedError : public Error {
+ public:
+  using Error::Error;
 };
 
 RunResult run_training(const RunConfig& cfg, const RunOptions& opt = {});
 
-// Reads metrics.jsonl (skipping nothing: every line must parse; errors name file:line).
-std::vector<nlohmann::json> read_metrics(const std::string& path);
+// What run_training(cfg, opt) will do with cfg's run directory, decided from the
+// directory alone (no data loaded, nothing allocated or written). Throws the
+// fp4lab::Error run_training would throw there (a different config, naming the
+// keys; an existing run without resume/force; resume without a checkpoint; ...).
+enum class RunAction { start, resume, replace, none };
+struct RunPlan {
+  RunAction action = RunAction::start;
+  std::string dir;
+  std::string note;  // one line per note (a finished run kept, a failed start's directory ignored, ...), or ""
+};
+RunPlan plan_run(const RunConfig& cfg, const RunOptions& opt = {});
+
+// Reads metrics.jsonl: every line must parse (errors name file:line), except,
+// with `torn` given, an unparseable last line (a write cut short): it is
+// dropped and *torn names it ("FILE:LINE: ..."), else *torn is left empty.
+std::vector<nlohmann::json> read_metrics(const std::string& path, std::string* torn = nullptr);
 
 }  // namespace fp4lab::train
