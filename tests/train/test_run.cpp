@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "train/config.hpp"
@@ -174,4 +175,236 @@ TEST_CASE("a NaN/Inf loss stops the run with a clear error and keeps the last go
   CHECK(fs::exists(dir / "checkpoint.bin"));
   CHECK(read_json_file((dir / "summary.json").string())["status"] == "diverged");
   fs::remove_all(tmp);
+}
+
+// ---- the run lifecycle: nothing finished is modified or deleted unless the command's success is certain ----
+
+namespace {
+
+// Every file of a directory (name -> bytes), to show that nothing changed.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> m;
+  if (!fs::exists(dir)) return m;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    std::ostringstream s;
+    s << f.rdbuf();
+    m[e.path().filename().string()] = s.str();
+  }
+  return m;
+}
+
+std::string run_error(const json& j, const RunOptions& o) {
+  try {
+    run_training(config_from_json(j), o);
+  } catch (const fp4lab::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Entries of `parent` whose name starts with `prefix` (leftover .old./.tmp. siblings).
+int siblings(const fs::path& parent, const std::string& prefix) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(parent)) n += e.path().filename().string().starts_with(prefix);
+  return n;
+}
+
+struct Lifecycle {
+  fs::path tmp;
+  std::string text;
+  std::ostringstream log;
+  RunOptions o;
+  explicit Lifecycle(const char* name) : tmp(fs::temp_directory_path() / name) {
+    fs::remove_all(tmp);
+    text = fixture_text(tmp);
+    o.log = &log;
+    o.progress = false;
+  }
+  ~Lifecycle() { fs::remove_all(tmp); }
+  json cfg(int steps = 20) const {
+    json j = tiny_gpt(text, (tmp / "runs").string());
+    j["training"]["steps"] = steps;
+    j["training"]["eval_interval"] = 10;
+    return j;
+  }
+  fs::path dir() const { return tmp / "runs" / "tiny-fp32-s3"; }
+};
+
+}  // namespace
+
+TEST_CASE("resume of a finished run changes no file") {
+  Lifecycle L("fp4lab_test_run_resume_done");
+  const RunResult done = run_training(config_from_json(L.cfg()), L.o);
+  REQUIRE(done.status == "completed");
+  const auto before = snapshot(L.dir());
+  RunOptions res = L.o;
+  res.resume = true;
+  RunResult r;
+  REQUIRE_NOTHROW(r = run_training(config_from_json(L.cfg()), res));
+  CHECK(r.status == "completed");
+  CHECK(r.step_losses.empty());
+  CHECK(snapshot(L.dir()) == before);  // was: summary.json rewritten with "final": null, "ms_per_step": null
+  const json s = read_json_file((L.dir() / "summary.json").string());
+  CHECK(s["final"].is_number());
+  CHECK(s["ms_per_step"].is_number());
+  CHECK(r.summary["final"] == s["final"]);
+  // Killed after the last checkpoint but before summary.json: the checkpoint is at the
+  // last step, so resume is a no-op too (and writes no summary.json with nulls).
+  fs::remove(L.dir() / "summary.json");
+  const auto no_summary = snapshot(L.dir());
+  REQUIRE_NOTHROW(run_training(config_from_json(L.cfg()), res));
+  CHECK(snapshot(L.dir()) == no_summary);
+}
+
+TEST_CASE("--force keeps the old run until the new one has a checkpoint") {
+  Lifecycle L("fp4lab_test_run_force");
+  run_training(config_from_json(L.cfg()), L.o);
+  const auto before = snapshot(L.dir());
+  RunOptions force = L.o;
+  force.force = true;
+  SUBCASE("the new run fails before its first checkpoint: the old run is moved back") {
+    json bad = L.cfg();
+    bad["model"]["context"] = 1000;  // longer than the validation split: the step-0 evaluation throws
+    CHECK(run_error(bad, force).find("too short for context") != std::string::npos);
+    CHECK(snapshot(L.dir()) == before);  // was: the old run deleted, config.json + metrics.jsonl left
+  }
+  SUBCASE("the new run diverges before its first checkpoint: the old run is moved back") {
+    json bad = L.cfg();
+    bad["training"]["lr"] = 1e30;
+    bad["training"]["warmup_steps"] = 0;
+    bad["training"]["grad_clip"] = 0.0;
+    bad["training"]["eval_interval"] = 1000;  // no checkpoint before the end
+    CHECK(run_error(bad, force).find("diverged at step") != std::string::npos);
+    CHECK(snapshot(L.dir()) == before);
+  }
+#ifndef FP4LAB_WITH_CUDA
+  SUBCASE("backend cuda on a build without CUDA: nothing is touched") {
+    json bad = L.cfg();
+    bad["backend"] = "cuda";
+    CHECK(run_error(bad, force).find("cuda") != std::string::npos);
+    CHECK(snapshot(L.dir()) == before);
+  }
+#endif
+  SUBCASE("the new run succeeds: it replaces the old one, nothing is left aside") {
+    json j = L.cfg();
+    j["training"]["lr"] = 2e-2;
+    const RunResult r = run_training(config_from_json(j), force);
+    CHECK(r.status == "completed");
+    CHECK(read_json_file((L.dir() / "config.json").string())["training"]["lr"] == 2e-2);
+    CHECK(snapshot(L.dir()) != before);
+  }
+  CHECK(siblings(L.tmp / "runs", "tiny-fp32-s3.") == 0);  // no .old.PID / .tmp.PID left behind
+}
+
+TEST_CASE("an existing run directory with a different config: the error names the keys; the config hash is recorded") {
+  Lifecycle L("fp4lab_test_run_config_diff");
+  run_training(config_from_json(L.cfg()), L.o);
+  const auto before = snapshot(L.dir());
+  const json s = read_json_file((L.dir() / "summary.json").string());
+  REQUIRE(s.contains("config_hash"));
+  CHECK(s["config_hash"].get<std::string>().size() == 16);
+  json j = L.cfg();
+  j["training"]["lr"] = 2e-2;
+  const std::string e = run_error(j, L.o);
+  CHECK(e.find(L.dir().string() + ": exists with a different config: training.lr 0.01 -> 0.02") != std::string::npos);
+  CHECK(e.find("--force") != std::string::npos);
+  RunOptions res = L.o;
+  res.resume = true;
+  CHECK(run_error(j, res).find("training.lr 0.01 -> 0.02") != std::string::npos);
+  // threads and output do not make a different run
+  json t = L.cfg();
+  t["threads"] = 1;
+  CHECK(run_error(t, res).empty());
+  CHECK(snapshot(L.dir()) == before);
+}
+
+TEST_CASE("a failed start leaves no run directory, and a failed start's config.json does not block a retry") {
+  Lifecycle L("fp4lab_test_run_failed_start");
+  json bad = L.cfg();
+  bad["model"]["context"] = 1000;  // the step-0 evaluation throws
+  CHECK(run_error(bad, L.o).find("too short for context") != std::string::npos);
+  CHECK(!fs::exists(L.dir()));  // was: config.json + an empty metrics.jsonl
+#ifndef FP4LAB_WITH_CUDA
+  json cuda = L.cfg();
+  cuda["backend"] = "cuda";
+  CHECK(!run_error(cuda, L.o).empty());
+  CHECK(!fs::exists(L.dir()));
+#endif
+  // What an older fp4lab left after a failed start: only config.json (and an empty metrics.jsonl).
+  fs::create_directories(L.dir());
+  std::ofstream(L.dir() / "config.json") << config_to_json(config_from_json(bad)).dump(2);
+  std::ofstream(L.dir() / "metrics.jsonl");
+  RunResult r;
+  REQUIRE_NOTHROW(r = run_training(config_from_json(L.cfg()), L.o));
+  CHECK(r.status == "completed");
+  CHECK(L.log.str().find("start that failed") != std::string::npos);
+  CHECK(read_json_file((L.dir() / "config.json").string())["model"]["context"] == 16);
+}
+
+TEST_CASE("resume drops a torn last line of metrics.jsonl with a warning") {
+  Lifecycle L("fp4lab_test_run_torn");
+  const RunResult full = run_training(config_from_json(L.cfg()), L.o);
+  json b = L.cfg();
+  b["output"]["name"] = "b";
+  RunOptions stop = L.o;
+  stop.stop_after = 15;  // after the checkpoint of step 10
+  run_training(config_from_json(b), stop);
+  const fs::path m = L.tmp / "runs" / "b" / "metrics.jsonl";
+  std::ofstream(m, std::ios::app) << "{\"step\": 16, \"loss\": 2.1";  // killed mid-write
+  RunOptions res = L.o;
+  res.resume = true;
+  RunResult r;
+  REQUIRE_NOTHROW(r = run_training(config_from_json(b), res));  // was: "invalid JSON line"
+  CHECK(r.status == "completed");
+  CHECK(L.log.str().find("torn last line") != std::string::npos);
+  CHECK(r.final_params == full.final_params);
+  const auto ma = read_metrics((fs::path(full.dir) / "metrics.jsonl").string());
+  const auto mb = read_metrics(m.string());  // strict: every line parses again
+  CHECK(ma.size() == mb.size());
+  // Read strictly (compare), a torn last line is still an error naming file:line.
+  std::ofstream(m, std::ios::app) << "{\"step\": 2";
+  CHECK_THROWS_WITH_AS(read_metrics(m.string()), doctest::Contains("metrics.jsonl:"), fp4lab::Error);
+}
+
+TEST_CASE("config checks: run names, threads, seed range, a warmup longer than the run") {
+  const json j = tiny_gpt("x.txt", "runs");
+  for (const char* name : {"../../escape", "a/b", "..", ""}) {
+    json bad = j;
+    bad["name"] = name;
+    CHECK(error_of(bad).find("config.name: \"" + std::string(name) + "\" cannot name a run directory") !=
+          std::string::npos);
+    bad = j;
+    bad["output"]["name"] = name;
+    if (*name) CHECK(error_of(bad).find("config.output.name") != std::string::npos);
+  }
+  for (int t : {-3, 1025, 100000}) {
+    json bad = j;
+    bad["threads"] = t;
+    CHECK(error_of(bad).find("config.threads: " + std::to_string(t) +
+                             " is not valid; valid: 0 (OpenMP's default) or 1..1024") != std::string::npos);
+  }
+  for (int t : {0, 1, 1024}) {
+    json ok = j;
+    ok["threads"] = t;
+    CHECK(error_of(ok).empty());
+  }
+  json bad = j;
+  apply_set(bad, "seed=-1");
+  CHECK(error_of(bad).find("config.seed: -1 is out of range; valid: an integer in 0..18446744073709551615") !=
+        std::string::npos);
+  bad = j;
+  apply_set(bad, "seed=18446744073709551616");
+  CHECK(error_of(bad).find("config.seed: 18446744073709551616 is out of range") != std::string::npos);
+  json ok = j;
+  apply_set(ok, "seed=18446744073709551615");
+  CHECK(error_of(ok).empty());
+  CHECK(config_from_json(ok).seed == 18446744073709551615ull);
+  // warmup_steps >= steps: a one-line warning, the run goes on
+  Lifecycle L("fp4lab_test_run_warmup");
+  json w = L.cfg(10);
+  w["training"]["warmup_steps"] = 100;
+  CHECK(run_training(config_from_json(w), L.o).status == "completed");
+  CHECK(L.log.str().find("warmup_steps 100 >= the run's 10 steps: the learning rate never reaches its set value") !=
+        std::string::npos);
 }
