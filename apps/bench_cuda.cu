@@ -355,37 +355,37 @@ struct GemmBench {
 
 // One quantized operand of a GEMM row: its buffers and its QuantOperand view.
 struct Side {
-    DeviceBuffer<uint8_t> codes, scodes;
-    DeviceBuffer<uint16_t> op16;
-    DeviceBuffer<float> gdec;
-    QuantWorkspace ws;
-    QuantOperand op;
-  };
+  DeviceBuffer<uint8_t> codes, scodes;
+  DeviceBuffer<uint16_t> op16;
+  DeviceBuffer<float> gdec;
+  QuantWorkspace ws;
+  QuantOperand op;
+};
 // Sizes s for q on a [rows, k] operand; the outputs a fused quantization
 // writes for a BF16-tensor-core GEMM (codes, scales, g_dec, exact BF16 operand).
 QuantOutputs prep(Side& s, const QuantizerSpec& q, int64_t rows, int64_t k) {
-    int64_t sr = 0, sc = 0;
-    scale_grid(q, rows, k, sr, sc);
-    const bool packed = q.element->bits() == 4;
-    s.codes.resize(size_t(packed ? rows * ((k + 1) / 2) : rows * k));
-    s.scodes.resize(size_t(sr * sc));
-    s.op16.resize(size_t(rows * k));
-    s.gdec.resize(1);
-    s.op.spec = q;
-    s.op.rows = rows;
-    s.op.cols = k;
-    s.op.codes = s.codes.data();
-    s.op.layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
-    s.op.scale_codes = s.scodes.data();
-    s.op.global_decode = s.gdec.data();
-    QuantOutputs o;
-    o.codes = s.codes.data();
-    o.code_layout = s.op.layout;
-    o.scale_codes = s.scodes.data();
-    o.global_decode = s.gdec.data();
-    o.dequant_bf16 = s.op16.data();
-    o.bf16_gemm_operand = true;
-    return o;
+  int64_t sr = 0, sc = 0;
+  scale_grid(q, rows, k, sr, sc);
+  const bool packed = q.element->bits() == 4;
+  s.codes.resize(size_t(packed ? rows * ((k + 1) / 2) : rows * k));
+  s.scodes.resize(size_t(sr * sc));
+  s.op16.resize(size_t(rows * k));
+  s.gdec.resize(1);
+  s.op.spec = q;
+  s.op.rows = rows;
+  s.op.cols = k;
+  s.op.codes = s.codes.data();
+  s.op.layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
+  s.op.scale_codes = s.scodes.data();
+  s.op.global_decode = s.gdec.data();
+  QuantOutputs o;
+  o.codes = s.codes.data();
+  o.code_layout = s.op.layout;
+  o.scale_codes = s.scodes.data();
+  o.global_decode = s.gdec.data();
+  o.dequant_bf16 = s.op16.data();
+  o.bf16_gemm_operand = true;
+  return o;
 }
 
 // NVFP4 / MXFP4 / MXFP8 GEMMs on the BF16 tensor cores: quantize + GEMM, the

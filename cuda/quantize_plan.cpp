@@ -22,12 +22,9 @@ KernelKind family_kind(Family family, int block, bool rht, KernelKind k) {
       if (block == 32) return k;
       if (rht) return k == KernelKind::nvfp4 ? k : KernelKind::runtime;
       return e2m1_kind(k) ? k : KernelKind::runtime;
-    case Family::tiles:
-      return e2m1_kind(k) ? k : KernelKind::runtime;
-    case Family::dual:
-      return KernelKind::nvfp4;
-    case Family::generic:
-      break;
+    case Family::tiles: return e2m1_kind(k) ? k : KernelKind::runtime;
+    case Family::dual: return KernelKind::nvfp4;
+    case Family::generic: break;
   }
   return KernelKind::runtime;
 }
@@ -91,8 +88,8 @@ KernelPlan plan_quantize(const QuantizerSpec& q, InputType in, QuantPath path, b
   return plan;
 }
 
-std::optional<KernelPlan> plan_dual(const QuantizerSpec& row_q, const QuantizerSpec& col_q, InputType in,
-                                    int64_t rows, int64_t cols, bool amax_given) {
+std::optional<KernelPlan> plan_dual(const QuantizerSpec& row_q, const QuantizerSpec& col_q, InputType in, int64_t rows,
+                                    int64_t cols, bool amax_given) {
   if (!dual_quantizer(row_q) || !dual_quantizer(col_q)) return std::nullopt;
   if (row_q.block_rows != 1 || row_q.block_cols != 16 || row_q.rht) return std::nullopt;
   if (col_q.block_rows != 16 || col_q.block_cols != 1) return std::nullopt;

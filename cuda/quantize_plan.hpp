@@ -73,7 +73,7 @@ std::optional<Family> fused_family(const QuantizerSpec& q);
 // fp4lab::Error where `path` cannot run q.
 KernelPlan plan_quantize(const QuantizerSpec& q, InputType in, QuantPath path, bool amax_given);
 // The plan of quantize_dual_device, or nullopt where one pass cannot make both.
-std::optional<KernelPlan> plan_dual(const QuantizerSpec& row_q, const QuantizerSpec& col_q, InputType in,
-                                    int64_t rows, int64_t cols, bool amax_given);
+std::optional<KernelPlan> plan_dual(const QuantizerSpec& row_q, const QuantizerSpec& col_q, InputType in, int64_t rows,
+                                    int64_t cols, bool amax_given);
 
 }  // namespace fp4lab::cuda::qk

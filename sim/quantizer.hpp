@@ -76,8 +76,8 @@ struct RandomStream {
 };
 
 struct QuantStats {
-  double sqnr_db = 0;  // 10 log10(sum x^2 / sum (x - dq)^2); +inf if exact
-  double max_abs_error = 0;  // NaN when any input or output is NaN (never a claim of exactness then)
+  double sqnr_db = 0;            // 10 log10(sum x^2 / sum (x - dq)^2); +inf if exact
+  double max_abs_error = 0;      // NaN when any input or output is NaN (never a claim of exactness then)
   double flushed_to_zero = 0;    // fraction of non-zero inputs whose dequantized value is 0
   double saturated = 0;          // fraction of elements clamped to +-max of the element format
   int64_t scale_underflows = 0;  // blocks whose scale underflowed the scale format

@@ -215,7 +215,8 @@ TEST_CASE("npy: the header grammar NumPy writes and nothing looser; shapes check
     CHECK(msg.find(b.name) != std::string::npos);
   }
   // What NumPy accepts: any key order, double quotes, no trailing comma, spaces.
-  write_file(tmp.path("order.npy"), npy_bytes("{\"shape\": ( 2 , 2 ), \"fortran_order\": False, \"descr\": \"<f4\"}", f4));
+  write_file(tmp.path("order.npy"),
+             npy_bytes("{\"shape\": ( 2 , 2 ), \"fortran_order\": False, \"descr\": \"<f4\"}", f4));
   CHECK(read_npy(tmp.path("order.npy")).shape == Shape{2, 2});
   write_file(tmp.path("scalar.npy"), npy_bytes(dict("()"), f4.substr(0, 4)));
   CHECK(read_npy(tmp.path("scalar.npy")).shape == Shape{});
@@ -251,9 +252,9 @@ TEST_CASE("npy: a few hundred mutated files give a valid array or one clean erro
     test::classify(c, "mutation " + std::to_string(k), [&] {
       const NpyArray a = read_npy(p);
       REQUIRE(int64_t(a.bytes.size()) == shape_numel(a.shape) * int64_t(a.dtype == DType::float64   ? 8
-                                                                         : a.dtype == DType::float32 ? 4
-                                                                         : a.dtype == DType::uint16  ? 2
-                                                                                                     : 1));
+                                                                        : a.dtype == DType::float32 ? 4
+                                                                        : a.dtype == DType::uint16  ? 2
+                                                                                                    : 1));
       if (a.dtype == DType::float32) (void)read_npy_float32(p);
     });
   }

@@ -73,7 +73,9 @@ Output scalar(std::string name, double v, double tol = -1.0) {
 // ---- The rows ---------------------------------------------------------------
 
 void memory_cases(std::vector<OpCase>& cs) {
-  cs.push_back({"upload/download", "7x13", 0.0,
+  cs.push_back({"upload/download",
+                "7x13",
+                0.0,
                 [](Backend& be) {
                   const auto v = randv(7 * 13, 1);
                   Tensor t = put(be, v, 7, 13);
@@ -81,7 +83,9 @@ void memory_cases(std::vector<OpCase>& cs) {
                 },
                 {{"downloaded", "uploaded"}},
                 {}});
-  cs.push_back({"copy", "7x13 -> 13x7", 0.0,
+  cs.push_back({"copy",
+                "7x13 -> 13x7",
+                0.0,
                 [](Backend& be) {
                   const auto v = randv(7 * 13, 2);
                   Tensor s = put(be, v, 7, 13), d = be.empty(13, 7);
@@ -91,7 +95,9 @@ void memory_cases(std::vector<OpCase>& cs) {
                 {{"dst", "src"}},
                 {}});
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{13, 7}, {1, 1}, {300, 1001}}) {
-    cs.push_back({"fill", cat(rows, "x", cols, " with -2.5, zeros"), 0.0,
+    cs.push_back({"fill",
+                  cat(rows, "x", cols, " with -2.5, zeros"),
+                  0.0,
                   [rows, cols](Backend& be) {
                     Tensor t = put(be, randv(size_t(rows * cols), 3), rows, cols);
                     be.fill(t, -2.5f);
@@ -104,17 +110,19 @@ void memory_cases(std::vector<OpCase>& cs) {
                     const auto& z = find_output(o, "zeros").v;
                     CHECK_MESSAGE(std::all_of(f.begin(), f.end(), [](double x) { return x == -2.5; }),
                                   "fill(-2.5) left other values");
-                    CHECK_MESSAGE(std::all_of(z.begin(), z.end(), [](double x) { return std::signbit(x) == 0 && x == 0; }),
-                                  "zeros() is not all +0");
+                    CHECK_MESSAGE(
+                        std::all_of(z.begin(), z.end(), [](double x) { return std::signbit(x) == 0 && x == 0; }),
+                        "zeros() is not all +0");
                   }});
   }
   struct Cols {
     int64_t rows, src_cols, src_col, dst_cols, dst_col, n;
   };
-  for (const Cols& g : {Cols{7, 13, 5, 9, 2, 4}, Cols{300, 64, 0, 200, 136, 64}, Cols{1, 1, 0, 3, 2, 1},
-                        Cols{33, 96, 64, 32, 0, 32}}) {
-    cs.push_back({"copy_cols", cat("[", g.rows, ", ", g.src_cols, "] cols ", g.src_col, ".. -> [", g.rows, ", ",
-                                   g.dst_cols, "] col ", g.dst_col, ", ", g.n, " cols"),
+  for (const Cols& g :
+       {Cols{7, 13, 5, 9, 2, 4}, Cols{300, 64, 0, 200, 136, 64}, Cols{1, 1, 0, 3, 2, 1}, Cols{33, 96, 64, 32, 0, 32}}) {
+    cs.push_back({"copy_cols",
+                  cat("[", g.rows, ", ", g.src_cols, "] cols ", g.src_col, ".. -> [", g.rows, ", ", g.dst_cols,
+                      "] col ", g.dst_col, ", ", g.n, " cols"),
                   0.0, [g](Backend& be) {
                     Tensor s = put(be, randv(size_t(g.rows * g.src_cols), 4), g.rows, g.src_cols);
                     Tensor d = put(be, randv(size_t(g.rows * g.dst_cols), 5), g.rows, g.dst_cols);
@@ -122,7 +130,9 @@ void memory_cases(std::vector<OpCase>& cs) {
                     return Outputs{out(be, "dst", d)};
                   }});
   }
-  cs.push_back({"empty", "0x5", 0.0,
+  cs.push_back({"empty",
+                "0x5",
+                0.0,
                 [](Backend& be) {
                   Tensor e = be.empty(0, 5);
                   return Outputs{scalar("size", double(e.size()))};
@@ -161,8 +171,8 @@ OpCase linear_case(std::optional<Recipe> rec, LinShape s, uint32_t seed) {
 }
 void linear_cases(std::vector<OpCase>& cs) {
   uint32_t seed = 200;
-  for (const LinShape& s : {LinShape{37, 50, 29, true}, LinShape{1, 1, 1, false}, LinShape{272, 48, 75, true},
-                            LinShape{64, 96, 64, false}})
+  for (const LinShape& s :
+       {LinShape{37, 50, 29, true}, LinShape{1, 1, 1, false}, LinShape{272, 48, 75, true}, LinShape{64, 96, 64, false}})
     cs.push_back(linear_case(std::nullopt, s, seed += 10));
   // Every canned recipe on a shape all of them take (multiples of 32).
   for (const std::string& name : recipe_names())
@@ -204,7 +214,8 @@ void layernorm_cases(std::vector<OpCase>& cs) {
                      out(be, "dx, then add_inplace(residual)", sum),
                      out(be, "dgamma with a residual", dg2, 0.0)};
     };
-    c.same = {{"dx with a residual", "dx, then add_inplace(residual)"}, {"dgamma with a residual", "dgamma (accumulated)"}};
+    c.same = {{"dx with a residual", "dx, then add_inplace(residual)"},
+              {"dgamma with a residual", "dgamma (accumulated)"}};
     cs.push_back(std::move(c));
   }
 }
@@ -332,7 +343,9 @@ void rows_cases(std::vector<OpCase>& cs) {
                     return Outputs{out(be, "y", y)};
                   }});
     const std::string rows = cat(shape, " stride ", g.stride, ", ", g.n, " rows");
-    cs.push_back({"gather_rows/scatter_rows", rows, 0.0,
+    cs.push_back({"gather_rows/scatter_rows",
+                  rows,
+                  0.0,
                   [g](Backend& be) {
                     Tensor x = put(be, randv(size_t(g.N * g.C), 4), g.N, g.C), o = be.empty(g.n, g.C);
                     be.gather_rows(x, g.stride, o);
@@ -361,22 +374,21 @@ void embedding_cases(std::vector<OpCase>& cs) {
   };
   for (const Geo& g : {Geo{37, 3, 11, 24}, Geo{5, 1, 1, 1}, Geo{65, 4, 64, 300}, Geo{3, 2, 300, 7}}) {
     // float32 scatter-add in row order, float64 column sums in row order: bit for bit.
-    cs.push_back({"embed_forward/backward", cat("V=", g.V, " B=", g.B, " T=", g.T, " C=", g.C), 0.0,
-                  [g](Backend& be) {
-                    const int64_t n = g.B * g.T;
-                    std::mt19937 rng(uint32_t(g.V * 31 + g.T));
-                    std::vector<int32_t> idx(static_cast<size_t>(n));
-                    for (auto& i : idx) i = int32_t(rng() % uint32_t(g.V));
-                    Tensor wte = put(be, randv(size_t(g.V * g.C), 1), g.V, g.C);
-                    Tensor wpe = put(be, randv(size_t(g.T * g.C), 2), g.T, g.C), o = be.empty(n, g.C);
-                    Tensor d = put(be, randv(size_t(n * g.C), 3), n, g.C);
-                    Tensor dwte = put(be, randv(size_t(g.V * g.C), 4), g.V, g.C);
-                    Tensor dwpe = put(be, randv(size_t(g.T * g.C), 5), g.T, g.C);
-                    be.embed_forward(idx.data(), g.B, g.T, wte, wpe, o);
-                    be.embed_backward(idx.data(), g.B, g.T, d, dwte, dwpe);
-                    return Outputs{out(be, "out", o), out(be, "dwte (accumulated)", dwte),
-                                   out(be, "dwpe (accumulated)", dwpe)};
-                  }});
+    cs.push_back(
+        {"embed_forward/backward", cat("V=", g.V, " B=", g.B, " T=", g.T, " C=", g.C), 0.0, [g](Backend& be) {
+           const int64_t n = g.B * g.T;
+           std::mt19937 rng(uint32_t(g.V * 31 + g.T));
+           std::vector<int32_t> idx(static_cast<size_t>(n));
+           for (auto& i : idx) i = int32_t(rng() % uint32_t(g.V));
+           Tensor wte = put(be, randv(size_t(g.V * g.C), 1), g.V, g.C);
+           Tensor wpe = put(be, randv(size_t(g.T * g.C), 2), g.T, g.C), o = be.empty(n, g.C);
+           Tensor d = put(be, randv(size_t(n * g.C), 3), n, g.C);
+           Tensor dwte = put(be, randv(size_t(g.V * g.C), 4), g.V, g.C);
+           Tensor dwpe = put(be, randv(size_t(g.T * g.C), 5), g.T, g.C);
+           be.embed_forward(idx.data(), g.B, g.T, wte, wpe, o);
+           be.embed_backward(idx.data(), g.B, g.T, d, dwte, dwpe);
+           return Outputs{out(be, "out", o), out(be, "dwte (accumulated)", dwte), out(be, "dwpe (accumulated)", dwpe)};
+         }});
   }
 }
 
@@ -388,11 +400,13 @@ void vit_cases(std::vector<OpCase>& cs) {
     cs.push_back({"vit_tokens_forward/backward", cat("B=", g.B, " P=", g.P, " C=", g.C), 0.0, [g](Backend& be) {
                     const int64_t L = g.P + 1;
                     Tensor pt = put(be, randv(size_t(g.B * g.P * g.C), 1), g.B * g.P, g.C);
-                    Tensor cls = put(be, randv(size_t(g.C), 2), 1, g.C), pos = put(be, randv(size_t(L * g.C), 3), L, g.C);
+                    Tensor cls = put(be, randv(size_t(g.C), 2), 1, g.C),
+                           pos = put(be, randv(size_t(L * g.C), 3), L, g.C);
                     Tensor o = be.empty(g.B * L, g.C);
                     be.vit_tokens_forward(pt, g.B, cls.data, pos, o);
                     Tensor d = put(be, randv(size_t(g.B * L * g.C), 4), g.B * L, g.C), dp = be.empty(g.B * g.P, g.C);
-                    Tensor dcls = put(be, randv(size_t(g.C), 5), 1, g.C), dpos = put(be, randv(size_t(L * g.C), 6), L, g.C);
+                    Tensor dcls = put(be, randv(size_t(g.C), 5), 1, g.C),
+                           dpos = put(be, randv(size_t(L * g.C), 6), L, g.C);
                     be.vit_tokens_backward(d, g.B, dp, dcls.data, dpos);
                     return Outputs{out(be, "tokens", o), out(be, "dpatches", dp), out(be, "dcls (accumulated)", dcls),
                                    out(be, "dpos (accumulated)", dpos)};
@@ -474,19 +488,20 @@ void optimiser_cases(std::vector<OpCase>& cs) {
   for (float wd : {0.0f, 0.1f}) {
     // The same FP32 operations in the same order (no FMA contraction on either
     // side, IEEE sqrt and division): bit for bit.
-    cs.push_back({"adamw_step", cat("n=", n, " weight decay ", wd, ", 4 steps, ", ranges.size(),
-                                    " decayed ranges, then 1 from step 3"),
-                  0.0, [n, wd, ranges, ranges2](Backend& be) {
-                    auto v0 = randv(size_t(n), 4, 0.01f);
-                    for (auto& x : v0) x = std::abs(x);
-                    Tensor p = put(be, randv(size_t(n), 1), 1, n), m = put(be, randv(size_t(n), 3, 0.1f), 1, n),
-                           v = put(be, v0, 1, n);
-                    for (int64_t t = 1; t <= 4; ++t) {
-                      Tensor g = put(be, randv(size_t(n), 10 + uint32_t(t)), 1, n);
-                      be.adamw_step(p, g, m, v, t < 3 ? ranges : ranges2, 1e-3f * float(t), 0.9f, 0.99f, 1e-8f, wd, t);
-                    }
-                    return Outputs{out(be, "p", p), out(be, "m", m), out(be, "v", v)};
-                  }});
+    cs.push_back(
+        {"adamw_step",
+         cat("n=", n, " weight decay ", wd, ", 4 steps, ", ranges.size(), " decayed ranges, then 1 from step 3"), 0.0,
+         [n, wd, ranges, ranges2](Backend& be) {
+           auto v0 = randv(size_t(n), 4, 0.01f);
+           for (auto& x : v0) x = std::abs(x);
+           Tensor p = put(be, randv(size_t(n), 1), 1, n), m = put(be, randv(size_t(n), 3, 0.1f), 1, n),
+                  v = put(be, v0, 1, n);
+           for (int64_t t = 1; t <= 4; ++t) {
+             Tensor g = put(be, randv(size_t(n), 10 + uint32_t(t)), 1, n);
+             be.adamw_step(p, g, m, v, t < 3 ? ranges : ranges2, 1e-3f * float(t), 0.9f, 0.99f, 1e-8f, wd, t);
+           }
+           return Outputs{out(be, "p", p), out(be, "m", m), out(be, "v", v)};
+         }});
   }
 }
 
@@ -611,7 +626,6 @@ Tensor put(Backend& be, const std::vector<float>& v, int64_t rows, int64_t cols)
   be.upload(v.data(), t);
   return t;
 }
-
 
 const Output& find_output(const Outputs& outs, const std::string& name) {
   for (const Output& o : outs)

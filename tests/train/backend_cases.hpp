@@ -78,8 +78,7 @@ struct CompareOptions {
 // both ran without an exception, the same outputs, every value finite, each
 // output within its tolerance of ref's, and the rows' `same` pairs and `check`
 // on each backend. Returns the number of outputs compared.
-int64_t compare_backends(Backend& ref, Backend& test, const std::vector<OpCase>& cases,
-                         const CompareOptions& opt = {});
+int64_t compare_backends(Backend& ref, Backend& test, const std::vector<OpCase>& cases, const CompareOptions& opt = {});
 
 // Runs every row twice on `be`: every output the same bits both times
 // (run-to-run determinism; the second run reuses memory the first freed).

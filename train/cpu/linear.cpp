@@ -91,8 +91,9 @@ void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM&
 void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const MatrixRM& w, const MatrixRM& dy,
                      MatrixRM& dx, MatrixRM& dw, float* db) {
   if (saved.forward_only)
-    throw Error("linear_backward: the forward ran with LinearContext::backward false (evaluation) and kept nothing "
-                "for a backward pass");
+    throw Error(
+        "linear_backward: the forward ran with LinearContext::backward false (evaluation) and kept nothing "
+        "for a backward pass");
   check_shapes("linear_backward", saved.x, w);
   if (dy.rows() != saved.x.rows() || dy.cols() != w.rows())
     throw Error("linear_backward: dy is [" + std::to_string(dy.rows()) + ", " + std::to_string(dy.cols()) +

@@ -45,8 +45,8 @@ void apply_operand_plan(const OperandPlan& p, MatrixView<float> m);
 // the recipe needs them again).
 struct LinearSaved {
   bool forward_only = false;  // the forward ran with ctx.backward false: nothing below is kept
-  MatrixRM x;    // input as given (backward re-quantizes it for wgrad)
-  MatrixRM x_q;  // Q_fwd_x(x), kept only when the recipe uses double_quantization (else empty)
+  MatrixRM x;                 // input as given (backward re-quantizes it for wgrad)
+  MatrixRM x_q;               // Q_fwd_x(x), kept only when the recipe uses double_quantization (else empty)
   MatrixRM w_q;  // Q_fwd_w(W), kept only when dgrad_w is the same deterministic (non-SR) quantizer as fwd_w
                  // (nvfp4's 16x16 tiles): backward reuses it instead of quantizing W again (same bits).
 };

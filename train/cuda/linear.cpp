@@ -500,8 +500,9 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   if (stp == nullptr) throw Error("CudaLinear::backward: `state` was not written by CudaLinear::forward");
   const CudaLinearState& st = *stp;
   if (st.forward_only)
-    throw Error("CudaLinear::backward: the forward ran with LinearContext::backward false (evaluation) and kept "
-                "nothing for a backward pass");
+    throw Error(
+        "CudaLinear::backward: the forward ran with LinearContext::backward false (evaluation) and kept "
+        "nothing for a backward pass");
   const int64_t B = st.batch, in = st.in, out = w.rows;
   if (w.cols != in)
     throw Error("CudaLinear::backward: W is " + shape(w.rows, w.cols) + " but the forward's x was " + shape(B, in) +

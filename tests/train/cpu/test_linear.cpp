@@ -441,7 +441,8 @@ TEST_CASE("linear_plan: what each operand is, per recipe") {
   for (const OperandPlan& o : linear_plan(LinearContext{}).operands) CHECK_FALSE(o.changes());
 }
 
-TEST_CASE("linear: a forward-only layer (evaluation) keeps nothing; its y is the training forward's; backward refuses") {
+TEST_CASE(
+    "linear: a forward-only layer (evaluation) keeps nothing; its y is the training forward's; backward refuses") {
   const Recipe r = recipe_by_name("nvfp4");  // wgrad RHT: training batches need 16-row chunks, evaluation not
   for (const int64_t rows : {int64_t(32), int64_t(17 * 5)}) {
     INFO("rows ", rows);

@@ -520,4 +520,3 @@ TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from BF16 comp
     expect_step_matches(b, small_step(type, 4), sc);
   }
 }
-

@@ -450,4 +450,3 @@ TEST_CASE("cuda linear: a forward-only layer (evaluation) takes any row count an
 }
 
 }  // namespace fp4lab::train
-
