@@ -177,7 +177,7 @@ void parse_data(const json& d, const std::string& where, const std::string& mode
   Obj dobj(d, where + ".data");
   dobj.get("type", dc.type);
   check_choice(where + ".data.type", dc.type, {"mnist", "char"});
-  dc.path = dc.type == "mnist" ? "data/mnist" : "data/shakespeare_char/input.txt";
+  dc.path = dc.type == "mnist" ? "data/mnist" : "data/tinyshakespeare.txt";  // where scripts/get_*.sh put them
   dobj.get("path", dc.path);
   dobj.get("mean", dc.mean);
   dobj.get("std", dc.std);
