@@ -399,7 +399,7 @@ json read_json_file(const std::string& path) {
   try {
     return json::parse(f);
   } catch (const json::parse_error& e) {
-    throw Error(path + ": invalid JSON: " + e.what());
+    throw Error(path + ": invalid JSON: " + json_error_text(e.what()));
   }
 }
 

@@ -753,7 +753,7 @@ std::vector<json> read_metrics(const std::string& path, std::string* torn) {
     try {
       out.push_back(json::parse(line));
     } catch (const json::parse_error& e) {
-      bad = path + ":" + std::to_string(lineno) + ": invalid JSON line: " + e.what();
+      bad = path + ":" + std::to_string(lineno) + ": invalid JSON line: " + json_error_text(e.what());
       if (!torn) throw Error(bad);
       *torn = path + ":" + std::to_string(lineno) +
               ": dropped a torn last line (a run killed while writing it): " + line.substr(0, 60);
