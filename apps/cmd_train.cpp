@@ -44,6 +44,7 @@ void print_compare(const CompareResult& c) {
   std::cout << c.table;
   if (!c.plot.empty()) std::cout << "loss curves: " << c.plot << "\n";
   if (!c.plot_note.empty()) std::cout << c.plot_note << "\n";
+  if (!c.stats.empty()) std::cout << "statistics: " << c.stats << "\n";
 }
 
 struct TrainArgs {
@@ -201,7 +202,7 @@ void run_sweep(const TrainArgs& args) {
     }
     run_dirs.push_back(run_directory(cfg));
   }
-  print_compare(compare_runs(run_dirs, CompareOptions{args.plot, ""}));
+  print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline}));
 }
 
 void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
@@ -215,6 +216,8 @@ void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   sweep->add_flag("--force", args->force, "Replace existing run directories (as train --force)");
   sweep->add_flag("--quiet", args->quiet, "No progress output");
   sweep->add_option("--plot", args->plot, "PNG path of the comparison");
+  sweep->add_option("--baseline", args->baseline,
+                    "Recipe of the reference runs (gaps, paired differences); default: fp32/bf16, else the first");
   sweep->callback([args] { run_sweep(*args); });
 }
 

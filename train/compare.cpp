@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -143,31 +144,94 @@ void run_table(std::ostream& t, const std::vector<Run>& runs, const Baseline& ba
     << base.label << ")\n";
 }
 
-// Mean and sample std of the final metric per recipe, in order of first
-// appearance; printed only when some recipe has several runs (seeds).
-void recipe_table(std::ostream& t, const std::vector<Run>& runs, const Baseline& base, const MetricFormat& mf) {
-  std::map<std::string, std::vector<double>> by_recipe;
+// Per recipe (in order of first appearance): the statistics of its finite
+// final metrics, and the paired differences against the baseline recipe over
+// the seeds both have (a run's seed: summary "seed", else its ordinal among
+// the recipe's runs; the first run of a seed counts).
+std::vector<RecipeStats> recipe_stats(const std::vector<Run>& runs, const std::string& baseline) {
   std::vector<std::string> order;
+  std::map<std::string, std::map<int64_t, double>> by_seed;
+  std::map<std::string, std::vector<double>> finals;
+  std::map<std::string, int64_t> count;
   for (const auto& r : runs) {
-    if (!by_recipe.count(r.label)) order.push_back(r.label);
-    by_recipe[r.label].push_back(num(r.summary, "final"));
+    if (!count.count(r.label)) order.push_back(r.label);
+    const auto s = r.summary.find("seed");
+    const int64_t seed = s != r.summary.end() && s->is_number_integer() ? s->get<int64_t>() : count[r.label];
+    ++count[r.label];
+    const double fin = num(r.summary, "final");
+    if (!std::isfinite(fin)) continue;
+    finals[r.label].push_back(fin);
+    by_seed[r.label].emplace(seed, fin);
   }
+  std::vector<RecipeStats> out;
+  for (const auto& k : order) {
+    RecipeStats rs{k, sample_stats(finals[k]), {}};
+    std::vector<double> d;
+    for (const auto& [seed, v] : by_seed[k]) {
+      const auto& b = by_seed[baseline];
+      if (auto it = b.find(seed); it != b.end()) d.push_back(v - it->second);
+    }
+    rs.diff = sample_stats(d);
+    out.push_back(rs);
+  }
+  return out;
+}
+
+std::string signed_f(double v, const char* fm) { return (!std::isnan(v) && v >= 0 ? "+" : "") + f(v, fm); }
+std::string interval(double lo, double hi, const char* fm, bool sign = false) {
+  if (std::isnan(lo) || std::isnan(hi)) return "-";
+  return "[" + (sign ? signed_f(lo, fm) : f(lo, fm)) + ", " + (sign ? signed_f(hi, fm) : f(hi, fm)) + "]";
+}
+
+// The per-recipe table (n, mean, sample std, 95% CI of the mean, gap of the
+// mean, paired difference vs the baseline with its 95% CI and number of
+// pairs); printed only when some recipe has several runs (seeds).
+void recipe_table(std::ostream& t, const std::vector<Run>& runs, const std::vector<RecipeStats>& stats,
+                  const Baseline& base, const MetricFormat& mf) {
+  std::map<std::string, int> n_runs;
   bool multi = false;
-  for (const auto& [k, v] : by_recipe) multi |= v.size() > 1;
+  for (const auto& r : runs) multi |= ++n_runs[r.label] > 1;
   if (!multi) return;
   const char* fm = mf.fmt;
+  size_t wrec = 26;
+  for (const auto& s : stats) wrec = std::max(wrec, s.recipe.size() + 2);
   t << "\n"
-    << pad("recipe", 26) << pad("seeds", 6, true) << pad("mean final", 12, true) << pad("std", 9, true)
-    << pad("gap", 9, true) << "\n";
-  for (const auto& k : order) {
-    const auto& v = by_recipe[k];
-    double m = 0, s = 0;
-    for (double x : v) m += x;
-    m /= double(v.size());
-    for (double x : v) s += (x - m) * (x - m);
-    s = v.size() > 1 ? std::sqrt(s / double(v.size() - 1)) : 0.0;
-    t << pad(k, 26) << pad(std::to_string(v.size()), 6, true) << pad(f(m, fm), 12, true) << pad(f(s, fm), 9, true)
-      << pad((m - base.final >= 0 ? "+" : "") + f(m - base.final, fm), 9, true) << "\n";
+    << pad("recipe", wrec) << pad("n", 4, true) << pad("mean final", 12, true) << pad("std", 9, true)
+    << pad("95% CI", 22, true) << pad("gap", 9, true) << pad("paired diff vs " + base.label, 34, true)
+    << pad("pairs", 6, true) << "\n";
+  for (const auto& s : stats) {
+    const double gap = s.final.mean - base.final;
+    const std::string diff = s.recipe == base.label || s.diff.n == 0
+                                 ? "-"
+                                 : signed_f(s.diff.mean, fm) + " " + interval(s.diff.lo, s.diff.hi, fm, true);
+    t << pad(s.recipe, wrec) << pad(std::to_string(s.final.n), 4, true) << pad(f(s.final.mean, fm), 12, true)
+      << pad(f(s.final.std, fm), 9, true) << pad(interval(s.final.lo, s.final.hi, fm), 22, true)
+      << pad(std::isnan(gap) ? "-" : signed_f(gap, fm), 9, true) << pad(diff, 34, true)
+      << pad(s.recipe == base.label ? "-" : std::to_string(s.diff.n), 6, true) << "\n";
+  }
+  t << "(n: runs with a final " << mf.title << "; std: sample std (n-1); 95% CI of the mean: Student's t, n-1 df;"
+    << " paired diff: mean of (recipe - " << base.label << ") over shared seeds, paired-t 95% CI)\n";
+}
+
+json stats_json(const SampleStats& s) {
+  return {{"n", s.n}, {"mean", s.mean}, {"std", s.std}, {"ci95", {s.lo, s.hi}}};
+}
+
+// Writes text to path atomically (a temporary file beside it, then rename).
+void write_file_atomic(const fs::path& path, const std::string& text) {
+  if (path.has_parent_path()) fs::create_directories(path.parent_path());
+  const fs::path tmp = path.string() + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+    o << text;
+    o.flush();
+    if (!o) throw Error("compare: cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp);
+    throw Error("compare: cannot write " + path.string() + ": " + ec.message());
   }
 }
 
@@ -237,6 +301,34 @@ void draw_plot(const std::vector<Run>& runs, const MetricFormat& mf, const fs::p
 
 }  // namespace
 
+double t975(int df) {
+  // Two-sided 95% quantiles of Student's t distribution (standard tables).
+  static const double t[30] = {12.7062047, 4.3026527, 3.1824463, 2.7764451, 2.5705818, 2.4469119, 2.3646243,
+                               2.3060041,  2.2621572, 2.2281389, 2.2009852, 2.1788128, 2.1603687, 2.1447867,
+                               2.1314495,  2.1199053, 2.1098156, 2.1009220, 2.0930241, 2.0859634, 2.0796138,
+                               2.0738731,  2.0686576, 2.0638986, 2.0595386, 2.0555294, 2.0518305, 2.0484071,
+                               2.0452296,  2.0422725};
+  if (df < 1) throw Error("t975: degrees of freedom must be >= 1");
+  return df <= 30 ? t[df - 1] : 1.96;
+}
+
+SampleStats sample_stats(const std::vector<double>& v) {
+  const double nan = std::nan("");
+  SampleStats s{int(v.size()), nan, nan, nan, nan};
+  if (v.empty()) return s;
+  double m = 0;
+  for (double x : v) m += x;
+  s.mean = m / double(v.size());
+  if (v.size() < 2) return s;
+  double ss = 0;
+  for (double x : v) ss += (x - s.mean) * (x - s.mean);
+  s.std = std::sqrt(ss / double(v.size() - 1));
+  const double h = t975(s.n - 1) * s.std / std::sqrt(double(s.n));
+  s.lo = s.mean - h;
+  s.hi = s.mean + h;
+  return s;
+}
+
 CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOptions& opt) {
   if (dirs.empty()) throw Error("compare: give at least one run directory");
   std::vector<Run> runs;
@@ -249,11 +341,27 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   out.rows = json::array();
   std::ostringstream t;
   run_table(t, runs, base, mf, out.rows);
-  recipe_table(t, runs, base, mf);
+  out.baseline = base.label;
+  out.recipes = recipe_stats(runs, base.label);
+  recipe_table(t, runs, out.recipes, base, mf);
   out.table = t.str();
 
+  const fs::path png = opt.plot.empty() || opt.plot == "-" ? fs::path(runs[0].dir).parent_path() / "compare.png"
+                                                           : fs::path(opt.plot);
+  json js = {{"metric", metric},
+             {"higher_is_better", mf.higher},
+             {"baseline", base.label},
+             {"runs", out.rows},
+             {"recipes", json::array()}};
+  for (const auto& s : out.recipes) {
+    json d = stats_json(s.diff);
+    if (s.recipe == base.label) d = nullptr;
+    js["recipes"].push_back({{"recipe", s.recipe}, {"final", stats_json(s.final)}, {"paired_diff_vs_baseline", d}});
+  }
+  out.stats = fs::path(png).replace_extension(".json").string();
+  write_file_atomic(out.stats, js.dump(2) + "\n");
+
   if (opt.plot == "-") return out;
-  const fs::path png = opt.plot.empty() ? fs::path(runs[0].dir).parent_path() / "compare.png" : fs::path(opt.plot);
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     out.plot_note = "gnuplot not found (apt-get install gnuplot-nox); no plot drawn";
     return out;

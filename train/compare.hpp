@@ -14,11 +14,36 @@ struct CompareOptions {
   std::string baseline;  // recipe label of the reference run; empty: the first fp32/bf16 run, else the first run
 };
 
+// Mean, sample standard deviation (n-1) and the 95% confidence interval of
+// the mean (Student's t, n-1 degrees of freedom) of n values; std/lo/hi are
+// NaN when n < 2 (mean NaN when n == 0).
+struct SampleStats {
+  int n = 0;
+  double mean = 0, std = 0, lo = 0, hi = 0;
+};
+SampleStats sample_stats(const std::vector<double>& v);
+
+// t_{0.975, df}: the standard two-sided 95% Student's t quantiles for df 1..30
+// (12.7062047 for df 1, ..., 2.0422725 for df 30), 1.96 beyond. df >= 1.
+double t975(int df);
+
+// One recipe's final metric over its runs (seeds; non-finite finals, e.g.
+// diverged runs, are left out), and the paired differences (recipe - baseline)
+// over the seeds both have (diff.n = the number of such seeds).
+struct RecipeStats {
+  std::string recipe;
+  SampleStats final, diff;
+};
+
 struct CompareResult {
-  std::string table;      // the formatted table (also per-recipe means when a recipe has several seeds)
+  std::string table;      // the formatted table (also per-recipe statistics when a recipe has several seeds)
   nlohmann::json rows;    // one object per run (the table's numbers)
   std::string plot;       // the PNG written ("" if none)
   std::string plot_note;  // why no plot was drawn, if so
+  std::string baseline;              // the baseline recipe
+  std::vector<RecipeStats> recipes;  // per recipe, in order of first appearance
+  std::string stats;  // the JSON written beside the plot (<png without extension>.json; with --plot -,
+                      // <parent of the first run>/compare.json): baseline, metric, runs and recipes
 };
 
 // Throws fp4lab::Error naming the directory whose summary.json/metrics.jsonl
