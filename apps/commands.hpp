@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "core/npy.hpp"
+#include "sim/quantizer.hpp"
 
 namespace fp4lab {
 
@@ -96,6 +97,16 @@ class OutputSet {
   std::vector<std::string> made_dirs_;  // in creation order
   bool committed_ = false;
 };
+
+// Text of a code or bit pattern ("0x%0*X", `digits` hex digits) and of a float
+// with every digit that identifies it (%.9g), for reports and manifests.
+std::string hex_bits(uint32_t v, int digits);
+std::string fmt_float(float v);
+
+// A quantized tensor's scales as one .npy of `out`: float32 [scale_rows,
+// scale_cols] for float32 scales, else their uint8 codes.
+bool scales_are_float(const QuantizerSpec& q);
+void write_scales(OutputSet& out, const std::string& path, const QuantizedTensor& q);
 
 void register_format_commands(CLI::App& app);    // formats, cast, decode        (cmd_formats.cpp)
 void register_quantize_commands(CLI::App& app);  // quantize                     (cmd_quantize.cpp)

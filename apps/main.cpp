@@ -247,6 +247,31 @@ void OutputSet::discard() noexcept {
   for (auto it = made_dirs_.rbegin(); it != made_dirs_.rend(); ++it) fs::remove(*it, ec);  // only if empty
 }
 
+// ---- report and output helpers shared by the commands (commands.hpp) ----------------
+
+std::string hex_bits(uint32_t v, int digits) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%0*X", digits, v);
+  return b;
+}
+
+std::string fmt_float(float v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.9g", double(v));
+  return b;
+}
+
+bool scales_are_float(const QuantizerSpec& q) { return q.scale == &float32; }
+
+void write_scales(OutputSet& out, const std::string& path, const QuantizedTensor& q) {
+  const Shape shape = {q.scale_rows, q.scale_cols};
+  if (scales_are_float(q.spec)) {
+    out.write_npy(path, DType::float32, shape, q.scales.data());
+  } else {
+    out.write_npy(path, DType::uint8, shape, q.scale_codes.data());
+  }
+}
+
 }  // namespace fp4lab
 
 namespace {

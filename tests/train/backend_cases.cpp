@@ -234,13 +234,8 @@ void gelu_cases(std::vector<OpCase>& cs) {
 }
 
 void attention_cases(std::vector<OpCase>& cs) {
-  struct Geo {
-    int64_t B, T, H, hd;
-  };
-  const Geo geos[] = {{1, 1, 1, 1},   {2, 1, 2, 3},    {2, 5, 3, 8},   {3, 17, 2, 16},
-                      {2, 64, 4, 16}, {1, 130, 2, 32}, {2, 256, 6, 8}, {1, 256, 2, 64}};
   uint32_t seed = 100;
-  for (const Geo& g : geos)
+  for (const AttentionGeometry& g : attention_geometries())
     for (bool causal : {false, true})
       for (float p : {0.0f, 0.1f}) {
         const int64_t B = g.B, T = g.T, H = g.H, C = H * g.hd;
@@ -617,6 +612,12 @@ std::vector<float> randv(size_t n, uint32_t seed, float s, float shift) {
     if (x == 0.0f) x = 0.5f;
   }
   return v;
+}
+
+const std::vector<AttentionGeometry>& attention_geometries() {
+  static const std::vector<AttentionGeometry> geos = {{1, 1, 1, 1},   {2, 1, 2, 3},    {2, 5, 3, 8},   {3, 17, 2, 16},
+                                                      {2, 64, 4, 16}, {1, 130, 2, 32}, {2, 256, 6, 8}, {1, 256, 2, 64}};
+  return geos;
 }
 
 Tensor put(Backend& be, const std::vector<float>& v, int64_t rows, int64_t cols) {

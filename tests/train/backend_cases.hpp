@@ -69,6 +69,13 @@ std::vector<OpCase> backend_op_cases();
 std::vector<float> randv(size_t n, uint32_t seed, float s = 1.0f, float shift = 0.0f);
 Tensor put(Backend& be, const std::vector<float>& v, int64_t rows, int64_t cols);
 
+// Attention geometries of the table's attention rows (batch, sequence,
+// heads, head width): single tokens, odd widths, partial 64-row tiles.
+struct AttentionGeometry {
+  int64_t B, T, H, hd;
+};
+const std::vector<AttentionGeometry>& attention_geometries();
+
 struct CompareOptions {
   std::string ref_label, test_label;  // in messages; empty: Backend::name()
   bool bitwise = false;               // every output bit for bit, whatever the row's tolerance

@@ -333,13 +333,8 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
       expect_same_bits("add_dropout_backward_to's sum y += x, FP32 of dst dropped or not", sums[0], sums[1]);
     }
   // Attention out and dqkv, on the fused and the cuBLAS paths.
-  struct Geo {
-    int64_t B, T, H, hd;
-  };
-  const Geo geos[] = {{1, 1, 1, 1},   {2, 1, 2, 3},    {2, 5, 3, 8},   {3, 17, 2, 16},
-                      {2, 64, 4, 16}, {1, 130, 2, 32}, {2, 256, 6, 8}, {1, 256, 2, 64}};
   uint32_t seed = 100;
-  for (const Geo& g : geos)
+  for (const bt::AttentionGeometry& g : bt::attention_geometries())
     for (bool causal : {false, true})
       for (float p : {0.0f, 0.1f}) {
         const int64_t N = g.B * g.T, C = g.H * g.hd;
