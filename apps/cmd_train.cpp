@@ -153,7 +153,9 @@ void add_compare(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   CLI::App* compare = app.add_subcommand("compare", "Compare finished runs: table + loss-curve PNG (gnuplot)");
   auto dirs = std::make_shared<std::vector<std::string>>();
   compare->add_option("run_dirs", *dirs, "Run directories")->required()->check(CLI::ExistingDirectory);
-  compare->add_option("--plot", args->plot, "PNG path (default: <parent of the first run>/compare.png; '-' = none)");
+  compare->add_option("--plot", args->plot,
+                      "PNG path (default: <parent of the first run>/compare.png; '-' = none); the statistics go to the "
+                      "same path with .json (with '-': <parent of the first run>/compare.json)");
   compare->add_option("--baseline", args->baseline,
                       "Recipe of the reference run (default: fp32/bf16 run, else the first)");
   compare->callback([args, dirs] { print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline})); });
@@ -215,7 +217,7 @@ void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
                   "Continue unfinished runs from their checkpoints (finished runs with the same config are kept)");
   sweep->add_flag("--force", args->force, "Replace existing run directories (as train --force)");
   sweep->add_flag("--quiet", args->quiet, "No progress output");
-  sweep->add_option("--plot", args->plot, "PNG path of the comparison");
+  sweep->add_option("--plot", args->plot, "PNG path of the comparison (its statistics: the same path with .json)");
   sweep->add_option("--baseline", args->baseline,
                     "Recipe of the reference runs (gaps, paired differences); default: fp32/bf16, else the first");
   sweep->callback([args] { run_sweep(*args); });
