@@ -4,6 +4,7 @@
 // Built with --fmad=false so no FP32 sequence is contracted into an FMA.
 #include "cuda/quantize.hpp"
 #include "cuda/quantize_kernels.cuh"
+#include "cuda/rht.hpp"
 
 #include <cooperative_groups.h>
 
@@ -207,31 +208,6 @@ __global__ void nv_global_kernel(const KParams p, float* out) {
   out[2] = g.mult;
 }
 
-// Inverse RHT of every 16-chunk (sim/rht.hpp rht16_inverse), one thread per chunk.
-__global__ void __launch_bounds__(kThreads)
-    rht_inverse_kernel(float* x, int64_t rows, int64_t cols, bool along_rows, const KParams p) {
-  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t chunks = rows * cols / 16;
-  if (t >= chunks) return;
-  float v[16];
-  if (along_rows) {
-    float* c = x + t * 16;  // cols % 16 == 0: chunks are consecutive
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = c[i];
-    rht16_inverse(v, p.signs);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) c[i] = v[i];
-  } else {
-    const int64_t k = t / cols, col = t - k * cols;  // rows % 16 == 0
-    float* c = x + k * 16 * cols + col;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = c[i * cols];
-    rht16_inverse(v, p.signs);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) c[i * cols] = v[i];
-  }
-}
-
 // ---- generic path ---------------------------------------------------------------
 // 1. block amax (and the tensor amax in *gamax) for any block shape.
 template <class In>
@@ -376,21 +352,14 @@ KParams make_params(const QuantizerSpec& q, const void* x, int64_t rows, int64_t
   return p;
 }
 
-// quantize_device's checks of the call, before any plan: the spec, the shape,
-// the code layout and the RHT axis.
+// quantize_device's checks of the call, before any plan: the spec, the shape
+// and the code layout.
 void check_call(const QuantizerSpec& q, const QuantOutputs& out, int64_t rows, int64_t cols) {
   validate(q, "quantize (cuda)");
   if (rows < 0 || cols < 0) throw Error("quantize (cuda): negative shape");
   if (out.code_layout == CodeLayout::packed4 && out.codes && q.element->bits() != 4)
     throw Error("quantize (cuda): packed4 code layout needs a 4-bit element, got '" + std::string(q.element->name) +
                 "'");
-  if (q.rht) {
-    const bool along_rows = q.block_rows == 1;
-    const int64_t len = along_rows ? cols : rows;
-    if (len % 16 != 0)
-      throw Error("RHT: the tensor's " + std::string(along_rows ? "column count" : "row count") + " (" +
-                  std::to_string(len) + ") must be a multiple of 16 (the transform works on whole 16-element chunks)");
-  }
 }
 
 // The quantization kernel of a fused plan (rows, cols or tiles).
@@ -551,14 +520,7 @@ void fake_quantize_device(const QuantizerSpec& q, float* x, int64_t rows, int64_
   QuantOutputs o;
   o.dequant = x;
   quantize_device(q, x, InputType::f32, rows, cols, rs, o, ws, stream, path);
-  if (q.rht && rows > 0 && cols > 0) {
-    KParams p{};
-    const std::array<float, 16> s = rht_signs(q.rht_seed);
-    std::copy(s.begin(), s.end(), p.signs);
-    const int64_t chunks = rows * cols / 16;
-    rht_inverse_kernel<<<grid_for(chunks), kThreads, 0, stream>>>(x, rows, cols, q.block_rows == 1, p);
-    check_launch("rht_inverse_kernel");
-  }
+  if (q.rht) rht_inverse_device(x, rows, cols, q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols, q.rht_seed, stream);
 }
 
 void fake_quantize_gpu(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs, QuantPath path) {

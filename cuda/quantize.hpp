@@ -108,8 +108,9 @@ bool bf16_exact(const QuantizerSpec& q);
 // fold its own column RHT into the quantization.
 bool rht_foldable(const QuantizerSpec& q);
 
-// Quantizes x on `stream`. Throws fp4lab::Error on an invalid spec (validate()),
-// an RHT axis that is not a multiple of 16, or an unsupported path choice.
+// Quantizes x on `stream`. Throws fp4lab::Error on an invalid spec (validate())
+// or an unsupported path choice. With q.rht, a partial last chunk is quantized
+// untransformed (sim/rht.hpp's rule), as on the CPU.
 // `tensor_amax_bits` (device pointer, optional): the tensor's amax bit pattern
 // (of the RHT-transformed tensor when q.rht) supplied by the producer of x; the
 // fused path then skips its amax pass. Ignored by the generic path.

@@ -65,11 +65,14 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
   const int rows_valid = int(p.rows - r0 < RT ? p.rows - r0 : RT);
   if constexpr (RHT) {
     static_assert(BR == 16);
-    // rows % 16 == 0 (checked on the host); the signs folded into the loads.
-    uint32_t flip[16];
-    rht_sign_flips(p.signs, flip);
-    load_rows<In, BR, V, true>(p.x, r0 * p.cols + c0, p.cols, rows_valid, valid_c, v, flip);
-    rht_columns<V, true>(v, p.signs);
+    if (FULL || rows_valid == 16) {  // the signs folded into the loads
+      uint32_t flip[16];
+      rht_sign_flips(p.signs, flip);
+      load_rows<In, BR, V, true>(p.x, r0 * p.cols + c0, p.cols, rows_valid, valid_c, v, flip);
+      rht_columns<V, true>(v, p.signs);
+    } else {  // a partial last chunk stays untransformed (sim/rht.hpp)
+      load_rows<In, BR, V>(p.x, r0 * p.cols + c0, p.cols, rows_valid, valid_c, v);
+    }
   } else {
     load_rows<In, RT, V>(p.x, r0 * p.cols + c0, p.cols, rows_valid, valid_c, v);
   }

@@ -22,7 +22,7 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
                                           int64_t r, int64_t blk, float (&v)[BC], int valid) {
   if constexpr (RHT) {
     static_assert(BC == 16);
-    rht16_forward(v, p.signs);  // cols % 16 == 0 (checked on the host): whole chunks
+    if (FULL || valid == BC) rht16_forward(v, p.signs);  // a partial last chunk stays untransformed (sim/rht.hpp)
   }
   const int64_t c0 = blk * BC;
   const uint32_t amax = amax_bits(v);
@@ -99,7 +99,8 @@ __global__ void __launch_bounds__(kThreads, row_min_blocks<In, BC, FM, BPT>()) r
   load_n<In, BPT * BC>(p.x, r * p.cols + c0, valid, v);
   if constexpr (AMAX_ONLY) {
     static_assert(BPT == 1);
-    if constexpr (RHT) rht16_forward(v, p.signs);
+    if constexpr (RHT)
+      if (valid == 16) rht16_forward(v, p.signs);  // the elements past `valid` are zeros
     amax_block_commit(amax_bits(v), p.gamax);
     amax_pass_done(p.fin, p.gamax);
   } else {

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <array>
-#include <string>
 
 #include "core/error.hpp"
 #include "cuda/device.hpp"
@@ -18,20 +17,34 @@ struct Signs {
   float s[16];
 };
 
-// Transforms chunk t (its 16 elements) from src into dst; returns the max of
-// their |x| bit patterns.
+// Transforms chunk t from src into dst; returns the max of the written |x|
+// bit patterns. Chunk t is chunk k of row r (along_rows: ceil(cols / 16)
+// chunks a row) or of column c (ceil(rows / 16) chunks a column); a partial
+// last chunk (fewer than 16 elements) is copied unchanged (sim/rht.hpp's rule).
 template <bool Forward>
-__device__ __forceinline__ uint32_t rht_chunk(const float* src, float* dst, int64_t t, int64_t cols, bool along_rows,
-                                              const Signs& signs) {
-  // Element i of the chunk lives at base + i * step.
-  int64_t base, step;
+__device__ __forceinline__ uint32_t rht_chunk(const float* src, float* dst, int64_t t, int64_t rows, int64_t cols,
+                                              bool along_rows, const Signs& signs) {
+  // Element i of the chunk lives at base + i * step; n of its 16 exist.
+  int64_t base, step, n;
   if (along_rows) {
-    base = t * 16;  // cols % 16 == 0: a row's chunks are consecutive
+    const int64_t per_row = (cols + 15) / 16, r = t / per_row, k = t - r * per_row;
+    base = r * cols + k * 16;
     step = 1;
+    n = cols - k * 16;
   } else {
-    const int64_t k = t / cols, c = t - k * cols;  // rows % 16 == 0
+    const int64_t k = t / cols, c = t - k * cols;
     base = k * 16 * cols + c;
     step = cols;
+    n = rows - k * 16;
+  }
+  uint32_t m = 0;
+  if (n < 16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = src[base + i * step];
+      dst[base + i * step] = x;
+      m = umax(m, abs_bits(x));
+    }
+    return m;
   }
   float v[16];
 #pragma unroll
@@ -41,7 +54,6 @@ __device__ __forceinline__ uint32_t rht_chunk(const float* src, float* dst, int6
   } else {
     rht16_inverse(v, signs.s);
   }
-  uint32_t m = 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     dst[base + i * step] = v[i];  // src == dst: this chunk is already read
@@ -50,13 +62,17 @@ __device__ __forceinline__ uint32_t rht_chunk(const float* src, float* dst, int6
   return m;
 }
 
+// The number of chunks, partial ones included.
+FP4LAB_HD inline int64_t chunk_count(int64_t rows, int64_t cols, bool along_rows) {
+  return along_rows ? rows * ((cols + 15) / 16) : ((rows + 15) / 16) * cols;
+}
+
 template <bool Forward>
 __global__ void __launch_bounds__(kThreads) rht_kernel(const float* src, float* dst, int64_t rows, int64_t cols,
                                                        bool along_rows, const Signs signs, uint32_t* amax_bits) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t chunks = rows * cols / 16;
   uint32_t m = 0;
-  if (t < chunks) m = rht_chunk<Forward>(src, dst, t, cols, along_rows, signs);
+  if (t < chunk_count(rows, cols, along_rows)) m = rht_chunk<Forward>(src, dst, t, rows, cols, along_rows, signs);
   if (amax_bits) {  // uniform across the grid: every lane reaches the reduction
     m = __reduce_max_sync(0xFFFFFFFFu, m);
     if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
@@ -68,11 +84,7 @@ void launch(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis ax
             uint32_t* amax_bits) {
   if (rows < 0 || cols < 0) throw Error("RHT (cuda): negative tensor shape");
   const bool along_rows = axis == RhtAxis::rows;
-  const int64_t len = along_rows ? cols : rows;
-  if (len % 16 != 0)
-    throw Error("RHT: the tensor's " + std::string(along_rows ? "column count" : "row count") + " (" +
-                std::to_string(len) + ") must be a multiple of 16 (the transform works on whole 16-element chunks)");
-  const int64_t chunks = rows * cols / 16;
+  const int64_t chunks = chunk_count(rows, cols, along_rows);
   if (amax_bits) check(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream), "RHT (cuda): cudaMemsetAsync(amax)");
   if (chunks == 0) return;
   Signs s{};

@@ -4,10 +4,10 @@
 // library is built with --fmad=false, so nothing is contracted into an FMA).
 //
 // x is a row-major FP32 [rows, cols] device tensor, transformed in place:
-//   RhtAxis::rows  chunks of 16 consecutive elements of a row (cols % 16 == 0)
-//   RhtAxis::cols  chunks of 16 consecutive elements of a column (rows % 16 == 0)
-// Other sizes throw fp4lab::Error (the same message as the CPU). One thread per
-// chunk; a column chunk's loads are coalesced across the threads of a warp
+//   RhtAxis::rows  chunks of 16 consecutive elements of a row
+//   RhtAxis::cols  chunks of 16 consecutive elements of a column
+// A partial last chunk (the axis length not a multiple of 16) is left as it is,
+// as on the CPU (sim/rht.hpp). One thread per chunk; a column chunk's loads are coalesced across the threads of a warp
 // (adjacent columns). Asynchronous on `stream`.
 #pragma once
 

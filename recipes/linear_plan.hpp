@@ -37,10 +37,8 @@ struct LinearContext {
   uint64_t step = 0;
   std::string_view layer_name = {};  // matched against recipe->keep_high_precision
   // False for a forward that no backward follows (evaluation): the layer
-  // keeps nothing for backward and prepares no backward operand (the wgrad
-  // operands, whose RHT needs a row count that is a multiple of 16), so a
-  // forward-only batch may have any row count. linear_backward after such a
-  // forward is an error.
+  // keeps nothing for backward and prepares no backward operand.
+  // linear_backward after such a forward is an error.
   bool backward = true;
 };
 
@@ -63,7 +61,8 @@ bool linear_is_quantized(const LinearContext& ctx);
 //                 quantizer), so a backend may reuse the forward's operand
 //                 instead of re-applying pre (the CPU does for x: LinearSaved::x_q).
 //   2. rht        if set: rht_forward(m, RhtAxis::cols, rht_seed), the wgrad
-//                 RHT along B (sim/rht.hpp; B must be a multiple of 16).
+//                 RHT along B (sim/rht.hpp; any B: a partial last
+//                 chunk of B % 16 rows stays untransformed).
 //   3. quantizer  if set: fake_quantize(*quantizer, m, stream);
 //      else round_bf16: every element rounded to bfloat16, nearest-even
 //                 (decode(bfloat16, encode_rn_f32<bfloat16>(v, nonsaturate)):

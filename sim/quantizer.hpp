@@ -107,11 +107,12 @@ struct QuantizedTensor {
 //    NaN; NaN anywhere under nv with a global scale: everything NaN;
 //  - with rht, x is first transformed along the block axis (sim/rht.hpp):
 //    codes, scales and dequant are in the transformed domain (what a GEMM of
-//    two transformed operands consumes); quant_stats compares there too;
+//    two transformed operands consumes); quant_stats compares there too; a
+//    partial last chunk (axis length not a multiple of 16) is left
+//    untransformed and quantized as the partial block it is;
 //  - -0.0 input gives the element's -0 code (0x8 for e2m1); TE's Python
 //    reference writes 0x0 there (same value).
-// Throws fp4lab::Error for an invalid spec, or with rht when the axis length
-// is not a multiple of 16.
+// Throws fp4lab::Error for an invalid spec.
 QuantizedTensor quantize(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs = {});
 // Replaces x by its dequantized value (what fake quantization in training
 // uses); same bits as quantize(...).dequant, without keeping codes. With rht

@@ -18,9 +18,15 @@
 //   inverse: the same butterflies on y, then v_i = d_i * (t_i * 0.25f).
 // The butterflies compute H16 t in natural (Sylvester) order.
 //
-// Tensor dimensions along the transform axis must be multiples of 16 (no
-// partial chunks: a padded chunk could not be inverted without its padding);
-// other sizes throw fp4lab::Error.
+// Partial chunk: where the axis length is not a multiple of 16, the last
+// len % 16 elements of each row (rows axis) or column (cols axis) are left as
+// they are (the identity), in both directions. This keeps every output the
+// input's shape, is its own inverse, and still preserves a GEMM's product
+// exactly when both operands are transformed along their common reduction
+// axis (the identity block of D H16 / 4 is orthonormal too). A zero-padded
+// chunk would not do: its inverse needs the padding's transformed values.
+// The partial block of a [1,16] / [16,1] quantizer is therefore quantized
+// untransformed, under the usual partial-block rule.
 #pragma once
 
 #include <array>
@@ -63,8 +69,8 @@ FP4LAB_HD constexpr void rht16_inverse(float* v, const float* signs) {
 
 enum class RhtAxis : uint8_t { rows, cols };  // rows: chunks along a row ([1,16]); cols: along a column ([16,1])
 
-// Transforms x in place (row-major view). Throws if the axis length is not a
-// multiple of 16. OpenMP-parallel; results do not depend on the thread count.
+// Transforms x in place (row-major view), any shape (partial chunks above).
+// OpenMP-parallel; results do not depend on the thread count.
 void rht_forward(MatrixView<float> x, RhtAxis axis, uint64_t seed);
 void rht_inverse(MatrixView<float> x, RhtAxis axis, uint64_t seed);
 

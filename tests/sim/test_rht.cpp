@@ -76,9 +76,102 @@ TEST_CASE("RHT inverse recovers x and x^T y is preserved, rows and columns") {
     rht_inverse(MatrixView<float>(tx.data(), rows, cols), ax, 99);
     for (size_t i = 0; i < x.size(); ++i) CHECK(std::fabs(tx[i] - x[i]) < 1e-5f);
   }
-  // Not a multiple of 16 along the axis: an error naming the size.
-  std::vector<float> z(3 * 20);
-  CHECK_THROWS_AS(rht_forward(MatrixView<float>(z.data(), 3, 20), RhtAxis::rows, 1), Error);
+}
+
+// The partial-chunk rule, built element by element from the chunk functions:
+// whole chunks get rht16_forward / rht16_inverse, the len % 16 elements at a
+// row's (column's) end are unchanged, bit for bit.
+static std::vector<float> rht_by_chunks(std::vector<float> x, int64_t rows, int64_t cols, RhtAxis ax, uint64_t seed,
+                                        bool forward) {
+  const std::array<float, 16> signs = rht_signs(seed);
+  const int64_t len = ax == RhtAxis::rows ? cols : rows, lines = ax == RhtAxis::rows ? rows : cols;
+  for (int64_t line = 0; line < lines; ++line)
+    for (int64_t k = 0; k + 16 <= len; k += 16) {
+      auto at = [&](int i) -> float& {
+        return ax == RhtAxis::rows ? x[size_t(line * cols + k + i)] : x[size_t((k + i) * cols + line)];
+      };
+      float t[16];
+      for (int i = 0; i < 16; ++i) t[i] = at(i);
+      if (forward)
+        rht16_forward(t, signs.data());
+      else
+        rht16_inverse(t, signs.data());
+      for (int i = 0; i < 16; ++i) at(i) = t[i];
+    }
+  return x;
+}
+
+TEST_CASE("RHT partial chunk: the last len % 16 elements stay untransformed; inverse and x^T y still exact") {
+  std::mt19937 g(21);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  // (rows, cols): partial along rows, along columns, both, shorter than one chunk, empty.
+  const int64_t shapes[][2] = {{3, 20}, {20, 3}, {37, 45}, {5, 7}, {17, 1}, {1, 17}, {0, 9}, {9, 0}};
+  for (const auto& sh : shapes)
+    for (RhtAxis ax : {RhtAxis::rows, RhtAxis::cols}) {
+      const int64_t rows = sh[0], cols = sh[1];
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(int(ax));
+      std::vector<float> x(size_t(rows * cols)), y(x.size());
+      for (auto& v : x) v = n(g);
+      for (auto& v : y) v = n(g);
+      std::vector<float> tx = x, ty = y;
+      rht_forward(MatrixView<float>(tx.data(), rows, cols), ax, 77);
+      rht_forward(MatrixView<float>(ty.data(), rows, cols), ax, 77);
+      const std::vector<float> want = rht_by_chunks(x, rows, cols, ax, 77, true);
+      CHECK(std::memcmp(tx.data(), want.data(), x.size() * sizeof(float)) == 0);
+      // The products along the transformed axis are preserved (the rows' dot
+      // products for RhtAxis::rows, the columns' for RhtAxis::cols).
+      const int64_t len = ax == RhtAxis::rows ? cols : rows, lines = ax == RhtAxis::rows ? rows : cols;
+      for (int64_t line = 0; line < lines; ++line) {
+        double d0 = 0, d1 = 0;
+        for (int64_t i = 0; i < len; ++i) {
+          const size_t at = ax == RhtAxis::rows ? size_t(line * cols + i) : size_t(i * cols + line);
+          d0 += double(x[at]) * y[at];
+          d1 += double(tx[at]) * ty[at];
+        }
+        CHECK(d1 == doctest::Approx(d0).epsilon(1e-5));
+      }
+      std::vector<float> back = tx;
+      rht_inverse(MatrixView<float>(back.data(), rows, cols), ax, 77);
+      const std::vector<float> want_back = rht_by_chunks(tx, rows, cols, ax, 77, false);
+      CHECK(std::memcmp(back.data(), want_back.data(), x.size() * sizeof(float)) == 0);
+      for (size_t i = 0; i < x.size(); ++i) CHECK(std::fabs(back[i] - x[i]) < 1e-5f);
+    }
+}
+
+TEST_CASE("quantizer with RHT on a partial chunk: = the plain quantizer on the chunk-wise transformed tensor") {
+  // 37 x 45 under [1,16] (2 whole chunks + 13 per row) and [16,1] (2 whole +
+  // 5 per column), NVFP4 with the two-level scale and SR: the partial block
+  // is quantized untransformed, under the ordinary partial-block rule.
+  std::mt19937 g(22);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const int64_t rows = 37, cols = 45;
+  std::vector<float> x(size_t(rows * cols));
+  for (auto& v : x) v = n(g);
+  x[44] = 30.0f;  // an outlier in a partial [1,16] block
+  for (bool along_rows : {true, false}) {
+    QuantizerSpec s = quantizer_by_name("nvfp4");
+    s.block_rows = along_rows ? 1 : 16;
+    s.block_cols = along_rows ? 16 : 1;
+    s.round = Round::rs;
+    s.rht = true;
+    s.rht_seed = 5;
+    const RandomStream rs{17, 3};
+    const QuantizedTensor q = quantize(s, MatrixView<const float>(x.data(), rows, cols), rs);
+    const std::vector<float> t = rht_by_chunks(x, rows, cols, along_rows ? RhtAxis::rows : RhtAxis::cols, 5, true);
+    QuantizerSpec plain = s;
+    plain.rht = false;
+    const QuantizedTensor p = quantize(plain, MatrixView<const float>(t.data(), rows, cols), rs);
+    CHECK(q.codes == p.codes);
+    CHECK(q.scale_codes == p.scale_codes);
+    CHECK(std::memcmp(q.dequant.data(), p.dequant.data(), p.dequant.size() * sizeof(float)) == 0);
+    std::vector<float> f = x;
+    fake_quantize(s, MatrixView<float>(f.data(), rows, cols), rs);
+    const std::vector<float> back =
+        rht_by_chunks(p.dequant, rows, cols, along_rows ? RhtAxis::rows : RhtAxis::cols, 5, false);
+    CHECK(std::memcmp(f.data(), back.data(), f.size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("RHT along columns: bit-identical to rht16_forward / rht16_inverse on each gathered column") {

@@ -52,7 +52,7 @@ struct Fixtures {
     const char* words[] = {"the cat sat. ", "a dog ran! ", "we sing low; ", "to be or not. "};
     for (int i = 0; i < 800; ++i) t << words[(i * 7 + i / 3) % 4];
     // 40 test images: an evaluation batch of 40 x 17 = 680 rows, not a
-    // multiple of 16 (as the shipped 1000 x 17).
+    // multiple of 16 (as the shipped 1000 x 17): partial RHT chunks.
     write_mnist_split(root / "mnist", "train", 40);
     write_mnist_split(root / "mnist", "t10k", 40);
     mnist = (root / "mnist").string();

@@ -240,7 +240,7 @@ struct CudaLinear::Impl {
       QuantizerSpec q = *p.quantizer;
       if (rht_in_quantizer) {
         q.rht = true;
-        q.rht_seed = p.rht_seed;  // quantize_device refuses rows % 16 != 0 with the plan RHT's message
+        q.rht_seed = p.rht_seed;
       }
       cuda::QuantOutputs out;
       out.dequant_bf16 = bf16_dst;
