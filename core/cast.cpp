@@ -82,11 +82,65 @@ void encode_rs_fast(const float* x, C* codes, size_t n, const CastOptions& opt) 
   });
 }
 
+// The random values (right-aligned, sr_width bits) of elements
+// opt.index_offset + i0 .. + len - 1 under opt's contract and source.
+void random_values(const Format& f, const CastOptions& opt, size_t i0, size_t len, uint32_t* out) {
+  const int G = sr_group(opt.sr_bits, f);
+  const uint64_t L = opt.row_length, per_row = L ? (L + uint64_t(G) - 1) / uint64_t(G) : 0;
+  uint64_t group = ~uint64_t(0);
+  Philox4 p{};
+  for (size_t k = 0; k < len; ++k) {
+    const uint64_t i = opt.index_offset + i0 + k;
+    const uint64_t r = L ? i / L : 0, c = L ? i % L : i;
+    const uint64_t w = r * per_row + c / uint64_t(G);
+    uint32_t word;
+    if (opt.words) {
+      word = opt.words[w];
+    } else {
+      if ((w >> 2) != group) {
+        group = w >> 2;
+        p = philox_group(opt.seed, opt.stream, group);
+      }
+      word = p.v[w & 3u];
+    }
+    out[k] = sr_element_bits(opt.sr_bits, f, word, int(c % uint64_t(G)));
+  }
+}
+
+// Stochastic rounding from random_values (the ptx_x4 contract, or given
+// words): float32 through encode_rs_f32<F, W>, W = the contract's width.
+template <const Format& F, class C>
+void encode_rs_values(const float* x, C* codes, size_t n, const CastOptions& opt) {
+  for_blocks(n, [x, codes, &opt](size_t lo, size_t hi) {
+    constexpr size_t K = 1024;
+    uint32_t v[K];
+    for (size_t c0 = lo; c0 < hi; c0 += K) {
+      const size_t len = std::min(K, hi - c0);
+      random_values(F, opt, c0, len, v);
+      constexpr int Wp = sr_width(SrBits::ptx_x4, F);
+      for (size_t i = 0; i < len; ++i)
+        codes[c0 + i] = C(opt.sr_bits == SrBits::per_element ? encode_rs_f32<F, 32>(x[c0 + i], v[i], opt.overflow)
+                                                             : encode_rs_f32<F, Wp>(x[c0 + i], v[i], opt.overflow));
+    }
+  });
+}
+
 template <class T, class C>
 void encode_generic(const Format& f, const T* x, C* codes, size_t n, const CastOptions& opt) {
   for_blocks(n, [&](size_t lo, size_t hi) {
     if (opt.round != Round::rs) {
       for (size_t i = lo; i < hi; ++i) codes[i] = C(encode(f, x[i], opt.round, opt.overflow));
+      return;
+    }
+    if (opt.sr_bits != SrBits::per_element || opt.words) {
+      const int W = sr_width(opt.sr_bits, f);
+      constexpr size_t K = 1024;
+      uint32_t v[K];
+      for (size_t c0 = lo; c0 < hi; c0 += K) {
+        const size_t len = std::min(K, hi - c0);
+        random_values(f, opt, c0, len, v);
+        for (size_t i = 0; i < len; ++i) codes[c0 + i] = C(encode(f, x[c0 + i], Round::rs, opt.overflow, v[i], W));
+      }
       return;
     }
     // One Philox call yields the bits of 4 consecutive indices (philox.hpp);
@@ -121,12 +175,15 @@ bool try_fast(const Format& f, const float* x, C* codes, size_t n, Overflow o) {
 
 template <class C>
 bool try_fast_rs(const Format& f, const float* x, C* codes, size_t n, const CastOptions& opt) {
+  if (opt.sr_bits != SrBits::per_element || opt.words)
+    return with_fast_format(f, [&]<const Format & F>() { encode_rs_values<F>(x, codes, n, opt); });
   return with_fast_format(f, [&]<const Format & F>() { encode_rs_fast<F>(x, codes, n, opt); });
 }
 
 template <class T, class C>
 void encode_any(const Format& f, const T* x, C* codes, size_t n, const CastOptions& opt) {
   check_code_type<C>(f);
+  if (opt.round == Round::rs) check_sr_bits(opt.sr_bits, f, "cast");
   if constexpr (std::is_same_v<T, float>) {
     if (opt.round == Round::rn && try_fast(f, x, codes, n, opt.overflow)) return;
     if (opt.round == Round::rs && try_fast_rs(f, x, codes, n, opt)) return;
@@ -135,6 +192,14 @@ void encode_any(const Format& f, const T* x, C* codes, size_t n, const CastOptio
 }
 
 }  // namespace
+
+uint64_t sr_word_count(const Format& f, uint64_t n, const CastOptions& opt) {
+  const uint64_t G = uint64_t(sr_group(opt.sr_bits, f));
+  if (G == 1) return n;
+  const uint64_t L = opt.row_length ? opt.row_length : n;
+  if (L == 0) return 0;
+  return (n / L) * ((L + G - 1) / G) + (n % L + G - 1) / G;
+}
 
 void encode_array(const Format& f, const float* x, uint8_t* codes, size_t n, const CastOptions& opt) {
   encode_any(f, x, codes, n, opt);

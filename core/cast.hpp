@@ -9,7 +9,11 @@
 //   - every other mode, and float64 input, use the generic encode();
 //   - Round::rs draws the random bits of element i (its index in the array
 //     plus `CastOptions::index_offset`) as random_bits(seed, stream, i) from
-//     philox.hpp, so a CUDA kernel drawing the same bits gets the same codes.
+//     philox.hpp, so a CUDA kernel drawing the same bits gets the same codes;
+//     under SrBits::ptx_x4 (core/sr.hpp) element i of a row of `row_length`
+//     elements (r = i / row_length, c = i % row_length) uses word
+//     r * ceil(row_length / G) + c / G, bits as sr_element_bits gives them;
+//     `words` replaces Philox by given words (one per word index).
 // The loops run in parallel with OpenMP; every element's code depends only on
 // that element and its index, so the result is the same for any thread count.
 //
@@ -29,6 +33,7 @@
 
 #include "core/encode.hpp"
 #include "core/format.hpp"
+#include "core/sr.hpp"
 
 namespace fp4lab {
 
@@ -38,7 +43,14 @@ struct CastOptions {
   uint64_t seed = 0;          // Philox key for Round::rs (ignored otherwise)
   uint64_t stream = 0;        // Philox stream for Round::rs
   uint64_t index_offset = 0;  // element i draws random_bits(seed, stream, index_offset + i)
+  SrBits sr_bits = SrBits::per_element;  // the random-bit contract (core/sr.hpp)
+  uint64_t row_length = 0;               // elements a row for ptx_x4's groups (0: the whole array is one row)
+  const uint32_t* words = nullptr;       // given random words (indexed by word index) instead of Philox
 };
+
+// The number of random words an array of n elements takes under opt (one per
+// element, or per group of G of a row): what `words` must hold.
+uint64_t sr_word_count(const Format& f, uint64_t n, const CastOptions& opt);
 
 // Bytes per stored code of format f: 1 (<= 8 bits), 2 (16 bits), 0 if these
 // helpers cannot store it (float32).

@@ -27,13 +27,22 @@
 // rounding mode; -0 is kept where the format has it. e8m0 has no zero: zero and
 // values below 2^-127 encode as code 0 (2^-127).
 //
-// Stochastic rounding (rs), following PTX cvt.rs: with D the number of bits
-// of the input's magnitude significand that the target discards (D grows in
-// the target's subnormal range), the D low bits of the 32 random bits `rbits`
-// are added to the discarded bits and the sum is truncated, i.e. the magnitude
-// rounds up iff discarded + (rbits mod 2^D) >= 2^D. This rounds up with
-// probability exactly discarded / 2^D, so E[q(x)] = x. When D > 32 only the
-// top 32 discarded bits take part (the rest are truncated before the add).
+// Stochastic rounding (rs), following PTX cvt.rs ("the carry out of the
+// integer addition of the supplied random bits to the truncated off
+// (discarded) bits of mantissa"), with a random value r of W bits (W = 32 by
+// default; 8, 13 or 16 under the PTX x4/x2 contract, core/sr.hpp). With D the
+// number of bits of the input's magnitude significand that the target
+// discards (D grows in the target's subnormal range):
+//   D <= W: r mod 2^D is added to the D discarded bits; the magnitude rounds
+//           up iff discarded + (r mod 2^D) >= 2^D: probability exactly
+//           discarded / 2^D, so E[q(x)] = x;
+//   D >  W: r is added to the top W discarded bits (r lands right below the
+//           target's last kept bit; the lower discarded bits are truncated
+//           first): rounds up iff top_W(discarded) + r >= 2^W, probability
+//           floor(2^W f) / 2^W for the residual f = discarded / 2^D (a bias of
+//           up to 2^-W of a quantum toward zero; below 2^-W it never rounds up).
+// With W = 32 this is fp4lab's per-element contract; with W = 8 the PTX
+// cvt.rs.e2m1x4 / e4m3x4 one (r/256 of a quantum added, then truncated).
 // Overflow under rs follows the away-from-zero rule above.
 //
 // Example: encode(float8_e4m3fn, 0.3f, Round::rn, Overflow::saturate) == 0x2A
@@ -122,9 +131,11 @@ FP4LAB_HD constexpr uint32_t fast_code(uint32_t a, uint32_t sign, uint32_t mag, 
 }  // namespace detail
 
 // Encodes x into format f. `rbits` are the random bits of stochastic rounding
-// (ignored by the other modes). Returns the code (bits above f.bits() zero).
+// (ignored by the other modes): its low `sr_width` bits (1..32) are the random
+// value r above. Returns the code (bits above f.bits() zero).
 template <class T>
-FP4LAB_HD constexpr uint32_t encode(const Format& f, T x, Round r, Overflow o, uint32_t rbits = 0) {
+FP4LAB_HD constexpr uint32_t encode(const Format& f, T x, Round r, Overflow o, uint32_t rbits = 0,
+                                    int sr_width = 32) {
   using Src = detail::SourceFloat<T>;
   using U = typename Src::U;
   const U u = Src::bits(x);
@@ -187,17 +198,19 @@ FP4LAB_HD constexpr uint32_t encode(const Format& f, T x, Round r, Overflow o, u
         // D counts the input's own significand bits (a subnormal input's
         // mantissa field as stored), not the zeros appended by normalising:
         // PTX adds the random bits to the FP32 word's discarded low bits.
-        const int D = shift - sig_zeros;
+        const int D = shift - sig_zeros, W = sr_width;
+        const uint64_t wmask = (uint64_t(1) << W) - 1u;
+        const uint64_t rw = uint64_t(rbits) & wmask;
         const uint64_t rem_in = shift < 64 ? rem >> sig_zeros : 0u;
         if (shift >= 64 || D <= 0) {
-          const uint64_t top = shift - 32 < 64 ? rem >> (shift - 32) : 0u;
-          round_up = rem != 0 && top + uint64_t(rbits) > 0xFFFFFFFFu;
-        } else if (D <= 32) {
+          const uint64_t top = shift - W < 64 ? rem >> (shift - W) : 0u;
+          round_up = rem != 0 && top + rw > wmask;
+        } else if (D <= W) {
           const uint64_t mask = (uint64_t(1) << D) - 1u;
-          round_up = rem_in + (uint64_t(rbits) & mask) > mask;
+          round_up = rem_in + (rw & mask) > mask;
         } else {
-          const uint64_t top = rem >> (shift - 32);
-          round_up = top + uint64_t(rbits) > 0xFFFFFFFFu;
+          const uint64_t top = rem >> (shift - W);
+          round_up = top + rw > wmask;
         }
         break;
       }
@@ -380,7 +393,11 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
 //   contract's random addend (the low min(d, 32) bits of rbits, left-aligned);
 //   q = (X + (rbits << sp mod 2^32)) >> 32 is the rounded count of quanta, and
 //   each binade above [1, 2) adds 2 codes: 2 (e - 127).
+// W < 32 (a W-bit random value, encode()'s rule): d >= 22 > W always, so the
+// addend is r << (32 - W), r's top bit right below the quantum.
+template <int W = 32>
 FP4LAB_HD constexpr uint32_t e2m1_rs_magnitude(uint32_t a, uint32_t rbits) {
+  static_assert(W >= 1 && W <= 32);
   const uint32_t top = a >> 23;  // exponent field, the sign above it
   const int32_t e = int32_t(top & 0xFFu);
   const int32_t s = e - 117;
@@ -389,7 +406,13 @@ FP4LAB_HD constexpr uint32_t e2m1_rs_magnitude(uint32_t a, uint32_t rbits) {
   // (a & 0x7FFFFF) | 0x800000 as a multiply-add (the FMA pipe, not the integer ALU's two logic operations).
   const uint32_t sig = shr_clamped(a - (top - 1u) * 0x800000u, sn);
   const uint32_t p = 1u << sp;
-  const uint32_t q = uint32_t((uint64_t(sig) * p + uint32_t(rbits * p)) >> 32);
+  uint32_t add;
+  if constexpr (W == 32) {
+    add = rbits * p;
+  } else {
+    add = (rbits & ((1u << W) - 1u)) << (32 - W);
+  }
+  const uint32_t q = uint32_t((uint64_t(sig) * p + add) >> 32);
   const int32_t k = 2 * (e - 127);
   return q + uint32_t(k > 0 ? k : 0);
 }
@@ -400,8 +423,9 @@ FP4LAB_HD constexpr uint32_t e2m1_rs_magnitude(uint32_t a, uint32_t rbits) {
 // e2m1_rs_magnitude capped at code 7, its value's bits ((m + 252) << 22 for
 // codes 2..7, m * 0.5 for 0 and 1), y's sign. The GPU's dequantize-only path
 // (the trainer's BF16 GEMM operands) uses it.
+template <int W = 32>
 FP4LAB_HD constexpr uint32_t e2m1_rs_value_bits(uint32_t yb, uint32_t rbits) {
-  const uint32_t m0 = e2m1_rs_magnitude(yb, rbits);
+  const uint32_t m0 = e2m1_rs_magnitude<W>(yb, rbits);
   const uint32_t m = m0 < 7u ? m0 : 7u;
   const uint32_t v = m >= 2u ? (m + 252u) << 22 : m * 0x3F000000u;
   return v | (yb & 0x80000000u);
@@ -421,9 +445,12 @@ FP4LAB_HD constexpr uint32_t e2m1_rs_value_bits(uint32_t yb, uint32_t rbits) {
 //                           32 when D > 32), plus rbits shifted up by 32 - D
 //                           (its low D bits, or all 32 when D >= 32) round up
 //                           iff the sum carries out of 32 bits.
-template <const Format& F>
+// W < 32: a W-bit random value (encode()'s rule, W <= 23 - M here): in the
+// normal range r << (D - W) is added; in the subnormal range (D > W) r << (32 - W).
+template <const Format& F, int W = 32>
 FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) {
   static_assert(!F.is_int && F.is_signed && F.has_subnormals() && F.man_bits < 23);
+  static_assert(W == 32 || (W >= 1 && W <= 23 - F.man_bits));
   constexpr int shift = 23 - F.man_bits;
   constexpr uint32_t mask = (1u << shift) - 1u;
   constexpr uint32_t rebias = uint32_t(127 - F.bias) << 23;
@@ -435,11 +462,13 @@ FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) 
   const uint32_t sign = (u >> (31 - F.exp_bits - F.man_bits)) & F.sign_bit();  // float sign -> code sign
   if constexpr (F.exp_bits == 2 && F.man_bits == 1 && F.bias == 1 && F.special == Special::none) {
     // E2M1: both branches below in one computation (e2m1_rs_magnitude).
-    return detail::fast_code<F>(a, sign, e2m1_rs_magnitude(a, rbits), o);
+    return detail::fast_code<F>(a, sign, e2m1_rs_magnitude<W>(a, rbits), o);
   }
+  constexpr uint32_t wmask = W == 32 ? 0xFFFFFFFFu : (1u << W) - 1u;
   // Normal target: truncate (a rebased + random low bits).
   const uint32_t t = a - rebias;
-  const uint32_t normal = (t >> shift) + (((t & mask) + (rbits & mask)) >> shift);
+  const uint32_t add = W == 32 ? (rbits & mask) : (rbits & wmask) << (W == 32 ? 0 : shift - W);
+  const uint32_t normal = (t >> shift) + (((t & mask) + add) >> shift);
   // Subnormal target (also for subnormal inputs: their stored significand, exponent field 1).
   const uint32_t exp_field = a >> 23;
   const uint32_t exp_eff = exp_field | uint32_t(exp_field == 0);
@@ -454,7 +483,7 @@ FP4LAB_HD constexpr uint32_t encode_rs_f32(float x, uint32_t rbits, Overflow o) 
   const int dl = d & 31, up = (32 - dl) & 31;
   const uint32_t q = far ? 0u : sig >> dl;
   const uint32_t frac32 = far ? sig >> dl : sig << up;
-  const uint32_t r32 = far ? rbits : rbits << up;
+  const uint32_t r32 = W < 32 ? (rbits & wmask) << (W < 32 ? 32 - W : 0) : far ? rbits : rbits << up;
   const uint32_t subnormal = q + uint32_t(frac32 + r32 < frac32);
   const uint32_t sub_mask = 0u - uint32_t(a < min_normal_bits);
   const uint32_t mag = (subnormal & sub_mask) | (normal & ~sub_mask);

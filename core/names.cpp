@@ -1,9 +1,10 @@
-// Text names of formats, rounding modes and overflow policies.
+// Text names of formats, rounding modes, overflow policies and SR contracts.
 #include <string>
 
 #include "core/encode.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "core/sr.hpp"
 
 namespace fp4lab {
 
@@ -88,6 +89,20 @@ Overflow parse_overflow(std::string_view s) {
   if (s == "saturate" || s == "satfinite") return Overflow::saturate;
   if (s == "nonsaturate" || s == "nosat") return Overflow::nonsaturate;
   throw Error("unknown overflow policy '" + std::string(s) + "'; valid: saturate, nonsaturate");
+}
+
+const char* sr_bits_name(SrBits b) { return b == SrBits::per_element ? "per_element" : "ptx_x4"; }
+
+std::optional<SrBits> parse_sr_bits(std::string_view s) {
+  if (s == "per_element") return SrBits::per_element;
+  if (s == "ptx_x4") return SrBits::ptx_x4;
+  return std::nullopt;
+}
+
+void check_sr_bits(SrBits b, const Format& f, const std::string& where) {
+  if (b == SrBits::ptx_x4 && !sr_ptx_format(f))
+    throw Error(where + ": sr_bits ptx_x4 needs a format PTX cvt.rs converts to (e2m1, e2m3, e3m2, e4m3, e5m2, "
+                "float16, bfloat16), got '" + std::string(f.name) + "'; use per_element");
 }
 
 }  // namespace fp4lab

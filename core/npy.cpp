@@ -21,6 +21,7 @@ const char* dtype_name(DType d) {
     case DType::float64: return "float64";
     case DType::uint8: return "uint8";
     case DType::uint16: return "uint16";
+    case DType::uint32: return "uint32";
   }
   return "?";
 }
@@ -33,6 +34,7 @@ size_t dtype_size(DType d) {
     case DType::float64: return 8;
     case DType::uint8: return 1;
     case DType::uint16: return 2;
+    case DType::uint32: return 4;
   }
   return 0;
 }
@@ -43,6 +45,7 @@ const char* dtype_descr(DType d) {
     case DType::float64: return "<f8";
     case DType::uint8: return "|u1";
     case DType::uint16: return "<u2";
+    case DType::uint32: return "<u4";
   }
   return "";
 }
@@ -242,9 +245,11 @@ NpyArray read_npy(const std::string& path) {
     arr.dtype = DType::uint8;
   else if (descr == "<u2")
     arr.dtype = DType::uint16;
+  else if (descr == "<u4")
+    arr.dtype = DType::uint32;
   else
     throw Error(path + ": unsupported dtype '" + printable(descr) +
-                "' (valid: <f4 float32, <f8 float64, |u1 uint8, <u2 uint16)");
+                "' (valid: <f4 float32, <f8 float64, |u1 uint8, <u2 uint16, <u4 uint32)");
   if (h.fortran_order) throw Error(path + ": Fortran-order arrays are not supported (save with np.ascontiguousarray)");
   arr.shape = h.shape;
   const size_t nbytes = size_t(checked_numel(arr.shape, dtype_size(arr.dtype), path)) * dtype_size(arr.dtype);
@@ -343,13 +348,16 @@ void write_npy(const std::string& path, const Tensor<T>& t) {
     d = DType::float64;
   else if constexpr (std::is_same_v<T, uint8_t>)
     d = DType::uint8;
-  else
+  else if constexpr (std::is_same_v<T, uint16_t>)
     d = DType::uint16;
+  else
+    d = DType::uint32;
   write_npy(path, d, t.shape, t.data.data());
 }
 template void write_npy(const std::string&, const Tensor<float>&);
 template void write_npy(const std::string&, const Tensor<double>&);
 template void write_npy(const std::string&, const Tensor<uint8_t>&);
 template void write_npy(const std::string&, const Tensor<uint16_t>&);
+template void write_npy(const std::string&, const Tensor<uint32_t>&);
 
 }  // namespace fp4lab

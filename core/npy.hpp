@@ -17,7 +17,7 @@
 
 namespace fp4lab {
 
-enum class DType { float32, float64, uint8, uint16 };
+enum class DType { float32, float64, uint8, uint16, uint32 };
 const char* dtype_name(DType d);
 
 struct NpyArray {

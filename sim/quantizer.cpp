@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -120,7 +121,7 @@ QuantizerSpec quantizer_by_name(const std::string& name) {
     if (name == c.name) return c.spec;
   throw Error("unknown quantizer '" + name + "'; valid: " + join_names() +
               ", or a JSON object / JSON file with the keys element, scale, block, scale_rule, round, overflow, "
-              "global_scale, rht, rht_seed");
+              "global_scale, rht, rht_seed, sr_bits");
 }
 
 std::vector<std::string> quantizer_names() {
@@ -134,7 +135,8 @@ std::vector<std::string> quantizer_names() {
 // ---------------------------------------------------------------------------
 
 namespace {
-constexpr const char* json_keys = "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed";
+constexpr const char* json_keys =
+    "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed, sr_bits";
 
 std::string get_string(const nlohmann::json& v, const std::string& path) {
   if (!v.is_string()) throw Error(path + ": expected a string, got " + v.dump());
@@ -191,6 +193,10 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
         if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
           throw Error(path + ": expected a non-negative integer, got " + v.dump());
         q.rht_seed = v.get<uint64_t>();
+      } else if (k == "sr_bits") {
+        const std::optional<SrBits> b = parse_sr_bits(get_string(v, path));
+        if (!b) throw Error(path + ": unknown sr_bits " + v.dump() + "; valid: " + sr_bits_names);
+        q.sr_bits = *b;
       } else {
         throw Error("unknown key '" + k + "'; valid keys: " + json_keys);
       }
@@ -214,6 +220,7 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
   j["global_scale"] = q.global_scale == GlobalScale::none ? "none" : "tensor_amax";
   j["rht"] = q.rht;
   j["rht_seed"] = q.rht_seed;
+  j["sr_bits"] = sr_bits_name(q.sr_bits);
   return j;
 }
 
@@ -281,6 +288,7 @@ void validate(const QuantizerSpec& q, const std::string& where) {
   if (q.rht && !((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
     fail("rht works on 1-D blocks of 16: block must be [1,16] or [16,1], got [" + std::to_string(q.block_rows) + "," +
          std::to_string(q.block_cols) + "]");
+  check_sr_bits(q.sr_bits, e, where);
 }
 
 std::string describe(const QuantizerSpec& q) {
@@ -290,6 +298,7 @@ std::string describe(const QuantizerSpec& q) {
     << (q.overflow == Overflow::saturate ? "sat" : "nonsat");
   if (q.global_scale == GlobalScale::tensor_amax) s << " global";
   if (q.rht) s << " rht(seed " << q.rht_seed << ")";
+  if (q.sr_bits != SrBits::per_element) s << " sr " << sr_bits_name(q.sr_bits);
   return s.str();
 }
 
@@ -525,29 +534,47 @@ RowFn fast_row_fn(const Format& f) {
   return r;
 }
 
-// Stochastic rounding with the branch-free encoder (encode_rs_f32, identical to
-// encode(rs)): the random words of a chunk of K elements are drawn first (word
-// idx & 3 of Philox group idx >> 2, idx = base_index + column), then encoded.
-using SrRowFn = void (*)(const float*, const float*, const float*, float, const float*, Overflow, RandomStream,
-                         uint64_t, uint8_t*, float*, int64_t);
+// The random values of stochastic rounding of row r's `cols` elements into
+// rv[cols] (core/sr.hpp: element c's value, right-aligned, sr_width bits, from
+// word r * words_per_row + c / G of rs). `words`: per-thread scratch.
+void row_random_values(const QuantizerSpec& q, RandomStream rs, int64_t r, int64_t cols, std::vector<uint32_t>& words,
+                       uint32_t* rv) {
+  const Format& f = *q.element;
+  const int G = sr_group(q.sr_bits, f);
+  const int64_t per_row = sr_words_per_row(q.sr_bits, f, cols);
+  const uint64_t w0 = uint64_t(r) * uint64_t(per_row);
+  const uint32_t* w;
+  if (rs.words) {
+    w = rs.words + w0;
+  } else {
+    // Whole Philox groups of four words covering the row's words.
+    const uint64_t g0 = w0 >> 2, g1 = (w0 + uint64_t(per_row) + 3) >> 2;
+    words.resize(size_t(4 * (g1 - g0)));
+    philox_groups(rs.seed, rs.stream, g0, g1 - g0, words.data());
+    w = words.data() + (w0 & 3u);
+  }
+  if (G == 1) {
+    std::memcpy(rv, w, size_t(cols) * sizeof(uint32_t));  // per_element: the whole word
+    return;
+  }
+  for (int64_t c = 0; c < cols; ++c) rv[c] = sr_element_bits(q.sr_bits, f, w[c / G], int(c % G));
+}
 
-template <const Format& F, bool Divide>
-void row_rs_fast(const float* xr, const float* cm, const float* cs, float gd, const float* tab, Overflow o,
-                 RandomStream rs, uint64_t base_index, uint8_t* codes, float* dq, int64_t n) {
+// Stochastic rounding of a row with the branch-free encoder (encode_rs_f32,
+// identical to encode(rs) with W-bit random values rv, row_random_values).
+using SrRowFn = void (*)(const float*, const float*, const float*, float, const float*, Overflow, const uint32_t*,
+                         uint8_t*, float*, int64_t);
+
+template <const Format& F, bool Divide, int W>
+void row_rs_fast(const float* x, const float* m, const float* cs, float gd, const float* tab, Overflow o,
+                 const uint32_t* rv, uint8_t* codes, float* dq, int64_t n) {
   constexpr int64_t K = 256;
-  uint32_t words[K + 8];  // whole groups covering the chunk (<= K/4 + 2 groups)
   uint32_t code[K];
   for (int64_t c0 = 0; c0 < n; c0 += K) {
     const int64_t len = std::min(K, n - c0);
-    const uint64_t i0 = base_index + uint64_t(c0);
-    const uint64_t g0 = i0 >> 2, g1 = (i0 + uint64_t(len) + 3) >> 2;
-    philox_groups(rs.seed, rs.stream, g0, g1 - g0, words);
-    const uint32_t* w = words + (i0 & 3u);
-    const float* x = xr + c0;
-    const float* m = cm + c0;
     for (int64_t i = 0; i < len; ++i) {
-      const float y = Divide ? x[i] / m[i] : x[i] * m[i];
-      code[i] = encode_rs_f32<F>(y, w[i], o);
+      const float y = Divide ? x[c0 + i] / m[c0 + i] : x[c0 + i] * m[c0 + i];
+      code[i] = encode_rs_f32<F, W>(y, rv[c0 + i], o);
     }
     for (int64_t i = 0; i < len; ++i) {
       codes[c0 + i] = uint8_t(code[i]);
@@ -556,39 +583,36 @@ void row_rs_fast(const float* xr, const float* cm, const float* cs, float gd, co
   }
 }
 
+// The fast SR row of element format f with W-bit random values (32, or the
+// 8 of the PTX contract), nullptr where there is none.
 template <bool Divide>
-SrRowFn sr_row_fn(const Format& f) {
+SrRowFn sr_row_fn(const Format& f, int W) {
   SrRowFn r = nullptr;
-  with_fast_element_format(f, [&]<const Format & F>() { r = row_rs_fast<F, Divide>; });
+  with_fast_element_format(f, [&]<const Format & F>() {
+    if (W == 32) r = row_rs_fast<F, Divide, 32>;
+    if constexpr (F.man_bits <= 15)
+      if (W == 8) r = row_rs_fast<F, Divide, 8>;
+  });
   return r;
 }
 
-// Generic row kernel: any rounding mode (SR bits from Philox by linear index).
+// Generic row kernel: any rounding mode (SR: the random values rv of
+// row_random_values, W bits each).
 void row_generic(const QuantizerSpec& q, const BlockScales& b, const float* xr, const float* cm, const float* cs,
-                 const float* tab, RandomStream rs, uint64_t base_index, uint8_t* codes, float* dq, int64_t n) {
+                 const float* tab, const uint32_t* rv, uint8_t* codes, float* dq, int64_t n) {
   const Format& f = *q.element;
   const bool exact_pow2 = b.pow2 && (q.round == Round::rp || q.round == Round::rm);
-  const bool sr = q.round == Round::rs;
-  Philox4 group{};
-  uint64_t group_id = ~uint64_t(0);
+  const int W = sr_width(q.sr_bits, f);
   for (int64_t c = 0; c < n; ++c) {
-    uint32_t rbits = 0;
-    if (sr) {
-      const uint64_t idx = base_index + uint64_t(c);
-      if ((idx >> 2) != group_id) {
-        group_id = idx >> 2;
-        group = philox_group(rs.seed, rs.stream, group_id);
-      }
-      rbits = group.v[idx & 3u];
-    }
+    const uint32_t rbits = rv ? rv[c] : 0u;
     uint32_t code;
     if (exact_pow2) {
       // x * 2^-e exactly (float64 never underflows here): directed rounding of
       // a value below FP32's normal range must see its true sign and size.
-      code = encode(f, double(xr[c]) * double(cm[c]), q.round, q.overflow, rbits);
+      code = encode(f, double(xr[c]) * double(cm[c]), q.round, q.overflow, rbits, W);
     } else {
       const float y = b.divide ? xr[c] / cm[c] : xr[c] * cm[c];
-      code = encode(f, y, q.round, q.overflow, rbits);
+      code = encode(f, y, q.round, q.overflow, rbits, W);
     }
     codes[c] = uint8_t(code);
     dq[c] = (tab[code] * cs[c]) * b.g_dec;
@@ -603,8 +627,9 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
   const std::array<float, 256> tab = decode_table(*q.element);
   const bool fast = q.round == Round::rn;
   const RowFn fast_fn = fast ? (b.divide ? fast_row_fn<true>(*q.element) : fast_row_fn<false>(*q.element)) : nullptr;
-  const SrRowFn sr_fn =
-      q.round == Round::rs ? (b.divide ? sr_row_fn<true>(*q.element) : sr_row_fn<false>(*q.element)) : nullptr;
+  const bool sr = q.round == Round::rs;
+  const int W = sr_width(q.sr_bits, *q.element);
+  const SrRowFn sr_fn = sr ? (b.divide ? sr_row_fn<true>(*q.element, W) : sr_row_fn<false>(*q.element, W)) : nullptr;
   const BlockGrid& g = b.grid;
   const int64_t cols = x.cols;
   const BlockRowFn block_fn =
@@ -627,6 +652,7 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
   {
     std::vector<float> cm(static_cast<size_t>(cols)), cs(static_cast<size_t>(cols));
     std::vector<uint8_t> cb(static_cast<size_t>(cols));
+    std::vector<uint32_t> rv(sr ? static_cast<size_t>(cols) : 0u), words;
     int64_t cached = -1;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < x.rows; ++r) {
@@ -645,12 +671,13 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
       const float* xr = x.data + r * x.stride;
       float* dq = dq_out + r * out_stride;
       uint8_t* codes = codes_out ? codes_out + r * cols : cb.data();
+      if (sr) row_random_values(q, rs, r, cols, words, rv.data());
       if (fast_fn) {
         fast_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, codes, dq, cols);
       } else if (sr_fn) {
-        sr_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, rs, uint64_t(r * cols), codes, dq, cols);
+        sr_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, rv.data(), codes, dq, cols);
       } else {
-        row_generic(q, b, xr, cm.data(), cs.data(), tab.data(), rs, uint64_t(r * cols), codes, dq, cols);
+        row_generic(q, b, xr, cm.data(), cs.data(), tab.data(), sr ? rv.data() : nullptr, codes, dq, cols);
       }
     }
   }

@@ -13,10 +13,13 @@
 //   global_scale none | tensor_amax (NVFP4's second level, FP32)
 //   rht          16-point Random Hadamard Transform along the block's axis
 //                before quantization (1-D blocks of 16 only), signs from rht_seed
+//   sr_bits      the random-bit contract of round "rs" (core/sr.hpp):
+//                per_element (32 bits an element) | ptx_x4 (PTX cvt.rs: one
+//                word per 4 elements of a row, 8 bits an element)
 // JSON form (the same object in recipes, configs and the CLI):
 //   {"element": "e2m1", "scale": "ue4m3", "block": [1,16], "scale_rule": "nv",
 //    "round": "rn", "overflow": "saturate", "global_scale": "tensor_amax",
-//    "rht": false, "rht_seed": 0}
+//    "rht": false, "rht_seed": 0, "sr_bits": "per_element"}
 // Missing keys take the defaults below; unknown keys are errors naming the key.
 #pragma once
 
@@ -29,6 +32,7 @@
 
 #include "core/encode.hpp"
 #include "core/format.hpp"
+#include "core/sr.hpp"
 #include "core/tensor.hpp"
 
 namespace fp4lab {
@@ -50,6 +54,7 @@ struct QuantizerSpec {
   GlobalScale global_scale = GlobalScale::none;
   bool rht = false;
   uint64_t rht_seed = 0;
+  SrBits sr_bits = SrBits::per_element;
 
   bool operator==(const QuantizerSpec&) const = default;
 };
@@ -67,12 +72,15 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q);
 void validate(const QuantizerSpec& q, const std::string& where);
 std::string describe(const QuantizerSpec& q);  // one line, e.g. "e2m1 [1,16] ue4m3 nv rn sat global"
 
-// Where the random bits of stochastic rounding come from (core/philox.hpp):
-// element i (row-major linear index) of the tensor uses
-// random_bits(seed, stream, i).
+// Where the random bits of stochastic rounding come from: word w of the
+// tensor (core/sr.hpp: w = r * cols + c per element, r * ceil(cols / G) + c / G
+// under ptx_x4) is random_bits(seed, stream, w) (core/philox.hpp), or, when
+// `words` is set (host memory, CPU quantizer only), words[w]: the random words
+// of a kernel under test, rows * sr_words_per_row(...) of them.
 struct RandomStream {
   uint64_t seed = 0;
   uint64_t stream = 0;
+  const uint32_t* words = nullptr;
 };
 
 struct QuantStats {

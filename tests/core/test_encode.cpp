@@ -429,7 +429,7 @@ TEST_CASE("encode_rn_f32 (FP8 by one float rounding): every float32 around the s
 namespace {
 // encode_rs_f32 against the generic encoder, each input with `words` random words
 // (plus the edge words 0, 1, 0x7FFFFFFF, 0x80000000 and 0xFFFFFFFF).
-template <const Format& F>
+template <const Format& F, int W = 32>
 int64_t rs_fast_path_mismatches(const std::vector<float>& xs, int words) {
   int64_t bad = 0;
   std::mt19937 rng(1234);
@@ -438,7 +438,7 @@ int64_t rs_fast_path_mismatches(const std::vector<float>& xs, int words) {
       uint32_t ws[8] = {0u, 1u, 0x7FFFFFFFu, 0x80000000u, 0xFFFFFFFFu};
       for (int k = 5; k < 5 + words && k < 8; ++k) ws[k] = rng();
       for (int k = 0; k < 5 + words && k < 8; ++k) {
-        const uint32_t a = encode_rs_f32<F>(x, ws[k], o), b = encode(F, x, Round::rs, o, ws[k]);
+        const uint32_t a = encode_rs_f32<F, W>(x, ws[k], o), b = encode(F, x, Round::rs, o, ws[k], W);
         if (a != b) {
           if (bad < 5)
             MESSAGE(F.name, " x bits ", fmt_code(float_bits(x)), " rbits ", fmt_code(ws[k]), " fast ", fmt_code(a),
@@ -465,6 +465,14 @@ TEST_CASE("encode_rs_f32 equals encode(rs) on bfloat16 patterns and sampled floa
   CHECK(rs_fast_path_mismatches<float8_e5m2fnuz>(xs, 3) == 0);
   CHECK(rs_fast_path_mismatches<bfloat16>(xs, 3) == 0);
   CHECK(rs_fast_path_mismatches<float16>(xs, 3) == 0);
+  // The PTX contract's widths (core/sr.hpp): 8 bits for the x4 formats, 13 / 16 for f16 / bf16.
+  CHECK(rs_fast_path_mismatches<float4_e2m1fn, 8>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float6_e2m3fn, 8>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float6_e3m2fn, 8>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float8_e4m3fn, 8>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float8_e5m2, 8>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<float16, 13>(xs, 3) == 0);
+  CHECK(rs_fast_path_mismatches<bfloat16, 16>(xs, 3) == 0);
 }
 
 TEST_CASE("shl_clamped / shr_clamped: PTX's saturating shift counts") {

@@ -324,6 +324,59 @@ TEST_CASE("every rounding mode: quantize equals core's encode element by element
   }
 }
 
+TEST_CASE("SR ptx_x4: element (r, c) rounds with byte c % 4 of word r * ceil(cols / 4) + c / 4, Philox or given") {
+  // Scale 1 as above; 37 columns: 10 words a row, the last a partial group of 1.
+  struct Case {
+    const char* name;
+    const Format* f;
+    float max;
+  };
+  for (const Case& c : {Case{"mxfp4", &float4_e2m1fn, 6.0f}, Case{"mxfp6_e2m3", &float6_e2m3fn, 7.5f},
+                        Case{"mxfp6_e3m2", &float6_e3m2fn, 28.0f}, Case{"mxfp8_e4m3", &float8_e4m3fn, 448.0f},
+                        Case{"mxfp8_e5m2", &float8_e5m2, 57344.0f}}) {
+    CAPTURE(c.name);
+    const int64_t rows = 8, cols = 37, per_row = 10;
+    std::vector<float> x = randn(size_t(rows * cols), 23, c.max / 3.0f);
+    for (auto& v : x) v = std::fmax(-c.max, std::fmin(c.max, v));
+    for (int64_t r = 0; r < rows; ++r) x[size_t(r * cols)] = x[size_t(r * cols + 32)] = c.max;
+    QuantizerSpec s = quantizer_by_name(c.name);
+    s.round = Round::rs;
+    s.sr_bits = SrBits::ptx_x4;
+    const QuantizedTensor q = quantize(s, view(x, rows, cols), RandomStream{99, 3});
+    std::vector<uint32_t> words(size_t(rows * per_row));
+    for (size_t w = 0; w < words.size(); ++w) words[w] = random_bits(99, 3, w);
+    RandomStream given{};
+    given.words = words.data();
+    const QuantizedTensor qg = quantize(s, view(x, rows, cols), given);
+    CHECK(qg.codes == q.codes);
+    int64_t differ_from_per_element = 0;
+    QuantizerSpec pe = s;
+    pe.sr_bits = SrBits::per_element;
+    const QuantizedTensor qp = quantize(pe, view(x, rows, cols), RandomStream{99, 3});
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t col = 0; col < cols; ++col) {
+        const size_t i = size_t(r * cols + col);
+        const uint32_t word = words[size_t(r * per_row + col / 4)];
+        const uint32_t byte = (word >> (8 * (col % 4))) & 0xFFu;
+        INFO("row ", r, " col ", col);
+        REQUIRE(q.codes[i] == encode(*c.f, x[i], Round::rs, Overflow::saturate, byte, 8));
+        differ_from_per_element += q.codes[i] != qp.codes[i];
+      }
+    CHECK(differ_from_per_element > 0);
+    // Another word changes the codes: the words are really used.
+    words[3] ^= 0x80808080u;
+    CHECK(quantize(s, view(x, rows, cols), given).codes != q.codes);
+  }
+  // ptx_x4 needs a cvt.rs target; JSON round trip of the key.
+  QuantizerSpec bad = quantizer_by_name("mxint8");
+  bad.sr_bits = SrBits::ptx_x4;
+  CHECK_THROWS_WITH_AS(validate(bad, "q"), doctest::Contains("ptx_x4"), Error);
+  const QuantizerSpec j = spec_json(R"({"element": "e2m1", "round": "rs", "sr_bits": "ptx_x4"})");
+  CHECK(j.sr_bits == SrBits::ptx_x4);
+  CHECK(quantizer_from_json(quantizer_to_json(j), "t") == j);
+  CHECK_THROWS_WITH_AS(spec_json(R"({"sr_bits": "ptx"})"), doctest::Contains("valid: per_element, ptx_x4"), Error);
+}
+
 TEST_CASE("SR: block quantization is unbiased") {
   // Every block: amax 6 (scale 1), other elements 1.3, between 1.0 and 1.5:
   // P(up) = 0.6, E = 1.3; per-element sd = 0.5 * sqrt(0.24) = 0.245.
