@@ -98,7 +98,7 @@ void print_formats() {
 // ---- fp4lab cast / decode ---------------------------------------------------------
 
 struct CastArgs {
-  std::string to, round = "rn", overflow = "saturate", in, out;
+  std::string to, round = "rn", overflow = "saturate", in, out, sr_bits = "per_element", rbits;
   uint64_t seed = 0;
 };
 
@@ -135,6 +135,25 @@ void run_cast(const CastArgs& args) {
   const NpyArray a = read_npy(args.in);
   if (a.dtype != DType::float32 && a.dtype != DType::float64)
     throw Error(args.in + ": cast needs float32 or float64 input, got " + dtype_name(a.dtype));
+  // SR: the contract's groups run along the last axis (a row); given words replace Philox.
+  opt.sr_bits = sr_bits_option(args.sr_bits);
+  opt.row_length = a.shape.empty() ? 1 : uint64_t(a.shape.back());
+  std::vector<uint32_t> words;
+  if (opt.round != Round::rs && (!args.rbits.empty() || opt.sr_bits != SrBits::per_element))
+    throw Error("--rbits and --sr-bits apply to --round rs only, got --round " + args.round);
+  if (opt.round == Round::rs) check_sr_bits(opt.sr_bits, f, "--to " + args.to);
+  if (!args.rbits.empty()) {
+    const uint64_t n = uint64_t(shape_numel(a.shape));
+    const uint64_t rows = opt.row_length ? n / opt.row_length : 0;
+    words = read_rbits(args.rbits, sr_word_count(f, n, opt),
+                       opt.sr_bits == SrBits::per_element
+                           ? "one word per element"
+                           : std::to_string(rows) + " rows x " +
+                                 std::to_string(sr_words_per_row(opt.sr_bits, f, int64_t(opt.row_length))) +
+                                 " words a row: one per " + std::to_string(sr_group(opt.sr_bits, f)) +
+                                 " elements of the last axis");
+    opt.words = words.data();
+  }
   const bool wide = code_bytes(f) == 2;
   const DType out_dtype = wide ? DType::uint16 : DType::uint8;
   if (a.dtype == DType::float32) {
@@ -308,6 +327,14 @@ void register_format_commands(CLI::App& app) {
           "Seed of the random bits for --round rs (Philox4x32-10, stream 0, counter = element index in C order);\n"
           "the same seed gives the same codes on any machine and thread count")
       ->capture_default_str();
+  cast->add_option("--sr-bits", cargs->sr_bits,
+                   "Random-bit contract of --round rs: per_element = 32 bits an element (element i: word i);\n"
+                   "ptx_x4 = PTX cvt.rs: 4 consecutive elements of the last axis share one word (2 for bfloat16/\n"
+                   "float16), element k of the group uses its byte k (bits 16k.. for bf16/f16: 16 / 13 bits)")
+      ->capture_default_str();
+  cast->add_option("--rbits", cargs->rbits,
+                   "uint32 .npy of the random words to use instead of Philox: one per element (per_element), or\n"
+                   "[rows, ceil(last axis / 4)] (ptx_x4), so a kernel's codes from its own words can be reproduced");
   cast->add_option("IN.npy", cargs->in, "Input: float32 or float64 .npy array (C order, any shape)")->required();
   cast->add_option("OUT.npy", cargs->out, "Output: codes, written atomically (never left half-written)")->required();
   cast->callback([cargs] { run_cast(*cargs); });

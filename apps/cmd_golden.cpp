@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "apps/commands.hpp"
+#include "core/philox.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
 #include "sim/packing.hpp"
@@ -53,6 +54,11 @@ std::vector<GoldenQuantizer> golden_quantizers() {
   variant("mxfp8_e5m2_nonsat", "mxfp8_e5m2", [](QuantizerSpec& s) { s.overflow = Overflow::nonsaturate; });
   variant("nvfp4_rs", "nvfp4", [](QuantizerSpec& s) { s.round = Round::rs; });
   variant("nvfp4_rht", "nvfp4", [](QuantizerSpec& s) { s.rht = true, s.rht_seed = 7; });
+  // The PTX cvt.rs random-bit contract (core/sr.hpp): byte k of one word per 4 row elements.
+  auto ptx_rs = [](QuantizerSpec& s) { s.round = Round::rs, s.sr_bits = SrBits::ptx_x4; };
+  variant("mxfp4_rs_ptx", "mxfp4", ptx_rs);
+  variant("nvfp4_rs_ptx", "nvfp4", ptx_rs);
+  variant("mxfp8_e4m3_rs_ptx", "mxfp8_e4m3", ptx_rs);
   variant("nvfp4_noglobal", "nvfp4", [](QuantizerSpec& s) {
     s.scale_rule = ScaleRule::nv_noglobal;
     s.global_scale = GlobalScale::none;
@@ -154,10 +160,10 @@ void run_golden(const GoldenArgs& a) {
   std::vector<Job> jobs;
   for (const auto& in : inputs)
     for (const auto& gq : quantizers) jobs.push_back({&in, &gq, fs::path(a.out) / (gq.name + "__" + in.name)});
-  const char* files[] = {"input.npy", "codes.npy", "scales.npy", "dequant.npy"};
+  const char* files[] = {"input.npy", "codes.npy", "scales.npy", "dequant.npy", "rbits.npy"};
   OutputSet out;
   for (const Job& j : jobs)
-    for (const char* f : files) out.add((j.dir / f).string(), true);
+    for (int f = 0; f < 4 + (j.gq->spec.round == Round::rs); ++f) out.add((j.dir / files[f]).string(), true);
   const std::string manifest = (fs::path(a.out) / "manifest.json").string();
   out.add(manifest, true);
   nlohmann::json cases = nlohmann::json::array();
@@ -175,6 +181,14 @@ void run_golden(const GoldenArgs& a) {
     out.write_npy((j.dir / files[1]).string(), DType::uint8, {in.rows, in.cols}, q.codes.data());
     write_scales(out, (j.dir / files[2]).string(), q);
     out.write_npy((j.dir / files[3]).string(), DType::float32, {in.rows, in.cols}, q.dequant.data());
+    // SR cases: the random words the codes were drawn with (word w = random_bits(seed, stream, w)),
+    // [rows, words a row], for a kernel that takes its random words from outside (cvt.rs's rbits).
+    const int64_t per_row = sr_words_per_row(s.sr_bits, *s.element, in.cols);
+    if (s.round == Round::rs) {
+      std::vector<uint32_t> words(size_t(in.rows * per_row));
+      for (size_t w = 0; w < words.size(); ++w) words[w] = random_bits(rs.seed, rs.stream, w);
+      out.write_npy((j.dir / files[4]).string(), DType::uint32, {in.rows, per_row}, words.data());
+    }
     nlohmann::json c;
     c["name"] = name;
     c["quantizer_name"] = gq.name;
@@ -187,6 +201,11 @@ void run_golden(const GoldenArgs& a) {
     c["scale_dtype"] = scales_are_float(s) ? "float32" : "uint8";
     c["seed"] = rs.seed;
     c["stream"] = rs.stream;
+    if (s.round == Round::rs) {
+      c["sr_bits"] = sr_bits_name(s.sr_bits);
+      c["rbits"] = files[4];
+      c["rbits_shape"] = {in.rows, per_row};
+    }
     c["global_decode"] = double(q.global_decode);
     c["global_decode_bits"] = hex_bits(float_bits(q.global_decode), 8);
     cases.push_back(c);
@@ -208,8 +227,11 @@ void run_golden(const GoldenArgs& a) {
        "block [br, bc] tiles the row-major tensor from (0,0); edge blocks are partial, their amax is over "
        "the valid elements only; scale (i, j) belongs to rows [i*br, (i+1)*br), cols [j*bc, (j+1)*bc)"},
       {"stochastic_rounding",
-       "element (r, c) draws random_bits(seed, stream, r * cols + c): Philox4x32-10, key = seed, counter = (index/4, "
-       "stream), word index%4; see core/philox.hpp and core/encode.hpp (PTX cvt.rs semantics)"},
+       "word w is random_bits(seed, stream, w): Philox4x32-10, key = seed, counter = (w/4, stream), word w%4 "
+       "(core/philox.hpp); each rs case also stores its words in rbits.npy uint32 [rows, words a row]. sr_bits "
+       "per_element: element (r, c) adds the low D bits of word r * cols + c to its D discarded bits; ptx_x4 (PTX "
+       "cvt.rs): element (r, c) uses byte c % 4 of word r * ceil(cols / 4) + c / 4, added to the top 8 "
+       "discarded bits (r/256 of a quantum, then truncation); see core/sr.hpp and core/encode.hpp"},
       {"rht",
        "16-point Hadamard with seed signs along the block axis before quantization; codes, scales and dequant "
        "are in the transformed domain (sim/rht.hpp gives the exact FP32 butterfly order)"},
@@ -220,7 +242,7 @@ void run_golden(const GoldenArgs& a) {
   m["cases"] = cases;
   out.write_text(manifest, m.dump(2) + "\n");
   out.commit();
-  std::printf("wrote %d cases (%zu quantizers x %zu inputs, RHT only where the size allows) to %s\n", written,
+  std::printf("wrote %d cases (%zu quantizers x %zu inputs) to %s\n", written,
               quantizers.size(), inputs.size(), a.out.c_str());
 }
 

@@ -104,7 +104,7 @@ void print_stats(const QuantizedTensor& q, const QuantStats& s, const FiniteStat
 // ---- fp4lab quantize ------------------------------------------------------------
 
 struct QuantizeArgs {
-  std::string quantizer, in, dequant, codes, scales, global;
+  std::string quantizer, in, dequant, codes, scales, global, sr_bits, rbits;
   uint64_t seed = 0, stream = 0;
   bool stats = false;
 };
@@ -142,7 +142,14 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c) {
 }
 
 void run_quantize(const QuantizeArgs& a) {
-  const QuantizerSpec spec = parse_quantizer(a.quantizer);
+  QuantizerSpec spec = parse_quantizer(a.quantizer);
+  if (!a.sr_bits.empty()) {
+    spec.sr_bits = sr_bits_option(a.sr_bits);
+    validate(spec, "--sr-bits " + a.sr_bits);
+  }
+  if ((!a.rbits.empty() || !a.sr_bits.empty()) && spec.round != Round::rs)
+    throw Error("--rbits and --sr-bits apply to a quantizer with round 'rs'; " + describe(spec) + " rounds " +
+                std::string(round_name(spec.round)));
   OutputSet out;  // every output is checked before any work, and all or none are written
   for (const std::string* p : {&a.dequant, &a.codes, &a.scales, &a.global})
     if (p == &a.dequant || !p->empty()) out.add(*p);
@@ -151,7 +158,16 @@ void run_quantize(const QuantizeArgs& a) {
   const MatrixView<const float> xv(x.data.data(), rows, cols);
   set_activity("quantizing " + a.in + " " + shape_str(x.shape) + " with " + describe(spec));
   const NonFinite nf = count_nonfinite(x.data.data(), x.data.size());
-  const QuantizedTensor q = quantize(spec, xv, RandomStream{a.seed, a.stream});
+  RandomStream rs{a.seed, a.stream};
+  std::vector<uint32_t> words;
+  if (!a.rbits.empty()) {
+    const int64_t per_row = sr_words_per_row(spec.sr_bits, *spec.element, cols);
+    words = read_rbits(a.rbits, uint64_t(rows * per_row),
+                       "[" + std::to_string(rows) + ", " + std::to_string(per_row) + "]: rows x words a row under " +
+                           sr_bits_name(spec.sr_bits));
+    rs.words = words.data();
+  }
+  const QuantizedTensor q = quantize(spec, xv, rs);
   if (nf.any()) {
     const NonFinite out_nf = count_nonfinite(q.dequant.data(), q.dequant.size());
     std::fprintf(stderr, "warning: %s: %s; %s: %s (%" PRId64 " of %zu outputs are NaN)\n", a.in.c_str(),
@@ -289,9 +305,15 @@ void register_quantize_commands(CLI::App& app) {
       "--scales", qa->scales,
       "Output: [ceil(rows/br), ceil(cols/bc)] block scales: uint8 codes (e8m0, ue4m3) or float32 (per-tensor)");
   q->add_option("--global-scale", qa->global, "Output: float32 [1], the global decode scale (NVFP4; 1 otherwise)");
-  q->add_option("--seed", qa->seed, "Seed of the stochastic-rounding bits (Philox; element (r,c) uses index r*cols+c)")
+  q->add_option("--seed", qa->seed, "Seed of the stochastic-rounding bits (Philox; see --sr-bits for the word of an element)")
       ->capture_default_str();
   q->add_option("--stream", qa->stream, "Philox stream id of the stochastic-rounding bits")->capture_default_str();
+  q->add_option("--sr-bits", qa->sr_bits,
+                "Random-bit contract of round rs, overriding the quantizer's sr_bits: per_element (32 bits an\n"
+                "element, word r*cols+c) or ptx_x4 (PTX cvt.rs: word r*ceil(cols/4)+c/4, byte c%4 of it)");
+  q->add_option("--rbits", qa->rbits,
+                "uint32 .npy [rows, words a row] of random words to use instead of Philox (cols words a row for\n"
+                "per_element, ceil(cols/4) for ptx_x4): reproduces a kernel's codes from its own random stream");
   q->add_flag("--stats", qa->stats,
               "Print SQNR, max abs error, flushed-to-zero and saturated fractions, scale under/overflow counts");
   q->callback([qa] { run_quantize(*qa); });

@@ -108,6 +108,14 @@ std::string fmt_float(float v);
 bool scales_are_float(const QuantizerSpec& q);
 void write_scales(OutputSet& out, const std::string& path, const QuantizedTensor& q);
 
+// --sr-bits TEXT: the random-bit contract of stochastic rounding (core/sr.hpp);
+// an unknown name is an error listing the valid ones.
+SrBits sr_bits_option(const std::string& s);
+// --rbits WORDS.npy: exactly `count` uint32 random words (C order, any shape),
+// `layout` saying what they are for the error line (e.g. "[8, 10]: rows x
+// words a row under ptx_x4").
+std::vector<uint32_t> read_rbits(const std::string& path, uint64_t count, const std::string& layout);
+
 void register_format_commands(CLI::App& app);    // formats, cast, decode        (cmd_formats.cpp)
 void register_quantize_commands(CLI::App& app);  // quantize                     (cmd_quantize.cpp)
 void register_golden_commands(CLI::App& app);    // golden, verify               (cmd_golden.cpp)

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <system_error>
@@ -259,6 +260,26 @@ std::string fmt_float(float v) {
   char b[64];
   std::snprintf(b, sizeof b, "%.9g", double(v));
   return b;
+}
+
+SrBits sr_bits_option(const std::string& s) {
+  const std::optional<SrBits> b = parse_sr_bits(s);
+  if (!b) throw Error("--sr-bits '" + s + "' is unknown; valid: " + sr_bits_names);
+  return *b;
+}
+
+std::vector<uint32_t> read_rbits(const std::string& path, uint64_t count, const std::string& layout) {
+  set_activity("reading " + path);
+  const NpyArray a = read_npy(path);
+  if (a.dtype != DType::uint32)
+    throw Error(path + ": --rbits needs uint32 random words (numpy dtype '<u4'), got " + dtype_name(a.dtype));
+  const uint64_t n = uint64_t(shape_numel(a.shape));
+  if (n != count)
+    throw Error(path + ": --rbits holds " + std::to_string(n) + " words (shape " + shape_str(a.shape) + "), expected " +
+                std::to_string(count) + " (" + layout + ")");
+  std::vector<uint32_t> w(static_cast<size_t>(n));
+  if (n) std::memcpy(w.data(), a.bytes.data(), size_t(n) * sizeof(uint32_t));
+  return w;
 }
 
 bool scales_are_float(const QuantizerSpec& q) { return q.scale == &float32; }
