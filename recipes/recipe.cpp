@@ -33,7 +33,7 @@ constexpr OperandInfo kOperandInfo[kOperandCount] = {
 
 constexpr const char* kRecipeKeys =
     "name, source, extends, fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x, double_quantization, "
-    "wgrad_rht, rht_seed, high_precision, keep_high_precision, switch_to, switch_fraction";
+    "wgrad_rht, rht_seed, high_precision, keep_high_precision, switch_to, switch_fraction, sr_bits";
 
 std::string block_str(const QuantizerSpec& q) {
   std::ostringstream s;
@@ -235,7 +235,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
     const std::string& k = it.key();
     const nlohmann::json& v = it.value();
     const std::string path = where + "." + k;
-    if (k == "extends") continue;
+    if (k == "extends" || k == "sr_bits") continue;  // sr_bits: after the operands, below
     if (k == "name") {
       r.name = get_string(v, path);
     } else if (k == "source") {
@@ -279,6 +279,16 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
       }
       if (!found) throw Error(path + ": unknown key '" + k + "'; valid keys: " + kRecipeKeys);
     }
+  }
+  // "sr_bits": the random-bit contract (core/sr.hpp) of every operand that
+  // rounds stochastically, after `extends` and the operands' own keys (a
+  // shorthand: the recipe stores it per operand quantizer).
+  if (j.contains("sr_bits")) {
+    const std::string path = where + ".sr_bits";
+    const std::optional<SrBits> b = parse_sr_bits(get_string(j["sr_bits"], path));
+    if (!b) throw Error(path + ": unknown sr_bits " + j["sr_bits"].dump() + "; valid: " + sr_bits_names);
+    for (auto& q : r.operands)
+      if (q && q->round == Round::rs) q->sr_bits = *b;
   }
   validate(r, where);
   return r;

@@ -232,6 +232,29 @@ TEST_CASE("extends and overrides") {
   for (int i = 1; i < kOperandCount; ++i) CHECK_FALSE(r3.operands[size_t(i)].has_value());
 }
 
+TEST_CASE("recipe sr_bits: the contract of every stochastically rounded operand") {
+  for (const char* base : {"nvfp4", "tetrajet", "fp4_all_the_way"}) {
+    CAPTURE(base);
+    const Recipe b = recipe_by_name(base);
+    const Recipe r = parse_recipe(std::string(R"({"extends": ")") + base + R"(", "sr_bits": "ptx_x4"})");
+    int sr = 0;
+    for (int i = 0; i < kOperandCount; ++i) {
+      const auto& q = r.operands[size_t(i)];
+      if (!q) continue;
+      const bool rs = q->round == Round::rs;
+      sr += rs;
+      CHECK(q->sr_bits == (rs ? SrBits::ptx_x4 : SrBits::per_element));
+      QuantizerSpec back = *q;
+      back.sr_bits = SrBits::per_element;
+      CHECK(back == *b.operands[size_t(i)]);  // nothing else changed
+    }
+    CHECK(sr >= 2);
+    CHECK(recipe_from_json(recipe_to_json(r)) == r);  // stored per operand
+  }
+  CHECK_THROWS_WITH_AS(parse_recipe(R"({"extends": "nvfp4", "sr_bits": "x4"})"),
+                       doctest::Contains("recipe.sr_bits: unknown sr_bits \"x4\"; valid: per_element, ptx_x4"), Error);
+}
+
 TEST_CASE("bad recipe JSON gives the JSON path and the valid choices") {
   struct Case {
     const char* json;
