@@ -118,6 +118,7 @@ std::vector<uint32_t> read_rbits(const std::string& path, uint64_t count, const 
 
 void register_format_commands(CLI::App& app);    // formats, cast, decode        (cmd_formats.cpp)
 void register_quantize_commands(CLI::App& app);  // quantize                     (cmd_quantize.cpp)
+void register_sr_commands(CLI::App& app);        // sr-bias                      (cmd_sr.cpp)
 void register_golden_commands(CLI::App& app);    // golden, verify               (cmd_golden.cpp)
 void register_recipe_commands(CLI::App& app);    // recipes list|show|export     (cmd_recipes.cpp)
 void register_train_commands(CLI::App& app);     // train, compare, sweep        (cmd_train.cpp)

@@ -348,6 +348,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", FP4LAB_VERSION);
   app.footer(exit_codes_footer);
   fp4lab::register_format_commands(app);
+  fp4lab::register_sr_commands(app);
   fp4lab::register_quantize_commands(app);
   fp4lab::register_golden_commands(app);
   fp4lab::register_recipe_commands(app);

@@ -7,6 +7,7 @@ E2M1 grid, saturating at 6. Also per_element with given words (the 32-bit
 rule: the low D bits of the word added to the D discarded bits). Python stdlib
 only. Usage: test_sr_words.py FP4LAB"""
 import json
+import math
 import os
 import random
 import struct
@@ -176,6 +177,21 @@ def main():
         check(rc == 2 and 'ptx_x4' in err, f"int8 ptx_x4: {rc} {err}")
         rc, _, err = run('cast', '--to', 'e2m1', '--round', 'rs', '--sr-bits', 'ptx', x, c)
         check(rc == 2 and 'valid: per_element, ptx_x4' in err, f"unknown contract: {rc} {err}")
+    # sr-bias: the measured moments equal the analytic ones (8 bits: p = floor(256 f) / 256; 32 bits: p = f).
+    with tempfile.TemporaryDirectory() as T:
+        csv = os.path.join(T, 'sr.csv')
+        rc, out, err = run('sr-bias', '--format', 'e4m3', '--points', '6', '--csv', csv)
+        check(rc == 0, f"sr-bias: exit {rc}: {err}")
+        if rc == 0:
+            rows = [list(map(float, l.split(','))) for l in open(csv).read().splitlines()[1:]]
+            check(len(rows) >= 8, f"sr-bias: {len(rows)} rows")
+            for f, b32, v32, b8, v8 in rows:
+                p8 = math.floor(256 * f) / 256
+                check(abs(b32) < 1e-9 and abs(v32 - f * (1 - f)) < 1e-6 * max(f, 1e-9) + 1e-12,
+                      f"sr-bias 32-bit at f={f}: bias {b32} var {v32}")
+                check(abs(b8 - (p8 - f)) < 1e-9 and abs(v8 - p8 * (1 - p8)) < 1e-9, f"sr-bias 8-bit at f={f}: {b8} {v8}")
+        rc, _, err = run('sr-bias', '--format', 'int8')
+        check(rc == 2 and 'e2m1, e2m3' in err, f"sr-bias int8: {rc} {err}")
     if fails:
         print(f"test_sr_words: {fails} failed check(s)")
         return 1
