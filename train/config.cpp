@@ -266,7 +266,11 @@ void parse_output(const json& out, const std::string& where, RunConfig& c) {
   Obj oo(out, where + ".output");
   oo.get("dir", c.output_dir);
   oo.get("name", c.output_name);
+  oo.get("capture_step", c.capture_step);
   oo.finish();
+  if (c.capture_step < -1)
+    throw Error(where + ".output.capture_step: " + std::to_string(c.capture_step) +
+                "; valid: a training step >= 0, or -1 for none");
   if (c.output_dir.empty()) throw Error(where + ".output.dir: empty; valid: a directory path (default \"runs\")");
 }
 
@@ -390,7 +394,7 @@ json config_to_json(const RunConfig& c) {
               {"data", data},         {"training", training},
               {"recipe", c.recipe},   {"layers", {{"keep_high_precision", c.keep_high_precision}}},
               {"seed", c.seed},       {"backend", c.backend},
-              {"threads", c.threads}, {"output", {{"dir", c.output_dir}, {"name", c.output_name}}}};
+              {"threads", c.threads}, {"output", {{"dir", c.output_dir}, {"name", c.output_name}, {"capture_step", c.capture_step}}}};
 }
 
 json read_json_file(const std::string& path) {

@@ -14,7 +14,9 @@
 //   seed      integer (init, data order, dropout, stochastic rounding)
 //   backend   "cpu" | "cuda"
 //   threads   OpenMP threads: 0 (OpenMP's default) or 1..1024
-//   output    {dir: "runs", name: run directory name (default <name>-<recipe>-s<seed>)}
+//   output    {dir: "runs", name: run directory name (default <name>-<recipe>-s<seed>),
+//              capture_step: at this optimiser step (0-based) every linear layer's FP32
+//              operands x, w, dy are written to <run>/capture/step_<N>/<layer>.<x|w|dy>.npy}
 //             name, output.name and the recipe label must make one directory name:
 //             non-empty, no '/', no "..", no control characters
 //   Integers out of their type's range (seed: 0..2^64-1) are errors naming the value.
@@ -66,6 +68,7 @@ struct RunConfig {
   int threads = 0;
   std::string output_dir = "runs";
   std::string output_name;  // empty: <name>-<recipe name>-s<seed>
+  int64_t capture_step = -1;  // output.capture_step (-1: none)
 };
 
 // Parses and validates; `where` prefixes error paths.

@@ -64,11 +64,14 @@ class Gpt final : public CrossEntropyModel {
   const float* ptr(int i) const { return i >= 0 ? params_.value_ptr(i) : nullptr; }
   float* gptr(int i) const { return i >= 0 ? params_.grad_ptr(i) : nullptr; }
   Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x) {
+    capture(l.name, "x", s, x);
+    capture(l.name, "w", s, params_.value(l.w));
     Tensor y;
     be_.linear_forward(l.context(s), x, params_.value(l.w), ptr(l.b), y, l.state);
     return y;
   }
   Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy) {
+    capture(l.name, "dy", s, dy);
     Tensor dx, dw = params_.grad(l.w);
     be_.linear_backward(l.context(s), *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b));
     return dx;

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,9 +73,19 @@ struct LinearLayerInfo {
   int64_t in = 0, out = 0;
 };
 
+// Operand capture (config output.capture_step): at training step `step` each
+// linear layer hands its operands (x and W in the forward, dy in the backward,
+// FP32 as the layer receives them, before any quantization) to `save` with
+// the name "<layer>.<x|w|dy>".
+struct OperandCapture {
+  int64_t step = -1;  // -1: none
+  std::function<void(const std::string& name, const Tensor& t)> save;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
+  void set_capture(OperandCapture c) { capture_ = std::move(c); }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   // Forward + backward: returns the mean loss; ADDS the gradients to
@@ -88,7 +99,13 @@ class Model {
   virtual int64_t items_per_sample() const = 0;
 
  protected:
+  // Hands operand `what` of layer `layer` to the capture at its step (training passes only).
+  void capture(const std::string& layer, const char* what, const StepContext& s, const Tensor& t) const {
+    if (capture_.save && s.train && s.backward && int64_t(s.step) == capture_.step)
+      capture_.save(layer + "." + what, t);
+  }
   ParamStore params_;
+  OperandCapture capture_;
 };
 
 // A model whose loss is the cross-entropy of its logits (both of ours):

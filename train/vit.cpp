@@ -70,11 +70,14 @@ class Vit final : public CrossEntropyModel {
   const float* bias(const LinearLayer& l) const { return l.b >= 0 ? params_.value_ptr(l.b) : nullptr; }
   float* dbias(const LinearLayer& l) const { return l.b >= 0 ? params_.grad_ptr(l.b) : nullptr; }
   Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x) {
+    capture(l.name, "x", s, x);
+    capture(l.name, "w", s, w(l));
     Tensor y;
     be_.linear_forward(l.context(s), x, w(l), bias(l), y, l.state);
     return y;
   }
   Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy) {
+    capture(l.name, "dy", s, dy);
     Tensor dx, dw = params_.grad(l.w);
     be_.linear_backward(l.context(s), *l.state, w(l), dy, dx, dw, dbias(l));
     return dx;

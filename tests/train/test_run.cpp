@@ -12,6 +12,7 @@
 #include "train/compare.hpp"
 #include "train/run.hpp"
 #include "core/error.hpp"
+#include "core/npy.hpp"
 
 using namespace fp4lab::train;
 using nlohmann::json;
@@ -407,4 +408,42 @@ TEST_CASE("config checks: run names, threads, seed range, a warmup longer than t
   CHECK(run_training(config_from_json(w), L.o).status == "completed");
   CHECK(L.log.str().find("warmup_steps 100 >= the run's 10 steps: the learning rate never reaches its set value") !=
         std::string::npos);
+}
+
+TEST_CASE("output.capture_step writes every linear layer's x, w and dy of that step") {
+  const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_run_capture";
+  fs::remove_all(tmp);
+  const std::string text = fixture_text(tmp);
+  json j = tiny_gpt(text, (tmp / "runs").string(), "nvfp4");
+  j["training"]["steps"] = 6;
+  j["model"]["dropout"] = 0.0;
+  j["output"]["capture_step"] = 3;
+  std::ostringstream log;
+  RunOptions o;
+  o.log = &log;
+  const RunResult r = run_training(config_from_json(j), o);
+  REQUIRE(r.status == "completed");
+  const fs::path cap = fs::path(r.dir) / "capture" / "step_3";
+  REQUIRE(fs::is_directory(cap));
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(cap)) files += e.path().extension() == ".npy";
+  // 1 block x 4 linears + lm_head, each x, w, dy.
+  CHECK(files == 15);
+  using fp4lab::Shape;
+  const auto x = fp4lab::read_npy_float32((cap / "h.0.mlp.c_fc.x.npy").string());
+  const auto w = fp4lab::read_npy_float32((cap / "h.0.mlp.c_fc.w.npy").string());
+  const auto dy = fp4lab::read_npy_float32((cap / "h.0.mlp.c_fc.dy.npy").string());
+  CHECK(x.shape == Shape{4 * 16, 16});  // batch x context rows, width
+  CHECK(w.shape == Shape{64, 16});      // mlp 4x
+  CHECK(dy.shape == Shape{4 * 16, 64});
+  double norm = 0;
+  for (float v : dy.data) norm += double(v) * v;
+  CHECK(norm > 0);
+  // No leftovers, and bad values are refused.
+  for (const auto& e : fs::directory_iterator(fs::path(r.dir) / "capture"))
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+  json bad = j;
+  bad["output"]["capture_step"] = -2;
+  CHECK(error_of(bad).find("output.capture_step") != std::string::npos);
+  fs::remove_all(tmp);
 }
