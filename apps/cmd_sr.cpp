@@ -37,6 +37,7 @@ struct SrBiasArgs {
   std::string format = "e2m1", csv, plot, tensor, quantizer;
   int points = 49;
   uint64_t stream = 0;
+  int64_t rows = 0;  // --tensor: the first `rows` rows only (0: all)
 };
 
 // Mean and variance of q(x) - x over random values r in [0, n) (in units of the quantum).
@@ -208,6 +209,11 @@ void run_sr_tensor(const SrBiasArgs& a) {
   Tensor<float> x = read_npy_float32(a.tensor);
   if (x.shape.size() == 1) x.shape = {1, x.shape[0]};
   if (x.shape.size() != 2) throw Error(a.tensor + ": expected a 2-D float32 array, got shape " + shape_str(x.shape));
+  if (a.rows < 0) throw Error("--rows must be >= 0 (0: all), got " + std::to_string(a.rows));
+  if (a.rows > 0 && a.rows < x.shape[0]) {
+    x.shape[0] = a.rows;
+    x.data.resize(size_t(a.rows * x.shape[1]));
+  }
   const int64_t rows = x.shape[0], per_row = sr_words_per_row(SrBits::ptx_x4, *q.element, x.shape[1]);
   set_activity("quantizing " + a.tensor + " 256 times per contract");
   // ptx_x4: draw b gives every element the byte b (words b * 0x01010101): all 256 values, an exact mean.
@@ -259,6 +265,7 @@ void register_sr_commands(CLI::App& app) {
                 "shrinkage and spread of --quantizer's SR under both contracts, 256 draws each");
   c->add_option("--quantizer", args->quantizer, "With --tensor: the quantizer (round rs), e.g. nvfp4 + '{\"round\":\"rs\"}'");
   c->add_option("--stream", args->stream, "With --tensor: Philox stream of the per_element draws")->capture_default_str();
+  c->add_option("--rows", args->rows, "With --tensor: use its first N rows only (0: all)")->capture_default_str();
   c->callback([args] { args->tensor.empty() ? run_sr_bias(*args) : run_sr_tensor(*args); });
 }
 
