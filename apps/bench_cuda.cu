@@ -10,6 +10,7 @@
 
 #include "core/encode.hpp"
 #include "core/philox.hpp"
+#include "core/sr.hpp"
 #include "cuda/device.hpp"
 #include "cuda/gemm.hpp"
 #include "train/cuda/nn.hpp"
@@ -48,15 +49,17 @@ void gemm_fp8_tensor_scaled_nt(Blas& blas, const uint8_t* a, const uint8_t* b, u
 }
 
 // The floor of any stochastic-rounding quantizer under DESIGN.md's random-bit
-// contract (philox.hpp: element i takes word i % 4 of Philox4x32-10 group
-// i / 4): each thread reads 16 consecutive elements, draws their 4 groups and
-// writes one nibble an element, with no block scale or amax. ENCODE == false:
-// the nibble is the top 4 bits of the element's bits plus its word (neither
-// the loads nor the rounds can be dropped); true: core's E2M1 SR code of the
-// element times `mult` (encode_rs_f32, the quantizers' encoder), so the row
-// is the floor of an E2M1 SR quantizer with this encoder. n % 16 == 0, x
-// 16-byte aligned.
-template <class In, bool ENCODE>
+// contracts (core/sr.hpp; philox.hpp: word i is word i % 4 of Philox4x32-10
+// group i / 4): each thread reads 16 consecutive elements, draws their words
+// and writes one nibble an element, with no block scale or amax. per_element
+// (X4 false): element i takes word i, 4 groups a thread; ptx_x4 (X4): element
+// i byte i % 4 of word i / 4 (sr_lsb), one group a thread. ENCODE == false:
+// the nibble is the top 4 bits of the element's bits plus its random value
+// (neither the loads nor the rounds can be dropped); true: core's E2M1 SR
+// code of the element times `mult` (encode_rs_f32 with the contract's width,
+// the quantizers' encoder), so the row is the floor of an E2M1 SR quantizer
+// with this encoder. n % 16 == 0, x 16-byte aligned.
+template <class In, bool ENCODE, bool X4 = false>
 __global__ void philox_floor_kernel(const In* x, uint8_t* out, int64_t n, uint64_t seed, uint64_t stream, float mult) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t * 16 >= n) return;
@@ -76,15 +79,24 @@ __global__ void philox_floor_kernel(const In* x, uint8_t* out, int64_t n, uint64
       bits[4 * j + 2] = float_bits(v.z), bits[4 * j + 3] = float_bits(v.w);
     }
   }
+  // ptx_x4: W bits from element j's lsb in its group's word (core/sr.hpp;
+  // encode_rs_f32<F, W> reads the low W bits of what it is given).
+  constexpr int W = sr_width(X4 ? SrBits::ptx_x4 : SrBits::per_element, float4_e2m1fn);
+  constexpr int step = sr_lsb(SrBits::ptx_x4, float4_e2m1fn, 1);
   uint32_t packed[2] = {0u, 0u};
+  Philox4 gx{};
+  if constexpr (X4) gx = philox_group(seed, stream, uint64_t(t));
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const Philox4 g = philox_group(seed, stream, uint64_t(t) * 4 + q);
+    Philox4 g{};
+    if constexpr (!X4) g = philox_group(seed, stream, uint64_t(t) * 4 + q);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = 4 * q + j;
-      const uint32_t nib = ENCODE ? encode_rs_f32<float4_e2m1fn>(bits_float(bits[e]) * mult, g.v[j], Overflow::saturate)
-                                  : (bits[e] + g.v[j]) >> 28;
+      const uint32_t rb = X4 ? gx.v[q] >> (step * j) : g.v[j];
+      const uint32_t nib =
+          ENCODE ? encode_rs_f32<float4_e2m1fn, W>(bits_float(bits[e]) * mult, rb, Overflow::saturate)
+                 : (bits[e] + (X4 ? rb << (32 - W) : rb)) >> 28;
       packed[e / 8] |= nib << (4 * (e % 8));
     }
   }
@@ -138,7 +150,24 @@ std::vector<Variant> quantize_variants(const std::vector<std::string>& quantizer
   // RHT with rn: the wgrad x operand of NVIDIA's recipe.
   vars.push_back({"nvfp4 rht [1,16] (amax given)", with(nv, Round::rn, true, 1, 16), true});
   vars.push_back({"nvfp4 rht [16,1] (amax given)", with(nv, Round::rn, true, 16, 1), true});
-  return vars;
+  // Every SR row also under the PTX cvt.rs random-bit contract (core/sr.hpp's
+  // ptx_x4: one word per 4 elements of a row), right after it, where the
+  // element format has it: "<name> rs ptx_x4 ...".
+  auto takes_x4 = [](const QuantizerSpec& q) { return sr_ptx_format(*q.element); };
+  std::vector<Variant> all;
+  for (const Variant& v : vars) {
+    all.push_back(v);
+    Variant x4 = v;
+    x4.spec.sr_bits = SrBits::ptx_x4;
+    if (v.spec.round != Round::rs || v.spec.sr_bits != SrBits::per_element || !takes_x4(x4.spec)) continue;
+    const size_t at = x4.name.find(" rs");
+    if (at != std::string::npos && (at + 3 == x4.name.size() || x4.name[at + 3] == ' '))
+      x4.name.insert(at + 3, " ptx_x4");
+    else
+      x4.name += " (rs ptx_x4)";
+    all.push_back(x4);
+  }
+  return all;
 }
 
 void measure_copies(QuantBenchInput& in) {
@@ -172,7 +201,7 @@ void bench_quantizers(const QuantBenchInput& in, const std::vector<Variant>& var
   DeviceBuffer<float> gdec(1);
   QuantWorkspace ws;
   DeviceBuffer<uint32_t> amax_given(1);
-  std::printf("\n%-34s %-5s %9s %9s %8s %8s %7s  %s\n", "quantizer", "in", "ms", "GB/s", "of copy", "moved", "passes",
+  std::printf("\n%-42s %-5s %9s %9s %8s %8s %7s  %s\n", "quantizer", "in", "ms", "GB/s", "of copy", "moved", "passes",
               "outputs");
   for (const Variant& v : vars) {
     const QuantizerSpec& q = v.spec;
@@ -211,15 +240,16 @@ void bench_quantizers(const QuantBenchInput& in, const std::vector<Variant>& var
       const double bw = (in_bytes + out_bytes) / (ms * 1e-3) / 1e9;
       const int passes = (two_pass && !v.amax_given) ? 2 : 1;
       const double moved = (passes * in_bytes + out_bytes) / (ms * 1e-3) / 1e9;
-      std::printf("%-34s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  codes%s + scales\n", v.name.c_str(),
+      std::printf("%-42s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  codes%s + scales\n", v.name.c_str(),
                   t == 0 ? "bf16" : "f32", ms, bw, 100.0 * bw / in.copy_bw[t], 100.0 * moved / in.copy_bw[t], passes,
                   packed ? " (packed 4-bit)" : "");
     }
   }
 }
 
-// What any SR row could reach at best: reading the input, drawing one Philox
-// word an element and writing 4-bit codes (with and without core's E2M1 SR
+// What any SR row could reach at best: reading the input, drawing the random
+// words (one Philox word an element under per_element, one per 4 elements
+// under ptx_x4) and writing 4-bit codes (with and without core's E2M1 SR
 // encode), no amax or block scale.
 void bench_sr_floor(const QuantBenchInput& in) {
   const int64_t n = in.n;
@@ -227,28 +257,35 @@ void bench_sr_floor(const QuantBenchInput& in) {
   const auto& x16 = in.x16;
   const auto& x32 = in.x32;
   DeviceBuffer<uint8_t> codes(static_cast<size_t>(n));
-  {
+  for (bool x4 : {false, true}) {
     for (bool enc : {false, true}) {
       for (int t = 0; t < 2; ++t) {
         // mult 2: the N(0,1) input spread over E2M1's range, its normal and subnormal targets
-        auto launch = [&](auto encode, const auto* x) {
+        auto launch = [&](auto encode, auto ptx_x4, const auto* x) {
           using In = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
-          philox_floor_kernel<In, decltype(encode)::value>
+          philox_floor_kernel<In, decltype(encode)::value, decltype(ptx_x4)::value>
               <<<unsigned((n / 16 + 255) / 256), 256>>>(x, codes.data(), n, 99, 5, 2.0f);
           check_launch("philox_floor_kernel");
         };
+        auto run = [&](auto ptx_x4) {
+          if (enc)
+            t == 0 ? launch(std::true_type{}, ptx_x4, x16.data()) : launch(std::true_type{}, ptx_x4, x32.data());
+          else
+            t == 0 ? launch(std::false_type{}, ptx_x4, x16.data()) : launch(std::false_type{}, ptx_x4, x32.data());
+        };
         const double ms = time_median_ms(
             [&] {
-              if (enc)
-                t == 0 ? launch(std::true_type{}, x16.data()) : launch(std::true_type{}, x32.data());
+              if (x4)
+                run(std::true_type{});
               else
-                t == 0 ? launch(std::false_type{}, x16.data()) : launch(std::false_type{}, x32.data());
+                run(std::false_type{});
             },
             3, repeats);
         const double bw = (double(n) * (t == 0 ? 2 : 4) + double(n / 2)) / (ms * 1e-3) / 1e9;
-        std::printf("%-34s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  4-bit codes (no scales)\n",
-                    enc ? "SR floor: Philox + e2m1 SR encode" : "SR floor: Philox + 4-bit out", t == 0 ? "bf16" : "f32",
-                    ms, bw, 100.0 * bw / in.copy_bw[t], 100.0 * bw / in.copy_bw[t], 1);
+        const std::string name = std::string(enc ? "SR floor: Philox + e2m1 SR encode" : "SR floor: Philox + 4-bit out") +
+                                 (x4 ? " (ptx_x4)" : "");
+        std::printf("%-42s %-5s %9.4f %9.0f %7.1f%% %7.1f%% %7d  4-bit codes (no scales)\n", name.c_str(),
+                    t == 0 ? "bf16" : "f32", ms, bw, 100.0 * bw / in.copy_bw[t], 100.0 * bw / in.copy_bw[t], 1);
       }
     }
   }
@@ -262,12 +299,15 @@ void bench_two_operands(const QuantBenchInput& in) {
   const int repeats = in.repeats;
   const QuantizerSpec nv = quantizer_by_name("nvfp4");
   QuantWorkspace ws;
-  std::printf("\n%-44s %-5s %9s %9s %8s\n", "two operands of one tensor (BF16 outputs)", "in", "ms", "GB/s", "of copy");
+  std::printf("\n%-56s %-5s %9s %9s %8s\n", "two operands of one tensor (BF16 outputs)", "in", "ms", "GB/s", "of copy");
   DeviceBuffer<uint16_t> op_a(static_cast<size_t>(n)), op_b(static_cast<size_t>(n));
   DeviceBuffer<float> g2(2);
   QuantWorkspace ws_b;
-  for (Round r : {Round::rn, Round::rs}) {
-    const QuantizerSpec qa = with(nv, r, false, 1, 16), qb = with(nv, r, true, 16, 1);
+  // rn, rs, and rs under the ptx_x4 random-bit contract (both operands).
+  for (int mode = 0; mode < 3; ++mode) {
+    const Round r = mode == 0 ? Round::rn : Round::rs;
+    QuantizerSpec qa = with(nv, r, false, 1, 16), qb = with(nv, r, true, 16, 1);
+    if (mode == 2) qa.sr_bits = qb.sr_bits = SrBits::ptx_x4;
     QuantOutputs oa, ob;
     oa.dequant_bf16 = op_a.data();
     ob.dequant_bf16 = op_b.data();
@@ -290,9 +330,10 @@ void bench_two_operands(const QuantBenchInput& in) {
             },
             3, repeats);
         const double bw = bytes / (ms * 1e-3) / 1e9;
-        const std::string name = std::string(r == Round::rn ? "rn" : "rs") + " [1,16] + " +
-                                 (r == Round::rn ? "rn" : "rs") + " rht [16,1], " + (dual ? "one pass" : "two calls");
-        std::printf("%-44s %-5s %9.4f %9.0f %7.1f%%\n", name.c_str(), t == 0 ? "bf16" : "f32", ms, bw,
+        const char* m = mode == 0 ? "rn" : mode == 1 ? "rs" : "rs ptx_x4";
+        const std::string name =
+            std::string(m) + " [1,16] + " + m + " rht [16,1], " + (dual ? "one pass" : "two calls");
+        std::printf("%-56s %-5s %9.4f %9.0f %7.1f%%\n", name.c_str(), t == 0 ? "bf16" : "f32", ms, bw,
                     100.0 * bw / in.copy_bw[t]);
       }
     }
@@ -324,9 +365,10 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
       "read the input twice (amax pass + quantize pass); '(amax given)' times the quantize pass alone, as\n"
       "when the producer of the tensor supplies its amax. 'moved' counts the bytes the passes move (the\n"
       "input once per pass), against the same copy. 'SR floor' reads the input, draws each element's\n"
-      "Philox word (DESIGN.md's contract) and writes 4 bits an element, with core's E2M1 SR encode of\n"
-      "x * 2 or without: no amax or block scale, so no SR quantizer under that contract (and with that\n"
-      "encoder) can be faster.\n");
+      "Philox word (DESIGN.md's contract; '(ptx_x4)': one word per 4 elements, PTX cvt.rs's) and writes\n"
+      "4 bits an element, with core's E2M1 SR encode of x * 2 or without: no amax or block scale, so no\n"
+      "SR quantizer under that contract (and with that encoder) can be faster. 'rs ptx_x4' rows: the SR\n"
+      "row above them under the ptx_x4 random-bit contract (core/sr.hpp).\n");
 
   bench_two_operands(in);
   return 0;

@@ -60,14 +60,18 @@ FP4LAB_HD constexpr bool same_encoding(const Format& a, const Format& b) {
   return a.exp_bits == b.exp_bits && a.man_bits == b.man_bits && a.bias == b.bias && a.is_signed == b.is_signed &&
          a.special == b.special && a.is_int == b.is_int;
 }
-// float16 / bfloat16: the .f16x2 / .bf16x2 forms.
+// float16 / bfloat16: the .f16x2 / .bf16x2 forms. (Local copies of the
+// formats: device code cannot refer to the host globals.)
 FP4LAB_HD constexpr bool sr_x2_format(const Format& f) {
-  return same_encoding(f, float16) || same_encoding(f, bfloat16);
+  constexpr Format f16 = float16, bf16 = bfloat16;
+  return same_encoding(f, f16) || same_encoding(f, bf16);
 }
 // True if PTX cvt.rs converts to f (the formats of the table above).
 FP4LAB_HD constexpr bool sr_ptx_format(const Format& f) {
-  return same_encoding(f, float4_e2m1fn) || same_encoding(f, float6_e2m3fn) || same_encoding(f, float6_e3m2fn) ||
-         same_encoding(f, float8_e4m3fn) || same_encoding(f, float8_e5m2) || sr_x2_format(f);
+  constexpr Format e2m1 = float4_e2m1fn, e2m3 = float6_e2m3fn, e3m2 = float6_e3m2fn, e4m3 = float8_e4m3fn,
+                   e5m2 = float8_e5m2;
+  return same_encoding(f, e2m1) || same_encoding(f, e2m3) || same_encoding(f, e3m2) || same_encoding(f, e4m3) ||
+         same_encoding(f, e5m2) || sr_x2_format(f);
 }
 // Elements sharing one random word (1 for per_element).
 FP4LAB_HD constexpr int sr_group(SrBits b, const Format& f) {
@@ -77,17 +81,22 @@ FP4LAB_HD constexpr int sr_group(SrBits b, const Format& f) {
 // Random bits an element sees (W).
 FP4LAB_HD constexpr int sr_width(SrBits b, const Format& f) {
   if (b == SrBits::per_element) return 32;
-  return same_encoding(f, float16) ? 13 : same_encoding(f, bfloat16) ? 16 : 8;
+  constexpr Format f16 = float16, bf16 = bfloat16;
+  return same_encoding(f, f16) ? 13 : same_encoding(f, bf16) ? 16 : 8;
 }
 // The lowest bit of element k's random value within its group's word.
 FP4LAB_HD constexpr int sr_lsb(SrBits b, const Format& f, int k) {
   if (b == SrBits::per_element) return 0;
   return k * (sr_x2_format(f) ? 16 : 8);
 }
+// Bits [lsb, lsb + width) of word, right-aligned (width 32: the word): the
+// extraction itself, for kernels that take lsb and width from the host.
+FP4LAB_HD constexpr uint32_t sr_word_bits(uint32_t word, int lsb, int width) {
+  return width == 32 ? word : (word >> lsb) & ((1u << width) - 1u);
+}
 // Element k's random value (right-aligned; encode()'s rbits with sr_width).
 FP4LAB_HD constexpr uint32_t sr_element_bits(SrBits b, const Format& f, uint32_t word, int k) {
-  const int w = sr_width(b, f);
-  return w == 32 ? word : (word >> sr_lsb(b, f, k)) & ((1u << w) - 1u);
+  return sr_word_bits(word, sr_lsb(b, f, k), sr_width(b, f));
 }
 // Words of one row of `cols` elements: ceil(cols / G).
 FP4LAB_HD constexpr int64_t sr_words_per_row(SrBits b, const Format& f, int64_t cols) {

@@ -1,6 +1,7 @@
 // GPU block quantization (quantize.hpp). Every numeric step calls the same
 // FP4LAB_HD functions as sim/quantizer.cpp: core's encode()/encode_rn_f32()/
-// decode()/random_bits(), sim/scale_rules.hpp and sim/rht.hpp's sign rule.
+// decode()/random_bits(), core/sr.hpp's random-bit contracts,
+// sim/scale_rules.hpp and sim/rht.hpp's sign rule.
 // Built with --fmad=false so no FP32 sequence is contracted into an FMA.
 #include "cuda/quantize.hpp"
 #include "cuda/quantize_kernels.cuh"
@@ -15,6 +16,7 @@
 #include "core/encode.hpp"
 #include "core/format.hpp"
 #include "core/philox.hpp"
+#include "core/sr.hpp"
 #include "sim/block_scales.hpp"
 #include "sim/rht.hpp"
 #include "sim/scale_rules.hpp"
@@ -244,6 +246,10 @@ __global__ void __launch_bounds__(kThreads) generic_scale_kernel(const KParams p
 }
 
 // 3. elements: one thread per pair of columns (c = 2k, 2k + 1) of a row.
+// SR: per_element one Philox call an element (random_bits of its index);
+// ptx_x4 one for both (an even c0 and c0 + 1 share their group's word: G is
+// 4, or 2 for 16-bit targets), the values its sr_element_bits (word_bits with
+// KParams::sr's lsb and width, quantize_encode.cuh).
 template <class In>
 __global__ void __launch_bounds__(kThreads) generic_element_kernel(const KParams p) {
   const int64_t pairs = (p.cols + 1) / 2;
@@ -252,6 +258,10 @@ __global__ void __launch_bounds__(kThreads) generic_element_kernel(const KParams
   const int64_t r = t / pairs, c0 = (t - r * pairs) * 2;
   const NvGlobal g = nv_global_of(p, p.elem, p.sfmt);
   const QuantOutputs& o = p.out;
+  const bool sr = p.round == Round::rs, x4 = sr && p.sr.bits != SrBits::per_element;
+  const uint32_t word =
+      x4 ? random_bits(p.seed, p.stream, uint64_t(r) * uint64_t(p.sr.words_per_row) + uint64_t(c0 / p.sr.group))
+         : 0u;
   uint32_t codes[2] = {0, 0};
   for (int k = 0; k < 2; ++k) {
     const int64_t c = c0 + k;
@@ -259,8 +269,11 @@ __global__ void __launch_bounds__(kThreads) generic_element_kernel(const KParams
     const int64_t i = r * p.cols + c;
     const int64_t bid = (r / p.br) * p.nbc + c / p.bc;
     const float x = load1<In>(p.x, i);
-    const uint32_t rbits = p.round == Round::rs ? random_bits(p.seed, p.stream, uint64_t(i)) : 0u;
-    const uint32_t code = encode_element_rt(p.elem, p.rule, p.round, p.overflow, x, p.block_mult[bid], rbits);
+    const uint32_t rbits = !sr  ? 0u
+                           : x4 ? sr_word_bits(word, p.sr.lsb_step * int(c % p.sr.group), p.sr.width)
+                                : random_bits(p.seed, p.stream, uint64_t(i));
+    const uint32_t code =
+        encode_element_rt(p.elem, p.rule, p.round, p.overflow, x, p.block_mult[bid], rbits, p.sr.width);
     codes[k] = code;
     const float d = decode(p.elem, code) * p.block_scale[bid];
     if (o.codes && o.code_layout == CodeLayout::bytes) o.codes[i] = uint8_t(code);
@@ -344,6 +357,7 @@ KParams make_params(const QuantizerSpec& q, const void* x, int64_t rows, int64_t
   p.x = x;
   p.seed = rs.seed;
   p.stream = rs.stream;
+  p.sr = sr_layout(q, cols);
   if (q.rht) {
     const std::array<float, 16> s = rht_signs(q.rht_seed);
     std::copy(s.begin(), s.end(), p.signs);
@@ -352,10 +366,20 @@ KParams make_params(const QuantizerSpec& q, const void* x, int64_t rows, int64_t
   return p;
 }
 
-// quantize_device's checks of the call, before any plan: the spec, the shape
-// and the code layout.
-void check_call(const QuantizerSpec& q, const QuantOutputs& out, int64_t rows, int64_t cols) {
+// Given random words (RandomStream::words, host memory) replace Philox on the
+// CPU only: the kernels draw their words themselves.
+void check_stream(const RandomStream& rs) {
+  if (rs.words)
+    throw Error(
+        "quantize (cuda): given random words (RandomStream::words) are CPU-only; the GPU draws its words from "
+        "Philox (seed, stream): pass words = nullptr");
+}
+
+// quantize_device's checks of the call, before any plan: the spec, the random
+// stream, the shape and the code layout.
+void check_call(const QuantizerSpec& q, const RandomStream& rs, const QuantOutputs& out, int64_t rows, int64_t cols) {
   validate(q, "quantize (cuda)");
+  check_stream(rs);
   if (rows < 0 || cols < 0) throw Error("quantize (cuda): negative shape");
   if (out.code_layout == CodeLayout::packed4 && out.codes && q.element->bits() != 4)
     throw Error("quantize (cuda): packed4 code layout needs a 4-bit element, got '" + std::string(q.element->name) +
@@ -454,7 +478,7 @@ void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax
 void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols, RandomStream rs,
                      const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream, QuantPath path,
                      const uint32_t* tensor_amax_bits) {
-  check_call(q, out, rows, cols);
+  check_call(q, rs, out, rows, cols);
   const KernelPlan plan = plan_quantize(q, type, path, tensor_amax_bits != nullptr);
   const BlockGrid grid = block_grid(q, rows, cols);
   KParams p = make_params(q, x, rows, cols, rs, out);
@@ -476,6 +500,8 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
                           const uint32_t* amax_given) {
   validate(row_q, "quantize_dual (cuda), row quantizer");
   validate(col_q, "quantize_dual (cuda), column quantizer");
+  check_stream(row_rs);
+  check_stream(col_rs);
   if (rows < 0 || cols < 0) throw Error("quantize_dual (cuda): negative shape");
   const std::optional<KernelPlan> plan = plan_dual(row_q, col_q, type, rows, cols, amax_given != nullptr);
   if (!plan)
@@ -517,6 +543,7 @@ void fake_quantize_device(const QuantizerSpec& q, float* x, int64_t rows, int64_
                           QuantWorkspace& ws, cudaStream_t stream, QuantPath path) {
   // In place: every kernel writes an element only after the same thread has
   // read it, and no thread reads another's elements after the amax passes.
+  check_stream(rs);
   QuantOutputs o;
   o.dequant = x;
   quantize_device(q, x, InputType::f32, rows, cols, rs, o, ws, stream, path);

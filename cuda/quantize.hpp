@@ -5,9 +5,11 @@
 // block amax over valid elements, block scale by the spec's rule
 // (sim/scale_rules.hpp, the same FP4LAB_HD functions), element code =
 // core's encode(element, x * mult) (x / scale for nv_noglobal; the exact
-// float64 product for MX rules with rp/rm), stochastic rounding with
-// random_bits(seed, stream, r * cols + c) (core/philox.hpp), and
-// dequant = (decode(code) * scale) * g_dec. Codes, scale codes, decoded scales,
+// float64 product for MX rules with rp/rm), stochastic rounding with the
+// spec's random-bit contract q.sr_bits (core/sr.hpp): per_element
+// random_bits(seed, stream, r * cols + c) (core/philox.hpp), 32 bits an
+// element; ptx_x4 byte c % 4 of random_bits(seed, stream, r * ceil(cols / 4) +
+// c / 4); and dequant = (decode(code) * scale) * g_dec. Codes, scale codes, decoded scales,
 // g_dec and the FP32 dequantized tensor equal the CPU's bit for bit; partial
 // blocks at the edges are handled as on the CPU (amax over valid elements,
 // nothing written outside the tensor).
@@ -108,8 +110,9 @@ bool bf16_exact(const QuantizerSpec& q);
 // fold its own column RHT into the quantization.
 bool rht_foldable(const QuantizerSpec& q);
 
-// Quantizes x on `stream`. Throws fp4lab::Error on an invalid spec (validate())
-// or an unsupported path choice. With q.rht, a partial last chunk is quantized
+// Quantizes x on `stream`. Throws fp4lab::Error on an invalid spec (validate()),
+// an unsupported path choice, or given random words (rs.words: CPU only; here,
+// and in quantize_dual_device / fake_quantize_device). With q.rht, a partial last chunk is quantized
 // untransformed (sim/rht.hpp's rule), as on the CPU.
 // `tensor_amax_bits` (device pointer, optional): the tensor's amax bit pattern
 // (of the RHT-transformed tensor when q.rht) supplied by the producer of x; the

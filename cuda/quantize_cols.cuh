@@ -18,7 +18,7 @@ namespace cols_detail {
 // The split form (col_kernel's SPLIT) of a strip kernel, and the rows of a
 // strip each thread holds.
 FP4LAB_HD constexpr bool split_form(int br, bool rht, Fast fm) {
-  return br == 32 && !rht && (fm == Fast::rn_bf16 || fm == Fast::rs_bf16);
+  return br == 32 && !rht && (fm == Fast::rn_bf16 || fm == Fast::rs_bf16 || fm == Fast::rs_bf16_x4);
 }
 FP4LAB_HD constexpr int rows_a_thread(int br, bool split) { return split ? br / 2 : br; }
 
@@ -201,11 +201,20 @@ void go_fast(const KParams& p, cudaStream_t st) {
   go<In, BR, V, K, RHT, false, FM>(p, st);
 }
 
+// SR form FM (per_element's) in p's random-bit contract (sr_form: FM or its
+// _x4 twin).
+template <class In, int BR, int V, KernelKind K, bool RHT, Fast FM>
+void go_sr(const KParams& p, cudaStream_t st) {
+  if (p.sr.bits == SrBits::ptx_x4) return go_fast<In, BR, V, K, RHT, sr_form(FM, SrBits::ptx_x4)>(p, st);
+  go_fast<In, BR, V, K, RHT, FM>(p, st);
+}
+
 // Kind K's kernel in the fast form its mode allows (rs: 4-column strips only,
-// whole Philox groups per row); the value forms (Fast::rn_bf16 / rs_bf16)
-// where the one output is the BF16 GEMM operand (the trainer's wgrad
-// operands; rs_bf16 for E2M1 only, also in 2-column strips: cols % 4 == 0
-// puts each strip's row in one Philox group).
+// whole Philox groups per row, or whole ptx_x4 words); the value forms
+// (Fast::rn_bf16 / rs_bf16) where the one output is the BF16 GEMM operand
+// (the trainer's wgrad operands; rs_bf16 for E2M1 only, also in 2-column
+// strips: cols % 4 == 0 puts each strip's row in one Philox group, ptx_x4 in
+// one word).
 template <class In, int BR, int V, KernelKind K, bool RHT>
 void go_kind(const KParams& p, cudaStream_t st) {
   constexpr bool e2m1 = e2m1_kind(K);
@@ -213,7 +222,7 @@ void go_kind(const KParams& p, cudaStream_t st) {
   if constexpr (K == KernelKind::nvfp4) {
     if (values && p.rule == ScaleRule::nv_noglobal) {  // which the other fast forms exclude
       if (p.round == Round::rn) return go_fast<In, BR, V, K, RHT, Fast::rn_bf16_div>(p, st);
-      if (p.round == Round::rs && p.cols % 4 == 0) return go_fast<In, BR, V, K, RHT, Fast::rs_bf16_div>(p, st);
+      if (p.round == Round::rs && sr_runs_aligned(p)) return go_sr<In, BR, V, K, RHT, Fast::rs_bf16_div>(p, st);
     }
   }
   if (fast_rn_applies(K, p)) {
@@ -222,8 +231,8 @@ void go_kind(const KParams& p, cudaStream_t st) {
   }
   if (fast_rs_applies(K, p)) {
     if constexpr (e2m1)
-      if (values) return go_fast<In, BR, V, K, RHT, Fast::rs_bf16>(p, st);
-    if constexpr (V == 4) return go_fast<In, BR, V, K, RHT, Fast::rs>(p, st);
+      if (values) return go_sr<In, BR, V, K, RHT, Fast::rs_bf16>(p, st);
+    if constexpr (V == 4) return go_sr<In, BR, V, K, RHT, Fast::rs>(p, st);
   }
   go<In, BR, V, K, RHT, false>(p, st);
 }

@@ -45,16 +45,17 @@ __device__ __forceinline__ void unstage_row(const Stage& s, int rr, float (&r)[4
   r[0] = u.x, r[1] = u.y, r[2] = u.z, r[3] = u.w;
 }
 
-// FM: Fast::rn or Fast::rs when both quantizers round that way and every base
-// pointer is 16-byte aligned (only that mode's code is compiled, its stores
-// unchecked: encode_and_store's FULL), their _bf16 forms when both outputs
-// are only BF16 GEMM operands, else Fast::none.
+// FM: Fast::rn or Fast::rs (rs_x4: ptx_x4) when both quantizers round that
+// way (SR: in one random-bit contract) and every base pointer is 16-byte
+// aligned (only that mode's code is compiled, its stores unchecked:
+// encode_and_store's FULL), their _bf16 forms when both outputs are only BF16
+// GEMM operands, else Fast::none.
 template <class In, bool RHT, Fast FM = Fast::none>
 __global__ void __launch_bounds__(kThreads, 2) dual_kernel(const KParams pr, const KParams pc) {
   constexpr KernelKind K = KernelKind::nvfp4;  // e2m1 elements, ue4m3 scales (checked on the host)
   // The row loops below: 4 rows an iteration with SR (four independent Philox
   // chains in flight), 1 otherwise (rn gains nothing from more).
-  constexpr int kRowUnroll = FM == Fast::rs || FM == Fast::rs_bf16 ? 4 : 1;
+  constexpr int kRowUnroll = code_form_sr(FM) || value_form_sr(FM) ? 4 : 1;
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t ngroups = pr.cols / 4, nstrips = pr.rows / 16;  // both multiples of 16 (host)
   int64_t i, jg;
@@ -238,7 +239,13 @@ void go_fast(const KParams& pr, const KParams& pc, cudaStream_t st) {
     if (operands) return go<In, RHT, Fast::rn_bf16>(pr, pc, st);
     return go<In, RHT, Fast::rn>(pr, pc, st);
   }
-  if (fast_rs_applies(KernelKind::nvfp4, pr) && fast_rs_applies(KernelKind::nvfp4, pc)) {
+  // SR: one contract for both (the kernel's form draws that contract's words);
+  // mixed contracts take the form of every mode, which reads each one's.
+  if (fast_rs_applies(KernelKind::nvfp4, pr) && fast_rs_applies(KernelKind::nvfp4, pc) && pr.sr.bits == pc.sr.bits) {
+    if (pr.sr.bits == SrBits::ptx_x4) {
+      if (operands) return go<In, RHT, Fast::rs_bf16_x4>(pr, pc, st);
+      return go<In, RHT, Fast::rs_x4>(pr, pc, st);
+    }
     if (operands) return go<In, RHT, Fast::rs_bf16>(pr, pc, st);
     return go<In, RHT, Fast::rs>(pr, pc, st);
   }

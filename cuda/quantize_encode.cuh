@@ -20,15 +20,99 @@ __device__ __forceinline__ uint32_t encode_rn(const Format& f, float y, Overflow
   }
 }
 
-// Stochastic rounding: core's branch-free encode_rs_f32 (== encode(rs)) for the
-// compile-time formats, the generic encoder otherwise.
-template <KernelKind K>
+// Stochastic rounding with a W-bit random value (core/sr.hpp's sr_width: 32
+// per_element, 8 ptx_x4): core's branch-free encode_rs_f32 (== encode(rs))
+// for the compile-time formats, the generic encoder otherwise.
+template <KernelKind K, int W = 32>
 __device__ __forceinline__ uint32_t encode_rs(const Format& f, float y, Overflow o, uint32_t rbits) {
   if constexpr (K != KernelKind::runtime) {
-    return encode_rs_f32<kind_format<K>()>(y, rbits, o);
+    return encode_rs_f32<kind_format<K>(), W>(y, rbits, o);
   } else {
-    return encode(f, y, Round::rs, o, rbits);
+    return encode(f, y, Round::rs, o, rbits, W);
   }
+}
+
+// ---- random values of stochastic rounding (core/sr.hpp, KParams::sr) -------
+// An element's value is sr_word_bits of its group's word, with the lsb step
+// and width that sr.hpp gives for the element format (sr_layout on the host,
+// KParams::sr), i.e. sr_element_bits.
+
+// ptx_x4 groups 4 consecutive columns of a row on one word for the kinds'
+// element formats (every block element cvt.rs converts to): the fast forms
+// below rely on it.
+constexpr int kX4Group = 4;
+static_assert(sr_group(SrBits::ptx_x4, float4_e2m1fn) == kX4Group &&
+              sr_group(SrBits::ptx_x4, float8_e4m3fn) == kX4Group && sr_group(SrBits::ptx_x4, float8_e5m2) == kX4Group);
+// W of kind K's elements under ptx_x4, and element k's lsb in its word: k times this.
+template <KernelKind K>
+constexpr int kX4Width = sr_width(SrBits::ptx_x4, kind_format<K>());
+template <KernelKind K>
+constexpr int kX4LsbStep = sr_lsb(SrBits::ptx_x4, kind_format<K>(), 1);
+
+// ptx_x4: the word index of row r's group of columns from c0 (c0 % 4 == 0):
+// r * ceil(cols / 4) + c0 / 4. FULL: in 32 bits (r * cols + c0 < 2^31 bounds it).
+template <bool FULL>
+__device__ __forceinline__ uint64_t sr_x4_word(const KParams& p, int64_t r, int64_t c0) {
+  if constexpr (FULL) return uint32_t(r) * uint32_t(p.sr.words_per_row) + uint32_t(c0) / kX4Group;
+  return uint64_t(r) * uint64_t(p.sr.words_per_row) + uint64_t(c0) / kX4Group;
+}
+
+// NW consecutive random words from word index w0 (word w is random_bits(seed,
+// stream, w): word w % 4 of Philox group w / 4): the groups covering them,
+// one Philox call per 4 words where w0 % 4 == 0 (rows of a multiple of 16
+// columns), one more call otherwise, the words then picked by selects (no run-time
+// indexing: registers, not local memory).
+template <int NW>
+__device__ __forceinline__ void sr_words(const KParams& p, uint64_t w0, uint32_t (&w)[NW]) {
+  constexpr int NG = (NW + 3) / 4;
+  const uint64_t g0 = w0 >> 2;
+  const uint32_t off = uint32_t(w0) & 3u;
+  uint32_t all[4 * (NG + 1)];
+#pragma unroll
+  for (int q = 0; q < NG; ++q) {
+    const Philox4 grp = philox_group(p.seed, p.stream, g0 + q);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) all[4 * q + k] = grp.v[k];
+  }
+  Philox4 extra{};
+  if constexpr (NW + 3 > 4 * NG)  // a run of NW words from off <= 3 may reach group NG
+    if (off + NW > 4 * NG) extra = philox_group(p.seed, p.stream, g0 + NG);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) all[4 * NG + k] = extra.v[k];
+#pragma unroll
+  for (int j = 0; j < NW; ++j) w[j] = off == 0 ? all[j] : off == 1 ? all[j + 1] : off == 2 ? all[j + 2] : all[j + 3];
+}
+
+// ptx_x4: the random values (sr_element_bits: kX4Width<K> bits,
+// right-aligned) of the N consecutive elements of row r from column c0 of a
+// compile-time kind K. N >= 4: c0 % 4 == 0 (every fused kernel's runs: row
+// blocks, tiles, 4-column strips); N < 4: the run within one group (the
+// 2-column strips: c0 even).
+template <KernelKind K, int N, bool FULL>
+__device__ __forceinline__ void sr_x4_values(const KParams& p, int64_t r, int64_t c0, uint32_t (&rv)[N]) {
+  static_assert(K != KernelKind::runtime && (N % kX4Group == 0 || N < kX4Group));
+  constexpr int NW = (N + kX4Group - 1) / kX4Group, W = kX4Width<K>, step = kX4LsbStep<K>;
+  uint32_t w[NW];
+  sr_words<NW>(p, sr_x4_word<FULL>(p, r, c0), w);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    if constexpr (N >= kX4Group)
+      rv[j] = sr_word_bits(w[j / kX4Group], step * (j % kX4Group), W);
+    else
+      rv[j] = sr_word_bits(w[0], step * (int(c0 % kX4Group) + j), W);
+  }
+}
+
+// The random value of element (r, c) under p's contract (encode()'s rbits of
+// p.sr.width bits): per_element word r * cols + c whole, ptx_x4 word
+// r * words_per_row + c / G's share. One Philox call: the form of every mode
+// (runtime formats, runs the fast forms do not take).
+__device__ __forceinline__ uint32_t sr_value(const KParams& p, int64_t r, int64_t c) {
+  if (p.sr.bits == SrBits::per_element) return random_bits(p.seed, p.stream, uint64_t(r * p.cols + c));
+  const int64_t g = p.sr.group;
+  const uint64_t w = uint64_t(r) * uint64_t(p.sr.words_per_row) + uint64_t(c / g);
+  const uint32_t word = random_bits(p.seed, p.stream, w);
+  return sr_word_bits(word, p.sr.lsb_step * int(c % g), p.sr.width);
 }
 
 // ---- block parameters: compute_block_scales() of sim, per block ------------
@@ -109,25 +193,16 @@ __device__ __forceinline__ BlockParams block_params(const KParams& p, const Form
 }
 
 // Element code of x in a block with multiplier `mult` (sim's row_generic /
-// row_rn_fast; the float64 product for MX rules with rp/rm as sim).
+// row_rn_fast; the float64 product for MX rules with rp/rm as sim); SR with
+// the random value rbits of sr_width bits (KParams::sr.width).
 __device__ __noinline__ inline uint32_t encode_element_rt(const Format f, ScaleRule rule, Round round,
-                                                          Overflow overflow, float x, float mult, uint32_t rbits) {
+                                                          Overflow overflow, float x, float mult, uint32_t rbits,
+                                                          int sr_width) {
   const bool pow2 = rule == ScaleRule::ocp || rule == ScaleRule::ceil || rule == ScaleRule::tetrajet;
   if (pow2 && (round == Round::rp || round == Round::rm))
-    return encode(f, double(x) * double(mult), round, overflow, rbits);
+    return encode(f, double(x) * double(mult), round, overflow, rbits, sr_width);
   const float y = rule == ScaleRule::nv_noglobal ? x / mult : x * mult;
-  return encode(f, y, round, overflow, rbits);
-}
-template <KernelKind K>
-__device__ __forceinline__ uint32_t encode_element(const KParams& p, const Format& f, float x, float mult,
-                                                   uint32_t rbits) {
-  if constexpr (K != KernelKind::runtime) {
-    if (p.rule != ScaleRule::nv_noglobal) {
-      if (p.round == Round::rn) return encode_rn<K>(f, x * mult, p.overflow);
-      if (p.round == Round::rs) return encode_rs<K>(f, x * mult, p.overflow, rbits);
-    }
-  }
-  return encode_element_rt(f, p.rule, p.round, p.overflow, x, mult, rbits);
+  return encode(f, y, round, overflow, rbits, sr_width);
 }
 
 // decode() of an element code; core's branch-free decode_f32 for the
@@ -156,8 +231,10 @@ __device__ __forceinline__ void store_outputs(const KParams& p, const Format& f,
 // Encodes N consecutive elements of row r from column c0 with block parameters
 // bp (one per element via bidx), writes every requested output. FM != none:
 // the caller guarantees that mode (rn / rs, with a kind other than runtime and not the
-// nv_noglobal rule; rs: N % 4 == 0, N <= 16 and (r * cols + c0) % 4 == 0), and
-// only that mode's code is compiled. FULL: as store_outputs'.
+// nv_noglobal rule; rs: N % 4 == 0, N <= 16 and (r * cols + c0) % 4 == 0; the
+// _x4 forms: KParams::sr.bits ptx_x4), and only that mode's code is compiled.
+// SR under ptx_x4: c0 % 4 == 0 for N >= 4, an even c0 for N == 2
+// (sr_x4_values). FULL: as store_outputs'.
 template <KernelKind K, int N, int NB, Fast FM = Fast::none, bool FULL = false>
 __device__ __forceinline__ void encode_and_store(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                  int64_t c0, const float (&v)[N], const BlockParams (&bp)[NB],
@@ -179,9 +256,16 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
     static_assert(!div || K == KernelKind::nvfp4);
     // SR with N == 2 (the [32,1] column kernels' 2-column strips): the run
     // starts on an even element index (the caller's fast_rs_applies: cols % 4
-    // == 0, even c0), so it lies in one Philox group.
+    // == 0, even c0), so it lies in one Philox group (per_element) or one
+    // word (ptx_x4, any cols).
     constexpr int G = N < 4 ? N : 4;
     static_assert(K != KernelKind::runtime && N % G == 0 && (!sr || (e2m1 && (G == 4 || G == 2) && N <= 16)));
+    // ptx_x4 (the _x4 forms): every element's 8-bit value up front, from
+    // one Philox call per 16 elements (sr_x4_values).
+    constexpr bool x4 = x4_form(FM);
+    constexpr int W = x4 ? kX4Width<K> : 32;
+    uint32_t rv[x4 ? N : 1];
+    if constexpr (x4) sr_x4_values<K, N, FULL>(p, r, c0, rv);
     auto operand_bits = [](float value, float scale) {
       return e2m1 ? float_bits(value * scale) >> 16 : to_bf16(value * scale);
     };
@@ -189,8 +273,11 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
 #pragma unroll
     for (int q = 0; q < N / G; ++q) {
       Philox4 grp{};
-      if constexpr (sr) grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
-      auto rbits = [&](int k) { return G == 4 ? grp.v[k] : pick(grp, uint32_t(base & 3) + uint32_t(k)); };
+      if constexpr (sr && !x4) grp = philox_group(p.seed, p.stream, uint64_t(base >> 2) + q);
+      auto rbits = [&](int k) {
+        if constexpr (x4) return rv[G * q + k];
+        return G == 4 ? grp.v[k] : pick(grp, uint32_t(base & 3) + uint32_t(k));
+      };
       uint32_t yb[G], amax = 0;
 #pragma unroll
       for (int k = 0; k < G; ++k) {
@@ -203,7 +290,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
         for (int k = 0; k < G; ++k) {
           uint32_t value;
           if constexpr (sr)
-            value = e2m1_rs_value_bits(yb[k], rbits(k));
+            value = e2m1_rs_value_bits<W>(yb[k], rbits(k));
           else if constexpr (e2m1)
             value = e2m1_rn_value_bits(yb[k]);
           else
@@ -214,7 +301,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
 #pragma unroll
         for (int k = 0; k < G; ++k) {
           const float y = bits_float(yb[k]);
-          const uint32_t code = sr ? encode_rs<K>(f, y, p.overflow, rbits(k)) : encode_rn<K>(f, y, p.overflow);
+          const uint32_t code = sr ? encode_rs<K, W>(f, y, p.overflow, rbits(k)) : encode_rn<K>(f, y, p.overflow);
           h[G * q + k] = operand_bits(decode_elem<K>(f, code), bp[(G * q + k) * NB / N].scale);
         }
       }
@@ -231,11 +318,23 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
   // (eq. 3) divides by the block scale (encode_element_rt), the others multiply.
   const bool div = FM == Fast::none && p.rule == ScaleRule::nv_noglobal;
   auto operand = [&](float x, float mult) { return div ? x / mult : x * mult; };
+  // The per_element SR branches below (their Philox groups are element indices).
+  const bool per_element = p.sr.bits == SrBits::per_element;
   if (FM == Fast::rn || (FM == Fast::none && K != KernelKind::runtime && p.round == Round::rn)) {
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = encode_rn<K>(f, operand(v[j], bp[j * NB / N].mult), p.overflow);
-  } else if (FM == Fast::rs ||
-             (FM == Fast::none && K != KernelKind::runtime && p.round == Round::rs && N % 4 == 0 && N <= 16 && (base & 3) == 0)) {
+  } else if (FM == Fast::rs_x4 ||
+             (FM == Fast::none && K != KernelKind::runtime && p.round == Round::rs && !per_element && N <= 16)) {
+    // ptx_x4: the run's words (one Philox call per 16 elements), 8 bits an element.
+    if constexpr (K != KernelKind::runtime) {
+      uint32_t rv[N];
+      sr_x4_values<K, N, FULL>(p, r, c0, rv);
+#pragma unroll
+      for (int j = 0; j < N; ++j)
+        code[j] = encode_rs<K, kX4Width<K>>(f, operand(v[j], bp[j * NB / N].mult), p.overflow, rv[j]);
+    }
+  } else if (FM == Fast::rs || (FM == Fast::none && K != KernelKind::runtime && p.round == Round::rs && per_element &&
+                                N % 4 == 0 && N <= 16 && (base & 3) == 0)) {
     // Up to 4 Philox groups unrolled (branch-free encode_rs_f32: about 1000
     // instructions), so that nothing is indexed at run time (local memory).
 #pragma unroll
@@ -245,7 +344,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       for (int k = 0; k < 4; ++k)
         code[4 * q + k] = encode_rs<K>(f, operand(v[4 * q + k], bp[(4 * q + k) * NB / N].mult), p.overflow, grp.v[k]);
     }
-  } else if (K != KernelKind::runtime && p.round == Round::rs && N < 4) {
+  } else if (K != KernelKind::runtime && p.round == Round::rs && per_element && N < 4) {
     // Runs shorter than a Philox group (the [32,1] column kernels' 2-column
     // strips): the one or two groups the run touches, not one per element.
     const uint64_t g0 = uint64_t(base) >> 2;
@@ -258,7 +357,7 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
       const uint32_t rb = pick((idx >> 2) == g0 ? ga : gb, uint32_t(idx & 3u));
       code[j] = encode_rs<K>(f, operand(v[j], bp[j * NB / N].mult), p.overflow, rb);
     }
-  } else if (K != KernelKind::runtime && p.round == Round::rs && N % 4 == 0 && (base & 3) == 0) {
+  } else if (K != KernelKind::runtime && p.round == Round::rs && per_element && N % 4 == 0 && (base & 3) == 0) {
     // A rolled loop over Philox groups for longer runs: fully unrolled, the SR
     // path was too large for the instruction cache. vs/ms/cs are indexed at
     // run time (local memory).
@@ -279,11 +378,12 @@ __device__ __forceinline__ void encode_and_store(const KParams& p, const Format&
 #pragma unroll
     for (int j = 0; j < N; ++j) code[j] = cs[j];
   } else {
+    // Every mode, either contract (sr_value: one Philox call an element).
     const bool sr = p.round == Round::rs;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const uint32_t rb = sr ? random_bits(p.seed, p.stream, uint64_t(base + j)) : 0u;
-      code[j] = encode_element_rt(f, p.rule, p.round, p.overflow, v[j], bp[j * NB / N].mult, rb);
+      const uint32_t rb = sr ? sr_value(p, r, c0 + j) : 0u;
+      code[j] = encode_element_rt(f, p.rule, p.round, p.overflow, v[j], bp[j * NB / N].mult, rb, p.sr.width);
     }
   }
   // (A value form returned above; its FULL kernels may have N == 2, which

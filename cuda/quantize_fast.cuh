@@ -141,10 +141,14 @@ __device__ __forceinline__ void store_code_words(const KParams& p, const Format&
 #pragma unroll
       for (int k = 0; k < nbytes_full / 4; ++k) reinterpret_cast<uint32_t*>(dst)[k] = w[k];
     } else {
-      const int nbytes = fp4 ? (valid + 1) / 2 : valid;  // elements past `valid` are zeros: code 0
+      // A partial last byte of FP4 codes gets a zero high nibble (sim's
+      // packing): the element past `valid` (a zero) need not have code 0 (SR
+      // of 0 * a non-finite multiplier is NaN's code).
+      const int nbytes = fp4 ? (valid + 1) / 2 : valid;
+      const uint32_t last_mask = fp4 && valid % 2 ? 0x0Fu : 0xFFu;
 #pragma unroll
       for (int b = 0; b < nbytes_full; ++b)
-        if (b < nbytes) dst[b] = uint8_t(w[b / 4] >> (8 * (b % 4)));
+        if (b < nbytes) dst[b] = uint8_t((w[b / 4] >> (8 * (b % 4))) & (b == nbytes - 1 ? last_mask : 0xFFu));
     }
   }
   if (o.dequant || o.dequant_bf16 || (o.codes && !words)) {
@@ -216,21 +220,37 @@ __device__ __forceinline__ void encode_store_rn(const KParams& p, const Format& 
 }
 
 // SR codes of one row block (multiplier bp.mult, amax bits amax) of a
-// fast_rs_applies() kind: one Philox group per 4 elements (core's philox_group
-// of element index / 4, word index % 4: random_bits()), the codes added into
-// packed words, then every requested output. E2M1 blocks that rn_fast_block()
-// admits (no NaN product) take core's e2m1_rs_magnitude capped at 7, the
-// signs gathered by byte permutes (encode_store_rn_fast's way): no per-element
-// NaN select or sign shift (the integer ALU pipe bounds these kernels); other
-// blocks and kinds core's encode_rs_f32 per element.
-template <KernelKind K, int N, bool FULL = false>
+// fast_rs_applies() kind: per_element one Philox group per 4 elements (core's
+// philox_group of element index / 4, word index % 4: random_bits()); X4
+// (ptx_x4) the block's words first (sr_x4_values: one Philox call per 16
+// elements, 8 bits an element). The codes added into packed words, then every
+// requested output. E2M1 blocks that rn_fast_block() admits (no NaN product)
+// take core's e2m1_rs_magnitude capped at 7, the signs gathered by byte
+// permutes (encode_store_rn_fast's way): no per-element NaN select or sign
+// shift (the integer ALU pipe bounds these kernels); other blocks and kinds
+// core's encode_rs_f32 per element.
+template <KernelKind K, int N, bool FULL = false, bool X4 = false>
 __device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const Format& f, const NvGlobal& g, int64_t r,
                                                      int64_t c0, const float (&v)[N], const BlockParams (&bp)[1],
                                                      int valid, uint32_t amax) {
   constexpr bool fp4 = CodeWords<K>::fp4;
   constexpr int per_word = CodeWords<K>::per_word, bits = CodeWords<K>::bits;
   static_assert(N % per_word == 0 && N % 4 == 0);
-  const uint64_t group0 = uint64_t(elem_index<FULL>(p, r, c0)) >> 2;  // (r * cols + c0) % 4 == 0
+  constexpr int W = X4 ? kX4Width<K> : 32;  // the random values' width (core/sr.hpp)
+  uint32_t rv[X4 ? N : 1];
+  if constexpr (X4) sr_x4_values<K, N, FULL>(p, r, c0, rv);
+  const uint64_t group0 = uint64_t(elem_index<FULL>(p, r, c0)) >> 2;  // per_element: (r * cols + c0) % 4 == 0
+  // The random values of elements 4q .. 4q + 3 of the run.
+  auto values4 = [&](int q, uint32_t(&rb)[4]) {
+    if constexpr (X4) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) rb[k] = rv[4 * q + k];
+    } else {
+      const Philox4 grp = philox_group(p.seed, p.stream, group0 + q);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) rb[k] = grp.v[k];
+    }
+  };
   uint32_t w[N / per_word];
 #pragma unroll
   for (int k = 0; k < N / per_word; ++k) w[k] = 0;
@@ -241,12 +261,13 @@ __device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const For
         uint32_t yb[8];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const Philox4 grp = philox_group(p.seed, p.stream, group0 + 2 * q + h);
+          uint32_t rb[4];
+          values4(2 * q + h, rb);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const float y = v[8 * q + 4 * h + k] * bp[0].mult;
             yb[4 * h + k] = float_bits(y);
-            w[q] += umin(e2m1_rs_magnitude(yb[4 * h + k], grp.v[k]), 7u) * (1u << (4 * (4 * h + k)));
+            w[q] += umin(e2m1_rs_magnitude<W>(yb[4 * h + k], rb[k]), 7u) * (1u << (4 * (4 * h + k)));
           }
         }
         w[q] |= e2m1_signs8(yb);
@@ -256,11 +277,12 @@ __device__ __forceinline__ void encode_store_rs_fast(const KParams& p, const For
   }
 #pragma unroll
   for (int q = 0; q < N / 4; ++q) {
-    const Philox4 grp = philox_group(p.seed, p.stream, group0 + q);
+    uint32_t rb[4];
+    values4(q, rb);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int j = 4 * q + k;
-      const uint32_t code = encode_rs<K>(f, v[j] * bp[0].mult, p.overflow, grp.v[k]);
+      const uint32_t code = encode_rs<K, W>(f, v[j] * bp[0].mult, p.overflow, rb[k]);
       w[j / per_word] += code * (1u << (bits * (j % per_word)));
     }
   }

@@ -11,6 +11,7 @@
 #include "core/encode.hpp"
 #include "core/format.hpp"
 #include "core/philox.hpp"
+#include "core/sr.hpp"
 #include "cuda/amax_device.cuh"
 #include "cuda/fast_div.hpp"
 #include "cuda/quantize.hpp"
@@ -43,6 +44,7 @@ struct KParams {
   int64_t br, bc;  // generic path block shape (whole tensor for [0,0])
   const void* x;
   uint64_t seed, stream;
+  SrLayout sr;  // stochastic rounding's random-bit contract (quantize_plan.hpp)
   float signs[16];       // RHT signs (sim/rht.hpp rht_sign)
   uint32_t* gamax;       // tensor amax bits (read by nv+global; written by amax passes)
   const float* gparams;  // optional precomputed NvGlobal {g_enc, g_dec, mult} of *gamax
@@ -105,14 +107,33 @@ inline bool index32_fits(const KParams& p) { return p.rows * p.cols < (int64_t(1
 // encode_and_store only). A kernel compiled for one fast form holds none of
 // the other modes' code, so that its register count, and with it its
 // occupancy, is its own.
-enum class Fast { none, rn, rs, rn_bf16, rs_bf16, rn_bf16_div, rs_bf16_div };
+// The SR forms come in two random-bit contracts (KParams::sr.bits): rs,
+// rs_bf16, rs_bf16_div draw per_element's words (one Philox group per 4
+// elements, 32 bits an element), their _x4 twins ptx_x4's (one word per 4
+// columns of a row, 8 bits an element: one Philox group per 16 elements).
+enum class Fast { none, rn, rs, rn_bf16, rs_bf16, rn_bf16_div, rs_bf16_div, rs_x4, rs_bf16_x4, rs_bf16_div_x4 };
 // The value forms; _div: fp4-trainkit's nv_noglobal rule (x / scale; E2M1 with
 // UE4M3 scales, the nvfp4 kind), which the other fast forms exclude.
-FP4LAB_HD constexpr bool value_form(Fast fm) {
-  return fm == Fast::rn_bf16 || fm == Fast::rs_bf16 || fm == Fast::rn_bf16_div || fm == Fast::rs_bf16_div;
+FP4LAB_HD constexpr bool value_form_sr(Fast fm) {
+  return fm == Fast::rs_bf16 || fm == Fast::rs_bf16_div || fm == Fast::rs_bf16_x4 || fm == Fast::rs_bf16_div_x4;
 }
-FP4LAB_HD constexpr bool value_form_sr(Fast fm) { return fm == Fast::rs_bf16 || fm == Fast::rs_bf16_div; }
-FP4LAB_HD constexpr bool value_form_div(Fast fm) { return fm == Fast::rn_bf16_div || fm == Fast::rs_bf16_div; }
+FP4LAB_HD constexpr bool value_form_div(Fast fm) {
+  return fm == Fast::rn_bf16_div || fm == Fast::rs_bf16_div || fm == Fast::rs_bf16_div_x4;
+}
+FP4LAB_HD constexpr bool value_form(Fast fm) {
+  return fm == Fast::rn_bf16 || fm == Fast::rn_bf16_div || value_form_sr(fm);
+}
+// The SR forms that store codes (the row kernels' encode_store_rs_fast).
+FP4LAB_HD constexpr bool code_form_sr(Fast fm) { return fm == Fast::rs || fm == Fast::rs_x4; }
+// The forms of the ptx_x4 contract.
+FP4LAB_HD constexpr bool x4_form(Fast fm) {
+  return fm == Fast::rs_x4 || fm == Fast::rs_bf16_x4 || fm == Fast::rs_bf16_div_x4;
+}
+// SR form fm (per_element's) in contract b: itself, or its _x4 twin.
+FP4LAB_HD constexpr Fast sr_form(Fast fm, SrBits b) {
+  if (b == SrBits::per_element) return fm;
+  return fm == Fast::rs ? Fast::rs_x4 : fm == Fast::rs_bf16 ? Fast::rs_bf16_x4 : Fast::rs_bf16_div_x4;
+}
 
 // Is p's one element output the BF16 GEMM operand (the condition of the
 // _bf16 fast forms on the outputs)?
@@ -155,11 +176,18 @@ inline KParams full_params(const KParams& p, int64_t units, int64_t per_row) {
   return f;
 }
 
+// Do the fast SR forms' runs of 4 elements (from a column c0 % 4 == 0) each
+// take whole random words? per_element: element r * cols + c's word is
+// r * cols + c, one Philox group per aligned 4 (cols % 4 == 0 keeps every
+// row's groups aligned); ptx_x4: the 4 share word r * ceil(cols / 4) + c0 / 4,
+// any cols (core/sr.hpp).
+inline bool sr_runs_aligned(const KParams& p) { return p.sr.bits == SrBits::ptx_x4 || p.cols % 4 == 0; }
+
 // Kinds with a fast SR path (encode_store_rs_fast): all but runtime under rs (not the
-// nv_noglobal rule, which divides), on rows whose element indices keep the
-// 4-element Philox groups aligned (cols % 4 == 0).
+// nv_noglobal rule, which divides), where sr_runs_aligned().
 inline bool fast_rs_applies(KernelKind kind, const KParams& p) {
-  return kind != KernelKind::runtime && p.round == Round::rs && p.rule != ScaleRule::nv_noglobal && p.cols % 4 == 0;
+  return kind != KernelKind::runtime && p.round == Round::rs && p.rule != ScaleRule::nv_noglobal &&
+         sr_runs_aligned(p);
 }
 
 // How many blocks of kThreads threads (no dynamic shared memory) of `kernel`

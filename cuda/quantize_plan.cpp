@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/sr.hpp"
 
 namespace fp4lab::cuda {
 namespace qk {
@@ -41,6 +42,17 @@ bool dual_quantizer(const QuantizerSpec& q) {
 }
 
 }  // namespace
+
+SrLayout sr_layout(const QuantizerSpec& q, int64_t cols) {
+  const Format& f = *q.element;
+  SrLayout s;
+  s.bits = q.sr_bits;
+  s.width = sr_width(q.sr_bits, f);
+  s.group = sr_group(q.sr_bits, f);
+  s.lsb_step = sr_lsb(q.sr_bits, f, 1);
+  s.words_per_row = sr_words_per_row(q.sr_bits, f, cols);
+  return s;
+}
 
 std::optional<Family> fused_family(const QuantizerSpec& q) {
   const int br = q.block_rows, bc = q.block_cols;

@@ -67,6 +67,22 @@ struct KernelPlan {
   AmaxStrategy amax = AmaxStrategy::none;
 };
 
+// The random-bit contract of q's stochastic rounding (core/sr.hpp) on rows of
+// `cols` elements, as the kernels read it (KParams::sr): the contract; the
+// width W of an element's random value (sr_width: 32, or 8 under ptx_x4); the
+// elements a word (sr_group: 1 or 4); element k's lsb in its word,
+// k * lsb_step (sr_lsb); the words a row (sr_words_per_row: cols, or
+// ceil(cols / 4)). Computed by the host compiler (quantize_plan.cpp): nvcc
+// compiles sr.hpp's functions for the device too wherever a .cu file calls
+// them, and there they may not read the host format constants they compare
+// with, so .cu files call them in constant expressions only.
+struct SrLayout {
+  SrBits bits = SrBits::per_element;
+  int width = 32, group = 1, lsb_step = 0;
+  int64_t words_per_row = 0;
+};
+SrLayout sr_layout(const QuantizerSpec& q, int64_t cols);
+
 // The fused family of q's block shape and RHT, or nullopt (generic only).
 std::optional<Family> fused_family(const QuantizerSpec& q);
 // The plan of quantize_device(q, ..., path, tensor_amax_bits != null); throws

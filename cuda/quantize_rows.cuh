@@ -32,8 +32,8 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
   if (p.out.scales) p.out.scales[si] = bp[0].scale;
   if constexpr (FM == Fast::rn) {
     encode_store_rn<K, BC, FULL>(p, f, g, r, c0, v, bp, valid, amax);
-  } else if constexpr (FM == Fast::rs) {
-    encode_store_rs_fast<K, BC, FULL>(p, f, g, r, c0, v, bp, valid, amax);
+  } else if constexpr (code_form_sr(FM)) {
+    encode_store_rs_fast<K, BC, FULL, x4_form(FM)>(p, f, g, r, c0, v, bp, valid, amax);
   } else if constexpr (value_form(FM)) {
     encode_and_store<K, BC, 1, FM, FULL>(p, f, g, r, c0, v, bp, valid);
   } else {
@@ -47,7 +47,7 @@ __device__ __forceinline__ void row_block(const KParams& p, const Format& f, con
 template <class In, int BC, Fast FM, int BPT>
 constexpr int row_min_blocks() {
   if ((FM == Fast::rn || FM == Fast::rn_bf16 || FM == Fast::rn_bf16_div) && BC * BPT == 16) return 4;
-  return BC == 32 && (sizeof(In) == 4 || FM == Fast::rs) ? 2 : 3;
+  return BC == 32 && (sizeof(In) == 4 || code_form_sr(FM)) ? 2 : 3;
 }
 
 // One thread per BPT consecutive blocks of a row (BPT > 1: more bytes in
@@ -135,6 +135,14 @@ void go_fast(const KParams& p, cudaStream_t st) {
   go<In, BC, K, RHT, false, FM, BPT>(p, st);
 }
 
+// SR form FM (per_element's) in p's random-bit contract (sr_form: FM or its
+// _x4 twin).
+template <class In, int BC, KernelKind K, bool RHT, Fast FM, int BPT>
+void go_sr(const KParams& p, cudaStream_t st) {
+  if (p.sr.bits == SrBits::ptx_x4) return go_fast<In, BC, K, RHT, sr_form(FM, SrBits::ptx_x4), BPT>(p, st);
+  go_fast<In, BC, K, RHT, FM, BPT>(p, st);
+}
+
 // Kind K's kernel: its rn form (two 16-element blocks per thread from BF16)
 // or SR form where the quantizer allows, else the form of every mode.
 template <class In, int BC, KernelKind K, bool RHT>
@@ -148,7 +156,7 @@ void go_kind(const KParams& p, cudaStream_t st) {
     if (values && p.rule == ScaleRule::nv_noglobal) {
       if (p.round == Round::rn) return go_fast<In, BC, K, RHT, Fast::rn_bf16_div, bpt>(p, st);
       if constexpr (BC == 16)
-        if (p.round == Round::rs && p.cols % 4 == 0) return go_fast<In, BC, K, RHT, Fast::rs_bf16_div, 1>(p, st);
+        if (p.round == Round::rs && sr_runs_aligned(p)) return go_sr<In, BC, K, RHT, Fast::rs_bf16_div, 1>(p, st);
     }
   }
   if (fast_rn_applies(K, p)) {
@@ -157,8 +165,8 @@ void go_kind(const KParams& p, cudaStream_t st) {
   }
   if (fast_rs_applies(K, p)) {
     if constexpr (e2m1 && BC == 16)
-      if (values) return go_fast<In, BC, K, RHT, Fast::rs_bf16, 1>(p, st);
-    return go_fast<In, BC, K, RHT, Fast::rs, 1>(p, st);
+      if (values) return go_sr<In, BC, K, RHT, Fast::rs_bf16, 1>(p, st);
+    return go_sr<In, BC, K, RHT, Fast::rs, 1>(p, st);
   }
   go<In, BC, K, RHT, false>(p, st);
 }

@@ -11,6 +11,7 @@
 # with nvfp4's dgrad ([1,16]) and wgrad ([16,1] + RHT) gradient quantizers.
 #
 #   scripts/sr_experiment.sh FP4LAB OUT_DIR [STEPS=2000] [SEEDS=3] [BACKEND=cuda]
+#   (environment: EVAL_ITERS, batches per split per evaluation, default the config's)
 set -uo pipefail
 if [ $# -lt 2 ]; then sed -n '2,10p' "$0"; exit 2; fi
 fp4lab=$1 out=$2 steps=${3:-2000} seeds=${4:-3} backend=${5:-cuda}
@@ -23,7 +24,7 @@ for recipe in nvfp4 tetrajet fp4_all_the_way; do
       capture=-1
       [ "$variant" = nvfp4 ] && [ "$seed" = 1 ] && capture=$((steps / 2))
       "$fp4lab" train configs/gpt_shakespeare_char.json --recipe "$variant" --set backend="$backend" \
-        --set seed="$seed" --set training.steps="$steps" --set training.decay_steps="$steps" \
+        --set seed="$seed" --set training.steps="$steps" --set training.decay_steps="$steps" ${EVAL_ITERS:+--set training.eval_iters=$EVAL_ITERS} \
         --set output.dir="$out" --set output.capture_step=$capture --quiet >"$out/logs/$label-s$seed.log" 2>&1 &
       pids+=($!)
     done

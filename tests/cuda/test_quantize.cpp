@@ -1,7 +1,8 @@
 // GPU quantization kernels (cuda/quantize.hpp) against sim's quantize(), bit for
 // bit: every canned quantizer, every rounding mode and overflow policy, every
-// block shape and scale rule, both kernel paths, RHT, SR, bf16 inputs, packed
-// and bf16 outputs, sizes that are not multiples of the block.
+// block shape and scale rule, both kernel paths, RHT, SR (both random-bit
+// contracts, core/sr.hpp), bf16 inputs, packed and bf16 outputs, sizes that
+// are not multiples of the block.
 #include <doctest/doctest.h>
 
 #include <cuda_bf16.h>
@@ -14,6 +15,8 @@
 
 #include "core/bits.hpp"
 #include "core/error.hpp"
+#include "core/philox.hpp"
+#include "core/sr.hpp"
 #include "cuda/quantize.hpp"
 #include "gpu_test_util.hpp"
 #include "sim/packing.hpp"
@@ -267,6 +270,82 @@ TEST_CASE("cuda quantize: bf16 input equals the f32 input of the same values") {
   CHECK(failures == 0);
 }
 
+namespace {
+
+// quantize_device's packed FP4 codes (4-bit elements; else bytes) and BF16
+// outputs on x [s] (f32, or its BF16 values as BF16 input when in16), path
+// `path`, stream rs, against sim's quantize(q, x, rs): the packed codes
+// against sim's packing of sim's codes, the BF16 dequantized tensor against
+// CUDA's host converter of sim's FP32 dequant, and the BF16 GEMM operand (the
+// value forms: the one output) against the same of decode(code) * scale.
+void check_packed_bf16(const std::string& n, const QuantizerSpec& q, const std::vector<float>& x, Size s, bool in16,
+                       bool adversarial, QuantPath path, RandomStream rs) {
+  const int64_t nel = s.rows * s.cols;
+  const QuantizedTensor cpu = quantize(q, MatrixView<const float>(x.data(), s.rows, s.cols), rs);
+  DeviceBuffer<float> dx;
+  DeviceBuffer<uint16_t> dx16;
+  if (in16) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = uint16_t(float_bits(x[i]) >> 16);
+    dx16.upload(h);
+  } else {
+    dx.upload(x);
+  }
+  const void* xin = in16 ? static_cast<const void*>(dx16.data()) : static_cast<const void*>(dx.data());
+  const InputType it = in16 ? InputType::bf16 : InputType::f32;
+  const bool packed = q.element->bits() == 4;
+  const int64_t code_bytes = packed ? s.rows * ((s.cols + 1) / 2) : nel;
+  DeviceBuffer<uint8_t> codes(static_cast<size_t>(code_bytes));
+  DeviceBuffer<uint16_t> b16(static_cast<size_t>(nel)), op16(static_cast<size_t>(nel));
+  codes.fill_bytes(0xEE);
+  b16.fill_bytes(0xEE);
+  op16.fill_bytes(0xEE);
+  QuantWorkspace ws;
+  QuantOutputs o;
+  o.codes = codes.data();
+  o.code_layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
+  o.dequant_bf16 = b16.data();
+  quantize_device(q, xin, it, s.rows, s.cols, rs, o, ws, nullptr, path);
+  QuantOutputs o2;
+  o2.dequant_bf16 = op16.data();
+  o2.bf16_gemm_operand = true;
+  quantize_device(q, xin, it, s.rows, s.cols, rs, o2, ws, nullptr, path);
+  check(cudaDeviceSynchronize(), "test");
+  // Packed codes: sim's packing of sim's codes.
+  const std::vector<uint8_t> want = pack_codes(*q.element, cpu.codes.data(), s.rows, s.cols);
+  CHECK(test::same_bytes("packed codes", codes.download(), want));
+  // BF16 dequant: CUDA's own host converter (an independent oracle) of sim's FP32 dequant;
+  // the GEMM operand: the same of decode(code) * scale without the global decode scale.
+  const auto got = b16.download(), got_op = op16.download();
+  int bad = 0, bad_op = 0;
+  for (int64_t i = 0; i < nel; ++i) {
+    const __nv_bfloat16 w = __float2bfloat16_rn(cpu.dequant[size_t(i)]);
+    uint16_t wb;
+    std::memcpy(&wb, &w, 2);
+    const bool nan = std::isnan(cpu.dequant[size_t(i)]);
+    if (!(nan ? (got[size_t(i)] & 0x7FFF) > 0x7F80 : got[size_t(i)] == wb)) ++bad;
+    const int64_t r = i / s.cols, c = i % s.cols;
+    const int64_t br = q.block_rows ? q.block_rows : s.rows, bc = q.block_cols ? q.block_cols : s.cols;
+    const float sc = cpu.scales[size_t((r / br) * cpu.scale_cols + c / bc)];
+    const float v = decode(*q.element, cpu.codes[size_t(i)]) * sc;
+    const __nv_bfloat16 w2 = __float2bfloat16_rn(v);
+    uint16_t wb2;
+    std::memcpy(&wb2, &w2, 2);
+    if (!(std::isnan(v) ? (got_op[size_t(i)] & 0x7FFF) > 0x7F80 : got_op[size_t(i)] == wb2)) ++bad_op;
+    // The GEMM operand is exact (no rounding) for these quantizers and
+    // data (FP8 values times an E8M0 scale may fall below BF16's
+    // subnormal quantum on the adversarial data: rounded, as checked above).
+    if (!std::isnan(v) && float(w2) != v && (!adversarial || packed)) ++bad_op;
+  }
+  const char* pn = path == QuantPath::fused ? "fused" : path == QuantPath::generic ? "generic" : "auto";
+  CHECK_MESSAGE(bad == 0, n << " " << s.rows << "x" << s.cols << (adversarial ? " adversarial" : " random")
+                            << (in16 ? " bf16" : " f32") << " " << pn);
+  CHECK_MESSAGE(bad_op == 0, n << " " << s.rows << "x" << s.cols << (adversarial ? " adversarial" : " random")
+                               << (in16 ? " bf16" : " f32") << " " << pn);
+}
+
+}  // namespace
+
 TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs, from FP32 and BF16 input") {
   std::vector<std::pair<std::string, QuantizerSpec>> specs;
   for (const char* n : {"nvfp4", "mxfp4", "nvfp4_2d", "nvfp4_col", "mxfp8_e4m3", "mxfp8_e5m2"})
@@ -311,65 +390,7 @@ TEST_CASE("cuda quantize: packed FP4 codes and BF16 outputs, from FP32 and BF16 
         for (QuantPath path : paths_for(q)) {
           auto x = data % 2 ? test::adversarial(s.rows, s.cols, 13, true) : test::varied_randn(s.rows, s.cols, 11, 12);
           if (in16) test::round_to_bf16(x);
-          const int64_t nel = s.rows * s.cols;
-          const QuantizedTensor cpu = quantize(q, MatrixView<const float>(x.data(), s.rows, s.cols));
-          DeviceBuffer<float> dx;
-          DeviceBuffer<uint16_t> dx16;
-          if (in16) {
-            std::vector<uint16_t> h(x.size());
-            for (size_t i = 0; i < x.size(); ++i) h[i] = uint16_t(float_bits(x[i]) >> 16);
-            dx16.upload(h);
-          } else {
-            dx.upload(x);
-          }
-          const void* xin = in16 ? static_cast<const void*>(dx16.data()) : static_cast<const void*>(dx.data());
-          const InputType it = in16 ? InputType::bf16 : InputType::f32;
-          const bool packed = q.element->bits() == 4;
-          const int64_t code_bytes = packed ? s.rows * ((s.cols + 1) / 2) : nel;
-          DeviceBuffer<uint8_t> codes(static_cast<size_t>(code_bytes));
-          DeviceBuffer<uint16_t> b16(static_cast<size_t>(nel)), op16(static_cast<size_t>(nel));
-          codes.fill_bytes(0xEE);
-          b16.fill_bytes(0xEE);
-          op16.fill_bytes(0xEE);
-          QuantWorkspace ws;
-          QuantOutputs o;
-          o.codes = codes.data();
-          o.code_layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
-          o.dequant_bf16 = b16.data();
-          quantize_device(q, xin, it, s.rows, s.cols, {}, o, ws, nullptr, path);
-          QuantOutputs o2;
-          o2.dequant_bf16 = op16.data();
-          o2.bf16_gemm_operand = true;
-          quantize_device(q, xin, it, s.rows, s.cols, {}, o2, ws, nullptr, path);
-          check(cudaDeviceSynchronize(), "test");
-          // Packed codes: sim's packing of sim's codes.
-          const std::vector<uint8_t> want = pack_codes(*q.element, cpu.codes.data(), s.rows, s.cols);
-          CHECK(test::same_bytes("packed codes", codes.download(), want));
-          // BF16 dequant: CUDA's own host converter (an independent oracle) of sim's FP32 dequant;
-          // the GEMM operand: the same of decode(code) * scale without the global decode scale.
-          const auto got = b16.download(), got_op = op16.download();
-          int bad = 0, bad_op = 0;
-          for (int64_t i = 0; i < nel; ++i) {
-            const __nv_bfloat16 w = __float2bfloat16_rn(cpu.dequant[size_t(i)]);
-            uint16_t wb;
-            std::memcpy(&wb, &w, 2);
-            const bool nan = std::isnan(cpu.dequant[size_t(i)]);
-            if (!(nan ? (got[size_t(i)] & 0x7FFF) > 0x7F80 : got[size_t(i)] == wb)) ++bad;
-            const int64_t r = i / s.cols, c = i % s.cols;
-            const int64_t br = q.block_rows ? q.block_rows : s.rows, bc = q.block_cols ? q.block_cols : s.cols;
-            const float sc = cpu.scales[size_t((r / br) * cpu.scale_cols + c / bc)];
-            const float v = decode(*q.element, cpu.codes[size_t(i)]) * sc;
-            const __nv_bfloat16 w2 = __float2bfloat16_rn(v);
-            uint16_t wb2;
-            std::memcpy(&wb2, &w2, 2);
-            if (!(std::isnan(v) ? (got_op[size_t(i)] & 0x7FFF) > 0x7F80 : got_op[size_t(i)] == wb2)) ++bad_op;
-            // The GEMM operand is exact (no rounding) for these quantizers and
-            // data (FP8 values times an E8M0 scale may fall below BF16's
-            // subnormal quantum on the adversarial data: rounded, as checked above).
-            if (!std::isnan(v) && float(w2) != v && (data % 2 == 0 || packed)) ++bad_op;
-          }
-          CHECK_MESSAGE(bad == 0, n << " " << s.rows << "x" << s.cols << " data " << data);
-          CHECK_MESSAGE(bad_op == 0, n << " " << s.rows << "x" << s.cols << " data " << data);
+          check_packed_bf16(n, q, x, s, in16, data % 2 == 1, path, {});
         }
       }
     }
@@ -503,6 +524,72 @@ int64_t operand_mismatches(const std::vector<uint16_t>& got, const std::vector<u
   for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i] && !(nan(got[i]) && nan(want[i]));
   return bad;
 }
+// quantize_dual_device(qr, qc) of x [s] (its values as BF16 input when bf16)
+// with streams rsr, rsc: every output against sim's quantize() of each; then
+// the trainer's form (BF16 GEMM operands, with the GEMM alphas) against
+// quantize_device's and against sim's codes and scales.
+void check_dual(const QuantizerSpec& qr, const QuantizerSpec& qc, const std::vector<float>& x, Size s, bool bf16,
+                RandomStream rsr, RandomStream rsc, QuantWorkspace& ws) {
+  const MatrixView<const float> view(x.data(), s.rows, s.cols);
+  const QuantizedTensor cr = quantize(qr, view, rsr), cc = quantize(qc, view, rsc);
+  DeviceBuffer<float> d32;
+  DeviceBuffer<uint16_t> d16;
+  const void* dx;
+  if (bf16) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(float_bits(x[i]) >> 16);
+    d16.upload(h);
+    dx = d16.data();
+  } else {
+    d32.upload(x);
+    dx = d32.data();
+  }
+  DualOut orow(qr, s.rows, s.cols), ocol(qc, s.rows, s.cols);
+  quantize_dual_device(qr, rsr, orow.outputs(), qc, rsc, ocol.outputs(), dx,
+                       bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, ws);
+  check(cudaDeviceSynchronize(), "test");
+  CAPTURE(s.rows);
+  CAPTURE(s.cols);
+  CAPTURE(describe(qr));
+  CAPTURE(describe(qc));
+  CAPTURE(bf16);
+  CHECK(test::same_quantized(orow.get(qr, s.rows, s.cols), cr, x));
+  CHECK(test::same_quantized(ocol.get(qc, s.rows, s.cols), cc, x));
+  // The trainer's form: BF16 GEMM operands, against quantize_device's.
+  QuantOutputs a, b, ea, eb;
+  a.dequant_bf16 = orow.op16.data();
+  b.dequant_bf16 = ocol.op16.data();
+  a.bf16_gemm_operand = b.bf16_gemm_operand = true;
+  // With the GEMM alphas (the trainer's backward): a's times another
+  // operand's g_dec, b's alone.
+  DeviceBuffer<float> alphas(2), other(1);
+  other.upload(std::vector<float>{0.3f});
+  a.gemm_alpha = alphas.data();
+  a.gemm_alpha_other = other.data();
+  b.gemm_alpha = alphas.data() + 1;
+  DeviceBuffer<uint16_t> want_r(size_t(s.rows * s.cols)), want_c(size_t(s.rows * s.cols));
+  ea.dequant_bf16 = want_r.data();
+  eb.dequant_bf16 = want_c.data();
+  ea.bf16_gemm_operand = eb.bf16_gemm_operand = true;
+  quantize_dual_device(qr, rsr, a, qc, rsc, b, dx, bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols,
+                       ws);
+  QuantWorkspace ws2;
+  quantize_device(qr, dx, bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, rsr, ea, ws2);
+  quantize_device(qc, dx, bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, rsc, eb, ws2);
+  check(cudaDeviceSynchronize(), "test");
+  CHECK(orow.op16.download() == want_r.download());
+  CHECK(ocol.op16.download() == want_c.download());
+  {
+    const std::vector<float> al = alphas.download();
+    // NaN (an input with a NaN) of any payload.
+    CHECK(test::same_float(al[0], cr.global_decode * 0.3f));
+    CHECK(test::same_float(al[1], cc.global_decode));
+  }
+  // And against the CPU's codes and scales: BF16(decode(code) * block scale).
+  CHECK(operand_mismatches(orow.op16.download(), operand_bits(cr)) == 0);
+  CHECK(operand_mismatches(ocol.op16.download(), operand_bits(cc)) == 0);
+}
+
 }  // namespace
 
 TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit for bit") {
@@ -532,64 +619,7 @@ TEST_CASE("cuda quantize: quantize_dual_device equals the two quantizations bit 
             if (bf16)
               for (float& v : x) v = bits_float(float_bits(v) & 0xFFFF0000u);
             const RandomStream rsr{11, uint64_t(2 * k)}, rsc{11, uint64_t(2 * k + 1)};
-            const MatrixView<const float> view(x.data(), s.rows, s.cols);
-            const QuantizedTensor cr = quantize(qr, view, rsr), cc = quantize(qc, view, rsc);
-            DeviceBuffer<float> d32;
-            DeviceBuffer<uint16_t> d16;
-            const void* dx;
-            if (bf16) {
-              std::vector<uint16_t> h(x.size());
-              for (size_t i = 0; i < h.size(); ++i) h[i] = uint16_t(float_bits(x[i]) >> 16);
-              d16.upload(h);
-              dx = d16.data();
-            } else {
-              d32.upload(x);
-              dx = d32.data();
-            }
-            DualOut orow(qr, s.rows, s.cols), ocol(qc, s.rows, s.cols);
-            quantize_dual_device(qr, rsr, orow.outputs(), qc, rsc, ocol.outputs(), dx,
-                                 bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, ws);
-            check(cudaDeviceSynchronize(), "test");
-            CAPTURE(s.rows);
-            CAPTURE(s.cols);
-            CAPTURE(describe(qr));
-            CAPTURE(describe(qc));
-            CAPTURE(bf16);
-            CHECK(test::same_quantized(orow.get(qr, s.rows, s.cols), cr, x));
-            CHECK(test::same_quantized(ocol.get(qc, s.rows, s.cols), cc, x));
-            // The trainer's form: BF16 GEMM operands, against quantize_device's.
-            QuantOutputs a, b, ea, eb;
-            a.dequant_bf16 = orow.op16.data();
-            b.dequant_bf16 = ocol.op16.data();
-            a.bf16_gemm_operand = b.bf16_gemm_operand = true;
-            // With the GEMM alphas (the trainer's backward): a's times another
-            // operand's g_dec, b's alone.
-            DeviceBuffer<float> alphas(2), other(1);
-            other.upload(std::vector<float>{0.3f});
-            a.gemm_alpha = alphas.data();
-            a.gemm_alpha_other = other.data();
-            b.gemm_alpha = alphas.data() + 1;
-            DeviceBuffer<uint16_t> want_r(size_t(s.rows * s.cols)), want_c(size_t(s.rows * s.cols));
-            ea.dequant_bf16 = want_r.data();
-            eb.dequant_bf16 = want_c.data();
-            ea.bf16_gemm_operand = eb.bf16_gemm_operand = true;
-            quantize_dual_device(qr, rsr, a, qc, rsc, b, dx, bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols,
-                                 ws);
-            QuantWorkspace ws2;
-            quantize_device(qr, dx, bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, rsr, ea, ws2);
-            quantize_device(qc, dx, bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, rsc, eb, ws2);
-            check(cudaDeviceSynchronize(), "test");
-            CHECK(orow.op16.download() == want_r.download());
-            CHECK(ocol.op16.download() == want_c.download());
-            {
-              const std::vector<float> al = alphas.download();
-              // NaN (an input with a NaN) of any payload.
-              CHECK(test::same_float(al[0], cr.global_decode * 0.3f));
-              CHECK(test::same_float(al[1], cc.global_decode));
-            }
-            // And against the CPU's codes and scales: BF16(decode(code) * block scale).
-            CHECK(operand_mismatches(orow.op16.download(), operand_bits(cr)) == 0);
-            CHECK(operand_mismatches(ocol.op16.download(), operand_bits(cc)) == 0);
+            check_dual(qr, qc, x, s, bf16, rsr, rsc, ws);
           }
         }
       }
@@ -710,4 +740,222 @@ TEST_CASE("cuda fake_quantize: in place, inverse RHT, equals sim's fake_quantize
     }
   }
   CHECK(failures == 0);
+}
+
+// ---- stochastic rounding under the PTX cvt.rs random-bit contract -----------
+// (SrBits::ptx_x4, core/sr.hpp: one word per 4 columns of a row, 8 bits an
+// element): every kernel form against sim's quantize() under the same
+// contract, bit for bit.
+namespace {
+
+QuantizerSpec x4_spec(const char* name, int br, int bc, bool rht = false) {
+  QuantizerSpec q = quantizer_by_name(name);
+  q.block_rows = br;
+  q.block_cols = bc;
+  q.rht = rht;
+  q.rht_seed = 31;
+  q.round = Round::rs;
+  q.sr_bits = SrBits::ptx_x4;
+  return q;
+}
+QuantizerSpec noglobal(QuantizerSpec q) {
+  q.scale_rule = ScaleRule::nv_noglobal;
+  q.global_scale = GlobalScale::none;
+  return q;
+}
+
+// Specs whose kernels cover every SR form: the nvfp4 kind (rows, columns, RHT
+// on either axis, tiles, nv_noglobal's dividing forms), the e2m1 kind
+// ([16]-blocks with E8M0 scales, MXFP4 tiles), the [32]-block kinds (e2m1,
+// e4m3, e5m2; saturating or not), the runtime kind (FP6), and the generic path
+// alone ([4,8], one scale per tensor).
+std::vector<std::pair<std::string, QuantizerSpec>> x4_specs() {
+  std::vector<std::pair<std::string, QuantizerSpec>> v;
+  v.emplace_back("nvfp4 [1,16]", x4_spec("nvfp4", 1, 16));
+  v.emplace_back("nvfp4 rht [1,16]", x4_spec("nvfp4", 1, 16, true));
+  v.emplace_back("nvfp4 [16,1]", x4_spec("nvfp4", 16, 1));
+  v.emplace_back("nvfp4 rht [16,1]", x4_spec("nvfp4", 16, 1, true));
+  v.emplace_back("nvfp4_2d [16,16]", x4_spec("nvfp4", 16, 16));
+  v.emplace_back("nv_noglobal [1,16]", noglobal(x4_spec("nvfp4", 1, 16)));
+  v.emplace_back("nv_noglobal [16,1]", noglobal(x4_spec("nvfp4", 16, 1)));
+  v.emplace_back("mxfp4 [1,32]", x4_spec("mxfp4", 1, 32));
+  v.emplace_back("mxfp4 [32,1]", x4_spec("mxfp4", 32, 1));
+  v.emplace_back("mxfp4 [1,16]", x4_spec("mxfp4", 1, 16));
+  v.emplace_back("mxfp4 [16,1]", x4_spec("mxfp4", 16, 1));
+  v.emplace_back("mxfp4 [16,16]", x4_spec("mxfp4", 16, 16));
+  v.emplace_back("mxfp8_e4m3 [1,32]", x4_spec("mxfp8_e4m3", 1, 32));
+  v.emplace_back("mxfp8_e4m3 [32,1]", x4_spec("mxfp8_e4m3", 32, 1));
+  QuantizerSpec nonsat = x4_spec("mxfp8_e4m3", 1, 32);
+  nonsat.overflow = Overflow::nonsaturate;
+  v.emplace_back("mxfp8_e4m3 [1,32] nonsat", nonsat);
+  v.emplace_back("mxfp8_e5m2 [1,32]", x4_spec("mxfp8_e5m2", 1, 32));
+  v.emplace_back("mxfp8_e5m2 [32,1]", x4_spec("mxfp8_e5m2", 32, 1));
+  v.emplace_back("mxfp6_e2m3 [1,32]", x4_spec("mxfp6_e2m3", 1, 32));
+  v.emplace_back("mxfp6_e2m3 [32,1]", x4_spec("mxfp6_e2m3", 32, 1));
+  v.emplace_back("mxfp6_e3m2 [1,32]", x4_spec("mxfp6_e3m2", 1, 32));
+  v.emplace_back("mxfp4 [4,8]", x4_spec("mxfp4", 4, 8));
+  v.emplace_back("fp8_e4m3_tensor [0,0]", x4_spec("fp8_e4m3_tensor", 0, 0));
+  return v;
+}
+
+// Shapes: partial groups of 4 at a row's end (cols % 4 != 0: 53, 7, 1, 70),
+// rows whose words do not start a Philox group (cols % 16 != 0, so that
+// ceil(cols / 4) % 4 != 0: 36, 40, 53), whole FULL-form spans (64 x 128,
+// 96 x 64), partial blocks along both axes.
+constexpr Size kX4Sizes[] = {{37, 53}, {5, 7}, {64, 128}, {3, 1}, {33, 36}, {48, 40}, {96, 64}};
+
+}  // namespace
+
+TEST_CASE("cuda quantize: SR under ptx_x4 (PTX cvt.rs words), every kernel form and path, bit-exact") {
+  int cases = 0, failures = 0;
+  for (const auto& [n, q] : x4_specs()) {
+    REQUIRE_NOTHROW(validate(q, n));
+    for (const Size& s : kX4Sizes) {
+      // Random and adversarial values (NaN / Inf blocks take the per-element
+      // encode), each from FP32 and as BF16 input.
+      for (int data = 0; data < 4; ++data) {
+        auto x = data % 2 ? test::adversarial(s.rows, s.cols, 17u + uint32_t(cases), true)
+                          : test::varied_randn(s.rows, s.cols, 23u + uint32_t(cases), 20);
+        const bool bf16 = data >= 2;
+        if (bf16) test::round_to_bf16(x);
+        const RandomStream rs{77, 1000u + uint64_t(cases)};
+        for (QuantPath p : paths_for(q)) {
+          ++cases;
+          if (!check_case(q, x, s, rs, p, bf16)) ++failures;
+        }
+        if (fused_supported(q)) {
+          ++cases;
+          if (!check_case(q, x, s, rs, QuantPath::automatic, bf16)) ++failures;
+        }
+      }
+    }
+  }
+  MESSAGE(cases << " cases compared");
+  CHECK(failures == 0);
+  // The contract matters: the same stream under per_element gives other codes.
+  const Size s{64, 128};
+  const auto x = test::varied_randn(s.rows, s.cols, 5, 10);
+  QuantizerSpec q = x4_spec("nvfp4", 1, 16), pe = q;
+  pe.sr_bits = SrBits::per_element;
+  const MatrixView<const float> v(x.data(), s.rows, s.cols);
+  const QuantizedTensor a = quantize_gpu(q, v, {3, 4}), b = quantize_gpu(pe, v, {3, 4});
+  CHECK(a.codes != b.codes);
+  CHECK(a.scale_codes == b.scale_codes);
+}
+
+TEST_CASE("cuda quantize: ptx_x4 packed FP4 codes, BF16 outputs and GEMM operands (the SR value forms)") {
+  // The trainer's operands: [1,16] / [16,1] (RHT) NVFP4, nv_noglobal's
+  // dividing forms, MXFP4 rows and [32,1] columns (the split value form on
+  // whole 32-row strips), and FP8 (codes, no SR value form).
+  std::vector<std::pair<std::string, QuantizerSpec>> specs;
+  specs.emplace_back("nvfp4 [1,16]", x4_spec("nvfp4", 1, 16));
+  specs.emplace_back("nvfp4 [16,1]", x4_spec("nvfp4", 16, 1));
+  specs.emplace_back("nvfp4 rht [16,1]", x4_spec("nvfp4", 16, 1, true));
+  specs.emplace_back("nvfp4 rht [1,16]", x4_spec("nvfp4", 1, 16, true));
+  specs.emplace_back("nvfp4_2d [16,16]", x4_spec("nvfp4", 16, 16));
+  specs.emplace_back("nv_noglobal [1,16]", noglobal(x4_spec("nvfp4", 1, 16)));
+  specs.emplace_back("nv_noglobal [16,1]", noglobal(x4_spec("nvfp4", 16, 1)));
+  specs.emplace_back("mxfp4 [1,32]", x4_spec("mxfp4", 1, 32));
+  specs.emplace_back("mxfp4 [32,1]", x4_spec("mxfp4", 32, 1));
+  specs.emplace_back("mxfp8_e4m3 [32,1]", x4_spec("mxfp8_e4m3", 32, 1));
+  specs.emplace_back("mxfp8_e5m2 [1,32]", x4_spec("mxfp8_e5m2", 1, 32));
+  int k = 0;
+  for (const auto& [n, q] : specs) {
+    // 96 x 70: whole [32,1] strips, 105 of them: the split value form's last
+    // warp part full; 33 x 36: rows whose words start mid Philox group.
+    for (Size s : {Size{37, 53}, Size{64, 128}, Size{3, 1}, Size{64, 64}, Size{96, 70}, Size{33, 36}}) {
+      for (int data = 0; data < 4; ++data) {
+        const bool in16 = data >= 2;
+        auto x = data % 2 ? test::adversarial(s.rows, s.cols, 13, true) : test::varied_randn(s.rows, s.cols, 11, 12);
+        if (in16) test::round_to_bf16(x);
+        for (QuantPath path : paths_for(q)) check_packed_bf16(n, q, x, s, in16, data % 2 == 1, path, {19, uint64_t(++k)});
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda quantize: quantize_dual_device under ptx_x4, either operand or both") {
+  const QuantizerSpec nv = quantizer_by_name("nvfp4");
+  QuantWorkspace ws;
+  int k = 0;
+  for (Size s : {Size{16, 16}, Size{48, 32}, Size{256, 1152}, Size{1040, 400}}) {
+    for (bool rht : {false, true}) {
+      // (row, column) contracts: both ptx_x4 (the rs_x4 / rs_bf16_x4 forms),
+      // mixed (the form of every mode, each operand's own words).
+      for (int contracts = 0; contracts < 3; ++contracts) {
+        for (Round rr : {Round::rn, Round::rs}) {
+          for (bool global : {true, false}) {
+            ++k;
+            QuantizerSpec qr = nv, qc = nv;
+            qr.round = rr;
+            qc.round = Round::rs;
+            qc.block_rows = 16;
+            qc.block_cols = 1;
+            qc.rht = rht;
+            qc.rht_seed = 9 + uint64_t(k);
+            qr.sr_bits = contracts != 2 ? SrBits::ptx_x4 : SrBits::per_element;
+            qc.sr_bits = contracts != 1 ? SrBits::ptx_x4 : SrBits::per_element;
+            if (!global) qr.global_scale = qc.global_scale = GlobalScale::none;
+            REQUIRE(dual_supported(qr, qc, s.rows, s.cols));
+            const bool bf16 = (k % 3) == 0;
+            auto x = k % 5 == 1 ? test::adversarial(s.rows, s.cols, 800u + uint32_t(k), true)
+                                : test::varied_randn(s.rows, s.cols, 800u + uint32_t(k), 20);
+            if (bf16) test::round_to_bf16(x);
+            check_dual(qr, qc, x, s, bf16, RandomStream{13, uint64_t(2 * k)}, RandomStream{13, uint64_t(2 * k + 1)},
+                       ws);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda fake_quantize: ptx_x4 SR in place, inverse RHT, equals sim's fake_quantize bit for bit") {
+  struct Case {
+    QuantizerSpec q;
+    Size size;
+  };
+  const Case cases[] = {{x4_spec("nvfp4", 1, 16, true), {37, 64}},  {x4_spec("nvfp4", 16, 1, true), {48, 53}},
+                        {x4_spec("nvfp4", 1, 16, true), {37, 45}},  {x4_spec("mxfp4", 1, 32), {33, 100}},
+                        {x4_spec("nvfp4", 16, 16), {45, 70}},       {x4_spec("mxfp8_e4m3", 32, 1), {70, 45}},
+                        {x4_spec("mxfp6_e3m2", 4, 8), {21, 19}}};
+  int failures = 0;
+  for (const Case& c : cases) {
+    const auto x = test::varied_randn(c.size.rows, c.size.cols, 29, 15);
+    std::vector<float> cpu = x, gpu = x;
+    fake_quantize(c.q, MatrixView<float>(cpu.data(), c.size.rows, c.size.cols), {8, 10});
+    fake_quantize_gpu(c.q, MatrixView<float>(gpu.data(), c.size.rows, c.size.cols), {8, 10});
+    if (!test::same_bits("fake_quantize", gpu, cpu, &x)) {
+      std::printf("  case: %s\n", describe(c.q).c_str());
+      ++failures;
+    }
+  }
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda quantize: given random words (RandomStream::words) are refused, CPU-only") {
+  const std::vector<uint32_t> words(4096, 0x12345678u);
+  const RandomStream rs{1, 2, words.data()};
+  std::vector<float> x(32 * 32, 0.5f);
+  const QuantizerSpec nv = x4_spec("nvfp4", 1, 16);
+  QuantizerSpec col = nv;
+  col.block_rows = 16;
+  col.block_cols = 1;
+  CHECK_THROWS_WITH_AS(quantize_gpu(nv, MatrixView<const float>(x.data(), 32, 32), rs), doctest::Contains("CPU-only"),
+                       Error);
+  CHECK_THROWS_WITH_AS(fake_quantize_gpu(nv, MatrixView<float>(x.data(), 32, 32), rs), doctest::Contains("CPU-only"),
+                       Error);
+  DeviceBuffer<float> d(x.size());
+  d.upload(x);
+  QuantWorkspace ws;
+  CHECK_THROWS_WITH_AS(quantize_dual_device(nv, rs, {}, col, {}, {}, d.data(), InputType::f32, 32, 32, ws),
+                       doctest::Contains("CPU-only"), Error);
+  CHECK_THROWS_WITH_AS(quantize_dual_device(nv, {}, {}, col, rs, {}, d.data(), InputType::f32, 32, 32, ws),
+                       doctest::Contains("CPU-only"), Error);
+  // The CPU takes them: words of the Philox stream give the Philox result.
+  std::vector<uint32_t> philox(size_t(32 * sr_words_per_row(SrBits::ptx_x4, float4_e2m1fn, 32)));
+  for (size_t i = 0; i < philox.size(); ++i) philox[i] = random_bits(1, 2, i);
+  const auto xv = test::varied_randn(32, 32, 3, 10);
+  const MatrixView<const float> v(xv.data(), 32, 32);
+  CHECK(quantize(nv, v, RandomStream{1, 2, philox.data()}).codes == quantize_gpu(nv, v, {1, 2}).codes);
 }
