@@ -483,6 +483,41 @@ void check_candidate_dir(const VerifyArgs& a, const std::vector<VerifyCase>& cas
               cases.front().name + "); is it the right directory?");
 }
 
+// A candidate's own random words (<case>/rbits.npy, SR cases): the expected
+// outputs become those of the suite's input quantized with these words
+// (uint32 [rows, words a row] of the case's sr_bits contract) instead of the
+// suite's Philox words, so a kernel drawing its own random stream (cvt.rs's
+// rbits) is checked bit for bit. False (nothing changed) without the file.
+bool use_candidate_words(VerifyCase& v) {
+  const fs::path path = v.cdir / "rbits.npy";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return false;
+  if (v.spec.round != Round::rs)
+    throw Error(path.string() + ": random words for a case that does not round stochastically (" +
+                describe(v.spec) + ")");
+  const int64_t per_row = sr_words_per_row(v.spec.sr_bits, *v.spec.element, v.cols);
+  const std::vector<uint32_t> words =
+      read_rbits(path.string(), uint64_t(v.rows * per_row),
+                 "[" + std::to_string(v.rows) + ", " + std::to_string(per_row) + "]: rows x words a row under " +
+                     sr_bits_name(v.spec.sr_bits));
+  RandomStream rs;
+  rs.words = words.data();
+  const QuantizedTensor q = quantize(v.spec, MatrixView<const float>(v.input.data.data(), v.rows, v.cols), rs);
+  auto array = [](DType d, const Shape& shape, const void* data, size_t bytes) {
+    NpyArray a{d, shape, {}};
+    a.bytes.assign(static_cast<const unsigned char*>(data), static_cast<const unsigned char*>(data) + bytes);
+    return a;
+  };
+  v.codes = array(DType::uint8, {v.rows, v.cols}, q.codes.data(), q.codes.size());
+  v.dequant = array(DType::float32, {v.rows, v.cols}, q.dequant.data(), q.dequant.size() * sizeof(float));
+  if (v.scale_dtype == DType::float32)
+    v.scales = array(DType::float32, {v.srows, v.scols}, q.scales.data(), q.scales.size() * sizeof(float));
+  else
+    v.scales = array(DType::uint8, {v.srows, v.scols}, q.scale_codes.data(), q.scale_codes.size());
+  v.notes.push_back("the candidate's random words");
+  return true;
+}
+
 // Compares one candidate file; an unreadable one fails the case and the run goes on.
 void verify_file(VerifyCase& v, const char* file, void (*check)(VerifyCase&)) {
   std::error_code ec;
@@ -510,6 +545,14 @@ void run_verify(const VerifyArgs& a) {
     } catch (const Error& e) {
       ++suite_bad;
       std::printf("BAD-SUITE %s: %s\n", v.name.c_str(), e.what());
+      continue;
+    }
+    try {
+      use_candidate_words(v);
+    } catch (const Error& e) {
+      std::printf("FAIL %s: %s\n", v.name.c_str(), e.what());
+      ++cases_bad;
+      v = VerifyCase{};
       continue;
     }
     verify_file(v, "codes.npy", verify_codes);
@@ -563,7 +606,10 @@ void register_golden_commands(CLI::App& app) {
       "(uint8, one per byte or FP4 packed two per byte), scales.npy and dequant.npy, as in the suite. Prints the "
       "first\n"
       "mismatches with index, input value and both bit patterns, one line per case (--failures-only: failing ones)\n"
-      "and a summary; exits 1 on any mismatch, unreadable candidate file or missing case, 2 on a bad suite.");
+      "and a summary; exits 1 on any mismatch, unreadable candidate file or missing case, 2 on a bad suite.\n"
+      "SR cases: a candidate's own random words in <case>/rbits.npy (uint32 [rows, words a row] of the case's\n"
+      "sr_bits; per_element: cols a row, ptx_x4: ceil(cols/4)) replace the suite's: the expected outputs are\n"
+      "recomputed with them, so a kernel drawing its own random stream (cvt.rs rbits) is checked bit for bit.");
   v->add_option("SUITE", va->suite, "Directory written by `fp4lab golden`")->required();
   v->add_option("CANDIDATE_DIR", va->candidate, "Directory with one sub-directory per case")->required();
   v->add_option("--max-report", va->max_report, "Mismatches printed per array")->capture_default_str();

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -163,6 +164,35 @@ def main():
                                  '--seed', '999')
                 check(rc == 0 and read_u8(codes) == read_u8(os.path.join(d, 'codes.npy')),
                       f"golden {name}: quantize --rbits does not reproduce codes.npy: {rc} {err}")
+        # verify with a candidate's own words: a "kernel" (fp4lab quantize with other words) passes against
+        # the suite only when its rbits.npy is given; words for a non-SR case fail that case.
+        if rc == 0:
+            cand = os.path.join(T, 'cand')
+            name = 'nvfp4_rs_ptx__odd'
+            case = cases[name]
+            d = os.path.join(g, name)
+            cd = os.path.join(cand, name)
+            os.makedirs(cd)
+            rows_, cols_ = case['shape']
+            per = (cols_ + 3) // 4
+            kw = [rng.getrandbits(32) for _ in range(rows_ * per)]
+            write_npy(os.path.join(T, 'kw.npy'), '<u4', [rows_, per], kw)
+            rc2, _, err = run('quantize', '--quantizer', json.dumps(case['quantizer']), os.path.join(d, 'input.npy'),
+                              '--dequant', os.path.join(cd, 'dequant.npy'), '--codes', os.path.join(cd, 'codes.npy'),
+                              '--scales', os.path.join(cd, 'scales.npy'), '--rbits', os.path.join(T, 'kw.npy'))
+            check(rc2 == 0, f"candidate quantize: {rc2} {err}")
+            rc2, out, _ = run('verify', g, cand, '--allow-missing', '--failures-only')
+            check(rc2 == 1 and f"FAIL {name}" in out, f"verify without the candidate's words: exit {rc2}")
+            shutil.copy(os.path.join(T, 'kw.npy'), os.path.join(cd, 'rbits.npy'))
+            rc2, out, _ = run('verify', g, cand, '--allow-missing')
+            check(rc2 == 0 and f"ok   {name}" in out and "random words" in out,
+                  f"verify with the candidate's words: exit {rc2}: {out[-300:]}")
+            nd = os.path.join(cand, 'nvfp4__odd')
+            os.makedirs(nd)
+            shutil.copy(os.path.join(T, 'kw.npy'), os.path.join(nd, 'rbits.npy'))
+            rc2, out, _ = run('verify', g, cand, '--allow-missing', '--failures-only')
+            check(rc2 == 1 and "FAIL nvfp4__odd" in out and "does not round stochastically" in out,
+                  f"verify words for a non-SR case: exit {rc2}: {out[-300:]}")
         # Errors: wrong word count, wrong dtype, a contract without rs, ptx_x4 for int8.
         write_npy(w, '<u4', [rows, per_row + 1], [0] * (rows * (per_row + 1)))
         rc, _, err = run('cast', '--to', 'e2m1', '--round', 'rs', '--sr-bits', 'ptx_x4', '--rbits', w, x, c)
