@@ -395,9 +395,18 @@ FP4LAB_HD constexpr uint32_t encode_rn_f32(float x, Overflow o) {
 //   each binade above [1, 2) adds 2 codes: 2 (e - 127).
 // W < 32 (a W-bit random value, encode()'s rule): d >= 22 > W always, so the
 // addend is r << (32 - W), r's top bit right below the quantum.
+// On the GPU, W = 8 takes e2m1_rs8_magnitude_fp below (the same codes, on the
+// FP pipe); the host and constant evaluation take this integer form.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ uint32_t e2m1_rs8_magnitude_fp(uint32_t a, uint32_t rbits);
+#endif
 template <int W = 32>
 FP4LAB_HD constexpr uint32_t e2m1_rs_magnitude(uint32_t a, uint32_t rbits) {
   static_assert(W >= 1 && W <= 32);
+#if defined(__CUDA_ARCH__)
+  if constexpr (W == 8)
+    if (!__builtin_is_constant_evaluated()) return e2m1_rs8_magnitude_fp(a, rbits);
+#endif
   const uint32_t top = a >> 23;  // exponent field, the sign above it
   const int32_t e = int32_t(top & 0xFFu);
   const int32_t s = e - 117;
@@ -416,6 +425,31 @@ FP4LAB_HD constexpr uint32_t e2m1_rs_magnitude(uint32_t a, uint32_t rbits) {
   const int32_t k = 2 * (e - 127);
   return q + uint32_t(k > 0 ? k : 0);
 }
+
+#if defined(__CUDA_ARCH__)
+// e2m1_rs_magnitude<8> in floating point, for the GPU's SR kernels (bound by
+// the integer pipe): the 8-bit carry rule is t = |y| + (r / 256) step(|y|)
+// (step 0.5 below 2, 1 below 4, else 2), truncated to the E2M1 grid. The fma
+// rounds toward zero, and every grid point is a float, so the grid point
+// below fl_rz(t) is the one below the exact t; E2M1's three magic sums of
+// e2m1_rn_magnitude_biased with rounding toward zero then give that grid
+// point's code (their minimum, capped at 7: codes above 7 saturate in the
+// callers either way). Returns the magnitude code (0..7). a: |y|'s bits,
+// y not NaN (callers select NaN's code). Equal to the integer form on every
+// BF16 pattern x all 256 bytes and on sampled float32 (tests/cuda/test_quantize.cpp).
+__device__ __forceinline__ uint32_t e2m1_rs8_magnitude_fp(uint32_t a, uint32_t rbits) {
+  constexpr float B = 8388608.0f;
+  const float x = bits_float(a & 0x7FFFFFFFu);
+  const float unit = x < 2.0f ? 0.5f / 256.0f : (x < 4.0f ? 1.0f / 256.0f : 2.0f / 256.0f);
+  const float r = bits_float(0x4B000000u | (rbits & 0xFFu)) - B;  // exact: the byte as a float
+  const float t = __fmaf_rz(r, unit, x);                            // exact product, one RZ sum
+  const float c1 = __fmaf_rz(t, 2.0f, B);
+  const float c2 = __fadd_rz(t, B + 2.0f);
+  const float c3 = __fmaf_rz(t, 0.5f, B + 4.0f);
+  const float m = fminf(fminf(c1, c2), fminf(c3, B + 7.0f));
+  return float_bits(m) - kE2m1MagnitudeBase;
+}
+#endif
 
 // The value of E2M1 stochastic rounding, without the code: returns
 // float_bits(decode(encode_rs_f32<float4_e2m1fn>(y, rbits, o))) for y's bits

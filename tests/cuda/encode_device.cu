@@ -1,0 +1,32 @@
+// Device evaluations of core/encode.hpp's encoders (encode_device.hpp).
+#include "cuda/encode_device.hpp"
+
+#include "core/encode.hpp"
+#include "cuda/device.hpp"
+
+namespace fp4lab::test {
+namespace {
+
+__global__ void e2m1_rs8_kernel(const uint32_t* a, const uint32_t* r, uint32_t* out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint32_t m = e2m1_rs_magnitude<8>(a[i], r[i]);
+  out[i] = m < 7u ? m : 7u;
+}
+
+}  // namespace
+
+std::vector<uint32_t> e2m1_rs8_magnitudes_on_gpu(const std::vector<uint32_t>& a, const std::vector<uint32_t>& r) {
+  cuda::DeviceBuffer<uint32_t> da, dr, dout(a.size());
+  da.upload(a);
+  dr.upload(r);
+  const int64_t n = int64_t(a.size());
+  if (n > 0) {
+    e2m1_rs8_kernel<<<unsigned((n + 255) / 256), 256>>>(da.data(), dr.data(), dout.data(), n);
+    cuda::check_launch("e2m1_rs8_kernel");
+  }
+  cuda::check(cudaDeviceSynchronize(), "e2m1_rs8_kernel");
+  return dout.download();
+}
+
+}  // namespace fp4lab::test

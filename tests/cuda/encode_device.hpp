@@ -1,0 +1,13 @@
+// Device evaluations of core/encode.hpp's FP4LAB_HD encoders, for tests that
+// compare the GPU's form of a codec with the host's (encode_device.cu).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fp4lab::test {
+
+// out[i] = min(e2m1_rs_magnitude<8>(a[i], r[i]), 7) evaluated on the GPU.
+std::vector<uint32_t> e2m1_rs8_magnitudes_on_gpu(const std::vector<uint32_t>& a, const std::vector<uint32_t>& r);
+
+}  // namespace fp4lab::test
