@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "train/capture.hpp"
 #include "train/data.hpp"
 #include "core/error.hpp"
-#include "core/npy.hpp"
 
 namespace fp4lab::train {
 
@@ -445,7 +445,6 @@ class Training {
   void abandon();
   StepContext context(int64_t step, bool train) const;
   bool train_step(int64_t step);
-  void write_capture(int64_t step);
   void record_eval(int64_t step);
   void checkpoint(int64_t step);
   json summary() const;
@@ -470,8 +469,7 @@ class Training {
   std::optional<Recipe> switched_;  // the recipe from switch_at_ on
   uint64_t switch_at_ = 0;
   int64_t items_ = 0;  // items (images, tokens) per step
-  std::vector<std::pair<std::string, std::vector<float>>> captured_;  // output.capture_step's operands
-  std::vector<int64_t> captured_shapes_;
+  std::unique_ptr<CaptureWriter> capture_;  // output.capture_step
 
   int64_t start_ = 0, step_ = 0;
   double best_ = 0.0, last_loss_ = 0.0, last_eval_metric_ = std::nan("");
@@ -557,19 +555,8 @@ void Training::build_model() {
   AdamWConfig ac = tc.adamw;
   if (tc.optimizer == "adam") ac.weight_decay = 0.0;
   adam_ = std::make_unique<AdamW>(ac, model_->params(), *be_);
-  if (cfg_.capture_step >= 0) {
-    OperandCapture c;
-    c.step = cfg_.capture_step;
-    c.save = [this](const std::string& name, const Tensor& t) {
-      if (t.data == nullptr) return;  // a BF16-only tensor (CUDA): nothing FP32 to write
-      std::vector<float> h(static_cast<size_t>(t.size()));
-      be_->download(t, h.data());
-      captured_.emplace_back(name, std::move(h));
-      captured_shapes_.push_back(t.rows);
-      captured_shapes_.push_back(t.cols);
-    };
-    model_->set_capture(std::move(c));
-  }
+  if (cfg_.capture_step >= 0) capture_ = std::make_unique<CaptureWriter>(*be_, dir_ / "capture", cfg_.capture_step);
+  if (capture_) model_->set_capture(capture_->hook());
   switch_at_ = uint64_t(total_);
   if (recipe_.switch_to) {
     switch_at_ = switch_step(recipe_, uint64_t(total_));
@@ -627,25 +614,6 @@ void Training::train() {
   metrics_.close();
 }
 
-// The operands captured at `step` as <run>/capture/step_<step>/<name>.npy, all
-// or none: written into a temporary directory renamed into place at the end.
-void Training::write_capture(int64_t step) {
-  const fs::path final_dir = dir_ / "capture" / ("step_" + std::to_string(step));
-  const fs::path tmp = sibling(final_dir, "tmp");
-  fs::create_directories(tmp);
-  for (size_t i = 0; i < captured_.size(); ++i) {
-    const auto& [name, data] = captured_[i];
-    write_npy((tmp / (name + ".npy")).string(), DType::float32, {captured_shapes_[2 * i], captured_shapes_[2 * i + 1]},
-              data.data());
-  }
-  std::error_code ec;
-  fs::remove_all(final_dir, ec);  // a resumed run that captured this step before
-  fs::rename(tmp, final_dir);
-  log_ << "captured " << captured_.size() << " operands of step " << step << " in " << final_dir.string() << "\n";
-  captured_.clear();
-  captured_shapes_.clear();
-}
-
 // One optimiser step (0-based `step`) and its metrics line and progress; false
 // (status "diverged", an error line in metrics.jsonl) on a NaN/Inf loss or gradient.
 bool Training::train_step(int64_t step) {
@@ -656,7 +624,7 @@ bool Training::train_step(int64_t step) {
   be_->fill(model_->params().grads, 0.0f);
   int64_t hits = 0;
   const double loss = model_->forward_backward(b, sc, &hits);
-  if (step == cfg_.capture_step) write_capture(step);
+  if (capture_ && step == cfg_.capture_step) capture_->write(log_);
   const double lr = learning_rate(tc.schedule, step, total_);
   if (!std::isfinite(loss)) error_ = "loss is " + std::string(std::isnan(loss) ? "NaN" : "Inf");
   double gnorm = 0.0;
