@@ -11,27 +11,31 @@
 # with nvfp4's dgrad ([1,16]) and wgrad ([16,1] + RHT) gradient quantizers.
 #
 #   scripts/sr_experiment.sh FP4LAB OUT_DIR [STEPS=2000] [SEEDS=3] [BACKEND=cuda]
-#   (environment: EVAL_ITERS, batches per split per evaluation, default the config's)
+#   (environment: EVAL_ITERS, batches per split per evaluation, default the config's;
+#    JOBS, runs at once, default 12: 18 of these GPT runs at once ran out of an
+#    H100's 80 GB at start)
 set -uo pipefail
 if [ $# -lt 2 ]; then sed -n '2,10p' "$0"; exit 2; fi
 fp4lab=$1 out=$2 steps=${3:-2000} seeds=${4:-3} backend=${5:-cuda}
 mkdir -p "$out/logs"
-pids=()
 for recipe in nvfp4 tetrajet fp4_all_the_way; do
   for variant in "$recipe" "configs/recipes/${recipe}_ptx_x4.json"; do
     for seed in $(seq 1 "$seeds"); do
       label=$(basename "$variant" .json)
       capture=-1
       [ "$variant" = nvfp4 ] && [ "$seed" = 1 ] && capture=$((steps / 2))
+      while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-12}" ]; do wait -n; done
       "$fp4lab" train configs/gpt_shakespeare_char.json --recipe "$variant" --set backend="$backend" \
         --set seed="$seed" --set training.steps="$steps" --set training.decay_steps="$steps" ${EVAL_ITERS:+--set training.eval_iters=$EVAL_ITERS} \
         --set output.dir="$out" --set output.capture_step=$capture --quiet >"$out/logs/$label-s$seed.log" 2>&1 &
-      pids+=($!)
     done
   done
 done
+wait
 status=0
-for p in "${pids[@]}"; do wait "$p" || status=1; done
+for log in "$out"/logs/*.log; do  # a run that did not complete (its log says why)
+  grep -q ": completed," "$log" || { echo "not completed: $log" >&2; status=1; }
+done
 for recipe in nvfp4 tetrajet fp4_all_the_way; do
   "$fp4lab" compare "$out"/gpt_shakespeare_char-"$recipe"-s* "$out"/gpt_shakespeare_char-"$recipe"_ptx_x4-s* \
     --baseline "$recipe" --plot "$out/compare_$recipe.png" || status=1
