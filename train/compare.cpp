@@ -235,11 +235,12 @@ void write_file_atomic(const fs::path& path, const std::string& text) {
   }
 }
 
-// Writes run i's curves for gnuplot: lf, the training loss as a moving average
-// over a window of ~2% of the points (single-step losses are noisy); ef, the
-// evaluation metric. Returns whether there were evaluation points.
-bool write_curves(const Run& run, const std::string& metric, const fs::path& lf, const fs::path& ef) {
-  std::vector<std::pair<double, double>> pts, ev;
+// Run r's curves: the training loss as a moving average over a window of ~2%
+// of the points (single-step losses are noisy), and the evaluation metric;
+// (step, value) pairs in step order.
+using Curve = std::vector<std::pair<double, double>>;
+std::pair<Curve, Curve> run_curves(const Run& run, const std::string& metric) {
+  Curve pts, ev, loss;
   for (const auto& m : run.metrics) {
     if (m.contains("eval") && m.contains(metric))
       ev.emplace_back(num(m, "step"), num(m, metric.c_str()));
@@ -247,33 +248,85 @@ bool write_curves(const Run& run, const std::string& metric, const fs::path& lf,
       pts.emplace_back(num(m, "step"), num(m, "loss"));
   }
   const size_t w = std::max<size_t>(1, pts.size() / 50);
-  std::ofstream o(lf);
   double s = 0;
   for (size_t k = 0; k < pts.size(); ++k) {
     s += pts[k].second;
     if (k >= w) s -= pts[k - w].second;
-    if (k + 1 >= w) o << pts[k].first << " " << s / double(w) << "\n";
+    if (k + 1 >= w) loss.emplace_back(pts[k].first, s / double(w));
   }
-  std::ofstream e(ef);
-  for (auto& p : ev) e << p.first << " " << p.second << "\n";
-  return !ev.empty();
+  return {loss, ev};
+}
+
+// The seed band of several runs' curves: at every step all of them have,
+// "step mean mean-std mean+std" (sample std), one line each, into f.
+bool write_band(const std::vector<const Curve*>& curves, const fs::path& f) {
+  std::map<double, std::vector<double>> at;
+  for (const Curve* c : curves)
+    for (const auto& [step, v] : *c) at[step].push_back(v);
+  std::ofstream o(f);
+  bool any = false;
+  for (const auto& [step, vs] : at) {
+    if (vs.size() != curves.size()) continue;
+    double m = 0, q = 0;
+    for (double v : vs) m += v;
+    m /= double(vs.size());
+    for (double v : vs) q += (v - m) * (v - m);
+    const double sd = std::sqrt(q / double(vs.size() - 1));
+    o << step << " " << m << " " << m - sd << " " << m + sd << "\n";
+    any = true;
+  }
+  return any;
 }
 
 // The gnuplot script of the two panels (loss curves, evaluation metric), with
-// the curve files in tmp.
+// the curve files in tmp. A recipe with several runs (seeds) is drawn as its
+// mean curve with a band of +-1 sample standard deviation at the steps all its
+// runs share; a recipe with one run as that run's curve.
 std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& png,
                         const fs::path& tmp) {
   std::ostringstream gp;
   gp << "set terminal pngcairo noenhanced size 1400,560 font ',10'\nset output " << quote(png.string()) << "\n"
-     << "set multiplot layout 1,2\nset grid\nset key top right\nset xlabel 'step'\n";
-  std::string loss_plot, eval_plot;
+     << "set multiplot layout 1,2\nset grid\nset key top right\nset xlabel 'step'\n"
+     << "set style fill transparent solid 0.2 noborder\n";
+  std::vector<std::string> labels;  // recipes in order of first appearance
+  std::map<std::string, std::vector<size_t>> members;
   for (size_t i = 0; i < runs.size(); ++i) {
-    const fs::path lf = tmp / ("loss" + std::to_string(i) + ".dat"), ef = tmp / ("eval" + std::to_string(i) + ".dat");
-    const bool has_eval = write_curves(runs[i], mf.metric, lf, ef);
-    const std::string title = quote(runs[i].label + " (" + name_of(runs[i]) + ")");
-    loss_plot += (i ? ", " : "") + quote(lf.string()) + " with lines lw 2 title " + title;
-    if (has_eval)
-      eval_plot += (eval_plot.empty() ? "" : ", ") + quote(ef.string()) + " with linespoints lw 2 title " + title;
+    if (!members.count(runs[i].label)) labels.push_back(runs[i].label);
+    members[runs[i].label].push_back(i);
+  }
+  std::vector<std::pair<Curve, Curve>> curves;
+  for (const Run& r : runs) curves.push_back(run_curves(r, mf.metric));
+  std::string loss_plot, eval_plot;
+  auto add = [](std::string& plot, const std::string& term) { plot += (plot.empty() ? "" : ", ") + term; };
+  int color = 0;
+  for (const std::string& label : labels) {
+    const std::vector<size_t>& idx = members[label];
+    if (idx.size() == 1) {
+      const size_t i = idx[0];
+      const fs::path lf = tmp / ("loss" + std::to_string(i) + ".dat"), ef = tmp / ("eval" + std::to_string(i) + ".dat");
+      std::ofstream l(lf), e(ef);
+      for (const auto& [x, y] : curves[i].first) l << x << " " << y << "\n";
+      for (const auto& [x, y] : curves[i].second) e << x << " " << y << "\n";
+      const std::string title = quote(label + " (" + name_of(runs[i]) + ")");
+      add(loss_plot, quote(lf.string()) + " with lines lw 2 title " + title);
+      if (!curves[i].second.empty()) add(eval_plot, quote(ef.string()) + " with linespoints lw 2 title " + title);
+      continue;
+    }
+    ++color;
+    const std::string lc = " lc " + std::to_string(color);
+    const std::string title = quote(label + " (" + std::to_string(idx.size()) + " runs: mean, band +-1 std)");
+    std::vector<const Curve*> lcs, ecs;
+    for (size_t i : idx) lcs.push_back(&curves[i].first), ecs.push_back(&curves[i].second);
+    const fs::path lf = tmp / ("band_loss" + std::to_string(color) + ".dat"),
+                   ef = tmp / ("band_eval" + std::to_string(color) + ".dat");
+    if (write_band(lcs, lf)) {
+      add(loss_plot, quote(lf.string()) + " using 1:3:4 with filledcurves" + lc + " notitle");
+      add(loss_plot, quote(lf.string()) + " using 1:2 with lines lw 2" + lc + " title " + title);
+    }
+    if (write_band(ecs, ef)) {
+      add(eval_plot, quote(ef.string()) + " using 1:3:4 with filledcurves" + lc + " notitle");
+      add(eval_plot, quote(ef.string()) + " using 1:2 with linespoints lw 2" + lc + " title " + title);
+    }
   }
   gp << "set title 'training loss (moving average)'\nset ylabel 'loss'\nplot " << loss_plot << "\n";
   if (!eval_plot.empty())
