@@ -177,7 +177,11 @@ std::vector<RecipeStats> recipe_stats(const std::vector<Run>& runs, const std::s
   return out;
 }
 
-std::string signed_f(double v, const char* fm) { return (!std::isnan(v) && v >= 0 ? "+" : "") + f(v, fm); }
+std::string signed_f(double v, const char* fm) {
+  std::string s = f(v, fm);
+  if (!std::isnan(v) && v >= 0) s.insert(s.begin(), '+');  // (not "+" + s: GCC 12's -Wrestrict false positive)
+  return s;
+}
 std::string interval(double lo, double hi, const char* fm, bool sign = false) {
   if (std::isnan(lo) || std::isnan(hi)) return "-";
   return "[" + (sign ? signed_f(lo, fm) : f(lo, fm)) + ", " + (sign ? signed_f(hi, fm) : f(hi, fm)) + "]";
@@ -257,25 +261,14 @@ std::pair<Curve, Curve> run_curves(const Run& run, const std::string& metric) {
   return {loss, ev};
 }
 
-// The seed band of several runs' curves: at every step all of them have,
-// "step mean mean-std mean+std" (sample std), one line each, into f.
+// The band of seed_band as gnuplot data "step mean lo hi" into f; false if empty.
 bool write_band(const std::vector<const Curve*>& curves, const fs::path& f) {
-  std::map<double, std::vector<double>> at;
-  for (const Curve* c : curves)
-    for (const auto& [step, v] : *c) at[step].push_back(v);
+  std::vector<Curve> cs;
+  for (const Curve* c : curves) cs.push_back(*c);
+  const std::vector<BandPoint> band = seed_band(cs);
   std::ofstream o(f);
-  bool any = false;
-  for (const auto& [step, vs] : at) {
-    if (vs.size() != curves.size()) continue;
-    double m = 0, q = 0;
-    for (double v : vs) m += v;
-    m /= double(vs.size());
-    for (double v : vs) q += (v - m) * (v - m);
-    const double sd = std::sqrt(q / double(vs.size() - 1));
-    o << step << " " << m << " " << m - sd << " " << m + sd << "\n";
-    any = true;
-  }
-  return any;
+  for (const BandPoint& b : band) o << b.step << " " << b.mean << " " << b.lo << " " << b.hi << "\n";
+  return !band.empty();
 }
 
 // The gnuplot script of the two panels (loss curves, evaluation metric), with
@@ -380,6 +373,23 @@ SampleStats sample_stats(const std::vector<double>& v) {
   s.lo = s.mean - h;
   s.hi = s.mean + h;
   return s;
+}
+
+std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double, double>>>& curves) {
+  std::map<double, std::vector<double>> at;
+  for (const auto& c : curves)
+    for (const auto& [step, v] : c) at[step].push_back(v);
+  std::vector<BandPoint> out;
+  for (const auto& [step, vs] : at) {
+    if (vs.size() != curves.size()) continue;
+    double m = 0, q = 0;
+    for (double v : vs) m += v;
+    m /= double(vs.size());
+    for (double v : vs) q += (v - m) * (v - m);
+    const double sd = vs.size() > 1 ? std::sqrt(q / double(vs.size() - 1)) : 0.0;
+    out.push_back({step, m, m - sd, m + sd});
+  }
+  return out;
 }
 
 CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOptions& opt) {

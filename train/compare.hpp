@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -26,6 +27,15 @@ SampleStats sample_stats(const std::vector<double>& v);
 // t_{0.975, df}: the standard two-sided 95% Student's t quantiles for df 1..30
 // (12.7062047 for df 1, ..., 2.0422725 for df 30), 1.96 beyond. df >= 1.
 double t975(int df);
+
+// The seed band of several runs' curves ((step, value) pairs in step order):
+// at every step all curves have, {step, mean, mean - std, mean + std} with the
+// sample std (n - 1; 0 for one curve), in step order. Steps some curve lacks
+// are left out.
+struct BandPoint {
+  double step, mean, lo, hi;
+};
+std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double, double>>>& curves);
 
 // One recipe's final metric over its runs (seeds; non-finite finals, e.g.
 // diverged runs, are left out), and the paired differences (recipe - baseline)

@@ -158,3 +158,22 @@ TEST_CASE("compare: per-recipe statistics and paired differences (table, JSON, r
   CHECK(b.recipes[1].diff.hi == doctest::Approx(-0.2 + h / 2));
   fs::remove_all(tmp);
 }
+
+TEST_CASE("seed_band: mean and +-1 sample std at the steps every curve has") {
+  using Curve = std::vector<std::pair<double, double>>;
+  const Curve a = {{0, 1.0}, {10, 2.0}, {20, 3.0}};
+  const Curve b = {{0, 3.0}, {10, 4.0}, {20, 5.0}, {30, 9.0}};
+  const Curve c = {{0, 5.0}, {20, 4.0}};  // no step 10: it leaves the band
+  const std::vector<BandPoint> band = seed_band({a, b, c});
+  REQUIRE(band.size() == 2);
+  CHECK(band[0].step == 0);
+  CHECK(band[0].mean == doctest::Approx(3.0));
+  CHECK(band[0].hi - band[0].mean == doctest::Approx(2.0));  // sample std of 1, 3, 5
+  CHECK(band[0].mean - band[0].lo == doctest::Approx(2.0));
+  CHECK(band[1].step == 20);
+  CHECK(band[1].mean == doctest::Approx(4.0));
+  CHECK(band[1].hi == doctest::Approx(5.0));  // 3, 5, 4: std 1
+  const std::vector<BandPoint> one = seed_band({a});
+  REQUIRE(one.size() == 3);
+  CHECK(one[1].lo == one[1].hi);  // one curve: no spread
+}
