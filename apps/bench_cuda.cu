@@ -153,13 +153,12 @@ std::vector<Variant> quantize_variants(const std::vector<std::string>& quantizer
   // Every SR row also under the PTX cvt.rs random-bit contract (core/sr.hpp's
   // ptx_x4: one word per 4 elements of a row), right after it, where the
   // element format has it: "<name> rs ptx_x4 ...".
-  auto takes_x4 = [](const QuantizerSpec& q) { return sr_ptx_format(*q.element); };
   std::vector<Variant> all;
   for (const Variant& v : vars) {
     all.push_back(v);
     Variant x4 = v;
     x4.spec.sr_bits = SrBits::ptx_x4;
-    if (v.spec.round != Round::rs || v.spec.sr_bits != SrBits::per_element || !takes_x4(x4.spec)) continue;
+    if (v.spec.round != Round::rs || v.spec.sr_bits != SrBits::per_element || !sr_ptx_format(*x4.spec.element)) continue;
     const size_t at = x4.name.find(" rs");
     if (at != std::string::npos && (at + 3 == x4.name.size() || x4.name[at + 3] == ' '))
       x4.name.insert(at + 3, " ptx_x4");

@@ -18,7 +18,6 @@
 #include "core/npy.hpp"
 #include "sim/quantizer.hpp"
 #include "sim/block_scales.hpp"
-#include "sim/rht.hpp"
 #ifdef FP4LAB_WITH_CUDA
 #include "apps/bench_cuda.hpp"
 #endif
@@ -49,10 +48,7 @@ struct FiniteStats {
 };
 
 FiniteStats finite_stats(const QuantizedTensor& q, MatrixView<const float> x) {
-  std::vector<float> t(x.data, x.data + x.rows * x.cols);
-  if (q.spec.rht)
-    rht_forward(MatrixView<float>(t.data(), x.rows, x.cols), q.spec.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols,
-                q.spec.rht_seed);
+  const std::vector<float> t = quantizer_domain(q.spec, x);
   FiniteStats f;
   double sig = 0, err = 0;
   for (size_t i = 0; i < t.size(); ++i) {

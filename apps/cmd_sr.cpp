@@ -25,7 +25,6 @@
 #include "core/npy.hpp"
 #include "core/sr.hpp"
 #include "sim/quantizer.hpp"
-#include "sim/rht.hpp"
 
 namespace fp4lab {
 
@@ -175,10 +174,7 @@ TensorSr tensor_sr(const QuantizerSpec& q, const Tensor<float>& x, int draws, Dr
       lo[size_t(k)] = std::min(lo[size_t(k)], d), hi[size_t(k)] = std::max(hi[size_t(k)], d);
     }
   }
-  std::vector<float> xt(x.data);
-  if (q.rht)
-    rht_forward(MatrixView<float>(xt.data(), rows, cols), q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols,
-                q.rht_seed);
+  const std::vector<float> xt = quantizer_domain(q, xv);
   double bias2 = 0, along = 0, norm2 = 0, var = 0;
   int64_t moved = 0, fixed = 0;
   for (int64_t k = 0; k < n; ++k) {

@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kThreads) generic_scale_kernel(const KParams p
 // 3. elements: one thread per pair of columns (c = 2k, 2k + 1) of a row.
 // SR: per_element one Philox call an element (random_bits of its index);
 // ptx_x4 one for both (an even c0 and c0 + 1 share their group's word: G is
-// 4, or 2 for 16-bit targets), the values its sr_element_bits (word_bits with
+// 4, or 2 for 16-bit targets), the values its sr_element_bits (sr_word_bits with
 // KParams::sr's lsb and width, quantize_encode.cuh).
 template <class In>
 __global__ void __launch_bounds__(kThreads) generic_element_kernel(const KParams p) {

@@ -534,11 +534,13 @@ RowFn fast_row_fn(const Format& f) {
   return r;
 }
 
-// The random values of stochastic rounding of row r's `cols` elements into
-// rv[cols] (core/sr.hpp: element c's value, right-aligned, sr_width bits, from
-// word r * words_per_row + c / G of rs). `words`: per-thread scratch.
-void row_random_values(const QuantizerSpec& q, RandomStream rs, int64_t r, int64_t cols, std::vector<uint32_t>& words,
-                       uint32_t* rv) {
+// The random values of stochastic rounding of row r's `cols` elements
+// (core/sr.hpp: element c's value, right-aligned, sr_width bits, from word
+// r * words_per_row + c / G of rs): a pointer to cols of them, either the
+// words themselves (per_element: the whole word) or rv's extracted values.
+// `words`, `rv`: per-thread scratch.
+const uint32_t* row_random_values(const QuantizerSpec& q, RandomStream rs, int64_t r, int64_t cols,
+                                  std::vector<uint32_t>& words, std::vector<uint32_t>& rv) {
   const Format& f = *q.element;
   const int G = sr_group(q.sr_bits, f);
   const int64_t per_row = sr_words_per_row(q.sr_bits, f, cols);
@@ -553,11 +555,10 @@ void row_random_values(const QuantizerSpec& q, RandomStream rs, int64_t r, int64
     philox_groups(rs.seed, rs.stream, g0, g1 - g0, words.data());
     w = words.data() + (w0 & 3u);
   }
-  if (G == 1) {
-    std::memcpy(rv, w, size_t(cols) * sizeof(uint32_t));  // per_element: the whole word
-    return;
-  }
-  for (int64_t c = 0; c < cols; ++c) rv[c] = sr_element_bits(q.sr_bits, f, w[c / G], int(c % G));
+  if (G == 1) return w;  // per_element: the whole word
+  rv.resize(size_t(cols));
+  for (int64_t c = 0; c < cols; ++c) rv[size_t(c)] = sr_element_bits(q.sr_bits, f, w[c / G], int(c % G));
+  return rv.data();
 }
 
 // Stochastic rounding of a row with the branch-free encoder (encode_rs_f32,
@@ -652,7 +653,7 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
   {
     std::vector<float> cm(static_cast<size_t>(cols)), cs(static_cast<size_t>(cols));
     std::vector<uint8_t> cb(static_cast<size_t>(cols));
-    std::vector<uint32_t> rv(sr ? static_cast<size_t>(cols) : 0u), words;
+    std::vector<uint32_t> rv, words;
     int64_t cached = -1;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < x.rows; ++r) {
@@ -671,13 +672,13 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
       const float* xr = x.data + r * x.stride;
       float* dq = dq_out + r * out_stride;
       uint8_t* codes = codes_out ? codes_out + r * cols : cb.data();
-      if (sr) row_random_values(q, rs, r, cols, words, rv.data());
+      const uint32_t* rbits = sr ? row_random_values(q, rs, r, cols, words, rv) : nullptr;
       if (fast_fn) {
         fast_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, codes, dq, cols);
       } else if (sr_fn) {
-        sr_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, rv.data(), codes, dq, cols);
+        sr_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, rbits, codes, dq, cols);
       } else {
-        row_generic(q, b, xr, cm.data(), cs.data(), tab.data(), sr ? rv.data() : nullptr, codes, dq, cols);
+        row_generic(q, b, xr, cm.data(), cs.data(), tab.data(), rbits, codes, dq, cols);
       }
     }
   }
@@ -685,15 +686,17 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
 
 RhtAxis rht_axis(const QuantizerSpec& q) { return q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols; }
 
-// Contiguous copy of x, RHT-transformed.
+// Contiguous copy of x, RHT-transformed (quantizer_domain for a spec with rht).
 std::vector<float> rht_copy(const QuantizerSpec& q, MatrixView<const float> x) {
   std::vector<float> t(static_cast<size_t>(x.rows * x.cols));
   for (int64_t r = 0; r < x.rows; ++r) std::memcpy(t.data() + r * x.cols, x.data + r * x.stride, size_t(x.cols) * 4);
-  rht_forward(MatrixView<float>(t.data(), x.rows, x.cols), rht_axis(q), q.rht_seed);
+  if (q.rht) rht_forward(MatrixView<float>(t.data(), x.rows, x.cols), rht_axis(q), q.rht_seed);
   return t;
 }
 
 }  // namespace
+
+std::vector<float> quantizer_domain(const QuantizerSpec& q, MatrixView<const float> x) { return rht_copy(q, x); }
 
 QuantizedTensor quantize(const QuantizerSpec& q, MatrixView<const float> x_in, RandomStream rs) {
   validate(q, "quantize");

@@ -128,5 +128,8 @@ QuantizedTensor quantize(const QuantizerSpec& q, MatrixView<const float> x, Rand
 // result approximates x in x's own domain.
 void fake_quantize(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs = {});
 QuantStats quant_stats(const QuantizedTensor& qt, MatrixView<const float> x);
+// x as the quantizer's codes see it (the domain of quantize's dequant and of
+// quant_stats): a contiguous row-major copy, RHT-transformed when q.rht.
+std::vector<float> quantizer_domain(const QuantizerSpec& q, MatrixView<const float> x);
 
 }  // namespace fp4lab

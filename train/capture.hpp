@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <ostream>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "train/backend.hpp"
@@ -29,8 +28,12 @@ class CaptureWriter {
   Backend& be_;
   std::filesystem::path dir_;
   int64_t step_;
-  std::vector<std::pair<std::string, Tensor>> names_;  // shapes only (data copied below)
-  std::vector<std::vector<float>> data_;
+  struct Operand {
+    std::string name;
+    int64_t rows, cols;
+    std::vector<float> data;  // host copy
+  };
+  std::vector<Operand> operands_;
 };
 
 }  // namespace fp4lab::train

@@ -262,10 +262,8 @@ std::pair<Curve, Curve> run_curves(const Run& run, const std::string& metric) {
 }
 
 // The band of seed_band as gnuplot data "step mean lo hi" into f; false if empty.
-bool write_band(const std::vector<const Curve*>& curves, const fs::path& f) {
-  std::vector<Curve> cs;
-  for (const Curve* c : curves) cs.push_back(*c);
-  const std::vector<BandPoint> band = seed_band(cs);
+bool write_band(const std::vector<Curve>& curves, const fs::path& f) {
+  const std::vector<BandPoint> band = seed_band(curves);
   std::ofstream o(f);
   for (const BandPoint& b : band) o << b.step << " " << b.mean << " " << b.lo << " " << b.hi << "\n";
   return !band.empty();
@@ -308,8 +306,8 @@ std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, co
     ++color;
     const std::string lc = " lc " + std::to_string(color);
     const std::string title = quote(label + " (" + std::to_string(idx.size()) + " runs: mean, band +-1 std)");
-    std::vector<const Curve*> lcs, ecs;
-    for (size_t i : idx) lcs.push_back(&curves[i].first), ecs.push_back(&curves[i].second);
+    std::vector<Curve> lcs, ecs;
+    for (size_t i : idx) lcs.push_back(curves[i].first), ecs.push_back(curves[i].second);
     const fs::path lf = tmp / ("band_loss" + std::to_string(color) + ".dat"),
                    ef = tmp / ("band_eval" + std::to_string(color) + ".dat");
     if (write_band(lcs, lf)) {

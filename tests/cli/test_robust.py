@@ -13,10 +13,11 @@ import random
 import resource
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
+
+from npyio import write_npy
 
 FP4LAB = os.path.abspath(sys.argv[1])
 fails = 0
@@ -36,16 +37,6 @@ def check(cond, msg):
 def run(*args, cwd=None, preexec=None):
     p = subprocess.run([FP4LAB, *args], cwd=cwd, capture_output=True, text=True, preexec_fn=preexec)
     return p.returncode, p.stdout, p.stderr
-
-
-def write_npy(path, descr, shape, vals):
-    fmt = {'<f4': 'f', '|u1': 'B'}[descr]
-    d = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))
-    n = 10 + len(d) + 1
-    d += ' ' * ((64 - n % 64) % 64) + '\n'
-    data = b''.join(struct.pack('<' + fmt, v) for v in vals)
-    with open(path, 'wb') as f:
-        f.write(b'\x93NUMPY\x01\x00' + struct.pack('<H', len(d)) + d.encode() + data)
 
 
 def read_bytes(path):

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from fractions import Fraction
 
+from npyio import read_u8, write_npy
+
 FP4LAB = os.path.abspath(sys.argv[1])
 fails = 0
 
@@ -26,23 +28,6 @@ def check(cond, msg):
     if not cond:
         fails += 1
         print("FAIL: " + msg)
-
-
-def write_npy(path, descr, shape, vals):
-    fmt = {'<f4': 'f', '|u1': 'B', '<u4': 'I'}[descr]
-    d = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))
-    n = 10 + len(d) + 1
-    d += ' ' * ((64 - n % 64) % 64) + '\n'
-    data = b''.join(struct.pack('<' + fmt, v) for v in vals)
-    with open(path, 'wb') as f:
-        f.write(b'\x93NUMPY\x01\x00' + struct.pack('<H', len(d)) + d.encode() + data)
-
-
-def read_u8(path):
-    with open(path, 'rb') as f:
-        b = f.read()
-    hl = struct.unpack('<H', b[8:10])[0]
-    return list(b[10 + hl:])
 
 
 def run(*args):
@@ -70,7 +55,7 @@ def e2m1_sr32(x, w):
     step = Fraction(2) if a >= 4 else Fraction(1) if a >= 2 else Fraction(1, 2)
     lo = (a // step) * step
     # |x| is a float32: its significand has 24 bits; D = bits of it below the quantum.
-    m, e = struct.unpack('<I', struct.pack('<f', float(a)))[0], 0
+    m = struct.unpack('<I', struct.pack('<f', float(a)))[0]
     exp = (m >> 23) & 0xFF
     quantum_exp = {Fraction(1, 2): -1, Fraction(1): 0, Fraction(2): 1}[step]
     lsb_exp = (exp - 127 - 23) if exp else -149
