@@ -593,7 +593,8 @@ void register_golden_commands(CLI::App& app) {
       "Write a versioned suite of golden vectors for kernel authors: for every canned quantizer (plus ceil/tetrajet,\n"
       "SR, RHT, column-block and no-global-scale variants) and several inputs (normal, non-multiple sizes, tiny,\n"
       "adversarial, NaN/Inf), the input, codes, scales and dequantized values, with manifest.json naming quantizer,\n"
-      "seed and fp4lab version. Check a kernel's outputs with `fp4lab verify`.");
+      "seed and fp4lab version; SR cases under both random-bit contracts (per_element, ptx_x4 = PTX cvt.rs) store\n"
+      "their random words as rbits.npy. Check a kernel's outputs with `fp4lab verify`.");
   g->add_option("--out", ga->out, "Suite directory (created)")->capture_default_str();
   g->add_option("--seed", ga->seed, "Seed of the inputs and of the SR bits (stream = case number)")
       ->capture_default_str();
