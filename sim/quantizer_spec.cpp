@@ -1,0 +1,285 @@
+// A quantizer's spec (quantizer.hpp): the canned names, the JSON form,
+// validate() and describe().
+#include <fstream>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "sim/quantizer.hpp"
+
+namespace fp4lab {
+
+// ---------------------------------------------------------------------------
+// names
+// ---------------------------------------------------------------------------
+
+std::string_view scale_rule_name(ScaleRule r) {
+  switch (r) {
+    case ScaleRule::ocp: return "ocp";
+    case ScaleRule::ceil: return "ceil";
+    case ScaleRule::tetrajet: return "tetrajet";
+    case ScaleRule::nv: return "nv";
+    case ScaleRule::nv_noglobal: return "nv_noglobal";
+    case ScaleRule::tensor_amax: return "tensor_amax";
+  }
+  return "?";
+}
+
+ScaleRule parse_scale_rule(std::string_view s) {
+  for (ScaleRule r : {ScaleRule::ocp, ScaleRule::ceil, ScaleRule::tetrajet, ScaleRule::nv, ScaleRule::nv_noglobal,
+                      ScaleRule::tensor_amax})
+    if (scale_rule_name(r) == s) return r;
+  throw Error("unknown scale_rule '" + std::string(s) + "'; valid: ocp, ceil, tetrajet, nv, nv_noglobal, tensor_amax");
+}
+
+namespace {
+
+QuantizerSpec mx(const Format& element) {
+  QuantizerSpec q;
+  q.element = &element;
+  q.scale = &float8_e8m0fnu;
+  q.block_rows = 1;
+  q.block_cols = 32;
+  q.scale_rule = ScaleRule::ocp;
+  return q;
+}
+
+QuantizerSpec nv(int br, int bc) {
+  QuantizerSpec q;
+  q.element = &float4_e2m1fn;
+  q.scale = &ufloat8_e4m3;
+  q.block_rows = br;
+  q.block_cols = bc;
+  q.scale_rule = ScaleRule::nv;
+  q.global_scale = GlobalScale::tensor_amax;
+  return q;
+}
+
+QuantizerSpec per_tensor(const Format& element) {
+  QuantizerSpec q;
+  q.element = &element;
+  q.scale = &float32;
+  q.block_rows = 0;
+  q.block_cols = 0;
+  q.scale_rule = ScaleRule::tensor_amax;
+  return q;
+}
+
+struct Canned {
+  const char* name;
+  QuantizerSpec spec;
+};
+
+const std::vector<Canned>& canned() {
+  static const std::vector<Canned> list = {
+      {"mxfp4", mx(float4_e2m1fn)},
+      {"mxfp6_e2m3", mx(float6_e2m3fn)},
+      {"mxfp6_e3m2", mx(float6_e3m2fn)},
+      {"mxfp8_e4m3", mx(float8_e4m3fn)},
+      {"mxfp8_e5m2", mx(float8_e5m2)},
+      {"mxint8", mx(int8_mx)},
+      {"nvfp4", nv(1, 16)},
+      {"nvfp4_2d", nv(16, 16)},
+      {"nvfp4_col", nv(16, 1)},
+      {"fp8_e4m3_tensor", per_tensor(float8_e4m3fn)},
+      {"fp8_e5m2_tensor", per_tensor(float8_e5m2)},
+  };
+  return list;
+}
+
+std::string join_names() {
+  std::string s;
+  for (const auto& c : canned()) s += (s.empty() ? "" : ", ") + std::string(c.name);
+  return s;
+}
+
+}  // namespace
+
+QuantizerSpec quantizer_by_name(const std::string& name) {
+  for (const auto& c : canned())
+    if (name == c.name) return c.spec;
+  throw Error("unknown quantizer '" + name + "'; valid: " + join_names() +
+              ", or a JSON object / JSON file with the keys element, scale, block, scale_rule, round, overflow, "
+              "global_scale, rht, rht_seed, sr_bits");
+}
+
+std::vector<std::string> quantizer_names() {
+  std::vector<std::string> v;
+  for (const auto& c : canned()) v.push_back(c.name);
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// JSON
+// ---------------------------------------------------------------------------
+
+namespace {
+constexpr const char* json_keys =
+    "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed, sr_bits";
+
+std::string get_string(const nlohmann::json& v, const std::string& path) {
+  if (!v.is_string()) throw Error(path + ": expected a string, got " + v.dump());
+  return v.get<std::string>();
+}
+}  // namespace
+
+QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& where) {
+  if (j.is_string()) {
+    try {
+      return quantizer_by_name(j.get<std::string>());
+    } catch (const Error& e) {
+      throw Error(where + ": " + e.what());
+    }
+  }
+  if (!j.is_object()) throw Error(where + ": a quantizer must be a canned name or a JSON object, got " + j.dump());
+  QuantizerSpec q;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const nlohmann::json& v = it.value();
+    const std::string path = where + "." + k;
+    try {
+      if (k == "element") {
+        q.element = &format_by_name(get_string(v, path));
+      } else if (k == "scale") {
+        q.scale = &format_by_name(get_string(v, path));
+      } else if (k == "block") {
+        if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
+          throw Error(path + ": expected [block_rows, block_cols] (two integers; [0,0] = per tensor), got " + v.dump());
+        const int64_t br = v[0].get<int64_t>(), bc = v[1].get<int64_t>();
+        if (br < 0 || bc < 0 || br > (1 << 20) || bc > (1 << 20))
+          throw Error(path + ": block extents must be in [0, 2^20], got " + v.dump());
+        q.block_rows = int(br);
+        q.block_cols = int(bc);
+      } else if (k == "scale_rule") {
+        q.scale_rule = parse_scale_rule(get_string(v, path));
+      } else if (k == "round") {
+        q.round = parse_round(get_string(v, path));
+      } else if (k == "overflow") {
+        q.overflow = parse_overflow(get_string(v, path));
+      } else if (k == "global_scale") {
+        const std::string s = get_string(v, path);
+        if (s == "none") {
+          q.global_scale = GlobalScale::none;
+        } else if (s == "tensor_amax") {
+          q.global_scale = GlobalScale::tensor_amax;
+        } else {
+          throw Error("unknown global_scale '" + s + "'; valid: none, tensor_amax");
+        }
+      } else if (k == "rht") {
+        if (!v.is_boolean()) throw Error(path + ": expected true or false, got " + v.dump());
+        q.rht = v.get<bool>();
+      } else if (k == "rht_seed") {
+        if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+          throw Error(path + ": expected a non-negative integer, got " + v.dump());
+        q.rht_seed = v.get<uint64_t>();
+      } else if (k == "sr_bits") {
+        const std::optional<SrBits> b = parse_sr_bits(get_string(v, path));
+        if (!b) throw Error(path + ": unknown sr_bits " + v.dump() + "; valid: " + sr_bits_names);
+        q.sr_bits = *b;
+      } else {
+        throw Error("unknown key '" + k + "'; valid keys: " + json_keys);
+      }
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      throw Error(msg.rfind(path, 0) == 0 ? msg : path + ": " + msg);
+    }
+  }
+  validate(q, where);
+  return q;
+}
+
+nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
+  nlohmann::json j;
+  j["element"] = std::string(short_format_name(*q.element));
+  j["scale"] = std::string(short_format_name(*q.scale));
+  j["block"] = {q.block_rows, q.block_cols};
+  j["scale_rule"] = std::string(scale_rule_name(q.scale_rule));
+  j["round"] = std::string(round_name(q.round));
+  j["overflow"] = std::string(overflow_name(q.overflow));
+  j["global_scale"] = q.global_scale == GlobalScale::none ? "none" : "tensor_amax";
+  j["rht"] = q.rht;
+  j["rht_seed"] = q.rht_seed;
+  j["sr_bits"] = sr_bits_name(q.sr_bits);
+  return j;
+}
+
+QuantizerSpec parse_quantizer(const std::string& s) {
+  for (const auto& c : canned())
+    if (s == c.name) return c.spec;
+  const auto first = s.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && s[first] == '{') {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(s);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error("quantizer JSON '" + s + "' does not parse: " + json_error_text(e.what()));
+    }
+    return quantizer_from_json(j, "quantizer");
+  }
+  std::ifstream f(s);
+  if (!f) {
+    throw Error("quantizer '" + s + "' is neither a canned name (" + join_names() +
+                "), a JSON object, nor a readable JSON file");
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error("quantizer file '" + s + "' is not valid JSON: " + json_error_text(e.what()));
+  }
+  return quantizer_from_json(j, s);
+}
+
+void validate(const QuantizerSpec& q, const std::string& where) {
+  auto fail = [&](const std::string& m) { throw Error(where + ": " + m); };
+  if (q.element == nullptr || q.scale == nullptr) fail("element and scale formats must be set");
+  const Format& e = *q.element;
+  if (e.bits() > 8 || !e.is_signed || e.special == Special::e8m0)
+    fail("element format '" + std::string(e.name) +
+         "' cannot be a block element; valid: e2m1, e2m3, e3m2, e4m3, e5m2, e4m3fnuz, e5m2fnuz, int8");
+  if ((q.block_rows == 0) != (q.block_cols == 0))
+    fail("block [" + std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) +
+         "] is invalid: both extents >= 1, or [0,0] for one scale per tensor");
+  if (q.block_rows < 0 || q.block_cols < 0) fail("block extents must be >= 0");
+  switch (q.scale_rule) {
+    case ScaleRule::ocp:
+    case ScaleRule::ceil:
+    case ScaleRule::tetrajet:
+      if (q.scale != &float8_e8m0fnu)
+        fail("scale_rule '" + std::string(scale_rule_name(q.scale_rule)) +
+             "' makes power-of-two scales: scale must be e8m0, got '" + std::string(q.scale->name) + "'");
+      break;
+    case ScaleRule::nv:
+    case ScaleRule::nv_noglobal:
+      if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn)
+        fail("scale_rule '" + std::string(scale_rule_name(q.scale_rule)) +
+             "' needs an E4M3 scale (ue4m3 or e4m3), got '" + std::string(q.scale->name) + "'");
+      break;
+    case ScaleRule::tensor_amax:
+      if (q.scale != &float32)
+        fail("scale_rule 'tensor_amax' uses float32 scales: scale must be f32, got '" + std::string(q.scale->name) +
+             "'");
+      break;
+  }
+  if (q.global_scale == GlobalScale::tensor_amax && q.scale_rule != ScaleRule::nv)
+    fail("global_scale 'tensor_amax' is the second level of the 'nv' rule only; use global_scale 'none' with '" +
+         std::string(scale_rule_name(q.scale_rule)) + "'");
+  if (q.rht && !((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
+    fail("rht works on 1-D blocks of 16: block must be [1,16] or [16,1], got [" + std::to_string(q.block_rows) + "," +
+         std::to_string(q.block_cols) + "]");
+  check_sr_bits(q.sr_bits, e, where);
+}
+
+std::string describe(const QuantizerSpec& q) {
+  std::ostringstream s;
+  s << short_format_name(*q.element) << " [" << q.block_rows << "," << q.block_cols << "] "
+    << short_format_name(*q.scale) << " " << scale_rule_name(q.scale_rule) << " " << round_name(q.round) << " "
+    << (q.overflow == Overflow::saturate ? "sat" : "nonsat");
+  if (q.global_scale == GlobalScale::tensor_amax) s << " global";
+  if (q.rht) s << " rht(seed " << q.rht_seed << ")";
+  if (q.sr_bits != SrBits::per_element) s << " sr " << sr_bits_name(q.sr_bits);
+  return s.str();
+}
+
+}  // namespace fp4lab
