@@ -154,6 +154,8 @@ expect_error "bench attention dropout" "--dropout must be in" "$FP4LAB" bench at
 python3 "$(dirname "$0")/test_robust.py" "$FP4LAB" || fail "test_robust.py (FAIL lines above)"
 # SR contracts with given random words against an oracle of TE's cvt.rs reading (python3 stdlib).
 python3 "$(dirname "$0")/test_sr_words.py" "$FP4LAB" || fail "test_sr_words.py (FAIL lines above)"
+# fp4tk quantizers bit-equal to fp4-trainkit's own outputs (hashes in tests/data; python3 stdlib).
+python3 "$(dirname "$0")/test_fp4tk.py" "$FP4LAB" || fail "test_fp4tk.py (FAIL lines above)"
 # Golden-suite manifests: 200 mutations, each a verdict or one clean error.
 python3 "$(dirname "$0")/fuzz_manifest.py" "$FP4LAB" 200 || fail "fuzz_manifest.py (FAIL line above)"
 
