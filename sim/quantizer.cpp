@@ -25,6 +25,8 @@
 #include "core/format_dispatch.hpp"
 #include "core/philox.hpp"
 #include "sim/block_scales.hpp"
+#include "sim/fp4tk.hpp"
+#include "sim/nvfp4_options.hpp"
 #include "sim/rht.hpp"
 #include "sim/scale_rules.hpp"
 
@@ -100,6 +102,8 @@ std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float
 }
 
 BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float> x) {
+  if (q.emulate == Emulation::fp4tk) return fp4tk_block_scales(q, x);
+  if (nvfp4_options(q)) return nvfp4_options_block_scales(q, x);
   BlockScales b;
   b.grid = block_grid(q, x.rows, x.cols);
   const std::vector<uint32_t> amax = block_amax_bits(b.grid, x);
@@ -353,6 +357,7 @@ void row_generic(const QuantizerSpec& q, const BlockScales& b, const float* xr, 
 // codes_out is not null, the element codes (contiguous rows*cols).
 void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<const float> x, RandomStream rs,
                    float* dq_out, int64_t out_stride, uint8_t* codes_out) {
+  if (q.emulate == Emulation::fp4tk) return fp4tk_encode(q, b, x, rs, dq_out, out_stride, codes_out);
   const std::array<float, 256> tab = decode_table(*q.element);
   const bool fast = q.round == Round::rn;
   const RowFn fast_fn = fast ? (b.divide ? fast_row_fn<true>(*q.element) : fast_row_fn<false>(*q.element)) : nullptr;

@@ -10,16 +10,32 @@
 //                whole tensor (per-tensor scaling)
 //   scale_rule   how a block's scale is derived from its amax (scale_rules.hpp)
 //   round        element rounding mode; overflow: element overflow policy
-//   global_scale none | tensor_amax (NVFP4's second level, FP32)
+//   global_scale none | tensor_amax (NVFP4's second level, FP32) | row_amax
+//                (TransformerEngine's row-scaled NVFP4: one FP32 amax per tensor
+//                row behind the second level; [1,16] blocks; sim/nvfp4_options.hpp)
+//   scale_select max (the block scale maps the block amax to the element's
+//                max) | four_over_six (TransformerEngine's "4/6": per block the
+//                better of that and a 1.5x scale, by select_error; e2m1/ue4m3
+//                nv, rn, no rht; sim/nvfp4_options.hpp)
+//   select_error mae | mse | mae_fp16 | mse_fp16: the error four_over_six
+//                minimises (_fp16: TE's fast-math error path)
+//   e4m3_max     448 | 256: E4M3_MAX of four_over_six's global scale (TE's
+//                default for 4/6 tensors is 256; 448 otherwise)
 //   rht          16-point Random Hadamard Transform along the block's axis
 //                before quantization (1-D blocks of 16 only), signs from rht_seed
 //   sr_bits      the random-bit contract of round "rs" (core/sr.hpp):
 //                per_element (32 bits an element) | ptx_x4 (PTX cvt.rs: one
 //                word per 4 elements of a row, 8 bits an element)
+//   emulate      none | fp4tk: fp4-trainkit's own arithmetic (core/fp4tk.hpp:
+//                its scale floors and log2, its E2M1 rounding without carry
+//                into the next binade, its two-step-wide SR noise); e2m1
+//                elements, 1-D blocks, rules ocp/ceil/tetrajet (e8m0) or
+//                nv_noglobal (e4m3/ue4m3), no global scale, rht or sr_bits
 // JSON form (the same object in recipes, configs and the CLI):
 //   {"element": "e2m1", "scale": "ue4m3", "block": [1,16], "scale_rule": "nv",
 //    "round": "rn", "overflow": "saturate", "global_scale": "tensor_amax",
-//    "rht": false, "rht_seed": 0, "sr_bits": "per_element"}
+//    "rht": false, "rht_seed": 0, "sr_bits": "per_element", "emulate": "none",
+//    "scale_select": "max", "select_error": "mae", "e4m3_max": 448}
 // Missing keys take the defaults below; unknown keys are errors naming the key.
 #pragma once
 
@@ -32,6 +48,7 @@
 
 #include "core/encode.hpp"
 #include "core/format.hpp"
+#include "core/nvfp4_options.hpp"
 #include "core/sr.hpp"
 #include "core/tensor.hpp"
 
@@ -42,7 +59,9 @@ enum class ScaleRule : uint8_t { ocp, ceil, tetrajet, nv, nv_noglobal, tensor_am
 // "tensor_amax") and back (fp4lab::Error naming the valid choices otherwise).
 std::string_view scale_rule_name(ScaleRule r);
 ScaleRule parse_scale_rule(std::string_view s);
-enum class GlobalScale : uint8_t { none, tensor_amax };
+enum class GlobalScale : uint8_t { none, tensor_amax, row_amax };
+enum class ScaleSelect : uint8_t { max, four_over_six };
+enum class Emulation : uint8_t { none, fp4tk };
 
 struct QuantizerSpec {
   const Format* element = &float4_e2m1fn;
@@ -55,12 +74,20 @@ struct QuantizerSpec {
   bool rht = false;
   uint64_t rht_seed = 0;
   SrBits sr_bits = SrBits::per_element;
+  Emulation emulate = Emulation::none;
+  ScaleSelect scale_select = ScaleSelect::max;
+  SelectError select_error = SelectError::mae;  // (core/nvfp4_options.hpp)
+  int e4m3_max = 448;
 
   bool operator==(const QuantizerSpec&) const = default;
 };
 
 // Canned quantizers: mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2,
-// mxint8, nvfp4, nvfp4_2d, nvfp4_col, fp8_e4m3_tensor, fp8_e5m2_tensor.
+// mxint8, nvfp4, nvfp4_2d, nvfp4_col, fp8_e4m3_tensor, fp8_e5m2_tensor, and
+// fp4-trainkit's fp4tk_mxfp4 ([1,32], ocp) and fp4tk_nvfp4 ([1,16], nv_noglobal),
+// and TransformerEngine's nvfp4_4over6 ([1,16], four_over_six, mae, e4m3_max
+// 256), nvfp4_2d_4over6 (the same in [16,16] tiles), nvfp4_row_scaled ([1,16],
+// row_amax).
 QuantizerSpec quantizer_by_name(const std::string& name);
 std::vector<std::string> quantizer_names();
 // From a canned name, a JSON object, or the path of a JSON file.
@@ -99,7 +126,9 @@ struct QuantizedTensor {
   int64_t scale_rows = 0, scale_cols = 0;  // ceil(rows/block_rows) x ceil(cols/block_cols)
   std::vector<uint8_t> scale_codes;        // [scale_rows*scale_cols] codes of spec.scale (empty for float32 scales)
   std::vector<float> scales;               // decoded block scales (what multiplies an element code's value)
-  float global_decode = 1.0f;              // g_dec of the nv rule (1 when there is no global scale)
+  float global_decode = 1.0f;              // g_dec of the nv rule (1 when there is no global scale, and with
+                                           // four_over_six / row_amax, whose scales are TE's final
+                                           // dequantization scales: sim/nvfp4_options.hpp)
   std::vector<float> dequant;              // [rows*cols]: decode(code) * scale * global_decode
 };
 

@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "sim/fp4tk.hpp"
+#include "sim/nvfp4_options.hpp"
 #include "sim/quantizer.hpp"
 
 namespace fp4lab {
@@ -56,6 +58,21 @@ QuantizerSpec nv(int br, int bc) {
   return q;
 }
 
+// TransformerEngine's 2026 NVFP4 options (sim/nvfp4_options.hpp): 4/6 with
+// TE's defaults (MAE, E4M3_MAX 256), and row-scaled NVFP4.
+QuantizerSpec nv_4over6(int br, int bc) {
+  QuantizerSpec q = nv(br, bc);
+  q.scale_select = ScaleSelect::four_over_six;
+  q.select_error = SelectError::mae;
+  q.e4m3_max = 256;
+  return q;
+}
+QuantizerSpec nv_row_scaled() {
+  QuantizerSpec q = nv(1, 16);
+  q.global_scale = GlobalScale::row_amax;
+  return q;
+}
+
 QuantizerSpec per_tensor(const Format& element) {
   QuantizerSpec q;
   q.element = &element;
@@ -63,6 +80,18 @@ QuantizerSpec per_tensor(const Format& element) {
   q.block_rows = 0;
   q.block_cols = 0;
   q.scale_rule = ScaleRule::tensor_amax;
+  return q;
+}
+
+// fp4-trainkit's MXFP4 / NVFP4 simulators (emulate fp4tk), blocks along rows.
+QuantizerSpec fp4tk(const Format& scale, int k, ScaleRule rule) {
+  QuantizerSpec q;
+  q.element = &float4_e2m1fn;
+  q.scale = &scale;
+  q.block_rows = 1;
+  q.block_cols = k;
+  q.scale_rule = rule;
+  q.emulate = Emulation::fp4tk;
   return q;
 }
 
@@ -82,8 +111,13 @@ const std::vector<Canned>& canned() {
       {"nvfp4", nv(1, 16)},
       {"nvfp4_2d", nv(16, 16)},
       {"nvfp4_col", nv(16, 1)},
+      {"nvfp4_4over6", nv_4over6(1, 16)},
+      {"nvfp4_2d_4over6", nv_4over6(16, 16)},
+      {"nvfp4_row_scaled", nv_row_scaled()},
       {"fp8_e4m3_tensor", per_tensor(float8_e4m3fn)},
       {"fp8_e5m2_tensor", per_tensor(float8_e5m2)},
+      {"fp4tk_mxfp4", fp4tk(float8_e8m0fnu, 32, ScaleRule::ocp)},
+      {"fp4tk_nvfp4", fp4tk(ufloat8_e4m3, 16, ScaleRule::nv_noglobal)},
   };
   return list;
 }
@@ -101,7 +135,7 @@ QuantizerSpec quantizer_by_name(const std::string& name) {
     if (name == c.name) return c.spec;
   throw Error("unknown quantizer '" + name + "'; valid: " + join_names() +
               ", or a JSON object / JSON file with the keys element, scale, block, scale_rule, round, overflow, "
-              "global_scale, rht, rht_seed, sr_bits");
+              "global_scale, rht, rht_seed, sr_bits, emulate, scale_select, select_error, e4m3_max");
 }
 
 std::vector<std::string> quantizer_names() {
@@ -116,7 +150,8 @@ std::vector<std::string> quantizer_names() {
 
 namespace {
 constexpr const char* json_keys =
-    "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed, sr_bits";
+    "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed, sr_bits, emulate, "
+    "scale_select, select_error, e4m3_max";
 
 std::string get_string(const nlohmann::json& v, const std::string& path) {
   if (!v.is_string()) throw Error(path + ": expected a string, got " + v.dump());
@@ -163,8 +198,10 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
           q.global_scale = GlobalScale::none;
         } else if (s == "tensor_amax") {
           q.global_scale = GlobalScale::tensor_amax;
+        } else if (s == "row_amax") {
+          q.global_scale = GlobalScale::row_amax;
         } else {
-          throw Error("unknown global_scale '" + s + "'; valid: none, tensor_amax");
+          throw Error("unknown global_scale '" + s + "'; valid: none, tensor_amax, row_amax");
         }
       } else if (k == "rht") {
         if (!v.is_boolean()) throw Error(path + ": expected true or false, got " + v.dump());
@@ -177,6 +214,23 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
         const std::optional<SrBits> b = parse_sr_bits(get_string(v, path));
         if (!b) throw Error(path + ": unknown sr_bits " + v.dump() + "; valid: " + sr_bits_names);
         q.sr_bits = *b;
+      } else if (k == "emulate") {
+        const std::string s = get_string(v, path);
+        if (s == "none") {
+          q.emulate = Emulation::none;
+        } else if (s == "fp4tk") {
+          q.emulate = Emulation::fp4tk;
+        } else {
+          throw Error("unknown emulate '" + s + "'; valid: none, fp4tk");
+        }
+      } else if (k == "scale_select") {
+        q.scale_select = parse_scale_select(get_string(v, path));
+      } else if (k == "select_error") {
+        q.select_error = parse_select_error(get_string(v, path));
+      } else if (k == "e4m3_max") {
+        if (!v.is_number_integer() || (v.get<int64_t>() != 448 && v.get<int64_t>() != 256))
+          throw Error(path + ": expected 448 or 256 (E4M3_MAX of four_over_six's global scale), got " + v.dump());
+        q.e4m3_max = int(v.get<int64_t>());
       } else {
         throw Error("unknown key '" + k + "'; valid keys: " + json_keys);
       }
@@ -197,10 +251,16 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
   j["scale_rule"] = std::string(scale_rule_name(q.scale_rule));
   j["round"] = std::string(round_name(q.round));
   j["overflow"] = std::string(overflow_name(q.overflow));
-  j["global_scale"] = q.global_scale == GlobalScale::none ? "none" : "tensor_amax";
+  j["global_scale"] = q.global_scale == GlobalScale::none          ? "none"
+                     : q.global_scale == GlobalScale::tensor_amax ? "tensor_amax"
+                                                                  : "row_amax";
   j["rht"] = q.rht;
   j["rht_seed"] = q.rht_seed;
   j["sr_bits"] = sr_bits_name(q.sr_bits);
+  j["emulate"] = q.emulate == Emulation::fp4tk ? "fp4tk" : "none";
+  j["scale_select"] = std::string(scale_select_name(q.scale_select));
+  j["select_error"] = std::string(select_error_name(q.select_error));
+  j["e4m3_max"] = q.e4m3_max;
   return j;
 }
 
@@ -269,6 +329,8 @@ void validate(const QuantizerSpec& q, const std::string& where) {
     fail("rht works on 1-D blocks of 16: block must be [1,16] or [16,1], got [" + std::to_string(q.block_rows) + "," +
          std::to_string(q.block_cols) + "]");
   check_sr_bits(q.sr_bits, e, where);
+  if (q.emulate == Emulation::fp4tk) validate_fp4tk(q, where);
+  validate_nvfp4_options(q, where);
 }
 
 std::string describe(const QuantizerSpec& q) {
@@ -277,8 +339,12 @@ std::string describe(const QuantizerSpec& q) {
     << short_format_name(*q.scale) << " " << scale_rule_name(q.scale_rule) << " " << round_name(q.round) << " "
     << (q.overflow == Overflow::saturate ? "sat" : "nonsat");
   if (q.global_scale == GlobalScale::tensor_amax) s << " global";
+  if (q.global_scale == GlobalScale::row_amax) s << " row_amax";
+  if (q.scale_select == ScaleSelect::four_over_six)
+    s << " four_over_six " << select_error_name(q.select_error) << " e4m3_max " << q.e4m3_max;
   if (q.rht) s << " rht(seed " << q.rht_seed << ")";
   if (q.sr_bits != SrBits::per_element) s << " sr " << sr_bits_name(q.sr_bits);
+  if (q.emulate == Emulation::fp4tk) s << " fp4tk";
   return s.str();
 }
 
