@@ -33,18 +33,24 @@ std::string gemm_summary(const Recipe& r, Operand a, Operand b) {
 }
 
 void print_list() {
-  std::printf("%-26s %-22s %-22s %-22s %s\n", "recipe", "forward (x, W)", "dgrad (dy, W)", "wgrad (dy, x)", "other");
+  std::printf("%-31s %-22s %-22s %-22s %s\n", "recipe", "forward (x, W)", "dgrad (dy, W)", "wgrad (dy, x)", "other");
   for (const auto& n : recipe_names()) {
     const Recipe r = recipe_by_name(n);
     std::string other;
-    if (r.double_quantization) other += "double-quant ";
+    if (r.double_quantization) other += r.double_quantization_x ? "double-quant " : "double-quant(W) ";
+    if (!r.forward_bias) other += "no-fwd-bias ";
+    for (const auto& q : r.operands)
+      if (q && q->emulate == Emulation::fp4tk) {
+        other += "fp4tk ";
+        break;
+      }
     if (r.wgrad_rht) other += "wgrad-RHT ";
     if (r.high_precision == HighPrecision::bf16) other += "hp=bf16 ";
     if (!r.keep_high_precision.empty()) {
       other += "keep:";
       for (const auto& p : r.keep_high_precision) other += " " + p;
     }
-    std::printf("%-26s %-22s %-22s %-22s %s\n", n.c_str(), gemm_summary(r, Operand::fwd_x, Operand::fwd_w).c_str(),
+    std::printf("%-31s %-22s %-22s %-22s %s\n", n.c_str(), gemm_summary(r, Operand::fwd_x, Operand::fwd_w).c_str(),
                 gemm_summary(r, Operand::dgrad_grad_y, Operand::dgrad_w).c_str(),
                 gemm_summary(r, Operand::wgrad_grad_y, Operand::wgrad_x).c_str(), other.c_str());
   }
@@ -82,7 +88,7 @@ void run_bench_linear(const BenchArgs& a) {
   std::printf(
       "CPU, %d OpenMP threads, best of %d; fake quantization (quantize + dequantize to FP32) + FP32 Eigen GEMMs\n\n",
       omp_get_max_threads(), a.repeats);
-  std::printf("%-26s %12s %10s %14s\n", "recipe", "fwd+bwd ms", "GFLOP/s", "overhead vs fp32");
+  std::printf("%-31s %12s %10s %14s\n", "recipe", "fwd+bwd ms", "GFLOP/s", "overhead vs fp32");
 
   double t_fp32 = -1;
   std::vector<double> times;
@@ -107,7 +113,7 @@ void run_bench_linear(const BenchArgs& a) {
       std::snprintf(buf, sizeof buf, "%+.1f%%", 100.0 * (best - t_fp32) / t_fp32);
       over = buf;
     }
-    std::printf("%-26s %12.1f %10.1f %14s\n", r.name.c_str(), best * 1e3, flops / best * 1e-9, over.c_str());
+    std::printf("%-31s %12.1f %10.1f %14s\n", r.name.c_str(), best * 1e3, flops / best * 1e-9, over.c_str());
     std::fflush(stdout);
   }
   if (t_fp32 < 0)

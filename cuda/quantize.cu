@@ -4,6 +4,7 @@
 // sim/scale_rules.hpp and sim/rht.hpp's sign rule.
 // Built with --fmad=false so no FP32 sequence is contracted into an FMA.
 #include "cuda/quantize.hpp"
+#include "cuda/quantize_fp4tk.hpp"
 #include "cuda/quantize_kernels.cuh"
 #include "cuda/rht.hpp"
 
@@ -479,6 +480,11 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
                      const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream, QuantPath path,
                      const uint32_t* tensor_amax_bits) {
   check_call(q, rs, out, rows, cols);
+  if (q.emulate == Emulation::fp4tk) {
+    if (path == QuantPath::fused)
+      throw Error("quantize (cuda): emulate 'fp4tk' has its own kernels, not the fused ones: " + describe(q));
+    return quantize_fp4tk_device(q, x, type, rows, cols, rs, out, ws, stream);
+  }
   const KernelPlan plan = plan_quantize(q, type, path, tensor_amax_bits != nullptr);
   const BlockGrid grid = block_grid(q, rows, cols);
   KParams p = make_params(q, x, rows, cols, rs, out);

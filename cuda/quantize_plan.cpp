@@ -55,6 +55,7 @@ SrLayout sr_layout(const QuantizerSpec& q, int64_t cols) {
 }
 
 std::optional<Family> fused_family(const QuantizerSpec& q) {
+  if (q.emulate != Emulation::none) return std::nullopt;  // quantize_fp4tk_device
   const int br = q.block_rows, bc = q.block_cols;
   if (br == 1 && (bc == 16 || bc == 32)) {
     if (q.rht && bc != 16) return std::nullopt;

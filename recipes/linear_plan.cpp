@@ -36,11 +36,12 @@ LinearPlan linear_plan(const LinearContext& ctx) {
     }
   }
   if (!quantize) return plan;
+  plan.add_bias = !plan.quantized || r->forward_bias;
   if (r->double_quantization) {
     // dgrad's W' = Q_fwd_w(W) and wgrad's x' = Q_fwd_x(x), each with its forward stream (same bits).
     for (auto [dst, src] : {std::pair{Operand::dgrad_w, Operand::fwd_w}, std::pair{Operand::wgrad_x, Operand::fwd_x}}) {
       const auto& q = r->operand(src);
-      if (!q) continue;
+      if (!q || (dst == Operand::wgrad_x && !r->double_quantization_x)) continue;
       plan.operands[size_t(dst)].pre = &*q;
       plan.operands[size_t(dst)].pre_stream = stream_of(src);
     }

@@ -90,6 +90,9 @@ struct LinearPlan {
   // forward's Q_fwd_w(W) (nvfp4's 16x16 tiles).
   bool reuse_fwd_w = false;
   bool quantized = false;  // linear_is_quantized(ctx)
+  // The forward adds the bias: false for a quantized layer of a recipe with
+  // forward_bias false.
+  bool add_bias = true;
 
   const OperandPlan& operand(Operand op) const { return operands[size_t(op)]; }
 };
@@ -101,7 +104,8 @@ struct LinearPlan {
 //   round_bf16 = recipe.high_precision == bf16 and no quantizer;
 //   pre        = Q_fwd_w for dgrad_w, Q_fwd_x for wgrad_x when
 //                recipe.double_quantization and that forward quantizer exists
-//                (quantized layers only);
+//                (quantized layers only; wgrad_x only with
+//                double_quantization_x);
 //   rht        = recipe.wgrad_rht for wgrad_grad_y and wgrad_x (quantized layers only).
 LinearPlan linear_plan(const LinearContext& ctx);
 

@@ -33,7 +33,7 @@ constexpr OperandInfo kOperandInfo[kOperandCount] = {
 
 constexpr const char* kRecipeKeys =
     "name, source, extends, fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x, double_quantization, "
-    "wgrad_rht, rht_seed, high_precision, keep_high_precision, switch_to, switch_fraction, sr_bits";
+    "wgrad_rht, rht_seed, high_precision, keep_high_precision, switch_to, switch_fraction, sr_bits, forward_bias";
 
 std::string block_str(const QuantizerSpec& q) {
   std::ostringstream s;
@@ -167,6 +167,10 @@ void validate(const Recipe& r, const std::string& where) {
       if (q && q->rht)
         throw Error(where + "." + operand_name(op) + ".rht: the recipe already rotates the wgrad operands (" + where +
                     ".wgrad_rht); a second, per-quantizer RHT is not allowed; valid: rht false");
+      if (q && q->scale_select == ScaleSelect::four_over_six)
+        throw Error(where + ".wgrad_rht: " + where + "." + operand_name(op) +
+                    " has scale_select 'four_over_six', which TransformerEngine does not combine with an RHT; "
+                    "valid: wgrad_rht false, or scale_select 'max' there");
     }
   }
   if (r.double_quantization && !r.operand(Operand::fwd_x) && !r.operand(Operand::fwd_w))
@@ -241,7 +245,17 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
     } else if (k == "source") {
       r.source = get_string(v, path);
     } else if (k == "double_quantization") {
-      r.double_quantization = get_bool(v, path);
+      if (v.is_string() && v.get<std::string>() == "weights") {
+        r.double_quantization = true;
+        r.double_quantization_x = false;
+      } else if (v.is_boolean()) {
+        r.double_quantization = v.get<bool>();
+        r.double_quantization_x = true;
+      } else {
+        throw Error(path + ": expected true or false (or \"weights\": re-quantize W only), got " + v.dump());
+      }
+    } else if (k == "forward_bias") {
+      r.forward_bias = get_bool(v, path);
     } else if (k == "wgrad_rht") {
       r.wgrad_rht = get_bool(v, path);
     } else if (k == "rht_seed") {
@@ -300,7 +314,9 @@ nlohmann::json recipe_to_json(const Recipe& r) {
   j["source"] = r.source;
   for (int i = 0; i < kOperandCount; ++i)
     j[kOperandNames[i]] = r.operands[size_t(i)] ? quantizer_to_json(*r.operands[size_t(i)]) : nlohmann::json();
-  j["double_quantization"] = r.double_quantization;
+  j["double_quantization"] =
+      r.double_quantization && !r.double_quantization_x ? nlohmann::json("weights") : nlohmann::json(r.double_quantization);
+  j["forward_bias"] = r.forward_bias;
   j["wgrad_rht"] = r.wgrad_rht;
   j["rht_seed"] = r.rht_seed;
   j["high_precision"] = r.high_precision == HighPrecision::bf16 ? "bf16" : "fp32";
@@ -373,7 +389,9 @@ std::string describe(const Recipe& r) {
     }
     s << "\n";
   }
-  s << "  double_quantization : " << (r.double_quantization ? "yes" : "no") << "\n";
+  s << "  double_quantization : " << (r.double_quantization ? (r.double_quantization_x ? "yes" : "weights only") : "no")
+    << "\n";
+  if (!r.forward_bias) s << "  forward_bias        : no (quantized layers do not add their bias)\n";
   s << "  wgrad_rht           : "
     << (r.wgrad_rht ? "yes (16-point RHT along B, sign seed " + std::to_string(r.rht_seed) + ")" : std::string("no"))
     << "\n";

@@ -35,6 +35,14 @@ struct Recipe {
   std::string source;  // citation
   std::array<std::optional<QuantizerSpec>, kOperandCount> operands;
   bool double_quantization = false;  // TetraJet: re-quantize dq(W) along the other axis for dgrad etc.
+  // With double_quantization: false re-quantizes only W (wgrad's x is the raw
+  // x), as fp4-trainkit's tetrajet does (its backward saves x, not Q(x)).
+  // JSON: "double_quantization": "weights".
+  bool double_quantization_x = true;
+  // False: quantized layers compute y = Q(x) Q(W)^T without adding their bias
+  // (fp4-trainkit's FP4MatMul never adds it; the bias still gets its gradient
+  // and its optimizer step). Layers kept in high precision keep their bias.
+  bool forward_bias = true;
   bool wgrad_rht = false;            // RHT on both wgrad operands along B
   uint64_t rht_seed = 0;
   HighPrecision high_precision = HighPrecision::fp32;  // arithmetic of the unquantized parts

@@ -22,6 +22,8 @@
 //   format               MXFP4 (e2m1, E8M0 scale, block 32)              NVFP4 (e2m1, E4M3 scale, block 16)
 //   scale                eq.1 (OCP)   eq.2 (ceil)            eq.2* (TetraJet) eq.3 (amax/6 in E4M3, no global)
 //   double quantization  no           no                     yes        no
+#include <array>
+#include <tuple>
 #include <vector>
 
 #include "core/error.hpp"
@@ -158,6 +160,29 @@ std::vector<Recipe> build() {
                         "NVFP4 blocks of 16, eq.3 E4M3 scale with no global scale, SR on gradients and wgrad X",
                         b, 16, {RN, RN, SR, RN, SR, SR}));
   }
+  // fp4-trainkit's four recipes as its code computes them (emulate fp4tk,
+  // core/fp4tk.hpp; docs/log/research_fp4trainkit.md): its element rounding
+  // without carry, its two-step-wide SR noise, its scale floors, its tetrajet
+  // double quantization of W only, and no bias in the quantized layers'
+  // forward (its FP4MatMul drops it). Same per-operand rounding as above.
+  for (const auto& [name, rule, k, rounds, dq_w] :
+       {std::tuple{"mx_baseline", ScaleRule::ocp, 32, std::array{RN, RN, RN, RN, RN, RN}, false},
+        std::tuple{"nvidia_round_to_infinity", ScaleRule::ceil, 32, std::array{RN, RN, RN, RN, RN, RN}, false},
+        std::tuple{"tetrajet", ScaleRule::tetrajet, 32, std::array{RN, RN, SR, SR, SR, SR}, true},
+        std::tuple{"fp4_all_the_way", ScaleRule::nv_noglobal, 16, std::array{RN, RN, SR, RN, SR, SR}, false}}) {
+    QuantizerSpec b = quantizer_by_name(rule == ScaleRule::nv_noglobal ? "fp4tk_nvfp4" : "fp4tk_mxfp4");
+    b.scale_rule = rule;
+    Recipe r = uniform(std::string("fp4tk_") + name,
+                       std::string("fp4-trainkit's ") + name +
+                           " exactly as its code computes it (github.com/vuiseng9/fp4-trainkit a50163221f49, "
+                           "src/fp4tk): emulate fp4tk quantizers, no forward bias in quantized layers" +
+                           (dq_w ? ", double quantization of W only" : ""),
+                       b, k, rounds);
+    r.double_quantization = dq_w;
+    r.double_quantization_x = !dq_w;  // W only (true is the neutral value without double quantization)
+    r.forward_bias = false;
+    v.push_back(r);
+  }
   {  // Hybrid (fp4lab): the NVFP4 forward of arXiv:2509.25149 (1x16 blocks, RN,
      // two-level scale) with the MXFP8 backward of Mishra et al. 2025
      // (arXiv:2506.08027: E4M3, block 32, ceil scale, RN).
@@ -197,6 +222,42 @@ std::vector<Recipe> build() {
     r.rht_seed = 0;
     r.high_precision = HighPrecision::bf16;
     r.keep_high_precision = {"*head*"};
+    v.push_back(r);
+  }
+  // TransformerEngine's 2026 NVFP4 options (sim/nvfp4_options.hpp) on `nvfp4`.
+  auto named = [&](const std::string& n) {
+    for (const Recipe& r : v)
+      if (r.name == n) return r;
+    throw Error("registry: no recipe '" + n + "' to derive from");
+  };
+  {  // 4/6 (TE PR #2972; Cook et al. 2025, "Four Over Six", arXiv:2512.02010) as
+     // TE's tests' make_recipe("nvfp4_4over6"): nvfp4_4over6 "all" (TE's scope:
+     // the non-gradient tensors x and W, whose one quantizer also makes the
+     // columnwise copy that dgrad / wgrad use), MAE, E4M3_MAX 256, 2-D weights,
+     // disable_rht (TE rejects 4/6 with an RHT, and the wgrad GEMM needs both
+     // operands rotated or neither). The gradients as `nvfp4` (SR), without RHT.
+    Recipe r = named("nvfp4");
+    r.name = "nvfp4_4over6";
+    r.source =
+        "TransformerEngine NVFP4BlockScaling with nvfp4_4over6 \"all\" (PR #2972; Cook et al. 2025, Four Over Six, "
+        "arXiv:2512.02010) as TE's make_recipe(\"nvfp4_4over6\"): 4/6 scales (MAE, E4M3 max 256) on x (1x16 along "
+        "the reduction axis) and W (16x16) in every GEMM, no RHT; gradients as nvfp4 (SR)";
+    const QuantizerSpec x = quantizer_by_name("nvfp4_4over6"), w = quantizer_by_name("nvfp4_2d_4over6");
+    r.operands[size_t(Operand::fwd_x)] = along(x, Axis::row, 16);
+    r.operands[size_t(Operand::fwd_w)] = w;
+    r.operands[size_t(Operand::dgrad_w)] = w;
+    r.operands[size_t(Operand::wgrad_x)] = along(x, Axis::col, 16);
+    r.wgrad_rht = false;
+    v.push_back(r);
+  }
+  {  // Row-scaled NVFP4 (TE PR #2931, row_scaled_activation): one amax per row of
+     // x in the forward GEMM; the other operands as `nvfp4`.
+    Recipe r = named("nvfp4");
+    r.name = "nvfp4_row_scaled";
+    r.source =
+        "TransformerEngine NVFP4BlockScaling with row_scaled_activation (PR #2931): the forward x with one FP32 "
+        "amax per row (1x16 blocks); every other operand as nvfp4";
+    r.operands[size_t(Operand::fwd_x)] = quantizer_by_name("nvfp4_row_scaled");
     v.push_back(r);
   }
   for (const Recipe& r : v) validate(r, "canned recipe " + r.name);

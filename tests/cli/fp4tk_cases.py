@@ -168,7 +168,7 @@ QUANTIZERS = [
     ('mxfp4', 'MX', {'element': 'e2m1', 'scale': 'e8m0', 'scale_rule': 'ocp', 'emulate': 'fp4tk'}, 32),
     ('mxfp4', 'Nvidia_To_Infinity', {'element': 'e2m1', 'scale': 'e8m0', 'scale_rule': 'ceil', 'emulate': 'fp4tk'}, 32),
     ('mxfp4', 'TetraJet', {'element': 'e2m1', 'scale': 'e8m0', 'scale_rule': 'tetrajet', 'emulate': 'fp4tk'}, 32),
-    ('nvfp4', 'FP4_All_The_Way', {'element': 'e2m1', 'scale': 'e4m3', 'scale_rule': 'nv_noglobal', 'global_scale': 'none',
+    ('nvfp4', 'FP4_All_The_Way', {'element': 'e2m1', 'scale': 'ue4m3', 'scale_rule': 'nv_noglobal', 'global_scale': 'none',
                                   'emulate': 'fp4tk'}, 16),
 ]
 

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -36,8 +37,12 @@ const Operand kOps[kOperandCount] = {Operand::fwd_x,   Operand::fwd_w,        Op
 
 }  // namespace
 
-TEST_CASE("recipe registry lists the nine canned recipes") {
-  const std::vector<std::string> expected = {"fp32",
+TEST_CASE("recipe registry lists the canned recipes") {
+  const std::vector<std::string> expected = {"fp4tk_mx_baseline",
+                                             "fp4tk_nvidia_round_to_infinity",
+                                             "fp4tk_tetrajet",
+                                             "fp4tk_fp4_all_the_way",
+                                             "fp32",
                                              "bf16",
                                              "mxfp8",
                                              "mx_baseline",
@@ -45,7 +50,9 @@ TEST_CASE("recipe registry lists the nine canned recipes") {
                                              "tetrajet",
                                              "fp4_all_the_way",
                                              "nvfp4_fwd_mxfp8_bwd",
-                                             "nvfp4"};
+                                             "nvfp4",
+                                             "nvfp4_4over6",
+                                             "nvfp4_row_scaled"};
   const auto names = recipe_names();
   for (const auto& n : expected) {
     CAPTURE(n);
@@ -388,4 +395,131 @@ TEST_CASE("recipe JSON: a few hundred mutated recipes give a valid recipe or one
   test::report("recipe JSON", c);
   CHECK(c.valid > 0);
   CHECK(c.clean_error > 0);
+}
+
+TEST_CASE("fp4tk recipes: fp4-trainkit's per-operand choices, W-only double quantization, no forward bias; JSON") {
+  struct Row {
+    const char* name;
+    ScaleRule rule;
+    int k;
+    std::array<Round, 6> rounds;
+    bool dq;
+  };
+  const Round N = Round::rn, S = Round::rs;
+  const Row rows[] = {{"fp4tk_mx_baseline", ScaleRule::ocp, 32, {N, N, N, N, N, N}, false},
+                      {"fp4tk_nvidia_round_to_infinity", ScaleRule::ceil, 32, {N, N, N, N, N, N}, false},
+                      {"fp4tk_tetrajet", ScaleRule::tetrajet, 32, {N, N, S, S, S, S}, true},
+                      {"fp4tk_fp4_all_the_way", ScaleRule::nv_noglobal, 16, {N, N, S, N, S, S}, false}};
+  for (const Row& row : rows) {
+    CAPTURE(row.name);
+    const Recipe r = recipe_by_name(row.name);
+    CHECK_FALSE(r.forward_bias);
+    CHECK(r.double_quantization == row.dq);
+    if (row.dq) CHECK_FALSE(r.double_quantization_x);
+    for (int i = 0; i < 6; ++i) {
+      const QuantizerSpec& q = *r.operands[size_t(i)];
+      CHECK(q.emulate == Emulation::fp4tk);
+      CHECK(q.scale_rule == row.rule);
+      CHECK(q.round == row.rounds[size_t(i)]);
+      CHECK(q.block_rows * q.block_cols == row.k);
+      CHECK(q.block_rows == (i < 3 ? 1 : row.k));  // fwd and dgrad_grad_y along rows, the rest along columns
+    }
+  }
+  // "weights": re-quantize W only; true / false as before; anything else is one clear error.
+  const Recipe w = parse_recipe(R"({"extends": "tetrajet", "double_quantization": "weights", "forward_bias": false})");
+  CHECK(w.double_quantization);
+  CHECK_FALSE(w.double_quantization_x);
+  CHECK_FALSE(w.forward_bias);
+  CHECK(recipe_to_json(w)["double_quantization"] == "weights");
+  CHECK(parse_recipe(recipe_to_json(w).dump()) == w);
+  const Recipe t = parse_recipe(R"({"extends": "fp4tk_tetrajet", "double_quantization": true})");
+  CHECK(t.double_quantization_x);
+  const std::string e = error_of([] { parse_recipe(R"({"double_quantization": "x"})"); });
+  CHECK(contains(e, "recipe.double_quantization"));
+  CHECK(contains(e, "weights"));
+  CHECK(contains(error_of([] { parse_recipe(R"({"forward_bias": 1})"); }), "recipe.forward_bias"));
+}
+
+TEST_CASE("TransformerEngine NVFP4 option recipes: nvfp4_4over6, nvfp4_row_scaled; JSON; validation errors") {
+  const Recipe nv = recipe_by_name("nvfp4");
+  // 4/6 on x and W in every GEMM (TE's one quantizer per tensor), along each
+  // operand's reduction axis; no RHT; the gradients as nvfp4.
+  const Recipe f = recipe_by_name("nvfp4_4over6");
+  const int blocks[kOperandCount][2] = {{1, 16}, {16, 16}, {1, 16}, {16, 16}, {16, 1}, {16, 1}};
+  for (int i = 0; i < kOperandCount; ++i) {
+    CAPTURE(i);
+    REQUIRE(f.operands[size_t(i)].has_value());
+    const QuantizerSpec& q = *f.operands[size_t(i)];
+    CHECK(q.block_rows == blocks[i][0]);
+    CHECK(q.block_cols == blocks[i][1]);
+    const bool grad = Operand(i) == Operand::dgrad_grad_y || Operand(i) == Operand::wgrad_grad_y;
+    if (grad) {
+      CHECK(q == *nv.operands[size_t(i)]);
+      CHECK(q.round == Round::rs);
+    } else {
+      CHECK(q.scale_select == ScaleSelect::four_over_six);
+      CHECK(q.select_error == SelectError::mae);
+      CHECK(q.e4m3_max == 256);
+      CHECK(q.round == Round::rn);
+      CHECK(q.global_scale == GlobalScale::tensor_amax);
+      CHECK_FALSE(q.rht);
+    }
+  }
+  CHECK(*f.operands[size_t(Operand::dgrad_w)] == *f.operands[size_t(Operand::fwd_w)]);  // one Q(W) for both GEMMs
+  CHECK_FALSE(f.wgrad_rht);
+  CHECK(f.high_precision == nv.high_precision);
+  CHECK(f.keep_high_precision == nv.keep_high_precision);
+  // Row-scaled x in the forward GEMM only.
+  const Recipe r = recipe_by_name("nvfp4_row_scaled");
+  for (int i = 0; i < kOperandCount; ++i) {
+    CAPTURE(i);
+    if (Operand(i) == Operand::fwd_x) {
+      CHECK(r.operands[size_t(i)]->global_scale == GlobalScale::row_amax);
+      CHECK(r.operands[size_t(i)]->block_cols == 16);
+    } else {
+      CHECK(*r.operands[size_t(i)] == *nv.operands[size_t(i)]);
+    }
+  }
+  CHECK(r.wgrad_rht == nv.wgrad_rht);
+  // JSON: the new keys travel, also through extends with partial overrides.
+  for (const Recipe* c : {&f, &r}) {
+    const nlohmann::json j = recipe_to_json(*c);
+    CHECK(recipe_from_json(j) == *c);
+    CHECK(j["fwd_x"].contains("scale_select"));
+  }
+  CHECK(recipe_to_json(f)["fwd_w"]["scale_select"] == "four_over_six");
+  CHECK(recipe_to_json(f)["fwd_w"]["e4m3_max"] == 256);
+  CHECK(recipe_to_json(r)["fwd_x"]["global_scale"] == "row_amax");
+  const Recipe e = parse_recipe(R"({"extends": "nvfp4", "name": "x46", "fwd_x": {"scale_select": "four_over_six",
+                                    "select_error": "mse_fp16"}})");
+  CHECK(e.operands[0]->scale_select == ScaleSelect::four_over_six);
+  CHECK(e.operands[0]->select_error == SelectError::mse_fp16);
+  CHECK(e.operands[0]->e4m3_max == 448);  // the extended operand's
+  // Errors name the operand and key, and the valid choices.
+  struct Case {
+    const char* json;
+    std::vector<std::string> must;
+  };
+  const Case cases[] = {
+      // Row scaling scales row blocks: a column operand cannot take it.
+      {R"({"extends": "nvfp4", "wgrad_x": {"global_scale": "row_amax"}})", {"recipe.wgrad_x", "row_amax", "[1,16]"}},
+      {R"({"extends": "nvfp4", "fwd_w": {"global_scale": "row_amax"}})", {"recipe.fwd_w", "[1,16], got [16,16]"}},
+      // 4/6 under the recipe's wgrad RHT (TE refuses 4/6 with an RHT).
+      {R"({"extends": "nvfp4", "wgrad_x": {"scale_select": "four_over_six"}})",
+       {"recipe.wgrad_rht", "recipe.wgrad_x", "four_over_six", "wgrad_rht false"}},
+      {R"({"extends": "nvfp4_4over6", "dgrad_grad_y": {"scale_select": "four_over_six"}})",
+       {"recipe.dgrad_grad_y", "round must not be 'rs'"}},
+      {R"({"extends": "nvfp4_4over6", "fwd_x": {"select_error": "l2"}})",
+       {"recipe.fwd_x.select_error", "mae, mse, mae_fp16, mse_fp16"}},
+      {R"({"extends": "nvfp4_4over6", "fwd_x": {"e4m3_max": 512}})", {"recipe.fwd_x.e4m3_max", "448 or 256"}},
+      {R"({"extends": "nvfp4", "fwd_x": {"e4m3_max": 256}})", {"recipe.fwd_x", "e4m3_max 256", "four_over_six"}},
+      {R"({"extends": "nvfp4", "fwd_x": {"scale_select": "six"}})", {"recipe.fwd_x.scale_select", "max, four_over_six"}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.json);
+    const std::string err = error_of([&] { parse_recipe(c.json); });
+    CAPTURE(err);
+    REQUIRE_FALSE(err.empty());
+    for (const auto& m : c.must) CHECK(contains(err, m));
+  }
 }

@@ -73,7 +73,7 @@ void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM&
     wa = &wq;
   }
   gemm_tiled(y, *xa, wa->transpose());
-  if (bias != nullptr) {
+  if (bias != nullptr && plan.add_bias) {
     const int64_t rows = y.rows(), cols = y.cols();
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {

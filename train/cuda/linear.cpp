@@ -461,7 +461,7 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
                                    xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
   im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
           0.0f);
-  if (b != nullptr) cuda::add_bias_device(y.data, b, B, out, kStream);
+  if (b != nullptr && plan.add_bias) cuda::add_bias_device(y.data, b, B, out, kStream);
 
   if (st->wx_ready && !wx_made) {
     // After the GEMM: the slots' scratch is free again (same stream, so in order).

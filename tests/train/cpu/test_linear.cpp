@@ -419,14 +419,22 @@ TEST_CASE("linear_plan: what each operand is, per recipe") {
       const bool wgrad = op == Operand::wgrad_grad_y || op == Operand::wgrad_x;
       CHECK(o.rht == (wgrad && r.wgrad_rht));
       const bool dq_target = op == Operand::dgrad_w || op == Operand::wgrad_x;
-      CHECK((o.pre != nullptr) == (dq_target && r.double_quantization));
+      const bool dq_here = op == Operand::dgrad_w || r.double_quantization_x;
+      CHECK((o.pre != nullptr) == (dq_target && r.double_quantization && dq_here));
       if (o.pre) {
         const Operand src = op == Operand::dgrad_w ? Operand::fwd_w : Operand::fwd_x;
         CHECK(o.pre == &*r.operand(src));
         CHECK(o.pre_stream.stream == expected_stream(3, src, 9));
       }
     }
-    CHECK(p.reuse_fwd_w == (name == "nvfp4"));
+    // Reuse: dgrad's W operand is the forward's (the same quantizer, no random bits, no double quantization).
+    const auto& fw = r.operand(Operand::fwd_w);
+    const auto& dw = r.operand(Operand::dgrad_w);
+    const bool same_w = fw && dw && *fw == *dw && fw->round != Round::rs && !r.double_quantization;
+    CHECK(p.reuse_fwd_w == same_w);
+    if (name == "nvfp4") CHECK(p.reuse_fwd_w);  // its 16x16 weight tiles
+    CHECK(p.add_bias == (!p.quantized || r.forward_bias));
+    CHECK(r.forward_bias == (name.rfind("fp4tk_", 0) != 0));  // only fp4-trainkit's recipes drop it
     // A kept layer: no quantizer, no RHT, no double quantization.
     const LinearPlan k = linear_plan(LinearContext{&r, 42, 3, 9, "lm_head"});
     if (!r.keep_high_precision.empty()) {
@@ -442,6 +450,38 @@ TEST_CASE("linear_plan: what each operand is, per recipe") {
   }
   // No recipe: every operand is its source.
   for (const OperandPlan& o : linear_plan(LinearContext{}).operands) CHECK_FALSE(o.changes());
+}
+
+TEST_CASE("linear: forward_bias false (fp4-trainkit's FP4MatMul) leaves the bias out of y, not out of its gradient") {
+  Recipe r = recipe_by_name("fp4tk_tetrajet");
+  REQUIRE_FALSE(r.forward_bias);
+  const MatrixRM x = randm(64, 32, 11), w = randm(24, 32, 12), dy = randm(64, 24, 13);
+  std::vector<float> b(24);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.25f * float(i + 1);
+  MatrixRM y_b, y_nob;
+  LinearSaved s1, s2;
+  linear_forward(LinearContext{&r, 5, 1, 0, "blocks.0.fc"}, x, w, b.data(), y_b, s1);
+  linear_forward(LinearContext{&r, 5, 1, 0, "blocks.0.fc"}, x, w, nullptr, y_nob, s2);
+  CHECK(same_bits(y_b, y_nob));  // the bias is not added
+  std::vector<float> db(24, 0.0f);
+  MatrixRM dx, dw;
+  linear_backward(LinearContext{&r, 5, 1, 0, "blocks.0.fc"}, s1, w, dy, dx, dw, db.data());
+  for (int64_t c = 0; c < 24; ++c) {  // db = column sums of dy, as fp4-trainkit's grad_b
+    double sum = 0;
+    for (int64_t k = 0; k < 64; ++k) sum += dy(k, c);
+    CHECK(db[size_t(c)] == doctest::Approx(sum).epsilon(1e-5));
+  }
+  // A layer kept in high precision, and the same recipe with forward_bias, add it.
+  r.keep_high_precision = {"head"};
+  MatrixRM y_kept;
+  LinearSaved s3;
+  linear_forward(LinearContext{&r, 5, 1, 0, "head"}, x, w, b.data(), y_kept, s3);
+  CHECK(y_kept(3, 5) == doctest::Approx((x * w.transpose())(3, 5) + b[5]).epsilon(1e-5));
+  r.forward_bias = true;
+  MatrixRM y_fb;
+  LinearSaved s4;
+  linear_forward(LinearContext{&r, 5, 1, 0, "blocks.0.fc"}, x, w, b.data(), y_fb, s4);
+  for (int64_t c = 0; c < 24; ++c) CHECK(y_fb(7, c) == y_nob(7, c) + b[size_t(c)]);
 }
 
 TEST_CASE(
