@@ -223,6 +223,7 @@ void read_training(const json& tj, const std::string& where, TrainingConfig& t) 
   to.get("eps", t.adamw.eps);
   to.get("weight_decay", t.adamw.weight_decay);
   to.get("grad_clip", t.adamw.grad_clip);
+  to.get("loss_scale", t.loss_scale);
   to.get("eval_interval", t.eval_interval);
   to.get("eval_iters", t.eval_iters);
   to.get("eval_batch_size", t.eval_batch_size);
@@ -243,6 +244,9 @@ void check_training(const TrainingConfig& t, const std::string& where, const std
     throw Error(where + ".training: give a positive \"steps\" (or \"epochs\" for mnist)");
   if (t.epochs > 0 && data_type != "mnist" && t.steps == 0)
     throw Error(where + ".training.epochs: only for mnist; give \"steps\" for char data");
+  if (!(t.loss_scale > 0.0) || !std::isfinite(t.loss_scale) || float(t.loss_scale) > 1e30f)
+    throw Error(where + ".training.loss_scale: " + std::to_string(t.loss_scale) +
+                " must be a positive finite factor (a power of two keeps the scaling exact; 1 = off)");
   if (t.adamw.beta1 < 0 || t.adamw.beta1 >= 1 || t.adamw.beta2 < 0 || t.adamw.beta2 >= 1)
     throw Error(where + ".training.beta1/beta2: must be in [0, 1)");
 }
@@ -385,6 +389,8 @@ json config_to_json(const RunConfig& c) {
                    {"eval_batch_size", t.eval_batch_size},
                    {"log_interval", t.log_interval},
                    {"checkpoint_interval", t.checkpoint_interval}};
+  // Written only when set, so that the configs (and hashes) of runs without it stay as they were.
+  if (t.loss_scale != 1.0) training["loss_scale"] = t.loss_scale;
   json data = {{"type", c.data.type},
                {"path", c.data.path},
                {"train_limit", c.data.train_limit},

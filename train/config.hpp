@@ -54,6 +54,12 @@ struct TrainingConfig {
   int64_t eval_batch_size = 1000;  // mnist test pass
   int64_t log_interval = 10;
   int64_t checkpoint_interval = 0;  // 0: at evaluations and at the end
+  // Static loss scaling: the loss gradient is multiplied by loss_scale before
+  // the backward pass and every gradient divided by it before clipping and
+  // the update (exact for a power of two away from FP32's range limits). It
+  // changes what the quantized backward operands see (block scales, flushes,
+  // scale floors), not the FP32 optimiser arithmetic. 1 = off.
+  double loss_scale = 1.0;
 };
 
 struct RunConfig {

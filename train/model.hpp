@@ -65,6 +65,7 @@ struct StepContext {
   uint64_t step = 0;
   bool train = true;     // dropout on
   bool backward = true;  // a backward pass follows (Model::evaluate clears it: forward only)
+  float loss_scale = 1.0f;  // the loss gradient's factor (training.loss_scale)
 };
 
 struct LinearLayerInfo {
@@ -119,6 +120,7 @@ class CrossEntropyModel : public Model {
     // The backward pass is issued before the loss is waited for (a GPU keeps
     // running while the host reads it).
     be_.cross_entropy_start(logits, b.targets.data(), &dlogits);
+    if (s.loss_scale != 1.0f) be_.scale(dlogits, s.loss_scale);
     backward(b, s, dlogits);
     return be_.cross_entropy_finish(correct);
   }

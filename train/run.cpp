@@ -567,6 +567,7 @@ void Training::build_model() {
 
 StepContext Training::context(int64_t step, bool train) const {
   StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train};
+  sc.loss_scale = float(cfg_.training.loss_scale);
   if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;
   return sc;
 }
@@ -629,6 +630,7 @@ bool Training::train_step(int64_t step) {
   if (!std::isfinite(loss)) error_ = "loss is " + std::string(std::isnan(loss) ? "NaN" : "Inf");
   double gnorm = 0.0;
   if (error_.empty()) {
+    if (tc.loss_scale != 1.0) be_->scale(model_->params().grads, float(1.0 / tc.loss_scale));
     gnorm = adam_->step(lr);
     if (!std::isfinite(gnorm)) error_ = "gradient norm is " + std::string(std::isnan(gnorm) ? "NaN" : "Inf");
   }

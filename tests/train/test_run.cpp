@@ -119,6 +119,34 @@ TEST_CASE("resume continues bit-exactly (quantized recipe with stochastic roundi
   fs::remove_all(tmp);
 }
 
+TEST_CASE("training.loss_scale: a power of two leaves an FP32 run bit-identical; it changes what FP4 operands see") {
+  const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_run_loss_scale";
+  fs::remove_all(tmp);
+  const std::string text = fixture_text(tmp);
+  std::ostringstream log;
+  RunOptions o;
+  o.log = &log;
+  auto run = [&](const std::string& recipe, double ls, const std::string& dir) {
+    json j = tiny_gpt(text, (tmp / dir).string(), recipe);
+    j["training"]["steps"] = 12;
+    j["training"]["loss_scale"] = ls;
+    return run_training(config_from_json(j), o);
+  };
+  const RunResult a = run("fp32", 1.0, "a"), b = run("fp32", 1024.0, "b");
+  REQUIRE(a.step_losses.size() == 12);
+  CHECK(a.step_losses == b.step_losses);  // the loss is not scaled, the gradients are unscaled exactly
+  CHECK(a.final_params == b.final_params);
+  // fp4-trainkit's NVFP4 with its 2^-9 scale floor sees larger gradients under a loss scale: its run changes.
+  const RunResult c = run("fp4tk_fp4_all_the_way", 1.0, "c"), d = run("fp4tk_fp4_all_the_way", 4096.0, "d");
+  CHECK(c.final_params != d.final_params);
+  // Written to config.json only when set.
+  const json ca = json::parse(std::ifstream(fs::path(a.dir) / "config.json"));
+  const json cb = json::parse(std::ifstream(fs::path(b.dir) / "config.json"));
+  CHECK_FALSE(ca["training"].contains("loss_scale"));
+  CHECK(cb["training"]["loss_scale"] == 1024.0);
+  fs::remove_all(tmp);
+}
+
 TEST_CASE("config validation errors name the JSON path") {
   json j = tiny_gpt("x.txt", "runs");
   json bad = j;
@@ -142,6 +170,11 @@ TEST_CASE("config validation errors name the JSON path") {
   bad = j;
   bad["model"]["dropout"] = 1.5;
   CHECK(error_of(bad).find("config.model.dropout") != std::string::npos);
+  for (const double ls : {0.0, -2.0, 1e40}) {
+    bad = j;
+    bad["training"]["loss_scale"] = ls;
+    CHECK(error_of(bad).find("config.training.loss_scale") != std::string::npos);
+  }
   CHECK(error_of(j).empty());
   // --set with dotted keys
   apply_set(j, "training.lr=3e-4");
