@@ -5,6 +5,7 @@
 // Built with --fmad=false so no FP32 sequence is contracted into an FMA.
 #include "cuda/quantize.hpp"
 #include "cuda/quantize_fp4tk.hpp"
+#include "cuda/quantize_options.hpp"
 #include "cuda/quantize_kernels.cuh"
 #include "cuda/rht.hpp"
 
@@ -19,6 +20,7 @@
 #include "core/philox.hpp"
 #include "core/sr.hpp"
 #include "sim/block_scales.hpp"
+#include "sim/nvfp4_options.hpp"
 #include "sim/rht.hpp"
 #include "sim/scale_rules.hpp"
 
@@ -484,6 +486,14 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
     if (path == QuantPath::fused)
       throw Error("quantize (cuda): emulate 'fp4tk' has its own kernels, not the fused ones: " + describe(q));
     return quantize_fp4tk_device(q, x, type, rows, cols, rs, out, ws, stream);
+  }
+  if (nvfp4_options(q)) {
+    if (path == QuantPath::fused)
+      throw Error(
+          "quantize (cuda): scale_select 'four_over_six' and global_scale 'row_amax' have their own kernels "
+          "(cuda/quantize_options.cu), not the fused ones: " +
+          describe(q));
+    return quantize_options_device(q, x, type, rows, cols, out, ws, stream);
   }
   const KernelPlan plan = plan_quantize(q, type, path, tensor_amax_bits != nullptr);
   const BlockGrid grid = block_grid(q, rows, cols);

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/sr.hpp"
+#include "sim/nvfp4_options.hpp"
 
 namespace fp4lab::cuda {
 namespace qk {
@@ -38,7 +39,7 @@ bool needs_tensor_amax(const QuantizerSpec& q) {
 // nv rule, with or without the per-tensor scale), rounding rn or rs.
 bool dual_quantizer(const QuantizerSpec& q) {
   return spec_kind(q) == KernelKind::nvfp4 && q.scale_rule == ScaleRule::nv &&
-         (q.round == Round::rn || q.round == Round::rs);
+         (q.round == Round::rn || q.round == Round::rs) && !nvfp4_options(q);
 }
 
 }  // namespace
@@ -56,6 +57,7 @@ SrLayout sr_layout(const QuantizerSpec& q, int64_t cols) {
 
 std::optional<Family> fused_family(const QuantizerSpec& q) {
   if (q.emulate != Emulation::none) return std::nullopt;  // quantize_fp4tk_device
+  if (nvfp4_options(q)) return std::nullopt;              // quantize_options_device
   const int br = q.block_rows, bc = q.block_cols;
   if (br == 1 && (bc == 16 || bc == 32)) {
     if (q.rht && bc != 16) return std::nullopt;
@@ -125,7 +127,9 @@ bool bf16_exact(const QuantizerSpec& q) {
   const bool element =
       e == &float4_e2m1fn || e == &float6_e2m3fn || e == &float6_e3m2fn || e == &float8_e4m3fn || e == &float8_e5m2;
   const bool scale = q.scale == &float8_e8m0fnu || q.scale == &ufloat8_e4m3;
-  return element && scale && !q.rht;
+  // TE's NVFP4 options: decode(code) * block scale is not the operand (their
+  // scales are the final FP32 dequantization scales, sim/nvfp4_options.hpp).
+  return element && scale && !q.rht && !nvfp4_options(q);
 }
 
 bool rht_foldable(const QuantizerSpec& q) { return bf16_exact(q) && q.block_rows == 16 && q.block_cols == 1; }
