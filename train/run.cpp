@@ -566,8 +566,7 @@ void Training::build_model() {
 }
 
 StepContext Training::context(int64_t step, bool train) const {
-  StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train};
-  sc.loss_scale = float(cfg_.training.loss_scale);
+  StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train, true, float(cfg_.training.loss_scale)};
   if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;
   return sc;
 }

@@ -88,7 +88,7 @@ Out run(const Recipe* r, const Setup& st, const char* layer_name = "", uint64_t 
 MatrixRM fp32_y(const MatrixRM& x, const MatrixRM& w, const std::vector<float>& b) {
   MatrixRM y;
   LinearSaved s;
-  linear_forward(LinearContext{}, x, w, b.data(), y, s);
+  linear_forward(LinearContext{}, x, w, b.empty() ? nullptr : b.data(), y, s);  // empty: no bias
   return y;
 }
 MatrixRM fp32_dx(const MatrixRM& g, const MatrixRM& w) {
@@ -129,12 +129,15 @@ Out expected(const Recipe& r, const Setup& st, uint64_t step) {
   };
   Out o;
   const MatrixRM x0 = prep(Operand::fwd_x, st.x);
-  o.y = fp32_y(x0, prep(Operand::fwd_w, st.w), st.b);
+  // forward_bias false (fp4-trainkit's FP4MatMul): the quantized layer's y has no bias.
+  o.y = fp32_y(x0, prep(Operand::fwd_w, st.w), r.forward_bias ? st.b : std::vector<float>{});
   MatrixRM wsrc = st.w;
   if (r.double_quantization && r.operand(Operand::fwd_w))
     wsrc = fq(*r.operand(Operand::fwd_w), st.w, st, Operand::fwd_w, step);
   o.dx = fp32_dx(prep(Operand::dgrad_grad_y, st.dy), prep(Operand::dgrad_w, wsrc));
-  MatrixRM g = st.dy, xs = (r.double_quantization && r.operand(Operand::fwd_x)) ? x0 : st.x;
+  // Double quantization of x too unless double_quantization_x is false (W only, fp4-trainkit's tetrajet).
+  MatrixRM g = st.dy,
+           xs = (r.double_quantization && r.double_quantization_x && r.operand(Operand::fwd_x)) ? x0 : st.x;
   if (r.wgrad_rht) {
     g = rht_cols(g, r.rht_seed);
     xs = rht_cols(xs, r.rht_seed);
