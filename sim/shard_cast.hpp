@@ -1,0 +1,94 @@
+// NVFP4 primary weights cast shard by shard (ZeRO-1 / FSDP), the scheme of
+// TransformerEngine PR #2691 made exact at every offset.
+//
+// The flat parameter buffer holds the weight tensors back to back
+// (FlatTensor: rows, cols and the flat index of element (0, 0); row-major).
+// A rank owns the flat element range [begin, end): any boundaries (odd,
+// mid-row, mid-tile, spanning tensors). The cast of each tensor is the canned
+// `nvfp4_2d` quantizer (16x16 tiles, UE4M3 tile scales of the nv rule, FP32
+// per-tensor scale from the tensor's amax, round to nearest), and the
+// protocol below gives bit for bit what quantize(nvfp4_2d, W) gives for every
+// tensor, whatever the number of ranks and their boundaries:
+//   1. shard_partial_amax: each rank's max |x| bit patterns, per tensor and
+//      per 16x16 tile (tiles numbered tensor by tensor, row-major in each),
+//      over its own elements (0 where it has none);
+//   2. the caller MAX-reduces both vectors over the ranks (element-wise
+//      unsigned max of the bit patterns: the max magnitude, NaN dominating;
+//      two all-reduces, MPI_MAX / ncclMax on uint32), so that
+//   3. shard_scales gives every rank the same tile scales and per-tensor
+//      scales: scales are never gathered;
+//   4. shard_cast writes the rank's codes into the packed layout (FP4, two
+//      codes a byte, sim/packing.hpp; tensor t's rows at packed_offset[t]):
+//      the contiguous byte span that holds its elements, every nibble it does
+//      not own 0;
+//   5. assemble_packed ORs every rank's span into the full buffer. A byte
+//      split between two ranks (a boundary at an odd column) takes each nibble
+//      from its owner, and since each contribution's foreign nibbles are 0
+//      nothing stale survives. (TE's #2691 indexes a rank's bytes by
+//      (i - start) >> 1, wrong for odd starts, where (i >> 1) - (start >> 1)
+//      is meant, and gathers whole bytes, keeping a stale nibble; its tests
+//      use even offsets only.)
+// The column-wise copy (the dgrad / wgrad operand) is pack_fp4_transposed of
+// the same codes: 16x16 tiles are the same tiles transposed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace fp4lab {
+
+struct FlatTensor {
+  int64_t rows = 0, cols = 0;
+  int64_t offset = 0;  // flat index of element (0, 0)
+};
+
+struct ShardRange {
+  int64_t begin = 0, end = 0;  // flat element indices [begin, end)
+};
+
+// Where each tensor's tiles and packed bytes start (tile_offset, packed_offset,
+// one more entry than tensors: the totals last).
+struct FlatLayout {
+  std::vector<int64_t> tile_offset;
+  std::vector<int64_t> packed_offset;
+};
+FlatLayout flat_layout(std::span<const FlatTensor> tensors);
+
+// Step 1. `flat` is the whole flat buffer (only [shard.begin, shard.end) is
+// read); the results hold one amax bit pattern per tensor and per tile.
+struct ShardAmax {
+  std::vector<uint32_t> tensor;
+  std::vector<uint32_t> tile;
+};
+ShardAmax shard_partial_amax(std::span<const FlatTensor> tensors, const float* flat, ShardRange shard);
+// The MAX reduction of step 2 done in one process (in-process ranks; what
+// MPI_MAX / ncclMax compute): element-wise max into `acc`.
+void max_into(ShardAmax& acc, const ShardAmax& other);
+
+// Step 3: per tile the UE4M3 scale code and the element multiplier, per
+// tensor g_dec (the dequantized value is (decode(code) * decode(scale)) * g_dec).
+struct ShardScales {
+  std::vector<uint8_t> tile_code;
+  std::vector<float> tile_mult;
+  std::vector<float> g_dec;
+};
+ShardScales shard_scales(std::span<const FlatTensor> tensors, const ShardAmax& global);
+
+// Step 4: the rank's bytes of the packed buffer, bytes [first_byte,
+// first_byte + bytes.size()).
+struct ShardBytes {
+  int64_t first_byte = 0;
+  std::vector<uint8_t> bytes;
+};
+ShardBytes shard_cast(std::span<const FlatTensor> tensors, const float* flat, ShardRange shard,
+                      const ShardScales& scales);
+
+// Step 5: the full packed buffer (flat_layout(...).packed_offset.back() bytes).
+std::vector<uint8_t> assemble_packed(std::span<const FlatTensor> tensors, std::span<const ShardBytes> parts);
+
+// Splits [0, total) into n ranges of sizes differing by at most one (the
+// first total % n ranges one longer): ZeRO-1's default shards.
+std::vector<ShardRange> even_shards(int64_t total, int n);
+
+}  // namespace fp4lab
