@@ -1,9 +1,11 @@
 // A quantizer's spec (quantizer.hpp): the canned names, the JSON form,
 // validate() and describe().
 #include <fstream>
+#include <initializer_list>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "core/error.hpp"
 #include "sim/fp4tk.hpp"
@@ -157,6 +159,17 @@ std::string get_string(const nlohmann::json& v, const std::string& path) {
   if (!v.is_string()) throw Error(path + ": expected a string, got " + v.dump());
   return v.get<std::string>();
 }
+
+// The enum value named s among `choices`; otherwise an error listing them.
+template <class E>
+E parse_named(const std::string& s, const char* key, std::initializer_list<std::pair<const char*, E>> choices) {
+  std::string valid;
+  for (const auto& [name, e] : choices) {
+    if (s == name) return e;
+    valid += (valid.empty() ? "" : ", ") + std::string(name);
+  }
+  throw Error("unknown " + std::string(key) + " '" + s + "'; valid: " + valid);
+}
 }  // namespace
 
 QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& where) {
@@ -193,16 +206,10 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
       } else if (k == "overflow") {
         q.overflow = parse_overflow(get_string(v, path));
       } else if (k == "global_scale") {
-        const std::string s = get_string(v, path);
-        if (s == "none") {
-          q.global_scale = GlobalScale::none;
-        } else if (s == "tensor_amax") {
-          q.global_scale = GlobalScale::tensor_amax;
-        } else if (s == "row_amax") {
-          q.global_scale = GlobalScale::row_amax;
-        } else {
-          throw Error("unknown global_scale '" + s + "'; valid: none, tensor_amax, row_amax");
-        }
+        q.global_scale = parse_named<GlobalScale>(get_string(v, path), "global_scale",
+                                                  {{"none", GlobalScale::none},
+                                                   {"tensor_amax", GlobalScale::tensor_amax},
+                                                   {"row_amax", GlobalScale::row_amax}});
       } else if (k == "rht") {
         if (!v.is_boolean()) throw Error(path + ": expected true or false, got " + v.dump());
         q.rht = v.get<bool>();
@@ -215,14 +222,8 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
         if (!b) throw Error(path + ": unknown sr_bits " + v.dump() + "; valid: " + sr_bits_names);
         q.sr_bits = *b;
       } else if (k == "emulate") {
-        const std::string s = get_string(v, path);
-        if (s == "none") {
-          q.emulate = Emulation::none;
-        } else if (s == "fp4tk") {
-          q.emulate = Emulation::fp4tk;
-        } else {
-          throw Error("unknown emulate '" + s + "'; valid: none, fp4tk");
-        }
+        q.emulate = parse_named<Emulation>(get_string(v, path), "emulate",
+                                           {{"none", Emulation::none}, {"fp4tk", Emulation::fp4tk}});
       } else if (k == "scale_select") {
         q.scale_select = parse_scale_select(get_string(v, path));
       } else if (k == "select_error") {
