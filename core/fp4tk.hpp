@@ -33,9 +33,12 @@
 // and the Inf element Inf (6 * 2^127), NVFP4 gives s = 448 and the Inf element
 // +-2688.
 //
-// log2 is evaluated as float32(log2(double(v))): torch's float32 log2 matches
-// this on every input the oracle test tried (tests/cli/test_fp4tk.py); the
-// rounding matters for MX scales just below and above powers of two.
+// log2 is evaluated as float32(log2(double(v))): what fp4-trainkit's CPU path
+// (torch's CPU log2) gives on every input of the oracle test
+// (tests/cli/test_fp4tk.py). Its CUDA path (CUDA's log2f, not correctly
+// rounded) moves some ceil scales just above powers of two one step up, and
+// PyTorch's CUDA division by a Python scalar multiplies by the reciprocal:
+// fp4lab emulates the CPU path.
 #pragma once
 
 #include <cmath>

@@ -279,12 +279,9 @@ __global__ void __launch_bounds__(kThreads) generic_element_kernel(const KParams
         encode_element_rt(p.elem, p.rule, p.round, p.overflow, x, p.block_mult[bid], rbits, p.sr.width);
     codes[k] = code;
     const float d = decode(p.elem, code) * p.block_scale[bid];
-    if (o.codes && o.code_layout == CodeLayout::bytes) o.codes[i] = uint8_t(code);
-    if (o.dequant) o.dequant[i] = d * g.g_dec;
-    if (o.dequant_bf16) o.dequant_bf16[i] = to_bf16(o.bf16_gemm_operand ? d : d * g.g_dec);
+    store_element(o, i, code, d * g.g_dec, o.bf16_gemm_operand ? d : d * g.g_dec);
   }
-  if (o.codes && o.code_layout == CodeLayout::packed4)
-    o.codes[r * pairs + c0 / 2] = uint8_t((codes[0] & 0xFu) | ((codes[1] & 0xFu) << 4));
+  store_code_pair(o, r, pairs, c0, codes);
 }
 
 // ---- host side ----------------------------------------------------------------

@@ -75,12 +75,9 @@ __global__ void __launch_bounds__(kThreads) fp4tk_element_kernel(const Fp4tkPara
     const float d = s * v;
     const uint32_t code = v != v ? 0x7u : encode_rn_f32<float4_e2m1fn>(v, Overflow::saturate);
     codes[k] = code;
-    if (o.codes && o.code_layout == CodeLayout::bytes) o.codes[i] = uint8_t(code);
-    if (o.dequant) o.dequant[i] = d;
-    if (o.dequant_bf16) o.dequant_bf16[i] = uint16_t(qk::to_bf16(d));
+    qk::store_element(o, i, code, d, d);
   }
-  if (o.codes && o.code_layout == CodeLayout::packed4)
-    o.codes[r * pairs + c0 / 2] = uint8_t((codes[0] & 0xFu) | ((codes[1] & 0xFu) << 4));
+  qk::store_code_pair(o, r, pairs, c0, codes);
 }
 
 unsigned blocks_for(int64_t work) {

@@ -292,6 +292,21 @@ __device__ __forceinline__ void store_bf16(uint16_t* dst, const uint32_t (&h)[N]
   }
 }
 
+// The per-element outputs of the one-thread-a-column-pair kernels (generic,
+// TE options, fp4tk): element i's code (byte layout), its FP32 value and its
+// BF16 value (each kernel says which value that is: with or without g_dec).
+__device__ __forceinline__ void store_element(const QuantOutputs& o, int64_t i, uint32_t code, float dq, float dq_bf16) {
+  if (o.codes && o.code_layout == CodeLayout::bytes) o.codes[i] = uint8_t(code);
+  if (o.dequant) o.dequant[i] = dq;
+  if (o.dequant_bf16) o.dequant_bf16[i] = uint16_t(encode_rn_f32<bfloat16>(dq_bf16, Overflow::nonsaturate));
+}
+// The packed4 byte of columns (c0, c0 + 1) of row r (a row holds `pairs` bytes).
+__device__ __forceinline__ void store_code_pair(const QuantOutputs& o, int64_t r, int64_t pairs, int64_t c0,
+                                                const uint32_t (&codes)[2]) {
+  if (o.codes && o.code_layout == CodeLayout::packed4)
+    o.codes[r * pairs + c0 / 2] = uint8_t((codes[0] & 0xFu) | ((codes[1] & 0xFu) << 4));
+}
+
 // The strip (i, jg) of thread t in a grid of nstrips x ngroups strips, row
 // major (quantize_cols.cu, quantize_dual.cu); (0, 0) when t is past the end
 // (ok = false). A 32-bit division where the thread count allows.

@@ -86,12 +86,9 @@ __global__ void __launch_bounds__(kThreads) options_element_kernel(const OptPara
                                                : encode(e2m1, y, p.round, p.overflow);
     codes[k] = code;
     const float d = (decode_f32<float4_e2m1fn>(code) * p.scale[bid]) * 1.0f;
-    if (o.codes && o.code_layout == CodeLayout::bytes) o.codes[i] = uint8_t(code);
-    if (o.dequant) o.dequant[i] = d;
-    if (o.dequant_bf16) o.dequant_bf16[i] = uint16_t(qk::to_bf16(d));
+    qk::store_element(o, i, code, d, d);
   }
-  if (o.codes && o.code_layout == CodeLayout::packed4)
-    o.codes[r * pairs + c0 / 2] = uint8_t((codes[0] & 0xFu) | ((codes[1] & 0xFu) << 4));
+  qk::store_code_pair(o, r, pairs, c0, codes);
 }
 
 unsigned blocks_for(int64_t work) {

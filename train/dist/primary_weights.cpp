@@ -1,6 +1,7 @@
 // NVFP4 primary weights over a communicator (primary_weights.hpp).
 #include "train/dist/primary_weights.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.hpp"
