@@ -286,12 +286,14 @@ void register_quantize_commands(CLI::App& app) {
   auto qa = std::make_shared<QuantizeArgs>();
   CLI::App* q = app.add_subcommand(
       "quantize",
-      "Block-quantize a 2-D float32 .npy tensor bit-exactly (MX, NVFP4, per-tensor FP8) and write its dequantized\n"
+      "Block-quantize a 2-D float32 .npy tensor bit-exactly (MX, NVFP4 with TE's 4/6 and row-scaled options,\n"
+      "per-tensor FP8, fp4-trainkit's arithmetic with emulate fp4tk) and write its dequantized\n"
       "values, and optionally the element codes, block scales and global scale.\n"
       "Example: fp4lab quantize --quantizer nvfp4 x.npy --dequant xq.npy --codes c.npy --scales s.npy --stats");
+  std::string canned;  // the registry's names, so the help cannot go stale
+  for (const std::string& n : quantizer_names()) canned += (canned.empty() ? "" : ", ") + n;
   q->add_option("--quantizer", qa->quantizer,
-                "A canned name (mxfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3, mxfp8_e5m2, mxint8, nvfp4, nvfp4_2d,\n"
-                "nvfp4_col, fp8_e4m3_tensor, fp8_e5m2_tensor), a JSON object such as\n"
+                "A canned name (" + canned + "), a JSON object such as\n"
                 "'{\"element\":\"e2m1\",\"scale\":\"e8m0\",\"block\":[1,32],\"scale_rule\":\"ceil\"}', or a JSON file")
       ->required();
   q->add_option("IN.npy", qa->in, "Input: float32 [rows, cols] (a 1-D array is one row)")->required();
