@@ -13,6 +13,7 @@
 #include "train/compare.hpp"
 #include "train/config.hpp"
 #include "train/optim.hpp"
+#include "train/dist/launch.hpp"
 #include "train/run.hpp"
 #include "core/error.hpp"
 
@@ -52,6 +53,7 @@ struct TrainArgs {
   std::vector<std::string> sets;
   bool resume = false, force = false, quiet = false;
   std::string recipes = "fp32", seeds;
+  LaunchOptions launch;  // train: data-parallel ranks (train/dist/launch.hpp)
 };
 
 // One timed training step loop on synthetic data (no dataset needed).
@@ -128,15 +130,27 @@ void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   train->add_flag("--force", args->force,
                   "Replace an existing run directory (the old one is removed once the new run has a checkpoint)");
   train->add_flag("--quiet", args->quiet, "No progress output");
+  train->add_option("--rendezvous", args->launch.rendezvous,
+                    "Data-parallel ranks without mpirun: file:PATH (NCCL, backend cuda; with --rank, --world) or mpi "
+                    "(the default under mpirun)");
+  train->add_option("--rank", args->launch.rank, "This process's rank (with --rendezvous file:PATH)");
+  train->add_option("--world", args->launch.world, "The number of ranks (with --rendezvous file:PATH)");
   train->callback([args] {
     RunConfig cfg = config_from_json(load_config(args->config, args->sets, args->recipe));
+    std::unique_ptr<Communicator> comm = join_world(args->launch, cfg.backend);
+    const bool rank0 = comm->rank() == 0;
     RunOptions o;
     o.resume = args->resume;
     o.force = args->force;
     o.progress = !args->quiet;
-    std::cerr << "fp4lab train: " << cfg.name << " (" << cfg.model.type << "), recipe " << recipe_label(cfg)
-              << ", seed " << cfg.seed << " -> " << run_directory(cfg) << "\n";
+    o.comm = comm.get();
+    if (rank0)
+      std::cerr << "fp4lab train: " << cfg.name << " (" << cfg.model.type << "), recipe " << recipe_label(cfg)
+                << ", seed " << cfg.seed << " -> " << run_directory(cfg)
+                << (comm->world() > 1 ? ", " + std::to_string(comm->world()) + " ranks (" + comm->name() + ")" : "")
+                << "\n";
     RunResult r = run_training(cfg, o);
+    if (!rank0) return;
     if (!r.note.empty()) {  // a finished run, left as it is
       std::printf("%s\n", r.note.c_str());
       return;

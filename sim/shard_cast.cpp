@@ -136,6 +136,25 @@ ShardBytes shard_cast(std::span<const FlatTensor> tensors, const float* flat, Sh
   return out;
 }
 
+void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed,
+                       const ShardScales& scales, float* flat) {
+  const FlatLayout l = flat_layout(tensors);
+  if (int64_t(packed.size()) != l.packed_offset.back())
+    throw Error("dequantize_packed: " + std::to_string(packed.size()) + " packed bytes, the tensors need " +
+                std::to_string(l.packed_offset.back()));
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const FlatTensor& t = tensors[ti];
+    const int64_t ntc = (t.cols + kTile - 1) / kTile, rb = row_bytes(t);
+    for (int64_t r = 0; r < t.rows; ++r)
+      for (int64_t c = 0; c < t.cols; ++c) {
+        const int64_t k = l.tile_offset[ti] + (r / kTile) * ntc + c / kTile;
+        const uint32_t code = (packed[size_t(l.packed_offset[ti] + r * rb + c / 2)] >> ((c & 1) * 4)) & 0xFu;
+        const float scale = decode(ufloat8_e4m3, scales.tile_code[size_t(k)]);
+        flat[t.offset + r * t.cols + c] = (decode(float4_e2m1fn, code) * scale) * scales.g_dec[ti];
+      }
+  }
+}
+
 std::vector<uint8_t> assemble_packed(std::span<const FlatTensor> tensors, std::span<const ShardBytes> parts) {
   std::vector<uint8_t> packed(size_t(flat_layout(tensors).packed_offset.back()), 0);
   for (const ShardBytes& p : parts) {

@@ -87,6 +87,13 @@ ShardBytes shard_cast(std::span<const FlatTensor> tensors, const float* flat, Sh
 // Step 5: the full packed buffer (flat_layout(...).packed_offset.back() bytes).
 std::vector<uint8_t> assemble_packed(std::span<const FlatTensor> tensors, std::span<const ShardBytes> parts);
 
+// The dequantized values of the packed codes (assemble_packed's buffer) into
+// the flat buffer at each tensor's elements: (decode(code) * decode(tile
+// scale)) * g_dec, what quantize(nvfp4_2d, W).dequant holds. Other elements
+// of `flat` are left as they are.
+void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed,
+                       const ShardScales& scales, float* flat);
+
 // Splits [0, total) into n ranges of sizes differing by at most one (the
 // first total % n ranges one longer): ZeRO-1's default shards.
 std::vector<ShardRange> even_shards(int64_t total, int n);

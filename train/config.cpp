@@ -266,6 +266,17 @@ void parse_layers(const json& l, const std::string& where, std::vector<std::stri
   }
 }
 
+void parse_distributed(const json& d, const std::string& where, DistributedConfig& c) {
+  Obj o(d, where + ".distributed");
+  o.get("zero", c.zero);
+  o.get("primary_weights", c.primary_weights);
+  o.get("shard_cast", c.shard_cast);
+  o.finish();
+  if (c.zero != 0 && c.zero != 1)
+    throw Error(where + ".distributed.zero: " + std::to_string(c.zero) + " is not valid; valid: 0, 1 (ZeRO-1)");
+  check_choice(where + ".distributed.primary_weights", c.primary_weights, {"fp32", "nvfp4"});
+}
+
 void parse_output(const json& out, const std::string& where, RunConfig& c) {
   Obj oo(out, where + ".output");
   oo.get("dir", c.output_dir);
@@ -320,6 +331,7 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   check_training(c.training, where, c.data.type);
   if (const json* l = o.sub("layers")) parse_layers(*l, where, c.keep_high_precision);
   if (const json* out = o.sub("output")) parse_output(*out, where, c);
+  if (const json* dj = o.sub("distributed")) parse_distributed(*dj, where, c.distributed);
   o.finish();
   // Check the recipe resolves now, so a typo fails before any work.
   try {
@@ -396,11 +408,17 @@ json config_to_json(const RunConfig& c) {
                {"train_limit", c.data.train_limit},
                {"test_limit", c.data.test_limit}};
   if (c.data.type == "mnist") data.update({{"mean", c.data.mean}, {"std", c.data.std}});
-  return json{{"name", c.name},       {"model", model},
-              {"data", data},         {"training", training},
-              {"recipe", c.recipe},   {"layers", {{"keep_high_precision", c.keep_high_precision}}},
-              {"seed", c.seed},       {"backend", c.backend},
-              {"threads", c.threads}, {"output", {{"dir", c.output_dir}, {"name", c.output_name}, {"capture_step", c.capture_step}}}};
+  json j{{"name", c.name},       {"model", model},
+         {"data", data},         {"training", training},
+         {"recipe", c.recipe},   {"layers", {{"keep_high_precision", c.keep_high_precision}}},
+         {"seed", c.seed},       {"backend", c.backend},
+         {"threads", c.threads}, {"output", {{"dir", c.output_dir}, {"name", c.output_name}, {"capture_step", c.capture_step}}}};
+  // Written only when not the default, so that the configs (and hashes) of earlier runs stay as they were.
+  if (c.distributed != DistributedConfig{})
+    j["distributed"] = {{"zero", c.distributed.zero},
+                        {"primary_weights", c.distributed.primary_weights},
+                        {"shard_cast", c.distributed.shard_cast}};
+  return j;
 }
 
 json read_json_file(const std::string& path) {

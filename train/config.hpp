@@ -11,6 +11,8 @@
 //   recipe    a canned name ("fp32", "nvfp4", ...), a recipe JSON file path, or an inline
 //             recipe object (recipes/recipe.hpp: {"extends": "nvfp4", ...})
 //   layers    {keep_high_precision: [layer-name patterns]}  (added to the recipe's own)
+//   distributed {zero: 0|1, primary_weights: "fp32"|"nvfp4", shard_cast: true|false}
+//             data-parallel training (train/dist/data_parallel.hpp); one process is a world of 1
 //   seed      integer (init, data order, dropout, stochastic rounding)
 //   backend   "cpu" | "cuda"
 //   threads   OpenMP threads: 0 (OpenMP's default) or 1..1024
@@ -62,6 +64,14 @@ struct TrainingConfig {
   double loss_scale = 1.0;
 };
 
+// Data-parallel training (train/dist/data_parallel.hpp).
+struct DistributedConfig {
+  int zero = 0;                          // 0: every rank updates every parameter; 1: ZeRO-1 shards
+  std::string primary_weights = "fp32";  // "nvfp4": the linear weights the recipe quantizes are NVFP4
+  bool shard_cast = true;                // nvfp4: each rank casts only its shard (false: all, the reference)
+  bool operator==(const DistributedConfig&) const = default;
+};
+
 struct RunConfig {
   std::string name = "run";
   ModelConfig model;
@@ -75,6 +85,7 @@ struct RunConfig {
   std::string output_dir = "runs";
   std::string output_name;  // empty: <name>-<recipe name>-s<seed>
   int64_t capture_step = -1;  // output.capture_step (-1: none)
+  DistributedConfig distributed;
 };
 
 // Parses and validates; `where` prefixes error paths.

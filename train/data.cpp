@@ -10,6 +10,23 @@
 
 namespace fp4lab::train {
 
+Batch slice_batch(const Batch& b, int64_t begin, int64_t end) {
+  if (begin < 0 || end < begin || end > b.size)
+    throw Error("slice_batch: samples [" + std::to_string(begin) + ", " + std::to_string(end) + ") of a batch of " +
+                std::to_string(b.size));
+  Batch out;
+  out.size = end - begin;
+  auto part = [&](const auto& v, auto& dst) {
+    if (v.empty()) return;
+    const size_t per = v.size() / size_t(b.size);
+    dst.assign(v.begin() + std::ptrdiff_t(size_t(begin) * per), v.begin() + std::ptrdiff_t(size_t(end) * per));
+  };
+  part(b.images, out.images);
+  part(b.tokens, out.tokens);
+  part(b.targets, out.targets);
+  return out;
+}
+
 namespace {
 
 std::vector<uint8_t> read_file(const std::string& path) {

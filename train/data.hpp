@@ -14,6 +14,9 @@
 
 namespace fp4lab::train {
 
+// Samples [begin, end) of a batch (a data-parallel rank's share).
+Batch slice_batch(const Batch& b, int64_t begin, int64_t end);
+
 // ---- MNIST ------------------------------------------------------------------
 struct ImageSet {
   int64_t count = 0, rows = 0, cols = 0;

@@ -29,7 +29,7 @@ class Gpt final : public CrossEntropyModel {
       l.id = next_id++;
       l.w = params_.add("transformer." + name + ".weight", out, in, true, Init::normal, std);
       if (c.bias) l.b = params_.add("transformer." + name + ".bias", 1, out, false, Init::zeros);
-      infos_.push_back(LinearLayerInfo{name, l.id, in, out});
+      infos_.push_back(LinearLayerInfo{name, l.id, in, out, l.w});
       return l;
     };
     wte_ = params_.add("transformer.wte.weight", V, C, true, Init::normal, 0.02f);

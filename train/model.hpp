@@ -72,6 +72,7 @@ struct LinearLayerInfo {
   std::string name;
   uint64_t id = 0;
   int64_t in = 0, out = 0;
+  int weight_param = -1;  // ParamStore index of its [out, in] weight; -1: tied to another use (GPT's lm_head = wte)
 };
 
 // Operand capture (config output.capture_step): at training step `step` each

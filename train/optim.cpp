@@ -1,5 +1,6 @@
 #include "train/optim.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -18,22 +19,48 @@ double learning_rate(const ScheduleConfig& s, int64_t it, int64_t total_steps) {
   return s.min_lr + coeff * (s.lr - s.min_lr);
 }
 
-AdamW::AdamW(const AdamWConfig& cfg, ParamStore& params, Backend& be) : cfg_(cfg), params_(params), be_(be) {
-  m_ = be.zeros(1, params.size());
-  v_ = be.zeros(1, params.size());
+namespace {
+
+// The decayed ranges that meet `shard`, relative to its start.
+std::vector<IndexRange> ranges_in(std::span<const IndexRange> decayed, ShardRange shard) {
+  std::vector<IndexRange> out;
+  for (const IndexRange& r : decayed) {
+    const int64_t b = std::max(r.offset, shard.begin), e = std::min(r.offset + r.size, shard.end);
+    if (b < e) out.push_back(IndexRange{b - shard.begin, e - b});
+  }
+  return out;
+}
+
+}  // namespace
+
+AdamW::AdamW(const AdamWConfig& cfg, ParamStore& params, Backend& be)
+    : AdamW(cfg, be, params.decay_ranges, ShardRange{0, params.size()}) {
+  params_ = &params;
+}
+
+AdamW::AdamW(const AdamWConfig& cfg, Backend& be, std::span<const IndexRange> decayed, ShardRange shard)
+    : cfg_(cfg), be_(be), shard_(shard), decayed_(ranges_in(decayed, shard)) {
+  if (shard.begin < 0 || shard.end < shard.begin) throw Error("AdamW: invalid shard");
+  m_ = be.zeros(1, shard.end - shard.begin);
+  v_ = be.zeros(1, shard.end - shard.begin);
 }
 
 double AdamW::step(double lr) {
-  const double norm = std::sqrt(be_.sum_squares(params_.grads));
+  if (!params_) throw Error("AdamW::step(lr) needs the whole-buffer form");
+  const double norm = std::sqrt(be_.sum_squares(params_->grads));
+  step(params_->values, params_->grads, lr, norm);
+  return norm;
+}
+
+void AdamW::step(Tensor& p, Tensor& g, double lr, double norm) {
   if (cfg_.grad_clip > 0.0) {
     // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), only if < 1.
     const double coef = cfg_.grad_clip / (norm + 1e-6);
-    if (coef < 1.0) be_.scale(params_.grads, float(coef));
+    if (coef < 1.0) be_.scale(g, float(coef));
   }
   ++t_;
-  be_.adamw_step(params_.values, params_.grads, m_, v_, params_.decay_ranges, float(lr), float(cfg_.beta1),
-                 float(cfg_.beta2), float(cfg_.eps), float(cfg_.weight_decay), t_);
-  return norm;
+  be_.adamw_step(p, g, m_, v_, decayed_, float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
+                 float(cfg_.weight_decay), t_);
 }
 
 }  // namespace fp4lab::train

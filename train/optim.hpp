@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "train/backend.hpp"
+#include "sim/shard_cast.hpp"
 #include "train/params.hpp"
 
 namespace fp4lab::train {
@@ -31,12 +34,24 @@ struct AdamWConfig {
   double grad_clip = 0.0;  // max global L2 norm; 0 = off
 };
 
+// AdamW over the elements [shard.begin, shard.end) of a flat parameter buffer
+// (the whole buffer in one process; a rank's ZeRO-1 shard in data-parallel
+// training, train/dist/data_parallel.hpp). The moments hold the shard only.
 class AdamW {
  public:
+  // The whole buffer of `params`: step(lr) updates params.values from params.grads.
   AdamW(const AdamWConfig& cfg, ParamStore& params, Backend& be);
-  // Clips the gradients (if configured), then one AdamW step at `lr`.
-  // Returns the global gradient norm before clipping.
+  // A shard of a flat buffer whose decayed elements are `decayed` (flat indices,
+  // sorted, disjoint): step(p, g, lr, norm) updates it.
+  AdamW(const AdamWConfig& cfg, Backend& be, std::span<const IndexRange> decayed, ShardRange shard);
+  // Whole buffer: the gradient norm, clipping (if configured), one AdamW step
+  // at `lr`. Returns the global gradient norm before clipping.
   double step(double lr);
+  // Shard: clips `g` (the shard's gradients) by the global gradient norm
+  // `norm` (computed by the caller over every shard), then one AdamW step of
+  // `p` (the shard's values; shard-sized, like g).
+  void step(Tensor& p, Tensor& g, double lr, double norm);
+  ShardRange shard() const { return shard_; }
   int64_t steps_taken() const { return t_; }
   Tensor& m() { return m_; }
   Tensor& v() { return v_; }
@@ -44,8 +59,10 @@ class AdamW {
 
  private:
   AdamWConfig cfg_;
-  ParamStore& params_;
+  ParamStore* params_ = nullptr;  // whole-buffer form only
   Backend& be_;
+  ShardRange shard_;
+  std::vector<IndexRange> decayed_;  // shard-relative
   Tensor m_, v_;
   int64_t t_ = 0;
 };

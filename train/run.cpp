@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "train/capture.hpp"
+#include "train/checkpoint.hpp"
 #include "train/data.hpp"
+#include "train/dist/data_parallel.hpp"
 #include "core/error.hpp"
 
 namespace fp4lab::train {
@@ -26,74 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kMagic[8] = {'F', 'P', '4', 'L', 'C', 'K', '0', '1'};
 constexpr uint64_t kEvalStream = uint64_t(0xF) << 60;
-
-void write_atomic(const fs::path& path, const std::string& bytes) {
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error("cannot write " + tmp.string());
-    f.write(bytes.data(), std::streamsize(bytes.size()));
-    f.flush();
-    if (!f) throw Error("writing " + tmp.string() + " failed (disk full?)");
-  }
-  fs::rename(tmp, path);
-}
-
-struct Checkpoint {
-  json header;
-  std::vector<float> values, m, v;
-};
-
-void save_checkpoint(const fs::path& path, const Checkpoint& c) {
-  const std::string h = c.header.dump();
-  std::string bytes(kMagic, 8);
-  const uint64_t len = h.size();
-  bytes.append(reinterpret_cast<const char*>(&len), 8);
-  bytes += h;
-  for (const auto* vec : {&c.values, &c.m, &c.v})
-    bytes.append(reinterpret_cast<const char*>(vec->data()), vec->size() * sizeof(float));
-  write_atomic(path, bytes);
-}
-
-// The checkpoint's JSON header (step, adam_t, best, params, recipe, config_hash);
-// `f` is left at the parameters.
-json read_checkpoint_header(std::istream& f, const fs::path& path) {
-  char magic[8];
-  uint64_t len = 0;
-  f.read(magic, 8);
-  f.read(reinterpret_cast<char*>(&len), 8);
-  if (!f || std::memcmp(magic, kMagic, 8) != 0 || len > (1u << 24))
-    throw Error(path.string() + ": not an fp4lab checkpoint (bad magic/header)");
-  std::string h(len, '\0');
-  f.read(h.data(), std::streamsize(len));
-  try {
-    return json::parse(h);
-  } catch (const json::parse_error& e) {
-    throw Error(path.string() + ": corrupt checkpoint header: " + e.what());
-  }
-}
-json read_checkpoint_header(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  return read_checkpoint_header(f, path);
-}
-
-Checkpoint load_checkpoint(const fs::path& path, int64_t n) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot resume: no checkpoint " + path.string());
-  Checkpoint c;
-  c.header = read_checkpoint_header(f, path);
-  if (c.header.value("params", int64_t(-1)) != n)
-    throw Error(path.string() + ": checkpoint holds " + c.header.value("params", json(-1)).dump() +
-                " parameters but the model has " + std::to_string(n) + " (different config?)");
-  for (auto* vec : {&c.values, &c.m, &c.v}) {
-    vec->resize(size_t(n));
-    f.read(reinterpret_cast<char*>(vec->data()), std::streamsize(size_t(n) * sizeof(float)));
-  }
-  if (!f) throw Error(path.string() + ": checkpoint is truncated");
-  return c;
-}
 
 std::string fmt_duration(double s) {
   char b[32];
@@ -465,7 +400,10 @@ class Training {
   bool checkpointed_ = false;  // this invocation wrote a checkpoint
   std::unique_ptr<Backend> be_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<AdamW> adam_;
+  Communicator* comm_ = nullptr;  // opt.comm, or local_comm_
+  std::unique_ptr<Communicator> local_comm_;
+  bool rank0_ = true;  // rank 0 writes the directory, metrics, checkpoints and evaluates
+  std::unique_ptr<DataParallel> dp_;
   std::optional<Recipe> switched_;  // the recipe from switch_at_ on
   uint64_t switch_at_ = 0;
   int64_t items_ = 0;  // items (images, tokens) per step
@@ -492,6 +430,9 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
       recipe_(resolve_recipe(cfg_)),
       label_(recipe_label(cfg_)) {
   const TrainingConfig& tc = cfg_.training;
+  if (!opt.comm) local_comm_ = make_local_comm();
+  comm_ = opt.comm ? opt.comm : local_comm_.get();
+  rank0_ = comm_->rank() == 0;
   task_ = make_task(cfg_);
   const int64_t spe = task_->steps_per_epoch();
   total_ = tc.steps > 0 ? tc.steps : int64_t(std::llround(tc.epochs * double(spe)));
@@ -502,9 +443,10 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
   resolved_["recipe_resolved"] = recipe_to_json(recipe_);
   hash_ = config_hash(resolved_);
   plan_ = plan_directory(dir_, resolved_, total_, opt, true);
-  log_ << plan_.notes;
+  if (rank0_) log_ << plan_.notes;
   if (finished()) return;
-  for (const auto& w : config_warnings(cfg_, total_)) log_ << w << "\n";
+  if (rank0_)
+    for (const auto& w : config_warnings(cfg_, total_)) log_ << w << "\n";
   best_ = task_->worst;
 }
 
@@ -520,7 +462,9 @@ RunResult Training::unchanged() const {
 
 void Training::start() {
   build_model();
+  comm_->barrier();  // every rank has planned from the directory as it was
   if (plan_.action == RunAction::resume) return resume();
+  if (!rank0_) return;
   if (plan_.action == RunAction::replace) {
     aside_ = sibling(dir_, "old");
     log_ << "replacing " << dir_.string() << ": the old run waits in " << aside_.string()
@@ -554,7 +498,10 @@ void Training::build_model() {
   model_ = make_model(cfg_.model, *be_, cfg_.seed);
   AdamWConfig ac = tc.adamw;
   if (tc.optimizer == "adam") ac.weight_decay = 0.0;
-  adam_ = std::make_unique<AdamW>(ac, model_->params(), *be_);
+  const std::vector<int> nv = cfg_.distributed.primary_weights == "nvfp4"
+                                  ? nvfp4_weight_params(model_->linear_layers(), recipe_)
+                                  : std::vector<int>{};
+  dp_ = std::make_unique<DataParallel>(*comm_, *be_, model_->params(), ac, cfg_.distributed, nv);
   if (cfg_.capture_step >= 0) capture_ = std::make_unique<CaptureWriter>(*be_, dir_ / "capture", cfg_.capture_step);
   if (capture_) model_->set_capture(capture_->hook());
   switch_at_ = uint64_t(total_);
@@ -574,22 +521,24 @@ StepContext Training::context(int64_t step, bool train) const {
 void Training::resume() {
   ParamStore& ps = model_->params();
   Checkpoint c = load_checkpoint(ckpt_path_, ps.size());
-  be_->upload(c.values.data(), ps.values);
-  be_->upload(c.m.data(), adam_->m());
-  be_->upload(c.v.data(), adam_->v());
+  const int64_t world = c.header.value("world", int64_t(1));
+  if (world != comm_->world())
+    throw Error(ckpt_path_.string() + ": written by " + std::to_string(world) + " data-parallel ranks; resume it with " +
+                std::to_string(world) + ", not " + std::to_string(comm_->world()));
   start_ = c.header.at("step").get<int64_t>();
-  adam_->set_steps_taken(c.header.at("adam_t").get<int64_t>());
+  dp_->load_state(c.values, c.m, c.v, c.header.at("adam_t").get<int64_t>());
   best_ = c.header.at("best").get<double>();
+  if (!rank0_) return;
   truncate_metrics(metrics_path_, start_, log_);
   log_ << "resuming " << dir_.string() << " at step " << start_ << "/" << total_ << "\n";
 }
 
 void Training::train() {
   const TrainingConfig& tc = cfg_.training;
-  metrics_.open(metrics_path_, std::ios::app);
+  if (rank0_) metrics_.open(metrics_path_, std::ios::app);
   res_.dir = dir_.string();
   res_.first_step = start_;
-  progress_ = Progress(log_, opt_.progress, total_, tc.log_interval);
+  progress_ = Progress(log_, opt_.progress && rank0_, total_, tc.log_interval);
   t_run_ = std::chrono::steady_clock::now();
 
   try {
@@ -620,17 +569,27 @@ bool Training::train_step(int64_t step) {
   const TrainingConfig& tc = cfg_.training;
   const auto t0 = std::chrono::steady_clock::now();
   Batch b = task_->train_batch(step);
+  const int64_t global_batch = b.size;
+  if (comm_->world() > 1) {
+    const ShardRange share = batch_share(b.size, comm_->rank(), comm_->world());
+    if (share.end == share.begin)
+      throw Error("step " + std::to_string(step) + ": a batch of " + std::to_string(b.size) + " samples leaves rank " +
+                  std::to_string(comm_->rank()) + " of " + std::to_string(comm_->world()) +
+                  " without samples; use a batch_size of at least the number of ranks");
+    b = slice_batch(b, share.begin, share.end);
+  }
+  const double weight = double(b.size) / double(global_batch);
   const StepContext sc = context(step, true);
   be_->fill(model_->params().grads, 0.0f);
   int64_t hits = 0;
-  const double loss = model_->forward_backward(b, sc, &hits);
+  const double loss = dp_->global_loss(model_->forward_backward(b, sc, &hits), weight);
   if (capture_ && step == cfg_.capture_step) capture_->write(log_);
   const double lr = learning_rate(tc.schedule, step, total_);
   if (!std::isfinite(loss)) error_ = "loss is " + std::string(std::isnan(loss) ? "NaN" : "Inf");
   double gnorm = 0.0;
   if (error_.empty()) {
     if (tc.loss_scale != 1.0) be_->scale(model_->params().grads, float(1.0 / tc.loss_scale));
-    gnorm = adam_->step(lr);
+    gnorm = dp_->step(lr, weight);
     if (!std::isfinite(gnorm)) error_ = "gradient norm is " + std::string(std::isnan(gnorm) ? "NaN" : "Inf");
   }
   if (!error_.empty()) {
@@ -660,6 +619,7 @@ bool Training::train_step(int64_t step) {
 
 // Evaluates after `step` steps: a metrics.jsonl record, the best metric, a progress line.
 void Training::record_eval(int64_t step) {
+  if (!rank0_) return;
   json rec = {{"step", step}, {"eval", true}};
   task_->evaluate(*model_, context(step, false), step, rec);
   const double v = rec[task_->metric].get<double>();
@@ -673,15 +633,12 @@ void Training::record_eval(int64_t step) {
 void Training::checkpoint(int64_t step) {
   ParamStore& ps = model_->params();
   Checkpoint c;
-  c.header = {{"step", step},     {"adam_t", adam_->steps_taken()},
+  c.header = {{"step", step},     {"adam_t", dp_->steps_taken()},
               {"best", best_},    {"params", ps.size()},
               {"recipe", label_}, {"config_hash", hash_}};
-  c.values.resize(size_t(ps.size()));
-  c.m.resize(size_t(ps.size()));
-  c.v.resize(size_t(ps.size()));
-  be_->download(ps.values, c.values.data());
-  be_->download(adam_->m(), c.m.data());
-  be_->download(adam_->v(), c.v.data());
+  if (comm_->world() > 1) c.header["world"] = comm_->world();
+  dp_->state(c.values, c.m, c.v);  // collective: every rank takes part
+  if (!rank0_) return;
   save_checkpoint(ckpt_path_, c);
   checkpointed_ = true;
   if (!aside_.empty()) {  // the new run is under way: the replaced one goes
@@ -718,6 +675,7 @@ json Training::summary() const {
             {"config_hash", hash_},
             {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
   if (!error_.empty()) s["error"] = error_;
+  if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) s["distributed"] = dp_->memory();
   return s;
 }
 
@@ -726,7 +684,7 @@ RunResult Training::finish() {
   const bool restore = !aside_.empty();  // replacing, and no checkpoint yet: the old run comes back
   if (restore)
     abandon();
-  else if (status_ != "stopped")
+  else if (status_ != "stopped" && rank0_)
     write_atomic(dir_ / "summary.json", s.dump(2) + "\n");
   res_.status = status_;
   res_.summary = s;

@@ -44,6 +44,7 @@
 
 #include "core/error.hpp"
 #include "train/config.hpp"
+#include "train/dist/comm.hpp"
 
 namespace fp4lab::train {
 
@@ -55,6 +56,10 @@ struct RunOptions {
   int64_t stop_after = -1;      // stop (as if interrupted) once this many steps are done; -1 = run to the end
   bool progress = true;         // progress bar on a TTY / log lines otherwise
   std::ostream* log = nullptr;  // nullptr: std::cerr
+  // Data-parallel training (train/dist/data_parallel.hpp): this process's
+  // rank; nullptr = one process. Every rank calls run_training with the same
+  // config; rank 0 alone writes the run directory, evaluates and logs.
+  Communicator* comm = nullptr;
 };
 
 struct RunResult {

@@ -37,7 +37,7 @@ class Vit final : public CrossEntropyModel {
       const float bound = float(1.0 / std::sqrt(double(in)));  // PyTorch's default Linear/Conv2d init
       l.w = params_.add(name + ".weight", out, in, true, Init::uniform, bound);
       if (c.bias) l.b = params_.add(name + ".bias", 1, out, false, Init::uniform, bound);
-      infos_.push_back(LinearLayerInfo{name, l.id, in, out});
+      infos_.push_back(LinearLayerInfo{name, l.id, in, out, l.w});
       return l;
     };
     patch_ = linear("patch_embed", patch_dim_, E);

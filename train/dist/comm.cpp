@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 
 #include "core/error.hpp"
@@ -11,6 +12,17 @@ namespace fp4lab {
 
 namespace {
 
+// `shards`: `world` contiguous ranges in rank order covering [0, n).
+void check_shards(size_t n, std::span<const ShardRange> shards, int world, const char* what) {
+  bool ok = int(shards.size()) == world && !shards.empty() && shards.front().begin == 0 &&
+            shards.back().end == int64_t(n);
+  for (size_t r = 0; ok && r < shards.size(); ++r)
+    ok = shards[r].begin <= shards[r].end && (r == 0 || shards[r].begin == shards[r - 1].end);
+  if (!ok)
+    throw Error(std::string("communicator: ") + what + ": the shards must be " + std::to_string(world) +
+                " contiguous ranges in rank order covering [0, " + std::to_string(n) + ")");
+}
+
 class LocalComm final : public Communicator {
  public:
   int rank() const override { return 0; }
@@ -18,6 +30,16 @@ class LocalComm final : public Communicator {
   std::string name() const override { return "local"; }
   void allreduce_max(std::span<uint32_t>) override {}
   void allreduce_sum(std::span<float>) override {}
+  void allreduce_sum(std::span<double>) override {}
+  void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
+                          std::span<float> mine) override {
+    check_shards(full.size(), shards, 1, "reduce_scatter_sum");
+    std::copy(full.begin(), full.end(), mine.begin());
+  }
+  void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override {
+    check_shards(full.size(), shards, 1, "allgather");
+    if (mine.data() != full.data()) std::copy(mine.begin(), mine.end(), full.begin());
+  }
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
     return {std::vector<uint8_t>(mine.begin(), mine.end())};
   }
@@ -86,13 +108,28 @@ class ThreadComm final : public Communicator {
       v[i] = m;
     }
   }
-  void allreduce_sum(std::span<float> v) override {
-    const auto all = hub_->exchange(rank_, to_bytes<float>(v));
-    check_sizes(all, v.size_bytes(), "allreduce_sum");
-    for (size_t i = 0; i < v.size(); ++i) {
-      float s = 0.0f;
-      for (const auto& b : all) s += reinterpret_cast<const float*>(b.data())[i];  // rank order
-      v[i] = s;
+  void allreduce_sum(std::span<float> v) override { sum_in_rank_order(v); }
+  void allreduce_sum(std::span<double> v) override { sum_in_rank_order(v); }
+  void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
+                          std::span<float> mine) override {
+    check_shards(full.size(), shards, world(), "reduce_scatter_sum");
+    const auto all = hub_->exchange(rank_, to_bytes<float>(full));
+    check_sizes(all, full.size_bytes(), "reduce_scatter_sum");
+    const ShardRange s = shards[size_t(rank_)];
+    for (int64_t i = s.begin; i < s.end; ++i) {
+      float sum = 0.0f;
+      for (const auto& b : all) sum += reinterpret_cast<const float*>(b.data())[i];  // rank order
+      mine[size_t(i - s.begin)] = sum;
+    }
+  }
+  void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override {
+    check_shards(full.size(), shards, world(), "allgather");
+    const auto all = hub_->exchange(rank_, to_bytes<float>(mine));
+    for (int r = 0; r < world(); ++r) {
+      const ShardRange s = shards[size_t(r)];
+      if (all[size_t(r)].size() != size_t(s.end - s.begin) * sizeof(float))
+        throw Error("communicator (threads): allgather: rank " + std::to_string(r) + " passed a buffer unlike its shard");
+      std::memcpy(full.data() + s.begin, all[size_t(r)].data(), all[size_t(r)].size());
     }
   }
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
@@ -101,6 +138,16 @@ class ThreadComm final : public Communicator {
   void barrier() override { hub_->exchange(rank_, {}); }
 
  private:
+  template <class T>
+  void sum_in_rank_order(std::span<T> v) {
+    const auto all = hub_->exchange(rank_, to_bytes<T>(v));
+    check_sizes(all, v.size_bytes(), "allreduce_sum");
+    for (size_t i = 0; i < v.size(); ++i) {
+      T s = 0;
+      for (const auto& b : all) s += reinterpret_cast<const T*>(b.data())[i];  // rank order
+      v[i] = s;
+    }
+  }
   static void check_sizes(const std::vector<std::vector<uint8_t>>& all, size_t bytes, const char* what) {
     for (const auto& b : all)
       if (b.size() != bytes)

@@ -2,7 +2,7 @@
 // engines behind it: a single process (`local`), in-process ranks on threads
 // (`threads`: tests, and one host without MPI), and MPI (`mpi`, OpenMPI;
 // built when CMake finds MPI: FP4LAB_WITH_MPI). NCCL for the CUDA backend
-// comes with the trainer's data-parallel mode.
+// is comm_nccl.hpp's.
 //
 // Every collective is called by every rank of the communicator, in the same
 // order (as MPI requires). Results are identical on every rank.
@@ -13,6 +13,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "sim/shard_cast.hpp"
 
 namespace fp4lab {
 
@@ -29,6 +31,21 @@ class Communicator {
   // order; MPI in its reduction's order, fixed for a given world size, so two
   // runs with the same ranks agree bitwise.
   virtual void allreduce_sum(std::span<float> v) = 0;
+  virtual void allreduce_sum(std::span<double> v) = 0;
+  // ZeRO-1's gradient reduction: the sum over the ranks of `full` (the same
+  // length on every rank), of which rank r receives the elements shards[r]
+  // into `mine` (length shards[r].end - shards[r].begin). `shards` is the same
+  // on every rank: contiguous, in rank order, covering [0, full.size()); any
+  // sizes (empty, odd). Summed in the same order as allreduce_sum's (threads:
+  // rank order), fixed for a given world size.
+  virtual void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
+                                  std::span<float> mine) = 0;
+  // ZeRO-1's weight gather: every rank's `mine` (its shards[r]) placed at
+  // shards[r] of `full` on every rank. `full`'s own shard may alias `mine`.
+  virtual void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) = 0;
+  // Where the float collectives' buffers live: host memory (local, threads,
+  // MPI) or the current CUDA device's memory (NCCL).
+  virtual bool device_buffers() const { return false; }
   // Every rank's bytes (any sizes, empty included), in rank order, on every rank.
   virtual std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) = 0;
   virtual void barrier() = 0;

@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <vector>
 #endif
 
 namespace fp4lab {
@@ -55,6 +56,25 @@ class MpiComm final : public Communicator {
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
               "MPI_Allreduce(sum)");
   }
+  void allreduce_sum(std::span<double> v) override {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+              "MPI_Allreduce(sum, double)");
+  }
+  void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
+                          std::span<float> mine) override {
+    std::vector<int> counts = shard_counts(full.size(), shards, "reduce_scatter_sum");
+    check_mpi(MPI_Reduce_scatter(full.data(), mine.data(), counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+              "MPI_Reduce_scatter");
+  }
+  void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override {
+    std::vector<int> counts = shard_counts(full.size(), shards, "allgather"), displs(counts.size());
+    for (size_t r = 0; r < counts.size(); ++r) displs[r] = int(shards[r].begin);
+    const ShardRange s = shards[size_t(rank_)];
+    const bool in_place = mine.data() == full.data() + s.begin;
+    check_mpi(MPI_Allgatherv(in_place ? MPI_IN_PLACE : mine.data(), counts[size_t(rank_)], MPI_FLOAT, full.data(),
+                             counts.data(), displs.data(), MPI_FLOAT, MPI_COMM_WORLD),
+              "MPI_Allgatherv(float)");
+  }
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
     const int n = int(mine.size());
     std::vector<int> sizes(static_cast<size_t>(world_)), displs(static_cast<size_t>(world_));
@@ -73,6 +93,20 @@ class MpiComm final : public Communicator {
   void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
 
  private:
+  // MPI's int counts of `world_` contiguous shards in rank order covering [0, n).
+  std::vector<int> shard_counts(size_t n, std::span<const ShardRange> shards, const char* what) const {
+    bool ok = int(shards.size()) == world_ && shards.front().begin == 0 && shards.back().end == int64_t(n) &&
+              n < size_t(1) << 31;
+    std::vector<int> counts;
+    for (size_t r = 0; ok && r < shards.size(); ++r) {
+      ok = shards[r].begin <= shards[r].end && (r == 0 || shards[r].begin == shards[r - 1].end);
+      counts.push_back(int(shards[r].end - shards[r].begin));
+    }
+    if (!ok)
+      throw Error(std::string("communicator (mpi): ") + what + ": the shards must be " + std::to_string(world_) +
+                  " contiguous ranges in rank order covering [0, " + std::to_string(n) + "), n < 2^31");
+    return counts;
+  }
   int rank_ = 0, world_ = 1;
 };
 

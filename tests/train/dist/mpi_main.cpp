@@ -33,6 +33,26 @@ int main() {
   for (int k = 0; k < n; ++k)
     if (g.size() != size_t(n) || g[size_t(k)] != std::vector<uint8_t>(size_t(k + 1), uint8_t(k))) fail("allgather_bytes");
 
+  std::vector<double> sd = {0.5 + double(r)};
+  comm->allreduce_sum(sd);
+  if (sd[0] != 0.5 * double(n) + double(n * (n - 1) / 2)) fail("allreduce_sum(double)");
+  // ZeRO-1's collectives with shards of odd and empty sizes: rank k owns [bk, bk+1).
+  for (const std::vector<int64_t>& cut : {std::vector<int64_t>{0, 0, 7}, {0, 5, 7}, {0, 1, 7}, {0, 7, 7}}) {
+    std::vector<ShardRange> shards;
+    for (int k = 0; k < n; ++k)
+      shards.push_back(n == 2 ? ShardRange{cut[size_t(k)], cut[size_t(k) + 1]} : even_shards(7, n)[size_t(k)]);
+    std::vector<float> full(7), mine(size_t(shards[size_t(r)].end - shards[size_t(r)].begin));
+    for (int i = 0; i < 7; ++i) full[size_t(i)] = float(i * (r + 1));  // small integers: exact sums
+    comm->reduce_scatter_sum(full, shards, mine);
+    for (int64_t i = shards[size_t(r)].begin; i < shards[size_t(r)].end; ++i)
+      if (mine[size_t(i - shards[size_t(r)].begin)] != float(i * n * (n + 1) / 2)) fail("reduce_scatter_sum");
+    std::vector<float> got(7, -1.0f);
+    for (float& v : mine) v += 0.5f;
+    comm->allgather(mine, shards, got);
+    for (int i = 0; i < 7; ++i)
+      if (got[size_t(i)] != float(i * n * (n + 1) / 2) + 0.5f) fail("allgather");
+  }
+
   const FlatTensor tensors[] = {{37, 45, 0}, {16, 16, 1665}, {50, 33, 1921}, {1, 7, 3571}};
   std::vector<float> flat(3578);
   std::mt19937 rng(9);  // the same values on every rank

@@ -1,0 +1,196 @@
+// Data-parallel optimiser steps (train/dist/data_parallel.hpp) on in-process
+// thread ranks: ZeRO-1 at odd shard boundaries equals the unsharded step bit
+// for bit and both equal one process stepping on the rank-order gradient sum;
+// NVFP4 primary weights cast shard by shard equal the whole-tensor cast and
+// quantize(nvfp4_2d, master).dequant; checkpoint state round-trips.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/philox.hpp"
+#include "sim/quantizer.hpp"
+#include "train/dist/data_parallel.hpp"
+
+using namespace fp4lab;
+using namespace fp4lab::train;
+
+namespace {
+
+// Odd sizes, so that even_shards cuts mid-row and mid-tile: two weights, a bias, a gain.
+void declare(ParamStore& ps) {
+  ps.add("a.weight", 19, 37, true, Init::normal, 0.5f);
+  ps.add("a.bias", 1, 19, false, Init::normal, 0.1f);
+  ps.add("b.weight", 33, 17, true, Init::normal, 0.5f);
+  ps.add("ln.weight", 1, 17, false, Init::ones);
+}
+
+// Rank r's gradient at step t, element i: a reproducible function of (r, t, i).
+float grad_of(int r, int t, int64_t i) {
+  const uint32_t w = random_bits(0x5EED, uint64_t(r) << 40 | uint64_t(t) << 32, uint64_t(i));
+  return (float(w >> 8) * 0x1p-24f - 0.5f) * float(1 + (i % 7));
+}
+
+struct Outcome {
+  std::vector<float> values, master, m, v;
+};
+
+// `steps` DataParallel steps on `world` thread ranks; rank 0's outcome.
+Outcome run_dp(int world, const DistributedConfig& dc, const AdamWConfig& ac, int steps,
+               const std::vector<int>& nvfp4 = {}) {
+  auto comms = make_thread_comms(world);
+  std::vector<Outcome> out(static_cast<size_t>(world));
+  std::vector<std::thread> th;
+  for (int r = 0; r < world; ++r)
+    th.emplace_back([&, r] {
+      auto be = make_cpu_backend(1);
+      ParamStore ps;
+      declare(ps);
+      ps.finalize(*be, 7);
+      DataParallel dp(*comms[size_t(r)], *be, ps, ac, dc, nvfp4);
+      for (int t = 0; t < steps; ++t) {
+        for (int64_t i = 0; i < ps.size(); ++i) ps.grads.data[i] = grad_of(r, t, i);
+        dp.step(1e-2 * (t + 1), 1.0 / world);
+      }
+      Outcome& o = out[size_t(r)];
+      o.values.assign(ps.values.data, ps.values.data + ps.size());
+      dp.state(o.master, o.m, o.v);
+    });
+  for (auto& t : th) t.join();
+  for (int r = 1; r < world; ++r) CHECK(out[size_t(r)].values == out[0].values);  // every rank the same
+  return out[0];
+}
+
+}  // namespace
+
+TEST_CASE("batch_share: contiguous shares covering the batch, sizes differing by at most one") {
+  for (int64_t n : {1, 7, 64, 65}) {
+    for (int w : {1, 2, 3, 8}) {
+      int64_t at = 0, lo = n, hi = 0;
+      for (int r = 0; r < w; ++r) {
+        const ShardRange s = batch_share(n, r, w);
+        CHECK(s.begin == at);
+        at = s.end;
+        lo = std::min(lo, s.end - s.begin), hi = std::max(hi, s.end - s.begin);
+      }
+      CHECK(at == n);
+      CHECK(hi - lo <= 1);
+    }
+  }
+}
+
+TEST_CASE("ZeRO-1 at odd shard boundaries equals the unsharded step and one process on the gradient sum, bit for bit") {
+  const AdamWConfig ac{0.9, 0.95, 1e-8, 0.1, 0.0};
+  const int steps = 4;
+  // One process on the rank-order sum of the weighted gradients (the thread communicator's order).
+  for (int world : {1, 2, 3, 5}) {
+    CAPTURE(world);
+    auto be = make_cpu_backend(1);
+    ParamStore ps;
+    declare(ps);
+    ps.finalize(*be, 7);
+    AdamW ref(ac, ps, *be);
+    for (int t = 0; t < steps; ++t) {
+      for (int64_t i = 0; i < ps.size(); ++i) {
+        float s = 0.0f;
+        for (int r = 0; r < world; ++r) s += world > 1 ? grad_of(r, t, i) * float(1.0 / world) : grad_of(r, t, i);
+        ps.grads.data[i] = s;
+      }
+      ref.step(1e-2 * (t + 1));
+    }
+    const std::vector<float> want(ps.values.data, ps.values.data + ps.size());
+    const Outcome z0 = run_dp(world, DistributedConfig{0, "fp32", true}, ac, steps);
+    const Outcome z1 = run_dp(world, DistributedConfig{1, "fp32", true}, ac, steps);
+    CHECK(z0.values == want);
+    CHECK(z1.values == want);
+    CHECK(z1.m == z0.m);
+    CHECK(z1.v == z0.v);
+    CHECK(z1.master == want);
+  }
+}
+
+TEST_CASE("ZeRO-1 with clipping: the global norm from the shards' sums of squares") {
+  const AdamWConfig ac{0.9, 0.95, 1e-8, 0.0, 0.05};
+  const Outcome z0 = run_dp(3, DistributedConfig{0, "fp32", true}, ac, 3);
+  const Outcome z1 = run_dp(3, DistributedConfig{1, "fp32", true}, ac, 3);
+  // The norm's double sum differs in order only: the clipped updates agree to float rounding.
+  REQUIRE(z0.values.size() == z1.values.size());
+  for (size_t i = 0; i < z0.values.size(); ++i) CHECK(z1.values[i] == doctest::Approx(z0.values[i]).epsilon(1e-6));
+}
+
+TEST_CASE("NVFP4 primary weights: shard cast = whole cast = quantize(nvfp4_2d, master) on 1-5 ranks, zero 0 and 1") {
+  const AdamWConfig ac{0.9, 0.95, 1e-8, 0.1, 0.0};
+  const std::vector<int> nv{0, 2};  // the two weights
+  for (int world : {1, 2, 3, 5}) {
+    for (int zero : {0, 1}) {
+      CAPTURE(world);
+      CAPTURE(zero);
+      const Outcome sc = run_dp(world, DistributedConfig{zero, "nvfp4", true}, ac, 3, nv);
+      const Outcome whole = run_dp(world, DistributedConfig{zero, "nvfp4", false}, ac, 3, nv);
+      CHECK(sc.values == whole.values);
+      CHECK(sc.master == whole.master);
+      // The model's weights are the dequantized NVFP4 cast of the master values; the rest is the master.
+      auto be = make_cpu_backend(1);
+      ParamStore ps;
+      declare(ps);
+      ps.finalize(*be, 7);
+      const QuantizerSpec q = quantizer_by_name("nvfp4_2d");
+      for (int i = 0; i < 4; ++i) {
+        const ParamInfo& p = ps.info(i);
+        const float* master = sc.master.data() + p.offset;
+        const float* model = sc.values.data() + p.offset;
+        if (i == 0 || i == 2) {
+          const QuantizedTensor qt = quantize(q, MatrixView<const float>(master, p.rows, p.cols));
+          for (int64_t k = 0; k < p.size(); ++k) {
+            CAPTURE(k);
+            CHECK(std::memcmp(&model[k], &qt.dequant[size_t(k)], 4) == 0);
+          }
+        } else {
+          CHECK(std::vector<float>(model, model + p.size()) == std::vector<float>(master, master + p.size()));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("DataParallel state: saving after 2 steps and loading into fresh ranks continues bit for bit") {
+  const AdamWConfig ac{0.9, 0.95, 1e-8, 0.1, 0.0};
+  const DistributedConfig dc{1, "nvfp4", true};
+  const std::vector<int> nv{0, 2};
+  const int world = 3;
+  const Outcome straight = run_dp(world, dc, ac, 4, nv);
+  const Outcome half = run_dp(world, dc, ac, 2, nv);
+  auto comms = make_thread_comms(world);
+  std::vector<std::vector<float>> values(static_cast<size_t>(world));
+  std::vector<std::thread> th;
+  for (int r = 0; r < world; ++r)
+    th.emplace_back([&, r] {
+      auto be = make_cpu_backend(1);
+      ParamStore ps;
+      declare(ps);
+      ps.finalize(*be, 99);  // different init: everything must come from the state
+      DataParallel dp(*comms[size_t(r)], *be, ps, ac, dc, nv);
+      dp.load_state(half.master, half.m, half.v, 2);
+      for (int t = 2; t < 4; ++t) {
+        for (int64_t i = 0; i < ps.size(); ++i) ps.grads.data[i] = grad_of(r, t, i);
+        dp.step(1e-2 * (t + 1), 1.0 / world);
+      }
+      values[size_t(r)].assign(ps.values.data, ps.values.data + ps.size());
+    });
+  for (auto& t : th) t.join();
+  for (int r = 0; r < world; ++r) CHECK(values[size_t(r)] == straight.values);
+}
+
+TEST_CASE("DataParallel memory: ZeRO-1 holds 1/N of the moments") {
+  auto comms = make_thread_comms(1);
+  auto be = make_cpu_backend(1);
+  ParamStore ps;
+  declare(ps);
+  ps.finalize(*be, 7);
+  DataParallel dp(*comms[0], *be, ps, AdamWConfig{}, DistributedConfig{1, "fp32", true}, {});
+  const auto m = dp.memory();
+  CHECK(m["moments_bytes"].get<int64_t>() == 2 * 4 * ps.size());
+  CHECK(m["master_bytes"].get<int64_t>() == 0);
+}

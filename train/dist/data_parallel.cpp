@@ -1,0 +1,259 @@
+// Data-parallel optimiser step (data_parallel.hpp).
+#include "train/dist/data_parallel.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "train/dist/primary_weights.hpp"
+
+namespace fp4lab::train {
+
+ShardRange batch_share(int64_t n, int rank, int world) {
+  return ShardRange{n * rank / world, n * (rank + 1) / world};
+}
+
+std::vector<int> nvfp4_weight_params(const std::vector<LinearLayerInfo>& layers, const Recipe& recipe) {
+  std::vector<int> out;
+  for (const LinearLayerInfo& l : layers)
+    if (l.weight_param >= 0 && !recipe.keeps_high_precision(l.name))
+      out.push_back(l.weight_param);
+  return out;
+}
+
+namespace {
+
+Tensor slice(const Tensor& flat, ShardRange r) { return view_of(flat.data + r.begin, 1, r.end - r.begin); }
+
+// The cast's uint32 MAX all-reduces on host vectors, for a communicator whose
+// buffers are on the device (NCCL): staged through a backend tensor (the
+// backend's upload/download copy bytes, so bit patterns travel unchanged).
+class HostStagedComm final : public Communicator {
+ public:
+  HostStagedComm(Communicator& c, Backend& be) : c_(c), be_(be) {}
+  int rank() const override { return c_.rank(); }
+  int world() const override { return c_.world(); }
+  std::string name() const override { return c_.name() + " (host-staged)"; }
+  void allreduce_max(std::span<uint32_t> v) override {
+    if (v.empty()) return;
+    Tensor t = be_.empty(1, int64_t(v.size()));
+    be_.upload(reinterpret_cast<const float*>(v.data()), t);
+    be_.synchronize();
+    c_.allreduce_max(std::span<uint32_t>(reinterpret_cast<uint32_t*>(t.data), v.size()));
+    be_.download(t, reinterpret_cast<float*>(v.data()));
+  }
+  void allreduce_sum(std::span<float>) override { unsupported("allreduce_sum"); }
+  void allreduce_sum(std::span<double>) override { unsupported("allreduce_sum"); }
+  void reduce_scatter_sum(std::span<const float>, std::span<const ShardRange>, std::span<float>) override {
+    unsupported("reduce_scatter_sum");
+  }
+  void allgather(std::span<const float>, std::span<const ShardRange>, std::span<float>) override {
+    unsupported("allgather");
+  }
+  std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
+    return c_.allgather_bytes(mine);
+  }
+  void barrier() override { c_.barrier(); }
+
+ private:
+  [[noreturn]] static void unsupported(const char* what) {
+    throw Error(std::string("HostStagedComm: ") + what + " is not staged (only the cast's collectives are)");
+  }
+  Communicator& c_;
+  Backend& be_;
+};
+
+}  // namespace
+
+struct DataParallel::Impl {
+  Communicator& comm;
+  Backend& be;
+  ParamStore& ps;
+  DistributedConfig dc;
+  std::vector<ShardRange> shards;
+  ShardRange mine;         // this rank's optimiser shard (zero 1) or the whole buffer (zero 0)
+  ShardRange cast_shard;   // this rank's part of the NVFP4 cast: its even shard
+  bool stage = false;      // host communicator, device tensors: copy through host memory
+  std::unique_ptr<AdamW> adam;
+  Tensor master;           // FP32 master values of `mine`: a view of ps.values, or (nvfp4) a copy
+  Tensor gshard;           // the summed gradients of `mine` (zero 1), else a view of ps.grads
+  std::vector<FlatTensor> nvfp4;
+  int64_t nvfp4_bytes = 0;
+  std::unique_ptr<HostStagedComm> staged_cast_comm;
+
+  Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d,
+       const std::vector<int>& nv)
+      : comm(c), be(b), ps(p), dc(d) {
+    const bool device = be.name() == "cuda";
+    if (comm.device_buffers() && !device)
+      throw Error("data parallel: the " + comm.name() + " communicator needs the cuda backend");
+    stage = device && !comm.device_buffers();
+    const int64_t n = ps.size();
+    shards = even_shards(n, comm.world());
+    cast_shard = shards[size_t(comm.rank())];
+    mine = dc.zero == 1 ? cast_shard : ShardRange{0, n};
+    adam = std::make_unique<AdamW>(ac, be, ps.decay_ranges, mine);
+    const bool nv4 = dc.primary_weights == "nvfp4";
+    if (nv4) {
+      master = be.empty(1, mine.end - mine.begin);
+      be.copy(slice(ps.values, mine), master);
+      for (int i : nv) nvfp4.push_back(FlatTensor{ps.info(i).rows, ps.info(i).cols, ps.info(i).offset});
+      nvfp4_bytes = flat_layout(nvfp4).packed_offset.back();
+      if (comm.device_buffers()) staged_cast_comm = std::make_unique<HostStagedComm>(comm, be);
+    } else {
+      master = slice(ps.values, mine);
+    }
+    gshard = dc.zero == 1 ? be.empty(1, mine.end - mine.begin) : slice(ps.grads, mine);
+  }
+
+  // Collectives on backend tensors, staged through host memory where needed.
+  void allreduce(Tensor& t) {
+    if (!stage) return comm.allreduce_sum(std::span<float>(t.data, size_t(t.size())));
+    std::vector<float> h(size_t(t.size()));
+    be.download(t, h.data());
+    comm.allreduce_sum(h);
+    be.upload(h.data(), t);
+  }
+  void reduce_scatter(const Tensor& full, Tensor& out) {
+    if (!stage)
+      return comm.reduce_scatter_sum(std::span<const float>(full.data, size_t(full.size())), shards,
+                                     std::span<float>(out.data, size_t(out.size())));
+    std::vector<float> h(size_t(full.size())), o(size_t(out.size()));
+    be.download(full, h.data());
+    comm.reduce_scatter_sum(h, shards, o);
+    be.upload(o.data(), out);
+  }
+  // Every rank's `mine` part of `full` gathered into `full`.
+  void allgather(Tensor& full) {
+    const ShardRange s = shards[size_t(comm.rank())];
+    if (!stage)
+      return comm.allgather(std::span<const float>(full.data + s.begin, size_t(s.end - s.begin)), shards,
+                            std::span<float>(full.data, size_t(full.size())));
+    std::vector<float> h(size_t(full.size()));
+    be.download(full, h.data());
+    comm.allgather(std::span<const float>(h.data() + s.begin, size_t(s.end - s.begin)), shards, h);
+    be.upload(h.data(), full);
+  }
+  double sum_over_ranks(double x) {
+    if (comm.world() == 1) return x;
+    if (!comm.device_buffers()) {
+      comm.allreduce_sum(std::span<double>(&x, 1));
+      return x;
+    }
+    Tensor t = be.empty(1, 2);  // one double's bytes
+    be.upload(reinterpret_cast<const float*>(&x), t);
+    be.synchronize();
+    comm.allreduce_sum(std::span<double>(reinterpret_cast<double*>(t.data), 1));
+    be.download(t, reinterpret_cast<float*>(&x));
+    return x;
+  }
+
+  // The model's NVFP4 weights from the master values that ps.values holds in full.
+  void cast_nvfp4() {
+    if (nvfp4.empty()) return;
+    std::vector<float> host(size_t(ps.size()));
+    be.download(ps.values, host.data());
+    Communicator& c = staged_cast_comm ? *staged_cast_comm : comm;
+    const Nvfp4Weights w = cast_primary_weights(c, nvfp4, host.data(), cast_shard, dc.shard_cast);
+    dequantize_packed(nvfp4, w.packed, w.scales, host.data());
+    be.upload(host.data(), ps.values);
+  }
+};
+
+DataParallel::DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac,
+                           const DistributedConfig& dc, std::vector<int> nvfp4_params)
+    : impl_(std::make_unique<Impl>(comm, be, ps, ac, dc, nvfp4_params)), comm_(comm) {
+  impl_->cast_nvfp4();
+}
+
+DataParallel::~DataParallel() = default;
+
+double DataParallel::step(double lr, double weight) {
+  Impl& d = *impl_;
+  ParamStore& ps = d.ps;
+  const int world = comm_.world();
+  if (world > 1) d.be.scale(ps.grads, float(weight));
+  double norm = 0.0;
+  if (d.dc.zero == 1) {
+    d.reduce_scatter(ps.grads, d.gshard);
+    norm = std::sqrt(d.sum_over_ranks(d.be.sum_squares(d.gshard)));
+  } else {
+    if (world > 1) d.allreduce(ps.grads);
+    norm = std::sqrt(d.be.sum_squares(ps.grads));
+  }
+  d.adam->step(d.master, d.gshard, lr, norm);
+  if (d.master.data != ps.values.data + d.mine.begin) {  // a separate master (nvfp4): back into the values
+    Tensor dst = slice(ps.values, d.mine);
+    d.be.copy(d.master, dst);
+  }
+  if (d.dc.zero == 1 && world > 1) d.allgather(ps.values);
+  d.cast_nvfp4();
+  return norm;
+}
+
+double DataParallel::global_loss(double local_loss, double weight) {
+  if (comm_.world() == 1) return local_loss;
+  return impl_->sum_over_ranks(local_loss * weight);
+}
+
+void DataParallel::state(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) {
+  Impl& d = *impl_;
+  const int64_t n = d.ps.size();
+  master.assign(size_t(n), 0.0f);
+  m.assign(size_t(n), 0.0f);
+  v.assign(size_t(n), 0.0f);
+  // Each of the three as a full backend buffer: this rank's part at `mine`, gathered (zero 1).
+  auto full_of = [&](const Tensor& part, std::vector<float>& out) {
+    if (d.mine.begin == 0 && d.mine.end == n) return d.be.download(part, out.data());
+    Tensor t = d.be.zeros(1, n);
+    Tensor dst = slice(t, d.mine);
+    d.be.copy(part, dst);
+    d.allgather(t);
+    d.be.download(t, out.data());
+  };
+  full_of(d.master, master);
+  full_of(d.adam->m(), m);
+  full_of(d.adam->v(), v);
+}
+
+void DataParallel::load_state(const std::vector<float>& master, const std::vector<float>& m,
+                              const std::vector<float>& v, int64_t steps_taken) {
+  Impl& d = *impl_;
+  const size_t n = size_t(d.ps.size());
+  if (master.size() != n || m.size() != n || v.size() != n)
+    throw Error("DataParallel::load_state: buffers of " + std::to_string(master.size()) + " elements, the model has " +
+                std::to_string(n));
+  const ShardRange s = d.mine;
+  d.be.upload(master.data(), d.ps.values);
+  if (d.master.data != d.ps.values.data + s.begin) d.be.upload(master.data() + s.begin, d.master);
+  d.be.upload(m.data() + s.begin, d.adam->m());
+  d.be.upload(v.data() + s.begin, d.adam->v());
+  d.adam->set_steps_taken(steps_taken);
+  d.cast_nvfp4();
+}
+
+int64_t DataParallel::steps_taken() const { return impl_->adam->steps_taken(); }
+
+nlohmann::json DataParallel::memory() const {
+  const Impl& d = *impl_;
+  const int64_t n = d.ps.size(), s = d.mine.end - d.mine.begin, f = int64_t(sizeof(float));
+  const bool separate_master = d.dc.primary_weights == "nvfp4";
+  const int64_t grad_shard = d.dc.zero == 1 ? s * f : 0;
+  int64_t tiles = 0;
+  if (!d.nvfp4.empty()) tiles = flat_layout(d.nvfp4).tile_offset.back();
+  const int64_t nvfp4 = d.nvfp4.empty() ? 0 : d.nvfp4_bytes + tiles + int64_t(d.nvfp4.size()) * f;
+  nlohmann::json j = {{"params_bytes", n * f},
+                      {"grads_bytes", n * f + grad_shard},
+                      {"master_bytes", separate_master ? s * f : 0},
+                      {"moments_bytes", 2 * s * f},
+                      {"nvfp4_bytes", nvfp4},
+                      {"shard_elements", s},
+                      {"world", d.comm.world()},
+                      {"zero", d.dc.zero}};
+  j["optimizer_bytes"] = j["master_bytes"].get<int64_t>() + j["moments_bytes"].get<int64_t>();
+  j["total_bytes"] = j["params_bytes"].get<int64_t>() + j["grads_bytes"].get<int64_t>() +
+                     j["optimizer_bytes"].get<int64_t>() + nvfp4;
+  return j;
+}
+
+}  // namespace fp4lab::train

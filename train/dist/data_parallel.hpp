@@ -1,0 +1,99 @@
+// Data-parallel training over a Communicator (issue 30; llm.c's engine is the
+// model): each of N ranks computes the gradients of its share of every global
+// batch, the gradients are summed over the ranks, and the optimiser step
+// follows one of three configurations (config section `distributed`):
+//
+//   zero 0  every rank all-reduces the whole gradient and runs AdamW on the
+//           whole buffer (identical on every rank);
+//   zero 1  ZeRO-1: the flat buffer is cut into even_shards(n, N) (any
+//           element boundaries: shards of odd sizes, mid-row, mid-tensor);
+//           a reduce-scatter gives each rank the summed gradients of its
+//           shard, AdamW updates the shard (FP32 master values and both
+//           moments are held for the shard only), an all-gather rebuilds
+//           the full parameter buffer on every rank. The gradient norm for
+//           clipping is the sum over the ranks of each shard's sum of squares.
+//   primary_weights nvfp4
+//           the weights of the linear layers (those the recipe does not
+//           keep high-precision, and not tied) are NVFP4, whatever the
+//           recipe computes with (under fp32: weight-only NVFP4): after every step the
+//           model's values of those tensors are dequant(nvfp4_2d(master)),
+//           cast by the protocol of sim/shard_cast.hpp (partial tile and
+//           tensor maxima, two MAX all-reduces, each rank writing exactly the
+//           nibbles it owns, the packed bytes gathered); shard_cast false has
+//           every rank cast the whole tensors instead (the reference). The
+//           FP32 master values stay in the optimiser (the shard's, with
+//           zero 1) and are what checkpoints hold.
+//
+// Shares: rank r computes the samples [floor(r n / N), floor((r+1) n / N)) of
+// a global batch of n (batch_share); its gradients are those of its share's
+// mean loss, weighted by share / n before the sum, so the summed gradient is
+// the global batch's mean-loss gradient. What differs from one process on the
+// same global batch: the order of the sums (floating-point), per-tensor amax
+// of quantized activations and gradients (each rank's own, as in every
+// data-parallel FP8/FP4 trainer without amax reduction), and the dropout
+// masks (keyed by position within the rank's share).
+//
+// Collective buffers: with a host communicator (MPI, threads, local) and the
+// CUDA backend, gradients and weights are staged through host memory; with
+// NCCL (device_buffers()) they stay on the device.
+// World 1, zero 0, fp32: bit for bit the single-process optimiser step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "train/config.hpp"
+#include "train/dist/comm.hpp"
+#include "train/optim.hpp"
+
+namespace fp4lab::train {
+
+// The samples [begin, end) of a global batch of n that `rank` of `world` computes.
+ShardRange batch_share(int64_t n, int rank, int world);
+
+class DataParallel {
+ public:
+  // `nvfp4_params`: ParamStore indices of the tensors held as NVFP4 when
+  // dc.primary_weights is "nvfp4" (nvfp4_weight_params()). Casts them at once
+  // (the model starts from NVFP4 weights).
+  DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac, const DistributedConfig& dc,
+               std::vector<int> nvfp4_params);
+  ~DataParallel();
+  int rank() const { return comm_.rank(); }
+  int world() const { return comm_.world(); }
+
+  // The optimiser step after this rank's forward/backward (gradients in
+  // ps.grads of its share's mean loss; `weight` = share / global batch):
+  // gradient sum over the ranks, global norm, clipping, AdamW, gather,
+  // NVFP4 cast. Returns the global gradient norm before clipping.
+  double step(double lr, double weight);
+  // Sum over the ranks of local_loss * weight: the global batch's mean loss.
+  double global_loss(double local_loss, double weight);
+
+  // Checkpoint state, full buffers on every rank (collective): FP32 master
+  // values, first and second moments.
+  void state(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v);
+  // The inverse (every rank passes the same full buffers): sets the shards,
+  // the model's values (NVFP4 cast included) and the step count.
+  void load_state(const std::vector<float>& master, const std::vector<float>& m, const std::vector<float>& v,
+                  int64_t steps_taken);
+  int64_t steps_taken() const;
+
+  // Bytes this rank holds: parameters, gradients, master shard, moments, NVFP4 codes and scales.
+  nlohmann::json memory() const;
+  void barrier() { comm_.barrier(); }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  Communicator& comm_;
+};
+
+// The ParamStore indices of the NVFP4 primary weights: linear layers the
+// recipe does not keep high-precision, with a weight of their own (weight_param >= 0).
+std::vector<int> nvfp4_weight_params(const std::vector<LinearLayerInfo>& layers, const Recipe& recipe);
+
+}  // namespace fp4lab::train
