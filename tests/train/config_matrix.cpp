@@ -86,6 +86,12 @@ json tiny(json j, const Fixtures& fx, const std::string& backend, int threads, c
   t["warmup_steps"] = 1;
   t["decay_steps"] = 2;
   if (text) j["model"]["context"] = std::min<int64_t>(j["model"].value("context", int64_t(16)), 16);
+  // GPT-2-small-shaped configs (85M parameters): 2 layers of width 8 per head, so that every
+  // recipe's two steps stay fast on CI's 2 cores; the heads and everything else as shipped.
+  if (j["model"].value("width", int64_t(0)) > 384) {
+    j["model"]["layers"] = 2;
+    j["model"]["width"] = 8 * j["model"].value("heads", int64_t(1));
+  }
   j["backend"] = backend;
   j["threads"] = threads;
   j["output"] = {{"dir", out.string()}};
