@@ -154,3 +154,24 @@ TEST_CASE("shard cast: the column-wise copy (nibble-packed transpose) equals qua
     at += t.rows * ((t.cols + 1) / 2);
   }
 }
+
+TEST_CASE("dequantize_packed: the dequantized weights equal quantize(nvfp4_2d).dequant, bit for bit, specials included") {
+  for (bool specials : {false, true}) {
+    CAPTURE(specials);
+    const Model m = make_model(11, specials);
+    const ShardScales s = shard_scales(m.tensors, shard_partial_amax(m.tensors, m.flat.data(), {0, total(m)}));
+    std::vector<float> out(m.flat.size(), -7.0f);  // elements outside the tensors (the gap) stay as they are
+    dequantize_packed(m.tensors, m.packed, s, out.data());
+    int64_t covered = 0;
+    for (const FlatTensor& t : m.tensors) {
+      const QuantizedTensor q =
+          quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(m.flat.data() + t.offset, t.rows, t.cols));
+      bool same = true;
+      for (int64_t i = 0; i < t.rows * t.cols; ++i)
+        same = same && float_bits(out[size_t(t.offset + i)]) == float_bits(q.dequant[size_t(i)]);
+      CHECK_MESSAGE(same, "tensor at offset " << t.offset);
+      covered += t.rows * t.cols;
+    }
+    CHECK(std::count(out.begin(), out.end(), -7.0f) == total(m) - covered);
+  }
+}

@@ -7,6 +7,10 @@
 #include "core/error.hpp"
 #include "train/dist/primary_weights.hpp"
 
+#if FP4LAB_WITH_CUDA
+#include "cuda/shard_cast.hpp"
+#endif
+
 namespace fp4lab::train {
 
 ShardRange batch_share(int64_t n, int rank, int world) {
@@ -25,44 +29,6 @@ namespace {
 
 Tensor slice(const Tensor& flat, ShardRange r) { return view_of(flat.data + r.begin, 1, r.end - r.begin); }
 
-// The cast's uint32 MAX all-reduces on host vectors, for a communicator whose
-// buffers are on the device (NCCL): staged through a backend tensor (the
-// backend's upload/download copy bytes, so bit patterns travel unchanged).
-class HostStagedComm final : public Communicator {
- public:
-  HostStagedComm(Communicator& c, Backend& be) : c_(c), be_(be) {}
-  int rank() const override { return c_.rank(); }
-  int world() const override { return c_.world(); }
-  std::string name() const override { return c_.name() + " (host-staged)"; }
-  void allreduce_max(std::span<uint32_t> v) override {
-    if (v.empty()) return;
-    Tensor t = be_.empty(1, int64_t(v.size()));
-    be_.upload(reinterpret_cast<const float*>(v.data()), t);
-    be_.synchronize();
-    c_.allreduce_max(std::span<uint32_t>(reinterpret_cast<uint32_t*>(t.data), v.size()));
-    be_.download(t, reinterpret_cast<float*>(v.data()));
-  }
-  void allreduce_sum(std::span<float>) override { unsupported("allreduce_sum"); }
-  void allreduce_sum(std::span<double>) override { unsupported("allreduce_sum"); }
-  void reduce_scatter_sum(std::span<const float>, std::span<const ShardRange>, std::span<float>) override {
-    unsupported("reduce_scatter_sum");
-  }
-  void allgather(std::span<const float>, std::span<const ShardRange>, std::span<float>) override {
-    unsupported("allgather");
-  }
-  std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
-    return c_.allgather_bytes(mine);
-  }
-  void barrier() override { c_.barrier(); }
-
- private:
-  [[noreturn]] static void unsupported(const char* what) {
-    throw Error(std::string("HostStagedComm: ") + what + " is not staged (only the cast's collectives are)");
-  }
-  Communicator& c_;
-  Backend& be_;
-};
-
 }  // namespace
 
 struct DataParallel::Impl {
@@ -79,7 +45,9 @@ struct DataParallel::Impl {
   Tensor gshard;           // the summed gradients of `mine` (zero 1), else a view of ps.grads
   std::vector<FlatTensor> nvfp4;
   int64_t nvfp4_bytes = 0;
-  std::unique_ptr<HostStagedComm> staged_cast_comm;
+#if FP4LAB_WITH_CUDA
+  std::unique_ptr<cuda::DeviceShardCast> dcast;  // the cuda backend's cast (cuda/shard_cast.hpp)
+#endif
 
   Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d,
        const std::vector<int>& nv)
@@ -99,7 +67,9 @@ struct DataParallel::Impl {
       be.copy(slice(ps.values, mine), master);
       for (int i : nv) nvfp4.push_back(FlatTensor{ps.info(i).rows, ps.info(i).cols, ps.info(i).offset});
       nvfp4_bytes = flat_layout(nvfp4).packed_offset.back();
-      if (comm.device_buffers()) staged_cast_comm = std::make_unique<HostStagedComm>(comm, be);
+#if FP4LAB_WITH_CUDA
+      if (device) dcast = std::make_unique<cuda::DeviceShardCast>(nvfp4);
+#endif
     } else {
       master = slice(ps.values, mine);
     }
@@ -148,16 +118,44 @@ struct DataParallel::Impl {
     return x;
   }
 
-  // The model's NVFP4 weights from the master values that ps.values holds in full.
+  // The model's NVFP4 weights from the master values that ps.values holds in full
+  // (host path: the cpu backend, whose communicators take host memory).
   void cast_nvfp4() {
     if (nvfp4.empty()) return;
+#if FP4LAB_WITH_CUDA
+    if (dcast) return cast_nvfp4_device();
+#endif
     std::vector<float> host(size_t(ps.size()));
     be.download(ps.values, host.data());
-    Communicator& c = staged_cast_comm ? *staged_cast_comm : comm;
-    const Nvfp4Weights w = cast_primary_weights(c, nvfp4, host.data(), cast_shard, dc.shard_cast);
+    const Nvfp4Weights w = cast_primary_weights(comm, nvfp4, host.data(), cast_shard, dc.shard_cast);
     dequantize_packed(nvfp4, w.packed, w.scales, host.data());
     be.upload(host.data(), ps.values);
   }
+
+#if FP4LAB_WITH_CUDA
+  // The same protocol on the device: only the maxima and the packed byte spans travel.
+  void cast_nvfp4_device() {
+    const bool gather = dc.shard_cast && comm.world() > 1;
+    const ShardRange s = dc.shard_cast ? cast_shard : ShardRange{0, ps.size()};
+    dcast->partial_amax(ps.values.data, s);
+    if (gather) {
+      std::span<uint32_t> a(dcast->amax(), size_t(dcast->amax_count()));
+      if (comm.device_buffers()) {
+        comm.allreduce_max(a);
+      } else {  // host communicator: through host memory (the backend copies bytes)
+        Tensor t = view_of(reinterpret_cast<float*>(a.data()), 1, int64_t(a.size()));
+        std::vector<uint32_t> h(a.size());
+        be.download(t, reinterpret_cast<float*>(h.data()));
+        comm.allreduce_max(h);
+        be.upload(reinterpret_cast<const float*>(h.data()), t);
+      }
+    }
+    dcast->compute_scales();
+    dcast->cast(ps.values.data, s);
+    if (gather) dcast->set_packed(gather_packed(comm, nvfp4, dcast->span()));
+    dcast->dequantize(ps.values.data);
+  }
+#endif
 };
 
 DataParallel::DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac,

@@ -47,12 +47,15 @@ Nvfp4Weights cast_primary_weights(Communicator& comm, std::span<const FlatTensor
   comm.allreduce_max(a.tensor);  // the two MAX all-reduces: identical scales everywhere
   comm.allreduce_max(a.tile);
   w.scales = shard_scales(tensors, a);
-  const std::vector<std::vector<uint8_t>> all =
-      comm.allgather_bytes(serialize(fp4lab::shard_cast(tensors, flat, mine, w.scales)));
+  w.packed = gather_packed(comm, tensors, fp4lab::shard_cast(tensors, flat, mine, w.scales));
+  return w;
+}
+
+std::vector<uint8_t> gather_packed(Communicator& comm, std::span<const FlatTensor> tensors, const ShardBytes& mine) {
+  const std::vector<std::vector<uint8_t>> all = comm.allgather_bytes(serialize(mine));
   std::vector<ShardBytes> parts;
   for (const auto& v : all) parts.push_back(deserialize(v));
-  w.packed = assemble_packed(tensors, parts);
-  return w;
+  return assemble_packed(tensors, parts);
 }
 
 }  // namespace fp4lab

@@ -26,4 +26,9 @@ struct Nvfp4Weights {
 Nvfp4Weights cast_primary_weights(Communicator& comm, std::span<const FlatTensor> tensors, const float* flat,
                                   ShardRange mine, bool shard_cast = true);
 
+// Step 5 over a communicator: every rank's span (`mine`: what shard_cast
+// wrote) gathered (allgather_bytes, host memory) and ORed into the full
+// packed buffer, identical on every rank.
+std::vector<uint8_t> gather_packed(Communicator& comm, std::span<const FlatTensor> tensors, const ShardBytes& mine);
+
 }  // namespace fp4lab

@@ -1,0 +1,159 @@
+// The NVFP4 primary-weight cast on the GPU (shard_cast.hpp).
+#include "cuda/shard_cast.hpp"
+
+#include <algorithm>
+
+#include "core/bits.hpp"
+#include "core/encode.hpp"
+#include "core/format.hpp"
+
+namespace fp4lab::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kTile = 16;
+
+unsigned blocks_for(int64_t n) { return unsigned(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535)); }
+
+// Tensor-local elements [lo, hi) of a [.., cols] tensor at x: maxima into its
+// tiles (ntc tiles a row of tiles) and into *tensor_amax.
+__global__ void partial_amax_kernel(const float* x, int64_t lo, int64_t hi, int64_t cols, int64_t ntc,
+                                    uint32_t* tile_amax, uint32_t* tensor_amax) {
+  uint32_t m = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = lo + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < hi; i += stride) {
+    const uint32_t a = abs_bits(x[i]);
+    const int64_t r = i / cols, c = i - r * cols;
+    atomicMax(&tile_amax[(r / kTile) * ntc + c / kTile], a);
+    m = m > a ? m : a;
+  }
+  m = __reduce_max_sync(0xFFFFFFFFu, m);
+  if ((threadIdx.x & 31) == 0 && m) atomicMax(tensor_amax, m);
+}
+
+// Packed bytes [b0, b1) of a tensor (rb bytes a row): each byte's owned
+// columns (tensor-local element index in [lo, hi)) encoded, the rest 0.
+__global__ void cast_kernel(const float* x, int64_t lo, int64_t hi, int64_t cols, int64_t rb, int64_t ntc,
+                            const float* tile_mult, int64_t b0, int64_t b1, uint8_t* packed) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t b = b0 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < b1; b += stride) {
+    const int64_t r = b / rb, j = b - r * rb;
+    uint32_t byte = 0;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t c = 2 * j + h, i = r * cols + c;
+      if (c >= cols || i < lo || i >= hi) continue;
+      const float mult = tile_mult[(r / kTile) * ntc + c / kTile];
+      byte |= (encode_rn_f32<float4_e2m1fn>(x[i] * mult, Overflow::saturate) & 0xFu) << (4 * h);
+    }
+    packed[b] = uint8_t(byte);
+  }
+}
+
+__global__ void dequantize_kernel(const uint8_t* packed, int64_t rows, int64_t cols, int64_t rb, int64_t ntc,
+                                  const uint8_t* tile_code, float g_dec, float* x) {
+  const int64_t n = rows * cols, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t r = i / cols, c = i - r * cols;
+    const uint32_t code = (packed[r * rb + c / 2] >> (4 * (c & 1))) & 0xFu;
+    const float scale = decode_f32<ufloat8_e4m3>(tile_code[(r / kTile) * ntc + c / kTile]);
+    x[i] = (decode_f32<float4_e2m1fn>(code) * scale) * g_dec;
+  }
+}
+
+int64_t row_bytes(const FlatTensor& t) { return (t.cols + 1) / 2; }
+int64_t tiles_across(const FlatTensor& t) { return (t.cols + kTile - 1) / kTile; }
+
+// The part of `shard` inside tensor t, tensor-local [lo, hi) (empty: lo >= hi).
+void local_range(const FlatTensor& t, ShardRange s, int64_t& lo, int64_t& hi) {
+  lo = std::max<int64_t>(s.begin - t.offset, 0);
+  hi = std::min<int64_t>(s.end - t.offset, t.rows * t.cols);
+}
+
+}  // namespace
+
+DeviceShardCast::DeviceShardCast(std::span<const FlatTensor> tensors)
+    : tensors_(tensors.begin(), tensors.end()), layout_(flat_layout(tensors)) {
+  const size_t k = size_t(layout_.tile_offset.back());
+  amax_.resize(tensors_.size() + k);
+  tile_mult_.resize(k);
+  tile_code_.resize(k);
+  packed_.resize(size_t(layout_.packed_offset.back()));
+}
+
+void DeviceShardCast::partial_amax(const float* flat, ShardRange shard) {
+  check(cudaMemset(amax_.data(), 0, amax_.bytes()), "shard cast: amax memset");
+  uint32_t* tiles = amax_.data() + tensors_.size();
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    const FlatTensor& ft = tensors_[t];
+    int64_t lo, hi;
+    local_range(ft, shard, lo, hi);
+    if (lo >= hi) continue;
+    partial_amax_kernel<<<blocks_for(hi - lo), kThreads>>>(flat + ft.offset, lo, hi, ft.cols, tiles_across(ft),
+                                                           tiles + layout_.tile_offset[t], amax_.data() + t);
+    check_launch("partial_amax_kernel");
+  }
+  check(cudaDeviceSynchronize(), "shard cast: partial amax");
+}
+
+void DeviceShardCast::compute_scales() {
+  const std::vector<uint32_t> all = amax_.download();
+  ShardAmax a;
+  a.tensor.assign(all.begin(), all.begin() + std::ptrdiff_t(tensors_.size()));
+  a.tile.assign(all.begin() + std::ptrdiff_t(tensors_.size()), all.end());
+  scales_ = shard_scales(tensors_, a);
+  tile_mult_.upload(scales_.tile_mult);
+  tile_code_.upload(scales_.tile_code);
+}
+
+void DeviceShardCast::cast(const float* flat, ShardRange shard) {
+  check(cudaMemset(packed_.data(), 0, packed_.bytes()), "shard cast: packed memset");
+  span_begin_ = span_end_ = 0;
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    const FlatTensor& ft = tensors_[t];
+    int64_t lo, hi;
+    local_range(ft, shard, lo, hi);
+    if (lo >= hi) continue;
+    const int64_t rb = row_bytes(ft);
+    const int64_t b0 = (lo / ft.cols) * rb + (lo % ft.cols) / 2;
+    const int64_t b1 = ((hi - 1) / ft.cols) * rb + ((hi - 1) % ft.cols) / 2 + 1;
+    if (span_end_ == 0) span_begin_ = layout_.packed_offset[t] + b0;
+    span_end_ = layout_.packed_offset[t] + b1;
+    cast_kernel<<<blocks_for(b1 - b0), kThreads>>>(flat + ft.offset, lo, hi, ft.cols, rb, tiles_across(ft),
+                                                   tile_mult_.data() + layout_.tile_offset[t], b0, b1,
+                                                   packed_.data() + layout_.packed_offset[t]);
+    check_launch("cast_kernel");
+  }
+  check(cudaDeviceSynchronize(), "shard cast: cast");
+}
+
+ShardBytes DeviceShardCast::span() const {
+  ShardBytes s;
+  if (span_end_ <= span_begin_) return s;
+  s.first_byte = span_begin_;
+  s.bytes.resize(size_t(span_end_ - span_begin_));
+  check(cudaMemcpy(s.bytes.data(), packed_.data() + span_begin_, s.bytes.size(), cudaMemcpyDeviceToHost),
+        "shard cast: span download");
+  return s;
+}
+
+void DeviceShardCast::set_packed(const std::vector<uint8_t>& full) {
+  if (full.size() != packed_.size())
+    throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
+                std::to_string(packed_.size()));
+  packed_.upload(full.data(), full.size());
+}
+
+void DeviceShardCast::dequantize(float* flat) const {
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    const FlatTensor& ft = tensors_[t];
+    if (ft.rows * ft.cols == 0) continue;
+    dequantize_kernel<<<blocks_for(ft.rows * ft.cols), kThreads>>>(
+        packed_.data() + layout_.packed_offset[t], ft.rows, ft.cols, row_bytes(ft), tiles_across(ft),
+        tile_code_.data() + layout_.tile_offset[t], scales_.g_dec[t], flat + ft.offset);
+    check_launch("dequantize_kernel");
+  }
+  check(cudaDeviceSynchronize(), "shard cast: dequantize");
+}
+
+}  // namespace fp4lab::cuda

@@ -1,0 +1,65 @@
+// The NVFP4 primary-weight cast of sim/shard_cast.hpp on the GPU: the same
+// protocol steps on a flat FP32 device buffer, bit for bit the host
+// functions' results (the same scalar codecs, core/encode.hpp and
+// core/format.hpp; the library is built with --fmad=false).
+//
+//   1. partial_amax: this rank's maxima of |x| bit patterns per tensor and per
+//      16x16 tile over its element range (integer atomicMax: order-independent,
+//      so the result does not depend on timing). amax() holds the tensor
+//      maxima, then the tile maxima (tile_offset order): one array for the
+//      MAX all-reduce.
+//   2. (the caller MAX-reduces amax() over the ranks)
+//   3. compute_scales: sim's shard_scales on the host from the reduced maxima
+//      (a few bytes per 256 elements), uploaded.
+//   4. cast: the rank's codes into packed() (the packed layout of all tensors,
+//      zeroed first): every byte holding one of its elements is written whole,
+//      foreign nibbles 0.
+//   5. (the caller gathers every rank's span() and ORs them: set_packed;
+//      primary_weights.hpp's gather_packed)
+//   6. dequantize: (decode(code) * decode(tile scale)) * g_dec into the flat
+//      buffer at every tensor element (what sim's dequantize_packed writes).
+// Everything runs on the legacy default stream and is complete on return.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "sim/shard_cast.hpp"
+
+namespace fp4lab::cuda {
+
+class DeviceShardCast {
+ public:
+  // The tensors as in sim/shard_cast.hpp (offsets into the flat buffer, back to back).
+  explicit DeviceShardCast(std::span<const FlatTensor> tensors);
+
+  void partial_amax(const float* flat, ShardRange shard);
+  uint32_t* amax() { return amax_.data(); }
+  int64_t amax_count() const { return int64_t(amax_.size()); }
+
+  void compute_scales();
+  const ShardScales& scales() const { return scales_; }
+
+  void cast(const float* flat, ShardRange shard);
+  uint8_t* packed() { return packed_.data(); }
+  int64_t packed_bytes() const { return int64_t(packed_.size()); }
+  // The byte span the last cast wrote (sim's ShardBytes: what a rank sends), and
+  // the full packed buffer put back (what the ranks' spans assemble to).
+  ShardBytes span() const;
+  void set_packed(const std::vector<uint8_t>& full);
+
+  void dequantize(float* flat) const;
+
+ private:
+  std::vector<FlatTensor> tensors_;
+  FlatLayout layout_;
+  DeviceBuffer<uint32_t> amax_;
+  DeviceBuffer<float> tile_mult_;
+  DeviceBuffer<uint8_t> tile_code_, packed_;
+  ShardScales scales_;
+  int64_t span_begin_ = 0, span_end_ = 0;
+};
+
+}  // namespace fp4lab::cuda
