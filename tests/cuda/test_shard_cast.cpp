@@ -2,7 +2,9 @@
 // protocol (sim/shard_cast.hpp) and against quantize(nvfp4_2d, W) itself, the
 // independent oracle: N simulated ranks on one GPU with boundaries at odd,
 // mid-byte, mid-tile and cross-tensor offsets, empty shards, gaps between
-// tensors, NaN/Inf/zero tensors.
+// tensors, NaN/Inf/zero tensors. Codes and scales bit for bit; the dequantized
+// floats too, except that NaN equals NaN whatever its payload (FP32 arithmetic's
+// NaN payload is the hardware's: tests/gpu_test_util.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -53,10 +55,6 @@ std::vector<uint8_t> reference_packed(const Model& m) {
     ref.insert(ref.end(), p.begin(), p.end());
   }
   return ref;
-}
-
-bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace
@@ -117,7 +115,7 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
     cast.dequantize(out.data());
     std::vector<float> want = m.flat;
     dequantize_packed(m.tensors, packed, cast.scales(), want.data());
-    CHECK(same_floats(out.download(), want));
+    CHECK(test::same_bits("dequantized weights vs sim", out.download(), want));  // NaN = NaN, any payload
     for (const FlatTensor& t : m.tensors) {
       const QuantizedTensor q =
           quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(m.flat.data() + t.offset, t.rows, t.cols));

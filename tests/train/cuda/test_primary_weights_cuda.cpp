@@ -1,71 +1,7 @@
-// NVFP4 primary weights on the CUDA backend (train/dist/data_parallel.cpp's
-// device cast, cuda/shard_cast.hpp) inside a training run of one process:
-// after the run, every NVFP4 weight the model holds equals
-// quantize(nvfp4_2d, master).dequant of the FP32 master values its checkpoint
-// holds (the CPU reference, an independent path), and every other parameter
-// equals its master value.
-#include <doctest/doctest.h>
-
-#include <algorithm>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-
-#include "sim/quantizer.hpp"
-#include "train/checkpoint.hpp"
-#include "train/config.hpp"
-#include "train/dist/data_parallel.hpp"
-#include "train/run.hpp"
-
-using namespace fp4lab;
-using namespace fp4lab::train;
-using nlohmann::json;
-namespace fs = std::filesystem;
+// NVFP4 primary weights on the CUDA backend (the device cast, cuda/shard_cast.hpp,
+// in a training run): tests/train/primary_weights_case.hpp.
+#include "train/primary_weights_case.hpp"
 
 TEST_CASE("cuda backend, NVFP4 primary weights: the model's weights are quantize(nvfp4_2d, master).dequant") {
-  const fs::path d = fs::temp_directory_path() / ("fp4lab_pw_cuda_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  std::string text;
-  const char* words[] = {"the cat sat. ", "a dog ran! ", "we sing low; ", "to be or not. "};
-  for (int i = 0; i < 600; ++i) text += words[(i * 7 + i / 3) % 4];
-  std::ofstream(d / "text.txt") << text;
-  for (const char* recipe : {"bf16", "nvfp4"}) {
-    CAPTURE(recipe);
-    const json j = {{"name", "pw"},
-                    {"model", {{"type", "gpt"}, {"layers", 2}, {"heads", 2}, {"width", 40}, {"context", 16}}},
-                    {"data", {{"type", "char"}, {"path", (d / "text.txt").string()}}},
-                    {"training", {{"batch_size", 4}, {"steps", 5}, {"lr", 1e-2}, {"eval_interval", 5}, {"eval_iters", 1}}},
-                    {"recipe", recipe},
-                    {"backend", "cuda"},
-                    {"distributed", {{"primary_weights", "nvfp4"}}},
-                    {"output", {{"dir", (d / "runs").string()}}}};
-    const RunConfig cfg = config_from_json(j);
-    std::ostringstream log;
-    RunOptions o;
-    o.progress = false;
-    o.log = &log;
-    const RunResult r = run_training(cfg, o);
-    REQUIRE(r.status == "completed");
-    const Checkpoint c = load_checkpoint(fs::path(r.dir) / "checkpoint.bin", int64_t(r.final_params.size()));
-    auto be = make_cpu_backend(1);
-    auto model = make_model(cfg.model, *be, cfg.seed);
-    const std::vector<int> nv = nvfp4_weight_params(model->linear_layers(), resolve_recipe(cfg));
-    CHECK(nv.size() == 8);  // c_attn, attn c_proj, c_fc, mlp c_proj of 2 blocks; lm_head is tied
-    const ParamStore& ps = model->params();
-    for (int i = 0; i < int(ps.infos().size()); ++i) {
-      const ParamInfo& p = ps.info(i);
-      CAPTURE(p.name);
-      const float* master = c.values.data() + p.offset;
-      const float* held = r.final_params.data() + p.offset;
-      if (std::find(nv.begin(), nv.end(), i) != nv.end()) {
-        const QuantizedTensor q = quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(master, p.rows, p.cols));
-        CHECK(std::memcmp(held, q.dequant.data(), size_t(p.size()) * 4) == 0);
-        CHECK(std::memcmp(held, master, size_t(p.size()) * 4) != 0);  // the cast changed them
-      } else {
-        CHECK(std::memcmp(held, master, size_t(p.size()) * 4) == 0);
-      }
-    }
-  }
-  fs::remove_all(d);
+  fp4lab::train::test::check_primary_weights_run("cuda");
 }

@@ -1,0 +1,296 @@
+// The NCCL communicator (comm_nccl.hpp), compiled with NCCL (FP4LAB_WITH_NCCL)
+// or as stubs that say this build has none.
+#include "train/dist/comm_nccl.hpp"
+
+#include <string>
+
+#include "core/error.hpp"
+
+#if FP4LAB_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cuda/device.hpp"
+#include "train/dist/rendezvous.hpp"
+#endif
+
+namespace fp4lab {
+
+#if FP4LAB_WITH_NCCL
+namespace {
+
+using cuda::check;
+
+// One line: NCCL's name of the result and its last error's text (newlines folded).
+void check_nccl(ncclResult_t rc, const char* what) {
+  if (rc == ncclSuccess) return;
+  const char* last_c = ncclGetLastError(nullptr);
+  std::string last = last_c ? last_c : "";
+  std::replace(last.begin(), last.end(), '\n', ' ');
+  while (!last.empty() && last.back() == ' ') last.pop_back();
+  throw Error(std::string("NCCL: ") + what + ": " + ncclGetErrorString(rc) + (last.empty() ? "" : " (" + last + ")"));
+}
+
+// `shards`: `world` contiguous ranges in rank order covering [0, n) (comm.cpp's check).
+void check_shards(size_t n, std::span<const ShardRange> shards, int world, const char* what) {
+  bool ok =
+      int(shards.size()) == world && !shards.empty() && shards.front().begin == 0 && shards.back().end == int64_t(n);
+  for (size_t r = 0; ok && r < shards.size(); ++r)
+    ok = shards[r].begin <= shards[r].end && (r == 0 || shards[r].begin == shards[r - 1].end);
+  if (!ok)
+    throw Error(std::string("communicator (nccl): ") + what + ": the shards must be " + std::to_string(world) +
+                " contiguous ranges in rank order covering [0, " + std::to_string(n) + ")");
+}
+
+class NcclComm final : public Communicator {
+ public:
+  // Owns `comm` (initialised for `device`) from here on, destroying it if this throws.
+  NcclComm(ncclComm_t comm, int device) : comm_(comm), device_(device) {
+    int prev = device_;
+    cudaGetDevice(&prev);
+    try {
+      check(cudaSetDevice(device_), "cudaSetDevice");
+      check_nccl(ncclCommCount(comm_, &world_), "ncclCommCount");
+      check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+      check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      one_.resize(1);
+      one_.fill_bytes(0);
+      sizes_.resize(size_t(world_));
+    } catch (...) {
+      release();
+      cudaSetDevice(prev);
+      throw;
+    }
+    cudaSetDevice(prev);
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  ~NcclComm() override {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    release();
+    cudaSetDevice(prev);
+  }
+
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  std::string name() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
+
+  void allreduce_max(std::span<uint32_t> v) override {
+    allreduce(v.data(), v.size(), ncclUint32, ncclMax, "allreduce_max");
+  }
+  void allreduce_sum(std::span<float> v) override {
+    allreduce(v.data(), v.size(), ncclFloat32, ncclSum, "allreduce_sum");
+  }
+  void allreduce_sum(std::span<double> v) override {
+    allreduce(v.data(), v.size(), ncclFloat64, ncclSum, "allreduce_sum(double)");
+  }
+
+  // One ncclReduce per rank r (root r, shard r's elements) in one group.
+  void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
+                          std::span<float> mine) override {
+    const char* what = "reduce_scatter_sum";
+    check_args(full.size(), shards, mine.size(), what);
+    check_device_ptr(full.data(), full.size(), what);
+    check_device_ptr(mine.data(), mine.size(), what);
+    launch_group(what, shards, [&](int r, const ShardRange& s) {
+      const float* send = full.data() + s.begin;
+      // Off the root recvbuff is not used; the send pointer stands in for it (in place).
+      float* recv = r == rank_ ? mine.data() : const_cast<float*>(send);
+      return ncclReduce(send, recv, size_t(s.end - s.begin), ncclFloat32, ncclSum, r, comm_, stream_);
+    });
+  }
+  // One ncclBroadcast per rank r (root r) into its shard of `full`, in one group.
+  void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override {
+    const char* what = "allgather";
+    check_args(full.size(), shards, mine.size(), what);
+    check_device_ptr(full.data(), full.size(), what);
+    check_device_ptr(mine.data(), mine.size(), what);
+    launch_group(what, shards, [&](int r, const ShardRange& s) {
+      float* dst = full.data() + s.begin;
+      const float* src = r == rank_ ? mine.data() : dst;  // off the root sendbuff is not used
+      return ncclBroadcast(src, dst, size_t(s.end - s.begin), ncclFloat32, r, comm_, stream_);
+    });
+  }
+
+  // Host bytes: the sizes gathered first (one int64 a rank), then every
+  // rank's bytes broadcast in place into one device staging buffer.
+  std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
+    const char* what = "allgather_bytes";
+    enter(what);
+    const int64_t n = int64_t(mine.size());
+    std::vector<int64_t> sizes(static_cast<size_t>(world_)), offsets(static_cast<size_t>(world_) + 1, 0);
+    order();
+    check(cudaMemcpyAsync(sizes_.data() + rank_, &n, sizeof n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    check_nccl(ncclAllGather(sizes_.data() + rank_, sizes_.data(), 1, ncclInt64, comm_, stream_),
+               "ncclAllGather(allgather_bytes sizes)");
+    check(cudaMemcpyAsync(sizes.data(), sizes_.data(), sizes.size() * sizeof(int64_t), cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync");
+    finish(what);
+    for (int r = 0; r < world_; ++r) offsets[size_t(r) + 1] = offsets[size_t(r)] + sizes[size_t(r)];
+    std::vector<uint8_t> all(static_cast<size_t>(offsets.back()));
+    if (!all.empty()) {
+      uint8_t* staging = staging_.at_least(all.size());
+      if (n > 0) staging_.upload(mine.data(), mine.size(), size_t(offsets[size_t(rank_)]));
+      std::vector<ShardRange> parts(static_cast<size_t>(world_));
+      for (int r = 0; r < world_; ++r) parts[size_t(r)] = {offsets[size_t(r)], offsets[size_t(r) + 1]};
+      launch_group(what, parts, [&](int r, const ShardRange& s) {
+        uint8_t* p = staging + s.begin;
+        return ncclBroadcast(p, p, size_t(s.end - s.begin), ncclUint8, r, comm_, stream_);
+      });
+      check(cudaMemcpy(all.data(), staging, all.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H (allgather_bytes)");
+    }
+    std::vector<std::vector<uint8_t>> out;
+    for (int r = 0; r < world_; ++r)
+      out.emplace_back(all.begin() + offsets[size_t(r)], all.begin() + offsets[size_t(r) + 1]);
+    return out;
+  }
+
+  void barrier() override { allreduce(one_.data(), 1, ncclUint32, ncclMax, "barrier"); }
+
+ private:
+  void release() noexcept {
+    cudaSetDevice(device_);
+    one_ = {};
+    sizes_ = {};
+    staging_ = {};
+    if (comm_) ncclCommDestroy(comm_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (stream_) cudaStreamDestroy(stream_);
+    comm_ = nullptr;
+    ready_ = nullptr;
+    stream_ = nullptr;
+  }
+  // The calling thread's current device must be this rank's.
+  void enter(const char* what) const {
+    int cur = -1;
+    check(cudaGetDevice(&cur), "cudaGetDevice");
+    if (cur != device_)
+      throw Error(std::string("communicator (nccl): ") + what + " called with CUDA device " + std::to_string(cur) +
+                  " current, but this rank's device is " + std::to_string(device_) + " (cudaSetDevice first)");
+  }
+  // Device memory of this rank's device (or managed memory); n == 0 passes.
+  void check_device_ptr(const void* p, size_t n, const char* what) const {
+    if (n == 0) return;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      a.type = cudaMemoryTypeUnregistered;
+    }
+    if (a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == device_)) return;
+    throw Error(std::string("communicator (nccl): ") + what + ": a buffer is not memory of CUDA device " +
+                std::to_string(device_) + " (device_buffers() is true: pass device pointers)");
+  }
+  void check_args(size_t n, std::span<const ShardRange> shards, size_t mine, const char* what) const {
+    enter(what);
+    check_shards(n, shards, world_, what);
+    const ShardRange s = shards[size_t(rank_)];
+    if (mine != size_t(s.end - s.begin))
+      throw Error(std::string("communicator (nccl): ") + what + ": rank " + std::to_string(rank_) + "'s buffer holds " +
+                  std::to_string(mine) + " elements, its shard [" + std::to_string(s.begin) + ", " +
+                  std::to_string(s.end) + ") " + std::to_string(s.end - s.begin));
+  }
+  // Our stream waits for the work queued so far on the legacy default stream.
+  void order() {
+    check(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
+    check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+  }
+  void finish(const char* what) {
+    check(cudaStreamSynchronize(stream_), (std::string("cudaStreamSynchronize after ") + what).c_str());
+  }
+  void allreduce(void* p, size_t n, ncclDataType_t type, ncclRedOp_t op, const char* what) {
+    enter(what);
+    if (n == 0) return;  // the same length on every rank: all skip
+    check_device_ptr(p, n, what);
+    order();
+    check_nccl(ncclAllReduce(p, p, n, type, op, comm_, stream_), what);
+    finish(what);
+  }
+  // op(r, shards[r]) for every non-empty shard (empty ones are skipped by every
+  // rank alike: the shards are the same everywhere), in one NCCL group.
+  template <class Op>
+  void launch_group(const char* what, std::span<const ShardRange> shards, Op op) {
+    order();
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t rc = ncclSuccess;
+    for (int r = 0; r < world_ && rc == ncclSuccess; ++r)
+      if (shards[size_t(r)].end > shards[size_t(r)].begin) rc = op(r, shards[size_t(r)]);
+    const ncclResult_t end = ncclGroupEnd();
+    check_nccl(rc, what);
+    check_nccl(end, what);
+    finish(what);
+  }
+  ncclComm_t comm_ = nullptr;
+  int device_ = 0, rank_ = 0, world_ = 1;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  cuda::DeviceBuffer<uint32_t> one_;   // barrier's element
+  cuda::DeviceBuffer<int64_t> sizes_;  // allgather_bytes' sizes
+  cuda::DeviceBuffer<uint8_t> staging_;
+};
+
+}  // namespace
+
+bool have_nccl() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_comm(int rank, int world, const std::string& rendezvous) {
+  parse_rendezvous(rendezvous);  // a bad form fails before CUDA is touched
+  if (world < 1 || rank < 0 || rank >= world)
+    throw Error("make_nccl_comm: rank " + std::to_string(rank) + " of world " + std::to_string(world) +
+                ": need world >= 1 and 0 <= rank < world");
+  if (!cuda::gpu_available()) throw Error("make_nccl_comm: no CUDA device (cudaGetDeviceCount)");
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  ncclUniqueId id{};
+  if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  const auto bytes = exchange_id(rendezvous, rank, world, {reinterpret_cast<const uint8_t*>(&id), sizeof id});
+  std::memcpy(&id, bytes.data(), sizeof id);
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+  release_rendezvous(rendezvous, rank);  // every rank has joined, so every rank has read the id
+  return std::make_unique<NcclComm>(comm, device);
+}
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_comms_single_process(std::span<const int> devices) {
+  const int count = cuda::device_count();
+  if (devices.empty()) throw Error("make_nccl_comms_single_process: need at least one device");
+  for (int d : devices) {
+    if (d < 0 || d >= count)
+      throw Error("make_nccl_comms_single_process: device " + std::to_string(d) + ": this machine has " +
+                  std::to_string(count) + " CUDA device(s)");
+    if (std::count(devices.begin(), devices.end(), d) > 1)
+      throw Error("make_nccl_comms_single_process: device " + std::to_string(d) + " listed twice (one rank a device)");
+  }
+  std::vector<ncclComm_t> raw(devices.size(), nullptr);
+  check_nccl(ncclCommInitAll(raw.data(), int(raw.size()), devices.data()), "ncclCommInitAll");
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (size_t r = 0; r < raw.size(); ++r) {
+    try {
+      comms.push_back(std::make_unique<NcclComm>(raw[r], devices[r]));
+    } catch (...) {
+      for (size_t k = r + 1; k < raw.size(); ++k) ncclCommDestroy(raw[k]);
+      throw;
+    }
+  }
+  return comms;
+}
+#else
+namespace {
+[[noreturn]] void no_nccl() {
+  throw Error(
+      "this fp4lab was built without NCCL (it needs the CUDA backend and nccl.h + libnccl: the CUDA "
+      "toolkit's, or cmake -DNCCL_ROOT=DIR; rebuild)");
+}
+}  // namespace
+
+bool have_nccl() { return false; }
+std::unique_ptr<Communicator> make_nccl_comm(int, int, const std::string&) { no_nccl(); }
+std::vector<std::unique_ptr<Communicator>> make_nccl_comms_single_process(std::span<const int>) { no_nccl(); }
+#endif
+
+}  // namespace fp4lab
