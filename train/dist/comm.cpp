@@ -31,6 +31,7 @@ class LocalComm final : public Communicator {
   void allreduce_max(std::span<uint32_t>) override {}
   void allreduce_sum(std::span<float>) override {}
   void allreduce_sum(std::span<double>) override {}
+  void allreduce_disjoint_or(std::span<uint8_t>) override {}
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
     check_shards(full.size(), shards, 1, "reduce_scatter_sum");
@@ -110,6 +111,15 @@ class ThreadComm final : public Communicator {
   }
   void allreduce_sum(std::span<float> v) override { sum_in_rank_order(v); }
   void allreduce_sum(std::span<double> v) override { sum_in_rank_order(v); }
+  void allreduce_disjoint_or(std::span<uint8_t> v) override {
+    const auto all = hub_->exchange(rank_, std::vector<uint8_t>(v.begin(), v.end()));
+    check_sizes(all, v.size(), "allreduce_disjoint_or");
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint8_t o = 0;
+      for (const auto& b : all) o |= b[i];
+      v[i] = o;
+    }
+  }
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
     check_shards(full.size(), shards, world(), "reduce_scatter_sum");

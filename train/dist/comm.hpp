@@ -32,6 +32,11 @@ class Communicator {
   // runs with the same ranks agree bitwise.
   virtual void allreduce_sum(std::span<float> v) = 0;
   virtual void allreduce_sum(std::span<double> v) = 0;
+  // In place: the bitwise OR over the ranks of bytes whose set bits are
+  // disjoint (each bit set on at most one rank), as the NVFP4 shard cast's
+  // packed buffers are (each rank's nibbles, zeros elsewhere). NCCL has no OR:
+  // its engine sums, which equals the OR exactly under this precondition.
+  virtual void allreduce_disjoint_or(std::span<uint8_t> v) = 0;
   // ZeRO-1's gradient reduction: the sum over the ranks of `full` (the same
   // length on every rank), of which rank r receives the elements shards[r]
   // into `mine` (length shards[r].end - shards[r].begin). `shards` is the same

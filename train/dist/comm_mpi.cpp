@@ -60,6 +60,10 @@ class MpiComm final : public Communicator {
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
               "MPI_Allreduce(sum, double)");
   }
+  void allreduce_disjoint_or(std::span<uint8_t> v) override {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_UINT8_T, MPI_BOR, MPI_COMM_WORLD),
+              "MPI_Allreduce(bor)");
+  }
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
     std::vector<int> counts = shard_counts(full.size(), shards, "reduce_scatter_sum");

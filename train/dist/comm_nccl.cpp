@@ -87,6 +87,10 @@ class NcclComm final : public Communicator {
   void allreduce_sum(std::span<float> v) override {
     allreduce(v.data(), v.size(), ncclFloat32, ncclSum, "allreduce_sum");
   }
+  void allreduce_disjoint_or(std::span<uint8_t> v) override {
+    // NCCL has no OR; with disjoint set bits the sum carries nowhere and equals it.
+    allreduce(v.data(), v.size(), ncclUint8, ncclSum, "allreduce_disjoint_or");
+  }
   void allreduce_sum(std::span<double> v) override {
     allreduce(v.data(), v.size(), ncclFloat64, ncclSum, "allreduce_sum(double)");
   }

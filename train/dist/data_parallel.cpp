@@ -133,7 +133,7 @@ struct DataParallel::Impl {
   }
 
 #if FP4LAB_WITH_CUDA
-  // The same protocol on the device: only the maxima and the packed byte spans travel.
+  // The same protocol on the device: only the maxima and the packed codes travel.
   void cast_nvfp4_device() {
     const bool gather = dc.shard_cast && comm.world() > 1;
     const ShardRange s = dc.shard_cast ? cast_shard : ShardRange{0, ps.size()};
@@ -152,7 +152,12 @@ struct DataParallel::Impl {
     }
     dcast->compute_scales();
     dcast->cast(ps.values.data, s);
-    if (gather) dcast->set_packed(gather_packed(comm, nvfp4, dcast->span()));
+    if (gather) {
+      if (comm.device_buffers())  // NCCL: the ranks' packed buffers ORed in place on the device
+        comm.allreduce_disjoint_or(std::span<uint8_t>(dcast->packed(), size_t(dcast->packed_bytes())));
+      else  // a host communicator: the byte spans gathered and ORed on the host
+        dcast->set_packed(gather_packed(comm, nvfp4, dcast->span()));
+    }
     dcast->dequantize(ps.values.data);
   }
 #endif

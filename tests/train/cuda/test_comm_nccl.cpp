@@ -78,6 +78,18 @@ void exercise(Communicator& c, int round) {
   c.allreduce_sum({d.data(), d.size()});
   CHECK(d.download() == std::vector<double>{double(k_sum) * 0.25, 1e15 * double(n)});
 
+  // Disjoint OR: byte i carries bit (i + r) % 8 of rank r where that is unique (n <= 8), nibbles as in the cast.
+  std::vector<uint8_t> bits(64, 0), want_or(64, 0);
+  for (int k = 0; k < n && k < 8; ++k)
+    for (size_t i = 0; i < bits.size(); ++i) {
+      const uint8_t b = uint8_t(1u << ((i + size_t(k)) % 8));
+      if (k == r) bits[i] = b;
+      want_or[i] |= b;
+    }
+  auto o = on_device<uint8_t>(bits);
+  c.allreduce_disjoint_or({o.data(), o.size()});
+  CHECK(o.download() == want_or);
+
   // Shard sets: even_shards, a hand-made uneven one cycling {0, 7, 33, 1}, all on the last rank, none at all.
   std::vector<std::vector<ShardRange>> sets = {even_shards(1000 + round, n), even_shards(3, n)};
   std::vector<int64_t> uneven, last(static_cast<size_t>(n), 0);

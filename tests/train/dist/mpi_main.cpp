@@ -3,6 +3,7 @@
 // boundaries at offsets 0, 1, 15, 16, 17, 33 and odd lengths: every rank's
 // result must equal quantize(nvfp4_2d, W) of each tensor (computed on each
 // rank alone). Prints one line per failure; exit 0 when all pass.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -33,6 +34,11 @@ int main() {
   for (int k = 0; k < n; ++k)
     if (g.size() != size_t(n) || g[size_t(k)] != std::vector<uint8_t>(size_t(k + 1), uint8_t(k))) fail("allgather_bytes");
 
+  std::vector<uint8_t> bor(9, 0);  // rank r sets bit r of every byte: disjoint
+  for (uint8_t& b : bor) b = uint8_t(1u << (r % 8));
+  comm->allreduce_disjoint_or(bor);
+  for (uint8_t b : bor)
+    if (b != uint8_t((1u << std::min(n, 8)) - 1u)) fail("allreduce_disjoint_or");
   std::vector<double> sd = {0.5 + double(r)};
   comm->allreduce_sum(sd);
   if (sd[0] != 0.5 * double(n) + double(n * (n - 1) / 2)) fail("allreduce_sum(double)");

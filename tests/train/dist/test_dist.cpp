@@ -70,6 +70,20 @@ TEST_CASE("thread communicator: max, sum in rank order, gather of any sizes, man
   }
   CHECK(make_local_comm()->world() == 1);
   if (!have_mpi()) CHECK_THROWS(make_mpi_comm());
+  // Disjoint OR: rank r's low or high nibble of each byte, as the NVFP4 cast's packed buffers.
+  for (int n : {1, 2, 5}) {
+    std::vector<std::vector<uint8_t>> got(static_cast<size_t>(n));
+    on_ranks(n, [&](Communicator& c) {
+      std::vector<uint8_t> b(10, 0);
+      for (size_t i = 0; i < b.size(); ++i)
+        if (int(i) % n == c.rank()) b[i] = uint8_t(i % 2 ? 0xA0 : 0x05);
+      c.allreduce_disjoint_or(b);
+      got[size_t(c.rank())] = b;
+    });
+    std::vector<uint8_t> want(10);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = uint8_t(i % 2 ? 0xA0 : 0x05);
+    for (const auto& g : got) CHECK(g == want);
+  }
 }
 
 TEST_CASE("NVFP4 primary weights over thread ranks: shard_cast true equals false equals quantize(nvfp4_2d)") {
