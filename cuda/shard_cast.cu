@@ -6,6 +6,7 @@
 #include "core/bits.hpp"
 #include "core/encode.hpp"
 #include "core/format.hpp"
+#include "cuda/packing.hpp"
 
 namespace fp4lab::cuda {
 
@@ -142,6 +143,23 @@ void DeviceShardCast::set_packed(const std::vector<uint8_t>& full) {
     throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
                 std::to_string(packed_.size()));
   packed_.upload(full.data(), full.size());
+}
+
+int64_t DeviceShardCast::packed_bytes_transposed() const {
+  int64_t n = 0;
+  for (const FlatTensor& t : tensors_) n += t.cols * ((t.rows + 1) / 2);
+  return n;
+}
+
+void DeviceShardCast::transpose(uint8_t* out) const {
+  int64_t at = 0;
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    const FlatTensor& ft = tensors_[t];
+    if (ft.rows * ft.cols == 0) continue;
+    transpose_fp4_packed_device(packed_.data() + layout_.packed_offset[t], ft.rows, ft.cols, out + at);
+    at += ft.cols * ((ft.rows + 1) / 2);
+  }
+  check(cudaDeviceSynchronize(), "shard cast: transpose");
 }
 
 void DeviceShardCast::dequantize(float* flat) const {

@@ -51,6 +51,11 @@ class DeviceShardCast {
   void set_packed(const std::vector<uint8_t>& full);
 
   void dequantize(float* flat) const;
+  // The column-wise copy of packed() (sim's transpose_packed) into `out`
+  // (device, packed_bytes_transposed() bytes). Not part of the trainer's step:
+  // its GEMMs re-quantize the weights and take no packed codes yet.
+  void transpose(uint8_t* out) const;
+  int64_t packed_bytes_transposed() const;
 
  private:
   std::vector<FlatTensor> tensors_;

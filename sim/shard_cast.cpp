@@ -8,6 +8,7 @@
 #include "core/encode.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "sim/packing.hpp"
 #include "sim/scale_rules.hpp"
 
 namespace fp4lab {
@@ -153,6 +154,21 @@ void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint
         flat[t.offset + r * t.cols + c] = (decode(float4_e2m1fn, code) * scale) * scales.g_dec[ti];
       }
   }
+}
+
+std::vector<uint8_t> transpose_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed) {
+  const FlatLayout l = flat_layout(tensors);
+  if (int64_t(packed.size()) != l.packed_offset.back())
+    throw Error("transpose_packed: " + std::to_string(packed.size()) + " packed bytes, the tensors need " +
+                std::to_string(l.packed_offset.back()));
+  std::vector<uint8_t> out;
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const FlatTensor& t = tensors[ti];
+    const std::vector<uint8_t> codes = unpack_fp4(packed.data() + l.packed_offset[ti], t.rows, t.cols);
+    const std::vector<uint8_t> tr = pack_fp4_transposed(codes.data(), t.rows, t.cols);
+    out.insert(out.end(), tr.begin(), tr.end());
+  }
+  return out;
 }
 
 std::vector<uint8_t> assemble_packed(std::span<const FlatTensor> tensors, std::span<const ShardBytes> parts) {

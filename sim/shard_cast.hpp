@@ -94,6 +94,12 @@ std::vector<uint8_t> assemble_packed(std::span<const FlatTensor> tensors, std::s
 void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed,
                        const ShardScales& scales, float* flat);
 
+// The column-wise copy (the dgrad / wgrad operand): every tensor's codes of
+// `packed` as the packing of its transpose, [cols, ceil(rows/2)] bytes each,
+// back to back in tensor order (the 16x16 tiles and scales are the same tiles
+// transposed, so the codes equal quantize(nvfp4_2d, W^T)'s).
+std::vector<uint8_t> transpose_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed);
+
 // Splits [0, total) into n ranges of sizes differing by at most one (the
 // first total % n ranges one longer): ZeRO-1's default shards.
 std::vector<ShardRange> even_shards(int64_t total, int n);

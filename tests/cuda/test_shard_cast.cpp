@@ -116,6 +116,11 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
     std::vector<float> want = m.flat;
     dequantize_packed(m.tensors, packed, cast.scales(), want.data());
     CHECK(test::same_bits("dequantized weights vs sim", out.download(), want));  // NaN = NaN, any payload
+    // The column-wise copy: the nibble-packed transpose of every tensor, as sim's.
+    DeviceBuffer<uint8_t> tr(static_cast<size_t>(cast.packed_bytes_transposed()));
+    tr.fill_bytes(0xEE);
+    cast.transpose(tr.data());
+    CHECK(test::same_bytes("column-wise copy vs sim", tr.download(), transpose_packed(m.tensors, packed)));
     for (const FlatTensor& t : m.tensors) {
       const QuantizedTensor q =
           quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(m.flat.data() + t.offset, t.rows, t.cols));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/bits.hpp"
+#include "core/error.hpp"
 #include "sim/packing.hpp"
 #include "sim/quantizer.hpp"
 #include "sim/shard_cast.hpp"
@@ -174,4 +175,23 @@ TEST_CASE("dequantize_packed: the dequantized weights equal quantize(nvfp4_2d).d
     }
     CHECK(std::count(out.begin(), out.end(), -7.0f) == total(m) - covered);
   }
+}
+
+TEST_CASE("transpose_packed: each tensor's column-wise copy equals quantize(nvfp4_2d, W^T) packed (dense oracle)") {
+  const Model m = make_model(8, true);
+  std::vector<ShardBytes> parts;
+  const ShardScales s = shard_scales(m.tensors, shard_partial_amax(m.tensors, m.flat.data(), {0, total(m)}));
+  for (const ShardRange& r : even_shards(total(m), 3)) parts.push_back(shard_cast(m.tensors, m.flat.data(), r, s));
+  const std::vector<uint8_t> tr = transpose_packed(m.tensors, assemble_packed(m.tensors, parts));
+  std::vector<uint8_t> want;
+  for (const FlatTensor& t : m.tensors) {
+    std::vector<float> wt(size_t(t.rows * t.cols));  // W^T, dense
+    for (int64_t r = 0; r < t.rows; ++r)
+      for (int64_t c = 0; c < t.cols; ++c) wt[size_t(c * t.rows + r)] = m.flat[size_t(t.offset + r * t.cols + c)];
+    const QuantizedTensor q = quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(wt.data(), t.cols, t.rows));
+    const std::vector<uint8_t> p = pack_fp4(q.codes.data(), t.cols, t.rows);
+    want.insert(want.end(), p.begin(), p.end());
+  }
+  CHECK(tr == want);
+  CHECK_THROWS_AS(transpose_packed(m.tensors, std::vector<uint8_t>(3)), Error);
 }
