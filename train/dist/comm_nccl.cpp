@@ -61,20 +61,15 @@ class NcclComm final : public Communicator {
       one_.fill_bytes(0);
       sizes_.resize(size_t(world_));
     } catch (...) {
-      release();
       cudaSetDevice(prev);
+      release();
       throw;
     }
     cudaSetDevice(prev);
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
-  ~NcclComm() override {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    release();
-    cudaSetDevice(prev);
-  }
+  ~NcclComm() override { release(); }
 
   int rank() const override { return rank_; }
   int world() const override { return world_; }
@@ -158,7 +153,10 @@ class NcclComm final : public Communicator {
   void barrier() override { allreduce(one_.data(), 1, ncclUint32, ncclMax, "barrier"); }
 
  private:
+  // Frees what this rank holds, on its device; the current device is left as it was.
   void release() noexcept {
+    int prev = device_;
+    cudaGetDevice(&prev);
     cudaSetDevice(device_);
     one_ = {};
     sizes_ = {};
@@ -169,6 +167,7 @@ class NcclComm final : public Communicator {
     comm_ = nullptr;
     ready_ = nullptr;
     stream_ = nullptr;
+    cudaSetDevice(prev);
   }
   // The calling thread's current device must be this rank's.
   void enter(const char* what) const {
