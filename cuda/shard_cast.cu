@@ -65,12 +65,6 @@ __global__ void dequantize_kernel(const uint8_t* packed, int64_t rows, int64_t c
 int64_t row_bytes(const FlatTensor& t) { return (t.cols + 1) / 2; }
 int64_t tiles_across(const FlatTensor& t) { return (t.cols + kTile - 1) / kTile; }
 
-// The part of `shard` inside tensor t, tensor-local [lo, hi) (empty: lo >= hi).
-void local_range(const FlatTensor& t, ShardRange s, int64_t& lo, int64_t& hi) {
-  lo = std::max<int64_t>(s.begin - t.offset, 0);
-  hi = std::min<int64_t>(s.end - t.offset, t.rows * t.cols);
-}
-
 }  // namespace
 
 DeviceShardCast::DeviceShardCast(std::span<const FlatTensor> tensors)
@@ -87,8 +81,8 @@ void DeviceShardCast::partial_amax(const float* flat, ShardRange shard) {
   uint32_t* tiles = amax_.data() + tensors_.size();
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
-    int64_t lo, hi;
-    local_range(ft, shard, lo, hi);
+    const ShardRange part = tensor_part(ft, shard);
+    const int64_t lo = part.begin, hi = part.end;
     if (lo >= hi) continue;
     partial_amax_kernel<<<blocks_for(hi - lo), kThreads>>>(flat + ft.offset, lo, hi, ft.cols, tiles_across(ft),
                                                            tiles + layout_.tile_offset[t], amax_.data() + t);
@@ -112,12 +106,12 @@ void DeviceShardCast::cast(const float* flat, ShardRange shard) {
   span_begin_ = span_end_ = 0;
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
-    int64_t lo, hi;
-    local_range(ft, shard, lo, hi);
+    const ShardRange part = tensor_part(ft, shard);
+    const int64_t lo = part.begin, hi = part.end;
     if (lo >= hi) continue;
     const int64_t rb = row_bytes(ft);
-    const int64_t b0 = (lo / ft.cols) * rb + (lo % ft.cols) / 2;
-    const int64_t b1 = ((hi - 1) / ft.cols) * rb + ((hi - 1) % ft.cols) / 2 + 1;
+    const ShardRange bytes = packed_bytes_of(ft, part);
+    const int64_t b0 = bytes.begin, b1 = bytes.end;
     if (span_end_ == 0) span_begin_ = layout_.packed_offset[t] + b0;
     span_end_ = layout_.packed_offset[t] + b1;
     cast_kernel<<<blocks_for(b1 - b0), kThreads>>>(flat + ft.offset, lo, hi, ft.cols, rb, tiles_across(ft),

@@ -20,10 +20,9 @@ constexpr int64_t kTile = 16;
 int64_t tiles_of(const FlatTensor& t) { return ((t.rows + kTile - 1) / kTile) * ((t.cols + kTile - 1) / kTile); }
 int64_t row_bytes(const FlatTensor& t) { return (t.cols + 1) / 2; }
 
-// The part of `shard` inside tensor t, as tensor-local flat indices [lo, hi) (empty: lo >= hi).
 void local_range(const FlatTensor& t, ShardRange shard, int64_t& lo, int64_t& hi) {
-  lo = std::max<int64_t>(shard.begin - t.offset, 0);
-  hi = std::min<int64_t>(shard.end - t.offset, t.rows * t.cols);
+  const ShardRange p = tensor_part(t, shard);
+  lo = p.begin, hi = p.end;
 }
 
 void check_shard(std::span<const FlatTensor> tensors, ShardRange shard) {
@@ -35,6 +34,17 @@ void check_shard(std::span<const FlatTensor> tensors, ShardRange shard) {
 }
 
 }  // namespace
+
+ShardRange tensor_part(const FlatTensor& t, ShardRange shard) {
+  return {std::max<int64_t>(shard.begin - t.offset, 0), std::min<int64_t>(shard.end - t.offset, t.rows * t.cols)};
+}
+
+ShardRange packed_bytes_of(const FlatTensor& t, ShardRange part) {
+  if (part.begin >= part.end) return {0, 0};
+  const int64_t rb = row_bytes(t);
+  return {(part.begin / t.cols) * rb + (part.begin % t.cols) / 2,
+          ((part.end - 1) / t.cols) * rb + ((part.end - 1) % t.cols) / 2 + 1};
+}
 
 FlatLayout flat_layout(std::span<const FlatTensor> tensors) {
   FlatLayout l;
@@ -109,11 +119,9 @@ ShardBytes shard_cast(std::span<const FlatTensor> tensors, const float* flat, Sh
     int64_t lo, hi;
     local_range(t, shard, lo, hi);
     if (lo >= hi) continue;
-    const int64_t rb = row_bytes(t);
-    const int64_t b0 = l.packed_offset[ti] + (lo / t.cols) * rb + (lo % t.cols) / 2;
-    const int64_t b1 = l.packed_offset[ti] + ((hi - 1) / t.cols) * rb + ((hi - 1) % t.cols) / 2;
-    if (first < 0) first = b0;
-    last = b1;
+    const ShardRange bytes = packed_bytes_of(t, {lo, hi});
+    if (first < 0) first = l.packed_offset[ti] + bytes.begin;
+    last = l.packed_offset[ti] + bytes.end - 1;
   }
   if (first < 0) return out;  // no elements
   out.first_byte = first;

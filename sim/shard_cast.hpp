@@ -100,6 +100,14 @@ void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint
 // transposed, so the codes equal quantize(nvfp4_2d, W^T)'s).
 std::vector<uint8_t> transpose_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed);
 
+// Geometry shared by the host protocol and the GPU one (cuda/shard_cast.hpp):
+// the part of `shard` inside tensor t as tensor-local element indices
+// (empty: begin >= end), and the tensor-local packed bytes [begin, end) that
+// hold the elements of such a part (a part starting or ending on an odd
+// column shares its first or last byte with a neighbour).
+ShardRange tensor_part(const FlatTensor& t, ShardRange shard);
+ShardRange packed_bytes_of(const FlatTensor& t, ShardRange part);
+
 // Splits [0, total) into n ranges of sizes differing by at most one (the
 // first total % n ranges one longer): ZeRO-1's default shards.
 std::vector<ShardRange> even_shards(int64_t total, int n);

@@ -1,5 +1,6 @@
 // The shipped-config matrix (config_matrix.hpp).
 #include "train/config_matrix.hpp"
+#include "train/text_fixture.hpp"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -49,8 +50,7 @@ struct Fixtures {
     fs::create_directories(root / "mnist");
     text = (root / "text.txt").string();
     std::ofstream t(text);
-    const char* words[] = {"the cat sat. ", "a dog ran! ", "we sing low; ", "to be or not. "};
-    for (int i = 0; i < 800; ++i) t << words[(i * 7 + i / 3) % 4];
+    t << test::words_corpus(800);
     // 40 test images: an evaluation batch of 40 x 17 = 680 rows, not a
     // multiple of 16 (as the shipped 1000 x 17): partial RHT chunks.
     write_mnist_split(root / "mnist", "train", 40);

@@ -23,6 +23,7 @@
 #include "train/data.hpp"
 #include "train/dist/data_parallel.hpp"
 #include "train/run.hpp"
+#include "train/text_fixture.hpp"
 
 namespace fp4lab::train::test {
 
@@ -37,10 +38,7 @@ inline void check_primary_weights_run(const std::string& backend) {
 
   const fs::path d = fs::temp_directory_path() / ("fp4lab_pw_" + backend + "_" + std::to_string(::getpid()));
   fs::create_directories(d);
-  std::string text;
-  const char* words[] = {"the cat sat. ", "a dog ran! ", "we sing low; ", "to be or not. "};
-  for (int i = 0; i < 600; ++i) text += words[(i * 7 + i / 3) % 4];
-  std::ofstream(d / "text.txt") << text;
+  std::ofstream(d / "text.txt") << words_corpus();
   for (const char* recipe : {"bf16", "nvfp4"}) {
     CAPTURE(recipe);
     const json j = {{"name", "pw"},

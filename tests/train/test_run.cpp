@@ -11,6 +11,7 @@
 #include "train/config.hpp"
 #include "train/compare.hpp"
 #include "train/run.hpp"
+#include "train/text_fixture.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
 
@@ -23,11 +24,8 @@ namespace {
 // A generated char corpus: a repeating pattern with a little variety (learnable).
 std::string fixture_text(const fs::path& dir) {
   fs::create_directories(dir);
-  std::string s;
-  const char* words[] = {"the cat sat. ", "a dog ran! ", "we sing low; ", "to be or not. "};
-  for (int i = 0; i < 600; ++i) s += words[(i * 7 + i / 3) % 4];
   const fs::path p = dir / "text.txt";
-  std::ofstream(p) << s;
+  std::ofstream(p) << fp4lab::train::test::words_corpus();
   return p.string();
 }
 

@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "train/config.hpp"
 #include "train/run.hpp"
+#include "train/text_fixture.hpp"
 
 using namespace fp4lab::train;
 using nlohmann::json;
@@ -25,10 +26,7 @@ struct Fixture {
   explicit Fixture(const char* name) : tmp(fs::temp_directory_path() / name) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    std::string s;
-    const char* words[] = {"the cat sat. ", "a dog ran! ", "we sing low; ", "to be or not. "};
-    for (int i = 0; i < 600; ++i) s += words[(i * 7 + i / 3) % 4];
-    std::ofstream(tmp / "text.txt") << s;
+    std::ofstream(tmp / "text.txt") << fp4lab::train::test::words_corpus();
     base = {{"name", "tiny"},
             {"model", {{"type", "gpt"}, {"layers", 1}, {"heads", 2}, {"width", 16}, {"context", 16}}},
             {"data", {{"type", "char"}, {"path", (tmp / "text.txt").string()}}},

@@ -12,17 +12,6 @@ namespace fp4lab {
 
 namespace {
 
-// `shards`: `world` contiguous ranges in rank order covering [0, n).
-void check_shards(size_t n, std::span<const ShardRange> shards, int world, const char* what) {
-  bool ok = int(shards.size()) == world && !shards.empty() && shards.front().begin == 0 &&
-            shards.back().end == int64_t(n);
-  for (size_t r = 0; ok && r < shards.size(); ++r)
-    ok = shards[r].begin <= shards[r].end && (r == 0 || shards[r].begin == shards[r - 1].end);
-  if (!ok)
-    throw Error(std::string("communicator: ") + what + ": the shards must be " + std::to_string(world) +
-                " contiguous ranges in rank order covering [0, " + std::to_string(n) + ")");
-}
-
 class LocalComm final : public Communicator {
  public:
   int rank() const override { return 0; }
@@ -34,11 +23,11 @@ class LocalComm final : public Communicator {
   void allreduce_disjoint_or(std::span<uint8_t>) override {}
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
-    check_shards(full.size(), shards, 1, "reduce_scatter_sum");
+    check_shard_set(full.size(), shards, 1, "local", "reduce_scatter_sum");
     std::copy(full.begin(), full.end(), mine.begin());
   }
   void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override {
-    check_shards(full.size(), shards, 1, "allgather");
+    check_shard_set(full.size(), shards, 1, "local", "allgather");
     if (mine.data() != full.data()) std::copy(mine.begin(), mine.end(), full.begin());
   }
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
@@ -122,7 +111,7 @@ class ThreadComm final : public Communicator {
   }
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
-    check_shards(full.size(), shards, world(), "reduce_scatter_sum");
+    check_shard_set(full.size(), shards, world(), "threads", "reduce_scatter_sum");
     const auto all = hub_->exchange(rank_, to_bytes<float>(full));
     check_sizes(all, full.size_bytes(), "reduce_scatter_sum");
     const ShardRange s = shards[size_t(rank_)];
@@ -133,7 +122,7 @@ class ThreadComm final : public Communicator {
     }
   }
   void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override {
-    check_shards(full.size(), shards, world(), "allgather");
+    check_shard_set(full.size(), shards, world(), "threads", "allgather");
     const auto all = hub_->exchange(rank_, to_bytes<float>(mine));
     for (int r = 0; r < world(); ++r) {
       const ShardRange s = shards[size_t(r)];
@@ -168,6 +157,17 @@ class ThreadComm final : public Communicator {
 };
 
 }  // namespace
+
+void check_shard_set(size_t n, std::span<const ShardRange> shards, int world, const std::string& engine,
+                     const char* what) {
+  bool ok = int(shards.size()) == world && !shards.empty() && shards.front().begin == 0 &&
+            shards.back().end == int64_t(n);
+  for (size_t r = 0; ok && r < shards.size(); ++r)
+    ok = shards[r].begin <= shards[r].end && (r == 0 || shards[r].begin == shards[r - 1].end);
+  if (!ok)
+    throw Error("communicator (" + engine + "): " + what + ": the shards must be " + std::to_string(world) +
+                " contiguous ranges in rank order covering [0, " + std::to_string(n) + ")");
+}
 
 std::unique_ptr<Communicator> make_local_comm() { return std::make_unique<LocalComm>(); }
 

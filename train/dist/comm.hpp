@@ -56,6 +56,12 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
+// The shard sets of reduce_scatter_sum / allgather: `world` contiguous ranges
+// in rank order covering [0, n). Throws fp4lab::Error "communicator (<engine>):
+// <what>: ..." otherwise.
+void check_shard_set(size_t n, std::span<const ShardRange> shards, int world, const std::string& engine,
+                     const char* what);
+
 // World of one: every collective is the identity.
 std::unique_ptr<Communicator> make_local_comm();
 // n in-process ranks that meet through a shared hub; rank k's communicator

@@ -97,18 +97,12 @@ class MpiComm final : public Communicator {
   void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
 
  private:
-  // MPI's int counts of `world_` contiguous shards in rank order covering [0, n).
+  // MPI's int counts of the shards (check_shard_set's; MPI counts are ints: n < 2^31).
   std::vector<int> shard_counts(size_t n, std::span<const ShardRange> shards, const char* what) const {
-    bool ok = int(shards.size()) == world_ && shards.front().begin == 0 && shards.back().end == int64_t(n) &&
-              n < size_t(1) << 31;
+    check_shard_set(n, shards, world_, "mpi", what);
+    if (n >= size_t(1) << 31) throw Error(std::string("communicator (mpi): ") + what + ": more than 2^31 - 1 elements");
     std::vector<int> counts;
-    for (size_t r = 0; ok && r < shards.size(); ++r) {
-      ok = shards[r].begin <= shards[r].end && (r == 0 || shards[r].begin == shards[r - 1].end);
-      counts.push_back(int(shards[r].end - shards[r].begin));
-    }
-    if (!ok)
-      throw Error(std::string("communicator (mpi): ") + what + ": the shards must be " + std::to_string(world_) +
-                  " contiguous ranges in rank order covering [0, " + std::to_string(n) + "), n < 2^31");
+    for (const ShardRange& s : shards) counts.push_back(int(s.end - s.begin));
     return counts;
   }
   int rank_ = 0, world_ = 1;

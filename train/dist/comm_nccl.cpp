@@ -34,17 +34,6 @@ void check_nccl(ncclResult_t rc, const char* what) {
   throw Error(std::string("NCCL: ") + what + ": " + ncclGetErrorString(rc) + (last.empty() ? "" : " (" + last + ")"));
 }
 
-// `shards`: `world` contiguous ranges in rank order covering [0, n) (comm.cpp's check).
-void check_shards(size_t n, std::span<const ShardRange> shards, int world, const char* what) {
-  bool ok =
-      int(shards.size()) == world && !shards.empty() && shards.front().begin == 0 && shards.back().end == int64_t(n);
-  for (size_t r = 0; ok && r < shards.size(); ++r)
-    ok = shards[r].begin <= shards[r].end && (r == 0 || shards[r].begin == shards[r - 1].end);
-  if (!ok)
-    throw Error(std::string("communicator (nccl): ") + what + ": the shards must be " + std::to_string(world) +
-                " contiguous ranges in rank order covering [0, " + std::to_string(n) + ")");
-}
-
 class NcclComm final : public Communicator {
  public:
   // Owns `comm` (initialised for `device`) from here on, destroying it if this throws.
@@ -191,7 +180,7 @@ class NcclComm final : public Communicator {
   }
   void check_args(size_t n, std::span<const ShardRange> shards, size_t mine, const char* what) const {
     enter(what);
-    check_shards(n, shards, world_, what);
+    check_shard_set(n, shards, world_, "nccl", what);
     const ShardRange s = shards[size_t(rank_)];
     if (mine != size_t(s.end - s.begin))
       throw Error(std::string("communicator (nccl): ") + what + ": rank " + std::to_string(rank_) + "'s buffer holds " +

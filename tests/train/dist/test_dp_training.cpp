@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "train/config.hpp"
 #include "train/run.hpp"
+#include "train/text_fixture.hpp"
 
 using namespace fp4lab;
 using namespace fp4lab::train;
@@ -32,11 +33,8 @@ fs::path scratch() {
 }
 
 std::string corpus(const fs::path& dir) {
-  std::string s;
-  const char* words[] = {"the cat sat. ", "a dog ran! ", "we sing low; ", "to be or not. "};
-  for (int i = 0; i < 600; ++i) s += words[(i * 7 + i / 3) % 4];
   const fs::path p = dir / "text.txt";
-  std::ofstream(p) << s;
+  std::ofstream(p) << test::words_corpus();
   return p.string();
 }
 
