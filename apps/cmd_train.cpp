@@ -195,11 +195,15 @@ void run_sweep(const TrainArgs& args) {
       if (!seed.empty()) apply_set(j, "seed=" + seed);
       cfgs.push_back(config_from_json(j));
     }
+  // Under mpirun every run is data-parallel over the ranks (train/dist/launch.hpp); rank 0 reports.
+  std::unique_ptr<Communicator> comm = join_world({}, cfgs.front().backend);
+  const bool rank0 = comm->rank() == 0;
   RunOptions o;
   o.resume = args.resume;
   o.force = args.force;
   o.reuse = true;
   o.progress = !args.quiet;
+  o.comm = comm.get();
   for (size_t i = 0; i < cfgs.size(); ++i) {
     const std::string dir = plan_run(cfgs[i], o).dir;
     for (size_t k = 0; k < i; ++k)
@@ -209,16 +213,18 @@ void run_sweep(const TrainArgs& args) {
                     "; drop --set output.name so each run gets its own directory");
   }
   for (const auto& cfg : cfgs) {
-    std::cerr << "fp4lab sweep: " << recipe_label(cfg) << " seed " << cfg.seed << " -> " << run_directory(cfg) << "\n";
+    if (rank0)
+      std::cerr << "fp4lab sweep: " << recipe_label(cfg) << " seed " << cfg.seed << " -> " << run_directory(cfg)
+                << "\n";
     try {
       const RunResult r = run_training(cfg, o);
-      if (!r.note.empty()) std::cerr << "fp4lab sweep: " << r.note << "\n";
+      if (!r.note.empty() && rank0) std::cerr << "fp4lab sweep: " << r.note << "\n";
     } catch (const DivergedError& e) {
-      std::cerr << "fp4lab sweep: " << e.what() << "\n";
+      if (rank0) std::cerr << "fp4lab sweep: " << e.what() << "\n";
     }
     run_dirs.push_back(run_directory(cfg));
   }
-  print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline}));
+  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline}));
 }
 
 void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {

@@ -9,7 +9,8 @@ A tiny GPT on a generated corpus, dropout 0, 16 steps:
     and reports half the moments' bytes;
   - NVFP4 primary weights cast shard by shard give exactly the losses and
     checkpoint of the whole-tensor cast;
-  - only rank 0 writes: one run directory per run.
+  - only rank 0 writes: one run directory per run;
+  - `fp4lab sweep` under mpirun runs each run data-parallel and prints one comparison.
 Usage: test_dp_mpi.py FP4LAB MPIEXEC   (Python stdlib only)
 """
 import json
@@ -82,6 +83,25 @@ def main():
                 failures.append("NVFP4 primary weights: shard cast and whole cast losses differ")
             if strip(sc[1]) != strip(whole[1]):
                 failures.append("NVFP4 primary weights: shard cast and whole cast checkpoints differ")
+            # sweep under mpirun: every run data-parallel, one comparison printed (by rank 0).
+            cfgp = os.path.join(d, "one.json")
+            p = subprocess.run([mpiexec, "-np", "2", "--oversubscribe", "--allow-run-as-root", fp4lab, "sweep", cfgp,
+                                "--recipes", "fp32", "--seeds", "1,2", "--quiet", "--set", "training.steps=4",
+                                "--set", "output.dir=" + os.path.join(d, "sweep")],
+                               capture_output=True, text=True, timeout=600)
+            if p.returncode != 0:
+                failures.append(f"sweep under mpirun: exit {p.returncode}: {p.stderr.strip()[-300:]}")
+            else:
+                worlds = []
+                for name in sorted(os.listdir(os.path.join(d, "sweep"))):
+                    sp = os.path.join(d, "sweep", name, "summary.json")
+                    if os.path.exists(sp):
+                        with open(sp) as f:
+                            worlds.append(json.load(f).get("distributed", {}).get("world"))
+                tables = p.stdout.count("(n: runs with")
+                if worlds != [2, 2] or tables != 1:
+                    failures.append(f"sweep under mpirun: worlds {worlds}, comparison tables printed {tables} "
+                                    "(want [2, 2] and 1)")
             runs = sorted(os.listdir(os.path.join(d, "runs")))
             if len(runs) != 6:
                 failures.append(f"expected 6 run directories (rank 0 alone writes), found {runs}")
