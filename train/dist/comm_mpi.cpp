@@ -49,20 +49,14 @@ class MpiComm final : public Communicator {
   int world() const override { return world_; }
   std::string name() const override { return "mpi"; }
   void allreduce_max(std::span<uint32_t> v) override {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_UINT32_T, MPI_MAX, MPI_COMM_WORLD),
-              "MPI_Allreduce(max)");
+    allreduce(v, MPI_UINT32_T, MPI_MAX, "MPI_Allreduce(max)");
   }
-  void allreduce_sum(std::span<float> v) override {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
-              "MPI_Allreduce(sum)");
-  }
+  void allreduce_sum(std::span<float> v) override { allreduce(v, MPI_FLOAT, MPI_SUM, "MPI_Allreduce(sum)"); }
   void allreduce_sum(std::span<double> v) override {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
-              "MPI_Allreduce(sum, double)");
+    allreduce(v, MPI_DOUBLE, MPI_SUM, "MPI_Allreduce(sum, double)");
   }
   void allreduce_disjoint_or(std::span<uint8_t> v) override {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_UINT8_T, MPI_BOR, MPI_COMM_WORLD),
-              "MPI_Allreduce(bor)");
+    allreduce(v, MPI_UINT8_T, MPI_BOR, "MPI_Allreduce(bor)");
   }
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
@@ -97,6 +91,11 @@ class MpiComm final : public Communicator {
   void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
 
  private:
+  // In place over MPI_COMM_WORLD.
+  template <class T>
+  static void allreduce(std::span<T> v, MPI_Datatype type, MPI_Op op, const char* what) {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), type, op, MPI_COMM_WORLD), what);
+  }
   // MPI's int counts of the shards (check_shard_set's; MPI counts are ints: n < 2^31).
   std::vector<int> shard_counts(size_t n, std::span<const ShardRange> shards, const char* what) const {
     check_shard_set(n, shards, world_, "mpi", what);

@@ -44,7 +44,7 @@ struct DataParallel::Impl {
   Tensor master;           // FP32 master values of `mine`: a view of ps.values, or (nvfp4) a copy
   Tensor gshard;           // the summed gradients of `mine` (zero 1), else a view of ps.grads
   std::vector<FlatTensor> nvfp4;
-  int64_t nvfp4_bytes = 0;
+  Tensor scalar;           // one double's bytes, for sums over a device communicator
 #if FP4LAB_WITH_CUDA
   std::unique_ptr<cuda::DeviceShardCast> dcast;  // the cuda backend's cast (cuda/shard_cast.hpp)
 #endif
@@ -66,7 +66,6 @@ struct DataParallel::Impl {
       master = be.empty(1, mine.end - mine.begin);
       be.copy(slice(ps.values, mine), master);
       for (int i : nv) nvfp4.push_back(FlatTensor{ps.info(i).rows, ps.info(i).cols, ps.info(i).offset});
-      nvfp4_bytes = flat_layout(nvfp4).packed_offset.back();
 #if FP4LAB_WITH_CUDA
       if (device) dcast = std::make_unique<cuda::DeviceShardCast>(nvfp4);
 #endif
@@ -74,7 +73,11 @@ struct DataParallel::Impl {
       master = slice(ps.values, mine);
     }
     gshard = dc.zero == 1 ? be.empty(1, mine.end - mine.begin) : slice(ps.grads, mine);
+    if (comm.device_buffers()) scalar = be.empty(1, 2);
   }
+
+  // The master values live apart from ps.values (NVFP4 primary weights: ps.values holds the cast).
+  bool separate_master() const { return master.data != ps.values.data + mine.begin; }
 
   // Collectives on backend tensors, staged through host memory where needed.
   void allreduce(Tensor& t) {
@@ -110,11 +113,10 @@ struct DataParallel::Impl {
       comm.allreduce_sum(std::span<double>(&x, 1));
       return x;
     }
-    Tensor t = be.empty(1, 2);  // one double's bytes
-    be.upload(reinterpret_cast<const float*>(&x), t);
+    be.upload(reinterpret_cast<const float*>(&x), scalar);
     be.synchronize();
-    comm.allreduce_sum(std::span<double>(reinterpret_cast<double*>(t.data), 1));
-    be.download(t, reinterpret_cast<float*>(&x));
+    comm.allreduce_sum(std::span<double>(reinterpret_cast<double*>(scalar.data), 1));
+    be.download(scalar, reinterpret_cast<float*>(&x));
     return x;
   }
 
@@ -185,7 +187,7 @@ double DataParallel::step(double lr, double weight) {
     norm = std::sqrt(d.be.sum_squares(ps.grads));
   }
   d.adam->step(d.master, d.gshard, lr, norm);
-  if (d.master.data != ps.values.data + d.mine.begin) {  // a separate master (nvfp4): back into the values
+  if (d.separate_master()) {  // back into the values, which the all-gather and the cast read
     Tensor dst = slice(ps.values, d.mine);
     d.be.copy(d.master, dst);
   }
@@ -228,7 +230,7 @@ void DataParallel::load_state(const std::vector<float>& master, const std::vecto
                 std::to_string(n));
   const ShardRange s = d.mine;
   d.be.upload(master.data(), d.ps.values);
-  if (d.master.data != d.ps.values.data + s.begin) d.be.upload(master.data() + s.begin, d.master);
+  if (d.separate_master()) d.be.upload(master.data() + s.begin, d.master);
   d.be.upload(m.data() + s.begin, d.adam->m());
   d.be.upload(v.data() + s.begin, d.adam->v());
   d.adam->set_steps_taken(steps_taken);
@@ -240,14 +242,14 @@ int64_t DataParallel::steps_taken() const { return impl_->adam->steps_taken(); }
 nlohmann::json DataParallel::memory() const {
   const Impl& d = *impl_;
   const int64_t n = d.ps.size(), s = d.mine.end - d.mine.begin, f = int64_t(sizeof(float));
-  const bool separate_master = d.dc.primary_weights == "nvfp4";
   const int64_t grad_shard = d.dc.zero == 1 ? s * f : 0;
-  int64_t tiles = 0;
-  if (!d.nvfp4.empty()) tiles = flat_layout(d.nvfp4).tile_offset.back();
-  const int64_t nvfp4 = d.nvfp4.empty() ? 0 : d.nvfp4_bytes + tiles + int64_t(d.nvfp4.size()) * f;
+  // NVFP4 weights: packed codes, one UE4M3 code a tile, one FP32 scale a tensor.
+  const FlatLayout l = flat_layout(d.nvfp4);
+  const int64_t nvfp4 =
+      d.nvfp4.empty() ? 0 : l.packed_offset.back() + l.tile_offset.back() + int64_t(d.nvfp4.size()) * f;
   nlohmann::json j = {{"params_bytes", n * f},
                       {"grads_bytes", n * f + grad_shard},
-                      {"master_bytes", separate_master ? s * f : 0},
+                      {"master_bytes", d.separate_master() ? s * f : 0},
                       {"moments_bytes", 2 * s * f},
                       {"nvfp4_bytes", nvfp4},
                       {"shard_elements", s},
