@@ -1,5 +1,5 @@
 // The backend interface's free functions (backend.hpp): the choice of a
-// backend by name and the check of flat-buffer index ranges.
+// backend by name and the checks of index ranges and row indices.
 #include "train/backend.hpp"
 
 #include <string>
@@ -21,6 +21,19 @@ void check_ranges(const char* what, std::span<const IndexRange> ranges, int64_t 
                   "; ranges must be non-empty, sorted, disjoint and inside [0, n)");
     end = r.offset + r.size;
   }
+}
+
+void check_same_cols(const char* what, const Tensor& a, const Tensor& b) {
+  if (a.cols != b.cols)
+    throw Error(std::string(what) + ": tensors of " + std::to_string(a.cols) + " and " + std::to_string(b.cols) +
+                " columns; they must have the same width");
+}
+
+void check_row_indices(const char* what, const int32_t* idx, int64_t n, int64_t rows) {
+  for (int64_t i = 0; i < n; ++i)
+    if (idx[i] < 0 || idx[i] >= rows)
+      throw Error(std::string(what) + ": index " + std::to_string(i) + " is " + std::to_string(idx[i]) +
+                  ", outside the " + std::to_string(rows) + " rows [0, " + std::to_string(rows) + ")");
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {

@@ -130,6 +130,31 @@ void check_positive(const std::string& path, double v, bool allow_zero = false) 
     throw Error(path + ": " + std::to_string(v) + " must be " + (allow_zero ? ">= 0" : "> 0"));
 }
 
+// config.model.moe (gpt only): a mixture of experts in every block's MLP.
+void parse_moe(const json& m, const std::string& where, int64_t width, MoeConfig& c) {
+  Obj o(m, where);
+  o.get("experts", c.experts);
+  o.get("top_k", c.top_k);
+  o.get("expert_hidden", c.expert_hidden);
+  o.get("shared_expert", c.shared_expert);
+  o.get("normalize_top_k", c.normalize_top_k);
+  o.get("aux_loss", c.aux_loss);
+  o.get("z_loss", c.z_loss);
+  o.get("quantize_router", c.quantize_router);
+  o.finish();
+  check_positive(where + ".experts", double(c.experts));
+  if (c.top_k < 1 || c.top_k > c.experts)
+    throw Error(where + ".top_k: " + std::to_string(c.top_k) + " must be in [1, experts = " +
+                std::to_string(c.experts) + "]");
+  if (c.experts > 4096) throw Error(where + ".experts: " + std::to_string(c.experts) + " must be at most 4096");
+  check_positive(where + ".expert_hidden", double(c.expert_hidden), true);
+  if (c.expert_hidden == 0 && (4 * width) % c.top_k != 0)
+    throw Error(where + ".expert_hidden: 0 (4 * width / top_k) needs top_k to divide 4 * width = " +
+                std::to_string(4 * width) + "; give expert_hidden");
+  check_positive(where + ".aux_loss", c.aux_loss, true);
+  check_positive(where + ".z_loss", c.z_loss, true);
+}
+
 // config.model: the defaults of its type, then the given keys, then checks.
 void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
   Obj mo(m, where + ".model");
@@ -158,6 +183,7 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
   } else {
     mo.get("context", mc.context);
     mo.get("vocab_size", mc.vocab_size);
+    if (const json* moe = mo.sub("moe")) parse_moe(*moe, where + ".model.moe", mc.width, mc.moe);
   }
   mo.finish();
   for (auto [k, v] : {std::pair{"layers", mc.layers}, {"heads", mc.heads}, {"width", mc.width}})
@@ -380,6 +406,15 @@ json config_to_json(const RunConfig& c) {
                   {"attn_scale", m.attn_scale}});
   } else {
     model.update({{"context", m.context}, {"vocab_size", m.vocab_size}});
+    if (m.moe.experts > 0)
+      model["moe"] = {{"experts", m.moe.experts},
+                      {"top_k", m.moe.top_k},
+                      {"expert_hidden", m.moe.expert_hidden},
+                      {"shared_expert", m.moe.shared_expert},
+                      {"normalize_top_k", m.moe.normalize_top_k},
+                      {"aux_loss", m.moe.aux_loss},
+                      {"z_loss", m.moe.z_loss},
+                      {"quantize_router", m.moe.quantize_router}};
   }
   const TrainingConfig& t = c.training;
   json training = {{"batch_size", t.batch_size},

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "train/model.hpp"
+#include "train/moe.hpp"
 #include "core/error.hpp"
 
 namespace fp4lab::train {
@@ -10,11 +11,12 @@ namespace {
 
 struct Block {
   int ln1_w, ln1_b = -1, ln2_w, ln2_b = -1;
-  LinearLayer c_attn, attn_proj, c_fc, mlp_proj;
+  LinearLayer c_attn, attn_proj, c_fc, mlp_proj;  // c_fc, mlp_proj: the dense MLP (moe null)
+  std::unique_ptr<MoeMlp> moe;
   Tensor x_in, a, mean1, rstd1, qkv, probs, att, x_mid, m_in, mean2, rstd2, f, g;
 };
 
-class Gpt final : public CrossEntropyModel {
+class Gpt final : public CrossEntropyModel, private LinearCalls {
  public:
   Gpt(const ModelConfig& c, Backend& be, uint64_t seed) : CrossEntropyModel(be), cfg_(c) {
     if (c.width % c.heads != 0)
@@ -43,8 +45,12 @@ class Gpt final : public CrossEntropyModel {
       b.attn_proj = linear(p + "attn.c_proj", C, C, proj_std);
       b.ln2_w = params_.add("transformer." + p + "ln_2.weight", 1, C, false, Init::ones);
       if (c.bias) b.ln2_b = params_.add("transformer." + p + "ln_2.bias", 1, C, false, Init::zeros);
-      b.c_fc = linear(p + "mlp.c_fc", C, 4 * C, 0.02f);
-      b.mlp_proj = linear(p + "mlp.c_proj", 4 * C, C, proj_std);
+      if (c.moe.experts > 0) {
+        b.moe = std::make_unique<MoeMlp>(c.moe, C, c.bias, p + "mlp.", 0.02f, proj_std, params_, next_id, infos_);
+      } else {
+        b.c_fc = linear(p + "mlp.c_fc", C, 4 * C, 0.02f);
+        b.mlp_proj = linear(p + "mlp.c_proj", 4 * C, C, proj_std);
+      }
       blocks_.push_back(std::move(b));
     }
     lnf_w_ = params_.add("transformer.ln_f.weight", 1, C, false, Init::ones);
@@ -59,22 +65,36 @@ class Gpt final : public CrossEntropyModel {
 
   std::vector<LinearLayerInfo> linear_layers() const override { return infos_; }
   int64_t items_per_sample() const override { return cfg_.context; }
+  nlohmann::json step_metrics() const override {
+    std::vector<const Routing*> r;
+    for (const Block& b : blocks_)
+      if (b.moe) r.push_back(&b.moe->routing());
+    return r.empty() ? nlohmann::json::object() : routing_metrics(r);
+  }
 
  private:
   const float* ptr(int i) const { return i >= 0 ? params_.value_ptr(i) : nullptr; }
   float* gptr(int i) const { return i >= 0 ? params_.grad_ptr(i) : nullptr; }
   Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x) {
-    capture(l.name, "x", s, x);
-    capture(l.name, "w", s, params_.value(l.w));
     Tensor y;
-    be_.linear_forward(l.context(s), x, params_.value(l.w), ptr(l.b), y, l.state);
+    forward(l, s, x, y);
     return y;
   }
   Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy) {
-    capture(l.name, "dy", s, dy);
-    Tensor dx, dw = params_.grad(l.w);
-    be_.linear_backward(l.context(s), *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b));
+    Tensor dx;
+    backward(l, s, dy, dx);
     return dx;
+  }
+  // LinearCalls (the MoE layers' linears): y / dx written in place when shaped.
+  void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) override {
+    capture(l.name, "x", s, x);
+    capture(l.name, "w", s, params_.value(l.w));
+    be_.linear_forward(l.context(s), x, params_.value(l.w), ptr(l.b), y, l.state);
+  }
+  void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) override {
+    capture(l.name, "dy", s, dy);
+    Tensor dw = params_.grad(l.w);
+    be_.linear_backward(l.context(s), *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b));
   }
   uint64_t site(int64_t block, int k) const { return 1 + uint64_t(block) * 4 + uint64_t(k); }
   AttentionShape shape(int64_t B, float p) const {
@@ -108,14 +128,19 @@ class Gpt final : public CrossEntropyModel {
       Tensor y = lin_fwd(k.attn_proj, s, k.att);
       be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));
       k.x_mid = y;
-      k.m_in = empty_for_linear(be_, {&k.c_fc}, s, false, N, C, true);
+      k.m_in = k.moe ? be_.empty(N, C) : empty_for_linear(be_, {&k.c_fc}, s, false, N, C, true);
       k.mean2 = be_.empty(1, N);
       k.rstd2 = be_.empty(1, N);
       be_.layernorm_forward(k.x_mid, ptr(k.ln2_w), ptr(k.ln2_b), eps, k.m_in, k.mean2, k.rstd2);
-      k.f = lin_fwd(k.c_fc, s, k.m_in);
-      k.g = empty_for_linear(be_, {&k.mlp_proj}, s, false, N, 4 * C, true);
-      be_.gelu_forward(k.f, k.g);
-      Tensor m = lin_fwd(k.mlp_proj, s, k.g);
+      Tensor m;
+      if (k.moe) {
+        m = k.moe->forward(be_, *this, s, k.m_in);
+      } else {
+        k.f = lin_fwd(k.c_fc, s, k.m_in);
+        k.g = empty_for_linear(be_, {&k.mlp_proj}, s, false, N, 4 * C, true);
+        be_.gelu_forward(k.f, k.g);
+        m = lin_fwd(k.mlp_proj, s, k.g);
+      }
       be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
       x = m;
     }
@@ -136,12 +161,19 @@ class Gpt final : public CrossEntropyModel {
     for (int64_t i = int64_t(blocks_.size()) - 1; i >= 0; --i) {
       Block& k = blocks_[size_t(i)];
       // x_out = x_mid + drop(c_proj(gelu(c_fc(ln_2(x_mid)))))
-      Tensor dm = empty_for_linear(be_, {&k.mlp_proj}, s, true, N, C, true);
-      be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
-      Tensor dg = lin_bwd(k.mlp_proj, s, dm);
-      Tensor df = empty_for_linear(be_, {&k.c_fc}, s, true, N, 4 * C, true);
-      be_.gelu_backward(k.f, dg, df);
-      Tensor dmi = lin_bwd(k.c_fc, s, df);
+      Tensor dmi;
+      if (k.moe) {
+        Tensor dm = be_.empty(N, C);
+        be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
+        dmi = k.moe->backward(be_, *this, s, dm);
+      } else {
+        Tensor dm = empty_for_linear(be_, {&k.mlp_proj}, s, true, N, C, true);
+        be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
+        Tensor dg = lin_bwd(k.mlp_proj, s, dm);
+        Tensor df = empty_for_linear(be_, {&k.c_fc}, s, true, N, 4 * C, true);
+        be_.gelu_backward(k.f, dg, df);
+        dmi = lin_bwd(k.c_fc, s, df);
+      }
       Tensor dmid = be_.empty(N, C);
       be_.layernorm_backward(dmi, k.x_mid, ptr(k.ln2_w), k.mean2, k.rstd2, dmid, gptr(k.ln2_w), gptr(k.ln2_b));
       // x_mid = x_in + drop(c_proj(attn(c_attn(ln_1(x_in))))): dmid += dx, dy = drop(dmid).

@@ -30,11 +30,26 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "train/backend.hpp"
 #include "train/params.hpp"
 #include "recipes/recipe.hpp"
 
 namespace fp4lab::train {
+
+// A GPT whose MLPs are mixtures of experts (train/moe.hpp); experts = 0: the dense MLP.
+struct MoeConfig {
+  int64_t experts = 0;
+  int64_t top_k = 2;
+  int64_t expert_hidden = 0;    // 0: 4 * width / top_k (the dense MLP's active parameters per token)
+  bool shared_expert = false;   // one more expert (expert_hidden wide) that every token goes through
+  bool normalize_top_k = true;  // gates: the top-k probabilities renormalised to sum 1 (Mixtral); false: as they are (Switch)
+  double aux_loss = 0.01;       // load-balancing loss coefficient alpha: alpha E sum_e f_e P_e (Switch Transformer)
+  double z_loss = 0.001;        // router z-loss coefficient beta: beta mean_t logsumexp(router logits of t)^2 (ST-MoE)
+  bool quantize_router = false; // false: the router is plain FP32 whatever the recipe (every anchor keeps it so)
+  bool operator==(const MoeConfig&) const = default;
+};
 
 struct ModelConfig {
   std::string type = "gpt";  // "vit" | "gpt"
@@ -49,6 +64,7 @@ struct ModelConfig {
   std::string attn_scale = "inv_sqrt_head_dim";  // or "sqrt_head_dim" (fp4-trainkit's)
   // gpt
   int64_t vocab_size = 65, context = 64;
+  MoeConfig moe;
 };
 
 // One training or evaluation batch on the host.
@@ -97,6 +113,9 @@ class Model {
   // with LinearContext::backward false): mean loss, hits.
   virtual double evaluate(const Batch& b, const StepContext& ctx, int64_t* correct) = 0;
   virtual std::vector<LinearLayerInfo> linear_layers() const = 0;
+  // Figures of the last training forward beyond the loss, for metrics.jsonl
+  // (the MoE GPT: auxiliary losses and expert load); empty by default.
+  virtual nlohmann::json step_metrics() const { return nlohmann::json::object(); }
   // Work per sample (an image or a token) for throughput figures.
   virtual int64_t items_per_sample() const = 0;
 

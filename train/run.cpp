@@ -608,10 +608,10 @@ bool Training::train_step(int64_t step) {
   const int64_t done = step + 1;
   const double ms = timed_steps_ ? 1000.0 * train_seconds_ / double(timed_steps_) : 1000.0 * dt;
   if (done % tc.log_interval == 0 || done == total_) {
-    metrics_ << json{{"step", done},       {"loss", loss},      {"lr", lr},
-                     {"grad_norm", gnorm}, {"ms_per_step", ms}, {"items_per_s", double(items_) * 1000.0 / ms}}
-                    .dump()
-             << "\n";
+    json line{{"step", done},       {"loss", loss},      {"lr", lr},
+              {"grad_norm", gnorm}, {"ms_per_step", ms}, {"items_per_s", double(items_) * 1000.0 / ms}};
+    line.update(model_->step_metrics());  // the MoE GPT's auxiliary losses and expert load (this rank's)
+    metrics_ << line.dump() << "\n";
   }
   progress_.step(done, loss, lr, ms);
   return true;

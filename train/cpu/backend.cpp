@@ -432,6 +432,54 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < dout.rows; ++r) std::memcpy(dx.row(r * stride), dout.row(r), size_t(dx.cols) * 4);
   }
 
+  void gather_rows_indexed(const Tensor& x, const int32_t* idx, Tensor& out) override {
+    const ThreadCount use(threads_);
+    check_same_cols("gather_rows_indexed", x, out);
+    check_row_indices("gather_rows_indexed", idx, out.rows, x.rows);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < out.rows; ++r) std::memcpy(out.row(r), x.row(idx[r]), size_t(x.cols) * 4);
+  }
+  void combine_rows(const Tensor& src, const int32_t* pos, const float* w, int64_t k, Tensor& out) override {
+    const ThreadCount use(threads_);
+    check_same_cols("combine_rows", src, out);
+    check_row_indices("combine_rows", pos, out.rows * k, src.rows);
+    const int64_t C = out.cols;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < out.rows; ++t) {
+      float* o = out.row(t);
+      for (int64_t c = 0; c < C; ++c) o[c] = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const float* s = src.row(pos[t * k + j]);
+        if (w) {
+          const float wj = w[t * k + j];
+          for (int64_t c = 0; c < C; ++c) o[c] = o[c] + wj * s[c];
+        } else {
+          for (int64_t c = 0; c < C; ++c) o[c] = o[c] + s[c];
+        }
+      }
+    }
+  }
+  void combine_rows_backward(const Tensor& dout, const Tensor& src, const int32_t* pos, const float* w, int64_t k,
+                             Tensor& dsrc, float* dw) override {
+    const ThreadCount use(threads_);
+    check_same_cols("combine_rows_backward", src, dout);
+    check_same_cols("combine_rows_backward", src, dsrc);
+    check_row_indices("combine_rows_backward", pos, dout.rows * k, src.rows);
+    const int64_t C = dout.cols;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < dout.rows * k; ++i) {
+      const float* g = dout.row(i / k);
+      const float* s = src.row(pos[i]);
+      float* d = dsrc.row(pos[i]);
+      double acc = 0.0;
+      for (int64_t c = 0; c < C; ++c) {
+        d[c] = w[i] * g[c];
+        acc += double(g[c]) * double(s[c]);
+      }
+      dw[i] = float(acc);
+    }
+  }
+
   double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) override {
     const ThreadCount use(threads_);
     const int64_t n = logits.rows, v = logits.cols;

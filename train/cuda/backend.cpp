@@ -32,6 +32,7 @@
 #include "train/cuda/linear.hpp"
 #include "core/error.hpp"
 #include "cuda/device.hpp"
+#include "train/cuda/moe_ops.hpp"
 #include "train/cuda/nn.hpp"
 #include "sim/rht.hpp"
 
@@ -368,6 +369,31 @@ class CudaBackend final : public Backend {
     nn::scatter_rows(dout.data, dout.rows, dx.cols, stride, dx.data, dx.rows);
   }
 
+  // ---- mixture-of-experts routing (host indices and weights uploaded) ----
+  void gather_rows_indexed(const Tensor& x, const int32_t* idx, Tensor& out) override {
+    check_same_cols("gather_rows_indexed", x, out);
+    check_row_indices("gather_rows_indexed", idx, out.rows, x.rows);
+    nn::gather_rows_indexed(x.data, x.cols, moe_idx_up_.put(idx, out.rows), out.data, out.rows);
+  }
+  void combine_rows(const Tensor& src, const int32_t* pos, const float* w, int64_t k, Tensor& out) override {
+    check_same_cols("combine_rows", src, out);
+    check_row_indices("combine_rows", pos, out.rows * k, src.rows);
+    const float* dw = w ? moe_w_up_.put(w, out.rows * k) : nullptr;
+    nn::combine_rows(src.data, src.cols, moe_pos_up_.put(pos, out.rows * k), dw, k, out.data, out.rows);
+  }
+  void combine_rows_backward(const Tensor& dout, const Tensor& src, const int32_t* pos, const float* w, int64_t k,
+                             Tensor& dsrc, float* dw) override {
+    check_same_cols("combine_rows_backward", src, dout);
+    check_same_cols("combine_rows_backward", src, dsrc);
+    const int64_t slots = dout.rows * k;
+    check_row_indices("combine_rows_backward", pos, slots, src.rows);
+    float* d_dw = reserve(moe_dw_, size_t(std::max<int64_t>(slots, 1)));
+    nn::combine_rows_backward(dout.data, src.data, src.cols, moe_pos_up_.put(pos, slots), moe_w_up_.put(w, slots), k,
+                              dout.rows, dsrc.data, d_dw);
+    if (slots > 0)
+      check(cudaMemcpy(dw, d_dw, size_t(slots) * sizeof(float), cudaMemcpyDeviceToHost), "combine_rows_backward (dw)");
+  }
+
   // ---- loss ----
   // Launched by cross_entropy_start (targets uploaded, per-row losses and hits
   // copied into pinned memory behind an event); cross_entropy_finish waits for
@@ -499,22 +525,23 @@ class CudaBackend final : public Backend {
         throw Error("embedding: token id " + std::to_string(idx[i]) + " outside the vocabulary [0, " +
                     std::to_string(vocab) + ")");
   }
-  // Host int32 values -> a reusable device buffer, without blocking the host:
+  // Host values (int32 ids, float weights) -> a reusable device buffer, without blocking the host:
   // through a pinned staging buffer and an async copy on the stream (a copy
   // from pageable memory may wait for the stream's queued work). The staging
   // buffer is rewritten only after its previous copy has completed.
-  struct IntUpload {
-    DeviceBuffer<int32_t> dev;
-    fp4lab::cuda::PinnedBuffer<int32_t> host;
+  template <class T>
+  struct HostUpload {
+    DeviceBuffer<T> dev;
+    fp4lab::cuda::PinnedBuffer<T> host;
     fp4lab::cuda::Event done;
-    int32_t* put(const int32_t* src, int64_t n) {
-      int32_t* d = reserve(dev, size_t(std::max<int64_t>(n, 1)));
+    T* put(const T* src, int64_t n) {
+      T* d = reserve(dev, size_t(std::max<int64_t>(n, 1)));
       if (n > 0) {
-        done.wait("cuda backend (upload of host ints: previous copy)");
-        int32_t* h = host.at_least(size_t(n));
-        std::memcpy(h, src, size_t(n) * sizeof(int32_t));
-        check(cudaMemcpyAsync(d, h, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, nullptr),
-              "cuda backend (upload of host ints)");
+        done.wait("cuda backend (upload of host values: previous copy)");
+        T* h = host.at_least(size_t(n));
+        std::memcpy(h, src, size_t(n) * sizeof(T));
+        check(cudaMemcpyAsync(d, h, size_t(n) * sizeof(T), cudaMemcpyHostToDevice, nullptr),
+              "cuda backend (upload of host values)");
         done.record(nullptr);
       }
       return d;
@@ -525,7 +552,10 @@ class CudaBackend final : public Backend {
   nn::Scratch scratch_;
   nn::Attention attention_;
   CudaLinear linear_;
-  IntUpload ids_up_, group_rows_up_, group_offsets_up_, positions_up_, targets_up_;
+  using IntUpload = HostUpload<int32_t>;
+  IntUpload ids_up_, group_rows_up_, group_offsets_up_, positions_up_, targets_up_, moe_idx_up_, moe_pos_up_;
+  HostUpload<float> moe_w_up_;
+  DeviceBuffer<float> moe_dw_;
   DeviceBuffer<double> loss_rows_;
   DeviceBuffer<uint8_t> ok_rows_, decay_dev_;
   fp4lab::cuda::PinnedBuffer<uint8_t> ok_host_;

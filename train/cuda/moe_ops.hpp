@@ -1,0 +1,26 @@
+// Mixture-of-experts routing kernels of the trainer's CUDA backend: the
+// device side of Backend::gather_rows_indexed, combine_rows and
+// combine_rows_backward (train/backend.hpp states the semantics; the CPU
+// backend is the reference). Device pointers; row-major float32; `k` slots per
+// token, slot (t, j) at t * k + j. Compiled with --fmad=false, so every product
+// and sum is rounded to float as in the CPU's loops: the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace fp4lab::cuda::nn {
+
+// out [n, cols] row r = x row idx[r].
+void gather_rows_indexed(const float* x, int64_t cols, const int32_t* idx, float* out, int64_t n,
+                         cudaStream_t stream = nullptr);
+// out [tokens, cols] row t = sum_j (in order, from 0) w[t*k+j] * src row pos[t*k+j] (w null: weight 1).
+void combine_rows(const float* src, int64_t cols, const int32_t* pos, const float* w, int64_t k, float* out,
+                  int64_t tokens, cudaStream_t stream = nullptr);
+// dsrc row pos[i] = w[i] * dout row i/k; dw[i] = (float) sum_c in order, in
+// float64, of dout[i/k, c] * src[pos[i], c] (one thread a slot: the CPU's order).
+void combine_rows_backward(const float* dout, const float* src, int64_t cols, const int32_t* pos, const float* w,
+                           int64_t k, int64_t tokens, float* dsrc, float* dw, cudaStream_t stream = nullptr);
+
+}  // namespace fp4lab::cuda::nn

@@ -1,0 +1,95 @@
+// The mixture-of-experts MLP of the MoE GPT (model.hpp MoeConfig; docs/DESIGN.md
+// "Mixture of experts"):
+//   router    logits = x R^T (R [E, C], no bias; plain FP32 unless
+//             quantize_router), probabilities p = softmax(logits) per token
+//   top-k     the k largest probabilities of each token (ties: the lower
+//             expert index first); gates g_j = p_j / sum of the k (normalised)
+//             or p_j
+//   dispatch  dropless: slot (t, j) goes to row pos(t, j) of a [N k, C] tensor
+//             grouped by expert (expert e's tokens in token order at rows
+//             [offset_e, offset_e + n_e); n_e may be 0)
+//   experts   each a GPT MLP: c_fc [H, C], exact GELU, c_proj [C, H], every one
+//             a linear layer of the recipe with its own id (so its own
+//             stochastic-rounding streams): quantizing an expert's operands is
+//             quantizing its group alone (sim/grouped.hpp's semantics)
+//   combine   y_t = sum_j g_j * expert_out(pos(t, j)), in slot order
+//             (Backend::combine_rows), plus the shared expert's output if any
+//   losses    load balancing alpha E sum_e f_e P_e (f_e = n_e / (N k), P_e the
+//             mean probability of e) and router z-loss beta mean_t lse_t^2,
+//             both added to the gradient (times the step's loss scale), not to
+//             the reported loss (the task's cross-entropy)
+// Routing runs on the host in float64 from the router logits (one download of
+// [N, E] floats per layer and step): the same decisions on every backend for
+// the same logits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "train/model.hpp"
+
+namespace fp4lab::train {
+
+// The model's linear layer calls (with its operand capture), which the MoE
+// layer's linears go through; y (dx) is written in place when it already has
+// the output's shape (a view into a grouped tensor).
+class LinearCalls {
+ public:
+  virtual ~LinearCalls() = default;
+  virtual void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) = 0;
+  virtual void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) = 0;
+};
+
+// One token-to-expert assignment of a batch (host arrays).
+struct Routing {
+  int64_t tokens = 0, experts = 0, k = 0;
+  std::vector<double> probs;        // [tokens, experts] softmax
+  std::vector<double> lse;          // [tokens] logsumexp of the logits
+  std::vector<int32_t> expert;      // [tokens, k] chosen experts, by decreasing probability
+  std::vector<float> gate;          // [tokens, k] combine weights
+  std::vector<int32_t> pos;         // [tokens, k] row of the slot in the grouped tensor
+  std::vector<int32_t> token;       // [tokens * k] token of each grouped row
+  std::vector<int64_t> count;       // [experts] n_e
+  std::vector<int64_t> offset;      // [experts + 1]
+  double aux_loss = 0, z_loss = 0;  // with their coefficients applied
+};
+
+// Routing of logits [tokens, experts] (row-major, host) under c.
+Routing route(const MoeConfig& c, const float* logits, int64_t tokens);
+// d(total loss)/d(logits) [tokens, experts] from the gates' gradient dgate
+// [tokens, k] and the auxiliary losses (their gradient times loss_scale).
+std::vector<float> router_logit_grad(const MoeConfig& c, const Routing& r, const float* dgate, float loss_scale);
+
+class MoeMlp {
+ public:
+  // Declares the parameters and linear layers of layer `layer` ("h.<i>.mlp."
+  // names) in ps / infos, ids from next_id.
+  MoeMlp(const MoeConfig& c, int64_t width, bool bias, const std::string& layer, float std, float proj_std,
+         ParamStore& ps, uint64_t& next_id, std::vector<LinearLayerInfo>& infos);
+  // y [N, C] from x [N, C] (kept until backward).
+  Tensor forward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x);
+  // dx [N, C] from dy [N, C]; parameter gradients accumulated.
+  Tensor backward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& dy);
+  const Routing& routing() const { return r_; }
+
+ private:
+  StepContext router_context(const StepContext& s) const;
+  MoeConfig c_;
+  int64_t width_ = 0, hidden_ = 0;
+  LinearLayer router_;
+  std::vector<LinearLayer> fc_, proj_;
+  std::unique_ptr<LinearLayer> shared_fc_, shared_proj_;
+  Routing r_;
+  Tensor x_, grouped_, h_, g_, out_e_, sh_h_, sh_g_;
+};
+
+// metrics.jsonl figures of the layers' last routings: {"moe_aux_loss",
+// "moe_z_loss" (sums over layers), "expert_load" ([layer][expert] f_e),
+// "max_load" (the largest E f_e over layers: 1 = balanced)}.
+nlohmann::json routing_metrics(const std::vector<const Routing*>& layers);
+
+}  // namespace fp4lab::train
