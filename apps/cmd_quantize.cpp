@@ -18,6 +18,7 @@
 #include "core/npy.hpp"
 #include "sim/quantizer.hpp"
 #include "sim/block_scales.hpp"
+#include "sim/grouped.hpp"
 #ifdef FP4LAB_WITH_CUDA
 #include "apps/bench_cuda.hpp"
 #endif
@@ -100,13 +101,14 @@ void print_stats(const QuantizedTensor& q, const QuantStats& s, const FiniteStat
 // ---- fp4lab quantize ------------------------------------------------------------
 
 struct QuantizeArgs {
-  std::string quantizer, in, dequant, codes, scales, global, sr_bits, rbits;
+  std::string quantizer, in, dequant, codes, scales, global, sr_bits, rbits, groups, swizzled;
   uint64_t seed = 0, stream = 0;
   bool stats = false;
 };
 
 // What the quantizer does with NaN and Inf inputs (docs/DESIGN.md sec. 3).
-std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c) {
+// With --groups (`grouped`) the global scale is each group's own.
+std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c, bool grouped) {
   const std::string el(short_format_name(*s.element)), sc(short_format_name(*s.scale));
   const std::string emax = fmt_float(max_finite(*s.element));
   std::string r = s.rht ? "RHT first spreads each NaN/Inf over its 16-element chunk; " : "";
@@ -118,10 +120,15 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c) {
     case ScaleRule::nv:
     case ScaleRule::nv_noglobal:
       if (s.global_scale == GlobalScale::tensor_amax) {
-        if (c.nan) r += "a NaN makes the per-tensor scale NaN: every output is NaN";
+        if (c.nan)
+          r += grouped ? "a NaN makes its group's global scale NaN: every output of that group is NaN"
+                       : "a NaN makes the per-tensor scale NaN: every output is NaN";
         if (c.nan && c.inf()) r += "; ";
         if (c.inf())
-          r += "an Inf sets the per-tensor scale to 1 (no block keeps the global scaling), its block's scale to " +
+          r += std::string(grouped ? "an Inf sets its group's global scale to 1 (no block of that group keeps the "
+                                     "global scaling)"
+                           : "an Inf sets the per-tensor scale to 1 (no block keeps the global scaling)") +
+               ", its block's scale to " +
                fmt_float(max_finite(*s.scale)) + " and itself to +-" + emax;
         return r;
       }
@@ -137,6 +144,70 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c) {
   return r;
 }
 
+// --groups SIZES.npy: a 1-D int64 array of rows per group (the sum is checked
+// against the input's rows later, by check_group_sizes).
+std::vector<int64_t> read_group_sizes(const std::string& path) {
+  set_activity("reading " + path);
+  const NpyArray a = read_npy(path);
+  if (a.dtype != DType::int64)
+    throw Error(path + ": --groups needs int64 rows per group (numpy dtype '<i8'), got " + dtype_name(a.dtype));
+  if (a.shape.size() != 1)
+    throw Error(path + ": --groups needs a 1-D array of rows per group, got shape " + shape_str(a.shape));
+  std::vector<int64_t> sizes(static_cast<size_t>(a.shape[0]));
+  if (!sizes.empty()) std::memcpy(sizes.data(), a.bytes.data(), sizes.size() * sizeof(int64_t));
+  return sizes;
+}
+
+// Why --swizzled-scales cannot be written for `spec` ("" when it can): the
+// layout is cuBLASLt's scale operand of 4-bit elements, one scale row per row
+// of the operand, blocks along K (the row).
+std::string swizzle_refusal(const QuantizerSpec& spec) {
+  const std::string what = "--swizzled-scales: " + describe(spec) + ": ";
+  if (spec.element->bits() != 4)
+    return what + "the swizzled scale layout is written for 4-bit elements (NVFP4, MXFP4); the element is " +
+           std::string(short_format_name(*spec.element));
+  if (spec.block_rows == 0 || scales_are_float(spec))
+    return what + "per-tensor scaling has no block scales to swizzle";
+  if (spec.block_cols == 1)
+    return what + "block [" + std::to_string(spec.block_rows) +
+           ",1] runs down the columns (a wgrad operand, K along the rows); the swizzled layout is for blocks "
+           "along a row ([1,bc], or [br,bc] tiles)";
+  return "";
+}
+
+// The scales of a grouped quantization (one group: a plain one) in the swizzled
+// layout: each group's scales expanded to one scale row per data row ([br,bc]
+// tiles repeat their scale for their br rows, as the GEMM reads them), then
+// swizzle_scales_grouped over the data rows of the groups.
+std::vector<uint8_t> swizzled_scales(const GroupedQuantizedTensor& g) {
+  const int64_t br = g.spec.block_rows, sc = g.scale_cols;
+  if (br == 1) return swizzle_scales_grouped(g.scale_codes.data(), g.group_rows, sc);
+  std::vector<uint8_t> rows_scales(size_t(g.rows * sc));
+  int64_t row = 0;
+  for (size_t k = 0; k < g.group_rows.size(); ++k) {
+    for (int64_t i = 0; i < g.group_rows[k]; ++i)
+      std::memcpy(rows_scales.data() + (row + i) * sc, g.scale_codes.data() + (g.scale_row_offset[k] + i / br) * sc,
+                  size_t(sc));
+    row += g.group_rows[k];
+  }
+  return swizzle_scales_grouped(rows_scales.data(), g.group_rows, sc);
+}
+
+// Group g of a grouped result as the QuantizedTensor of its own quantize() (for --stats).
+QuantizedTensor group_tensor(const GroupedQuantizedTensor& g, size_t k, int64_t row) {
+  QuantizedTensor t;
+  t.spec = g.spec;
+  t.rows = g.group_rows[k], t.cols = g.cols;
+  t.scale_rows = g.scale_row_offset[k + 1] - g.scale_row_offset[k], t.scale_cols = g.scale_cols;
+  const int64_t n = t.rows * t.cols, s0 = g.scale_row_offset[k] * g.scale_cols, ns = t.scale_rows * t.scale_cols;
+  t.codes.assign(g.codes.begin() + row * g.cols, g.codes.begin() + row * g.cols + n);
+  t.dequant.assign(g.dequant.begin() + row * g.cols, g.dequant.begin() + row * g.cols + n);
+  t.scales.assign(g.scales.begin() + s0, g.scales.begin() + s0 + ns);
+  if (!g.scale_codes.empty()) t.scale_codes.assign(g.scale_codes.begin() + s0, g.scale_codes.begin() + s0 + ns);
+  t.global_decode = g.global_decode[k];
+  return t;
+}
+
 void run_quantize(const QuantizeArgs& a) {
   QuantizerSpec spec = parse_quantizer(a.quantizer);
   if (!a.sr_bits.empty()) {
@@ -146,36 +217,95 @@ void run_quantize(const QuantizeArgs& a) {
   if ((!a.rbits.empty() || !a.sr_bits.empty()) && spec.round != Round::rs)
     throw Error("--rbits and --sr-bits apply to a quantizer with round 'rs'; " + describe(spec) + " rounds " +
                 std::string(round_name(spec.round)));
+  const bool grouped = !a.groups.empty();
+  if (grouped && spec.block_rows == 0)
+    throw Error("--groups: " + describe(spec) +
+                " scales the whole tensor (block [0,0]); a grouped tensor needs a block-scaled quantizer");
+  if (!a.swizzled.empty())
+    if (const std::string why = swizzle_refusal(spec); !why.empty()) throw Error(why);
   OutputSet out;  // every output is checked before any work, and all or none are written
-  for (const std::string* p : {&a.dequant, &a.codes, &a.scales, &a.global})
+  for (const std::string* p : {&a.dequant, &a.codes, &a.scales, &a.global, &a.swizzled})
     if (p == &a.dequant || !p->empty()) out.add(*p);
+  std::vector<int64_t> sizes;
+  if (grouped) sizes = read_group_sizes(a.groups);
   const Tensor<float> x = read_matrix(a.in);
   const int64_t rows = x.shape[0], cols = x.shape[1];
+  if (grouped) check_group_sizes((a.groups + " (--groups, for " + a.in + ")").c_str(), sizes, rows);
   const MatrixView<const float> xv(x.data.data(), rows, cols);
-  set_activity("quantizing " + a.in + " " + shape_str(x.shape) + " with " + describe(spec));
+  set_activity("quantizing " + a.in + " " + shape_str(x.shape) + " with " + describe(spec) +
+               (grouped ? " in " + std::to_string(sizes.size()) + " groups" : ""));
   const NonFinite nf = count_nonfinite(x.data.data(), x.data.size());
   RandomStream rs{a.seed, a.stream};
   std::vector<uint32_t> words;
+  int64_t per_row = 0;
   if (!a.rbits.empty()) {
-    const int64_t per_row = sr_words_per_row(spec.sr_bits, *spec.element, cols);
+    per_row = sr_words_per_row(spec.sr_bits, *spec.element, cols);
     words = read_rbits(a.rbits, uint64_t(rows * per_row),
                        "[" + std::to_string(rows) + ", " + std::to_string(per_row) + "]: rows x words a row under " +
                            sr_bits_name(spec.sr_bits));
     rs.words = words.data();
   }
-  const QuantizedTensor q = quantize(spec, xv, rs);
-  if (nf.any()) {
-    const NonFinite out_nf = count_nonfinite(q.dequant.data(), q.dequant.size());
-    std::fprintf(stderr, "warning: %s: %s; %s: %s (%" PRId64 " of %zu outputs are NaN)\n", a.in.c_str(),
-                 nonfinite_str(nf).c_str(), describe(spec).c_str(), nonfinite_rule(spec, nf).c_str(), out_nf.nan,
-                 q.dequant.size());
+  // Without --groups: one group of all the rows (quantize_grouped then equals quantize()).
+  QuantizedTensor q;
+  GroupedQuantizedTensor g;
+  if (grouped) {
+    std::vector<RandomStream> streams = consecutive_streams(a.seed, a.stream, sizes.size());
+    if (!words.empty()) {  // --rbits: group k reads the words of its own rows (its word 0 at its first row)
+      int64_t row = 0;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        streams[k].words = words.data() + row * per_row;
+        row += sizes[k];
+      }
+    }
+    g = quantize_grouped(spec, xv, sizes, streams);
+  } else {
+    q = quantize(spec, xv, rs);
   }
-  out.write_npy(a.dequant, DType::float32, {rows, cols}, q.dequant.data());
-  if (!a.codes.empty()) out.write_npy(a.codes, DType::uint8, {rows, cols}, q.codes.data());
-  if (!a.scales.empty()) write_scales(out, a.scales, q);
-  if (!a.global.empty()) out.write_npy(a.global, DType::float32, {1}, &q.global_decode);
+  const std::vector<float>& dequant = grouped ? g.dequant : q.dequant;
+  if (nf.any()) {
+    const NonFinite out_nf = count_nonfinite(dequant.data(), dequant.size());
+    std::fprintf(stderr, "warning: %s: %s; %s: %s (%" PRId64 " of %zu outputs are NaN)\n", a.in.c_str(),
+                 nonfinite_str(nf).c_str(), describe(spec).c_str(), nonfinite_rule(spec, nf, grouped).c_str(),
+                 out_nf.nan, dequant.size());
+  }
+  out.write_npy(a.dequant, DType::float32, {rows, cols}, dequant.data());
+  if (!a.codes.empty()) out.write_npy(a.codes, DType::uint8, {rows, cols}, (grouped ? g.codes : q.codes).data());
+  if (grouped) {
+    const int64_t groups = int64_t(sizes.size()), scale_rows = g.scale_row_offset.back();
+    if (!a.scales.empty()) {
+      if (scales_are_float(spec))
+        out.write_npy(a.scales, DType::float32, {scale_rows, g.scale_cols}, g.scales.data());
+      else
+        out.write_npy(a.scales, DType::uint8, {scale_rows, g.scale_cols}, g.scale_codes.data());
+    }
+    if (!a.global.empty()) out.write_npy(a.global, DType::float32, {groups}, g.global_decode.data());
+  } else {
+    if (!a.scales.empty()) write_scales(out, a.scales, q);
+    if (!a.global.empty()) out.write_npy(a.global, DType::float32, {1}, &q.global_decode);
+  }
+  if (!a.swizzled.empty()) {
+    if (!grouped) {  // the dense layout: the grouped one of a single group
+      g.spec = spec, g.rows = rows, g.cols = cols, g.group_rows = {rows}, g.scale_cols = q.scale_cols;
+      g.scale_row_offset = {0, q.scale_rows};
+      g.scale_codes = q.scale_codes;
+    }
+    const std::vector<uint8_t> sw = swizzled_scales(g);
+    out.write_npy(a.swizzled, DType::uint8, {int64_t(sw.size())}, sw.data());
+  }
   out.commit();
-  if (a.stats) print_stats(q, quant_stats(q, xv), finite_stats(q, xv));
+  if (!a.stats) return;
+  if (!grouped) return print_stats(q, quant_stats(q, xv), finite_stats(q, xv));
+  int64_t row = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::printf("%sgroup %zu of %zu: rows [%" PRId64 ", %" PRId64 ")\n", k ? "\n" : "", k, sizes.size(), row,
+                row + sizes[k]);
+    if (sizes[k] > 0) {
+      const QuantizedTensor t = group_tensor(g, k, row);
+      const MatrixView<const float> gv(x.data.data() + row * cols, sizes[k], cols);
+      print_stats(t, quant_stats(t, gv), finite_stats(t, gv));
+    }
+    row += sizes[k];
+  }
 }
 
 // ---- bench quantize ---------------------------------------------------------------------
@@ -288,8 +418,11 @@ void register_quantize_commands(CLI::App& app) {
       "quantize",
       "Block-quantize a 2-D float32 .npy tensor bit-exactly (MX, NVFP4 with TE's 4/6 and row-scaled options,\n"
       "per-tensor FP8, fp4-trainkit's arithmetic with emulate fp4tk) and write its dequantized\n"
-      "values, and optionally the element codes, block scales and global scale.\n"
-      "Example: fp4lab quantize --quantizer nvfp4 x.npy --dequant xq.npy --codes c.npy --scales s.npy --stats");
+      "values, and optionally the element codes, block scales, global scale and swizzled scales.\n"
+      "With --groups the rows are cut into consecutive groups (a mixture of experts' tokens by expert, or an\n"
+      "expert weight [E,N,K] as E groups of N rows), each quantized alone (sim/grouped.hpp).\n"
+      "Example: fp4lab quantize --quantizer nvfp4 x.npy --dequant xq.npy --codes c.npy --scales s.npy --stats\n"
+      "         fp4lab quantize --quantizer nvfp4 x.npy --groups sizes.npy --dequant xq.npy --scales s.npy");
   std::string canned;  // the registry's names, so the help cannot go stale
   for (const std::string& n : quantizer_names()) canned += (canned.empty() ? "" : ", ") + n;
   q->add_option("--quantizer", qa->quantizer,
@@ -301,8 +434,21 @@ void register_quantize_commands(CLI::App& app) {
   q->add_option("--codes", qa->codes, "Output: uint8 [rows, cols] element codes, one per byte");
   q->add_option(
       "--scales", qa->scales,
-      "Output: [ceil(rows/br), ceil(cols/bc)] block scales: uint8 codes (e8m0, ue4m3) or float32 (per-tensor)");
-  q->add_option("--global-scale", qa->global, "Output: float32 [1], the global decode scale (NVFP4; 1 otherwise)");
+      "Output: [ceil(rows/br), ceil(cols/bc)] block scales: uint8 codes (e8m0, ue4m3) or float32 (per-tensor);\n"
+      "with --groups each group's [ceil(rows_g/br), ceil(cols/bc)] scales, stacked in group order");
+  q->add_option("--global-scale", qa->global,
+                "Output: float32 [1], the global decode scale (NVFP4; 1 otherwise); with --groups float32\n"
+                "[groups], each group's own (1 for an empty group)");
+  q->add_option("--swizzled-scales", qa->swizzled,
+                "Output: uint8 [bytes], the scale codes in cuBLASLt's swizzled layout (sim/packing.hpp) for 4-bit\n"
+                "elements with blocks along a row ([1,bc]; a [br,bc] tile's scale repeated for its br rows):\n"
+                "[rows, C] padded to round_up(rows,128) x round_up(C,4); with --groups each group's [rows_g, C]\n"
+                "swizzled alone, groups one after another (an empty group takes no bytes)");
+  q->add_option("--groups", qa->groups,
+                "int64 .npy [groups] of rows per group (zeros allowed, summing to the input's rows): quantize each\n"
+                "group of consecutive rows alone, with its own global scale and SR stream: group g draws from\n"
+                "Philox (--seed, --stream + g), or with --rbits from the words of its own rows (its word 0 at its\n"
+                "first row). Not for per-tensor quantizers");
   q->add_option("--seed", qa->seed, "Seed of the stochastic-rounding bits (Philox; see --sr-bits for the word of an element)")
       ->capture_default_str();
   q->add_option("--stream", qa->stream, "Philox stream id of the stochastic-rounding bits")->capture_default_str();
@@ -311,9 +457,11 @@ void register_quantize_commands(CLI::App& app) {
                 "element, word r*cols+c) or ptx_x4 (PTX cvt.rs: word r*ceil(cols/4)+c/4, byte c%4 of it)");
   q->add_option("--rbits", qa->rbits,
                 "uint32 .npy [rows, words a row] of random words to use instead of Philox (cols words a row for\n"
-                "per_element, ceil(cols/4) for ptx_x4): reproduces a kernel's codes from its own random stream");
+                "per_element, ceil(cols/4) for ptx_x4): reproduces a kernel's codes from its own random stream\n"
+                "(with --groups a group numbers its words from its first row)");
   q->add_flag("--stats", qa->stats,
-              "Print SQNR, max abs error, flushed-to-zero and saturated fractions, scale under/overflow counts");
+              "Print SQNR, max abs error, flushed-to-zero and saturated fractions, scale under/overflow counts\n"
+              "(with --groups, for each group)");
   q->callback([qa] { run_quantize(*qa); });
 }
 

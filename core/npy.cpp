@@ -22,6 +22,7 @@ const char* dtype_name(DType d) {
     case DType::uint8: return "uint8";
     case DType::uint16: return "uint16";
     case DType::uint32: return "uint32";
+    case DType::int64: return "int64";
   }
   return "?";
 }
@@ -35,6 +36,7 @@ size_t dtype_size(DType d) {
     case DType::uint8: return 1;
     case DType::uint16: return 2;
     case DType::uint32: return 4;
+    case DType::int64: return 8;
   }
   return 0;
 }
@@ -46,6 +48,7 @@ const char* dtype_descr(DType d) {
     case DType::uint8: return "|u1";
     case DType::uint16: return "<u2";
     case DType::uint32: return "<u4";
+    case DType::int64: return "<i8";
   }
   return "";
 }
@@ -247,9 +250,11 @@ NpyArray read_npy(const std::string& path) {
     arr.dtype = DType::uint16;
   else if (descr == "<u4")
     arr.dtype = DType::uint32;
+  else if (descr == "<i8")
+    arr.dtype = DType::int64;
   else
     throw Error(path + ": unsupported dtype '" + printable(descr) +
-                "' (valid: <f4 float32, <f8 float64, |u1 uint8, <u2 uint16, <u4 uint32)");
+                "' (valid: <f4 float32, <f8 float64, |u1 uint8, <u2 uint16, <u4 uint32, <i8 int64)");
   if (h.fortran_order) throw Error(path + ": Fortran-order arrays are not supported (save with np.ascontiguousarray)");
   arr.shape = h.shape;
   const size_t nbytes = size_t(checked_numel(arr.shape, dtype_size(arr.dtype), path)) * dtype_size(arr.dtype);

@@ -2,8 +2,9 @@
 // read; 1.0 on write, 2.0 when the header needs it), C order, little endian.
 //
 // Supported dtypes: float32 ('<f4'), float64 ('<f8'), uint8 ('|u1'),
-// uint16 ('<u2'). Anything else, a wrong magic, Fortran order or a truncated
-// file throws fp4lab::Error naming the file and the problem.
+// uint16 ('<u2'), uint32 ('<u4'), int64 ('<i8': group sizes). Anything else,
+// a wrong magic, Fortran order or a truncated file throws fp4lab::Error naming
+// the file and the problem.
 // Writes are atomic: the data goes to "PATH.tmp.PID" and is renamed over PATH,
 // so a failed write never leaves a partial file.
 #pragma once
@@ -17,7 +18,7 @@
 
 namespace fp4lab {
 
-enum class DType { float32, float64, uint8, uint16, uint32 };
+enum class DType { float32, float64, uint8, uint16, uint32, int64 };
 const char* dtype_name(DType d);
 
 struct NpyArray {

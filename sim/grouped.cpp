@@ -1,6 +1,7 @@
 // Grouped quantization and the grouped swizzled scale layout (grouped.hpp).
 #include "sim/grouped.hpp"
 
+#include <cstdint>
 #include <string>
 
 #include "core/error.hpp"
@@ -21,6 +22,9 @@ void check_group_sizes(const char* what, std::span<const int64_t> sizes, int64_t
     if (sizes[g] < 0)
       throw Error(std::string(what) + ": group " + std::to_string(g) + " has " + std::to_string(sizes[g]) +
                   " rows; sizes must be >= 0");
+    if (sizes[g] > INT64_MAX - sum)  // the sum would wrap (and could wrap back onto `rows`)
+      throw Error(std::string(what) + ": group sizes sum past 2^63 - 1 (at group " + std::to_string(g) +
+                  ") but the tensor has " + std::to_string(rows) + " rows; they must sum to the row count");
     sum += sizes[g];
   }
   if (sum != rows)
@@ -76,6 +80,10 @@ std::vector<RandomStream> consecutive_streams(uint64_t seed, uint64_t stream, si
 
 std::vector<int64_t> swizzled_group_offsets(std::span<const int64_t> sizes, int64_t cols) {
   std::vector<int64_t> off{0};
+  for (size_t g = 0; g < sizes.size(); ++g)
+    if (sizes[g] < 0)
+      throw Error("swizzle_scales_grouped: group " + std::to_string(g) + " has " + std::to_string(sizes[g]) +
+                  " scale rows; sizes must be >= 0");
   for (int64_t n : sizes) off.push_back(off.back() + (n == 0 ? 0 : round_up(n, 128) * round_up(cols, 4)));
   return off;
 }

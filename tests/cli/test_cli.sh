@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CLI tests of `fp4lab formats`, `cast`, `decode`, `bench cast` and the argument checks of `bench attention`;
-# test_robust.py (called at the end): outputs all-or-none, exit codes, NaN warnings, `verify`.
+# test_robust.py (called at the end): outputs all-or-none, exit codes, NaN warnings, `verify`;
+# test_quantize_groups.py: `quantize --groups`.
 # Usage: test_cli.sh PATH/TO/fp4lab
 # Writes its .npy inputs and reads the outputs with Python's standard library
 # only (no NumPy needed); exits 77 (ctest: skipped) when python3 is missing.
@@ -156,6 +157,8 @@ python3 "$(dirname "$0")/test_robust.py" "$FP4LAB" || fail "test_robust.py (FAIL
 python3 "$(dirname "$0")/test_sr_words.py" "$FP4LAB" || fail "test_sr_words.py (FAIL lines above)"
 # fp4tk quantizers bit-equal to fp4-trainkit's own outputs (hashes in tests/data; python3 stdlib).
 python3 "$(dirname "$0")/test_fp4tk.py" "$FP4LAB" || fail "test_fp4tk.py (FAIL lines above)"
+# `quantize --groups` against each group's rows quantized alone; bad sizes files (python3 stdlib).
+python3 "$(dirname "$0")/test_quantize_groups.py" "$FP4LAB" || fail "test_quantize_groups.py (FAIL lines above)"
 # Golden-suite manifests: 200 mutations, each a verdict or one clean error.
 python3 "$(dirname "$0")/fuzz_manifest.py" "$FP4LAB" 200 || fail "fuzz_manifest.py (FAIL line above)"
 
