@@ -336,6 +336,16 @@ class Pinned final : public Backend {
   }
   void gather_rows(const Tensor& x, int64_t stride, Tensor& out) override { be().gather_rows(x, stride, out); }
   void scatter_rows(const Tensor& dout, int64_t stride, Tensor& dx) override { be().scatter_rows(dout, stride, dx); }
+  void gather_rows_indexed(const Tensor& x, const int32_t* idx, Tensor& out) override {
+    be().gather_rows_indexed(x, idx, out);
+  }
+  void combine_rows(const Tensor& src, const int32_t* pos, const float* w, int64_t k, Tensor& out) override {
+    be().combine_rows(src, pos, w, k, out);
+  }
+  void combine_rows_backward(const Tensor& dout, const Tensor& src, const int32_t* pos, const float* w, int64_t k,
+                             Tensor& dsrc, float* dw) override {
+    be().combine_rows_backward(dout, src, pos, w, k, dsrc, dw);
+  }
   double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) override {
     return be().cross_entropy(logits, targets, dlogits, correct);
   }

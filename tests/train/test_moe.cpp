@@ -1,0 +1,252 @@
+// The mixture-of-experts layer (train/moe.hpp): routing against hand-computed
+// values, the router's logit gradient and the whole layer's gradients (router,
+// experts, shared expert, input) against central finite differences, and the
+// config's checks.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/error.hpp"
+#include "train/config.hpp"
+#include "train/moe.hpp"
+#include "train/params.hpp"
+
+namespace fp4lab::train {
+
+namespace {
+
+MoeConfig moe(int64_t E, int64_t k, bool normalize, double aux = 0.01, double z = 0.001) {
+  MoeConfig c;
+  c.experts = E, c.top_k = k, c.normalize_top_k = normalize, c.aux_loss = aux, c.z_loss = z;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("moe route: top-k, ties, gates, grouping and auxiliary losses by hand") {
+  // Token 0 prefers 2 then 0; token 1 has a tie between 1 and 3 (lower index first);
+  // token 2 prefers 2 then 3. Expert 0: token 0; 1: token 1; 2: tokens 0, 2; 3: tokens 1, 2.
+  const std::vector<float> logits = {1.0f, 0.0f, 2.0f, -1.0f,  //
+                                     0.0f, 3.0f, -2.0f, 3.0f,  //
+                                     -1.0f, 0.5f, 4.0f, 1.0f};
+  const Routing r = route(moe(4, 2, true), logits.data(), 3);
+  CHECK(r.expert == std::vector<int32_t>{2, 0, 1, 3, 2, 3});
+  CHECK(r.count == std::vector<int64_t>{1, 1, 2, 2});
+  CHECK(r.offset == std::vector<int64_t>{0, 1, 2, 4, 6});
+  // Rows grouped by expert, tokens in order inside a group.
+  CHECK(r.token == std::vector<int32_t>{0, 1, 0, 2, 1, 2});
+  CHECK(r.pos == std::vector<int32_t>{2, 0, 1, 4, 3, 5});
+  // Normalised gates: softmax over the chosen logits.
+  const double g00 = std::exp(2.0) / (std::exp(2.0) + std::exp(1.0));
+  CHECK(r.gate[0] == float(g00));
+  CHECK(r.gate[2] == 0.5f);
+  CHECK(r.gate[3] == 0.5f);
+  // Auxiliary losses from their definitions.
+  double P[4] = {0, 0, 0, 0}, z = 0;
+  for (int t = 0; t < 3; ++t) {
+    double s = 0;
+    for (int e = 0; e < 4; ++e) s += std::exp(double(logits[size_t(t * 4 + e)]));
+    for (int e = 0; e < 4; ++e) P[e] += std::exp(double(logits[size_t(t * 4 + e)])) / s / 3.0;
+    z += std::log(s) * std::log(s);
+  }
+  const double f[4] = {1 / 6.0, 1 / 6.0, 2 / 6.0, 2 / 6.0};
+  double aux = 0;
+  for (int e = 0; e < 4; ++e) aux += f[e] * P[e];
+  CHECK(r.aux_loss == doctest::Approx(0.01 * 4 * aux).epsilon(1e-12));
+  CHECK(r.z_loss == doctest::Approx(0.001 * z / 3.0).epsilon(1e-12));
+  // Unnormalised gates are the probabilities themselves.
+  const Routing u = route(moe(4, 2, false), logits.data(), 3);
+  CHECK(u.gate[0] == float(std::exp(2.0) / (std::exp(1.0) + 1.0 + std::exp(2.0) + std::exp(-1.0))));
+}
+
+TEST_CASE("moe route: empty experts and k = E") {
+  const std::vector<float> logits = {5, 0, 0, 5, 0, 0};  // 2 tokens, 3 experts; expert 1 and 2 unused at k=1
+  const Routing r = route(moe(3, 1, false), logits.data(), 2);
+  CHECK(r.count == std::vector<int64_t>{2, 0, 0});
+  const Routing all = route(moe(3, 3, true), logits.data(), 2);
+  CHECK(all.count == std::vector<int64_t>{2, 2, 2});
+  float sum = 0;
+  for (int j = 0; j < 3; ++j) sum += all.gate[size_t(j)];
+  CHECK(sum == doctest::Approx(1.0f));
+}
+
+// L(logits) = sum_slots dgate * gate + aux + z at fixed expert choices: the
+// router gradient is d L / d logits (loss scale s multiplies every term).
+TEST_CASE("moe router_logit_grad equals central differences of the routing's losses") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  for (const bool normalize : {true, false})
+    for (const int64_t k : {1, 2, 3}) {
+      const MoeConfig c = moe(5, k, normalize, 0.3, 0.2);
+      const int64_t N = 7, E = 5;
+      std::vector<float> logits(size_t(N * E)), dgate(size_t(N * k));
+      for (auto& v : logits) v = nd(rng);
+      for (auto& v : dgate) v = nd(rng);
+      const float scale = 2.0f;
+      const Routing r = route(c, logits.data(), N);
+      const std::vector<float> g = router_logit_grad(c, r, dgate.data(), scale);
+      auto loss = [&](const std::vector<float>& l, bool* same) {
+        const Routing q = route(c, l.data(), N);
+        *same = q.expert == r.expert;
+        double L = 0;
+        for (int64_t i = 0; i < N * k; ++i) L += double(dgate[size_t(i)]) * double(q.gate[size_t(i)]);
+        // The gates are floats: differentiate the float64 gates instead for precision.
+        L = 0;
+        for (int64_t t = 0; t < N; ++t) {
+          double sel = 0;
+          for (int64_t j = 0; j < k; ++j) sel += q.probs[size_t(t * E + q.expert[size_t(t * k + j)])];
+          for (int64_t j = 0; j < k; ++j) {
+            const double p = q.probs[size_t(t * E + q.expert[size_t(t * k + j)])];
+            L += double(dgate[size_t(t * k + j)]) * (normalize ? p / sel : p);
+          }
+        }
+        // aux with f held at the base routing's counts (piecewise constant in the logits).
+        double aux = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          double P = 0;
+          for (int64_t t = 0; t < N; ++t) P += q.probs[size_t(t * E + e)];
+          aux += double(r.count[size_t(e)]) / double(N * k) * P / double(N);
+        }
+        return L + double(scale) * (c.aux_loss * double(E) * aux + q.z_loss);
+      };
+      int64_t checked = 0;
+      for (int64_t i = 0; i < N * E; ++i) {
+        const float h = 1e-2f;
+        std::vector<float> lp = logits, lm = logits;
+        lp[size_t(i)] += h, lm[size_t(i)] -= h;
+        bool sp = false, sm = false;
+        const double fd = (loss(lp, &sp) - loss(lm, &sm)) / (double(lp[size_t(i)]) - double(lm[size_t(i)]));
+        if (!sp || !sm) continue;  // a choice flipped: not differentiable here
+        ++checked;
+        CHECK_MESSAGE(std::abs(fd - double(g[size_t(i)])) <= 2e-4 * (1.0 + std::abs(fd)), "k=", k,
+                      " normalize=", normalize, " logit ", i, ": fd ", fd, " analytic ", g[size_t(i)]);
+      }
+      CHECK(checked > N * E / 2);
+    }
+}
+
+namespace {
+
+// The layer alone on the CPU backend in FP32, its linears straight to the backend.
+struct Harness final : LinearCalls {
+  std::unique_ptr<Backend> be = make_cpu_backend(1);
+  ParamStore ps;
+  std::vector<LinearLayerInfo> infos;
+  std::unique_ptr<MoeMlp> layer;
+  uint64_t next_id = 0;
+  Harness(const MoeConfig& c, int64_t C, bool bias) {
+    layer = std::make_unique<MoeMlp>(c, C, bias, "h.0.mlp.", 0.3f, 0.3f, ps, next_id, infos);
+    ps.finalize(*be, 11);
+  }
+  void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) override {
+    be->linear_forward(l.context(s), x, ps.value(l.w), l.b >= 0 ? ps.value_ptr(l.b) : nullptr, y, l.state);
+  }
+  void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) override {
+    Tensor dw = ps.grad(l.w);
+    be->linear_backward(l.context(s), *l.state, ps.value(l.w), dy, dx, dw, l.b >= 0 ? ps.grad_ptr(l.b) : nullptr);
+  }
+  // L = sum y * R + aux + z (float64 on the host).
+  double loss(const std::vector<float>& x, const std::vector<float>& R, int64_t N, int64_t C,
+              std::vector<int32_t>* experts) {
+    Tensor xt = be->empty(N, C);
+    be->upload(x.data(), xt);
+    StepContext s;
+    Tensor y = layer->forward(*be, *this, s, xt);
+    std::vector<float> h(size_t(N * C));
+    be->download(y, h.data());
+    double L = 0;
+    for (size_t i = 0; i < h.size(); ++i) L += double(h[i]) * double(R[i]);
+    if (experts) *experts = layer->routing().expert;
+    return L + layer->routing().aux_loss + layer->routing().z_loss;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("moe layer: gradients of router, experts, shared expert and input equal central differences") {
+  for (const bool shared : {false, true}) {
+    MoeConfig c = moe(4, 2, true, 0.05, 0.01);
+    c.shared_expert = shared;
+    c.expert_hidden = 6;
+    const int64_t N = 9, C = 5;
+    Harness hz(c, C, /*bias=*/true);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(size_t(N * C)), R(size_t(N * C));
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : R) v = nd(rng);
+    std::vector<int32_t> base;
+    hz.loss(x, R, N, C, &base);
+    // Analytic gradients: backward with dy = R.
+    hz.be->fill(hz.ps.grads, 0.0f);
+    Tensor dy = hz.be->empty(N, C);
+    hz.be->upload(R.data(), dy);
+    Tensor dx = hz.layer->backward(*hz.be, hz, StepContext{}, dy);
+    std::vector<float> gx(size_t(N * C)), gp(size_t(hz.ps.size()));
+    hz.be->download(dx, gx.data());
+    hz.be->download(hz.ps.grads, gp.data());
+    std::vector<float> values(size_t(hz.ps.size()));
+    hz.be->download(hz.ps.values, values.data());
+    const double eps = 1e-2;
+    auto check_fd = [&](double fd, double an, const std::string& what) {
+      CHECK_MESSAGE(std::abs(fd - an) <= 2e-3 * (1.0 + std::abs(an)), what, ": fd ", fd, " analytic ", an);
+    };
+    int64_t checked = 0, skipped = 0;
+    // Every parameter element (router included; the layer is tiny).
+    for (int64_t i = 0; i < hz.ps.size(); ++i) {
+      std::vector<double> L(2);
+      bool same = true;
+      for (int sgn = 0; sgn < 2; ++sgn) {
+        std::vector<float> v = values;
+        v[size_t(i)] = float(double(values[size_t(i)]) + (sgn ? -eps : eps));
+        hz.be->upload(v.data(), hz.ps.values);
+        std::vector<int32_t> ex;
+        L[size_t(sgn)] = hz.loss(x, R, N, C, &ex);
+        same = same && ex == base;
+      }
+      hz.be->upload(values.data(), hz.ps.values);
+      if (!same) {
+        ++skipped;
+        continue;
+      }
+      ++checked;
+      // aux's f_e is constant while the choices are: the analytic gradient holds.
+      check_fd((L[0] - L[1]) / (2 * eps), gp[size_t(i)], "parameter element " + std::to_string(i));
+    }
+    for (int64_t i = 0; i < N * C; ++i) {
+      std::vector<double> L(2);
+      bool same = true;
+      for (int sgn = 0; sgn < 2; ++sgn) {
+        std::vector<float> v = x;
+        v[size_t(i)] = float(double(x[size_t(i)]) + (sgn ? -eps : eps));
+        std::vector<int32_t> ex;
+        L[size_t(sgn)] = hz.loss(v, R, N, C, &ex);
+        same = same && ex == base;
+      }
+      if (!same) {
+        ++skipped;
+        continue;
+      }
+      ++checked;
+      check_fd((L[0] - L[1]) / (2 * eps), gx[size_t(i)], "input element " + std::to_string(i));
+    }
+    MESSAGE("shared expert ", shared, ": ", checked, " gradients checked, ", skipped, " skipped (a choice flipped)");
+    CHECK(skipped * 10 < checked);
+  }
+}
+
+TEST_CASE("moe config: bad values name the key and the valid range") {
+  auto parse = [](const std::string& moe_json) {
+    return config_from_json(nlohmann::json::parse(R"({"name": "m", "model": {"type": "gpt", "width": 16, "heads": 2, "moe": )" +
+                                                  moe_json + R"(}, "data": {"type": "char", "path": "x.txt"}})"));
+  };
+  CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "top_k": 5})"), doctest::Contains("model.moe.top_k"), Error);
+  CHECK_THROWS_WITH_AS(parse(R"({"experts": 0})"), doctest::Contains("model.moe.experts"), Error);
+  CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "top_k": 3})"), doctest::Contains("expert_hidden"), Error);
+  CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "bogus": 1})"), doctest::Contains("bogus"), Error);
+  CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "aux_loss": -1})"), doctest::Contains("model.moe.aux_loss"), Error);
+}
+
+}  // namespace fp4lab::train
