@@ -88,7 +88,10 @@ json tiny(json j, const Fixtures& fx, const std::string& backend, int threads, c
   if (text) j["model"]["context"] = std::min<int64_t>(j["model"].value("context", int64_t(16)), 16);
   // GPT-2-small-shaped configs (85M parameters): 2 layers of width 8 per head, so that every
   // recipe's two steps stay fast on CI's 2 cores; the heads and everything else as shipped.
-  if (j["model"].value("width", int64_t(0)) > 384) {
+  // MoE configs (8 experts of the dense config's linear shapes, which the dense configs already run):
+  // the same narrowing, so that CI's cost is the routing's, not 28M parameters' init and checkpoints.
+  const bool moe = j["model"].contains("moe") && j["model"].value("width", int64_t(0)) > 128;
+  if (j["model"].value("width", int64_t(0)) > 384 || moe) {
     j["model"]["layers"] = 2;
     j["model"]["width"] = 8 * j["model"].value("heads", int64_t(1));
   }
