@@ -27,6 +27,19 @@ int bench_quantize(int64_t rows, int64_t cols, const std::vector<std::string>& q
 // and the MXFP8 GEMM at m x n x k, all in the same run. Returns 0 on success.
 int bench_gemm(int64_t m, int64_t n, int64_t k, int repeats);
 
+// `fp4lab bench grouped-gemm --backend cuda` (bench_grouped.cu): a mixture of
+// experts' forward product y_g = x_g W_g^T (K = N = hidden) for every
+// combination of `experts`, `tokens` and `hidden`, with balanced and skewed
+// (Zipf-like, some experts empty, fixed seed) tokens per expert: median ms and
+// TFLOP/s of (a) cuBLAS's grouped BF16 GEMM (one cublasGemmGroupedBatchedEx),
+// (b) a loop of per-expert cuBLAS GEMMs, (c) fp4lab's NVFP4 grouped
+// quantization of x (nvfp4 per expert's tokens) and W (nvfp4_2d per expert) +
+// the grouped GEMM of (a) on the exact BF16 operands, (c)'s GEMM alone, and
+// (c)/(a). `out`: "bf16" or "f32" output. Returns 0; throws fp4lab::Error
+// without a GPU (the message says so).
+int bench_grouped_gemm(const std::vector<int64_t>& experts, const std::vector<int64_t>& tokens,
+                       const std::vector<int64_t>& hidden, const std::string& out, int repeats);
+
 // `fp4lab bench attention --backend cuda`: the trainer's attention (nn::Attention)
 // at batch x seq x heads x head_dim, forward and backward, on the fused FP32
 // kernels and on the cuBLAS (pedantic SGEMM) path, in one run. Prints the median

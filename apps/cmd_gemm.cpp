@@ -1,9 +1,12 @@
 // `fp4lab bench gemm`: throughput of the CUDA GEMMs (cuBLAS BF16, the NVFP4 /
 // MXFP4 / MXFP8 block-scaled GEMMs simulated exactly on BF16 tensor cores,
 // MXFP8 on the FP8 tensor cores with per-block promotion, cuBLASLt FP8 with a
-// per-tensor scale) at m x n x k, measured in one run (apps/bench_cuda.hpp). CUDA only.
+// per-tensor scale) at m x n x k, measured in one run (apps/bench_cuda.hpp); and
+// `fp4lab bench grouped-gemm`: a mixture of experts' grouped GEMM (cuBLAS grouped,
+// a per-expert loop, fp4lab's NVFP4 grouped quantization + grouped GEMM). CUDA only.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "apps/commands.hpp"
 #include "core/error.hpp"
@@ -35,6 +38,35 @@ void run_bench_gemm(const GemmBenchArgs& a) {
       "-DFP4LAB_CUDA=ON on a machine with nvcc, and run it on a machine with an NVIDIA GPU)");
 #endif
 }
+struct GroupedBenchArgs {
+  std::string backend = "cuda";
+  std::vector<int64_t> experts{8, 64}, tokens{16384, 65536}, hidden{1024, 4096};
+  std::string out = "bf16";
+  int repeats = 20;
+};
+
+void check_positive(const char* opt, const std::vector<int64_t>& v) {
+  if (v.empty()) throw Error(std::string(opt) + " needs at least one value");
+  for (int64_t x : v)
+    if (x <= 0) throw Error(std::string(opt) + " values must be positive, got " + std::to_string(x));
+}
+
+void run_bench_grouped(const GroupedBenchArgs& a) {
+  if (a.backend != "cuda")
+    throw Error("--backend '" + a.backend + "': `bench grouped-gemm` measures the CUDA GEMMs only; valid: cuda");
+  check_positive("--experts", a.experts);
+  check_positive("--tokens", a.tokens);
+  check_positive("--hidden", a.hidden);
+  if (a.out != "bf16" && a.out != "f32") throw Error("--out '" + a.out + "': valid: bf16, f32");
+  if (a.repeats <= 0) throw Error("--repeats must be positive, got " + std::to_string(a.repeats));
+#ifdef FP4LAB_WITH_CUDA
+  cuda::bench_grouped_gemm(a.experts, a.tokens, a.hidden, a.out, a.repeats);
+#else
+  throw Error(
+      "bench grouped-gemm --backend cuda: this fp4lab was built without the CUDA backend (configure with "
+      "-DFP4LAB_CUDA=ON on a machine with nvcc, and run it on a machine with an NVIDIA GPU)");
+#endif
+}
 }  // namespace
 
 void register_bench_gemm(CLI::App& bench) {
@@ -52,6 +84,30 @@ void register_bench_gemm(CLI::App& bench) {
   g->add_option("--k", ga->k, "Reduction length")->capture_default_str();
   g->add_option("--repeats", ga->repeats, "Timed runs (median reported)")->capture_default_str();
   g->callback([ga] { run_bench_gemm(*ga); });
+
+  auto gg = std::make_shared<GroupedBenchArgs>();
+  CLI::App* gr = bench.add_subcommand(
+      "grouped-gemm",
+      "Mixture-of-experts grouped GEMM on the GPU, forward y_g = x_g W_g^T per expert (K = N = hidden), for every\n"
+      "combination of --experts, --tokens and --hidden, tokens per expert balanced and skewed (Zipf-like, every\n"
+      "8th expert empty, fixed seed): median ms and TFLOP/s of (a) cuBLAS's grouped BF16 GEMM (one\n"
+      "cublasGemmGroupedBatchedEx), (b) a loop of per-expert cuBLAS GEMMs, (c) fp4lab's NVFP4 grouped\n"
+      "quantization of x (nvfp4 per expert) and W (nvfp4_2d per expert) + grouped GEMM, that GEMM alone, and\n"
+      "(c)/(a); one run, the forms timed in interleaved rounds.\n"
+      "Example: fp4lab bench grouped-gemm --backend cuda --experts 8 --tokens 16384 --hidden 4096");
+  gr->add_option("--backend", gg->backend, "cuda (the only backend of this benchmark)")->capture_default_str();
+  gr->add_option("--experts", gg->experts, "Numbers of experts (groups), comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  gr->add_option("--tokens", gg->tokens, "Total tokens (rows of x over all experts), comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  gr->add_option("--hidden", gg->hidden, "Hidden sizes K = N, comma-separated")->delimiter(',')->capture_default_str();
+  gr->add_option("--out", gg->out, "Output type: bf16, or f32 (cuBLAS's grouped form then runs TF32 on widened "
+                                   "operands, exact for BF16 values)")
+      ->capture_default_str();
+  gr->add_option("--repeats", gg->repeats, "Timed rounds (median reported, at least 3)")->capture_default_str();
+  gr->callback([gg] { run_bench_grouped(*gg); });
 }
 
 }  // namespace fp4lab

@@ -1,0 +1,477 @@
+// Grouped quantization and grouped GEMMs (grouped.hpp).
+#include "cuda/grouped.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <string>
+#include <tuple>
+
+#include "core/bits.hpp"
+#include "core/error.hpp"
+
+namespace fp4lab::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void fill_kernel(float* p, int64_t n, float v) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) p[i] = v;
+}
+
+// BF16 bits -> FP32 (exact). VEC: both pointers 16-byte aligned, 8 elements a thread.
+template <bool VEC>
+__global__ void __launch_bounds__(kThreads) widen_bf16_kernel(const uint16_t* in, float* out, int64_t n) {
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if constexpr (VEC) {
+    const int64_t i = t * 8;
+    if (i + 8 <= n) {
+      const uint4 w = *reinterpret_cast<const uint4*>(in + i);
+      const uint32_t h[4] = {w.x, w.y, w.z, w.w};
+      float4 lo, hi;
+      lo.x = __uint_as_float(h[0] << 16), lo.y = __uint_as_float(h[0] & 0xFFFF0000u);
+      lo.z = __uint_as_float(h[1] << 16), lo.w = __uint_as_float(h[1] & 0xFFFF0000u);
+      hi.x = __uint_as_float(h[2] << 16), hi.y = __uint_as_float(h[2] & 0xFFFF0000u);
+      hi.z = __uint_as_float(h[3] << 16), hi.w = __uint_as_float(h[3] & 0xFFFF0000u);
+      reinterpret_cast<float4*>(out + i)[0] = lo;
+      reinterpret_cast<float4*>(out + i)[1] = hi;
+    } else {
+      for (int64_t j = i; j < n; ++j) out[j] = __uint_as_float(uint32_t(in[j]) << 16);
+    }
+  } else {
+    if (t < n) out[t] = __uint_as_float(uint32_t(in[t]) << 16);
+  }
+}
+
+void widen_bf16(const uint16_t* in, float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  const bool vec = ((reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) & 15) == 0;
+  if (vec) {
+    const int64_t threads = (n + 7) / 8;
+    widen_bf16_kernel<true><<<unsigned((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(in, out, n);
+  } else {
+    widen_bf16_kernel<false><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(in, out, n);
+  }
+  check_launch("widen_bf16_kernel");
+}
+
+int64_t total_rows(std::span<const int64_t> sizes) {
+  int64_t s = 0;
+  for (int64_t n : sizes) s += n;
+  return s;
+}
+
+// ---- grouped GEMMs ----------------------------------------------------------
+
+// One GEMM in cuBLAS's column-major terms: C [m, n] = alpha op(A) op(B) + beta C.
+struct Problem {
+  int m, n, k;
+  const void* a;
+  const void* b;
+  void* c;
+  float alpha, beta;
+};
+
+// What every problem of one operation shares.
+struct OpForm {
+  cublasOperation_t ta, tb;
+  int lda, ldb, ldc;
+};
+
+void check_dim(const char* what, const char* name, int64_t v) {
+  if (v < 0 || v > INT_MAX)
+    throw Error(std::string(what) + ": " + name + " = " + std::to_string(v) +
+                " is outside cuBLAS's int range [0, 2^31 - 1]");
+}
+
+// Checks the arguments common to the three products; returns alpha per group.
+std::vector<float> check_grouped_args(const char* what, std::span<const int64_t> sizes, int64_t n, int64_t k,
+                                      std::span<const float> alpha) {
+  for (size_t g = 0; g < sizes.size(); ++g)
+    if (sizes[g] < 0)
+      throw Error(std::string(what) + ": group " + std::to_string(g) + " has " + std::to_string(sizes[g]) +
+                  " rows; sizes must be >= 0");
+  if (n <= 0 || k <= 0)
+    throw Error(std::string(what) + ": n and k must be positive, got n=" + std::to_string(n) +
+                " k=" + std::to_string(k));
+  check_dim(what, "n", n);
+  check_dim(what, "k", k);
+  for (int64_t m : sizes) check_dim(what, "a group's rows", m);
+  if (!alpha.empty() && alpha.size() != sizes.size())
+    throw Error(std::string(what) + ": " + std::to_string(alpha.size()) + " alphas for " +
+                std::to_string(sizes.size()) + " groups; give one per group or none");
+  std::vector<float> a(sizes.size(), 1.0f);
+  if (!alpha.empty()) std::copy(alpha.begin(), alpha.end(), a.begin());
+  return a;
+}
+
+// Runs the problems (all of one OpForm) on blas's stream: one
+// cublasGemmGroupedBatchedEx call (problems of equal shape, alpha and beta
+// share a cuBLAS group), or one cublasGemmEx each.
+void run_problems(Blas& blas, GroupedGemmWorkspace::Pointers& ptrs, const OpForm& f, const std::vector<Problem>& probs,
+                  cudaDataType_t ab_type, cudaDataType_t c_type, cublasComputeType_t compute, GroupedImpl impl,
+                  const char* what) {
+  if (probs.empty()) return;
+  check_cublas(cublasSetPointerMode(blas.handle(), CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+  if (impl == GroupedImpl::loop) {
+    for (const Problem& p : probs)
+      check_cublas(cublasGemmEx(blas.handle(), f.ta, f.tb, p.m, p.n, p.k, &p.alpha, p.a, ab_type, f.lda, p.b, ab_type,
+                                f.ldb, &p.beta, p.c, c_type, f.ldc, compute, CUBLAS_GEMM_DEFAULT),
+                   (std::string("cublasGemmEx (") + what + ", loop)").c_str());
+    return;
+  }
+  // Bucket by (m, n, k, alpha bits, beta bits), in order of first appearance.
+  auto key = [](const Problem& p) {
+    return std::make_tuple(p.m, p.n, p.k, float_bits(p.alpha), float_bits(p.beta));
+  };
+  std::vector<size_t> order(probs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<size_t> bucket_of(probs.size());
+  std::vector<size_t> bucket_first;  // a representative problem of each bucket
+  for (size_t i = 0; i < probs.size(); ++i) {
+    size_t b = 0;
+    while (b < bucket_first.size() && key(probs[bucket_first[b]]) != key(probs[i])) ++b;
+    if (b == bucket_first.size()) bucket_first.push_back(i);
+    bucket_of[i] = b;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return bucket_of[x] < bucket_of[y]; });
+  const size_t np = probs.size(), nb = bucket_first.size();
+  std::vector<const void*> host(3 * np);
+  for (size_t j = 0; j < np; ++j) {
+    const Problem& p = probs[order[j]];
+    host[j] = p.a;
+    host[np + j] = p.b;
+    host[2 * np + j] = p.c;
+  }
+  if (ptrs.dev.size() < host.size() || ptrs.uploaded != host) {
+    if (ptrs.dev.size() < host.size()) ptrs.dev.resize(host.size());
+    // Pageable host -> device: cudaMemcpyAsync returns once `host` is staged.
+    check(cudaMemcpyAsync(ptrs.dev.data(), host.data(), host.size() * sizeof(const void*), cudaMemcpyHostToDevice,
+                          blas.stream()),
+          "cudaMemcpyAsync (grouped GEMM pointer arrays)");
+    ptrs.uploaded = host;
+  }
+  std::vector<cublasOperation_t> ta(nb, f.ta), tb(nb, f.tb);
+  std::vector<int> m(nb), n(nb), k(nb), lda(nb, f.lda), ldb(nb, f.ldb), ldc(nb, f.ldc), gs(nb, 0);
+  std::vector<float> alpha(nb), beta(nb);
+  for (size_t b = 0; b < nb; ++b) {
+    const Problem& p = probs[bucket_first[b]];
+    m[b] = p.m, n[b] = p.n, k[b] = p.k, alpha[b] = p.alpha, beta[b] = p.beta;
+  }
+  for (size_t i = 0; i < np; ++i) ++gs[bucket_of[i]];
+  const void* const* dev = ptrs.dev.data();
+  check_cublas(cublasGemmGroupedBatchedEx(blas.handle(), ta.data(), tb.data(), m.data(), n.data(), k.data(),
+                                          alpha.data(), dev, ab_type, lda.data(), dev + np, ab_type, ldb.data(),
+                                          beta.data(), const_cast<void* const*>(dev + 2 * np), c_type, ldc.data(),
+                                          int(nb), gs.data(), compute),
+               (std::string("cublasGemmGroupedBatchedEx (") + what + ")").c_str());
+}
+
+enum class Op : uint8_t { forward = 0, dgrad = 1, wgrad = 2 };
+
+// The operands of one call as cuBLAS sees them: its A-side buffer (W for
+// forward / dgrad, x for wgrad) and B-side buffer (x / dy / dy), with their
+// element counts, after widening to FP32 where the output is FP32 on one_call.
+struct Sides {
+  const char* a;
+  const char* b;
+  size_t elem;  // bytes of an operand element
+  cudaDataType_t ab_type;
+  cudaDataType_t c_type;
+  size_t c_elem;
+  cublasComputeType_t compute;
+};
+
+Sides prepare_sides(Blas& blas, GroupedGemmWorkspace& ws, const uint16_t* a_side, int64_t a_count,
+                    const uint16_t* b_side, int64_t b_count, OutType out, GroupedImpl impl, bool any_problem) {
+  Sides s{reinterpret_cast<const char*>(a_side),
+          reinterpret_cast<const char*>(b_side),
+          2,
+          CUDA_R_16BF,
+          out == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF,
+          size_t(out == OutType::f32 ? 4 : 2),
+          CUBLAS_COMPUTE_32F};
+  if (out == OutType::f32 && impl == GroupedImpl::one_call) {
+    // cuBLAS's grouped GEMM has no BF16 x BF16 -> FP32 form: widen (exact),
+    // multiply in TF32 (exact for BF16 values), accumulate in FP32.
+    s.ab_type = CUDA_R_32F;
+    s.elem = 4;
+    s.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (any_problem) {
+      float* a32 = ws.a32.at_least(size_t(std::max<int64_t>(a_count, 1)));
+      float* b32 = ws.b32.at_least(size_t(std::max<int64_t>(b_count, 1)));
+      widen_bf16(a_side, a32, a_count, blas.stream());
+      widen_bf16(b_side, b32, b_count, blas.stream());
+      s.a = reinterpret_cast<const char*>(a32);
+      s.b = reinterpret_cast<const char*>(b32);
+    }
+  }
+  return s;
+}
+
+void grouped_gemm(Op op, Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t N, int64_t K,
+                  const uint16_t* act, const uint16_t* other, void* outp, OutType out, bool accumulate,
+                  std::span<const float> alpha_in, GroupedImpl impl) {
+  const char* what = op == Op::forward ? "grouped GEMM forward" : op == Op::dgrad ? "grouped GEMM dgrad" : "grouped GEMM wgrad";
+  const std::vector<float> alpha = check_grouped_args(what, sizes, N, K, alpha_in);
+  const int64_t M = total_rows(sizes), E = int64_t(sizes.size());
+  bool any = false;
+  for (int64_t m : sizes) any = any || m > 0;
+  // act: x (forward) or dy (dgrad, wgrad); other: W (forward, dgrad) or x
+  // (wgrad). cuBLAS's A is `other`, its B `act`.
+  const int64_t a_count = op == Op::wgrad ? M * K : E * N * K;
+  const int64_t b_count = op == Op::forward ? M * K : M * N;
+  const Sides s = prepare_sides(blas, ws, other, a_count, act, b_count, out, impl, any);
+  char* c = static_cast<char*>(outp);
+  const int iK = int(K), iN = int(N);
+  const OpForm f = op == Op::forward ? OpForm{CUBLAS_OP_T, CUBLAS_OP_N, iK, iK, iN}
+                   : op == Op::dgrad ? OpForm{CUBLAS_OP_N, CUBLAS_OP_N, iK, iN, iK}
+                                     : OpForm{CUBLAS_OP_N, CUBLAS_OP_T, iK, iN, iK};
+  std::vector<Problem> probs;
+  int64_t row = 0;
+  for (int64_t g = 0; g < E; ++g) {
+    const int64_t mg = sizes[size_t(g)];
+    Problem p{};
+    p.alpha = alpha[size_t(g)];
+    p.beta = accumulate ? 1.0f : 0.0f;
+    switch (op) {
+      case Op::forward:  // y_g^T [N, m_g] = (W_g^T [K, N])^T x_g^T [K, m_g]
+        p.m = int(N), p.n = int(mg), p.k = int(K);
+        p.a = s.a + size_t(g * N * K) * s.elem;
+        p.b = s.b + size_t(row * K) * s.elem;
+        p.c = c + size_t(row * N) * s.c_elem;
+        break;
+      case Op::dgrad:  // dx_g^T [K, m_g] = W_g^T [K, N] dy_g^T [N, m_g]
+        p.m = int(K), p.n = int(mg), p.k = int(N);
+        p.a = s.a + size_t(g * N * K) * s.elem;
+        p.b = s.b + size_t(row * N) * s.elem;
+        p.c = c + size_t(row * K) * s.c_elem;
+        break;
+      case Op::wgrad:  // dW_g^T [K, N] = x_g^T [K, m_g] dy_g [m_g, N]
+        p.m = int(K), p.n = int(N), p.k = int(mg);
+        p.a = s.a + size_t(row * K) * s.elem;
+        p.b = s.b + size_t(row * N) * s.elem;
+        p.c = c + size_t(g * N * K) * s.c_elem;
+        break;
+    }
+    if (mg > 0) {
+      probs.push_back(p);
+    } else if (op == Op::wgrad && !accumulate) {
+      // An expert without tokens has a zero gradient (cuBLAS is not asked to
+      // run a k = 0 product).
+      check(cudaMemsetAsync(c + size_t(g * N * K) * s.c_elem, 0, size_t(N * K) * s.c_elem, blas.stream()),
+            "cudaMemsetAsync (wgrad of an empty group)");
+    }
+    row += mg;
+  }
+  run_problems(blas, ws.ptrs[int(op)], f, probs, s.ab_type, s.c_type, s.compute, impl, what);
+}
+
+}  // namespace
+
+std::vector<int64_t> grouped_scale_row_offsets(const QuantizerSpec& q, std::span<const int64_t> sizes, int64_t cols,
+                                               int64_t* scale_cols) {
+  if (q.block_rows == 0 || q.block_cols == 0)
+    throw Error("quantize_grouped (cuda): per-tensor scaling (block [0,0]) has no grouped form; quantize the group "
+                "alone");
+  std::vector<int64_t> off{0};
+  int64_t sc = (cols + q.block_cols - 1) / q.block_cols;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    if (sizes[g] < 0)
+      throw Error("quantize_grouped (cuda): group " + std::to_string(g) + " has " + std::to_string(sizes[g]) +
+                  " rows; sizes must be >= 0");
+    int64_t sr = 0;
+    if (sizes[g] > 0) scale_grid(q, sizes[g], cols, sr, sc);
+    off.push_back(off.back() + sr);
+  }
+  if (scale_cols) *scale_cols = sc;
+  return off;
+}
+
+void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
+                             std::span<const int64_t> sizes, std::span<const RandomStream> streams,
+                             const GroupedQuantOutputs& out, GroupedQuantWorkspace& ws, cudaStream_t stream,
+                             QuantPath path) {
+  validate(q, "quantize_grouped (cuda)");
+  if (cols < 0) throw Error("quantize_grouped (cuda): negative column count " + std::to_string(cols));
+  check_group_sizes("quantize_grouped (cuda)", sizes, rows);
+  if (!streams.empty() && streams.size() != sizes.size())
+    throw Error("quantize_grouped (cuda): " + std::to_string(streams.size()) + " random streams for " +
+                std::to_string(sizes.size()) + " groups; give one per group or none");
+  if (out.code_layout == CodeLayout::packed4 && q.element->bits() != 4)
+    throw Error("quantize_grouped (cuda): packed4 codes need a 4-bit element, not " + describe(q));
+  int64_t sc = 0;
+  const std::vector<int64_t> soff = grouped_scale_row_offsets(q, sizes, cols, &sc);
+  const int64_t groups = int64_t(sizes.size());
+  const size_t in_bytes = type == InputType::f32 ? 4 : 2;
+  const int64_t code_row = out.code_layout == CodeLayout::packed4 ? (cols + 1) / 2 : cols;
+  bool any_empty = cols == 0;
+  for (int64_t n : sizes) any_empty = any_empty || n == 0;
+  if (out.global_decode && groups > 0 && any_empty) {
+    // Empty groups keep this 1; the others' quantizations overwrite theirs.
+    fill_kernel<<<unsigned((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(out.global_decode, groups, 1.0f);
+    check_launch("fill_kernel");
+  }
+  // The slices of group g (byte pointers and sizes): input, codes, scale
+  // codes, scales, dequant, BF16; null where not written.
+  struct Slices {
+    char* p[6];
+    size_t bytes[6];
+  };
+  auto slices = [&](int64_t g, int64_t row) {
+    const int64_t n = sizes[size_t(g)], ns = (soff[size_t(g) + 1] - soff[size_t(g)]) * sc;
+    auto at = [](const void* base, size_t off) {
+      return base ? const_cast<char*>(static_cast<const char*>(base)) + off : nullptr;
+    };
+    return Slices{{at(x, size_t(row * cols) * in_bytes), at(out.codes, size_t(row * code_row)),
+                   at(out.scale_codes, size_t(soff[size_t(g)] * sc)),
+                   at(out.scales, size_t(soff[size_t(g)] * sc) * 4), at(out.dequant, size_t(row * cols) * 4),
+                   at(out.dequant_bf16, size_t(row * cols) * 2)},
+                  {size_t(n * cols) * in_bytes, size_t(n * code_row), size_t(ns), size_t(ns) * 4,
+                   size_t(n * cols) * 4, size_t(n * cols) * 2}};
+  };
+  auto misaligned = [](const char* p) { return p && (reinterpret_cast<uintptr_t>(p) & 15) != 0; };
+  auto staged_bytes = [](size_t b) { return (b + 255) / 256 * 256; };
+  // Scratch for the largest group that needs it, allocated before any launch.
+  size_t scratch = 0;
+  for (int64_t g = 0, row = 0; g < groups; row += sizes[size_t(g)], ++g) {
+    if (sizes[size_t(g)] == 0) continue;
+    const Slices sl = slices(g, row);
+    size_t need = 0;
+    for (int i = 0; i < 6; ++i)
+      if (misaligned(sl.p[i])) need += staged_bytes(sl.bytes[i]);
+    scratch = std::max(scratch, need);
+  }
+  char* stage = scratch ? reinterpret_cast<char*>(ws.staging.at_least(scratch)) : nullptr;
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t n = sizes[size_t(g)];
+    if (n == 0) continue;
+    const Slices sl = slices(g, row);
+    char* use[6];
+    size_t at = 0;
+    for (int i = 0; i < 6; ++i) {
+      use[i] = sl.p[i];
+      if (misaligned(sl.p[i])) {
+        use[i] = stage + at;
+        at += staged_bytes(sl.bytes[i]);
+      }
+    }
+    if (use[0] != sl.p[0])
+      check(cudaMemcpyAsync(use[0], sl.p[0], sl.bytes[0], cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync (grouped quantize: aligned input copy)");
+    QuantOutputs o;
+    o.codes = reinterpret_cast<uint8_t*>(use[1]);
+    o.code_layout = out.code_layout;
+    o.scale_codes = reinterpret_cast<uint8_t*>(use[2]);
+    o.scales = reinterpret_cast<float*>(use[3]);
+    o.dequant = reinterpret_cast<float*>(use[4]);
+    o.dequant_bf16 = reinterpret_cast<uint16_t*>(use[5]);
+    o.bf16_gemm_operand = out.bf16_gemm_operand;
+    o.global_decode = out.global_decode ? out.global_decode + g : nullptr;
+    quantize_device(q, use[0], type, n, cols, streams.empty() ? RandomStream{} : streams[size_t(g)], o, ws.quant,
+                    stream, path);
+    for (int i = 1; i < 6; ++i)
+      if (use[i] != sl.p[i] && sl.bytes[i] > 0)
+        check(cudaMemcpyAsync(sl.p[i], use[i], sl.bytes[i], cudaMemcpyDeviceToDevice, stream),
+              "cudaMemcpyAsync (grouped quantize: output copy)");
+    row += n;
+  }
+}
+
+GroupedQuantizedTensor quantize_grouped_gpu(const QuantizerSpec& q, MatrixView<const float> x,
+                                            std::span<const int64_t> sizes, std::span<const RandomStream> streams,
+                                            QuantPath path, bool bf16_input) {
+  const int64_t rows = x.rows, cols = x.cols, n = rows * cols;
+  validate(q, "quantize_grouped_gpu");
+  check_group_sizes("quantize_grouped_gpu", sizes, rows);
+  std::vector<float> host(static_cast<size_t>(n));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) host[size_t(r * cols + c)] = x(r, c);
+  DeviceBuffer<float> dx32;
+  DeviceBuffer<uint16_t> dx16;
+  const void* dx;
+  if (bf16_input) {
+    std::vector<uint16_t> h16(host.size());
+    for (size_t i = 0; i < h16.size(); ++i) {
+      const uint32_t b = float_bits(host[i]);
+      if ((b & 0xFFFFu) != 0)
+        throw Error("quantize_grouped_gpu: bf16_input but element " + std::to_string(i) + " is not a bfloat16 value");
+      h16[i] = uint16_t(b >> 16);
+    }
+    if (!h16.empty()) dx16.upload(h16);
+    dx = dx16.data();
+  } else {
+    if (!host.empty()) dx32.upload(host);
+    dx = dx32.data();
+  }
+  int64_t sc = 0;
+  const std::vector<int64_t> soff = grouped_scale_row_offsets(q, sizes, cols, &sc);
+  const int64_t ns = soff.back() * sc;
+  const bool has_codes = q.scale != &float32;
+  DeviceBuffer<uint8_t> codes(static_cast<size_t>(n)), scodes(has_codes ? static_cast<size_t>(ns) : 0);
+  DeviceBuffer<float> scales(static_cast<size_t>(ns)), dq(static_cast<size_t>(n)), gdec(sizes.size());
+  codes.fill_bytes(0xA5);
+  scodes.fill_bytes(0xA5);
+  scales.fill_bytes(0xA5);
+  dq.fill_bytes(0xA5);
+  gdec.fill_bytes(0xA5);
+  GroupedQuantOutputs o;
+  o.codes = codes.data();
+  o.scale_codes = has_codes ? scodes.data() : nullptr;
+  o.scales = scales.data();
+  o.dequant = dq.data();
+  o.global_decode = gdec.data();
+  GroupedQuantWorkspace ws;
+  quantize_grouped_device(q, dx, bf16_input ? InputType::bf16 : InputType::f32, rows, cols, sizes, streams, o, ws,
+                          nullptr, path);
+  check(cudaDeviceSynchronize(), "quantize_grouped_gpu");
+  GroupedQuantizedTensor t;
+  t.spec = q;
+  t.rows = rows;
+  t.cols = cols;
+  t.group_rows.assign(sizes.begin(), sizes.end());
+  t.codes = codes.download();
+  t.scale_cols = sc;
+  t.scale_row_offset = soff;
+  if (has_codes) t.scale_codes = scodes.download();
+  t.scales = scales.download();
+  t.global_decode = gdec.download();
+  t.dequant = dq.download();
+  return t;
+}
+
+std::vector<float> grouped_alpha_host(const float* ga, const float* gb, size_t groups, cudaStream_t stream) {
+  std::vector<float> a(groups, 1.0f), b(groups, 1.0f);
+  if (groups == 0) return a;
+  if (ga)
+    check(cudaMemcpyAsync(a.data(), ga, groups * sizeof(float), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync (grouped alpha)");
+  if (gb)
+    check(cudaMemcpyAsync(b.data(), gb, groups * sizeof(float), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync (grouped alpha)");
+  check(cudaStreamSynchronize(stream), "grouped_alpha_host");
+  for (size_t g = 0; g < groups; ++g) a[g] = a[g] * b[g];
+  return a;
+}
+
+void grouped_gemm_forward(Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t n, int64_t k,
+                          const uint16_t* x, const uint16_t* w, void* y, OutType out, std::span<const float> alpha,
+                          GroupedImpl impl) {
+  grouped_gemm(Op::forward, blas, ws, sizes, n, k, x, w, y, out, false, alpha, impl);
+}
+
+void grouped_gemm_dgrad(Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t n, int64_t k,
+                        const uint16_t* dy, const uint16_t* w, void* dx, OutType out, std::span<const float> alpha,
+                        GroupedImpl impl) {
+  grouped_gemm(Op::dgrad, blas, ws, sizes, n, k, dy, w, dx, out, false, alpha, impl);
+}
+
+void grouped_gemm_wgrad(Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t n, int64_t k,
+                        const uint16_t* dy, const uint16_t* x, void* dw, OutType out, bool accumulate,
+                        std::span<const float> alpha, GroupedImpl impl) {
+  grouped_gemm(Op::wgrad, blas, ws, sizes, n, k, dy, x, dw, out, accumulate, alpha, impl);
+}
+
+}  // namespace fp4lab::cuda

@@ -1,0 +1,535 @@
+// Grouped quantization and grouped GEMMs on the GPU (cuda/grouped.hpp):
+// quantize_grouped_device bit for bit against sim's quantize_grouped (empty
+// groups, 1-row groups, sizes not multiples of the block, SR, RHT, f32 and
+// bf16 inputs, packed codes and the BF16 GEMM operand), and the three grouped
+// GEMMs (one cuBLAS call and the per-group loop) against a float64 product of
+// the same exact BF16 operands, per expert.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bits.hpp"
+#include "core/error.hpp"
+#include "core/format.hpp"
+#include "cuda/grouped.hpp"
+#include "gpu_test_util.hpp"
+#include "sim/grouped.hpp"
+#include "sim/packing.hpp"
+
+using namespace fp4lab;
+using namespace fp4lab::cuda;
+
+namespace {
+
+// Every output of a grouped quantization, bit for bit (NaN = NaN).
+bool same_grouped(const GroupedQuantizedTensor& gpu, const GroupedQuantizedTensor& cpu, const std::vector<float>& x) {
+  bool ok = gpu.scale_cols == cpu.scale_cols && gpu.scale_row_offset == cpu.scale_row_offset;
+  if (!ok) std::printf("scale layout differs (scale_cols gpu %lld cpu %lld)\n", (long long)gpu.scale_cols,
+                       (long long)cpu.scale_cols);
+  ok = test::same_bytes("codes", gpu.codes, cpu.codes, &x) && ok;
+  ok = test::same_bytes("scale codes", gpu.scale_codes, cpu.scale_codes) && ok;
+  ok = test::same_bits("scales", gpu.scales, cpu.scales) && ok;
+  ok = test::same_bits("global decode", gpu.global_decode, cpu.global_decode) && ok;
+  ok = test::same_bits("dequant", gpu.dequant, cpu.dequant, &x) && ok;
+  return ok;
+}
+
+// Data whose magnitude differs per group (2^(3g - 9) times varied normals), so
+// that each group's own global scale matters.
+std::vector<float> grouped_data(const std::vector<int64_t>& sizes, int64_t cols, uint32_t seed, bool bf16) {
+  int64_t rows = 0;
+  for (int64_t n : sizes) rows += n;
+  std::vector<float> x = test::varied_randn(rows, cols, seed, 12);
+  int64_t r = 0;
+  for (size_t g = 0; g < sizes.size(); ++g)
+    for (int64_t i = 0; i < sizes[g]; ++i, ++r)
+      for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] *= std::ldexp(1.0f, 3 * int(g % 7) - 9);
+  if (bf16) test::round_to_bf16(x);
+  return x;
+}
+
+struct NamedSpec {
+  std::string name;
+  QuantizerSpec q;
+};
+
+std::vector<NamedSpec> grouped_specs() {
+  std::vector<NamedSpec> v;
+  for (const char* n : {"nvfp4", "nvfp4_2d", "nvfp4_col", "mxfp4", "mxfp8_e4m3"})
+    for (Round r : {Round::rn, Round::rs}) {
+      QuantizerSpec q = quantizer_by_name(n);
+      q.round = r;
+      v.push_back({std::string(n) + (r == Round::rs ? " rs" : ""), q});
+    }
+  // The NVFP4 recipe's wgrad operand: RHT down 16-row chunks of each group, RN and SR.
+  for (Round r : {Round::rn, Round::rs}) {
+    QuantizerSpec q = quantizer_by_name("nvfp4_col");
+    q.rht = true;
+    q.rht_seed = 17;
+    q.round = r;
+    v.push_back({std::string("nvfp4_col rht") + (r == Round::rs ? " rs" : ""), q});
+  }
+  // The MX recipes' wgrad operand: [32,1] blocks down each group's columns.
+  QuantizerSpec mxc = quantizer_by_name("mxfp4");
+  mxc.block_rows = 32;
+  mxc.block_cols = 1;
+  v.push_back({"mxfp4 [32,1]", mxc});
+  return v;
+}
+
+// Empty groups (first, middle, last), 1-row groups, sizes not multiples of 16,
+// 32 or 128; one group; every group empty.
+const std::vector<std::vector<int64_t>> kGroupSizes = {
+    {0, 1, 37, 0, 16, 130, 5, 0}, {64}, {3, 1, 1, 17, 33}, {0, 0}, {200, 0, 48}};
+
+}  // namespace
+
+TEST_CASE("cuda grouped quantize: bit-exact with sim's quantize_grouped") {
+  int cases = 0, failures = 0;
+  for (const NamedSpec& s : grouped_specs()) {
+    std::vector<QuantPath> paths{QuantPath::automatic};
+    if (!s.q.rht) paths.push_back(QuantPath::generic);
+    for (size_t si = 0; si < kGroupSizes.size(); ++si) {
+      const std::vector<int64_t>& sizes = kGroupSizes[si];
+      for (int64_t cols : {int64_t(64), int64_t(53)}) {
+        for (bool bf16 : {false, true}) {
+          const std::vector<float> x = grouped_data(sizes, cols, uint32_t(31 + si + cols), bf16);
+          int64_t rows = 0;
+          for (int64_t n : sizes) rows += n;
+          const MatrixView<const float> v(x.data(), rows, cols);
+          const std::vector<RandomStream> streams = consecutive_streams(1234, 10, sizes.size());
+          const GroupedQuantizedTensor cpu = quantize_grouped(s.q, v, sizes, streams);
+          for (QuantPath p : paths) {
+            ++cases;
+            const GroupedQuantizedTensor gpu = quantize_grouped_gpu(s.q, v, sizes, streams, p, bf16);
+            if (!same_grouped(gpu, cpu, x)) {
+              ++failures;
+              std::printf("  case: %s, sizes #%zu, cols %lld, %s input, path %s\n", s.name.c_str(), si,
+                          (long long)cols, bf16 ? "bf16" : "f32", p == QuantPath::generic ? "generic" : "auto");
+            }
+          }
+        }
+      }
+    }
+  }
+  MESSAGE(cases << " grouped cases compared");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda grouped quantize: without streams every group draws from RandomStream{} (as sim)") {
+  QuantizerSpec q = quantizer_by_name("nvfp4");
+  q.round = Round::rs;
+  const std::vector<int64_t> sizes{5, 0, 20};
+  const std::vector<float> x = grouped_data(sizes, 48, 3, false);
+  const MatrixView<const float> v(x.data(), 25, 48);
+  CHECK(same_grouped(quantize_grouped_gpu(q, v, sizes), quantize_grouped(q, v, sizes), x));
+}
+
+TEST_CASE("cuda grouped quantize: packed FP4 codes and the BF16 GEMM operand in the concatenated layout") {
+  int failures = 0;
+  for (const char* n : {"nvfp4", "nvfp4_2d", "nvfp4_col", "mxfp4", "mxfp8_e4m3"}) {
+    const QuantizerSpec q = quantizer_by_name(n);
+    REQUIRE(bf16_exact(q));
+    for (const std::vector<int64_t>& sizes : kGroupSizes) {
+      for (int64_t cols : {int64_t(64), int64_t(53)}) {
+        for (bool bf16 : {false, true}) {
+          const std::vector<float> x = grouped_data(sizes, cols, 77, bf16);
+          const int64_t rows = int64_t(x.size()) / cols;
+          const MatrixView<const float> v(x.data(), rows, cols);
+          const GroupedQuantizedTensor cpu = quantize_grouped(q, v, sizes);
+          DeviceBuffer<float> dx;
+          DeviceBuffer<uint16_t> dx16;
+          if (bf16 && !x.empty()) {
+            std::vector<uint16_t> h(x.size());
+            for (size_t i = 0; i < x.size(); ++i) h[i] = uint16_t(float_bits(x[i]) >> 16);
+            dx16.upload(h);
+          } else if (!x.empty()) {
+            dx.upload(x);
+          }
+          const bool packed = q.element->bits() == 4;
+          DeviceBuffer<uint8_t> codes(static_cast<size_t>(packed ? rows * ((cols + 1) / 2) : rows * cols));
+          DeviceBuffer<uint16_t> op16(static_cast<size_t>(rows * cols));
+          DeviceBuffer<float> gdec(sizes.size());
+          codes.fill_bytes(0xEE);
+          op16.fill_bytes(0xEE);
+          gdec.fill_bytes(0xEE);
+          GroupedQuantOutputs o;
+          o.codes = codes.data();
+          o.code_layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
+          o.dequant_bf16 = op16.data();
+          o.bf16_gemm_operand = true;
+          o.global_decode = gdec.data();
+          GroupedQuantWorkspace ws;
+          quantize_grouped_device(q, bf16 ? static_cast<const void*>(dx16.data()) : dx.data(),
+                                  bf16 ? InputType::bf16 : InputType::f32, rows, cols, sizes, {}, o, ws);
+          check(cudaDeviceSynchronize(), "test");
+          bool ok = test::same_bytes(
+              "codes", codes.download(),
+              packed ? pack_codes(*q.element, cpu.codes.data(), rows, cols) : cpu.codes);
+          ok = test::same_bits("global decode", gdec.download(), cpu.global_decode) && ok;
+          // The operand: decode(code) * the block scale of the row's group, exact in BF16.
+          const std::vector<uint16_t> got = op16.download();
+          int64_t bad = 0, row = 0;
+          for (size_t g = 0; g < sizes.size(); ++g) {
+            for (int64_t i = 0; i < sizes[g]; ++i, ++row)
+              for (int64_t c = 0; c < cols; ++c) {
+                const int64_t srow = cpu.scale_row_offset[g] + i / q.block_rows;
+                const float s = cpu.scales[size_t(srow * cpu.scale_cols + c / q.block_cols)];
+                const float want = decode(*q.element, cpu.codes[size_t(row * cols + c)]) * s;
+                const uint32_t wb = float_bits(want);
+                if ((wb & 0xFFFFu) != 0 || uint32_t(got[size_t(row * cols + c)]) << 16 != wb) ++bad;
+              }
+          }
+          if (bad) std::printf("  BF16 operand: %lld elements differ\n", (long long)bad);
+          if (!ok || bad) {
+            ++failures;
+            std::printf("  case: %s, %zu groups, cols %lld, %s input\n", n, sizes.size(), (long long)cols,
+                        bf16 ? "bf16" : "f32");
+          }
+        }
+      }
+    }
+  }
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda grouped quantize: argument errors before any device work" * doctest::test_suite("host")) {
+  const QuantizerSpec q = quantizer_by_name("nvfp4");
+  GroupedQuantWorkspace ws;
+  GroupedQuantOutputs o;
+  const std::vector<int64_t> sizes{3, 4};
+  CHECK_THROWS_WITH_AS(quantize_grouped_device(q, nullptr, InputType::f32, 10, 16, sizes, {}, o, ws),
+                       doctest::Contains("sum to 7 but the tensor has 10 rows"), Error);
+  const std::vector<int64_t> negative{3, -1, 8};
+  CHECK_THROWS_WITH_AS(quantize_grouped_device(q, nullptr, InputType::f32, 10, 16, negative, {}, o, ws),
+                       doctest::Contains("sizes must be >= 0"), Error);
+  const std::vector<RandomStream> one{RandomStream{1, 2}};
+  CHECK_THROWS_WITH_AS(quantize_grouped_device(q, nullptr, InputType::f32, 7, 16, sizes, one, o, ws),
+                       doctest::Contains("1 random streams for 2 groups"), Error);
+  CHECK_THROWS_WITH_AS(
+      quantize_grouped_device(quantizer_by_name("fp8_e4m3_tensor"), nullptr, InputType::f32, 7, 16, sizes, {}, o, ws),
+      doctest::Contains("per-tensor scaling"), Error);
+  GroupedQuantOutputs packed;
+  packed.code_layout = CodeLayout::packed4;
+  CHECK_THROWS_WITH_AS(
+      quantize_grouped_device(quantizer_by_name("mxfp8_e4m3"), nullptr, InputType::f32, 7, 16, sizes, {}, packed, ws),
+      doctest::Contains("packed4 codes need a 4-bit element"), Error);
+  // The scale layout of sim/grouped.hpp: ceil(rows_g / block_rows) rows per group.
+  int64_t sc = 0;
+  CHECK(grouped_scale_row_offsets(quantizer_by_name("nvfp4_2d"), std::vector<int64_t>{0, 1, 17, 32}, 40, &sc) ==
+        std::vector<int64_t>{0, 0, 1, 3, 5});
+  CHECK(sc == 3);
+  CHECK(grouped_scale_row_offsets(quantizer_by_name("nvfp4"), std::vector<int64_t>{2, 0, 5}, 16) ==
+        std::vector<int64_t>{0, 2, 2, 7});
+}
+
+// ---- grouped GEMMs ----------------------------------------------------------
+
+namespace {
+
+std::vector<float> bf16_values(int64_t rows, int64_t cols, uint32_t seed) {
+  std::vector<float> v = test::varied_randn(rows, cols, seed, 3);
+  test::round_to_bf16(v);
+  return v;
+}
+
+DeviceBuffer<uint16_t> upload_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = uint16_t(float_bits(v[i]) >> 16);
+  DeviceBuffer<uint16_t> d;
+  if (!h.empty()) d.upload(h);
+  return d;
+}
+
+float bf16_to_float(uint16_t h) { return bits_float(uint32_t(h) << 16); }
+
+enum class GOp { forward, dgrad, wgrad };
+const char* op_name(GOp op) { return op == GOp::forward ? "forward" : op == GOp::dgrad ? "dgrad" : "wgrad"; }
+
+// The float64 reference of one grouped product from host operands (x [M, K],
+// dy [M, N], W [E, N, K]) and its per-element magnitude |alpha| sum |a||b|.
+struct Ref {
+  std::vector<double> val, mag;
+};
+Ref reference(GOp op, const std::vector<int64_t>& sizes, int64_t N, int64_t K, const std::vector<float>& x,
+              const std::vector<float>& dy, const std::vector<float>& w, const std::vector<float>& alpha) {
+  int64_t M = 0;
+  for (int64_t m : sizes) M += m;
+  const int64_t E = int64_t(sizes.size());
+  Ref r;
+  const size_t n_out = size_t(op == GOp::forward ? M * N : op == GOp::dgrad ? M * K : E * N * K);
+  r.val.assign(n_out, 0.0);
+  r.mag.assign(n_out, 0.0);
+  int64_t row = 0;
+  for (int64_t g = 0; g < E; ++g) {
+    const int64_t mg = sizes[size_t(g)];
+    const double al = alpha.empty() ? 1.0 : double(alpha[size_t(g)]);
+    const float* wg = w.data() + g * N * K;
+    if (op == GOp::forward) {
+      for (int64_t i = 0; i < mg; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double s = 0, a = 0;
+          for (int64_t t = 0; t < K; ++t) {
+            const double p = double(x[size_t((row + i) * K + t)]) * double(wg[j * K + t]);
+            s += p, a += std::fabs(p);
+          }
+          r.val[size_t((row + i) * N + j)] = al * s;
+          r.mag[size_t((row + i) * N + j)] = std::fabs(al) * a;
+        }
+    } else if (op == GOp::dgrad) {
+      for (int64_t i = 0; i < mg; ++i)
+        for (int64_t t = 0; t < K; ++t) {
+          double s = 0, a = 0;
+          for (int64_t j = 0; j < N; ++j) {
+            const double p = double(dy[size_t((row + i) * N + j)]) * double(wg[j * K + t]);
+            s += p, a += std::fabs(p);
+          }
+          r.val[size_t((row + i) * K + t)] = al * s;
+          r.mag[size_t((row + i) * K + t)] = std::fabs(al) * a;
+        }
+    } else {
+      for (int64_t j = 0; j < N; ++j)
+        for (int64_t t = 0; t < K; ++t) {
+          double s = 0, a = 0;
+          for (int64_t i = 0; i < mg; ++i) {
+            const double p = double(dy[size_t((row + i) * N + j)]) * double(x[size_t((row + i) * K + t)]);
+            s += p, a += std::fabs(p);
+          }
+          r.val[size_t(g * N * K + j * K + t)] = al * s;
+          r.mag[size_t(g * N * K + j * K + t)] = std::fabs(al) * a;
+        }
+    }
+    row += mg;
+  }
+  return r;
+}
+
+struct GemmCase {
+  std::vector<int64_t> sizes;
+  int64_t n, k;
+};
+
+}  // namespace
+
+TEST_CASE("cuda grouped gemm: forward / dgrad / wgrad against a float64 per-expert product, both forms") {
+  const GemmCase cases[] = {
+      {{5, 0, 1, 33, 0, 64, 17}, 48, 40},  // empty and 1-row groups, m_g not multiples of 16
+      {{16, 16, 16, 16}, 24, 36},          // balanced (one cuBLAS group of 4 problems without alpha); K % 8 != 0
+      {{0, 0, 0}, 32, 16},                 // nothing to multiply: forward / dgrad write nothing, wgrad zeros
+      {{130}, 64, 128}};                   // one expert
+  int failures = 0;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const GemmCase& gc = cases[ci];
+    const int64_t E = int64_t(gc.sizes.size()), N = gc.n, K = gc.k;
+    int64_t M = 0;
+    for (int64_t m : gc.sizes) M += m;
+    const std::vector<float> x = bf16_values(M, K, 5), dy = bf16_values(M, N, 6), w = bf16_values(E * N, K, 7);
+    DeviceBuffer<uint16_t> dx16 = upload_bf16(x), ddy16 = upload_bf16(dy), dw16 = upload_bf16(w);
+    std::vector<float> alphas;
+    for (int64_t g = 0; g < E; ++g) alphas.push_back(std::ldexp(0.75f + 0.1f * float(g), int(g % 5) - 2));
+    Blas blas;
+    GroupedGemmWorkspace ws;
+    for (GOp op : {GOp::forward, GOp::dgrad, GOp::wgrad}) {
+      for (bool with_alpha : {false, true}) {
+        const std::vector<float> al = with_alpha ? alphas : std::vector<float>{};
+        const Ref ref = reference(op, gc.sizes, N, K, x, dy, w, al);
+        const size_t n_out = ref.val.size();
+        // Earlier contents of dW for the accumulating wgrad.
+        const std::vector<float> prior = test::varied_randn(1, int64_t(std::max<size_t>(n_out, 1)), 9, 2);
+        for (GroupedImpl impl : {GroupedImpl::one_call, GroupedImpl::loop}) {
+          for (OutType out : {OutType::f32, OutType::bf16}) {
+            for (bool accumulate : {false, true}) {
+              if (accumulate && op != GOp::wgrad) continue;
+              DeviceBuffer<float> y32(n_out);
+              DeviceBuffer<uint16_t> y16(n_out);
+              std::vector<float> before(n_out);
+              if (accumulate) {
+                before.assign(prior.begin(), prior.begin() + int64_t(n_out));
+                if (out == OutType::bf16) test::round_to_bf16(before);
+                if (out == OutType::f32) {
+                  y32.upload(before.data(), n_out);
+                } else {
+                  std::vector<uint16_t> h(n_out);
+                  for (size_t i = 0; i < n_out; ++i) h[i] = uint16_t(float_bits(before[i]) >> 16);
+                  y16.upload(h.data(), n_out);
+                }
+              } else {
+                y32.fill_bytes(0xFF);  // NaN: whatever is not written shows
+                y16.fill_bytes(0xFF);
+              }
+              void* yp = out == OutType::f32 ? static_cast<void*>(y32.data()) : static_cast<void*>(y16.data());
+              if (op == GOp::forward)
+                grouped_gemm_forward(blas, ws, gc.sizes, N, K, dx16.data(), dw16.data(), yp, out, al, impl);
+              else if (op == GOp::dgrad)
+                grouped_gemm_dgrad(blas, ws, gc.sizes, N, K, ddy16.data(), dw16.data(), yp, out, al, impl);
+              else
+                grouped_gemm_wgrad(blas, ws, gc.sizes, N, K, ddy16.data(), dx16.data(), yp, out, accumulate, al, impl);
+              check(cudaDeviceSynchronize(), "grouped gemm");
+              std::vector<float> got(n_out);
+              if (out == OutType::f32) {
+                got = y32.download();
+              } else {
+                const std::vector<uint16_t> h = y16.download();
+                for (size_t i = 0; i < n_out; ++i) got[i] = bf16_to_float(h[i]);
+              }
+              // Empty groups of wgrad: +0 exactly, or untouched when accumulating.
+              int64_t bad = 0, bad_empty = 0;
+              double worst = 0;
+              for (size_t i = 0; i < n_out; ++i) {
+                if (op == GOp::wgrad && gc.sizes[i / size_t(N * K)] == 0) {
+                  const uint32_t want = accumulate ? float_bits(before[i]) : 0u;
+                  if (float_bits(got[i]) != want) ++bad_empty;
+                  continue;
+                }
+                const double want = ref.val[i] + (accumulate ? double(before[i]) : 0.0);
+                const double mag = ref.mag[i] + (accumulate ? std::fabs(double(before[i])) : 0.0);
+                // FP32 accumulation of exact products (k <= 130 terms), then the
+                // output's rounding (BF16: half an ulp, 2^-9 relative). cuBLAS's
+                // BF16 epilogue with beta = 1 rounds more than once (seen on an
+                // H100: |err| up to 0.7% of |alpha acc| + |C|, in both forms):
+                // 2^-6 of the magnitudes there.
+                double tol = 1e-5 * mag + 1e-30;
+                if (out == OutType::bf16) tol += std::ldexp(std::fabs(want), -8) + (accumulate ? std::ldexp(mag, -6) : 0.0);
+                const double err = std::fabs(double(got[i]) - want);
+                if (!(err <= tol)) ++bad;
+                if (mag > 0) worst = std::max(worst, err / mag);
+              }
+              if (bad || bad_empty) {
+                ++failures;
+                std::printf("  grouped %s case %zu, %s, %s out, %s alpha%s: %lld beyond tolerance, %lld wrong in "
+                            "empty groups (worst |err|/mag %g)\n",
+                            op_name(op), ci, impl == GroupedImpl::one_call ? "one call" : "loop",
+                            out == OutType::f32 ? "f32" : "bf16", with_alpha ? "per-group" : "unit",
+                            accumulate ? ", accumulate" : "", (long long)bad, (long long)bad_empty, worst);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda grouped gemm: one call and the loop agree, f32 output") {
+  const std::vector<int64_t> sizes{7, 0, 40, 1, 0, 23};
+  const int64_t E = int64_t(sizes.size()), N = 56, K = 72, M = 71;
+  const std::vector<float> x = bf16_values(M, K, 15), w = bf16_values(E * N, K, 16);
+  DeviceBuffer<uint16_t> dx = upload_bf16(x), dw = upload_bf16(w);
+  const std::vector<float> alpha{0.5f, 3.0f, 0.0123f, 1.0f, 2.0f, 0.75f};
+  Blas blas;
+  GroupedGemmWorkspace ws;
+  DeviceBuffer<float> a(size_t(M * N)), b(size_t(M * N));
+  // Twice: the second call reuses the uploaded pointer arrays.
+  for (int rep = 0; rep < 2; ++rep) {
+    a.fill_bytes(0xFF);
+    b.fill_bytes(0xFF);
+    grouped_gemm_forward(blas, ws, sizes, N, K, dx.data(), dw.data(), a.data(), OutType::f32, alpha,
+                         GroupedImpl::one_call);
+    grouped_gemm_forward(blas, ws, sizes, N, K, dx.data(), dw.data(), b.data(), OutType::f32, alpha,
+                         GroupedImpl::loop);
+    check(cudaDeviceSynchronize(), "grouped gemm");
+    const Ref ref = reference(GOp::forward, sizes, N, K, x, {}, w, alpha);
+    const std::vector<float> ga = a.download(), gb = b.download();
+    int64_t bad = 0;
+    for (size_t i = 0; i < ga.size(); ++i)
+      if (!(std::fabs(double(ga[i]) - double(gb[i])) <= 2e-5 * ref.mag[i] + 1e-30)) ++bad;
+    CHECK_MESSAGE(bad == 0, bad << " elements of one call and loop differ beyond the accumulation bound");
+  }
+}
+
+TEST_CASE("cuda grouped gemm: NVFP4 grouped quantize + grouped GEMM equal sim per expert up to accumulation order") {
+  // x: tokens by expert, nvfp4 [1,16] per group; W [E, N, K]: nvfp4_2d [16,16]
+  // per expert; forward y_g = alpha_g dq(x_g) dq(W_g)^T with alpha_g the
+  // product of the two groups' g_dec. wgrad: dy and x with [16,1] blocks down
+  // each group's tokens (nvfp4_col, SR on dy).
+  const std::vector<int64_t> sizes{19, 0, 1, 64, 37, 0, 16};
+  const int64_t E = int64_t(sizes.size()), N = 48, K = 64;
+  int64_t M = 0;
+  for (int64_t m : sizes) M += m;
+  const std::vector<float> x = grouped_data(sizes, K, 21, false), dy = grouped_data(sizes, N, 22, false);
+  const std::vector<float> w = test::varied_randn(E * N, K, 23, 4);
+  const std::vector<int64_t> wsizes(size_t(E), N);
+  const QuantizerSpec qx = quantizer_by_name("nvfp4"), qw = quantizer_by_name("nvfp4_2d");
+  QuantizerSpec qcol = quantizer_by_name("nvfp4_col"), qcol_sr = qcol;
+  qcol_sr.round = Round::rs;
+  const std::vector<RandomStream> dy_streams = consecutive_streams(7, 100, sizes.size());
+  // sim: each group alone.
+  const GroupedQuantizedTensor cx = quantize_grouped(qx, MatrixView<const float>(x.data(), M, K), sizes);
+  const GroupedQuantizedTensor cw = quantize_grouped(qw, MatrixView<const float>(w.data(), E * N, K), wsizes);
+  const GroupedQuantizedTensor cxc = quantize_grouped(qcol, MatrixView<const float>(x.data(), M, K), sizes);
+  const GroupedQuantizedTensor cdy =
+      quantize_grouped(qcol_sr, MatrixView<const float>(dy.data(), M, N), sizes, dy_streams);
+  // GPU: grouped quantization to the exact BF16 operands and g_dec per group.
+  DeviceBuffer<float> dxf, dwf, ddyf;
+  dxf.upload(x);
+  dwf.upload(w);
+  ddyf.upload(dy);
+  struct Q {
+    DeviceBuffer<uint16_t> op;
+    DeviceBuffer<float> gdec;
+  };
+  GroupedQuantWorkspace qws;
+  auto run_q = [&](Q& q, const QuantizerSpec& spec, const float* src, int64_t rows, int64_t cols,
+                   const std::vector<int64_t>& sz, std::span<const RandomStream> st) {
+    q.op.resize(size_t(rows * cols));
+    q.gdec.resize(sz.size());
+    GroupedQuantOutputs o;
+    o.dequant_bf16 = q.op.data();
+    o.bf16_gemm_operand = true;
+    o.global_decode = q.gdec.data();
+    quantize_grouped_device(spec, src, InputType::f32, rows, cols, sz, st, o, qws);
+  };
+  Q gx, gw, gxc, gdy;
+  run_q(gx, qx, dxf.data(), M, K, sizes, {});
+  run_q(gw, qw, dwf.data(), E * N, K, wsizes, {});
+  run_q(gxc, qcol, dxf.data(), M, K, sizes, {});
+  run_q(gdy, qcol_sr, ddyf.data(), M, N, sizes, dy_streams);
+  const std::vector<float> alpha_f = grouped_alpha_host(gx.gdec.data(), gw.gdec.data(), size_t(E));
+  const std::vector<float> alpha_w = grouped_alpha_host(gdy.gdec.data(), gxc.gdec.data(), size_t(E));
+  for (int64_t g = 0; g < E; ++g) {
+    CHECK(float_bits(alpha_f[size_t(g)]) == float_bits(cx.global_decode[size_t(g)] * cw.global_decode[size_t(g)]));
+    CHECK(float_bits(alpha_w[size_t(g)]) == float_bits(cdy.global_decode[size_t(g)] * cxc.global_decode[size_t(g)]));
+  }
+  Blas blas;
+  GroupedGemmWorkspace ws;
+  DeviceBuffer<float> y(size_t(M * N)), dwt(size_t(E * N * K));
+  // The references: sim's dequantized operands (g_dec included) in float64.
+  const Ref rf = reference(GOp::forward, sizes, N, K, cx.dequant, {}, cw.dequant, {});
+  const Ref rw = reference(GOp::wgrad, sizes, N, K, cxc.dequant, cdy.dequant, std::vector<float>(size_t(E * N * K)), {});
+  for (GroupedImpl impl : {GroupedImpl::one_call, GroupedImpl::loop}) {
+    y.fill_bytes(0xFF);
+    dwt.fill_bytes(0xFF);
+    grouped_gemm_forward(blas, ws, sizes, N, K, gx.op.data(), gw.op.data(), y.data(), OutType::f32, alpha_f, impl);
+    grouped_gemm_wgrad(blas, ws, sizes, N, K, gdy.op.data(), gxc.op.data(), dwt.data(), OutType::f32, false, alpha_w,
+                       impl);
+    check(cudaDeviceSynchronize(), "grouped NVFP4");
+    auto count_bad = [](const std::vector<float>& got, const Ref& r) {
+      int64_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        if (!(std::fabs(double(got[i]) - r.val[i]) <= 1e-5 * r.mag[i] + 1e-30)) ++bad;
+      return bad;
+    };
+    const std::string name = impl == GroupedImpl::one_call ? "one call" : "loop";
+    CHECK_MESSAGE(count_bad(y.download(), rf) == 0, "forward, " << name);
+    CHECK_MESSAGE(count_bad(dwt.download(), rw) == 0, "wgrad, " << name);
+  }
+}
+
+TEST_CASE("cuda grouped gemm: argument errors") {
+  Blas blas;
+  GroupedGemmWorkspace ws;
+  const std::vector<int64_t> sizes{2, 3};
+  const std::vector<float> three{1.0f, 2.0f, 3.0f};
+  CHECK_THROWS_WITH_AS(grouped_gemm_forward(blas, ws, sizes, 16, 16, nullptr, nullptr, nullptr, OutType::f32, three),
+                       doctest::Contains("3 alphas for 2 groups"), Error);
+  const std::vector<int64_t> negative{2, -3};
+  CHECK_THROWS_WITH_AS(grouped_gemm_dgrad(blas, ws, negative, 16, 16, nullptr, nullptr, nullptr, OutType::f32),
+                       doctest::Contains("sizes must be >= 0"), Error);
+  CHECK_THROWS_WITH_AS(grouped_gemm_wgrad(blas, ws, sizes, 0, 16, nullptr, nullptr, nullptr, OutType::f32, false),
+                       doctest::Contains("n and k must be positive"), Error);
+}
