@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "core/error.hpp"
 
 namespace fp4lab::train {
 
+// Per token (independent, so OpenMP threads do not change any bit): softmax
+// in float64, top k by selection (the lower index first among equal
+// probabilities), gates. Then, serially in token order: grouping, losses.
 Routing route(const MoeConfig& c, const float* logits, int64_t tokens) {
   const int64_t E = c.experts, k = c.top_k;
   Routing r;
@@ -19,9 +21,7 @@ Routing route(const MoeConfig& c, const float* logits, int64_t tokens) {
   r.gate.resize(size_t(tokens * k));
   r.pos.resize(size_t(tokens * k));
   r.token.resize(size_t(tokens * k));
-  r.count.assign(size_t(E), 0);
-  std::vector<int32_t> order(static_cast<size_t>(E));
-  double z = 0;
+#pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     const float* l = logits + t * E;
     double* p = r.probs.data() + t * E;
@@ -31,20 +31,25 @@ Routing route(const MoeConfig& c, const float* logits, int64_t tokens) {
     for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(double(l[e]) - mx));
     for (int64_t e = 0; e < E; ++e) p[e] /= sum;
     r.lse[size_t(t)] = mx + std::log(sum);
-    z += r.lse[size_t(t)] * r.lse[size_t(t)];
-    // Top k by decreasing probability, the lower index first among equals.
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    int32_t* chosen = r.expert.data() + t * k;
     double sel = 0;
-    for (int64_t j = 0; j < k; ++j) sel += p[order[size_t(j)]];
     for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = order[size_t(j)];
-      r.expert[size_t(t * k + j)] = e;
-      r.gate[size_t(t * k + j)] = float(c.normalize_top_k ? p[e] / sel : p[e]);
-      ++r.count[size_t(e)];
+      int32_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || chosen[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = int32_t(e);  // strict: the lower index wins ties
+      }
+      chosen[j] = best;
+      sel += p[best];
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      const double pj = p[chosen[j]];
+      r.gate[size_t(t * k + j)] = float(c.normalize_top_k ? pj / sel : pj);
     }
   }
+  r.count.assign(size_t(E), 0);
+  for (int64_t i = 0; i < tokens * k; ++i) ++r.count[size_t(r.expert[size_t(i)])];
   r.offset.assign(size_t(E + 1), 0);
   for (int64_t e = 0; e < E; ++e) r.offset[size_t(e + 1)] = r.offset[size_t(e)] + r.count[size_t(e)];
   std::vector<int64_t> next(r.offset.begin(), r.offset.end() - 1);
@@ -53,13 +58,16 @@ Routing route(const MoeConfig& c, const float* logits, int64_t tokens) {
     r.pos[size_t(i)] = int32_t(row);
     r.token[size_t(row)] = int32_t(i / k);
   }
-  // Auxiliary losses.
-  double aux = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    double pe = 0;
-    for (int64_t t = 0; t < tokens; ++t) pe += r.probs[size_t(t * E + e)];
-    aux += (double(r.count[size_t(e)]) / double(tokens * k)) * (pe / double(tokens));
+  // Auxiliary losses (sums in token order).
+  std::vector<double> P(static_cast<size_t>(E), 0.0);
+  double z = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t e = 0; e < E; ++e) P[size_t(e)] += r.probs[size_t(t * E + e)];
+    z += r.lse[size_t(t)] * r.lse[size_t(t)];
   }
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e)
+    aux += (double(r.count[size_t(e)]) / double(tokens * k)) * (P[size_t(e)] / double(tokens));
   r.aux_loss = c.aux_loss * double(E) * aux;
   r.z_loss = c.z_loss * z / double(tokens);
   return r;
@@ -68,38 +76,36 @@ Routing route(const MoeConfig& c, const float* logits, int64_t tokens) {
 std::vector<float> router_logit_grad(const MoeConfig& c, const Routing& r, const float* dgate, float loss_scale) {
   const int64_t N = r.tokens, E = r.experts, k = r.k;
   std::vector<float> d(static_cast<size_t>(N * E));
-  std::vector<double> dp(static_cast<size_t>(E));  // d loss / d p[t, e]
-  // Load balancing: d/dp[t,e] of alpha E sum_e f_e P_e = alpha E f_e / N (f_e is piecewise constant).
+  // Load balancing: d/dp[t,e] of alpha E sum_e f_e P_e = alpha E f_e / N (f_e is piecewise constant),
+  // scaled like the task loss's gradient.
   std::vector<double> daux(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e)
-    daux[size_t(e)] = c.aux_loss * double(E) * (double(r.count[size_t(e)]) / double(N * k)) / double(N);
-  for (int64_t t = 0; t < N; ++t) {
-    const double* p = r.probs.data() + t * E;
-    const float* dg = dgate + t * k;
-    std::vector<double> dl(static_cast<size_t>(E), 0.0);
-    // Gates.
-    if (c.normalize_top_k) {
-      // g_j = softmax over the chosen logits: dl[e_i] = g_i (dg_i - sum_j dg_j g_j).
-      double s = 0;
-      for (int64_t j = 0; j < k; ++j) s += double(dg[j]) * double(r.gate[size_t(t * k + j)]);
-      for (int64_t j = 0; j < k; ++j) {
-        const double gi = double(r.gate[size_t(t * k + j)]);
-        dl[size_t(r.expert[size_t(t * k + j)])] += gi * (double(dg[j]) - s);
+    daux[size_t(e)] =
+        double(loss_scale) * c.aux_loss * double(E) * (double(r.count[size_t(e)]) / double(N * k)) / double(N);
+#pragma omp parallel
+  {
+    std::vector<double> dp(static_cast<size_t>(E)), dl(static_cast<size_t>(E));  // d loss / d p[t, e], / d logit
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const double* p = r.probs.data() + t * E;
+      const float* dg = dgate + t * k;
+      std::fill(dl.begin(), dl.end(), 0.0);
+      std::copy(daux.begin(), daux.end(), dp.begin());
+      if (c.normalize_top_k) {
+        // g_j = softmax over the chosen logits: dl[e_i] = g_i (dg_i - sum_j dg_j g_j).
+        double s = 0;
+        for (int64_t j = 0; j < k; ++j) s += double(dg[j]) * double(r.gate[size_t(t * k + j)]);
+        for (int64_t j = 0; j < k; ++j)
+          dl[size_t(r.expert[size_t(t * k + j)])] += double(r.gate[size_t(t * k + j)]) * (double(dg[j]) - s);
+      } else {
+        for (int64_t j = 0; j < k; ++j) dp[size_t(r.expert[size_t(t * k + j)])] += double(dg[j]);
       }
-      std::fill(dp.begin(), dp.end(), 0.0);
-    } else {
-      std::fill(dp.begin(), dp.end(), 0.0);
-      for (int64_t j = 0; j < k; ++j) dp[size_t(r.expert[size_t(t * k + j)])] += double(dg[j]);
-    }
-    // The auxiliary losses are scaled like the task loss's gradient.
-    for (int64_t e = 0; e < E; ++e) dp[size_t(e)] += double(loss_scale) * daux[size_t(e)];
-    // Through the softmax: dl_e += p_e (dp_e - sum_e' p_e' dp_e').
-    double dot = 0;
-    for (int64_t e = 0; e < E; ++e) dot += p[e] * dp[size_t(e)];
-    const double dz = double(loss_scale) * c.z_loss * 2.0 * r.lse[size_t(t)] / double(N);
-    for (int64_t e = 0; e < E; ++e) {
-      dl[size_t(e)] += p[e] * (dp[size_t(e)] - dot) + dz * p[e];
-      d[size_t(t * E + e)] = float(dl[size_t(e)]);
+      // Through the softmax: dl_e += p_e (dp_e - sum_e' p_e' dp_e'); the z-loss: 2 beta lse_t p_e / N.
+      double dot = 0;
+      for (int64_t e = 0; e < E; ++e) dot += p[e] * dp[size_t(e)];
+      const double dz = double(loss_scale) * c.z_loss * 2.0 * r.lse[size_t(t)] / double(N);
+      for (int64_t e = 0; e < E; ++e)
+        d[size_t(t * E + e)] = float(dl[size_t(e)] + p[e] * (dp[size_t(e)] - dot) + dz * p[e]);
     }
   }
   return d;
