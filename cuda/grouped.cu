@@ -306,6 +306,15 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
   const int64_t groups = int64_t(sizes.size());
   const size_t in_bytes = type == InputType::f32 ? 4 : 2;
   const int64_t code_row = out.code_layout == CodeLayout::packed4 ? (cols + 1) / 2 : cols;
+  // Group g's slices (any element alignment will do: quantize_device stages
+  // an input slice its kernels need 16-byte aligned). The staging buffer is
+  // grown once, for the largest group that needs it, before any launch.
+  auto input_at = [&](int64_t row) { return static_cast<const char*>(x) + size_t(row * cols) * in_bytes; };
+  size_t staging = 0;
+  for (int64_t g = 0, row = 0; g < groups; row += sizes[size_t(g)], ++g)
+    if (sizes[size_t(g)] > 0)
+      staging = std::max(staging, quantize_staging_bytes(q, input_at(row), type, sizes[size_t(g)], cols, path));
+  if (staging > 0) ws.quant.staging.at_least(staging);
   bool any_empty = cols == 0;
   for (int64_t n : sizes) any_empty = any_empty || n == 0;
   if (out.global_decode && groups > 0 && any_empty) {
@@ -313,69 +322,22 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
     fill_kernel<<<unsigned((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(out.global_decode, groups, 1.0f);
     check_launch("fill_kernel");
   }
-  // The slices of group g (byte pointers and sizes): input, codes, scale
-  // codes, scales, dequant, BF16; null where not written.
-  struct Slices {
-    char* p[6];
-    size_t bytes[6];
-  };
-  auto slices = [&](int64_t g, int64_t row) {
-    const int64_t n = sizes[size_t(g)], ns = (soff[size_t(g) + 1] - soff[size_t(g)]) * sc;
-    auto at = [](const void* base, size_t off) {
-      return base ? const_cast<char*>(static_cast<const char*>(base)) + off : nullptr;
-    };
-    return Slices{{at(x, size_t(row * cols) * in_bytes), at(out.codes, size_t(row * code_row)),
-                   at(out.scale_codes, size_t(soff[size_t(g)] * sc)),
-                   at(out.scales, size_t(soff[size_t(g)] * sc) * 4), at(out.dequant, size_t(row * cols) * 4),
-                   at(out.dequant_bf16, size_t(row * cols) * 2)},
-                  {size_t(n * cols) * in_bytes, size_t(n * code_row), size_t(ns), size_t(ns) * 4,
-                   size_t(n * cols) * 4, size_t(n * cols) * 2}};
-  };
-  auto misaligned = [](const char* p) { return p && (reinterpret_cast<uintptr_t>(p) & 15) != 0; };
-  auto staged_bytes = [](size_t b) { return (b + 255) / 256 * 256; };
-  // Scratch for the largest group that needs it, allocated before any launch.
-  size_t scratch = 0;
-  for (int64_t g = 0, row = 0; g < groups; row += sizes[size_t(g)], ++g) {
-    if (sizes[size_t(g)] == 0) continue;
-    const Slices sl = slices(g, row);
-    size_t need = 0;
-    for (int i = 0; i < 6; ++i)
-      if (misaligned(sl.p[i])) need += staged_bytes(sl.bytes[i]);
-    scratch = std::max(scratch, need);
-  }
-  char* stage = scratch ? reinterpret_cast<char*>(ws.staging.at_least(scratch)) : nullptr;
   int64_t row = 0;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t n = sizes[size_t(g)];
     if (n == 0) continue;
-    const Slices sl = slices(g, row);
-    char* use[6];
-    size_t at = 0;
-    for (int i = 0; i < 6; ++i) {
-      use[i] = sl.p[i];
-      if (misaligned(sl.p[i])) {
-        use[i] = stage + at;
-        at += staged_bytes(sl.bytes[i]);
-      }
-    }
-    if (use[0] != sl.p[0])
-      check(cudaMemcpyAsync(use[0], sl.p[0], sl.bytes[0], cudaMemcpyDeviceToDevice, stream),
-            "cudaMemcpyAsync (grouped quantize: aligned input copy)");
+    const int64_t srow = soff[size_t(g)];
     QuantOutputs o;
-    o.codes = reinterpret_cast<uint8_t*>(use[1]);
+    o.codes = out.codes ? out.codes + row * code_row : nullptr;
     o.code_layout = out.code_layout;
-    o.scale_codes = reinterpret_cast<uint8_t*>(use[2]);
-    o.scales = reinterpret_cast<float*>(use[3]);
-    o.dequant = reinterpret_cast<float*>(use[4]);
-    o.dequant_bf16 = reinterpret_cast<uint16_t*>(use[5]);
+    o.scale_codes = out.scale_codes ? out.scale_codes + srow * sc : nullptr;
+    o.scales = out.scales ? out.scales + srow * sc : nullptr;
+    o.dequant = out.dequant ? out.dequant + row * cols : nullptr;
+    o.dequant_bf16 = out.dequant_bf16 ? out.dequant_bf16 + row * cols : nullptr;
     o.bf16_gemm_operand = out.bf16_gemm_operand;
     o.global_decode = out.global_decode ? out.global_decode + g : nullptr;
-    quantize_device(q, use[0], type, n, cols, streams.empty() ? RandomStream{} : streams[size_t(g)], o, ws.quant,
+    quantize_device(q, input_at(row), type, n, cols, streams.empty() ? RandomStream{} : streams[size_t(g)], o, ws.quant,
                     stream, path);
-    for (int i = 1; i < 6; ++i)
-      if (use[i] != sl.p[i] && sl.bytes[i] > 0)
-        check(cudaMemcpyAsync(sl.p[i], use[i], sl.bytes[i], cudaMemcpyDeviceToDevice, stream),
-              "cudaMemcpyAsync (grouped quantize: output copy)");
     row += n;
   }
 }

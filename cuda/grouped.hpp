@@ -11,14 +11,14 @@
 // group order (grouped_scale_row_offsets); global_decode [groups] (1 for an
 // empty group and where the rule has none). This first form launches one
 // quantization per non-empty group (two kernels each where the rule needs the
-// group's amax), so its cost grows with the number of groups. A group whose
-// input or output slice does not start on a 16-byte boundary goes through
-// aligned scratch in the workspace (a device-to-device copy in, quantize,
-// copies out): quantize_device faults ("misaligned address", row_kernel /
-// col_kernel of nvfp4 and nvfp4_col, seen on an H100) on an input base that
-// is not 16-byte aligned. No copy happens where every slice is aligned, e.g.
-// BF16 input with cols % 8 == 0, packed codes with cols % 32 == 0 and [1,16]
-// scale codes with cols % 256 == 0.
+// group's amax), so its cost grows with the number of groups. The groups'
+// slices need not start on any boundary beyond their element type's
+// (quantize_device's alignment rule, cuda/quantize.hpp): where a group's
+// kernels need its input slice 16-byte aligned and it is not (the tensor-amax
+// pass of nvfp4 / nvfp4_col, e.g. f32 input with cols % 4 != 0),
+// quantize_device copies that slice into QuantWorkspace::staging, grown once
+// for the largest such group before any launch (quantize_staging_bytes).
+// Output slices are written in place whatever their alignment.
 //
 // GEMMs on exact BF16 operands ("hopper_bf16" of cuda/gemm.hpp, per group):
 // each operand is decode(code) * block_scale in BF16 (QuantOutputs::
@@ -113,8 +113,7 @@ std::vector<int64_t> grouped_scale_row_offsets(const QuantizerSpec& q, std::span
 
 // Scratch reused between grouped quantizations (one per stream).
 struct GroupedQuantWorkspace {
-  QuantWorkspace quant;           // quantize_device's, shared by the groups
-  DeviceBuffer<uint8_t> staging;  // aligned copies of unaligned group slices
+  QuantWorkspace quant;  // quantize_device's (its staging too), shared by the groups
 };
 
 // Quantizes x (row-major [rows, cols], float32 or bfloat16, device) group by

@@ -134,6 +134,13 @@ void launch_tile_kernel(const KParams& p, KernelKind kind, unsigned blocks, cuda
     tile_kernel<In, KernelKind::runtime><<<blocks, kThreads, 0, st>>>(p);
 }
 
+// How many blocks of the cooperative tile kernel of (In, FULL) the GPU holds at once.
+template <class In, bool FULL>
+int64_t tiles_grid_capacity() {
+  static const int64_t capacity = resident_blocks(tile_kernel<In, KernelKind::nvfp4, Fast::rn, FULL, true>);
+  return capacity;
+}
+
 // The NVFP4 tile quantization with its tensor amax in one cooperative launch
 // (tile_kernel's GRID_AMAX; AmaxStrategy::cooperative, whose plan has the rn
 // rounding of its Fast::rn form), when every block of the grid can be resident
@@ -142,19 +149,33 @@ void launch_tile_kernel(const KParams& p, KernelKind kind, unsigned blocks, cuda
 template <class In, bool FULL>
 bool try_tiles_grid_amax(const KParams& p, unsigned blocks, cudaStream_t st) {
   const auto kernel = tile_kernel<In, KernelKind::nvfp4, Fast::rn, FULL, true>;
-  static const int64_t capacity = resident_blocks(kernel);
-  if (int64_t(blocks) > capacity) return false;
+  if (int64_t(blocks) > tiles_grid_capacity<In, FULL>()) return false;
   KParams arg = p;
   void* args[] = {&arg};
   check(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(kThreads), args, 0, st),
         "cudaLaunchCooperativeKernel (tile_kernel, tensor amax)");
   return true;
 }
-bool launch_tiles_grid_amax(const KParams& p, InputType in, cudaStream_t st) {
+// The grid of launch_tiles_grid_amax: its blocks (0: no tile) and its FULL form.
+unsigned tiles_grid_blocks(const KParams& p, bool& full) {
   const int64_t pairs = ((p.rows + 15) / 16) * ((p.cols + 31) / 32);
-  const unsigned blocks = unsigned((pairs * 32 + kThreads - 1) / kThreads);
-  if (pairs == 0) return false;
-  const bool full = p.rows % 16 == 0 && full_spans_apply(p, 32);
+  full = p.rows % 16 == 0 && full_spans_apply(p, 32);
+  return unsigned((pairs * 32 + kThreads - 1) / kThreads);
+}
+// Would launch_tiles_grid_amax(p, in) launch (rather than leave the amax to a pre-pass)?
+bool tiles_grid_amax_fits(const KParams& p, InputType in) {
+  bool full = false;
+  const unsigned blocks = tiles_grid_blocks(p, full);
+  if (blocks == 0) return false;
+  const int64_t capacity = in == InputType::bf16
+                               ? (full ? tiles_grid_capacity<uint16_t, true>() : tiles_grid_capacity<uint16_t, false>())
+                               : (full ? tiles_grid_capacity<float, true>() : tiles_grid_capacity<float, false>());
+  return int64_t(blocks) <= capacity;
+}
+bool launch_tiles_grid_amax(const KParams& p, InputType in, cudaStream_t st) {
+  bool full = false;
+  const unsigned blocks = tiles_grid_blocks(p, full);
+  if (blocks == 0) return false;
   const KParams pf = full ? full_params(p, (p.rows / 16) * (p.cols / 32), p.cols / 32) : p;
   if (in == InputType::bf16)
     return full ? try_tiles_grid_amax<uint16_t, true>(pf, blocks, st)
@@ -469,10 +490,51 @@ void run_generic(KParams& p, const BlockGrid& grid, InputType type, QuantWorkspa
   check_launch("generic_element_kernel");
 }
 
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+// quantize.hpp's alignment rule. The one kernel that needs more than element
+// alignment of any pointer is amax_kernel (tensor_amax_pass), whose 16-byte
+// loads of x are unchecked; every other kernel checks each vector access
+// (quantize_io.cuh, quantize_fast.cuh: aligned<W>()), takes its FULL form only
+// where bases_aligned16(), or loads and stores element by element. Does plan
+// run amax_kernel on x? The fused amax pass of a rule with a tensor amax,
+// without RHT (the RHT passes are the checked row / column kernels): always
+// as pre_pass; as cooperative where the one-launch tile kernel does not fit
+// (tiles_grid_amax_fits, the test launch_tiles_grid_amax makes); and the
+// generic path's amax of a one-block tensor.
+bool runs_amax_kernel_on_x(const KernelPlan& plan, const BlockGrid& grid, const KParams& p) {
+  if (plan.family == Family::generic) return grid.nbr * grid.nbc == 1;
+  if (plan.rht) return false;
+  if (plan.amax == AmaxStrategy::pre_pass) return true;
+  if (plan.amax == AmaxStrategy::cooperative) return !tiles_grid_amax_fits(p, plan.input);
+  return false;
+}
+
+// The bytes of p.x that quantize_device copies into QuantWorkspace::staging:
+// the whole input where the plan's kernels need it 16-byte aligned and it is
+// not, else 0. An aligned x costs one pointer test.
+size_t staging_bytes(const KernelPlan& plan, const BlockGrid& grid, const KParams& p, InputType type) {
+  if (aligned16(p.x) || p.rows == 0 || p.cols == 0 || !runs_amax_kernel_on_x(plan, grid, p)) return 0;
+  return size_t(p.rows * p.cols) * (type == InputType::bf16 ? sizeof(uint16_t) : sizeof(float));
+}
+
 }  // namespace
 
 void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax_bits, cudaStream_t stream) {
+  if (n > 0 && !aligned16(x))
+    throw Error("tensor_amax_device: x must be 16-byte aligned (its kernel's vector loads); quantize_device stages an "
+                "unaligned input itself");
   tensor_amax_pass(x, type, n, amax_bits, AmaxFinish{}, stream);
+}
+
+size_t quantize_staging_bytes(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
+                              QuantPath path, bool tensor_amax_given) {
+  validate(q, "quantize (cuda)");
+  // The fp4tk and TE-options kernels load element by element; an aligned x needs no plan.
+  if (q.emulate == Emulation::fp4tk || nvfp4_options(q) || aligned16(x) || rows <= 0 || cols <= 0) return 0;
+  const KernelPlan plan = plan_quantize(q, type, path, tensor_amax_given);
+  return staging_bytes(plan, block_grid(q, rows, cols), make_params(q, x, rows, cols, RandomStream{}, QuantOutputs{}),
+                       type);
 }
 
 void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols, RandomStream rs,
@@ -501,6 +563,13 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
   ws.amax.at_least(amax_words);
   p.gamax = ws.amax.data();
   if (rows == 0 || cols == 0) return;
+  // An x its kernels need 16-byte aligned that is not: they read an aligned copy.
+  if (const size_t bytes = staging_bytes(plan, grid, p, type)) {
+    uint8_t* copy = ws.staging.at_least(bytes);
+    check(cudaMemcpyAsync(copy, x, bytes, cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync (quantize: aligned copy of the input)");
+    p.x = copy;
+  }
   if (plan.family == Family::generic)
     run_generic(p, grid, type, ws, stream);
   else
@@ -556,6 +625,7 @@ void fake_quantize_device(const QuantizerSpec& q, float* x, int64_t rows, int64_
                           QuantWorkspace& ws, cudaStream_t stream, QuantPath path) {
   // In place: every kernel writes an element only after the same thread has
   // read it, and no thread reads another's elements after the amax passes.
+  // (Where quantize_device stages x, the kernels read the copy and write x.)
   check_stream(rs);
   QuantOutputs o;
   o.dequant = x;

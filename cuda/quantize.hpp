@@ -28,6 +28,29 @@
 // Inputs are row-major [rows, cols] float32 or bfloat16 (a bfloat16 input is
 // its exact float32 value). Device pointers; every output is optional
 // (nullptr = not written).
+//
+// Alignment. Every pointer need only be aligned to its element type: 4 bytes
+// for float32 (x, scales, dequant, global_decode, gemm_alpha), 2 for
+// bfloat16 (x, dequant_bf16), 1 for codes and scale_codes; a row slice or
+// any other view of a tensor will do. What the kernels themselves require:
+//   - the fused kernels (rows, cols, tiles, dual) and the generic, TE-options
+//     and fp4tk kernels require nothing more of any pointer: their vector
+//     loads and stores (16, 8 or 4 bytes) are taken only where each access is
+//     aligned (checked per access, or once per launch for the FULL forms,
+//     which need x, codes, dequant and dequant_bf16 16-byte aligned), else
+//     element by element;
+//   - the tensor-amax kernel (tensor_amax_device) reads x in unchecked 16-byte
+//     vectors: it needs x 16-byte aligned. quantize_device runs it where the
+//     rule needs the tensor's amax and no other kernel computes it: the fused
+//     path's amax pass without RHT (nvfp4, nvfp4_col; nvfp4_2d under SR, or
+//     under rn where its cooperative one-launch form does not fit on the GPU)
+//     unless tensor_amax_bits is given, and the generic path when the tensor
+//     is one block ([0,0], or a block at least the tensor's size).
+// There, and only there, quantize_device copies an x that is not 16-byte
+// aligned into QuantWorkspace::staging (cudaMemcpyAsync on `stream`) and
+// reads the copy (quantize_staging_bytes); an aligned x, and every other
+// case, runs exactly as it would without this rule (no copy, no launch).
+// The outputs are the same bits for every alignment.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +102,10 @@ struct QuantWorkspace {
   DeviceBuffer<float> scale;    // [nbr*nbc] generic path: decoded scale per block
   DeviceBuffer<float> global;   // [6] NvGlobal of the tensor amax (fused path; dual: [3..5] the second's)
   DeviceBuffer<uint32_t> done;  // [1] block counter of the amax pass (zero between passes)
+  // An aligned copy of an input that the chosen kernels need 16-byte aligned
+  // and that is not (see "Alignment" above; quantize_staging_bytes). Grown on
+  // demand; never touched for aligned inputs.
+  DeviceBuffer<uint8_t> staging;
   // amax[0..1] are zero in stream order: the fused amax passes (which compute
   // the global scales) leave them so; whatever else writes them clears this.
   // While set, an amax pass needs no memset first.
@@ -117,9 +144,19 @@ bool rht_foldable(const QuantizerSpec& q);
 // `tensor_amax_bits` (device pointer, optional): the tensor's amax bit pattern
 // (of the RHT-transformed tensor when q.rht) supplied by the producer of x; the
 // fused path then skips its amax pass. Ignored by the generic path.
+// Any element-aligned x and outputs (see "Alignment" above).
 void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols, RandomStream rs,
                      const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream = nullptr,
                      QuantPath path = QuantPath::automatic, const uint32_t* tensor_amax_bits = nullptr);
+
+// The bytes of QuantWorkspace::staging that quantize_device(q, x, type, rows,
+// cols, ..., path, tensor_amax_bits) uses: rows * cols input elements where
+// its kernels need x 16-byte aligned and x is not, else 0. A caller of many
+// quantizations (quantize_grouped_device) grows the workspace once with it,
+// before any launch. Throws fp4lab::Error on an invalid spec or a path that
+// cannot run q (as quantize_device).
+size_t quantize_staging_bytes(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
+                              QuantPath path = QuantPath::automatic, bool tensor_amax_given = false);
 
 // Two quantizations of one tensor in one pass over it: row_q with blocks
 // [1,16] and col_q with blocks [16,1] (with col_q.rht, the RHT down each
@@ -132,6 +169,10 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
 // scales, nv rule, with or without the per-tensor scale), rounding rn or rs,
 // rows % 16 == 0 and cols % 16 == 0; otherwise quantize_dual_device throws
 // fp4lab::Error naming both specs and the shape.
+// Any element-aligned x and outputs, without staging: its amax pass loads x in
+// 4-byte words (two 2-byte halves each for a BF16 x that is not 4-byte
+// aligned), its quantization pass checks each vector access (FULL forms only
+// where x and both operands' outputs are 16-byte aligned).
 // `amax_given` (device pointer to 2 words, optional): the amax bits of x and
 // of col_q's RHT output (of x when !col_q.rht) supplied by x's producer
 // (nn.hpp ProducerAmax); the pre-pass is then skipped.
@@ -152,6 +193,8 @@ QuantizedTensor quantize_gpu(const QuantizerSpec& q, MatrixView<const float> x, 
 // row-major [rows, cols], device) is replaced by its dequantized value; with
 // q.rht the dequantized tensor is transformed back (sim/rht.hpp's inverse,
 // same operation order). What the trainer's quantized GEMM operands need.
+// Any 4-byte aligned x: where quantize_device stages x, the quantization
+// reads the copy and writes x.
 void fake_quantize_device(const QuantizerSpec& q, float* x, int64_t rows, int64_t cols, RandomStream rs,
                           QuantWorkspace& ws, cudaStream_t stream = nullptr, QuantPath path = QuantPath::automatic);
 // Host convenience (tests): the same on a host tensor, in place.
@@ -159,7 +202,9 @@ void fake_quantize_gpu(const QuantizerSpec& q, MatrixView<float> x, RandomStream
                        QuantPath path = QuantPath::automatic);
 
 // Tensor amax on the device: max |x| bit pattern (NaN patterns dominate) into
-// *amax_bits (which the call first zeroes).
+// *amax_bits (which the call first zeroes). x must be 16-byte aligned (the
+// kernel's unchecked vector loads): throws fp4lab::Error, before any device
+// work, otherwise (quantize_device stages such an x itself).
 void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax_bits, cudaStream_t stream = nullptr);
 
 }  // namespace fp4lab::cuda

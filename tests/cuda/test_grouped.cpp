@@ -1,12 +1,15 @@
 // Grouped quantization and grouped GEMMs on the GPU (cuda/grouped.hpp):
 // quantize_grouped_device bit for bit against sim's quantize_grouped (empty
 // groups, 1-row groups, sizes not multiples of the block, SR, RHT, f32 and
-// bf16 inputs, packed codes and the BF16 GEMM operand), and the three grouped
+// bf16 inputs, packed codes and the BF16 GEMM operand, group slices and
+// outputs at any element offset), and the three grouped
 // GEMMs (one cuBLAS call and the per-group loop) against a float64 product of
 // the same exact BF16 operands, per expert.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -195,6 +198,136 @@ TEST_CASE("cuda grouped quantize: packed FP4 codes and the BF16 GEMM operand in 
     }
   }
   CHECK(failures == 0);
+}
+
+namespace {
+
+// A device copy of `bytes` bytes at offset `at` of a fresh (256-byte aligned)
+// buffer, the bytes around it poison (0xA5) that must stay so.
+struct Slot {
+  DeviceBuffer<uint8_t> buf;
+  size_t at, bytes;
+  Slot(size_t bytes_, size_t at_, const void* data = nullptr) : buf(at_ + bytes_ + 64), at(at_), bytes(bytes_) {
+    std::vector<uint8_t> h(buf.size(), 0xA5);
+    if (data && bytes) std::memcpy(h.data() + at, data, bytes);
+    buf.upload(h);
+  }
+  template <class T>
+  T* ptr() const {
+    return reinterpret_cast<T*>(buf.data() + at);
+  }
+  template <class T>
+  std::vector<T> get() const {
+    const std::vector<uint8_t> h = buf.download();
+    std::vector<T> v(bytes / sizeof(T));
+    if (bytes) std::memcpy(v.data(), h.data() + at, bytes);
+    return v;
+  }
+  bool guards_intact() const {
+    const std::vector<uint8_t> h = buf.download();
+    for (size_t i = 0; i < h.size(); ++i)
+      if ((i < at || i >= at + bytes) && h[i] != 0xA5) return false;
+    return true;
+  }
+};
+
+}  // namespace
+
+// Group slices at every alignment: with cols 53 (and 53 x 4 / 53 x 2 bytes a
+// row) the groups start at all offsets mod 16; the tensor and every output
+// also at odd element offsets from their buffers' aligned bases. Every output
+// against sim, nothing written around them, and QuantWorkspace::staging
+// grown only where a group's amax pass needs an aligned copy of its slice
+// (never for aligned slices).
+TEST_CASE("cuda grouped quantize: slices at any element offset, every output, staging only where needed") {
+  std::vector<NamedSpec> specs;
+  for (const char* n : {"nvfp4", "nvfp4_col", "nvfp4_2d", "mxfp4", "mxfp8_e4m3"}) specs.push_back({n, quantizer_by_name(n)});
+  specs[2].q.round = Round::rs;  // tiles' amax pre-pass (rn's may be the cooperative one-launch form)
+  specs[2].name += " rs";
+  QuantizerSpec rht = quantizer_by_name("nvfp4_col");
+  rht.rht = true;
+  rht.rht_seed = 5;
+  specs.push_back({"nvfp4_col rht", rht});
+  const std::vector<int64_t> sizes{3, 1, 17, 0, 33, 6, 2};
+  int failures = 0;
+  for (const NamedSpec& ns : specs) {
+    const QuantizerSpec& q = ns.q;
+    for (int64_t cols : {int64_t(53), int64_t(64)}) {
+      for (bool bf16 : {false, true}) {
+        for (int64_t off : {0, 1}) {
+          const std::vector<float> x = grouped_data(sizes, cols, 91u + uint32_t(cols), bf16);
+          const int64_t rows = int64_t(x.size()) / cols, n = rows * cols;
+          const std::vector<RandomStream> streams = consecutive_streams(55, 2, sizes.size());
+          const MatrixView<const float> v(x.data(), rows, cols);
+          const GroupedQuantizedTensor cpu = quantize_grouped(q, v, sizes, streams);
+          const size_t elem = bf16 ? 2 : 4;
+          std::vector<uint16_t> h16(x.size());
+          for (size_t i = 0; i < x.size(); ++i) h16[i] = uint16_t(float_bits(x[i]) >> 16);
+          const Slot in(size_t(n) * elem, size_t(off) * elem, bf16 ? static_cast<const void*>(h16.data()) : x.data());
+          const int64_t out_off = 2 * off + 1;  // odd
+          const bool has_codes = q.scale != &float32;
+          const size_t nsc = cpu.scales.size();
+          const Slot codes{size_t(n), size_t(out_off)}, scodes{has_codes ? nsc : 0, size_t(out_off)},
+              scales{nsc * 4, size_t(out_off) * 4}, dq{size_t(n) * 4, size_t(out_off) * 4},
+              b16{size_t(n) * 2, size_t(out_off) * 2}, gdec{sizes.size() * 4, size_t(out_off) * 4};
+          GroupedQuantOutputs o;
+          o.codes = codes.ptr<uint8_t>();
+          o.scale_codes = has_codes ? scodes.ptr<uint8_t>() : nullptr;
+          o.scales = scales.ptr<float>();
+          o.dequant = dq.ptr<float>();
+          o.dequant_bf16 = b16.ptr<uint16_t>();
+          o.global_decode = gdec.ptr<float>();
+          const InputType it = bf16 ? InputType::bf16 : InputType::f32;
+          GroupedQuantWorkspace ws;
+          quantize_grouped_device(q, in.ptr<void>(), it, rows, cols, sizes, streams, o, ws);
+          check(cudaDeviceSynchronize(), "test");
+          bool ok = test::same_bytes("codes", codes.get<uint8_t>(), cpu.codes, &x);
+          if (has_codes) ok = test::same_bytes("scale codes", scodes.get<uint8_t>(), cpu.scale_codes) && ok;
+          ok = test::same_bits("scales", scales.get<float>(), cpu.scales) && ok;
+          ok = test::same_bits("global decode", gdec.get<float>(), cpu.global_decode) && ok;
+          ok = test::same_bits("dequant", dq.get<float>(), cpu.dequant, &x) && ok;
+          // BF16: sim's FP32 dequant rounded to nearest even (a NaN any NaN).
+          const std::vector<uint16_t> got16 = b16.get<uint16_t>();
+          int64_t bad16 = 0;
+          for (size_t i = 0; i < got16.size(); ++i) {
+            const uint32_t b = float_bits(cpu.dequant[i]);
+            const bool nan = std::isnan(cpu.dequant[i]);
+            const uint16_t want = uint16_t((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+            bad16 += !(nan ? (got16[i] & 0x7FFF) > 0x7F80 : got16[i] == want);
+          }
+          if (bad16) std::printf("  BF16 dequant: %lld elements differ\n", (long long)bad16);
+          ok = bad16 == 0 && ok;
+          for (const Slot* sl : {&in, &codes, &scodes, &scales, &dq, &b16, &gdec}) ok = sl->guards_intact() && ok;
+          // The staging buffer: the largest group copy quantize_device makes, none where every slice is aligned.
+          size_t want_staging = 0;
+          bool all_aligned = true;
+          for (size_t g = 0, row = 0; g < sizes.size(); row += size_t(sizes[g]), ++g) {
+            if (sizes[g] == 0) continue;
+            const char* slice = in.ptr<char>() + row * size_t(cols) * elem;
+            all_aligned = all_aligned && (reinterpret_cast<uintptr_t>(slice) & 15) == 0;
+            want_staging = std::max(want_staging, quantize_staging_bytes(q, slice, it, sizes[g], cols));
+          }
+          if (ws.quant.staging.size() != want_staging || (all_aligned && want_staging != 0)) {
+            std::printf("  staging: %zu bytes, want %zu\n", ws.quant.staging.size(), want_staging);
+            ok = false;
+          }
+          if (!ok) {
+            ++failures;
+            std::printf("  case: %s, cols %lld, %s input at +%lld elements, outputs at +%lld\n", ns.name.c_str(),
+                        (long long)cols, bf16 ? "bf16" : "f32", (long long)off, (long long)out_off);
+          }
+        }
+      }
+    }
+  }
+  CHECK(failures == 0);
+  // The unaligned groups of nvfp4 (its tensor-amax pass) are staged: f32 rows
+  // of 53 elements put group 1 (row 3) at byte 636.
+  const QuantizerSpec nv = quantizer_by_name("nvfp4");
+  DeviceBuffer<float> d(size_t(10 * 53));
+  CHECK(quantize_staging_bytes(nv, d.data() + 3 * 53, InputType::f32, 1, 53) == 53 * 4);
+  CHECK(quantize_staging_bytes(nv, d.data() + 4 * 53, InputType::f32, 1, 53) == 0);
+  CHECK(quantize_staging_bytes(quantizer_by_name("mxfp4"), d.data() + 3 * 53, InputType::f32, 1, 53) == 0);
 }
 
 TEST_CASE("cuda grouped quantize: argument errors before any device work" * doctest::test_suite("host")) {

@@ -2,11 +2,13 @@
 // bit: every canned quantizer, every rounding mode and overflow policy, every
 // block shape and scale rule, both kernel paths, RHT, SR (both random-bit
 // contracts, core/sr.hpp), bf16 inputs, packed and bf16 outputs, sizes that
-// are not multiples of the block.
+// are not multiples of the block, input and output pointers aligned only to
+// their element type.
 #include <doctest/doctest.h>
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -1130,4 +1132,287 @@ TEST_CASE("cuda quantize: TE's NVFP4 options' packed codes, BF16 outputs, fake q
       }
     }
   }
+}
+
+// ---- pointers aligned to their element type only ------------------------------
+// (quantize.hpp "Alignment"): x at 1, 2, 3 elements past a 16-byte boundary
+// (a row slice or view of a tensor), outputs at odd offsets, and in-place fake
+// quantization at such an x. The kernels that need x 16-byte aligned (the
+// tensor-amax pass) read a copy in QuantWorkspace::staging, the others the
+// unaligned pointers themselves; every output the same bits as sim's and
+// nothing written around them.
+namespace {
+
+// `bytes` bytes at offset `at` of a fresh device buffer (cudaMalloc: 256-byte
+// aligned), with guard bytes around them: poison (0xA5) or, for an input,
+// values of their own (set_guard_values), which must never change.
+struct Slot {
+  std::vector<uint8_t> image;  // the whole buffer as uploaded
+  DeviceBuffer<uint8_t> buf;
+  size_t at, bytes;
+  static constexpr size_t kTail = 64;
+  Slot(size_t bytes_, size_t at_) : image(at_ + bytes_ + kTail, 0xA5), buf(at_ + bytes_ + kTail), at(at_), bytes(bytes_) {
+    upload();
+  }
+  // Every guard element (type T, from the buffer's start) set to v.
+  template <class T>
+  void set_guard_values(T v) {
+    for (size_t i = 0; i + sizeof(T) <= image.size(); i += sizeof(T))
+      if (i + sizeof(T) <= at || i >= at + bytes) std::memcpy(image.data() + i, &v, sizeof(T));
+  }
+  void put(const void* data) { std::memcpy(image.data() + at, data, bytes); }
+  void upload() { buf.upload(image); }
+  template <class T>
+  T* ptr() const {
+    return reinterpret_cast<T*>(buf.data() + at);
+  }
+  template <class T>
+  std::vector<T> get() const {
+    const std::vector<uint8_t> h = buf.download();
+    std::vector<T> v(bytes / sizeof(T));
+    std::memcpy(v.data(), h.data() + at, bytes);
+    return v;
+  }
+  // Nothing written outside [at, at + bytes).
+  bool guards_intact() const {
+    const std::vector<uint8_t> h = buf.download();
+    for (size_t i = 0; i < h.size(); ++i)
+      if ((i < at || i >= at + bytes) && h[i] != image[i]) {
+        std::printf("guard byte %zu (slice at %zu, %zu bytes) overwritten: 0x%02x\n", i, at, bytes, h[i]);
+        return false;
+      }
+    return true;
+  }
+};
+
+// x (f32, or its BF16 bits when bf16) at `off` elements past an aligned base;
+// its guard elements large (-3e38: an amax that read them would change the
+// global scale).
+Slot input_slot(const std::vector<float>& x, bool bf16, int64_t off) {
+  const size_t elem = bf16 ? 2 : 4;
+  Slot s(x.size() * elem, size_t(off) * elem);
+  if (bf16) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = uint16_t(float_bits(x[i]) >> 16);
+    s.set_guard_values(uint16_t(float_bits(-3e38f) >> 16));
+    s.put(h.data());
+  } else {
+    s.set_guard_values(-3e38f);
+    s.put(x.data());
+  }
+  s.upload();
+  return s;
+}
+
+// The BF16 dequantized tensor against CUDA's host converter of sim's FP32
+// dequant (any NaN for a NaN): mismatching elements.
+int64_t bf16_dequant_mismatches(const std::vector<uint16_t>& got, const std::vector<float>& dq) {
+  if (got.size() != dq.size()) return -1;
+  int64_t bad = 0;
+  for (size_t i = 0; i < dq.size(); ++i) {
+    const __nv_bfloat16 w = __float2bfloat16_rn(dq[i]);
+    uint16_t wb;
+    std::memcpy(&wb, &w, 2);
+    bad += !(std::isnan(dq[i]) ? (got[i] & 0x7FFF) > 0x7F80 : got[i] == wb);
+  }
+  return bad;
+}
+
+// quantize_device(q) of x [s] (BF16 input when bf16) read `in_off` elements
+// past a 16-byte boundary, every output `out_off` elements (bytes for codes
+// and scale codes) past its own, codes one a byte or packed, against sim's
+// quantize() cpu: codes, scale codes, scales, global decode, FP32 and BF16
+// dequant, nothing written around them, the input untouched; the staging
+// buffer used exactly as quantize_staging_bytes says (not at all for an
+// aligned x). True where every check passes.
+bool check_unaligned(const std::string& name, const QuantizerSpec& q, const QuantizedTensor& cpu,
+                     const std::vector<float>& x, Size s, bool bf16, int64_t in_off, int64_t out_off, bool packed,
+                     QuantPath path, RandomStream rs) {
+  const int64_t n = s.rows * s.cols;
+  const bool has_codes = q.scale != &float32;
+  const size_t nsc = size_t(cpu.scale_rows * cpu.scale_cols);
+  Slot in = input_slot(x, bf16, in_off);
+  Slot codes(size_t(packed ? s.rows * ((s.cols + 1) / 2) : n), size_t(out_off));
+  Slot scodes(has_codes ? nsc : 0, size_t(out_off));
+  Slot scales(nsc * 4, size_t(out_off) * 4), dq(size_t(n) * 4, size_t(out_off) * 4);
+  Slot b16(size_t(n) * 2, size_t(out_off) * 2), g(4, size_t(out_off) * 4);
+  QuantOutputs o;
+  o.codes = codes.ptr<uint8_t>();
+  o.code_layout = packed ? CodeLayout::packed4 : CodeLayout::bytes;
+  o.scale_codes = has_codes ? scodes.ptr<uint8_t>() : nullptr;
+  o.scales = scales.ptr<float>();
+  o.dequant = dq.ptr<float>();
+  o.dequant_bf16 = b16.ptr<uint16_t>();
+  o.global_decode = g.ptr<float>();
+  const InputType it = bf16 ? InputType::bf16 : InputType::f32;
+  QuantWorkspace ws;
+  quantize_device(q, in.ptr<void>(), it, s.rows, s.cols, rs, o, ws, nullptr, path);
+  check(cudaDeviceSynchronize(), "test");
+  const size_t staged = quantize_staging_bytes(q, in.ptr<void>(), it, s.rows, s.cols, path);
+  bool ok = true;
+  if (ws.staging.size() != staged || (in_off == 0 && staged != 0)) {
+    std::printf("staging: %zu bytes allocated, quantize_staging_bytes %zu\n", ws.staging.size(), staged);
+    ok = false;
+  }
+  ok = test::same_bytes("codes", codes.get<uint8_t>(),
+                        packed ? pack_codes(*q.element, cpu.codes.data(), s.rows, s.cols) : cpu.codes, &x) &&
+       ok;
+  if (has_codes) ok = test::same_bytes("scale codes", scodes.get<uint8_t>(), cpu.scale_codes) && ok;
+  ok = test::same_bits("scales", scales.get<float>(), cpu.scales) && ok;
+  ok = test::same_bits("global decode", g.get<float>(), {cpu.global_decode}) && ok;
+  ok = test::same_bits("dequant", dq.get<float>(), cpu.dequant, &x) && ok;
+  if (const int64_t bad = bf16_dequant_mismatches(b16.get<uint16_t>(), cpu.dequant)) {
+    std::printf("bf16 dequant: %lld elements differ\n", (long long)bad);
+    ok = false;
+  }
+  for (const Slot* sl : {&in, &codes, &scodes, &scales, &dq, &b16, &g}) ok = sl->guards_intact() && ok;
+  if (!ok)
+    std::printf("  case: %s (%s), %lld x %lld, %s input at +%lld elements, outputs at +%lld, %s codes, path %s\n",
+                name.c_str(), describe(q).c_str(), (long long)s.rows, (long long)s.cols, bf16 ? "bf16" : "f32",
+                (long long)in_off, (long long)out_off, packed ? "packed" : "byte",
+                path == QuantPath::fused ? "fused" : path == QuantPath::generic ? "generic" : "auto");
+  return ok;
+}
+
+// The fused forms of the canned quantizers (RHT where the fused kernels take
+// it), and a one-block tensor of the generic path (its amax is the
+// tensor-amax pass's).
+std::vector<std::pair<std::string, QuantizerSpec>> unaligned_specs() {
+  std::vector<std::pair<std::string, QuantizerSpec>> v;
+  for (const char* n : {"nvfp4", "nvfp4_2d", "nvfp4_col", "mxfp4", "mxfp8_e4m3", "mxfp6_e2m3"})
+    v.emplace_back(n, quantizer_by_name(n));
+  for (const char* n : {"nvfp4", "nvfp4_col"}) {
+    QuantizerSpec q = quantizer_by_name(n);
+    q.rht = true;
+    q.rht_seed = 41;
+    v.emplace_back(std::string(n) + " rht", q);
+  }
+  v.emplace_back("fp8_e4m3_tensor", quantizer_by_name("fp8_e4m3_tensor"));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cuda quantize: any element-aligned input and output pointers, bit-exact with sim") {
+  int cases = 0, failures = 0;
+  int k = 0;
+  for (const auto& [name, base] : unaligned_specs()) {
+    for (Round r : {Round::rn, Round::rs}) {
+      QuantizerSpec q = base;
+      q.round = r;
+      REQUIRE_NOTHROW(validate(q, name));
+      const std::string label = name + (r == Round::rs ? " rs" : "");
+      std::vector<QuantPath> paths = paths_for(q);
+      paths.push_back(QuantPath::automatic);
+      // Partial blocks and chunks; whole spans (the FULL forms where every
+      // pointer is aligned); rows of 40 elements (BF16 rows 80 bytes apart).
+      for (Size s : {Size{37, 53}, Size{64, 128}, Size{48, 40}}) {
+        for (bool bf16 : {false, true}) {
+          ++k;
+          auto x = k % 4 == 1 ? test::adversarial(s.rows, s.cols, 500u + uint32_t(k), true)
+                              : test::varied_randn(s.rows, s.cols, 500u + uint32_t(k), 20);
+          if (bf16) test::round_to_bf16(x);
+          const RandomStream rs{21, uint64_t(k)};
+          const QuantizedTensor cpu = quantize(q, MatrixView<const float>(x.data(), s.rows, s.cols), rs);
+          for (int64_t in_off : {0, 1, 2, 3}) {
+            // Odd output offsets: 1, 3, 5, 7 elements (bytes of codes).
+            const int64_t out_off = 2 * in_off + 1;
+            // Packed codes (4-bit elements) on every other offset, bytes on the rest.
+            const bool packed = q.element->bits() == 4 && in_off % 2 == 1;
+            for (QuantPath p : paths) {
+              ++cases;
+              if (!check_unaligned(label, q, cpu, x, s, bf16, in_off, out_off, packed, p, rs)) ++failures;
+            }
+          }
+        }
+      }
+    }
+  }
+  MESSAGE(cases << " cases compared");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda quantize: an unaligned input is staged only where the tensor-amax pass reads it") {
+  const Size s{64, 128};
+  const auto x = test::varied_randn(s.rows, s.cols, 3, 10);
+  auto staged = [&](const QuantizerSpec& q, bool bf16, int64_t off, QuantPath path = QuantPath::automatic,
+                    bool given = false) {
+    const Slot in = input_slot(x, bf16, off);
+    return quantize_staging_bytes(q, in.ptr<void>(), bf16 ? InputType::bf16 : InputType::f32, s.rows, s.cols, path,
+                                  given);
+  };
+  const size_t n = size_t(s.rows * s.cols);
+  QuantizerSpec rs2d = quantizer_by_name("nvfp4_2d");
+  rs2d.round = Round::rs;  // its amax in a pre-pass (the cooperative form is rn's)
+  for (const char* name : {"nvfp4", "nvfp4_col"}) {
+    const QuantizerSpec q = quantizer_by_name(name);
+    CAPTURE(name);
+    for (int64_t off : {1, 2, 3}) {
+      CHECK(staged(q, false, off) == n * 4);
+      CHECK(staged(q, true, off) == n * 2);
+      CHECK(staged(q, false, off, QuantPath::fused, /*given=*/true) == 0);  // no amax pass
+    }
+    // 16-byte aligned: 4 FP32 or 8 BF16 elements past the base.
+    CHECK(staged(q, false, 0) == 0);
+    CHECK(staged(q, false, 4) == 0);
+    CHECK(staged(q, true, 8) == 0);
+  }
+  CHECK(staged(rs2d, false, 1) == n * 4);
+  CHECK(staged(quantizer_by_name("fp8_e4m3_tensor"), true, 1) == n * 2);  // generic, one block
+  QuantizerSpec rht = quantizer_by_name("nvfp4");
+  rht.rht = true;
+  for (const QuantizerSpec& q : {quantizer_by_name("mxfp4"), quantizer_by_name("mxfp8_e4m3"), rht})
+    for (int64_t off : {1, 2, 3}) CHECK(staged(q, false, off) == 0);  // checked loads, no tensor-amax pass
+  CHECK(staged(quantizer_by_name("mxint8"), false, 1, QuantPath::generic) == 0);  // generic, many blocks
+  CHECK(staged(quantizer_by_name("nvfp4_4over6"), false, 1) == 0);               // element-wise kernels
+  // tensor_amax_device itself refuses an unaligned x (before any device work).
+  DeviceBuffer<uint32_t> a(1);
+  const Slot in = input_slot(x, false, 1);
+  CHECK_THROWS_WITH_AS(tensor_amax_device(in.ptr<void>(), InputType::f32, int64_t(n), a.data()),
+                       doctest::Contains("16-byte aligned"), Error);
+}
+
+TEST_CASE("cuda quantize: NVFP4 tiles too large for the one-launch amax, from an unaligned input") {
+  // 2048 x 2304: more blocks than an H100 holds at once, so the amax runs as a
+  // pre-pass (the tensor-amax kernel) over the staged copy.
+  const Size s{2048, 2304};
+  const QuantizerSpec q = quantizer_by_name("nvfp4_2d");
+  int failures = 0;
+  for (bool bf16 : {false, true}) {
+    auto x = test::varied_randn(s.rows, s.cols, 61, 20);
+    if (bf16) test::round_to_bf16(x);
+    const QuantizedTensor cpu = quantize(q, MatrixView<const float>(x.data(), s.rows, s.cols));
+    if (!check_unaligned("nvfp4_2d", q, cpu, x, s, bf16, bf16 ? 3 : 1, 5, bf16, QuantPath::automatic, {})) ++failures;
+  }
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda fake_quantize: in place at an unaligned pointer equals sim's fake_quantize") {
+  int failures = 0, k = 0;
+  for (const auto& [name, base] : unaligned_specs()) {
+    for (Round r : {Round::rn, Round::rs}) {
+      QuantizerSpec q = base;
+      q.round = r;
+      for (Size s : {Size{37, 53}, Size{48, 64}}) {
+        ++k;
+        const auto x = test::varied_randn(s.rows, s.cols, 600u + uint32_t(k), 15);
+        std::vector<float> cpu = x;
+        fake_quantize(q, MatrixView<float>(cpu.data(), s.rows, s.cols), {8, uint64_t(k)});
+        for (int64_t off : {1, 2, 3}) {
+          Slot d = input_slot(x, false, off);
+          QuantWorkspace ws;
+          fake_quantize_device(q, d.ptr<float>(), s.rows, s.cols, {8, uint64_t(k)}, ws);
+          check(cudaDeviceSynchronize(), "test");
+          bool ok = test::same_bits("fake_quantize", d.get<float>(), cpu, &x);
+          ok = d.guards_intact() && ok;
+          if (!ok) {
+            std::printf("  case: %s%s, %lld x %lld, x at +%lld elements\n", name.c_str(), r == Round::rs ? " rs" : "",
+                        (long long)s.rows, (long long)s.cols, (long long)off);
+            ++failures;
+          }
+        }
+      }
+    }
+  }
+  CHECK(failures == 0);
 }
