@@ -348,26 +348,7 @@ GroupedQuantizedTensor quantize_grouped_gpu(const QuantizerSpec& q, MatrixView<c
   const int64_t rows = x.rows, cols = x.cols, n = rows * cols;
   validate(q, "quantize_grouped_gpu");
   check_group_sizes("quantize_grouped_gpu", sizes, rows);
-  std::vector<float> host(static_cast<size_t>(n));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) host[size_t(r * cols + c)] = x(r, c);
-  DeviceBuffer<float> dx32;
-  DeviceBuffer<uint16_t> dx16;
-  const void* dx;
-  if (bf16_input) {
-    std::vector<uint16_t> h16(host.size());
-    for (size_t i = 0; i < h16.size(); ++i) {
-      const uint32_t b = float_bits(host[i]);
-      if ((b & 0xFFFFu) != 0)
-        throw Error("quantize_grouped_gpu: bf16_input but element " + std::to_string(i) + " is not a bfloat16 value");
-      h16[i] = uint16_t(b >> 16);
-    }
-    if (!h16.empty()) dx16.upload(h16);
-    dx = dx16.data();
-  } else {
-    if (!host.empty()) dx32.upload(host);
-    dx = dx32.data();
-  }
+  const DeviceInput in = upload_input(x, bf16_input, "quantize_grouped_gpu");
   int64_t sc = 0;
   const std::vector<int64_t> soff = grouped_scale_row_offsets(q, sizes, cols, &sc);
   const int64_t ns = soff.back() * sc;
@@ -386,7 +367,7 @@ GroupedQuantizedTensor quantize_grouped_gpu(const QuantizerSpec& q, MatrixView<c
   o.dequant = dq.data();
   o.global_decode = gdec.data();
   GroupedQuantWorkspace ws;
-  quantize_grouped_device(q, dx, bf16_input ? InputType::bf16 : InputType::f32, rows, cols, sizes, streams, o, ws,
+  quantize_grouped_device(q, in.data, in.type, rows, cols, sizes, streams, o, ws,
                           nullptr, path);
   check(cudaDeviceSynchronize(), "quantize_grouped_gpu");
   GroupedQuantizedTensor t;

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "cuda/device.hpp"
+#include "sim/grouped.hpp"
 
 namespace fp4lab::cuda {
 namespace {
@@ -87,6 +89,19 @@ void swizzle_scales_device(const uint8_t* scales, int64_t rows, int64_t cols, ui
   if (total == 0) return;
   swizzle_kernel<<<blocks_for(total), kThreads, 0, stream>>>(scales, rows, cols, row_block, out, total);
   check_launch("swizzle_kernel");
+}
+
+void swizzle_scales_grouped_device(const uint8_t* scales, std::span<const int64_t> sizes, int64_t cols, uint8_t* out,
+                                   cudaStream_t stream, int64_t row_block) {
+  if (row_block < 1)
+    throw Error("swizzle_scales_grouped_device: row_block " + std::to_string(row_block) + " is not >= 1");
+  const std::vector<int64_t> off = swizzled_group_offsets(sizes, cols);  // checks the sizes
+  int64_t scale_row = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    if (sizes[g] == 0) continue;
+    swizzle_scales_device(scales + scale_row * cols, sizes[g], cols, out + off[g], stream, row_block);
+    scale_row += (sizes[g] + row_block - 1) / row_block;
+  }
 }
 
 }  // namespace fp4lab::cuda

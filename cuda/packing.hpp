@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include <cuda_runtime.h>
 
@@ -24,5 +25,15 @@ void transpose_fp4_packed_device(const uint8_t* packed, int64_t rows, int64_t co
 int64_t swizzled_scale_bytes(int64_t rows, int64_t cols);
 void swizzle_scales_device(const uint8_t* scales, int64_t rows, int64_t cols, uint8_t* out,
                            cudaStream_t stream = nullptr, int64_t row_block = 1);
+
+// Grouped (mixture-of-experts) scales: the layout of sim/grouped.hpp's
+// swizzle_scales_grouped. Group g (sizes: its operand rows, host span, zeros
+// allowed) has its scale rows at row sum_{h<g} sizes[h] of `scales` ([1,16] /
+// [1,32] blocks; row_block 16: at sum_{h<g} ceil(sizes[h] / 16), one row per
+// [16,16] tile, expanded as in swizzle_scales_device), swizzled alone and
+// written at byte swizzled_group_offsets(sizes, cols)[g] of out (that
+// vector's last entry bytes in all; an empty group takes none).
+void swizzle_scales_grouped_device(const uint8_t* scales, std::span<const int64_t> sizes, int64_t cols, uint8_t* out,
+                                   cudaStream_t stream = nullptr, int64_t row_block = 1);
 
 }  // namespace fp4lab::cuda

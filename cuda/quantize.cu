@@ -647,29 +647,33 @@ void fake_quantize_gpu(const QuantizerSpec& q, MatrixView<float> x, RandomStream
     for (int64_t c = 0; c < x.cols; ++c) x(r, c) = h[size_t(r * x.cols + c)];
 }
 
-QuantizedTensor quantize_gpu(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs, QuantPath path,
-                             bool bf16_input) {
-  const int64_t rows = x.rows, cols = x.cols, n = rows * cols;
-  std::vector<float> host(static_cast<size_t>(n));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) host[size_t(r * cols + c)] = x(r, c);
-  DeviceBuffer<float> dx32;
-  DeviceBuffer<uint16_t> dx16;
-  const void* dx;
-  if (bf16_input) {
+DeviceInput upload_input(MatrixView<const float> x, bool bf16, const char* what) {
+  DeviceInput in;
+  std::vector<float> host(static_cast<size_t>(x.rows * x.cols));
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c = 0; c < x.cols; ++c) host[size_t(r * x.cols + c)] = x(r, c);
+  if (bf16) {
     std::vector<uint16_t> h16(host.size());
     for (size_t i = 0; i < h16.size(); ++i) {
       const uint32_t b = float_bits(host[i]);
       if ((b & 0xFFFFu) != 0)
-        throw Error("quantize_gpu: bf16_input but element " + std::to_string(i) + " is not a bfloat16 value");
+        throw Error(std::string(what) + ": bf16_input but element " + std::to_string(i) + " is not a bfloat16 value");
       h16[i] = uint16_t(b >> 16);
     }
-    dx16.upload(h16);
-    dx = dx16.data();
+    if (!h16.empty()) in.bf16.upload(h16);
+    in.data = in.bf16.data();
+    in.type = InputType::bf16;
   } else {
-    dx32.upload(host);
-    dx = dx32.data();
+    if (!host.empty()) in.f32.upload(host);
+    in.data = in.f32.data();
   }
+  return in;
+}
+
+QuantizedTensor quantize_gpu(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs, QuantPath path,
+                             bool bf16_input) {
+  const int64_t rows = x.rows, cols = x.cols, n = rows * cols;
+  const DeviceInput in = upload_input(x, bf16_input, "quantize_gpu");
   int64_t sr = 0, sc = 0;
   scale_grid(q, rows, cols, sr, sc);
   const bool has_codes = q.scale != &float32;
@@ -688,7 +692,7 @@ QuantizedTensor quantize_gpu(const QuantizerSpec& q, MatrixView<const float> x, 
   o.dequant = dq.data();
   o.global_decode = gdec.data();
   QuantWorkspace ws;
-  quantize_device(q, dx, bf16_input ? InputType::bf16 : InputType::f32, rows, cols, rs, o, ws, nullptr, path);
+  quantize_device(q, in.data, in.type, rows, cols, rs, o, ws, nullptr, path);
   check(cudaDeviceSynchronize(), "quantize_gpu");
   QuantizedTensor t;
   t.spec = q;

@@ -182,6 +182,17 @@ void quantize_dual_device(const QuantizerSpec& row_q, RandomStream row_rs, const
                           InputType type, int64_t rows, int64_t cols, QuantWorkspace& ws, cudaStream_t stream = nullptr,
                           const uint32_t* amax_given = nullptr);
 
+// A host matrix as a quantizer input on the device (the host conveniences
+// below): FP32, or with bf16 the BF16 bits of x, whose values must then be
+// bfloat16 values (an Error names `what` and the first element that is not).
+struct DeviceInput {
+  DeviceBuffer<float> f32;
+  DeviceBuffer<uint16_t> bf16;
+  const void* data = nullptr;
+  InputType type = InputType::f32;
+};
+DeviceInput upload_input(MatrixView<const float> x, bool bf16, const char* what);
+
 // Host convenience for tests and tools: uploads x, quantizes on the GPU and
 // returns the same struct as sim's quantize() (codes one per byte).
 // `bf16_input` feeds the kernel bfloat16 data: x must then hold values exactly

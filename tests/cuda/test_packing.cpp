@@ -2,11 +2,14 @@
 // plus the swizzle example worked by hand in sim/packing.hpp.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <random>
 #include <vector>
 
 #include "cuda/packing.hpp"
 #include "gpu_test_util.hpp"
+#include "sim/grouped.hpp"
 #include "sim/packing.hpp"
 
 using namespace fp4lab;
@@ -88,4 +91,51 @@ TEST_CASE("cuda packing: cuBLASLt swizzled scales equal sim's, hand-worked offse
   int nonzero = 0;
   for (uint8_t b : o) nonzero += b != 0;
   CHECK(nonzero == 1);
+}
+
+// Blackwell's grouped block-scaled GEMM layout: each group's scales swizzled
+// alone at its offset, against sim's swizzle_scales_grouped (itself tested
+// against dense swizzles placed at their offsets, tests/sim/test_grouped.cpp).
+TEST_CASE("cuda packing: grouped swizzled scales equal sim's, empty and partial groups, [16,16] tiles") {
+  const std::vector<std::vector<int64_t>> cases = {{0, 1, 17, 0, 130, 5}, {256}, {0, 0}, {128, 129, 0, 1}, {}};
+  for (const int64_t cols : {1, 4, 7, 64}) {
+    for (const auto& sizes : cases) {
+      int64_t rows = 0, tile_rows = 0;
+      for (int64_t n : sizes) rows += n, tile_rows += (n + 15) / 16;
+      const int64_t bytes = swizzled_group_offsets(sizes, cols).back();
+      // [1,16] scales: one row per operand row.
+      const auto sc = random_bytes(size_t(rows * cols), uint32_t(rows * 7 + cols), 0xFF);
+      DeviceBuffer<uint8_t> d, out(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+      if (!sc.empty()) d.upload(sc);
+      out.fill_bytes(0xEE);
+      // Prefilled 0xEE: the device must write every byte, padding 0 as sim's.
+      swizzle_scales_grouped_device(d.data(), sizes, cols, out.data());
+      check(cudaDeviceSynchronize(), "grouped swizzle");
+      auto got = out.download();
+      got.resize(size_t(bytes));
+      CHECK_MESSAGE(test::same_bytes("grouped swizzle", got, swizzle_scales_grouped(sc.data(), sizes, cols)),
+                    "cols " << cols << " groups " << sizes.size());
+      // [16,16] tiles: each tile row repeated for its 16 rows of its group.
+      const auto tiles = random_bytes(size_t(tile_rows * cols), uint32_t(rows * 3 + cols), 0xFF);
+      std::vector<uint8_t> expanded(size_t(rows * cols));
+      int64_t r0 = 0, t0 = 0;
+      for (int64_t n : sizes) {
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            expanded[size_t((r0 + r) * cols + c)] = tiles[size_t((t0 + r / 16) * cols + c)];
+        r0 += n, t0 += (n + 15) / 16;
+      }
+      DeviceBuffer<uint8_t> dt;
+      if (!tiles.empty()) dt.upload(tiles);
+      out.fill_bytes(0xEE);
+      swizzle_scales_grouped_device(dt.data(), sizes, cols, out.data(), nullptr, 16);
+      check(cudaDeviceSynchronize(), "grouped swizzle 16x16");
+      got = out.download();
+      got.resize(size_t(bytes));
+      CHECK_MESSAGE(test::same_bytes("grouped swizzle 16x16", got, swizzle_scales_grouped(expanded.data(), sizes, cols)),
+                    "cols " << cols << " groups " << sizes.size());
+    }
+  }
+  const std::vector<int64_t> bad = {3, -1};
+  CHECK_THROWS_AS(swizzle_scales_grouped_device(nullptr, bad, 4, nullptr), Error);
 }
