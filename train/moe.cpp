@@ -146,6 +146,16 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t width, bool bias, const std::string& 
   }
 }
 
+void MoeMlp::each_expert(std::vector<LinearLayer>& layers, const Tensor& in, const Tensor& out,
+                         const std::function<void(LinearLayer&, const Tensor&, Tensor&)>& f) {
+  for (int64_t e = 0; e < c_.experts; ++e) {
+    const int64_t off = r_.offset[size_t(e)], n = r_.count[size_t(e)];
+    if (n == 0) continue;  // an expert without tokens runs nothing
+    Tensor o = rows_of(out, off, n);
+    f(layers[size_t(e)], rows_of(in, off, n), o);
+  }
+}
+
 StepContext MoeMlp::router_context(const StepContext& s) const {
   StepContext r = s;
   if (!c_.quantize_router) r.recipe = nullptr;
@@ -165,19 +175,9 @@ Tensor MoeMlp::forward(Backend& be, LinearCalls& calls, const StepContext& s, co
   h_ = be.empty(M, H);
   g_ = be.empty(M, H);
   out_e_ = be.empty(M, C);
-  for (int64_t e = 0; e < c_.experts; ++e) {
-    const int64_t off = r_.offset[size_t(e)], n = r_.count[size_t(e)];
-    if (n == 0) continue;
-    Tensor h = rows_of(h_, off, n);
-    calls.forward(fc_[size_t(e)], s, rows_of(grouped_, off, n), h);
-  }
+  each_expert(fc_, grouped_, h_, [&](LinearLayer& l, const Tensor& in, Tensor& out) { calls.forward(l, s, in, out); });
   be.gelu_forward(h_, g_);
-  for (int64_t e = 0; e < c_.experts; ++e) {
-    const int64_t off = r_.offset[size_t(e)], n = r_.count[size_t(e)];
-    if (n == 0) continue;
-    Tensor o = rows_of(out_e_, off, n);
-    calls.forward(proj_[size_t(e)], s, rows_of(g_, off, n), o);
-  }
+  each_expert(proj_, g_, out_e_, [&](LinearLayer& l, const Tensor& in, Tensor& out) { calls.forward(l, s, in, out); });
   Tensor y = be.empty(N, C);
   be.combine_rows(out_e_, r_.pos.data(), r_.gate.data(), k, y);
   if (shared_fc_) {
@@ -197,19 +197,10 @@ Tensor MoeMlp::backward(Backend& be, LinearCalls& calls, const StepContext& s, c
   std::vector<float> dgate(static_cast<size_t>(N * k));
   be.combine_rows_backward(dy, out_e_, r_.pos.data(), r_.gate.data(), k, d_out_e, dgate.data());
   Tensor dg = be.empty(M, H), dh = be.empty(M, H), dgrouped = be.empty(M, C);
-  for (int64_t e = 0; e < c_.experts; ++e) {
-    const int64_t off = r_.offset[size_t(e)], n = r_.count[size_t(e)];
-    if (n == 0) continue;
-    Tensor d = rows_of(dg, off, n);
-    calls.backward(proj_[size_t(e)], s, rows_of(d_out_e, off, n), d);
-  }
+  each_expert(proj_, d_out_e, dg,
+              [&](LinearLayer& l, const Tensor& in, Tensor& out) { calls.backward(l, s, in, out); });
   be.gelu_backward(h_, dg, dh);
-  for (int64_t e = 0; e < c_.experts; ++e) {
-    const int64_t off = r_.offset[size_t(e)], n = r_.count[size_t(e)];
-    if (n == 0) continue;
-    Tensor d = rows_of(dgrouped, off, n);
-    calls.backward(fc_[size_t(e)], s, rows_of(dh, off, n), d);
-  }
+  each_expert(fc_, dh, dgrouped, [&](LinearLayer& l, const Tensor& in, Tensor& out) { calls.backward(l, s, in, out); });
   Tensor dx = be.empty(N, C);
   be.combine_rows(dgrouped, r_.pos.data(), nullptr, k, dx);  // each token's slots summed in order
   const std::vector<float> dl = router_logit_grad(c_, r_, dgate.data(), s.loss_scale);

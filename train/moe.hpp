@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +79,9 @@ class MoeMlp {
 
  private:
   StepContext router_context(const StepContext& s) const;
+  // f(layers[e], expert e's rows of in, its rows of out) for every expert with tokens (the last routing's groups).
+  void each_expert(std::vector<LinearLayer>& layers, const Tensor& in, const Tensor& out,
+                   const std::function<void(LinearLayer&, const Tensor&, Tensor&)>& f);
   MoeConfig c_;
   int64_t width_ = 0, hidden_ = 0;
   LinearLayer router_;

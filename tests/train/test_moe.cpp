@@ -90,10 +90,8 @@ TEST_CASE("moe router_logit_grad equals central differences of the routing's los
       auto loss = [&](const std::vector<float>& l, bool* same) {
         const Routing q = route(c, l.data(), N);
         *same = q.expert == r.expert;
+        // The gates are floats: differentiate the float64 gates instead, for precision.
         double L = 0;
-        for (int64_t i = 0; i < N * k; ++i) L += double(dgate[size_t(i)]) * double(q.gate[size_t(i)]);
-        // The gates are floats: differentiate the float64 gates instead for precision.
-        L = 0;
         for (int64_t t = 0; t < N; ++t) {
           double sel = 0;
           for (int64_t j = 0; j < k; ++j) sel += q.probs[size_t(t * E + q.expert[size_t(t * k + j)])];
