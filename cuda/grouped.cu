@@ -9,6 +9,7 @@
 
 #include "core/bits.hpp"
 #include "core/error.hpp"
+#include "cuda/quantize_grouped.cuh"
 
 namespace fp4lab::cuda {
 namespace {
@@ -71,6 +72,8 @@ struct Problem {
   const void* b;
   void* c;
   float alpha, beta;
+  const float* alpha_dev = nullptr;  // device pointer mode (loop only): alpha and beta read on the device
+  const float* beta_dev = nullptr;
 };
 
 // What every problem of one operation shares.
@@ -113,12 +116,17 @@ void run_problems(Blas& blas, GroupedGemmWorkspace::Pointers& ptrs, const OpForm
                   cudaDataType_t ab_type, cudaDataType_t c_type, cublasComputeType_t compute, GroupedImpl impl,
                   const char* what) {
   if (probs.empty()) return;
-  check_cublas(cublasSetPointerMode(blas.handle(), CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+  const bool device_alpha = probs[0].alpha_dev != nullptr;  // all or none (grouped_gemm)
+  check_cublas(cublasSetPointerMode(blas.handle(), device_alpha ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST),
+               "cublasSetPointerMode");
   if (impl == GroupedImpl::loop) {
     for (const Problem& p : probs)
-      check_cublas(cublasGemmEx(blas.handle(), f.ta, f.tb, p.m, p.n, p.k, &p.alpha, p.a, ab_type, f.lda, p.b, ab_type,
-                                f.ldb, &p.beta, p.c, c_type, f.ldc, compute, CUBLAS_GEMM_DEFAULT),
+      check_cublas(cublasGemmEx(blas.handle(), f.ta, f.tb, p.m, p.n, p.k, device_alpha ? p.alpha_dev : &p.alpha, p.a,
+                                ab_type, f.lda, p.b, ab_type, f.ldb, device_alpha ? p.beta_dev : &p.beta, p.c, c_type,
+                                f.ldc, compute, CUBLAS_GEMM_DEFAULT),
                    (std::string("cublasGemmEx (") + what + ", loop)").c_str());
+    if (device_alpha)
+      check_cublas(cublasSetPointerMode(blas.handle(), CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
     return;
   }
   // Bucket by (m, n, k, alpha bits, beta bits), in order of first appearance.
@@ -210,11 +218,28 @@ Sides prepare_sides(Blas& blas, GroupedGemmWorkspace& ws, const uint16_t* a_side
   return s;
 }
 
+// Device constants {0, 1} (beta in device pointer mode), made once per workspace.
+const float* device_constants(GroupedGemmWorkspace& ws, cudaStream_t stream) {
+  if (ws.constants.size() < 2) {
+    static const float kConstants[2] = {0.0f, 1.0f};
+    ws.constants.resize(2);
+    check(cudaMemcpyAsync(ws.constants.data(), kConstants, sizeof(kConstants), cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync (grouped GEMM constants)");
+  }
+  return ws.constants.data();
+}
+
 void grouped_gemm(Op op, Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t N, int64_t K,
                   const uint16_t* act, const uint16_t* other, void* outp, OutType out, bool accumulate,
-                  std::span<const float> alpha_in, GroupedImpl impl) {
+                  std::span<const float> alpha_in, GroupedImpl impl, const float* alpha_dev) {
   const char* what = op == Op::forward ? "grouped GEMM forward" : op == Op::dgrad ? "grouped GEMM dgrad" : "grouped GEMM wgrad";
   const std::vector<float> alpha = check_grouped_args(what, sizes, N, K, alpha_in);
+  if (alpha_dev && !alpha_in.empty())
+    throw Error(std::string(what) + ": give host alphas or device alphas, not both");
+  if (alpha_dev && impl != GroupedImpl::loop)
+    throw Error(std::string(what) + ": device alphas need the loop form (cuBLAS's grouped GEMM reads alpha from host "
+                "memory only)");
+  const float* constants = alpha_dev ? device_constants(ws, blas.stream()) : nullptr;
   const int64_t M = total_rows(sizes), E = int64_t(sizes.size());
   bool any = false;
   for (int64_t m : sizes) any = any || m > 0;
@@ -235,6 +260,10 @@ void grouped_gemm(Op op, Blas& blas, GroupedGemmWorkspace& ws, std::span<const i
     Problem p{};
     p.alpha = alpha[size_t(g)];
     p.beta = accumulate ? 1.0f : 0.0f;
+    if (alpha_dev) {
+      p.alpha_dev = alpha_dev + g;
+      p.beta_dev = constants + (accumulate ? 1 : 0);
+    }
     switch (op) {
       case Op::forward:  // y_g^T [N, m_g] = (W_g^T [K, N])^T x_g^T [K, m_g]
         p.m = int(N), p.n = int(mg), p.k = int(K);
@@ -289,10 +318,93 @@ std::vector<int64_t> grouped_scale_row_offsets(const QuantizerSpec& q, std::span
   return off;
 }
 
+bool grouped_one_launch_applies(const QuantizerSpec& q, QuantPath path) {
+  return qk::grouped_fused_supported(q, path);
+}
+
+namespace {
+
+// Elements of an amax work item of the one-launch form (one block of the amax
+// pass each; a group's rows are cut into items of whole rows, at least one).
+constexpr int64_t kAmaxItemElems = int64_t(1) << 15;
+
+// The one-launch form: the groups' table to the device (one copy), the amax
+// words armed, then quantize_grouped_fused.
+void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
+                                 std::span<const int64_t> sizes, std::span<const RandomStream> streams,
+                                 const std::vector<int64_t>& soff, const GroupedQuantOutputs& out,
+                                 GroupedQuantWorkspace& ws, cudaStream_t stream) {
+  const int64_t groups = int64_t(sizes.size());
+  const bool amax = qk::grouped_needs_amax(q, type);
+  // Host image: soff [G+1], roff [G+1], seeds [G], streams [G], items [3 I].
+  std::vector<int64_t>& h = ws.table_host;
+  h.assign(soff.begin(), soff.end());
+  int64_t row = 0;
+  for (int64_t g = 0; g <= groups; ++g) {
+    h.push_back(row);
+    if (g < groups) row += sizes[size_t(g)];
+  }
+  for (int64_t g = 0; g < groups; ++g)
+    h.push_back(int64_t(streams.empty() ? RandomStream{}.seed : streams[size_t(g)].seed));
+  for (int64_t g = 0; g < groups; ++g)
+    h.push_back(int64_t(streams.empty() ? RandomStream{}.stream : streams[size_t(g)].stream));
+  const size_t items_at = h.size();
+  if (amax && cols > 0) {
+    const int64_t rows_per_item = std::max<int64_t>(1, kAmaxItemElems / cols);
+    for (int64_t g = 0, r0 = 0; g < groups; r0 += sizes[size_t(g)], ++g)
+      for (int64_t r = r0; r < r0 + sizes[size_t(g)]; r += rows_per_item) {
+        h.push_back(g);
+        h.push_back(r * cols);
+        h.push_back(std::min(r + rows_per_item, r0 + sizes[size_t(g)]) * cols);
+      }
+  }
+  const int64_t n_items = int64_t(h.size() - items_at) / 3;
+  int64_t* d = ws.table.at_least(h.size());
+  // Pageable host -> device: cudaMemcpyAsync returns once `h` is staged.
+  check(cudaMemcpyAsync(d, h.data(), h.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync (grouped quantization table)");
+  qk::GroupTable t;
+  t.groups = int(groups);
+  t.soff = d;
+  t.roff = d + (groups + 1);
+  t.seeds = reinterpret_cast<const uint64_t*>(d + 2 * (groups + 1));
+  t.streams = reinterpret_cast<const uint64_t*>(d + 2 * (groups + 1) + groups);
+  t.items = d + items_at;
+  t.n_items = n_items;
+  t.gemm_alpha = out.gemm_alpha;
+  t.gemm_alpha_other = out.gemm_alpha_other;
+  if (amax) {
+    if (ws.amax.size() < size_t(groups + 1)) {
+      ws.amax.resize(size_t(groups + 1));
+      ws.armed = false;
+    }
+    if (!ws.armed) {
+      check(cudaMemsetAsync(ws.amax.data(), 0, ws.amax.size() * sizeof(uint32_t), stream),
+            "cudaMemsetAsync (grouped amax)");
+      ws.armed = true;  // the amax pass re-arms the words and the counter
+    }
+    t.amax = ws.amax.data();
+    t.done = ws.amax.data() + groups;
+    t.gparams = ws.gparams.at_least(size_t(3 * groups));
+  }
+  QuantOutputs o;
+  o.codes = out.codes;
+  o.code_layout = out.code_layout;
+  o.scale_codes = out.scale_codes;
+  o.scales = out.scales;
+  o.dequant = out.dequant;
+  o.dequant_bf16 = out.dequant_bf16;
+  o.bf16_gemm_operand = out.bf16_gemm_operand;
+  o.global_decode = out.global_decode;
+  qk::quantize_grouped_fused(q, x, type, rows, cols, soff.back(), t, o, stream);
+}
+
+}  // namespace
+
 void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
                              std::span<const int64_t> sizes, std::span<const RandomStream> streams,
                              const GroupedQuantOutputs& out, GroupedQuantWorkspace& ws, cudaStream_t stream,
-                             QuantPath path) {
+                             QuantPath path, GroupedLaunch launch) {
   validate(q, "quantize_grouped (cuda)");
   if (cols < 0) throw Error("quantize_grouped (cuda): negative column count " + std::to_string(cols));
   check_group_sizes("quantize_grouped (cuda)", sizes, rows);
@@ -301,9 +413,30 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
                 std::to_string(sizes.size()) + " groups; give one per group or none");
   if (out.code_layout == CodeLayout::packed4 && q.element->bits() != 4)
     throw Error("quantize_grouped (cuda): packed4 codes need a 4-bit element, not " + describe(q));
+  for (const RandomStream& rs : streams)
+    if (rs.words)
+      throw Error("quantize_grouped (cuda): given random words (RandomStream::words) are CPU-only; the GPU draws its "
+                  "words from Philox (seed, stream): pass words = nullptr");
+  const bool one = launch == GroupedLaunch::one_launch ||
+                   (launch == GroupedLaunch::automatic && grouped_one_launch_applies(q, path));
+  if (one && !grouped_one_launch_applies(q, path))
+    throw Error("quantize_grouped (cuda): the one-launch form runs fused row blocks without RHT and 16x16 tiles, not " +
+                describe(q) + (path == QuantPath::generic ? " on the generic path" : "") +
+                "; use GroupedLaunch::per_group or automatic");
   int64_t sc = 0;
   const std::vector<int64_t> soff = grouped_scale_row_offsets(q, sizes, cols, &sc);
   const int64_t groups = int64_t(sizes.size());
+  if (one) {
+    bool any_empty = cols == 0;
+    for (int64_t n : sizes) any_empty = any_empty || n == 0;
+    if (out.global_decode && groups > 0 && any_empty) {
+      fill_kernel<<<unsigned((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(out.global_decode, groups,
+                                                                                       1.0f);
+      check_launch("fill_kernel");
+    }
+    if (rows == 0 || cols == 0 || groups == 0) return;
+    return quantize_grouped_one_launch(q, x, type, rows, cols, sizes, streams, soff, out, ws, stream);
+  }
   const size_t in_bytes = type == InputType::f32 ? 4 : 2;
   const int64_t code_row = out.code_layout == CodeLayout::packed4 ? (cols + 1) / 2 : cols;
   // Group g's slices (any element alignment will do: quantize_device stages
@@ -336,6 +469,8 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
     o.dequant_bf16 = out.dequant_bf16 ? out.dequant_bf16 + row * cols : nullptr;
     o.bf16_gemm_operand = out.bf16_gemm_operand;
     o.global_decode = out.global_decode ? out.global_decode + g : nullptr;
+    o.gemm_alpha = out.gemm_alpha ? out.gemm_alpha + g : nullptr;
+    o.gemm_alpha_other = out.gemm_alpha_other ? out.gemm_alpha_other + g : nullptr;
     quantize_device(q, input_at(row), type, n, cols, streams.empty() ? RandomStream{} : streams[size_t(g)], o, ws.quant,
                     stream, path);
     row += n;
@@ -344,7 +479,7 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
 
 GroupedQuantizedTensor quantize_grouped_gpu(const QuantizerSpec& q, MatrixView<const float> x,
                                             std::span<const int64_t> sizes, std::span<const RandomStream> streams,
-                                            QuantPath path, bool bf16_input) {
+                                            QuantPath path, bool bf16_input, GroupedLaunch launch) {
   const int64_t rows = x.rows, cols = x.cols, n = rows * cols;
   validate(q, "quantize_grouped_gpu");
   check_group_sizes("quantize_grouped_gpu", sizes, rows);
@@ -367,8 +502,7 @@ GroupedQuantizedTensor quantize_grouped_gpu(const QuantizerSpec& q, MatrixView<c
   o.dequant = dq.data();
   o.global_decode = gdec.data();
   GroupedQuantWorkspace ws;
-  quantize_grouped_device(q, in.data, in.type, rows, cols, sizes, streams, o, ws,
-                          nullptr, path);
+  quantize_grouped_device(q, in.data, in.type, rows, cols, sizes, streams, o, ws, nullptr, path, launch);
   check(cudaDeviceSynchronize(), "quantize_grouped_gpu");
   GroupedQuantizedTensor t;
   t.spec = q;
@@ -401,20 +535,20 @@ std::vector<float> grouped_alpha_host(const float* ga, const float* gb, size_t g
 
 void grouped_gemm_forward(Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t n, int64_t k,
                           const uint16_t* x, const uint16_t* w, void* y, OutType out, std::span<const float> alpha,
-                          GroupedImpl impl) {
-  grouped_gemm(Op::forward, blas, ws, sizes, n, k, x, w, y, out, false, alpha, impl);
+                          GroupedImpl impl, const float* alpha_device) {
+  grouped_gemm(Op::forward, blas, ws, sizes, n, k, x, w, y, out, false, alpha, impl, alpha_device);
 }
 
 void grouped_gemm_dgrad(Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t n, int64_t k,
                         const uint16_t* dy, const uint16_t* w, void* dx, OutType out, std::span<const float> alpha,
-                        GroupedImpl impl) {
-  grouped_gemm(Op::dgrad, blas, ws, sizes, n, k, dy, w, dx, out, false, alpha, impl);
+                        GroupedImpl impl, const float* alpha_device) {
+  grouped_gemm(Op::dgrad, blas, ws, sizes, n, k, dy, w, dx, out, false, alpha, impl, alpha_device);
 }
 
 void grouped_gemm_wgrad(Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t n, int64_t k,
                         const uint16_t* dy, const uint16_t* x, void* dw, OutType out, bool accumulate,
-                        std::span<const float> alpha, GroupedImpl impl) {
-  grouped_gemm(Op::wgrad, blas, ws, sizes, n, k, dy, x, dw, out, accumulate, alpha, impl);
+                        std::span<const float> alpha, GroupedImpl impl, const float* alpha_device) {
+  grouped_gemm(Op::wgrad, blas, ws, sizes, n, k, dy, x, dw, out, accumulate, alpha, impl, alpha_device);
 }
 
 }  // namespace fp4lab::cuda

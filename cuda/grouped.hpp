@@ -9,11 +9,14 @@
 // BF16 operand [rows, cols] row-major (group g at its row offset); block
 // scales of group g its own [scale_rows_g, scale_cols] matrix, stacked in
 // group order (grouped_scale_row_offsets); global_decode [groups] (1 for an
-// empty group and where the rule has none). This first form launches one
-// quantization per non-empty group (two kernels each where the rule needs the
-// group's amax), so its cost grows with the number of groups. The groups'
-// slices need not start on any boundary beyond their element type's
-// (quantize_device's alignment rule, cuda/quantize.hpp): where a group's
+// empty group and where the rule has none). Two launch forms (GroupedLaunch):
+// one_launch quantizes every group in one kernel (after one amax pass over
+// all groups where the rule needs each group's amax), for the fused plans of
+// row blocks without RHT and of 16x16 tiles; per_group runs one
+// quantize_device per non-empty group, for every spec. The groups' slices
+// need not start on any boundary beyond their element type's (one_launch's
+// loads and stores check alignment per access; per_group follows
+// quantize_device's alignment rule, cuda/quantize.hpp): where a group's
 // kernels need its input slice 16-byte aligned and it is not (the tensor-amax
 // pass of nvfp4 / nvfp4_col, e.g. f32 input with cols % 4 != 0),
 // quantize_device copies that slice into QuantWorkspace::staging, grown once
@@ -102,6 +105,12 @@ struct GroupedQuantOutputs {
   uint16_t* dequant_bf16 = nullptr;  // [rows * cols] BF16 bits (QuantOutputs::dequant_bf16)
   bool bf16_gemm_operand = false;    // decode(code) * scale without g_dec (the GEMMs' operand)
   float* global_decode = nullptr;    // [groups]: g_dec of each group (1 for an empty group)
+  // [groups], where not null: g_dec of group g times gemm_alpha_other[g] (g_dec
+  // alone where that is null), the epilogue alpha of group g's GEMM when the
+  // other operand is already quantized (QuantOutputs::gemm_alpha per group);
+  // an empty group's entry is left as it is.
+  float* gemm_alpha = nullptr;
+  const float* gemm_alpha_other = nullptr;
 };
 
 // Row offsets of the groups' scale matrices: [groups + 1], group g's scale
@@ -113,8 +122,29 @@ std::vector<int64_t> grouped_scale_row_offsets(const QuantizerSpec& q, std::span
 
 // Scratch reused between grouped quantizations (one per stream).
 struct GroupedQuantWorkspace {
-  QuantWorkspace quant;  // quantize_device's (its staging too), shared by the groups
+  QuantWorkspace quant;  // per_group: quantize_device's (its staging too), shared by the groups
+  // one_launch: the groups' table (offsets, random streams, amax work items)
+  // on the device and its host image, each group's amax bits and the pass's
+  // block counter ([groups + 1], zero between passes while `armed`), and each
+  // group's global scale parameters [3 * groups].
+  DeviceBuffer<int64_t> table;
+  std::vector<int64_t> table_host;
+  DeviceBuffer<uint32_t> amax;
+  DeviceBuffer<float> gparams;
+  bool armed = false;
 };
+
+// How quantize_grouped_device launches its kernels; the same bits either way.
+//   automatic  one_launch where it applies, else per_group.
+//   one_launch every group in one quantization kernel (after one per-group
+//              amax pass where the rule has a tensor amax): the fused plans of
+//              row blocks [1,16] / [1,32] without RHT and of [16,16] tiles, any
+//              group sizes, any slice alignment; fp4lab::Error for another spec.
+//   per_group  one quantize_device per non-empty group (two kernels each where
+//              the rule needs the group's amax): every spec.
+enum class GroupedLaunch : uint8_t { automatic, one_launch, per_group };
+// Does automatic take one_launch for q on `path`?
+bool grouped_one_launch_applies(const QuantizerSpec& q, QuantPath path = QuantPath::automatic);
 
 // Quantizes x (row-major [rows, cols], float32 or bfloat16, device) group by
 // group on `stream`. sizes: rows of each group (host; >= 0, summing to rows).
@@ -126,14 +156,15 @@ struct GroupedQuantWorkspace {
 void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
                              std::span<const int64_t> sizes, std::span<const RandomStream> streams,
                              const GroupedQuantOutputs& out, GroupedQuantWorkspace& ws, cudaStream_t stream = nullptr,
-                             QuantPath path = QuantPath::automatic);
+                             QuantPath path = QuantPath::automatic, GroupedLaunch launch = GroupedLaunch::automatic);
 
 // Host convenience for tests: uploads x (as bfloat16 when bf16_input; x must
 // then hold bfloat16 values), quantizes it group by group on the GPU, returns
 // sim's struct (codes one per byte; outputs poisoned before the run).
 GroupedQuantizedTensor quantize_grouped_gpu(const QuantizerSpec& q, MatrixView<const float> x,
                                             std::span<const int64_t> sizes, std::span<const RandomStream> streams = {},
-                                            QuantPath path = QuantPath::automatic, bool bf16_input = false);
+                                            QuantPath path = QuantPath::automatic, bool bf16_input = false,
+                                            GroupedLaunch launch = GroupedLaunch::automatic);
 
 // Per-group alpha of a grouped GEMM on the host: alpha[g] = ga[g] * gb[g] (one
 // FP32 multiply, as set_alpha_device; a null pointer stands for ones), from two
@@ -151,21 +182,27 @@ struct GroupedGemmWorkspace {
     std::vector<const void*> uploaded;  // what dev holds
   };
   Pointers ptrs[3];                  // one set per operation (forward, dgrad, wgrad)
+  DeviceBuffer<float> constants;     // {0, 1}: beta in device pointer mode (alpha_device)
   DeviceBuffer<float> a32, b32;      // OutType::f32 with one_call: the widened FP32 operands
 };
 
 // The three products above. sizes: host [groups], m_g >= 0; n = N, k = K (> 0).
 // x, dy, w: BF16 bits (device); y, dx, dw: FP32 or BF16 (out). alpha: host
-// [groups], or empty for 1 each. Throws fp4lab::Error on bad arguments
-// (sizes, alpha count, a dimension over 2^31 - 1) and cuBLAS errors.
+// [groups], or empty for 1 each. alpha_device (loop only, exclusive with
+// alpha): device [groups], read by cuBLAS in device pointer mode when the
+// GEMM runs, so that nothing waits for the quantization that writes it
+// (GroupedQuantOutputs::gemm_alpha). Throws fp4lab::Error on bad arguments
+// (sizes, alpha count, both alphas, alpha_device with one_call, a dimension
+// over 2^31 - 1) and cuBLAS errors.
 void grouped_gemm_forward(Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t n, int64_t k,
                           const uint16_t* x, const uint16_t* w, void* y, OutType out, std::span<const float> alpha = {},
-                          GroupedImpl impl = GroupedImpl::one_call);
+                          GroupedImpl impl = GroupedImpl::one_call, const float* alpha_device = nullptr);
 void grouped_gemm_dgrad(Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t n, int64_t k,
                         const uint16_t* dy, const uint16_t* w, void* dx, OutType out, std::span<const float> alpha = {},
-                        GroupedImpl impl = GroupedImpl::one_call);
+                        GroupedImpl impl = GroupedImpl::one_call, const float* alpha_device = nullptr);
 void grouped_gemm_wgrad(Blas& blas, GroupedGemmWorkspace& ws, std::span<const int64_t> sizes, int64_t n, int64_t k,
                         const uint16_t* dy, const uint16_t* x, void* dw, OutType out, bool accumulate,
-                        std::span<const float> alpha = {}, GroupedImpl impl = GroupedImpl::one_call);
+                        std::span<const float> alpha = {}, GroupedImpl impl = GroupedImpl::one_call,
+                        const float* alpha_device = nullptr);
 
 }  // namespace fp4lab::cuda

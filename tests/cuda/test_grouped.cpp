@@ -76,6 +76,16 @@ std::vector<NamedSpec> grouped_specs() {
     q.round = r;
     v.push_back({std::string("nvfp4_col rht") + (r == Round::rs ? " rs" : ""), q});
   }
+  // The one-launch form's other kernels: PTX cvt.rs's random-bit contract,
+  // the runtime kind of row blocks ([1,32] E5M2 / E2M3), SR on 16x16 tiles.
+  for (const char* n : {"nvfp4", "mxfp4"}) {
+    QuantizerSpec q = quantizer_by_name(n);
+    q.round = Round::rs;
+    q.sr_bits = SrBits::ptx_x4;
+    v.push_back({std::string(n) + " rs ptx_x4", q});
+  }
+  v.push_back({"mxfp8_e5m2", quantizer_by_name("mxfp8_e5m2")});
+  v.push_back({"mxfp6_e2m3", quantizer_by_name("mxfp6_e2m3")});
   // The MX recipes' wgrad operand: [32,1] blocks down each group's columns.
   QuantizerSpec mxc = quantizer_by_name("mxfp4");
   mxc.block_rows = 32;
@@ -89,13 +99,41 @@ std::vector<NamedSpec> grouped_specs() {
 const std::vector<std::vector<int64_t>> kGroupSizes = {
     {0, 1, 37, 0, 16, 130, 5, 0}, {64}, {3, 1, 1, 17, 33}, {0, 0}, {200, 0, 48}};
 
+// The (path, launch form) pairs a spec runs on: the automatic path per group
+// and, where it applies, in one launch; the generic path (per group).
+struct PathLaunch {
+  QuantPath path;
+  GroupedLaunch launch;
+};
+std::vector<PathLaunch> path_launches(const QuantizerSpec& q) {
+  std::vector<PathLaunch> v{{QuantPath::automatic, GroupedLaunch::per_group}};
+  if (grouped_one_launch_applies(q)) v.push_back({QuantPath::automatic, GroupedLaunch::one_launch});
+  if (!q.rht) v.push_back({QuantPath::generic, GroupedLaunch::per_group});
+  return v;
+}
+
 }  // namespace
+
+TEST_CASE("cuda grouped quantize: the one-launch form applies to fused row blocks and tiles without RHT" *
+          doctest::test_suite("host")) {
+  for (const char* n : {"nvfp4", "nvfp4_2d", "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3"})
+    CHECK_MESSAGE(grouped_one_launch_applies(quantizer_by_name(n)), n);
+  CHECK_FALSE(grouped_one_launch_applies(quantizer_by_name("nvfp4"), QuantPath::generic));
+  CHECK_FALSE(grouped_one_launch_applies(quantizer_by_name("nvfp4_col")));  // column blocks: per group
+  QuantizerSpec rht = quantizer_by_name("nvfp4");
+  rht.rht = true;
+  CHECK_FALSE(grouped_one_launch_applies(rht));
+  GroupedQuantWorkspace ws;
+  GroupedQuantOutputs o;
+  const std::vector<int64_t> sizes{3, 4};
+  CHECK_THROWS_WITH_AS(quantize_grouped_device(quantizer_by_name("nvfp4_col"), nullptr, InputType::f32, 7, 16, sizes,
+                                               {}, o, ws, nullptr, QuantPath::automatic, GroupedLaunch::one_launch),
+                       doctest::Contains("use GroupedLaunch::per_group"), Error);
+}
 
 TEST_CASE("cuda grouped quantize: bit-exact with sim's quantize_grouped") {
   int cases = 0, failures = 0;
   for (const NamedSpec& s : grouped_specs()) {
-    std::vector<QuantPath> paths{QuantPath::automatic};
-    if (!s.q.rht) paths.push_back(QuantPath::generic);
     for (size_t si = 0; si < kGroupSizes.size(); ++si) {
       const std::vector<int64_t>& sizes = kGroupSizes[si];
       for (int64_t cols : {int64_t(64), int64_t(53)}) {
@@ -106,13 +144,14 @@ TEST_CASE("cuda grouped quantize: bit-exact with sim's quantize_grouped") {
           const MatrixView<const float> v(x.data(), rows, cols);
           const std::vector<RandomStream> streams = consecutive_streams(1234, 10, sizes.size());
           const GroupedQuantizedTensor cpu = quantize_grouped(s.q, v, sizes, streams);
-          for (QuantPath p : paths) {
+          for (const PathLaunch& pl : path_launches(s.q)) {
             ++cases;
-            const GroupedQuantizedTensor gpu = quantize_grouped_gpu(s.q, v, sizes, streams, p, bf16);
+            const GroupedQuantizedTensor gpu = quantize_grouped_gpu(s.q, v, sizes, streams, pl.path, bf16, pl.launch);
             if (!same_grouped(gpu, cpu, x)) {
               ++failures;
-              std::printf("  case: %s, sizes #%zu, cols %lld, %s input, path %s\n", s.name.c_str(), si,
-                          (long long)cols, bf16 ? "bf16" : "f32", p == QuantPath::generic ? "generic" : "auto");
+              std::printf("  case: %s, sizes #%zu, cols %lld, %s input, path %s, %s\n", s.name.c_str(), si,
+                          (long long)cols, bf16 ? "bf16" : "f32", pl.path == QuantPath::generic ? "generic" : "auto",
+                          pl.launch == GroupedLaunch::one_launch ? "one launch" : "per group");
             }
           }
         }
@@ -254,7 +293,9 @@ TEST_CASE("cuda grouped quantize: slices at any element offset, every output, st
     const QuantizerSpec& q = ns.q;
     for (int64_t cols : {int64_t(53), int64_t(64)}) {
       for (bool bf16 : {false, true}) {
-        for (int64_t off : {0, 1}) {
+        for (int64_t off : {0, 1})
+         for (GroupedLaunch launch : {GroupedLaunch::per_group, GroupedLaunch::one_launch}) {
+          if (launch == GroupedLaunch::one_launch && !grouped_one_launch_applies(q)) continue;
           const std::vector<float> x = grouped_data(sizes, cols, 91u + uint32_t(cols), bf16);
           const int64_t rows = int64_t(x.size()) / cols, n = rows * cols;
           const std::vector<RandomStream> streams = consecutive_streams(55, 2, sizes.size());
@@ -279,7 +320,8 @@ TEST_CASE("cuda grouped quantize: slices at any element offset, every output, st
           o.global_decode = gdec.ptr<float>();
           const InputType it = bf16 ? InputType::bf16 : InputType::f32;
           GroupedQuantWorkspace ws;
-          quantize_grouped_device(q, in.ptr<void>(), it, rows, cols, sizes, streams, o, ws);
+          quantize_grouped_device(q, in.ptr<void>(), it, rows, cols, sizes, streams, o, ws, nullptr,
+                                  QuantPath::automatic, launch);
           check(cudaDeviceSynchronize(), "test");
           bool ok = test::same_bytes("codes", codes.get<uint8_t>(), cpu.codes, &x);
           if (has_codes) ok = test::same_bytes("scale codes", scodes.get<uint8_t>(), cpu.scale_codes) && ok;
@@ -298,14 +340,16 @@ TEST_CASE("cuda grouped quantize: slices at any element offset, every output, st
           if (bad16) std::printf("  BF16 dequant: %lld elements differ\n", (long long)bad16);
           ok = bad16 == 0 && ok;
           for (const Slot* sl : {&in, &codes, &scodes, &scales, &dq, &b16, &gdec}) ok = sl->guards_intact() && ok;
-          // The staging buffer: the largest group copy quantize_device makes, none where every slice is aligned.
+          // The staging buffer: the largest group copy quantize_device makes, none where every slice is aligned
+          // (the one-launch form's loads check alignment per access: none at all).
           size_t want_staging = 0;
           bool all_aligned = true;
           for (size_t g = 0, row = 0; g < sizes.size(); row += size_t(sizes[g]), ++g) {
             if (sizes[g] == 0) continue;
             const char* slice = in.ptr<char>() + row * size_t(cols) * elem;
             all_aligned = all_aligned && (reinterpret_cast<uintptr_t>(slice) & 15) == 0;
-            want_staging = std::max(want_staging, quantize_staging_bytes(q, slice, it, sizes[g], cols));
+            if (launch == GroupedLaunch::per_group)
+              want_staging = std::max(want_staging, quantize_staging_bytes(q, slice, it, sizes[g], cols));
           }
           if (ws.quant.staging.size() != want_staging || (all_aligned && want_staging != 0)) {
             std::printf("  staging: %zu bytes, want %zu\n", ws.quant.staging.size(), want_staging);
@@ -313,8 +357,9 @@ TEST_CASE("cuda grouped quantize: slices at any element offset, every output, st
           }
           if (!ok) {
             ++failures;
-            std::printf("  case: %s, cols %lld, %s input at +%lld elements, outputs at +%lld\n", ns.name.c_str(),
-                        (long long)cols, bf16 ? "bf16" : "f32", (long long)off, (long long)out_off);
+            std::printf("  case: %s, cols %lld, %s input at +%lld elements, outputs at +%lld, %s\n",
+                        ns.name.c_str(), (long long)cols, bf16 ? "bf16" : "f32", (long long)off, (long long)out_off,
+                        launch == GroupedLaunch::one_launch ? "one launch" : "per group");
           }
         }
       }
@@ -573,6 +618,71 @@ TEST_CASE("cuda grouped gemm: one call and the loop agree, f32 output") {
       if (!(std::fabs(double(ga[i]) - double(gb[i])) <= 2e-5 * ref.mag[i] + 1e-30)) ++bad;
     CHECK_MESSAGE(bad == 0, bad << " elements of one call and loop differ beyond the accumulation bound");
   }
+}
+
+TEST_CASE("cuda grouped gemm: device alphas written by the grouped quantization, read by the loop on the device") {
+  // x's quantization (both launch forms) writes alpha_g = g_dec(x_g) * g_dec(W_g)
+  // for the non-empty groups, and the loop reading it in device pointer mode
+  // gives the bits of the loop with the same alphas from the host.
+  const std::vector<int64_t> sizes{9, 0, 33, 1, 16};
+  const int64_t E = int64_t(sizes.size()), N = 40, K = 48;
+  int64_t M = 0;
+  for (int64_t m : sizes) M += m;
+  const std::vector<float> x = grouped_data(sizes, K, 5, true), w = test::varied_randn(E * N, K, 6, 4);
+  const std::vector<int64_t> wsizes(size_t(E), N);
+  const QuantizerSpec qx = quantizer_by_name("nvfp4"), qw = quantizer_by_name("nvfp4_2d");
+  DeviceBuffer<float> dw;
+  dw.upload(w);
+  DeviceBuffer<uint16_t> dx = upload_bf16(x);
+  DeviceBuffer<uint16_t> xop(static_cast<size_t>(M * K)), wop(static_cast<size_t>(E * N * K));
+  DeviceBuffer<float> gx(static_cast<size_t>(E)), gw(static_cast<size_t>(E)), alpha(static_cast<size_t>(E));
+  GroupedQuantWorkspace qws;
+  Blas blas;
+  GroupedGemmWorkspace ws;
+  for (GroupedLaunch launch : {GroupedLaunch::per_group, GroupedLaunch::one_launch}) {
+    alpha.fill_bytes(0xA5);
+    GroupedQuantOutputs ow, ox;
+    ow.dequant_bf16 = wop.data();
+    ow.bf16_gemm_operand = true;
+    ow.global_decode = gw.data();
+    quantize_grouped_device(qw, dw.data(), InputType::f32, E * N, K, wsizes, {}, ow, qws, nullptr,
+                            QuantPath::automatic, launch);
+    ox.dequant_bf16 = xop.data();
+    ox.bf16_gemm_operand = true;
+    ox.global_decode = gx.data();
+    ox.gemm_alpha = alpha.data();
+    ox.gemm_alpha_other = gw.data();
+    quantize_grouped_device(qx, dx.data(), InputType::bf16, M, K, sizes, {}, ox, qws, nullptr, QuantPath::automatic,
+                            launch);
+    const std::vector<float> want = grouped_alpha_host(gx.data(), gw.data(), size_t(E));
+    const std::vector<float> got = alpha.download();
+    for (int64_t g = 0; g < E; ++g)
+      if (sizes[size_t(g)] > 0) CHECK(float_bits(got[size_t(g)]) == float_bits(want[size_t(g)]));
+    std::vector<float> host_alpha = want;
+    for (int64_t g = 0; g < E; ++g)
+      if (sizes[size_t(g)] == 0) host_alpha[size_t(g)] = got[size_t(g)];  // never used: no rows
+    for (OutType out : {OutType::f32, OutType::bf16}) {
+      const size_t bytes = size_t(M * N) * (out == OutType::f32 ? 4 : 2);
+      DeviceBuffer<uint8_t> a(bytes), b(bytes);
+      a.fill_bytes(0x7F);
+      b.fill_bytes(0x7F);
+      grouped_gemm_forward(blas, ws, sizes, N, K, xop.data(), wop.data(), a.data(), out, host_alpha,
+                           GroupedImpl::loop);
+      grouped_gemm_forward(blas, ws, sizes, N, K, xop.data(), wop.data(), b.data(), out, {}, GroupedImpl::loop,
+                           alpha.data());
+      check(cudaDeviceSynchronize(), "grouped gemm");
+      CHECK(a.download() == b.download());
+    }
+  }
+  // Device alphas go with the loop only, and not with host alphas.
+  const std::vector<float> one(size_t(E), 1.0f);
+  DeviceBuffer<float> y(size_t(M * N));
+  CHECK_THROWS_WITH_AS(grouped_gemm_forward(blas, ws, sizes, N, K, xop.data(), wop.data(), y.data(), OutType::f32, {},
+                                            GroupedImpl::one_call, alpha.data()),
+                       doctest::Contains("device alphas need the loop form"), Error);
+  CHECK_THROWS_WITH_AS(grouped_gemm_forward(blas, ws, sizes, N, K, xop.data(), wop.data(), y.data(), OutType::f32, one,
+                                            GroupedImpl::loop, alpha.data()),
+                       doctest::Contains("not both"), Error);
 }
 
 TEST_CASE("cuda grouped gemm: NVFP4 grouped quantize + grouped GEMM equal sim per expert up to accumulation order") {
