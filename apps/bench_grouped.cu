@@ -74,7 +74,7 @@ std::vector<int64_t> group_sizes(int64_t experts, int64_t tokens, bool skewed) {
 // The buffers of one (experts, tokens, hidden) point, grown as needed.
 struct Buffers {
   DeviceBuffer<uint16_t> x16, w16, y16, xop, wop;
-  DeviceBuffer<float> y32, gx, gw, alpha;
+  DeviceBuffer<float> y32, gx, gw, alpha, gdense;
   DeviceBuffer<uint8_t> xcodes, wcodes, xsc, wsc;
 };
 
@@ -122,10 +122,13 @@ int bench_grouped_gemm(const std::vector<int64_t>& experts, const std::vector<in
       "    the dgrad, and every micro-batch): x's quantization + the GEMMs\n");
   std::printf(
       "(c 1) the quantizations of (c), alpha copied to the host (cuBLAS's grouped GEMM reads it there) + the one-call\n"
-      "    grouped GEMM of (a) on the BF16 operands\n\n");
-  std::printf("%4s %7s %6s %-8s %5s | %8s %6s | %8s %6s | %8s %6s | %8s | %8s | %6s %6s %6s\n", "E", "tokens", "K=N",
-              "sizes", "empty", "(a) ms", "TF/s", "(b) ms", "TF/s", "(c) ms", "TF/s", "(c x) ms", "(c 1) ms", "c/a",
-              "c x/a", "c 1/a");
+      "    grouped GEMM of (a) on the BF16 operands\n");
+  std::printf(
+      "W q: the grouped quantization of W alone (one launch + amax pass); W dense: W as one tensor [E N, K] (one\n"
+      "    global scale), the same kernel family's cost without groups\n\n");
+  std::printf("%4s %7s %6s %-8s %5s | %8s %6s | %8s %6s | %8s %6s | %8s | %8s | %6s %6s %6s | %8s %8s\n", "E",
+              "tokens", "K=N", "sizes", "empty", "(a) ms", "TF/s", "(b) ms", "TF/s", "(c) ms", "TF/s", "(c x) ms",
+              "(c 1) ms", "c/a", "c x/a", "c 1/a", "W q ms", "W dense");
   Blas blas;
   GroupedGemmWorkspace gws;
   GroupedQuantWorkspace qws_x, qws_w;
@@ -182,18 +185,33 @@ int bench_grouped_gemm(const std::vector<int64_t>& experts, const std::vector<in
             grouped_gemm_forward(blas, gws, sizes, N, K, ox.dequant_bf16, ow.dequant_bf16, y, ot, alpha,
                                  GroupedImpl::one_call);
           };
+          // W as one dense tensor (one global scale): the quantization kernel's
+          // own cost, against which quantize_w's per-expert form is measured.
+          QuantOutputs wd;
+          wd.codes = ow.codes;
+          wd.code_layout = CodeLayout::packed4;
+          wd.scale_codes = ow.scale_codes;
+          wd.dequant_bf16 = ow.dequant_bf16;
+          wd.bf16_gemm_operand = true;
+          wd.global_decode = b.gdense.at_least(1);
+          auto quantize_w_dense = [&] {
+            quantize_device(qw, b.w16.data(), InputType::bf16, E * N, K, RandomStream{}, wd, qws_w.quant,
+                            blas.stream());
+          };
           nvfp4();  // W's operand and g_dec for nvfp4_x before the warm-up rounds
-          auto ms = time_rounds_ms(3, repeats, blas.stream(), grouped, loop, nvfp4, nvfp4_x, nvfp4_one_call);
-          double med[5];
-          for (int i = 0; i < 5; ++i) med[i] = median_of(std::move(ms[size_t(i)]));
+          auto ms = time_rounds_ms(3, repeats, blas.stream(), grouped, loop, nvfp4, nvfp4_x, nvfp4_one_call, quantize_w,
+                                   quantize_w_dense);
+          nvfp4();  // W's grouped operand and g_dec again (quantize_w_dense wrote over them)
+          double med[7];
+          for (int i = 0; i < 7; ++i) med[i] = median_of(std::move(ms[size_t(i)]));
           const double flops = 2.0 * double(T) * double(N) * double(K);
           auto tf = [&](double m) { return flops / (m * 1e-3) / 1e12; };
           std::printf(
               "%4lld %7lld %6lld %-8s %5lld | %8.4f %6.1f | %8.4f %6.1f | %8.4f %6.1f | %8.4f | %8.4f | %6.2f %6.2f "
-              "%6.2f\n",
+              "%6.2f | %8.4f %8.4f\n",
               (long long)E, (long long)T, (long long)H, skewed ? "skewed" : "balanced", (long long)empty, med[0],
               tf(med[0]), med[1], tf(med[1]), med[2], tf(med[2]), med[3], med[4], med[2] / med[0], med[3] / med[0],
-              med[4] / med[0]);
+              med[4] / med[0], med[5], med[6]);
         }
       }
   std::printf(

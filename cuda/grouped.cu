@@ -396,7 +396,9 @@ void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputTyp
   o.dequant_bf16 = out.dequant_bf16;
   o.bf16_gemm_operand = out.bf16_gemm_operand;
   o.global_decode = out.global_decode;
-  qk::quantize_grouped_fused(q, x, type, rows, cols, soff.back(), t, o, stream);
+  bool rows16 = true;
+  for (int64_t n : sizes) rows16 = rows16 && n % 16 == 0;
+  qk::quantize_grouped_fused(q, x, type, rows, cols, soff.back(), rows16, t, o, stream);
 }
 
 }  // namespace

@@ -211,50 +211,70 @@ void launch_tiles(const KParams& p, KernelKind kind, InputType in, cudaStream_t 
 // ---- grouped: every group of a grouped tensor in one launch (quantize_grouped.cuh)
 // The tile kernel over the concatenated groups' tile rows (p.rows: all rows;
 // tile_rows: the table's scale rows): warp w takes tile pair w % pairs of tile
-// row w / pairs, in its group's narrowed parameters. Never FULL (a group's
-// rows start anywhere).
-template <class In, KernelKind K, Fast FM>
+// row w / pairs, in its group's narrowed parameters. FULL (with Fast::rn):
+// every group's rows a multiple of 16 and full_spans_apply(p, 32) (an expert
+// weight [E, N, K] with N % 16 == 0, K % 32 == 0): whole tile pairs, 32-bit
+// indices, no bounds checks, as tile_kernel's FULL form.
+template <class In, KernelKind K, Fast FM, bool FULL>
 __global__ void __launch_bounds__(kThreads) grouped_tile_kernel(const KParams p, const GroupTable t, int64_t tile_rows) {
   const int lane = threadIdx.x & 31, half = lane >> 4;
-  const int64_t tiles_c = (p.cols + 15) / 16, pairs_c = (tiles_c + 1) / 2;
-  const int64_t warp = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
-  if (warp >= tile_rows * pairs_c) return;  // warp-uniform
-  const int64_t row_of_tiles = warp / pairs_c;
+  const int64_t tiles_c = (p.cols + 15) / 16;
+  int64_t row_of_tiles, tc;
+  if constexpr (FULL) {
+    const uint32_t warp = (blockIdx.x * kThreads + threadIdx.x) >> 5;
+    if (warp >= p.units) return;  // warp-uniform
+    const uint32_t tr32 = p.unit_div.div(warp);
+    row_of_tiles = tr32;
+    tc = (warp - tr32 * uint32_t(tiles_c / 2)) * 2 + half;
+  } else {
+    const int64_t pairs_c = (tiles_c + 1) / 2;
+    const int64_t warp = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+    if (warp >= tile_rows * pairs_c) return;  // warp-uniform
+    row_of_tiles = warp / pairs_c;
+    tc = (warp - row_of_tiles * pairs_c) * 2 + half;
+  }
   const int g = group_of(t, row_of_tiles);
   const KParams q = group_params<In>(p, t, g);
-  const int64_t tr = row_of_tiles - __ldg(t.soff + g), tc = (warp - row_of_tiles * pairs_c) * 2 + half;
+  const int64_t tr = row_of_tiles - __ldg(t.soff + g);
   const int64_t r = tr * 16 + (lane & 15), c0 = tc * 16;
-  const int valid = (r < q.rows && c0 < q.cols) ? int(q.cols - c0 < 16 ? q.cols - c0 : 16) : 0;
+  const int valid = FULL ? 16 : (r < q.rows && c0 < q.cols) ? int(q.cols - c0 < 16 ? q.cols - c0 : 16) : 0;
   float v[16];
-  load_n<In, 16>(q.x, r * q.cols + c0, valid, v);
+  load_n<In, 16, FULL>(q.x, r * q.cols + c0, valid, v);
   const uint32_t a = amax_bits(v);
   const Format f = kind_elem<K>(q), sf = kind_scale<K>(q);
   const NvGlobal g_nv = nv_global_of(q, f, sf);
   if (tr == 0 && lane == 0 && tc == 0) store_global_decode(q.out, g_nv.g_dec);
-  tile_encode<K, FM, false>(q, f, sf, g_nv, tr, tc, r, c0, v, a, valid);
+  tile_encode<K, FM, FULL>(q, f, sf, g_nv, tr, tc, r, c0, v, a, valid);
 }
 
 template <class In, KernelKind K>
-void launch_grouped_tiles_kind(const KParams& p, const GroupTable& t, int64_t tile_rows, unsigned blocks,
+void launch_grouped_tiles_kind(const KParams& p, const GroupTable& t, int64_t tile_rows, bool rows16, unsigned blocks,
                                cudaStream_t st) {
-  if (K != KernelKind::runtime && fast_rn_applies(K, p))
-    grouped_tile_kernel<In, K, Fast::rn><<<blocks, kThreads, 0, st>>>(p, t, tile_rows);
-  else
-    grouped_tile_kernel<In, K, Fast::none><<<blocks, kThreads, 0, st>>>(p, t, tile_rows);
+  if (K != KernelKind::runtime && fast_rn_applies(K, p)) {
+    if (rows16 && full_spans_apply(p, 32)) {
+      const KParams pf = full_params(p, tile_rows * (p.cols / 32), p.cols / 32);
+      grouped_tile_kernel<In, K, Fast::rn, true><<<blocks, kThreads, 0, st>>>(pf, t, tile_rows);
+    } else {
+      grouped_tile_kernel<In, K, Fast::rn, false><<<blocks, kThreads, 0, st>>>(p, t, tile_rows);
+    }
+  } else {
+    grouped_tile_kernel<In, K, Fast::none, false><<<blocks, kThreads, 0, st>>>(p, t, tile_rows);
+  }
 }
 
+// rows16: every group's rows a multiple of 16 (the FULL form's condition on rows).
 template <class In>
-void launch_grouped_tiles(const KParams& p, const GroupTable& t, int64_t tile_rows, KernelKind kind,
+void launch_grouped_tiles(const KParams& p, const GroupTable& t, int64_t tile_rows, bool rows16, KernelKind kind,
                           cudaStream_t st) {
   const int64_t pairs = tile_rows * ((p.cols + 31) / 32);
   if (pairs == 0) return;
   const unsigned blocks = unsigned((pairs * 32 + kThreads - 1) / kThreads);
   if (kind == KernelKind::nvfp4)
-    launch_grouped_tiles_kind<In, KernelKind::nvfp4>(p, t, tile_rows, blocks, st);
+    launch_grouped_tiles_kind<In, KernelKind::nvfp4>(p, t, tile_rows, rows16, blocks, st);
   else if (kind == KernelKind::e2m1)
-    launch_grouped_tiles_kind<In, KernelKind::e2m1>(p, t, tile_rows, blocks, st);
+    launch_grouped_tiles_kind<In, KernelKind::e2m1>(p, t, tile_rows, rows16, blocks, st);
   else
-    grouped_tile_kernel<In, KernelKind::runtime, Fast::none><<<blocks, kThreads, 0, st>>>(p, t, tile_rows);
+    grouped_tile_kernel<In, KernelKind::runtime, Fast::none, false><<<blocks, kThreads, 0, st>>>(p, t, tile_rows);
   check_launch("grouped_tile_kernel");
 }
 
@@ -849,7 +869,8 @@ void launch_rows_grouped(const KernelPlan& plan, const KParams& p, const GroupTa
 }  // namespace
 
 void quantize_grouped_fused(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
-                            int64_t scale_rows, const GroupTable& t, const QuantOutputs& out, cudaStream_t stream) {
+                            int64_t scale_rows, bool rows16, const GroupTable& t, const QuantOutputs& out,
+                            cudaStream_t stream) {
   const KernelPlan plan = plan_quantize(q, type, QuantPath::fused, false);
   const KParams p = make_params(q, x, rows, cols, RandomStream{}, out);
   GroupTable tt = t;
@@ -869,9 +890,9 @@ void quantize_grouped_fused(const QuantizerSpec& q, const void* x, InputType typ
     else
       launch_rows_grouped<float>(plan, p, tt, stream);
   } else if (type == InputType::bf16) {
-    launch_grouped_tiles<uint16_t>(p, tt, scale_rows, plan.kind, stream);
+    launch_grouped_tiles<uint16_t>(p, tt, scale_rows, rows16, plan.kind, stream);
   } else {
-    launch_grouped_tiles<float>(p, tt, scale_rows, plan.kind, stream);
+    launch_grouped_tiles<float>(p, tt, scale_rows, rows16, plan.kind, stream);
   }
 }
 

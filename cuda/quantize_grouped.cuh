@@ -85,9 +85,12 @@ bool grouped_needs_amax(const QuantizerSpec& q, InputType type);
 // Every group of x [rows, cols] in one quantization launch (after one launch
 // of the per-group amax pass where the rule needs it: t.items, t.amax zero,
 // t.done zero, t.gparams [3 * groups]). out: the concatenated outputs' starts
-// (global_decode: [groups]); scale_rows: the table's total (soff[groups]).
+// (global_decode: [groups]); scale_rows: the table's total (soff[groups]);
+// rows16: every group's rows a multiple of 16 (lets 16x16 tiles take their
+// unchecked form where the columns and alignment allow too).
 void quantize_grouped_fused(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
-                            int64_t scale_rows, const GroupTable& t, const QuantOutputs& out, cudaStream_t stream);
+                            int64_t scale_rows, bool rows16, const GroupTable& t, const QuantOutputs& out,
+                            cudaStream_t stream);
 
 // Launchers (inst/rows_grouped_*.cu): every group's row blocks [1,BC] of kind
 // K in one launch, p.rows = all rows (the scale rows of the table). No RHT.
