@@ -12,6 +12,7 @@
 
 #include "train/backend.hpp"
 #include "train/cpu/erf.hpp"
+#include "train/cpu/exp.hpp"
 #include "train/cpu/linear.hpp"
 #include "core/error.hpp"
 #include "core/philox.hpp"
@@ -239,24 +240,20 @@ class CpuBackend final : public Backend {
       y.data[i] = 0.5f * v * (1.0f + erf_f32(v * 0.70710678118654752f));
     }
   }
+  // GELU'(x) = Phi(x) + x phi(x), with erf_f32 and exp_f32 (exp.hpp): one
+  // vectorised pass, no libm call. dx may alias dy.
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     const ThreadCount use(threads_);
-    // Chunks: erf in a vectorised loop, then libm's expf (a scalar call) in a
-    // second one. dx may alias dy.
-    constexpr int64_t kChunk = 1024;
     const int64_t n = x.size();
+    const float* xv = x.data;
+    const float* g = dy.data;
+    float* d = dx.data;
 #pragma omp parallel for schedule(static)
-    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-      const int64_t len = std::min(kChunk, n - c0);
-      const float* xv = x.data + c0;
-      float e[kChunk];
-      for (int64_t j = 0; j < len; ++j) e[j] = erf_f32(xv[j] * 0.70710678118654752f);
-      for (int64_t j = 0; j < len; ++j) {
-        const float v = xv[j];
-        const float cdf = 0.5f * (1.0f + e[j]);
-        const float pdf = 0.39894228040143268f * std::exp(-0.5f * v * v);
-        dx.data[c0 + j] = dy.data[c0 + j] * (cdf + v * pdf);
-      }
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = xv[i];
+      const float cdf = 0.5f * (1.0f + erf_f32(v * 0.70710678118654752f));
+      const float pdf = 0.39894228040143268f * exp_f32(-0.5f * v * v);
+      d[i] = g[i] * (cdf + v * pdf);
     }
   }
 

@@ -5,9 +5,8 @@
 #include <algorithm>
 #include <string>
 
-#include "core/encode.hpp"
+#include "train/cpu/bf16.hpp"
 #include "core/error.hpp"
-#include "core/format.hpp"
 #include "sim/quantizer.hpp"
 #include "sim/gemm_tiled.hpp"
 #include "sim/rht.hpp"
@@ -19,13 +18,14 @@ namespace {
 MatrixView<float> view(MatrixRM& m) { return MatrixView<float>(m.data(), m.rows(), m.cols()); }
 
 // Round to bfloat16, nearest-even (the high-precision mode "bf16": GEMM
-// operands in bf16, FP32 accumulation). Inf/NaN stay Inf/NaN.
+// operands in bf16, FP32 accumulation). Inf stays Inf, NaN becomes the quiet
+// NaN (bf16.hpp: the bits of core's codec, in a loop that vectorises).
 void round_bf16(MatrixView<float> m) {
   const int64_t rows = m.rows, cols = m.cols;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* p = m.data + r * m.stride;
-    for (int64_t c = 0; c < cols; ++c) p[c] = decode(bfloat16, encode_rn_f32<bfloat16>(p[c], Overflow::nonsaturate));
+    for (int64_t c = 0; c < cols; ++c) p[c] = train::round_bf16_f32(p[c]);
   }
 }
 
