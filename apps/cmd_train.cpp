@@ -1,12 +1,15 @@
 // `fp4lab train`, `fp4lab compare`, `fp4lab sweep` and `fp4lab bench train`.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apps/commands.hpp"
@@ -56,65 +59,185 @@ struct TrainArgs {
   LaunchOptions launch;  // train: data-parallel ranks (train/dist/launch.hpp)
 };
 
-// One timed training step loop on synthetic data (no dataset needed).
-void bench_train(const std::string& config_path, const std::string& recipes, int64_t steps, int threads,
-                 const std::string& backend, const std::vector<std::string>& sets) {
+struct BenchArgs {
+  std::string config, recipes = "fp32,mx_baseline,nvfp4", backend, pytorch = "auto",
+                      pytorch_script = "scripts/bench_pytorch_gpt.py";
+  int64_t steps = 10;
+  int repeats = 3;
+  int threads = 0;
+  std::vector<std::string> sets;
+};
+
+// Median and range of a round's figures.
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+Spread spread_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back()};
+}
+
+void print_bench_row(const std::string& name, const Spread& s, double items_per_ms, double first_ms) {
+  std::printf("%-44s %9.2f %9.2f %9.2f %14.0f %9.2fx\n", name.c_str(), s.median, s.min, s.max,
+              items_per_ms / s.median, s.median / first_ms);
+  std::fflush(stdout);
+}
+
+// One recipe's model, optimizer and synthetic batch, kept across the rounds.
+struct BenchRun {
+  std::string name;
+  Recipe recipe;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<AdamW> opt;
+  int64_t step = 0;
+  std::vector<double> ms;
+};
+
+// `steps` training steps of r, each synchronised; returns ms per step.
+double time_steps(BenchRun& r, const Batch& b, const RunConfig& cfg, int64_t steps, int64_t total_steps) {
+  double total = 0.0;
+  for (int64_t s = 0; s < steps; ++s, ++r.step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    r.be->fill(r.model->params().grads, 0.0f);
+    StepContext sc{&r.recipe, cfg.seed, uint64_t(r.step), true};
+    r.model->forward_backward(b, sc, nullptr);
+    r.opt->step(learning_rate(cfg.training.schedule, r.step, total_steps));
+    r.be->synchronize();
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return 1000.0 * total / double(steps);
+}
+
+// Runs `cmd` (a shell command line); its stdout lines, or nullopt if it could not run or failed.
+std::optional<std::vector<std::string>> run_command(const std::string& cmd) {
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return std::nullopt;
+  std::vector<std::string> lines;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, f)) {
+    std::string l(buf);
+    while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+    lines.push_back(l);
+  }
+  if (pclose(f) != 0) return std::nullopt;
+  return lines;
+}
+
+// The PyTorch rows of bench train (scripts/bench_pytorch_gpt.py, the same GPT shape, batch, steps and
+// rounds): on the CPU eager FP32 with our thread count; on CUDA eager BF16 autocast and its faster forms
+// up to torch.compile with CUDA graphs + fused AdamW + TF32 (a user's best with two lines), and eager FP32
+// where an fp32 recipe is benchmarked.
+void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool with_fp32, double first_ms) {
+  if (a.pytorch == "off") return;
+  const bool need = a.pytorch == "on";
+  auto skip = [&](const std::string& why) {
+    if (need) throw Error("bench train --pytorch on: " + why);
+    std::printf("pytorch: skipped (%s; --pytorch on makes this an error)\n", why.c_str());
+  };
+  if (cfg.model.type != "gpt") return skip("the PyTorch reference is the GPT only");
+  if (cfg.model.moe.experts > 0) return skip("the PyTorch reference has no mixture of experts");
+  if (!std::filesystem::exists(a.pytorch_script))
+    return skip("no " + a.pytorch_script + " (run from the repository root, or give --pytorch-script)");
+  if (!run_command("python3 -c 'import torch' 2>/dev/null")) return skip("python3 cannot import torch");
+  const ModelConfig& m = cfg.model;
+  std::ostringstream base;
+  base << "python3 '" << a.pytorch_script << "' --device " << (cfg.backend == "cuda" ? "cuda" : "cpu")
+       << " --layers " << m.layers << " --heads " << m.heads << " --width " << m.width << " --context " << m.context
+       << " --batch " << cfg.training.batch_size << " --dropout " << m.dropout << " --vocab " << m.vocab_size
+       << " --threads " << threads << " --steps " << a.steps << " --repeats " << a.repeats;
+  std::vector<std::string> variants;
+  if (cfg.backend == "cuda") {
+    if (with_fp32) variants.push_back("--dtype fp32");
+    variants.push_back("--dtype bf16");
+    variants.push_back("--dtype bf16 --fused-adamw");
+    variants.push_back("--dtype bf16 --fused-adamw --compile");
+    variants.push_back("--dtype bf16 --fused-adamw --cuda-graphs --tf32");
+  } else {
+    variants.push_back("--dtype fp32");
+  }
+  const double items_per_ms = double(cfg.training.batch_size * m.context) * 1000.0;
+  for (const std::string& v : variants) {
+    const std::string cmd = base.str() + " " + v + " 2>/dev/null";
+    const auto lines = run_command(cmd);
+    std::istringstream last(lines && !lines->empty() ? lines->back() : "");
+    std::string tag, name;
+    Spread s;
+    if (!(last >> tag >> name >> s.median >> s.min >> s.max) || tag != "RESULT") {
+      std::printf("pytorch %-36s failed: %s\n", v.c_str(), cmd.c_str());
+      continue;
+    }
+    print_bench_row("pytorch " + name, s, items_per_ms, first_ms);
+  }
+}
+
+// Training steps on synthetic data (no dataset needed): every recipe's model
+// built first, 2 warm-up steps each, then `repeats` rounds of `steps` steps
+// with the recipes interleaved; median and range over the rounds. Then
+// PyTorch's GPT of the same shape beside them (bench_pytorch).
+void bench_train(const BenchArgs& a) {
   json j;
-  if (config_path.empty()) {
+  if (a.config.empty()) {
     j = {{"name", "gpt_baby"}, {"model", {{"type", "gpt"}}}, {"data", {{"type", "char"}}}};
   } else {
-    j = read_json_file(config_path);
+    j = read_json_file(a.config);
   }
-  for (const auto& s : sets) apply_set(j, s);
-  if (threads > 0) j["threads"] = threads;
-  if (!backend.empty()) j["backend"] = backend;
+  for (const auto& s : a.sets) apply_set(j, s);
+  if (a.threads > 0) j["threads"] = a.threads;
+  if (!a.backend.empty()) j["backend"] = a.backend;
+  if (a.repeats <= 0) throw Error("--repeats must be positive, got " + std::to_string(a.repeats));
+  if (a.pytorch != "auto" && a.pytorch != "on" && a.pytorch != "off")
+    throw Error("--pytorch '" + a.pytorch + "': valid: auto, on, off");
   RunConfig cfg = config_from_json(j);
   const bool vit = cfg.model.type == "vit";
-  std::printf("bench train: %s model, batch %lld%s, %lld timed steps after 2 warm-up, backend %s\n",
+  const int threads = cfg.threads > 0 ? cfg.threads : std::max(1, int(std::thread::hardware_concurrency()));
+  std::printf("bench train: %s model, batch %lld%s, backend %s%s; %d rounds of %lld timed steps after 2 warm-up "
+              "steps, recipes interleaved; ms/iter: median, min, max over the rounds\n",
               cfg.model.type.c_str(), (long long)cfg.training.batch_size,
-              vit ? "" : (" x context " + std::to_string(cfg.model.context)).c_str(), (long long)steps,
-              cfg.backend.c_str());
-  std::printf("%-28s %12s %14s %10s\n", "recipe", "ms/iter", vit ? "images/s" : "tokens/s", "vs first");
-  double first_ms = 0.0;
-  for (const auto& rname : split_list(recipes, "--recipes")) {
+              vit ? "" : (" x context " + std::to_string(cfg.model.context)).c_str(), cfg.backend.c_str(),
+              cfg.backend == "cpu" ? (", " + std::to_string(threads) + " threads").c_str() : "", a.repeats,
+              (long long)a.steps);
+  std::printf("%-44s %9s %9s %9s %14s %10s\n", "recipe", "ms/iter", "min", "max", vit ? "images/s" : "tokens/s",
+              "vs first");
+  std::vector<BenchRun> runs;
+  bool with_fp32 = false;
+  Batch b;
+  b.size = cfg.training.batch_size;
+  for (const auto& rname : split_list(a.recipes, "--recipes")) {
     cfg.recipe = rname;
-    const Recipe recipe = resolve_recipe(cfg);
-    auto be = make_backend(cfg.backend, cfg.threads);
-    auto model = make_model(cfg.model, *be, cfg.seed);
+    BenchRun r;
+    r.name = rname;
+    r.recipe = resolve_recipe(cfg);
+    with_fp32 = with_fp32 || rname == "fp32";
+    r.be = make_backend(cfg.backend, cfg.threads);
+    r.model = make_model(cfg.model, *r.be, cfg.seed);
     AdamWConfig ac = cfg.training.adamw;
     if (cfg.training.optimizer == "adam") ac.weight_decay = 0.0;
-    AdamW opt(ac, model->params(), *be);
-    std::mt19937 rng(1234);
-    Batch b;
-    b.size = cfg.training.batch_size;
-    if (vit) {
-      const int64_t px = cfg.model.channels * cfg.model.image_size * cfg.model.image_size;
-      std::normal_distribution<float> nd;
-      for (int64_t i = 0; i < b.size * px; ++i) b.images.push_back(nd(rng));
-      for (int64_t i = 0; i < b.size; ++i) b.targets.push_back(int32_t(rng() % uint32_t(cfg.model.classes)));
-    } else {
-      for (int64_t i = 0; i < b.size * cfg.model.context; ++i) {
-        b.tokens.push_back(int32_t(rng() % uint32_t(cfg.model.vocab_size)));
-        b.targets.push_back(int32_t(rng() % uint32_t(cfg.model.vocab_size)));
-      }
-    }
-    double total = 0.0;
-    for (int64_t s = 0; s < steps + 2; ++s) {
-      const auto t0 = std::chrono::steady_clock::now();
-      be->fill(model->params().grads, 0.0f);
-      StepContext sc{&recipe, cfg.seed, uint64_t(s), true};
-      model->forward_backward(b, sc, nullptr);
-      opt.step(learning_rate(cfg.training.schedule, s, steps + 2));
-      be->synchronize();
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (s >= 2) total += dt;
-    }
-    const double ms = 1000.0 * total / double(steps);
-    if (first_ms == 0.0) first_ms = ms;
-    const double items = double(b.size * model->items_per_sample()) * 1000.0 / ms;
-    std::printf("%-28s %12.2f %14.0f %9.2fx\n", rname.c_str(), ms, items, ms / first_ms);
-    std::fflush(stdout);
+    r.opt = std::make_unique<AdamW>(ac, r.model->params(), *r.be);
+    runs.push_back(std::move(r));
   }
+  std::mt19937 rng(1234);
+  if (vit) {
+    const int64_t px = cfg.model.channels * cfg.model.image_size * cfg.model.image_size;
+    std::normal_distribution<float> nd;
+    for (int64_t i = 0; i < b.size * px; ++i) b.images.push_back(nd(rng));
+    for (int64_t i = 0; i < b.size; ++i) b.targets.push_back(int32_t(rng() % uint32_t(cfg.model.classes)));
+  } else {
+    for (int64_t i = 0; i < b.size * cfg.model.context; ++i) {
+      b.tokens.push_back(int32_t(rng() % uint32_t(cfg.model.vocab_size)));
+      b.targets.push_back(int32_t(rng() % uint32_t(cfg.model.vocab_size)));
+    }
+  }
+  const int64_t total_steps = 2 + a.steps * a.repeats;
+  for (BenchRun& r : runs) time_steps(r, b, cfg, 2, total_steps);
+  for (int round = 0; round < a.repeats; ++round)
+    for (BenchRun& r : runs) r.ms.push_back(time_steps(r, b, cfg, a.steps, total_steps));
+  const double items_per_ms = double(b.size * runs.front().model->items_per_sample()) * 1000.0;
+  const double first_ms = spread_of(runs.front().ms).median;
+  for (const BenchRun& r : runs) print_bench_row(r.name, spread_of(r.ms), items_per_ms, first_ms);
+  runs.clear();  // free the GPU before PyTorch runs on it
+  bench_pytorch(a, cfg, threads, with_fp32, first_ms);
 }
 
 void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
@@ -254,22 +377,23 @@ void register_train_commands(CLI::App& app) {
 }
 
 void register_bench_train(CLI::App& bench) {
-  struct BenchArgs {
-    std::string config, recipes = "fp32,mx_baseline,nvfp4", backend;
-    int64_t steps = 10;
-    int threads = 0;
-    std::vector<std::string> sets;
-  };
   auto a = std::make_shared<BenchArgs>();
   CLI::App* c = bench.add_subcommand("train", "ms/iteration and tokens/s (images/s) of training steps per recipe");
   c->add_option("--config", a->config, "Experiment config (default: the baby GPT, configs/gpt_baby.json's model)");
   c->add_option("--recipes", a->recipes, "Comma-separated recipes (default fp32,mx_baseline,nvfp4)");
-  c->add_option("--steps", a->steps, "Timed steps per recipe (default 10)")->check(CLI::PositiveNumber);
+  c->add_option("--steps", a->steps, "Timed steps per round and recipe (default 10)")->check(CLI::PositiveNumber);
+  c->add_option("--repeats", a->repeats, "Timed rounds (median and range reported; default 3)")
+      ->check(CLI::PositiveNumber);
   c->add_option("--threads", a->threads, "OpenMP threads (default: all)");
   c->add_option("--backend", a->backend, "cpu or cuda (default: the config's backend)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   c->add_option("--set", a->sets, "Override a config key: dotted.key=value");
-  c->callback([a] { bench_train(a->config, a->recipes, a->steps, a->threads, a->backend, a->sets); });
+  c->add_option("--pytorch", a->pytorch,
+                "PyTorch's GPT of the same shape beside ours (scripts/bench_pytorch_gpt.py): auto (when python3 "
+                "imports torch), on, off")
+      ->capture_default_str();
+  c->add_option("--pytorch-script", a->pytorch_script, "Path of bench_pytorch_gpt.py")->capture_default_str();
+  c->callback([a] { bench_train(*a); });
 }
 
 }  // namespace fp4lab

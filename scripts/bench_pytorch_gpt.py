@@ -9,9 +9,16 @@ causal attention through scaled_dot_product_attention, dropout on embeddings, at
 and residual branches) written from its description, not copied.
 
     python3 scripts/bench_pytorch_gpt.py [--device cpu|cuda] [--size baby|shakespeare_char]
-                                         [--dtype fp32|bf16] [--threads 2] [--steps 20]
+        [--layers L --heads H --width C --context T --batch B --dropout P --vocab V]  (override the size)
+        [--dtype fp32|bf16] [--threads 2] [--steps 20] [--repeats 1]
+        [--fused-adamw] [--compile] [--cuda-graphs] [--tf32]
 --dtype bf16 runs the forward under torch.autocast(bfloat16) as nanoGPT does on GPUs;
-fp32 is plain FP32 (TF32 off). Prints ms/iteration and tokens/s.
+fp32 is plain FP32 (TF32 off unless --tf32). --fused-adamw: AdamW(fused=True) (CUDA); --compile:
+torch.compile(model); --cuda-graphs: torch.compile(model, mode="reduce-overhead"), which replays the
+compiled forward and backward as CUDA graphs (implies --compile). Compiled variants warm up for 10 steps
+(compilation and graph recording), eager ones for 3. Each of `repeats` rounds times `steps` steps,
+synchronised per step (as fp4lab's bench train). Prints one line per round and a last line
+    RESULT <variant> <median ms/iter> <min> <max> <tokens/s at the median>
 """
 import argparse, math, time
 import torch
@@ -67,47 +74,92 @@ SIZES = {  # (layers, heads, width, context, batch, dropout)
 }
 
 
+def variant_name(a):
+    parts = ["compile+cuda-graphs" if a.cuda_graphs else "compile" if a.compile else "eager", a.dtype]
+    if a.fused_adamw:
+        parts.append("fused-adamw")
+    if a.tf32:
+        parts.append("tf32")
+    return ",".join(parts)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--size", choices=sorted(SIZES), default="baby")
+    for name, kind in (("layers", int), ("heads", int), ("width", int), ("context", int), ("batch", int),
+                       ("dropout", float), ("vocab", int)):
+        ap.add_argument("--" + name, type=kind, default=None)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--fused-adamw", action="store_true")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--cuda-graphs", action="store_true")
+    ap.add_argument("--tf32", action="store_true")
     a = ap.parse_args()
+    if a.steps <= 0 or a.repeats <= 0:
+        ap.error("--steps and --repeats must be positive")
+    if a.device == "cpu" and (a.cuda_graphs or a.fused_adamw):
+        ap.error("--cuda-graphs and --fused-adamw need --device cuda")
     torch.set_num_threads(a.threads)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
     torch.manual_seed(1337)
     L, H, C, T, B, p = SIZES[a.size]
+    L = a.layers if a.layers is not None else L
+    H = a.heads if a.heads is not None else H
+    C = a.width if a.width is not None else C
+    T = a.context if a.context is not None else T
+    B = a.batch if a.batch is not None else B
+    p = a.dropout if a.dropout is not None else p
+    V = a.vocab if a.vocab is not None else 65
     dev = torch.device(a.device)
-    m = GPT(T=T, C=C, L=L, H=H, p=p).to(dev)
+    m = GPT(V=V, T=T, C=C, L=L, H=H, p=p).to(dev)
     decay = [q for q in m.parameters() if q.dim() >= 2]
     nodecay = [q for q in m.parameters() if q.dim() < 2]
+    extra = {"fused": True} if a.fused_adamw else {}
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99))
-    x = torch.randint(65, (B, T), device=dev)
-    y = torch.randint(65, (B, T), device=dev)
+                            lr=1e-3, betas=(0.9, 0.99), **extra)
+    fwd = m
+    if a.compile or a.cuda_graphs:
+        fwd = torch.compile(m, mode="reduce-overhead" if a.cuda_graphs else None)
+    x = torch.randint(V, (B, T), device=dev)
+    y = torch.randint(V, (B, T), device=dev)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     ctx = (torch.autocast(device_type=a.device, dtype=torch.bfloat16) if a.dtype == "bf16"
            else torch.autocast(device_type=a.device, enabled=False))
-    total = 0.0
-    for s in range(a.steps + 3):
-        sync()
-        t0 = time.perf_counter()
+
+    def step():
         with ctx:
-            loss = m(x, y)
+            loss = fwd(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
-        sync()
-        if s >= 3:
-            total += time.perf_counter() - t0
-    ms = 1000 * total / a.steps
+
+    for _ in range(10 if fwd is not m else 3):
+        step()
+    sync()
     where = torch.cuda.get_device_name() if a.device == "cuda" else f"{a.threads} threads"
-    print(f"pytorch {torch.__version__} eager {a.dtype} {a.size}, {where}: {ms:.2f} ms/iter, "
-          f"{B * T * 1000 / ms:.0f} tokens/s")
+    name = variant_name(a)
+    rounds = []
+    for r in range(a.repeats):
+        total = 0.0
+        for s in range(a.steps):
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            total += time.perf_counter() - t0
+        ms = 1000 * total / a.steps
+        rounds.append(ms)
+        print(f"pytorch {torch.__version__} {name} L{L} H{H} C{C} T{T} B{B}, {where}, round {r + 1}: "
+              f"{ms:.2f} ms/iter, {B * T * 1000 / ms:.0f} tokens/s", flush=True)
+    rounds.sort()
+    med = rounds[len(rounds) // 2] if len(rounds) % 2 else 0.5 * (rounds[len(rounds) // 2 - 1] + rounds[len(rounds) // 2])
+    print(f"RESULT {name} {med:.4f} {rounds[0]:.4f} {rounds[-1]:.4f} {B * T * 1000 / med:.0f}")
 
 
 if __name__ == "__main__":
