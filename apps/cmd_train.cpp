@@ -60,8 +60,7 @@ struct TrainArgs {
 };
 
 struct BenchArgs {
-  std::string config, recipes = "fp32,mx_baseline,nvfp4", backend, pytorch = "auto",
-                      pytorch_script = "scripts/bench_pytorch_gpt.py";
+  std::string config, recipes = "fp32,mx_baseline,nvfp4", backend, pytorch = "auto", pytorch_dir = "scripts";
   int64_t steps = 10;
   int repeats = 3;
   int threads = 0;
@@ -125,10 +124,11 @@ std::optional<std::vector<std::string>> run_command(const std::string& cmd) {
   return lines;
 }
 
-// The PyTorch rows of bench train (scripts/bench_pytorch_gpt.py, the same GPT shape, batch, steps and
-// rounds): on the CPU eager FP32 with our thread count; on CUDA eager BF16 autocast and its faster forms
-// up to torch.compile with CUDA graphs + fused AdamW + TF32 (a user's best with two lines), and eager FP32
-// where an fp32 recipe is benchmarked.
+// The PyTorch rows of bench train (scripts/bench_pytorch_gpt.py or bench_pytorch_vit.py: the same model
+// shape, batch, steps and rounds). GPT on the CPU: eager FP32 with our thread count; on CUDA: eager BF16
+// autocast and its faster forms up to torch.compile with CUDA graphs + fused AdamW + TF32 (a user's best
+// with two lines), and eager FP32 where an fp32 recipe is benchmarked. ViT: eager FP32 and
+// torch.compile FP32 (the ViT runs FP32 in both).
 void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool with_fp32, double first_ms) {
   if (a.pytorch == "off") return;
   const bool need = a.pytorch == "on";
@@ -136,28 +136,38 @@ void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool w
     if (need) throw Error("bench train --pytorch on: " + why);
     std::printf("pytorch: skipped (%s; --pytorch on makes this an error)\n", why.c_str());
   };
-  if (cfg.model.type != "gpt") return skip("the PyTorch reference is the GPT only");
-  if (cfg.model.moe.experts > 0) return skip("the PyTorch reference has no mixture of experts");
-  if (!std::filesystem::exists(a.pytorch_script))
-    return skip("no " + a.pytorch_script + " (run from the repository root, or give --pytorch-script)");
-  if (!run_command("python3 -c 'import torch' 2>/dev/null")) return skip("python3 cannot import torch");
   const ModelConfig& m = cfg.model;
+  const bool vit = m.type == "vit";
+  if (m.moe.experts > 0) return skip("the PyTorch reference has no mixture of experts");
+  const std::string script = a.pytorch_dir + (vit ? "/bench_pytorch_vit.py" : "/bench_pytorch_gpt.py");
+  if (!std::filesystem::exists(script))
+    return skip("no " + script + " (run from the repository root, or give --pytorch-dir)");
+  if (!run_command("python3 -c 'import torch' 2>/dev/null")) return skip("python3 cannot import torch");
+  const bool cuda = cfg.backend == "cuda";
   std::ostringstream base;
-  base << "python3 '" << a.pytorch_script << "' --device " << (cfg.backend == "cuda" ? "cuda" : "cpu")
-       << " --layers " << m.layers << " --heads " << m.heads << " --width " << m.width << " --context " << m.context
-       << " --batch " << cfg.training.batch_size << " --dropout " << m.dropout << " --vocab " << m.vocab_size
-       << " --threads " << threads << " --steps " << a.steps << " --repeats " << a.repeats;
+  base << "python3 '" << script << "' --device " << (cuda ? "cuda" : "cpu") << " --threads " << threads
+       << " --steps " << a.steps << " --repeats " << a.repeats << " --batch " << cfg.training.batch_size
+       << " --dropout " << m.dropout << " --layers " << m.layers << " --heads " << m.heads << " --width " << m.width;
   std::vector<std::string> variants;
-  if (cfg.backend == "cuda") {
-    if (with_fp32) variants.push_back("--dtype fp32");
-    variants.push_back("--dtype bf16");
-    variants.push_back("--dtype bf16 --fused-adamw");
-    variants.push_back("--dtype bf16 --fused-adamw --compile");
-    variants.push_back("--dtype bf16 --fused-adamw --cuda-graphs --tf32");
+  if (vit) {
+    base << " --image " << m.image_size << " --patch " << m.patch_size << " --channels " << m.channels
+         << " --classes " << m.classes << " --mlp-ratio " << m.mlp_ratio << " --attn-scale " << m.attn_scale
+         << " --grad-clip " << cfg.training.adamw.grad_clip;
+    if (cfg.training.optimizer == "adamw") base << " --weight-decay " << cfg.training.adamw.weight_decay;
+    variants = {"", "--compile"};
   } else {
-    variants.push_back("--dtype fp32");
+    base << " --context " << m.context << " --vocab " << m.vocab_size;
+    if (cuda) {
+      if (with_fp32) variants.push_back("--dtype fp32");
+      variants.push_back("--dtype bf16");
+      variants.push_back("--dtype bf16 --fused-adamw");
+      variants.push_back("--dtype bf16 --fused-adamw --compile");
+      variants.push_back("--dtype bf16 --fused-adamw --cuda-graphs --tf32");
+    } else {
+      variants.push_back("--dtype fp32");
+    }
   }
-  const double items_per_ms = double(cfg.training.batch_size * m.context) * 1000.0;
+  const double items_per_ms = double(cfg.training.batch_size * (vit ? 1 : m.context)) * 1000.0;
   for (const std::string& v : variants) {
     const std::string cmd = base.str() + " " + v + " 2>/dev/null";
     const auto lines = run_command(cmd);
@@ -165,7 +175,7 @@ void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool w
     std::string tag, name;
     Spread s;
     if (!(last >> tag >> name >> s.median >> s.min >> s.max) || tag != "RESULT") {
-      std::printf("pytorch %-36s failed: %s\n", v.c_str(), cmd.c_str());
+      std::printf("pytorch %s failed: %s\n", v.empty() ? "eager" : v.c_str(), cmd.c_str());
       continue;
     }
     print_bench_row("pytorch " + name, s, items_per_ms, first_ms);
@@ -389,10 +399,11 @@ void register_bench_train(CLI::App& bench) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   c->add_option("--set", a->sets, "Override a config key: dotted.key=value");
   c->add_option("--pytorch", a->pytorch,
-                "PyTorch's GPT of the same shape beside ours (scripts/bench_pytorch_gpt.py): auto (when python3 "
-                "imports torch), on, off")
+                "PyTorch's model of the same shape beside ours (bench_pytorch_gpt.py / bench_pytorch_vit.py): auto "
+                "(when python3 imports torch), on, off")
       ->capture_default_str();
-  c->add_option("--pytorch-script", a->pytorch_script, "Path of bench_pytorch_gpt.py")->capture_default_str();
+  c->add_option("--pytorch-dir", a->pytorch_dir, "Directory of bench_pytorch_gpt.py and bench_pytorch_vit.py")
+      ->capture_default_str();
   c->callback([a] { bench_train(*a); });
 }
 
