@@ -324,6 +324,23 @@ bool grouped_one_launch_applies(const QuantizerSpec& q, QuantPath path) {
 
 namespace {
 
+// The outputs of `out` from group g's slices on: codes from byte code_at,
+// scales from scale_at, dequant and dequant_bf16 from element elem_at,
+// global_decode from gdec_at (null stays null).
+QuantOutputs group_outputs(const GroupedQuantOutputs& out, int64_t code_at, int64_t scale_at,
+                           int64_t elem_at, int64_t gdec_at) {
+  QuantOutputs o;
+  o.codes = out.codes ? out.codes + code_at : nullptr;
+  o.code_layout = out.code_layout;
+  o.scale_codes = out.scale_codes ? out.scale_codes + scale_at : nullptr;
+  o.scales = out.scales ? out.scales + scale_at : nullptr;
+  o.dequant = out.dequant ? out.dequant + elem_at : nullptr;
+  o.dequant_bf16 = out.dequant_bf16 ? out.dequant_bf16 + elem_at : nullptr;
+  o.bf16_gemm_operand = out.bf16_gemm_operand;
+  o.global_decode = out.global_decode ? out.global_decode + gdec_at : nullptr;
+  return o;
+}
+
 // Elements of an amax work item of the one-launch form (one block of the amax
 // pass each; a group's rows are cut into items of whole rows, at least one).
 constexpr int64_t kAmaxItemElems = int64_t(1) << 15;
@@ -387,15 +404,8 @@ void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputTyp
     t.done = ws.amax.data() + groups;
     t.gparams = ws.gparams.at_least(size_t(3 * groups));
   }
-  QuantOutputs o;
-  o.codes = out.codes;
-  o.code_layout = out.code_layout;
-  o.scale_codes = out.scale_codes;
-  o.scales = out.scales;
-  o.dequant = out.dequant;
-  o.dequant_bf16 = out.dequant_bf16;
-  o.bf16_gemm_operand = out.bf16_gemm_operand;
-  o.global_decode = out.global_decode;
+  // The concatenated outputs' starts (the GEMM alphas travel in the table).
+  const QuantOutputs o = group_outputs(out, 0, 0, 0, 0);
   bool rows16 = true;
   for (int64_t n : sizes) rows16 = rows16 && n % 16 == 0;
   qk::quantize_grouped_fused(q, x, type, rows, cols, soff.back(), rows16, t, o, stream);
@@ -462,15 +472,7 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
     const int64_t n = sizes[size_t(g)];
     if (n == 0) continue;
     const int64_t srow = soff[size_t(g)];
-    QuantOutputs o;
-    o.codes = out.codes ? out.codes + row * code_row : nullptr;
-    o.code_layout = out.code_layout;
-    o.scale_codes = out.scale_codes ? out.scale_codes + srow * sc : nullptr;
-    o.scales = out.scales ? out.scales + srow * sc : nullptr;
-    o.dequant = out.dequant ? out.dequant + row * cols : nullptr;
-    o.dequant_bf16 = out.dequant_bf16 ? out.dequant_bf16 + row * cols : nullptr;
-    o.bf16_gemm_operand = out.bf16_gemm_operand;
-    o.global_decode = out.global_decode ? out.global_decode + g : nullptr;
+    QuantOutputs o = group_outputs(out, row * code_row, srow * sc, row * cols, g);
     o.gemm_alpha = out.gemm_alpha ? out.gemm_alpha + g : nullptr;
     o.gemm_alpha_other = out.gemm_alpha_other ? out.gemm_alpha_other + g : nullptr;
     quantize_device(q, input_at(row), type, n, cols, streams.empty() ? RandomStream{} : streams[size_t(g)], o, ws.quant,
