@@ -90,7 +90,17 @@ struct AttentionShape {
   bool causal = false;
   float scale = 1.0f;
   float dropout = 0.0f;  // on the attention probabilities (inverted dropout)
+  // model.attention "bf16_flash" (CUDA backend only): BF16 tensor-core flash
+  // attention; the saved tensor is then [B*H*T, hd + 1] (the output rows and
+  // the log-sum-exp, attention_saved_cols), not the probabilities.
+  bool bf16_flash = false;
 };
+
+// Columns of attention_forward's saved tensor ([B*H*T, cols]): T (the
+// probabilities), or head_dim + 1 with bf16_flash.
+inline int64_t attention_saved_cols(const AttentionShape& s, int64_t head_dim) {
+  return s.bf16_flash ? head_dim + 1 : s.seq;
+}
 
 // Dropout masks are not stored: element i of a tensor dropped under
 // (seed, stream) is dropped iff random_bits(seed, stream, i) < p * 2^32
@@ -189,7 +199,8 @@ class Backend {
 
   // Multi-head self-attention core on qkv [B*T, 3C] (q | k | v column blocks,
   // head h = columns h*hd..(h+1)*hd of each block): out [B*T, C].
-  // probs [B*H*T, T] saves the softmax probabilities (before dropout).
+  // probs [B*H*T, T] saves the softmax probabilities (before dropout); with
+  // s.bf16_flash it is [B*H*T, attention_saved_cols] (CUDA backend only).
   virtual void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
                                  DropoutKey key) = 0;
   virtual void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,

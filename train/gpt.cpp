@@ -99,7 +99,8 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   uint64_t site(int64_t block, int k) const { return 1 + uint64_t(block) * 4 + uint64_t(k); }
   AttentionShape shape(int64_t B, float p) const {
     const int64_t hd = cfg_.width / cfg_.heads;
-    return AttentionShape{B, cfg_.context, cfg_.heads, true, float(1.0 / std::sqrt(double(hd))), p};
+    return AttentionShape{B, cfg_.context, cfg_.heads, true, float(1.0 / std::sqrt(double(hd))), p,
+                          cfg_.attention == "bf16_flash"};
   }
 
   Tensor forward(const Batch& bt, const StepContext& s) override {
@@ -122,7 +123,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       k.rstd1 = be_.empty(1, N);
       be_.layernorm_forward(x, ptr(k.ln1_w), ptr(k.ln1_b), eps, k.a, k.mean1, k.rstd1);
       k.qkv = lin_fwd(k.c_attn, s, k.a);
-      k.probs = be_.empty(B * cfg_.heads * T, T);
+      k.probs = be_.empty(B * cfg_.heads * T, attention_saved_cols(shape(B, p), C / cfg_.heads));
       k.att = empty_for_linear(be_, {&k.attn_proj}, s, false, N, C, true);
       be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
       Tensor y = lin_fwd(k.attn_proj, s, k.att);

@@ -58,6 +58,9 @@ struct ModelConfig {
   double dropout = 0.0;
   bool bias = true;
   double layernorm_eps = 1e-5;
+  // "fp32": the FP32 attention (the CPU's numerics); "bf16_flash": BF16
+  // tensor-core flash attention, CUDA backend only (train/cuda/attention_flash.cu).
+  std::string attention = "fp32";
   // vit
   int64_t image_size = 28, patch_size = 7, channels = 1, classes = 10;
   double mlp_ratio = 2.0;

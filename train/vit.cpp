@@ -128,7 +128,7 @@ class Vit final : public CrossEntropyModel {
       be_.copy_cols(q, 0, k.qkv, 0, E);
       be_.copy_cols(kk, 0, k.qkv, E, E);
       be_.copy_cols(v, 0, k.qkv, 2 * E, E);
-      k.probs = be_.empty(B * H * L, L);
+      k.probs = be_.empty(B * H * L, attention_saved_cols(shape(B, scale, p), hd));
       k.att = empty_for_linear(be_, {&k.o}, s, false, B * L, E, true);
       be_.attention_forward(shape(B, scale, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
       Tensor o = lin_fwd(k.o, s, k.att);
@@ -154,7 +154,7 @@ class Vit final : public CrossEntropyModel {
   }
 
   AttentionShape shape(int64_t B, float scale, float p) const {
-    return AttentionShape{B, patches_ + 1, cfg_.heads, false, scale, p};
+    return AttentionShape{B, patches_ + 1, cfg_.heads, false, scale, p, cfg_.attention == "bf16_flash"};
   }
 
   void backward(const Batch&, const StepContext& s, const Tensor& dlogits) override {

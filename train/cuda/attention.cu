@@ -6,7 +6,9 @@
 //   tile); key tiles above the causal diagonal are skipped. Head dims 16/32/64/128.
 // - cublas (this file): batched pedantic-FP32 SGEMMs plus row-softmax and
 //   dropout kernels (every other geometry).
-// This file also holds the class's set-up and the choice between the two.
+// This file also holds the class's set-up and the choice between the two, and
+// sends AttentionDims::bf16_flash calls to the BF16 tensor-core flash kernels
+// (attention_flash.cu: another numerics, no [T, T] probabilities saved).
 // Both give the probabilities the CPU gives up to summation order, with the
 // CPU's dropout mask bit for bit.
 #include <cstdint>
@@ -255,7 +257,9 @@ void Attention::forward(const AttentionDims& d, const float* qkv, float* out, fl
   check_dims(d);
   if (!out && !out_bf16) throw Error("attention forward: no output (out and out_bf16 both null)");
   if (d.batch * d.seq == 0) return;
-  if (use_fused(d, {qkv, out, probs})) {
+  if (d.bf16_flash) {
+    forward_flash(d, qkv, out, probs, out_bf16);
+  } else if (use_fused(d, {qkv, out, probs})) {
     forward_fused(d, qkv, out, probs, out_bf16);
   } else {
     const int64_t n = d.batch * d.seq * d.width;
@@ -270,7 +274,9 @@ void Attention::backward(const AttentionDims& d, const float* qkv, const float* 
   check_dims(d);
   if (!dqkv && !dqkv_bf16) throw Error("attention backward: no output (dqkv and dqkv_bf16 both null)");
   if (d.batch * d.seq == 0) return;
-  if (use_fused(d, {qkv, probs, dout, dqkv})) {
+  if (d.bf16_flash) {
+    backward_flash(d, qkv, probs, dout, dqkv, dqkv_bf16);
+  } else if (use_fused(d, {qkv, probs, dout, dqkv})) {
     backward_fused(d, qkv, probs, dout, dqkv, dqkv_bf16);
   } else {
     const int64_t n = d.batch * d.seq * 3 * d.width;

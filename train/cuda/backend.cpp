@@ -245,13 +245,15 @@ class CudaBackend final : public Backend {
                          DropoutKey key) override {
     const nn::AttentionDims d = dims(s, qkv, key);
     check_shape("attention_forward", "out", out, qkv.rows, d.width);
-    check_shape("attention_forward", "probs", probs, s.batch * s.heads * s.seq, s.seq);
+    check_shape("attention_forward", "probs", probs, s.batch * s.heads * s.seq,
+                attention_saved_cols(s, d.width / d.heads));
     attention_.forward(d, qkv.data, out.data, probs.data, out.bf16);
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
                           Tensor& dqkv, DropoutKey key) override {
     const nn::AttentionDims d = dims(s, qkv, key);
-    check_shape("attention_backward", "probs", probs, s.batch * s.heads * s.seq, s.seq);
+    check_shape("attention_backward", "probs", probs, s.batch * s.heads * s.seq,
+                attention_saved_cols(s, d.width / d.heads));
     check_shape("attention_backward", "dout", dout, qkv.rows, d.width);
     check_shape("attention_backward", "dqkv", dqkv, qkv.rows, qkv.cols);
     attention_.backward(d, qkv.data, probs.data, dout.data, dqkv.data, dqkv.bf16);
@@ -515,6 +517,7 @@ class CudaBackend final : public Backend {
     d.causal = s.causal;
     d.scale = s.scale;
     d.dropout = s.dropout;
+    d.bf16_flash = s.bf16_flash;
     d.seed = key.seed;
     d.stream_id = key.stream;
     return d;

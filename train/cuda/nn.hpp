@@ -193,6 +193,12 @@ struct AttentionDims {
   float scale = 1.0f;    // multiplies q.k
   float dropout = 0.0f;  // on the probabilities (inverted dropout)
   uint64_t seed = 0, stream_id = 0;
+  // The BF16 flash path (model.attention "bf16_flash"; attention_flash.cu)
+  // instead of the FP32 ones: Q, K, V, dout rounded to BF16, tensor-core
+  // products with FP32 accumulation, P and dS rounded to BF16 for their
+  // products, online softmax; the saved tensor is the output rows and the
+  // log-sum-exp (saved_floats), never the [T, T] probabilities.
+  bool bf16_flash = false;
 };
 
 // Which implementation Attention runs (train/cuda/attention.cu):
@@ -208,6 +214,9 @@ struct AttentionDims {
 // Both give the CPU's results up to summation order (the softmax reductions of
 // the fused path split each row over 4 threads instead of 32 lanes) and the
 // CPU's dropout mask bit for bit; each is deterministic run to run.
+// The path applies to the FP32 numerics; AttentionDims::bf16_flash selects the
+// BF16 flash kernels whatever the path (a different numerics, not another
+// implementation of the same one).
 enum class AttentionPath { automatic, fused, cublas };
 
 // Materialised-probability attention: the probabilities are written for the
@@ -235,6 +244,18 @@ class Attention {
   // dqkv_bf16 (may be null): dqkv's BF16 companion, as forward's out_bf16.
   void backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
                 uint16_t* dqkv_bf16 = nullptr);
+  // With d.bf16_flash, `probs` of forward and backward is the flash path's
+  // saved tensor instead (saved_floats(d) floats): the output rows in FP32 as
+  // [B*H][T][hd], then the base-2 log-sum-exp of every row [B*H*T] (the
+  // trainer allocates it as [B*H*T, hd + 1]). The outputs are the definition
+  // above computed from BF16-rounded Q, K, V and dout with P (and dS) rounded
+  // to BF16 before their products, FP32 accumulation (attention_flash.cu);
+  // the same dropout mask; deterministic run to run (no atomics).
+  // Floats of forward's saved tensor: B*H*T*T, or B*H*T*(hd + 1) with bf16_flash.
+  static int64_t saved_floats(const AttentionDims& d);
+  // Whether the flash kernels can run d with these pointers; empty when they
+  // can, else the reason (head dim 16, 32, 64 or 128; 16-byte aligned pointers).
+  static std::string flash_unsupported(const AttentionDims& d, std::initializer_list<const void*> ptrs);
 
   // Whether the fused kernels can run d with these pointers (all device pointers
   // the call will use); empty when they can, else the reason.
@@ -248,12 +269,16 @@ class Attention {
   void forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_h);
   void backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
                       uint16_t* dqkv_h);
+  void forward_flash(const AttentionDims& d, const float* qkv, float* out, float* saved, uint16_t* out_h);
+  void backward_flash(const AttentionDims& d, const float* qkv, const float* saved, const float* dout, float* dqkv,
+                      uint16_t* dqkv_h);
   cublasHandle_t h_ = nullptr;
   cudaStream_t stream_ = nullptr;
   AttentionPath path_ = AttentionPath::automatic;
   DeviceBuffer<float*> ptrs_;
   DeviceBuffer<float> pd_, dp_;
   DeviceBuffer<float> f32_out_;  // the cuBLAS path's FP32 output where only a companion is asked for
+  DeviceBuffer<float> dlt_;      // the flash backward's D = rowsum(dout * out) [B*H*T]
 };
 
 }  // namespace fp4lab::cuda::nn

@@ -1,0 +1,668 @@
+// The BF16 flash attention of class Attention (train/cuda/nn.hpp; attention.cu
+// dispatches to it when AttentionDims::bf16_flash is set): FlashAttention-2
+// style forward and backward on the BF16 tensor cores (mma.sync m16n8k16 from
+// inline PTX, operands through ldmatrix), FP32 accumulation, no [T, T] matrix
+// in device memory.
+//
+// - Q, K, V (and dout in the backward) are read from the FP32 tensors and
+//   rounded to BF16 (round to nearest even) as their tiles enter shared memory.
+// - Forward, one block per (sequence, head) and 64 query rows (4 warps of 16
+//   rows): the online softmax over key tiles (running row max m and sum l in
+//   FP32, exp2 with the scale folded into log2 e), P rounded to BF16 for P.V,
+//   key tiles above the causal diagonal skipped. Saves, for the backward, the
+//   output rows (FP32) and the base-2 log-sum-exp lse2 = m + log2(l) of each
+//   row: `saved` [B*H*T, hd + 1] = O as [B*H][T][hd], then lse2 [B*H*T].
+// - Backward, two kernels and no atomics (the same bits run to run):
+//   dQ per query tile (also writes D = rowsum(dout * O) for the other kernel),
+//   then dK, dV per key tile; each recomputes P = exp2(s - lse2) from Q, K.
+//   dS = P (dP - D) scale is rounded to BF16 for dQ = dS K and dK = dS^T Q,
+//   drop(P) to BF16 for dV = drop(P)^T dout.
+// - Dropout: element e = (bh T + i) T + j of the probabilities (row i, key j)
+//   is dropped iff random_bits(seed, stream_id, e) < threshold, the FP32
+//   paths' mask bit for bit. The threads of a quad share the Philox groups of
+//   their fragment (each computes one group, the words go by shuffles).
+//   dropout 0 skips all of it (a uniform branch).
+// - Head dims 16, 32, 64, 128; any T (partial tiles masked); 16-byte aligned
+//   FP32 pointers.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "core/error.hpp"
+#include "core/philox.hpp"
+#include "train/cuda/nn.hpp"
+#include "train/cuda/nn_device.cuh"
+
+namespace fp4lab::cuda::nn {
+
+using namespace detail;
+
+namespace {
+namespace flash {
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kRows = 64;      // query rows of a forward / dQ block; key rows of a dK, dV block
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr size_t kMaxSmem = 100 * 1024;
+
+// Key columns per step of the forward and dQ kernels, query rows per step of
+// the dK, dV kernel: 32 at head dim 128 (register pressure), else 64.
+template <int HD>
+constexpr int kStep = HD == 128 ? 32 : 64;
+// Row length (BF16 elements) of a shared-memory tile: 16 bytes of padding, so
+// that the 8 row addresses of an ldmatrix hit 8 different 16-byte bank groups.
+template <int HD>
+constexpr int kLds = HD + 8;
+
+struct Args {
+  const float* qkv;  // [B*T, 3C]
+  int64_t T, H, C;
+  float scale;   // multiplies q.k
+  float scale2;  // scale * log2(e): exp(scale s) = exp2(scale2 s)
+  bool causal;
+  uint32_t thr;  // dropout threshold; 0: no dropout
+  float keep_scale;
+  uint64_t seed, sid;
+};
+
+// ---- PTX ----------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// c += a b: a 16x16 row-major BF16, b 16x8 (column-major) BF16, c 16x8 FP32.
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const uint16_t* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm4_t(uint32_t (&r)[4], const uint16_t* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Fragment addresses (lane l) of a 16x16 tile at (r0, c0) of a row-major
+// shared tile with rows `lds` apart:
+// - A operand (rows r0.., k = columns c0..): ldsm4 -> a[0..3].
+__device__ __forceinline__ const uint16_t* a_addr(const uint16_t* s, int lds, int r0, int c0, int lane) {
+  return s + (r0 + (lane % 16)) * lds + c0 + (lane / 16) * 8;
+}
+// - B operands of two n-tiles from rows r0..r0+15 (n = rows, k = columns c0..):
+//   ldsm4 -> {b0, b1} of n-tile r0..r0+7, {b2, b3} of n-tile r0+8..
+__device__ __forceinline__ const uint16_t* bn_addr(const uint16_t* s, int lds, int r0, int c0, int lane) {
+  return s + (r0 + (lane % 8) + (lane / 16) * 8) * lds + c0 + ((lane / 8) % 2) * 8;
+}
+// - B operands of two n-tiles from columns c0..c0+15 (k = rows r0.., n =
+//   columns): ldsm4_t -> {b0, b1} of columns c0..c0+7, {b2, b3} of c0+8..
+__device__ __forceinline__ const uint16_t* bt_addr(const uint16_t* s, int lds, int r0, int c0, int lane) {
+  return s + (r0 + (lane % 8) + ((lane / 8) % 2) * 8) * lds + c0 + (lane / 16) * 8;
+}
+
+// ---- tiles: global FP32 -> registers -> shared BF16 --------------------------------
+template <int R, int HD>
+struct Stage {
+  static constexpr int kVecs = R * HD / 4 / kThreads;
+  static_assert(kVecs >= 1 && R * HD / 4 % kThreads == 0);
+  float4 v[kVecs];
+};
+template <int HD>
+__device__ __forceinline__ void slot(int idx, int& r, int& c) {
+  r = idx / (HD / 4);
+  c = 4 * (idx % (HD / 4));
+}
+// Rows r0 .. r0+R-1 (zero from row T on) of a row-major source, rows ld floats apart.
+template <int R, int HD>
+__device__ __forceinline__ void g_load(Stage<R, HD>& s, const float* src, int64_t ld, int64_t r0, int64_t T) {
+#pragma unroll
+  for (int k = 0; k < Stage<R, HD>::kVecs; ++k) {
+    int r, c;
+    slot<HD>(int(threadIdx.x) + k * kThreads, r, c);
+    s.v[k] = r0 + r < T ? *reinterpret_cast<const float4*>(src + (r0 + r) * ld + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+template <int R, int HD>
+__device__ __forceinline__ void s_store(const Stage<R, HD>& s, uint16_t* dst) {
+#pragma unroll
+  for (int k = 0; k < Stage<R, HD>::kVecs; ++k) {
+    int r, c;
+    slot<HD>(int(threadIdx.x) + k * kThreads, r, c);
+    *reinterpret_cast<uint2*>(dst + r * kLds<HD> + c) =
+        make_uint2(pack_bf16(s.v[k].x, s.v[k].y), pack_bf16(s.v[k].z, s.v[k].w));
+  }
+}
+template <int R, int HD>
+__device__ __forceinline__ void load_tile(uint16_t* dst, const float* src, int64_t ld, int64_t r0, int64_t T) {
+  Stage<R, HD> s;
+  g_load<R, HD>(s, src, ld, r0, T);
+  s_store<R, HD>(s, dst);
+}
+
+// ---- dropout words ----------------------------------------------------------------------
+// The random words of the 4 consecutive elements e0 .. e0+3 (any alignment).
+__device__ __forceinline__ Philox4 words4(uint64_t seed, uint64_t sid, uint64_t e0) {
+  const Philox4 a = philox_group(seed, sid, e0 >> 2);
+  const unsigned off = unsigned(e0 & 3u);
+  if (off == 0) return a;
+  const Philox4 b = philox_group(seed, sid, (e0 >> 2) + 1);
+  Philox4 w;
+#pragma unroll
+  for (unsigned k = 0; k < 4; ++k) {
+    const unsigned s = off + k;  // 1 .. 6
+    w.v[k] = s == 1 ? a.v[1] : s == 2 ? a.v[2] : s == 3 ? a.v[3] : s == 4 ? b.v[0] : s == 5 ? b.v[1] : b.v[2];
+  }
+  return w;
+}
+__device__ __forceinline__ uint32_t shfl(uint32_t v, int src) { return __shfl_sync(0xFFFFFFFFu, v, src); }
+
+// Row layout (forward, dQ): the words of this thread's 4 elements of an
+// accumulator n-tile, rows row0 = first row of the warp's 16, columns col0 ..
+// col0+7: bits[e] of element (row0 + g + 8 (e / 2), col0 + 2 t + e % 2). Thread
+// t of the quad draws the group of row g + 8 (t / 2), columns col0 + 4 (t % 2) ..
+// +3.
+__device__ __forceinline__ void row_bits(const Args& a, int64_t bh, int64_t row0, int64_t col0, int lane,
+                                         uint32_t (&bits)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row = row0 + g + 8 * (t >> 1);
+  const Philox4 w = words4(a.seed, a.sid, uint64_t((bh * a.T + row) * a.T + col0 + 4 * (t & 1)));
+  const int lo = (lane & ~3) | (t >> 1), hi = lo + 2;
+  const bool second = (t & 1) != 0;
+  const uint32_t l0 = shfl(w.v[0], lo), l1 = shfl(w.v[1], lo), l2 = shfl(w.v[2], lo), l3 = shfl(w.v[3], lo);
+  const uint32_t h0 = shfl(w.v[0], hi), h1 = shfl(w.v[1], hi), h2 = shfl(w.v[2], hi), h3 = shfl(w.v[3], hi);
+  bits[0] = second ? l2 : l0;
+  bits[1] = second ? l3 : l1;
+  bits[2] = second ? h2 : h0;
+  bits[3] = second ? h3 : h1;
+}
+// Transposed layout (dK, dV: rows are keys, columns queries): bits[e] of
+// element (key key0 + g + 8 (e / 2), query q0 + 2 t + e % 2), whose index is
+// (bh T + query) T + key. Lane L draws the group of query q0 + L % 8, keys
+// key0 + 4 (L / 8) .. +3.
+__device__ __forceinline__ void col_bits(const Args& a, int64_t bh, int64_t key0, int64_t q0, int lane,
+                                         uint32_t (&bits)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+  const Philox4 w = words4(a.seed, a.sid, uint64_t((bh * a.T + q0 + (lane & 7)) * a.T + key0 + 4 * (lane >> 3)));
+  const int which = g & 3;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int src = (2 * t + (e & 1)) + 8 * ((g >> 2) + 2 * (e >> 1));
+    const uint32_t v0 = shfl(w.v[0], src), v1 = shfl(w.v[1], src), v2 = shfl(w.v[2], src), v3 = shfl(w.v[3], src);
+    bits[e] = which == 0 ? v0 : which == 1 ? v1 : which == 2 ? v2 : v3;
+  }
+}
+
+// ---- forward ------------------------------------------------------------------------------
+// grid (B*H, query tiles), the longest causal tiles first.
+template <int HD>
+__global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint16_t* out_h, float* saved) {
+  constexpr int BK = kStep<HD>, LDS = kLds<HD>, NT = BK / 8, DT = HD / 8;
+  __shared__ __align__(16) uint16_t sm[2 * (BK > kRows / 2 ? BK : kRows / 2) * LDS];
+  uint16_t* const Ks = sm;             // [BK][LDS]
+  uint16_t* const Vs = sm + BK * LDS;  // [BK][LDS]; the Q tile [64][LDS] at sm first
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, gq = lane >> 2, tq = lane & 3;
+  const int64_t T = a.T, C = a.C, ld = 3 * C, BH = gridDim.x;
+  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kRows, w0 = q0 + 16 * warp;
+  const float* qb = a.qkv + b * T * ld + h * HD;  // Q of (b, h); K at +C, V at +2C
+
+  load_tile<kRows, HD>(sm, qb, ld, q0, T);
+  __syncthreads();
+  uint32_t qf[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) ldsm4(qf[kk], a_addr(sm, LDS, 16 * warp, 16 * kk, lane));
+  __syncthreads();
+
+  const int64_t kend = a.causal ? (q0 + kRows < T ? q0 + kRows : T) : T;
+  const int nk = int((kend + BK - 1) / BK);
+  Stage<BK, HD> st;
+  load_tile<BK, HD>(Ks, qb + C, ld, 0, T);
+  __syncthreads();
+  float o[DT][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int kt = 0; kt < nk; ++kt) {
+    const int64_t k0 = int64_t(kt) * BK;
+    g_load<BK, HD>(st, qb + 2 * C, ld, k0, T);  // V of this tile, in flight during S
+    float s[NT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+      for (int nn = 0; nn < NT / 2; ++nn) {
+        uint32_t kb[4];
+        ldsm4(kb, bn_addr(Ks, LDS, 16 * nn, 16 * kk, lane));
+        mma(s[2 * nn], qf[kk], kb[0], kb[1]);
+        mma(s[2 * nn + 1], qf[kk], kb[2], kb[3]);
+      }
+    // Scale, mask, online softmax (rows w0 + gq and w0 + gq + 8).
+    const bool need_mask = (a.causal && k0 + BK - 1 > w0) || k0 + BK > T;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[n][e] * a.scale2;
+        if (need_mask) {
+          const int key = int(k0) + 8 * n + 2 * tq + (e & 1), row = int(w0) + gq + 8 * (e >> 1);
+          if (key >= int(T) || (a.causal && key > row)) v = -INFINITY;
+        }
+        s[n][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    float mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);
+      mu[r] = mn == -INFINITY ? 0.f : mn;  // a row with nothing seen yet: exp2(-inf - 0) = 0
+      const float alpha = fast_exp2(m[r] - mu[r]);
+      m[r] = mn;
+      l[r] *= alpha;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) o[d][2 * r] *= alpha, o[d][2 * r + 1] *= alpha;
+    }
+    uint32_t pa[BK / 16][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[e] = fast_exp2(s[n][e] - mu[e >> 1]);
+        l[e >> 1] += p[e];
+      }
+      if (a.thr != 0) {
+        uint32_t bits[4];
+        row_bits(a, bh, w0, k0 + 8 * n, lane, bits);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (bits[e] < a.thr) p[e] = 0.f;
+      }
+      pa[n / 2][2 * (n % 2)] = pack_bf16(p[0], p[1]);
+      pa[n / 2][2 * (n % 2) + 1] = pack_bf16(p[2], p[3]);
+    }
+    s_store<BK, HD>(st, Vs);
+    __syncthreads();  // V in place; every warp is done with K
+    if (kt + 1 < nk) g_load<BK, HD>(st, qb + C, ld, k0 + BK, T);
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+      for (int dn = 0; dn < HD / 16; ++dn) {
+        uint32_t vb[4];
+        ldsm4_t(vb, bt_addr(Vs, LDS, 16 * kk, 16 * dn, lane));
+        mma(o[2 * dn], pa[kk], vb[0], vb[1]);
+        mma(o[2 * dn + 1], pa[kk], vb[2], vb[3]);
+      }
+    if (kt + 1 < nk) s_store<BK, HD>(st, Ks);
+    __syncthreads();  // next K in place; every warp is done with V
+  }
+  // Normalise, write out (and its companion), O and lse2 for the backward.
+  float f[2];
+  int64_t rows[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 2);
+    f[r] = (a.thr != 0 ? a.keep_scale : 1.f) / l[r];
+    rows[r] = w0 + gq + 8 * r;
+    if (tq == 0 && rows[r] < T) saved[BH * T * HD + bh * T + rows[r]] = m[r] + log2f(l[r]);
+  }
+  float* const so = saved + bh * T * HD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= T) continue;
+    const int64_t oo = (b * T + rows[r]) * C + h * HD;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      const int col = 8 * d + 2 * tq;
+      const float2 v = make_float2(o[d][2 * r] * f[r], o[d][2 * r + 1] * f[r]);
+      *reinterpret_cast<float2*>(so + rows[r] * HD + col) = v;
+      if (out) *reinterpret_cast<float2*>(out + oo + col) = v;
+      if (out_h) *reinterpret_cast<uint32_t*>(out_h + oo + col) = pack_bf16(v.x, v.y);
+    }
+  }
+}
+
+// ---- backward: dQ (and D) per query tile ------------------------------------------------------
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    dq_kernel(Args a, const float* saved, const float* dout, float* dlt, float* dqkv, uint16_t* dqkv_h) {
+  constexpr int BK = kStep<HD>, LDS = kLds<HD>, NT = BK / 8, DT = HD / 8;
+  constexpr int R = 2 * (BK > kRows ? BK : kRows);
+  __shared__ __align__(16) uint16_t sm[R * LDS];
+  __shared__ float Ds[kRows];
+  uint16_t* const Ks = sm;             // [BK][LDS]
+  uint16_t* const Vs = sm + BK * LDS;  // [BK][LDS]; Q [64][LDS] and dout [64][LDS] at sm first
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, gq = lane >> 2, tq = lane & 3;
+  const int64_t T = a.T, C = a.C, ld = 3 * C, BH = gridDim.x;
+  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kRows, w0 = q0 + 16 * warp;
+  const float* qb = a.qkv + b * T * ld + h * HD;
+  const float* ob = dout + b * T * C + h * HD;
+
+  load_tile<kRows, HD>(sm, qb, ld, q0, T);
+  {
+    // dout's tile, and D = rowsum(dout * O) from the FP32 values.
+    Stage<kRows, HD> s;
+    g_load<kRows, HD>(s, ob, C, q0, T);
+    const float* so = saved + bh * T * HD;
+#pragma unroll
+    for (int k = 0; k < Stage<kRows, HD>::kVecs; ++k) {
+      int r, c;
+      slot<HD>(int(threadIdx.x) + k * kThreads, r, c);
+      float dot = 0.f;
+      if (q0 + r < T) {
+        const float4 ov = *reinterpret_cast<const float4*>(so + (q0 + r) * HD + c);
+        dot = s.v[k].x * ov.x + s.v[k].y * ov.y + s.v[k].z * ov.z + s.v[k].w * ov.w;
+      }
+#pragma unroll
+      for (int o = 1; o < HD / 4; o <<= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
+      if (c == 0) {
+        Ds[r] = dot;
+        if (q0 + r < T) dlt[bh * T + q0 + r] = dot;
+      }
+    }
+    s_store<kRows, HD>(s, sm + kRows * LDS);
+  }
+  __syncthreads();
+  uint32_t qf[HD / 16][4], of[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    ldsm4(qf[kk], a_addr(sm, LDS, 16 * warp, 16 * kk, lane));
+    ldsm4(of[kk], a_addr(sm + kRows * LDS, LDS, 16 * warp, 16 * kk, lane));
+  }
+  float lse[2], dd[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = w0 + gq + 8 * r;
+    lse[r] = row < T ? saved[BH * T * HD + bh * T + row] : 0.f;
+    dd[r] = Ds[16 * warp + gq + 8 * r];
+  }
+
+  const int64_t kend = a.causal ? (q0 + kRows < T ? q0 + kRows : T) : T;
+  const int nk = int((kend + BK - 1) / BK);
+  float dq[DT][4] = {};
+  for (int kt = 0; kt < nk; ++kt) {
+    const int64_t k0 = int64_t(kt) * BK;
+    __syncthreads();  // the previous tiles (or Q, dout) are done with
+    {
+      Stage<BK, HD> sk, sv;
+      g_load<BK, HD>(sk, qb + C, ld, k0, T);
+      g_load<BK, HD>(sv, qb + 2 * C, ld, k0, T);
+      s_store<BK, HD>(sk, Ks);
+      s_store<BK, HD>(sv, Vs);
+    }
+    __syncthreads();
+    float s[NT][4] = {}, dp[NT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+      for (int nn = 0; nn < NT / 2; ++nn) {
+        uint32_t kb[4], vb[4];
+        ldsm4(kb, bn_addr(Ks, LDS, 16 * nn, 16 * kk, lane));
+        ldsm4(vb, bn_addr(Vs, LDS, 16 * nn, 16 * kk, lane));
+        mma(s[2 * nn], qf[kk], kb[0], kb[1]);
+        mma(s[2 * nn + 1], qf[kk], kb[2], kb[3]);
+        mma(dp[2 * nn], of[kk], vb[0], vb[1]);
+        mma(dp[2 * nn + 1], of[kk], vb[2], vb[3]);
+      }
+    const bool need_mask = (a.causal && k0 + BK - 1 > w0) || k0 + BK > T;
+    uint32_t da[BK / 16][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      uint32_t bits[4] = {};
+      if (a.thr != 0) row_bits(a, bh, w0, k0 + 8 * n, lane, bits);
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        float p = fast_exp2(s[n][e] * a.scale2 - lse[r]);
+        if (need_mask) {
+          const int key = int(k0) + 8 * n + 2 * tq + (e & 1), row = int(w0) + gq + 8 * r;
+          if (key >= int(T) || (a.causal && key > row)) p = 0.f;
+        }
+        float g = dp[n][e];
+        if (a.thr != 0) g = bits[e] < a.thr ? 0.f : g * a.keep_scale;
+        ds[e] = p * (g - dd[r]) * a.scale;
+      }
+      da[n / 2][2 * (n % 2)] = pack_bf16(ds[0], ds[1]);
+      da[n / 2][2 * (n % 2) + 1] = pack_bf16(ds[2], ds[3]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+      for (int dn = 0; dn < HD / 16; ++dn) {
+        uint32_t kb[4];
+        ldsm4_t(kb, bt_addr(Ks, LDS, 16 * kk, 16 * dn, lane));
+        mma(dq[2 * dn], da[kk], kb[0], kb[1]);
+        mma(dq[2 * dn + 1], da[kk], kb[2], kb[3]);
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = w0 + gq + 8 * r;
+    if (row >= T) continue;
+    const int64_t oo = (b * T + row) * ld + h * HD;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      const int col = 8 * d + 2 * tq;
+      if (dqkv) *reinterpret_cast<float2*>(dqkv + oo + col) = make_float2(dq[d][2 * r], dq[d][2 * r + 1]);
+      if (dqkv_h) *reinterpret_cast<uint32_t*>(dqkv_h + oo + col) = pack_bf16(dq[d][2 * r], dq[d][2 * r + 1]);
+    }
+  }
+}
+
+// ---- backward: dK, dV per key tile ---------------------------------------------------------------
+// Rows are keys (each warp 16 of the block's 64), columns the queries of a
+// step of BQ rows: S^T = K Q^T, dP^T = V dout^T, dV += drop(P)^T dout, dK +=
+// dS^T Q. Query steps from the key tile's first row when causal.
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    dkv_kernel(Args a, const float* saved, const float* dout, const float* dlt, float* dqkv, uint16_t* dqkv_h) {
+  constexpr int BQ = kStep<HD>, LDS = kLds<HD>, NT = BQ / 8, DT = HD / 8;
+  extern __shared__ float4 flash_smem[];
+  uint16_t* const Ks = reinterpret_cast<uint16_t*>(flash_smem);  // [64][LDS]
+  uint16_t* const Vs = Ks + kRows * LDS;                      // [64][LDS]
+  uint16_t* const Qs = Vs + kRows * LDS;                      // [BQ][LDS]
+  uint16_t* const Os = Qs + BQ * LDS;                         // [BQ][LDS] dout
+  float* const Ls = reinterpret_cast<float*>(Os + BQ * LDS);  // [BQ] lse2
+  float* const Ds = Ls + BQ;                                  // [BQ] D
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, gq = lane >> 2, tq = lane & 3;
+  const int64_t T = a.T, C = a.C, ld = 3 * C, BH = gridDim.x;
+  const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int64_t j0 = int64_t(blockIdx.y) * kRows, w0 = j0 + 16 * warp;
+  const float* qb = a.qkv + b * T * ld + h * HD;
+  const float* ob = dout + b * T * C + h * HD;
+
+  load_tile<kRows, HD>(Ks, qb + C, ld, j0, T);
+  load_tile<kRows, HD>(Vs, qb + 2 * C, ld, j0, T);
+  float dk[DT][4] = {}, dv[DT][4] = {};
+  const int64_t first = a.causal ? j0 : 0;
+  for (int64_t i0 = first; i0 < T; i0 += BQ) {
+    __syncthreads();  // the previous step is done with Qs, Os, Ls, Ds
+    load_tile<BQ, HD>(Qs, qb, ld, i0, T);
+    load_tile<BQ, HD>(Os, ob, C, i0, T);
+    for (int r = int(threadIdx.x); r < BQ; r += kThreads) {
+      const bool in = i0 + r < T;
+      Ls[r] = in ? saved[BH * T * HD + bh * T + i0 + r] : 0.f;
+      Ds[r] = in ? dlt[bh * T + i0 + r] : 0.f;
+    }
+    __syncthreads();
+    float s[NT][4] = {}, dp[NT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t kf[4], vf[4];
+      ldsm4(kf, a_addr(Ks, LDS, 16 * warp, 16 * kk, lane));
+      ldsm4(vf, a_addr(Vs, LDS, 16 * warp, 16 * kk, lane));
+#pragma unroll
+      for (int nn = 0; nn < NT / 2; ++nn) {
+        uint32_t qb4[4], ob4[4];
+        ldsm4(qb4, bn_addr(Qs, LDS, 16 * nn, 16 * kk, lane));
+        ldsm4(ob4, bn_addr(Os, LDS, 16 * nn, 16 * kk, lane));
+        mma(s[2 * nn], kf, qb4[0], qb4[1]);
+        mma(s[2 * nn + 1], kf, qb4[2], qb4[3]);
+        mma(dp[2 * nn], vf, ob4[0], ob4[1]);
+        mma(dp[2 * nn + 1], vf, ob4[2], ob4[3]);
+      }
+    }
+    const bool need_mask = (a.causal && w0 + 15 > i0) || i0 + BQ > T;
+    uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      uint32_t bits[4] = {};
+      if (a.thr != 0) col_bits(a, bh, w0, i0 + 8 * n, lane, bits);
+      float pd[4], ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qi = 8 * n + 2 * tq + (e & 1);  // query within the step
+        float p = fast_exp2(s[n][e] * a.scale2 - Ls[qi]);
+        if (need_mask) {
+          const int key = int(w0) + gq + 8 * (e >> 1), q = int(i0) + qi;
+          if (q >= int(T) || (a.causal && key > q)) p = 0.f;
+        }
+        float g = dp[n][e];
+        pd[e] = p;
+        if (a.thr != 0 && bits[e] < a.thr) pd[e] = 0.f, g = 0.f;
+        if (a.thr != 0) g *= a.keep_scale;
+        ds[e] = p * (g - Ds[qi]) * a.scale;
+      }
+      pa[n / 2][2 * (n % 2)] = pack_bf16(pd[0], pd[1]);
+      pa[n / 2][2 * (n % 2) + 1] = pack_bf16(pd[2], pd[3]);
+      da[n / 2][2 * (n % 2)] = pack_bf16(ds[0], ds[1]);
+      da[n / 2][2 * (n % 2) + 1] = pack_bf16(ds[2], ds[3]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk)
+#pragma unroll
+      for (int dn = 0; dn < HD / 16; ++dn) {
+        uint32_t ot[4], qt[4];
+        ldsm4_t(ot, bt_addr(Os, LDS, 16 * kk, 16 * dn, lane));
+        ldsm4_t(qt, bt_addr(Qs, LDS, 16 * kk, 16 * dn, lane));
+        mma(dv[2 * dn], pa[kk], ot[0], ot[1]);
+        mma(dv[2 * dn + 1], pa[kk], ot[2], ot[3]);
+        mma(dk[2 * dn], da[kk], qt[0], qt[1]);
+        mma(dk[2 * dn + 1], da[kk], qt[2], qt[3]);
+      }
+  }
+  const float vs = a.thr != 0 ? a.keep_scale : 1.f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = w0 + gq + 8 * r;
+    if (row >= T) continue;
+    const int64_t oo = (b * T + row) * ld + C + h * HD;  // dK; dV at + C
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      const int col = 8 * d + 2 * tq;
+      const float2 k2 = make_float2(dk[d][2 * r], dk[d][2 * r + 1]);
+      const float2 v2 = make_float2(dv[d][2 * r] * vs, dv[d][2 * r + 1] * vs);
+      if (dqkv) {
+        *reinterpret_cast<float2*>(dqkv + oo + col) = k2;
+        *reinterpret_cast<float2*>(dqkv + oo + C + col) = v2;
+      }
+      if (dqkv_h) {
+        *reinterpret_cast<uint32_t*>(dqkv_h + oo + col) = pack_bf16(k2.x, k2.y);
+        *reinterpret_cast<uint32_t*>(dqkv_h + oo + C + col) = pack_bf16(v2.x, v2.y);
+      }
+    }
+  }
+}
+template <int HD>
+constexpr size_t dkv_smem() {
+  return size_t(2 * kRows + 2 * kStep<HD>) * kLds<HD> * 2 + 2 * kStep<HD> * sizeof(float);
+}
+
+Args make_args(const AttentionDims& d, const float* qkv) {
+  Args a{};
+  a.qkv = qkv;
+  a.T = d.seq, a.H = d.heads, a.C = d.width;
+  a.scale = d.scale;
+  a.scale2 = d.scale * kLog2e;
+  a.causal = d.causal;
+  a.thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
+  a.keep_scale = d.dropout > 0.0f ? 1.0f / (1.0f - d.dropout) : 1.0f;
+  a.seed = d.seed, a.sid = d.stream_id;
+  return a;
+}
+
+template <class F>
+void with_head_dim(int64_t hd, F&& f) {
+  switch (hd) {
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    default: return f(std::integral_constant<int, 128>{});
+  }
+}
+
+dim3 grid_of(const AttentionDims& d) {
+  return dim3(unsigned(d.batch * d.heads), unsigned((d.seq + kRows - 1) / kRows));
+}
+
+}  // namespace flash
+}  // namespace
+
+std::string Attention::flash_unsupported(const AttentionDims& d, std::initializer_list<const void*> ptrs) {
+  const int64_t hd = d.heads > 0 ? d.width / d.heads : 0;
+  if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
+    return "head dim " + std::to_string(hd) + " (bf16_flash takes 16, 32, 64 or 128)";
+  if ((d.seq + flash::kRows - 1) / flash::kRows > 65535) return "sequence length " + std::to_string(d.seq);
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return "a pointer that is not 16-byte aligned";
+  return {};
+}
+
+int64_t Attention::saved_floats(const AttentionDims& d) {
+  const int64_t rows = d.batch * d.heads * d.seq;
+  return d.bf16_flash ? rows * (d.width / d.heads + 1) : rows * d.seq;
+}
+
+void Attention::forward_flash(const AttentionDims& d, const float* qkv, float* out, float* saved, uint16_t* out_h) {
+  const std::string why = flash_unsupported(d, {qkv, out, saved});
+  if (!why.empty()) throw Error("attention: bf16_flash cannot run " + why);
+  const flash::Args a = flash::make_args(d, qkv);
+  flash::with_head_dim(d.width / d.heads, [&](auto hd) {
+    flash::fwd_kernel<hd.value><<<flash::grid_of(d), flash::kThreads, 0, stream_>>>(a, out, out_h, saved);
+    check_launch("flash fwd_kernel");
+  });
+}
+
+void Attention::backward_flash(const AttentionDims& d, const float* qkv, const float* saved, const float* dout,
+                               float* dqkv, uint16_t* dqkv_h) {
+  const std::string why = flash_unsupported(d, {qkv, saved, dout, dqkv});
+  if (!why.empty()) throw Error("attention: bf16_flash cannot run " + why);
+  const flash::Args a = flash::make_args(d, qkv);
+  float* dlt = dlt_.at_least(size_t(d.batch * d.heads * d.seq));
+  flash::with_head_dim(d.width / d.heads, [&](auto hd) {
+    constexpr int HD = hd.value;
+    flash::dq_kernel<HD><<<flash::grid_of(d), flash::kThreads, 0, stream_>>>(a, saved, dout, dlt, dqkv, dqkv_h);
+    check_launch("flash dq_kernel");
+    constexpr size_t smem = flash::dkv_smem<HD>();
+    static_assert(smem <= flash::kMaxSmem);
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      check(cudaFuncSetAttribute(flash::dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "flash dkv_kernel smem");
+    });
+    flash::dkv_kernel<HD><<<flash::grid_of(d), flash::kThreads, smem, stream_>>>(a, saved, dout, dlt, dqkv, dqkv_h);
+    check_launch("flash dkv_kernel");
+  });
+}
+
+}  // namespace fp4lab::cuda::nn
