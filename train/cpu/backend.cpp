@@ -88,7 +88,25 @@ struct CpuLinearState : LinearState {
   LinearSaved saved;
 };
 
+// t's elements copied into an (aligned) matrix: Eigen's small products take
+// alignment-dependent paths, so the operands' addresses must not matter.
 MatrixRM to_matrix(const Tensor& t) { return ConstMap(t.data, t.rows, t.cols, Stride(t.cols)); }
+
+// A linear layer's output m into out: out takes m's memory (no copy) unless
+// out is already allocated with m's shape (the caller may hold views of it),
+// then m is copied into it.
+void take_result(std::shared_ptr<MatrixRM> m, Tensor& out) {
+  if (out.data != nullptr && out.rows == m->rows() && out.cols == m->cols()) {
+    parallel_copy(out.data, m->data(), out.size());
+    return;
+  }
+  Tensor t;
+  t.rows = m->rows();
+  t.cols = m->cols();
+  t.mem = std::shared_ptr<float[]>(m, m->data());  // aliasing: shares m's ownership
+  t.data = t.mem.get();
+  out = std::move(t);
+}
 
 // The backend's OpenMP thread count for the duration of one operation (the
 // calling thread's setting is restored after it), so that two CPU backends in
@@ -149,22 +167,21 @@ class CpuBackend final : public Backend {
                       std::unique_ptr<LinearState>& state) override {
     const ThreadCount use(threads_);
     auto st = std::make_unique<CpuLinearState>();
-    MatrixRM ym;
-    fp4lab::linear_forward(ctx, to_matrix(x), to_matrix(w), b, ym, st->saved);
-    if (y.rows != ym.rows() || y.cols != ym.cols()) y = empty(ym.rows(), ym.cols());
-    parallel_copy(y.data, ym.data(), y.size());
+    auto ym = std::make_shared<MatrixRM>();
+    fp4lab::linear_forward(ctx, to_matrix(x), to_matrix(w), b, *ym, st->saved);
+    take_result(std::move(ym), y);
     state = std::move(st);
   }
   void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
                        Tensor& dx, Tensor& dw_acc, float* db_acc) override {
     const ThreadCount use(threads_);
     const auto& st = dynamic_cast<const CpuLinearState&>(state);
-    MatrixRM dxm, dwm;
+    auto dxm = std::make_shared<MatrixRM>();
+    MatrixRM dwm;
     std::vector<float> db;
     if (db_acc) db.assign(size_t(w.rows), 0.0f);
-    fp4lab::linear_backward(ctx, st.saved, to_matrix(w), to_matrix(dy), dxm, dwm, db_acc ? db.data() : nullptr);
-    if (dx.rows != dxm.rows() || dx.cols != dxm.cols()) dx = empty(dxm.rows(), dxm.cols());
-    parallel_copy(dx.data, dxm.data(), dx.size());
+    fp4lab::linear_backward(ctx, st.saved, to_matrix(w), to_matrix(dy), *dxm, dwm, db_acc ? db.data() : nullptr);
+    take_result(std::move(dxm), dx);
     check_same("linear_backward dW", w, dw_acc);
     float* d = dw_acc.data;
     const float* s = dwm.data();
