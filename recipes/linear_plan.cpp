@@ -58,6 +58,20 @@ LinearPlan linear_plan(const LinearContext& ctx) {
   const auto& f = r->operand(Operand::fwd_w);
   const auto& d = r->operand(Operand::dgrad_w);
   plan.reuse_fwd_w = !r->double_quantization && f && d && *f == *d && f->round != Round::rs;
+  // W is the weight cast's output already (NVFP4 primary weights): its first
+  // quantization by the same spec would re-quantize Q(master), which is not
+  // Q(master) again in general (linear_plan.hpp).
+  if (const QuantizerSpec* c = ctx.weight_cast; c && c->round == Round::rn) {
+    for (Operand op : {Operand::fwd_w, Operand::dgrad_w}) {
+      OperandPlan& o = plan.operands[size_t(op)];
+      if (o.pre) {
+        if (*o.pre == *c) o.pre = nullptr, o.pre_stream = {};
+      } else if (o.quantizer && *o.quantizer == *c) {
+        o.quantizer = nullptr, o.stream = {};
+      }
+    }
+    plan.reuse_fwd_w = plan.reuse_fwd_w && plan.operand(Operand::fwd_w).changes();
+  }
   return plan;
 }
 

@@ -40,6 +40,14 @@ struct LinearContext {
   // keeps nothing for backward and prepares no backward operand.
   // linear_backward after such a forward is an error.
   bool backward = true;
+  // Non-null: W already holds quantize(*weight_cast, master).dequant (NVFP4
+  // primary weights, train/dist/data_parallel.hpp: the cast is nvfp4_2d, round
+  // to nearest). A W operand (fwd_w, dgrad_w) whose first quantization is this
+  // same spec, round to nearest, takes W as it is instead of quantizing it
+  // again: quantization is not idempotent (NVFP4's global scale, re-derived
+  // from the dequantized tensor's amax, moves by an ulp for ~8% of amaxes), and
+  // the operand must be Q(master), as the FP32-primary run's.
+  const QuantizerSpec* weight_cast = nullptr;
 };
 
 // True when this layer's GEMMs are quantized (recipe set, layer not kept in
@@ -106,7 +114,11 @@ struct LinearPlan {
 //                recipe.double_quantization and that forward quantizer exists
 //                (quantized layers only; wgrad_x only with
 //                double_quantization_x);
-//   rht        = recipe.wgrad_rht for wgrad_grad_y and wgrad_x (quantized layers only).
+//   rht        = recipe.wgrad_rht for wgrad_grad_y and wgrad_x (quantized layers only);
+//   weight cast (ctx.weight_cast set, round to nearest): for fwd_w and dgrad_w,
+//                a pre equal to *weight_cast is dropped, else (no pre) a
+//                quantizer equal to it is dropped (W is that quantizer's output
+//                already); reuse_fwd_w then holds only if fwd_w still changes W.
 LinearPlan linear_plan(const LinearContext& ctx);
 
 }  // namespace fp4lab

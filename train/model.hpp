@@ -23,6 +23,7 @@
 // keep_high_precision patterns.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <functional>
@@ -85,6 +86,11 @@ struct StepContext {
   bool train = true;     // dropout on
   bool backward = true;  // a backward pass follows (Model::evaluate clears it: forward only)
   float loss_scale = 1.0f;  // the loss gradient's factor (training.loss_scale)
+  // NVFP4 primary weights: the ParamStore indices whose values are the cast
+  // quantize(*weight_cast, master).dequant; a linear layer with such a weight
+  // passes weight_cast in its LinearContext (not quantized again). Null: none.
+  const QuantizerSpec* weight_cast = nullptr;
+  const std::vector<int>* cast_params = nullptr;
 };
 
 struct LinearLayerInfo {
@@ -172,7 +178,9 @@ struct LinearLayer {
   int w = -1, b = -1;  // parameter indices (b = -1: no bias)
   std::unique_ptr<LinearState> state;
   LinearContext context(const StepContext& s) const {
-    return LinearContext{s.recipe, s.seed, id, s.step, name, s.backward};
+    const bool cast = s.weight_cast && s.cast_params &&
+                      std::find(s.cast_params->begin(), s.cast_params->end(), w) != s.cast_params->end();
+    return LinearContext{s.recipe, s.seed, id, s.step, name, s.backward, cast ? s.weight_cast : nullptr};
   }
 };
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "sim/quantizer.hpp"
 #include "train/dist/primary_weights.hpp"
 
 #if FP4LAB_WITH_CUDA
@@ -23,6 +24,11 @@ std::vector<int> nvfp4_weight_params(const std::vector<LinearLayerInfo>& layers,
     if (l.weight_param >= 0 && !recipe.keeps_high_precision(l.name))
       out.push_back(l.weight_param);
   return out;
+}
+
+const QuantizerSpec& nvfp4_primary_cast_spec() {
+  static const QuantizerSpec q = quantizer_by_name("nvfp4_2d");
+  return q;
 }
 
 namespace {

@@ -96,4 +96,11 @@ class DataParallel {
 // recipe does not keep high-precision, with a weight of their own (weight_param >= 0).
 std::vector<int> nvfp4_weight_params(const std::vector<LinearLayerInfo>& layers, const Recipe& recipe);
 
+// The quantizer whose output the NVFP4 primary-weight cast is: the model's
+// values of those weights are quantize(nvfp4_2d, master).dequant, bit for bit
+// (tests/train/primary_weights_case.hpp). The trainer passes it to their linear
+// layers (StepContext::weight_cast): a recipe quantizing W with this same
+// quantizer takes the cast as its operand instead of re-quantizing it.
+const QuantizerSpec& nvfp4_primary_cast_spec();
+
 }  // namespace fp4lab::train

@@ -73,9 +73,11 @@ Setup make_setup(int64_t batch, int64_t in, int64_t out, uint32_t s) {
   return st;
 }
 
-Out run(const Recipe* r, const Setup& st, const char* layer_name = "", uint64_t step_override = ~0ull) {
+Out run(const Recipe* r, const Setup& st, const char* layer_name = "", uint64_t step_override = ~0ull,
+        const QuantizerSpec* weight_cast = nullptr) {
   LinearContext ctx{r, st.seed, st.layer, step_override == ~0ull ? st.step : step_override};
   ctx.layer_name = layer_name;
+  ctx.weight_cast = weight_cast;
   Out o;
   LinearSaved saved;
   linear_forward(ctx, st.x, st.w, st.b.data(), o.y, saved);
@@ -308,6 +310,80 @@ TEST_CASE("nvfp4: W's 16x16 quantization is the transpose of W^T's") {
         same1 = same1 && c.dequant[size_t(i * cols + j)] == d.dequant[size_t(j * rows + i)];
     CHECK_FALSE(same1);
   }
+}
+
+TEST_CASE("NVFP4 primary weights: re-quantizing Q(W) is not Q(W); the layer takes a cast W as its W operand") {
+  // The trainer's NVFP4 primary weights hold Q(master) (Q = nvfp4_2d, RN); under
+  // the nvfp4 recipe, whose W quantizer is that same Q, the layer must compute
+  // with Q(master) as the FP32-primary run does, not with Q(Q(master)): NVFP4
+  // is not idempotent. Its global scale g_dec = 1 / fl(2688 / amax) comes back
+  // from amax(Q(W)) = fl(2688 g_dec) an ulp off for ~8% of amaxes (then every
+  // element moves by an ulp), in every build.
+  const Recipe r = recipe_by_name("nvfp4");
+  const QuantizerSpec& q = quantizer_by_name("nvfp4_2d");
+  REQUIRE(*r.operand(Operand::fwd_w) == q);
+  REQUIRE(*r.operand(Operand::dgrad_w) == q);
+  auto cast_of = [&](const MatrixRM& w) {
+    const QuantizedTensor t = quantize(q, MatrixView<const float>(w.data(), w.rows(), w.cols()));
+    MatrixRM c(w.rows(), w.cols());
+    std::memcpy(c.data(), t.dequant.data(), size_t(c.size()) * 4);
+    return std::pair{c, t.global_decode};
+  };
+  Setup st;
+  bool found = false;
+  for (uint32_t s = 1; s < 100 && !found; ++s) {
+    st = make_setup(32, 48, 32, s);
+    const auto [c, g] = cast_of(st.w);
+    const auto [cc, gg] = cast_of(c);
+    found = !same_bits(cc, c);
+    if (found) CHECK(gg != g);  // the global scale moved
+  }
+  REQUIRE(found);
+  Setup cast = st;
+  cast.w = cast_of(st.w).first;
+  const Out master = run(&r, st);
+  const Out with_cast = run(&r, cast, "", ~0ull, &q);
+  CHECK(same_bits(with_cast.y, master.y));
+  CHECK(same_bits(with_cast.dx, master.dx));
+  CHECK(same_bits(with_cast.dw, master.dw));
+  CHECK(with_cast.db == master.db);
+  // Quantized again (the trainer before weight_cast): another forward.
+  CHECK_FALSE(same_bits(run(&r, cast).y, master.y));
+
+  // The plan: W's first quantization by the cast's quantizer is dropped, nothing else.
+  LinearContext ctx{&r, 42, 3, 9, "blocks.0.fc"};
+  const LinearPlan plain = linear_plan(ctx);
+  ctx.weight_cast = &q;
+  const LinearPlan p = linear_plan(ctx);
+  CHECK(plain.reuse_fwd_w);
+  CHECK_FALSE(p.reuse_fwd_w);
+  for (Operand op : kOps) {
+    CAPTURE(operand_name(op));
+    const bool w = op == Operand::fwd_w || op == Operand::dgrad_w;
+    CHECK(p.operand(op).quantizer == (w ? nullptr : plain.operand(op).quantizer));
+    CHECK(p.operand(op).changes() == !w);
+  }
+  // Double quantization: dgrad's W' = Q_fwd_w(W) is the cast; its own quantizer stays.
+  Recipe dq = r;
+  dq.double_quantization = true;
+  LinearContext dctx{&dq, 42, 3, 9, "blocks.0.fc"};
+  dctx.weight_cast = &q;
+  const LinearPlan d = linear_plan(dctx);
+  CHECK(d.operand(Operand::fwd_w).quantizer == nullptr);
+  CHECK(d.operand(Operand::dgrad_w).pre == nullptr);
+  CHECK(d.operand(Operand::dgrad_w).quantizer == &*dq.operand(Operand::dgrad_w));
+  // Another W quantizer (1x16 blocks) quantizes the cast W as any W.
+  const Recipe other = recipe_by_name("nvfp4_fwd_mxfp8_bwd");
+  REQUIRE_FALSE(*other.operand(Operand::fwd_w) == q);
+  LinearContext octx{&other, 42, 3, 9, "blocks.0.fc"};
+  octx.weight_cast = &q;
+  CHECK(linear_plan(octx).operand(Operand::fwd_w).quantizer == &*other.operand(Operand::fwd_w));
+  // A kept layer and a plain FP32 context are unchanged.
+  ctx.layer_name = "lm_head";
+  CHECK(linear_plan(ctx).operand(Operand::fwd_w).round_bf16);
+  LinearContext none;
+  none.weight_cast = &q;
+  for (const OperandPlan& o : linear_plan(none).operands) CHECK_FALSE(o.changes());
 }
 
 TEST_CASE("wgrad RHT leaves dW unchanged when quantization is off") {

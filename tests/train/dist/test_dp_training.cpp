@@ -3,8 +3,8 @@
 // one-process loss curve of the same global batch within float rounding; two
 // runs with the same N are bitwise identical; ZeRO-1 equals ZeRO-0; NVFP4
 // primary weights cast shard by shard equal the whole-tensor cast in every
-// loss (and, under the nvfp4 recipe, the FP32-primary run: its weight
-// quantizer gives an NVFP4 weight back); a run resumes bit-exactly with the same N and refuses another N;
+// loss (and, under the nvfp4 recipe, the FP32-primary run: the layers take the
+// NVFP4 weights as the recipe's quantized W, not re-quantized); a run resumes bit-exactly with the same N and refuses another N;
 // rank 0 alone writes the run directory.
 #include <doctest/doctest.h>
 
@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "train/checkpoint.hpp"
 #include "train/config.hpp"
 #include "train/run.hpp"
 #include "train/text_fixture.hpp"
@@ -130,11 +131,22 @@ TEST_CASE("data parallel: NVFP4 primary weights, shard cast = whole cast in ever
   const RunResult whole = run_on(3, j);
   CHECK(sc.step_losses == whole.step_losses);
   CHECK(sc.final_params == whole.final_params);
-  // nvfp4's weight quantizer is the primary cast's (nvfp4_2d, round to nearest) and
-  // re-quantizing an NVFP4 weight gives it back: the same run as FP32 primary weights.
+  // nvfp4's weight quantizer is the primary cast's (nvfp4_2d, round to nearest), and
+  // the layers take the cast as their W operand (LinearContext::weight_cast; not
+  // re-quantized: NVFP4 is not idempotent): the same run as FP32 primary weights,
+  // losses, master values and moments bit for bit.
   j["name"] = "fp32primary";
   j["distributed"] = {{"zero", 1}};
-  CHECK(run_on(3, j).step_losses == sc.step_losses);
+  const RunResult fp = run_on(3, j);
+  CHECK(fp.step_losses == sc.step_losses);
+  {
+    const int64_t n = int64_t(sc.final_params.size());
+    const Checkpoint a = load_checkpoint(fs::path(sc.dir) / "checkpoint.bin", n);
+    const Checkpoint b = load_checkpoint(fs::path(fp.dir) / "checkpoint.bin", n);
+    CHECK(a.values == b.values);
+    CHECK(a.m == b.m);
+    CHECK(a.v == b.v);
+  }
   // Under the fp32 recipe the NVFP4 weights are what the model computes with: another run.
   j["recipe"] = "fp32";
   j["name"] = "fp32recipe";
