@@ -3,7 +3,7 @@
 // kernel quantize every group as if each were quantized alone (group_of,
 // group_params). Used by the grouped row kernels (quantize_rows_grouped.cuh,
 // instantiated in inst/rows_grouped_*.cu), the grouped tile kernel and the
-// per-group amax pass (quantize.cu); the host side is grouped.cu.
+// per-group amax pass (quantize_grouped.cu); the host side is grouped.cu.
 //
 // A thread (a warp for tiles) maps its work unit to a scale row of the
 // concatenated grouped layout (sim/grouped.hpp: the groups' scale matrices
@@ -77,7 +77,12 @@ __device__ __forceinline__ KParams group_params(const KParams& p, const GroupTab
   return q;
 }
 
-// Host side (quantize.cu). Can the one-launch form run q (a fused plan of the
+// The kernels' parameters of quantizer q on x [rows, cols] (quantize.cu; no
+// workspace yet: gamax, gparams and the generic path's buffers unset).
+KParams make_params(const QuantizerSpec& q, const void* x, int64_t rows, int64_t cols, RandomStream rs,
+                    const QuantOutputs& out);
+
+// Host side (quantize_grouped.cu). Can the one-launch form run q (a fused plan of the
 // rows family without RHT, or of 16x16 tiles; not QuantPath::generic)?
 bool grouped_fused_supported(const QuantizerSpec& q, QuantPath path);
 // Does q's plan need each group's amax (an nv rule with a tensor amax)?
