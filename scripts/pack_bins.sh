@@ -7,7 +7,8 @@ set -euo pipefail
 B=${1:-build-cuda} D=${2:-.carry}
 cd "$(dirname "$0")/.."
 [ -f "$B/build.ninja" ] ||
-  cmake -S . -B "$B" -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release >/dev/null
+  # Portable: the binaries run on the device host, not on the machine that built them.
+  cmake -S . -B "$B" -G Ninja -DFP4LAB_CUDA=ON -DFP4LAB_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C "$B" fp4lab test_cuda test_train_cuda
 mkdir -p "$D/pack"
 for f in apps/fp4lab tests/test_cuda tests/test_train_cuda; do strip -o "$D/pack/$(basename $f)" "$B/$f"; done
