@@ -51,14 +51,20 @@ __global__ void cast_kernel(const float* x, int64_t lo, int64_t hi, int64_t cols
   }
 }
 
-__global__ void dequantize_kernel(const uint8_t* packed, int64_t rows, int64_t cols, int64_t rb, int64_t ntc,
-                                  const uint8_t* tile_code, float g_dec, float* x) {
+// The cast tensor [rows, cols] from its packed codes and tile codes: x[i] =
+// (decode(code) * decode(tile scale)) * g_dec where x is non-null, and the
+// BF16 bits of decode(code) * decode(tile scale) (exact: cast_operand_device)
+// where operand is non-null.
+__global__ void decode_kernel(const uint8_t* packed, int64_t rows, int64_t cols, int64_t rb, int64_t ntc,
+                              const uint8_t* tile_code, float g_dec, float* x, uint16_t* operand) {
   const int64_t n = rows * cols, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t r = i / cols, c = i - r * cols;
     const uint32_t code = (packed[r * rb + c / 2] >> (4 * (c & 1))) & 0xFu;
     const float scale = decode_f32<ufloat8_e4m3>(tile_code[(r / kTile) * ntc + c / kTile]);
-    x[i] = (decode_f32<float4_e2m1fn>(code) * scale) * g_dec;
+    const float v = decode_f32<float4_e2m1fn>(code) * scale;
+    if (x) x[i] = v * g_dec;
+    if (operand) operand[i] = uint16_t(encode_rn_f32<bfloat16>(v, Overflow::nonsaturate));
   }
 }
 
@@ -99,6 +105,7 @@ void DeviceShardCast::compute_scales() {
   scales_ = shard_scales(tensors_, a);
   tile_mult_.upload(scales_.tile_mult);
   tile_code_.upload(scales_.tile_code);
+  g_dec_.upload(scales_.g_dec);
 }
 
 void DeviceShardCast::cast(const float* flat, ShardRange shard) {
@@ -160,12 +167,30 @@ void DeviceShardCast::dequantize(float* flat) const {
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
     if (ft.rows * ft.cols == 0) continue;
-    dequantize_kernel<<<blocks_for(ft.rows * ft.cols), kThreads>>>(
+    decode_kernel<<<blocks_for(ft.rows * ft.cols), kThreads>>>(
         packed_.data() + layout_.packed_offset[t], ft.rows, ft.cols, row_bytes(ft), tiles_across(ft),
-        tile_code_.data() + layout_.tile_offset[t], scales_.g_dec[t], flat + ft.offset);
-    check_launch("dequantize_kernel");
+        tile_code_.data() + layout_.tile_offset[t], scales_.g_dec[t], flat + ft.offset, nullptr);
+    check_launch("decode_kernel (dequantize)");
   }
   check(cudaDeviceSynchronize(), "shard cast: dequantize");
+}
+
+CastOperand DeviceShardCast::operand(size_t t) const {
+  if (t >= tensors_.size())
+    throw Error("shard cast: tensor " + std::to_string(t) + " of " + std::to_string(tensors_.size()));
+  return CastOperand{packed_.data() + layout_.packed_offset[t], tile_code_.data() + layout_.tile_offset[t],
+                     g_dec_.data() + t};
+}
+
+void cast_operand_device(const CastOperand& c, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  if (c.packed == nullptr || c.tile_codes == nullptr || c.g_dec == nullptr)
+    throw Error("cast_operand_device: the cast operand is incomplete (null packed codes, tile codes or g_dec)");
+  const FlatTensor ft{rows, cols, 0};
+  // g_dec is not applied (x null): the GEMM takes it as alpha from c.g_dec.
+  decode_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(c.packed, rows, cols, row_bytes(ft),
+                                                                   tiles_across(ft), c.tile_codes, 1.0f, nullptr, out);
+  check_launch("decode_kernel (cast operand)");
 }
 
 }  // namespace fp4lab::cuda

@@ -18,6 +18,8 @@
 //      primary_weights.hpp's gather_packed)
 //   6. dequantize: (decode(code) * decode(tile scale)) * g_dec into the flat
 //      buffer at every tensor element (what sim's dequantize_packed writes).
+// Afterwards operand(t) names tensor t's packed form on the device, which a
+// linear layer decodes into its exact BF16 GEMM operand (cast_operand_device).
 // Everything runs on the legacy default stream and is complete on return.
 #pragma once
 
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "cuda/device.hpp"
+#include "recipes/linear_plan.hpp"
 #include "sim/shard_cast.hpp"
 
 namespace fp4lab::cuda {
@@ -51,6 +54,9 @@ class DeviceShardCast {
   void set_packed(const std::vector<uint8_t>& full);
 
   void dequantize(float* flat) const;
+  // Tensor t's cast as the linear layers take it (valid after compute_scales
+  // and set_packed / cast, until the next cast).
+  CastOperand operand(size_t t) const;
   // The column-wise copy of packed() (sim's transpose_packed) into `out`
   // (device, packed_bytes_transposed() bytes). Not part of the trainer's step:
   // its GEMMs re-quantize the weights and take no packed codes yet.
@@ -63,8 +69,16 @@ class DeviceShardCast {
   DeviceBuffer<uint32_t> amax_;
   DeviceBuffer<float> tile_mult_;
   DeviceBuffer<uint8_t> tile_code_, packed_;
+  DeviceBuffer<float> g_dec_;  // [tensors] the global decode scales, for operand()
   ShardScales scales_;
   int64_t span_begin_ = 0, span_end_ = 0;
 };
+
+// The exact BF16 GEMM operand of a cast [rows, cols] (row-major) into `out`
+// (rows * cols values, device), on `stream`: decode(code) * decode(tile
+// scale), which has at most 6 significant bits (e2m1: 2, ue4m3: 4) and lies in
+// [2^-10, 6 * 448] or is 0, so it is exact in BF16, and the cast's value is
+// out * g_dec in one FP32 multiply, bit for bit.
+void cast_operand_device(const CastOperand& c, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t stream);
 
 }  // namespace fp4lab::cuda

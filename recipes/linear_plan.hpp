@@ -30,6 +30,17 @@ namespace fp4lab {
 // the same seed whose stream ids are below 2^60.
 uint64_t stream_id(uint64_t layer_id, Operand op, uint64_t step);
 
+// A weight's NVFP4 primary-weight cast in its packed form, in the backend's
+// memory (cuda/shard_cast.hpp's DeviceShardCast::operand): the codes (E2M1
+// nibbles, ceil(cols/2) bytes a row, the even column in the low nibble), one
+// UE4M3 code per 16x16 tile (ceil(cols/16) a row of tiles) and the global
+// decode scale (one float): W = (decode(code) * decode(tile)) * g_dec. Null: none.
+struct CastOperand {
+  const uint8_t* packed = nullptr;
+  const uint8_t* tile_codes = nullptr;
+  const float* g_dec = nullptr;
+};
+
 struct LinearContext {
   const Recipe* recipe = nullptr;  // nullptr = plain FP32
   uint64_t seed = 0;
@@ -48,6 +59,11 @@ struct LinearContext {
   // from the dequantized tensor's amax, moves by an ulp for ~8% of amaxes), and
   // the operand must be Q(master), as the FP32-primary run's.
   const QuantizerSpec* weight_cast = nullptr;
+  // With weight_cast: the cast's packed form, where the backend keeps one
+  // (the cuda backend's device cast); a W operand that takes W as it is may
+  // decode it into its exact BF16 form instead (the same values, on the BF16
+  // tensor cores).
+  CastOperand weight_cast_operand;
 };
 
 // True when this layer's GEMMs are quantized (recipe set, layer not kept in

@@ -91,6 +91,9 @@ struct StepContext {
   // passes weight_cast in its LinearContext (not quantized again). Null: none.
   const QuantizerSpec* weight_cast = nullptr;
   const std::vector<int>* cast_params = nullptr;
+  // Their exact BF16 operands, in cast_params' order (DataParallel::cast_operands),
+  // or null / empty where the backend keeps none.
+  const std::vector<CastOperand>* cast_operands = nullptr;
 };
 
 struct LinearLayerInfo {
@@ -178,9 +181,14 @@ struct LinearLayer {
   int w = -1, b = -1;  // parameter indices (b = -1: no bias)
   std::unique_ptr<LinearState> state;
   LinearContext context(const StepContext& s) const {
-    const bool cast = s.weight_cast && s.cast_params &&
-                      std::find(s.cast_params->begin(), s.cast_params->end(), w) != s.cast_params->end();
-    return LinearContext{s.recipe, s.seed, id, s.step, name, s.backward, cast ? s.weight_cast : nullptr};
+    LinearContext c{s.recipe, s.seed, id, s.step, name, s.backward, nullptr, {}};
+    if (!s.weight_cast || !s.cast_params) return c;
+    const auto it = std::find(s.cast_params->begin(), s.cast_params->end(), w);
+    if (it == s.cast_params->end()) return c;
+    c.weight_cast = s.weight_cast;
+    const size_t k = size_t(it - s.cast_params->begin());
+    if (s.cast_operands && k < s.cast_operands->size()) c.weight_cast_operand = (*s.cast_operands)[k];
+    return c;
   }
 };
 

@@ -405,6 +405,7 @@ class Training {
   bool rank0_ = true;  // rank 0 writes the directory, metrics, checkpoints and evaluates
   std::unique_ptr<DataParallel> dp_;
   std::vector<int> cast_params_;  // the NVFP4 primary weights (ParamStore indices), empty if none
+  std::vector<CastOperand> cast_operands_;  // their exact BF16 operands (cuda backend), else empty
   std::optional<Recipe> switched_;  // the recipe from switch_at_ on
   uint64_t switch_at_ = 0;
   int64_t items_ = 0;  // items (images, tokens) per step
@@ -504,6 +505,7 @@ void Training::build_model() {
                                   : std::vector<int>{};
   cast_params_ = nv;
   dp_ = std::make_unique<DataParallel>(*comm_, *be_, model_->params(), ac, cfg_.distributed, nv);
+  cast_operands_ = dp_->cast_operands();
   if (cfg_.capture_step >= 0) capture_ = std::make_unique<CaptureWriter>(*be_, dir_ / "capture", cfg_.capture_step);
   if (capture_) model_->set_capture(capture_->hook());
   switch_at_ = uint64_t(total_);
@@ -519,6 +521,7 @@ StepContext Training::context(int64_t step, bool train) const {
   if (!cast_params_.empty()) {  // NVFP4 primary weights: their values are the cast, not quantized again
     sc.weight_cast = &nvfp4_primary_cast_spec();
     sc.cast_params = &cast_params_;
+    sc.cast_operands = &cast_operands_;
   }
   if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;
   return sc;

@@ -3,7 +3,11 @@
 // holds equals quantize(nvfp4_2d, master).dequant of the FP32 master values
 // its checkpoint holds (sim's quantizer: an independent path from the
 // protocol's shard_scales / shard_cast / dequantize_packed and from the GPU
-// kernels), and every other parameter equals its master value.
+// kernels), and every other parameter equals its master value. Under the
+// nvfp4 recipe, whose W quantizer is the cast's, the run is bit for bit the
+// FP32-primary run (losses, masters): the layers take the cast as their W
+// operand, on the CUDA backend in its exact BF16 form on the tensor cores,
+// as the FP32-primary run's quantized W.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -41,7 +45,7 @@ inline void check_primary_weights_run(const std::string& backend) {
   std::ofstream(d / "text.txt") << words_corpus();
   for (const char* recipe : {"bf16", "nvfp4"}) {
     CAPTURE(recipe);
-    const json j = {{"name", "pw"},
+    json j = {{"name", "pw"},
                     {"model", {{"type", "gpt"}, {"layers", 2}, {"heads", 2}, {"width", 40}, {"context", 16}}},
                     {"data", {{"type", "char"}, {"path", (d / "text.txt").string()}}},
                     {"training", {{"batch_size", 4}, {"steps", 5}, {"lr", 1e-2}, {"eval_interval", 5}, {"eval_iters", 1}}},
@@ -77,6 +81,16 @@ inline void check_primary_weights_run(const std::string& backend) {
       } else {
         CHECK(std::memcmp(held, master, size_t(p.size()) * 4) == 0);
       }
+    }
+    if (std::string(recipe) == "nvfp4") {
+      j["name"] = "fp32primary";
+      j.erase("distributed");
+      const RunResult fp = run_training(config_from_json(j), o);
+      REQUIRE(fp.status == "completed");
+      CHECK(fp.step_losses == r.step_losses);
+      const Checkpoint fc = load_checkpoint(fs::path(fp.dir) / "checkpoint.bin", int64_t(fp.final_params.size()));
+      CHECK(fc.values == c.values);
+      CHECK(fc.m == c.m);
     }
   }
   fs::remove_all(d);

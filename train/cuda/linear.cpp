@@ -39,6 +39,7 @@
 #include "core/format.hpp"
 #include "cuda/device.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/shard_cast.hpp"
 #include "train/cuda/linear_ops.hpp"
 #include "train/cuda/nn.hpp"
 #include "cuda/quantize.hpp"
@@ -191,6 +192,27 @@ struct CudaLinear::Impl {
   DeviceBuffer<float> hook_buf;
   cuda::nn::Scratch colsum;  // db's column-sum partials
   OperandHook hook;
+
+  // W's operand for `op` (fwd_w, dgrad_w): where the plan takes W as it is and
+  // W is a weight cast whose packed form the backend keeps (LinearContext::
+  // weight_cast_operand), that form decoded into slot[1]'s exact BF16 operand
+  // with the cast's g_dec (the same values, W = bf16 * g_dec; the GEMM then
+  // runs on the BF16 tensor cores when the other operand is BF16 too, as the
+  // FP32-primary run's quantized W does); else prepare().
+  DevOperand prepare_w(Operand op, const LinearContext& ctx, const OperandPlan& p, const float* w, int64_t rows,
+                       int64_t cols, GemmAlpha alpha = {}) {
+    const CastOperand& c = ctx.weight_cast_operand;
+    if (p.changes() || ctx.weight_cast == nullptr || c.packed == nullptr)
+      return prepare(p, w, rows, cols, slot[1], nullptr, nullptr, true, alpha);
+    Slot& s = slot[1];
+    s.h.at_least(size_t(rows * cols));
+    cuda::cast_operand_device(c, rows, cols, s.h.data(), kStream);
+    DevOperand o;
+    o.bf16 = s.h.data();
+    o.g = c.g_dec;
+    report(op, o, rows, cols);
+    return o;
+  }
 
   // Executes plan p on the source src [rows, cols] (device, not modified),
   // writing into slot s, or, for a BF16 quantizer operand, into bf16_dst /
@@ -457,8 +479,8 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
 
   // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
   // W is made after x: its quantization writes the forward GEMM's alpha (x's g_dec is on the device).
-  const DevOperand wo = im.prepare(plan.operand(Operand::fwd_w), w.data, out, in, im.slot[1], nullptr, nullptr, true,
-                                   xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
+  const DevOperand wo = im.prepare_w(Operand::fwd_w, ctx, plan.operand(Operand::fwd_w), w.data, out, in,
+                                     xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
   im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
           0.0f);
   if (b != nullptr && plan.add_bias) cuda::add_bias_device(y.data, b, B, out, kStream);
@@ -557,7 +579,7 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
       }
       im.report(Operand::dgrad_w, wo, out, in);
     } else {
-      wo = im.prepare(plan.operand(Operand::dgrad_w), w.data, out, in, im.slot[1]);
+      wo = im.prepare_w(Operand::dgrad_w, ctx, plan.operand(Operand::dgrad_w), w.data, out, in);
     }
     im.gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, wo, in, out * in, im.slot[1], go, out, B * out, im.slot[0], dx.data,
             in, 0.0f);

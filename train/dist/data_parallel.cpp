@@ -245,6 +245,15 @@ void DataParallel::load_state(const std::vector<float>& master, const std::vecto
 
 int64_t DataParallel::steps_taken() const { return impl_->adam->steps_taken(); }
 
+std::vector<CastOperand> DataParallel::cast_operands() const {
+  std::vector<CastOperand> ops;
+#if FP4LAB_WITH_CUDA
+  if (const cuda::DeviceShardCast* c = impl_->dcast.get())
+    for (size_t t = 0; t < impl_->nvfp4.size(); ++t) ops.push_back(c->operand(t));
+#endif
+  return ops;
+}
+
 nlohmann::json DataParallel::memory() const {
   const Impl& d = *impl_;
   const int64_t n = d.ps.size(), s = d.mine.end - d.mine.begin, f = int64_t(sizeof(float));
