@@ -19,11 +19,14 @@ compiled forward and backward as CUDA graphs (implies --compile). Compiled varia
 (compilation and graph recording), eager ones for 3. Each of `repeats` rounds times `steps` steps,
 synchronised per step (as fp4lab's bench train). Prints one line per round and a last line
     RESULT <variant> <median ms/iter> <min> <max> <tokens/s at the median>
+(options, timing loop and RESULT line shared with bench_pytorch_vit.py: bench_pytorch_common.py).
 """
-import argparse, math, time
+import argparse
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import bench_pytorch_common as common
 
 
 class Block(nn.Module):
@@ -85,28 +88,22 @@ def variant_name(a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    common.add_device_arg(ap)
     ap.add_argument("--size", choices=sorted(SIZES), default="baby")
     for name, kind in (("layers", int), ("heads", int), ("width", int), ("context", int), ("batch", int),
                        ("dropout", float), ("vocab", int)):
         ap.add_argument("--" + name, type=kind, default=None)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=1)
+    common.add_timing_args(ap)
     ap.add_argument("--fused-adamw", action="store_true")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--cuda-graphs", action="store_true")
     ap.add_argument("--tf32", action="store_true")
     a = ap.parse_args()
-    if a.steps <= 0 or a.repeats <= 0:
-        ap.error("--steps and --repeats must be positive")
+    common.check_timing_args(ap, a)
     if a.device == "cpu" and (a.cuda_graphs or a.fused_adamw):
         ap.error("--cuda-graphs and --fused-adamw need --device cuda")
-    torch.set_num_threads(a.threads)
-    torch.backends.cuda.matmul.allow_tf32 = a.tf32
-    torch.backends.cudnn.allow_tf32 = a.tf32
-    torch.manual_seed(1337)
+    common.setup_torch(a, tf32=a.tf32)
     L, H, C, T, B, p = SIZES[a.size]
     L = a.layers if a.layers is not None else L
     H = a.heads if a.heads is not None else H
@@ -127,7 +124,6 @@ def main():
         fwd = torch.compile(m, mode="reduce-overhead" if a.cuda_graphs else None)
     x = torch.randint(V, (B, T), device=dev)
     y = torch.randint(V, (B, T), device=dev)
-    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     ctx = (torch.autocast(device_type=a.device, dtype=torch.bfloat16) if a.dtype == "bf16"
            else torch.autocast(device_type=a.device, enabled=False))
 
@@ -139,27 +135,8 @@ def main():
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
 
-    for _ in range(10 if fwd is not m else 3):
-        step()
-    sync()
-    where = torch.cuda.get_device_name() if a.device == "cuda" else f"{a.threads} threads"
-    name = variant_name(a)
-    rounds = []
-    for r in range(a.repeats):
-        total = 0.0
-        for s in range(a.steps):
-            sync()
-            t0 = time.perf_counter()
-            step()
-            sync()
-            total += time.perf_counter() - t0
-        ms = 1000 * total / a.steps
-        rounds.append(ms)
-        print(f"pytorch {torch.__version__} {name} L{L} H{H} C{C} T{T} B{B}, {where}, round {r + 1}: "
-              f"{ms:.2f} ms/iter, {B * T * 1000 / ms:.0f} tokens/s", flush=True)
-    rounds.sort()
-    med = rounds[len(rounds) // 2] if len(rounds) % 2 else 0.5 * (rounds[len(rounds) // 2 - 1] + rounds[len(rounds) // 2])
-    print(f"RESULT {name} {med:.4f} {rounds[0]:.4f} {rounds[-1]:.4f} {B * T * 1000 / med:.0f}")
+    common.run_rounds(a, step, 10 if fwd is not m else 3, variant_name(a), f"L{L} H{H} C{C} T{T} B{B}", B * T,
+                      "tokens")
 
 
 if __name__ == "__main__":

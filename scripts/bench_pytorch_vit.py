@@ -15,14 +15,16 @@ Optimizer Adam (or AdamW with --weight-decay), synthetic images and labels, FP32
 Each of `repeats` rounds times `steps` steps, synchronised per step. Prints one line per round and
 a last line
     RESULT <variant> <median ms/iter> <min> <max> <images/s at the median>
+(options, timing loop and RESULT line shared with bench_pytorch_gpt.py: bench_pytorch_common.py).
 """
 import argparse
 import math
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import bench_pytorch_common as common
 
 
 class Block(nn.Module):
@@ -71,26 +73,20 @@ class ViT(nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    common.add_device_arg(ap)
     for name, kind, default in (("image", int, 28), ("patch", int, 7), ("channels", int, 1), ("classes", int, 10),
                                 ("width", int, 64), ("heads", int, 4), ("layers", int, 1),
                                 ("mlp-ratio", float, 2.0), ("dropout", float, 0.1), ("batch", int, 64),
                                 ("weight-decay", float, 0.0), ("grad-clip", float, 0.0)):
         ap.add_argument("--" + name, type=kind, default=default)
     ap.add_argument("--attn-scale", choices=["inv_sqrt_head_dim", "sqrt_head_dim"], default="sqrt_head_dim")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=1)
+    common.add_timing_args(ap)
     ap.add_argument("--compile", action="store_true")
     a = ap.parse_args()
-    if a.steps <= 0 or a.repeats <= 0:
-        ap.error("--steps and --repeats must be positive")
+    common.check_timing_args(ap, a)
     if a.image % a.patch or a.width % a.heads:
         ap.error("--patch must divide --image and --heads must divide --width")
-    torch.set_num_threads(a.threads)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.manual_seed(1337)
+    common.setup_torch(a, tf32=False)
     dev = torch.device(a.device)
     m = ViT(a).to(dev)
     opt = (torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=a.weight_decay) if a.weight_decay > 0
@@ -98,7 +94,6 @@ def main():
     fwd = torch.compile(m) if a.compile else m
     x = torch.randn(a.batch, a.channels, a.image, a.image, device=dev)
     y = torch.randint(a.classes, (a.batch,), device=dev)
-    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
 
     def step():
         loss = fwd(x, y)
@@ -108,28 +103,8 @@ def main():
             torch.nn.utils.clip_grad_norm_(m.parameters(), a.grad_clip)
         opt.step()
 
-    for _ in range(10 if a.compile else 3):
-        step()
-    sync()
     name = ("compile" if a.compile else "eager") + ",fp32,vit"
-    where = torch.cuda.get_device_name() if a.device == "cuda" else f"{a.threads} threads"
-    rounds = []
-    for r in range(a.repeats):
-        total = 0.0
-        for _ in range(a.steps):
-            sync()
-            t0 = time.perf_counter()
-            step()
-            sync()
-            total += time.perf_counter() - t0
-        ms = 1000 * total / a.steps
-        rounds.append(ms)
-        print(f"pytorch {torch.__version__} {name} batch {a.batch}, {where}, round {r + 1}: {ms:.2f} ms/iter, "
-              f"{a.batch * 1000 / ms:.0f} images/s", flush=True)
-    rounds.sort()
-    n = len(rounds)
-    med = rounds[n // 2] if n % 2 else 0.5 * (rounds[n // 2 - 1] + rounds[n // 2])
-    print(f"RESULT {name} {med:.4f} {rounds[0]:.4f} {rounds[-1]:.4f} {a.batch * 1000 / med:.0f}")
+    common.run_rounds(a, step, 10 if a.compile else 3, name, f"batch {a.batch}", a.batch, "images")
 
 
 if __name__ == "__main__":
