@@ -6,6 +6,7 @@
 #include "core/bits.hpp"
 #include "core/encode.hpp"
 #include "core/format.hpp"
+#include "cuda/amax_device.cuh"
 #include "cuda/packing.hpp"
 
 namespace fp4lab::cuda {
@@ -17,20 +18,42 @@ constexpr int64_t kTile = 16;
 
 unsigned blocks_for(int64_t n) { return unsigned(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535)); }
 
-// Tensor-local elements [lo, hi) of a [.., cols] tensor at x: maxima into its
-// tiles (ntc tiles a row of tiles) and into *tensor_amax.
+// Tensor-local elements [lo, hi) of a [rows, cols] tensor at x: maxima into
+// its tiles (ntc tiles a row of tiles) and into *tensor_amax. Work unit: one
+// column of one 16-column tile segment, over the 16 rows of its band (the
+// lanes of a half-warp take the 16 columns of one tile: coalesced loads); the
+// half-warp's maxima meet by shuffles and one lane does the tile's atomicMax
+// (integer maxima: the order of the atomics does not matter). Units run over
+// the row bands that [lo, hi) touches only.
 __global__ void partial_amax_kernel(const float* x, int64_t lo, int64_t hi, int64_t cols, int64_t ntc,
-                                    uint32_t* tile_amax, uint32_t* tensor_amax) {
-  uint32_t m = 0;
+                                    int64_t band0, int64_t nbands, uint32_t* tile_amax, uint32_t* tensor_amax) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t units = nbands * ntc * kTile;  // a multiple of 16: whole half-warps
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = lo + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < hi; i += stride) {
-    const uint32_t a = abs_bits(x[i]);
-    const int64_t r = i / cols, c = i - r * cols;
-    atomicMax(&tile_amax[(r / kTile) * ntc + c / kTile], a);
-    m = m > a ? m : a;
+  uint32_t tmax = 0;
+  // Warp-uniform loop (every lane takes part in the shuffles).
+  for (int64_t base = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) & ~int64_t(31); base < units; base += stride) {
+    const int64_t u = base + lane;
+    uint32_t m = 0;
+    int64_t band = 0, seg = 0;
+    if (u < units) {
+      band = band0 + u / (ntc * kTile);
+      seg = (u / kTile) % ntc;
+      const int64_t c = seg * kTile + u % kTile;
+      if (c < cols) {
+        for (int64_t r = band * kTile; r < band * kTile + kTile; ++r) {
+          const int64_t i = r * cols + c;
+          if (i >= lo && i < hi) m = umax(m, abs_bits(x[i]));
+        }
+      }
+    }
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) m = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+    if (u < units && (lane & 15) == 0 && m) atomicMax(&tile_amax[band * ntc + seg], m);
+    tmax = umax(tmax, m);
   }
-  m = __reduce_max_sync(0xFFFFFFFFu, m);
-  if ((threadIdx.x & 31) == 0 && m) atomicMax(tensor_amax, m);
+  tmax = __reduce_max_sync(0xFFFFFFFFu, tmax);
+  if (lane == 0 && tmax) atomicMax(tensor_amax, tmax);
 }
 
 // Packed bytes [b0, b1) of a tensor (rb bytes a row): each byte's owned
@@ -51,21 +74,48 @@ __global__ void cast_kernel(const float* x, int64_t lo, int64_t hi, int64_t cols
   }
 }
 
-// The cast tensor [rows, cols] from its packed codes and tile codes: x[i] =
-// (decode(code) * decode(tile scale)) * g_dec where x is non-null, and the
-// BF16 bits of decode(code) * decode(tile scale) (exact: cast_operand_device)
-// where operand is non-null.
-__global__ void decode_kernel(const uint8_t* packed, int64_t rows, int64_t cols, int64_t rb, int64_t ntc,
-                              const uint8_t* tile_code, float g_dec, float* x, uint16_t* operand) {
-  const int64_t n = rows * cols, stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t r = i / cols, c = i - r * cols;
-    const uint32_t code = (packed[r * rb + c / 2] >> (4 * (c & 1))) & 0xFu;
-    const float scale = decode_f32<ufloat8_e4m3>(tile_code[(r / kTile) * ntc + c / kTile]);
-    const float v = decode_f32<float4_e2m1fn>(code) * scale;
-    if (x) x[i] = v * g_dec;
-    if (operand) operand[i] = uint16_t(encode_rn_f32<bfloat16>(v, Overflow::nonsaturate));
+// Step 3 for one tensor on the device, sim's shard_scales with the same
+// scalar rules (scale_rules.hpp): its g_dec from the tensor amax, and per tile
+// (ntiles of them) the UE4M3 code and the element multiplier.
+__global__ void scales_kernel(const uint32_t* tensor_amax, const uint32_t* tile_amax, int64_t ntiles,
+                              float scale_max, float elem_max, uint8_t* tile_code, float* tile_mult, float* g_dec) {
+  const NvGlobal g = nv_global(bits_float(*tensor_amax), scale_max, elem_max);
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  if (first == 0) *g_dec = g.g_dec;
+  for (int64_t k = first; k < ntiles; k += stride) {
+    const NvBlockScale b = nv_block_scale<ufloat8_e4m3>(bits_float(tile_amax[k]), g);
+    tile_code[k] = uint8_t(b.code);
+    tile_mult[k] = b.encode;
   }
+}
+
+// The cast tensor [rows, cols] from its packed codes and tile codes: x[i] =
+// (decode(code) * decode(tile scale)) * *g_dec where x is non-null, and the
+// BF16 bits of decode(code) * decode(tile scale) (exact: cast_operand_device)
+// where operand is non-null. One thread per 8 columns of a row (ncg groups a
+// row): one tile scale, 4 packed bytes.
+constexpr int64_t kGroup = 8;
+__global__ void decode_kernel(const uint8_t* packed, int64_t rows, int64_t cols, int64_t rb, int64_t ntc,
+                              const uint8_t* tile_code, const float* g_dec, float* x, uint16_t* operand) {
+  const int64_t ncg = (cols + kGroup - 1) / kGroup, n = rows * ncg, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < n; u += stride) {
+    const int64_t r = u / ncg, c0 = (u - r * ncg) * kGroup;
+    const float scale = decode_f32<ufloat8_e4m3>(tile_code[(r / kTile) * ntc + c0 / kTile]);
+    const uint8_t* row = packed + r * rb;
+    const int64_t at = r * cols;
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const int64_t c = c0 + j;
+      if (c >= cols) break;
+      const uint32_t code = (row[c / 2] >> (4 * (c & 1))) & 0xFu;
+      const float v = decode_f32<float4_e2m1fn>(code) * scale;
+      if (x) x[at + c] = v * *g_dec;
+      if (operand) operand[at + c] = uint16_t(encode_rn_f32<bfloat16>(v, Overflow::nonsaturate));
+    }
+  }
+}
+unsigned decode_blocks(int64_t rows, int64_t cols) {
+  return blocks_for(rows * ((cols + kGroup - 1) / kGroup));
 }
 
 int64_t row_bytes(const FlatTensor& t) { return (t.cols + 1) / 2; }
@@ -79,6 +129,7 @@ DeviceShardCast::DeviceShardCast(std::span<const FlatTensor> tensors)
   amax_.resize(tensors_.size() + k);
   tile_mult_.resize(k);
   tile_code_.resize(k);
+  g_dec_.resize(tensors_.size());
   packed_.resize(size_t(layout_.packed_offset.back()));
 }
 
@@ -90,22 +141,34 @@ void DeviceShardCast::partial_amax(const float* flat, ShardRange shard) {
     const ShardRange part = tensor_part(ft, shard);
     const int64_t lo = part.begin, hi = part.end;
     if (lo >= hi) continue;
-    partial_amax_kernel<<<blocks_for(hi - lo), kThreads>>>(flat + ft.offset, lo, hi, ft.cols, tiles_across(ft),
-                                                           tiles + layout_.tile_offset[t], amax_.data() + t);
+    const int64_t band0 = lo / ft.cols / kTile, band1 = (hi - 1) / ft.cols / kTile + 1;
+    const int64_t ntc = tiles_across(ft);
+    partial_amax_kernel<<<blocks_for((band1 - band0) * ntc * kTile), kThreads>>>(
+        flat + ft.offset, lo, hi, ft.cols, ntc, band0, band1 - band0, tiles + layout_.tile_offset[t],
+        amax_.data() + t);
     check_launch("partial_amax_kernel");
   }
   check(cudaDeviceSynchronize(), "shard cast: partial amax");
 }
 
 void DeviceShardCast::compute_scales() {
-  const std::vector<uint32_t> all = amax_.download();
-  ShardAmax a;
-  a.tensor.assign(all.begin(), all.begin() + std::ptrdiff_t(tensors_.size()));
-  a.tile.assign(all.begin() + std::ptrdiff_t(tensors_.size()), all.end());
-  scales_ = shard_scales(tensors_, a);
-  tile_mult_.upload(scales_.tile_mult);
-  tile_code_.upload(scales_.tile_code);
-  g_dec_.upload(scales_.g_dec);
+  const uint32_t* tiles = amax_.data() + tensors_.size();
+  const float scale_max = max_finite(ufloat8_e4m3), elem_max = max_finite(float4_e2m1fn);
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    const int64_t k0 = layout_.tile_offset[t], nt = layout_.tile_offset[t + 1] - k0;
+    scales_kernel<<<blocks_for(std::max<int64_t>(nt, 1)), kThreads>>>(amax_.data() + t, tiles + k0, nt, scale_max,
+                                                                     elem_max, tile_code_.data() + k0,
+                                                                     tile_mult_.data() + k0, g_dec_.data() + t);
+    check_launch("scales_kernel");
+  }
+}
+
+ShardScales DeviceShardCast::scales() const {
+  ShardScales s;
+  s.tile_code = tile_code_.download();
+  s.tile_mult = tile_mult_.download();
+  s.g_dec = g_dec_.download();
+  return s;
 }
 
 void DeviceShardCast::cast(const float* flat, ShardRange shard) {
@@ -167,9 +230,9 @@ void DeviceShardCast::dequantize(float* flat) const {
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
     if (ft.rows * ft.cols == 0) continue;
-    decode_kernel<<<blocks_for(ft.rows * ft.cols), kThreads>>>(
+    decode_kernel<<<decode_blocks(ft.rows, ft.cols), kThreads>>>(
         packed_.data() + layout_.packed_offset[t], ft.rows, ft.cols, row_bytes(ft), tiles_across(ft),
-        tile_code_.data() + layout_.tile_offset[t], scales_.g_dec[t], flat + ft.offset, nullptr);
+        tile_code_.data() + layout_.tile_offset[t], g_dec_.data() + t, flat + ft.offset, nullptr);
     check_launch("decode_kernel (dequantize)");
   }
   check(cudaDeviceSynchronize(), "shard cast: dequantize");
@@ -188,8 +251,9 @@ void cast_operand_device(const CastOperand& c, int64_t rows, int64_t cols, uint1
     throw Error("cast_operand_device: the cast operand is incomplete (null packed codes, tile codes or g_dec)");
   const FlatTensor ft{rows, cols, 0};
   // g_dec is not applied (x null): the GEMM takes it as alpha from c.g_dec.
-  decode_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(c.packed, rows, cols, row_bytes(ft),
-                                                                   tiles_across(ft), c.tile_codes, 1.0f, nullptr, out);
+  decode_kernel<<<decode_blocks(rows, cols), kThreads, 0, stream>>>(c.packed, rows, cols, row_bytes(ft),
+                                                                     tiles_across(ft), c.tile_codes, c.g_dec, nullptr,
+                                                                     out);
   check_launch("decode_kernel (cast operand)");
 }
 

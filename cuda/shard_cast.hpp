@@ -9,8 +9,8 @@
 //      maxima, then the tile maxima (tile_offset order): one array for the
 //      MAX all-reduce.
 //   2. (the caller MAX-reduces amax() over the ranks)
-//   3. compute_scales: sim's shard_scales on the host from the reduced maxima
-//      (a few bytes per 256 elements), uploaded.
+//   3. compute_scales: sim's shard_scales from the reduced maxima, on the
+//      device (the same scalar rules, sim/scale_rules.hpp): nothing travels.
 //   4. cast: the rank's codes into packed() (the packed layout of all tensors,
 //      zeroed first): every byte holding one of its elements is written whole,
 //      foreign nibbles 0.
@@ -20,7 +20,8 @@
 //      buffer at every tensor element (what sim's dequantize_packed writes).
 // Afterwards operand(t) names tensor t's packed form on the device, which a
 // linear layer decodes into its exact BF16 GEMM operand (cast_operand_device).
-// Everything runs on the legacy default stream and is complete on return.
+// Everything runs on the legacy default stream; every step but compute_scales
+// (whose results only later steps read, in stream order) is complete on return.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +44,8 @@ class DeviceShardCast {
   int64_t amax_count() const { return int64_t(amax_.size()); }
 
   void compute_scales();
-  const ShardScales& scales() const { return scales_; }
+  // What compute_scales wrote, downloaded (for checks; the cast does not need it on the host).
+  ShardScales scales() const;
 
   void cast(const float* flat, ShardRange shard);
   uint8_t* packed() { return packed_.data(); }
@@ -69,8 +71,7 @@ class DeviceShardCast {
   DeviceBuffer<uint32_t> amax_;
   DeviceBuffer<float> tile_mult_;
   DeviceBuffer<uint8_t> tile_code_, packed_;
-  DeviceBuffer<float> g_dec_;  // [tensors] the global decode scales, for operand()
-  ShardScales scales_;
+  DeviceBuffer<float> g_dec_;  // [tensors] the global decode scales
   int64_t span_begin_ = 0, span_end_ = 0;
 };
 

@@ -96,6 +96,15 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
     }
     check(cudaMemcpy(cast.amax(), reduced.data(), reduced.size() * 4, cudaMemcpyHostToDevice), "amax");
     cast.compute_scales();
+    {  // Step 3 on the device: sim's shard_scales of the reduced maxima, bit for bit.
+      ShardAmax g;
+      g.tensor.assign(reduced.begin(), reduced.begin() + std::ptrdiff_t(m.tensors.size()));
+      g.tile.assign(reduced.begin() + std::ptrdiff_t(m.tensors.size()), reduced.end());
+      const ShardScales want = shard_scales(m.tensors, g), got = cast.scales();
+      CHECK(got.tile_code == want.tile_code);
+      CHECK(test::same_bits("tile multipliers", got.tile_mult, want.tile_mult));
+      CHECK(test::same_bits("g_dec", got.g_dec, want.g_dec));
+    }
     // Steps 4-5: every rank's span (equal to sim's), assembled.
     std::vector<ShardBytes> spans;
     for (int r = 0; r < n; ++r) {
