@@ -93,29 +93,60 @@ __global__ void scales_kernel(const uint32_t* tensor_amax, const uint32_t* tile_
 // (decode(code) * decode(tile scale)) * *g_dec where x is non-null, and the
 // BF16 bits of decode(code) * decode(tile scale) (exact: cast_operand_device)
 // where operand is non-null. One thread per 8 columns of a row (ncg groups a
-// row): one tile scale, 4 packed bytes.
+// row): one tile scale, 4 packed bytes. VEC (cols % 8 == 0 and every pointer
+// aligned for it, decode_vec): the 4 bytes in one load, the 8 outputs in 16- /
+// 32-byte stores, so that a warp's stores are contiguous; else byte by byte.
 constexpr int64_t kGroup = 8;
+template <bool VEC>
 __global__ void decode_kernel(const uint8_t* packed, int64_t rows, int64_t cols, int64_t rb, int64_t ntc,
                               const uint8_t* tile_code, const float* g_dec, float* x, uint16_t* operand) {
   const int64_t ncg = (cols + kGroup - 1) / kGroup, n = rows * ncg, stride = int64_t(gridDim.x) * blockDim.x;
+  const float g = x ? *g_dec : 1.0f;
   for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < n; u += stride) {
     const int64_t r = u / ncg, c0 = (u - r * ncg) * kGroup;
     const float scale = decode_f32<ufloat8_e4m3>(tile_code[(r / kTile) * ntc + c0 / kTile]);
     const uint8_t* row = packed + r * rb;
-    const int64_t at = r * cols;
+    const int64_t at = r * cols + c0;
+    if constexpr (VEC) {
+      const uint32_t codes = *reinterpret_cast<const uint32_t*>(row + c0 / 2);  // column c0 + j: nibble j
+      float v[kGroup];
+      uint32_t h[kGroup / 2];
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
-      const int64_t c = c0 + j;
-      if (c >= cols) break;
-      const uint32_t code = (row[c / 2] >> (4 * (c & 1))) & 0xFu;
-      const float v = decode_f32<float4_e2m1fn>(code) * scale;
-      if (x) x[at + c] = v * *g_dec;
-      if (operand) operand[at + c] = uint16_t(encode_rn_f32<bfloat16>(v, Overflow::nonsaturate));
+      for (int j = 0; j < kGroup; ++j) v[j] = decode_f32<float4_e2m1fn>((codes >> (4 * j)) & 0xFu) * scale;
+#pragma unroll
+      for (int j = 0; j < kGroup / 2; ++j)
+        h[j] = encode_rn_f32<bfloat16>(v[2 * j], Overflow::nonsaturate) |
+               (encode_rn_f32<bfloat16>(v[2 * j + 1], Overflow::nonsaturate) << 16);
+      if (operand) *reinterpret_cast<uint4*>(operand + at) = make_uint4(h[0], h[1], h[2], h[3]);
+      if (x) {
+        float4* o = reinterpret_cast<float4*>(x + at);
+        o[0] = make_float4(v[0] * g, v[1] * g, v[2] * g, v[3] * g);
+        o[1] = make_float4(v[4] * g, v[5] * g, v[6] * g, v[7] * g);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        const int64_t c = c0 + j;
+        if (c >= cols) break;
+        const float v = decode_f32<float4_e2m1fn>((row[c / 2] >> (4 * (c & 1))) & 0xFu) * scale;
+        if (x) x[at + j] = v * g;
+        if (operand) operand[at + j] = uint16_t(encode_rn_f32<bfloat16>(v, Overflow::nonsaturate));
+      }
     }
   }
 }
-unsigned decode_blocks(int64_t rows, int64_t cols) {
-  return blocks_for(rows * ((cols + kGroup - 1) / kGroup));
+bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+// decode_kernel's launch, the vector form where it applies.
+void decode(const uint8_t* packed, int64_t rows, int64_t cols, const uint8_t* tile_code, const float* g_dec,
+            float* x, uint16_t* operand, cudaStream_t stream) {
+  const int64_t rb = (cols + 1) / 2, ntc = (cols + kTile - 1) / kTile;
+  const unsigned blocks = blocks_for(rows * ((cols + kGroup - 1) / kGroup));
+  const bool vec = cols % kGroup == 0 && aligned(packed, 4) && aligned(x, 16) && aligned(operand, 16);
+  if (vec)
+    decode_kernel<true><<<blocks, kThreads, 0, stream>>>(packed, rows, cols, rb, ntc, tile_code, g_dec, x, operand);
+  else
+    decode_kernel<false><<<blocks, kThreads, 0, stream>>>(packed, rows, cols, rb, ntc, tile_code, g_dec, x, operand);
+  check_launch("decode_kernel");
 }
 
 int64_t row_bytes(const FlatTensor& t) { return (t.cols + 1) / 2; }
@@ -230,10 +261,8 @@ void DeviceShardCast::dequantize(float* flat) const {
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
     if (ft.rows * ft.cols == 0) continue;
-    decode_kernel<<<decode_blocks(ft.rows, ft.cols), kThreads>>>(
-        packed_.data() + layout_.packed_offset[t], ft.rows, ft.cols, row_bytes(ft), tiles_across(ft),
-        tile_code_.data() + layout_.tile_offset[t], g_dec_.data() + t, flat + ft.offset, nullptr);
-    check_launch("decode_kernel (dequantize)");
+    decode(packed_.data() + layout_.packed_offset[t], ft.rows, ft.cols, tile_code_.data() + layout_.tile_offset[t],
+           g_dec_.data() + t, flat + ft.offset, nullptr, nullptr);
   }
   check(cudaDeviceSynchronize(), "shard cast: dequantize");
 }
@@ -249,12 +278,7 @@ void cast_operand_device(const CastOperand& c, int64_t rows, int64_t cols, uint1
   if (rows * cols == 0) return;
   if (c.packed == nullptr || c.tile_codes == nullptr || c.g_dec == nullptr)
     throw Error("cast_operand_device: the cast operand is incomplete (null packed codes, tile codes or g_dec)");
-  const FlatTensor ft{rows, cols, 0};
-  // g_dec is not applied (x null): the GEMM takes it as alpha from c.g_dec.
-  decode_kernel<<<decode_blocks(rows, cols), kThreads, 0, stream>>>(c.packed, rows, cols, row_bytes(ft),
-                                                                     tiles_across(ft), c.tile_codes, c.g_dec, nullptr,
-                                                                     out);
-  check_launch("decode_kernel (cast operand)");
+  decode(c.packed, rows, cols, c.tile_codes, c.g_dec, nullptr, out, stream);  // g_dec: the GEMM's alpha
 }
 
 }  // namespace fp4lab::cuda

@@ -28,11 +28,14 @@ struct Model {
   std::vector<float> flat;
 };
 
-// Odd shapes, a gap between two tensors, a row vector, a zero tensor, NaN and Inf in two tiles.
+// Odd shapes, a gap between two tensors, a row vector, a zero tensor, NaN and Inf in two tiles,
+// and a last tensor whose rows are multiples of 8 columns at 16-byte aligned values and
+// 4-byte aligned packed bytes (the decode's vector form; the others take its scalar form).
 Model make_model(uint32_t seed) {
   Model m;
-  m.tensors = {{37, 45, 0}, {16, 16, 1665}, {50, 33, 1931}, {1, 7, 3581}, {3, 17, 3588}, {20, 18, 3639}};
-  m.flat.assign(3639 + 360, 0.0f);
+  m.tensors = {{37, 45, 0},    {16, 16, 1665}, {50, 33, 1931}, {1, 7, 3581},
+               {3, 17, 3588},  {20, 18, 3639}, {48, 64, 4000}};
+  m.flat.assign(4000 + 48 * 64, 0.0f);
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (size_t t = 0; t < m.tensors.size(); ++t) {
@@ -69,7 +72,8 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
                                               {0, 1, total},
                                               {0, 15, 16, 17, total},
                                               {0, 33, 33, 1666, 1931, total},  // an empty shard, a cut in a gap
-                                              {0, 1000, 2001, 3001, 3600, total}};
+                                              {0, 1000, 2001, 3001, 3600, total},
+                                              {0, 3999, 4000 + 17 * 64 + 9, total}};  // mid-row, mid-tile
   for (int n : {2, 3, 8}) {  // even shards
     std::vector<int64_t> b;
     for (const ShardRange& s : even_shards(total, n)) b.push_back(s.begin);
@@ -125,6 +129,24 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
     std::vector<float> want = m.flat;
     dequantize_packed(m.tensors, packed, cast.scales(), want.data());
     CHECK(test::same_bits("dequantized weights vs sim", out.download(), want));  // NaN = NaN, any payload
+    // The linear layers' operand: decode(code) * tile scale in BF16, times g_dec the dequantized weight, bit for bit.
+    const std::vector<float> g_dec = cast.scales().g_dec;
+    for (size_t t = 0; t < m.tensors.size(); ++t) {
+      const FlatTensor& ft = m.tensors[t];
+      CAPTURE(t);
+      DeviceBuffer<uint16_t> op(size_t(ft.rows * ft.cols));
+      cast_operand_device(cast.operand(t), ft.rows, ft.cols, op.data(), nullptr);
+      const std::vector<uint16_t> h = op.download();
+      std::vector<float> got(h.size());
+      for (size_t i = 0; i < h.size(); ++i) {
+        float v;
+        const uint32_t bits = uint32_t(h[i]) << 16;
+        std::memcpy(&v, &bits, 4);
+        got[i] = v * g_dec[t];
+      }
+      CHECK(test::same_bits("cast operand * g_dec vs the dequantized weight", got,
+                            std::vector<float>(want.begin() + ft.offset, want.begin() + ft.offset + ft.rows * ft.cols)));
+    }
     // The column-wise copy: the nibble-packed transpose of every tensor, as sim's.
     DeviceBuffer<uint8_t> tr(static_cast<size_t>(cast.packed_bytes_transposed()));
     tr.fill_bytes(0xEE);
