@@ -346,13 +346,15 @@ QuantOutputs group_outputs(const GroupedQuantOutputs& out, int64_t code_at, int6
 constexpr int64_t kAmaxItemElems = int64_t(1) << 15;
 
 // The one-launch form: the groups' table to the device (one copy), the amax
-// words armed, then quantize_grouped_fused.
+// words armed, then quantize_grouped_fused with the plan of both decisions
+// (computed once here).
 void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
                                  std::span<const int64_t> sizes, std::span<const RandomStream> streams,
                                  const std::vector<int64_t>& soff, const GroupedQuantOutputs& out,
                                  GroupedQuantWorkspace& ws, cudaStream_t stream) {
   const int64_t groups = int64_t(sizes.size());
-  const bool amax = qk::grouped_needs_amax(q, type);
+  const qk::KernelPlan plan = qk::grouped_plan(q, type);
+  const bool amax = plan.amax != qk::AmaxStrategy::none;  // the rule needs each group's amax
   // Host image: soff [G+1], roff [G+1], seeds [G], streams [G], items [3 I].
   std::vector<int64_t>& h = ws.table_host;
   h.assign(soff.begin(), soff.end());
@@ -408,7 +410,7 @@ void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputTyp
   const QuantOutputs o = group_outputs(out, 0, 0, 0, 0);
   bool rows16 = true;
   for (int64_t n : sizes) rows16 = rows16 && n % 16 == 0;
-  qk::quantize_grouped_fused(q, x, type, rows, cols, soff.back(), rows16, t, o, stream);
+  qk::quantize_grouped_fused(q, plan, x, type, rows, cols, soff.back(), rows16, t, o, stream);
 }
 
 }  // namespace
@@ -429,23 +431,24 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
     if (rs.words)
       throw Error("quantize_grouped (cuda): given random words (RandomStream::words) are CPU-only; the GPU draws its "
                   "words from Philox (seed, stream): pass words = nullptr");
-  const bool one = launch == GroupedLaunch::one_launch ||
-                   (launch == GroupedLaunch::automatic && grouped_one_launch_applies(q, path));
-  if (one && !grouped_one_launch_applies(q, path))
+  const bool applies = grouped_one_launch_applies(q, path);
+  const bool one = launch == GroupedLaunch::one_launch || (launch == GroupedLaunch::automatic && applies);
+  if (one && !applies)
     throw Error("quantize_grouped (cuda): the one-launch form runs fused row blocks without RHT and 16x16 tiles, not " +
                 describe(q) + (path == QuantPath::generic ? " on the generic path" : "") +
                 "; use GroupedLaunch::per_group or automatic");
   int64_t sc = 0;
   const std::vector<int64_t> soff = grouped_scale_row_offsets(q, sizes, cols, &sc);
   const int64_t groups = int64_t(sizes.size());
+  // Both launch forms: empty groups (every group when cols == 0) keep this 1;
+  // the non-empty groups' quantizations overwrite theirs.
+  bool any_empty = cols == 0;
+  for (int64_t n : sizes) any_empty = any_empty || n == 0;
+  if (out.global_decode && groups > 0 && any_empty) {
+    fill_kernel<<<unsigned((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(out.global_decode, groups, 1.0f);
+    check_launch("fill_kernel");
+  }
   if (one) {
-    bool any_empty = cols == 0;
-    for (int64_t n : sizes) any_empty = any_empty || n == 0;
-    if (out.global_decode && groups > 0 && any_empty) {
-      fill_kernel<<<unsigned((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(out.global_decode, groups,
-                                                                                       1.0f);
-      check_launch("fill_kernel");
-    }
     if (rows == 0 || cols == 0 || groups == 0) return;
     return quantize_grouped_one_launch(q, x, type, rows, cols, sizes, streams, soff, out, ws, stream);
   }
@@ -453,20 +456,13 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
   const int64_t code_row = out.code_layout == CodeLayout::packed4 ? (cols + 1) / 2 : cols;
   // Group g's slices (any element alignment will do: quantize_device stages
   // an input slice its kernels need 16-byte aligned). The staging buffer is
-  // grown once, for the largest group that needs it, before any launch.
+  // grown once, for the largest group that needs it, before any group's launch.
   auto input_at = [&](int64_t row) { return static_cast<const char*>(x) + size_t(row * cols) * in_bytes; };
   size_t staging = 0;
   for (int64_t g = 0, row = 0; g < groups; row += sizes[size_t(g)], ++g)
     if (sizes[size_t(g)] > 0)
       staging = std::max(staging, quantize_staging_bytes(q, input_at(row), type, sizes[size_t(g)], cols, path));
   if (staging > 0) ws.quant.staging.at_least(staging);
-  bool any_empty = cols == 0;
-  for (int64_t n : sizes) any_empty = any_empty || n == 0;
-  if (out.global_decode && groups > 0 && any_empty) {
-    // Empty groups keep this 1; the others' quantizations overwrite theirs.
-    fill_kernel<<<unsigned((groups + kThreads - 1) / kThreads), kThreads, 0, stream>>>(out.global_decode, groups, 1.0f);
-    check_launch("fill_kernel");
-  }
   int64_t row = 0;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t n = sizes[size_t(g)];

@@ -139,8 +139,8 @@ bool grouped_fused_supported(const QuantizerSpec& q, QuantPath path) {
   return family && (*family == Family::rows || *family == Family::tiles);
 }
 
-bool grouped_needs_amax(const QuantizerSpec& q, InputType type) {
-  return plan_quantize(q, type, QuantPath::fused, false).amax != AmaxStrategy::none;
+KernelPlan grouped_plan(const QuantizerSpec& q, InputType type) {
+  return plan_quantize(q, type, QuantPath::fused, false);
 }
 
 namespace {
@@ -160,10 +160,9 @@ void launch_rows_grouped(const KernelPlan& plan, const KParams& p, const GroupTa
 }
 }  // namespace
 
-void quantize_grouped_fused(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
-                            int64_t scale_rows, bool rows16, const GroupTable& t, const QuantOutputs& out,
+void quantize_grouped_fused(const QuantizerSpec& q, const KernelPlan& plan, const void* x, InputType type, int64_t rows,
+                            int64_t cols, int64_t scale_rows, bool rows16, const GroupTable& t, const QuantOutputs& out,
                             cudaStream_t stream) {
-  const KernelPlan plan = plan_quantize(q, type, QuantPath::fused, false);
   const KParams p = make_params(q, x, rows, cols, RandomStream{}, out);
   GroupTable tt = t;
   if (plan.amax == AmaxStrategy::none) {

@@ -85,16 +85,20 @@ KParams make_params(const QuantizerSpec& q, const void* x, int64_t rows, int64_t
 // Host side (quantize_grouped.cu). Can the one-launch form run q (a fused plan of the
 // rows family without RHT, or of 16x16 tiles; not QuantPath::generic)?
 bool grouped_fused_supported(const QuantizerSpec& q, QuantPath path);
-// Does q's plan need each group's amax (an nv rule with a tensor amax)?
-bool grouped_needs_amax(const QuantizerSpec& q, InputType type);
+// The one-launch form's plan of q on `type` input (the fused path, no given
+// amax): its family and kind pick the grouped kernel, and plan.amax !=
+// AmaxStrategy::none where the rule needs each group's amax (an nv rule with a
+// tensor amax). Computed once a call and passed to quantize_grouped_fused.
+KernelPlan grouped_plan(const QuantizerSpec& q, InputType type);
 // Every group of x [rows, cols] in one quantization launch (after one launch
 // of the per-group amax pass where the rule needs it: t.items, t.amax zero,
-// t.done zero, t.gparams [3 * groups]). out: the concatenated outputs' starts
-// (global_decode: [groups]); scale_rows: the table's total (soff[groups]);
-// rows16: every group's rows a multiple of 16 (lets 16x16 tiles take their
-// unchecked form where the columns and alignment allow too).
-void quantize_grouped_fused(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
-                            int64_t scale_rows, bool rows16, const GroupTable& t, const QuantOutputs& out,
+// t.done zero, t.gparams [3 * groups]). plan: grouped_plan(q, type). out:
+// the concatenated outputs' starts (global_decode: [groups]); scale_rows: the
+// table's total (soff[groups]); rows16: every group's rows a multiple of 16
+// (lets 16x16 tiles take their unchecked form where the columns and alignment
+// allow too).
+void quantize_grouped_fused(const QuantizerSpec& q, const KernelPlan& plan, const void* x, InputType type, int64_t rows,
+                            int64_t cols, int64_t scale_rows, bool rows16, const GroupTable& t, const QuantOutputs& out,
                             cudaStream_t stream);
 
 // Launchers (inst/rows_grouped_*.cu): every group's row blocks [1,BC] of kind
