@@ -118,6 +118,57 @@ __device__ __forceinline__ const uint16_t* bt_addr(const uint16_t* s, int lds, i
   return s + (r0 + (lane % 8) + ((lane / 8) % 2) * 8) * lds + c0 + (lane / 16) * 8;
 }
 
+// ---- warp products (the three kernels' mma loops; each the body of a loop over kk) ----
+// The B fragments of n-tiles 2 j and 2 j + 1 at k-step kk (k = 16 kk .. +15) of
+// a row-major shared tile bs with rows LDS apart: its rows are n and its
+// columns k (ldsm4: S = Q K^T, dP = dout V^T), or, TRANS, its rows are k and
+// its columns n (ldsm4_t: O = P V, dQ = dS K, dV, dK).
+template <bool TRANS, int LDS>
+__device__ __forceinline__ void load_b(uint32_t (&b)[4], const uint16_t* bs, int j, int kk, int lane) {
+  if constexpr (TRANS)
+    ldsm4_t(b, bt_addr(bs, LDS, 16 * kk, 16 * j, lane));
+  else
+    ldsm4(b, bn_addr(bs, LDS, 16 * j, 16 * kk, lane));
+}
+// One k-step of acc += A B over the N n-tiles of acc: A the warp's 16-row
+// fragment `a` of k-step kk, B from bs as load_b reads it.
+template <bool TRANS, int LDS, int N>
+__device__ __forceinline__ void mma_kstep(float (&acc)[N][4], const uint32_t (&a)[4], const uint16_t* bs, int kk,
+                                          int lane) {
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) {
+    uint32_t b[4];
+    load_b<TRANS, LDS>(b, bs, j, kk, lane);
+    mma(acc[2 * j], a, b[0], b[1]);
+    mma(acc[2 * j + 1], a, b[2], b[3]);
+  }
+}
+// Two such products in one pass (acc1 += a1 B1, acc2 += a2 B2), their loads
+// and mmas interleaved in this order: S and dP of the backward kernels, dV and dK.
+template <bool TRANS, int LDS, int N>
+__device__ __forceinline__ void mma_kstep2(float (&acc1)[N][4], const uint32_t (&a1)[4], const uint16_t* b1,
+                                           float (&acc2)[N][4], const uint32_t (&a2)[4], const uint16_t* b2, int kk,
+                                           int lane) {
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) {
+    uint32_t x[4], y[4];
+    load_b<TRANS, LDS>(x, b1, j, kk, lane);
+    load_b<TRANS, LDS>(y, b2, j, kk, lane);
+    mma(acc1[2 * j], a1, x[0], x[1]);
+    mma(acc1[2 * j + 1], a1, x[2], x[3]);
+    mma(acc2[2 * j], a2, y[0], y[1]);
+    mma(acc2[2 * j + 1], a2, y[2], y[3]);
+  }
+}
+// The four values v of accumulator n-tile n (rows g, g + 8; columns 2 t, 2 t + 1)
+// rounded to BF16 into the A fragments of the next product, whose k runs over
+// the n-tiles' columns: n-tiles 2 j and 2 j + 1 make fragment j.
+template <int KT>
+__device__ __forceinline__ void pack_a(uint32_t (&frag)[KT][4], int n, const float (&v)[4]) {
+  frag[n / 2][2 * (n % 2)] = pack_bf16(v[0], v[1]);
+  frag[n / 2][2 * (n % 2) + 1] = pack_bf16(v[2], v[3]);
+}
+
 // ---- tiles: global FP32 -> registers -> shared BF16 --------------------------------
 template <int R, int HD>
 struct Stage {
@@ -158,20 +209,7 @@ __device__ __forceinline__ void load_tile(uint16_t* dst, const float* src, int64
 }
 
 // ---- dropout words ----------------------------------------------------------------------
-// The random words of the 4 consecutive elements e0 .. e0+3 (any alignment).
-__device__ __forceinline__ Philox4 words4(uint64_t seed, uint64_t sid, uint64_t e0) {
-  const Philox4 a = philox_group(seed, sid, e0 >> 2);
-  const unsigned off = unsigned(e0 & 3u);
-  if (off == 0) return a;
-  const Philox4 b = philox_group(seed, sid, (e0 >> 2) + 1);
-  Philox4 w;
-#pragma unroll
-  for (unsigned k = 0; k < 4; ++k) {
-    const unsigned s = off + k;  // 1 .. 6
-    w.v[k] = s == 1 ? a.v[1] : s == 2 ? a.v[2] : s == 3 ? a.v[3] : s == 4 ? b.v[0] : s == 5 ? b.v[1] : b.v[2];
-  }
-  return w;
-}
+// words4 (the random words of 4 consecutive elements, any alignment): nn_device.cuh.
 __device__ __forceinline__ uint32_t shfl(uint32_t v, int src) { return __shfl_sync(0xFFFFFFFFu, v, src); }
 
 // Row layout (forward, dQ): the words of this thread's 4 elements of an
@@ -210,6 +248,28 @@ __device__ __forceinline__ void col_bits(const Args& a, int64_t bh, int64_t key0
   }
 }
 
+// ---- key range and mask of a query tile (forward, dQ) ---------------------------------------
+// Key tiles of BK keys that query tile q0 .. q0 + kRows - 1 visits: all of
+// them, or (causal) those up to the tile's last row.
+template <int BK>
+__device__ __forceinline__ int key_tiles(bool causal, int64_t q0, int64_t T) {
+  const int64_t kend = causal ? (q0 + kRows < T ? q0 + kRows : T) : T;
+  return int((kend + BK - 1) / BK);
+}
+// May a score of the warp's rows w0 .. w0 + 15 against keys k0 .. k0 + BK - 1
+// be masked (a key at T or past it; causal: a key after a row)?
+template <int BK>
+__device__ __forceinline__ bool tile_needs_mask(bool causal, int64_t w0, int64_t k0, int64_t T) {
+  return (causal && k0 + BK - 1 > w0) || k0 + BK > T;
+}
+// Is the score of element e of accumulator n-tile n masked: row w0 + gq +
+// 8 (e / 2) against key k0 + 8 n + 2 tq + e % 2 (gq = lane / 4, tq = lane % 4)?
+__device__ __forceinline__ bool score_masked(bool causal, int64_t T, int64_t w0, int64_t k0, int n, int e, int gq,
+                                             int tq) {
+  const int key = int(k0) + 8 * n + 2 * tq + (e & 1), row = int(w0) + gq + 8 * (e >> 1);
+  return key >= int(T) || (causal && key > row);
+}
+
 // ---- forward ------------------------------------------------------------------------------
 // grid (B*H, query tiles), the longest causal tiles first.
 template <int HD>
@@ -231,8 +291,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint1
   for (int kk = 0; kk < HD / 16; ++kk) ldsm4(qf[kk], a_addr(sm, LDS, 16 * warp, 16 * kk, lane));
   __syncthreads();
 
-  const int64_t kend = a.causal ? (q0 + kRows < T ? q0 + kRows : T) : T;
-  const int nk = int((kend + BK - 1) / BK);
+  const int nk = key_tiles<BK>(a.causal, q0, T);
   Stage<BK, HD> st;
   load_tile<BK, HD>(Ks, qb + C, ld, 0, T);
   __syncthreads();
@@ -243,25 +302,19 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint1
     g_load<BK, HD>(st, qb + 2 * C, ld, k0, T);  // V of this tile, in flight during S
     float s[NT][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk)
-#pragma unroll
-      for (int nn = 0; nn < NT / 2; ++nn) {
-        uint32_t kb[4];
-        ldsm4(kb, bn_addr(Ks, LDS, 16 * nn, 16 * kk, lane));
-        mma(s[2 * nn], qf[kk], kb[0], kb[1]);
-        mma(s[2 * nn + 1], qf[kk], kb[2], kb[3]);
-      }
+    for (int kk = 0; kk < HD / 16; ++kk) mma_kstep<false, LDS>(s, qf[kk], Ks, kk, lane);
     // Scale, mask, online softmax (rows w0 + gq and w0 + gq + 8).
-    const bool need_mask = (a.causal && k0 + BK - 1 > w0) || k0 + BK > T;
+    const bool need_mask = tile_needs_mask<BK>(a.causal, w0, k0, T);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float v = s[n][e] * a.scale2;
+        // Nested, not `need_mask && score_masked(...)`: nvcc 13 compiles the
+        // && form of this test into larger fwd / dQ kernels (seen in their SASS).
         if (need_mask) {
-          const int key = int(k0) + 8 * n + 2 * tq + (e & 1), row = int(w0) + gq + 8 * (e >> 1);
-          if (key >= int(T) || (a.causal && key > row)) v = -INFINITY;
+          if (score_masked(a.causal, T, w0, k0, n, e, gq, tq)) v = -INFINITY;
         }
         s[n][e] = v;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -295,21 +348,13 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint1
         for (int e = 0; e < 4; ++e)
           if (bits[e] < a.thr) p[e] = 0.f;
       }
-      pa[n / 2][2 * (n % 2)] = pack_bf16(p[0], p[1]);
-      pa[n / 2][2 * (n % 2) + 1] = pack_bf16(p[2], p[3]);
+      pack_a(pa, n, p);
     }
     s_store<BK, HD>(st, Vs);
     __syncthreads();  // V in place; every warp is done with K
     if (kt + 1 < nk) g_load<BK, HD>(st, qb + C, ld, k0 + BK, T);
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-#pragma unroll
-      for (int dn = 0; dn < HD / 16; ++dn) {
-        uint32_t vb[4];
-        ldsm4_t(vb, bt_addr(Vs, LDS, 16 * kk, 16 * dn, lane));
-        mma(o[2 * dn], pa[kk], vb[0], vb[1]);
-        mma(o[2 * dn + 1], pa[kk], vb[2], vb[3]);
-      }
+    for (int kk = 0; kk < BK / 16; ++kk) mma_kstep<true, LDS>(o, pa[kk], Vs, kk, lane);
     if (kt + 1 < nk) s_store<BK, HD>(st, Ks);
     __syncthreads();  // next K in place; every warp is done with V
   }
@@ -396,8 +441,7 @@ __global__ void __launch_bounds__(kThreads)
     dd[r] = Ds[16 * warp + gq + 8 * r];
   }
 
-  const int64_t kend = a.causal ? (q0 + kRows < T ? q0 + kRows : T) : T;
-  const int nk = int((kend + BK - 1) / BK);
+  const int nk = key_tiles<BK>(a.causal, q0, T);
   float dq[DT][4] = {};
   for (int kt = 0; kt < nk; ++kt) {
     const int64_t k0 = int64_t(kt) * BK;
@@ -412,18 +456,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     float s[NT][4] = {}, dp[NT][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk)
-#pragma unroll
-      for (int nn = 0; nn < NT / 2; ++nn) {
-        uint32_t kb[4], vb[4];
-        ldsm4(kb, bn_addr(Ks, LDS, 16 * nn, 16 * kk, lane));
-        ldsm4(vb, bn_addr(Vs, LDS, 16 * nn, 16 * kk, lane));
-        mma(s[2 * nn], qf[kk], kb[0], kb[1]);
-        mma(s[2 * nn + 1], qf[kk], kb[2], kb[3]);
-        mma(dp[2 * nn], of[kk], vb[0], vb[1]);
-        mma(dp[2 * nn + 1], of[kk], vb[2], vb[3]);
-      }
-    const bool need_mask = (a.causal && k0 + BK - 1 > w0) || k0 + BK > T;
+    for (int kk = 0; kk < HD / 16; ++kk) mma_kstep2<false, LDS>(s, qf[kk], Ks, dp, of[kk], Vs, kk, lane);
+    const bool need_mask = tile_needs_mask<BK>(a.causal, w0, k0, T);
     uint32_t da[BK / 16][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -434,26 +468,17 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         float p = fast_exp2(s[n][e] * a.scale2 - lse[r]);
-        if (need_mask) {
-          const int key = int(k0) + 8 * n + 2 * tq + (e & 1), row = int(w0) + gq + 8 * r;
-          if (key >= int(T) || (a.causal && key > row)) p = 0.f;
+        if (need_mask) {  // nested, as the forward's
+          if (score_masked(a.causal, T, w0, k0, n, e, gq, tq)) p = 0.f;
         }
         float g = dp[n][e];
         if (a.thr != 0) g = bits[e] < a.thr ? 0.f : g * a.keep_scale;
         ds[e] = p * (g - dd[r]) * a.scale;
       }
-      da[n / 2][2 * (n % 2)] = pack_bf16(ds[0], ds[1]);
-      da[n / 2][2 * (n % 2) + 1] = pack_bf16(ds[2], ds[3]);
+      pack_a(da, n, ds);
     }
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-#pragma unroll
-      for (int dn = 0; dn < HD / 16; ++dn) {
-        uint32_t kb[4];
-        ldsm4_t(kb, bt_addr(Ks, LDS, 16 * kk, 16 * dn, lane));
-        mma(dq[2 * dn], da[kk], kb[0], kb[1]);
-        mma(dq[2 * dn + 1], da[kk], kb[2], kb[3]);
-      }
+    for (int kk = 0; kk < BK / 16; ++kk) mma_kstep<true, LDS>(dq, da[kk], Ks, kk, lane);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -511,16 +536,7 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t kf[4], vf[4];
       ldsm4(kf, a_addr(Ks, LDS, 16 * warp, 16 * kk, lane));
       ldsm4(vf, a_addr(Vs, LDS, 16 * warp, 16 * kk, lane));
-#pragma unroll
-      for (int nn = 0; nn < NT / 2; ++nn) {
-        uint32_t qb4[4], ob4[4];
-        ldsm4(qb4, bn_addr(Qs, LDS, 16 * nn, 16 * kk, lane));
-        ldsm4(ob4, bn_addr(Os, LDS, 16 * nn, 16 * kk, lane));
-        mma(s[2 * nn], kf, qb4[0], qb4[1]);
-        mma(s[2 * nn + 1], kf, qb4[2], qb4[3]);
-        mma(dp[2 * nn], vf, ob4[0], ob4[1]);
-        mma(dp[2 * nn + 1], vf, ob4[2], ob4[3]);
-      }
+      mma_kstep2<false, LDS>(s, kf, Qs, dp, vf, Os, kk, lane);
     }
     const bool need_mask = (a.causal && w0 + 15 > i0) || i0 + BQ > T;
     uint32_t pa[BQ / 16][4], da[BQ / 16][4];
@@ -543,23 +559,11 @@ __global__ void __launch_bounds__(kThreads)
         if (a.thr != 0) g *= a.keep_scale;
         ds[e] = p * (g - Ds[qi]) * a.scale;
       }
-      pa[n / 2][2 * (n % 2)] = pack_bf16(pd[0], pd[1]);
-      pa[n / 2][2 * (n % 2) + 1] = pack_bf16(pd[2], pd[3]);
-      da[n / 2][2 * (n % 2)] = pack_bf16(ds[0], ds[1]);
-      da[n / 2][2 * (n % 2) + 1] = pack_bf16(ds[2], ds[3]);
+      pack_a(pa, n, pd);
+      pack_a(da, n, ds);
     }
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; ++kk)
-#pragma unroll
-      for (int dn = 0; dn < HD / 16; ++dn) {
-        uint32_t ot[4], qt[4];
-        ldsm4_t(ot, bt_addr(Os, LDS, 16 * kk, 16 * dn, lane));
-        ldsm4_t(qt, bt_addr(Qs, LDS, 16 * kk, 16 * dn, lane));
-        mma(dv[2 * dn], pa[kk], ot[0], ot[1]);
-        mma(dv[2 * dn + 1], pa[kk], ot[2], ot[3]);
-        mma(dk[2 * dn], da[kk], qt[0], qt[1]);
-        mma(dk[2 * dn + 1], da[kk], qt[2], qt[3]);
-      }
+    for (int kk = 0; kk < BQ / 16; ++kk) mma_kstep2<true, LDS>(dv, pa[kk], Os, dk, da[kk], Qs, kk, lane);
   }
   const float vs = a.thr != 0 ? a.keep_scale : 1.f;
 #pragma unroll
@@ -595,8 +599,9 @@ Args make_args(const AttentionDims& d, const float* qkv) {
   a.scale = d.scale;
   a.scale2 = d.scale * kLog2e;
   a.causal = d.causal;
-  a.thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
-  a.keep_scale = d.dropout > 0.0f ? 1.0f / (1.0f - d.dropout) : 1.0f;
+  const DropoutParams dp = dropout_params(d.dropout);
+  a.thr = dp.thr;
+  a.keep_scale = dp.keep_scale;
   a.seed = d.seed, a.sid = d.stream_id;
   return a;
 }

@@ -163,21 +163,6 @@ __device__ __forceinline__ double parts_sum(double v) {
   return v;
 }
 
-// The random words of the 4 consecutive elements e0 .. e0+3 (any alignment).
-__device__ __forceinline__ Philox4 words4(uint64_t seed, uint64_t sid, uint64_t e0) {
-  const Philox4 a = philox_group(seed, sid, e0 >> 2);
-  const unsigned off = unsigned(e0 & 3u);
-  if (off == 0) return a;
-  const Philox4 b = philox_group(seed, sid, (e0 >> 2) + 1);
-  Philox4 w;
-#pragma unroll
-  for (unsigned k = 0; k < 4; ++k) {
-    const unsigned s = off + k;  // 1 .. 6
-    w.v[k] = s == 1 ? a.v[1] : s == 2 ? a.v[2] : s == 3 ? a.v[3] : s == 4 ? b.v[0] : s == 5 ? b.v[1] : b.v[2];
-  }
-  return w;
-}
-
 // The 4 elements p[e .. e+3] of a row-major [*, T] tensor, zero from column T on
 // (j = e's column).
 __device__ __forceinline__ void load_row4(const float* p, int64_t e, int64_t j, int64_t T, bool vec, float (&v)[4]) {
@@ -581,8 +566,9 @@ FusedArgs fused_args(const AttentionDims& d, const float* qkv, uint16_t* out_h) 
   g.T = d.seq, g.H = d.heads, g.C = d.width;
   g.scale = d.scale;
   g.causal = d.causal;
-  g.thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
-  g.keep_scale = d.dropout > 0.0f ? 1.0f / (1.0f - d.dropout) : 1.0f;
+  const DropoutParams dp = dropout_params(d.dropout);
+  g.thr = dp.thr;
+  g.keep_scale = dp.keep_scale;
   g.seed = d.seed, g.sid = d.stream_id;
   g.vec_rows = d.seq % 4 == 0;  // the [*, T] tensors' alignment is checked by fused_unsupported
   return g;

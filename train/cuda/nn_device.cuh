@@ -1,7 +1,8 @@
-// Device helpers shared by the trainer's kernels (cuda/nn.cu, cuda/attention.cu):
-// launch shapes, the fixed-order warp reductions, the dropout rule of one
-// element and the BF16 rounding of companions. Internal to cuda/; include only
-// from .cu files.
+// Device helpers shared by the trainer's kernels (cuda/nn.cu, cuda/attention*.cu,
+// cuda/moe_ops.cu): launch shapes, the fixed-order warp reductions, the dropout
+// rule of one element, its threshold and scale (dropout_params) and the Philox
+// words of 4 elements at any offset (words4, the attention kernels' mask), and
+// the BF16 rounding of companions. Internal to cuda/; include only from .cu files.
 #pragma once
 
 #include <algorithm>
@@ -63,5 +64,39 @@ __device__ __forceinline__ float4 drop4(float4 v, const Philox4& r, uint32_t thr
                      drop1(v.z, r.v[2], thr, keep_scale), drop1(v.w, r.v[3], thr, keep_scale));
 }
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// The kernels' form of dropout probability p (host side): thr, the threshold
+// of drop1 (dropout_threshold(p), core/philox.hpp; 0 for p = 0, which the
+// kernels read as "no dropout"), and keep_scale = 1 / (1 - p) (1 for p = 0).
+struct DropoutParams {
+  uint32_t thr = 0;
+  float keep_scale = 1.0f;
+};
+inline DropoutParams dropout_params(float p) {
+  DropoutParams d;
+  if (p > 0.0f) {
+    d.thr = dropout_threshold(p);
+    d.keep_scale = 1.0f / (1.0f - p);
+  }
+  return d;
+}
+
+// The random words of the 4 consecutive elements e0 .. e0+3 of a Philox
+// stream (any alignment: element e is word e % 4 of group e / 4, so an
+// unaligned run spans two groups). The attention kernels' dropout mask
+// (fused FP32 and BF16 flash: the same words, hence the same mask).
+__device__ __forceinline__ Philox4 words4(uint64_t seed, uint64_t sid, uint64_t e0) {
+  const Philox4 a = philox_group(seed, sid, e0 >> 2);
+  const unsigned off = unsigned(e0 & 3u);
+  if (off == 0) return a;
+  const Philox4 b = philox_group(seed, sid, (e0 >> 2) + 1);
+  Philox4 w;
+#pragma unroll
+  for (unsigned k = 0; k < 4; ++k) {
+    const unsigned s = off + k;  // 1 .. 6
+    w.v[k] = s == 1 ? a.v[1] : s == 2 ? a.v[2] : s == 3 ? a.v[3] : s == 4 ? b.v[0] : s == 5 ? b.v[1] : b.v[2];
+  }
+  return w;
+}
 
 }  // namespace fp4lab::cuda::nn::detail

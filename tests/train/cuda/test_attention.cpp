@@ -9,15 +9,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "core/philox.hpp"
+#include "attention_test_util.hpp"
 #include "cuda/device.hpp"
 #include "train/cuda/nn.hpp"
-#include "gpu_test_util.hpp"
 
 namespace {
 
@@ -25,6 +23,10 @@ using fp4lab::cuda::DeviceBuffer;
 using fp4lab::cuda::nn::Attention;
 using fp4lab::cuda::nn::AttentionDims;
 using fp4lab::cuda::nn::AttentionPath;
+using fp4lab::test::attention_dims;
+using fp4lab::test::attention_dropped;
+using fp4lab::test::AttentionGeo;
+using fp4lab::test::randn;
 
 struct Ref {
   std::vector<double> probs, out, dqkv;
@@ -33,8 +35,7 @@ struct Ref {
 // The definition, in float64 (mask and keep scale as the kernels use them).
 Ref reference(const AttentionDims& d, const std::vector<float>& qkv, const std::vector<float>& dout) {
   const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, ld = 3 * C;
-  const uint32_t thr = d.dropout > 0.0f ? fp4lab::cuda::nn::dropout_threshold(d.dropout) : 0u;
-  const double keep = d.dropout > 0.0f ? double(1.0f / (1.0f - d.dropout)) : 1.0;
+  const double keep = fp4lab::test::attention_keep_scale(d);
   Ref r;
   r.probs.assign(size_t(B * H * T * T), 0.0);
   r.out.assign(size_t(B * T * C), 0.0);
@@ -62,7 +63,7 @@ Ref reference(const AttentionDims& d, const std::vector<float>& qkv, const std::
         for (int64_t j = 0; j < lim; ++j) {
           const double p = std::exp(s[size_t(j)] - mx) / sum;
           r.probs[size_t(row * T + j)] = p;
-          const bool dropped = thr != 0 && fp4lab::random_bits(d.seed, d.stream_id, uint64_t(row * T + j)) < thr;
+          const bool dropped = attention_dropped(d, row * T + j);
           pd[size_t(j)] = dropped ? 0.0 : p * keep;
           const float* v = &qkv[size_t((b * T + j) * ld + 2 * C + h * hd)];
           double dp = 0.0;
@@ -119,36 +120,18 @@ Result run(AttentionPath path, const AttentionDims& d, const std::vector<float>&
   return Result{p.download(), o.download(), dq.download()};
 }
 
-std::vector<float> randn(size_t n, uint32_t seed, float s) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, s);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE("attention: fused and cuBLAS paths match a float64 reference (causal/full, dropout, partial tiles)") {
-  struct Geo {
-    int64_t B, T, H, hd;
-  };
   // T: one element, below/at/above one 64-row tile, odd (unaligned Philox groups), several tiles.
-  const Geo geos[] = {{1, 1, 1, 16},   {2, 5, 3, 16},   {1, 63, 2, 32},  {2, 64, 2, 64},  {1, 130, 2, 64},
-                      {2, 97, 1, 128}, {1, 256, 2, 64}, {1, 300, 1, 32}, {1, 257, 1, 16}, {3, 33, 2, 128}};
+  const AttentionGeo geos[] = {{1, 1, 1, 16},   {2, 5, 3, 16},   {1, 63, 2, 32},  {2, 64, 2, 64},  {1, 130, 2, 64},
+                               {2, 97, 1, 128}, {1, 256, 2, 64}, {1, 300, 1, 32}, {1, 257, 1, 16}, {3, 33, 2, 128}};
   uint32_t seed = 7;
-  for (const Geo& g : geos)
+  for (const AttentionGeo& g : geos)
     for (bool causal : {true, false})
       for (float p : {0.0f, 0.2f}) {
-        AttentionDims d;
-        d.batch = g.B, d.seq = g.T, d.heads = g.H, d.width = g.H * g.hd, d.causal = causal;
-        d.scale = float(1.0 / std::sqrt(double(g.hd))), d.dropout = p, d.seed = 1234 + seed, d.stream_id = 99;
-        CAPTURE(g.B);
-        CAPTURE(g.T);
-        CAPTURE(g.H);
-        CAPTURE(g.hd);
-        CAPTURE(causal);
-        CAPTURE(p);
+        const AttentionDims d = attention_dims(g, causal, p, 1234 + seed, 99);
+        FP4LAB_CAPTURE_ATTENTION_CASE(g, causal, p);
         const auto qkv = randn(size_t(g.B * g.T * 3 * d.width), ++seed, 1.0f);
         const auto dout = randn(size_t(g.B * g.T * d.width), ++seed, 1.0f);
         const Ref ref = reference(d, qkv, dout);

@@ -19,11 +19,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "core/philox.hpp"
+#include "attention_test_util.hpp"
 #include "cuda/device.hpp"
 #include "gpu_test_util.hpp"
 #include "train/backend.hpp"
@@ -36,6 +35,10 @@ using fp4lab::cuda::DeviceBuffer;
 using fp4lab::cuda::nn::Attention;
 using fp4lab::cuda::nn::AttentionDims;
 using fp4lab::cuda::nn::AttentionPath;
+using fp4lab::test::attention_dims;
+using fp4lab::test::attention_dropped;
+using fp4lab::test::AttentionGeo;
+using fp4lab::test::randn_bf16;
 
 constexpr double kU = 1.0 / 256.0;          // 2^-8: twice BF16's relative rounding bound
 constexpr double kAcc = 1.0 / 16384.0;      // 2^-14: FP32 accumulation, exp2
@@ -45,14 +48,9 @@ struct Ref {
   std::vector<double> out, dqkv, tol_out, tol_dqkv;
 };
 
-bool dropped(const AttentionDims& d, int64_t e) {
-  const uint32_t thr = d.dropout > 0.0f ? fp4lab::dropout_threshold(d.dropout) : 0u;
-  return thr != 0 && fp4lab::random_bits(d.seed, d.stream_id, uint64_t(e)) < thr;
-}
-
 Ref reference(const AttentionDims& d, const std::vector<float>& qkv, const std::vector<float>& dout) {
   const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, ld = 3 * C;
-  const double keep = d.dropout > 0.0f ? double(1.0f / (1.0f - d.dropout)) : 1.0;
+  const double keep = fp4lab::test::attention_keep_scale(d);
   Ref r;
   r.out.assign(size_t(B * T * C), 0.0);
   r.tol_out.assign(size_t(B * T * C), kAbs);
@@ -86,7 +84,7 @@ Ref reference(const AttentionDims& d, const std::vector<float>& qkv, const std::
         double dot = 0.0, ddi = 0.0;
         for (int64_t j = 0; j < lim; ++j) {
           const double p = std::exp(s[size_t(j)] - mx) / sum;
-          const bool dr = dropped(d, (bh * T + i) * T + j);
+          const bool dr = attention_dropped(d, (bh * T + i) * T + j);
           P[at(i, j)] = p;
           Pd[at(i, j)] = dr ? 0.0 : p * keep;
           double dp = 0.0;
@@ -162,15 +160,6 @@ void expect_within(const char* what, const std::vector<float>& got, const std::v
   CHECK(bad == 0);
 }
 
-std::vector<float> randn_bf16(size_t n, uint32_t seed, float s) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, s);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  fp4lab::test::round_to_bf16(v);
-  return v;
-}
-
 struct Result {
   std::vector<float> out, dqkv, saved;
   std::vector<uint16_t> out_h, dqkv_h;
@@ -209,26 +198,16 @@ uint16_t bf16_of(float x) {
 }  // namespace
 
 TEST_CASE("bf16 flash attention: forward and backward inside the BF16 bounds of a float64 reference") {
-  struct Geo {
-    int64_t B, T, H, hd;
-  };
   // T: one element, below/at/above a 64-row tile, odd (unaligned Philox groups), several tiles.
-  const Geo geos[] = {{1, 1, 1, 64},   {2, 5, 3, 16},  {1, 63, 2, 32},   {2, 64, 2, 64},  {1, 130, 2, 64},
-                      {2, 97, 1, 128}, {1, 256, 2, 64}, {1, 300, 1, 32}, {3, 33, 2, 128}, {2, 200, 3, 64}};
+  const AttentionGeo geos[] = {{1, 1, 1, 64},   {2, 5, 3, 16},   {1, 63, 2, 32},  {2, 64, 2, 64},   {1, 130, 2, 64},
+                               {2, 97, 1, 128}, {1, 256, 2, 64}, {1, 300, 1, 32}, {3, 33, 2, 128}, {2, 200, 3, 64}};
   uint32_t seed = 11;
-  for (const Geo& g : geos)
+  for (const AttentionGeo& g : geos)
     for (bool causal : {true, false})
       for (float p : {0.0f, 0.2f}) {
-        AttentionDims d;
-        d.batch = g.B, d.seq = g.T, d.heads = g.H, d.width = g.H * g.hd, d.causal = causal;
-        d.scale = float(1.0 / std::sqrt(double(g.hd))), d.dropout = p, d.seed = 4321 + seed, d.stream_id = 77;
+        AttentionDims d = attention_dims(g, causal, p, 4321 + seed, 77);
         d.bf16_flash = true;
-        CAPTURE(g.B);
-        CAPTURE(g.T);
-        CAPTURE(g.H);
-        CAPTURE(g.hd);
-        CAPTURE(causal);
-        CAPTURE(p);
+        FP4LAB_CAPTURE_ATTENTION_CASE(g, causal, p);
         const auto qkv = randn_bf16(size_t(g.B * g.T * 3 * d.width), ++seed, 1.0f);
         const auto dout = randn_bf16(size_t(g.B * g.T * d.width), ++seed, 1.0f);
         const Ref ref = reference(d, qkv, dout);
@@ -262,14 +241,9 @@ TEST_CASE("bf16 flash attention: forward and backward inside the BF16 bounds of 
 TEST_CASE("bf16 flash attention: the dropout mask is the FP32 path's, element for element") {
   // One-hot V and dout rows (e_j for key j, e_i for query i): out row i holds
   // drop(P)_ij in column j, dV row j holds drop(P)_ij in column i. hd >= T.
-  struct Geo {
-    int64_t B, T, H, hd;
-  };
-  for (const Geo& g : {Geo{2, 100, 2, 128}, Geo{1, 37, 3, 64}, Geo{2, 64, 1, 64}})
+  for (const AttentionGeo& g : {AttentionGeo{2, 100, 2, 128}, AttentionGeo{1, 37, 3, 64}, AttentionGeo{2, 64, 1, 64}})
     for (bool causal : {true, false}) {
-      AttentionDims d;
-      d.batch = g.B, d.seq = g.T, d.heads = g.H, d.width = g.H * g.hd, d.causal = causal;
-      d.scale = float(1.0 / std::sqrt(double(g.hd))), d.dropout = 0.3f, d.seed = 99, d.stream_id = 5;
+      AttentionDims d = attention_dims(g, causal, 0.3f, 99, 5);
       CAPTURE(g.T);
       CAPTURE(g.hd);
       CAPTURE(causal);
@@ -291,7 +265,7 @@ TEST_CASE("bf16 flash attention: the dropout mask is the FP32 path's, element fo
           for (int64_t i = 0; i < T; ++i)
             for (int64_t j = 0; j < T; ++j) {
               const int64_t bh = b * g.H + h;
-              const bool want = (causal && j > i) || dropped(d, (bh * T + i) * T + j);
+              const bool want = (causal && j > i) || attention_dropped(d, (bh * T + i) * T + j);
               const size_t oi = size_t((b * T + i) * C + h * g.hd + j);
               const size_t vi = size_t((b * T + j) * ld + 2 * C + h * g.hd + i);
               const bool z[4] = {flash.out[oi] == 0.0f, fp32.out[oi] == 0.0f, flash.dqkv[vi] == 0.0f,
