@@ -354,7 +354,8 @@ int main(int argc, char** argv) {
   fp4lab::register_recipe_commands(app);
   fp4lab::register_train_commands(app);
   CLI::App* bench = app.add_subcommand(
-      "bench", "Benchmarks that print throughput figures (cast, quantize, linear, train, gemm, attention)");
+      "bench",
+      "Benchmarks that print throughput figures (cast, quantize, linear, train, gemm, grouped-gemm, attention)");
   bench->require_subcommand(1);
   fp4lab::register_bench_cast(*bench);
   fp4lab::register_bench_quantize(*bench);
