@@ -402,7 +402,8 @@ void register_bench_train(CLI::App& bench) {
                 "PyTorch's model of the same shape beside ours (bench_pytorch_gpt.py / bench_pytorch_vit.py): auto "
                 "(when python3 imports torch), on, off")
       ->capture_default_str();
-  c->add_option("--pytorch-dir", a->pytorch_dir, "Directory of bench_pytorch_gpt.py and bench_pytorch_vit.py")
+  c->add_option("--pytorch-dir", a->pytorch_dir,
+                "Directory of bench_pytorch_gpt.py, bench_pytorch_vit.py and their bench_pytorch_common.py")
       ->capture_default_str();
   c->callback([a] { bench_train(*a); });
 }

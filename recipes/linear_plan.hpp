@@ -63,7 +63,7 @@ struct LinearContext {
   // (the cuda backend's device cast); a W operand that takes W as it is may
   // decode it into its exact BF16 form instead (the same values, on the BF16
   // tensor cores).
-  CastOperand weight_cast_operand;
+  CastOperand weight_cast_operand = {};
 };
 
 // True when this layer's GEMMs are quantized (recipe set, layer not kept in

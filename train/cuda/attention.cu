@@ -164,7 +164,8 @@ void set_qkv(PtrSpec& s, float* qkv, int64_t T, int64_t C, int64_t hd) {
 
 void Attention::forward_cublas(const AttentionDims& d, const float* qkv, float* out, float* probs) {
   const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
-  const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
+  const DropoutParams drop = dropout_params(d.dropout);
+  const uint32_t thr = drop.thr;
   if (thr != 0) pd_.at_least(size_t(BH * T * T));
   float* q = const_cast<float*>(qkv);
   // Arrays: 0 Q, 1 K, 2 V, 3 probs, 4 (dropped) probs used by P.V, 5 out.
@@ -184,10 +185,9 @@ void Attention::forward_cublas(const AttentionDims& d, const float* qkv, float* 
   softmax_fwd_kernel<<<warp_blocks(BH * T), kThreads, 0, stream_>>>(probs, BH * T, T, d.causal, d.scale);
   check_launch("softmax_fwd_kernel");
   if (thr != 0) {
-    const float keep_scale = 1.0f / (1.0f - d.dropout);
     const int64_t n = BH * T * T;
     dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), nullptr, n, thr,
-                                                                           keep_scale, d.seed, d.stream_id);
+                                                                           drop.keep_scale, d.seed, d.stream_id);
     check_launch("dropout_pair_kernel");
   }
   // out^T (col-major [hd, T], ld C) = V^T P^T.
@@ -198,7 +198,8 @@ void Attention::forward_cublas(const AttentionDims& d, const float* qkv, float* 
 void Attention::backward_cublas(const AttentionDims& d, const float* qkv, const float* probs, const float* dout,
                                 float* dqkv) {
   const int64_t B = d.batch, T = d.seq, H = d.heads, C = d.width, hd = C / H, BH = B * H, ld = 3 * C;
-  const uint32_t thr = d.dropout > 0.0f ? dropout_threshold(d.dropout) : 0u;
+  const DropoutParams drop = dropout_params(d.dropout);
+  const uint32_t thr = drop.thr;
   const size_t nn = size_t(BH * T * T);
   dp_.at_least(nn);
   if (thr != 0) pd_.at_least(nn);
@@ -224,10 +225,9 @@ void Attention::backward_cublas(const AttentionDims& d, const float* qkv, const 
   sgemm_batched(h_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, P + 2 * BH, ld, P + 3 * BH, C, P + 4 * BH, T, BH,
                 "cublasSgemmBatched (attention dP)");
   if (thr != 0) {
-    const float keep_scale = 1.0f / (1.0f - d.dropout);
     const int64_t n = BH * T * T;
     dropout_pair_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_>>>(probs, pd_.data(), dp_.data(), n, thr,
-                                                                           keep_scale, d.seed, d.stream_id);
+                                                                           drop.keep_scale, d.seed, d.stream_id);
     check_launch("dropout_pair_kernel");
   }
   // dv^T (col-major [hd, T], ld 3C) = dout^T Pd.
