@@ -143,6 +143,11 @@ void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool w
   if (!std::filesystem::exists(script))
     return skip("no " + script + " (run from the repository root, or give --pytorch-dir)");
   if (!run_command("python3 -c 'import torch' 2>/dev/null")) return skip("python3 cannot import torch");
+  // The baselines use nn.LayerNorm(bias=False) (torch 2.1), scaled_dot_product_attention and torch.compile (2.0).
+  if (!run_command("python3 -c 'import sys, torch; v = torch.__version__.split(\"+\")[0].split(\".\"); "
+                   "sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 1) else 1)' 2>/dev/null"))
+    return skip("python3's torch is older than 2.1 (the baselines need nn.LayerNorm(bias=False), "
+                "scaled_dot_product_attention and torch.compile)");
   const bool cuda = cfg.backend == "cuda";
   std::ostringstream base;
   base << "python3 '" << script << "' --device " << (cuda ? "cuda" : "cpu") << " --threads " << threads
