@@ -48,31 +48,27 @@ void apply_operand_plan(const OperandPlan& p, MatrixView<float> m) {
   }
 }
 
-void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM& w, const float* bias, MatrixRM& y,
+void linear_forward(const LinearContext& ctx, MatrixRM x, MatrixRM w, const float* bias, MatrixRM& y,
                     LinearSaved& saved) {
   check_shapes("linear_forward", x, w);
   const LinearPlan plan = linear_plan(ctx);
   saved.forward_only = !ctx.backward;
   saved.x_q.resize(0, 0);
   saved.w_q.resize(0, 0);
-  if (ctx.backward)
-    saved.x = x;
-  else
-    saved.x.resize(0, 0);
-  MatrixRM xq, wq;
-  const MatrixRM* xa = &x;
-  const MatrixRM* wa = &w;
+  saved.x.resize(0, 0);
+  // x and W are this call's own copies: an operand whose source is not needed
+  // afterwards is quantized in place (W always; x when no backward keeps it).
+  MatrixRM xq;
+  MatrixRM* xa = &x;
   if (plan.operand(Operand::fwd_x).changes()) {
-    xq = x;
-    apply_operand_plan(plan.operand(Operand::fwd_x), view(xq));
-    xa = &xq;
+    if (ctx.backward) {
+      xq = x;
+      xa = &xq;
+    }
+    apply_operand_plan(plan.operand(Operand::fwd_x), view(*xa));
   }
-  if (plan.operand(Operand::fwd_w).changes()) {
-    wq = w;
-    apply_operand_plan(plan.operand(Operand::fwd_w), view(wq));
-    wa = &wq;
-  }
-  gemm_tiled(y, *xa, wa->transpose());
+  if (plan.operand(Operand::fwd_w).changes()) apply_operand_plan(plan.operand(Operand::fwd_w), view(w));
+  gemm_tiled(y, *xa, w.transpose());
   if (bias != nullptr && plan.add_bias) {
     const int64_t rows = y.rows(), cols = y.cols();
 #pragma omp parallel for schedule(static)
@@ -84,12 +80,33 @@ void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM&
   // wgrad_x's pre (double quantization) is Q_fwd_x(x) with fwd_x's stream: the
   // forward's fwd_x operand (a bare quantizer), kept instead of recomputed.
   if (!ctx.backward) return;
+  saved.x = std::move(x);
   if (plan.operand(Operand::wgrad_x).pre) saved.x_q = std::move(xq);
-  if (plan.reuse_fwd_w) saved.w_q = std::move(wq);
+  if (plan.reuse_fwd_w) saved.w_q = std::move(w);
 }
 
-void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const MatrixRM& w, const MatrixRM& dy,
-                     MatrixRM& dx, MatrixRM& dw, float* db) {
+namespace {
+
+// db = column sums of dy: column strips of 64, rows in order (a fixed
+// summation order per column), float64 accumulation rounded once.
+void bias_grad(const MatrixRM& dy, float* db) {
+  const int64_t rows = dy.rows(), cols = dy.cols(), strips = (cols + 63) / 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < strips; ++s) {
+    const int64_t c0 = s * 64, nc = std::min<int64_t>(64, cols - c0);
+    double acc[64] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dr = dy.data() + r * cols + c0;
+      for (int64_t c = 0; c < nc; ++c) acc[c] += double(dr[c]);
+    }
+    for (int64_t c = 0; c < nc; ++c) db[c0 + c] = float(acc[c]);
+  }
+}
+
+}  // namespace
+
+void linear_backward(const LinearContext& ctx, const LinearSaved& saved, MatrixRM w, MatrixRM dy, MatrixRM& dx,
+                     MatrixRM& dw, float* db) {
   if (saved.forward_only)
     throw Error(
         "linear_backward: the forward ran with LinearContext::backward false (evaluation) and kept nothing "
@@ -100,10 +117,13 @@ void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const M
                 "], expected [" + std::to_string(saved.x.rows()) + ", " + std::to_string(w.rows()) +
                 "] (batch rows of x, out_features of W)");
   const LinearPlan plan = linear_plan(ctx);
+  // db first: dy is this call's own copy, and wgrad quantizes it in place.
+  if (db != nullptr) bias_grad(dy, db);
 
-  // dgrad: dx = Q(dy) Q(W'), reduction over out.
+  // dgrad: dx = Q(dy) Q(W'), reduction over out. W (this call's copy) is
+  // quantized in place; dy is copied, wgrad needs it again.
   {
-    MatrixRM g, wb;
+    MatrixRM g;
     const MatrixRM* ga = &dy;
     const MatrixRM* wa = &w;
     const OperandPlan& pg = plan.operand(Operand::dgrad_grad_y);
@@ -116,25 +136,18 @@ void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const M
     if (plan.reuse_fwd_w && saved.w_q.rows() == w.rows() && saved.w_q.cols() == w.cols()) {
       wa = &saved.w_q;
     } else if (pw.changes()) {
-      wb = w;
-      apply_operand_plan(pw, view(wb));
-      wa = &wb;
+      apply_operand_plan(pw, view(w));
     }
     gemm_tiled(dx, *ga, *wa);
   }
 
-  // wgrad: dW = Q(R dy)^T Q(R x'), reduction over B.
+  // wgrad: dW = Q(R dy)^T Q(R x'), reduction over B; dy's last use, in place.
   {
-    MatrixRM g, xb;
-    const MatrixRM* ga = &dy;
+    MatrixRM xb;
     const MatrixRM* xa = &saved.x;
     const OperandPlan& pg = plan.operand(Operand::wgrad_grad_y);
     OperandPlan px = plan.operand(Operand::wgrad_x);
-    if (pg.changes()) {
-      g = dy;
-      apply_operand_plan(pg, view(g));
-      ga = &g;
-    }
+    if (pg.changes()) apply_operand_plan(pg, view(dy));
     if (px.pre && saved.x_q.rows() != saved.x.rows())
       throw Error(
           "linear_backward: the recipe uses double_quantization but `saved` holds no Q_fwd_x(x); pass the "
@@ -145,22 +158,7 @@ void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const M
       apply_operand_plan(px, view(xb));
       xa = &xb;
     }
-    gemm_tiled(dw, ga->transpose(), *xa);
-  }
-
-  if (db != nullptr) {
-    // Column strips of 64, rows in order: a fixed summation order per column.
-    const int64_t rows = dy.rows(), cols = dy.cols(), strips = (cols + 63) / 64;
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < strips; ++s) {
-      const int64_t c0 = s * 64, nc = std::min<int64_t>(64, cols - c0);
-      double acc[64] = {};
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* dr = dy.data() + r * cols + c0;
-        for (int64_t c = 0; c < nc; ++c) acc[c] += double(dr[c]);
-      }
-      for (int64_t c = 0; c < nc; ++c) db[c0 + c] = float(acc[c]);
-    }
+    gemm_tiled(dw, dy.transpose(), *xa);
   }
 }
 

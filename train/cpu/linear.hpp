@@ -50,12 +50,16 @@ struct LinearSaved {
   MatrixRM w_q;  // Q_fwd_w(W), kept only when dgrad_w is the same deterministic (non-SR) quantizer as fwd_w
                  // (nvfp4's 16x16 tiles): backward reuses it instead of quantizing W again (same bits).
 };
-void linear_forward(const LinearContext& ctx, const MatrixRM& x, const MatrixRM& w, const float* bias /*[out] or null*/,
+// x and w are taken by value: a caller with temporaries (the CPU backend's
+// aligned copies) moves them in, and the layer quantizes them in place or
+// keeps x in `saved` without another copy.
+void linear_forward(const LinearContext& ctx, MatrixRM x, MatrixRM w, const float* bias /*[out] or null*/,
                     MatrixRM& y, LinearSaved& saved);
 // Backward: given dy [B, out], writes dx [B, in], dW [out, in] and db [out]
 // (db may be null; dx/dW are resized). `w` and `ctx` must be those of the
 // forward that filled `saved`.
-void linear_backward(const LinearContext& ctx, const LinearSaved& saved, const MatrixRM& w, const MatrixRM& dy,
-                     MatrixRM& dx, MatrixRM& dw, float* db);
+// w and dy by value, as linear_forward's x and w.
+void linear_backward(const LinearContext& ctx, const LinearSaved& saved, MatrixRM w, MatrixRM dy, MatrixRM& dx,
+                     MatrixRM& dw, float* db);
 
 }  // namespace fp4lab
