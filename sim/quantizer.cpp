@@ -198,13 +198,27 @@ std::array<float, 256> decode_table(const Format& f) {
 
 namespace {
 
+// Dequantized values of a chunk: dq[i] = (value(code[i]) * scale) * gd, one
+// scale per element (cs) or one for the chunk (sc, cs null). value() is core's
+// branch-free decode_f32<F>, the bits of decode() (the table's entries) for
+// every code (tests/core/test_format.cpp), so this loop vectorises where the
+// table lookup did not.
+template <const Format& F>
+inline void dequant_chunk(const uint32_t* code, const float* cs, float sc, float gd, float* dq, int64_t n) {
+  if (cs) {
+    for (int64_t i = 0; i < n; ++i) dq[i] = (decode_f32<F>(code[i]) * cs[i]) * gd;
+  } else {
+    for (int64_t i = 0; i < n; ++i) dq[i] = (decode_f32<F>(code[i]) * sc) * gd;
+  }
+}
+
 // Row kernel of the RN fast path: y = x * m (or x / m), branch-free encode.
 template <const Format& F, bool Divide>
-void row_rn_fast(const float* xr, const float* cm, const float* cs, float gd, const float* tab, Overflow o,
+void row_rn_fast(const float* xr, const float* cm, const float* cs, float gd, const float* /*tab*/, Overflow o,
                  uint8_t* codes, float* dq, int64_t n) {
   // Chunks through a local code buffer: the encode loop has no aliasing
-  // (dq may be xr itself in fake_quantize) and vectorises; the table lookup
-  // (a gather) runs in a second, simple loop.
+  // (dq may be xr itself in fake_quantize) and vectorises; the codes and the
+  // dequantized values (dequant_chunk) follow in loops of their own.
   constexpr int64_t K = 256;
   uint32_t code[K];
   for (int64_t c0 = 0; c0 < n; c0 += K) {
@@ -215,16 +229,14 @@ void row_rn_fast(const float* xr, const float* cm, const float* cs, float gd, co
       const float y = Divide ? x[i] / mu[i] : x[i] * mu[i];
       code[i] = encode_rn_f32<F>(y, o);
     }
-    for (int64_t i = 0; i < m; ++i) {
-      codes[c0 + i] = uint8_t(code[i]);
-      dq[c0 + i] = (tab[code[i]] * cs[c0 + i]) * gd;
-    }
+    for (int64_t i = 0; i < m; ++i) codes[c0 + i] = uint8_t(code[i]);
+    dequant_chunk<F>(code, cs + c0, 0.0f, gd, dq + c0, m);
   }
 }
 
 // Wide blocks (bc >= 8): per-block constants, no per-column parameter arrays.
 template <const Format& F, bool Divide>
-void row_rn_blocks(const float* xr, const float* bm, const float* bs, int64_t bc, float gd, const float* tab,
+void row_rn_blocks(const float* xr, const float* bm, const float* bs, int64_t bc, float gd, const float* /*tab*/,
                    Overflow o, uint8_t* codes, float* dq, int64_t n) {
   constexpr int64_t K = 256;
   uint32_t code[K];
@@ -238,10 +250,8 @@ void row_rn_blocks(const float* xr, const float* bm, const float* bs, int64_t bc
         const float y = Divide ? x[i] / m : x[i] * m;
         code[i] = encode_rn_f32<F>(y, o);
       }
-      for (int64_t i = 0; i < len; ++i) {
-        codes[c0 + i] = uint8_t(code[i]);
-        dq[c0 + i] = (tab[code[i]] * sc) * gd;
-      }
+      for (int64_t i = 0; i < len; ++i) codes[c0 + i] = uint8_t(code[i]);
+      dequant_chunk<F>(code, nullptr, sc, gd, dq + c0, len);
     }
   }
 }
@@ -299,7 +309,7 @@ using SrRowFn = void (*)(const float*, const float*, const float*, float, const 
                          uint8_t*, float*, int64_t);
 
 template <const Format& F, bool Divide, int W>
-void row_rs_fast(const float* x, const float* m, const float* cs, float gd, const float* tab, Overflow o,
+void row_rs_fast(const float* x, const float* m, const float* cs, float gd, const float* /*tab*/, Overflow o,
                  const uint32_t* rv, uint8_t* codes, float* dq, int64_t n) {
   constexpr int64_t K = 256;
   uint32_t code[K];
@@ -309,10 +319,8 @@ void row_rs_fast(const float* x, const float* m, const float* cs, float gd, cons
       const float y = Divide ? x[c0 + i] / m[c0 + i] : x[c0 + i] * m[c0 + i];
       code[i] = encode_rs_f32<F, W>(y, rv[c0 + i], o);
     }
-    for (int64_t i = 0; i < len; ++i) {
-      codes[c0 + i] = uint8_t(code[i]);
-      dq[c0 + i] = (tab[code[i]] * cs[c0 + i]) * gd;
-    }
+    for (int64_t i = 0; i < len; ++i) codes[c0 + i] = uint8_t(code[i]);
+    dequant_chunk<F>(code, cs + c0, 0.0f, gd, dq + c0, len);
   }
 }
 
