@@ -18,6 +18,10 @@ constexpr int64_t kTile = 16;
 
 unsigned blocks_for(int64_t n) { return unsigned(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535)); }
 
+// Packed bytes a row, and 16x16 tiles across a row, of a tensor of `cols` columns.
+int64_t row_bytes(int64_t cols) { return (cols + 1) / 2; }
+int64_t tiles_across(int64_t cols) { return (cols + kTile - 1) / kTile; }
+
 // Tensor-local elements [lo, hi) of a [rows, cols] tensor at x: maxima into
 // its tiles (ntc tiles a row of tiles) and into *tensor_amax. Work unit: one
 // column of one 16-column tile segment, over the 16 rows of its band (the
@@ -139,7 +143,7 @@ bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p)
 // decode_kernel's launch, the vector form where it applies.
 void decode(const uint8_t* packed, int64_t rows, int64_t cols, const uint8_t* tile_code, const float* g_dec,
             float* x, uint16_t* operand, cudaStream_t stream) {
-  const int64_t rb = (cols + 1) / 2, ntc = (cols + kTile - 1) / kTile;
+  const int64_t rb = row_bytes(cols), ntc = tiles_across(cols);
   const unsigned blocks = blocks_for(rows * ((cols + kGroup - 1) / kGroup));
   const bool vec = cols % kGroup == 0 && aligned(packed, 4) && aligned(x, 16) && aligned(operand, 16);
   if (vec)
@@ -149,8 +153,6 @@ void decode(const uint8_t* packed, int64_t rows, int64_t cols, const uint8_t* ti
   check_launch("decode_kernel");
 }
 
-int64_t row_bytes(const FlatTensor& t) { return (t.cols + 1) / 2; }
-int64_t tiles_across(const FlatTensor& t) { return (t.cols + kTile - 1) / kTile; }
 
 }  // namespace
 
@@ -173,7 +175,7 @@ void DeviceShardCast::partial_amax(const float* flat, ShardRange shard) {
     const int64_t lo = part.begin, hi = part.end;
     if (lo >= hi) continue;
     const int64_t band0 = lo / ft.cols / kTile, band1 = (hi - 1) / ft.cols / kTile + 1;
-    const int64_t ntc = tiles_across(ft);
+    const int64_t ntc = tiles_across(ft.cols);
     partial_amax_kernel<<<blocks_for((band1 - band0) * ntc * kTile), kThreads>>>(
         flat + ft.offset, lo, hi, ft.cols, ntc, band0, band1 - band0, tiles + layout_.tile_offset[t],
         amax_.data() + t);
@@ -210,12 +212,12 @@ void DeviceShardCast::cast(const float* flat, ShardRange shard) {
     const ShardRange part = tensor_part(ft, shard);
     const int64_t lo = part.begin, hi = part.end;
     if (lo >= hi) continue;
-    const int64_t rb = row_bytes(ft);
+    const int64_t rb = row_bytes(ft.cols);
     const ShardRange bytes = packed_bytes_of(ft, part);
     const int64_t b0 = bytes.begin, b1 = bytes.end;
     if (span_end_ == 0) span_begin_ = layout_.packed_offset[t] + b0;
     span_end_ = layout_.packed_offset[t] + b1;
-    cast_kernel<<<blocks_for(b1 - b0), kThreads>>>(flat + ft.offset, lo, hi, ft.cols, rb, tiles_across(ft),
+    cast_kernel<<<blocks_for(b1 - b0), kThreads>>>(flat + ft.offset, lo, hi, ft.cols, rb, tiles_across(ft.cols),
                                                    tile_mult_.data() + layout_.tile_offset[t], b0, b1,
                                                    packed_.data() + layout_.packed_offset[t]);
     check_launch("cast_kernel");

@@ -61,7 +61,8 @@ class DeviceShardCast {
   CastOperand operand(size_t t) const;
   // The column-wise copy of packed() (sim's transpose_packed) into `out`
   // (device, packed_bytes_transposed() bytes). Not part of the trainer's step:
-  // its GEMMs re-quantize the weights and take no packed codes yet.
+  // its Hopper GEMMs take the row-major codes decoded to BF16 (operand()), for
+  // W and for W^T alike; a native FP4 GEMM would take this copy.
   void transpose(uint8_t* out) const;
   int64_t packed_bytes_transposed() const;
 

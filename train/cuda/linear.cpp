@@ -193,16 +193,18 @@ struct CudaLinear::Impl {
   cuda::nn::Scratch colsum;  // db's column-sum partials
   OperandHook hook;
 
-  // W's operand for `op` (fwd_w, dgrad_w): where the plan takes W as it is and
-  // W is a weight cast whose packed form the backend keeps (LinearContext::
-  // weight_cast_operand), that form decoded into slot[1]'s exact BF16 operand
-  // with the cast's g_dec (the same values, W = bf16 * g_dec; the GEMM then
-  // runs on the BF16 tensor cores when the other operand is BF16 too, as the
-  // FP32-primary run's quantized W does); else prepare().
+  // W's operand for `op` (fwd_w, dgrad_w), whose GEMM's other operand is
+  // BF16 (other_bf16) or FP32: where the plan takes W as it is, W is a weight
+  // cast whose packed form the backend keeps (LinearContext::
+  // weight_cast_operand) and the other operand is BF16, that form decoded into
+  // slot[1]'s exact BF16 operand with the cast's g_dec (the same values, W =
+  // bf16 * g_dec, so the GEMM runs on the BF16 tensor cores, as the
+  // FP32-primary run's quantized W does); else prepare() (an FP32 GEMM takes
+  // the FP32 W as it is, no decode and expansion).
   DevOperand prepare_w(Operand op, const LinearContext& ctx, const OperandPlan& p, const float* w, int64_t rows,
-                       int64_t cols, GemmAlpha alpha = {}) {
+                       int64_t cols, bool other_bf16, GemmAlpha alpha = {}) {
     const CastOperand& c = ctx.weight_cast_operand;
-    if (p.changes() || ctx.weight_cast == nullptr || c.packed == nullptr)
+    if (!other_bf16 || p.changes() || ctx.weight_cast == nullptr || c.packed == nullptr)
       return prepare(p, w, rows, cols, slot[1], nullptr, nullptr, true, alpha);
     Slot& s = slot[1];
     s.h.at_least(size_t(rows * cols));
@@ -479,7 +481,7 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
 
   // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
   // W is made after x: its quantization writes the forward GEMM's alpha (x's g_dec is on the device).
-  const DevOperand wo = im.prepare_w(Operand::fwd_w, ctx, plan.operand(Operand::fwd_w), w.data, out, in,
+  const DevOperand wo = im.prepare_w(Operand::fwd_w, ctx, plan.operand(Operand::fwd_w), w.data, out, in, xo.is_bf16(),
                                      xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
   im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
           0.0f);
@@ -579,7 +581,7 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
       }
       im.report(Operand::dgrad_w, wo, out, in);
     } else {
-      wo = im.prepare_w(Operand::dgrad_w, ctx, plan.operand(Operand::dgrad_w), w.data, out, in);
+      wo = im.prepare_w(Operand::dgrad_w, ctx, plan.operand(Operand::dgrad_w), w.data, out, in, go.is_bf16());
     }
     im.gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, wo, in, out * in, im.slot[1], go, out, B * out, im.slot[0], dx.data,
             in, 0.0f);
