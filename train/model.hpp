@@ -79,6 +79,14 @@ struct Batch {
   std::vector<int32_t> targets;  // vit: [size] labels; gpt: [size, context] next tokens
 };
 
+// One NVFP4 primary weight (StepContext::cast_weights): its ParamStore index,
+// and its packed cast where the backend keeps one (DataParallel::cast_operands;
+// null members otherwise).
+struct CastWeight {
+  int param = -1;
+  CastOperand operand = {};
+};
+
 struct StepContext {
   const Recipe* recipe = nullptr;  // nullptr = plain FP32
   uint64_t seed = 0;               // stochastic rounding + dropout
@@ -86,14 +94,12 @@ struct StepContext {
   bool train = true;     // dropout on
   bool backward = true;  // a backward pass follows (Model::evaluate clears it: forward only)
   float loss_scale = 1.0f;  // the loss gradient's factor (training.loss_scale)
-  // NVFP4 primary weights: the ParamStore indices whose values are the cast
+  // NVFP4 primary weights: the parameters whose values are the cast
   // quantize(*weight_cast, master).dequant; a linear layer with such a weight
-  // passes weight_cast in its LinearContext (not quantized again). Null: none.
+  // passes weight_cast (and the cast's packed form) in its LinearContext, not
+  // quantized again. Null: none.
   const QuantizerSpec* weight_cast = nullptr;
-  const std::vector<int>* cast_params = nullptr;
-  // Their exact BF16 operands, in cast_params' order (DataParallel::cast_operands),
-  // or null / empty where the backend keeps none.
-  const std::vector<CastOperand>* cast_operands = nullptr;
+  const std::vector<CastWeight>* cast_weights = nullptr;
 };
 
 struct LinearLayerInfo {
@@ -181,13 +187,13 @@ struct LinearLayer {
   int w = -1, b = -1;  // parameter indices (b = -1: no bias)
   std::unique_ptr<LinearState> state;
   LinearContext context(const StepContext& s) const {
-    LinearContext c{s.recipe, s.seed, id, s.step, name, s.backward, nullptr, {}};
-    if (!s.weight_cast || !s.cast_params) return c;
-    const auto it = std::find(s.cast_params->begin(), s.cast_params->end(), w);
-    if (it == s.cast_params->end()) return c;
+    LinearContext c{s.recipe, s.seed, id, s.step, name, s.backward};
+    if (!s.weight_cast || !s.cast_weights) return c;
+    const auto it = std::find_if(s.cast_weights->begin(), s.cast_weights->end(),
+                                 [this](const CastWeight& cw) { return cw.param == w; });
+    if (it == s.cast_weights->end()) return c;
     c.weight_cast = s.weight_cast;
-    const size_t k = size_t(it - s.cast_params->begin());
-    if (s.cast_operands && k < s.cast_operands->size()) c.weight_cast_operand = (*s.cast_operands)[k];
+    c.weight_cast_operand = it->operand;
     return c;
   }
 };

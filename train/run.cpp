@@ -404,8 +404,7 @@ class Training {
   std::unique_ptr<Communicator> local_comm_;
   bool rank0_ = true;  // rank 0 writes the directory, metrics, checkpoints and evaluates
   std::unique_ptr<DataParallel> dp_;
-  std::vector<int> cast_params_;  // the NVFP4 primary weights (ParamStore indices), empty if none
-  std::vector<CastOperand> cast_operands_;  // their exact BF16 operands (cuda backend), else empty
+  std::vector<CastWeight> cast_weights_;  // the NVFP4 primary weights, empty if none
   std::optional<Recipe> switched_;  // the recipe from switch_at_ on
   uint64_t switch_at_ = 0;
   int64_t items_ = 0;  // items (images, tokens) per step
@@ -503,9 +502,11 @@ void Training::build_model() {
   const std::vector<int> nv = cfg_.distributed.primary_weights == "nvfp4"
                                   ? nvfp4_weight_params(model_->linear_layers(), recipe_)
                                   : std::vector<int>{};
-  cast_params_ = nv;
   dp_ = std::make_unique<DataParallel>(*comm_, *be_, model_->params(), ac, cfg_.distributed, nv);
-  cast_operands_ = dp_->cast_operands();
+  const std::vector<CastOperand> ops = dp_->cast_operands();  // in nv's order; empty on the cpu backend
+  cast_weights_.clear();
+  for (size_t k = 0; k < nv.size(); ++k)
+    cast_weights_.push_back(CastWeight{nv[k], k < ops.size() ? ops[k] : CastOperand{}});
   if (cfg_.capture_step >= 0) capture_ = std::make_unique<CaptureWriter>(*be_, dir_ / "capture", cfg_.capture_step);
   if (capture_) model_->set_capture(capture_->hook());
   switch_at_ = uint64_t(total_);
@@ -518,10 +519,9 @@ void Training::build_model() {
 
 StepContext Training::context(int64_t step, bool train) const {
   StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train, true, float(cfg_.training.loss_scale)};
-  if (!cast_params_.empty()) {  // NVFP4 primary weights: their values are the cast, not quantized again
+  if (!cast_weights_.empty()) {  // NVFP4 primary weights: their values are the cast, not quantized again
     sc.weight_cast = &nvfp4_primary_cast_spec();
-    sc.cast_params = &cast_params_;
-    sc.cast_operands = &cast_operands_;
+    sc.cast_weights = &cast_weights_;
   }
   if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;
   return sc;
