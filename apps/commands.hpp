@@ -30,12 +30,9 @@ struct CommandExit {
   int code;
 };
 
-// A failure of the environment rather than of the input: out of memory, disk
-// full, permission denied on an output. main() exits 1.
-class RuntimeFailure : public Error {
- public:
-  using Error::Error;
-};
+// A failure of the environment rather than of the input (core/error.hpp): out of
+// memory, disk full, permission denied on an output. main() exits 1.
+using RuntimeFailure = EnvironmentError;
 
 // What the command is doing now ("reading x.npy", "quantizing x.npy"), for
 // messages about failures that can happen anywhere ("out of memory while ...").
@@ -59,10 +56,6 @@ std::string nonfinite_encoding(const Format& f, Round r, Overflow o, const NonFi
 
 // nlohmann::json's what() without its "[json.exception.out_of_range.403] " prefix.
 std::string json_message(const char* what);
-
-// errno values that mean the environment failed rather than the arguments
-// (EACCES, EROFS, ENOSPC, ENOMEM, ...): exit 1.
-bool environment_errno(int e);
 
 // A set of output files written all or none. add() every output first: it
 // checks that the file's directory exists (or, with make_dirs, that its

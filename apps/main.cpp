@@ -110,19 +110,7 @@ std::string json_message(const char* what) {
 
 // ---- OutputSet ---------------------------------------------------------------------
 
-// errno values that mean the environment failed, not the arguments (exit 1).
-bool environment_errno(int e) {
-  return e == EACCES || e == EPERM || e == EROFS || e == ENOSPC || e == EDQUOT || e == ENOMEM || e == EIO ||
-         e == EMFILE || e == ENFILE || e == EBUSY || e == ETXTBSY || e == EAGAIN || e == EFBIG;
-}
-
 namespace {
-
-[[noreturn]] void throw_errno(const std::string& msg, int e) {
-  const std::string full = msg + " (" + std::strerror(e) + ")";
-  if (environment_errno(e)) throw RuntimeFailure(full);
-  throw Error(full);
-}
 
 fs::path parent_of(const std::string& path) {
   const fs::path p = fs::path(path).parent_path();
@@ -370,7 +358,9 @@ int main(int argc, char** argv) {
     return fail(fp4lab::exit_usage, std::string(e.what()) + " (see `" + command_path(app) + " --help`)");
   } catch (const fp4lab::CommandExit& e) {
     return e.code;
-  } catch (const fp4lab::RuntimeFailure& e) {
+  } catch (const fp4lab::InternalError& e) {
+    return fail(fp4lab::exit_internal, e.what());
+  } catch (const fp4lab::EnvironmentError& e) {
     return fail(fp4lab::exit_check_failed, e.what());
   } catch (const fp4lab::Error& e) {
     return fail(fp4lab::exit_usage, e.what());
