@@ -282,6 +282,7 @@ void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
     o.force = args->force;
     o.progress = !args->quiet;
     o.comm = comm.get();
+    o.interrupt = install_interrupt_handlers();
     if (rank0)
       std::cerr << "fp4lab train: " << cfg.name << " (" << cfg.model.type << "), recipe " << recipe_label(cfg)
                 << ", seed " << cfg.seed << " -> " << run_directory(cfg)
@@ -342,8 +343,13 @@ void run_sweep(const TrainArgs& args) {
   o.reuse = true;
   o.progress = !args.quiet;
   o.comm = comm.get();
+  o.interrupt = install_interrupt_handlers();
+  // Every run directory is checked and locked before any trains (the plans hold the locks to the end).
+  std::vector<RunPlan> plans;
   for (size_t i = 0; i < cfgs.size(); ++i) {
-    const std::string dir = plan_run(cfgs[i], o).dir;
+    plans.push_back(plan_run(cfgs[i], o));
+    const std::string dir = plans.back().dir;
+    if (rank0 && !plans.back().note.empty()) std::cerr << plans.back().note;
     for (size_t k = 0; k < i; ++k)
       if (run_directory(cfgs[k]) == dir)
         throw Error("sweep: " + recipe_label(cfgs[k]) + " seed " + std::to_string(cfgs[k].seed) + " and " +

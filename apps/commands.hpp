@@ -9,6 +9,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,6 +34,11 @@ struct CommandExit {
 // A failure of the environment rather than of the input (core/error.hpp): out of
 // memory, disk full, permission denied on an output. main() exits 1.
 using RuntimeFailure = EnvironmentError;
+
+// Handlers of SIGINT and SIGTERM that store the signal's number in the flag returned, for a command that
+// stops cleanly between steps (train, sweep: train/run.hpp RunOptions::interrupt). A second signal ends the
+// process at once (the handlers reset themselves). Commands that do not call this keep the defaults.
+const volatile std::sig_atomic_t* install_interrupt_handlers();
 
 // What the command is doing now ("reading x.npy", "quantizing x.npy"), for
 // messages about failures that can happen anywhere ("out of memory while ...").

@@ -2,6 +2,7 @@
 // helpers they share (commands.hpp: OutputSet, activity, NaN/Inf counts) are
 // here, with the one place that turns every failure into one line and an exit
 // code.
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 
 #include "apps/commands.hpp"
 #include "core/error.hpp"
+#include "train/run.hpp"
 
 namespace fp4lab {
 
@@ -33,6 +35,23 @@ std::string g_activity;
 
 void set_activity(std::string what) { g_activity = std::move(what); }
 const std::string& activity() { return g_activity; }
+
+// ---- signals -----------------------------------------------------------------------
+
+namespace {
+volatile std::sig_atomic_t g_interrupt = 0;
+extern "C" void on_interrupt(int signo) { g_interrupt = signo; }
+}  // namespace
+
+const volatile std::sig_atomic_t* install_interrupt_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;  // a second signal: the default action, at once
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  return &g_interrupt;
+}
 
 // ---- NaN / Inf counts --------------------------------------------------------------
 
@@ -358,6 +377,8 @@ int main(int argc, char** argv) {
     return fail(fp4lab::exit_usage, std::string(e.what()) + " (see `" + command_path(app) + " --help`)");
   } catch (const fp4lab::CommandExit& e) {
     return e.code;
+  } catch (const fp4lab::train::InterruptedError& e) {
+    return fail(128 + e.signo, e.what());
   } catch (const fp4lab::InternalError& e) {
     return fail(fp4lab::exit_internal, e.what());
   } catch (const fp4lab::EnvironmentError& e) {

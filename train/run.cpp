@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +19,8 @@
 
 #include "train/capture.hpp"
 #include "train/checkpoint.hpp"
+#include "train/checksum.hpp"
+#include "train/run_files.hpp"
 #include "train/data.hpp"
 #include "train/dist/data_parallel.hpp"
 #include "core/error.hpp"
@@ -69,7 +73,17 @@ class Task {
   double worst = 0.0;          // "best" before the first evaluation
   std::string item;            // what items_per_s counts
   bool eval_at_start = false;  // evaluate before the first step
+  // The data the run trains and evaluates on, as loaded: "crc32:<8 hex> bytes:<n>" (checkpoint header and
+  // summary.json's "data"); a resume on other data is an error naming data.path.
+  std::string fingerprint;
 };
+
+std::string data_fingerprint(std::initializer_list<std::pair<const void*, size_t>> parts) {
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  for (const auto& [p, n] : parts) crc = crc32(p, n, crc), bytes += n;
+  return "crc32:" + crc_hex(crc) + " bytes:" + std::to_string(bytes);
+}
 
 // vit: MNIST classification, scored by test-set accuracy.
 class ImageTask final : public Task {
@@ -88,6 +102,10 @@ class ImageTask final : public Task {
     sampler_.mean = float(cfg.data.mean);
     sampler_.std = float(cfg.data.std);
     sampler_.seed = cfg.seed;
+    fingerprint = data_fingerprint({{train_.pixels.data(), train_.pixels.size()},
+                                    {train_.labels.data(), train_.labels.size()},
+                                    {test_.pixels.data(), test_.pixels.size()},
+                                    {test_.labels.data(), test_.labels.size()}});
   }
   Batch train_batch(int64_t step) const override { return sampler_.train_batch(step); }
   // One sequential pass over the (first test_limit) test images.
@@ -132,6 +150,9 @@ class TextTask final : public Task {
     sampler_.context = cfg.model.context;
     sampler_.seed = cfg.seed;
     sampler_.stream = uint64_t(0xC) << 60;
+    fingerprint = data_fingerprint({{text_.vocab.data(), text_.vocab.size()},
+                                    {text_.train.data(), text_.train.size() * sizeof(int32_t)},
+                                    {text_.val.data(), text_.val.size() * sizeof(int32_t)}});
   }
   int64_t vocab_size() const { return int64_t(text_.vocab.size()); }
   Batch train_batch(int64_t step) const override { return sampler_.batch(step); }
@@ -183,18 +204,6 @@ bool failed_start_only(const fs::path& dir) {
   return true;
 }
 
-// <dir>.old.<pid> siblings: runs an interrupted --force set aside.
-std::string set_aside_note(const fs::path& dir) {
-  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
-  std::error_code ec;
-  std::string s;
-  for (fs::directory_iterator it(parent, ec), e; !ec && it != e; it.increment(ec))
-    if (it->path().filename().string().starts_with(dir.filename().string() + ".old."))
-      s += "note: " + it->path().string() + " is a run that an interrupted --force set aside from " + dir.string() +
-           "; move it back or remove it\n";
-  return s;
-}
-
 struct Plan {
   RunAction action = RunAction::start;
   std::string notes;  // lines to log, each ending in '\n'
@@ -209,7 +218,6 @@ Plan plan_directory(const fs::path& dir, const json& resolved, int64_t total, co
     throw Error("--resume and --force exclude each other: --resume continues " + dir.string() +
                 ", --force replaces it");
   Plan p;
-  p.notes = set_aside_note(dir);
   const fs::path ckpt = dir / "checkpoint.bin", sum = dir / "summary.json";
   const bool exists = fs::exists(dir);
   if (exists && !fs::is_directory(dir)) throw Error(dir.string() + ": exists and is not a directory");
@@ -224,6 +232,13 @@ Plan plan_directory(const fs::path& dir, const json& resolved, int64_t total, co
       p.notes += "note: " + dir.string() + " holds only the config.json of a start that failed; starting anew\n";
     p.action = RunAction::start;
     return p;
+  }
+  if (const std::string why = not_a_run(dir); !why.empty()) {
+    if (opt.force)
+      throw Error("--force replaces only fp4lab run directories, and " + dir.string() + " is not one: " + why +
+                  "; move it away or choose another output.name");
+    throw Error(dir.string() + " exists and is not an fp4lab run directory: " + why +
+                "; choose another output.name (--set output.name=NEW) or move it away");
   }
   if (opt.force) {
     p.action = RunAction::replace;
@@ -241,8 +256,29 @@ Plan plan_directory(const fs::path& dir, const json& resolved, int64_t total, co
   }
   // Finished: summary.json written (completed or diverged), or the checkpoint at the last step.
   if (fs::exists(sum)) p.summary = read_json_file(sum.string());
+  const std::string hash = config_hash(resolved);
+  if (p.summary.is_object() && p.summary.value("config_hash", hash) != hash)
+    throw Error(sum.string() + ": its config_hash " + p.summary.value("config_hash", "") + " is not config.json's " +
+                hash + " (files of two runs mixed in " + dir.string() + "); --force starts the run anew");
+  if (!p.summary.is_object() && !fs::exists(ckpt)) {
+    // Stopped before its first checkpoint (killed, or an older fp4lab interrupted): nothing to resume.
+    p.notes += "note: " + dir.string() +
+               " holds a run stopped before its first checkpoint (nothing to resume); starting it anew\n";
+    p.action = RunAction::start;
+    return p;
+  }
   const json head = fs::exists(ckpt) ? read_checkpoint_header(ckpt) : json::object();
+  if (head.contains("config_hash") && head["config_hash"] != hash)
+    throw Error(ckpt.string() + ": written by a run with config_hash " + head["config_hash"].get<std::string>() +
+                ", not config.json's " + hash + " (files of two runs mixed in " + dir.string() +
+                "); --force starts the run anew");
   const int64_t at = p.summary.is_object() ? p.summary.value("steps", int64_t(-1)) : head.value("step", int64_t(-1));
+  if (!p.summary.is_object() && total > 0 && at == total && (opt.resume || opt.reuse)) {
+    // Killed between its last checkpoint and summary.json: resuming runs no step and writes the summary.
+    p.notes += "note: " + dir.string() + " stopped after its last checkpoint, before summary.json; finishing it\n";
+    p.action = RunAction::resume;
+    return p;
+  }
   if (p.summary.is_object() || (total > 0 && at == total)) {
     if (!opt.resume && !opt.reuse)
       throw Error("run directory " + dir.string() +
@@ -284,15 +320,21 @@ fs::path sibling(const fs::path& dir, const std::string& tag) {
 void create_run_directory(const fs::path& dir, const json& resolved, const fs::path& aside) {
   const fs::path tmp = sibling(dir, "tmp");
   fs::remove_all(tmp);
+  fault_point("create the directory", tmp);
   fs::create_directories(tmp);
   try {
     write_atomic(tmp / "config.json", resolved.dump(2) + "\n");
-    std::ofstream(tmp / "metrics.jsonl", std::ios::trunc);
-    if (!aside.empty())
+    write_atomic(tmp / "metrics.jsonl", "");
+    if (!aside.empty()) {
+      fault_point("set aside the replaced run", dir);
       fs::rename(dir, aside);
-    else if (fs::exists(dir))
-      fs::remove_all(dir);  // empty, or a failed start's config.json
+    } else if (fs::exists(dir)) {
+      fault_point("remove the stopped start", dir);
+      fs::remove_all(dir);  // empty, a failed start's config.json, or a run stopped before its first checkpoint
+    }
+    fault_point("rename into place", dir);
     fs::rename(tmp, dir);
+    sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -302,15 +344,17 @@ void create_run_directory(const fs::path& dir, const json& resolved, const fs::p
 }
 
 // Drops the metric lines written after `step` (a resumed run recomputes them)
-// and a torn last line (warned about on `log`).
-void truncate_metrics(const fs::path& metrics_path, int64_t step, std::ostream& log) {
+// and a torn last line (warned about on `log`); returns the records kept.
+std::vector<json> truncate_metrics(const fs::path& metrics_path, int64_t step, std::ostream& log) {
   std::string torn;
   std::vector<json> lines = read_metrics(metrics_path.string(), &torn);
   if (!torn.empty()) log << "warning: " << torn << "\n";
   std::string keep;
-  for (const auto& l : lines)
-    if (l.value("step", int64_t(0)) <= step) keep += l.dump() + "\n";
+  std::vector<json> kept;
+  for (auto& l : lines)
+    if (l.is_object() && l.value("step", int64_t(0)) <= step) keep += l.dump() + "\n", kept.push_back(std::move(l));
   write_atomic(metrics_path, keep);
+  return kept;
 }
 
 // ---- progress output -------------------------------------------------------------------
@@ -378,6 +422,7 @@ class Training {
   void build_model();
   void resume();
   void abandon();
+  [[noreturn]] void interrupted(int signo);
   StepContext context(int64_t step, bool train) const;
   bool train_step(int64_t step);
   void record_eval(int64_t step);
@@ -410,14 +455,17 @@ class Training {
   int64_t items_ = 0;  // items (images, tokens) per step
   std::unique_ptr<CaptureWriter> capture_;  // output.capture_step
 
+  RunLock lock_;  // rank 0: held from planning to the end
   int64_t start_ = 0, step_ = 0;
   double best_ = 0.0, last_loss_ = 0.0, last_eval_metric_ = std::nan("");
   std::string status_ = "completed", error_;
-  std::ofstream metrics_;
+  LineLog metrics_;  // rank 0's metrics.jsonl
   Progress progress_;
   std::chrono::steady_clock::time_point t_run_;
   double train_seconds_ = 0.0, warmup_seconds_ = 0.0;  // steps after / among the first two of this invocation
   int64_t timed_steps_ = 0;
+  double resumed_ms_ = std::nan("");
+  int64_t last_checkpoint_ = -1;  // the step of this invocation's last checkpoint  // ms_per_step of the last metrics record before a resume
   RunResult res_;
 };
 
@@ -443,6 +491,11 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
   resolved_ = config_to_json(cfg_);
   resolved_["recipe_resolved"] = recipe_to_json(recipe_);
   hash_ = config_hash(resolved_);
+  if (rank0_) {  // one process at a time on a run directory; then what killed processes left is cleared
+    lock_ = RunLock(dir_, "");
+    log_ << remove_stale_temporaries(dir_) << recover_set_aside(dir_);
+  }
+  if (comm_->world() > 1) comm_->barrier();  // the other ranks plan from the recovered directory
   plan_ = plan_directory(dir_, resolved_, total_, opt, true);
   if (rank0_) log_ << plan_.notes;
   if (finished()) return;
@@ -479,8 +532,11 @@ void Training::start() {
 // created goes, and a replaced run comes back.
 void Training::abandon() {
   if (!created_ || checkpointed_) return;
-  if (metrics_.is_open()) metrics_.close();
   std::error_code ec;
+  try {
+    if (metrics_.is_open()) metrics_.close();
+  } catch (const Error&) {
+  }
   fs::remove_all(dir_, ec);
   if (!aside_.empty()) {
     fs::rename(aside_, dir_, ec);
@@ -491,6 +547,29 @@ void Training::abandon() {
       aside_.clear();
   }
   created_ = false;
+}
+
+// A SIGINT/SIGTERM between steps: one process writes a checkpoint at step_ (unless it has one there) and
+// the run can be resumed from it; a replacement without a checkpoint yet gives the replaced run back; a
+// data-parallel rank stops at its last checkpoint (a checkpoint is a collective the other ranks may not reach).
+void Training::interrupted(int signo) {
+  const std::string sig = signo == SIGINT ? "SIGINT" : signo == SIGTERM ? "SIGTERM" : "signal " + std::to_string(signo);
+  std::string state;
+  if (!aside_.empty()) {
+    abandon();
+    state = "the replacement had no checkpoint yet, so " + dir_.string() + " holds the run it was to replace again";
+  } else if (comm_->world() == 1) {
+    if (last_checkpoint_ != step_) checkpoint(step_);
+    state = "checkpoint at step " + std::to_string(step_) + "/" + std::to_string(total_) + " in " +
+            ckpt_path_.string() + "; `fp4lab train ... --resume` continues it bit-exactly";
+  } else {
+    state = "rank " + std::to_string(comm_->rank()) + " stopped at step " + std::to_string(step_) +
+            "; --resume continues from the last checkpoint" +
+            (fs::exists(ckpt_path_) ? "" : " (none yet: the run starts anew)");
+  }
+  if (rank0_) metrics_.close();
+  progress_.end();
+  throw InterruptedError(signo, "interrupted by " + sig + ": " + state);
 }
 
 void Training::build_model() {
@@ -529,22 +608,34 @@ StepContext Training::context(int64_t step, bool train) const {
 
 void Training::resume() {
   ParamStore& ps = model_->params();
-  Checkpoint c = load_checkpoint(ckpt_path_, ps.size());
+  Checkpoint c = load_checkpoint(ckpt_path_, CheckpointExpect{ps.size(), total_, hash_});
   const int64_t world = c.header.value("world", int64_t(1));
   if (world != comm_->world())
     throw Error(ckpt_path_.string() + ": written by " + std::to_string(world) + " data-parallel ranks; resume it with " +
                 std::to_string(world) + ", not " + std::to_string(comm_->world()));
+  if (c.header.contains("data") && c.header["data"] != task_->fingerprint)
+    throw Error("cannot resume " + dir_.string() + ": data.path " + cfg_.data.path + " changed since the run began (" +
+                c.header["data"].get<std::string>() + " then, " + task_->fingerprint +
+                " now); restore it, or train on it as a new run (--set output.name=NEW)");
   start_ = c.header.at("step").get<int64_t>();
   dp_->load_state(c.values, c.m, c.v, c.header.at("adam_t").get<int64_t>());
-  best_ = c.header.at("best").get<double>();
+  best_ = c.header["best"].is_number() ? c.header["best"].get<double>() : std::nan("");
   if (!rank0_) return;
-  truncate_metrics(metrics_path_, start_, log_);
-  log_ << "resuming " << dir_.string() << " at step " << start_ << "/" << total_ << "\n";
+  // The records up to the checkpoint stay; the summary's final metric and last loss come from them when
+  // this invocation runs no evaluation or step (a run killed before summary.json).
+  for (const json& r : truncate_metrics(metrics_path_, start_, log_)) {
+    if (r.value("eval", false) && r.contains(task_->metric) && r[task_->metric].is_number())
+      last_eval_metric_ = r[task_->metric].get<double>();
+    else if (r.contains("loss") && r["loss"].is_number())
+      last_loss_ = r["loss"].get<double>(), resumed_ms_ = r.value("ms_per_step", std::nan(""));
+  }
+  log_ << (start_ == total_ ? "finishing " : "resuming ") << dir_.string() << " at step " << start_ << "/" << total_
+       << "\n";
 }
 
 void Training::train() {
   const TrainingConfig& tc = cfg_.training;
-  if (rank0_) metrics_.open(metrics_path_, std::ios::app);
+  if (rank0_) metrics_.open(metrics_path_);
   res_.dir = dir_.string();
   res_.first_step = start_;
   progress_ = Progress(log_, opt_.progress && rank0_, total_, tc.log_interval);
@@ -557,6 +648,7 @@ void Training::train() {
         status_ = "stopped";
         break;
       }
+      if (opt_.interrupt && *opt_.interrupt) interrupted(int(*opt_.interrupt));
       if (!train_step(step_)) break;
       const int64_t done = step_ + 1;
       const bool eval_now = done % eval_interval_ == 0 || done == total_;
@@ -569,7 +661,7 @@ void Training::train() {
     throw;
   }
   progress_.end();
-  metrics_.close();
+  if (rank0_) metrics_.sync(), metrics_.close();
 }
 
 // One optimiser step (0-based `step`) and its metrics line and progress; false
@@ -603,7 +695,7 @@ bool Training::train_step(int64_t step) {
   }
   if (!error_.empty()) {
     status_ = "diverged";
-    metrics_ << json{{"step", step}, {"error", error_}}.dump() << "\n" << std::flush;
+    if (rank0_) metrics_.append(json{{"step", step}, {"error", error_}}.dump());
     return false;
   }
   be_->synchronize();
@@ -620,7 +712,7 @@ bool Training::train_step(int64_t step) {
     json line{{"step", done},       {"loss", loss},      {"lr", lr},
               {"grad_norm", gnorm}, {"ms_per_step", ms}, {"items_per_s", double(items_) * 1000.0 / ms}};
     line.update(model_->step_metrics());  // the MoE GPT's auxiliary losses and expert load (this rank's)
-    metrics_ << line.dump() << "\n";
+    if (rank0_) metrics_.append(line.dump());
   }
   progress_.step(done, loss, lr, ms);
   return true;
@@ -634,7 +726,7 @@ void Training::record_eval(int64_t step) {
   const double v = rec[task_->metric].get<double>();
   last_eval_metric_ = v;
   best_ = task_->better(best_, v);
-  metrics_ << rec.dump() << "\n" << std::flush;
+  metrics_.append(rec.dump());
   progress_.eval(task_->eval_line(step, rec));
 }
 
@@ -644,14 +736,18 @@ void Training::checkpoint(int64_t step) {
   Checkpoint c;
   c.header = {{"step", step},     {"adam_t", dp_->steps_taken()},
               {"best", best_},    {"params", ps.size()},
-              {"recipe", label_}, {"config_hash", hash_}};
+              {"recipe", label_}, {"config_hash", hash_},
+              {"data", task_->fingerprint}};
   if (comm_->world() > 1) c.header["world"] = comm_->world();
   dp_->state(c.values, c.m, c.v);  // collective: every rank takes part
   if (!rank0_) return;
+  metrics_.sync();  // the records up to this step are durable before the checkpoint that counts on them
   save_checkpoint(ckpt_path_, c);
   checkpointed_ = true;
+  last_checkpoint_ = step;
   if (!aside_.empty()) {  // the new run is under way: the replaced one goes
     std::error_code ec;
+    fault_point("remove the replaced run", aside_);
     fs::remove_all(aside_, ec);
     if (ec) log_ << "warning: could not remove the replaced run " << aside_.string() << ": " << ec.message() << "\n";
     aside_.clear();
@@ -663,7 +759,7 @@ json Training::summary() const {
   const int64_t ran = int64_t(res_.step_losses.size());
   const double ms = timed_steps_ ? 1000.0 * train_seconds_ / double(timed_steps_)
                     : ran        ? 1000.0 * warmup_seconds_ / double(ran)
-                                 : std::nan("");
+                                 : resumed_ms_;
   json s = {{"name", cfg_.name},
             {"recipe", label_},
             {"model", cfg_.model.type},
@@ -689,12 +785,20 @@ json Training::summary() const {
 }
 
 RunResult Training::finish() {
-  const json s = summary();
+  json s = summary();
   const bool restore = !aside_.empty();  // replacing, and no checkpoint yet: the old run comes back
-  if (restore)
+  if (restore) {
     abandon();
-  else if (status_ != "stopped" && rank0_)
+  } else if (status_ != "stopped" && rank0_) {
+    // What the summary is the summary of: the data and the two files it was computed from (compare
+    // checks them: a file changed or swapped since is an error naming it).
+    s["data"] = task_->fingerprint;
+    for (const char* f : {"config.json", "metrics.jsonl"}) {
+      const FileSum fs_ = file_crc32(dir_ / f);
+      s["checksums"][f] = {{"bytes", fs_.bytes}, {"crc32", crc_hex(fs_.crc)}};
+    }
     write_atomic(dir_ / "summary.json", s.dump(2) + "\n");
+  }
   res_.status = status_;
   res_.summary = s;
   res_.final_params.resize(size_t(model_->params().size()));
@@ -735,13 +839,18 @@ std::vector<json> read_metrics(const std::string& path, std::string* torn) {
   return out;
 }
 
-// File system errors (permissions, a full disk, a name taken meanwhile) as fp4lab::Error.
+// File system errors (permissions, a full disk, a name taken meanwhile) as one line naming the path(s)
+// and the OS's reason: EnvironmentError where the environment failed (core/error.hpp), else Error.
 template <class F>
 auto fs_errors(F&& f) {
   try {
     return f();
   } catch (const fs::filesystem_error& e) {
-    throw Error(e.what());
+    std::string what = e.path1().string();
+    if (!e.path2().empty()) what += " -> " + e.path2().string();
+    const std::string msg = (what.empty() ? std::string("run directory") : what) + ": " + e.code().message();
+    if (environment_errno(e.code().value())) throw EnvironmentError(msg);
+    throw Error(msg);
   }
 }
 
@@ -749,9 +858,17 @@ RunPlan plan_run(const RunConfig& cfg, const RunOptions& opt) {
   json resolved = config_to_json(cfg);
   resolved["recipe_resolved"] = recipe_to_json(resolve_recipe(cfg));
   const fs::path dir = run_directory(cfg);
-  Plan p = fs_errors(
-      [&] { return plan_directory(dir, resolved, cfg.training.steps > 0 ? cfg.training.steps : -1, opt, false); });
-  return RunPlan{p.action, dir.string(), p.notes + p.done};
+  return fs_errors([&] {
+    RunPlan r;
+    std::string recovered;
+    if (!opt.comm || opt.comm->rank() == 0) {
+      r.lock = RunLock(dir, "");
+      recovered = remove_stale_temporaries(dir) + recover_set_aside(dir);
+    }
+    Plan p = plan_directory(dir, resolved, cfg.training.steps > 0 ? cfg.training.steps : -1, opt, false);
+    r.action = p.action, r.dir = dir.string(), r.note = recovered + p.notes + p.done;
+    return r;
+  });
 }
 
 RunResult run_training(const RunConfig& cfg, const RunOptions& opt) {

@@ -35,6 +35,7 @@
 //   resume with a warning.
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -45,6 +46,7 @@
 #include "core/error.hpp"
 #include "train/config.hpp"
 #include "train/dist/comm.hpp"
+#include "train/run_files.hpp"
 
 namespace fp4lab::train {
 
@@ -56,6 +58,9 @@ struct RunOptions {
   int64_t stop_after = -1;      // stop (as if interrupted) once this many steps are done; -1 = run to the end
   bool progress = true;         // progress bar on a TTY / log lines otherwise
   std::ostream* log = nullptr;  // nullptr: std::cerr
+  // Set to a signal number (by a SIGINT/SIGTERM handler, apps/main.cpp) to stop the run at the next step
+  // boundary: it writes a checkpoint there and throws InterruptedError saying how to continue.
+  const volatile std::sig_atomic_t* interrupt = nullptr;
   // Data-parallel training (train/dist/data_parallel.hpp): this process's
   // rank; nullptr = one process. Every rank calls run_training with the same
   // config; rank 0 alone writes the run directory, evaluates and logs.
@@ -78,6 +83,14 @@ class DivergedError : public Error {
   using Error::Error;
 };
 
+// A run stopped by a signal (RunOptions::interrupt); the message says what state the run is in and how to
+// continue. `fp4lab` exits 128 + signo, as a shell does for a process a signal ended.
+class InterruptedError : public EnvironmentError {
+ public:
+  InterruptedError(int signo, const std::string& what) : EnvironmentError(what), signo(signo) {}
+  int signo;
+};
+
 RunResult run_training(const RunConfig& cfg, const RunOptions& opt = {});
 
 // What run_training(cfg, opt) will do with cfg's run directory, decided from the
@@ -89,6 +102,7 @@ struct RunPlan {
   RunAction action = RunAction::start;
   std::string dir;
   std::string note;  // one line per note (a finished run kept, a failed start's directory ignored, ...), or ""
+  RunLock lock;      // the directory's lock (train/run_files.hpp), held while the plan lives (not on ranks > 0)
 };
 RunPlan plan_run(const RunConfig& cfg, const RunOptions& opt = {});
 
