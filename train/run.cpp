@@ -235,7 +235,7 @@ Plan plan_directory(const fs::path& dir, const json& resolved, int64_t total, co
   }
   if (const std::string why = not_a_run(dir); !why.empty()) {
     if (opt.force)
-      throw Error("--force replaces only fp4lab run directories, and " + dir.string() + " is not one: " + why +
+      throw Error("--force replaces only fp4lab runs, and " + dir.string() + " is not an fp4lab run directory: " + why +
                   "; move it away or choose another output.name");
     throw Error(dir.string() + " exists and is not an fp4lab run directory: " + why +
                 "; choose another output.name (--set output.name=NEW) or move it away");
