@@ -244,8 +244,8 @@ Plan plan_directory(const fs::path& dir, const json& resolved, int64_t total, co
     p.action = RunAction::replace;
     return p;
   }
-  const std::string diff = config_difference(run_identity(read_json_file((dir / "config.json").string()), data_loaded),
-                                             run_identity(resolved, data_loaded));
+  const json saved = read_json_file((dir / "config.json").string());
+  const std::string diff = config_difference(run_identity(saved, data_loaded), run_identity(resolved, data_loaded));
   if (!diff.empty()) {
     if (opt.resume)
       throw Error(
@@ -256,7 +256,7 @@ Plan plan_directory(const fs::path& dir, const json& resolved, int64_t total, co
   }
   // Finished: summary.json written (completed or diverged), or the checkpoint at the last step.
   if (fs::exists(sum)) p.summary = read_json_file(sum.string());
-  const std::string hash = config_hash(resolved);
+  const std::string hash = config_hash(saved);  // = the config's (no difference above), also without the data
   if (p.summary.is_object() && p.summary.value("config_hash", hash) != hash)
     throw Error(sum.string() + ": its config_hash " + p.summary.value("config_hash", "") + " is not config.json's " +
                 hash + " (files of two runs mixed in " + dir.string() + "); --force starts the run anew");

@@ -299,6 +299,19 @@ void remove_noted(const fs::path& p, std::string& notes) {
               : "note: removed " + p.string() + ", left by an fp4lab process that was killed while writing it\n";
 }
 
+// The first entry of `dir` that no run writes ("" if none): a run holds config.json, metrics.jsonl,
+// checkpoint.bin, summary.json, capture/ and temporaries of these.
+std::string foreign_entry(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), e; !ec && it != e; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    const bool known = n == "config.json" || n == "metrics.jsonl" || n == "checkpoint.bin" || n == "summary.json" ||
+                       (n == "capture" && it->is_directory()) || temporary_name(n);
+    if (!known) return n;
+  }
+  return ec ? "an unreadable entry (" + ec.message() + ")" : "";
+}
+
 }  // namespace
 
 std::string remove_stale_temporaries(const fs::path& dir) {
@@ -341,8 +354,8 @@ std::string recover_set_aside(const fs::path& dir) {
         continue;
       }
       // The new run never reached its first checkpoint: nothing of it is kept.
-      if (!not_a_run(dir).empty() && !fs::is_empty(dir))
-        throw Error(dir.string() + " holds what is not an fp4lab run (" + not_a_run(dir) + ") and " + old.string() +
+      if (const std::string foreign = foreign_entry(dir); !foreign.empty())
+        throw Error(dir.string() + " holds " + foreign + ", which no run writes, and " + old.string() +
                     " holds the run an interrupted --force set aside; move one of them by hand");
       fault_point("remove the unfinished replacement", dir);
       fs::remove_all(dir);
@@ -359,19 +372,8 @@ std::string recover_set_aside(const fs::path& dir) {
 std::string not_a_run(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return "not a directory";
-  bool config = false;
-  for (fs::directory_iterator it(dir, ec), e; !ec && it != e; it.increment(ec)) {
-    const std::string n = it->path().filename().string();
-    if (n == "config.json") {
-      config = true;
-      continue;
-    }
-    const bool known = n == "metrics.jsonl" || n == "checkpoint.bin" || n == "summary.json" ||
-                       (n == "capture" && it->is_directory()) || temporary_name(n);
-    if (!known) return "holds " + n + ", which no run writes";
-  }
-  if (ec) return "unreadable (" + ec.message() + ")";
-  if (!config) return "has no config.json";
+  if (const std::string foreign = foreign_entry(dir); !foreign.empty()) return "holds " + foreign + ", which no run writes";
+  if (!fs::exists(dir / "config.json", ec)) return "has no config.json";
   try {
     const nlohmann::json j = read_json_file((dir / "config.json").string());
     if (!j.is_object() || !j.contains("recipe_resolved") || !j.contains("model"))

@@ -326,7 +326,8 @@ TEST_CASE("--force keeps the old run until the new one has a checkpoint") {
     CHECK(read_json_file((L.dir() / "config.json").string())["training"]["lr"] == 2e-2);
     CHECK(snapshot(L.dir()) != before);
   }
-  CHECK(siblings(L.tmp / "runs", "tiny-fp32-s3.") == 0);  // no .old.PID / .tmp.PID left behind
+  CHECK(siblings(L.tmp / "runs", "tiny-fp32-s3.") == 1);  // no .old.PID / .tmp.PID left behind, only the lock
+  CHECK(fs::exists(L.tmp / "runs" / "tiny-fp32-s3.lock"));
 }
 
 TEST_CASE("an existing run directory with a different config: the error names the keys; the config hash is recorded") {

@@ -172,9 +172,23 @@ TEST_CASE("leftovers: a failed start's directory under --resume; a run set aside
   RunOptions res = F.o;
   res.resume = true;
   CHECK(plan_error(F.cfg("a"), res).find("holds only the config.json of a start that failed") != std::string::npos);
-  fs::create_directories(F.dir("b.old.12345"));
+  // An interrupted --force whose replacement never reached a checkpoint: the old run moves back.
   run_training(F.cfg("b"), F.o);
-  CHECK(F.log.str().find("b.old.12345 is a run that an interrupted --force set aside") != std::string::npos);
+  const std::string b_summary = read_all(F.dir("b") / "summary.json");
+  fs::rename(F.dir("b"), F.dir("b.old.12345"));
+  fs::create_directories(F.dir("b"));
+  std::ofstream(F.dir("b") / "config.json") << "{}";
+  CHECK(run_training(F.cfg("b"), res).note.find("already completed") != std::string::npos);
+  CHECK(F.log.str().find("moved " + F.dir("b.old.12345").string() + " back to " + F.dir("b").string()) !=
+        std::string::npos);
+  CHECK(read_all(F.dir("b") / "summary.json") == b_summary);
+  CHECK(!fs::exists(F.dir("b.old.12345")));
+  // Its replacement past its first checkpoint: the new run stands, the old one goes.
+  fs::create_directories(F.dir("b.old.777"));
+  std::ofstream(F.dir("b.old.777") / "config.json") << "{}";
+  run_training(F.cfg("b"), res);
+  CHECK(F.log.str().find("removed " + F.dir("b.old.777").string()) != std::string::npos);
+  CHECK(!fs::exists(F.dir("b.old.777")));
 }
 
 TEST_CASE("read_metrics drops only a torn last line, and only when asked") {
