@@ -18,6 +18,7 @@
 #include "train/capture.hpp"
 #include "train/checkpoint.hpp"
 #include "train/data.hpp"
+#include "train/dist/agreement.hpp"
 #include "train/dist/data_parallel.hpp"
 #include "core/error.hpp"
 
@@ -443,6 +444,8 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
   resolved_ = config_to_json(cfg_);
   resolved_["recipe_resolved"] = recipe_to_json(recipe_);
   hash_ = config_hash(resolved_);
+  // Every rank runs the same config and steps before any rank plans or sizes a collective (issue 42).
+  agree_on_run(*comm_, RunAgreement{hash_, total_, cfg_.distributed.timeout_s});
   plan_ = plan_directory(dir_, resolved_, total_, opt, true);
   if (rank0_) log_ << plan_.notes;
   if (finished()) return;
