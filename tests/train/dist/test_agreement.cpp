@@ -4,11 +4,15 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.hpp"
+#include "train/config.hpp"
 #include "train/dist/agreement.hpp"
 #include "train/dist/comm.hpp"
 
@@ -121,4 +125,33 @@ TEST_CASE("no_answer_message: several silent ranks, and an engine that cannot te
   CHECK(no_answer_message(2, {}, std::chrono::milliseconds(600000), "ncclAllReduce", -1) ==
         "rank 2: no answer from the other rank(s) within 600 s during ncclAllReduce before the first step; a rank "
         "stopped or died (distributed.timeout_s sets the wait)");
+}
+
+TEST_CASE("config distributed.timeout_s: positive and finite; written when set, but not part of the run's identity") {
+  using nlohmann::json;
+  const json base = {{"name", "t"},
+                     {"model", {{"type", "gpt"}, {"layers", 1}, {"heads", 2}, {"width", 32}, {"context", 16}}},
+                     {"data", {{"type", "char"}, {"path", "text.txt"}}},
+                     {"training", {{"batch_size", 4}, {"steps", 3}}}};
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity()}) {
+    json j = base;
+    j["distributed"] = {{"timeout_s", bad}};
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(config_from_json(j), doctest::Contains("config.distributed.timeout_s: "), Error);
+  }
+  CHECK(config_from_json(base).distributed.timeout_s == 600.0);
+  json j = base;
+  j["distributed"] = {{"timeout_s", 5}};
+  const RunConfig c = config_from_json(j);
+  CHECK(c.distributed.timeout_s == 5.0);
+  const json resolved = config_to_json(c), plain = config_to_json(config_from_json(base));
+  CHECK(resolved["distributed"] == json{{"timeout_s", 5.0}});  // the other distributed keys stay unwritten
+  CHECK(config_from_json(resolved).distributed == c.distributed);
+  CHECK(!plain.contains("distributed"));
+  CHECK(config_hash(resolved) == config_hash(plain));  // ranks with different waits agree on the run
+  j["distributed"]["zero"] = 1;
+  json z = base;
+  z["distributed"] = {{"zero", 1}};
+  CHECK(config_hash(config_to_json(config_from_json(j))) == config_hash(config_to_json(config_from_json(z))));
+  CHECK(config_hash(config_to_json(config_from_json(z))) != config_hash(plain));
 }
