@@ -306,7 +306,11 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
   o.get("zero", c.zero);
   o.get("primary_weights", c.primary_weights);
   o.get("shard_cast", c.shard_cast);
+  o.get("timeout_s", c.timeout_s);
   o.finish();
+  if (!(c.timeout_s > 0) || !std::isfinite(c.timeout_s))
+    throw Error(where + ".distributed.timeout_s: " + std::to_string(c.timeout_s) +
+                " must be a positive finite number of seconds (a collective's wait for the other ranks)");
   if (c.zero != 0 && c.zero != 1)
     throw Error(where + ".distributed.zero: " + std::to_string(c.zero) + " is not valid; valid: 0, 1 (ZeRO-1)");
   check_choice(where + ".distributed.primary_weights", c.primary_weights, {"fp32", "nvfp4"});
@@ -462,10 +466,13 @@ json config_to_json(const RunConfig& c) {
          {"seed", c.seed},       {"backend", c.backend},
          {"threads", c.threads}, {"output", {{"dir", c.output_dir}, {"name", c.output_name}, {"capture_step", c.capture_step}}}};
   // Written only when not the default, so that the configs (and hashes) of earlier runs stay as they were.
-  if (c.distributed != DistributedConfig{})
+  DistributedConfig plain;  // the defaults, but for the timeout (written on its own)
+  plain.timeout_s = c.distributed.timeout_s;
+  if (c.distributed != plain)
     j["distributed"] = {{"zero", c.distributed.zero},
                         {"primary_weights", c.distributed.primary_weights},
                         {"shard_cast", c.distributed.shard_cast}};
+  if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;
   return j;
 }
 
@@ -541,6 +548,10 @@ std::string run_directory(const RunConfig& c) {
 json run_identity(json resolved, bool data_loaded) {
   resolved.erase("threads");
   resolved.erase("output");
+  if (auto d = resolved.find("distributed"); d != resolved.end()) {  // timeout_s: how long, not what
+    d->erase("timeout_s");
+    if (d->empty()) resolved.erase(d);
+  }
   if (!data_loaded && resolved.contains("model")) resolved["model"].erase("vocab_size");
   return resolved;
 }

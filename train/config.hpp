@@ -11,7 +11,7 @@
 //   recipe    a canned name ("fp32", "nvfp4", ...), a recipe JSON file path, or an inline
 //             recipe object (recipes/recipe.hpp: {"extends": "nvfp4", ...})
 //   layers    {keep_high_precision: [layer-name patterns]}  (added to the recipe's own)
-//   distributed {zero: 0|1, primary_weights: "fp32"|"nvfp4", shard_cast: true|false}
+//   distributed {zero: 0|1, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, timeout_s: seconds}
 //             data-parallel training (train/dist/data_parallel.hpp); one process is a world of 1
 //   seed      integer (init, data order, dropout, stochastic rounding)
 //   backend   "cpu" | "cuda"
@@ -69,6 +69,7 @@ struct DistributedConfig {
   int zero = 0;                          // 0: every rank updates every parameter; 1: ZeRO-1 shards
   std::string primary_weights = "fp32";  // "nvfp4": the linear weights the recipe quantizes are NVFP4
   bool shard_cast = true;                // nvfp4: each rank casts only its shard (false: all, the reference)
+  double timeout_s = 600.0;              // a collective's wait for the other ranks (comm.hpp); not in the run identity
   bool operator==(const DistributedConfig&) const = default;
 };
 
@@ -97,7 +98,8 @@ std::vector<std::string> config_warnings(const RunConfig& c, int64_t total_steps
 // The resolved config (every field, defaults included; recipe as given).
 nlohmann::json config_to_json(const RunConfig& c);
 // The part of a resolved config (config_to_json + "recipe_resolved") that
-// identifies a run: all but "threads" and "output" (where the run lives);
+// identifies a run: all but "threads", "output" (where the run lives) and
+// "distributed.timeout_s" (how long ranks wait, not what they compute);
 // without data_loaded, model.vocab_size (set from the data) is left out too.
 nlohmann::json run_identity(nlohmann::json resolved, bool data_loaded = true);
 // "training.lr 0.001 -> 0.01, ..." (at most 5, then "and N more"): where two

@@ -2,9 +2,9 @@
 
 #include <unistd.h>
 
-#include <csignal>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +14,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "train/checksum.hpp"
 #include "train/run_files.hpp"
 #include "train/data.hpp"
+#include "train/dist/agreement.hpp"
 #include "train/dist/data_parallel.hpp"
 #include "core/error.hpp"
 
@@ -491,11 +493,26 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
   resolved_ = config_to_json(cfg_);
   resolved_["recipe_resolved"] = recipe_to_json(recipe_);
   hash_ = config_hash(resolved_);
-  if (rank0_) {  // one process at a time on a run directory; then what killed processes left is cleared
-    lock_ = RunLock(dir_, "");
-    log_ << remove_stale_temporaries(dir_) << recover_set_aside(dir_);
+  // Every rank runs the same config and steps before any rank plans or sizes a collective (issue 42).
+  agree_on_run(*comm_, RunAgreement{hash_, total_, cfg_.distributed.timeout_s});
+  // One process at a time on a run directory (rank 0 holds the lock); then what killed processes left is
+  // cleared, and the other ranks plan from the recovered directory.
+  std::string lock_error;
+  if (rank0_) {
+    try {
+      lock_ = RunLock(dir_, "");
+      log_ << remove_stale_temporaries(dir_) << recover_set_aside(dir_);
+    } catch (const std::exception& e) {
+      if (comm_->world() == 1) throw;
+      lock_error = e.what();
+    }
   }
-  if (comm_->world() > 1) comm_->barrier();  // the other ranks plan from the recovered directory
+  if (comm_->world() > 1) {
+    const uint8_t ok = lock_error.empty() ? 1 : 0;
+    if (comm_->allgather_bytes(std::span<const uint8_t>(&ok, 1)).at(0).at(0) == 0)
+      throw EnvironmentError(rank0_ ? lock_error
+                                    : "rank 0 could not take the run directory " + dir_.string() + " (its message says why)");
+  }
   plan_ = plan_directory(dir_, resolved_, total_, opt, true);
   if (rank0_) log_ << plan_.notes;
   if (finished()) return;

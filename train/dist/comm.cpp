@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -38,28 +39,43 @@ class LocalComm final : public Communicator {
 
 // The meeting point of n thread ranks: each collective deposits every rank's
 // contribution, the last to arrive combines them, everyone takes the result.
+// A rank that waits longer than its timeout (for the others to arrive, or to
+// take the previous round's result) gives the hub up: it throws, and every
+// later or waiting call throws too (the world cannot be resumed).
 class Hub {
  public:
-  explicit Hub(int n) : n_(n), slots_(size_t(n)) {}
+  explicit Hub(int n) : n_(n), slots_(size_t(n)), here_(size_t(n), 0) {}
 
-  // Rank r's bytes in; every rank's bytes (rank order) out. One round at a time.
-  std::vector<std::vector<uint8_t>> exchange(int r, std::vector<uint8_t> mine) {
+  // Rank r's bytes in; every rank's bytes (rank order) out. One round at a
+  // time. Throws EnvironmentError through `comm` on a timeout.
+  std::vector<std::vector<uint8_t>> exchange(const Communicator& comm, const char* what, std::vector<uint8_t> mine) {
+    const int r = comm.rank();
     std::unique_lock<std::mutex> lk(m_);
-    cv_.wait(lk, [&] { return !draining_; });  // the previous round's results are taken
+    const auto deadline = std::chrono::steady_clock::now() + comm.timeout();
+    // The previous round's results are taken by every rank.
+    if (!cv_.wait_until(lk, deadline, [&] { return broken() || !draining_; })) give_up(comm, what);
+    if (broken()) given_up(comm);
     slots_[size_t(r)] = std::move(mine);
+    here_[size_t(r)] = 1;
     if (++arrived_ == n_) {
       result_ = slots_;
       draining_ = true;
       taken_ = 0;
       arrived_ = 0;
+      std::fill(here_.begin(), here_.end(), char(0));
       cv_.notify_all();
     } else {
       const uint64_t round = round_;
-      cv_.wait(lk, [&] { return draining_ && round == round_; });
+      if (!cv_.wait_until(lk, deadline, [&] { return broken() || (draining_ && round == round_); }))
+        give_up(comm, what);
+      if (broken()) given_up(comm);
     }
     std::vector<std::vector<uint8_t>> out = result_;
+    here_[size_t(r)] = 1;  // taken
     if (++taken_ == n_) {
       draining_ = false;
+      taken_ = 0;
+      std::fill(here_.begin(), here_.end(), char(0));
       ++round_;
       cv_.notify_all();
     }
@@ -68,13 +84,30 @@ class Hub {
   int size() const { return n_; }
 
  private:
+  bool broken() const { return !broken_.empty(); }
+  // Timed out: the ranks not yet here (arriving, or taking the last result) are silent.
+  [[noreturn]] void give_up(const Communicator& comm, const char* what) {
+    std::vector<int> silent;
+    for (int k = 0; k < n_; ++k)
+      if (!here_[size_t(k)] && k != comm.rank()) silent.push_back(k);
+    broken_ = no_answer_message(comm.rank(), silent, comm.timeout(), what, comm.step());
+    cv_.notify_all();
+    throw EnvironmentError(broken_);
+  }
+  [[noreturn]] void given_up(const Communicator& comm) const {
+    throw EnvironmentError("rank " + std::to_string(comm.rank()) +
+                           ": the thread ranks' world was given up after a timeout (" + broken_ + ")");
+  }
+
   const int n_;
   std::mutex m_;
   std::condition_variable cv_;
   std::vector<std::vector<uint8_t>> slots_, result_;
+  std::vector<char> here_;  // per rank: arrived (collecting) or took the result (draining)
   int arrived_ = 0, taken_ = 0;
   bool draining_ = false;
   uint64_t round_ = 0;
+  std::string broken_;  // the timeout that gave the hub up; empty while it works
 };
 
 template <class T>
@@ -90,7 +123,7 @@ class ThreadComm final : public Communicator {
   int world() const override { return hub_->size(); }
   std::string name() const override { return "threads"; }
   void allreduce_max(std::span<uint32_t> v) override {
-    const auto all = hub_->exchange(rank_, to_bytes<uint32_t>(v));
+    const auto all = hub_->exchange(*this, "allreduce_max", to_bytes<uint32_t>(v));
     check_sizes(all, v.size_bytes(), "allreduce_max");
     for (size_t i = 0; i < v.size(); ++i) {
       uint32_t m = 0;
@@ -101,7 +134,7 @@ class ThreadComm final : public Communicator {
   void allreduce_sum(std::span<float> v) override { sum_in_rank_order(v); }
   void allreduce_sum(std::span<double> v) override { sum_in_rank_order(v); }
   void allreduce_disjoint_or(std::span<uint8_t> v) override {
-    const auto all = hub_->exchange(rank_, std::vector<uint8_t>(v.begin(), v.end()));
+    const auto all = hub_->exchange(*this, "allreduce_disjoint_or", std::vector<uint8_t>(v.begin(), v.end()));
     check_sizes(all, v.size(), "allreduce_disjoint_or");
     for (size_t i = 0; i < v.size(); ++i) {
       uint8_t o = 0;
@@ -112,7 +145,7 @@ class ThreadComm final : public Communicator {
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
     check_shard_set(full.size(), shards, world(), "threads", "reduce_scatter_sum");
-    const auto all = hub_->exchange(rank_, to_bytes<float>(full));
+    const auto all = hub_->exchange(*this, "reduce_scatter_sum", to_bytes<float>(full));
     check_sizes(all, full.size_bytes(), "reduce_scatter_sum");
     const ShardRange s = shards[size_t(rank_)];
     for (int64_t i = s.begin; i < s.end; ++i) {
@@ -123,7 +156,7 @@ class ThreadComm final : public Communicator {
   }
   void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override {
     check_shard_set(full.size(), shards, world(), "threads", "allgather");
-    const auto all = hub_->exchange(rank_, to_bytes<float>(mine));
+    const auto all = hub_->exchange(*this, "allgather", to_bytes<float>(mine));
     for (int r = 0; r < world(); ++r) {
       const ShardRange s = shards[size_t(r)];
       if (all[size_t(r)].size() != size_t(s.end - s.begin) * sizeof(float))
@@ -132,14 +165,14 @@ class ThreadComm final : public Communicator {
     }
   }
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
-    return hub_->exchange(rank_, std::vector<uint8_t>(mine.begin(), mine.end()));
+    return hub_->exchange(*this, "allgather_bytes", std::vector<uint8_t>(mine.begin(), mine.end()));
   }
-  void barrier() override { hub_->exchange(rank_, {}); }
+  void barrier() override { hub_->exchange(*this, "barrier", {}); }
 
  private:
   template <class T>
   void sum_in_rank_order(std::span<T> v) {
-    const auto all = hub_->exchange(rank_, to_bytes<T>(v));
+    const auto all = hub_->exchange(*this, "allreduce_sum", to_bytes<T>(v));
     check_sizes(all, v.size_bytes(), "allreduce_sum");
     for (size_t i = 0; i < v.size(); ++i) {
       T s = 0;
@@ -157,6 +190,27 @@ class ThreadComm final : public Communicator {
 };
 
 }  // namespace
+
+void Communicator::set_timeout(std::chrono::milliseconds t) {
+  if (t.count() <= 0) throw Error("communicator: the collective timeout must be positive, got " + std::to_string(t.count()) + " ms");
+  timeout_ = t;
+}
+
+void Communicator::throw_no_answer(const std::string& collective, const std::vector<int>& silent) const {
+  throw EnvironmentError(no_answer_message(rank(), silent, timeout_, collective, step_));
+}
+
+std::string no_answer_message(int rank, const std::vector<int>& silent, std::chrono::milliseconds timeout,
+                              const std::string& collective, int64_t step) {
+  std::string who;
+  for (size_t k = 0; k < silent.size(); ++k) who += (k ? ", " : "") + std::to_string(silent[k]);
+  who = silent.empty() ? "the other rank(s)" : (silent.size() == 1 ? "rank " : "ranks ") + who;
+  char t[32];
+  std::snprintf(t, sizeof t, "%g", double(timeout.count()) / 1000.0);
+  return "rank " + std::to_string(rank) + ": no answer from " + who + " within " + t + " s during " + collective +
+         (step >= 0 ? " at step " + std::to_string(step) : " before the first step") +
+         "; a rank stopped or died (distributed.timeout_s sets the wait)";
+}
 
 void check_shard_set(size_t n, std::span<const ShardRange> shards, int world, const std::string& engine,
                      const char* what) {

@@ -6,8 +6,16 @@
 //
 // Every collective is called by every rank of the communicator, in the same
 // order (as MPI requires). Results are identical on every rank.
+//
+// No collective waits forever (issue 42): each engine gives up after
+// timeout() without every rank's part and throws EnvironmentError
+// (no_answer_message: which rank(s) did not answer, where it waited, the
+// training step). A world that timed out is not used again: its next
+// collectives throw at once, and an MPI world ends the job at exit
+// (MPI_Abort) instead of finalising with a rank missing.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -54,7 +62,32 @@ class Communicator {
   // Every rank's bytes (any sizes, empty included), in rank order, on every rank.
   virtual std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) = 0;
   virtual void barrier() = 0;
+
+  // How long one collective waits for the other ranks (config
+  // distributed.timeout_s; kDefaultCollectiveTimeout until set). Positive.
+  void set_timeout(std::chrono::milliseconds t);
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // The training step the collectives belong to, for the timeout's message
+  // (-1: none, before the first step); DataParallel sets it every step.
+  void set_step(int64_t step) { step_ = step; }
+  int64_t step() const { return step_; }
+
+  static constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{600'000};
+
+ protected:
+  // Throws EnvironmentError(no_answer_message(...)) for this rank, timeout and step.
+  [[noreturn]] void throw_no_answer(const std::string& collective, const std::vector<int>& silent) const;
+
+ private:
+  std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;
+  int64_t step_ = -1;
 };
+
+// "rank R: no answer from rank(s) X within T s during COLLECTIVE at step S; a
+// rank stopped or died" (X: the ranks that did not arrive, "the other ranks"
+// where the engine cannot tell; "before the first step" for step -1).
+std::string no_answer_message(int rank, const std::vector<int>& silent, std::chrono::milliseconds timeout,
+                              const std::string& collective, int64_t step);
 
 // The shard sets of reduce_scatter_sum / allgather: `world` contiguous ranges
 // in rank order covering [0, n). Throws fp4lab::Error "communicator (<engine>):

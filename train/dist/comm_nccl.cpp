@@ -11,7 +11,9 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "cuda/device.hpp"
 #include "train/dist/rendezvous.hpp"
@@ -34,6 +36,30 @@ void check_nccl(ncclResult_t rc, const char* what) {
   throw Error(std::string("NCCL: ") + what + ": " + ncclGetErrorString(rc) + (last.empty() ? "" : " (" + last + ")"));
 }
 
+using Clock = std::chrono::steady_clock;
+
+// Waits, with a short sleep, until `comm`'s asynchronous state leaves
+// ncclInProgress (a non-blocking communicator's init, enqueue or finalize);
+// returns that state, or ncclInProgress itself once `deadline` has passed.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t rc, Clock::time_point deadline) {
+  while (rc == ncclInProgress) {
+    if (Clock::now() >= deadline) return ncclInProgress;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (ncclCommGetAsyncError(comm, &rc) != ncclSuccess) return ncclInternalError;
+  }
+  return rc;
+}
+
+// Timeouts (issue 42): a communicator made by make_nccl_comm is non-blocking
+// (ncclConfig_t::blocking = 0), so no NCCL call blocks the host: a call may
+// return ncclInProgress, and the rank polls the communicator's state
+// (ncclCommGetAsyncError) and its stream (cudaStreamQuery) until they finish
+// or the communicator's timeout() passes. Then ncclCommAbort ends the
+// communicator's kernels (a dead or stopped peer would keep them spinning on
+// the GPU) and the rank throws EnvironmentError; the communicator is unusable
+// from there on. NCCL cannot say which peer is missing: the message names
+// "the other rank(s)". make_nccl_comms_single_process's communicators
+// (ncclCommInitAll: blocking) are polled the same way on their streams.
 class NcclComm final : public Communicator {
  public:
   // Owns `comm` (initialised for `device`) from here on, destroying it if this throws.
@@ -115,8 +141,8 @@ class NcclComm final : public Communicator {
     std::vector<int64_t> sizes(static_cast<size_t>(world_)), offsets(static_cast<size_t>(world_) + 1, 0);
     order();
     check(cudaMemcpyAsync(sizes_.data() + rank_, &n, sizeof n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
-    check_nccl(ncclAllGather(sizes_.data() + rank_, sizes_.data(), 1, ncclInt64, comm_, stream_),
-               "ncclAllGather(allgather_bytes sizes)");
+    settled(ncclAllGather(sizes_.data() + rank_, sizes_.data(), 1, ncclInt64, comm_, stream_),
+            "ncclAllGather(allgather_bytes sizes)");
     check(cudaMemcpyAsync(sizes.data(), sizes_.data(), sizes.size() * sizeof(int64_t), cudaMemcpyDeviceToHost, stream_),
           "cudaMemcpyAsync");
     finish(what);
@@ -143,6 +169,9 @@ class NcclComm final : public Communicator {
 
  private:
   // Frees what this rank holds, on its device; the current device is left as it was.
+  // The communicator is finalised first (non-blocking: polled, at most timeout(),
+  // then aborted), so that a peer that went away cannot hold this rank in
+  // ncclCommDestroy.
   void release() noexcept {
     int prev = device_;
     cudaGetDevice(&prev);
@@ -150,7 +179,13 @@ class NcclComm final : public Communicator {
     one_ = {};
     sizes_ = {};
     staging_ = {};
-    if (comm_) ncclCommDestroy(comm_);
+    if (comm_) {
+      const ncclResult_t fin = settle(comm_, ncclCommFinalize(comm_), Clock::now() + timeout());
+      if (fin == ncclSuccess)
+        ncclCommDestroy(comm_);
+      else
+        ncclCommAbort(comm_);
+    }
     if (ready_) cudaEventDestroy(ready_);
     if (stream_) cudaStreamDestroy(stream_);
     comm_ = nullptr;
@@ -158,8 +193,13 @@ class NcclComm final : public Communicator {
     stream_ = nullptr;
     cudaSetDevice(prev);
   }
-  // The calling thread's current device must be this rank's.
-  void enter(const char* what) const {
+  // The calling thread's current device must be this rank's. Starts the
+  // collective's clock (deadline_); a communicator aborted by a timeout refuses.
+  void enter(const char* what) {
+    if (!comm_)
+      throw EnvironmentError("rank " + std::to_string(rank_) + ": communicator (nccl): " + what +
+                             ": this communicator was aborted after a collective timed out");
+    deadline_ = Clock::now() + timeout();
     int cur = -1;
     check(cudaGetDevice(&cur), "cudaGetDevice");
     if (cur != device_)
@@ -178,7 +218,7 @@ class NcclComm final : public Communicator {
     throw Error(std::string("communicator (nccl): ") + what + ": a buffer is not memory of CUDA device " +
                 std::to_string(device_) + " (device_buffers() is true: pass device pointers)");
   }
-  void check_args(size_t n, std::span<const ShardRange> shards, size_t mine, const char* what) const {
+  void check_args(size_t n, std::span<const ShardRange> shards, size_t mine, const char* what) {
     enter(what);
     check_shard_set(n, shards, world_, "nccl", what);
     const ShardRange s = shards[size_t(rank_)];
@@ -192,15 +232,50 @@ class NcclComm final : public Communicator {
     check(cudaEventRecord(ready_, cudaStreamLegacy), "cudaEventRecord");
     check(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
   }
+  // Until the stream has run the collective: polled (cudaStreamQuery, the
+  // communicator's asynchronous error) up to deadline_, then aborted.
   void finish(const char* what) {
-    check(cudaStreamSynchronize(stream_), (std::string("cudaStreamSynchronize after ") + what).c_str());
+    for (std::chrono::microseconds nap{0};; nap = std::min(nap + std::chrono::microseconds(20),
+                                                          std::chrono::microseconds(1000))) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check(q, (std::string("cudaStreamQuery after ") + what).c_str());
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+      if (async != ncclSuccess && async != ncclInProgress) {
+        abort();
+        check_nccl(async, what);
+      }
+      if (Clock::now() >= deadline_) {
+        abort();
+        throw_no_answer(std::string("nccl ") + what, {});
+      }
+      if (nap.count() > 0) std::this_thread::sleep_for(nap);
+    }
+  }
+  // A call's result on a non-blocking communicator: ncclInProgress is waited
+  // out (to deadline_; then aborted as a timeout); errors throw.
+  void settled(ncclResult_t rc, const char* what) {
+    rc = settle(comm_, rc, deadline_);
+    if (rc == ncclInProgress) {
+      abort();
+      throw_no_answer(std::string("nccl ") + what, {});
+    }
+    if (rc != ncclSuccess) abort();
+    check_nccl(rc, what);
+  }
+  // Ends the communicator's work on the device (ncclCommAbort: no peer needed)
+  // and frees it; later collectives refuse (enter).
+  void abort() noexcept {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
   }
   void allreduce(void* p, size_t n, ncclDataType_t type, ncclRedOp_t op, const char* what) {
     enter(what);
     if (n == 0) return;  // the same length on every rank: all skip
     check_device_ptr(p, n, what);
     order();
-    check_nccl(ncclAllReduce(p, p, n, type, op, comm_, stream_), what);
+    settled(ncclAllReduce(p, p, n, type, op, comm_, stream_), what);
     finish(what);
   }
   // op(r, shards[r]) for every non-empty shard (empty ones are skipped by every
@@ -210,15 +285,19 @@ class NcclComm final : public Communicator {
     order();
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t rc = ncclSuccess;
-    for (int r = 0; r < world_ && rc == ncclSuccess; ++r)
+    for (int r = 0; r < world_ && (rc == ncclSuccess || rc == ncclInProgress); ++r)
       if (shards[size_t(r)].end > shards[size_t(r)].begin) rc = op(r, shards[size_t(r)]);
-    const ncclResult_t end = ncclGroupEnd();
-    check_nccl(rc, what);
-    check_nccl(end, what);
+    const ncclResult_t end = ncclGroupEnd();  // non-blocking: the group is enqueued when the state settles
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      abort();
+      check_nccl(rc, what);
+    }
+    settled(end, what);
     finish(what);
   }
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_ = nullptr;  // null once aborted
   int device_ = 0, rank_ = 0, world_ = 1;
+  Clock::time_point deadline_;  // of the collective in progress (enter)
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   cuda::DeviceBuffer<uint32_t> one_;   // barrier's element
@@ -242,8 +321,19 @@ std::unique_ptr<Communicator> make_nccl_comm(int rank, int world, const std::str
   if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
   const auto bytes = exchange_id(rendezvous, rank, world, {reinterpret_cast<const uint8_t*>(&id), sizeof id});
   std::memcpy(&id, bytes.data(), sizeof id);
+  // Non-blocking (see NcclComm): the init returns at once and is polled, so a
+  // rank that never joins costs the others kRendezvousTimeout, not forever.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
   ncclComm_t comm = nullptr;
-  check_nccl(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+  ncclResult_t init = ncclCommInitRankConfig(&comm, world, id, rank, &config);
+  if (init == ncclInProgress) init = settle(comm, init, Clock::now() + kRendezvousTimeout);
+  if (init != ncclSuccess) {
+    if (comm) ncclCommAbort(comm);
+    if (init == ncclInProgress)
+      throw EnvironmentError(no_answer_message(rank, {}, kRendezvousTimeout, "ncclCommInitRankConfig", -1));
+    check_nccl(init, "ncclCommInitRankConfig");
+  }
   release_rendezvous(rendezvous, rank);  // every rank has joined, so every rank has read the id
   return std::make_unique<NcclComm>(comm, device);
 }

@@ -183,6 +183,7 @@ double DataParallel::step(double lr, double weight) {
   Impl& d = *impl_;
   ParamStore& ps = d.ps;
   const int world = comm_.world();
+  comm_.set_step(steps_taken());  // the step being taken, for a collective's timeout message
   if (world > 1) d.be.scale(ps.grads, float(weight));
   double norm = 0.0;
   if (d.dc.zero == 1) {
@@ -204,6 +205,7 @@ double DataParallel::step(double lr, double weight) {
 
 double DataParallel::global_loss(double local_loss, double weight) {
   if (comm_.world() == 1) return local_loss;
+  comm_.set_step(steps_taken());  // the first collective of the step
   return impl_->sum_over_ranks(local_loss * weight);
 }
 

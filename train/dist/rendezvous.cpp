@@ -91,8 +91,8 @@ std::vector<uint8_t> read_id(const std::string& path, int rank, size_t n, std::c
       seen = "held " + std::to_string(size) + " bytes, expected " + std::to_string(n);
     }
     const auto now = clock::now();
-    if (now >= deadline)
-      throw Error("rendezvous file:" + path + ": rank " + std::to_string(rank) + " waited " + duration_text(timeout) +
+    if (now >= deadline)  // rank 0 absent or silent: the environment's failure (exit 1), not the input's
+      throw EnvironmentError("rendezvous file:" + path + ": rank " + std::to_string(rank) + " waited " + duration_text(timeout) +
                   " for rank 0 to write " + path + " (it " + seen + "); is rank 0 running with the same path?");
     std::this_thread::sleep_for(std::min<clock::duration>(std::chrono::milliseconds(50), deadline - now));
   }

@@ -40,8 +40,9 @@ inline constexpr std::chrono::milliseconds kRendezvousTimeout{120'000};
 // pass a buffer of the same size whose contents are ignored (the size is what
 // they expect to receive). Returns rank 0's bytes on every rank. Throws
 // fp4lab::Error on a bad form or rank, a PATH that already exists at rank 0's
-// start, an I/O failure, or (ranks other than 0) no complete PATH within
-// `timeout` (a parameter so that tests need not wait 120 s).
+// start, an I/O failure, or (ranks other than 0, as EnvironmentError: rank 0
+// is gone or silent) no complete PATH within `timeout` (a parameter so that
+// tests need not wait 120 s).
 std::vector<uint8_t> exchange_id(const std::string& rendezvous, int rank, int world,
                                  std::span<const uint8_t> id_of_rank0,
                                  std::chrono::milliseconds timeout = kRendezvousTimeout);

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Data-parallel faults end with a clear error, never a hang (issue 42). CPU backend, 2 MPI ranks.
+
+  - ranks launched with different configs (mpirun's MPMD form: rank 0 with --set training.steps=8,
+    rank 1 with 12) all exit non-zero within seconds, each with one line naming rank 1's config
+    hash against rank 0's, and no run directory is made;
+  - a rank stopped mid-run (SIGSTOP) makes the other exit with "no answer from rank 1 within 5 s"
+    (distributed.timeout_s 5) and mpirun end, within the timeout plus a margin.
+Every launch has a subprocess timeout, so a hang fails the test instead of blocking CI.
+Usage: test_dp_faults.py FP4LAB MPIEXEC   (Python stdlib only; Linux: reads /proc to find rank 1)
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+MPI_FLAGS = ["--oversubscribe", "--allow-run-as-root"]
+
+
+def rank_pids(mpirun_pid):
+    """{rank: pid} of the fp4lab processes mpirun started (its children, rank from their environment)."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"OMPI_COMM_WORLD_RANK" in env:
+            out[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(name)
+    return out
+
+
+def main():
+    fp4lab, mpiexec = sys.argv[1], sys.argv[2]
+    if not os.path.isdir("/proc/self"):
+        print("test_dp_faults: no /proc; skipped")
+        return 77
+    failures = []
+    with tempfile.TemporaryDirectory() as d:
+        words = ["the cat sat. ", "a dog ran! ", "we sing low; ", "to be or not. "]
+        text = os.path.join(d, "text.txt")
+        with open(text, "w") as f:
+            f.write("".join(words[(i * 7 + i // 3) % 4] for i in range(600)))
+        runs = os.path.join(d, "runs")
+        cfg = {"name": "faults", "model": {"type": "gpt", "layers": 1, "heads": 2, "width": 32, "context": 16,
+                                           "dropout": 0.0},
+               "data": {"type": "char", "path": text},
+               "training": {"batch_size": 6, "steps": 100000, "lr": 1e-2, "eval_interval": 100000,
+                            "eval_iters": 1, "log_interval": 1, "checkpoint_interval": 100000},
+               "distributed": {"timeout_s": 5},
+               "seed": 5, "threads": 1, "output": {"dir": runs}}
+        path = os.path.join(d, "faults.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        train = [fp4lab, "train", path, "--quiet"]
+
+        # (i) different --set on the two ranks: refused on both before anything runs.
+        cmd = [mpiexec] + MPI_FLAGS + ["-np", "1"] + train + ["--set", "training.steps=8", ":", "-np", "1"] + \
+            train + ["--set", "training.steps=12"]
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            took = time.monotonic() - t0
+            lines = [l for l in p.stderr.splitlines() if "rank 1's config differs from rank 0's (config_hash " in l]
+            print(f"test_dp_faults: different configs: exit {p.returncode} after {took:.1f} s; {lines[:1]}")
+            if p.returncode == 0:
+                failures.append("different configs: mpirun exited 0")
+            if len(lines) != 2 or not all(l.startswith("fp4lab: error: ") and
+                                          l.endswith("launch every rank with the same config and --set options")
+                                          for l in lines):
+                failures.append(f"different configs: want one error line from each rank naming rank 1's config, got "
+                                f"{lines}; stderr: {p.stderr.strip()[-600:]}")
+            if took > 60:
+                failures.append(f"different configs: took {took:.0f} s (want seconds)")
+            if os.path.exists(runs) and os.listdir(runs):
+                failures.append(f"different configs: a run directory was made: {os.listdir(runs)}")
+        except subprocess.TimeoutExpired as e:
+            failures.append(f"different configs: mpirun still running after 120 s (a hang); stderr: "
+                            f"{(e.stderr or b'')[-600:]!r}")
+
+        # (ii) rank 1 stopped mid-run: rank 0 gives up after distributed.timeout_s (5 s) and the job ends.
+        cmd = [mpiexec] + MPI_FLAGS + ["-np", "2"] + train + ["--set", "output.name=stopped"]
+        metrics = os.path.join(runs, "stopped", "metrics.jsonl")
+        err_path = os.path.join(d, "stopped.err")
+        with open(err_path, "w") as err:
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        stopped = None
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and p.poll() is None:  # until a few steps have run
+                if os.path.exists(metrics):
+                    with open(metrics) as f:
+                        if sum(1 for l in f if '"loss"' in l) >= 3:
+                            break
+                time.sleep(0.1)
+            pids = rank_pids(p.pid)
+            if p.poll() is not None or 1 not in pids:
+                failures.append(f"stopped rank: the run did not get going (exit {p.poll()}, ranks {pids})")
+            else:
+                stopped = pids[1]
+                os.kill(stopped, signal.SIGSTOP)
+                t0 = time.monotonic()
+                try:
+                    rc = p.wait(timeout=5 + 40)
+                    took = time.monotonic() - t0
+                    with open(err_path) as f:
+                        err = f.read()
+                    lines = [l for l in err.splitlines() if "no answer from rank 1 within 5 s during " in l]
+                    print(f"test_dp_faults: rank 1 stopped: exit {rc} after {took:.1f} s; {lines[:1]}")
+                    if rc == 0:
+                        failures.append("stopped rank: mpirun exited 0")
+                    if len(lines) != 1 or not lines[0].startswith("fp4lab: error: rank 0: no answer from rank 1") or \
+                            " at step " not in lines[0] or "a rank stopped or died" not in lines[0]:
+                        failures.append(f"stopped rank: want rank 0's one timeout line, got {lines}; "
+                                        f"stderr: {err.strip()[-800:]}")
+                    if took < 4:
+                        failures.append(f"stopped rank: gave up after {took:.1f} s, before the 5 s timeout")
+                except subprocess.TimeoutExpired:
+                    failures.append("stopped rank: mpirun still running 45 s after rank 1 stopped (a hang)")
+        finally:
+            if p.poll() is None:  # the test's own processes: wake the stopped rank, end the job
+                if stopped:
+                    try:
+                        os.kill(stopped, signal.SIGCONT)
+                    except OSError:
+                        pass
+                for pid in rank_pids(p.pid).values():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                p.kill()
+                p.wait()
+
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
