@@ -25,6 +25,7 @@
 #include "train/data.hpp"
 #include "train/dist/agreement.hpp"
 #include "train/dist/data_parallel.hpp"
+#include "train/task.hpp"
 #include "core/error.hpp"
 
 namespace fp4lab::train {
@@ -33,8 +34,6 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr uint64_t kEvalStream = uint64_t(0xF) << 60;
 
 std::string fmt_duration(double s) {
   char b[32];
@@ -45,151 +44,6 @@ std::string fmt_duration(double s) {
   else
     std::snprintf(b, sizeof b, "%dh%02dm", int(s) / 3600, (int(s) / 60) % 60);
   return b;
-}
-
-// ---- tasks: what a model family brings to a run --------------------------------
-
-// The data, training batches, evaluation and reported metric of one model
-// family. A task owns its data set (its samplers point into it).
-class Task {
- public:
-  Task() = default;
-  Task(const Task&) = delete;
-  Task& operator=(const Task&) = delete;
-  virtual ~Task() = default;
-
-  virtual Batch train_batch(int64_t step) const = 0;
-  // Adds the evaluation's figures to `rec`, the record after `step` steps.
-  virtual void evaluate(Model& model, const StepContext& sc, int64_t step, json& rec) const = 0;
-  // The progress line of an evaluation record.
-  virtual std::string eval_line(int64_t step, const json& rec) const = 0;
-  // Steps of one pass over the training data (0: the task counts no epochs).
-  virtual int64_t steps_per_epoch() const = 0;
-  // Steps between evaluations when the config gives none.
-  virtual int64_t default_eval_interval() const = 0;
-
-  double better(double best, double v) const { return higher_is_better ? std::max(best, v) : std::min(best, v); }
-
-  std::string metric;  // summary.json's "metric": a field of the evaluation records
-  bool higher_is_better = false;
-  double worst = 0.0;          // "best" before the first evaluation
-  std::string item;            // what items_per_s counts
-  bool eval_at_start = false;  // evaluate before the first step
-  // The data the run trains and evaluates on, as loaded: "crc32:<8 hex> bytes:<n>" (checkpoint header and
-  // summary.json's "data"); a resume on other data is an error naming data.path.
-  std::string fingerprint;
-};
-
-std::string data_fingerprint(std::initializer_list<std::pair<const void*, size_t>> parts) {
-  uint32_t crc = 0;
-  uint64_t bytes = 0;
-  for (const auto& [p, n] : parts) crc = crc32(p, n, crc), bytes += n;
-  return "crc32:" + crc_hex(crc) + " bytes:" + std::to_string(bytes);
-}
-
-// vit: MNIST classification, scored by test-set accuracy.
-class ImageTask final : public Task {
- public:
-  explicit ImageTask(const RunConfig& cfg)
-      : test_limit_(cfg.data.test_limit), eval_batch_size_(cfg.training.eval_batch_size) {
-    metric = "test_acc", higher_is_better = true, worst = -1.0, item = "images";
-    train_ = load_mnist(cfg.data.path, true);
-    test_ = load_mnist(cfg.data.path, false);
-    if (train_.rows != cfg.model.image_size || train_.cols != cfg.model.image_size)
-      throw Error(cfg.data.path + ": images are " + std::to_string(train_.rows) + "x" + std::to_string(train_.cols) +
-                  " but model.image_size is " + std::to_string(cfg.model.image_size));
-    sampler_.set = &train_;
-    sampler_.batch_size = cfg.training.batch_size;
-    sampler_.limit = cfg.data.train_limit;
-    sampler_.mean = float(cfg.data.mean);
-    sampler_.std = float(cfg.data.std);
-    sampler_.seed = cfg.seed;
-    fingerprint = data_fingerprint({{train_.pixels.data(), train_.pixels.size()},
-                                    {train_.labels.data(), train_.labels.size()},
-                                    {test_.pixels.data(), test_.pixels.size()},
-                                    {test_.labels.data(), test_.labels.size()}});
-  }
-  Batch train_batch(int64_t step) const override { return sampler_.train_batch(step); }
-  // One sequential pass over the (first test_limit) test images.
-  void evaluate(Model& model, const StepContext& sc, int64_t, json& rec) const override {
-    ImageSampler ts = sampler_;
-    ts.set = &test_;
-    ts.limit = test_limit_;
-    const int64_t n = ts.size(), nb = (n + eval_batch_size_ - 1) / eval_batch_size_;
-    double loss = 0.0;
-    int64_t hits = 0;
-    for (int64_t k = 0; k < nb; ++k) {
-      Batch b = ts.eval_batch(k, eval_batch_size_);
-      int64_t c = 0;
-      loss += model.evaluate(b, sc, &c) * double(b.size);
-      hits += c;
-    }
-    rec["test_acc"] = 100.0 * double(hits) / double(n);
-    rec["test_loss"] = loss / double(n);
-  }
-  std::string eval_line(int64_t step, const json& rec) const override {
-    char b[200];
-    std::snprintf(b, sizeof b, "eval step %lld: test_acc %.2f%% test_loss %.4f\n", (long long)step,
-                  rec.at("test_acc").get<double>(), rec.at("test_loss").get<double>());
-    return b;
-  }
-  int64_t steps_per_epoch() const override { return sampler_.steps_per_epoch(); }
-  int64_t default_eval_interval() const override { return steps_per_epoch(); }
-
- private:
-  ImageSet train_, test_;
-  ImageSampler sampler_;
-  int64_t test_limit_, eval_batch_size_;
-};
-
-// gpt: next-character prediction, scored by the validation loss (nanoGPT).
-class TextTask final : public Task {
- public:
-  explicit TextTask(const RunConfig& cfg) : text_(load_char_text(cfg.data.path)), eval_iters_(cfg.training.eval_iters) {
-    metric = "val_loss", higher_is_better = false, worst = 1e30, item = "tokens", eval_at_start = true;
-    sampler_.data = &text_.train;
-    sampler_.batch_size = cfg.training.batch_size;
-    sampler_.context = cfg.model.context;
-    sampler_.seed = cfg.seed;
-    sampler_.stream = uint64_t(0xC) << 60;
-    fingerprint = data_fingerprint({{text_.vocab.data(), text_.vocab.size()},
-                                    {text_.train.data(), text_.train.size() * sizeof(int32_t)},
-                                    {text_.val.data(), text_.val.size() * sizeof(int32_t)}});
-  }
-  int64_t vocab_size() const { return int64_t(text_.vocab.size()); }
-  Batch train_batch(int64_t step) const override { return sampler_.batch(step); }
-  // eval_iters random batches of each split, drawn from a stream of their own.
-  void evaluate(Model& model, const StepContext& sc, int64_t step, json& rec) const override {
-    for (int split = 0; split < 2; ++split) {
-      TextSampler s = sampler_;
-      s.data = split == 0 ? &text_.train : &text_.val;
-      s.stream = kEvalStream | uint64_t(split) << 56 | uint64_t(step);
-      double sum = 0.0;
-      for (int64_t k = 0; k < eval_iters_; ++k) sum += model.evaluate(s.batch(k), sc, nullptr);
-      rec[split == 0 ? "train_loss" : "val_loss"] = sum / double(eval_iters_);
-    }
-  }
-  std::string eval_line(int64_t step, const json& rec) const override {
-    char b[200];
-    std::snprintf(b, sizeof b, "eval step %lld: train_loss %.4f val_loss %.4f\n", (long long)step,
-                  rec.at("train_loss").get<double>(), rec.at("val_loss").get<double>());
-    return b;
-  }
-  int64_t steps_per_epoch() const override { return 0; }
-  int64_t default_eval_interval() const override { return 250; }
-
- private:
-  CharText text_;
-  TextSampler sampler_;
-  int64_t eval_iters_;
-};
-
-// Loads the data of cfg's model family; char text sets cfg.model.vocab_size.
-std::unique_ptr<Task> make_task(RunConfig& cfg) {
-  if (cfg.model.type == "vit") return std::make_unique<ImageTask>(cfg);
-  auto t = std::make_unique<TextTask>(cfg);
-  cfg.model.vocab_size = t->vocab_size();
-  return t;
 }
 
 // ---- the run directory -------------------------------------------------------------

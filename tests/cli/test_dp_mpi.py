@@ -70,7 +70,8 @@ def main():
                   f"over {len(one[0])} steps")
             if not (len(two[0]) == len(one[0]) == 16 and rel < 1e-5):
                 failures.append(f"2 ranks vs one process: relative loss difference {rel:.3g} (want < 1e-5)")
-            strip = lambda b: b[16 + int.from_bytes(b[8:16], "little"):]  # the arrays after the header
+            # The arrays after the header and its CRC-32 (train/checkpoint.hpp, FP4LCK02).
+            strip = lambda b: b[20 + int.from_bytes(b[8:16], "little"):]
             if again[0] != two[0] or strip(again[1]) != strip(two[1]):
                 failures.append("two 2-rank runs differ")
             zrel = max(abs(a - b) / b for a, b in zip(z1[0], two[0]))
@@ -102,7 +103,7 @@ def main():
                 if worlds != [2, 2] or tables != 1:
                     failures.append(f"sweep under mpirun: worlds {worlds}, comparison tables printed {tables} "
                                     "(want [2, 2] and 1)")
-            runs = sorted(os.listdir(os.path.join(d, "runs")))
+            runs = sorted(n for n in os.listdir(os.path.join(d, "runs")) if not n.endswith(".lock"))
             if len(runs) != 6:
                 failures.append(f"expected 6 run directories (rank 0 alone writes), found {runs}")
     for f in failures:

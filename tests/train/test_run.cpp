@@ -281,12 +281,19 @@ TEST_CASE("resume of a finished run changes no file") {
   CHECK(s["final"].is_number());
   CHECK(s["ms_per_step"].is_number());
   CHECK(r.summary["final"] == s["final"]);
-  // Killed after the last checkpoint but before summary.json: the checkpoint is at the
-  // last step, so resume is a no-op too (and writes no summary.json with nulls).
+  // Killed after the last checkpoint but before summary.json: resume runs no step and writes the
+  // summary.json the run would have written (no nulls: the final metric and timing come from metrics.jsonl).
+  const json full = s;
   fs::remove(L.dir() / "summary.json");
   const auto no_summary = snapshot(L.dir());
-  REQUIRE_NOTHROW(run_training(config_from_json(L.cfg()), res));
-  CHECK(snapshot(L.dir()) == no_summary);
+  REQUIRE_NOTHROW(r = run_training(config_from_json(L.cfg()), res));
+  CHECK(r.step_losses.empty());
+  const json again = read_json_file((L.dir() / "summary.json").string());
+  for (const char* k : {"final", "best", "final_train_loss", "steps", "status", "config_hash", "checksums", "data"})
+    CHECK_MESSAGE(again[k] == full[k], k);
+  CHECK(again["ms_per_step"].is_number());
+  fs::remove(L.dir() / "summary.json");
+  CHECK(snapshot(L.dir()) == no_summary);  // nothing else changed
 }
 
 TEST_CASE("--force keeps the old run until the new one has a checkpoint") {
