@@ -192,9 +192,10 @@ std::string gnuplot_string(const std::string& s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     if (c >= 0x80) {
-      // One '?' per UTF-8 character: a lead byte and the continuation bytes after it.
+      // One '?' per UTF-8 character: a lead byte and up to the continuation bytes it announces.
       o += '?';
-      while (i + 1 < s.size() && (static_cast<unsigned char>(s[i + 1]) & 0xC0) == 0x80 && c >= 0xC0) ++i;
+      int more = (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : 0;
+      for (; more > 0 && i + 1 < s.size() && (static_cast<unsigned char>(s[i + 1]) & 0xC0) == 0x80; --more) ++i;
       continue;
     }
     const bool ok = c >= 0x20 && c < 0x7F && c != '\'' && c != '"' && c != '\\' && c != '`' && c != '@' && c != '$';
