@@ -14,6 +14,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -80,16 +81,22 @@ json parse_archive_json(const std::string& text, const std::string& where) {
   }
 }
 
-// Opens a run archive's file `name` in dir for reading: a regular file (not a
-// FIFO that would block, a device or a directory). nullptr-free: throws.
-std::FILE* open_archive_file(const fs::path& p, const char* role) {
+// A file of a run archive, open for reading and closed when it goes.
+struct CloseFile {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using ArchiveFile = std::unique_ptr<std::FILE, CloseFile>;
+
+// Opens p, which must be a regular file (not a FIFO, whose open would block, a
+// device or a directory); role: what its absence means, for the error.
+ArchiveFile open_archive_file(const fs::path& p, const char* role) {
   std::error_code ec;
   const fs::file_status st = fs::status(p, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) throw_errno("compare: cannot read " + shown(p), ec.value());
   if (!fs::exists(st))
     throw Error("compare: " + shown(p) + " not found (" + role + ")");
   if (!fs::is_regular_file(st)) throw Error("compare: " + shown(p) + " is not a regular file");
-  std::FILE* fp = std::fopen(p.c_str(), "rb");
+  ArchiveFile fp(std::fopen(p.c_str(), "rb"));
   if (!fp) throw_errno("compare: cannot open " + shown(p), errno);
   return fp;
 }
@@ -170,22 +177,17 @@ bool metric_name(const std::string& m) {
 // have their types (the keys compare does not use are checked too: a wrong
 // type there means the file is not what fp4lab wrote); unknown keys are ignored.
 Summary read_summary(const fs::path& p) {
-  std::FILE* fp = open_archive_file(p, "not a run directory, or the run has not finished");
+  const ArchiveFile fp = open_archive_file(p, "not a run directory, or the run has not finished");
   std::string text;
   char buf[65536];
   size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, fp)) > 0) {
+  while ((n = std::fread(buf, 1, sizeof buf, fp.get())) > 0) {
     text.append(buf, n);
-    if (text.size() > kMaxSummaryBytes) {
-      std::fclose(fp);
+    if (text.size() > kMaxSummaryBytes)
       throw Error("compare: " + shown(p) + ": larger than " + std::to_string(kMaxSummaryBytes >> 20) +
                   " MiB; not a summary fp4lab writes");
-    }
   }
-  const bool failed = std::ferror(fp);
-  const int e = errno;
-  std::fclose(fp);
-  if (failed) throw_errno("compare: cannot read " + shown(p), e);
+  if (std::ferror(fp.get())) throw_errno("compare: cannot read " + shown(p), errno);
   const std::string where = "compare: " + shown(p);
   const json j = parse_archive_json(text, where);
   const Fields k(j, where);
@@ -222,7 +224,7 @@ using Curve = std::vector<std::pair<double, double>>;
 // null (null: no point). An invalid line anywhere is an error naming file:line
 // (a finished run has no torn last line).
 void read_metrics_curves(const fs::path& p, const std::string& metric, Curve& loss, Curve& eval) {
-  std::FILE* fp = open_archive_file(p, "not a run directory");
+  const ArchiveFile fp = open_archive_file(p, "not a run directory");
   std::string line;
   int64_t lineno = 0;
   const auto take = [&] {
@@ -243,26 +245,20 @@ void read_metrics_curves(const fs::path& p, const std::string& metric, Curve& lo
   };
   char buf[65536];
   size_t n;
-  try {
-    while ((n = std::fread(buf, 1, sizeof buf, fp)) > 0) {
-      for (size_t at = 0; at < n;) {
-        const char* nl = static_cast<const char*>(std::memchr(buf + at, '\n', n - at));
-        const size_t len = nl ? size_t(nl - (buf + at)) : n - at;
-        if (line.size() + len > kMaxMetricsLine)
-          throw Error("compare: " + shown(p) + ":" + std::to_string(lineno + 1) + ": a line longer than " +
-                      std::to_string(kMaxMetricsLine >> 20) + " MiB; not a metrics line fp4lab writes");
-        line.append(buf + at, len);
-        at += len;
-        if (nl) take(), line.clear(), ++at;
-      }
+  while ((n = std::fread(buf, 1, sizeof buf, fp.get())) > 0) {
+    for (size_t at = 0; at < n;) {
+      const char* nl = static_cast<const char*>(std::memchr(buf + at, '\n', n - at));
+      const size_t len = nl ? size_t(nl - (buf + at)) : n - at;
+      if (line.size() + len > kMaxMetricsLine)
+        throw Error("compare: " + shown(p) + ":" + std::to_string(lineno + 1) + ": a line longer than " +
+                    std::to_string(kMaxMetricsLine >> 20) + " MiB; not a metrics line fp4lab writes");
+      line.append(buf + at, len);
+      at += len;
+      if (nl) take(), line.clear(), ++at;
     }
-    if (std::ferror(fp)) throw_errno("compare: cannot read " + shown(p), errno);
-    take();  // a last line without '\n'
-  } catch (...) {
-    std::fclose(fp);
-    throw;
   }
-  std::fclose(fp);
+  if (std::ferror(fp.get())) throw_errno("compare: cannot read " + shown(p), errno);
+  take();  // a last line without '\n'
 }
 
 // A finished run: its directory (as given, without trailing '/'), recipe label
