@@ -10,7 +10,8 @@ commands that start a child program): nothing a user opens can execute code
 - wrong types, deep nesting, huge numbers, missing files, a directory that is no
   run, a FIFO, non-UTF-8 bytes and a 2 GB line each give exit 2 and one stderr
   line naming the file (and key), never a crash, hang or raw library text;
-- control characters in names are printed escaped, never raw;
+- control characters in names are printed escaped, never raw; without gnuplot, compare notes it
+  and sr-bias --plot fails with one line;
 - one run given twice (another path to it, a symbolic link) counts once, with a
   note; two directories holding the same run (config_hash and seed) are an error.
 Usage: test_hostile_compare.py PATH/TO/fp4lab [--plot]. Python standard
@@ -250,6 +251,19 @@ def duplicates(t):
     check(rc == 0, f"same config, other seed: exit {rc}: {err!r}")
 
 
+def no_gnuplot(t):
+    """Without gnuplot on PATH: compare notes it and succeeds; sr-bias --plot fails with one line (exit 1)."""
+    d = make_run(os.path.join(t, "nognuplot", "a"))
+    empty = os.path.join(t, "nognuplot", "bin")
+    os.makedirs(empty)
+    env = dict(os.environ, PATH=empty)
+    rc, out, err = run("compare", d, "--plot", os.path.join(t, "nognuplot", "c.png"), env=env)
+    check(rc == 0 and b"gnuplot not found (apt-get install gnuplot-nox); no plot drawn" in out,
+          f"compare without gnuplot: exit {rc}, stdout {out!r}, stderr {err!r}")
+    rc, out, err = run("sr-bias", "--points", "3", "--plot", os.path.join(t, "nognuplot", "sr.png"), env=env)
+    one_error_line("sr-bias without gnuplot", rc, err, 1, "gnuplot not found")
+
+
 def hostile_bench(t):
     """bench train's PyTorch rows: a --pytorch-dir holding shell syntax is a path, nothing runs."""
     fake = os.path.join(t, "fakebin")
@@ -339,6 +353,7 @@ def main():
             hostile_structure(t)
             escaped_table(t)
             duplicates(t)
+            no_gnuplot(t)
             hostile_bench(t)
     finally:
         shutil.rmtree(t, ignore_errors=True)
