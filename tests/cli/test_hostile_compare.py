@@ -124,6 +124,7 @@ def hostile_types(t):
         ("higher_is_better string", summary(higher_is_better="yes"), '"higher_is_better"'),
         ("metric missing", {k: v for k, v in summary().items() if k != "metric"}, '"metric"'),
         ("metric object", summary(metric={"x": 1}), '"metric"'),
+        ("metric with script text", summary(metric='val_loss\nsystem("touch PWNED_metric")'), '"metric"'),
         ("recipe 1 MB", summary(recipe="r" * 300000), '"recipe"'),
     ]
     for name, s, key in cases:
