@@ -158,8 +158,9 @@ void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool w
     return skip("python3's torch is older than 2.1 (the baselines need nn.LayerNorm(bias=False), "
                 "scaled_dot_product_attention and torch.compile)");
   const bool cuda = cfg.backend == "cuda";
-  // One argument per element (no shell): the script path goes through as it is.
-  std::vector<std::string> base = {"python3", script};
+  // One argument per element (no shell): the script path goes through as it is ("./" before a
+  // relative path that starts with '-', which python3 would take for an option).
+  std::vector<std::string> base = {"python3", script.front() == '-' ? "./" + script : script};
   const auto opt = [&base](const char* flag, const auto& value) {
     std::ostringstream v;
     v << value;

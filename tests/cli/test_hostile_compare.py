@@ -287,10 +287,22 @@ def hostile_bench(t):
     check(rc == 0, f"bench --pytorch-dir: exit {rc}: {err!r}")
     no_new_files("bench --pytorch-dir", t, before | {"python_args.txt"})
     calls = open(log).read().split("\n---\n") if os.path.exists(log) else []
-    script_call = [c for c in calls if c and not c.startswith("-c")]
+    script_call = [c for c in calls if c and not c.startswith("-c\0")]
     check(len(script_call) == 1 and script_call[0].split("\0")[0] == evil + "/bench_pytorch_gpt.py",
           f"bench --pytorch-dir: the script path did not arrive as one argument: {script_call!r}")
     check(b"pytorch fake" in out, f"bench --pytorch-dir: no PyTorch row: {out!r}")
+    # A relative directory starting with '-' (python3 would read "-c..." as code to run): passed as ./-c...
+    opt = "-cimport os; os.system('touch PWNED_opt')"
+    os.makedirs(os.path.join(t, opt))
+    open(os.path.join(t, opt, "bench_pytorch_gpt.py"), "w").close()
+    os.remove(log)
+    rc, out, err = run("bench", "train", "--steps", "1", "--repeats", "1", "--recipes", "fp32", "--set",
+                       "model.layers=1", "--set", "model.width=32", "--pytorch", "on", "--pytorch-dir=" + opt,
+                       cwd=t, env=env, timeout=300)
+    calls = open(log).read().split("\n---\n") if os.path.exists(log) else []
+    script_call = [c for c in calls if c and not c.startswith("-c\0")]
+    check(rc == 0 and len(script_call) == 1 and script_call[0].split("\0")[0] == "./" + opt + "/bench_pytorch_gpt.py",
+          f"bench --pytorch-dir -c...: the script path was not made ./-c...: exit {rc}, {script_call!r}, {err!r}")
 
 
 # Text that would run a command were it gnuplot or shell script text: each command goes to $HOME
