@@ -9,13 +9,11 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "apps/commands.hpp"
@@ -25,12 +23,11 @@
 #include "core/npy.hpp"
 #include "core/sr.hpp"
 #include "sim/quantizer.hpp"
+#include "train/process.hpp"
 
 namespace fp4lab {
 
 namespace {
-
-namespace fs = std::filesystem;
 
 struct SrBiasArgs {
   std::string format = "e2m1", csv, plot, tensor, quantizer;
@@ -75,19 +72,24 @@ std::vector<double> residuals(int points, int man_bits) {
   return v;
 }
 
-std::string gnuplot_script(const std::string& data, const std::string& png, const std::string& fmt) {
+// The script run_gnuplot runs in its directory: it reads data.txt and writes
+// out.png there (fixed names, no path in the script); fmt is a format's name.
+std::string gnuplot_script(const std::string& fmt) {
+  const std::string data = "'data.txt'";
   std::ostringstream g;
-  g << "set terminal pngcairo noenhanced size 1400,560 font ',10'\nset output '" << png << "'\n"
+  g << "set terminal pngcairo noenhanced size 1400,560 font ',10'\nset output 'out.png'\n"
     << "set multiplot layout 1,2\nset grid\nset logscale x 2\nset format x '2^{%L}'\nset key bottom right\n"
     << "set xlabel 'residual f = (|x| - lo) / quantum'\n"
-    << "set title '" << fmt << ": relative bias E[q(x) - x] / (f quantum)'\nset ylabel 'share of the residual'\n"
+    << "set title " << train::gnuplot_string(fmt + ": relative bias E[q(x) - x] / (f quantum)")
+    << "\nset ylabel 'share of the residual'\n"
     << "set yrange [-1.05:0.05]\n"
-    << "plot '" << data << "' using 1:($2/$1) with linespoints lw 2 title 'per_element (32 bits)', '" << data
-    << "' using 1:($4/$1) with linespoints lw 2 title 'ptx_x4 (8 bits)'\n"
-    << "set title '" << fmt << ": variance Var[q(x)] / quantum^2'\nset ylabel 'variance (quanta^2)'\n"
+    << "plot " << data << " using 1:($2/$1) with linespoints lw 2 title 'per_element (32 bits)', " << data
+    << " using 1:($4/$1) with linespoints lw 2 title 'ptx_x4 (8 bits)'\n"
+    << "set title " << train::gnuplot_string(fmt + ": variance Var[q(x)] / quantum^2")
+    << "\nset ylabel 'variance (quanta^2)'\n"
     << "set logscale y 10\nset format y '%g'\nset yrange [*:*]\nset key bottom right\n"
-    << "plot '" << data << "' using 1:3 with linespoints lw 2 title 'per_element (32 bits)', '" << data
-    << "' using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 title 'ptx_x4 (8 bits; 0 below 1/256: not drawn)'\n"
+    << "plot " << data << " using 1:3 with linespoints lw 2 title 'per_element (32 bits)', " << data
+    << " using 1:($5 > 0 ? $5 : 1/0) with linespoints lw 2 title 'ptx_x4 (8 bits; 0 below 1/256: not drawn)'\n"
     << "unset multiplot\n";
   return g.str();
 }
@@ -130,19 +132,23 @@ void run_sr_bias(const SrBiasArgs& a) {
               D);
   if (!a.csv.empty()) out.write_text(a.csv, csv.str());
   if (!a.plot.empty()) {
-    const fs::path tmp = fs::temp_directory_path() / ("fp4lab_sr_bias_" + std::to_string(::getpid()));
-    fs::create_directories(tmp);
+    // gnuplot runs without a shell in a private directory (train/process.hpp).
+    const train::TempDir tmp("fp4lab_sr_bias_");
     std::string s = csv.str();
     for (char& c : s)
       if (c == ',') c = ' ';
-    std::ofstream(tmp / "data.txt") << s.substr(s.find('\n') + 1);
-    std::ofstream(tmp / "plot.gp") << gnuplot_script((tmp / "data.txt").string(), (tmp / "out.png").string(),
-                                                     std::string(f.name));
-    const int rc = std::system(("gnuplot '" + (tmp / "plot.gp").string() + "' 2>/dev/null").c_str());
-    std::ifstream png(tmp / "out.png", std::ios::binary);
+    std::ofstream(tmp.path() / "data.txt") << s.substr(s.find('\n') + 1);
+    try {
+      train::run_gnuplot(gnuplot_script(std::string(f.name)), tmp.path());
+    } catch (const train::ProgramNotFound&) {
+      throw RuntimeFailure("sr-bias --plot " + train::terminal_text(a.plot) +
+                           ": gnuplot not found (apt-get install gnuplot-nox)");
+    } catch (const Error& e) {
+      throw RuntimeFailure("sr-bias: drawing " + train::terminal_text(a.plot) + ": " + e.what());
+    }
+    std::ifstream png(tmp.path() / "out.png", std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(png)), std::istreambuf_iterator<char>());
-    fs::remove_all(tmp);
-    if (rc != 0 || bytes.empty()) throw RuntimeFailure("sr-bias: gnuplot could not draw " + a.plot + " (is it installed?)");
+    if (bytes.empty()) throw RuntimeFailure("sr-bias: gnuplot wrote no image for " + train::terminal_text(a.plot));
     out.write_text(a.plot, bytes);
   }
   out.commit();

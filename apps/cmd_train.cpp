@@ -16,6 +16,7 @@
 #include "train/compare.hpp"
 #include "train/config.hpp"
 #include "train/optim.hpp"
+#include "train/process.hpp"
 #include "train/dist/launch.hpp"
 #include "train/run.hpp"
 #include "core/error.hpp"
@@ -109,18 +110,25 @@ double time_steps(BenchRun& r, const Batch& b, const RunConfig& cfg, int64_t ste
   return 1000.0 * total / double(steps);
 }
 
-// Runs `cmd` (a shell command line); its stdout lines, or nullopt if it could not run or failed.
-std::optional<std::vector<std::string>> run_command(const std::string& cmd) {
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return std::nullopt;
+// Runs argv without a shell (train/process.hpp: a path or argument is never
+// shell syntax), its stderr dropped; its stdout lines, or nullopt if the program
+// is not found or exits non-zero.
+std::optional<std::vector<std::string>> run_command(const std::vector<std::string>& argv) {
+  ProcessOptions o;
+  o.capture_stdout = true;
+  ProcessResult r;
+  try {
+    r = run_process(argv, o);
+  } catch (const ProgramNotFound&) {
+    return std::nullopt;
+  }
+  if (r.status != 0) return std::nullopt;
   std::vector<std::string> lines;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, f)) {
-    std::string l(buf);
-    while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+  std::istringstream in(r.out);
+  for (std::string l; std::getline(in, l);) {
+    if (!l.empty() && l.back() == '\r') l.pop_back();
     lines.push_back(l);
   }
-  if (pclose(f) != 0) return std::nullopt;
   return lines;
 }
 
@@ -142,26 +150,45 @@ void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool w
   const std::string script = a.pytorch_dir + (vit ? "/bench_pytorch_vit.py" : "/bench_pytorch_gpt.py");
   if (!std::filesystem::exists(script))
     return skip("no " + script + " (run from the repository root, or give --pytorch-dir)");
-  if (!run_command("python3 -c 'import torch' 2>/dev/null")) return skip("python3 cannot import torch");
+  if (!run_command({"python3", "-c", "import torch"})) return skip("python3 cannot import torch");
   // The baselines use nn.LayerNorm(bias=False) (torch 2.1), scaled_dot_product_attention and torch.compile (2.0).
-  if (!run_command("python3 -c 'import sys, torch; v = torch.__version__.split(\"+\")[0].split(\".\"); "
-                   "sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 1) else 1)' 2>/dev/null"))
+  if (!run_command({"python3", "-c",
+                    "import sys, torch; v = torch.__version__.split(\"+\")[0].split(\".\"); "
+                    "sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 1) else 1)"}))
     return skip("python3's torch is older than 2.1 (the baselines need nn.LayerNorm(bias=False), "
                 "scaled_dot_product_attention and torch.compile)");
   const bool cuda = cfg.backend == "cuda";
-  std::ostringstream base;
-  base << "python3 '" << script << "' --device " << (cuda ? "cuda" : "cpu") << " --threads " << threads
-       << " --steps " << a.steps << " --repeats " << a.repeats << " --batch " << cfg.training.batch_size
-       << " --dropout " << m.dropout << " --layers " << m.layers << " --heads " << m.heads << " --width " << m.width;
-  std::vector<std::string> variants;
+  // One argument per element (no shell): the script path goes through as it is ("./" before a
+  // relative path that starts with '-', which python3 would take for an option).
+  std::vector<std::string> base = {"python3", script.front() == '-' ? "./" + script : script};
+  const auto opt = [&base](const char* flag, const auto& value) {
+    std::ostringstream v;
+    v << value;
+    base.insert(base.end(), {flag, v.str()});
+  };
+  opt("--device", cuda ? "cuda" : "cpu");
+  opt("--threads", threads);
+  opt("--steps", a.steps);
+  opt("--repeats", a.repeats);
+  opt("--batch", cfg.training.batch_size);
+  opt("--dropout", m.dropout);
+  opt("--layers", m.layers);
+  opt("--heads", m.heads);
+  opt("--width", m.width);
+  std::vector<std::string> variants;  // each: space-separated flags
   if (vit) {
-    base << " --image " << m.image_size << " --patch " << m.patch_size << " --channels " << m.channels
-         << " --classes " << m.classes << " --mlp-ratio " << m.mlp_ratio << " --attn-scale " << m.attn_scale
-         << " --grad-clip " << cfg.training.adamw.grad_clip;
-    if (cfg.training.optimizer == "adamw") base << " --weight-decay " << cfg.training.adamw.weight_decay;
+    opt("--image", m.image_size);
+    opt("--patch", m.patch_size);
+    opt("--channels", m.channels);
+    opt("--classes", m.classes);
+    opt("--mlp-ratio", m.mlp_ratio);
+    opt("--attn-scale", m.attn_scale);
+    opt("--grad-clip", cfg.training.adamw.grad_clip);
+    if (cfg.training.optimizer == "adamw") opt("--weight-decay", cfg.training.adamw.weight_decay);
     variants = {"", "--compile"};
   } else {
-    base << " --context " << m.context << " --vocab " << m.vocab_size;
+    opt("--context", m.context);
+    opt("--vocab", m.vocab_size);
     if (cuda) {
       if (with_fp32) variants.push_back("--dtype fp32");
       variants.push_back("--dtype bf16");
@@ -174,13 +201,17 @@ void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool w
   }
   const double items_per_ms = double(cfg.training.batch_size * (vit ? 1 : m.context)) * 1000.0;
   for (const std::string& v : variants) {
-    const std::string cmd = base.str() + " " + v + " 2>/dev/null";
-    const auto lines = run_command(cmd);
+    std::vector<std::string> argv = base;
+    std::istringstream flags(v);
+    for (std::string w; flags >> w;) argv.push_back(w);
+    const auto lines = run_command(argv);
     std::istringstream last(lines && !lines->empty() ? lines->back() : "");
     std::string tag, name;
     Spread s;
     if (!(last >> tag >> name >> s.median >> s.min >> s.max) || tag != "RESULT") {
-      std::printf("pytorch %s failed: %s\n", v.empty() ? "eager" : v.c_str(), cmd.c_str());
+      std::string shown;  // the command for the reader (its arguments were passed one by one, unquoted)
+      for (const std::string& w : argv) shown += (shown.empty() ? "" : " ") + w;
+      std::printf("pytorch %s failed: %s\n", v.empty() ? "eager" : v.c_str(), terminal_text(shown).c_str());
       continue;
     }
     print_bench_row("pytorch " + name, s, items_per_ms, first_ms);

@@ -3,17 +3,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <map>
+#include <memory>
+#include <optional>
 #include <sstream>
+#include <utility>
 
-#include "train/config.hpp"
-#include "train/run.hpp"
+#include "train/process.hpp"
 #include "core/error.hpp"
 
 namespace fp4lab::train {
@@ -23,10 +29,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-double num(const json& j, const char* k) {
-  auto it = j.find(k);
-  return it != j.end() && it->is_number() ? it->get<double>() : std::nan("");
-}
+// Limits of what a run archive may hold: far above what fp4lab writes (a
+// summary.json of about 1 KB, metrics lines of a few hundred bytes, nesting of
+// 2-3 levels), low enough that a hostile archive cannot exhaust memory or time.
+constexpr uintmax_t kMaxSummaryBytes = uintmax_t(1) << 20;
+constexpr size_t kMaxMetricsLine = size_t(1) << 20;
+constexpr int kMaxDepth = 64;
+constexpr size_t kMaxText = 256;  // a string value (recipe, metric, status, ...) in bytes
+
+// Text from a run archive or a path, ready for a table or an error line.
+std::string shown(const std::string& s) { return terminal_text(s); }
+std::string shown(const fs::path& p) { return terminal_text(p.string()); }
+
 std::string f(double v, const char* fmt = "%.4f") {
   if (std::isnan(v)) return "-";
   char b[64];
@@ -37,40 +51,244 @@ std::string pad(const std::string& s, size_t w, bool right = false) {
   if (s.size() >= w) return s;
   return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
 }
-std::string quote(const std::string& s) {
-  std::string o = "'";
-  for (char c : s) o += c == '\'' ? std::string("''") : std::string(1, c);
-  return o + "'";
+
+// A JSON value as an error message shows it: scalars as written (a string
+// shortened and escaped), containers by their kind only (never dumped: no
+// recursion over a hostile nesting, no megabytes in a message).
+std::string describe(const json& v) {
+  if (v.is_string()) {
+    const std::string& t = v.get_ref<const std::string&>();
+    return "string \"" + shown(t.size() > 40 ? t.substr(0, 40) + "..." : t) + "\"";
+  }
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "an array";
+  if (v.is_number()) return "number " + v.dump();
+  return v.dump();  // true, false, null
 }
 
-// A finished run: its directory (without trailing '/'), recipe label, summary and metrics.
+// JSON text parsed with the nesting limited to kMaxDepth; errors name `where`
+// (a file, or file:line) and are one line.
+json parse_archive_json(const std::string& text, const std::string& where) {
+  try {
+    return json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxDepth)
+        throw Error(where + ": JSON nested deeper than " + std::to_string(kMaxDepth) +
+                    " levels; not a file fp4lab writes");
+      return true;
+    });
+  } catch (const json::exception& e) {
+    throw Error(where + ": invalid JSON: " + shown(json_error_text(e.what())));
+  }
+}
+
+// A file of a run archive, open for reading and closed when it goes.
+struct CloseFile {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using ArchiveFile = std::unique_ptr<std::FILE, CloseFile>;
+
+// Opens p, which must be a regular file (not a FIFO, whose open would block, a
+// device or a directory); role: what its absence means, for the error.
+ArchiveFile open_archive_file(const fs::path& p, const char* role) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) throw_errno("compare: cannot read " + shown(p), ec.value());
+  if (!fs::exists(st))
+    throw Error("compare: " + shown(p) + " not found (" + role + ")");
+  if (!fs::is_regular_file(st)) throw Error("compare: " + shown(p) + " is not a regular file");
+  ArchiveFile fp(std::fopen(p.c_str(), "rb"));
+  if (!fp) throw_errno("compare: cannot open " + shown(p), errno);
+  return fp;
+}
+
+// A summary.json or metrics.jsonl record's keys, read with their types checked:
+// a wrong type is an Error naming the file (or file:line) and the key.
+class Fields {
+ public:
+  Fields(const json& j, std::string where) : j_(j), where_(std::move(where)) {
+    if (!j_.is_object()) throw Error(where_ + ": expected a JSON object, got " + describe(j_));
+  }
+  const json* find(const char* key) const {
+    const auto it = j_.find(key);
+    return it == j_.end() ? nullptr : &*it;
+  }
+  // A string of at most kMaxText bytes; `dflt` if absent.
+  std::string text(const char* key, const std::string& dflt) const {
+    const json* v = find(key);
+    if (!v) return dflt;
+    if (!v->is_string()) bad(key, "expected a string, got " + describe(*v));
+    const std::string& t = v->get_ref<const std::string&>();
+    if (t.size() > kMaxText)
+      bad(key, "a string of " + std::to_string(t.size()) + " bytes (at most " + std::to_string(kMaxText) + ")");
+    return t;
+  }
+  // A finite number; NaN if absent or null (fp4lab writes a NaN as null).
+  double number(const char* key) const {
+    const json* v = find(key);
+    if (!v || v->is_null()) return std::nan("");
+    if (!v->is_number()) bad(key, "expected a number or null, got " + describe(*v));
+    const double x = v->get<double>();
+    if (!std::isfinite(x)) bad(key, "not a finite number");
+    return x;
+  }
+  // An integer in [lo, INT64_MAX]; nullopt if absent.
+  std::optional<int64_t> integer(const char* key, int64_t lo) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer() ||
+        (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())))
+      bad(key, "expected an integer, got " + describe(*v));
+    const int64_t x = v->get<int64_t>();
+    if (x < lo) bad(key, "expected an integer >= " + std::to_string(lo) + ", got " + std::to_string(x));
+    return x;
+  }
+  bool flag(const char* key, bool dflt) const {
+    const json* v = find(key);
+    if (!v) return dflt;
+    if (!v->is_boolean()) bad(key, "expected true or false, got " + describe(*v));
+    return v->get<bool>();
+  }
+  [[noreturn]] void bad(const char* key, const std::string& what) const {
+    throw Error(where_ + ": key \"" + key + "\": " + what);
+  }
+
+ private:
+  const json& j_;
+  std::string where_;
+};
+
+// What compare reads of a summary.json (run.cpp's Training::summary writes it).
+struct Summary {
+  std::string recipe, metric, status, item, config_hash;
+  bool has_recipe = false, higher_is_better = false;
+  std::optional<int64_t> seed;
+  double final = 0, best = 0, final_train_loss = 0, ms_per_step = 0, items_per_s = 0;
+};
+
+// A metric name: what metrics.jsonl keys and the plot's label use.
+bool metric_name(const std::string& m) {
+  return !m.empty() && std::all_of(m.begin(), m.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+           c == '-';
+  });
+}
+
+// summary.json of a run: at most kMaxSummaryBytes, an object whose known keys
+// have their types (the keys compare does not use are checked too: a wrong
+// type there means the file is not what fp4lab wrote); unknown keys are ignored.
+Summary read_summary(const fs::path& p) {
+  const ArchiveFile fp = open_archive_file(p, "not a run directory, or the run has not finished");
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, fp.get())) > 0) {
+    text.append(buf, n);
+    if (text.size() > kMaxSummaryBytes)
+      throw Error("compare: " + shown(p) + ": larger than " + std::to_string(kMaxSummaryBytes >> 20) +
+                  " MiB; not a summary fp4lab writes");
+  }
+  if (std::ferror(fp.get())) throw_errno("compare: cannot read " + shown(p), errno);
+  const std::string where = "compare: " + shown(p);
+  const json j = parse_archive_json(text, where);
+  const Fields k(j, where);
+  Summary s;
+  s.has_recipe = k.find("recipe") != nullptr;
+  s.recipe = k.text("recipe", "");
+  s.metric = k.text("metric", "");
+  if (!k.find("metric")) k.bad("metric", "missing (the run's evaluation metric, e.g. \"val_loss\")");
+  if (!metric_name(s.metric))
+    k.bad("metric", "\"" + shown(s.metric) + "\" is not a metric name (letters, digits, '_', '.', '-')");
+  s.status = k.text("status", "?");
+  s.item = k.text("item", "items");
+  s.config_hash = k.text("config_hash", "");
+  for (const char* key : {"name", "model", "backend", "error"}) k.text(key, "");
+  s.higher_is_better = k.flag("higher_is_better", false);
+  s.seed = k.integer("seed", std::numeric_limits<int64_t>::min());
+  for (const char* key : {"steps", "total_steps", "params"}) k.integer(key, 0);
+  s.final = k.number("final");
+  s.best = k.number("best");
+  s.final_train_loss = k.number("final_train_loss");
+  s.ms_per_step = k.number("ms_per_step");
+  s.items_per_s = k.number("items_per_s");
+  k.number("wall_s");
+  return s;
+}
+
+// (step, value) pairs in step order.
+using Curve = std::vector<std::pair<double, double>>;
+
+// metrics.jsonl of a run, read line by line with each line at most
+// kMaxMetricsLine bytes: the training loss points (lines with a "loss") and the
+// evaluation points (lines with "eval" and the metric). Every non-empty line is
+// an object with an integer "step" >= 0; "loss" and the metric are numbers or
+// null (null: no point). An invalid line anywhere is an error naming file:line
+// (a finished run has no torn last line).
+void read_metrics_curves(const fs::path& p, const std::string& metric, Curve& loss, Curve& eval) {
+  const ArchiveFile fp = open_archive_file(p, "not a run directory");
+  std::string line;
+  int64_t lineno = 0;
+  const auto take = [&] {
+    ++lineno;
+    if (line.empty()) return;
+    const std::string where = "compare: " + shown(p) + ":" + std::to_string(lineno);
+    const json j = parse_archive_json(line, where);
+    const Fields k(j, where);
+    const std::optional<int64_t> step = k.integer("step", 0);
+    if (!step) k.bad("step", "missing");
+    if (k.find("eval") && k.find(metric.c_str())) {
+      const double v = k.number(metric.c_str());
+      if (!std::isnan(v)) eval.emplace_back(double(*step), v);
+    } else if (k.find("loss")) {
+      const double v = k.number("loss");
+      if (!std::isnan(v)) loss.emplace_back(double(*step), v);
+    }
+  };
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, fp.get())) > 0) {
+    for (size_t at = 0; at < n;) {
+      const char* nl = static_cast<const char*>(std::memchr(buf + at, '\n', n - at));
+      const size_t len = nl ? size_t(nl - (buf + at)) : n - at;
+      if (line.size() + len > kMaxMetricsLine)
+        throw Error("compare: " + shown(p) + ":" + std::to_string(lineno + 1) + ": a line longer than " +
+                    std::to_string(kMaxMetricsLine >> 20) + " MiB; not a metrics line fp4lab writes");
+      line.append(buf + at, len);
+      at += len;
+      if (nl) take(), line.clear(), ++at;
+    }
+  }
+  if (std::ferror(fp.get())) throw_errno("compare: cannot read " + shown(p), errno);
+  take();  // a last line without '\n'
+}
+
+// A finished run: its directory (as given, without trailing '/'), recipe label
+// (summary "recipe", else the directory's name), summary and raw curves.
 struct Run {
   std::string dir, label;
-  json summary;
-  std::vector<json> metrics;
+  Summary summary;
+  Curve loss, eval;
 };
+
+std::string name_of(const Run& r) { return fs::path(r.dir).filename().string(); }
 
 Run load_run(const std::string& d) {
   Run r;
   r.dir = d;  // "runs/x/" names the run "x", like "runs/x"
   while (r.dir.size() > 1 && r.dir.back() == '/') r.dir.pop_back();
-  const fs::path sp = fs::path(d) / "summary.json";
-  if (!fs::exists(sp))
-    throw Error("compare: " + sp.string() + " not found (not a run directory, or the run has not finished)");
-  r.summary = read_json_file(sp.string());
-  r.metrics = read_metrics((fs::path(d) / "metrics.jsonl").string());
-  r.label = r.summary.value("recipe", fs::path(d).filename().string());
+  std::error_code ec;
+  if (!fs::is_directory(d, ec)) throw Error("compare: " + shown(d) + " is not a directory");
+  r.summary = read_summary(fs::path(d) / "summary.json");
+  read_metrics_curves(fs::path(d) / "metrics.jsonl", r.summary.metric, r.loss, r.eval);
+  r.label = r.summary.has_recipe ? r.summary.recipe : name_of(r);
   return r;
 }
 
-std::string name_of(const Run& r) { return fs::path(r.dir).filename().string(); }
-
 // The metric every run reports (an error if they differ).
 std::string common_metric(const std::vector<Run>& runs) {
-  const std::string metric = runs[0].summary.value("metric", "");
+  const std::string& metric = runs[0].summary.metric;
   for (const auto& r : runs)
-    if (r.summary.value("metric", "") != metric)
-      throw Error("compare: " + r.dir + " reports metric \"" + r.summary.value("metric", "") + "\" but " + runs[0].dir +
+    if (r.summary.metric != metric)
+      throw Error("compare: " + shown(r.dir) + " reports metric \"" + r.summary.metric + "\" but " + shown(runs[0].dir) +
                   " reports \"" + metric + "\"; compare runs of one task");
   return metric;
 }
@@ -88,14 +306,20 @@ Baseline find_baseline(const std::vector<Run>& runs, const std::string& baseline
   for (size_t i = 0; i < runs.size() && base < 0; ++i)
     if (baseline.empty() ? (runs[i].label == "fp32" || runs[i].label == "bf16") : runs[i].label == baseline)
       base = int(i);
-  if (base < 0 && !baseline.empty()) throw Error("compare: no run with recipe \"" + baseline + "\"");
+  if (base < 0 && !baseline.empty()) throw Error("compare: no run with recipe \"" + shown(baseline) + "\"");
   if (base < 0) base = 0;
   Baseline b{runs[size_t(base)].label, 0.0};
   int nb = 0;
   for (const auto& r : runs)
-    if (r.label == b.label && std::isfinite(num(r.summary, "final"))) b.final += num(r.summary, "final"), ++nb;
+    if (r.label == b.label && std::isfinite(r.summary.final)) b.final += r.summary.final, ++nb;
   b.final = nb ? b.final / nb : std::nan("");
   return b;
+}
+
+std::string signed_f(double v, const char* fm) {
+  std::string s = f(v, fm);
+  if (!std::isnan(v) && v >= 0) s.insert(s.begin(), '+');  // (not "+" + s: GCC 12's -Wrestrict false positive)
+  return s;
 }
 
 // How the tables show the metric.
@@ -114,34 +338,34 @@ MetricFormat metric_format(const std::string& metric, bool higher) {
 void run_table(std::ostream& t, const std::vector<Run>& runs, const Baseline& base, const MetricFormat& mf,
                json& rows) {
   const char* fm = mf.fmt;
-  // Column widths fit the longest run directory name and recipe label (+2 spaces).
+  // Column widths fit the longest run directory name and recipe label as shown (+2 spaces).
   size_t wrun = 34, wrec = 26;
   for (const auto& r : runs) {
-    wrun = std::max(wrun, name_of(r).size() + 2);
-    wrec = std::max(wrec, r.label.size() + 2);
+    wrun = std::max(wrun, shown(name_of(r)).size() + 2);
+    wrec = std::max(wrec, shown(r.label).size() + 2);
   }
   t << pad("run", wrun) << pad("recipe", wrec) << pad("status", 10) << pad("final " + mf.title, 16, true)
     << pad("best", 10, true) << pad("gap", 9, true) << pad("train loss", 12, true) << pad("ms/step", 10, true)
-    << pad(runs[0].summary.value("item", "items") + "/s", 12, true) << "\n";
+    << pad(shown(runs[0].summary.item) + "/s", 12, true) << "\n";
   for (const auto& r : runs) {
-    const double fin = num(r.summary, "final"), best = num(r.summary, "best");
-    const double gap = fin - base.final;
-    t << pad(name_of(r), wrun) << pad(r.label, wrec) << pad(r.summary.value("status", "?"), 10)
-      << pad(f(fin, fm), 16, true) << pad(f(best, fm), 10, true)
-      << pad(std::isnan(gap) ? "-" : (gap >= 0 ? "+" : "") + f(gap, fm), 9, true)
-      << pad(f(num(r.summary, "final_train_loss")), 12, true) << pad(f(num(r.summary, "ms_per_step"), "%.1f"), 10, true)
-      << pad(f(num(r.summary, "items_per_s"), "%.0f"), 12, true) << "\n";
+    const Summary& s = r.summary;
+    const double gap = s.final - base.final;
+    t << pad(shown(name_of(r)), wrun) << pad(shown(r.label), wrec) << pad(shown(s.status), 10)
+      << pad(f(s.final, fm), 16, true) << pad(f(s.best, fm), 10, true)
+      << pad(signed_f(gap, fm), 9, true)
+      << pad(f(s.final_train_loss), 12, true) << pad(f(s.ms_per_step, "%.1f"), 10, true)
+      << pad(f(s.items_per_s, "%.0f"), 12, true) << "\n";
     rows.push_back({{"dir", r.dir},
                     {"recipe", r.label},
-                    {"status", r.summary.value("status", "?")},
-                    {"final", fin},
-                    {"best", best},
+                    {"status", s.status},
+                    {"final", s.final},
+                    {"best", s.best},
                     {"gap", gap},
-                    {"ms_per_step", num(r.summary, "ms_per_step")},
-                    {"items_per_s", num(r.summary, "items_per_s")}});
+                    {"ms_per_step", s.ms_per_step},
+                    {"items_per_s", s.items_per_s}});
   }
   t << "(" << mf.title << ": " << (mf.higher ? "higher" : "lower") << " is better; gap = final - final of "
-    << base.label << ")\n";
+    << shown(base.label) << ")\n";
 }
 
 // Per recipe (in order of first appearance): the statistics of its finite
@@ -155,10 +379,9 @@ std::vector<RecipeStats> recipe_stats(const std::vector<Run>& runs, const std::s
   std::map<std::string, int64_t> count;
   for (const auto& r : runs) {
     if (!count.count(r.label)) order.push_back(r.label);
-    const auto s = r.summary.find("seed");
-    const int64_t seed = s != r.summary.end() && s->is_number_integer() ? s->get<int64_t>() : count[r.label];
+    const int64_t seed = r.summary.seed ? *r.summary.seed : count[r.label];
     ++count[r.label];
-    const double fin = num(r.summary, "final");
+    const double fin = r.summary.final;
     if (!std::isfinite(fin)) continue;
     finals[r.label].push_back(fin);
     by_seed[r.label].emplace(seed, fin);
@@ -177,11 +400,6 @@ std::vector<RecipeStats> recipe_stats(const std::vector<Run>& runs, const std::s
   return out;
 }
 
-std::string signed_f(double v, const char* fm) {
-  std::string s = f(v, fm);
-  if (!std::isnan(v) && v >= 0) s.insert(s.begin(), '+');  // (not "+" + s: GCC 12's -Wrestrict false positive)
-  return s;
-}
 std::string interval(double lo, double hi, const char* fm, bool sign = false) {
   if (std::isnan(lo) || std::isnan(hi)) return "-";
   return "[" + (sign ? signed_f(lo, fm) : f(lo, fm)) + ", " + (sign ? signed_f(hi, fm) : f(hi, fm)) + "]";
@@ -198,23 +416,23 @@ void recipe_table(std::ostream& t, const std::vector<Run>& runs, const std::vect
   if (!multi) return;
   const char* fm = mf.fmt;
   size_t wrec = 26;
-  for (const auto& s : stats) wrec = std::max(wrec, s.recipe.size() + 2);
+  for (const auto& s : stats) wrec = std::max(wrec, shown(s.recipe).size() + 2);
   t << "\n"
     << pad("recipe", wrec) << pad("n", 4, true) << pad("mean final", 12, true) << pad("std", 9, true)
-    << pad("95% CI", 22, true) << pad("gap", 9, true) << pad("paired diff vs " + base.label, 34, true)
+    << pad("95% CI", 22, true) << pad("gap", 9, true) << pad("paired diff vs " + shown(base.label), 34, true)
     << pad("pairs", 6, true) << "\n";
   for (const auto& s : stats) {
     const double gap = s.final.mean - base.final;
     const std::string diff = s.recipe == base.label || s.diff.n == 0
                                  ? "-"
                                  : signed_f(s.diff.mean, fm) + " " + interval(s.diff.lo, s.diff.hi, fm, true);
-    t << pad(s.recipe, wrec) << pad(std::to_string(s.final.n), 4, true) << pad(f(s.final.mean, fm), 12, true)
+    t << pad(shown(s.recipe), wrec) << pad(std::to_string(s.final.n), 4, true) << pad(f(s.final.mean, fm), 12, true)
       << pad(f(s.final.std, fm), 9, true) << pad(interval(s.final.lo, s.final.hi, fm), 22, true)
       << pad(std::isnan(gap) ? "-" : signed_f(gap, fm), 9, true) << pad(diff, 34, true)
       << pad(s.recipe == base.label ? "-" : std::to_string(s.diff.n), 6, true) << "\n";
   }
   t << "(n: runs with a final " << mf.title << "; std: sample std (n-1); 95% CI of the mean: Student's t, n-1 df;"
-    << " paired diff: mean of (recipe - " << base.label << ") over shared seeds, paired-t 95% CI)\n";
+    << " paired diff: mean of (recipe - " << shown(base.label) << ") over shared seeds, paired-t 95% CI)\n";
 }
 
 json stats_json(const SampleStats& s) {
@@ -229,28 +447,22 @@ void write_file_atomic(const fs::path& path, const std::string& text) {
     std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
     o << text;
     o.flush();
-    if (!o) throw Error("compare: cannot write " + tmp.string());
+    if (!o) throw_errno("compare: cannot write " + shown(tmp), errno);
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {
     fs::remove(tmp);
-    throw Error("compare: cannot write " + path.string() + ": " + ec.message());
+    throw_errno("compare: cannot write " + shown(path), ec.value());
   }
 }
 
 // Run r's curves: the training loss as a moving average over a window of ~2%
 // of the points (single-step losses are noisy), and the evaluation metric;
 // (step, value) pairs in step order.
-using Curve = std::vector<std::pair<double, double>>;
-std::pair<Curve, Curve> run_curves(const Run& run, const std::string& metric) {
-  Curve pts, ev, loss;
-  for (const auto& m : run.metrics) {
-    if (m.contains("eval") && m.contains(metric))
-      ev.emplace_back(num(m, "step"), num(m, metric.c_str()));
-    else if (m.contains("loss") && m["loss"].is_number())
-      pts.emplace_back(num(m, "step"), num(m, "loss"));
-  }
+std::pair<Curve, Curve> run_curves(const Run& run) {
+  const Curve& pts = run.loss;
+  Curve loss;
   const size_t w = std::max<size_t>(1, pts.size() / 50);
   double s = 0;
   for (size_t k = 0; k < pts.size(); ++k) {
@@ -258,7 +470,7 @@ std::pair<Curve, Curve> run_curves(const Run& run, const std::string& metric) {
     if (k >= w) s -= pts[k - w].second;
     if (k + 1 >= w) loss.emplace_back(pts[k].first, s / double(w));
   }
-  return {loss, ev};
+  return {loss, run.eval};
 }
 
 // The band of seed_band as gnuplot data "step mean lo hi" into f; false if empty.
@@ -269,14 +481,16 @@ bool write_band(const std::vector<Curve>& curves, const fs::path& f) {
   return !band.empty();
 }
 
-// The gnuplot script of the two panels (loss curves, evaluation metric), with
-// the curve files in tmp. A recipe with several runs (seeds) is drawn as its
-// mean curve with a band of +-1 sample standard deviation at the steps all its
-// runs share; a recipe with one run as that run's curve.
-std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& png,
-                        const fs::path& tmp) {
+// The gnuplot script of the two panels (loss curves, evaluation metric), run
+// in dir (where it writes the curve files). Its text is constants, numbers,
+// the fixed file names below (loss_3.dat, band_eval_1.dat, plot.png) and
+// gnuplot_string literals of the titles: nothing from a run archive or a path
+// is script text. A recipe with several runs (seeds) is drawn as its mean curve
+// with a band of +-1 sample standard deviation at the steps all its runs
+// share; a recipe with one run as that run's curve.
+std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& dir) {
   std::ostringstream gp;
-  gp << "set terminal pngcairo noenhanced size 1400,560 font ',10'\nset output " << quote(png.string()) << "\n"
+  gp << "set terminal pngcairo noenhanced size 1400,560 font ',10'\nset output 'plot.png'\n"
      << "set multiplot layout 1,2\nset grid\nset key top right\nset xlabel 'step'\n"
      << "set style fill transparent solid 0.2 noborder\n";
   std::vector<std::string> labels;  // recipes in order of first appearance
@@ -286,7 +500,7 @@ std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, co
     members[runs[i].label].push_back(i);
   }
   std::vector<std::pair<Curve, Curve>> curves;
-  for (const Run& r : runs) curves.push_back(run_curves(r, mf.metric));
+  for (const Run& r : runs) curves.push_back(run_curves(r));
   std::string loss_plot, eval_plot;
   auto add = [](std::string& plot, const std::string& term) { plot += (plot.empty() ? "" : ", ") + term; };
   int color = 0;
@@ -294,53 +508,89 @@ std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, co
     const std::vector<size_t>& idx = members[label];
     if (idx.size() == 1) {
       const size_t i = idx[0];
-      const fs::path lf = tmp / ("loss" + std::to_string(i) + ".dat"), ef = tmp / ("eval" + std::to_string(i) + ".dat");
-      std::ofstream l(lf), e(ef);
+      const std::string lf = "loss_" + std::to_string(i) + ".dat", ef = "eval_" + std::to_string(i) + ".dat";
+      std::ofstream l(dir / lf), e(dir / ef);
       for (const auto& [x, y] : curves[i].first) l << x << " " << y << "\n";
       for (const auto& [x, y] : curves[i].second) e << x << " " << y << "\n";
-      const std::string title = quote(label + " (" + name_of(runs[i]) + ")");
-      add(loss_plot, quote(lf.string()) + " with lines lw 2 title " + title);
-      if (!curves[i].second.empty()) add(eval_plot, quote(ef.string()) + " with linespoints lw 2 title " + title);
+      const std::string title = gnuplot_string(label + " (" + name_of(runs[i]) + ")");
+      add(loss_plot, "'" + lf + "' with lines lw 2 title " + title);
+      if (!curves[i].second.empty()) add(eval_plot, "'" + ef + "' with linespoints lw 2 title " + title);
       continue;
     }
     ++color;
     const std::string lc = " lc " + std::to_string(color);
-    const std::string title = quote(label + " (" + std::to_string(idx.size()) + " runs: mean, band +-1 std)");
+    const std::string title = gnuplot_string(label + " (" + std::to_string(idx.size()) + " runs: mean, band +-1 std)");
     std::vector<Curve> lcs, ecs;
     for (size_t i : idx) lcs.push_back(curves[i].first), ecs.push_back(curves[i].second);
-    const fs::path lf = tmp / ("band_loss" + std::to_string(color) + ".dat"),
-                   ef = tmp / ("band_eval" + std::to_string(color) + ".dat");
-    if (write_band(lcs, lf)) {
-      add(loss_plot, quote(lf.string()) + " using 1:3:4 with filledcurves" + lc + " notitle");
-      add(loss_plot, quote(lf.string()) + " using 1:2 with lines lw 2" + lc + " title " + title);
+    const std::string lf = "band_loss_" + std::to_string(color) + ".dat",
+                      ef = "band_eval_" + std::to_string(color) + ".dat";
+    if (write_band(lcs, dir / lf)) {
+      add(loss_plot, "'" + lf + "' using 1:3:4 with filledcurves" + lc + " notitle");
+      add(loss_plot, "'" + lf + "' using 1:2 with lines lw 2" + lc + " title " + title);
     }
-    if (write_band(ecs, ef)) {
-      add(eval_plot, quote(ef.string()) + " using 1:3:4 with filledcurves" + lc + " notitle");
-      add(eval_plot, quote(ef.string()) + " using 1:2 with linespoints lw 2" + lc + " title " + title);
+    if (write_band(ecs, dir / ef)) {
+      add(eval_plot, "'" + ef + "' using 1:3:4 with filledcurves" + lc + " notitle");
+      add(eval_plot, "'" + ef + "' using 1:2 with linespoints lw 2" + lc + " title " + title);
     }
   }
   gp << "set title 'training loss (moving average)'\nset ylabel 'loss'\nplot " << loss_plot << "\n";
   if (!eval_plot.empty())
-    gp << "set title 'evaluation: " << mf.title << "'\nset ylabel " << quote(mf.title) << "\nplot " << eval_plot
-       << "\n";
+    gp << "set title " << gnuplot_string("evaluation: " + mf.title) << "\nset ylabel " << gnuplot_string(mf.title)
+       << "\nplot " << eval_plot << "\n";
   gp << "unset multiplot\n";
   return gp.str();
 }
 
-// Draws png with gnuplot (which must exist); throws with gnuplot's message if it fails.
-void draw_plot(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& png) {
-  const fs::path tmp = fs::temp_directory_path() / ("fp4lab_compare_" + std::to_string(::getpid()));
-  fs::create_directories(tmp);
-  const fs::path script = tmp / "plot.gp";
-  std::ofstream(script) << plot_script(runs, mf, png, tmp);
-  const int rc = std::system(("gnuplot " + quote(script.string()) + " 2>" + quote((tmp / "err.txt").string())).c_str());
-  if (rc != 0) {
-    std::ifstream e(tmp / "err.txt");
-    std::string msg((std::istreambuf_iterator<char>(e)), {});
-    fs::remove_all(tmp);
-    throw Error("compare: gnuplot failed drawing " + png.string() + ": " + msg);
+// Draws png with gnuplot in a private temporary directory, then writes it
+// atomically; false if gnuplot is not installed. Throws with gnuplot's message
+// if it fails.
+bool draw_plot(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& png) {
+  const TempDir tmp("fp4lab_compare_");
+  try {
+    run_gnuplot(plot_script(runs, mf, tmp.path()), tmp.path());
+  } catch (const ProgramNotFound&) {
+    return false;
+  } catch (const EnvironmentError& e) {
+    throw EnvironmentError("compare: drawing " + shown(png) + ": " + e.what());
+  } catch (const Error& e) {
+    throw Error("compare: drawing " + shown(png) + ": " + e.what());
   }
-  fs::remove_all(tmp);
+  std::ifstream in(tmp.path() / "plot.png", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.empty()) throw Error("compare: drawing " + shown(png) + ": gnuplot wrote no image");
+  write_file_atomic(png, bytes);
+  return true;
+}
+
+// The runs of dirs, each directory once: a directory given again (the same
+// path, or another path to it: ./x and x, a symbolic link) is one run and is
+// loaded once, with a note. Two directories holding the same run (equal
+// config_hash and seed: a copy, or the same config trained twice, which is one
+// sample and would shrink the confidence intervals if counted twice) are an
+// error naming both.
+std::vector<Run> load_runs(const std::vector<std::string>& dirs, std::vector<std::string>& notes) {
+  std::vector<Run> runs;
+  std::map<fs::path, std::string> seen;  // canonical path -> the path given first
+  for (const auto& d : dirs) {
+    std::error_code ec;
+    const fs::path c = fs::canonical(d, ec);
+    if (ec) throw_errno("compare: " + shown(d), ec.value());
+    if (auto it = seen.find(c); it != seen.end()) {
+      notes.push_back("note: " + shown(d) + " is " + shown(it->second) + " again (the same directory); counted once");
+      continue;
+    }
+    seen.emplace(c, d);
+    runs.push_back(load_run(d));
+  }
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (size_t k = 0; k < i; ++k) {
+      const Summary &a = runs[k].summary, &b = runs[i].summary;
+      if (a.config_hash.empty() || a.config_hash != b.config_hash || a.seed != b.seed) continue;
+      throw Error("compare: " + shown(runs[k].dir) + " and " + shown(runs[i].dir) + " hold the same run (config_hash " +
+                  shown(a.config_hash) + (a.seed ? ", seed " + std::to_string(*a.seed) : std::string()) +
+                  "): one configuration and seed is one sample; give only one of them");
+    }
+  return runs;
 }
 
 }  // namespace
@@ -392,10 +642,10 @@ std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double,
 
 CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOptions& opt) {
   if (dirs.empty()) throw Error("compare: give at least one run directory");
-  std::vector<Run> runs;
-  for (const auto& d : dirs) runs.push_back(load_run(d));
+  std::vector<std::string> notes;
+  const std::vector<Run> runs = load_runs(dirs, notes);
   const std::string metric = common_metric(runs);
-  const MetricFormat mf = metric_format(metric, runs[0].summary.value("higher_is_better", false));
+  const MetricFormat mf = metric_format(metric, runs[0].summary.higher_is_better);
   const Baseline base = find_baseline(runs, opt.baseline);
 
   CompareResult out;
@@ -405,6 +655,7 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   out.baseline = base.label;
   out.recipes = recipe_stats(runs, base.label);
   recipe_table(t, runs, out.recipes, base, mf);
+  for (const std::string& n : notes) t << n << "\n";
   out.table = t.str();
 
   const fs::path png = opt.plot.empty() || opt.plot == "-" ? fs::path(runs[0].dir).parent_path() / "compare.png"
@@ -420,14 +671,14 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
     js["recipes"].push_back({{"recipe", s.recipe}, {"final", stats_json(s.final)}, {"paired_diff_vs_baseline", d}});
   }
   out.stats = fs::path(png).replace_extension(".json").string();
-  write_file_atomic(out.stats, js.dump(2) + "\n");
+  // A directory name that is not UTF-8 is written with U+FFFD in place of its bad bytes (JSON text is UTF-8).
+  write_file_atomic(out.stats, js.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 
   if (opt.plot == "-") return out;
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  if (!draw_plot(runs, mf, png)) {
     out.plot_note = "gnuplot not found (apt-get install gnuplot-nox); no plot drawn";
     return out;
   }
-  draw_plot(runs, mf, png);
   out.plot = png.string();
   return out;
 }

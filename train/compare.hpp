@@ -1,5 +1,8 @@
 // Comparing finished runs: a table (final/best metric, gap to the
 // high-precision run, throughput) and a loss-curve PNG drawn by gnuplot.
+// Run directories are untrusted input (docs/DESIGN.md section 5): nothing read
+// from them reaches gnuplot as script text or the terminal as control
+// characters.
 #pragma once
 
 #include <string>
@@ -46,7 +49,9 @@ struct RecipeStats {
 };
 
 struct CompareResult {
-  std::string table;      // the formatted table (also per-recipe statistics when a recipe has several seeds)
+  std::string table;      // the formatted table (also per-recipe statistics when a recipe has several seeds),
+                          // then a "note: ..." line per run directory given more than once; names and labels
+                          // in it are terminal_text (train/process.hpp)
   nlohmann::json rows;    // one object per run (the table's numbers)
   std::string plot;       // the PNG written ("" if none)
   std::string plot_note;  // why no plot was drawn, if so
@@ -56,8 +61,17 @@ struct CompareResult {
                       // <parent of the first run>/compare.json): baseline, metric, runs and recipes
 };
 
-// Throws fp4lab::Error naming the directory whose summary.json/metrics.jsonl
-// is missing or invalid.
+// A run directory given more than once (the same path, another path to it, a
+// symbolic link) is loaded once, with a note in the table. Throws fp4lab::Error
+// (one line, names escaped) naming the file (summary.json, or
+// metrics.jsonl:LINE) and key that is missing or invalid: not a regular file,
+// summary.json over 1 MiB or a metrics line over 1 MiB, JSON nested deeper
+// than 64 levels or not UTF-8, a known key of the wrong type (e.g. recipe not a
+// string, best not a number or null, seed not a 64-bit integer), a metric that
+// is not a name ([A-Za-z0-9_.-]), runs of different metrics; and naming both
+// directories when two hold the same run (equal config_hash and seed: one
+// sample, not two seeds). EnvironmentError for the OS's failures (permissions,
+// a full disk); a missing gnuplot is CompareResult::plot_note, not an error.
 CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOptions& opt = {});
 
 }  // namespace fp4lab::train
