@@ -19,7 +19,9 @@
 #include <sstream>
 #include <utility>
 
+#include "train/checksum.hpp"
 #include "train/process.hpp"
+#include "train/run_files.hpp"
 #include "core/error.hpp"
 
 namespace fp4lab::train {
@@ -163,6 +165,9 @@ struct Summary {
   bool has_recipe = false, higher_is_better = false;
   std::optional<int64_t> seed;
   double final = 0, best = 0, final_train_loss = 0, ms_per_step = 0, items_per_s = 0;
+  // "checksums": the files the summary was computed from (run.cpp's Training::finish), by name.
+  std::vector<std::pair<std::string, FileSum>> checksums;
+  std::vector<std::string> checksum_hex;  // the recorded CRC-32 of each, as written
 };
 
 // A metric name: what metrics.jsonl keys and the plot's label use.
@@ -211,7 +216,34 @@ Summary read_summary(const fs::path& p) {
   s.ms_per_step = k.number("ms_per_step");
   s.items_per_s = k.number("items_per_s");
   k.number("wall_s");
+  if (const json* c = k.find("checksums")) {
+    if (!c->is_object()) k.bad("checksums", "is " + describe(*c) + ", expected an object");
+    for (const char* file : {"config.json", "metrics.jsonl"}) {
+      const auto it = c->find(file);
+      if (it == c->end()) continue;
+      const auto b = it->find("bytes"), h = it->find("crc32");
+      if (!it->is_object() || b == it->end() || h == it->end() || !b->is_number_unsigned() || !h->is_string() ||
+          h->get<std::string>().size() != 8)
+        k.bad(("checksums." + std::string(file)).c_str(), "is not {\"bytes\": N, \"crc32\": \"8 hex digits\"}");
+      s.checksums.push_back({file, FileSum{b->get<uint64_t>(), 0}});
+      s.checksum_hex.push_back(h->get<std::string>());
+    }
+  }
   return s;
+}
+
+// The run's files against summary.json's checksums: a file changed or swapped since the run finished
+// (files of two runs mixed, a metrics.jsonl edited) is an error naming it.
+void check_run_files(const fs::path& dir, const Summary& s) {
+  for (size_t i = 0; i < s.checksums.size(); ++i) {
+    const fs::path f = dir / s.checksums[i].first;
+    const FileSum now = file_crc32(f);
+    if (now.bytes != s.checksums[i].second.bytes || crc_hex(now.crc) != s.checksum_hex[i])
+      throw Error("compare: " + shown(f) + ": changed since the run finished (" + std::to_string(now.bytes) +
+                  " bytes, CRC-32 " + crc_hex(now.crc) + "; summary.json records " +
+                  std::to_string(s.checksums[i].second.bytes) + " bytes, " + shown(s.checksum_hex[i]) +
+                  "): files of two runs mixed, or edited by hand");
+  }
 }
 
 // (step, value) pairs in step order.
@@ -278,6 +310,7 @@ Run load_run(const std::string& d) {
   std::error_code ec;
   if (!fs::is_directory(d, ec)) throw Error("compare: " + shown(d) + " is not a directory");
   r.summary = read_summary(fs::path(d) / "summary.json");
+  check_run_files(fs::path(d), r.summary);
   read_metrics_curves(fs::path(d) / "metrics.jsonl", r.summary.metric, r.loss, r.eval);
   r.label = r.summary.has_recipe ? r.summary.recipe : name_of(r);
   return r;
@@ -439,24 +472,6 @@ json stats_json(const SampleStats& s) {
   return {{"n", s.n}, {"mean", s.mean}, {"std", s.std}, {"ci95", {s.lo, s.hi}}};
 }
 
-// Writes text to path atomically (a temporary file beside it, then rename).
-void write_file_atomic(const fs::path& path, const std::string& text) {
-  if (path.has_parent_path()) fs::create_directories(path.parent_path());
-  const fs::path tmp = path.string() + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    o << text;
-    o.flush();
-    if (!o) throw_errno("compare: cannot write " + shown(tmp), errno);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp);
-    throw_errno("compare: cannot write " + shown(path), ec.value());
-  }
-}
-
 // Run r's curves: the training loss as a moving average over a window of ~2%
 // of the points (single-step losses are noisy), and the evaluation metric;
 // (step, value) pairs in step order.
@@ -558,7 +573,8 @@ bool draw_plot(const std::vector<Run>& runs, const MetricFormat& mf, const fs::p
   std::ifstream in(tmp.path() / "plot.png", std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (bytes.empty()) throw Error("compare: drawing " + shown(png) + ": gnuplot wrote no image");
-  write_file_atomic(png, bytes);
+  if (fs::path(png).has_parent_path()) fs::create_directories(fs::path(png).parent_path());
+  write_atomic(png, bytes);
   return true;
 }
 
@@ -672,7 +688,8 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   }
   out.stats = fs::path(png).replace_extension(".json").string();
   // A directory name that is not UTF-8 is written with U+FFFD in place of its bad bytes (JSON text is UTF-8).
-  write_file_atomic(out.stats, js.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  if (fs::path(out.stats).has_parent_path()) fs::create_directories(fs::path(out.stats).parent_path());
+  write_atomic(out.stats, js.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 
   if (opt.plot == "-") return out;
   if (!draw_plot(runs, mf, png)) {

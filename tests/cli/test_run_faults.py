@@ -358,6 +358,18 @@ def test_damaged_files(ref):
     shutil.copy(os.path.join(other, RUN, "summary.json"), os.path.join(base, RUN, "summary.json"))
     p = train(base, "--resume")
     check(p.returncode == 2 and "mixed" in p.stderr, f"a summary.json of another run accepted: {p.stderr.strip()!r}")
+    # compare checks the files summary.json was computed from: an edited metrics.jsonl, another run's config.json.
+    for name, damage in (("metrics.jsonl", lambda r: open(os.path.join(r, "metrics.jsonl"), "a").write(
+                             '{"step": 6, "eval": true, "val_loss": 0.001, "train_loss": 0.001}\n')),
+                         ("config.json", lambda r: shutil.copy(os.path.join(other, RUN, "config.json"), r))):
+        d = workdir()
+        assert train(d).returncode == 0
+        damage(os.path.join(d, RUN))
+        c = subprocess.run([FP4LAB, "compare", RUN, "--plot", "-"], cwd=d, capture_output=True, text=True)
+        errs = error_lines(c)
+        check(c.returncode == 2 and len(errs) == 1 and name in errs[0] and "changed since the run finished" in errs[0],
+              f"compare accepts a run whose {name} changed after it finished: {c.returncode} {c.stderr.strip()!r}")
+        shutil.rmtree(d)
     shutil.rmtree(base)
     shutil.rmtree(other)
 
