@@ -5,13 +5,33 @@
 
 namespace fp4lab::cuda {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+bool environment_cuda_error(cudaError_t e) {
+  return e == cudaErrorMemoryAllocation || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
+         e == cudaErrorDevicesUnavailable || e == cudaErrorInitializationError || e == cudaErrorSystemNotReady ||
+         e == cudaErrorSystemDriverMismatch || e == cudaErrorCompatNotSupportedOnDevice ||
+         e == cudaErrorUnsupportedPtxVersion || e == cudaErrorNoKernelImageForDevice;
 }
 
-void check_launch(const char* kernel_name) {
+namespace {
+
+[[noreturn]] void cuda_failed(cudaError_t e, const std::string& what, const std::source_location& at) {
+  const std::string where = std::string(source_path(at.file_name())) + ":" + std::to_string(at.line());
+  if (e == cudaErrorMemoryAllocation)
+    throw EnvironmentError("out of GPU memory in " + what + " (" + where + "); a smaller batch_size or model fits");
+  if (environment_cuda_error(e)) throw EnvironmentError("CUDA error in " + what + ": " + cudaGetErrorString(e));
+  throw InternalError("internal error at " + where + ": CUDA error in " + what + ": " + cudaGetErrorString(e) +
+                      "; please report it");
+}
+
+}  // namespace
+
+void check(cudaError_t e, const char* what, std::source_location at) {
+  if (e != cudaSuccess) cuda_failed(e, what, at);
+}
+
+void check_launch(const char* kernel_name, std::source_location at) {
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw Error(std::string("CUDA kernel launch ") + kernel_name + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess) cuda_failed(e, std::string("the launch of ") + kernel_name, at);
 }
 
 int device_count() {

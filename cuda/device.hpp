@@ -1,4 +1,4 @@
-// Device plumbing of the CUDA backend: error checks that throw fp4lab::Error,
+// Device plumbing of the CUDA backend: error checks that throw by core/error.hpp's taxonomy,
 // an owning device buffer, GPU presence, and cudaEvent timing.
 //
 // Host-only header (plain C++; usable from .cpp files that link fp4lab_cuda).
@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <source_location>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,10 +18,15 @@
 
 namespace fp4lab::cuda {
 
-// Throws fp4lab::Error("CUDA error in <what>: <cudaGetErrorString>") unless ok.
-void check(cudaError_t e, const char* what);
-// Checks the last launch error (cudaGetLastError) after a kernel launch.
-void check_launch(const char* kernel_name);
+// Unless e is cudaSuccess, throws by the error taxonomy (core/error.hpp), naming <what> and the caller's
+// file:line: out of GPU memory, no device, a driver or runtime missing or too old, devices busy:
+// EnvironmentError (exit 1); anything else (an illegal address, an invalid argument, a failed launch):
+// InternalError (exit 3), since the backend's own checks exist to rule them out.
+void check(cudaError_t e, const char* what, std::source_location at = std::source_location::current());
+// Checks the last launch error (cudaGetLastError) after a kernel launch, the same way.
+void check_launch(const char* kernel_name, std::source_location at = std::source_location::current());
+// The taxonomy of one CUDA error (check's): true for the environment's errors.
+bool environment_cuda_error(cudaError_t e);
 
 // Number of usable CUDA devices: 0 when the driver or runtime is missing,
 // cudaGetDeviceCount fails, or it reports none. Never throws.

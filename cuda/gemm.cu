@@ -13,10 +13,15 @@
 
 namespace fp4lab::cuda {
 
+// cuBLAS's failures by core/error.hpp's taxonomy: no memory or no library state: the environment's (exit 1);
+// anything else: an internal error (the callers validate shapes and types first).
 void check_cublas(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string("cuBLAS error in ") + what + ": status " + std::to_string(int(s)) + " (" +
-                cublasGetStatusString(s) + ")");
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  const std::string msg = std::string("cuBLAS error in ") + what + ": status " + std::to_string(int(s)) + " (" +
+                          cublasGetStatusString(s) + ")";
+  if (s == CUBLAS_STATUS_ALLOC_FAILED || s == CUBLAS_STATUS_NOT_INITIALIZED || s == CUBLAS_STATUS_ARCH_MISMATCH)
+    throw EnvironmentError(msg);
+  throw InternalError("internal error: " + msg + "; please report it");
 }
 
 Blas::Blas(cudaStream_t stream) : stream_(stream) {
