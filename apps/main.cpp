@@ -306,9 +306,11 @@ namespace {
 
 constexpr const char* exit_codes_footer =
     "Exit codes: 0 success; 1 a failed check (verify: a mismatch, a missing case, an unreadable candidate file)\n"
-    "or a failure of the environment (out of memory, disk full, permission denied on an output); 2 bad usage or\n"
-    "input (arguments, unreadable or invalid input files, bad JSON, an output directory that does not exist);\n"
-    "3 an internal error (a bug). Every error is one line on stderr: `fp4lab: error: MESSAGE`.";
+    "or a failure of the environment (out of host or GPU memory, disk full, a read-only file system, permission\n"
+    "denied, a run directory in use, a silent data-parallel peer); 2 bad usage or input (arguments, unreadable or\n"
+    "invalid input files, bad JSON, damaged run files, an output directory that does not exist); 3 an internal\n"
+    "error (a bug; file:line named); 130/143 a run stopped by SIGINT/SIGTERM after writing its checkpoint.\n"
+    "Every error is one line on stderr: `fp4lab: error: MESSAGE`.";
 
 // "fp4lab quantize", "fp4lab bench cast": the subcommands parsed so far.
 std::string command_path(const CLI::App& app) {
