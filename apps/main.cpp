@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -136,6 +137,23 @@ fs::path parent_of(const std::string& path) {
   return p.empty() ? fs::path(".") : p;
 }
 
+// Removes "<path>.tmp.<pid>" files that a killed writer of `path` left: those whose process no longer
+// exists (kill(pid, 0) fails with ESRCH), so a write still under way in another process is left alone.
+void remove_dead_temporaries(const std::string& path) {
+  const fs::path p(path);
+  const std::string head = p.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(parent_of(path), ec), e; !ec && it != e; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.size() <= head.size() || n.compare(0, head.size(), head) != 0) continue;
+    const std::string pid = n.substr(head.size());
+    if (pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(pid_t(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    if (it->is_regular_file(rm)) fs::remove(it->path(), rm);
+  }
+}
+
 }  // namespace
 
 OutputSet::~OutputSet() {
@@ -163,13 +181,15 @@ void OutputSet::add(const std::string& path, bool make_dirs) {
   if (!fs::is_directory(ds)) throw Error(path + ": cannot open for writing: " + dir.string() + " is not a directory");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw_errno(path + ": cannot open for writing: directory " + dir.string() + " is not writable", errno);
+  remove_dead_temporaries(path);
   files_.push_back({path, path + ".tmp." + std::to_string(::getpid()), key, make_dirs, false});
 }
 
 OutputSet::File& OutputSet::find(const std::string& path) {
   for (File& f : files_)
     if (f.path == path) return f;
-  throw std::logic_error("OutputSet: " + path + " was not added");
+  FP4LAB_CHECK(false, "OutputSet: " + path + " was not added");
+  std::abort();
 }
 
 void OutputSet::make_parent(const File& f) {

@@ -392,10 +392,29 @@ def test_stale_temporaries():
     shutil.rmtree(d)
 
 
+def test_dead_output_temporaries():
+    """cast/quantize outputs: a killed writer's <out>.tmp.<pid> goes once its process is gone; a live one's stays."""
+    d = tempfile.mkdtemp(prefix="fp4lab_outtmp_")
+    hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }"
+    hdr += " " * (64 - 10 - len(hdr) - 1) + "\n"
+    with open(os.path.join(d, "x.npy"), "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode() + struct.pack("<4f", 1, 2, 3, 4))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    junk = {os.path.join(d, f"y.npy.tmp.{dead.pid}"): False, os.path.join(d, f"y.npy.tmp.{os.getpid()}"): True}
+    for j in junk:
+        open(j, "wb").write(b"partial")
+    p = subprocess.run([FP4LAB, "cast", "--to", "e2m1", os.path.join(d, "x.npy"), os.path.join(d, "y.npy")],
+                       capture_output=True, text=True)
+    check(p.returncode == 0 and all(os.path.exists(j) == keep for j, keep in junk.items()),
+          f"output temporaries: {p.stderr.strip()} {[(j, os.path.exists(j)) for j in junk]}")
+    shutil.rmtree(d)
+
+
 def main():
     ref = reference()
     ref_long = reference(steps=3000, extra=LONG)
-    for t in (test_force_refuses_what_is_not_a_run, test_stale_temporaries, test_damaged_files, test_two_processes,
+    for t in (test_force_refuses_what_is_not_a_run, test_stale_temporaries, test_dead_output_temporaries, test_damaged_files, test_two_processes,
               test_signals, test_kill_at_every_point, test_fail_at_every_point, test_force_kill_at_every_point):
         before, t0 = len(failures), time.time()
         args = {"ref": ref, "ref_long": ref_long}
