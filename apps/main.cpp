@@ -326,8 +326,8 @@ namespace {
 
 constexpr const char* exit_codes_footer =
     "Exit codes: 0 success; 1 a failed check (verify: a mismatch, a missing case, an unreadable candidate file)\n"
-    "or a failure of the environment (out of host or GPU memory, disk full, a read-only file system, permission\n"
-    "denied, a run directory in use, a silent data-parallel peer); 2 bad usage or input (arguments, unreadable or\n"
+    "or a failure of the environment (out of memory, host or GPU; disk full; a read-only file system; permission\n"
+    "denied; a run directory in use; a silent data-parallel peer); 2 bad usage or input (arguments, unreadable or\n"
     "invalid input files, bad JSON, damaged run files, an output directory that does not exist); 3 an internal\n"
     "error (a bug; file:line named); 130/143 a run stopped by SIGINT/SIGTERM after writing its checkpoint.\n"
     "Every error is one line on stderr: `fp4lab: error: MESSAGE`.";

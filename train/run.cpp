@@ -320,8 +320,8 @@ class Training {
   std::chrono::steady_clock::time_point t_run_;
   double train_seconds_ = 0.0, warmup_seconds_ = 0.0;  // steps after / among the first two of this invocation
   int64_t timed_steps_ = 0;
-  double resumed_ms_ = std::nan("");
-  int64_t last_checkpoint_ = -1;  // the step of this invocation's last checkpoint  // ms_per_step of the last metrics record before a resume
+  double resumed_ms_ = std::nan("");  // ms_per_step of the last metrics record before a resume
+  int64_t last_checkpoint_ = -1;      // the step of the checkpoint on disk (-1: none)
   RunResult res_;
 };
 
@@ -429,6 +429,9 @@ void Training::interrupted(int signo) {
   if (!aside_.empty()) {
     abandon();
     state = "the replacement had no checkpoint yet, so " + dir_.string() + " holds the run it was to replace again";
+  } else if (comm_->world() == 1 && step_ == 0 && created_) {
+    abandon();  // nothing trained: the fresh directory goes (a checkpoint at step 0 would evaluate step 0 twice)
+    state = "no step was trained, and " + dir_.string() + " was removed; start the run again";
   } else if (comm_->world() == 1) {
     if (last_checkpoint_ != step_) checkpoint(step_);
     state = "checkpoint at step " + std::to_string(step_) + "/" + std::to_string(total_) + " in " +
@@ -488,7 +491,7 @@ void Training::resume() {
     throw Error("cannot resume " + dir_.string() + ": data.path " + cfg_.data.path + " changed since the run began (" +
                 c.header["data"].get<std::string>() + " then, " + task_->fingerprint +
                 " now); restore it, or train on it as a new run (--set output.name=NEW)");
-  start_ = c.header.at("step").get<int64_t>();
+  start_ = last_checkpoint_ = c.header.at("step").get<int64_t>();
   dp_->load_state(c.values, c.m, c.v, c.header.at("adam_t").get<int64_t>());
   best_ = c.header["best"].is_number() ? c.header["best"].get<double>() : std::nan("");
   if (!rank0_) return;
