@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 
 namespace fp4lab::train {
 
@@ -29,7 +30,7 @@ json read_checkpoint_header(std::istream& f, const fs::path& path) {
   std::string h(len, '\0');
   f.read(h.data(), std::streamsize(len));
   try {
-    return json::parse(h);
+    return parse_json(h, path.string() + " (checkpoint header)");
   } catch (const json::parse_error& e) {
     throw Error(path.string() + ": corrupt checkpoint header: " + e.what());
   }

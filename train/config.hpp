@@ -90,6 +90,15 @@ struct RunConfig {
 
 // Parses and validates; `where` prefixes error paths.
 RunConfig config_from_json(const nlohmann::json& j, const std::string& where = "config");
+// The host's physical memory in bytes (sysconf; 2^64-1 where unknown).
+uint64_t physical_memory_bytes();
+// Throws an Error when parameters, gradients and AdamW moments plus one
+// training step's activations and logits (vit: input images), a lower bound in
+// overflow-checked 64-bit arithmetic, exceed `available` bytes. The message
+// names the bytes needed and available, the largest part and the keys driving
+// it. config_from_json calls it with physical_memory_bytes() (the host's
+// memory also for the cuda backend) before anything is allocated.
+void check_run_size(const RunConfig& c, uint64_t available, const std::string& where = "config");
 // One-line warnings about a valid config that likely does not do what was
 // meant, given the run's total steps (e.g. warmup_steps >= steps: the learning
 // rate never reaches its set value).
