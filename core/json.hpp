@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,15 @@ namespace fp4lab {
 // "[[]]" is 2). Every file the project reads needs at most 5; 64 leaves room
 // for inline recipes and hand-written configs.
 inline constexpr int kJsonMaxDepth = 64;
+
+// Text quoted in an error message: at most `max` characters of it, then
+// "..." and its full length.
+inline std::string text_excerpt(std::string s, size_t max = 60) {
+  if (s.size() <= max) return s;
+  const size_t n = s.size();
+  s.resize(max);
+  return s + "... (" + std::to_string(n) + " characters)";
+}
 
 // Parses `text` (a std::string, a std::istream or anything nlohmann::json::parse
 // takes); `source` names it in the depth error ("configs/x.json", "--set a.b").
@@ -69,18 +79,18 @@ nlohmann::json parse_json(Input&& text, const std::string& source, int max_depth
   } catch (const json::out_of_range& e) {
     std::string path;
     for (const std::string& k : keys) path += (path.empty() ? "" : ".") + (k.empty() ? std::string("[]") : k);
-    throw Error(source + (path.empty() ? "" : ": " + path) + ": " + json_error_text(e.what()) +
+    throw Error(source + (path.empty() ? "" : ": " + path) + ": " + text_excerpt(json_error_text(e.what()), 100) +
                 "; valid: a number within a double's range (about +-1.8e308)");
   }
 }
 
-// Text quoted in an error message: at most `max` characters of it, then
-// "..." and its full length.
-inline std::string text_excerpt(std::string s, size_t max = 60) {
-  if (s.size() <= max) return s;
-  const size_t n = s.size();
-  s.resize(max);
-  return s + "... (" + std::to_string(n) + " characters)";
+// A directory named where a file belongs: std::ifstream opens one and then
+// reads nothing (or fails with a bare "Is a directory"), so readers check first.
+// Throws "KEY: PATH is a directory; expected EXPECTED" (no "KEY: " when key is empty).
+inline void reject_directory(const std::string& path, const std::string& expected, const std::string& key = "") {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error((key.empty() ? "" : key + ": ") + path + " is a directory; expected " + expected);
 }
 
 // The value's JSON text for an error message, cut as text_excerpt does (invalid

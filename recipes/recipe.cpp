@@ -340,6 +340,7 @@ Recipe parse_recipe(const std::string& s) {
     }
     return recipe_from_json(j, "recipe");
   }
+  reject_directory(s, "a canned recipe name, a JSON object or a recipe JSON file", "recipe");
   std::ifstream f(s);
   if (!f) {
     std::string names;

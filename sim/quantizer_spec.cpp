@@ -279,6 +279,7 @@ QuantizerSpec parse_quantizer(const std::string& s) {
     }
     return quantizer_from_json(j, "quantizer");
   }
+  reject_directory(s, "a canned quantizer name, a JSON object or a quantizer JSON file", "quantizer");
   std::ifstream f(s);
   if (!f) {
     throw Error("quantizer '" + s + "' is neither a canned name (" + join_names() +

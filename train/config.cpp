@@ -643,9 +643,7 @@ json config_to_json(const RunConfig& c) {
 }
 
 json read_json_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw Error(path + ": is a directory; expected a JSON file");
+  reject_directory(path, "a JSON file");
   std::ifstream f(path);
   if (!f) {
     const int e = errno;
@@ -675,6 +673,9 @@ void apply_set(json& j, const std::string& a) {
     v = parse_json(val, "--set " + text_excerpt(key), kJsonMaxDepth - levels);
   } catch (const json::parse_error&) {
     v = val;
+  } catch (const Error&) {
+    if (!is_integer_literal(json(val))) throw;
+    v = val;  // an integer beyond a double: kept as given, for the key's range error
   }
   // An integer beyond 64 bits stays as given (a string), so a range error can name it.
   if (v.is_number_float() && is_integer_literal(json(val))) v = val;

@@ -1,12 +1,12 @@
 #include "train/data.hpp"
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "core/philox.hpp"
 
 namespace fp4lab::train {
@@ -30,16 +30,8 @@ Batch slice_batch(const Batch& b, int64_t begin, int64_t end) {
 
 namespace {
 
-// A directory where a data file belongs: std::ifstream opens one and then
-// reads nothing, which would pass for an empty or truncated file.
-void check_not_directory(const std::string& path, const char* expected) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw Error("data.path: " + path + " is a directory; expected " + expected);
-}
-
 std::vector<uint8_t> read_file(const std::string& path) {
-  check_not_directory(path, "an MNIST IDX file (data.path is the directory holding them)");
+  reject_directory(path, "an MNIST IDX file (data.path is the directory holding them)", "data.path");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw Error("cannot open " + path +
@@ -162,7 +154,7 @@ CharText make_char_text(const std::string& text) {
 }
 
 CharText load_char_text(const std::string& path) {
-  check_not_directory(path, "a text file (tiny Shakespeare's input.txt)");
+  reject_directory(path, "a text file (tiny Shakespeare's input.txt)", "data.path");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw Error("cannot open text file " + path +

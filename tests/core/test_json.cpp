@@ -43,7 +43,7 @@ TEST_CASE("parse_json: 100000 nested '[' (closed or not) and a stream are refuse
   const std::string open(100000, '[');
   CHECK_THROWS_WITH_AS(parse_json(open, "hostile.json"), doctest::Contains("hostile.json"), Error);
   CHECK_THROWS_AS(parse_json(open + std::string(100000, ']'), "hostile.json"), Error);
-  std::istringstream f(std::string(100000, '{'));
+  std::istringstream f(std::string(100000, '['));
   CHECK_THROWS_AS(parse_json(f, "stream"), Error);
   std::istringstream g(nested_objects(200000));
   CHECK_THROWS_WITH_AS(parse_json(g, "g.json"), doctest::Contains("g.json: JSON nested deeper"), Error);
@@ -54,7 +54,12 @@ TEST_CASE("parse_json: a smaller max_depth; syntax errors stay parse_error") {
   CHECK_THROWS_WITH_AS(parse_json(nested_arrays(4), "--set a.b", 3),
                        doctest::Contains("--set a.b: JSON nested deeper than 3 levels"), Error);
   CHECK_THROWS_AS(parse_json("{\"a\": }", "x"), nlohmann::json::parse_error);
-  CHECK(parse_json("1e999", "x").get<double>() > 1e308);  // inf: range checks are the readers' job
+  // A number beyond a double: an Error naming the source and the key it is under.
+  CHECK_THROWS_WITH_AS(parse_json("1e999", "x"), doctest::Contains("x: number overflow parsing '1e999'"), Error);
+  CHECK_THROWS_WITH_AS(parse_json(R"({"training": {"lr": -1e999}})", "c.json"),
+                       doctest::Contains("c.json: training.lr: number overflow"), Error);
+  CHECK_THROWS_WITH_AS(parse_json(R"({"a": [1, {"b": 1e400}]})", "c.json"), doctest::Contains("c.json: a.[].b: number"),
+                       Error);
 }
 
 TEST_CASE("json_excerpt and text_excerpt: at most ~60 characters, with the full length") {

@@ -105,8 +105,13 @@ TEST_CASE("config ranges: each numeric key out of its range names the key and th
       {"output.capture_step=-2", "config.output.capture_step: -2 is out of range"},
   };
   for (const Bad& b : gpt) {
-    CAPTURE(b.set);
-    CHECK(error_after(tiny_gpt(), b.set).find(b.expect) != std::string::npos);
+    const std::string set = b.set;
+    json base = tiny_gpt();  // the MoE's other keys, with experts
+    if (set.starts_with("model.moe.") && !set.starts_with("model.moe.experts")) apply_set(base, "model.moe.experts=4");
+    const std::string e = error_after(base, b.set);
+    CAPTURE(set);
+    CAPTURE(e);
+    CHECK(e.find(b.expect) != std::string::npos);
   }
   const Bad vit[] = {
       {"data.std=0", "config.data.std: 0 is out of range; valid: a finite number > 0"},
@@ -120,8 +125,10 @@ TEST_CASE("config ranges: each numeric key out of its range names the key and th
       {"model.mlp_ratio=0.001", "config.model.mlp_ratio: 0.001 x width 64 leaves an MLP of no units"},
   };
   for (const Bad& b : vit) {
-    CAPTURE(b.set);
-    CHECK(error_after(tiny_vit(), b.set).find(b.expect) != std::string::npos);
+    const std::string set = b.set, e = error_after(tiny_vit(), b.set);
+    CAPTURE(set);
+    CAPTURE(e);
+    CHECK(e.find(b.expect) != std::string::npos);
   }
   // The defaults and the edges of each range are valid.
   CHECK(error_after(tiny_gpt(), "training.min_lr=0") == "");
@@ -138,7 +145,7 @@ TEST_CASE("config ranges: 1e999 and other non-finite numbers name the key, from 
   // In a file: the file and the key.
   const fs::path p = fs::temp_directory_path() / "fp4lab_test_config_ranges_inf.json";
   std::ofstream(p) << R"({"name": "x", "training": {"batch_size": 4, "lr": 1e999}})";
-  CHECK_THROWS_WITH_AS(read_json_file(p.string()), doctest::Contains(p.string() + ": training.lr: number overflow"),
+  CHECK_THROWS_WITH_AS(read_json_file(p.string()), doctest::Contains((p.string() + ": training.lr: number overflow").c_str()),
                        Error);
   fs::remove(p);
   // An integer literal beyond 64 bits for a float key becomes inf: a range error naming the key.
@@ -199,7 +206,7 @@ TEST_CASE("config: model.layers=1e9 and a model of 2^60 parameters fail fast (no
 TEST_CASE("config: deeply nested JSON in a file, a --set value, a --set key or an inline recipe is one Error") {
   const fs::path p = fs::temp_directory_path() / "fp4lab_test_config_ranges_deep.json";
   std::ofstream(p) << "{\"name\": " << std::string(100000, '[');
-  CHECK_THROWS_WITH_AS(read_json_file(p.string()), doctest::Contains(p.string() + ": JSON nested deeper than 64"),
+  CHECK_THROWS_WITH_AS(read_json_file(p.string()), doctest::Contains((p.string() + ": JSON nested deeper than 64").c_str()),
                        Error);
   fs::remove(p);
   json j = tiny_gpt();
@@ -224,9 +231,13 @@ TEST_CASE("config: deeply nested JSON in a file, a --set value, a --set key or a
 TEST_CASE("data.path: a directory where the data file belongs names the key and the path") {
   const fs::path d = fs::temp_directory_path() / "fp4lab_test_config_ranges_dir";
   fs::create_directories(d / "train-images-idx3-ubyte");
-  CHECK_THROWS_WITH_AS(load_char_text(d.string()), doctest::Contains("data.path: " + d.string() + " is a directory"),
+  CHECK_THROWS_WITH_AS(load_char_text(d.string()), doctest::Contains(("data.path: " + d.string() + " is a directory").c_str()),
                        Error);
   CHECK_THROWS_WITH_AS(load_mnist(d.string(), true), doctest::Contains("is a directory"), Error);
-  CHECK_THROWS_WITH_AS(read_json_file(d.string()), doctest::Contains(d.string() + ": is a directory"), Error);
+  CHECK_THROWS_WITH_AS(read_json_file(d.string()), doctest::Contains((d.string() + " is a directory; expected a JSON file").c_str()), Error);
+  // A recipe or quantizer "file" that is a directory: named, not a bare "Is a directory".
+  json r = tiny_gpt();
+  r["recipe"] = d.string();
+  CHECK(error_after(r, "name=\"r\"").find("recipe: " + d.string() + " is a directory") != std::string::npos);
   fs::remove_all(d);
 }
