@@ -132,6 +132,7 @@ void check_choice(const std::string& path, const std::string& v, std::initialize
   }
   throw Error(path + ": \"" + text_excerpt(v) + "\" is not valid; valid: " + all);
 }
+
 // Upper ends of the model's sizes: generous for this trainer (GPT-3 has 96
 // layers of width 12288), small enough that products of a few of them cannot
 // overflow 64 bits before check_run_size compares them with the memory.

@@ -92,6 +92,9 @@ def main():
             ("data.train_limit=-1", ["config.data.train_limit"]),
             ("training.lr=\"abc\"", ["config.training.lr", "wrong type"]),
             ("training.lr=" + "[" * 100000, ["--set training.lr", "nested deeper"]),
+            # (one argument holds at most 128 KiB on Linux)
+            ("training.lr=" + "[" * 60000 + "]" * 60000, ["--set training.lr", "nested deeper"]),
+            ("recipe=" + '{"a":' * 20000 + "1" + "}" * 20000, ["--set recipe", "nested deeper"]),
         ]
         for s, needles in cases:
             expect_input_error(tmp, "--set " + s[:60], "c.json", [s], needles)
@@ -109,13 +112,18 @@ def main():
         with open(os.path.join(tmp, "deep.json"), "w") as f:
             f.write('{"name": ' + "[" * 100000)
         expect_input_error(tmp, "deep config file", "deep.json", [], ["deep.json", "nested deeper than 64"])
+        # Closed: valid JSON, whose recursive copy or dump (a wrong-type message) overflowed the stack.
+        with open(os.path.join(tmp, "deep_closed.json"), "w") as f:
+            f.write('{"name": ' + "[" * 100000 + "]" * 100000 + "}")
+        expect_input_error(tmp, "deep closed config file", "deep_closed.json", [],
+                           ["deep_closed.json", "nested deeper than 64"])
         with open(os.path.join(tmp, "inf.json"), "w") as f:
             f.write(json.dumps(cfg).replace('"batch_size": 2', '"batch_size": 2, "lr": 1e999'))
         expect_input_error(tmp, "lr 1e999 in a file", "inf.json", [], ["inf.json", "training.lr", "overflow"])
         os.mkdir(os.path.join(tmp, "cfgdir"))
         expect_input_error(tmp, "config is a directory", "cfgdir", [], ["cfgdir", "directory"])
         with open(os.path.join(tmp, "deeprecipe.json"), "w") as f:
-            f.write('{"extends": ' + "[" * 100000)
+            f.write('{"extends": ' + "[" * 100000 + "]" * 100000 + "}")
         expect_input_error(tmp, "deep recipe file", "c.json", ["recipe=\"deeprecipe.json\""],
                            ["deeprecipe.json", "nested deeper than 64"])
 
