@@ -691,8 +691,9 @@ void apply_set(json& j, const std::string& a) {
       if (cur->is_null())
         *cur = json::object();
       else
-        throw Error("--set \"" + text_excerpt(a) + "\": \"" + text_excerpt(key.substr(0, start - 1)) +
-                    "\" is not an object");
+        throw Error("--set \"" + text_excerpt(a) + "\": " +
+                    (start == 0 ? std::string("the config") : "\"" + text_excerpt(key.substr(0, start - 1)) + "\"") +
+                    " is " + json_excerpt(*cur) + ", not an object");
     }
     if (dot == std::string::npos) {
       (*cur)[part] = v;

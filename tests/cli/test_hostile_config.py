@@ -8,6 +8,7 @@ Usage: test_hostile_config.py PATH/TO/fp4lab. Python standard library only.
 Prints one FAIL line per failed check; exits 1 if any."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ def expect_input_error(cwd, what, config, sets, needles, header=False):
     """Exit 2, exactly one stderr line "fp4lab: error: ..." holding every needle, no completed run.
     header: the run's "fp4lab train: NAME ... -> DIR" line may come first (errors found while
     loading the data, after the config checks)."""
+    shutil.rmtree(os.path.join(cwd, "runs"), ignore_errors=True)  # no case sees another's run
     rc, _, err = train(cwd, config, *sets)
     lines = err.strip().splitlines()
     if header and len(lines) == 2 and lines[0].startswith("fp4lab train: "):

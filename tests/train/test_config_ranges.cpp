@@ -215,6 +215,11 @@ TEST_CASE("config: deeply nested JSON in a file, a --set value, a --set key or a
   std::string key = "a";
   for (int i = 0; i < 100000; ++i) key += ".a";
   CHECK_THROWS_WITH_AS(apply_set(j, key + "=1"), doctest::Contains("components; valid: fewer than 64"), Error);
+  // Through a non-object: named, the top level as "the config".
+  json arr = json::array({1});
+  CHECK_THROWS_WITH_AS(apply_set(arr, "a=1"), doctest::Contains("the config is [1], not an object"), Error);
+  CHECK_THROWS_WITH_AS(apply_set(j, "training.steps.x=1"), doctest::Contains("\"training.steps\" is 10, not an object"),
+                       Error);
   // A value that fits under its key: the whole stays within the limit.
   CHECK_NOTHROW(apply_set(j, "recipe.x=" + std::string(60, '[') + std::string(60, ']')));
   // An inline recipe string with deep JSON: the recipe's error, prefixed with the key.
