@@ -268,7 +268,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
       } else if (s == "bf16" || s == "bfloat16") {
         r.high_precision = HighPrecision::bf16;
       } else {
-        throw Error(path + ": unknown high-precision mode '" + s + "'; valid: fp32, bf16");
+        throw Error(path + ": unknown high-precision mode '" + text_excerpt(s) + "'; valid: fp32, bf16");
       }
     } else if (k == "keep_high_precision") {
       if (!v.is_array()) throw Error(path + ": expected an array of layer-name patterns, got " + json_excerpt(v));
@@ -345,7 +345,7 @@ Recipe parse_recipe(const std::string& s) {
   if (!f) {
     std::string names;
     for (const auto& n : recipe_names()) names += (names.empty() ? "" : ", ") + n;
-    throw Error("recipe '" + s + "' is neither a canned recipe (" + names +
+    throw Error("recipe '" + text_excerpt(s) + "' is neither a canned recipe (" + names +
                 "), a JSON object, nor a readable JSON file");
   }
   nlohmann::json j;

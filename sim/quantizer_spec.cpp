@@ -169,7 +169,7 @@ E parse_named(const std::string& s, const char* key, std::initializer_list<std::
     if (s == name) return e;
     valid += (valid.empty() ? "" : ", ") + std::string(name);
   }
-  throw Error("unknown " + std::string(key) + " '" + s + "'; valid: " + valid);
+  throw Error("unknown " + std::string(key) + " '" + text_excerpt(s) + "'; valid: " + valid);
 }
 }  // namespace
 
@@ -275,14 +275,14 @@ QuantizerSpec parse_quantizer(const std::string& s) {
     try {
       j = parse_json(s, "quantizer JSON");
     } catch (const nlohmann::json::parse_error& e) {
-      throw Error("quantizer JSON '" + s + "' does not parse: " + json_error_text(e.what()));
+      throw Error("quantizer JSON '" + text_excerpt(s) + "' does not parse: " + json_error_text(e.what()));
     }
     return quantizer_from_json(j, "quantizer");
   }
   reject_directory(s, "a canned quantizer name, a JSON object or a quantizer JSON file", "quantizer");
   std::ifstream f(s);
   if (!f) {
-    throw Error("quantizer '" + s + "' is neither a canned name (" + join_names() +
+    throw Error("quantizer '" + text_excerpt(s) + "' is neither a canned name (" + join_names() +
                 "), a JSON object, nor a readable JSON file");
   }
   nlohmann::json j;

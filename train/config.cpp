@@ -137,7 +137,7 @@ void check_choice(const std::string& path, const std::string& v, std::initialize
 // layers of width 12288), small enough that products of a few of them cannot
 // overflow 64 bits before check_run_size compares them with the memory.
 constexpr double kMaxLayers = 1024, kMaxWidth = 65536, kMaxExperts = 4096, kMaxImageSize = 4096, kMaxClasses = 65536,
-                 kMaxMlpRatio = 64, kMaxContext = 65536, kMaxVocab = 1 << 24;
+                 kMaxMlpRatio = 64, kMaxContext = 65536, kMaxVocab = 1 << 24, kMaxTopK = 64;
 // Upper ends of the training's counts: a batch of 2^24 samples, 10^12 steps, 10^6 evaluation batches.
 constexpr double kMaxBatch = 1 << 24, kMaxSteps = 1e12, kMaxEvalIters = 1e6, kMaxEpochs = 1e6;
 
@@ -191,7 +191,8 @@ void parse_moe(const json& m, const std::string& where, int64_t width, MoeConfig
   o.get("quantize_router", c.quantize_router);
   o.finish();
   check_range(where + ".experts", c.experts, {1, kMaxExperts});
-  check_range(where + ".top_k", c.top_k, {1, double(c.experts)}, "at most experts");
+  // top_k: routing picks each token's experts one by one (train/moe.cpp, O(top_k^2 experts) a token).
+  check_range(where + ".top_k", c.top_k, {1, std::min(double(c.experts), kMaxTopK)}, "at most experts and 64");
   check_range(where + ".expert_hidden", c.expert_hidden, {0, kMaxWidth}, "0: 4 * width / top_k");
   if (c.expert_hidden == 0 && (4 * width) % c.top_k != 0)
     throw Error(where + ".expert_hidden: 0 (4 * width / top_k) needs top_k to divide 4 * width = " +

@@ -22,6 +22,10 @@
 //             name, output.name and the recipe label must make one directory name:
 //             non-empty, no '/', no "..", no control characters
 //   Integers out of their type's range (seed: 0..2^64-1) are errors naming the value.
+//   Every numeric key has a range (train/config.cpp; docs/DESIGN.md, "Configs"): a value
+//   outside it, NaN or inf is an error naming the key and the valid range, and a config
+//   whose sizes need more than the host's memory fails before anything is allocated
+//   (check_run_size).
 // Every key is optional except model.type and data.type; unknown keys are
 // errors naming the JSON path (e.g. "config.training.lr_max: unknown key; valid: ...").
 #pragma once

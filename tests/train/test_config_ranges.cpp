@@ -14,6 +14,8 @@
 
 #include "core/error.hpp"
 #include "core/json.hpp"
+#include "sim/quantizer.hpp"
+#include "train/checkpoint.hpp"
 #include "train/config.hpp"
 #include "train/data.hpp"
 
@@ -72,6 +74,7 @@ TEST_CASE("config ranges: each numeric key out of its range names the key and th
       {"model.vocab_size=0", "config.model.vocab_size: 0 is out of range"},
       {"model.moe.experts=0", "config.model.moe.experts: 0 is out of range"},
       {"model.moe.experts=100000", "config.model.moe.experts: 100000 is out of range; valid: an integer in 1..4096"},
+      {"model.moe.top_k=5", "config.model.moe.top_k: 5 is out of range; valid: an integer in 1..4"},
       {"model.moe.aux_loss=-1", "config.model.moe.aux_loss: -1 is out of range; valid: a finite number >= 0"},
       {"model.moe.z_loss=-0.5", "config.model.moe.z_loss: -0.5 is out of range"},
       {"model.moe.expert_hidden=-1", "config.model.moe.expert_hidden: -1 is out of range"},
@@ -227,6 +230,22 @@ TEST_CASE("config: deeply nested JSON in a file, a --set value, a --set key or a
   r["recipe"] = "{\"extends\": " + std::string(100000, '[');
   CHECK(error_after(r, "name=\"r\"").find("config.recipe: recipe JSON: JSON nested deeper than 64") !=
         std::string::npos);
+  // A quantizer spec (--quantizer JSON text) and a checkpoint header: the same limit.
+  std::string q;
+  for (int i = 0; i < 100000; ++i) q += "{\"a\":";
+  CHECK_THROWS_WITH_AS(parse_quantizer(q + "1" + std::string(100000, '}')),
+                       doctest::Contains("quantizer JSON: JSON nested deeper than 64"), Error);
+  const fs::path ck = fs::temp_directory_path() / "fp4lab_test_config_ranges_deep.ckpt";
+  {
+    const std::string h = std::string(100000, '[') + std::string(100000, ']');
+    const uint64_t len = h.size();
+    std::ofstream f(ck, std::ios::binary);
+    f.write("FP4LCK01", 8);
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f << h;
+  }
+  CHECK_THROWS_WITH_AS(read_checkpoint_header(ck), doctest::Contains("(checkpoint header): JSON nested deeper"), Error);
+  fs::remove(ck);
   // A long bad value is quoted in ~60 characters, not whole.
   json w = tiny_gpt();
   w["training"]["lr"] = std::string(100000, 'x');
