@@ -11,7 +11,9 @@
 //
 // json_excerpt(v) is how an error message quotes a value: its dump, cut to
 // about 60 characters ("[1,2,3,...] (1205 characters)"), so that a message
-// stays one short line whatever the value.
+// stays one short line whatever the value; text_excerpt cuts any quoted text so.
+// reject_directory(path, ...) is the readers' check that a named file is not a
+// directory (which std::ifstream opens, then reads as empty).
 #pragma once
 
 #include <cstddef>
@@ -27,8 +29,8 @@
 namespace fp4lab {
 
 // The most levels of nested arrays and objects a JSON input may have ("[]" is 1,
-// "[[]]" is 2). Every file the project reads needs at most 5; 64 leaves room
-// for inline recipes and hand-written configs.
+// "[[]]" is 2). The files the project writes need a few; 64 leaves room for
+// inline recipes and hand-written configs.
 inline constexpr int kJsonMaxDepth = 64;
 
 // Text quoted in an error message: at most `max` characters of it, then
@@ -77,9 +79,10 @@ nlohmann::json parse_json(Input&& text, const std::string& source, int max_depth
   try {
     return json::parse(std::forward<Input>(text), track);
   } catch (const json::out_of_range& e) {
+    if (e.id != 406) throw;  // 406: a number beyond a double
     std::string path;
     for (const std::string& k : keys) path += (path.empty() ? "" : ".") + (k.empty() ? std::string("[]") : k);
-    throw Error(source + (path.empty() ? "" : ": " + path) + ": " + text_excerpt(json_error_text(e.what()), 100) +
+    throw Error(source + (path.empty() ? "" : ": " + text_excerpt(path)) + ": " + text_excerpt(json_error_text(e.what()), 100) +
                 "; valid: a number within a double's range (about +-1.8e308)");
   }
 }

@@ -401,6 +401,11 @@ void parse_output(const json& out, const std::string& where, RunConfig& c) {
   oo.finish();
   check_range(where + ".output.capture_step", c.capture_step, {-1, kMaxSteps}, "a training step; -1: none");
   if (c.output_dir.empty()) throw Error(where + ".output.dir: empty; valid: a directory path (default \"runs\")");
+  // A file in its place would surface later as a bare "filesystem error" from creating the run directory.
+  std::error_code ec;
+  if (std::filesystem::exists(c.output_dir, ec) && !std::filesystem::is_directory(c.output_dir, ec))
+    throw Error(where + ".output.dir: " + text_excerpt(c.output_dir) +
+                " exists and is not a directory; valid: a directory path (created if missing)");
 }
 
 // A name that becomes (part of) one directory name under output.dir: not

@@ -100,6 +100,8 @@ def main():
         ]
         for s, needles in cases:
             expect_input_error(tmp, "--set " + s[:60], "c.json", [s], needles)
+        expect_input_error(tmp, "output.dir a file", "c.json", ['output.dir="t.txt"'],
+                           ["config.output.dir", "t.txt", "not a directory"])
         expect_input_error(tmp, "data.path a directory", "c.json", ["data.path=\"" + tmp + "\""],
                            ["data.path", tmp, "is a directory"], header=True)
 

@@ -259,6 +259,11 @@ TEST_CASE("data.path: a directory where the data file belongs names the key and 
                        Error);
   CHECK_THROWS_WITH_AS(load_mnist(d.string(), true), doctest::Contains("is a directory"), Error);
   CHECK_THROWS_WITH_AS(read_json_file(d.string()), doctest::Contains((d.string() + " is a directory; expected a JSON file").c_str()), Error);
+  // output.dir naming a file: the key, not a "filesystem error" when the run directory is made.
+  std::ofstream(d / "file") << "x";
+  CHECK(error_after(tiny_gpt(), "output.dir=\"" + (d / "file").string() + "\"")
+            .find("config.output.dir: " + (d / "file").string() + " exists and is not a directory") !=
+        std::string::npos);
   // A recipe or quantizer "file" that is a directory: named, not a bare "Is a directory".
   json r = tiny_gpt();
   r["recipe"] = d.string();
