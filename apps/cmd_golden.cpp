@@ -15,6 +15,7 @@
 #include "apps/commands.hpp"
 #include "core/philox.hpp"
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "core/npy.hpp"
 #include "sim/packing.hpp"
 #include "sim/quantizer.hpp"
@@ -274,7 +275,7 @@ nlohmann::json read_manifest(const std::string& suite, const fs::path& mpath) {
     throw Error(mpath.string() + ": cannot read the suite manifest (is " + suite + " a `fp4lab golden` directory?)");
   nlohmann::json m;
   try {
-    m = nlohmann::json::parse(f);
+    m = parse_json(f, mpath.string());
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(mpath.string() + ": not valid JSON: " + json_message(e.what()));
   }
@@ -282,7 +283,7 @@ nlohmann::json read_manifest(const std::string& suite, const fs::path& mpath) {
     throw Error(mpath.string() + ": not a fp4lab golden suite (key 'suite' is not '" + suite_format + "')");
   const nlohmann::json ver = m.contains("suite_version") ? m["suite_version"] : nlohmann::json();
   if (!ver.is_number_integer() || ver.get<int64_t>() != suite_version)
-    throw Error(mpath.string() + ": suite_version " + ver.dump() + " is not supported by this fp4lab (supports " +
+    throw Error(mpath.string() + ": suite_version " + json_excerpt(ver) + " is not supported by this fp4lab (supports " +
                 std::to_string(suite_version) + ")");
   if (!m.contains("cases") || !m["cases"].is_array() || m["cases"].empty())
     throw Error(mpath.string() + ": key 'cases' is missing, not an array or empty");
@@ -313,7 +314,7 @@ struct VerifyCase {
 std::pair<int64_t, int64_t> dims(const nlohmann::json& c, const char* key) {
   const auto v = c.at(key).get<std::vector<int64_t>>();
   if (v.size() != 2 || v[0] < 0 || v[1] < 0)
-    throw Error(std::string("key '") + key + "' is " + c.at(key).dump() + ", expected [rows, cols] (non-negative)");
+    throw Error(std::string("key '") + key + "' is " + json_excerpt(c.at(key)) + ", expected [rows, cols] (non-negative)");
   return {v[0], v[1]};
 }
 

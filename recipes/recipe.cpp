@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "recipes/recipe.hpp"
 
 namespace fp4lab {
@@ -88,17 +89,17 @@ void validate_operand(const QuantizerSpec& q, Operand op, const std::string& whe
 // --- JSON helpers -------------------------------------------------------------
 
 bool get_bool(const nlohmann::json& v, const std::string& path) {
-  if (!v.is_boolean()) throw Error(path + ": expected true or false, got " + v.dump());
+  if (!v.is_boolean()) throw Error(path + ": expected true or false, got " + json_excerpt(v));
   return v.get<bool>();
 }
 std::string get_string(const nlohmann::json& v, const std::string& path) {
-  if (!v.is_string()) throw Error(path + ": expected a string, got " + v.dump());
+  if (!v.is_string()) throw Error(path + ": expected a string, got " + json_excerpt(v));
   return v.get<std::string>();
 }
 uint64_t get_u64(const nlohmann::json& v, const std::string& path) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
   if (v.is_number_integer() && v.get<int64_t>() >= 0) return uint64_t(v.get<int64_t>());
-  throw Error(path + ": expected a non-negative integer, got " + v.dump());
+  throw Error(path + ": expected a non-negative integer, got " + json_excerpt(v));
 }
 
 std::optional<QuantizerSpec> operand_from_json(const nlohmann::json& v, const std::optional<QuantizerSpec>& base,
@@ -223,7 +224,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
       throw Error(where + ": " + e.what());
     }
   }
-  if (!j.is_object()) throw Error(where + ": a recipe must be a canned name or a JSON object, got " + j.dump());
+  if (!j.is_object()) throw Error(where + ": a recipe must be a canned name or a JSON object, got " + json_excerpt(j));
   Recipe r;
   r.name = "custom";
   if (j.contains("extends")) {
@@ -252,7 +253,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
         r.double_quantization = v.get<bool>();
         r.double_quantization_x = true;
       } else {
-        throw Error(path + ": expected true or false (or \"weights\": re-quantize W only), got " + v.dump());
+        throw Error(path + ": expected true or false (or \"weights\": re-quantize W only), got " + json_excerpt(v));
       }
     } else if (k == "forward_bias") {
       r.forward_bias = get_bool(v, path);
@@ -267,10 +268,10 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
       } else if (s == "bf16" || s == "bfloat16") {
         r.high_precision = HighPrecision::bf16;
       } else {
-        throw Error(path + ": unknown high-precision mode '" + s + "'; valid: fp32, bf16");
+        throw Error(path + ": unknown high-precision mode '" + text_excerpt(s) + "'; valid: fp32, bf16");
       }
     } else if (k == "keep_high_precision") {
-      if (!v.is_array()) throw Error(path + ": expected an array of layer-name patterns, got " + v.dump());
+      if (!v.is_array()) throw Error(path + ": expected an array of layer-name patterns, got " + json_excerpt(v));
       r.keep_high_precision.clear();
       for (size_t i = 0; i < v.size(); ++i)
         r.keep_high_precision.push_back(get_string(v[i], path + "[" + std::to_string(i) + "]"));
@@ -281,7 +282,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
         r.switch_to = get_string(v, path);
       }
     } else if (k == "switch_fraction") {
-      if (!v.is_number()) throw Error(path + ": expected a number in [0, 1], got " + v.dump());
+      if (!v.is_number()) throw Error(path + ": expected a number in [0, 1], got " + json_excerpt(v));
       r.switch_fraction = v.get<double>();
     } else {
       bool found = false;
@@ -300,7 +301,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
   if (j.contains("sr_bits")) {
     const std::string path = where + ".sr_bits";
     const std::optional<SrBits> b = parse_sr_bits(get_string(j["sr_bits"], path));
-    if (!b) throw Error(path + ": unknown sr_bits " + j["sr_bits"].dump() + "; valid: " + sr_bits_names);
+    if (!b) throw Error(path + ": unknown sr_bits " + json_excerpt(j["sr_bits"]) + "; valid: " + sr_bits_names);
     for (auto& q : r.operands)
       if (q && q->round == Round::rs) q->sr_bits = *b;
   }
@@ -333,22 +334,23 @@ Recipe parse_recipe(const std::string& s) {
   if (first != std::string::npos && s[first] == '{') {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(s);
+      j = parse_json(s, "recipe JSON");
     } catch (const nlohmann::json::parse_error& e) {
       throw Error("recipe JSON does not parse: " + json_error_text(e.what()));
     }
     return recipe_from_json(j, "recipe");
   }
+  reject_directory(s, "a canned recipe name, a JSON object or a recipe JSON file", "recipe");
   std::ifstream f(s);
   if (!f) {
     std::string names;
     for (const auto& n : recipe_names()) names += (names.empty() ? "" : ", ") + n;
-    throw Error("recipe '" + s + "' is neither a canned recipe (" + names +
+    throw Error("recipe '" + text_excerpt(s) + "' is neither a canned recipe (" + names +
                 "), a JSON object, nor a readable JSON file");
   }
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    j = parse_json(f, s);
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(s + ": not valid JSON: " + json_error_text(e.what()));
   }

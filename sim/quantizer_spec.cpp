@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "sim/fp4tk.hpp"
 #include "sim/nvfp4_options.hpp"
 #include "sim/quantizer.hpp"
@@ -156,7 +157,7 @@ constexpr const char* json_keys =
     "scale_select, select_error, e4m3_max";
 
 std::string get_string(const nlohmann::json& v, const std::string& path) {
-  if (!v.is_string()) throw Error(path + ": expected a string, got " + v.dump());
+  if (!v.is_string()) throw Error(path + ": expected a string, got " + json_excerpt(v));
   return v.get<std::string>();
 }
 
@@ -168,7 +169,7 @@ E parse_named(const std::string& s, const char* key, std::initializer_list<std::
     if (s == name) return e;
     valid += (valid.empty() ? "" : ", ") + std::string(name);
   }
-  throw Error("unknown " + std::string(key) + " '" + s + "'; valid: " + valid);
+  throw Error("unknown " + std::string(key) + " '" + text_excerpt(s) + "'; valid: " + valid);
 }
 }  // namespace
 
@@ -180,7 +181,7 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
       throw Error(where + ": " + e.what());
     }
   }
-  if (!j.is_object()) throw Error(where + ": a quantizer must be a canned name or a JSON object, got " + j.dump());
+  if (!j.is_object()) throw Error(where + ": a quantizer must be a canned name or a JSON object, got " + json_excerpt(j));
   QuantizerSpec q;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
@@ -193,10 +194,10 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
         q.scale = &format_by_name(get_string(v, path));
       } else if (k == "block") {
         if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
-          throw Error(path + ": expected [block_rows, block_cols] (two integers; [0,0] = per tensor), got " + v.dump());
+          throw Error(path + ": expected [block_rows, block_cols] (two integers; [0,0] = per tensor), got " + json_excerpt(v));
         const int64_t br = v[0].get<int64_t>(), bc = v[1].get<int64_t>();
         if (br < 0 || bc < 0 || br > (1 << 20) || bc > (1 << 20))
-          throw Error(path + ": block extents must be in [0, 2^20], got " + v.dump());
+          throw Error(path + ": block extents must be in [0, 2^20], got " + json_excerpt(v));
         q.block_rows = int(br);
         q.block_cols = int(bc);
       } else if (k == "scale_rule") {
@@ -211,15 +212,15 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
                                                    {"tensor_amax", GlobalScale::tensor_amax},
                                                    {"row_amax", GlobalScale::row_amax}});
       } else if (k == "rht") {
-        if (!v.is_boolean()) throw Error(path + ": expected true or false, got " + v.dump());
+        if (!v.is_boolean()) throw Error(path + ": expected true or false, got " + json_excerpt(v));
         q.rht = v.get<bool>();
       } else if (k == "rht_seed") {
         if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
-          throw Error(path + ": expected a non-negative integer, got " + v.dump());
+          throw Error(path + ": expected a non-negative integer, got " + json_excerpt(v));
         q.rht_seed = v.get<uint64_t>();
       } else if (k == "sr_bits") {
         const std::optional<SrBits> b = parse_sr_bits(get_string(v, path));
-        if (!b) throw Error(path + ": unknown sr_bits " + v.dump() + "; valid: " + sr_bits_names);
+        if (!b) throw Error(path + ": unknown sr_bits " + json_excerpt(v) + "; valid: " + sr_bits_names);
         q.sr_bits = *b;
       } else if (k == "emulate") {
         q.emulate = parse_named<Emulation>(get_string(v, path), "emulate",
@@ -230,7 +231,7 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
         q.select_error = parse_select_error(get_string(v, path));
       } else if (k == "e4m3_max") {
         if (!v.is_number_integer() || (v.get<int64_t>() != 448 && v.get<int64_t>() != 256))
-          throw Error(path + ": expected 448 or 256 (E4M3_MAX of four_over_six's global scale), got " + v.dump());
+          throw Error(path + ": expected 448 or 256 (E4M3_MAX of four_over_six's global scale), got " + json_excerpt(v));
         q.e4m3_max = int(v.get<int64_t>());
       } else {
         throw Error("unknown key '" + k + "'; valid keys: " + json_keys);
@@ -272,20 +273,21 @@ QuantizerSpec parse_quantizer(const std::string& s) {
   if (first != std::string::npos && s[first] == '{') {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(s);
+      j = parse_json(s, "quantizer JSON");
     } catch (const nlohmann::json::parse_error& e) {
-      throw Error("quantizer JSON '" + s + "' does not parse: " + json_error_text(e.what()));
+      throw Error("quantizer JSON '" + text_excerpt(s) + "' does not parse: " + json_error_text(e.what()));
     }
     return quantizer_from_json(j, "quantizer");
   }
+  reject_directory(s, "a canned quantizer name, a JSON object or a quantizer JSON file", "quantizer");
   std::ifstream f(s);
   if (!f) {
-    throw Error("quantizer '" + s + "' is neither a canned name (" + join_names() +
+    throw Error("quantizer '" + text_excerpt(s) + "' is neither a canned name (" + join_names() +
                 "), a JSON object, nor a readable JSON file");
   }
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    j = parse_json(f, "quantizer file '" + s + "'");
   } catch (const nlohmann::json::parse_error& e) {
     throw Error("quantizer file '" + s + "' is not valid JSON: " + json_error_text(e.what()));
   }

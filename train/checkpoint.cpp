@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "train/checksum.hpp"
 #include "train/run_files.hpp"
+#include "core/json.hpp"
 
 namespace fp4lab::train {
 
@@ -97,7 +98,7 @@ Header read_header(std::istream& f, const fs::path& path) {
     hd.payload_offset += 4;
   }
   try {
-    hd.fields = json::parse(h);
+    hd.fields = parse_json(h, path.string() + " (checkpoint header)");
   } catch (const json::exception& e) {
     bad(path, "the header is not JSON: " + json_error_text(e.what()));
   }

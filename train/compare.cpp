@@ -23,6 +23,7 @@
 #include "train/process.hpp"
 #include "train/run_files.hpp"
 #include "core/error.hpp"
+#include "core/json.hpp"
 
 namespace fp4lab::train {
 
@@ -36,7 +37,6 @@ namespace {
 // 2-3 levels), low enough that a hostile archive cannot exhaust memory or time.
 constexpr uintmax_t kMaxSummaryBytes = uintmax_t(1) << 20;
 constexpr size_t kMaxMetricsLine = size_t(1) << 20;
-constexpr int kMaxDepth = 64;
 constexpr size_t kMaxText = 256;  // a string value (recipe, metric, status, ...) in bytes
 
 // Text from a run archive or a path, ready for a table or an error line.
@@ -68,16 +68,11 @@ std::string describe(const json& v) {
   return v.dump();  // true, false, null
 }
 
-// JSON text parsed with the nesting limited to kMaxDepth; errors name `where`
+// JSON text parsed with the nesting limited (core/json.hpp); errors name `where`
 // (a file, or file:line) and are one line.
 json parse_archive_json(const std::string& text, const std::string& where) {
   try {
-    return json::parse(text, [&](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxDepth)
-        throw Error(where + ": JSON nested deeper than " + std::to_string(kMaxDepth) +
-                    " levels; not a file fp4lab writes");
-      return true;
-    });
+    return parse_json(text, where);  // core/json.hpp: nesting at most kJsonMaxDepth levels
   } catch (const json::exception& e) {
     throw Error(where + ": invalid JSON: " + shown(json_error_text(e.what())));
   }

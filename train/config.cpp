@@ -1,13 +1,19 @@
 #include "train/config.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 
 namespace fp4lab::train {
 
@@ -41,7 +47,7 @@ void check_integer_range(const std::string& path, const json& v) {
     out = std::isfinite(x) && x == std::floor(x) && (x < double(L::min()) || x >= end);
   }
   if (out)
-    throw Error(path + ": " + (v.is_string() ? v.get<std::string>() : v.dump()) +
+    throw Error(path + ": " + (v.is_string() ? text_excerpt(v.get<std::string>()) : json_excerpt(v)) +
                 " is out of range; valid: an integer in " + std::to_string(L::min()) + ".." + std::to_string(L::max()));
 }
 
@@ -66,7 +72,8 @@ class Obj {
         if (!it->is_number_integer()) throw 0;
       } else if constexpr (std::is_floating_point_v<T>) {
         if (is_integer_literal(*it)) {  // an integer too large for JSON's integers (apply_set)
-          out = T(std::stod(it->template get<std::string>()));
+          // strtod, not stod: 400 digits become inf (a range error naming the key), not std::out_of_range.
+          out = T(std::strtod(it->template get_ref<const std::string&>().c_str(), nullptr));
           return;
         }
         if (!it->is_number()) throw 0;
@@ -75,7 +82,7 @@ class Obj {
       }
       out = it->template get<T>();
     } catch (int) {
-      throw Error(path + ": " + it->dump() + " has the wrong type; expected " + type_of<T>());
+      throw Error(path + ": " + json_excerpt(*it) + " has the wrong type; expected " + type_of<T>());
     }
   }
   void get_json(const char* key, json& out) {
@@ -123,11 +130,52 @@ void check_choice(const std::string& path, const std::string& v, std::initialize
     if (v == c) return;
     all += (all.empty() ? "" : ", ") + std::string(c);
   }
-  throw Error(path + ": \"" + v + "\" is not valid; valid: " + all);
+  throw Error(path + ": \"" + text_excerpt(v) + "\" is not valid; valid: " + all);
 }
-void check_positive(const std::string& path, double v, bool allow_zero = false) {
-  if (!(allow_zero ? v >= 0 : v > 0))
-    throw Error(path + ": " + std::to_string(v) + " must be " + (allow_zero ? ">= 0" : "> 0"));
+
+// Upper ends of the model's sizes: generous for this trainer (GPT-3 has 96
+// layers of width 12288), small enough that products of a few of them cannot
+// overflow 64 bits before check_run_size compares them with the memory.
+constexpr double kMaxLayers = 1024, kMaxWidth = 65536, kMaxExperts = 4096, kMaxImageSize = 4096, kMaxClasses = 65536,
+                 kMaxMlpRatio = 64, kMaxContext = 65536, kMaxVocab = 1 << 24, kMaxTopK = 64;
+// Upper ends of the training's counts: a batch of 2^24 samples, 10^12 steps, 10^6 evaluation batches.
+constexpr double kMaxBatch = 1 << 24, kMaxSteps = 1e12, kMaxEvalIters = 1e6, kMaxEpochs = 1e6;
+
+// The valid values of a numeric key: lo..hi, an end excluded where it is open
+// (integers: lo..hi inclusive). NaN and +-inf are never valid: "lr": 1e999
+// parses as inf, and a run on it would "complete" with NaN losses.
+struct Range {
+  double lo, hi;
+  bool lo_open = false, hi_open = false;
+};
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A number for a message: up to 10 significant digits ("0.001", "1e+20", "inf").
+std::string num(double v) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%.10g", v);
+  return b;
+}
+
+// "PATH: V is out of range; valid: an integer in 1..1024" (or "a finite number
+// in [0, 1)", "a finite number > 0"), then `note` if any.
+template <class T>
+void check_range(const std::string& path, T v, Range r, const std::string& note = "") {
+  const double x = double(v);
+  const bool ok = std::isfinite(x) && (r.lo_open ? x > r.lo : x >= r.lo) && (r.hi_open ? x < r.hi : x <= r.hi);
+  if (ok) return;
+  std::string valid;
+  if constexpr (std::is_integral_v<T>) {
+    valid = r.hi == kInf ? "an integer >= " + num(r.lo) : "an integer in " + num(r.lo) + ".." + num(r.hi);
+  } else if (r.hi == kInf) {
+    valid = std::string("a finite number ") + (r.lo_open ? "> " : ">= ") + num(r.lo);
+  } else {
+    valid = std::string("a finite number in ") + (r.lo_open ? "(" : "[") + num(r.lo) + ", " + num(r.hi) +
+            (r.hi_open ? ")" : "]");
+  }
+  std::string shown = num(x);
+  if constexpr (std::is_integral_v<T>) shown = std::to_string(v);
+  throw Error(path + ": " + shown + " is out of range; valid: " + valid + (note.empty() ? "" : " (" + note + ")"));
 }
 
 // config.model.moe (gpt only): a mixture of experts in every block's MLP.
@@ -142,17 +190,15 @@ void parse_moe(const json& m, const std::string& where, int64_t width, MoeConfig
   o.get("z_loss", c.z_loss);
   o.get("quantize_router", c.quantize_router);
   o.finish();
-  check_positive(where + ".experts", double(c.experts));
-  if (c.top_k < 1 || c.top_k > c.experts)
-    throw Error(where + ".top_k: " + std::to_string(c.top_k) + " must be in [1, experts = " +
-                std::to_string(c.experts) + "]");
-  if (c.experts > 4096) throw Error(where + ".experts: " + std::to_string(c.experts) + " must be at most 4096");
-  check_positive(where + ".expert_hidden", double(c.expert_hidden), true);
+  check_range(where + ".experts", c.experts, {1, kMaxExperts});
+  // top_k: routing picks each token's experts one by one (train/moe.cpp, O(top_k^2 experts) a token).
+  check_range(where + ".top_k", c.top_k, {1, std::min(double(c.experts), kMaxTopK)}, "at most experts and 64");
+  check_range(where + ".expert_hidden", c.expert_hidden, {0, kMaxWidth}, "0: 4 * width / top_k");
   if (c.expert_hidden == 0 && (4 * width) % c.top_k != 0)
     throw Error(where + ".expert_hidden: 0 (4 * width / top_k) needs top_k to divide 4 * width = " +
                 std::to_string(4 * width) + "; give expert_hidden");
-  check_positive(where + ".aux_loss", c.aux_loss, true);
-  check_positive(where + ".z_loss", c.z_loss, true);
+  check_range(where + ".aux_loss", c.aux_loss, {0, kInf});
+  check_range(where + ".z_loss", c.z_loss, {0, kInf});
 }
 
 // config.model: the defaults of its type, then the given keys, then checks.
@@ -185,11 +231,32 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
   } else {
     mo.get("context", mc.context);
     mo.get("vocab_size", mc.vocab_size);
-    if (const json* moe = mo.sub("moe")) parse_moe(*moe, where + ".model.moe", mc.width, mc.moe);
   }
+  const json* moe = mc.type == "gpt" ? mo.sub("moe") : nullptr;
   mo.finish();
-  for (auto [k, v] : {std::pair{"layers", mc.layers}, {"heads", mc.heads}, {"width", mc.width}})
-    check_positive(where + ".model." + k, double(v));
+  // Each key's own range first, so that the checks between keys below never
+  // divide by zero or overflow; the memory the sizes need is checked later
+  // (check_run_size), with the batch.
+  const std::string mp = where + ".model.";
+  check_range(mp + "layers", mc.layers, {1, kMaxLayers});
+  check_range(mp + "width", mc.width, {1, kMaxWidth});
+  check_range(mp + "heads", mc.heads, {1, double(mc.width)}, "at most width, and a divisor of it");
+  check_range(mp + "dropout", mc.dropout, {0, 1, false, true});
+  check_range(mp + "layernorm_eps", mc.layernorm_eps, {0, 1, true, false});
+  if (mc.type == "vit") {
+    check_range(mp + "image_size", mc.image_size, {1, kMaxImageSize}, "MNIST's is 28");
+    check_range(mp + "patch_size", mc.patch_size, {1, double(mc.image_size)}, "a divisor of image_size");
+    check_range(mp + "channels", mc.channels, {1, 1}, "MNIST images are grayscale");
+    check_range(mp + "classes", mc.classes, {10, kMaxClasses}, "MNIST's labels are 0..9");
+    check_range(mp + "mlp_ratio", mc.mlp_ratio, {0, kMaxMlpRatio, true, false});
+    if (int64_t(double(mc.width) * mc.mlp_ratio) < 1)
+      throw Error(mp + "mlp_ratio: " + num(mc.mlp_ratio) + " x width " + std::to_string(mc.width) +
+                  " leaves an MLP of no units; valid: at least 1 / width");
+  } else {
+    check_range(mp + "context", mc.context, {1, kMaxContext});
+    check_range(mp + "vocab_size", mc.vocab_size, {1, kMaxVocab}, "char data sets it from the text");
+    if (moe) parse_moe(*moe, where + ".model.moe", mc.width, mc.moe);
+  }
   if (mc.width % mc.heads != 0)
     throw Error(where + ".model.width: " + std::to_string(mc.width) + " is not a multiple of heads (" +
                 std::to_string(mc.heads) + ")");
@@ -200,9 +267,7 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
                   std::to_string(hd) + " (width " + std::to_string(mc.width) + " / heads " +
                   std::to_string(mc.heads) + ")");
   }
-  if (mc.dropout < 0 || mc.dropout >= 1)
-    throw Error(where + ".model.dropout: " + std::to_string(mc.dropout) + " must be in [0, 1)");
-  if (mc.type == "vit" && (mc.patch_size <= 0 || mc.image_size % mc.patch_size != 0))
+  if (mc.type == "vit" && mc.image_size % mc.patch_size != 0)
     throw Error(where + ".model.patch_size: " + std::to_string(mc.patch_size) + " must divide image_size " +
                 std::to_string(mc.image_size));
 }
@@ -219,6 +284,11 @@ void parse_data(const json& d, const std::string& where, const std::string& mode
   dobj.get("train_limit", dc.train_limit);
   dobj.get("test_limit", dc.test_limit);
   dobj.finish();
+  if (dc.path.empty()) throw Error(where + ".data.path: empty; valid: the " + std::string(dc.type == "mnist" ? "directory of the MNIST IDX files" : "text file"));
+  check_range(where + ".data.mean", dc.mean, {-kInf, kInf});
+  check_range(where + ".data.std", dc.std, {0, kInf, true, false}, "images are (x - mean) / std");
+  check_range(where + ".data.train_limit", dc.train_limit, {0, kInf}, "0: all");
+  check_range(where + ".data.test_limit", dc.test_limit, {0, kInf}, "0: all");
   if ((dc.type == "mnist") != (model_type == "vit"))
     throw Error(where + ".data.type: \"" + dc.type + "\" does not fit model.type \"" + model_type +
                 "\" (vit trains on mnist, gpt on char)");
@@ -271,19 +341,31 @@ void check_training(const TrainingConfig& t, const std::string& where, const std
   if (t.optimizer == "adam" && t.adamw.weight_decay != 0.0)
     throw Error(where + ".training.weight_decay: " + std::to_string(t.adamw.weight_decay) +
                 " with optimizer \"adam\" (plain Adam has no decoupled decay); use optimizer \"adamw\"");
-  check_positive(where + ".training.batch_size", double(t.batch_size));
-  check_positive(where + ".training.lr", t.schedule.lr);
-  check_positive(where + ".training.log_interval", double(t.log_interval));
-  check_positive(where + ".training.eval_batch_size", double(t.eval_batch_size));
-  if (t.steps < 0 || t.epochs < 0 || (t.steps == 0 && t.epochs == 0))
+  const std::string tp = where + ".training.";
+  check_range(tp + "batch_size", t.batch_size, {1, kMaxBatch});
+  check_range(tp + "steps", t.steps, {0, kMaxSteps}, "0: from epochs");
+  check_range(tp + "epochs", t.epochs, {0, kMaxEpochs});
+  if (t.steps == 0 && t.epochs == 0)
     throw Error(where + ".training: give a positive \"steps\" (or \"epochs\" for mnist)");
   if (t.epochs > 0 && data_type != "mnist" && t.steps == 0)
     throw Error(where + ".training.epochs: only for mnist; give \"steps\" for char data");
-  if (!(t.loss_scale > 0.0) || !std::isfinite(t.loss_scale) || float(t.loss_scale) > 1e30f)
-    throw Error(where + ".training.loss_scale: " + std::to_string(t.loss_scale) +
-                " must be a positive finite factor (a power of two keeps the scaling exact; 1 = off)");
-  if (t.adamw.beta1 < 0 || t.adamw.beta1 >= 1 || t.adamw.beta2 < 0 || t.adamw.beta2 >= 1)
-    throw Error(where + ".training.beta1/beta2: must be in [0, 1)");
+  check_range(tp + "lr", t.schedule.lr, {0, kInf, true, false});
+  check_range(tp + "min_lr", t.schedule.min_lr, {0, kInf}, "the cosine schedule's floor");
+  check_range(tp + "warmup_steps", t.schedule.warmup_steps, {0, kMaxSteps});
+  check_range(tp + "decay_steps", t.schedule.decay_steps, {0, kMaxSteps}, "0: the run's steps");
+  check_range(tp + "beta1", t.adamw.beta1, {0, 1, false, true});
+  check_range(tp + "beta2", t.adamw.beta2, {0, 1, false, true});
+  check_range(tp + "eps", t.adamw.eps, {0, 1, true, false}, "AdamW's denominator term");
+  check_range(tp + "weight_decay", t.adamw.weight_decay, {0, kInf});
+  check_range(tp + "grad_clip", t.adamw.grad_clip, {0, kInf}, "0: off");
+  // float: the factor multiplies FP32 gradients, so it must be a finite float too.
+  check_range(tp + "loss_scale", t.loss_scale, {0, 1e30, true, false},
+              "a power of two keeps the scaling exact; 1 = off");
+  check_range(tp + "eval_interval", t.eval_interval, {0, kMaxSteps}, "0: the model type's default");
+  check_range(tp + "eval_iters", t.eval_iters, {1, kMaxEvalIters});
+  check_range(tp + "eval_batch_size", t.eval_batch_size, {1, kMaxBatch});
+  check_range(tp + "log_interval", t.log_interval, {1, kMaxSteps});
+  check_range(tp + "checkpoint_interval", t.checkpoint_interval, {0, kMaxSteps}, "0: at evaluations");
 }
 
 // config.layers.keep_high_precision: an array of name patterns.
@@ -311,8 +393,7 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
   if (!(c.timeout_s > 0) || !std::isfinite(c.timeout_s))
     throw Error(where + ".distributed.timeout_s: " + std::to_string(c.timeout_s) +
                 " must be a positive finite number of seconds (a collective's wait for the other ranks)");
-  if (c.zero != 0 && c.zero != 1)
-    throw Error(where + ".distributed.zero: " + std::to_string(c.zero) + " is not valid; valid: 0, 1 (ZeRO-1)");
+  check_range(where + ".distributed.zero", c.zero, {0, 1}, "1: ZeRO-1");
   check_choice(where + ".distributed.primary_weights", c.primary_weights, {"fp32", "nvfp4"});
 }
 
@@ -322,10 +403,13 @@ void parse_output(const json& out, const std::string& where, RunConfig& c) {
   oo.get("name", c.output_name);
   oo.get("capture_step", c.capture_step);
   oo.finish();
-  if (c.capture_step < -1)
-    throw Error(where + ".output.capture_step: " + std::to_string(c.capture_step) +
-                "; valid: a training step >= 0, or -1 for none");
+  check_range(where + ".output.capture_step", c.capture_step, {-1, kMaxSteps}, "a training step; -1: none");
   if (c.output_dir.empty()) throw Error(where + ".output.dir: empty; valid: a directory path (default \"runs\")");
+  // A file in its place would surface later as a bare "filesystem error" from creating the run directory.
+  std::error_code ec;
+  if (std::filesystem::exists(c.output_dir, ec) && !std::filesystem::is_directory(c.output_dir, ec))
+    throw Error(where + ".output.dir: " + text_excerpt(c.output_dir) +
+                " exists and is not a directory; valid: a directory path (created if missing)");
 }
 
 // A name that becomes (part of) one directory name under output.dir: not
@@ -334,7 +418,7 @@ void check_dir_name(const std::string& path, const std::string& v, const char* w
   bool bad = v.empty() || v.find('/') != std::string::npos || v.find("..") != std::string::npos;
   for (unsigned char ch : v) bad = bad || ch < 0x20 || ch == 0x7f;
   if (bad)
-    throw Error(path + ": \"" + v + "\" cannot name a run directory; valid: a non-empty " + what +
+    throw Error(path + ": \"" + text_excerpt(v) + "\" cannot name a run directory; valid: a non-empty " + what +
                 " without '/', \"..\" or control characters, e.g. \"gpt_baby\"");
 }
 
@@ -342,6 +426,100 @@ void check_dir_name(const std::string& path, const std::string& v, const char* w
 constexpr int kMaxThreads = 1024;
 
 }  // namespace
+
+namespace {
+
+// Unsigned 64-bit products and sums that stick at kSaturated instead of
+// wrapping: a size that overflows is "more than 2^64 bytes", never a small number.
+constexpr uint64_t kSaturated = std::numeric_limits<uint64_t>::max();
+uint64_t mul(std::initializer_list<uint64_t> xs) {
+  uint64_t r = 1;
+  for (uint64_t x : xs)
+    if (__builtin_mul_overflow(r, x, &r)) return kSaturated;
+  return r;
+}
+uint64_t add(std::initializer_list<uint64_t> xs) {
+  uint64_t r = 0;
+  for (uint64_t x : xs)
+    if (__builtin_add_overflow(r, x, &r)) return kSaturated;
+  return r;
+}
+std::string bytes_text(uint64_t b) {
+  if (b == kSaturated) return "more than 2^64 bytes";
+  char s[64];
+  std::snprintf(s, sizeof s, "%llu bytes (%.3g GiB)", (unsigned long long)b, double(b) / 1073741824.0);
+  return s;
+}
+
+// One part of a run's memory: its bytes and the keys that drive it.
+struct SizePart {
+  const char* what;
+  uint64_t bytes;
+  std::string keys;
+};
+
+}  // namespace
+
+uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? mul({uint64_t(pages), uint64_t(page)}) : kSaturated;
+}
+
+void check_run_size(const RunConfig& c, uint64_t available, const std::string& where) {
+  // FP32 counts, each a lower bound of what the model allocates (biases, LayerNorm
+  // statistics and the recipes' quantized copies left out), so that a config this
+  // refuses could never have run.
+  const ModelConfig& m = c.model;
+  const uint64_t L = uint64_t(m.layers), C = uint64_t(m.width), H = uint64_t(m.heads);
+  uint64_t params = 0, acts = 0, out = 0;
+  std::string param_keys, act_keys, out_keys;
+  if (m.type == "gpt") {
+    // Char data has at most 256 symbols (one a byte) and sets vocab_size from the text.
+    const uint64_t V = uint64_t(c.data.type == "char" ? std::min<int64_t>(m.vocab_size, 256) : m.vocab_size);
+    const uint64_t T = uint64_t(m.context), B = uint64_t(c.training.batch_size);
+    uint64_t mlp = mul({8, C, C});  // c_fc [4C x C] + c_proj [C x 4C]
+    param_keys = "model.layers x model.width^2";
+    if (m.moe.experts > 0) {
+      const uint64_t E = uint64_t(m.moe.experts) + (m.moe.shared_expert ? 1 : 0);
+      const uint64_t F = m.moe.expert_hidden > 0 ? uint64_t(m.moe.expert_hidden) : 4 * C / uint64_t(m.moe.top_k);
+      mlp = add({mul({C, uint64_t(m.moe.experts)}), mul({E, 2, C, F})});
+      param_keys = "model.layers x model.width x model.moe.experts x model.moe.expert_hidden";
+    }
+    params = add({mul({V, C}), mul({T, C}), mul({L, add({mul({4, C, C}), mlp})})});  // wte, wpe, blocks
+    // Per block, at least 8 [B*T, C] tensors kept for the backward pass, and the
+    // FP32 attention's probabilities [B, H, T, T] (bf16_flash keeps none).
+    const uint64_t probs = m.attention == "fp32" ? mul({B, H, T, T}) : 0;
+    acts = mul({L, add({mul({8, B, T, C}), probs})});
+    act_keys = "training.batch_size x model.context x model.layers x (model.width" +
+               std::string(probs ? " + model.heads x model.context)" : ")");
+    out = mul({2, B, T, V});  // logits and their gradient
+    out_keys = "training.batch_size x model.context x vocabulary";
+  } else {
+    const uint64_t G = uint64_t(m.image_size / m.patch_size), S = G * G + 1;  // patches + [CLS]
+    const uint64_t F = uint64_t(double(m.width) * m.mlp_ratio);
+    const uint64_t B = uint64_t(std::max(c.training.batch_size, c.training.eval_batch_size));
+    const uint64_t patch_dim = mul({uint64_t(m.channels), uint64_t(m.patch_size), uint64_t(m.patch_size)});
+    params = add({mul({patch_dim, C}), mul({S, C}), mul({L, add({mul({4, C, C}), mul({2, C, F})})}),
+                  mul({C, uint64_t(m.classes)})});
+    param_keys = "model.layers x model.width x (model.width + model.mlp_ratio)";
+    acts = mul({L, add({mul({8, B, S, C}), mul({B, H, S, S})})});
+    act_keys = "max(training.batch_size, training.eval_batch_size) x model.layers x (model.image_size / "
+               "model.patch_size)^2 x model.width";
+    out = mul({B, uint64_t(m.channels), uint64_t(m.image_size), uint64_t(m.image_size)});  // the batch's images
+    out_keys = "max(training.batch_size, training.eval_batch_size) x model.image_size^2";
+  }
+  // Parameters, gradients and AdamW's two moments; 4 bytes a float.
+  SizePart parts[] = {{"parameters, gradients and AdamW moments", mul({4, 4, params}), param_keys},
+                      {"activations", mul({4, acts}), act_keys},
+                      {m.type == "gpt" ? "logits" : "input images", mul({4, out}), out_keys}};
+  const uint64_t need = add({parts[0].bytes, parts[1].bytes, parts[2].bytes});
+  if (need <= available) return;
+  const SizePart& big = *std::max_element(std::begin(parts), std::end(parts),
+                                          [](const SizePart& a, const SizePart& b) { return a.bytes < b.bytes; });
+  throw Error(where + ": the model and one training step need at least " + bytes_text(need) + " but this machine has " +
+              bytes_text(available) + " of memory; the most is " + big.what + ", " + bytes_text(big.bytes) + " (" +
+              big.keys + "); make those smaller");
+}
 
 RunConfig config_from_json(const json& j, const std::string& where) {
   RunConfig c;
@@ -386,6 +564,8 @@ RunConfig config_from_json(const json& j, const std::string& where) {
     check_dir_name(where + ".output.name", c.output_name, "name");
   else
     check_dir_name(where + ".recipe", recipe_label(c), "recipe name (it names the run directory)");
+  // Last: every size is in its range, so the estimate's products stay small.
+  check_run_size(c, physical_memory_bytes(), where);
   return c;
 }
 
@@ -477,10 +657,15 @@ json config_to_json(const RunConfig& c) {
 }
 
 json read_json_file(const std::string& path) {
+  reject_directory(path, "a JSON file");
   std::ifstream f(path);
-  if (!f) throw Error("cannot open config file " + path);
+  if (!f) {
+    const int e = errno;
+    if (e == 0) throw Error("cannot open JSON file " + path);
+    throw_errno("cannot open JSON file " + path, e);
+  }
   try {
-    return json::parse(f);
+    return parse_json(f, path);
   } catch (const json::parse_error& e) {
     throw Error(path + ": invalid JSON: " + json_error_text(e.what()));
   }
@@ -489,13 +674,22 @@ json read_json_file(const std::string& path) {
 void apply_set(json& j, const std::string& a) {
   const auto eq = a.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw Error("--set \"" + a + "\": expected key=value with a dotted key, e.g. training.lr=3e-4");
+    throw Error("--set \"" + text_excerpt(a) + "\": expected key=value with a dotted key, e.g. training.lr=3e-4");
   const std::string key = a.substr(0, eq), val = a.substr(eq + 1);
+  // The key's components are levels of objects: with the value's own levels
+  // they must stay within kJsonMaxDepth, like a config file.
+  const int levels = int(std::min<size_t>(std::count(key.begin(), key.end(), '.') + 1, size_t(kJsonMaxDepth)));
+  if (levels >= kJsonMaxDepth)
+    throw Error("--set \"" + text_excerpt(a) + "\": the key has " + std::to_string(levels) +
+                " or more components; valid: fewer than " + std::to_string(kJsonMaxDepth));
   json v;
   try {
-    v = json::parse(val);
+    v = parse_json(val, "--set " + text_excerpt(key), kJsonMaxDepth - levels);
   } catch (const json::parse_error&) {
     v = val;
+  } catch (const Error&) {
+    if (!is_integer_literal(json(val))) throw;
+    v = val;  // an integer beyond a double: kept as given, for the key's range error
   }
   // An integer beyond 64 bits stays as given (a string), so a range error can name it.
   if (v.is_number_float() && is_integer_literal(json(val))) v = val;
@@ -504,12 +698,15 @@ void apply_set(json& j, const std::string& a) {
   while (true) {
     const size_t dot = key.find('.', start);
     const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (part.empty()) throw Error("--set \"" + a + "\": empty component in key \"" + key + "\"");
+    if (part.empty())
+      throw Error("--set \"" + text_excerpt(a) + "\": empty component in key \"" + text_excerpt(key) + "\"");
     if (!cur->is_object()) {
       if (cur->is_null())
         *cur = json::object();
       else
-        throw Error("--set \"" + a + "\": \"" + key.substr(0, start - 1) + "\" is not an object");
+        throw Error("--set \"" + text_excerpt(a) + "\": " +
+                    (start == 0 ? std::string("the config") : "\"" + text_excerpt(key.substr(0, start - 1)) + "\"") +
+                    " is " + json_excerpt(*cur) + ", not an object");
     }
     if (dot == std::string::npos) {
       (*cur)[part] = v;
@@ -567,7 +764,7 @@ void json_diff(const json& a, const json& b, const std::string& path, std::vecto
     for (auto it = b.begin(); it != b.end(); ++it)
       if (!a.contains(it.key())) json_diff(json(), it.value(), path + (path.empty() ? "" : ".") + it.key(), out);
   } else if (a != b) {
-    out.push_back(path + " " + (a.is_null() ? "(absent)" : a.dump()) + " -> " + (b.is_null() ? "(absent)" : b.dump()));
+    out.push_back(path + " " + (a.is_null() ? "(absent)" : json_excerpt(a)) + " -> " + (b.is_null() ? "(absent)" : json_excerpt(b)));
   }
 }
 

@@ -22,6 +22,10 @@
 //             name, output.name and the recipe label must make one directory name:
 //             non-empty, no '/', no "..", no control characters
 //   Integers out of their type's range (seed: 0..2^64-1) are errors naming the value.
+//   Every numeric key has a range (train/config.cpp; docs/DESIGN.md, "Configs"): a value
+//   outside it, NaN or inf is an error naming the key and the valid range, and a config
+//   whose sizes need more than the host's memory fails before anything is allocated
+//   (check_run_size).
 // Every key is optional except model.type and data.type; unknown keys are
 // errors naming the JSON path (e.g. "config.training.lr_max: unknown key; valid: ...").
 #pragma once
@@ -91,6 +95,15 @@ struct RunConfig {
 
 // Parses and validates; `where` prefixes error paths.
 RunConfig config_from_json(const nlohmann::json& j, const std::string& where = "config");
+// The host's physical memory in bytes (sysconf; 2^64-1 where unknown).
+uint64_t physical_memory_bytes();
+// Throws an Error when parameters, gradients and AdamW moments plus one
+// training step's activations and logits (vit: input images), a lower bound in
+// overflow-checked 64-bit arithmetic, exceed `available` bytes. The message
+// names the bytes needed and available, the largest part and the keys driving
+// it. config_from_json calls it with physical_memory_bytes() (the host's
+// memory also for the cuda backend) before anything is allocated.
+void check_run_size(const RunConfig& c, uint64_t available, const std::string& where = "config");
 // One-line warnings about a valid config that likely does not do what was
 // meant, given the run's total steps (e.g. warmup_steps >= steps: the learning
 // rate never reaches its set value).

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "core/philox.hpp"
 
 namespace fp4lab::train {
@@ -30,6 +31,7 @@ Batch slice_batch(const Batch& b, int64_t begin, int64_t end) {
 namespace {
 
 std::vector<uint8_t> read_file(const std::string& path) {
+  reject_directory(path, "an MNIST IDX file (data.path is the directory holding them)", "data.path");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw Error("cannot open " + path +
@@ -152,6 +154,7 @@ CharText make_char_text(const std::string& text) {
 }
 
 CharText load_char_text(const std::string& path) {
+  reject_directory(path, "a text file (tiny Shakespeare's input.txt)", "data.path");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw Error("cannot open text file " + path +

@@ -22,8 +22,7 @@ double std_normal(uint64_t seed, uint64_t stream, uint64_t i) {
 }  // namespace
 
 int ParamStore::add(const std::string& name, int64_t rows, int64_t cols, bool decay, Init init, float init_arg) {
-  for (const auto& p : infos_)
-    if (p.name == name) throw Error("parameter \"" + name + "\" declared twice");
+  if (!names_.insert(name).second) throw Error("parameter \"" + name + "\" declared twice");
   infos_.push_back(ParamInfo{name, total_, rows, cols, decay, init, init_arg});
   total_ += rows * cols;
   return int(infos_.size() - 1);

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "train/backend.hpp"
@@ -56,6 +57,7 @@ class ParamStore {
   std::vector<IndexRange> decay_ranges;  // the decayed parameters' elements, merged where adjacent
  private:
   std::vector<ParamInfo> infos_;
+  std::unordered_set<std::string> names_;  // infos_' names: add() checks uniqueness in O(1), not O(count)
   int64_t total_ = 0;
 };
 
