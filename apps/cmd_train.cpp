@@ -40,6 +40,8 @@ std::vector<std::string> split_list(const std::string& s, const char* what) {
 
 json load_config(const std::string& path, const std::vector<std::string>& sets, const std::string& recipe) {
   json j = read_json_file(path);
+  if (!j.is_object())
+    throw Error(path + ": the config is " + std::string(j.type_name()) + ", expected a JSON object ({\"model\": ...})");
   for (const auto& s : sets) apply_set(j, s);
   if (!recipe.empty()) j["recipe"] = recipe;
   return j;
@@ -228,6 +230,8 @@ void bench_train(const BenchArgs& a) {
     j = {{"name", "gpt_baby"}, {"model", {{"type", "gpt"}}}, {"data", {{"type", "char"}}}};
   } else {
     j = read_json_file(a.config);
+    if (!j.is_object())
+      throw Error(a.config + ": the config is " + std::string(j.type_name()) + ", expected a JSON object");
   }
   for (const auto& s : a.sets) apply_set(j, s);
   if (a.threads > 0) j["threads"] = a.threads;

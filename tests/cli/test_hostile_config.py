@@ -130,6 +130,13 @@ def main():
             f.write('{"extends": ' + "[" * 100000 + "]" * 100000 + "}")
         expect_input_error(tmp, "deep recipe file", "c.json", ["recipe=\"deeprecipe.json\""],
                            ["deeprecipe.json", "nested deeper than 64"])
+        # A config whose top level is not an object, with --recipe (which sets a key in it).
+        with open(os.path.join(tmp, "list.json"), "w") as f:
+            f.write("[1, 2]")
+        p = subprocess.run([FP4LAB, "train", "list.json", "--recipe", "fp32", "--quiet"], cwd=tmp,
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode != 2 or "list.json" not in p.stderr or "expected a JSON object" not in p.stderr:
+            fail("config [1, 2] with --recipe: exit %s, %r" % (p.returncode, p.stderr.strip()[:300]))
 
     print("test_hostile_config: %d failure(s)" % fails)
     sys.exit(1 if fails else 0)
