@@ -35,10 +35,12 @@ using Map = Eigen::Map<MatrixRM, 0, Stride>;
 
 constexpr int64_t kRowBlock = 256;  // fixed row blocking of column reductions
 
+// The Backend contract's shapes (train/backend.hpp): the models size every tensor from a checked config, so
+// a mismatch is a bug of the caller (FP4LAB_CHECK: InternalError with file:line, exit 3).
 void check_same(const char* fn, const Tensor& a, const Tensor& b) {
-  if (a.rows != b.rows || a.cols != b.cols)
-    throw Error(std::string(fn) + ": shape mismatch [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) +
-                "] vs [" + std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]");
+  FP4LAB_CHECK(a.rows == b.rows && a.cols == b.cols,
+               std::string(fn) + ": shape mismatch [" + std::to_string(a.rows) + ", " + std::to_string(a.cols) +
+                   "] vs [" + std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]");
 }
 
 // Column sums of f(r, c) over all rows, deterministically: fixed blocks of
@@ -133,7 +135,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   Tensor empty(int64_t rows, int64_t cols) override {
-    if (rows < 0 || cols < 0) throw Error("cpu backend: negative tensor shape");
+    FP4LAB_CHECK(rows >= 0 && cols >= 0, "cpu backend: negative tensor shape");
     Tensor t;
     t.rows = rows;
     t.cols = cols;
@@ -152,7 +154,7 @@ class CpuBackend final : public Backend {
   void download(const Tensor& t, float* host) override { std::memcpy(host, t.data, size_t(t.size()) * 4); }
   void copy(const Tensor& src, Tensor& dst) override {
     const ThreadCount use(threads_);
-    if (src.size() != dst.size()) throw Error("cpu backend: copy between tensors of different sizes");
+    FP4LAB_CHECK(src.size() == dst.size(), "cpu backend: copy between tensors of different sizes");
     parallel_copy(dst.data, src.data, src.size());
   }
   void copy_cols(const Tensor& src, int64_t sc, Tensor& dst, int64_t dc, int64_t n) override {

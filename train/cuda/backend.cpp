@@ -121,15 +121,17 @@ T* reserve(DeviceBuffer<T>& b, size_t n) {
   return b.size() < n ? b.at_least(std::max<size_t>(n, 64)) : b.data();
 }
 
+// The Backend contract's shapes (train/backend.hpp): a mismatch is a bug of the caller (FP4LAB_CHECK:
+// InternalError with file:line, exit 3), as in the CPU backend.
 void check_shape(const char* fn, const char* what, const Tensor& t, int64_t rows, int64_t cols) {
-  if (t.rows != rows || t.cols != cols)
-    throw Error(std::string("cuda backend ") + fn + ": " + what + " is [" + std::to_string(t.rows) + ", " +
-                std::to_string(t.cols) + "], expected [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  FP4LAB_CHECK(t.rows == rows && t.cols == cols,
+               std::string("cuda backend ") + fn + ": " + what + " is [" + std::to_string(t.rows) + ", " +
+                   std::to_string(t.cols) + "], expected [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                   "]");
 }
 void check_size(const char* fn, const char* what, const Tensor& t, int64_t n) {
-  if (t.size() != n)
-    throw Error(std::string("cuda backend ") + fn + ": " + what + " holds " + std::to_string(t.size()) +
-                " floats, expected " + std::to_string(n));
+  FP4LAB_CHECK(t.size() == n, std::string("cuda backend ") + fn + ": " + what + " holds " + std::to_string(t.size()) +
+                                  " floats, expected " + std::to_string(n));
 }
 
 class CudaBackend final : public Backend {
@@ -162,7 +164,7 @@ class CudaBackend final : public Backend {
       check(cudaMemcpy(host, t.data, size_t(t.size()) * 4, cudaMemcpyDeviceToHost), "cuda backend download");
   }
   void copy(const Tensor& src, Tensor& dst) override {
-    if (src.size() != dst.size()) throw Error("cuda backend: copy between tensors of different sizes");
+    FP4LAB_CHECK(src.size() == dst.size(), "cuda backend: copy between tensors of different sizes");
     if (src.size() > 0)
       check(cudaMemcpyAsync(dst.data, src.data, size_t(src.size()) * 4, cudaMemcpyDeviceToDevice, nullptr),
             "cuda backend copy");
