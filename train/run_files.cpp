@@ -305,8 +305,10 @@ std::string foreign_entry(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), e; !ec && it != e; it.increment(ec)) {
     const std::string n = it->path().filename().string();
-    const bool known = n == "config.json" || n == "metrics.jsonl" || n == "checkpoint.bin" || n == "summary.json" ||
-                       (n == "capture" && it->is_directory()) || temporary_name(n);
+    const bool file = n == "config.json" || n == "metrics.jsonl" || n == "checkpoint.bin" || n == "summary.json";
+    std::error_code st;
+    if (file && !it->is_regular_file(st)) return n + " (not a regular file: a FIFO, device or directory)";
+    const bool known = file || (n == "capture" && it->is_directory(st)) || temporary_name(n);
     if (!known) return n;
   }
   return ec ? "an unreadable entry (" + ec.message() + ")" : "";

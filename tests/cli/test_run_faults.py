@@ -63,7 +63,7 @@ def train(d, *args, env=None, wait=True):
     cmd = [FP4LAB, "train", "tiny.json", "--quiet", *args]
     if not wait:
         return subprocess.Popen(cmd, cwd=d, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(cmd, cwd=d, env=e, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=d, env=e, capture_output=True, text=True, timeout=120)
 
 
 def error_lines(p):
@@ -287,6 +287,18 @@ def test_force_refuses_what_is_not_a_run():
         check(p.returncode == 2 and len(errs) == 1 and "notes.txt" in errs[0] and "not an fp4lab run" in errs[0],
               f"{args}: a directory that is not a run: {p.stderr.strip()!r}")
     check(open(os.path.join(d, RUN, "notes.txt")).read() == "precious", "--force touched a directory not a run")
+    shutil.rmtree(d)
+    # A run whose checkpoint.bin is a FIFO (opening it would block forever): refused, not hung.
+    d = workdir()
+    assert train(d).returncode == 0
+    os.remove(os.path.join(d, RUN, "checkpoint.bin"))
+    os.mkfifo(os.path.join(d, RUN, "checkpoint.bin"))
+    try:
+        p = train(d, "--resume")
+        check(p.returncode == 2 and "checkpoint.bin" in p.stderr and "not a regular file" in p.stderr,
+              f"a FIFO for checkpoint.bin: {p.returncode} {p.stderr.strip()!r}")
+    except subprocess.TimeoutExpired:
+        check(False, "a FIFO for checkpoint.bin: fp4lab hung")
     shutil.rmtree(d)
 
 
