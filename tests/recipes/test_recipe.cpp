@@ -113,9 +113,8 @@ TEST_CASE("fp4-trainkit's table is reproduced exactly") {
 // scale of the paper's reference code on every operand, everything else
 // (blocks, rounding, scale format) unchanged.
 TEST_CASE("configs/recipes/fp4_all_the_way_two_level.json") {
-  const std::string file = std::string(__FILE__);
-  const std::string root = file.substr(0, file.rfind("/tests/recipes/"));
-  const Recipe r = parse_recipe(root + "/configs/recipes/fp4_all_the_way_two_level.json");
+  // The source root from the build (not __FILE__, which a compiler cache or -fmacro-prefix-map makes relative).
+  const Recipe r = parse_recipe(std::string(FP4LAB_SOURCE_DIR) + "/configs/recipes/fp4_all_the_way_two_level.json");
   const Recipe base = recipe_by_name("fp4_all_the_way");
   CHECK(r.name == "fp4_all_the_way_two_level");
   CHECK(r.double_quantization == base.double_quantization);
