@@ -72,11 +72,12 @@ def make_run(d, summ=None, metrics=METRICS):
 
 
 def limit_memory():
-    # 1 GiB of address space: reading a 2 GB line into memory fails instead of swapping the machine.
-    # Not under AddressSanitizer (ASAN_OPTIONS set: scripts/sanitize_robustness.sh), whose shadow memory
-    # reserves terabytes of address space at start; there the bounded reader is exercised without the cap.
+    # 1 GiB of data (RLIMIT_DATA: the heap and private writable mappings, not the shared libraries' code, so
+    # a CUDA build's cuBLAS still loads): reading a 2 GB line into memory fails instead of swapping the
+    # machine. Not under AddressSanitizer (ASAN_OPTIONS set: scripts/sanitize_robustness.sh), whose shadow
+    # memory is terabytes of mappings; there the bounded reader is exercised without the cap.
     if "ASAN_OPTIONS" not in os.environ:
-        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))
 
 
 def run(*args, cwd=None, env=None, timeout=120, preexec=None):
