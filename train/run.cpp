@@ -140,17 +140,12 @@ Plan plan_directory(const fs::path& dir, const json& resolved, int64_t total, co
     if (!opt.resume && !opt.reuse)
       throw Error("run directory " + dir.string() +
                   " already exists; pass --resume to continue it, --force to overwrite it, or --set output.name=NEW");
-    const bool has = p.summary.is_object();
-    const json& src = has ? p.summary : head;
+    // Here summary.json exists: a checkpoint at the last step without it was finished above (resume) or refused.
     char best[64];
-    std::snprintf(best, sizeof best, "%.4f", src.value("best", std::nan("")));
-    const std::string status = has ? p.summary.value("status", "completed") : "completed";
-    const std::string metric = has                                            ? p.summary.value("metric", "")
-                               : resolved["model"].value("type", "") == "vit" ? "test_acc"
-                                                                              : "val_loss";
+    std::snprintf(best, sizeof best, "%.4f", p.summary.value("best", std::nan("")));
+    const std::string status = p.summary.value("status", "completed");
     p.done = dir.string() + ": " + (status == "diverged" ? "diverged" : "already completed") + " at step " +
-             std::to_string(at) + " (best " + metric + " " + best + "); nothing to do" +
-             (has ? "" : " (summary.json is missing: stopped after its last checkpoint)");
+             std::to_string(at) + " (best " + p.summary.value("metric", "") + " " + best + "); nothing to do";
     if (status == "diverged" && !opt.reuse)
       throw Error("cannot resume " + dir.string() + ": it diverged at step " + std::to_string(at) +
                   " (summary.json); --force runs it again");
@@ -355,7 +350,7 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
   std::string lock_error;
   if (rank0_) {
     try {
-      lock_ = RunLock(dir_, "");
+      lock_ = RunLock(dir_);
       log_ << remove_stale_temporaries(dir_) << recover_set_aside(dir_);
     } catch (const std::exception& e) {
       if (comm_->world() == 1) throw;
@@ -742,7 +737,7 @@ RunPlan plan_run(const RunConfig& cfg, const RunOptions& opt) {
     RunPlan r;
     std::string recovered;
     if (!opt.comm || opt.comm->rank() == 0) {
-      r.lock = RunLock(dir, "");
+      r.lock = RunLock(dir);
       recovered = remove_stale_temporaries(dir) + recover_set_aside(dir);
     }
     Plan p = plan_directory(dir, resolved, cfg.training.steps > 0 ? cfg.training.steps : -1, opt, false);

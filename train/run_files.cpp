@@ -201,7 +201,7 @@ fs::path lock_path(const fs::path& dir) {
   return d.string() + ".lock";
 }
 
-RunLock::RunLock(const fs::path& dir, const std::string& command) {
+RunLock::RunLock(const fs::path& dir) {
   const fs::path lp = fs::absolute(lock_path(dir)).lexically_normal();
   std::lock_guard<std::mutex> g(g_locks_mutex);
   auto it = g_locks.find(lp.string());
@@ -224,16 +224,15 @@ RunLock::RunLock(const fs::path& dir, const std::string& command) {
                              "); wait for it to end, or stop it");
     throw_errno(lp.string() + ": cannot lock", e);
   }
-  std::string cmd = command;
-  if (cmd.empty()) {  // this process's command line (Linux), for the message a second process prints
-    std::ifstream f("/proc/self/cmdline", std::ios::binary);
-    std::getline(f, cmd, '\x01');
-    for (char& c : cmd)
-      if (c == '\0' || c == '\n') c = ' ';
-    while (!cmd.empty() && cmd.back() == ' ') cmd.pop_back();
-    if (cmd.size() > 160) cmd = cmd.substr(0, 157) + "...";
-    if (cmd.empty()) cmd = "fp4lab";
-  }
+  // This process's command line (Linux), for the message a second process prints.
+  std::string cmd;
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::getline(f, cmd, '\x01');
+  for (char& c : cmd)
+    if (c == '\0' || c == '\n') c = ' ';
+  while (!cmd.empty() && cmd.back() == ' ') cmd.pop_back();
+  if (cmd.size() > 160) cmd = cmd.substr(0, 157) + "...";
+  if (cmd.empty()) cmd = "fp4lab";
   const std::time_t now = std::time(nullptr);
   char when[32] = {};
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));

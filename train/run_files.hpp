@@ -73,7 +73,7 @@ void sync_directory(const std::filesystem::path& dir);
 class RunLock {
  public:
   RunLock() = default;
-  RunLock(const std::filesystem::path& dir, const std::string& command);
+  explicit RunLock(const std::filesystem::path& dir);
   RunLock(RunLock&& o) noexcept;
   RunLock& operator=(RunLock&& o) noexcept;
   ~RunLock();
