@@ -10,6 +10,9 @@
 #   train       fp4lab bench train on the shakespeare_char GPT, the recipes of RECIPES
 #               (comma-separated; default: every canned recipe), STEPS iterations (20)
 #   pytorch     scripts/bench_pytorch_gpt.py on the same GPU, fp32 and bf16 (the train baseline)
+#   python      the Python package's pytest suites (tests/python: CPU and CUDA) with this machine's python3
+#   pybench     python3 -m fp4lab.bench (quantize on CUDA tensors, the cost of a call) beside
+#               fp4lab bench quantize --backend cuda on the same shape
 #   bench       quantize gemm
 #   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
@@ -27,9 +30,10 @@ if [ -n "${PREBUILT:-}" ]; then
   FP4LAB=$PREBUILT/fp4lab TEST_CUDA=$PREBUILT/test_cuda TEST_TRAIN_CUDA=$PREBUILT/test_train_cuda
 else
   cmake -S . -B /tmp/b -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
+    -DPython3_EXECUTABLE="$(command -v python3)" ${CMAKE_EXTRA:-} \
     >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   # -k 0: other modules' work in progress must not stop test_cuda from building.
-  ninja -C /tmp/b -k 0 -j16 test_cuda test_train_cuda fp4lab >"$OUT/build.log" 2>&1 ||
+  ninja -C /tmp/b -k 0 -j16 test_cuda test_train_cuda fp4lab ${NINJA_EXTRA:-fp4lab_python} >"$OUT/build.log" 2>&1 ||
     grep -E "error|FAILED" -A3 "$OUT/build.log" | head -40
   FP4LAB=/tmp/b/apps/fp4lab TEST_CUDA=/tmp/b/tests/test_cuda TEST_TRAIN_CUDA=/tmp/b/tests/test_train_cuda
 fi
@@ -55,6 +59,15 @@ run_step() {
         python3 scripts/bench_pytorch_gpt.py --device cuda --size shakespeare_char --dtype "$d" --steps "${STEPS:-20}" \
           2>&1 | tee -a "$OUT/bench_pytorch.log" | tail -2
       done
+      ;;
+    python)
+      PYTHONPATH=/tmp/b/python FP4LAB_BIN="$FP4LAB" python3 -m pytest -q -p no:cacheprovider tests/python/ \
+        ${PYK:+-k "$PYK"} tests/python/cuda_*.py 2>&1 | tee "$OUT/pytest.log" | tail -15
+      ;;
+    pybench)
+      PYTHONPATH=/tmp/b/python python3 -m fp4lab.bench 2>&1 | tee "$OUT/pybench.log"
+      "$FP4LAB" bench quantize --backend cuda --rows 8192 --cols 8192 --repeats 20 2>&1 | tee "$OUT/bench_quantize.log" |
+        grep -E "${QPICK:-.}"
       ;;
     bench) run_step quantize && run_step gemm ;;
     all) run_step tests && run_step bench ;;

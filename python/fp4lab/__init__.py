@@ -172,7 +172,8 @@ def _spec_dict(text):
     return _json.loads(_C.quantizer_json(text))
 
 
-def quantize(x, quantizer, *, seed=0, stream=0, rbits=None, groups=None, scale_layout="plain"):
+def quantize(x, quantizer, *, seed=0, stream=0, rbits=None, groups=None, scale_layout="plain", packed=False,
+             dequant=True):
     """Block quantization of a 2-D float32 x [rows, cols] (bfloat16 torch tensors: their exact values).
 
     quantizer: canned name, dict or JSON string (docs/DESIGN.md section 3).
@@ -180,6 +181,9 @@ def quantize(x, quantizer, *, seed=0, stream=0, rbits=None, groups=None, scale_l
     --seed/--stream). rbits: uint32 random words replacing Philox's (CPU only).
     groups: rows per group (1-D int64), each group quantized alone (MoE experts;
     CPU only). scale_layout: "plain" or "swizzled" (Blackwell's GEMM scale layout).
+    packed: 4-bit codes two a byte, [rows, ceil(cols/2)], low nibble = even
+    column (torch's float4_e2m1fn_x2 and TransformerEngine's layout).
+    dequant: False skips the dequantized output (result.dequant is None).
     A torch CUDA tensor runs on its device and current stream (no host copy).
     Returns a :class:`QuantizeResult`.
     """
@@ -189,17 +193,26 @@ def quantize(x, quantizer, *, seed=0, stream=0, rbits=None, groups=None, scale_l
     if _is_torch(x) and x.device.type == "cuda":
         if rbits is not None or groups is not None:
             raise ValueError("quantize: rbits and groups run on the CPU only; pass x.cpu()")
-        return _quantize_cuda(x, text, int(seed), int(stream), scale_layout)
+        return _quantize_cuda(x, text, int(seed), int(stream), scale_layout, packed, dequant)
     a, was_torch = _host_array(x, "quantize: x")
     words = None if rbits is None else _contiguous(_host_array(rbits, "quantize: rbits")[0])
     sizes = None if groups is None else _np.ascontiguousarray(_host_array(groups, "quantize: groups")[0], dtype=_np.int64)
     d = _C.quantize(_contiguous(a), text, int(seed), int(stream), words, sizes, scale_layout == "swizzled")
+    if packed:
+        _check_packable(d["spec"])
+        d["codes"] = _C.pack_fp4(d["codes"])
     b = lambda v: _back(v, was_torch)
-    return QuantizeResult(dequant=b(d["dequant"]), codes=b(d["codes"]),
+    return QuantizeResult(dequant=b(d["dequant"]) if dequant else None, codes=b(d["codes"]),
                           scales=b(d["swizzled"] if scale_layout == "swizzled" else d["scales"]),
                           scale_values=b(d["scale_values"]), global_decode=b(d["global_decode"]),
                           spec=_json.loads(d["spec"]), input=x, scale_layout=scale_layout,
                           scale_row_offset=d.get("scale_row_offset"), _amax=d["amax"])
+
+
+def _check_packable(spec_text_or_dict):
+    spec = spec_text_or_dict if isinstance(spec_text_or_dict, dict) else _json.loads(spec_text_or_dict)
+    if spec["element"] not in ("e2m1", "float4_e2m1fn"):
+        raise ValueError(f"packed=True: two codes a byte is for 4-bit elements; the element is {spec['element']}")
 
 
 def _scale_grid(spec, rows, cols):
@@ -212,42 +225,51 @@ def _scale_grid(spec, rows, cols):
 _SPEC_CACHE = {}
 
 
-def _quantize_cuda(x, text, seed, stream, scale_layout):
+def _quantize_cuda(x, text, seed, stream, scale_layout, packed, want_dequant):
+    """fp4lab.quantize of a torch CUDA tensor: outputs allocated by torch on x's
+    device, the kernels launched on the current stream (cuda/quantize.hpp)."""
     torch = _torch()
     if x.dim() != 2:
         raise ValueError(f"quantize: x: needs a 2-D tensor [rows, cols], got {x.dim()} dimension(s)")
-    if x.dtype not in (torch.float32, torch.bfloat16):
+    if x.dtype != torch.float32 and x.dtype != torch.bfloat16:
         raise ValueError(f"quantize: x: needs float32 or bfloat16 values, got {x.dtype}")
     if not x.is_contiguous():
         x = x.contiguous()
-    spec = _SPEC_CACHE.get(text)
+    key = (text, packed)
+    spec = _SPEC_CACHE.get(key)
     if spec is None:
-        spec = _SPEC_CACHE[text] = _spec_dict(text)
+        spec = _spec_dict(text)
+        if packed:
+            _check_packable(spec)
+        _SPEC_CACHE[key] = spec
     rows, cols = x.shape
     sr, sc = _scale_grid(spec, rows, cols)
     dev = x.device
     float_scales = spec["scale"] in ("f32", "float32")
-    codes = torch.empty((rows, cols), dtype=torch.uint8, device=dev)
+    codes = torch.empty((rows, (cols + 1) // 2 if packed else cols), dtype=torch.uint8, device=dev)
     scale_values = torch.empty((sr, sc), dtype=torch.float32, device=dev)
     scale_codes = scale_values if float_scales else torch.empty((sr, sc), dtype=torch.uint8, device=dev)
-    dequant = torch.empty((rows, cols), dtype=torch.float32, device=dev)
+    dq = torch.empty((rows, cols), dtype=torch.float32, device=dev) if want_dequant else None
     g = torch.empty((1,), dtype=torch.float32, device=dev)
-    with torch.cuda.device(dev):
-        s = torch.cuda.current_stream(dev).cuda_stream
-        _C.quantize_device(text, x.data_ptr(), "f32" if x.dtype == torch.float32 else "bf16", rows, cols, seed,
-                           stream, codes.data_ptr(), 0 if float_scales else scale_codes.data_ptr(),
-                           scale_values.data_ptr(), dequant.data_ptr(), g.data_ptr(), s)
+    args = (text, x.data_ptr(), "f32" if x.dtype == torch.float32 else "bf16", rows, cols, seed, stream,
+            codes.data_ptr(), 0 if float_scales else scale_codes.data_ptr(), scale_values.data_ptr(),
+            dq.data_ptr() if want_dequant else 0, g.data_ptr(), packed)
+    if dev.index == torch.cuda.current_device():
+        _C.quantize_device(*args, torch.cuda.current_stream().cuda_stream)
+    else:
+        with torch.cuda.device(dev):
+            _C.quantize_device(*args, torch.cuda.current_stream().cuda_stream)
     scales = scale_codes
     if scale_layout == "swizzled":  # the layout is built on the host from the scale codes (one small copy)
-        host = quantize(x.float().cpu(), text, seed=seed, stream=stream, scale_layout="swizzled")
-        scales = torch.from_numpy(_np.asarray(host.scales)).to(dev) if not _is_torch(host.scales) else host.scales.to(dev)
+        host = quantize(x.float().cpu(), text, seed=seed, stream=stream, scale_layout="swizzled", dequant=False)
+        scales = host.scales.to(dev)
 
     def amax():
         if spec.get("rht"):
             return float(_C.domain_amax(_np.ascontiguousarray(x.float().cpu().numpy()), text))
         return float(x.detach().abs().max().float().item()) if x.numel() else 0.0
 
-    return QuantizeResult(dequant=dequant, codes=codes, scales=scales, scale_values=scale_values, global_decode=g,
+    return QuantizeResult(dequant=dq, codes=codes, scales=scales, scale_values=scale_values, global_decode=g,
                           spec=spec, input=x, scale_layout=scale_layout, scale_row_offset=None, _amax_fn=amax)
 
 

@@ -48,19 +48,45 @@ def main():
             times.append(s.elapsed_time(e))
         return statistics.median(times)
 
-    print(f"\nfp4lab.quantize on a CUDA tensor [{a.rows}, {a.cols}] (median of {a.repeats}):")
-    print(f"{'quantizer':<14}{'input':<10}{'ms':>9}{'GB/s':>9}{'copy ms':>9}{'of copy':>9}")
+    print(f"\nfp4lab.quantize on a CUDA tensor [{a.rows}, {a.cols}] (median of {a.repeats}); 'packed': "
+          "packed=True, dequant=False (4-bit codes two a byte + scales: the outputs of `fp4lab bench quantize`'s "
+          "rows); 'all': codes one a byte, scales, FP32 dequant")
+    print(f"{'quantizer':<14}{'input':<10}{'outputs':<9}{'ms':>9}{'copy ms':>9}{'of copy':>9}")
     for name, x in inputs.items():
         dst = torch.empty_like(x)
         copy = median_ms(lambda: dst.copy_(x))
         for q in a.quantizers.split(","):
-            ms = median_ms(lambda: fp4lab.quantize(x, q))
-            gbs = x.numel() * x.element_size() / ms / 1e6
-            print(f"{q:<14}{name:<10}{ms:9.3f}{gbs:9.0f}{copy:9.3f}{copy / ms:9.2f}")
+            four_bit = q.startswith(("nvfp4", "mxfp4"))
+            for outs in (("packed", "all") if four_bit else ("all",)):
+                kw = dict(packed=True, dequant=False) if outs == "packed" else {}
+                ms = median_ms(lambda: fp4lab.quantize(x, q, **kw))
+                print(f"{q:<14}{name:<10}{outs:<9}{ms:9.3f}{copy:9.3f}{copy / ms:9.2f}")
 
     small = torch.randn(128, 128, device=dev)
     q = "nvfp4"
     kernel = median_ms(lambda: fp4lab.quantize(small, q))
+    # Where the host time goes: each step of the call alone (median of 200, microseconds).
+    import fp4lab as f
+    parts = {
+        "torch.empty x5": lambda: [torch.empty((128, 128), dtype=torch.uint8, device=dev) for _ in range(5)],
+        "current_stream": lambda: torch.cuda.current_stream().cuda_stream,
+        "_C.quantize_device": None,
+        "whole call": lambda: fp4lab.quantize(small, q),
+    }
+    bufs = [torch.empty((128, 128), dtype=torch.uint8, device=dev), torch.empty((128, 8), dtype=torch.uint8, device=dev),
+            torch.empty((128, 8), dtype=torch.float32, device=dev), torch.empty((128, 128), dtype=torch.float32, device=dev),
+            torch.empty((1,), dtype=torch.float32, device=dev)]
+    s = torch.cuda.current_stream().cuda_stream
+    parts["_C.quantize_device"] = lambda: f._C.quantize_device(q, small.data_ptr(), "f32", 128, 128, 0, 0,
+                                                               *(b.data_ptr() for b in bufs), False, s)
+    for label, fn in parts.items():
+        ts = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        print(f"  host time of {label:<20} {statistics.median(ts):8.1f} us")
     big = torch.randn(4096, 4096, device=dev)
     walls = []
     for _ in range(200):

@@ -59,17 +59,19 @@ void bind_cuda(py::module_& m) {
   // x: device pointer to [rows, cols] float32 ("f32") or bfloat16 ("bf16");
   // outputs: device pointers (0 = not written): codes uint8 [rows*cols],
   // scale_codes uint8 / scales float32 [scale_rows*scale_cols], dequant
-  // float32 [rows*cols], global_decode float32 [1]. `cuda_stream`: the
+  // float32 [rows*cols], global_decode float32 [1]; packed: codes two 4-bit
+  // codes a byte, [rows, ceil(cols/2)], low nibble = even column. `cuda_stream`: the
   // cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream).
   m.def(
       "quantize_device",
       [](const std::string& quantizer, uintptr_t x, const std::string& dtype, int64_t rows, int64_t cols,
          uint64_t seed, uint64_t stream, uintptr_t codes, uintptr_t scale_codes, uintptr_t scales,
-         uintptr_t dequant, uintptr_t global_decode, uintptr_t cuda_stream) {
+         uintptr_t dequant, uintptr_t global_decode, bool packed, uintptr_t cuda_stream) {
         const QuantizerSpec& q = spec_of(quantizer);
         if (dtype != "f32" && dtype != "bf16") throw Error("quantize: device input must be float32 or bfloat16, got " + dtype);
         cuda::QuantOutputs out;
         out.codes = reinterpret_cast<uint8_t*>(codes);
+        out.code_layout = packed ? cuda::CodeLayout::packed4 : cuda::CodeLayout::bytes;
         out.scale_codes = reinterpret_cast<uint8_t*>(scale_codes);
         out.scales = reinterpret_cast<float*>(scales);
         out.dequant = reinterpret_cast<float*>(dequant);
@@ -85,7 +87,7 @@ void bind_cuda(py::module_& m) {
       },
       py::arg("quantizer"), py::arg("x"), py::arg("dtype"), py::arg("rows"), py::arg("cols"), py::arg("seed"),
       py::arg("stream"), py::arg("codes"), py::arg("scale_codes"), py::arg("scales"), py::arg("dequant"),
-      py::arg("global_decode"), py::arg("cuda_stream"));
+      py::arg("global_decode"), py::arg("packed"), py::arg("cuda_stream"));
 #else
   m.def("cuda_available", [] { return false; });
   m.def("quantize_device", [](py::args, py::kwargs) -> void {

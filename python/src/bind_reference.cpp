@@ -27,6 +27,7 @@
 #include "recipes/recipe.hpp"
 #include "sim/gemm.hpp"
 #include "sim/grouped.hpp"
+#include "sim/packing.hpp"
 #include "sim/quantizer.hpp"
 
 namespace py = pybind11;
@@ -311,6 +312,20 @@ void bind_reference(py::module_& m) {
   m.def("quantizer_json", [](const std::string& q) { return quantizer_to_json(parse_quantizer(q)).dump(); },
         py::arg("quantizer"));
   m.def("quantizer_names", &quantizer_names);
+  // sim/packing.hpp pack_fp4: 4-bit codes [rows, cols] two a byte, [rows, ceil(cols/2)], low nibble = even column.
+  m.def(
+      "pack_fp4",
+      [](const py::array& codes) {
+        if (codes.ndim() != 2 || codes.dtype().kind() != 'u' || codes.itemsize() != 1)
+          throw Error("pack_fp4: needs 2-D uint8 codes [rows, cols]");
+        require_contiguous(codes, "pack_fp4");
+        const int64_t rows = codes.shape(0), cols = codes.shape(1);
+        const std::vector<uint8_t> p = pack_fp4(static_cast<const uint8_t*>(codes.data()), rows, cols);
+        auto out = new_array<uint8_t>({rows, (cols + 1) / 2});
+        std::memcpy(out.mutable_data(), p.data(), p.size());
+        return out;
+      },
+      py::arg("codes"));
   m.def(
       "domain_amax",
       [](const py::array& x, const std::string& q) {

@@ -244,3 +244,16 @@ def test_cli_npy_byte_for_byte(tmp_path):
         assert_bitwise(r.dequant, load_npy(tmp_path / "dq.npy"))
         assert_bitwise(r.codes, load_npy(tmp_path / "codes.npy"))
         assert_bitwise(r.scales, load_npy(tmp_path / "s.npy"))
+
+
+def test_packed_codes_low_nibble_first():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 33)).astype(np.float32)
+    r = fp4lab.quantize(x, "nvfp4")
+    p = fp4lab.quantize(x, "nvfp4", packed=True, dequant=False)
+    assert p.dequant is None and p.codes.shape == (4, 17)
+    c = np.zeros((4, 34), np.uint8)
+    c[:, :33] = r.codes
+    assert_bitwise(p.codes, (c[:, 0::2] | (c[:, 1::2] << 4)).astype(np.uint8))  # built here, not by fp4lab
+    with pytest.raises(ValueError, match="4-bit"):
+        fp4lab.quantize(x, "mxfp8_e4m3", packed=True)
