@@ -135,20 +135,35 @@ class QuantizeResult:
     input          x itself (for the messages of fp4lab.testing.assert_bitwise)
     """
 
-    __slots__ = ("dequant", "codes", "scales", "scale_values", "global_decode", "spec", "input", "scale_layout",
-                 "scale_row_offset", "_amax", "_amax_fn")
+    __slots__ = ("dequant", "codes", "scales", "spec", "input", "scale_layout", "scale_row_offset", "_amax",
+                 "_amax_fn", "_scale_values", "_scale_values_fn", "_global_decode", "_global_decode_fn")
 
     def __init__(self, **kw):
-        self._amax = None
-        self._amax_fn = None
+        self._amax = self._amax_fn = self._scale_values = self._scale_values_fn = None
+        self._global_decode = self._global_decode_fn = None
         for k, v in kw.items():
             setattr(self, k, v)
 
+    # Fields a CUDA result computes on first use (a call on a small tensor
+    # allocates only what every caller needs: codes, scales, dequant and, with
+    # a global scale, its decode scale).
     @property
     def amax(self):
         if self._amax is None and self._amax_fn is not None:
             self._amax = self._amax_fn()
         return self._amax
+
+    @property
+    def scale_values(self):
+        if self._scale_values is None and self._scale_values_fn is not None:
+            self._scale_values = self._scale_values_fn()
+        return self._scale_values
+
+    @property
+    def global_decode(self):
+        if self._global_decode is None and self._global_decode_fn is not None:
+            self._global_decode = self._global_decode_fn()
+        return self._global_decode
 
     @property
     def global_scale(self):
@@ -204,7 +219,7 @@ def quantize(x, quantizer, *, seed=0, stream=0, rbits=None, groups=None, scale_l
     b = lambda v: _back(v, was_torch)
     return QuantizeResult(dequant=b(d["dequant"]) if dequant else None, codes=b(d["codes"]),
                           scales=b(d["swizzled"] if scale_layout == "swizzled" else d["scales"]),
-                          scale_values=b(d["scale_values"]), global_decode=b(d["global_decode"]),
+                          _scale_values=b(d["scale_values"]), _global_decode=b(d["global_decode"]),
                           spec=_json.loads(d["spec"]), input=x, scale_layout=scale_layout,
                           scale_row_offset=d.get("scale_row_offset"), _amax=d["amax"])
 
@@ -223,6 +238,13 @@ def _scale_grid(spec, rows, cols):
 
 
 _SPEC_CACHE = {}
+
+
+def _current_stream(torch, index):
+    """The current stream of device `index` as a cudaStream_t integer (torch's
+    raw accessor where it has one: a Stream object costs ~4 us a call)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def _quantize_cuda(x, text, seed, stream, scale_layout, packed, want_dequant):
@@ -246,19 +268,20 @@ def _quantize_cuda(x, text, seed, stream, scale_layout, packed, want_dequant):
     sr, sc = _scale_grid(spec, rows, cols)
     dev = x.device
     float_scales = spec["scale"] in ("f32", "float32")
+    has_global = spec.get("global_scale") == "tensor_amax"
     codes = torch.empty((rows, (cols + 1) // 2 if packed else cols), dtype=torch.uint8, device=dev)
-    scale_values = torch.empty((sr, sc), dtype=torch.float32, device=dev)
-    scale_codes = scale_values if float_scales else torch.empty((sr, sc), dtype=torch.uint8, device=dev)
+    scale_codes = torch.empty((sr, sc), dtype=torch.float32 if float_scales else torch.uint8, device=dev)
     dq = torch.empty((rows, cols), dtype=torch.float32, device=dev) if want_dequant else None
-    g = torch.empty((1,), dtype=torch.float32, device=dev)
+    g = torch.empty((1,), dtype=torch.float32, device=dev) if has_global else None
     args = (text, x.data_ptr(), "f32" if x.dtype == torch.float32 else "bf16", rows, cols, seed, stream,
-            codes.data_ptr(), 0 if float_scales else scale_codes.data_ptr(), scale_values.data_ptr(),
-            dq.data_ptr() if want_dequant else 0, g.data_ptr(), packed)
+            codes.data_ptr(), 0 if float_scales else scale_codes.data_ptr(),
+            scale_codes.data_ptr() if float_scales else 0, dq.data_ptr() if want_dequant else 0,
+            g.data_ptr() if has_global else 0, packed)
     if dev.index == torch.cuda.current_device():
-        _C.quantize_device(*args, torch.cuda.current_stream().cuda_stream)
+        _C.quantize_device(*args, _current_stream(torch, dev.index))
     else:
         with torch.cuda.device(dev):
-            _C.quantize_device(*args, torch.cuda.current_stream().cuda_stream)
+            _C.quantize_device(*args, _current_stream(torch, dev.index))
     scales = scale_codes
     if scale_layout == "swizzled":  # the layout is built on the host from the scale codes (one small copy)
         host = quantize(x.float().cpu(), text, seed=seed, stream=stream, scale_layout="swizzled", dequant=False)
@@ -269,8 +292,17 @@ def _quantize_cuda(x, text, seed, stream, scale_layout, packed, want_dequant):
             return float(_C.domain_amax(_np.ascontiguousarray(x.float().cpu().numpy()), text))
         return float(x.detach().abs().max().float().item()) if x.numel() else 0.0
 
-    return QuantizeResult(dequant=dq, codes=codes, scales=scales, scale_values=scale_values, global_decode=g,
-                          spec=spec, input=x, scale_layout=scale_layout, scale_row_offset=None, _amax_fn=amax)
+    def scale_values():  # decoded block scales: the scale codes decoded on the host (a small copy)
+        if float_scales:
+            return scale_codes
+        return torch.from_numpy(_C.decode(scale_codes.cpu().numpy(), spec["scale"])).to(dev)
+
+    def global_decode():
+        return g if has_global else torch.ones((1,), dtype=torch.float32, device=dev)
+
+    return QuantizeResult(dequant=dq, codes=codes, scales=scales, spec=spec, input=x, scale_layout=scale_layout,
+                          scale_row_offset=None, _amax_fn=amax, _scale_values_fn=scale_values,
+                          _global_decode_fn=global_decode)
 
 
 def gemm(a, b, *, qa=None, qb=None, seed=0, stream_a=0, stream_b=1):
