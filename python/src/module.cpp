@@ -2,6 +2,11 @@
 // fp4lab's exceptions into Python's.
 #include <pybind11/pybind11.h>
 
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <new>
 #include <stdexcept>
 
@@ -10,7 +15,23 @@
 
 namespace py = pybind11;
 
+namespace {
+// FP4LAB_BACKTRACE=1: a fatal signal prints the native stack (for a crash that
+// Python's faulthandler can only place at the calling line).
+extern "C" void print_native_stack(int signo) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(signo, SIG_DFL);
+  raise(signo);
+}
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
+  if (const char* b = std::getenv("FP4LAB_BACKTRACE"); b && *b == '1') {
+    signal(SIGSEGV, print_native_stack);
+    signal(SIGABRT, print_native_stack);
+  }
   m.doc() = "fp4lab's C++ core (use the fp4lab package, not this module)";
   m.attr("__version__") = FP4LAB_VERSION;
   py::register_exception_translator([](std::exception_ptr p) {
