@@ -75,8 +75,8 @@ if [ -n "$seeds" ]; then
 fi
 title="$name: ${length//-/ }, $seed_text"
 if [ "$nseeds" = 1 ]; then
-  caveat="run_main: a ONE-SEED SMOKE TEST ($title). Differences of ~1-2 points between recipes are
-  seed noise here, not results; for claims see docs/results/ (multi-seed tables with 95% intervals)
+  caveat="run_main: a ONE-SEED SMOKE TEST ($title). Differences of a few points between recipes
+  (1-2, at times more) are seed noise here, not results; for claims see docs/results/ (multi-seed tables with 95% intervals)
   and \`fp4lab sweep CONFIG --recipes ... --seeds 1,2,3,4,5\` (or scripts/run_main.sh --seeds 1,2,3)."
   title="$title: one-seed smoke test, not a ranking"
 else
