@@ -64,7 +64,7 @@ else
   x cmake -S . -B "$build" -G Ninja
 fi
 x cmake --build "$build" --target fp4lab --parallel "$(nproc)"
-echo "run_main: built in $(( $(date +%s) - start )) s; training $recipes on $config"
+[ "$dry" = 1 ] || echo "run_main: built in $(( $(date +%s) - start )) s; training $recipes on $config"
 seed_args=()
 nseeds=1
 seed_text="seed $cseed"
@@ -86,5 +86,5 @@ echo "$caveat"
 x "$build/apps/fp4lab" sweep "$config" --recipes "$recipes" "${seed_args[@]}" --force --set output.dir=runs/main \
   --plot runs/main/compare.png --title "$title"
 echo "$caveat"
-echo "run_main: done in $(( $(date +%s) - start )) s (runs/main/: one run directory per recipe and seed," \
+[ "$dry" = 1 ] || echo "run_main: done in $(( $(date +%s) - start )) s (runs/main/: one run directory per recipe and seed," \
   "compare.png: loss and accuracy curves, compare.json: the table's statistics)"
