@@ -22,6 +22,7 @@
 #include "core/error.hpp"
 #include "core/format.hpp"
 #include "core/npy.hpp"
+#include "sim/packing.hpp"
 
 namespace fp4lab {
 
@@ -100,7 +101,18 @@ void print_formats() {
 struct CastArgs {
   std::string to, round = "rn", overflow = "saturate", in, out, sr_bits = "per_element", rbits;
   uint64_t seed = 0;
+  bool packed = false;
 };
+
+// Packed FP4 storage (sim/packing.hpp): two 4-bit codes a byte along the last
+// axis, element 2k in the LOW nibble of byte k and element 2k+1 in the HIGH
+// nibble (PTX cvt.e2m1x2, torch.float4_e2m1fn_x2, TransformerEngine); a last
+// axis of odd length leaves the last high nibble 0. Rows = every axis but the last.
+void check_packable(const Format& f, const std::string& what) {
+  if (f.bits() != 4)
+    throw Error(what + ": --packed stores two 4-bit codes a byte; " + std::string(f.name) + " codes are " +
+                std::to_string(f.bits()) + "-bit (choose e2m1, or drop --packed)");
+}
 
 template <class T, class C>
 void cast_typed(const Format& f, const NpyArray& a, const CastOptions& opt, const CastArgs& args, OutputSet& out,
@@ -115,6 +127,17 @@ void cast_typed(const Format& f, const NpyArray& a, const CastOptions& opt, cons
                  nonfinite_encoding(f, opt.round, opt.overflow, nf).c_str());
   std::vector<C> codes(n);
   encode_array(f, x.data(), codes.data(), n, opt);
+  if constexpr (sizeof(C) == 1) {
+    if (args.packed) {
+      const int64_t cols = a.shape.back(), rows = cols ? int64_t(n) / cols : 0;
+      Shape shape = a.shape;
+      shape.back() = (cols + 1) / 2;
+      const std::vector<uint8_t> bytes = pack_fp4(codes.data(), rows, cols);
+      out.write_npy(args.out, DType::uint8, shape, bytes.data());
+      out.commit();
+      return;
+    }
+  }
   out.write_npy(args.out, out_dtype, a.shape, codes.data());
   out.commit();
 }
@@ -135,6 +158,10 @@ void run_cast(const CastArgs& args) {
   const NpyArray a = read_npy(args.in);
   if (a.dtype != DType::float32 && a.dtype != DType::float64)
     throw Error(args.in + ": cast needs float32 or float64 input, got " + dtype_name(a.dtype));
+  if (args.packed) {
+    check_packable(f, "--to " + args.to);
+    if (a.shape.empty()) throw Error(args.in + ": --packed needs an array of at least one axis, got a scalar");
+  }
   // SR: the contract's groups run along the last axis (a row); given words replace Philox.
   opt.sr_bits = sr_bits_option(args.sr_bits);
   opt.row_length = a.shape.empty() ? 1 : uint64_t(a.shape.back());
@@ -167,7 +194,28 @@ void run_cast(const CastArgs& args) {
 
 struct DecodeArgs {
   std::string from, in, out;
+  bool packed = false;
+  int64_t cols = -1;  // --packed: length of the unpacked last axis (-1: twice the bytes)
 };
+
+// --packed: uint8 [..., B] bytes of two codes each -> [..., cols] codes, one a byte.
+NpyArray unpack_input(const NpyArray& a, const DecodeArgs& args) {
+  if (a.shape.empty()) throw Error(args.in + ": --packed needs an array of at least one axis, got a scalar");
+  const int64_t b = a.shape.back();
+  const int64_t cols = args.cols < 0 ? 2 * b : args.cols;
+  if ((cols + 1) / 2 != b)
+    throw Error("--cols " + std::to_string(cols) + ": " + args.in + "'s last axis holds " + std::to_string(b) +
+                " bytes, which pack " + std::to_string(2 * b - 1) + " or " + std::to_string(2 * b) + " codes");
+  const int64_t rows = b ? shape_numel(a.shape) / b : 0;
+  NpyArray u;
+  u.dtype = DType::uint8;
+  u.shape = a.shape;
+  u.shape.back() = cols;
+  if (rows == 0) return u;
+  const std::vector<uint8_t> codes = unpack_fp4(a.bytes.data(), rows, cols);
+  u.bytes.assign(codes.begin(), codes.end());
+  return u;
+}
 
 template <class C>
 void decode_typed(const Format& f, const NpyArray& a, const DecodeArgs& args, OutputSet& dst) {
@@ -189,6 +237,8 @@ void run_decode(const DecodeArgs& args) {
   const Format& f = format_by_name(args.from);
   if (code_bytes(f) == 0)
     throw Error("--from " + args.from + ": float32 codes are not supported; choose a format of at most 16 bits");
+  if (args.packed) check_packable(f, "--from " + args.from);
+  if (args.cols >= 0 && !args.packed) throw Error("--cols applies to --packed input only");
   OutputSet dst;
   dst.add(args.out);
   set_activity("reading " + args.in);
@@ -197,7 +247,9 @@ void run_decode(const DecodeArgs& args) {
   if (a.dtype != want)
     throw Error(args.in + ": " + std::string(f.name) + " codes must be stored as " + dtype_name(want) + ", got " +
                 dtype_name(a.dtype));
-  if (want == DType::uint8)
+  if (args.packed)
+    decode_typed<uint8_t>(f, unpack_input(a, args), args, dst);
+  else if (want == DType::uint8)
     decode_typed<uint8_t>(f, a, args, dst);
   else
     decode_typed<uint16_t>(f, a, args, dst);
@@ -336,6 +388,10 @@ void register_format_commands(CLI::App& app) {
                    "uint32 .npy of the random words to use instead of Philox: one per element (per_element), or\n"
                    "[rows, ceil(last axis / 4)] (ptx_x4), so a kernel's codes from its own words can be reproduced");
   cast->add_option("IN.npy", cargs->in, "Input: float32 or float64 .npy array (C order, any shape)")->required();
+  cast->add_flag("--packed", cargs->packed,
+                 "e2m1 only: two codes a byte along the last axis, element 2k in the LOW nibble of byte k, 2k+1 in\n"
+                 "the HIGH nibble (torch.float4_e2m1fn_x2, TransformerEngine, PTX cvt.e2m1x2); the last axis becomes\n"
+                 "ceil(n/2) bytes (odd n: the last high nibble is 0)");
   cast->add_option("OUT.npy", cargs->out, "Output: codes, written atomically (never left half-written)")->required();
   cast->callback([cargs] { run_cast(*cargs); });
 
@@ -343,11 +399,19 @@ void register_format_commands(CLI::App& app) {
   CLI::App* dec = app.add_subcommand(
       "decode",
       "Turn codes of a format (as written by `fp4lab cast`) back into their exact float32 values, same shape.\n"
-      "NaN codes decode to NaN, Inf codes to +-Inf. Example: fp4lab decode --from e4m3 codes.npy values.npy");
+      "NaN codes decode to NaN, Inf codes to +-Inf. Example: fp4lab decode --from e4m3 codes.npy values.npy\n"
+      "Packed FP4 (two codes a byte, low nibble first): fp4lab decode --from e2m1 --packed packed.npy values.npy");
   dec->add_option("--from", dargs->from, "Format of the codes, e.g. float8_e4m3fn (alias e4m3); see `fp4lab formats`")
       ->required();
   dec->add_option("IN.npy", dargs->in, "Input: codes as uint8 (formats of up to 8 bits) or uint16 (bfloat16, float16)")
       ->required();
+  dec->add_flag("--packed", dargs->packed,
+                "e2m1 only: IN holds two codes a byte (uint8 [..., B]) along the last axis, element 2k in the LOW\n"
+                "nibble of byte k and 2k+1 in the HIGH nibble (torch.float4_e2m1fn_x2 viewed as uint8,\n"
+                "TransformerEngine, `fp4lab cast --packed`); OUT is [..., 2B] (or [..., --cols])");
+  dec->add_option("--cols", dargs->cols,
+                  "With --packed: length of the unpacked last axis, 2B or 2B-1 (odd: the last high nibble is "
+                  "ignored); default 2B");
   dec->add_option("OUT.npy", dargs->out, "Output: float32 values, written atomically")->required();
   dec->callback([dargs] { run_decode(*dargs); });
 }

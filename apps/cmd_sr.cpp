@@ -199,10 +199,16 @@ TensorSr tensor_sr(const QuantizerSpec& q, const Tensor<float>& x, int draws, Dr
 }
 
 void run_sr_tensor(const SrBiasArgs& a) {
-  QuantizerSpec q = parse_quantizer(a.quantizer.empty() ? "nvfp4" : a.quantizer);
-  if (q.round != Round::rs)
-    throw Error("--quantizer: " + describe(q) + " rounds " + std::string(round_name(q.round)) +
-                "; sr-bias --tensor needs a quantizer with round 'rs'");
+  // The command measures stochastic rounding: a quantizer that rounds otherwise (every canned one) is
+  // measured with round rs, and the output says so.
+  const std::string qname = a.quantizer.empty() ? "nvfp4" : a.quantizer;
+  QuantizerSpec q = parse_quantizer(qname);
+  std::string round_note;
+  if (q.round != Round::rs) {
+    round_note = "(quantizer " + train::terminal_text(qname) + " rounds " + std::string(round_name(q.round)) +
+                 "; measured with round rs, the same quantizer otherwise)\n";
+    q.round = Round::rs;
+  }
   QuantizerSpec q8 = q, q32 = q;
   q8.sr_bits = SrBits::ptx_x4;
   q32.sr_bits = SrBits::per_element;
@@ -230,7 +236,7 @@ void run_sr_tensor(const SrBiasArgs& a) {
   const TensorSr r32 = tensor_sr(q32, x, 256, [&](int i) { return RandomStream{uint64_t(i) + 1, a.stream}; });
   std::printf("fp4lab sr-bias --tensor %s [%" PRId64 ", %" PRId64 "], quantizer %s\n", a.tensor.c_str(), rows,
               x.shape[1], describe(q).c_str());
-  std::printf("(in the quantizer's domain: after its RHT, if any; 256 draws per contract)\n\n");
+  std::printf("%s(in the quantizer's domain: after its RHT, if any; 256 draws per contract)\n\n", round_note.c_str());
   std::printf("%-26s %-14s %-14s %-14s %s\n", "contract", "|bias|/|x|", "shrink", "std/rms(x)",
               "never-dithered share");
   const char* names[2] = {"per_element (32 bits)*", "ptx_x4 (8 bits, exact)"};
@@ -256,7 +262,9 @@ void register_sr_commands(CLI::App& app) {
       "sr-bias",
       "Measure the bias and variance of stochastic rounding under both random-bit contracts (per_element: 32\n"
       "random bits an element; ptx_x4: PTX cvt.rs's 8) as a function of the residual, by exhaustive encoding.\n"
-      "Example: fp4lab sr-bias --format e2m1 --csv sr.csv --plot sr.png");
+      "Example: fp4lab sr-bias --format e2m1 --csv sr.csv --plot sr.png\n"
+      "On a real tensor: fp4lab sr-bias --tensor dy.npy --quantizer nvfp4    (any .npy of float32 [rows, cols];\n"
+      "--quantizer defaults to nvfp4, a canned name or JSON object / file, and is measured with round rs)");
   c->add_option("--format", args->format, "Element format: e2m1, e2m3, e3m2, e4m3, e5m2")->capture_default_str();
   c->add_option("--points", args->points, "Log-spaced residuals from 2^-16 to 1 (plus both sides of 1/256, 2/256)")
       ->capture_default_str();
@@ -265,7 +273,10 @@ void register_sr_commands(CLI::App& app) {
   c->add_option("--tensor", args->tensor,
                 "Instead: a float32 .npy tensor (e.g. a gradient from `train --set output.capture_step=N`): bias,\n"
                 "shrinkage and spread of --quantizer's SR under both contracts, 256 draws each");
-  c->add_option("--quantizer", args->quantizer, "With --tensor: the quantizer (round rs), e.g. nvfp4 + '{\"round\":\"rs\"}'");
+  c->add_option("--quantizer", args->quantizer,
+                "With --tensor: the quantizer, measured with round rs (default nvfp4): a canned name (mxfp4,\n"
+                "nvfp4, ...), a JSON object such as '{\"element\":\"e2m1\",\"scale\":\"ue4m3\",\"block\":[16,1],\n"
+                "\"scale_rule\":\"nv\",\"global_scale\":\"tensor_amax\",\"rht\":true}', or a JSON file");
   c->add_option("--stream", args->stream, "With --tensor: Philox stream of the per_element draws")->capture_default_str();
   c->add_option("--rows", args->rows, "With --tensor: use its first N rows only (0: all)")->capture_default_str();
   c->callback([args] { args->tensor.empty() ? run_sr_bias(*args) : run_sr_tensor(*args); });

@@ -55,7 +55,7 @@ void print_compare(const CompareResult& c) {
 }
 
 struct TrainArgs {
-  std::string config, recipe, plot, baseline;
+  std::string config, recipe, plot, baseline, title;
   std::vector<std::string> sets;
   bool resume = false, force = false, quiet = false;
   std::string recipes = "fp32", seeds;
@@ -346,7 +346,10 @@ void add_compare(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
                       "same path with .json (with '-': <parent of the first run>/compare.json)");
   compare->add_option("--baseline", args->baseline,
                       "Recipe of the reference run (default: fp32/bf16 run, else the first)");
-  compare->callback([args, dirs] { print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline})); });
+  compare->add_option("--title", args->title,
+                      "Overall title of the plot, e.g. the config, epochs and seeds (printable ASCII; other "
+                      "characters become '?')");
+  compare->callback([args, dirs] { print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline, args->title})); });
 }
 
 // Every recipe x seed combination and its run directory are checked before
@@ -403,7 +406,7 @@ void run_sweep(const TrainArgs& args) {
     }
     run_dirs.push_back(run_directory(cfg));
   }
-  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline}));
+  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline, args.title}));
 }
 
 void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
@@ -419,6 +422,9 @@ void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   sweep->add_option("--plot", args->plot, "PNG path of the comparison (its statistics: the same path with .json)");
   sweep->add_option("--baseline", args->baseline,
                     "Recipe of the reference runs (gaps, paired differences); default: fp32/bf16, else the first");
+  sweep->add_option("--title", args->title,
+                    "Overall title of the plot, e.g. the config, epochs and seeds (printable ASCII; other "
+                    "characters become '?')");
   sweep->callback([args] { run_sweep(*args); });
 }
 

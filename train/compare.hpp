@@ -16,6 +16,7 @@ namespace fp4lab::train {
 struct CompareOptions {
   std::string plot;      // PNG path; empty: <parent of the first run>/compare.png; "-" = no plot
   std::string baseline;  // recipe label of the reference run; empty: the first fp32/bf16 run, else the first run
+  std::string title;     // the plot's overall title (escaped as gnuplot_string); empty: none
 };
 
 // Mean, sample standard deviation (n-1) and the 95% confidence interval of
