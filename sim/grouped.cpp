@@ -2,6 +2,7 @@
 #include "sim/grouped.hpp"
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "core/error.hpp"
@@ -99,6 +100,42 @@ std::vector<uint8_t> swizzle_scales_grouped(const uint8_t* scales, std::span<con
     row += sizes[g];
   }
   return out;
+}
+
+std::string swizzle_refusal(const QuantizerSpec& q) {
+  const std::string what = describe(q) + ": ";
+  if (q.element->bits() != 4)
+    return what + "the swizzled scale layout is written for 4-bit elements (NVFP4, MXFP4); the element is " +
+           std::string(short_format_name(*q.element));
+  if (q.block_rows == 0 || q.scale == &float32) return what + "per-tensor scaling has no block scales to swizzle";
+  if (q.block_cols == 1)
+    return what + "block [" + std::to_string(q.block_rows) +
+           ",1] runs down the columns (a wgrad operand, K along the rows); the swizzled layout is for blocks "
+           "along a row ([1,bc], or [br,bc] tiles)";
+  return "";
+}
+
+std::vector<uint8_t> swizzled_scales(const GroupedQuantizedTensor& g) {
+  if (const std::string why = swizzle_refusal(g.spec); !why.empty()) throw Error(why);
+  const int64_t br = g.spec.block_rows, sc = g.scale_cols;
+  if (br == 1) return swizzle_scales_grouped(g.scale_codes.data(), g.group_rows, sc);
+  std::vector<uint8_t> rows_scales(size_t(g.rows * sc));
+  int64_t row = 0;
+  for (size_t k = 0; k < g.group_rows.size(); ++k) {
+    for (int64_t i = 0; i < g.group_rows[k]; ++i)
+      std::memcpy(rows_scales.data() + (row + i) * sc, g.scale_codes.data() + (g.scale_row_offset[k] + i / br) * sc,
+                  size_t(sc));
+    row += g.group_rows[k];
+  }
+  return swizzle_scales_grouped(rows_scales.data(), g.group_rows, sc);
+}
+
+std::vector<uint8_t> swizzled_scales(const QuantizedTensor& q) {
+  GroupedQuantizedTensor g;
+  g.spec = q.spec, g.rows = q.rows, g.cols = q.cols, g.group_rows = {q.rows}, g.scale_cols = q.scale_cols;
+  g.scale_row_offset = {0, q.scale_rows};
+  g.scale_codes = q.scale_codes;
+  return swizzled_scales(g);
 }
 
 }  // namespace fp4lab

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/tensor.hpp"
@@ -66,5 +67,19 @@ std::vector<RandomStream> consecutive_streams(uint64_t seed, uint64_t stream, si
 // empty group takes no bytes).
 std::vector<int64_t> swizzled_group_offsets(std::span<const int64_t> sizes, int64_t cols);  // [groups + 1]
 std::vector<uint8_t> swizzle_scales_grouped(const uint8_t* scales, std::span<const int64_t> sizes, int64_t cols);
+
+// Why q's scales have no swizzled layout ("" when they have one): the layout is
+// the GEMM's scale operand of 4-bit elements (NVFP4, MXFP4), one scale row per
+// row of the operand, blocks along K (the row): not for other elements, for
+// per-tensor or float32 scales, or for column blocks ([br,1]).
+std::string swizzle_refusal(const QuantizerSpec& q);
+// The scales of a grouped quantization (one group: a plain one) in the
+// swizzled layout: each group's scales expanded to one scale row per data row
+// ([br,bc] tiles repeat their scale for their br rows, as the GEMM reads them),
+// then swizzle_scales_grouped over the data rows of the groups. Throws
+// fp4lab::Error with swizzle_refusal's reason where there is one.
+std::vector<uint8_t> swizzled_scales(const GroupedQuantizedTensor& g);
+// The same for a plain quantization (the grouped layout of a single group).
+std::vector<uint8_t> swizzled_scales(const QuantizedTensor& q);
 
 }  // namespace fp4lab
