@@ -5,7 +5,8 @@
 // contiguity and device before any call, and the pointers must stay valid
 // for the call (and W unchanged until backward). Host pointers for backend
 // "cpu", device pointers for "cuda" (legacy default stream: see the header).
-// The GIL is released while the layer computes.
+// The GIL is released while the layer computes; fp4lab::Error becomes
+// ValueError (module.cpp's translator).
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -14,8 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
-#include "module.hpp"
+#include "python/src/module.hpp"
 #include "recipes/linear_plan.hpp"
 #include "recipes/recipe.hpp"
 #include "train/linear_function.hpp"
@@ -37,22 +37,14 @@ T* mptr(uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
-// fp4lab::Error -> ValueError (the message names what is wrong).
-template <class F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const fp4lab::Error& e) {
-    throw py::value_error(e.what());
-  }
-}
-
 // The saved state as a Python object (opaque; keeps its layer alive).
 struct PySaved {
   std::shared_ptr<LinearFunctionSaved> s;
 };
 
 }  // namespace
+
+namespace fp4lab::python {
 
 void bind_linear(py::module_& m) {
   py::class_<PySaved>(m, "LinearSaved", "What a LinearFunction forward keeps for its backward (opaque).");
@@ -69,10 +61,8 @@ stream (seed, 0xA<<60 | layer_id<<44 | step<<3 | op). backward WRITES dx,
 dW, db.)doc")
       .def(py::init([](const std::string& backend, const std::string& recipe, const std::string& layer_name,
                        uint64_t layer_id, uint64_t seed, int threads) {
-             return guarded([&] {
-               return std::make_shared<LinearFunction>(
-                   LinearFunctionOptions{backend, recipe, layer_name, layer_id, seed, threads});
-             });
+             return std::make_shared<LinearFunction>(
+                 LinearFunctionOptions{backend, recipe, layer_name, layer_id, seed, threads});
            }),
            py::arg("backend"), py::arg("recipe"), py::arg("layer_name") = "", py::arg("layer_id") = 0,
            py::arg("seed") = 0, py::arg("threads") = 0)
@@ -83,10 +73,8 @@ dW, db.)doc")
             std::shared_ptr<LinearFunctionSaved> s;
             {
               py::gil_scoped_release nogil;
-              s = guarded([&] {
-                return f.forward(step, cptr<float>(x), rows, in, cptr<float>(w), out, b ? cptr<float>(b) : nullptr,
-                                 mptr<float>(y), backward);
-              });
+              s = f.forward(step, cptr<float>(x), rows, in, cptr<float>(w), out, b ? cptr<float>(b) : nullptr,
+                            mptr<float>(y), backward);
             }
             if (!s) return py::none();
             return py::cast(PySaved{std::move(s)});
@@ -99,11 +87,8 @@ dW, db.)doc")
           [](LinearFunction& f, const PySaved& s, uintptr_t w, uintptr_t dy, uintptr_t dx, uintptr_t dw,
              uintptr_t db) {
             py::gil_scoped_release nogil;
-            guarded([&] {
-              f.backward(*s.s, cptr<float>(w), cptr<float>(dy), dx ? mptr<float>(dx) : nullptr, mptr<float>(dw),
-                         db ? mptr<float>(db) : nullptr);
-              return 0;
-            });
+            f.backward(*s.s, cptr<float>(w), cptr<float>(dy), dx ? mptr<float>(dx) : nullptr, mptr<float>(dw),
+                       db ? mptr<float>(db) : nullptr);
           },
           py::arg("saved"), py::arg("w"), py::arg("dy"), py::arg("dx"), py::arg("dw"), py::arg("db"),
           "Writes dx (0: skipped), dW and db (0: skipped) of the forward that returned `saved`.")
@@ -111,10 +96,7 @@ dW, db.)doc")
           "synchronize",
           [](LinearFunction& f) {
             py::gil_scoped_release nogil;
-            guarded([&] {
-              f.synchronize();
-              return 0;
-            });
+            f.synchronize();
           },
           "Waits for the backend's queued work (cuda); a no-op on the CPU.")
       .def_property_readonly("quantized", &LinearFunction::quantized,
@@ -128,14 +110,12 @@ dW, db.)doc")
       .def_property_readonly("seed", [](const LinearFunction& f) { return f.options().seed; });
 
   m.def(
-      "recipe_json",
-      [](const std::string& recipe) { return guarded([&] { return fp4lab::recipe_to_json(fp4lab::parse_recipe(recipe)).dump(); }); },
-      py::arg("recipe"), "A recipe (canned name, JSON file or JSON text) resolved, as JSON text (recipe_to_json).");
-  m.def(
       "linear_stream_id",
       [](uint64_t layer_id, const std::string& operand, uint64_t step) {
-        return guarded([&] { return fp4lab::stream_id(layer_id, fp4lab::operand_by_name(operand), step); });
+        return fp4lab::stream_id(layer_id, fp4lab::operand_by_name(operand), step);
       },
       py::arg("layer_id"), py::arg("operand"), py::arg("step"),
       "The Philox stream of a linear layer's operand at a step (recipes/linear_plan.hpp stream_id).");
 }
+
+}  // namespace fp4lab::python

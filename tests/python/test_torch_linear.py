@@ -1,7 +1,7 @@
 """fp4lab.torch (python/fp4lab/torch.py) against independent oracles.
 
-Oracle: every GEMM operand made from its source by the `fp4lab quantize` CLI
-(another path than the trainer's layer: sim's quantizer on .npy files, the SR
+Oracle: every GEMM operand made from its source by fp4lab.quantize (the
+`fp4lab quantize` command's path, not the trainer's layer: sim's quantizer, the SR
 stream written out here as 0xA<<60 | layer<<44 | step<<3 | operand, the wgrad
 RHT as the quantizer-level `rht` option, double quantization as two calls),
 the three GEMMs in float64; fp4lab.torch's y, dx, dW must lie within the FP32
@@ -9,15 +9,9 @@ accumulation bound 2 (K+2) 2^-24 sum|a b| of them, db equal the float64 column
 sums rounded once. (Bit equality with the trainer's own layer called directly
 is tests/train/test_linear_function.cpp.) Also: SR reproducible per (seed,
 step) and different under another seed; the step counter; bf16 inputs;
-convert(); argument errors. CUDA (skipped without a GPU): the same oracle on
-device tensors, CUDA vs CPU, run-to-run bits, a side stream.
-
-The CLI: $FP4LAB_CLI, else <build>/apps/fp4lab next to <build>/python/fp4lab.
+convert(); argument errors. The CUDA cases: cuda_torch_linear.py.
 """
 import json
-import os
-import pathlib
-import subprocess
 
 import numpy as np
 import pytest
@@ -34,22 +28,6 @@ OPS = ["fwd_x", "fwd_w", "dgrad_grad_y", "dgrad_w", "wgrad_grad_y", "wgrad_x"]
 RECIPES = ["fp32", "mx_baseline", "tetrajet", "nvfp4", "fp4tk_tetrajet", "nvfp4_fwd_mxfp8_bwd"]
 ROWS, IN, OUT = 40, 48, 24  # partial blocks (32, 16) and a partial RHT chunk along rows
 SEED, LAYER, STEP = 99, 5, 11
-CUDA = torch.cuda.is_available()
-
-
-def find_cli():
-    env = os.environ.get("FP4LAB_CLI")
-    if env:
-        return env
-    pkg = pathlib.Path(fp4lab.__file__).resolve().parent
-    for cand in (pkg.parents[1] / "apps" / "fp4lab", pkg.parents[2] / "build" / "apps" / "fp4lab"):
-        if cand.exists():
-            return str(cand)
-    return None
-
-
-CLI = find_cli()
-needs_cli = pytest.mark.skipif(CLI is None, reason="the fp4lab CLI was not found (set FP4LAB_CLI)")
 
 
 def stream(layer, op, step):
@@ -75,12 +53,8 @@ def run_torch(recipe, x, w, b, dy, device="cpu", seed=SEED, step=STEP, dtype=tor
     return f(y), f(xt.grad), f(wt.grad), f(bt.grad)
 
 
-def cli_quantize(tmp, spec, m, seed, strm):
-    src, dst = tmp / "in.npy", tmp / "out.npy"
-    np.save(src, np.ascontiguousarray(m, dtype=np.float32))
-    subprocess.run([CLI, "quantize", "--quantizer", json.dumps(spec), str(src), "--dequant", str(dst), "--seed",
-                    str(seed), "--stream", str(strm)], check=True, capture_output=True)
-    return np.load(dst)
+def quantize(spec, m, seed, strm):
+    return np.asarray(fp4lab.quantize(np.ascontiguousarray(m, dtype=np.float32), spec, seed=seed, stream=strm).dequant)
 
 
 def bf16_rne(m):
@@ -89,14 +63,14 @@ def bf16_rne(m):
     return u.view(np.float32)
 
 
-def oracle_operand(tmp, r, op, src, seed=SEED, layer=LAYER, step=STEP):
-    """The plan of recipes/linear_plan.hpp for operand op, made with the CLI."""
+def oracle_operand(r, op, src, seed=SEED, layer=LAYER, step=STEP):
+    """The plan of recipes/linear_plan.hpp for operand op, made with fp4lab.quantize."""
     m = src
     dq = r["double_quantization"]
     if dq and op == "dgrad_w" and r["fwd_w"]:
-        m = cli_quantize(tmp, r["fwd_w"], m, seed, stream(layer, "fwd_w", step))
+        m = quantize(r["fwd_w"], m, seed, stream(layer, "fwd_w", step))
     if dq is True and op == "wgrad_x" and r["fwd_x"]:  # "weights": W only
-        m = cli_quantize(tmp, r["fwd_x"], m, seed, stream(layer, "fwd_x", step))
+        m = quantize(r["fwd_x"], m, seed, stream(layer, "fwd_x", step))
     spec = r[op]
     rht = r["wgrad_rht"] and op in ("wgrad_grad_y", "wgrad_x")
     if spec is None:
@@ -104,7 +78,7 @@ def oracle_operand(tmp, r, op, src, seed=SEED, layer=LAYER, step=STEP):
         return bf16_rne(m) if r["high_precision"] == "bf16" else m
     if rht:  # the quantizer-level RHT along its [16,1] block axis: Q(R m), in the transformed domain
         spec = dict(spec, rht=True, rht_seed=r["rht_seed"])
-    return cli_quantize(tmp, spec, m, seed, stream(layer, op, step))
+    return quantize(spec, m, seed, stream(layer, op, step))
 
 
 def within(got, a, b, extra=None):
@@ -119,27 +93,25 @@ def within(got, a, b, extra=None):
     assert np.all(err <= bound), f"{np.sum(err > bound)} elements outside the bound; max excess {np.max(err - bound)}"
 
 
-def check_against_oracle(tmp, recipe, outs, x, w, b, dy):
+def check_against_oracle(recipe, outs, x, w, b, dy):
     r = json.loads(fp4lab._C.recipe_json(recipe))
     y, dx, dw, db = outs
-    ox, ow = oracle_operand(tmp, r, "fwd_x", x), oracle_operand(tmp, r, "fwd_w", w)
+    ox, ow = oracle_operand(r, "fwd_x", x), oracle_operand(r, "fwd_w", w)
     quantized = r["fwd_x"] is not None
     within(y, ox, ow.T, b.astype(np.float64) if (r["forward_bias"] or not quantized) else None)
-    within(dx, oracle_operand(tmp, r, "dgrad_grad_y", dy), oracle_operand(tmp, r, "dgrad_w", w))
-    within(dw, oracle_operand(tmp, r, "wgrad_grad_y", dy).T, oracle_operand(tmp, r, "wgrad_x", x))
+    within(dx, oracle_operand(r, "dgrad_grad_y", dy), oracle_operand(r, "dgrad_w", w))
+    within(dw, oracle_operand(r, "wgrad_grad_y", dy).T, oracle_operand(r, "wgrad_x", x))
     assert np.array_equal(db, dy.astype(np.float64).sum(axis=0).astype(np.float32))
 
 
-@needs_cli
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_cpu_matches_cli_oracle(tmp_path, recipe):
+def test_cpu_matches_quantize_oracle(recipe):
     x, w, b, dy = data()
-    check_against_oracle(tmp_path, recipe, run_torch(recipe, x, w, b, dy), x, w, b, dy)
+    check_against_oracle(recipe, run_torch(recipe, x, w, b, dy), x, w, b, dy)
 
 
-@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 @pytest.mark.parametrize("recipe", ["nvfp4", "tetrajet"])
-def test_sr_reproducible_per_seed_and_step(recipe, device):
+def test_sr_reproducible_per_seed_and_step(recipe, device="cpu"):
     x, w, b, dy = data(1)
     a = run_torch(recipe, x, w, b, dy, device)
     again = run_torch(recipe, x, w, b, dy, device)
@@ -229,43 +201,3 @@ def test_argument_errors():
     # non-contiguous inputs are made contiguous (a transposed view gives the same result)
     x = torch.randn(IN, 3).t()
     assert torch.equal(ft.linear(x, w, recipe="mx_baseline"), ft.linear(x.contiguous(), w, recipe="mx_baseline"))
-
-
-# ---- CUDA (the lead runs these on the GPU machine) ---------------------------------------------------------------
-
-needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
-
-
-@needs_cuda
-@needs_cli
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_cuda_matches_cli_oracle_and_cpu(tmp_path, recipe):
-    x, w, b, dy = data()
-    outs = run_torch(recipe, x, w, b, dy, "cuda")
-    check_against_oracle(tmp_path, recipe, outs, x, w, b, dy)
-    # db: column sums in float64 in fixed blocks of 256 rows: the CPU's bits for <= 256 rows
-    assert np.array_equal(outs[3], run_torch(recipe, x, w, b, dy, "cpu")[3])
-
-
-@needs_cuda
-def test_cuda_side_stream_same_bits():
-    x, w, b, dy = data(3)
-    ref = run_torch("nvfp4", x, w, b, dy, "cuda")
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        got = run_torch("nvfp4", x, w, b, dy, "cuda")
-    torch.cuda.synchronize()
-    for r_, g_ in zip(ref, got):
-        assert np.array_equal(r_.view(np.uint32), g_.view(np.uint32))
-
-
-@needs_cuda
-def test_cuda_module_bf16_and_3d():
-    torch.manual_seed(0)
-    m = ft.Linear(IN, OUT, recipe="nvfp4", name="fc", layer_id=1, seed=2).cuda().to(torch.bfloat16)
-    x = torch.randn(2, 7, IN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    y = m(x)
-    y.float().square().sum().backward()
-    assert y.dtype == torch.bfloat16 and y.shape == (2, 7, OUT)
-    assert x.grad.dtype == torch.bfloat16 and m.weight.grad.dtype == torch.bfloat16
-    assert torch.isfinite(m.weight.grad.float()).all()
