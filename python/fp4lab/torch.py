@@ -211,6 +211,17 @@ class _Functions:
             self.fns[be] = _C.LinearFunction(be, recipe, name, layer_id, seed)
         return self.fns[be]
 
+    # copy.deepcopy and pickling (torch.save of a model) keep the key only: the
+    # _C objects are re-made on first use (they hold no state between calls).
+    def __getstate__(self):
+        return {"key": self.key}
+
+    def __setstate__(self, state):
+        self.key, self.fns = state["key"], {}
+
+    def __deepcopy__(self, memo):
+        return _Functions(*self.key)
+
 
 _functional_cache = {}
 

@@ -149,6 +149,19 @@ def test_module_step_counter_and_eval():
     assert m.step == 42
 
 
+def test_deepcopy_and_pickle_keep_the_layer():
+    import copy
+    import pickle
+    torch.manual_seed(0)
+    m = ft.Linear(IN, OUT, recipe="tetrajet", name="fc", layer_id=2, seed=5)
+    m.step = 4
+    x = torch.randn(6, IN)
+    for other in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert (other.recipe, other.name, other.layer_id, other.seed, other.step) == ("tetrajet", "fc", 2, 5, 4)
+        assert torch.equal(other(x), m(x))
+        m.step = 4
+
+
 def test_bf16_inputs_cast_to_fp32_and_back():
     x, w, b, dy = data(2)
     to_bf = lambda a: bf16_rne(a)  # noqa: E731  (values exact in bf16)
