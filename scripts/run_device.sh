@@ -13,6 +13,10 @@
 #   python      the Python package's pytest suites (tests/python: CPU and CUDA) with this machine's python3
 #   pybench     python3 -m fp4lab.bench (quantize on CUDA tensors, the cost of a call) beside
 #               fp4lab bench quantize --backend cuda on the same shape
+#   examples    examples/vit_mnist.py (fp4lab.torch) beside fp4-trainkit's own ViT (scripts/fp4tk_vit_timing.py,
+#               a checkout in shared/fp4-trainkit) and `fp4lab train configs/vit_mnist.json`, 1 epoch each of
+#               VIT_RECIPES; examples/nanogpt.py beside `fp4lab bench train` on gpt_shakespeare_char (fp32, nvfp4).
+#               MNIST in data/mnist and data/tinyshakespeare.txt (carry: data)
 #   bench       quantize gemm
 #   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
@@ -68,6 +72,23 @@ run_step() {
       PYTHONPATH=/tmp/b/python python3 -m fp4lab.bench 2>&1 | tee "$OUT/pybench.log"
       "$FP4LAB" bench quantize --backend cuda --rows 8192 --cols 8192 --repeats 20 2>&1 | tee "$OUT/bench_quantize.log" |
         grep -E "${QPICK:-.}"
+      ;;
+    examples)
+      for r in ${VIT_RECIPES:-nvidia_round_to_infinity tetrajet}; do
+        PYTHONPATH=/tmp/b/python python3 examples/vit_mnist.py --device cuda --epochs 1 --recipes "fp4tk_$r" 2>&1 |
+          tee -a "$OUT/examples.log" | tail -2
+        [ -d shared/fp4-trainkit ] && python3 scripts/fp4tk_vit_timing.py --fp4tk shared/fp4-trainkit --recipe "$r" \
+          --device cuda --epochs 1 2>&1 | tee -a "$OUT/examples.log" | tail -1
+        "$FP4LAB" train configs/vit_mnist.json --recipe "fp4tk_$r" --set backend=cuda --set training.epochs=1 \
+          --set output.dir=/tmp/runs --force 2>&1 | tee -a "$OUT/examples.log" | tail -2
+        grep -h -o '"ms_per_step[^,]*\|"train_seconds[^,]*\|"seconds[^,]*' /tmp/runs/*/summary.json 2>/dev/null | tail -3
+      done
+      for r in fp32 nvfp4; do
+        PYTHONPATH=/tmp/b/python python3 examples/nanogpt.py --device cuda --recipe "$r" --steps 60 --log 20 2>&1 |
+          tee -a "$OUT/examples.log" | tail -2
+      done
+      "$FP4LAB" bench train --config configs/gpt_shakespeare_char.json --backend cuda --steps 20 --recipes fp32,nvfp4 \
+        --pytorch off 2>&1 | tee -a "$OUT/examples.log" | tail -6
       ;;
     bench) run_step quantize && run_step gemm ;;
     all) run_step tests && run_step bench ;;
