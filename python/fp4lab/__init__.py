@@ -204,8 +204,8 @@ def quantize(x, quantizer, *, seed=0, stream=0, rbits=None, groups=None, scale_l
     """
     if scale_layout not in ("plain", "swizzled"):
         raise ValueError(f"scale_layout='{scale_layout}': valid: plain, swizzled")
-    text = _quantizer_text(quantizer)
-    if _is_torch(x) and x.device.type == "cuda":
+    text = quantizer if type(quantizer) is str else _quantizer_text(quantizer)
+    if getattr(x, "is_cuda", False):  # a torch CUDA tensor (numpy arrays have no is_cuda)
         if rbits is not None or groups is not None:
             raise ValueError("quantize: rbits and groups run on the CPU only; pass x.cpu()")
         return _quantize_cuda(x, text, int(seed), int(stream), scale_layout, packed, dequant)
@@ -237,7 +237,7 @@ def _scale_grid(spec, rows, cols):
     return -(-rows // br), -(-cols // bc)
 
 
-_SPEC_CACHE = {}
+_PLAN_CACHE = {}
 
 
 def _current_stream(torch, index):
@@ -251,32 +251,33 @@ def _quantize_cuda(x, text, seed, stream, scale_layout, packed, want_dequant):
     """fp4lab.quantize of a torch CUDA tensor: outputs allocated by torch on x's
     device, the kernels launched on the current stream (cuda/quantize.hpp)."""
     torch = _torch()
-    if x.dim() != 2:
-        raise ValueError(f"quantize: x: needs a 2-D tensor [rows, cols], got {x.dim()} dimension(s)")
-    if x.dtype != torch.float32 and x.dtype != torch.bfloat16:
-        raise ValueError(f"quantize: x: needs float32 or bfloat16 values, got {x.dtype}")
-    if not x.is_contiguous():
-        x = x.contiguous()
-    key = (text, packed)
-    spec = _SPEC_CACHE.get(key)
-    if spec is None:
+    key = (text, packed, tuple(x.shape), x.dtype)
+    plan = _PLAN_CACHE.get(key)
+    if plan is None:  # what depends only on the quantizer, the shape and the dtype, worked out once
+        if x.dim() != 2:
+            raise ValueError(f"quantize: x: needs a 2-D tensor [rows, cols], got {x.dim()} dimension(s)")
+        if x.dtype != torch.float32 and x.dtype != torch.bfloat16:
+            raise ValueError(f"quantize: x: needs float32 or bfloat16 values, got {x.dtype}")
         spec = _spec_dict(text)
         if packed:
             _check_packable(spec)
-        _SPEC_CACHE[key] = spec
-    rows, cols = x.shape
-    sr, sc = _scale_grid(spec, rows, cols)
+        rows, cols = x.shape
+        float_scales = spec["scale"] in ("f32", "float32")
+        plan = _PLAN_CACHE[key] = (spec, rows, cols, (rows, (cols + 1) // 2 if packed else cols),
+                                   _scale_grid(spec, rows, cols), torch.float32 if float_scales else torch.uint8,
+                                   float_scales, spec.get("global_scale") == "tensor_amax",
+                                   "f32" if x.dtype == torch.float32 else "bf16")
+    spec, rows, cols, code_shape, scale_shape, scale_dtype, float_scales, has_global, in_type = plan
+    if not x.is_contiguous():
+        x = x.contiguous()
     dev = x.device
-    float_scales = spec["scale"] in ("f32", "float32")
-    has_global = spec.get("global_scale") == "tensor_amax"
-    codes = torch.empty((rows, (cols + 1) // 2 if packed else cols), dtype=torch.uint8, device=dev)
-    scale_codes = torch.empty((sr, sc), dtype=torch.float32 if float_scales else torch.uint8, device=dev)
+    codes = torch.empty(code_shape, dtype=torch.uint8, device=dev)
+    scale_codes = torch.empty(scale_shape, dtype=scale_dtype, device=dev)
     dq = torch.empty((rows, cols), dtype=torch.float32, device=dev) if want_dequant else None
     g = torch.empty((1,), dtype=torch.float32, device=dev) if has_global else None
-    args = (text, x.data_ptr(), "f32" if x.dtype == torch.float32 else "bf16", rows, cols, seed, stream,
-            codes.data_ptr(), 0 if float_scales else scale_codes.data_ptr(),
-            scale_codes.data_ptr() if float_scales else 0, dq.data_ptr() if want_dequant else 0,
-            g.data_ptr() if has_global else 0, packed)
+    args = (text, x.data_ptr(), in_type, rows, cols, seed, stream, codes.data_ptr(),
+            0 if float_scales else scale_codes.data_ptr(), scale_codes.data_ptr() if float_scales else 0,
+            dq.data_ptr() if want_dequant else 0, g.data_ptr() if has_global else 0, packed)
     if dev.index == torch.cuda.current_device():
         _C.quantize_device(*args, _current_stream(torch, dev.index))
     else:
