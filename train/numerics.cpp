@@ -77,7 +77,8 @@ NumericsCounts numerics_of(const QuantizerSpec& q, MatrixView<const float> t, co
   const int64_t rows = t.rows, cols = t.cols;
   n.elements = rows * cols;
   const ElementRule er = element_rule(*q.element);
-  // Per row: integer counts, the float64 sums left to right; then rows in order.
+  // Per row: integer counts; the float64 sums of each chunk of kNumericsChunk
+  // columns left to right, chunks in order into the row's; then rows in order.
   struct Row {
     int64_t nan = 0, nonzero = 0, flushed = 0, saturated = 0, inexact = 0, finite = 0;
     uint32_t amax = 0;
@@ -90,6 +91,7 @@ NumericsCounts numerics_of(const QuantizerSpec& q, MatrixView<const float> t, co
     const float* tr = t.data + r * t.stride;
     const float* dr = dq + r * cols;
     const uint8_t* cr = codes + r * cols;
+    double cx2 = 0, ce2 = 0, ce = 0;  // the current chunk's sums
     for (int64_t c = 0; c < cols; ++c) {
       const float v = tr[c], d = dr[c];
       const uint32_t f = element_flags(v, d, cr[c], er);
@@ -102,9 +104,13 @@ NumericsCounts numerics_of(const QuantizerSpec& q, MatrixView<const float> t, co
       if (f & kNumFinite) {
         ++w.finite;
         const double x = double(v), y = double(d), e = x - y;
-        w.x2 += x * x;
-        w.e2 += e * e;
-        w.e += y - x;
+        cx2 += x * x;
+        ce2 += e * e;
+        ce += y - x;
+      }
+      if ((c + 1) % kNumericsChunk == 0 || c + 1 == cols) {  // a chunk ends: its sums join the row's
+        w.x2 += cx2, w.e2 += ce2, w.e += ce;
+        cx2 = ce2 = ce = 0;
       }
     }
     rs[size_t(r)] = w;

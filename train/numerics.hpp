@@ -43,9 +43,10 @@
 //               null when sum (v-d)^2 is 0 (exact) or no element is finite
 //   mean_error  sum (d - v) / finite, for SR operands only (round rs): the
 //               bias stochastic rounding should not have; null otherwise
-// The float64 sums are in a fixed order: each row summed left to right
-// (products in float64, no FMA contraction: -ffp-contract=off, --fmad=false),
-// then the row sums from row 0 up. CPU and CUDA therefore agree bit for bit on
+// The float64 sums are in a fixed order: each chunk of kNumericsChunk columns
+// of a row summed left to right from 0 (products in float64, no FMA
+// contraction: -ffp-contract=off, --fmad=false), a row's chunk sums added in
+// order to its sum (from 0), then the row sums from row 0 up (from 0). CPU and CUDA therefore agree bit for bit on
 // the counts AND on the sums (hence on sqnr_db and mean_error).
 // Operands without a quantizer (FP32, or BF16 rounding) report amax (of the
 // operand's source after any pre/RHT) and "quantizer": null, nothing else.
@@ -73,6 +74,7 @@ namespace fp4lab::train {
 inline constexpr uint32_t kNumNan = 1, kNumNonzero = 2, kNumFlushed = 4, kNumSaturated = 8, kNumInexact = 16,
                           kNumFinite = 32;
 inline constexpr uint8_t kScaleFloor = 1, kScaleCeil = 2;
+inline constexpr int64_t kNumericsChunk = 256;  // columns per float64 partial sum
 
 struct ElementRule {
   uint32_t maxmag = 0;   // Format::max_magnitude_code()
