@@ -17,8 +17,10 @@
 //   flushed    nonzero and d == 0 (+0 or -0): a value the quantizer flushed to zero
 //   saturated  the element code's magnitude is the element format's largest
 //              (E2M1 6; int8 127 or -128) and |v| > |d| and d not NaN: the
-//              scaled value lay beyond the element max and was clamped (as
-//              sim's quant_stats)
+//              scaled value lay beyond the element max and was clamped; d != 0:
+//              an element of a block whose scale is 0 (an underflowed ue4m3
+//              scale) is flushed, not saturated (sim's quant_stats counts it
+//              as saturated when its code came out as the max)
 //   inexact    v not NaN and d != v (-0 == +0; a NaN d is inexact)
 //   finite     v and d both finite: the elements of the float64 sums
 // Per block of q's grid (sim/block_scales.hpp block_grid; [0,0] = one block),
@@ -97,7 +99,8 @@ FP4LAB_HD inline uint32_t element_flags(float v, float d, uint32_t code, const E
     if (d == 0.0f) f |= kNumFlushed;
   }
   const uint32_t mag = e.is_int ? (code >= 0x80u ? 0x100u - code : code) : (code & e.magmask);
-  if ((mag == e.maxmag || (e.is_int && mag == 0x80u)) && num_abs(v) > num_abs(d) && !num_is_nan(d)) f |= kNumSaturated;
+  if ((mag == e.maxmag || (e.is_int && mag == 0x80u)) && num_abs(v) > num_abs(d) && !num_is_nan(d) && d != 0.0f)
+    f |= kNumSaturated;
   if (!vnan && !(d == v)) f |= kNumInexact;
   if (num_is_finite(v) && num_is_finite(d)) f |= kNumFinite;
   return f;
