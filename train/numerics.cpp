@@ -124,19 +124,27 @@ NumericsCounts numerics_of(const QuantizerSpec& q, MatrixView<const float> t, co
   n.blocks = g.nbr * g.nbc;
   n.scale_codes = scale_codes != nullptr;
   const std::array<uint8_t, 256> table = scale_class_table(q);
-  for (int64_t bi = 0; bi < g.nbr; ++bi)
+  // Block amaxes in one row-major pass (contiguous for every block shape).
+  std::vector<uint32_t> bamax(size_t(n.blocks), 0u);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint32_t* ba = bamax.data() + (r / g.br) * g.nbc;
+    const float* tr = t.data + r * t.stride;
     for (int64_t bj = 0; bj < g.nbc; ++bj) {
-      uint32_t a = 0;
-      for (int64_t r = bi * g.br; r < std::min(rows, (bi + 1) * g.br); ++r)
-        for (int64_t c = bj * g.bc; c < std::min(cols, (bj + 1) * g.bc); ++c)
-          a = std::max(a, abs_bits(bits_of(t.data[r * t.stride + c])));
-      if (a == 0) ++n.zero_blocks;
-      if (scale_codes) {
-        const uint8_t f = block_flags(a, scale_codes[bi * g.nbc + bj], table.data());
-        n.floor_blocks += (f & kScaleFloor) ? 1 : 0;
-        n.ceil_blocks += (f & kScaleCeil) ? 1 : 0;
-      }
+      uint32_t a = ba[bj];
+      const int64_t c1 = std::min(cols, (bj + 1) * g.bc);
+      for (int64_t c = bj * g.bc; c < c1; ++c) a = std::max(a, abs_bits(bits_of(tr[c])));
+      ba[bj] = a;
     }
+  }
+  for (int64_t i = 0; i < n.blocks; ++i) {
+    const uint32_t a = bamax[size_t(i)];
+    if (a == 0) ++n.zero_blocks;
+    if (scale_codes) {
+      const uint8_t f = block_flags(a, scale_codes[i], table.data());
+      n.floor_blocks += (f & kScaleFloor) ? 1 : 0;
+      n.ceil_blocks += (f & kScaleCeil) ? 1 : 0;
+    }
+  }
   return n;
 }
 
@@ -168,7 +176,10 @@ NumericsCounts operand_numerics(const OperandPlan& p, MatrixView<const float> sr
   if (p.rht) rht_forward(m, RhtAxis::cols, p.rht_seed);
   const MatrixView<const float> t(buf.data(), src.rows, src.cols);
   if (!p.quantizer) return amax_only(t);
-  return numerics_of(quantize(*p.quantizer, t, p.stream), t);
+  const QuantizedTensor qt = quantize(*p.quantizer, t, p.stream);
+  if (p.quantizer->rht) return numerics_of(qt, t);  // in the quantizer's RHT domain
+  return numerics_of(*p.quantizer, t, qt.dequant.data(), qt.codes.data(),
+                     qt.scale_codes.empty() ? nullptr : qt.scale_codes.data());
 }
 
 std::string numerics_line(int64_t step, uint64_t layer_id, const std::string& layer, Operand op,
