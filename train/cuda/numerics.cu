@@ -158,7 +158,7 @@ NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, i
     }
     int64_t sr = 0, sc = 0;
     cuda::scale_grid(q, rows, cols, sr, sc);
-    const bool has_codes = q.scale->bits() <= 8;
+    const bool has_codes = q.scale != &float32;  // as sim's compute_block_scales
     cuda::QuantOutputs out;
     out.codes = codes = ws.codes.at_least(size_t(n));
     out.scale_codes = scodes = has_codes ? ws.scale_codes.at_least(size_t(sr * sc)) : nullptr;
