@@ -399,6 +399,7 @@ int run_cli(int argc, char** argv, CliFailure* failure) {
   fp4lab::register_golden_commands(app);
   fp4lab::register_recipe_commands(app);
   fp4lab::register_train_commands(app);
+  fp4lab::register_inspect_commands(app);
   CLI::App* bench = app.add_subcommand(
       "bench",
       "Benchmarks that print throughput figures (cast, quantize, linear, train, gemm, grouped-gemm, attention)");

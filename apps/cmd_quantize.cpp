@@ -19,6 +19,7 @@
 #include "sim/quantizer.hpp"
 #include "sim/block_scales.hpp"
 #include "sim/grouped.hpp"
+#include "train/numerics.hpp"
 #ifdef FP4LAB_WITH_CUDA
 #include "apps/bench_cuda.hpp"
 #endif
@@ -65,6 +66,24 @@ FiniteStats finite_stats(const QuantizedTensor& q, MatrixView<const float> x) {
   }
   f.sqnr_db = err == 0 ? INFINITY : 10.0 * std::log10(sig / err);
   return f;
+}
+
+// The figures of train/numerics.hpp (what a training run's numerics.jsonl and
+// `fp4lab inspect` report for an operand) that quant_stats lacks.
+void print_numerics(const QuantizedTensor& q, MatrixView<const float> x) {
+  const train::NumericsCounts n = train::numerics_of(q, x);
+  auto frac = [](int64_t a, int64_t b) { return b > 0 ? double(a) / double(b) : 0.0; };
+  std::printf("inexact            %.6f   (fraction of elements whose dequantized value differs from the input)\n",
+              frac(n.inexact, n.elements));
+  if (n.scale_codes) {
+    std::printf("scale_floor        %.6f   (fraction of blocks whose scale is the scale format's smallest, or 0)\n",
+                frac(n.floor_blocks, n.blocks));
+    std::printf("scale_ceil         %.6f   (fraction of blocks whose scale is the scale format's largest)\n",
+                frac(n.ceil_blocks, n.blocks));
+  }
+  std::printf("zero_blocks        %.6f   (fraction of blocks that are all zero)\n", frac(n.zero_blocks, n.blocks));
+  std::printf("amax               %s\n", fmt_float(float(n.amax())).c_str());
+  if (n.sr && n.finite > 0) std::printf("mean_error         %.9g   (mean of dequant - input)\n", n.sum_err / double(n.finite));
 }
 
 void print_stats(const QuantizedTensor& q, const QuantStats& s, const FiniteStats& f) {
@@ -254,7 +273,7 @@ void run_quantize(const QuantizeArgs& a) {
   }
   out.commit();
   if (!a.stats) return;
-  if (!grouped) return print_stats(q, quant_stats(q, xv), finite_stats(q, xv));
+  if (!grouped) return print_stats(q, quant_stats(q, xv), finite_stats(q, xv)), print_numerics(q, xv);
   int64_t row = 0;
   for (size_t k = 0; k < sizes.size(); ++k) {
     std::printf("%sgroup %zu of %zu: rows [%" PRId64 ", %" PRId64 ")\n", k ? "\n" : "", k, sizes.size(), row,
@@ -263,6 +282,7 @@ void run_quantize(const QuantizeArgs& a) {
       const QuantizedTensor t = group_tensor(g, k, row);
       const MatrixView<const float> gv(x.data.data() + row * cols, sizes[k], cols);
       print_stats(t, quant_stats(t, gv), finite_stats(t, gv));
+      print_numerics(t, gv);
     }
     row += sizes[k];
   }
@@ -420,8 +440,9 @@ void register_quantize_commands(CLI::App& app) {
                 "per_element, ceil(cols/4) for ptx_x4): reproduces a kernel's codes from its own random stream\n"
                 "(with --groups a group numbers its words from its first row)");
   q->add_flag("--stats", qa->stats,
-              "Print SQNR, max abs error, flushed-to-zero and saturated fractions, scale under/overflow counts\n"
-              "(with --groups, for each group)");
+              "Print SQNR, max abs error, flushed-to-zero and saturated fractions, scale under/overflow counts,\n"
+              "and the figures of a training run's numerics.jsonl (train/numerics.hpp): inexact fraction, scale\n"
+              "floor/ceiling and zero-block fractions, amax, mean error under SR (with --groups, for each group)");
   q->callback([qa] { run_quantize(*qa); });
 }
 

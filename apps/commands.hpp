@@ -133,6 +133,7 @@ void register_sr_commands(CLI::App& app);        // sr-bias                     
 void register_golden_commands(CLI::App& app);    // golden, verify               (cmd_golden.cpp)
 void register_recipe_commands(CLI::App& app);    // recipes list|show|export     (cmd_recipes.cpp)
 void register_train_commands(CLI::App& app);     // train, compare, sweep        (cmd_train.cpp)
+void register_inspect_commands(CLI::App& app);   // inspect                      (cmd_inspect.cpp)
 // `fp4lab bench <what>`: each module adds its benchmark to the bench command.
 void register_bench_cast(CLI::App& bench);       // cmd_formats.cpp
 void register_bench_quantize(CLI::App& bench);   // cmd_quantize.cpp

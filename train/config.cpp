@@ -402,8 +402,10 @@ void parse_output(const json& out, const std::string& where, RunConfig& c) {
   oo.get("dir", c.output_dir);
   oo.get("name", c.output_name);
   oo.get("capture_step", c.capture_step);
+  oo.get("numerics_interval", c.numerics_interval);
   oo.finish();
   check_range(where + ".output.capture_step", c.capture_step, {-1, kMaxSteps}, "a training step; -1: none");
+  check_range(where + ".output.numerics_interval", c.numerics_interval, {0, kMaxSteps}, "steps; 0: off");
   if (c.output_dir.empty()) throw Error(where + ".output.dir: empty; valid: a directory path (default \"runs\")");
   // A file in its place would surface later as a bare "filesystem error" from creating the run directory.
   std::error_code ec;
@@ -646,6 +648,7 @@ json config_to_json(const RunConfig& c) {
          {"seed", c.seed},       {"backend", c.backend},
          {"threads", c.threads}, {"output", {{"dir", c.output_dir}, {"name", c.output_name}, {"capture_step", c.capture_step}}}};
   // Written only when not the default, so that the configs (and hashes) of earlier runs stay as they were.
+  if (c.numerics_interval != 0) j["output"]["numerics_interval"] = c.numerics_interval;
   DistributedConfig plain;  // the defaults, but for the timeout (written on its own)
   plain.timeout_s = c.distributed.timeout_s;
   if (c.distributed != plain)

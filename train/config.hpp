@@ -18,7 +18,9 @@
 //   threads   OpenMP threads: 0 (OpenMP's default) or 1..1024
 //   output    {dir: "runs", name: run directory name (default <name>-<recipe>-s<seed>),
 //              capture_step: at this optimiser step (0-based) every linear layer's FP32
-//              operands x, w, dy are written to <run>/capture/step_<N>/<layer>.<x|w|dy>.npy}
+//              operands x, w, dy are written to <run>/capture/step_<N>/<layer>.<x|w|dy>.npy,
+//              numerics_interval: every N optimiser steps, each linear layer's six operands'
+//              quantization statistics go to <run>/numerics.jsonl (train/numerics.hpp); 0: off}
 //             name, output.name and the recipe label must make one directory name:
 //             non-empty, no '/', no "..", no control characters
 //   Integers out of their type's range (seed: 0..2^64-1) are errors naming the value.
@@ -90,6 +92,7 @@ struct RunConfig {
   std::string output_dir = "runs";
   std::string output_name;  // empty: <name>-<recipe name>-s<seed>
   int64_t capture_step = -1;  // output.capture_step (-1: none)
+  int64_t numerics_interval = 0;  // output.numerics_interval: numerics.jsonl every N steps (train/numerics.hpp; 0: off)
   DistributedConfig distributed;
 };
 

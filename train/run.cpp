@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "train/capture.hpp"
+#include "train/numerics.hpp"
 #include "train/checkpoint.hpp"
 #include "train/checksum.hpp"
 #include "train/run_files.hpp"
@@ -312,6 +313,7 @@ class Training {
   double best_ = 0.0, last_loss_ = 0.0, last_eval_metric_ = std::nan("");
   std::string status_ = "completed", error_;
   LineLog metrics_;  // rank 0's metrics.jsonl
+  LineLog numerics_;  // rank 0's numerics.jsonl (output.numerics_interval > 0)
   Progress progress_;
   std::chrono::steady_clock::time_point t_run_;
   double train_seconds_ = 0.0, warmup_seconds_ = 0.0;  // steps after / among the first two of this invocation
@@ -402,6 +404,7 @@ void Training::abandon() {
   std::error_code ec;
   try {
     if (metrics_.is_open()) metrics_.close();
+    if (numerics_.is_open()) numerics_.close();
   } catch (const Error&) {
   }
   fs::remove_all(dir_, ec);
@@ -438,6 +441,7 @@ void Training::interrupted(int signo) {
             (fs::exists(ckpt_path_) ? "" : " (none yet: the run starts anew)");
   }
   if (rank0_) metrics_.close();
+  if (numerics_.is_open()) numerics_.close();
   progress_.end();
   throw InterruptedError(signo, "interrupted by " + sig + ": " + state);
 }
@@ -493,6 +497,8 @@ void Training::resume() {
   if (!rank0_) return;
   // The records up to the checkpoint stay; the summary's final metric and last loss come from them when
   // this invocation runs no evaluation or step (a run killed before summary.json).
+  if (cfg_.numerics_interval > 0 && fs::exists(dir_ / "numerics.jsonl"))
+    truncate_metrics(dir_ / "numerics.jsonl", start_, log_);  // its lines after the checkpoint are recomputed
   for (const json& r : truncate_metrics(metrics_path_, start_, log_)) {
     if (r.value("eval", false) && r.contains(task_->metric) && r[task_->metric].is_number())
       last_eval_metric_ = r[task_->metric].get<double>();
@@ -506,6 +512,7 @@ void Training::resume() {
 void Training::train() {
   const TrainingConfig& tc = cfg_.training;
   if (rank0_) metrics_.open(metrics_path_);
+  if (rank0_ && cfg_.numerics_interval > 0) numerics_.open(dir_ / "numerics.jsonl");
   res_.dir = dir_.string();
   res_.first_step = start_;
   progress_ = Progress(log_, opt_.progress && rank0_, total_, tc.log_interval);
@@ -532,6 +539,7 @@ void Training::train() {
   }
   progress_.end();
   if (rank0_) metrics_.sync(), metrics_.close();
+  if (numerics_.is_open()) numerics_.sync(), numerics_.close();
 }
 
 // One optimiser step (0-based `step`) and its metrics line and progress; false
@@ -553,7 +561,18 @@ bool Training::train_step(int64_t step) {
   const StepContext sc = context(step, true);
   be_->fill(model_->params().grads, 0.0f);
   int64_t hits = 0;
-  const double loss = dp_->global_loss(model_->forward_backward(b, sc, &hits), weight);
+  // output.numerics_interval: this step's operands measured (train/numerics.hpp); the line's step is `done`.
+  std::unique_ptr<NumericsRecorder> numerics;
+  if (rank0_ && cfg_.numerics_interval > 0 && (step + 1) % cfg_.numerics_interval == 0)
+    numerics = std::make_unique<NumericsRecorder>(step + 1);
+  double fb_loss;
+  {
+    const NumericsScope scope(numerics.get());
+    fb_loss = model_->forward_backward(b, sc, &hits);
+  }
+  const double loss = dp_->global_loss(fb_loss, weight);
+  if (numerics)
+    for (const std::string& l : numerics->lines()) numerics_.append(l);
   if (capture_ && step == cfg_.capture_step) capture_->write(log_);
   const double lr = learning_rate(tc.schedule, step, total_);
   if (!std::isfinite(loss)) error_ = "loss is " + std::string(std::isnan(loss) ? "NaN" : "Inf");
@@ -612,6 +631,7 @@ void Training::checkpoint(int64_t step) {
   dp_->state(c.values, c.m, c.v);  // collective: every rank takes part
   if (!rank0_) return;
   metrics_.sync();  // the records up to this step are durable before the checkpoint that counts on them
+  if (numerics_.is_open()) numerics_.sync();
   save_checkpoint(ckpt_path_, c);
   checkpointed_ = true;
   last_checkpoint_ = step;

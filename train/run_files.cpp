@@ -299,12 +299,13 @@ void remove_noted(const fs::path& p, std::string& notes) {
 }
 
 // The first entry of `dir` that no run writes ("" if none): a run holds config.json, metrics.jsonl,
-// checkpoint.bin, summary.json, capture/ and temporaries of these.
+// checkpoint.bin, summary.json, numerics.jsonl, capture/ and temporaries of these.
 std::string foreign_entry(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), e; !ec && it != e; it.increment(ec)) {
     const std::string n = it->path().filename().string();
-    const bool file = n == "config.json" || n == "metrics.jsonl" || n == "checkpoint.bin" || n == "summary.json";
+    const bool file = n == "config.json" || n == "metrics.jsonl" || n == "checkpoint.bin" || n == "summary.json" ||
+                      n == "numerics.jsonl";
     std::error_code st;
     if (file && !it->is_regular_file(st)) return n + " (not a regular file: a FIFO, device or directory)";
     const bool known = file || (n == "capture" && it->is_directory(st)) || temporary_name(n);

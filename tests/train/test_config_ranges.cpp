@@ -106,6 +106,7 @@ TEST_CASE("config ranges: each numeric key out of its range names the key and th
       {"data.path=\"\"", "config.data.path: empty"},
       {"distributed.zero=2", "config.distributed.zero: 2 is out of range; valid: an integer in 0..1"},
       {"output.capture_step=-2", "config.output.capture_step: -2 is out of range"},
+      {"output.numerics_interval=-1", "config.output.numerics_interval: -1 is out of range"},
   };
   for (const Bad& b : gpt) {
     const std::string set = b.set;

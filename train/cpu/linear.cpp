@@ -3,6 +3,7 @@
 #include "train/cpu/linear.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 
 #include "train/cpu/bf16.hpp"
@@ -10,6 +11,7 @@
 #include "sim/quantizer.hpp"
 #include "sim/gemm_tiled.hpp"
 #include "sim/rht.hpp"
+#include "train/numerics.hpp"
 
 namespace fp4lab {
 
@@ -27,6 +29,17 @@ void round_bf16(MatrixView<float> m) {
     float* p = m.data + r * m.stride;
     for (int64_t c = 0; c < cols; ++c) p[c] = train::round_bf16_f32(p[c]);
   }
+}
+
+MatrixView<const float> cview(const MatrixRM& m) { return MatrixView<const float>(m.data(), m.rows(), m.cols()); }
+
+// Numerics statistics (train/numerics.hpp) of the operands ops made from src,
+// when the step measures them (a recorder is set); otherwise nothing.
+void measure(const LinearContext& ctx, const LinearPlan& plan, std::initializer_list<Operand> ops,
+             const MatrixRM& src) {
+  train::NumericsRecorder* rec = train::numerics_recorder();
+  if (rec == nullptr || !ctx.backward) return;
+  for (Operand op : ops) rec->add(ctx, plan.operand(op), train::operand_numerics(plan.operand(op), cview(src)));
 }
 
 void check_shapes(const char* fn, const MatrixRM& x, const MatrixRM& w) {
@@ -52,6 +65,8 @@ void linear_forward(const LinearContext& ctx, MatrixRM x, MatrixRM w, const floa
                     LinearSaved& saved) {
   check_shapes("linear_forward", x, w);
   const LinearPlan plan = linear_plan(ctx);
+  measure(ctx, plan, {Operand::fwd_x, Operand::wgrad_x}, x);  // x and W are the backward's too
+  measure(ctx, plan, {Operand::fwd_w, Operand::dgrad_w}, w);
   saved.forward_only = !ctx.backward;
   saved.x_q.resize(0, 0);
   saved.w_q.resize(0, 0);
@@ -117,6 +132,7 @@ void linear_backward(const LinearContext& ctx, const LinearSaved& saved, MatrixR
                 "], expected [" + std::to_string(saved.x.rows()) + ", " + std::to_string(w.rows()) +
                 "] (batch rows of x, out_features of W)");
   const LinearPlan plan = linear_plan(ctx);
+  measure(ctx, plan, {Operand::dgrad_grad_y, Operand::wgrad_grad_y}, dy);
   // db first: dy is this call's own copy, and wgrad quantizes it in place.
   if (db != nullptr) bias_grad(dy, db);
 

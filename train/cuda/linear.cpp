@@ -32,6 +32,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -42,6 +43,7 @@
 #include "cuda/shard_cast.hpp"
 #include "train/cuda/linear_ops.hpp"
 #include "train/cuda/nn.hpp"
+#include "train/cuda/numerics.hpp"
 #include "cuda/quantize.hpp"
 #include "cuda/rht.hpp"
 
@@ -192,6 +194,19 @@ struct CudaLinear::Impl {
   DeviceBuffer<float> hook_buf;
   cuda::nn::Scratch colsum;  // db's column-sum partials
   OperandHook hook;
+  NumericsWorkspacePtr numerics_ws;  // made on the first measuring step
+
+  // Numerics statistics (train/numerics.hpp) of the operands ops made from the
+  // device tensor src [rows, cols], when the step measures them (a recorder is
+  // set; off-steps: this test only). A BF16-only source (no FP32 data) is not measured.
+  void measure(const LinearContext& ctx, const LinearPlan& plan, std::initializer_list<Operand> ops,
+               const float* src, int64_t rows, int64_t cols) {
+    NumericsRecorder* rec = numerics_recorder();
+    if (rec == nullptr || !ctx.backward || src == nullptr) return;
+    if (!numerics_ws) numerics_ws = make_numerics_workspace();
+    for (Operand op : ops)
+      rec->add(ctx, plan.operand(op), operand_numerics_device(plan.operand(op), src, rows, cols, *numerics_ws, kStream));
+  }
 
   // W's operand for `op` (fwd_w, dgrad_w), whose GEMM's other operand is
   // BF16 (other_bf16) or FP32: where the plan takes W as it is, W is a weight
@@ -426,6 +441,8 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
   const int64_t B = x.rows, in = x.cols, out = w.rows;
   const LinearPlan plan = linear_plan(ctx);
   Impl& im = *impl_;
+  im.measure(ctx, plan, {Operand::fwd_x, Operand::wgrad_x}, x.data, B, in);  // x and W are the backward's too
+  im.measure(ctx, plan, {Operand::fwd_w, Operand::dgrad_w}, w.data, out, in);
   if (y.rows != B || y.cols != out || (y.data == nullptr && B * out > 0)) y = alloc(B, out);
 
   auto st = std::make_unique<CudaLinearState>();
@@ -539,6 +556,7 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
                 shape(out, in));
   const LinearPlan plan = linear_plan(ctx);
   Impl& im = *impl_;
+  im.measure(ctx, plan, {Operand::dgrad_grad_y, Operand::wgrad_grad_y}, dy.data, B, out);
   if (dx.rows != B || dx.cols != in || (dx.data == nullptr && B * in > 0)) dx = alloc(B, in);
 
   // dgrad: dx^T [in, B] = W^T [in, out] dy^T [out, B].

@@ -1,0 +1,198 @@
+// Per-layer numerics statistics of the quantized GEMM operands (config
+// output.numerics_interval: every N optimiser steps, numerics.jsonl in the run
+// directory; `fp4lab inspect` reads it). The single definition of every
+// statistic; the CPU (numerics.cpp) and the CUDA backend (cuda/numerics.cu)
+// compute them with the FP4LAB_HD rules below, and `fp4lab quantize --stats`
+// prints the same figures through numerics_of().
+//
+// What is measured. For a linear layer's operand op (recipes/recipe.hpp's
+// Operand) with plan p (recipes/linear_plan.hpp), the QUANTIZER INPUT t is the
+// operand's source after p.pre (double quantization) and p.rht (the wgrad RHT
+// along B), and after the quantizer's own RHT when q.rht (sim's
+// quantizer_domain): statistics compare t with q's dequantized output in that
+// same domain (RHT operands count against the RHT'd input, never against the
+// raw x). Per element (v = t, d = dequant, code = element code):
+//   nan        v is NaN (excluded from every other element statistic but inexact's denominator)
+//   nonzero    v != 0 and v not NaN (Inf counts)
+//   flushed    nonzero and d == 0 (+0 or -0): a value the quantizer flushed to zero
+//   saturated  the element code's magnitude is the element format's largest
+//              (E2M1 6; int8 127 or -128) and |v| > |d| and d not NaN: the
+//              scaled value lay beyond the element max and was clamped; d != 0:
+//              an element of a block whose scale is 0 (an underflowed ue4m3
+//              scale) is flushed, not saturated (sim's quant_stats counts it
+//              as saturated when its code came out as the max)
+//   inexact    v not NaN and d != v (-0 == +0; a NaN d is inexact)
+//   finite     v and d both finite: the elements of the float64 sums
+// Per block of q's grid (sim/block_scales.hpp block_grid; [0,0] = one block),
+// amax_bits = max over its elements of |v|'s bit pattern (NaN patterns win):
+//   zero block   amax 0 (every element +-0): neither floor nor ceiling
+//   NaN block    amax NaN: neither
+//   floor        otherwise, the block's scale code decodes to at most the scale
+//                format's smallest positive value (e8m0 2^-127; ue4m3 / e4m3
+//                2^-9, or 0 when the scale underflowed; emulate fp4tk with e8m0:
+//                fp4-trainkit's eps 2^-23): the scale cannot go lower
+//   ceiling      otherwise, the scale code decodes to the format's largest finite value
+//                (e8m0 2^127; ue4m3 448)
+//   Float32 scales (per-tensor FP8) have no codes: floor and ceiling are not
+//   reported (null).
+// Tensor figures:
+//   amax        max |v| over non-NaN elements (the quantizer input's)
+//   flushed     flushed / nonzero (0 when no nonzero element)
+//   saturated   saturated / elements; inexact: inexact / elements
+//   scale_floor floor blocks / blocks; scale_ceil: ceiling blocks / blocks;
+//   zero_blocks zero blocks / blocks
+//   sqnr_db     10 log10(sum v^2 / sum (v - d)^2) over the finite elements;
+//               null when sum (v-d)^2 is 0 (exact) or no element is finite
+//   mean_error  sum (d - v) / finite, for SR operands only (round rs): the
+//               bias stochastic rounding should not have; null otherwise
+// The float64 sums are in a fixed order: each chunk of kNumericsChunk columns
+// of a row summed left to right from 0 (products in float64, no FMA
+// contraction: -ffp-contract=off, --fmad=false), a row's chunk sums added in
+// order to its sum (from 0), then the row sums from row 0 up (from 0). CPU and CUDA therefore agree bit for bit on
+// the counts AND on the sums (hence on sqnr_db and mean_error).
+// Operands without a quantizer (FP32, or BF16 rounding) report amax (of the
+// operand's source after any pre/RHT) and "quantizer": null, nothing else.
+// A layer called more than once in a step (several forwards of one layer)
+// adds its counts and sums in call order; amax is the maximum.
+// All six operands are measured from the forward's x and W and the backward's
+// dy: fwd_x, fwd_w, dgrad_w, wgrad_x at the forward (x and W are the same at
+// the backward), dgrad_grad_y, wgrad_grad_y at the backward. Evaluation
+// forwards are never measured. Data parallel: rank 0's shard only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/hd.hpp"
+#include "core/tensor.hpp"
+#include "recipes/linear_plan.hpp"
+#include "sim/quantizer.hpp"
+
+namespace fp4lab::train {
+
+// ---- the per-element and per-block rules (host and device) --------------------------------------
+inline constexpr uint32_t kNumNan = 1, kNumNonzero = 2, kNumFlushed = 4, kNumSaturated = 8, kNumInexact = 16,
+                          kNumFinite = 32;
+inline constexpr uint8_t kScaleFloor = 1, kScaleCeil = 2;
+inline constexpr int64_t kNumericsChunk = 256;  // columns per float64 partial sum
+
+struct ElementRule {
+  uint32_t maxmag = 0;   // Format::max_magnitude_code()
+  uint32_t magmask = 0;  // Format::magnitude_mask(), 0xFF for integers
+  bool is_int = false;
+};
+ElementRule element_rule(const Format& f);
+
+FP4LAB_HD inline bool num_is_nan(float v) { return v != v; }
+FP4LAB_HD inline bool num_is_finite(float v) { return v - v == 0.0f; }
+FP4LAB_HD inline float num_abs(float v) { return v < 0.0f ? -v : v; }
+
+// The flags kNum* of one element (input v, dequantized d, element code).
+FP4LAB_HD inline uint32_t element_flags(float v, float d, uint32_t code, const ElementRule& e) {
+  uint32_t f = 0;
+  const bool vnan = num_is_nan(v);
+  if (vnan) f |= kNumNan;
+  if (v != 0.0f && !vnan) {
+    f |= kNumNonzero;
+    if (d == 0.0f) f |= kNumFlushed;
+  }
+  const uint32_t mag = e.is_int ? (code >= 0x80u ? 0x100u - code : code) : (code & e.magmask);
+  if ((mag == e.maxmag || (e.is_int && mag == 0x80u)) && num_abs(v) > num_abs(d) && !num_is_nan(d) && d != 0.0f)
+    f |= kNumSaturated;
+  if (!vnan && !(d == v)) f |= kNumInexact;
+  if (num_is_finite(v) && num_is_finite(d)) f |= kNumFinite;
+  return f;
+}
+
+// |v|'s bit pattern (the block amax is the max of these: NaN patterns win).
+FP4LAB_HD inline uint32_t abs_bits(uint32_t bits) { return bits & 0x7FFFFFFFu; }
+
+// kScaleFloor / kScaleCeil / 0 of a block by its amax bits and scale code;
+// `table[code]` is scale_class_table()'s.
+FP4LAB_HD inline uint8_t block_flags(uint32_t amax_bits, uint8_t scale_code, const uint8_t* table) {
+  if (amax_bits == 0 || amax_bits > 0x7F800000u) return 0;  // zero block, NaN block
+  return table[scale_code];
+}
+
+// Per scale code of q.scale: kScaleFloor if it decodes to at most the smallest
+// positive value of the format (0 included; under emulate fp4tk with e8m0
+// scales fp4-trainkit's own floor 2^-23), kScaleCeil if to the largest finite
+// value, else 0.
+std::array<uint8_t, 256> scale_class_table(const QuantizerSpec& q);
+
+// ---- the figures of one operand -----------------------------------------------------------------
+struct NumericsCounts {
+  bool quantized = false;    // false: only elements, nan and amax_bits are set
+  bool scale_codes = false;  // the scale format has codes (floor / ceiling meaningful)
+  bool sr = false;           // round rs: mean_error reported
+  int64_t elements = 0, nan = 0, nonzero = 0, flushed = 0, saturated = 0, inexact = 0, finite = 0;
+  int64_t blocks = 0, zero_blocks = 0, floor_blocks = 0, ceil_blocks = 0;
+  uint32_t amax_bits = 0;                     // max |v| bits over non-NaN v
+  double sum_x2 = 0, sum_err2 = 0, sum_err = 0;  // over finite elements: v^2, (v - d)^2, d - v
+
+  double amax() const;
+  double sqnr_db() const;  // NaN when not defined (exact, or no finite element)
+  bool operator==(const NumericsCounts&) const = default;
+};
+// Adds b's counts and sums to a (a layer measured twice in a step).
+void merge(NumericsCounts& a, const NumericsCounts& b);
+
+// From the quantizer input t (in q's domain: after q's own RHT) and q's output:
+// dequant and codes [rows * cols] row-major, scale_codes [grid] (null for
+// float32 scales).
+NumericsCounts numerics_of(const QuantizerSpec& q, MatrixView<const float> t, const float* dequant,
+                           const uint8_t* codes, const uint8_t* scale_codes);
+// The same from a QuantizedTensor and its input x (before q's RHT; as quant_stats).
+NumericsCounts numerics_of(const QuantizedTensor& qt, MatrixView<const float> x);
+// amax and NaN count only (operands without a quantizer).
+NumericsCounts amax_only(MatrixView<const float> t);
+// The CPU measurement of an operand: src (its source tensor) through p's pre
+// and RHT, then quantize(*p.quantizer) (amax_only without a quantizer).
+NumericsCounts operand_numerics(const OperandPlan& p, MatrixView<const float> src);
+
+// The JSON line of numerics.jsonl (one object, keys in docs/DESIGN.md, "Numerics statistics").
+std::string numerics_line(int64_t step, uint64_t layer_id, const std::string& layer, Operand op,
+                          const QuantizerSpec* q, const NumericsCounts& c);
+
+// ---- the recorder of a training step --------------------------------------------------------------
+// A training step that measures sets one (NumericsScope) on its thread; the
+// linear layers ask numerics_recorder() and measure only when it is set
+// (off-steps: one thread-local load per layer call).
+class NumericsRecorder {
+ public:
+  explicit NumericsRecorder(int64_t step) : step_(step) {}
+  void add(const LinearContext& ctx, const OperandPlan& p, const NumericsCounts& c);
+  // numerics_line()s ordered by (layer id, operand).
+  std::vector<std::string> lines() const;
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    uint64_t layer_id;
+    std::string layer;
+    Operand op;
+    bool has_q;
+    QuantizerSpec q;
+    NumericsCounts c;
+  };
+  int64_t step_;
+  std::vector<Entry> entries_;
+};
+NumericsRecorder* numerics_recorder();
+class NumericsScope {
+ public:
+  explicit NumericsScope(NumericsRecorder* r);
+  ~NumericsScope();
+  NumericsScope(const NumericsScope&) = delete;
+  NumericsScope& operator=(const NumericsScope&) = delete;
+
+ private:
+  NumericsRecorder* prev_;
+};
+
+// The statistic names `fp4lab inspect --stat` takes, and their one-line meanings.
+const std::vector<std::pair<std::string, std::string>>& numerics_stat_names();
+
+}  // namespace fp4lab::train
