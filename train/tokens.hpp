@@ -12,7 +12,7 @@
 //   otherwise; a file starting with the magic of llm.c's other formats (20240522, its multiple-choice eval
 //   files; 20240801, its Llama-3 uint32 shards) is an error, not raw tokens. "llmc" requires every file to be a
 //   shard (another first word is "bad magic"); "raw" reads every file as raw (for a raw file whose first two
-//   tokens happen to spell the magic: 42712, 308).
+//   tokens happen to spell the magic: 55432, 308).
 // Checks, all before training (TokenSet::open): each one is an fp4lab::Error naming the file and the problem:
 // a directory, an unreadable or empty file, bad magic (format llmc), a version other than 1, a header count
 // <= 0 or a size other than 1024 + 2 n (truncated or trailing bytes), an odd size of a raw file, fewer than
