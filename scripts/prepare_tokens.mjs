@@ -151,12 +151,18 @@ class ShardWriter {
 const t0 = process.hrtime.bigint();
 let files = listFiles(source);
 const single = files.length === 1 && fs.statSync(source).isFile();
-// --max-mb: a prefix of the order.
-let total = 0, taken = [];
+// The text files (read once here to tell, again to encode), up to --max-mb of them: a prefix of the order.
+let total = 0, skipped = 0;
+const taken = [];
 for (const f of files) {
   if (taken.length > 0 && total >= maxBytes) break;
+  if (readText(f[1]) === null) {
+    skipped++;
+    continue;
+  }
   taken.push(f), (total += f[2]);
 }
+if (taken.length === 0) throw new Error(`prepare_tokens.mjs: ${source}: no text file (UTF-8 without NUL bytes)`);
 files = taken;
 let valSet = new Set(files.filter((f) => fnv1a32(f[0]) % valEvery === 0).map((f) => f[0]));
 if (!single && valSet.size === 0) valSet = new Set([files[files.length - 1][0]]);
@@ -164,14 +170,10 @@ if (!single && valSet.size === files.length) throw new Error(`prepare_tokens.mjs
 
 fs.mkdirSync(out, { recursive: true });
 const writers = { train: new ShardWriter("train"), val: new ShardWriter("val") };
-const stats = { train: { files: 0, bytes: 0 }, val: { files: 0, bytes: 0 }, skipped_files: 0 };
+const stats = { train: { files: 0, bytes: 0 }, val: { files: 0, bytes: 0 }, skipped_files: skipped };
 let textBytes = 0, lastReport = Date.now();
 for (const [rel, abs] of files) {
   const text = readText(abs);
-  if (text === null) {
-    stats.skipped_files++;
-    continue;
-  }
   if (single) {
     let cut = Buffer.from(text, "utf8");
     if (cut.length > maxBytes) {
@@ -199,6 +201,9 @@ for (const [rel, abs] of files) {
     lastReport = Date.now();
   }
 }
+for (const s of ["train", "val"])
+  if (writers[s].n === 0 && writers[s].shards.length === 0)
+    throw new Error(`prepare_tokens.mjs: ${source}: no ${s} text (the files give no tokens to that split)`);
 writers.train.finish();
 writers.val.finish();
 const secs = Number(process.hrtime.bigint() - t0) / 1e9;
