@@ -1,4 +1,5 @@
 #include "train/config.hpp"
+#include "train/tokens.hpp"
 
 #include <unistd.h>
 
@@ -272,33 +273,14 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
                 std::to_string(mc.image_size));
 }
 
-// config.data of type "tokens" (train/tokens.hpp): the split globs, the vocabulary, its padding, the file format.
-void parse_token_data(Obj& dobj, const std::string& where, const std::string& model_type, DataConfig& dc) {
-  const std::string dp = where + ".data.";
-  dc.train = "data/tokens/tinyshakespeare/train_*.bin", dc.val = "data/tokens/tinyshakespeare/val_*.bin";
-  dobj.get("train", dc.train);
-  dobj.get("val", dc.val);
-  dobj.get("format", dc.format);
-  dobj.get("vocab_size", dc.vocab_size);
-  dobj.get("padded_vocab_size", dc.padded_vocab_size);
-  dobj.finish();
-  if (dc.train.empty()) throw Error(dp + "train: empty; valid: a glob of llm.c shards or raw uint16 token files");
-  if (dc.val.empty()) throw Error(dp + "val: empty; valid: a glob of llm.c shards or raw uint16 token files");
-  check_choice(dp + "format", dc.format, {"auto", "llmc", "raw"});
-  check_range(dp + "vocab_size", dc.vocab_size, {1, 65536}, "tokens are uint16; GPT-2's is 50257");
-  if (dc.padded_vocab_size != 0)
-    check_range(dp + "padded_vocab_size", dc.padded_vocab_size, {double(dc.vocab_size), kMaxVocab},
-                "0 (= vocab_size) or at least vocab_size; llm.c pads GPT-2's 50257 to 50304");
-  if (model_type != "gpt")
-    throw Error(where + ".data.type: \"tokens\" does not fit model.type \"" + model_type + "\" (gpt trains on tokens)");
-}
-
 // config.data, which must fit the model type.
 void parse_data(const json& d, const std::string& where, const std::string& model_type, DataConfig& dc) {
   Obj dobj(d, where + ".data");
   dobj.get("type", dc.type);
   check_choice(where + ".data.type", dc.type, {"mnist", "char", "tokens"});
-  if (dc.type == "tokens") return parse_token_data(dobj, where, model_type, dc);
+  if (dc.type == "tokens")  // its keys and checks: train/tokens.hpp
+    return parse_token_config([&](const char* k, auto& v) { dobj.get(k, v); }, [&] { dobj.finish(); }, where,
+                              model_type, dc);
   dc.path = dc.type == "mnist" ? "data/mnist" : "data/tinyshakespeare.txt";  // where scripts/get_*.sh put them
   dobj.get("path", dc.path);
   dobj.get("mean", dc.mean);
@@ -498,8 +480,7 @@ void check_run_size(const RunConfig& c, uint64_t available, const std::string& w
   if (m.type == "gpt") {
     // Char data has at most 256 symbols (one a byte) and sets vocab_size from the text; token data from data.
     const uint64_t V = uint64_t(c.data.type == "char"     ? std::min<int64_t>(m.vocab_size, 256)
-                                : c.data.type == "tokens" ? std::max(c.data.vocab_size, c.data.padded_vocab_size)
-                                                          : m.vocab_size);
+                                : c.data.type == "tokens" ? token_model_vocab(c.data) : m.vocab_size);
     const uint64_t T = uint64_t(m.context), B = uint64_t(c.training.batch_size);
     uint64_t mlp = mul({8, C, C});  // c_fc [4C x C] + c_proj [C x 4C]
     param_keys = "model.layers x model.width^2";
@@ -664,9 +645,7 @@ json config_to_json(const RunConfig& c) {
                {"train_limit", c.data.train_limit},
                {"test_limit", c.data.test_limit}};
   if (c.data.type == "mnist") data.update({{"mean", c.data.mean}, {"std", c.data.std}});
-  if (c.data.type == "tokens")
-    data = {{"type", c.data.type}, {"train", c.data.train}, {"val", c.data.val}, {"format", c.data.format},
-            {"vocab_size", c.data.vocab_size}, {"padded_vocab_size", c.data.padded_vocab_size}};
+  if (c.data.type == "tokens") data = token_config_json(c.data);
   json j{{"name", c.name},       {"model", model},
          {"data", data},         {"training", training},
          {"recipe", c.recipe},   {"layers", {{"keep_high_precision", c.keep_high_precision}}},

@@ -50,7 +50,7 @@ struct DataConfig {
   // tokens (train/tokens.hpp): globs of llm.c shards / raw uint16 files, the tokenizer's vocabulary (every
   // token < vocab_size; GPT-2's 50257) and the model's (rows of wte / lm_head), padded_vocab_size >=
   // vocab_size (0: vocab_size; llm.c and nanoGPT use 50304). The padded ids are never inputs or targets.
-  std::string train, val;
+  std::string train = "data/tokens/tinyshakespeare/train_*.bin", val = "data/tokens/tinyshakespeare/val_*.bin";
   std::string format = "auto";  // "auto" | "llmc" | "raw"
   int64_t vocab_size = 50257, padded_vocab_size = 0;
 };

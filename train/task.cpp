@@ -174,7 +174,7 @@ std::unique_ptr<Task> make_task(RunConfig& cfg) {
   if (cfg.data.type == "tokens") {
     auto t = std::make_unique<TokenTask>(cfg);
     // The model's vocabulary: the tokenizer's, or llm.c's padded size (rows no token uses; see DataConfig).
-    cfg.model.vocab_size = std::max(cfg.data.vocab_size, cfg.data.padded_vocab_size);
+    cfg.model.vocab_size = token_model_vocab(cfg.data);
     return t;
   }
   auto t = std::make_unique<TextTask>(cfg);

@@ -40,6 +40,28 @@ int32_t le32(const unsigned char* p) {
 
 }  // namespace
 
+void check_token_config(const DataConfig& dc, const std::string& where, const std::string& model_type) {
+  const std::string dp = where + ".data.";
+  if (dc.train.empty()) throw Error(dp + "train: empty; valid: a glob of llm.c shards or raw uint16 token files");
+  if (dc.val.empty()) throw Error(dp + "val: empty; valid: a glob of llm.c shards or raw uint16 token files");
+  if (dc.format != "auto" && dc.format != "llmc" && dc.format != "raw")
+    throw Error(dp + "format: \"" + dc.format + "\" is not valid; valid: auto, llmc, raw");
+  if (dc.vocab_size < 1 || dc.vocab_size > 65536)
+    throw Error(dp + "vocab_size: " + std::to_string(dc.vocab_size) +
+                " is out of range; valid: an integer in 1..65536 (tokens are uint16; GPT-2's is 50257)");
+  if (dc.padded_vocab_size != 0 && (dc.padded_vocab_size < dc.vocab_size || dc.padded_vocab_size > (1 << 24)))
+    throw Error(dp + "padded_vocab_size: " + std::to_string(dc.padded_vocab_size) +
+                " is out of range; valid: 0 (= vocab_size) or an integer in " + std::to_string(dc.vocab_size) +
+                "..16777216 (llm.c pads GPT-2's 50257 to 50304)");
+  if (model_type != "gpt")
+    throw Error(where + ".data.type: \"tokens\" does not fit model.type \"" + model_type + "\" (gpt trains on tokens)");
+}
+
+nlohmann::json token_config_json(const DataConfig& dc) {
+  return {{"type", dc.type},     {"train", dc.train},           {"val", dc.val},
+          {"format", dc.format}, {"vocab_size", dc.vocab_size}, {"padded_vocab_size", dc.padded_vocab_size}};
+}
+
 TokenShard map_token_file(const std::string& path, const std::string& format, std::shared_ptr<void>& keep) {
   TokenShard s;
   s.path = path;

@@ -32,11 +32,13 @@
 // changed, added, removed or renamed shard changes the fingerprint; so does touching or moving the corpus.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "train/config.hpp"
 #include "train/model.hpp"
 
 namespace fp4lab::train {
@@ -47,6 +49,25 @@ inline constexpr int64_t kLlmcHeaderInts = 256, kLlmcHeaderBytes = kLlmcHeaderIn
 // GPT-2's vocabulary (r50k_base: 50256 BPE merges + <|endoftext|> = 50256) and llm.c's padded size
 // (the next multiple of 128, for faster matrix multiplies).
 inline constexpr int64_t kGpt2Vocab = 50257, kGpt2PaddedVocab = 50304;
+
+// config.data of type "tokens" (DataConfig): `get(key, field)` reads a key of the data object as
+// train/config.cpp's strict reader does (types, integer ranges), `finish()` refuses the keys not read
+// (unknown-key errors); then the values are checked (check_token_config). `where` prefixes error paths.
+void check_token_config(const DataConfig& dc, const std::string& where, const std::string& model_type);
+template <class Get, class Finish>
+void parse_token_config(Get&& get, Finish&& finish, const std::string& where, const std::string& model_type,
+                        DataConfig& dc) {
+  get("train", dc.train);
+  get("val", dc.val);
+  get("format", dc.format);
+  get("vocab_size", dc.vocab_size);
+  get("padded_vocab_size", dc.padded_vocab_size);
+  finish();
+  check_token_config(dc, where, model_type);
+}
+// The resolved data section (config.json) and the model's vocabulary: padded_vocab_size, or vocab_size if 0.
+nlohmann::json token_config_json(const DataConfig& dc);
+inline int64_t token_model_vocab(const DataConfig& dc) { return std::max(dc.vocab_size, dc.padded_vocab_size); }
 
 // One memory-mapped token file (read-only; unmapped with the TokenSet).
 struct TokenShard {
