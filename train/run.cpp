@@ -487,8 +487,11 @@ void Training::resume() {
   if (world != comm_->world())
     throw Error(ckpt_path_.string() + ": written by " + std::to_string(world) + " data-parallel ranks; resume it with " +
                 std::to_string(world) + ", not " + std::to_string(comm_->world()));
+  const std::string data_keys = cfg_.data.type == "tokens"
+                                    ? "data.train " + cfg_.data.train + " / data.val " + cfg_.data.val
+                                    : "data.path " + cfg_.data.path;
   if (c.header.contains("data") && c.header["data"] != task_->fingerprint)
-    throw Error("cannot resume " + dir_.string() + ": data.path " + cfg_.data.path + " changed since the run began (" +
+    throw Error("cannot resume " + dir_.string() + ": " + data_keys + " changed since the run began (" +
                 c.header["data"].get<std::string>() + " then, " + task_->fingerprint +
                 " now); restore it, or train on it as a new run (--set output.name=NEW)");
   start_ = last_checkpoint_ = c.header.at("step").get<int64_t>();

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "train/checksum.hpp"
 #include "train/data.hpp"
+#include "train/tokens.hpp"
 
 namespace fp4lab::train {
 
@@ -122,10 +123,60 @@ class TextTask final : public Task {
   int64_t eval_iters_;
 };
 
+// gpt on token files (train/tokens.hpp): next-token prediction, scored by the validation loss as TextTask.
+class TokenTask final : public Task {
+ public:
+  explicit TokenTask(const RunConfig& cfg)
+      : train_(TokenSet::open(cfg.data.train, "config.data.train", cfg.data.format, cfg.data.vocab_size,
+                              cfg.model.context + 1)),
+        val_(TokenSet::open(cfg.data.val, "config.data.val", cfg.data.format, cfg.data.vocab_size,
+                            cfg.model.context + 1)),
+        eval_iters_(cfg.training.eval_iters) {
+    metric = "val_loss", higher_is_better = false, worst = 1e30, item = "tokens", eval_at_start = true;
+    sampler_.set = &train_;
+    sampler_.batch_size = cfg.training.batch_size;
+    sampler_.context = cfg.model.context;
+    sampler_.seed = cfg.seed;
+    sampler_.stream = uint64_t(0xC) << 60;
+    fingerprint = token_fingerprint({&train_, &val_});
+  }
+  Batch train_batch(int64_t step) const override { return sampler_.batch(step); }
+  // eval_iters random batches of each split, drawn from streams of their own (TextTask's).
+  void evaluate(Model& model, const StepContext& sc, int64_t step, json& rec) const override {
+    for (int split = 0; split < 2; ++split) {
+      TokenSampler s = sampler_;
+      s.set = split == 0 ? &train_ : &val_;
+      s.stream = kEvalStream | uint64_t(split) << 56 | uint64_t(step);
+      double sum = 0.0;
+      for (int64_t k = 0; k < eval_iters_; ++k) sum += model.evaluate(s.batch(k), sc, nullptr);
+      rec[split == 0 ? "train_loss" : "val_loss"] = sum / double(eval_iters_);
+    }
+  }
+  std::string eval_line(int64_t step, const json& rec) const override {
+    char b[200];
+    std::snprintf(b, sizeof b, "eval step %lld: train_loss %.4f val_loss %.4f\n", (long long)step,
+                  rec.at("train_loss").get<double>(), rec.at("val_loss").get<double>());
+    return b;
+  }
+  int64_t steps_per_epoch() const override { return 0; }
+  int64_t default_eval_interval() const override { return 250; }
+
+ private:
+  TokenSet train_, val_;
+  TokenSampler sampler_;
+  int64_t eval_iters_;
+};
+
 }  // namespace
 
 std::unique_ptr<Task> make_task(RunConfig& cfg) {
   if (cfg.model.type == "vit") return std::make_unique<ImageTask>(cfg);
+  if (cfg.data.type == "tokens") {
+    auto t = std::make_unique<TokenTask>(cfg);
+    // The model's vocabulary: the tokenizer's, or llm.c's padded size (rows no token uses; see DataConfig).
+    cfg.model.vocab_size = token_model_vocab(cfg.data);
+    return t;
+  }
   auto t = std::make_unique<TextTask>(cfg);
   cfg.model.vocab_size = t->vocab_size();
   return t;

@@ -1,6 +1,7 @@
 // The shipped-config matrix (config_matrix.hpp).
 #include "train/config_matrix.hpp"
 #include "train/text_fixture.hpp"
+#include "train/token_fixture.hpp"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -43,7 +44,7 @@ void write_mnist_split(const fs::path& dir, const char* pre, uint32_t n) {
 
 struct Fixtures {
   fs::path root;
-  std::string text, mnist;
+  std::string text, mnist, tokens;
   Fixtures() {
     root = fs::temp_directory_path() / ("fp4lab_config_matrix_" + std::to_string(::getpid()));
     fs::remove_all(root);
@@ -56,6 +57,13 @@ struct Fixtures {
     write_mnist_split(root / "mnist", "train", 40);
     write_mnist_split(root / "mnist", "t10k", 40);
     mnist = (root / "mnist").string();
+    // Token data: one llm.c shard per split, of a vocabulary of 64 (the shipped GPT-2 vocabulary's
+    // 50257-row embedding would make every recipe's steps slow on CI; tests/train/test_tokens.cpp and
+    // tests/cli/test_tokens.py cover GPT-2's sizes).
+    fs::create_directories(root / "tokens");
+    write_bytes(root / "tokens" / "train_000000.bin", llmc_shard(token_stream(4000, 64)));
+    write_bytes(root / "tokens" / "val_000000.bin", llmc_shard(token_stream(500, 64, 1)));
+    tokens = (root / "tokens").string();
   }
   ~Fixtures() { fs::remove_all(root); }
 };
@@ -70,8 +78,15 @@ std::vector<fs::path> shipped_configs() {
 
 // The shipped config with the matrix's tiny overrides.
 json tiny(json j, const Fixtures& fx, const std::string& backend, int threads, const fs::path& out) {
-  const bool text = j.at("data").at("type") == "char";
-  j["data"]["path"] = text ? fx.text : fx.mnist;
+  const bool tokens = j.at("data").at("type") == "tokens", text = j.at("data").at("type") == "char" || tokens;
+  if (tokens) {
+    j["data"]["train"] = fx.tokens + "/train_*.bin";
+    j["data"]["val"] = fx.tokens + "/val_*.bin";
+    j["data"]["vocab_size"] = 64;
+    if (j["data"].value("padded_vocab_size", int64_t(0)) > 0) j["data"]["padded_vocab_size"] = 128;
+  } else {
+    j["data"]["path"] = text ? fx.text : fx.mnist;
+  }
   j["data"].erase("train_limit");
   j["data"].erase("test_limit");
   json& t = j["training"];
