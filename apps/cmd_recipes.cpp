@@ -78,11 +78,13 @@ void print_layers(const std::string& path, const std::vector<std::string>& sets)
     if (e["hash"].is_string()) s += " #" + e["hash"].get<std::string>().substr(0, 8);
     return s + (e["quantized"].get<bool>() ? "" : " (high precision)");
   };
-  std::printf("%-4s %-*s %-44s %s\n", "id", int(w), "layer", "training recipe", "evaluation recipe");
+  std::printf("%-4s %-*s %-18s %-40s %s\n", "id", int(w), "layer", "from", "training recipe", "evaluation recipe");
   for (size_t i = 0; i < lr.layers.size(); ++i) {
     const std::string& n = lr.layers[i].name;
-    std::string rule = lr.choice[i] > 0 ? "  [layer_recipes[" + std::to_string(lr.choice[i] - 1) + "]]" : "";
-    std::printf("%-4zu %-*s %-44s %s\n", i, int(w), n.c_str(), (cell(first[n]) + rule).c_str(),
+    const std::string from = lr.layers[i].fp32_router ? "(FP32 router)"
+                             : lr.choice[i] > 0     ? "layer_recipes[" + std::to_string(lr.choice[i] - 1) + "]"
+                                                    : "recipe";
+    std::printf("%-4zu %-*s %-18s %-40s %s\n", i, int(w), n.c_str(), from.c_str(), cell(first[n]).c_str(),
                 lr.eval ? cell(eval[n]).c_str() : "(training's)");
   }
   std::printf(
