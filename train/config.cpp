@@ -561,7 +561,7 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   } catch (const Error& e) {
     throw Error(where + ".recipe: " + e.what());
   }
-  resolve_layer_recipes(c, where);  // layer_recipes and eval_recipe against the model's layers
+  check_layer_recipes(c, where);  // layer_recipes and eval_recipe against the model's layers
   // The run directory's name: output.name, or <name>-<recipe label>-s<seed>.
   if (!c.output_name.empty())
     check_dir_name(where + ".output.name", c.output_name, "name");

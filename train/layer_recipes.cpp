@@ -204,6 +204,10 @@ LayerRecipes resolve_layer_recipes(const RunConfig& c, const std::string& where)
   return out;
 }
 
+void check_layer_recipes(const RunConfig& c, const std::string& where) {
+  if (!c.layer_recipes.empty() || !c.eval_recipe.is_null()) resolve_layer_recipes(c, where);
+}
+
 std::vector<const Recipe*> LayerRecipes::training_table(uint64_t step, uint64_t total_steps,
                                                         std::vector<std::optional<Recipe>>& store) const {
   store.resize(recipes.size());

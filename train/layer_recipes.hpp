@@ -103,6 +103,8 @@ struct LayerRecipes {
 // Resolves and checks config.layer_recipes and config.eval_recipe against the
 // model's layers (the errors of the header comment, prefixed by `where`).
 LayerRecipes resolve_layer_recipes(const RunConfig& c, const std::string& where = "config");
+// resolve_layer_recipes' checks where either key is set (config_from_json); nothing otherwise.
+void check_layer_recipes(const RunConfig& c, const std::string& where = "config");
 // FNV-1a 64 of recipe_to_json(r).dump(), 16 hex digits.
 std::string recipe_hash(const Recipe& r);
 // The resolved recipes of the new keys, added to a resolved config (next to

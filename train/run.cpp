@@ -672,12 +672,19 @@ json Training::summary() const {
             {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
   if (!error_.empty()) s["error"] = error_;
   // Which recipe each linear layer ran: at the first step, at the last step where a recipe switched,
-  // and in the evaluation forward where eval_recipe set one (absent: the training's).
+  // and in the evaluation forward where eval_recipe set one (absent: the training's). Up to 4096 layers
+  // (~0.5 MB), so that the summary stays within what compare reads (1 MiB).
   std::vector<std::optional<Recipe>> store;
-  s["layer_recipes"] = layer_recipes_.map(layer_recipes_.training_table(0, uint64_t(total_), store));
-  const json last = layer_recipes_.map(layer_recipes_.training_table(uint64_t(total_) - 1, uint64_t(total_), store));
-  if (last != s["layer_recipes"]) s["layer_recipes_final"] = last;
-  if (layer_recipes_.eval) s["eval_layer_recipes"] = layer_recipes_.map(eval_table_);
+  if (layer_recipes_.layers.size() > 4096) {
+    s["layer_recipes"] = std::to_string(layer_recipes_.layers.size()) +
+                         " layers, too many to list here; `fp4lab recipes layers config.json` lists them";
+  } else {
+    s["layer_recipes"] = layer_recipes_.map(layer_recipes_.training_table(0, uint64_t(total_), store));
+    const json last =
+        layer_recipes_.map(layer_recipes_.training_table(uint64_t(total_) - 1, uint64_t(total_), store));
+    if (last != s["layer_recipes"]) s["layer_recipes_final"] = last;
+    if (layer_recipes_.eval) s["eval_layer_recipes"] = layer_recipes_.map(eval_table_);
+  }
   if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) s["distributed"] = dp_->memory();
   return s;
 }
