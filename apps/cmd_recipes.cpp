@@ -1,4 +1,4 @@
-// `fp4lab recipes list|show|export` and `fp4lab bench linear`.
+// `fp4lab recipes list|show|export|layers` and `fp4lab bench linear`.
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 
 #include "apps/commands.hpp"
 #include "core/error.hpp"
+#include "train/config.hpp"
 #include "train/cpu/linear.hpp"
 #include "recipes/recipe.hpp"
 
@@ -56,6 +57,39 @@ void print_list() {
   }
   std::printf(
       "\n(SR) = stochastic rounding, otherwise round-to-nearest. `fp4lab recipes show NAME` lists every quantizer.\n");
+}
+
+// `fp4lab recipes layers CONFIG.json`: every linear layer of the config's model with the recipe it trains
+// with (train/layer_recipes.hpp; the map summary.json records), and the evaluation's where eval_recipe sets one.
+void print_layers(const std::string& path, const std::vector<std::string>& sets) {
+  nlohmann::json j = train::read_json_file(path);
+  if (!j.is_object()) throw Error(path + ": the config is " + std::string(j.type_name()) + ", expected a JSON object");
+  for (const auto& s : sets) train::apply_set(j, s);
+  const train::RunConfig c = train::config_from_json(j);
+  const train::LayerRecipes lr = train::resolve_layer_recipes(c);
+  const int64_t total = std::max<int64_t>(c.training.steps, 1);  // epochs: the switch steps are not known here
+  std::vector<std::optional<Recipe>> store;
+  const nlohmann::json first = lr.map(lr.training_table(0, uint64_t(total), store));
+  const nlohmann::json eval = lr.eval ? lr.map(lr.eval_table()) : first;
+  size_t w = 5;
+  for (const auto& l : lr.layers) w = std::max(w, l.name.size() + 2);
+  auto cell = [](const nlohmann::json& e) {
+    std::string s = e["recipe"].get<std::string>();
+    if (e["hash"].is_string()) s += " #" + e["hash"].get<std::string>().substr(0, 8);
+    return s + (e["quantized"].get<bool>() ? "" : " (high precision)");
+  };
+  std::printf("%-4s %-*s %-18s %-40s %s\n", "id", int(w), "layer", "from", "training recipe", "evaluation recipe");
+  for (size_t i = 0; i < lr.layers.size(); ++i) {
+    const std::string& n = lr.layers[i].name;
+    const std::string from = lr.layers[i].fp32_router ? "(FP32 router)"
+                             : lr.choice[i] > 0     ? "layer_recipes[" + std::to_string(lr.choice[i] - 1) + "]"
+                                                    : "recipe";
+    std::printf("%-4zu %-*s %-18s %-40s %s\n", i, int(w), n.c_str(), from.c_str(), cell(first[n]).c_str(),
+                lr.eval ? cell(eval[n]).c_str() : "(training's)");
+  }
+  std::printf(
+      "\nThe first matching layer_recipes rule chooses a layer's recipe, the others run \"recipe\"; #hash: FNV-1a of "
+      "the recipe's JSON (summary.json's layer_recipes map).\n");
 }
 
 // ---- fp4lab bench linear -------------------------------------------------------
@@ -122,6 +156,18 @@ void run_bench_linear(const BenchArgs& a) {
     std::printf("\noverhead = (t_recipe - t_fp32) / t_fp32, both measured in this run; target <= +30%%\n");
 }
 
+void register_recipe_layers(CLI::App& rec) {
+  auto path = std::make_shared<std::string>();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  CLI::App* l = rec.add_subcommand(
+      "layers",
+      "List a training config's linear layers and the recipe each one runs (config keys recipe, layer_recipes,\n"
+      "eval_recipe and layers.keep_high_precision), as summary.json's layer_recipes map records it.");
+  l->add_option("CONFIG", *path, "An experiment config (configs/*.json)")->required();
+  l->add_option("--set", *sets, "Override a config key, key=value (dotted keys; repeatable)");
+  l->callback([path, sets] { print_layers(*path, *sets); });
+}
+
 }  // namespace
 
 void register_recipe_commands(CLI::App& app) {
@@ -151,6 +197,7 @@ void register_recipe_commands(CLI::App& app) {
       "{\"extends\": \"nvfp4\", ...overrides}, and pass the file wherever a recipe name is accepted.");
   exp->add_option("NAME", *export_name, "A canned recipe name, a JSON file, or JSON text")->required();
   exp->callback([export_name] { std::printf("%s\n", recipe_to_json(parse_recipe(*export_name)).dump(2).c_str()); });
+  register_recipe_layers(*rec);
 }
 
 void register_bench_linear(CLI::App& bench) {

@@ -557,6 +557,8 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   if (const json* tj = o.sub("training")) read_training(*tj, where, c.training);
   check_training(c.training, where, c.data.type);
   if (const json* l = o.sub("layers")) parse_layers(*l, where, c.keep_high_precision);
+  if (const json* lr = o.sub("layer_recipes")) c.layer_recipes = parse_layer_recipes(*lr, where + ".layer_recipes");
+  o.get_json("eval_recipe", c.eval_recipe);
   if (const json* out = o.sub("output")) parse_output(*out, where, c);
   if (const json* dj = o.sub("distributed")) parse_distributed(*dj, where, c.distributed);
   o.finish();
@@ -566,6 +568,7 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   } catch (const Error& e) {
     throw Error(where + ".recipe: " + e.what());
   }
+  check_layer_recipes(c, where);  // layer_recipes and eval_recipe against the model's layers
   // The run directory's name: output.name, or <name>-<recipe label>-s<seed>.
   if (!c.output_name.empty())
     check_dir_name(where + ".output.name", c.output_name, "name");
@@ -662,6 +665,8 @@ json config_to_json(const RunConfig& c) {
                         {"primary_weights", c.distributed.primary_weights},
                         {"shard_cast", c.distributed.shard_cast}};
   if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;
+  if (!c.layer_recipes.empty()) j["layer_recipes"] = layer_recipes_to_json(c.layer_recipes);  // only when set: hashes stay
+  if (!c.eval_recipe.is_null()) j["eval_recipe"] = c.eval_recipe;
   return j;
 }
 

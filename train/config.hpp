@@ -11,7 +11,10 @@
 //              log_interval, checkpoint_interval}
 //   recipe    a canned name ("fp32", "nvfp4", ...), a recipe JSON file path, or an inline
 //             recipe object (recipes/recipe.hpp: {"extends": "nvfp4", ...})
-//   layers    {keep_high_precision: [layer-name patterns]}  (added to the recipe's own)
+//   layers    {keep_high_precision: [layer-name patterns]}  (added to every recipe of the run)
+//   layer_recipes [{layers: pattern, recipe: name | file | object}, ...]: per-layer recipes,
+//             the first matching rule wins, other layers run `recipe` (train/layer_recipes.hpp)
+//   eval_recipe   the recipe of every evaluation forward (absent/null: the training recipes)
 //   distributed {zero: 0|1, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, timeout_s: seconds}
 //             data-parallel training (train/dist/data_parallel.hpp); one process is a world of 1
 //   seed      integer (init, data order, dropout, stochastic rounding)
@@ -39,6 +42,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "train/layer_recipes.hpp"
 #include "train/model.hpp"
 #include "train/optim.hpp"
 
@@ -93,6 +97,8 @@ struct RunConfig {
   TrainingConfig training;
   nlohmann::json recipe = "fp32";  // as given (name, path or object)
   std::vector<std::string> keep_high_precision;
+  std::vector<LayerRecipeRule> layer_recipes;  // per-layer recipes (first match wins)
+  nlohmann::json eval_recipe;                  // null: evaluation runs the training recipes
   uint64_t seed = 1;
   std::string backend = "cpu";
   int threads = 0;

@@ -100,6 +100,10 @@ struct StepContext {
   // quantized again. Null: none.
   const QuantizerSpec* weight_cast = nullptr;
   const std::vector<CastWeight>* cast_weights = nullptr;
+  // Per-layer recipes (config layer_recipes / eval_recipe, train/layer_recipes.hpp):
+  // entry i is the recipe of the linear layer with id i (nullptr: plain FP32).
+  // Null: every layer runs `recipe`.
+  const std::vector<const Recipe*>* layer_recipes = nullptr;
 };
 
 struct LinearLayerInfo {
@@ -187,7 +191,9 @@ struct LinearLayer {
   int w = -1, b = -1;  // parameter indices (b = -1: no bias)
   std::unique_ptr<LinearState> state;
   LinearContext context(const StepContext& s) const {
-    LinearContext c{s.recipe, s.seed, id, s.step, name, s.backward};
+    // The one place a layer's recipe is chosen: both backends read ctx.recipe only.
+    const Recipe* r = s.layer_recipes ? s.layer_recipes->at(size_t(id)) : s.recipe;
+    LinearContext c{r, s.seed, id, s.step, name, s.backward};
     if (!s.weight_cast || !s.cast_weights) return c;
     const auto it = std::find_if(s.cast_weights->begin(), s.cast_weights->end(),
                                  [this](const CastWeight& cw) { return cw.param == w; });

@@ -158,7 +158,7 @@ void MoeMlp::each_expert(std::vector<LinearLayer>& layers, const Tensor& in, con
 
 StepContext MoeMlp::router_context(const StepContext& s) const {
   StepContext r = s;
-  if (!c_.quantize_router) r.recipe = nullptr;
+  if (!c_.quantize_router) r.recipe = nullptr, r.layer_recipes = nullptr;
   return r;
 }
 

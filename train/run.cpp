@@ -288,6 +288,13 @@ class Training {
   const fs::path dir_, ckpt_path_, metrics_path_;
   const Recipe recipe_;
   const std::string label_;
+  const LayerRecipes layer_recipes_;  // every linear layer's recipe (config layer_recipes, eval_recipe)
+  // Per-layer tables (StepContext::layer_recipes): the training step's (only
+  // with layer_recipes; else every layer runs sc.recipe) and the evaluation's
+  // (only with eval_recipe; else evaluation runs the training step's).
+  mutable std::vector<const Recipe*> train_table_;
+  std::vector<const Recipe*> eval_table_;
+  mutable std::vector<std::optional<Recipe>> switch_store_;
   std::unique_ptr<Task> task_;
   int64_t total_ = 0, eval_interval_ = 0;
   json resolved_;
@@ -331,7 +338,8 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
       ckpt_path_(dir_ / "checkpoint.bin"),
       metrics_path_(dir_ / "metrics.jsonl"),
       recipe_(resolve_recipe(cfg_)),
-      label_(recipe_label(cfg_)) {
+      label_(recipe_label(cfg_)),
+      layer_recipes_(resolve_layer_recipes(cfg_)) {
   const TrainingConfig& tc = cfg_.training;
   if (!opt.comm) local_comm_ = make_local_comm();
   comm_ = opt.comm ? opt.comm : local_comm_.get();
@@ -344,6 +352,8 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
 
   resolved_ = config_to_json(cfg_);
   resolved_["recipe_resolved"] = recipe_to_json(recipe_);
+  add_resolved_layer_recipes(resolved_, cfg_);
+  eval_table_ = layer_recipes_.eval_table();
   hash_ = config_hash(resolved_);
   // Every rank runs the same config and steps before any rank plans or sizes a collective (issue 42).
   agree_on_run(*comm_, RunAgreement{hash_, total_, cfg_.distributed.timeout_s});
@@ -452,9 +462,13 @@ void Training::build_model() {
   model_ = make_model(cfg_.model, *be_, cfg_.seed);
   AdamWConfig ac = tc.adamw;
   if (tc.optimizer == "adam") ac.weight_decay = 0.0;
-  const std::vector<int> nv = cfg_.distributed.primary_weights == "nvfp4"
-                                  ? nvfp4_weight_params(model_->linear_layers(), recipe_)
-                                  : std::vector<int>{};
+  // NVFP4 primary weights: the weights of the layers that their own recipe does not keep in high precision.
+  std::vector<int> nv;
+  if (cfg_.distributed.primary_weights == "nvfp4")
+    for (const LinearLayerInfo& l : model_->linear_layers())
+      if (l.weight_param >= 0 &&
+          !layer_recipes_.recipes[size_t(layer_recipes_.choice.at(size_t(l.id)))].keeps_high_precision(l.name))
+        nv.push_back(l.weight_param);
   dp_ = std::make_unique<DataParallel>(*comm_, *be_, model_->params(), ac, cfg_.distributed, nv);
   const std::vector<CastOperand> ops = dp_->cast_operands();  // in nv's order; empty on the cpu backend
   cast_weights_.clear();
@@ -477,6 +491,13 @@ StepContext Training::context(int64_t step, bool train) const {
     sc.cast_weights = &cast_weights_;
   }
   if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;
+  if (!train && layer_recipes_.eval) {
+    sc.recipe = &*layer_recipes_.eval;
+    sc.layer_recipes = &eval_table_;
+  } else if (!cfg_.layer_recipes.empty()) {
+    train_table_ = layer_recipes_.training_table(uint64_t(step), uint64_t(total_), switch_store_);
+    sc.layer_recipes = &train_table_;
+  }
   return sc;
 }
 
@@ -673,6 +694,20 @@ json Training::summary() const {
             {"config_hash", hash_},
             {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
   if (!error_.empty()) s["error"] = error_;
+  // Which recipe each linear layer ran: at the first step, at the last step where a recipe switched,
+  // and in the evaluation forward where eval_recipe set one (absent: the training's). Up to 4096 layers
+  // (~0.5 MB), so that the summary stays within what compare reads (1 MiB).
+  std::vector<std::optional<Recipe>> store;
+  if (layer_recipes_.layers.size() > 4096) {
+    s["layer_recipes"] = std::to_string(layer_recipes_.layers.size()) +
+                         " layers, too many to list here; `fp4lab recipes layers config.json` lists them";
+  } else {
+    s["layer_recipes"] = layer_recipes_.map(layer_recipes_.training_table(0, uint64_t(total_), store));
+    const json last =
+        layer_recipes_.map(layer_recipes_.training_table(uint64_t(total_) - 1, uint64_t(total_), store));
+    if (last != s["layer_recipes"]) s["layer_recipes_final"] = last;
+    if (layer_recipes_.eval) s["eval_layer_recipes"] = layer_recipes_.map(eval_table_);
+  }
   if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) s["distributed"] = dp_->memory();
   return s;
 }
@@ -755,6 +790,7 @@ auto fs_errors(F&& f) {
 RunPlan plan_run(const RunConfig& cfg, const RunOptions& opt) {
   json resolved = config_to_json(cfg);
   resolved["recipe_resolved"] = recipe_to_json(resolve_recipe(cfg));
+  add_resolved_layer_recipes(resolved, cfg);
   const fs::path dir = run_directory(cfg);
   return fs_errors([&] {
     RunPlan r;

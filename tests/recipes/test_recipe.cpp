@@ -340,6 +340,15 @@ TEST_CASE("layer-name patterns") {
   CHECK(name_matches("a*b*c", "aXbYbZc"));
   CHECK_FALSE(name_matches("a*b*c", "aXbYbZ"));
   CHECK(name_matches("**x", "x"));
+  // The forms config layer_recipes rules use (train/layer_recipes.hpp): '*' crosses '.', block
+  // indices match whole ("blocks.1.*" is not "blocks.10.*"), '?' and '[' are literal characters.
+  CHECK(name_matches("blocks.10.*", "blocks.10.ffn.up_proj"));
+  CHECK_FALSE(name_matches("blocks.1.*", "blocks.10.ffn.up_proj"));
+  CHECK(name_matches("*.attn.*", "blocks.0.attn.q_proj"));
+  CHECK_FALSE(name_matches("*.attn.*", "attn.q_proj"));
+  CHECK(name_matches("h.*.mlp.experts.*.c_fc", "h.3.mlp.experts.12.c_fc"));
+  CHECK_FALSE(name_matches("h.?.mlp.c_fc", "h.1.mlp.c_fc"));
+  CHECK_FALSE(name_matches("h.[01].mlp.c_fc", "h.1.mlp.c_fc"));
   Recipe r;
   r.keep_high_precision = {"embed", "blocks.0.*"};
   CHECK(r.keeps_high_precision("embed"));
