@@ -17,6 +17,10 @@
 #               a checkout in shared/fp4-trainkit) and `fp4lab train configs/vit_mnist.json`, 1 epoch each of
 #               VIT_RECIPES; examples/nanogpt.py beside `fp4lab bench train` on gpt_shakespeare_char (fp32, nvfp4).
 #               MNIST in data/mnist and data/tinyshakespeare.txt (carry: data)
+#   numerics    the CUDA numerics statistics against the CPU's (test_train_cuda "cuda numerics*"), and their
+#               cost: gpt_shakespeare_char nvfp4, 200 steps with output.numerics_interval 0, 50 and 1
+#   tokens      bench train of gpt2_small_tokens (GPT-2 BPE shards in data/tokens/linux, vocabulary 50304)
+#               beside gpt2_small_char (65 characters), bf16 with flash attention, 10 steps x 3 rounds
 #   bench       quantize gemm
 #   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
@@ -33,8 +37,14 @@ if [ -n "${PREBUILT:-}" ]; then
   [ -f "$PREBUILT/bins.tar.xz" ] && tar -xJf "$PREBUILT/bins.tar.xz" -C "$PREBUILT"
   FP4LAB=$PREBUILT/fp4lab TEST_CUDA=$PREBUILT/test_cuda TEST_TRAIN_CUDA=$PREBUILT/test_train_cuda
 else
+  # The GPU machine's compiler (/opt/gcc) links libstdc++ statically into shared objects; a Python
+  # extension holding its own libstdc++ beside numpy's and torch's crashed in its first ostringstream
+  # (2026-11-28). Naming the system's libstdc++.so.6 first makes the module use the shared one.
+  module_link=()
+  [ -e /usr/lib/x86_64-linux-gnu/libstdc++.so.6 ] &&
+    module_link=(-DCMAKE_MODULE_LINKER_FLAGS=-Wl,--no-as-needed,/usr/lib/x86_64-linux-gnu/libstdc++.so.6)
   cmake -S . -B /tmp/b -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
-    -DPython3_EXECUTABLE="$(command -v python3)" ${CMAKE_EXTRA:-} \
+    -DPython3_EXECUTABLE="$(command -v python3)" "${module_link[@]}" ${CMAKE_EXTRA:-} \
     >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   # -k 0: other modules' work in progress must not stop test_cuda from building.
   ninja -C /tmp/b -k 0 -j16 test_cuda test_train_cuda fp4lab ${NINJA_EXTRA:-fp4lab_python} >"$OUT/build.log" 2>&1 ||
@@ -65,8 +75,8 @@ run_step() {
       done
       ;;
     python)
-      PYTHONPATH=/tmp/b/python FP4LAB_BIN="$FP4LAB" python3 -m pytest -q -p no:cacheprovider tests/python/ \
-        ${PYK:+-k "$PYK"} tests/python/cuda_*.py 2>&1 | tee "$OUT/pytest.log" | tail -15
+      PYTHONPATH=/tmp/b/python FP4LAB_BIN="$FP4LAB" python3 -m pytest -q -p no:cacheprovider -rs tests/python/ \
+        ${PYK:+-k "$PYK"} 2>&1 | tee "$OUT/pytest.log" | tail -15
       ;;
     pybench)
       PYTHONPATH=/tmp/b/python python3 -m fp4lab.bench 2>&1 | tee "$OUT/pybench.log"
@@ -89,6 +99,22 @@ run_step() {
       done
       "$FP4LAB" bench train --config configs/gpt_shakespeare_char.json --backend cuda --steps 20 --recipes fp32,nvfp4 \
         --pytorch off 2>&1 | tee -a "$OUT/examples.log" | tail -6
+      ;;
+    numerics)
+      "$TEST_TRAIN_CUDA" -tc="*numerics*" 2>&1 | tee "$OUT/test_numerics_cuda.log" | tail -3
+      for n in 0 50 1 0; do
+        "$FP4LAB" train configs/gpt_shakespeare_char.json --recipe nvfp4 --set backend=cuda --set training.steps=200 \
+          --set output.dir=/tmp/numruns --set output.numerics_interval=$n --set output.name=n$n --force \
+          >"$OUT/numerics_n$n.log" 2>&1
+        echo "numerics_interval $n: $(grep -ho '"ms_per_step":[0-9.]*' /tmp/numruns/n$n/summary.json)"
+      done
+      "$FP4LAB" inspect /tmp/numruns/n50 --stat scale_floor 2>&1 | tee "$OUT/inspect_n50.txt" | head -20
+      ;;
+    tokens)
+      for c in gpt2_small_char gpt2_small_tokens; do
+        "$FP4LAB" bench train --config configs/$c.json --backend cuda --steps 10 --recipes bf16,nvfp4 --pytorch off \
+          --set model.attention=bf16_flash 2>&1 | tee -a "$OUT/bench_tokens.log" | tail -3
+      done
       ;;
     bench) run_step quantize && run_step gemm ;;
     all) run_step tests && run_step bench ;;

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <ios>
 #include <new>
 #include <stdexcept>
 
@@ -17,15 +16,6 @@
 namespace py = pybind11;
 
 namespace {
-// The standard streams' initialisation, requested by this module itself. With
-// GCC 13, <iostream> no longer makes each translation unit construct an
-// ios_base::Init: libstdc++.so does it once. Where the toolchain links
-// libstdc++ statically into a shared object (the GPU machine's /opt/gcc did),
-// nothing pulled that initialiser in, and the first ostringstream in the
-// module crashed (std::locale not set up). Constructing one is always allowed
-// (they are counted) and costs nothing where libstdc++ is shared.
-const std::ios_base::Init ios_init;
-
 // FP4LAB_BACKTRACE=1: a fatal signal prints the native stack (for a crash that
 // Python's faulthandler can only place at the calling line).
 extern "C" void print_native_stack(int signo) {

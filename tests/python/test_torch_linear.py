@@ -9,7 +9,7 @@ accumulation bound 2 (K+2) 2^-24 sum|a b| of them, db equal the float64 column
 sums rounded once. (Bit equality with the trainer's own layer called directly
 is tests/train/test_linear_function.cpp.) Also: SR reproducible per (seed,
 step) and different under another seed; the step counter; bf16 inputs;
-convert(); argument errors. The CUDA cases: cuda_torch_linear.py.
+convert(); argument errors. The CUDA cases: test_cuda_torch_linear.py.
 """
 import json
 

@@ -7,10 +7,10 @@ seed-dependent, the same bits under a side stream, a bf16 module on 3-D input.
 Shared helpers: test_torch_linear.py."""
 import numpy as np
 import pytest
-import torch
 
-import test_torch_linear as base
-from test_torch_linear import ft
+torch = pytest.importorskip("torch")
+import test_torch_linear as base  # noqa: E402
+from test_torch_linear import ft  # noqa: E402
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
