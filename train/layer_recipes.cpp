@@ -252,4 +252,25 @@ void add_resolved_layer_recipes(json& resolved, const RunConfig& c) {
   if (lr.eval) resolved["eval_recipe_resolved"] = recipe_to_json(*lr.eval);
 }
 
+void LayerRecipes::add_to_summary(nlohmann::json& s, uint64_t total_steps) const {
+  if (layers.size() > 4096) {
+    s["layer_recipes"] = std::to_string(layers.size()) +
+                         " layers, too many to list here; `fp4lab recipes layers config.json` lists them";
+    return;
+  }
+  std::vector<std::optional<Recipe>> store;
+  s["layer_recipes"] = map(training_table(0, total_steps, store));
+  const nlohmann::json last = map(training_table(total_steps - 1, total_steps, store));
+  if (last != s["layer_recipes"]) s["layer_recipes_final"] = last;
+  if (eval) s["eval_layer_recipes"] = map(eval_table());
+}
+
+std::vector<int> LayerRecipes::nvfp4_weight_params(const std::vector<LinearLayerInfo>& infos) const {
+  std::vector<int> nv;
+  for (const LinearLayerInfo& l : infos)
+    if (l.weight_param >= 0 && !recipes[size_t(choice.at(size_t(l.id)))].keeps_high_precision(l.name))
+      nv.push_back(l.weight_param);
+  return nv;
+}
+
 }  // namespace fp4lab::train

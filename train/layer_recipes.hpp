@@ -98,6 +98,13 @@ struct LayerRecipes {
   // The map summary.json and `fp4lab recipes layers` show: layer name ->
   // {"recipe": name, "hash": recipe_hash, "quantized": bool} of `table`.
   nlohmann::json map(const std::vector<const Recipe*>& table) const;
+  // summary.json's "layer_recipes" (the map at the first step), "layer_recipes_final" (at the last of
+  // total_steps, where a switch changed it) and "eval_layer_recipes" (with eval_recipe). Above 4096
+  // layers a one-line note instead (~0.5 MB at 4096: the summary stays within compare's 1 MiB).
+  void add_to_summary(nlohmann::json& summary, uint64_t total_steps) const;
+  // NVFP4 primary weights: the weight parameters of the layers that their own recipe does not keep
+  // in high precision.
+  std::vector<int> nvfp4_weight_params(const std::vector<LinearLayerInfo>& layers) const;
 };
 
 // Resolves and checks config.layer_recipes and config.eval_recipe against the

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-
 #include <algorithm>
 #include <csignal>
 #include <chrono>
@@ -462,13 +461,9 @@ void Training::build_model() {
   model_ = make_model(cfg_.model, *be_, cfg_.seed);
   AdamWConfig ac = tc.adamw;
   if (tc.optimizer == "adam") ac.weight_decay = 0.0;
-  // NVFP4 primary weights: the weights of the layers that their own recipe does not keep in high precision.
-  std::vector<int> nv;
-  if (cfg_.distributed.primary_weights == "nvfp4")
-    for (const LinearLayerInfo& l : model_->linear_layers())
-      if (l.weight_param >= 0 &&
-          !layer_recipes_.recipes[size_t(layer_recipes_.choice.at(size_t(l.id)))].keeps_high_precision(l.name))
-        nv.push_back(l.weight_param);
+  const std::vector<int> nv = cfg_.distributed.primary_weights == "nvfp4"
+                                  ? layer_recipes_.nvfp4_weight_params(model_->linear_layers())
+                                  : std::vector<int>{};
   dp_ = std::make_unique<DataParallel>(*comm_, *be_, model_->params(), ac, cfg_.distributed, nv);
   const std::vector<CastOperand> ops = dp_->cast_operands();  // in nv's order; empty on the cpu backend
   cast_weights_.clear();
@@ -694,20 +689,7 @@ json Training::summary() const {
             {"config_hash", hash_},
             {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
   if (!error_.empty()) s["error"] = error_;
-  // Which recipe each linear layer ran: at the first step, at the last step where a recipe switched,
-  // and in the evaluation forward where eval_recipe set one (absent: the training's). Up to 4096 layers
-  // (~0.5 MB), so that the summary stays within what compare reads (1 MiB).
-  std::vector<std::optional<Recipe>> store;
-  if (layer_recipes_.layers.size() > 4096) {
-    s["layer_recipes"] = std::to_string(layer_recipes_.layers.size()) +
-                         " layers, too many to list here; `fp4lab recipes layers config.json` lists them";
-  } else {
-    s["layer_recipes"] = layer_recipes_.map(layer_recipes_.training_table(0, uint64_t(total_), store));
-    const json last =
-        layer_recipes_.map(layer_recipes_.training_table(uint64_t(total_) - 1, uint64_t(total_), store));
-    if (last != s["layer_recipes"]) s["layer_recipes_final"] = last;
-    if (layer_recipes_.eval) s["eval_layer_recipes"] = layer_recipes_.map(eval_table_);
-  }
+  layer_recipes_.add_to_summary(s, uint64_t(total_));
   if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) s["distributed"] = dp_->memory();
   return s;
 }
