@@ -19,6 +19,7 @@
 #include "train/process.hpp"
 #include "train/dist/launch.hpp"
 #include "train/run.hpp"
+#include "train/tokens.hpp"
 #include "core/error.hpp"
 
 namespace fp4lab {
@@ -241,6 +242,8 @@ void bench_train(const BenchArgs& a) {
     throw Error("--pytorch '" + a.pytorch + "': valid: auto, on, off");
   RunConfig cfg = config_from_json(j);
   const bool vit = cfg.model.type == "vit";
+  // Batches are synthetic (no data is read), but the model is the run's: token data sets its vocabulary.
+  if (cfg.data.type == "tokens") cfg.model.vocab_size = token_model_vocab(cfg.data);
   const int threads = cfg.threads > 0 ? cfg.threads : std::max(1, int(std::thread::hardware_concurrency()));
   std::printf("bench train: %s model, batch %lld%s, backend %s%s; %d rounds of %lld timed steps after 2 warm-up "
               "steps, recipes interleaved; ms/iter: median, min, max over the rounds\n",
