@@ -19,8 +19,9 @@
 #               MNIST in data/mnist and data/tinyshakespeare.txt (carry: data)
 #   numerics    the CUDA numerics statistics against the CPU's (test_train_cuda "cuda numerics*"), and their
 #               cost: gpt_shakespeare_char nvfp4, 200 steps with output.numerics_interval 0, 50 and 1
-#   tokens      bench train of gpt2_small_tokens (GPT-2 BPE shards in data/tokens/linux, vocabulary 50304)
-#               beside gpt2_small_char (65 characters), bf16 with flash attention, 10 steps x 3 rounds
+#   tokens      fp4lab train of gpt2_small_tokens (GPT-2 BPE shards in data/tokens/linux, vocabulary 50304,
+#               the loader in the loop) beside gpt2_small_char, bf16 with flash attention, 60 steps each:
+#               ms/step in the last line of each (bench train draws synthetic batches: not a loader test)
 #   bench       quantize gemm
 #   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
@@ -112,8 +113,9 @@ run_step() {
       ;;
     tokens)
       for c in gpt2_small_char gpt2_small_tokens; do
-        "$FP4LAB" bench train --config configs/$c.json --backend cuda --steps 10 --recipes bf16,nvfp4 --pytorch off \
-          --set model.attention=bf16_flash 2>&1 | tee -a "$OUT/bench_tokens.log" | tail -3
+        "$FP4LAB" train configs/$c.json --set backend=cuda --set training.steps=60 \
+          --set model.attention=bf16_flash --set output.dir=/tmp/tokruns --force 2>&1 | tee -a "$OUT/train_tokens.log" |
+          tail -1
       done
       ;;
     bench) run_step quantize && run_step gemm ;;

@@ -134,14 +134,15 @@ TokenShard map_token_file(const std::string& path, const std::string& format, st
 TokenSet TokenSet::open(const std::string& pattern, const std::string& key, const std::string& format,
                         int64_t vocab_size, int64_t min_tokens) {
   glob_t g{};
-  const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  // No GLOB_ERR: a directory of the pattern that does not exist is "no match", not a failure.
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
   std::vector<std::string> paths;
   for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
   ::globfree(&g);
   if (rc == GLOB_NOMATCH || (rc == 0 && paths.empty()))
     throw Error(key + ": \"" + pattern + "\" matches no file (run scripts/prepare_tokens.sh, or set " + key +
                 " to a glob of llm.c shards or raw uint16 token files)");
-  if (rc != 0) throw Error(key + ": \"" + pattern + "\": glob failed (an unreadable directory?)");
+  if (rc != 0) throw Error(key + ": \"" + pattern + "\": glob failed (out of memory or an unreadable directory)");
   std::sort(paths.begin(), paths.end());  // byte order, whatever the locale's collation
   TokenSet set;
   for (const std::string& p : paths) {
