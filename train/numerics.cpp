@@ -77,49 +77,53 @@ NumericsCounts numerics_of(const QuantizerSpec& q, MatrixView<const float> t, co
   const int64_t rows = t.rows, cols = t.cols;
   n.elements = rows * cols;
   const ElementRule er = element_rule(*q.element);
-  // Per row: integer counts; the float64 sums of each chunk of kNumericsChunk
-  // columns left to right, chunks in order into the row's; then rows in order.
-  struct Row {
+  // The lanes of numerics.hpp: element i (row-major) is lane i mod L's; lane
+  // group g (kNumericsLaneGroup lanes) visits its runs base + [0, group) for
+  // base = g * group, g * group + L, ... (one thread per group: lanes never
+  // shared). Integer counts per group; float64 sums per lane, then the tree.
+  constexpr int64_t L = kNumericsLanes, G = kNumericsLaneGroup;
+  struct Group {
     int64_t nan = 0, nonzero = 0, flushed = 0, saturated = 0, inexact = 0, finite = 0;
     uint32_t amax = 0;
-    double x2 = 0, e2 = 0, e = 0;
   };
-  std::vector<Row> rs(size_t(std::max<int64_t>(rows, 0)));
+  std::vector<Group> gs(size_t(L / G));
+  std::vector<double> x2(size_t(L), 0.0), e2(size_t(L), 0.0), es(size_t(L), 0.0);
+  const int64_t total = n.elements;
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    Row w;
-    const float* tr = t.data + r * t.stride;
-    const float* dr = dq + r * cols;
-    const uint8_t* cr = codes + r * cols;
-    double cx2 = 0, ce2 = 0, ce = 0;  // the current chunk's sums
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = tr[c], d = dr[c];
-      const uint32_t f = element_flags(v, d, cr[c], er);
-      w.nan += (f & kNumNan) ? 1 : 0;
-      w.nonzero += (f & kNumNonzero) ? 1 : 0;
-      w.flushed += (f & kNumFlushed) ? 1 : 0;
-      w.saturated += (f & kNumSaturated) ? 1 : 0;
-      w.inexact += (f & kNumInexact) ? 1 : 0;
-      if (!(f & kNumNan)) w.amax = std::max(w.amax, abs_bits(bits_of(v)));
-      if (f & kNumFinite) {
-        ++w.finite;
-        const double x = double(v), y = double(d), e = x - y;
-        cx2 += x * x;
-        ce2 += e * e;
-        ce += y - x;
-      }
-      if ((c + 1) % kNumericsChunk == 0 || c + 1 == cols) {  // a chunk ends: its sums join the row's
-        w.x2 += cx2, w.e2 += ce2, w.e += ce;
-        cx2 = ce2 = ce = 0;
+  for (int64_t g = 0; g < L / G; ++g) {
+    Group w;
+    for (int64_t base = g * G; base < total; base += L) {
+      const int64_t end = std::min(base + G, total);
+      int64_t r = base / cols, c = base % cols;
+      for (int64_t i = base; i < end; ++i) {
+        const float v = t.data[r * t.stride + c], d = dq[i];
+        const uint32_t f = element_flags(v, d, codes[i], er);
+        w.nan += (f & kNumNan) ? 1 : 0;
+        w.nonzero += (f & kNumNonzero) ? 1 : 0;
+        w.flushed += (f & kNumFlushed) ? 1 : 0;
+        w.saturated += (f & kNumSaturated) ? 1 : 0;
+        w.inexact += (f & kNumInexact) ? 1 : 0;
+        if (!(f & kNumNan)) w.amax = std::max(w.amax, abs_bits(bits_of(v)));
+        if (f & kNumFinite) {
+          ++w.finite;
+          const double x = double(v), y = double(d), e = x - y;
+          const size_t lane = size_t(i - base + g * G);
+          x2[lane] += x * x;
+          e2[lane] += e * e;
+          es[lane] += y - x;
+        }
+        if (++c == cols) c = 0, ++r;
       }
     }
-    rs[size_t(r)] = w;
+    gs[size_t(g)] = w;
   }
-  for (const Row& w : rs) {
+  for (const Group& w : gs) {
     n.nan += w.nan, n.nonzero += w.nonzero, n.flushed += w.flushed, n.saturated += w.saturated;
     n.inexact += w.inexact, n.finite += w.finite, n.amax_bits = std::max(n.amax_bits, w.amax);
-    n.sum_x2 += w.x2, n.sum_err2 += w.e2, n.sum_err += w.e;
   }
+  n.sum_x2 = numerics_tree_sum(x2.data(), L);
+  n.sum_err2 = numerics_tree_sum(e2.data(), L);
+  n.sum_err = numerics_tree_sum(es.data(), L);
   const BlockGrid g = block_grid(q, rows, cols);
   n.blocks = g.nbr * g.nbc;
   n.scale_codes = scale_codes != nullptr;

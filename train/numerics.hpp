@@ -45,11 +45,14 @@
 //               null when sum (v-d)^2 is 0 (exact) or no element is finite
 //   mean_error  sum (d - v) / finite, for SR operands only (round rs): the
 //               bias stochastic rounding should not have; null otherwise
-// The float64 sums are in a fixed order: each chunk of kNumericsChunk columns
-// of a row summed left to right from 0 (products in float64, no FMA
-// contraction: -ffp-contract=off, --fmad=false), a row's chunk sums added in
-// order to its sum (from 0), then the row sums from row 0 up (from 0). CPU and CUDA therefore agree bit for bit on
-// the counts AND on the sums (hence on sqnr_db and mean_error).
+// The float64 sums are in a fixed order, the same on both backends, chosen so
+// that a GPU sums with every SM busy and no serial pass over rows: element i of
+// t (row-major flat index) belongs to LANE i mod kNumericsLanes; each lane sums
+// its elements in increasing i, from 0 (products in float64, no FMA
+// contraction: -ffp-contract=off, --fmad=false); the lane sums are then added
+// by the pairwise tree of numerics_tree_sum() (adjacent pairs: lane 2j + 1
+// into 2j, then 4j + 2 into 4j, ...). CPU and CUDA therefore agree bit for bit
+// on the counts AND on the sums (hence on sqnr_db and mean_error).
 // Operands without a quantizer (FP32, or BF16 rounding) report amax (of the
 // operand's source after any pre/RHT) and "quantizer": null, nothing else.
 // A layer called more than once in a step (several forwards of one layer)
@@ -76,7 +79,18 @@ namespace fp4lab::train {
 inline constexpr uint32_t kNumNan = 1, kNumNonzero = 2, kNumFlushed = 4, kNumSaturated = 8, kNumInexact = 16,
                           kNumFinite = 32;
 inline constexpr uint8_t kScaleFloor = 1, kScaleCeil = 2;
-inline constexpr int64_t kNumericsChunk = 256;  // columns per float64 partial sum
+inline constexpr int64_t kNumericsLanes = 32768;   // lanes of the float64 sums (a power of two)
+inline constexpr int64_t kNumericsLaneGroup = 256;  // lanes per CUDA thread block: the tree's first 8 levels
+
+// The tree of the float64 sums: s[0] + s[1] -> s[0], s[2] + s[3] -> s[2], ...,
+// then s[0] + s[2] -> s[0], s[4] + s[6] -> s[4], ..., until s[0] holds the
+// total (n a power of two; s is overwritten). Adjacent pairs make the first
+// log2(kNumericsLaneGroup) levels local to one CUDA block.
+FP4LAB_HD inline double numerics_tree_sum(double* s, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t j = 0; j + h < n; j += 2 * h) s[j] = s[j] + s[j + h];
+  return n > 0 ? s[0] : 0.0;
+}
 
 struct ElementRule {
   uint32_t maxmag = 0;   // Format::max_magnitude_code()

@@ -152,6 +152,44 @@ TEST_CASE("numerics_of equals a brute-force count over sim's quantize() output, 
   CHECK(numerics_of(quantize(quantizer_by_name("nvfp4"), xv), xv).flushed > 0);
 }
 
+namespace {
+// numerics.hpp's tree written as a recursion (a different route from numerics_tree_sum's level loops).
+double tree(const std::vector<double>& s, size_t lo, size_t hi) {
+  return hi - lo == 1 ? s[lo] : tree(s, lo, (lo + hi) / 2) + tree(s, (lo + hi) / 2, hi);
+}
+}  // namespace
+
+TEST_CASE("numerics_of's float64 sums follow numerics.hpp's lane order exactly, from a strided view") {
+  // 300 x 190 = 57000 elements: more than kNumericsLanes, so lanes hold one or two elements and runs cross rows.
+  const int64_t rows = 300, cols = 190, stride = 197;
+  const std::vector<float> dense = test_tensor(rows, cols, 13);
+  std::vector<float> padded(size_t(rows * stride), NAN);  // the gaps are never read
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) padded[size_t(r * stride + c)] = dense[size_t(r * cols + c)];
+  const MatrixView<const float> xv(padded.data(), rows, cols, stride);
+  for (const char* name : {"nvfp4", "mxfp8_e4m3"}) {
+    CAPTURE(name);
+    QuantizerSpec q = quantizer_by_name(name);
+    q.round = Round::rs;
+    const QuantizedTensor qt = quantize(q, MatrixView<const float>(dense.data(), rows, cols), RandomStream{3, 1});
+    const NumericsCounts n = numerics_of(q, xv, qt.dequant.data(), qt.codes.data(), qt.scale_codes.data());
+    std::vector<double> x2(static_cast<size_t>(kNumericsLanes)), e2(x2.size()), es(x2.size());
+    long double lx2 = 0, le2 = 0;
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const double v = dense[size_t(i)], d = qt.dequant[size_t(i)];
+      const size_t l = size_t(i % kNumericsLanes);
+      x2[l] += v * v, e2[l] += (v - d) * (v - d), es[l] += d - v;
+      lx2 += (long double)v * v, le2 += (long double)(v - d) * (v - d);
+    }
+    CHECK(n.sum_x2 == tree(x2, 0, x2.size()));
+    CHECK(n.sum_err2 == tree(e2, 0, e2.size()));
+    CHECK(n.sum_err == tree(es, 0, es.size()));
+    CHECK(n.sum_x2 == doctest::Approx(double(lx2)).epsilon(1e-13));
+    CHECK(n.sum_err2 == doctest::Approx(double(le2)).epsilon(1e-13));
+    CHECK(n.finite == rows * cols);
+  }
+}
+
 TEST_CASE("operand_numerics: the plan's pre and wgrad RHT come first; an operand without a quantizer gives amax only") {
   const int64_t rows = 32, cols = 48;
   const std::vector<float> x = test_tensor(rows, cols, 9);

@@ -1,14 +1,19 @@
 // Per-layer numerics statistics on the GPU (numerics.hpp; the definitions in
-// train/numerics.hpp). Three kernels over the quantizer input t and its
-// quantization (dequant, element codes, scale codes):
-//   chunk_kernel  one thread per (row, chunk of kNumericsChunk columns): the
-//                 element flags (integer counts by atomics, order-free), the
-//                 amax (atomicMax of bits), the chunk's float64 sums left to
-//                 right into partials[row][chunk]
-//   row_kernel    one thread per row: its chunk sums in order
-//   total_kernel  one thread: the row sums in order (the CPU's order exactly)
-//   block_kernel  one thread per scale block: its amax bits, zero / floor /
-//                 ceiling by block_flags()
+// train/numerics.hpp). Kernels over the quantizer input t and its quantization
+// (dequant, element codes, scale codes):
+//   lane_kernel    one thread per lane of the float64 sums (kNumericsLanes,
+//                  kNumericsLaneGroup a block; coalesced: lane l reads
+//                  elements l, l + L, ...): the element flags (integer counts
+//                  reduced per warp, then atomics: order-free), the amax
+//                  (max of bits), the lane's sums; the block adds its lanes
+//                  by the first levels of numerics_tree_sum's tree
+//   finish_kernel  one thread: the remaining levels over the group sums (the
+//                  CPU's tree exactly); for a one-block grid (per-tensor
+//                  scales) that block's flags, from the tensor's amax and NaN
+//                  count
+//   block_kernel   one thread (blocks of at most 64 elements) or one warp
+//                  (larger) per scale block: its amax bits, zero / floor /
+//                  ceiling by block_flags()
 #include "train/cuda/numerics.hpp"
 
 #include <array>
@@ -37,25 +42,31 @@ struct ScaleTable {
 
 __device__ inline uint32_t bits_of(float v) { return __float_as_uint(v); }
 
-// dq == nullptr: amax and NaN only (no quantizer).
-__global__ void chunk_kernel(const float* t, const float* dq, const uint8_t* codes, int64_t rows, int64_t cols,
-                             int64_t nch, ElementRule er, double* partials, DevCounts* out) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * nch) return;
-  const int64_t r = i / nch, k = i % nch;
-  const int64_t c0 = k * kNumericsChunk, c1 = c0 + kNumericsChunk < cols ? c0 + kNumericsChunk : cols;
-  unsigned long long nan = 0, nonzero = 0, flushed = 0, saturated = 0, inexact = 0, finite = 0;
+constexpr int kLanes = int(kNumericsLanes), kGroup = int(kNumericsLaneGroup), kGroups = kLanes / kGroup;
+static_assert(kGroup == 256 && kLanes % kGroup == 0, "lane_kernel's block is one lane group");
+
+__device__ inline void warp_add(unsigned long long* dst, unsigned v) {
+  v = __reduce_add_sync(0xFFFFFFFFu, v);
+  if ((threadIdx.x & 31) == 0 && v) atomicAdd(dst, (unsigned long long)v);
+}
+
+// dq == nullptr: amax and NaN only (no quantizer). group_sums[3 * g + k]: group
+// g's x2, err2, err after the tree levels inside the group.
+__global__ void __launch_bounds__(256) lane_kernel(const float* t, const float* dq, const uint8_t* codes, int64_t n,
+                                                   ElementRule er, double* group_sums, DevCounts* out) {
+  const int64_t lane = int64_t(blockIdx.x) * kGroup + threadIdx.x;
+  unsigned nan = 0, nonzero = 0, flushed = 0, saturated = 0, inexact = 0, finite = 0;
   uint32_t amax = 0;
   double x2 = 0, e2 = 0, es = 0;
-  for (int64_t c = c0; c < c1; ++c) {
-    const float v = t[r * cols + c];
+  for (int64_t i = lane; i < n; i += kLanes) {
+    const float v = t[i];
     if (dq == nullptr) {
       if (num_is_nan(v)) ++nan;
       else amax = max(amax, abs_bits(bits_of(v)));
       continue;
     }
-    const float d = dq[r * cols + c];
-    const uint32_t f = element_flags(v, d, codes[r * cols + c], er);
+    const float d = dq[i];
+    const uint32_t f = element_flags(v, d, codes[i], er);
     nan += (f & kNumNan) ? 1 : 0;
     nonzero += (f & kNumNonzero) ? 1 : 0;
     flushed += (f & kNumFlushed) ? 1 : 0;
@@ -70,46 +81,68 @@ __global__ void chunk_kernel(const float* t, const float* dq, const uint8_t* cod
       es = __dadd_rn(es, __dsub_rn(y, x));
     }
   }
-  if (dq != nullptr) {
-    partials[3 * i] = x2, partials[3 * i + 1] = e2, partials[3 * i + 2] = es;
+  warp_add(&out->nan, nan);
+  amax = __reduce_max_sync(0xFFFFFFFFu, amax);
+  if ((threadIdx.x & 31) == 0 && amax) atomicMax(&out->amax, amax);
+  if (dq == nullptr) return;
+  warp_add(&out->nonzero, nonzero);
+  warp_add(&out->flushed, flushed);
+  warp_add(&out->saturated, saturated);
+  warp_add(&out->inexact, inexact);
+  warp_add(&out->finite, finite);
+  __shared__ double s[3][kGroup];
+  const int j = int(threadIdx.x);
+  s[0][j] = x2, s[1][j] = e2, s[2][j] = es;
+  __syncthreads();
+  for (int h = 1; h < kGroup; h *= 2) {  // numerics_tree_sum's levels inside the group
+    if (j % (2 * h) == 0)
+      for (int k = 0; k < 3; ++k) s[k][j] = __dadd_rn(s[k][j], s[k][j + h]);
+    __syncthreads();
   }
-  if (nan) atomicAdd(&out->nan, nan);
-  if (nonzero) atomicAdd(&out->nonzero, nonzero);
-  if (flushed) atomicAdd(&out->flushed, flushed);
-  if (saturated) atomicAdd(&out->saturated, saturated);
-  if (inexact) atomicAdd(&out->inexact, inexact);
-  if (finite) atomicAdd(&out->finite, finite);
-  if (amax) atomicMax(&out->amax, amax);
+  if (j < 3) group_sums[3 * blockIdx.x + j] = s[j][0];
 }
 
-__global__ void row_kernel(const double* partials, int64_t rows, int64_t nch, double* rowsums) {
-  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  double a = 0, b = 0, c = 0;
-  for (int64_t k = 0; k < nch; ++k) {
-    const double* p = partials + 3 * (r * nch + k);
-    a = __dadd_rn(a, p[0]), b = __dadd_rn(b, p[1]), c = __dadd_rn(c, p[2]);
+// The group sums' tree (the levels above kGroup lanes) and a one-block grid's flags.
+__global__ void finish_kernel(const double* group_sums, bool sums, bool one_block, const uint8_t* scale_codes,
+                              ScaleTable table, DevCounts* out) {
+  if (sums) {
+    double g[kGroups];
+    for (int k = 0; k < 3; ++k) {
+      for (int b = 0; b < kGroups; ++b) g[b] = group_sums[3 * b + k];
+      const double v = numerics_tree_sum(g, kGroups);
+      if (k == 0) out->x2 = v;
+      else if (k == 1) out->e2 = v;
+      else out->e = v;
+    }
   }
-  rowsums[3 * r] = a, rowsums[3 * r + 1] = b, rowsums[3 * r + 2] = c;
+  if (!one_block) return;
+  // The block is the tensor: its amax bits are a NaN's when any element is NaN (numerics.hpp).
+  const uint32_t a = out->nan ? 0x7FC00000u : out->amax;
+  if (a == 0) out->zero_blocks = 1;
+  if (scale_codes == nullptr) return;
+  const uint8_t f = block_flags(a, scale_codes[0], table.c);
+  if (f & kScaleFloor) out->floor_blocks = 1;
+  if (f & kScaleCeil) out->ceil_blocks = 1;
 }
 
-__global__ void total_kernel(const double* rowsums, int64_t rows, DevCounts* out) {
-  double a = 0, b = 0, c = 0;
-  for (int64_t r = 0; r < rows; ++r)
-    a = __dadd_rn(a, rowsums[3 * r]), b = __dadd_rn(b, rowsums[3 * r + 1]), c = __dadd_rn(c, rowsums[3 * r + 2]);
-  out->x2 = a, out->e2 = b, out->e = c;
-}
-
+// Thread per block (threads_per_block 1) or warp per block (32): the block's amax
+// bits over its elements, then its flags.
 __global__ void block_kernel(const float* t, const uint8_t* scale_codes, int64_t rows, int64_t cols, BlockGrid g,
-                             ScaleTable table, DevCounts* out) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= g.nbr * g.nbc) return;
-  const int64_t bi = i / g.nbc, bj = i % g.nbc;
-  const int64_t r1 = (bi + 1) * g.br < rows ? (bi + 1) * g.br : rows;
-  const int64_t c1 = (bj + 1) * g.bc < cols ? (bj + 1) * g.bc : cols;
+                             int threads_per_block, ScaleTable table, DevCounts* out) {
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t i = tid / threads_per_block;
+  const int sub = int(tid % threads_per_block);
+  const bool live = i < g.nbr * g.nbc;
   uint32_t a = 0;
-  for (int64_t r = bi * g.br; r < r1; ++r)
-    for (int64_t c = bj * g.bc; c < c1; ++c) a = max(a, abs_bits(bits_of(t[r * cols + c])));
+  if (live) {
+    const int64_t bi = i / g.nbc, bj = i % g.nbc;
+    const int64_t r0 = bi * g.br, c0 = bj * g.bc;
+    const int64_t h = ((bi + 1) * g.br < rows ? (bi + 1) * g.br : rows) - r0;
+    const int64_t w = ((bj + 1) * g.bc < cols ? (bj + 1) * g.bc : cols) - c0;
+    for (int64_t k = sub; k < h * w; k += threads_per_block) a = max(a, abs_bits(bits_of(t[(r0 + k / w) * cols + c0 + k % w])));
+  }
+  if (threads_per_block == 32) a = __reduce_max_sync(0xFFFFFFFFu, a);
+  if (!live || sub != 0) return;
   if (a == 0) atomicAdd(&out->zero_blocks, 1ull);
   if (scale_codes == nullptr) return;
   const uint8_t f = block_flags(a, scale_codes[i], table.c);
@@ -125,7 +158,7 @@ struct NumericsWorkspace {
   cuda::QuantWorkspace qws;
   cuda::DeviceBuffer<float> t, dq;
   cuda::DeviceBuffer<uint8_t> codes, scale_codes;
-  cuda::DeviceBuffer<double> partials, rowsums;
+  cuda::DeviceBuffer<double> group_sums;
   cuda::DeviceBuffer<DevCounts> counts{1};
 };
 
@@ -144,8 +177,6 @@ NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, i
   if (p.pre) cuda::fake_quantize_device(*p.pre, t, rows, cols, p.pre_stream, ws.qws, stream);
   if (p.rht) cuda::rht_forward_device(t, rows, cols, RhtAxis::cols, p.rht_seed, stream);
   check(cudaMemsetAsync(ws.counts.data(), 0, sizeof(DevCounts), stream), "numerics: clear");
-  const int64_t nch = (cols + kNumericsChunk - 1) / kNumericsChunk;
-  constexpr unsigned kThreads = 256;
   const float* dq = nullptr;
   uint8_t* codes = nullptr;
   uint8_t* scodes = nullptr;
@@ -166,25 +197,26 @@ NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, i
     dq = out.dequant;
     cuda::quantize_device(q, t, cuda::InputType::f32, rows, cols, p.stream, out, ws.qws, stream);
   }
-  double* partials = ws.partials.at_least(size_t(3 * rows * nch));
-  chunk_kernel<<<grid_of(rows * nch, kThreads), kThreads, 0, stream>>>(
-      t, dq, codes, rows, cols, nch, p.quantizer ? element_rule(*q.element) : ElementRule{}, partials,
-      ws.counts.data());
-  cuda::check_launch("numerics chunk_kernel");
+  double* group_sums = ws.group_sums.at_least(size_t(3 * kGroups));
+  lane_kernel<<<kGroups, kGroup, 0, stream>>>(t, dq, codes, n, p.quantizer ? element_rule(*q.element) : ElementRule{},
+                                              group_sums, ws.counts.data());
+  cuda::check_launch("numerics lane_kernel");
   if (p.quantizer) {
-    double* rowsums = ws.rowsums.at_least(size_t(3 * rows));
-    row_kernel<<<grid_of(rows, kThreads), kThreads, 0, stream>>>(partials, rows, nch, rowsums);
-    cuda::check_launch("numerics row_kernel");
-    total_kernel<<<1, 1, 0, stream>>>(rowsums, rows, ws.counts.data());
-    cuda::check_launch("numerics total_kernel");
     const BlockGrid g = block_grid(q, rows, cols);
     ScaleTable table;
     const std::array<uint8_t, 256> tab = scale_class_table(q);
     std::memcpy(table.c, tab.data(), 256);
-    block_kernel<<<grid_of(g.nbr * g.nbc, kThreads), kThreads, 0, stream>>>(t, scodes, rows, cols, g, table,
-                                                                              ws.counts.data());
-    cuda::check_launch("numerics block_kernel");
-    res.blocks = g.nbr * g.nbc;
+    const int64_t nblocks = g.nbr * g.nbc;
+    if (nblocks > 1) {
+      const int per = g.br * g.bc <= 64 ? 1 : 32;
+      constexpr unsigned kThreads = 256;
+      block_kernel<<<grid_of(nblocks * per, kThreads), kThreads, 0, stream>>>(t, scodes, rows, cols, g, per, table,
+                                                                             ws.counts.data());
+      cuda::check_launch("numerics block_kernel");
+    }
+    finish_kernel<<<1, 1, 0, stream>>>(group_sums, true, nblocks == 1, scodes, table, ws.counts.data());
+    cuda::check_launch("numerics finish_kernel");
+    res.blocks = nblocks;
     res.quantized = true;
     res.scale_codes = scodes != nullptr;
     res.sr = q.round == Round::rs;

@@ -5,11 +5,10 @@
 // its source by the plan's steps (copy, pre: fake_quantize_device, wgrad RHT:
 // rht_forward_device, the quantizer's own RHT along its block axis, then
 // quantize_device into scratch codes / scale codes / dequant; each step
-// bit-identical to sim's), and two reduction kernels count (numerics.cu).
+// bit-identical to sim's), and reduction kernels count (numerics.cu).
 // Off-steps run none of this. Every count, amax and float64 sum equals the
-// CPU's bit for bit (the same FP4LAB_HD rules; the sums in the same fixed
-// order: chunks of kNumericsChunk columns left to right, chunks and rows in
-// order; --fmad=false).
+// CPU's bit for bit (the same FP4LAB_HD rules; the sums in numerics.hpp's lane
+// order and tree; --fmad=false).
 #pragma once
 
 #include <cstdint>

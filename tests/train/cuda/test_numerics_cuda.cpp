@@ -61,7 +61,7 @@ TEST_CASE("cuda numerics: operand_numerics_device equals the CPU's operand_numer
   auto ws = make_numerics_workspace();
   for (const char* name : kRecipes) {
     const Recipe r = recipe_by_name(name);
-    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{64, 96}, {48, 600}, {160, 32}}) {
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{64, 96}, {48, 600}, {160, 32}, {300, 190}}) {
       CAPTURE(name);
       CAPTURE(rows);
       CAPTURE(cols);
@@ -84,6 +84,29 @@ TEST_CASE("cuda numerics: operand_numerics_device equals the CPU's operand_numer
         CHECK(gpu.amax_bits == cpu.amax_bits);
         CHECK(gpu == cpu);  // the float64 sums too, bit for bit
       }
+    }
+  }
+}
+
+TEST_CASE("cuda numerics: each block-grid path (one block, thread and warp per block) and NaN inputs equal the CPU") {
+  auto ws = make_numerics_workspace();
+  const int64_t rows = 272, cols = 208;  // 56576 elements: lanes hold one or two; partial 16x16 tiles
+  std::vector<float> h = data(rows, cols, 5, 1.0f);
+  for (const bool with_nan : {false, true}) {
+    if (with_nan) h[size_t(37 * cols + 5)] = NAN, h[size_t(200 * cols + 100)] = -INFINITY;
+    const Tensor d = dev_upload(h, rows, cols);
+    for (const char* qname : {"fp8_e4m3_tensor", "nvfp4", "nvfp4_2d", "mxfp8_e4m3", "mxint8"}) {
+      CAPTURE(qname);
+      CAPTURE(with_nan);
+      const QuantizerSpec q = quantizer_by_name(qname);
+      OperandPlan p;
+      p.quantizer = &q, p.stream = RandomStream{9, 2};
+      const NumericsCounts cpu = operand_numerics(p, MatrixView<const float>(h.data(), rows, cols));
+      const NumericsCounts gpu = operand_numerics_device(p, d.data, rows, cols, *ws);
+      CHECK(gpu.zero_blocks == cpu.zero_blocks);
+      CHECK(gpu.floor_blocks == cpu.floor_blocks);
+      CHECK(gpu.nan == cpu.nan);
+      CHECK(gpu == cpu);
     }
   }
 }
