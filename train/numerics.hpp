@@ -79,7 +79,7 @@ namespace fp4lab::train {
 inline constexpr uint32_t kNumNan = 1, kNumNonzero = 2, kNumFlushed = 4, kNumSaturated = 8, kNumInexact = 16,
                           kNumFinite = 32;
 inline constexpr uint8_t kScaleFloor = 1, kScaleCeil = 2;
-inline constexpr int64_t kNumericsLanes = 32768;   // lanes of the float64 sums (a power of two)
+inline constexpr int64_t kNumericsLanes = 131072;  // lanes of the float64 sums (a power of two)
 inline constexpr int64_t kNumericsLaneGroup = 256;  // lanes per CUDA thread block: the tree's first 8 levels
 
 // The tree of the float64 sums: s[0] + s[1] -> s[0], s[2] + s[3] -> s[2], ...,

@@ -160,8 +160,9 @@ double tree(const std::vector<double>& s, size_t lo, size_t hi) {
 }  // namespace
 
 TEST_CASE("numerics_of's float64 sums follow numerics.hpp's lane order exactly, from a strided view") {
-  // 300 x 190 = 57000 elements: more than kNumericsLanes, so lanes hold one or two elements and runs cross rows.
-  const int64_t rows = 300, cols = 190, stride = 197;
+  // 700 x 190 = 133000 elements: more than kNumericsLanes, so lanes hold one or two elements and runs cross rows.
+  const int64_t rows = 700, cols = 190, stride = 197;
+  REQUIRE(rows * cols > kNumericsLanes);
   const std::vector<float> dense = test_tensor(rows, cols, 13);
   std::vector<float> padded(size_t(rows * stride), NAN);  // the gaps are never read
   for (int64_t r = 0; r < rows; ++r)

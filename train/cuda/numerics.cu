@@ -7,8 +7,8 @@
 //                  reduced per warp, then atomics: order-free), the amax
 //                  (max of bits), the lane's sums; the block adds its lanes
 //                  by the first levels of numerics_tree_sum's tree
-//   finish_kernel  one thread: the remaining levels over the group sums (the
-//                  CPU's tree exactly); for a one-block grid (per-tensor
+//   finish_kernel  one thread a group: the remaining levels of the tree over
+//                  the group sums (the CPU's tree exactly); for a one-block grid (per-tensor
 //                  scales) that block's flags, from the tensor's amax and NaN
 //                  count
 //   block_kernel   one thread (blocks of at most 64 elements) or one warp
@@ -102,19 +102,20 @@ __global__ void __launch_bounds__(256) lane_kernel(const float* t, const float* 
   if (j < 3) group_sums[3 * blockIdx.x + j] = s[j][0];
 }
 
-// The group sums' tree (the levels above kGroup lanes) and a one-block grid's flags.
-__global__ void finish_kernel(const double* group_sums, bool sums, bool one_block, const uint8_t* scale_codes,
-                              ScaleTable table, DevCounts* out) {
-  if (sums) {
-    double g[kGroups];
-    for (int k = 0; k < 3; ++k) {
-      for (int b = 0; b < kGroups; ++b) g[b] = group_sums[3 * b + k];
-      const double v = numerics_tree_sum(g, kGroups);
-      if (k == 0) out->x2 = v;
-      else if (k == 1) out->e2 = v;
-      else out->e = v;
-    }
+// The group sums' tree (the levels above kGroup lanes, one thread a group) and a one-block grid's flags.
+__global__ void __launch_bounds__(kGroups) finish_kernel(const double* group_sums, bool one_block,
+                                                         const uint8_t* scale_codes, ScaleTable table, DevCounts* out) {
+  __shared__ double s[3][kGroups];
+  const int j = int(threadIdx.x);
+  for (int k = 0; k < 3; ++k) s[k][j] = group_sums[3 * j + k];
+  __syncthreads();
+  for (int h = 1; h < kGroups; h *= 2) {  // numerics_tree_sum's levels above the groups
+    if (j % (2 * h) == 0)
+      for (int k = 0; k < 3; ++k) s[k][j] = __dadd_rn(s[k][j], s[k][j + h]);
+    __syncthreads();
   }
+  if (j != 0) return;
+  out->x2 = s[0][0], out->e2 = s[1][0], out->e = s[2][0];
   if (!one_block) return;
   // The block is the tensor: its amax bits are a NaN's when any element is NaN (numerics.hpp).
   const uint32_t a = out->nan ? 0x7FC00000u : out->amax;
@@ -172,8 +173,11 @@ NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, i
   NumericsCounts res;
   res.elements = n;
   if (n == 0) return res;
-  float* t = ws.t.at_least(size_t(n));
-  check(cudaMemcpyAsync(t, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "numerics: copy");
+  // t: the quantizer input. The source itself unless a step rewrites it (pre, RHTs): then a scratch copy.
+  const bool rewrites = p.pre || p.rht || (p.quantizer && p.quantizer->rht);
+  float* t = rewrites ? ws.t.at_least(size_t(n)) : const_cast<float*>(src);  // read-only below when !rewrites
+  if (rewrites)
+    check(cudaMemcpyAsync(t, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "numerics: copy");
   if (p.pre) cuda::fake_quantize_device(*p.pre, t, rows, cols, p.pre_stream, ws.qws, stream);
   if (p.rht) cuda::rht_forward_device(t, rows, cols, RhtAxis::cols, p.rht_seed, stream);
   check(cudaMemsetAsync(ws.counts.data(), 0, sizeof(DevCounts), stream), "numerics: clear");
@@ -214,7 +218,7 @@ NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, i
                                                                              ws.counts.data());
       cuda::check_launch("numerics block_kernel");
     }
-    finish_kernel<<<1, 1, 0, stream>>>(group_sums, true, nblocks == 1, scodes, table, ws.counts.data());
+    finish_kernel<<<1, kGroups, 0, stream>>>(group_sums, nblocks == 1, scodes, table, ws.counts.data());
     cuda::check_launch("numerics finish_kernel");
     res.blocks = nblocks;
     res.quantized = true;
