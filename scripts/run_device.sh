@@ -113,7 +113,7 @@ run_step() {
         "$FP4LAB" train configs/gpt_shakespeare_char.json --recipe nvfp4 --set backend=cuda --set training.steps=200 \
           --set output.dir=/tmp/numruns --set output.numerics_interval=$n --set output.name=n$n --force \
           >"$OUT/numerics_n$n.log" 2>&1
-        echo "numerics_interval $n: $(grep -ho '"ms_per_step":[0-9.]*' /tmp/numruns/n$n/summary.json)"
+        echo "numerics_interval $n: $(tail -1 "$OUT/numerics_n$n.log")"
       done
       "$FP4LAB" inspect /tmp/numruns/n50 --stat scale_floor 2>&1 | tee "$OUT/inspect_n50.txt" | head -20
       ;;
