@@ -212,14 +212,30 @@ std::string numerics_line(int64_t step, uint64_t layer_id, const std::string& la
   return j.dump();
 }
 
-void NumericsRecorder::add(const LinearContext& ctx, const OperandPlan& p, const NumericsCounts& c) {
-  for (Entry& e : entries_)
-    if (e.layer_id == ctx.layer_id && e.op == p.op) return merge(e.c, c);
-  entries_.push_back(Entry{ctx.layer_id, std::string(ctx.layer_name), p.op, p.quantizer != nullptr,
-                           p.quantizer ? *p.quantizer : QuantizerSpec{}, c});
+void NumericsRecorder::add_entry(Entry e) {
+  for (Entry& x : entries_)
+    if (x.layer_id == e.layer_id && x.op == e.op) return merge(x.c, e.c);
+  entries_.push_back(std::move(e));
 }
 
-std::vector<std::string> NumericsRecorder::lines() const {
+void NumericsRecorder::add(const LinearContext& ctx, const OperandPlan& p, const NumericsCounts& c) {
+  add_entry(Entry{ctx.layer_id, std::string(ctx.layer_name), p.op, p.quantizer != nullptr,
+                  p.quantizer ? *p.quantizer : QuantizerSpec{}, c});
+}
+
+void NumericsRecorder::add_later(const LinearContext& ctx, const OperandPlan& p,
+                                 std::function<NumericsCounts()> counts) {
+  pending_.emplace_back(Entry{ctx.layer_id, std::string(ctx.layer_name), p.op, p.quantizer != nullptr,
+                              p.quantizer ? *p.quantizer : QuantizerSpec{}, NumericsCounts{}},
+                        std::move(counts));
+}
+
+std::vector<std::string> NumericsRecorder::lines() {
+  for (auto& [e, counts] : pending_) {
+    e.c = counts();
+    add_entry(std::move(e));
+  }
+  pending_.clear();
   std::vector<const Entry*> order;
   for (const Entry& e : entries_) order.push_back(&e);
   std::stable_sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {

@@ -65,6 +65,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -178,9 +179,14 @@ class NumericsRecorder {
  public:
   explicit NumericsRecorder(int64_t step) : step_(step) {}
   void add(const LinearContext& ctx, const OperandPlan& p, const NumericsCounts& c);
-  // numerics_line()s ordered by (layer id, operand).
-  std::vector<std::string> lines() const;
-  size_t size() const { return entries_.size(); }
+  // The same with counts still in flight (a device measurement): `counts` is
+  // called by lines(), in the order of the add_later calls, so that a
+  // measuring step never waits for its statistics until it ends.
+  void add_later(const LinearContext& ctx, const OperandPlan& p, std::function<NumericsCounts()> counts);
+  // numerics_line()s ordered by (layer id, operand), pending counts read first.
+  std::vector<std::string> lines();
+  size_t size() const { return entries_.size() + pending_.size(); }
+  int64_t step() const { return step_; }
 
  private:
   struct Entry {
@@ -191,8 +197,10 @@ class NumericsRecorder {
     QuantizerSpec q;
     NumericsCounts c;
   };
+  void add_entry(Entry e);
   int64_t step_;
   std::vector<Entry> entries_;
+  std::vector<std::pair<Entry, std::function<NumericsCounts()>>> pending_;
 };
 NumericsRecorder* numerics_recorder();
 class NumericsScope {

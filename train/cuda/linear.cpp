@@ -195,6 +195,7 @@ struct CudaLinear::Impl {
   cuda::nn::Scratch colsum;  // db's column-sum partials
   OperandHook hook;
   NumericsWorkspacePtr numerics_ws;  // made on the first measuring step
+  int64_t numerics_step = -1;        // the step numerics_ws's slots belong to
 
   // Numerics statistics (train/numerics.hpp) of the operands ops made from the
   // device tensor src [rows, cols], when the step measures them (a recorder is
@@ -204,8 +205,10 @@ struct CudaLinear::Impl {
     NumericsRecorder* rec = numerics_recorder();
     if (rec == nullptr || !ctx.backward || src == nullptr) return;
     if (!numerics_ws) numerics_ws = make_numerics_workspace();
-    for (Operand op : ops)
-      rec->add(ctx, plan.operand(op), operand_numerics_device(plan.operand(op), src, rows, cols, *numerics_ws, kStream));
+    if (rec->step() != numerics_step) begin_measuring(*numerics_ws), numerics_step = rec->step();
+    for (Operand op : ops)  // read back when the step ends (NumericsRecorder::lines)
+      rec->add_later(ctx, plan.operand(op),
+                     operand_numerics_device_async(plan.operand(op), src, rows, cols, *numerics_ws, kStream));
   }
 
   // W's operand for `op` (fwd_w, dgrad_w), whose GEMM's other operand is

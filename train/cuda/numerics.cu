@@ -160,19 +160,30 @@ struct NumericsWorkspace {
   cuda::DeviceBuffer<float> t, dq;
   cuda::DeviceBuffer<uint8_t> codes, scale_codes;
   cuda::DeviceBuffer<double> group_sums;
-  cuda::DeviceBuffer<DevCounts> counts{1};
+  // One DevCounts per measurement of a step (read back at its end); grown on
+  // the first measuring step, then reused: begin_measuring() rewinds `used`.
+  std::vector<std::unique_ptr<cuda::DeviceBuffer<DevCounts>>> slots;
+  size_t used = 0;
+  DevCounts* next_slot() {
+    if (used == slots.size()) slots.push_back(std::make_unique<cuda::DeviceBuffer<DevCounts>>(1));
+    return slots[used++]->data();
+  }
 };
+
+void begin_measuring(NumericsWorkspace& ws) { ws.used = 0; }
 
 void NumericsWorkspaceDeleter::operator()(NumericsWorkspace* w) const { delete w; }
 NumericsWorkspacePtr make_numerics_workspace() { return NumericsWorkspacePtr(new NumericsWorkspace); }
 
-NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, int64_t rows, int64_t cols,
-                                       NumericsWorkspace& ws, cudaStream_t stream) {
+std::function<NumericsCounts()> operand_numerics_device_async(const OperandPlan& p, const float* src, int64_t rows,
+                                                              int64_t cols, NumericsWorkspace& ws,
+                                                              cudaStream_t stream) {
   using cuda::check;
   const int64_t n = rows * cols;
   NumericsCounts res;
   res.elements = n;
-  if (n == 0) return res;
+  if (n == 0) return [res] { return res; };
+  DevCounts* counts = ws.next_slot();
   // t: the quantizer input. The source itself unless a step rewrites it (pre, RHTs): then a scratch copy.
   const bool rewrites = p.pre || p.rht || (p.quantizer && p.quantizer->rht);
   float* t = rewrites ? ws.t.at_least(size_t(n)) : const_cast<float*>(src);  // read-only below when !rewrites
@@ -180,7 +191,7 @@ NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, i
     check(cudaMemcpyAsync(t, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "numerics: copy");
   if (p.pre) cuda::fake_quantize_device(*p.pre, t, rows, cols, p.pre_stream, ws.qws, stream);
   if (p.rht) cuda::rht_forward_device(t, rows, cols, RhtAxis::cols, p.rht_seed, stream);
-  check(cudaMemsetAsync(ws.counts.data(), 0, sizeof(DevCounts), stream), "numerics: clear");
+  check(cudaMemsetAsync(counts, 0, sizeof(DevCounts), stream), "numerics: clear");
   const float* dq = nullptr;
   uint8_t* codes = nullptr;
   uint8_t* scodes = nullptr;
@@ -203,7 +214,7 @@ NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, i
   }
   double* group_sums = ws.group_sums.at_least(size_t(3 * kGroups));
   lane_kernel<<<kGroups, kGroup, 0, stream>>>(t, dq, codes, n, p.quantizer ? element_rule(*q.element) : ElementRule{},
-                                              group_sums, ws.counts.data());
+                                              group_sums, counts);
   cuda::check_launch("numerics lane_kernel");
   if (p.quantizer) {
     const BlockGrid g = block_grid(q, rows, cols);
@@ -215,27 +226,35 @@ NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, i
       const int per = g.br * g.bc <= 64 ? 1 : 32;
       constexpr unsigned kThreads = 256;
       block_kernel<<<grid_of(nblocks * per, kThreads), kThreads, 0, stream>>>(t, scodes, rows, cols, g, per, table,
-                                                                             ws.counts.data());
+                                                                             counts);
       cuda::check_launch("numerics block_kernel");
     }
-    finish_kernel<<<1, kGroups, 0, stream>>>(group_sums, nblocks == 1, scodes, table, ws.counts.data());
+    finish_kernel<<<1, kGroups, 0, stream>>>(group_sums, nblocks == 1, scodes, table, counts);
     cuda::check_launch("numerics finish_kernel");
     res.blocks = nblocks;
     res.quantized = true;
     res.scale_codes = scodes != nullptr;
     res.sr = q.round == Round::rs;
   }
-  DevCounts h;
-  check(cudaMemcpyAsync(&h, ws.counts.data(), sizeof h, cudaMemcpyDeviceToHost, stream), "numerics: counts");
-  check(cudaStreamSynchronize(stream), "numerics: synchronize");
-  res.nan = int64_t(h.nan);
-  res.amax_bits = h.amax;
-  if (!p.quantizer) return res;
-  res.nonzero = int64_t(h.nonzero), res.flushed = int64_t(h.flushed), res.saturated = int64_t(h.saturated);
-  res.inexact = int64_t(h.inexact), res.finite = int64_t(h.finite), res.zero_blocks = int64_t(h.zero_blocks);
-  res.floor_blocks = int64_t(h.floor_blocks), res.ceil_blocks = int64_t(h.ceil_blocks);
-  res.sum_x2 = h.x2, res.sum_err2 = h.e2, res.sum_err = h.e;
-  return res;
+  return [res, counts, stream, quantized = p.quantizer != nullptr]() mutable {
+    DevCounts h;
+    check(cudaMemcpyAsync(&h, counts, sizeof h, cudaMemcpyDeviceToHost, stream), "numerics: counts");
+    check(cudaStreamSynchronize(stream), "numerics: synchronize");
+    res.nan = int64_t(h.nan);
+    res.amax_bits = h.amax;
+    if (!quantized) return res;
+    res.nonzero = int64_t(h.nonzero), res.flushed = int64_t(h.flushed), res.saturated = int64_t(h.saturated);
+    res.inexact = int64_t(h.inexact), res.finite = int64_t(h.finite), res.zero_blocks = int64_t(h.zero_blocks);
+    res.floor_blocks = int64_t(h.floor_blocks), res.ceil_blocks = int64_t(h.ceil_blocks);
+    res.sum_x2 = h.x2, res.sum_err2 = h.e2, res.sum_err = h.e;
+    return res;
+  };
+}
+
+NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, int64_t rows, int64_t cols,
+                                       NumericsWorkspace& ws, cudaStream_t stream) {
+  begin_measuring(ws);
+  return operand_numerics_device_async(p, src, rows, cols, ws, stream)();
 }
 
 }  // namespace fp4lab::train

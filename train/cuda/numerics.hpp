@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include <cuda_runtime.h>
@@ -33,5 +34,15 @@ NumericsWorkspacePtr make_numerics_workspace();
 // `stream` (the counts come back to the host).
 NumericsCounts operand_numerics_device(const OperandPlan& p, const float* src, int64_t rows, int64_t cols,
                                        NumericsWorkspace& ws, cudaStream_t stream = nullptr);
+
+// The same without waiting: the work is enqueued on `stream`, the counts land
+// in a slot of ws (slots are reused from the first after begin_measuring);
+// the returned function reads them back (synchronising `stream`), valid until
+// the next begin_measuring(ws) and while ws lives.
+std::function<NumericsCounts()> operand_numerics_device_async(const OperandPlan& p, const float* src, int64_t rows,
+                                                              int64_t cols, NumericsWorkspace& ws,
+                                                              cudaStream_t stream);
+// A new measuring step: the slots of earlier steps (all read) are free again.
+void begin_measuring(NumericsWorkspace& ws);
 
 }  // namespace fp4lab::train
