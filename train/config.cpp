@@ -701,12 +701,14 @@ std::string config_difference(json saved, json resolved) {
   return s;
 }
 
-std::string config_hash(const json& resolved) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
-  for (unsigned char c : run_identity(resolved).dump()) h = (h ^ c) * 0x100000001b3ull;
+std::string fnv1a64_hex(std::string_view text) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64: offset basis, then xor and multiply by the FNV prime
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
   char b[17];
   std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h);
   return b;
 }
+
+std::string config_hash(const json& resolved) { return fnv1a64_hex(run_identity(resolved).dump()); }
 
 }  // namespace fp4lab::train

@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -135,7 +136,9 @@ nlohmann::json run_identity(nlohmann::json resolved, bool data_loaded = true);
 // run identities differ, the config's keys first, recipe_resolved's only when
 // those agree; "" when equal.
 std::string config_difference(nlohmann::json saved, nlohmann::json resolved);
-// FNV-1a 64 of run_identity(resolved), 16 hex digits (summary.json's and the checkpoint's config_hash).
+// FNV-1a 64 of text, 16 lower-case hex digits (the one hash of run and recipe identities).
+std::string fnv1a64_hex(std::string_view text);
+// fnv1a64_hex(run_identity(resolved).dump()) (summary.json's and the checkpoint's config_hash).
 std::string config_hash(const nlohmann::json& resolved);
 // Reads a JSON file (errors name the file and the parse position).
 nlohmann::json read_json_file(const std::string& path);

@@ -145,13 +145,7 @@ Recipe recipe_from_spec(const json& spec, const std::vector<std::string>& keep, 
   return r;
 }
 
-std::string recipe_hash(const Recipe& r) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
-  for (unsigned char c : recipe_to_json(r).dump()) h = (h ^ c) * 0x100000001b3ull;
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h);
-  return b;
-}
+std::string recipe_hash(const Recipe& r) { return fnv1a64_hex(recipe_to_json(r).dump()); }
 
 LayerRecipes resolve_layer_recipes(const RunConfig& c, const std::string& where) {
   LayerRecipes out;

@@ -81,90 +81,88 @@ class ImageTask final : public Task {
   int64_t test_limit_, eval_batch_size_;
 };
 
-// gpt: next-character prediction, scored by the validation loss (nanoGPT).
-class TextTask final : public Task {
+// gpt: next-token prediction, scored by the validation loss (nanoGPT): eval_iters random batches of each
+// split, drawn from streams of their own. The two data sources below say only where a batch comes from.
+class LanguageModelTask : public Task {
  public:
-  explicit TextTask(const RunConfig& cfg) : text_(load_char_text(cfg.data.path)), eval_iters_(cfg.training.eval_iters) {
+  explicit LanguageModelTask(const RunConfig& cfg) : eval_iters_(cfg.training.eval_iters) {
     metric = "val_loss", higher_is_better = false, worst = 1e30, item = "tokens", eval_at_start = true;
-    sampler_.data = &text_.train;
+  }
+  Batch train_batch(int64_t step) const override { return batch(0, kTrainStream, step); }
+  void evaluate(Model& model, const StepContext& sc, int64_t step, json& rec) const override {
+    for (int split = 0; split < 2; ++split) {
+      const uint64_t stream = kEvalStream | uint64_t(split) << 56 | uint64_t(step);
+      double sum = 0.0;
+      for (int64_t k = 0; k < eval_iters_; ++k) sum += model.evaluate(batch(split, stream, k), sc, nullptr);
+      rec[split == 0 ? "train_loss" : "val_loss"] = sum / double(eval_iters_);
+    }
+  }
+  std::string eval_line(int64_t step, const json& rec) const override {
+    char b[200];
+    std::snprintf(b, sizeof b, "eval step %lld: train_loss %.4f val_loss %.4f\n", (long long)step,
+                  rec.at("train_loss").get<double>(), rec.at("val_loss").get<double>());
+    return b;
+  }
+  int64_t steps_per_epoch() const override { return 0; }
+  int64_t default_eval_interval() const override { return 250; }
+
+ protected:
+  static constexpr uint64_t kTrainStream = uint64_t(0xC) << 60;
+  // Batch k of the random stream `stream` over split 0 (train) or 1 (validation).
+  virtual Batch batch(int split, uint64_t stream, int64_t k) const = 0;
+
+ private:
+  int64_t eval_iters_;
+};
+
+// Characters of one text file (train/text.hpp), its vocabulary the text's characters.
+class CharTextTask final : public LanguageModelTask {
+ public:
+  explicit CharTextTask(const RunConfig& cfg) : LanguageModelTask(cfg), text_(load_char_text(cfg.data.path)) {
     sampler_.batch_size = cfg.training.batch_size;
     sampler_.context = cfg.model.context;
     sampler_.seed = cfg.seed;
-    sampler_.stream = uint64_t(0xC) << 60;
     fingerprint = data_fingerprint({{text_.vocab.data(), text_.vocab.size()},
                                     {text_.train.data(), text_.train.size() * sizeof(int32_t)},
                                     {text_.val.data(), text_.val.size() * sizeof(int32_t)}});
   }
   int64_t vocab_size() const { return int64_t(text_.vocab.size()); }
-  Batch train_batch(int64_t step) const override { return sampler_.batch(step); }
-  // eval_iters random batches of each split, drawn from a stream of their own.
-  void evaluate(Model& model, const StepContext& sc, int64_t step, json& rec) const override {
-    for (int split = 0; split < 2; ++split) {
-      TextSampler s = sampler_;
-      s.data = split == 0 ? &text_.train : &text_.val;
-      s.stream = kEvalStream | uint64_t(split) << 56 | uint64_t(step);
-      double sum = 0.0;
-      for (int64_t k = 0; k < eval_iters_; ++k) sum += model.evaluate(s.batch(k), sc, nullptr);
-      rec[split == 0 ? "train_loss" : "val_loss"] = sum / double(eval_iters_);
-    }
-  }
-  std::string eval_line(int64_t step, const json& rec) const override {
-    char b[200];
-    std::snprintf(b, sizeof b, "eval step %lld: train_loss %.4f val_loss %.4f\n", (long long)step,
-                  rec.at("train_loss").get<double>(), rec.at("val_loss").get<double>());
-    return b;
-  }
-  int64_t steps_per_epoch() const override { return 0; }
-  int64_t default_eval_interval() const override { return 250; }
 
  private:
+  Batch batch(int split, uint64_t stream, int64_t k) const override {
+    TextSampler s = sampler_;
+    s.data = split == 0 ? &text_.train : &text_.val;
+    s.stream = stream;
+    return s.batch(k);
+  }
   CharText text_;
   TextSampler sampler_;
-  int64_t eval_iters_;
 };
 
-// gpt on token files (train/tokens.hpp): next-token prediction, scored by the validation loss as TextTask.
-class TokenTask final : public Task {
+// Token files (train/tokens.hpp): llm.c shards or raw uint16.
+class TokenTask final : public LanguageModelTask {
  public:
   explicit TokenTask(const RunConfig& cfg)
-      : train_(TokenSet::open(cfg.data.train, "config.data.train", cfg.data.format, cfg.data.vocab_size,
+      : LanguageModelTask(cfg),
+        train_(TokenSet::open(cfg.data.train, "config.data.train", cfg.data.format, cfg.data.vocab_size,
                               cfg.model.context + 1)),
         val_(TokenSet::open(cfg.data.val, "config.data.val", cfg.data.format, cfg.data.vocab_size,
-                            cfg.model.context + 1)),
-        eval_iters_(cfg.training.eval_iters) {
-    metric = "val_loss", higher_is_better = false, worst = 1e30, item = "tokens", eval_at_start = true;
-    sampler_.set = &train_;
+                            cfg.model.context + 1)) {
     sampler_.batch_size = cfg.training.batch_size;
     sampler_.context = cfg.model.context;
     sampler_.seed = cfg.seed;
-    sampler_.stream = uint64_t(0xC) << 60;
     fingerprint = token_fingerprint({&train_, &val_});
   }
-  Batch train_batch(int64_t step) const override { return sampler_.batch(step); }
-  // eval_iters random batches of each split, drawn from streams of their own (TextTask's).
-  void evaluate(Model& model, const StepContext& sc, int64_t step, json& rec) const override {
-    for (int split = 0; split < 2; ++split) {
-      TokenSampler s = sampler_;
-      s.set = split == 0 ? &train_ : &val_;
-      s.stream = kEvalStream | uint64_t(split) << 56 | uint64_t(step);
-      double sum = 0.0;
-      for (int64_t k = 0; k < eval_iters_; ++k) sum += model.evaluate(s.batch(k), sc, nullptr);
-      rec[split == 0 ? "train_loss" : "val_loss"] = sum / double(eval_iters_);
-    }
-  }
-  std::string eval_line(int64_t step, const json& rec) const override {
-    char b[200];
-    std::snprintf(b, sizeof b, "eval step %lld: train_loss %.4f val_loss %.4f\n", (long long)step,
-                  rec.at("train_loss").get<double>(), rec.at("val_loss").get<double>());
-    return b;
-  }
-  int64_t steps_per_epoch() const override { return 0; }
-  int64_t default_eval_interval() const override { return 250; }
 
  private:
+  Batch batch(int split, uint64_t stream, int64_t k) const override {
+    TokenSampler s = sampler_;
+    s.set = split == 0 ? &train_ : &val_;
+    s.stream = stream;
+    return s.batch(k);
+  }
   TokenSet train_, val_;
   TokenSampler sampler_;
-  int64_t eval_iters_;
 };
 
 }  // namespace
@@ -177,7 +175,7 @@ std::unique_ptr<Task> make_task(RunConfig& cfg) {
     cfg.model.vocab_size = token_model_vocab(cfg.data);
     return t;
   }
-  auto t = std::make_unique<TextTask>(cfg);
+  auto t = std::make_unique<CharTextTask>(cfg);
   cfg.model.vocab_size = t->vocab_size();
   return t;
 }
