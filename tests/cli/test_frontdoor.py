@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from npyio import read_u8, write_npy  # noqa: E402
+from npyio import read_f32, read_u8, write_npy  # noqa: E402
 
 FP4LAB = os.path.abspath(sys.argv[1])
 BUILD = os.path.abspath(sys.argv[2])
@@ -44,16 +44,6 @@ def check(cond, msg):
 def run(*args, exe=None, cwd=None, env=None):
     p = subprocess.run([exe or FP4LAB, *args], capture_output=True, text=True, cwd=cwd, env=env)
     return p.returncode, p.stdout, p.stderr
-
-
-def read_f32(path):
-    with open(path, 'rb') as f:
-        b = f.read()
-    hl = struct.unpack('<H', b[8:10])[0]
-    header = b[10:10 + hl].decode()
-    data = b[10 + hl:]
-    shape = tuple(int(x) for x in re.search(r"'shape': \(([^)]*)\)", header).group(1).replace(' ', '').split(',') if x)
-    return header, shape, list(struct.unpack('<%df' % (len(data) // 4), data))
 
 
 # e2m1 written here from the OCP MX spec: sign bit 3, then 2 exponent bits and 1 mantissa bit.

@@ -6,7 +6,6 @@ concatenated, bit for bit, with group g's random stream --stream + g (and
 with --rbits, the words of its own rows). Then the errors of a bad sizes file:
 one line naming the file and the fault, a non-zero exit, no output written.
 Python stdlib only. Usage: test_quantize_groups.py FP4LAB"""
-import ast
 import os
 import random
 import shutil
@@ -15,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 
-from npyio import write_npy
+from npyio import read_npy, write_npy, write_raw
 
 FP4LAB = os.path.abspath(sys.argv[1])
 fails = 0
@@ -33,30 +32,8 @@ def run(*args):
     return p.returncode, p.stdout, p.stderr
 
 
-def write_raw(path, descr, shape, data):
-    """A version-1.0 .npy of any dtype from its raw little-endian bytes."""
-    d = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))
-    n = 10 + len(d) + 1
-    d += ' ' * ((64 - n % 64) % 64) + '\n'
-    with open(path, 'wb') as f:
-        f.write(b'\x93NUMPY\x01\x00' + struct.pack('<H', len(d)) + d.encode() + data)
-
-
 def write_i8(path, vals, shape=None):
-    write_raw(path, '<i8', shape if shape is not None else (len(vals),), b''.join(struct.pack('<q', v) for v in vals))
-
-
-def read_npy(path):
-    """(descr, shape, raw data bytes) of a version-1.0 or 2.0 .npy."""
-    with open(path, 'rb') as f:
-        b = f.read()
-    assert b[:6] == b'\x93NUMPY', path + ': bad magic'
-    if b[6] == 1:
-        hl, at = struct.unpack('<H', b[8:10])[0], 10
-    else:
-        hl, at = struct.unpack('<I', b[8:12])[0], 12
-    h = ast.literal_eval(b[at:at + hl].decode())
-    return h['descr'], tuple(h['shape']), b[at + hl:]
+    write_npy(path, '<i8', shape if shape is not None else (len(vals),), vals)
 
 
 SIZES = [0, 3, 17, 0, 12]
