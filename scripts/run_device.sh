@@ -25,6 +25,8 @@
 #               the loader in the loop) beside gpt2_small_char, bf16 with flash attention, 60 steps each:
 #               ms/step in the last line of each; then bench train of gpt2_small_tokens (the same model on
 #               synthetic batches: the step without the loader)
+#   profile     ncu's per-kernel time summary of PROFCFG (gpt2_small_char) under PROFRECIPE (bf16), flash
+#               attention, PROF_LAUNCHES (1500) kernel launches after PROF_SKIP (3000)
 #   bench       quantize gemm
 #   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
@@ -129,6 +131,16 @@ run_step() {
       # The same model on synthetic batches (bench train: no loader; the vocabulary from the shards).
       "$FP4LAB" bench train --config configs/gpt2_small_tokens.json --backend cuda --steps 20 --recipes bf16 \
         --set model.attention=bf16_flash --pytorch off 2>&1 | tee -a "$OUT/train_tokens.log" | tail -3
+      ;;
+    profile)
+      # Kernel time by kernel name over PROF_LAUNCHES launches after PROF_SKIP (one or two training steps
+      # after the warm-up), Nsight Compute with the clocks left alone (METHOD.md); PROFCFG, PROFRECIPE.
+      timeout "${PROF_TIMEOUT:-200}" ncu --clock-control none --metrics gpu__time_duration.sum \
+        --launch-skip "${PROF_SKIP:-3000}" --launch-count "${PROF_LAUNCHES:-1500}" --print-summary per-kernel --csv \
+        "$FP4LAB" train "configs/${PROFCFG:-gpt2_small_char}.json" --recipe "${PROFRECIPE:-bf16}" --set backend=cuda \
+        --set model.attention=bf16_flash --set training.steps=30 --set training.eval_interval=1000 \
+        --set output.dir=/tmp/profruns --force >"$OUT/profile.csv" 2>"$OUT/profile.err"
+      echo "profile: exit $?, $(wc -l <"$OUT/profile.csv") lines in profile.csv"
       ;;
     bench) run_step quantize && run_step gemm ;;
     all) run_step tests && run_step bench ;;
