@@ -21,6 +21,9 @@
 #include "train/run.hpp"
 #include "train/tokens.hpp"
 #include "core/error.hpp"
+#ifdef FP4LAB_WITH_CUDA
+#include "cuda/device.hpp"
+#endif
 
 namespace fp4lab {
 
@@ -68,6 +71,7 @@ struct BenchArgs {
   int64_t steps = 10;
   int repeats = 3;
   int threads = 0;
+  double peak_tflops = 0;  // --peak-tflops: the MFU's denominator (0: the device's, cuda::dense_bf16_peak_tflops)
   std::vector<std::string> sets;
 };
 
@@ -81,10 +85,39 @@ Spread spread_of(std::vector<double> v) {
   return {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back()};
 }
 
-void print_bench_row(const std::string& name, const Spread& s, double items_per_ms, double first_ms) {
-  std::printf("%-44s %9.2f %9.2f %9.2f %14.0f %9.2fx\n", name.c_str(), s.median, s.min, s.max,
-              items_per_ms / s.median, s.median / first_ms);
+// What a bench row's throughput is measured against: the training flops of one item (token or image) and
+// the peak in TFLOP/s (0: unknown, MFU not printed).
+struct FlopRate {
+  double flops_per_item = 0, peak_tflops = 0;
+};
+
+void print_bench_row(const std::string& name, const Spread& s, double items_per_ms, double first_ms,
+                     const FlopRate& f) {
+  const double tflops = f.flops_per_item * items_per_ms / s.median * 1e-12;
+  char tf[16] = "-", mfu[16] = "-";
+  if (f.flops_per_item > 0) std::snprintf(tf, sizeof tf, "%.4g", tflops);
+  if (f.flops_per_item > 0 && f.peak_tflops > 0) std::snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * tflops / f.peak_tflops);
+  std::printf("%-44s %9.2f %9.2f %9.2f %14.0f %9.2fx %9s %7s\n", name.c_str(), s.median, s.min, s.max,
+              items_per_ms / s.median, s.median / first_ms, tf, mfu);
   std::fflush(stdout);
+}
+
+// Training flops of one token of the GPT (dense or MoE), nanoGPT's estimate_mfu (PaLM, appendix B):
+// 6 N + 12 L C T. N: the parameters a token's matrix products use: every parameter but the position
+// embedding (the token embedding counts once, as the tied output layer's product), and of a MoE layer's
+// experts the top_k / experts share a token is routed to; 6 = 2 flops a parameter forward, 4 backward.
+// 12 L C T: attention's two products (q k^T, p v) of 2 C T flops each a token and layer, forward and
+// backward (x 3), the causal half not discounted, as nanoGPT and PyTorch count it. L layers, C width
+// (heads x head width), T context. 0 for the ViT (not counted).
+double gpt_flops_per_token(const ModelConfig& m, const ParamStore& ps) {
+  if (m.type != "gpt") return 0.0;
+  double n = 0;
+  for (const ParamInfo& p : ps.infos()) {
+    if (p.name == "transformer.wpe.weight") continue;
+    const bool expert = p.name.find(".experts.") != std::string::npos;
+    n += double(p.size()) * (expert ? double(m.moe.top_k) / double(m.moe.experts) : 1.0);
+  }
+  return 6.0 * n + 12.0 * double(m.layers) * double(m.width) * double(m.context);
 }
 
 // One recipe's model, optimizer and synthetic batch, kept across the rounds.
@@ -140,7 +173,8 @@ std::optional<std::vector<std::string>> run_command(const std::vector<std::strin
 // autocast and its faster forms up to torch.compile with CUDA graphs + fused AdamW + TF32 (a user's best
 // with two lines), and eager FP32 where an fp32 recipe is benchmarked. ViT: eager FP32 and
 // torch.compile FP32 (the ViT runs FP32 in both).
-void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool with_fp32, double first_ms) {
+void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool with_fp32, double first_ms,
+                   const FlopRate& rate) {
   if (a.pytorch == "off") return;
   const bool need = a.pytorch == "on";
   auto skip = [&](const std::string& why) {
@@ -217,7 +251,7 @@ void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool w
       std::printf("pytorch %s failed: %s\n", v.empty() ? "eager" : v.c_str(), terminal_text(shown).c_str());
       continue;
     }
-    print_bench_row("pytorch " + name, s, items_per_ms, first_ms);
+    print_bench_row("pytorch " + name, s, items_per_ms, first_ms, rate);
   }
 }
 
@@ -251,8 +285,6 @@ void bench_train(const BenchArgs& a) {
               vit ? "" : (" x context " + std::to_string(cfg.model.context)).c_str(), cfg.backend.c_str(),
               cfg.backend == "cpu" ? (", " + std::to_string(threads) + " threads").c_str() : "", a.repeats,
               (long long)a.steps);
-  std::printf("%-44s %9s %9s %9s %14s %10s\n", "recipe", "ms/iter", "min", "max", vit ? "images/s" : "tokens/s",
-              "vs first");
   std::vector<BenchRun> runs;
   bool with_fp32 = false;
   Batch b;
@@ -282,15 +314,37 @@ void bench_train(const BenchArgs& a) {
       b.targets.push_back(int32_t(rng() % uint32_t(cfg.model.vocab_size)));
     }
   }
+  // MFU: the model's training flops a token against the device's dense BF16 peak (every recipe's GEMMs run on
+  // the BF16 tensor cores on Hopper: the FP4/FP8 recipes emulate theirs exactly there).
+  FlopRate rate;
+  rate.flops_per_item = gpt_flops_per_token(cfg.model, runs.front().model->params());
+  rate.peak_tflops = a.peak_tflops;
+  std::string peak_from = "--peak-tflops";
+#ifdef FP4LAB_WITH_CUDA
+  if (rate.peak_tflops <= 0 && cfg.backend == "cuda") {
+    rate.peak_tflops = cuda::dense_bf16_peak_tflops();
+    peak_from = cuda::device_description() + ", dense BF16 datasheet figure";
+  }
+#endif
+  if (rate.flops_per_item <= 0)
+    std::printf("TFLOP/s and MFU: not counted for this model (only the GPT's flops are: 6N + 12LCT a token)\n");
+  else if (rate.peak_tflops <= 0)
+    std::printf("TFLOP/s: %.4g flops a token (6N + 12LCT, nanoGPT's estimate_mfu); MFU: no peak known for this "
+                "device (--peak-tflops gives one)\n", rate.flops_per_item);
+  else
+    std::printf("TFLOP/s: %.4g flops a token (6N + 12LCT, nanoGPT's estimate_mfu); MFU against %.4g TFLOP/s (%s)\n",
+                rate.flops_per_item, rate.peak_tflops, peak_from.c_str());
+  std::printf("%-44s %9s %9s %9s %14s %10s %9s %7s\n", "recipe", "ms/iter", "min", "max", vit ? "images/s" : "tokens/s",
+              "vs first", "TFLOP/s", "MFU");
   const int64_t total_steps = 2 + a.steps * a.repeats;
   for (BenchRun& r : runs) time_steps(r, b, cfg, 2, total_steps);
   for (int round = 0; round < a.repeats; ++round)
     for (BenchRun& r : runs) r.ms.push_back(time_steps(r, b, cfg, a.steps, total_steps));
   const double items_per_ms = double(b.size * runs.front().model->items_per_sample()) * 1000.0;
   const double first_ms = spread_of(runs.front().ms).median;
-  for (const BenchRun& r : runs) print_bench_row(r.name, spread_of(r.ms), items_per_ms, first_ms);
+  for (const BenchRun& r : runs) print_bench_row(r.name, spread_of(r.ms), items_per_ms, first_ms, rate);
   runs.clear();  // free the GPU before PyTorch runs on it
-  bench_pytorch(a, cfg, threads, with_fp32, first_ms);
+  bench_pytorch(a, cfg, threads, with_fp32, first_ms, rate);
 }
 
 void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
@@ -453,6 +507,10 @@ void register_bench_train(CLI::App& bench) {
   c->add_option("--backend", a->backend, "cpu or cuda (default: the config's backend)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   c->add_option("--set", a->sets, "Override a config key: dotted.key=value");
+  c->add_option("--peak-tflops", a->peak_tflops,
+                "The peak (TFLOP/s) MFU is measured against (default: the GPU's dense BF16 datasheet figure; none on "
+                "the CPU)")
+      ->check(CLI::PositiveNumber);
   c->add_option("--pytorch", a->pytorch,
                 "PyTorch's model of the same shape beside ours (bench_pytorch_gpt.py / bench_pytorch_vit.py): auto "
                 "(when python3 imports torch), on, off")

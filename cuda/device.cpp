@@ -64,6 +64,22 @@ std::string device_description() {
   return buf;
 }
 
+double dense_bf16_peak_tflops() {
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
+  const std::string name = p.name;
+  const auto has = [&name](const char* s) { return name.find(s) != std::string::npos; };
+  // Datasheet figures are quoted "with sparsity" (2x): halved here.
+  if (has("H100 NVL") || has("H200 NVL")) return 835.5;
+  if (has("H100") && (has("PCIe") || has("PCIE"))) return 756.0;
+  if (has("H100") || has("H200")) return 989.4;  // SXM; GH200 names contain "H200"
+  if (has("B200")) return 2250.0;
+  if (has("A100")) return 312.0;
+  return 0.0;
+}
+
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

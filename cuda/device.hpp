@@ -36,6 +36,11 @@ inline bool gpu_available() { return device_count() > 0; }
 std::string device_description();
 // Compute capability of the current device as major*10+minor (90 for sm_90).
 int compute_capability();
+// The current device's dense (no sparsity) BF16 tensor-core peak in TFLOP/s,
+// from NVIDIA's datasheets by device name: H100 SXM, H200, GH200 989.4; H100 /
+// H200 NVL 835.5; H100 PCIe 756; B200 2250; A100 312. 0 for other devices.
+// The denominator of `fp4lab bench train`'s MFU.
+double dense_bf16_peak_tflops();
 
 // An owning, uninitialised device allocation of n elements of T (cudaMalloc).
 template <class T>

@@ -255,8 +255,30 @@ def test_run_main(t):
           and '2000 steps' in p.stdout, f"run_main --config gpt_baby: {p.stdout} {p.stderr}")
 
 
+def test_bench_mfu(t):
+    """bench train's TFLOP/s and MFU: the flops a token are nanoGPT's 6N + 12LCT, N counted here from the
+    model's shape (wte, per layer 12C^2 + 2C without biases, ln_f; no position embedding)."""
+    V, C, L, T = 65, 32, 1, 64
+    rc, out, err = run('bench', 'train', '--config', os.path.join(SRC, 'configs', 'gpt_baby.json'), '--set',
+                       f'model.layers={L}', '--set', f'model.width={C}', '--steps', '1', '--repeats', '1',
+                       '--recipes', 'fp32', '--pytorch', 'off', '--peak-tflops', '0.0005')
+    if not check(rc == 0, f"bench train: exit {rc}: {err}"):
+        return
+    n = V * C + L * (12 * C * C + 2 * C) + C
+    want = 6 * n + 12 * L * C * T
+    m = re.search(r"TFLOP/s: (\S+) flops a token .*MFU against 0.0005 TFLOP/s \(--peak-tflops\)", out)
+    check(m is not None and abs(float(m.group(1)) - want) <= 1e-3 * want,
+          f"bench train: flops a token {m.group(1) if m else None}, want {want}: {out}")
+    row = [l for l in out.splitlines() if l.startswith('fp32 ')]
+    if check(len(row) == 1, f"bench train: no fp32 row: {out}"):
+        f = row[0].split()
+        tokens_s, tflops, mfu = float(f[4]), float(f[6]), float(f[7].rstrip('%'))
+        check(abs(tflops - want * tokens_s * 1e-12) <= 1e-3 * tflops + 1e-6, f"bench train: TFLOP/s {tflops}: {row}")
+        check(abs(mfu - 100 * tflops / 0.0005) <= 0.01 * mfu + 0.1, f"bench train: MFU {mfu}: {row}")
+
+
 def main():
-    tests = [test_decode_packed, test_sr_bias_tensor, test_get_shakespeare, test_run_main, test_install_and_title]
+    tests = [test_bench_mfu, test_decode_packed, test_sr_bias_tensor, test_get_shakespeare, test_run_main, test_install_and_title]
     for fn in tests:
         before = fails
         with tempfile.TemporaryDirectory(prefix='fp4lab_frontdoor_') as t:
