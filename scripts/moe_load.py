@@ -62,7 +62,7 @@ def main(argv):
     if shutil.which("gnuplot"):
         plots = ", ".join(f"'{prefix}.tsv' using 1:{2 + 2 * i} with lines lw 2 title '{r}'"
                           for i, r in enumerate(recipes))
-        script = (f"set terminal pngcairo size 900,500\nset output '{prefix}.png'\nset grid\n"
+        script = (f"set terminal pngcairo noenhanced size 900,500\nset output '{prefix}.png'\nset grid\n"
                   "set xlabel 'step'\nset ylabel 'max over layers, experts of E f_e (1 = balanced)'\n"
                   f"set key top right\nplot {plots}\n")
         subprocess.run(["gnuplot"], input=script, text=True, check=True)
