@@ -85,11 +85,11 @@
 //    s    = encode(ue4m3, s_f, rn, saturate)
 //    code = encode(element, x / decode(s), round, overflow)   (FP32 division)
 //    dequant = decode(code) * decode(s)
-//  With no per-tensor scale, a block whose amax is below 6 * 2^-9 * 2^-1
-//  (values ~1e-3 and smaller, typical of gradients) gets the smallest scale
-//  2^-9 and its elements flush to zero: the underflow that broke
-//  fp4-trainkit's NVFP4 runs. Counted as a scale underflow when amax_block / E
-//  < 2^-9 and amax_block > 0.
+//  With no per-tensor scale, a block whose amax is below 6 * 2^-9 (~0.0117,
+//  typical of gradients) gets the smallest scale 2^-9, and its elements with
+//  |x| <= 2^-11 (x / 2^-9 <= 0.25) round to zero under rn: the underflow that
+//  broke fp4-trainkit's NVFP4 runs (a block with amax <= 2^-11 flushes whole).
+//  Counted as a scale underflow when amax_block / E < 2^-9 and amax_block > 0.
 //
 // ---- per-tensor (`tensor_amax`, FP8 current scaling as TE) ------------------
 //    enc = max_finite(element) / amax_tensor   (FP32)
