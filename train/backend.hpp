@@ -44,6 +44,17 @@ struct AmaxRequest {
   bool operator==(const AmaxRequest&) const = default;
 };
 
+// One linear layer's plan for one pass: its context and linear_plan(ctx)
+// (recipes/linear_plan.hpp), built once by the model at the start of a
+// training step's forward (it serves that step's backward too) or of an
+// evaluation forward, and handed to every backend call of the layer in that
+// pass. The plan's pointers point into *ctx.recipe, which outlives the pass.
+struct LayerPlan {
+  LinearContext ctx;
+  LinearPlan plan;
+};
+inline LayerPlan plan_layer(const LinearContext& ctx) { return LayerPlan{ctx, linear_plan(ctx)}; }
+
 struct Tensor {
   float* data = nullptr;
   int64_t rows = 0, cols = 0;
@@ -135,10 +146,19 @@ class Backend {
   // x must not be modified until the linear_backward of this state: a backend
   // may keep a reference to an owned x (Tensor::mem) instead of a copy, as
   // PyTorch's autograd keeps its inputs (the CUDA backend does, for FP32 x).
-  virtual void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+  virtual void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                               std::unique_ptr<LinearState>& state) = 0;
-  virtual void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+  virtual void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
                                Tensor& dx, Tensor& dw_acc, float* db_acc) = 0;
+  // The same for a context planned on the spot (callers outside a model's pass: LinearFunction, tests).
+  void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+                      std::unique_ptr<LinearState>& state) {
+    linear_forward(plan_layer(ctx), x, w, b, y, state);
+  }
+  void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+                       Tensor& dx, Tensor& dw_acc, float* db_acc) {
+    linear_backward(plan_layer(ctx), state, w, dy, dx, dw_acc, db_acc);
+  }
 
   // BF16 companions: a producer writes the BF16 GEMM operand of the linear
   // layer it feeds in the same pass as its FP32 output, instead of the layer
@@ -146,10 +166,11 @@ class Backend {
   // companion of the linear layer of ctx's input x (grad: of its output
   // gradient dy)? True only where that layer's plan makes both GEMM operands
   // of the tensor by plain BF16 rounding. Default: never.
-  virtual bool linear_reads_bf16(const LinearContext& ctx, bool grad) {
-    (void)ctx, (void)grad;
+  virtual bool linear_reads_bf16(const LayerPlan& l, bool grad) {
+    (void)l, (void)grad;
     return false;
   }
+  bool linear_reads_bf16(const LinearContext& ctx, bool grad) { return linear_reads_bf16(plan_layer(ctx), grad); }
   // Gives t a companion (contents unspecified); backends that never read one
   // do nothing. Written by: layernorm_forward (y), gelu_forward (y),
   // gelu_backward (dx), attention_forward (out), attention_backward (dqkv),
@@ -170,10 +191,12 @@ class Backend {
   // once more for them. What the layer of ctx's input x (grad: its output
   // gradient dy), of shape [rows, cols], wants; nothing where its plan needs no
   // amax or the backend computes it itself. Default: nothing.
-  virtual std::optional<AmaxRequest> linear_amax_request(const LinearContext& ctx, bool grad, int64_t rows,
-                                                         int64_t cols) {
-    (void)ctx, (void)grad, (void)rows, (void)cols;
+  virtual std::optional<AmaxRequest> linear_amax_request(const LayerPlan& l, bool grad, int64_t rows, int64_t cols) {
+    (void)l, (void)grad, (void)rows, (void)cols;
     return std::nullopt;
+  }
+  std::optional<AmaxRequest> linear_amax_request(const LinearContext& ctx, bool grad, int64_t rows, int64_t cols) {
+    return linear_amax_request(plan_layer(ctx), grad, rows, cols);
   }
   // Gives t an amax companion for r (amax_written false). Written (and
   // amax_written set) by: gelu_forward (y), gelu_backward (dx),

@@ -86,15 +86,25 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
     return dx;
   }
   // LinearCalls (the MoE layers' linears): y / dx written in place when shaped.
+  // (l.lp: planned at the start of the pass, forward's plan_layers or MoeMlp::forward.)
   void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) override {
     capture(l.name, "x", s, x);
     capture(l.name, "w", s, params_.value(l.w));
-    be_.linear_forward(l.context(s), x, params_.value(l.w), ptr(l.b), y, l.state);
+    be_.linear_forward(l.lp, x, params_.value(l.w), ptr(l.b), y, l.state);
   }
   void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) override {
+    l.check_backward_plan(s);
     capture(l.name, "dy", s, dy);
     Tensor dw = params_.grad(l.w);
-    be_.linear_backward(l.context(s), *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b));
+    be_.linear_backward(l.lp, *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b));
+  }
+  // Every dense layer's plan for this pass (the MoE layers plan theirs in MoeMlp::forward).
+  void plan_layers(const StepContext& s) {
+    for (Block& k : blocks_) {
+      k.c_attn.plan(s), k.attn_proj.plan(s);
+      if (!k.moe) k.c_fc.plan(s), k.mlp_proj.plan(s);
+    }
+    head_.plan(s);
   }
   uint64_t site(int64_t block, int k) const { return 1 + uint64_t(block) * 4 + uint64_t(k); }
   AttentionShape shape(int64_t B, float p) const {
@@ -110,6 +120,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
                   std::to_string(bt.targets.size()) + " targets, expected " + std::to_string(B) + " x context " +
                   std::to_string(T));
     batch_ = B;
+    plan_layers(s);
     const float p = s.train ? float(cfg_.dropout) : 0.0f;
     const float eps = float(cfg_.layernorm_eps);
     Tensor x = be_.empty(N, C);

@@ -190,6 +190,18 @@ struct LinearLayer {
   uint64_t id = 0;
   int w = -1, b = -1;  // parameter indices (b = -1: no bias)
   std::unique_ptr<LinearState> state;
+  // The layer's plan for the current pass: plan(s) at the start of every
+  // forward (a training step's, whose backward uses it too, or an
+  // evaluation's); every backend call of the pass takes it.
+  LayerPlan lp;
+  void plan(const StepContext& s) { lp = plan_layer(context(s)); }
+  // Throws InternalError unless lp was planned for s's step and seed with a backward (a backward needs its
+  // forward's plan).
+  void check_backward_plan(const StepContext& s) const {
+    FP4LAB_CHECK(lp.ctx.recipe == context(s).recipe && lp.ctx.step == s.step && lp.ctx.seed == s.seed &&
+                     lp.ctx.backward,
+                 "linear layer " + name + ": backward without the plan of its forward");
+  }
   LinearContext context(const StepContext& s) const {
     // The one place a layer's recipe is chosen: both backends read ctx.recipe only.
     const Recipe* r = s.layer_recipes ? s.layer_recipes->at(size_t(id)) : s.recipe;
@@ -216,15 +228,16 @@ inline Tensor empty_for_linear(Backend& be, std::initializer_list<const LinearLa
                                bool grad, int64_t rows, int64_t cols, bool only_linears = false) {
   Tensor t = be.empty(rows, cols);
   bool all = true, bias = false;
+  (void)s;  // the layers' plans (LinearLayer::lp) are this pass's
   for (const LinearLayer* l : ls) {
-    all = all && be.linear_reads_bf16(l->context(s), grad);
+    all = all && be.linear_reads_bf16(l->lp, grad);
     bias = bias || l->b >= 0;
   }
   if (all) be.add_bf16_companion(t, only_linears && !(grad && bias));
   // One reader: the producer may compute its tensor amaxes (a writer of them
   // does; any other leaves the companion unwritten, and the layer computes them).
   if (ls.size() == 1)
-    if (const std::optional<AmaxRequest> r = be.linear_amax_request((*ls.begin())->context(s), grad, rows, cols))
+    if (const std::optional<AmaxRequest> r = be.linear_amax_request((*ls.begin())->lp, grad, rows, cols))
       be.add_amax_companion(t, *r);
   return t;
 }

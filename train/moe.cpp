@@ -163,6 +163,11 @@ StepContext MoeMlp::router_context(const StepContext& s) const {
 }
 
 Tensor MoeMlp::forward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x) {
+  // This pass's plans (LinearLayer::lp): the router's under its own context.
+  router_.plan(router_context(s));
+  for (std::vector<LinearLayer>* ls : {&fc_, &proj_})
+    for (LinearLayer& l : *ls) l.plan(s);
+  if (shared_fc_) shared_fc_->plan(s), shared_proj_->plan(s);
   const int64_t N = x.rows, C = width_, H = hidden_, k = c_.top_k, M = N * k;
   x_ = x;
   Tensor logits;

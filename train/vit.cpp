@@ -73,14 +73,21 @@ class Vit final : public CrossEntropyModel {
     capture(l.name, "x", s, x);
     capture(l.name, "w", s, w(l));
     Tensor y;
-    be_.linear_forward(l.context(s), x, w(l), bias(l), y, l.state);
+    be_.linear_forward(l.lp, x, w(l), bias(l), y, l.state);
     return y;
   }
   Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy) {
+    l.check_backward_plan(s);
     capture(l.name, "dy", s, dy);
     Tensor dx, dw = params_.grad(l.w);
-    be_.linear_backward(l.context(s), *l.state, w(l), dy, dx, dw, dbias(l));
+    be_.linear_backward(l.lp, *l.state, w(l), dy, dx, dw, dbias(l));
     return dx;
+  }
+  // Every layer's plan for this pass.
+  void plan_layers(const StepContext& s) {
+    patch_.plan(s), head_.plan(s);
+    for (Block& b : blocks_)
+      for (LinearLayer* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.down}) l->plan(s);
   }
   uint64_t site(size_t block, int k) const { return uint64_t(block) * 4 + uint64_t(k); }
 
@@ -92,6 +99,7 @@ class Vit final : public CrossEntropyModel {
                   std::to_string(bt.targets.size()) + " labels for " + std::to_string(B) + " images of " +
                   std::to_string(img) + " pixels");
     batch_ = B;
+    plan_layers(s);
     // Patchify on the host: patch (py, px) of image b -> row b*G*G + py*G + px,
     // features in Conv2d weight order (channel, ky, kx).
     std::vector<float> host(size_t(B * patches_ * patch_dim_));

@@ -165,16 +165,18 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < src.rows; ++r) std::memcpy(dst.row(r) + dc, src.row(r) + sc, size_t(n) * 4);
   }
 
-  void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+  using Backend::linear_forward;
+  using Backend::linear_backward;
+  void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state) override {
     const ThreadCount use(threads_);
     auto st = std::make_unique<CpuLinearState>();
     auto ym = std::make_shared<MatrixRM>();
-    fp4lab::linear_forward(ctx, to_matrix(x), to_matrix(w), b, *ym, st->saved);
+    fp4lab::linear_forward(l.ctx, l.plan, to_matrix(x), to_matrix(w), b, *ym, st->saved);
     take_result(std::move(ym), y);
     state = std::move(st);
   }
-  void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+  void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
                        Tensor& dx, Tensor& dw_acc, float* db_acc) override {
     const ThreadCount use(threads_);
     const auto& st = dynamic_cast<const CpuLinearState&>(state);
@@ -182,7 +184,8 @@ class CpuBackend final : public Backend {
     MatrixRM dwm;
     std::vector<float> db;
     if (db_acc) db.assign(size_t(w.rows), 0.0f);
-    fp4lab::linear_backward(ctx, st.saved, to_matrix(w), to_matrix(dy), *dxm, dwm, db_acc ? db.data() : nullptr);
+    fp4lab::linear_backward(l.ctx, l.plan, st.saved, to_matrix(w), to_matrix(dy), *dxm, dwm,
+                            db_acc ? db.data() : nullptr);
     take_result(std::move(dxm), dx);
     check_same("linear_backward dW", w, dw_acc);
     float* d = dw_acc.data;

@@ -63,8 +63,12 @@ void apply_operand_plan(const OperandPlan& p, MatrixView<float> m) {
 
 void linear_forward(const LinearContext& ctx, MatrixRM x, MatrixRM w, const float* bias, MatrixRM& y,
                     LinearSaved& saved) {
+  linear_forward(ctx, linear_plan(ctx), std::move(x), std::move(w), bias, y, saved);
+}
+
+void linear_forward(const LinearContext& ctx, const LinearPlan& plan, MatrixRM x, MatrixRM w, const float* bias,
+                    MatrixRM& y, LinearSaved& saved) {
   check_shapes("linear_forward", x, w);
-  const LinearPlan plan = linear_plan(ctx);
   measure(ctx, plan, {Operand::fwd_x, Operand::wgrad_x}, x);  // x and W are the backward's too
   measure(ctx, plan, {Operand::fwd_w, Operand::dgrad_w}, w);
   saved.forward_only = !ctx.backward;
@@ -122,6 +126,11 @@ void bias_grad(const MatrixRM& dy, float* db) {
 
 void linear_backward(const LinearContext& ctx, const LinearSaved& saved, MatrixRM w, MatrixRM dy, MatrixRM& dx,
                      MatrixRM& dw, float* db) {
+  linear_backward(ctx, linear_plan(ctx), saved, std::move(w), std::move(dy), dx, dw, db);
+}
+
+void linear_backward(const LinearContext& ctx, const LinearPlan& plan, const LinearSaved& saved, MatrixRM w,
+                     MatrixRM dy, MatrixRM& dx, MatrixRM& dw, float* db) {
   if (saved.forward_only)
     throw Error(
         "linear_backward: the forward ran with LinearContext::backward false (evaluation) and kept nothing "
@@ -131,7 +140,6 @@ void linear_backward(const LinearContext& ctx, const LinearSaved& saved, MatrixR
     throw Error("linear_backward: dy is [" + std::to_string(dy.rows()) + ", " + std::to_string(dy.cols()) +
                 "], expected [" + std::to_string(saved.x.rows()) + ", " + std::to_string(w.rows()) +
                 "] (batch rows of x, out_features of W)");
-  const LinearPlan plan = linear_plan(ctx);
   measure(ctx, plan, {Operand::dgrad_grad_y, Operand::wgrad_grad_y}, dy);
   // db first: dy is this call's own copy, and wgrad quantizes it in place.
   if (db != nullptr) bias_grad(dy, db);

@@ -55,11 +55,16 @@ struct LinearSaved {
 // keeps x in `saved` without another copy.
 void linear_forward(const LinearContext& ctx, MatrixRM x, MatrixRM w, const float* bias /*[out] or null*/,
                     MatrixRM& y, LinearSaved& saved);
+// The same with the plan the caller holds (plan == linear_plan(ctx); train/backend.hpp's LayerPlan).
+void linear_forward(const LinearContext& ctx, const LinearPlan& plan, MatrixRM x, MatrixRM w, const float* bias,
+                    MatrixRM& y, LinearSaved& saved);
 // Backward: given dy [B, out], writes dx [B, in], dW [out, in] and db [out]
 // (db may be null; dx/dW are resized). `w` and `ctx` must be those of the
 // forward that filled `saved`.
 // w and dy by value, as linear_forward's x and w.
 void linear_backward(const LinearContext& ctx, const LinearSaved& saved, MatrixRM w, MatrixRM dy, MatrixRM& dx,
                      MatrixRM& dw, float* db);
+void linear_backward(const LinearContext& ctx, const LinearPlan& plan, const LinearSaved& saved, MatrixRM w,
+                     MatrixRM dy, MatrixRM& dx, MatrixRM& dw, float* db);
 
 }  // namespace fp4lab

@@ -176,7 +176,8 @@ class CudaBackend final : public Backend {
   }
 
   // ---- BF16 companions ----
-  bool linear_reads_bf16(const LinearContext& ctx, bool grad) override { return linear_.reads_bf16(ctx, grad); }
+  using Backend::linear_reads_bf16;
+  bool linear_reads_bf16(const LayerPlan& l, bool grad) override { return linear_.reads_bf16(l, grad); }
   void add_bf16_companion(Tensor& t, bool drop_f32) override {
     Tensor h = empty(1, (t.size() + 1) / 2);  // size() BF16 values
     t.bf16 = reinterpret_cast<uint16_t*>(h.data);
@@ -188,9 +189,10 @@ class CudaBackend final : public Backend {
   }
 
   // ---- tensor-amax companions ----
-  std::optional<AmaxRequest> linear_amax_request(const LinearContext& ctx, bool grad, int64_t rows,
+  using Backend::linear_amax_request;
+  std::optional<AmaxRequest> linear_amax_request(const LayerPlan& l, bool grad, int64_t rows,
                                                  int64_t cols) override {
-    return linear_.amax_request(ctx, grad, rows, cols);
+    return linear_.amax_request(l, grad, rows, cols);
   }
   void add_amax_companion(Tensor& t, const AmaxRequest& r) override {
     Tensor w = empty(1, 2);  // two 32-bit words
@@ -201,13 +203,15 @@ class CudaBackend final : public Backend {
   }
 
   // ---- linear ----
-  void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+  using Backend::linear_forward;
+  using Backend::linear_backward;
+  void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state) override {
-    linear_.forward(ctx, x, w, b, y, state, alloc());
+    linear_.forward(l, x, w, b, y, state, alloc());
   }
-  void linear_backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+  void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
                        Tensor& dx, Tensor& dw_acc, float* db_acc) override {
-    linear_.backward(ctx, state, w, dy, dx, dw_acc, db_acc, alloc());
+    linear_.backward(l, state, w, dy, dx, dw_acc, db_acc, alloc());
   }
 
   // ---- LayerNorm, GELU ----

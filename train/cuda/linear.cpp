@@ -418,12 +418,12 @@ CudaLinear::~CudaLinear() = default;
 
 void CudaLinear::set_operand_hook(OperandHook hook) { impl_->hook = std::move(hook); }
 
-bool CudaLinear::reads_bf16(const LinearContext& ctx, bool grad) const { return rounds_only(linear_plan(ctx), grad); }
+bool CudaLinear::reads_bf16(const LayerPlan& l, bool grad) const { return rounds_only(l.plan, grad); }
 
-std::optional<AmaxRequest> CudaLinear::amax_request(const LinearContext& ctx, bool grad, int64_t rows,
+std::optional<AmaxRequest> CudaLinear::amax_request(const LayerPlan& l, bool grad, int64_t rows,
                                                     int64_t cols) const {
-  if (!ctx.backward) return std::nullopt;  // a forward-only layer takes no pair path
-  const LinearPlan plan = linear_plan(ctx);
+  if (!l.ctx.backward) return std::nullopt;  // a forward-only layer takes no pair path
+  const LinearPlan& plan = l.plan;
   // The conditions under which forward / backward take the pair path.
   if (grad && rounds_only(plan, true)) return std::nullopt;
   if (!grad && rounds_only(plan, false)) return std::nullopt;
@@ -436,13 +436,14 @@ std::optional<AmaxRequest> CudaLinear::amax_request(const LinearContext& ctx, bo
   return request_of(*q);
 }
 
-void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                          std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc) {
+  const LinearContext& ctx = l.ctx;
   if (x.cols != w.cols)
     throw Error("CudaLinear::forward: x is " + shape(x.rows, x.cols) + " but W is " + shape(w.rows, w.cols) +
                 ": x's columns must equal W's columns (in_features)");
   const int64_t B = x.rows, in = x.cols, out = w.rows;
-  const LinearPlan plan = linear_plan(ctx);
+  const LinearPlan& plan = l.plan;
   Impl& im = *impl_;
   im.measure(ctx, plan, {Operand::fwd_x, Operand::wgrad_x}, x.data, B, in);  // x and W are the backward's too
   im.measure(ctx, plan, {Operand::fwd_w, Operand::dgrad_w}, w.data, out, in);
@@ -537,9 +538,10 @@ void CudaLinear::forward(const LinearContext& ctx, const Tensor& x, const Tensor
   state = std::move(st);
 }
 
-void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
+void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
                           Tensor& dx, Tensor& dw_acc, float* db_acc,
                           const std::function<Tensor(int64_t, int64_t)>& alloc) {
+  const LinearContext& ctx = l.ctx;
   const auto* stp = dynamic_cast<const CudaLinearState*>(&state);
   if (stp == nullptr) throw Error("CudaLinear::backward: `state` was not written by CudaLinear::forward");
   const CudaLinearState& st = *stp;
@@ -557,7 +559,7 @@ void CudaLinear::backward(const LinearContext& ctx, const LinearState& state, co
   if (dw_acc.rows != out || dw_acc.cols != in)
     throw Error("CudaLinear::backward: dW is " + shape(dw_acc.rows, dw_acc.cols) + ", expected W's shape " +
                 shape(out, in));
-  const LinearPlan plan = linear_plan(ctx);
+  const LinearPlan& plan = l.plan;
   Impl& im = *impl_;
   im.measure(ctx, plan, {Operand::dgrad_grad_y, Operand::wgrad_grad_y}, dy.data, B, out);
   if (dx.rows != B || dx.cols != in || (dx.data == nullptr && B * in > 0)) dx = alloc(B, in);

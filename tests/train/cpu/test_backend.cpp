@@ -283,13 +283,15 @@ class Pinned final : public Backend {
   void copy_cols(const Tensor& s, int64_t sc, Tensor& d, int64_t dc, int64_t n) override {
     be().copy_cols(s, sc, d, dc, n);
   }
-  void linear_forward(const fp4lab::LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
+  using Backend::linear_forward;
+  using Backend::linear_backward;
+  void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state) override {
-    be().linear_forward(ctx, x, w, b, y, state);
+    be().linear_forward(l, x, w, b, y, state);
   }
-  void linear_backward(const fp4lab::LinearContext& ctx, const LinearState& state, const Tensor& w, const Tensor& dy,
-                       Tensor& dx, Tensor& dw_acc, float* db_acc) override {
-    be().linear_backward(ctx, state, w, dy, dx, dw_acc, db_acc);
+  void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy, Tensor& dx,
+                       Tensor& dw_acc, float* db_acc) override {
+    be().linear_backward(l, state, w, dy, dx, dw_acc, db_acc);
   }
   void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override {
