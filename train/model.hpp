@@ -104,6 +104,11 @@ struct StepContext {
   // entry i is the recipe of the linear layer with id i (nullptr: plain FP32).
   // Null: every layer runs `recipe`.
   const std::vector<const Recipe*>* layer_recipes = nullptr;
+  // Producers write what their consumer linear layers read (BF16 operands,
+  // NVFP4 amaxes: empty_for_linear). False: plain tensors, every layer makes its
+  // operands itself. The same bits either way (tested: a producer's output only
+  // replaces the layer's identical work).
+  bool producer_outputs = true;
 };
 
 struct LinearLayerInfo {
@@ -227,8 +232,8 @@ struct LinearLayer {
 inline Tensor empty_for_linear(Backend& be, std::initializer_list<const LinearLayer*> ls, const StepContext& s,
                                bool grad, int64_t rows, int64_t cols, bool only_linears = false) {
   Tensor t = be.empty(rows, cols);
-  bool all = true, bias = false;
-  (void)s;  // the layers' plans (LinearLayer::lp) are this pass's
+  if (!s.producer_outputs) return t;
+  bool all = true, bias = false;  // the layers' plans (LinearLayer::lp) are this pass's
   for (const LinearLayer* l : ls) {
     all = all && be.linear_reads_bf16(l->lp, grad);
     bias = bias || l->b >= 0;

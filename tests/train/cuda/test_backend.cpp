@@ -515,3 +515,44 @@ TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from BF16 comp
     expect_step_matches(b, small_step(type, 4), sc);
   }
 }
+
+// What producers write for their consumer layers (BF16 operands, NVFP4 amaxes,
+// FP32 values dropped: model.hpp's empty_for_linear) only replaces work the
+// layers would do themselves: a model step gives the same bits with and without
+// them (StepContext::producer_outputs), for every model form and the recipes
+// that use them. The proof that the producer-output redesign keeps the bits.
+TEST_CASE("cuda backend: model steps with and without producer outputs are bit-identical") {
+  auto be = make_backend("cuda");
+  for (const char* name : {"bf16", "nvfp4", "nvfp4_row_scaled", "nvfp4_4over6", "mxfp8"}) {
+    const fp4lab::Recipe rec = fp4lab::recipe_by_name(name);
+    for (const char* form : {"gpt", "gpt bias", "gpt moe", "vit"}) {
+      CAPTURE(name);
+      CAPTURE(form);
+      const std::string f = form;
+      SmallStep in = small_step(f.substr(0, 3), 6);
+      in.mc.bias = f == "gpt bias" || f == "vit";
+      if (f == "gpt moe") in.mc.moe.experts = 4;
+      if (f == "vit") {  // 16 images: 80 rows (L = 5), a multiple of 16, so the NVFP4 amax path is taken
+        in.bt.size = 16;
+        in.bt.images = randv(size_t(16 * 14 * 14), 77);
+        in.bt.targets.clear();
+        for (int i = 0; i < 16; ++i) in.bt.targets.push_back(int32_t((i * 7) % 10));
+      }
+      double loss[2];
+      std::vector<float> grads[2];
+      for (int with = 0; with < 2; ++with) {
+        StepContext sc;
+        sc.recipe = &rec;
+        sc.seed = 13;
+        sc.step = 2;
+        sc.producer_outputs = with == 1;
+        auto model = make_model(in.mc, *be, 5);
+        be->fill(model->params().grads, 0.0f);
+        loss[with] = model->forward_backward(in.bt, sc, nullptr);
+        grads[with] = get(*be, model->params().grads);
+      }
+      CHECK(loss[0] == loss[1]);
+      expect_same_bits("parameter gradients", grads[0], grads[1]);
+    }
+  }
+}
