@@ -49,6 +49,16 @@ py::array_t<T> new_array(const std::vector<int64_t>& shape) {
 }
 
 // A [rows, cols] view of a 2-D float32 array.
+// A numpy array whose storage is v's, moved into a capsule the array owns (no copy); shape's product
+// must be v.size().
+template <class T>
+py::array_t<T> adopt(std::vector<T>&& v, const std::vector<int64_t>& shape) {
+  if (v.empty()) return new_array<T>(shape);
+  auto* heap = new std::vector<T>(std::move(v));
+  const py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(std::vector<py::ssize_t>(shape.begin(), shape.end()), heap->data(), owner);
+}
+
 MatrixView<const float> matrix_of(const py::array& a, const char* what) {
   if (a.ndim() != 2)
     throw Error(std::string(what) + ": needs a 2-D array [rows, cols], got " + std::to_string(a.ndim()) + " dimension(s)");
@@ -243,27 +253,28 @@ py::dict quantize(const py::array& x, const std::string& quantizer, uint64_t see
   const bool float_scales = spec.scale == &float32;
   const int64_t scale_rows = grouped ? g.scale_row_offset.back() : q.scale_rows;
   const int64_t scale_cols = grouped ? g.scale_cols : q.scale_cols;
-  auto copy = [](auto arr, const auto& v) {
-    std::memcpy(arr.mutable_data(), v.data(), v.size() * sizeof(v[0]));
-    return arr;
-  };
+  // The result's vectors become the arrays' storage (adopt: no copy).
   py::dict d;
-  d["dequant"] = copy(new_array<float>({rows, cols}), grouped ? g.dequant : q.dequant);
-  d["codes"] = copy(new_array<uint8_t>({rows, cols}), grouped ? g.codes : q.codes);
-  const std::vector<float>& scale_values = grouped ? g.scales : q.scales;
-  d["scale_values"] = copy(new_array<float>({scale_rows, scale_cols}), scale_values);
+  d["dequant"] = adopt(std::move(grouped ? g.dequant : q.dequant), {rows, cols});
+  d["codes"] = adopt(std::move(grouped ? g.codes : q.codes), {rows, cols});
+  d["scale_values"] = adopt(std::move(grouped ? g.scales : q.scales), {scale_rows, scale_cols});
   if (float_scales)
     d["scales"] = d["scale_values"];
   else
-    d["scales"] = copy(new_array<uint8_t>({scale_rows, scale_cols}), grouped ? g.scale_codes : q.scale_codes);
+    d["scales"] = adopt(std::move(grouped ? g.scale_codes : q.scale_codes), {scale_rows, scale_cols});
   if (grouped) {
-    d["global_decode"] = copy(new_array<float>({int64_t(sizes.size())}), g.global_decode);
+    const int64_t ng = int64_t(sizes.size());
+    d["global_decode"] = adopt(std::move(g.global_decode), {ng});
     std::vector<int64_t> off(g.scale_row_offset.begin(), g.scale_row_offset.end());
-    d["scale_row_offset"] = copy(new_array<int64_t>({int64_t(off.size())}), off);
+    const int64_t noff = int64_t(off.size());
+    d["scale_row_offset"] = adopt(std::move(off), {noff});
   } else {
-    d["global_decode"] = copy(new_array<float>({1}), std::vector<float>{q.global_decode});
+    d["global_decode"] = adopt(std::vector<float>{q.global_decode}, {1});
   }
-  if (swizzled) d["swizzled"] = copy(new_array<uint8_t>({int64_t(sw.size())}), sw);
+  if (swizzled) {
+    const int64_t n = int64_t(sw.size());
+    d["swizzled"] = adopt(std::move(sw), {n});
+  }
   d["amax"] = amax;
   d["has_global_scale"] = spec.global_scale == GlobalScale::tensor_amax;
   d["spec"] = quantizer_to_json(spec).dump();
