@@ -5,7 +5,9 @@
     rank 1 with 12) all exit non-zero within seconds, each with one line naming rank 1's config
     hash against rank 0's, and no run directory is made;
   - a rank stopped mid-run (SIGSTOP) makes the other exit with "no answer from rank 1 within 5 s"
-    (distributed.timeout_s 5) and mpirun end, within the timeout plus a margin.
+    (distributed.timeout_s 5) and mpirun end, within the timeout plus a margin;
+  - a rank killed mid-run (SIGKILL) ends the job within seconds with a line naming it and the signal, leaves
+    no partial file, and the job resumes from its last checkpoint (written every step).
 Every launch has a subprocess timeout, so a hang fails the test instead of blocking CI.
 Usage: test_dp_faults.py FP4LAB MPIEXEC   (Python stdlib only; Linux: reads /proc to find rank 1)
 """
@@ -134,6 +136,70 @@ def main():
                         os.kill(stopped, signal.SIGCONT)
                     except OSError:
                         pass
+                for pid in rank_pids(p.pid).values():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                p.kill()
+                p.wait()
+
+        # (iii) rank 1 killed mid-run (SIGKILL, as the OOM killer does): the job ends within seconds, not
+        # exit 0, with a line naming rank 1 and the signal (mpirun's); rank 0's run directory holds no partial
+        # file and its last checkpoint (written every step here) is whole: the job resumes from it.
+        killed_cfg = dict(cfg, training=dict(cfg["training"], checkpoint_interval=1))
+        kpath = os.path.join(d, "killed.json")
+        with open(kpath, "w") as f:
+            json.dump(killed_cfg, f)
+        cmd = [mpiexec] + MPI_FLAGS + ["-np", "2", fp4lab, "train", kpath, "--quiet", "--set", "output.name=killed"]
+        metrics = os.path.join(runs, "killed", "metrics.jsonl")
+        err_path = os.path.join(d, "killed.err")
+        with open(err_path, "w") as err:
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and p.poll() is None:
+                if os.path.exists(metrics):
+                    with open(metrics) as f:
+                        if sum(1 for l in f if '"loss"' in l) >= 5:
+                            break
+                time.sleep(0.1)
+            pids = rank_pids(p.pid)
+            if p.poll() is not None or 1 not in pids:
+                failures.append(f"killed rank: the run did not get going (exit {p.poll()}, ranks {pids})")
+            else:
+                os.kill(pids[1], signal.SIGKILL)
+                t0 = time.monotonic()
+                try:
+                    rc = p.wait(timeout=5 + 40)
+                    took = time.monotonic() - t0
+                    with open(err_path) as f:
+                        err = f.read()
+                    named = [l for l in err.splitlines() if "rank 1" in l and ("signal 9" in l or "Killed" in l
+                                                                                 or "killed" in l)]
+                    print(f"test_dp_faults: rank 1 killed: exit {rc} after {took:.1f} s; {named[:1]}")
+                    if rc == 0:
+                        failures.append("killed rank: mpirun exited 0")
+                    if not named:
+                        failures.append(f"killed rank: no line names rank 1 and its signal; stderr: {err.strip()[-800:]}")
+                    rd = os.path.join(runs, "killed")
+                    partial = [n for n in os.listdir(rd) if ".tmp" in n or n.endswith(".part")] if os.path.isdir(rd) else []
+                    if partial:
+                        failures.append(f"killed rank: partial files left in the run directory: {partial}")
+                    # The last checkpoint is whole: the 2-rank job resumes from it (stopped by SIGTERM after 6 s).
+                    r = subprocess.run(["timeout", "-s", "TERM", "6", mpiexec] + MPI_FLAGS +
+                                       ["-np", "2", fp4lab, "train", kpath, "--resume", "--set", "output.name=killed"],
+                                       capture_output=True, text=True, timeout=60, start_new_session=True)
+                    resumed = [l for l in r.stderr.splitlines() if l.startswith("resuming ") and " at step " in l]
+                    print(f"test_dp_faults: resumed after the kill: {resumed[:1]}")
+                    if not resumed or "error" in " ".join(l for l in r.stderr.splitlines()
+                                                          if "checkpoint" in l and "SIGTERM" not in l):
+                        failures.append(f"killed rank: the run did not resume from its checkpoint: "
+                                        f"{r.stderr.strip()[-800:]}")
+                except subprocess.TimeoutExpired:
+                    failures.append("killed rank: mpirun still running 45 s after rank 1 was killed (a hang)")
+        finally:
+            if p.poll() is None:
                 for pid in rank_pids(p.pid).values():
                     try:
                         os.kill(pid, signal.SIGKILL)
