@@ -23,25 +23,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// test::tiny_gpt_config with 2 layers, 12 steps (no warmup), evaluations every 6, seed 5.
 json gpt2(const std::string& text, const std::string& out, const json& recipe = "fp32") {
-  return json{
-      {"name", "lr"},
-      {"model", {{"type", "gpt"}, {"layers", 2}, {"heads", 2}, {"width", 16}, {"context", 16}, {"dropout", 0.1}}},
-      {"data", {{"type", "char"}, {"path", text}}},
-      {"training",
-       {{"batch_size", 4}, {"steps", 12}, {"lr", 1e-2}, {"eval_interval", 6}, {"eval_iters", 2}, {"log_interval", 3}}},
-      {"recipe", recipe},
-      {"seed", 5},
-      {"output", {{"dir", out}}}};
-}
-
-std::string error_of(const json& j) {
-  try {
-    config_from_json(j);
-  } catch (const fp4lab::Error& e) {
-    return e.what();
-  }
-  return "";
+  json j = test::tiny_gpt_config(text, out, recipe);
+  j["name"] = "lr";
+  j["model"]["layers"] = 2;
+  j["training"] = {{"batch_size", 4}, {"steps", 12}, {"lr", 1e-2}, {"eval_interval", 6}, {"eval_iters", 2},
+                   {"log_interval", 3}};
+  j["seed"] = 5;
+  return j;
 }
 
 struct Tmp {
@@ -50,8 +40,7 @@ struct Tmp {
   explicit Tmp(const char* name) : dir(fs::temp_directory_path() / name) {
     fs::remove_all(dir);
     fs::create_directories(dir);
-    text = (dir / "text.txt").string();
-    std::ofstream(text) << fp4lab::train::test::words_corpus();
+    text = test::write_words_corpus(dir);
   }
   ~Tmp() { fs::remove_all(dir); }
 };
@@ -138,7 +127,7 @@ TEST_CASE("layer_recipes errors name the key, the valid forms and the model's la
   auto err = [&](const json& rules) {
     json k = j;
     k["layer_recipes"] = rules;
-    return error_of(k);
+    return test::config_error(k);
   };
   std::string e = err(json::array({{{"layers", "blocks.0.*"}, {"recipe", "bf16"}}}));
   CHECK(e.find("config.layer_recipes[0].layers: \"blocks.0.*\" matches no layer") != std::string::npos);
@@ -169,18 +158,18 @@ TEST_CASE("layer_recipes errors name the key, the valid forms and the model's la
   // eval_recipe: a recipe without a switch.
   json k = j;
   k["eval_recipe"] = 7;
-  CHECK(error_of(k).find("config.eval_recipe: 7: expected a recipe name") != std::string::npos);
+  CHECK(test::config_error(k).find("config.eval_recipe: 7: expected a recipe name") != std::string::npos);
   k["eval_recipe"] = {{"extends", "nvfp4"}, {"switch_to", "bf16"}, {"switch_fraction", 0.5}};
-  CHECK(error_of(k).find("config.eval_recipe: \"nvfp4_custom\" has switch_to") != std::string::npos);
+  CHECK(test::config_error(k).find("config.eval_recipe: \"nvfp4_custom\" has switch_to") != std::string::npos);
   k["eval_recipe"] = "nope";
-  CHECK(error_of(k).find("config.eval_recipe: ") != std::string::npos);
+  CHECK(test::config_error(k).find("config.eval_recipe: ") != std::string::npos);
   // MoE routers run FP32 unless quantize_router: a rule for them alone does nothing, so it is an error.
   json moe = j;
   moe["model"]["moe"] = {{"experts", 2}, {"top_k", 1}};
   moe["layer_recipes"] = json::array({{{"layers", "*.router"}, {"recipe", "bf16"}}});
-  CHECK(error_of(moe).find("matches only MoE routers") != std::string::npos);
+  CHECK(test::config_error(moe).find("matches only MoE routers") != std::string::npos);
   moe["model"]["moe"]["quantize_router"] = true;
-  CHECK(error_of(moe).empty());
+  CHECK(test::config_error(moe).empty());
 }
 
 TEST_CASE("a run with layer_recipes mapping every layer to R is bit-identical to the run with recipe R") {

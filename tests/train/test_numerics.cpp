@@ -264,23 +264,13 @@ TEST_CASE("the CPU linear layer measures its six operands only under a recorder,
 
 namespace {
 
-std::string fixture_text(const fs::path& dir) {
-  fs::create_directories(dir);
-  const fs::path p = dir / "text.txt";
-  std::ofstream(p) << fp4lab::train::test::words_corpus();
-  return p.string();
-}
-
+// test::tiny_gpt_config measured every `every` steps.
 json tiny(const std::string& text, const std::string& out, const std::string& recipe, int64_t steps, int64_t every) {
-  return json{{"name", "tiny"},
-              {"model", {{"type", "gpt"}, {"layers", 1}, {"heads", 2}, {"width", 16}, {"context", 16}, {"dropout", 0.1}}},
-              {"data", {{"type", "char"}, {"path", text}}},
-              {"training",
-               {{"batch_size", 4}, {"steps", steps}, {"lr", 1e-2}, {"warmup_steps", 5}, {"eval_interval", 10},
-                {"eval_iters", 2}, {"log_interval", 5}}},
-              {"recipe", recipe},
-              {"seed", 3},
-              {"output", {{"dir", out}, {"numerics_interval", every}}}};
+  json j = test::tiny_gpt_config(text, out, recipe);
+  j["training"]["steps"] = steps;
+  j["training"]["eval_interval"] = 10;
+  j["output"]["numerics_interval"] = every;
+  return j;
 }
 
 std::vector<std::string> file_lines(const fs::path& p) {
@@ -295,7 +285,7 @@ std::vector<std::string> file_lines(const fs::path& p) {
 TEST_CASE("a short run with output.numerics_interval writes one line per (step, layer, operand); resume keeps them") {
   const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_numerics_run";
   fs::remove_all(tmp);
-  const std::string text = fixture_text(tmp);
+  const std::string text = test::write_words_corpus(tmp);
   std::ostringstream log;
   RunOptions o;
   o.log = &log;

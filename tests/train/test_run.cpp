@@ -19,53 +19,14 @@ using namespace fp4lab::train;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-namespace {
-
-// A generated char corpus: a repeating pattern with a little variety (learnable).
-std::string fixture_text(const fs::path& dir) {
-  fs::create_directories(dir);
-  const fs::path p = dir / "text.txt";
-  std::ofstream(p) << fp4lab::train::test::words_corpus();
-  return p.string();
-}
-
-json tiny_gpt(const std::string& text, const std::string& out, const std::string& recipe = "fp32") {
-  return json{
-      {"name", "tiny"},
-      {"model", {{"type", "gpt"}, {"layers", 1}, {"heads", 2}, {"width", 16}, {"context", 16}, {"dropout", 0.1}}},
-      {"data", {{"type", "char"}, {"path", text}}},
-      {"training",
-       {{"batch_size", 4},
-        {"steps", 60},
-        {"lr", 1e-2},
-        {"warmup_steps", 5},
-        {"eval_interval", 20},
-        {"eval_iters", 2},
-        {"log_interval", 5}}},
-      {"recipe", recipe},
-      {"seed", 3},
-      {"output", {{"dir", out}}}};
-}
-
-std::string error_of(const json& j) {
-  try {
-    config_from_json(j);
-  } catch (const fp4lab::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
-
 TEST_CASE("a tiny GPT run reduces the loss and writes its run directory") {
   const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_run_e2e";
   fs::remove_all(tmp);
-  const std::string text = fixture_text(tmp);
+  const std::string text = test::write_words_corpus(tmp);
   std::ostringstream log;
   RunOptions o;
   o.log = &log;
-  RunResult r = run_training(config_from_json(tiny_gpt(text, (tmp / "runs").string())), o);
+  RunResult r = run_training(config_from_json(test::tiny_gpt_config(text, (tmp / "runs").string())), o);
   CHECK(r.status == "completed");
   REQUIRE(r.step_losses.size() == 60);
   double first = 0, last = 0;
@@ -79,7 +40,7 @@ TEST_CASE("a tiny GPT run reduces the loss and writes its run directory") {
   CHECK(evals == 4);  // steps 0, 20, 40, 60
   CHECK(r.summary["best"].get<double>() <= r.summary["final"].get<double>() + 1e-12);
   // An existing directory is refused without --force.
-  CHECK_THROWS_AS(run_training(config_from_json(tiny_gpt(text, (tmp / "runs").string())), o), fp4lab::Error);
+  CHECK_THROWS_AS(run_training(config_from_json(test::tiny_gpt_config(text, (tmp / "runs").string())), o), fp4lab::Error);
   // compare without a plot
   CompareResult c = compare_runs({r.dir}, CompareOptions{"-", ""});
   CHECK(c.table.find("val_loss") != std::string::npos);
@@ -89,11 +50,11 @@ TEST_CASE("a tiny GPT run reduces the loss and writes its run directory") {
 TEST_CASE("resume continues bit-exactly (quantized recipe with stochastic rounding and dropout)") {
   const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_run_resume";
   fs::remove_all(tmp);
-  const std::string text = fixture_text(tmp);
+  const std::string text = test::write_words_corpus(tmp);
   std::ostringstream log;
   RunOptions o;
   o.log = &log;
-  json a = tiny_gpt(text, (tmp / "a").string(), "nvfp4");
+  json a = test::tiny_gpt_config(text, (tmp / "a").string(), "nvfp4");
   a["training"]["steps"] = 30;
   json b = a;
   b["output"]["dir"] = (tmp / "b").string();
@@ -120,12 +81,12 @@ TEST_CASE("resume continues bit-exactly (quantized recipe with stochastic roundi
 TEST_CASE("training.loss_scale: a power of two leaves an FP32 run bit-identical; it changes what FP4 operands see") {
   const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_run_loss_scale";
   fs::remove_all(tmp);
-  const std::string text = fixture_text(tmp);
+  const std::string text = test::write_words_corpus(tmp);
   std::ostringstream log;
   RunOptions o;
   o.log = &log;
   auto run = [&](const std::string& recipe, double ls, const std::string& dir) {
-    json j = tiny_gpt(text, (tmp / dir).string(), recipe);
+    json j = test::tiny_gpt_config(text, (tmp / dir).string(), recipe);
     j["training"]["steps"] = 12;
     j["training"]["loss_scale"] = ls;
     return run_training(config_from_json(j), o);
@@ -146,34 +107,34 @@ TEST_CASE("training.loss_scale: a power of two leaves an FP32 run bit-identical;
 }
 
 TEST_CASE("config validation errors name the JSON path") {
-  json j = tiny_gpt("x.txt", "runs");
+  json j = test::tiny_gpt_config("x.txt", "runs");
   json bad = j;
   bad["training"]["lr_max"] = 1;
-  CHECK(error_of(bad).find("config.training.lr_max: unknown key") != std::string::npos);
+  CHECK(test::config_error(bad).find("config.training.lr_max: unknown key") != std::string::npos);
   bad = j;
   bad["model"]["type"] = "rnn";
-  CHECK(error_of(bad).find("config.model.type") != std::string::npos);
+  CHECK(test::config_error(bad).find("config.model.type") != std::string::npos);
   bad = j;
   bad["training"]["batch_size"] = "12";
-  CHECK(error_of(bad).find("config.training.batch_size") != std::string::npos);
+  CHECK(test::config_error(bad).find("config.training.batch_size") != std::string::npos);
   bad = j;
   bad["recipe"] = "nvfp5";
-  CHECK(error_of(bad).find("config.recipe") != std::string::npos);
+  CHECK(test::config_error(bad).find("config.recipe") != std::string::npos);
   bad = j;
   bad["model"]["heads"] = 3;
-  CHECK(error_of(bad).find("config.model.width") != std::string::npos);
+  CHECK(test::config_error(bad).find("config.model.width") != std::string::npos);
   bad = j;
   bad["data"]["type"] = "mnist";
-  CHECK(error_of(bad).find("config.data.type") != std::string::npos);
+  CHECK(test::config_error(bad).find("config.data.type") != std::string::npos);
   bad = j;
   bad["model"]["dropout"] = 1.5;
-  CHECK(error_of(bad).find("config.model.dropout") != std::string::npos);
+  CHECK(test::config_error(bad).find("config.model.dropout") != std::string::npos);
   for (const double ls : {0.0, -2.0, 1e40}) {
     bad = j;
     bad["training"]["loss_scale"] = ls;
-    CHECK(error_of(bad).find("config.training.loss_scale") != std::string::npos);
+    CHECK(test::config_error(bad).find("config.training.loss_scale") != std::string::npos);
   }
-  CHECK(error_of(j).empty());
+  CHECK(test::config_error(j).empty());
   // --set with dotted keys
   apply_set(j, "training.lr=3e-4");
   apply_set(j, "output.name=abc");
@@ -186,8 +147,8 @@ TEST_CASE("config validation errors name the JSON path") {
 TEST_CASE("a NaN/Inf loss stops the run with a clear error and keeps the last good checkpoint") {
   const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_run_nan";
   fs::remove_all(tmp);
-  const std::string text = fixture_text(tmp);
-  json j = tiny_gpt(text, (tmp / "runs").string());
+  const std::string text = test::write_words_corpus(tmp);
+  json j = test::tiny_gpt_config(text, (tmp / "runs").string());
   j["training"]["lr"] = 1e30;
   j["training"]["warmup_steps"] = 0;
   j["training"]["eval_interval"] = 1;
@@ -249,13 +210,13 @@ struct Lifecycle {
   RunOptions o;
   explicit Lifecycle(const char* name) : tmp(fs::temp_directory_path() / name) {
     fs::remove_all(tmp);
-    text = fixture_text(tmp);
+    text = test::write_words_corpus(tmp);
     o.log = &log;
     o.progress = false;
   }
   ~Lifecycle() { fs::remove_all(tmp); }
   json cfg(int steps = 20) const {
-    json j = tiny_gpt(text, (tmp / "runs").string());
+    json j = test::tiny_gpt_config(text, (tmp / "runs").string());
     j["training"]["steps"] = steps;
     j["training"]["eval_interval"] = 10;
     return j;
@@ -408,37 +369,37 @@ TEST_CASE("resume drops a torn last line of metrics.jsonl with a warning") {
 }
 
 TEST_CASE("config checks: run names, threads, seed range, a warmup longer than the run") {
-  const json j = tiny_gpt("x.txt", "runs");
+  const json j = test::tiny_gpt_config("x.txt", "runs");
   for (const char* name : {"../../escape", "a/b", "..", ""}) {
     json bad = j;
     bad["name"] = name;
-    CHECK(error_of(bad).find("config.name: \"" + std::string(name) + "\" cannot name a run directory") !=
+    CHECK(test::config_error(bad).find("config.name: \"" + std::string(name) + "\" cannot name a run directory") !=
           std::string::npos);
     bad = j;
     bad["output"]["name"] = name;
-    if (*name) CHECK(error_of(bad).find("config.output.name") != std::string::npos);
+    if (*name) CHECK(test::config_error(bad).find("config.output.name") != std::string::npos);
   }
   for (int t : {-3, 1025, 100000}) {
     json bad = j;
     bad["threads"] = t;
-    CHECK(error_of(bad).find("config.threads: " + std::to_string(t) +
+    CHECK(test::config_error(bad).find("config.threads: " + std::to_string(t) +
                              " is not valid; valid: 0 (OpenMP's default) or 1..1024") != std::string::npos);
   }
   for (int t : {0, 1, 1024}) {
     json ok = j;
     ok["threads"] = t;
-    CHECK(error_of(ok).empty());
+    CHECK(test::config_error(ok).empty());
   }
   json bad = j;
   apply_set(bad, "seed=-1");
-  CHECK(error_of(bad).find("config.seed: -1 is out of range; valid: an integer in 0..18446744073709551615") !=
+  CHECK(test::config_error(bad).find("config.seed: -1 is out of range; valid: an integer in 0..18446744073709551615") !=
         std::string::npos);
   bad = j;
   apply_set(bad, "seed=18446744073709551616");
-  CHECK(error_of(bad).find("config.seed: 18446744073709551616 is out of range") != std::string::npos);
+  CHECK(test::config_error(bad).find("config.seed: 18446744073709551616 is out of range") != std::string::npos);
   json ok = j;
   apply_set(ok, "seed=18446744073709551615");
-  CHECK(error_of(ok).empty());
+  CHECK(test::config_error(ok).empty());
   CHECK(config_from_json(ok).seed == 18446744073709551615ull);
   // warmup_steps >= steps: a one-line warning, the run goes on
   Lifecycle L("fp4lab_test_run_warmup");
@@ -452,8 +413,8 @@ TEST_CASE("config checks: run names, threads, seed range, a warmup longer than t
 TEST_CASE("output.capture_step writes every linear layer's x, w and dy of that step") {
   const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_run_capture";
   fs::remove_all(tmp);
-  const std::string text = fixture_text(tmp);
-  json j = tiny_gpt(text, (tmp / "runs").string(), "nvfp4");
+  const std::string text = test::write_words_corpus(tmp);
+  json j = test::tiny_gpt_config(text, (tmp / "runs").string(), "nvfp4");
   j["training"]["steps"] = 6;
   j["model"]["dropout"] = 0.0;
   j["output"]["capture_step"] = 3;
@@ -483,6 +444,6 @@ TEST_CASE("output.capture_step writes every linear layer's x, w and dy of that s
     CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
   json bad = j;
   bad["output"]["capture_step"] = -2;
-  CHECK(error_of(bad).find("output.capture_step") != std::string::npos);
+  CHECK(test::config_error(bad).find("output.capture_step") != std::string::npos);
   fs::remove_all(tmp);
 }
