@@ -25,6 +25,7 @@
 #include "core/format_dispatch.hpp"
 #include "core/philox.hpp"
 #include "sim/block_scales.hpp"
+#include "sim/element_stats.hpp"
 #include "sim/fp4tk.hpp"
 #include "sim/nvfp4_options.hpp"
 #include "sim/rht.hpp"
@@ -495,27 +496,22 @@ QuantStats quant_stats(const QuantizedTensor& qt, MatrixView<const float> x_in) 
     s.scale_underflows += (f & flag_underflow) ? 1 : 0;
     s.scale_overflows += (f & flag_overflow) ? 1 : 0;
   }
-  const uint32_t maxmag = qt.spec.element->max_magnitude_code();
-  const uint32_t magmask = qt.spec.element->is_int ? 0xFFu : qt.spec.element->magnitude_mask();
-  const bool is_int = qt.spec.element->is_int;
+  const ElementRule er = element_rule(*qt.spec.element);
   double sig = 0, err = 0, maxerr = 0;
   int64_t flushed = 0, nonzero = 0, saturated = 0;
   for (int64_t r = 0; r < x.rows; ++r) {
     for (int64_t c = 0; c < x.cols; ++c) {
-      const double v = x(r, c);
-      const double d = qt.dequant[size_t(r * x.cols + c)];
-      const uint32_t code = qt.codes[size_t(r * x.cols + c)];
+      const float vf = x(r, c), df = qt.dequant[size_t(r * x.cols + c)];
+      const double v = vf, d = df;
       sig += v * v;
       const double e = v - d;
       err += e * e;
       maxerr = std::isnan(e) || std::isnan(maxerr) ? std::nan("") : std::max(maxerr, std::fabs(e));
-      if (v != 0.0 && !std::isnan(v)) {
-        ++nonzero;
-        if (d == 0.0) ++flushed;
-      }
-      // Clamped: the code is +-max and the input lies beyond its value.
-      const uint32_t mag = is_int ? (code >= 0x80u ? 0x100u - code : code) : (code & magmask);
-      if ((mag == maxmag || (is_int && mag == 0x80u)) && std::fabs(v) > std::fabs(d) && !std::isnan(d)) ++saturated;
+      // nonzero, flushed, saturated: sim/element_stats.hpp (the training statistics' definition too).
+      const uint32_t f = element_flags(vf, df, qt.codes[size_t(r * x.cols + c)], er);
+      nonzero += (f & kNumNonzero) ? 1 : 0;
+      flushed += (f & kNumFlushed) ? 1 : 0;
+      saturated += (f & kNumSaturated) ? 1 : 0;
     }
   }
   const double n = double(std::max<int64_t>(1, x.rows * x.cols));

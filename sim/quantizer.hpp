@@ -115,6 +115,7 @@ struct QuantStats {
   double max_abs_error = 0;      // NaN when any input or output is NaN (never a claim of exactness then)
   double flushed_to_zero = 0;    // fraction of non-zero inputs whose dequantized value is 0
   double saturated = 0;          // fraction of elements clamped to +-max of the element format
+                                 // (flushed and saturated: sim/element_stats.hpp's definitions)
   int64_t scale_underflows = 0;  // blocks whose scale underflowed the scale format
   int64_t scale_overflows = 0;   // blocks whose scale overflowed the scale format
 };

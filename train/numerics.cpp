@@ -15,10 +15,6 @@
 
 namespace fp4lab::train {
 
-ElementRule element_rule(const Format& f) {
-  return ElementRule{f.max_magnitude_code(), f.is_int ? 0xFFu : f.magnitude_mask(), f.is_int};
-}
-
 std::array<uint8_t, 256> scale_class_table(const QuantizerSpec& q) {
   const std::array<float, 256> t = decode_table(*q.scale);
   float minpos = INFINITY, maxfin = 0;

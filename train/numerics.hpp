@@ -12,17 +12,10 @@
 // quantizer_domain): statistics compare t with q's dequantized output in that
 // same domain (RHT operands count against the RHT'd input, never against the
 // raw x). Per element (v = t, d = dequant, code = element code):
-//   nan        v is NaN (excluded from every other element statistic but inexact's denominator)
-//   nonzero    v != 0 and v not NaN (Inf counts)
-//   flushed    nonzero and d == 0 (+0 or -0): a value the quantizer flushed to zero
-//   saturated  the element code's magnitude is the element format's largest
-//              (E2M1 6; int8 127 or -128) and |v| > |d| and d not NaN: the
-//              scaled value lay beyond the element max and was clamped; d != 0:
-//              an element of a block whose scale is 0 (an underflowed ue4m3
-//              scale) is flushed, not saturated (sim's quant_stats counts it
-//              as saturated when its code came out as the max)
-//   inexact    v not NaN and d != v (-0 == +0; a NaN d is inexact)
-//   finite     v and d both finite: the elements of the float64 sums
+//   nan, nonzero, flushed, saturated, inexact, finite: sim/element_stats.hpp's
+//              element_flags (the one definition, quant_stats' too); NaN
+//              inputs count in nan and in no other statistic but the
+//              denominators; finite elements are the float64 sums' terms
 // Per block of q's grid (sim/block_scales.hpp block_grid; [0,0] = one block),
 // amax_bits = max over its elements of |v|'s bit pattern (NaN patterns win):
 //   zero block   amax 0 (every element +-0): neither floor nor ceiling
@@ -72,13 +65,12 @@
 #include "core/hd.hpp"
 #include "core/tensor.hpp"
 #include "recipes/linear_plan.hpp"
+#include "sim/element_stats.hpp"
 #include "sim/quantizer.hpp"
 
 namespace fp4lab::train {
 
 // ---- the per-element and per-block rules (host and device) --------------------------------------
-inline constexpr uint32_t kNumNan = 1, kNumNonzero = 2, kNumFlushed = 4, kNumSaturated = 8, kNumInexact = 16,
-                          kNumFinite = 32;
 inline constexpr uint8_t kScaleFloor = 1, kScaleCeil = 2;
 inline constexpr int64_t kNumericsLanes = 131072;  // lanes of the float64 sums (a power of two)
 inline constexpr int64_t kNumericsLaneGroup = 256;  // lanes per CUDA thread block: the tree's first 8 levels
@@ -91,34 +83,6 @@ FP4LAB_HD inline double numerics_tree_sum(double* s, int64_t n) {
   for (int64_t h = 1; h < n; h *= 2)
     for (int64_t j = 0; j + h < n; j += 2 * h) s[j] = s[j] + s[j + h];
   return n > 0 ? s[0] : 0.0;
-}
-
-struct ElementRule {
-  uint32_t maxmag = 0;   // Format::max_magnitude_code()
-  uint32_t magmask = 0;  // Format::magnitude_mask(), 0xFF for integers
-  bool is_int = false;
-};
-ElementRule element_rule(const Format& f);
-
-FP4LAB_HD inline bool num_is_nan(float v) { return v != v; }
-FP4LAB_HD inline bool num_is_finite(float v) { return v - v == 0.0f; }
-FP4LAB_HD inline float num_abs(float v) { return v < 0.0f ? -v : v; }
-
-// The flags kNum* of one element (input v, dequantized d, element code).
-FP4LAB_HD inline uint32_t element_flags(float v, float d, uint32_t code, const ElementRule& e) {
-  uint32_t f = 0;
-  const bool vnan = num_is_nan(v);
-  if (vnan) f |= kNumNan;
-  if (v != 0.0f && !vnan) {
-    f |= kNumNonzero;
-    if (d == 0.0f) f |= kNumFlushed;
-  }
-  const uint32_t mag = e.is_int ? (code >= 0x80u ? 0x100u - code : code) : (code & e.magmask);
-  if ((mag == e.maxmag || (e.is_int && mag == 0x80u)) && num_abs(v) > num_abs(d) && !num_is_nan(d) && d != 0.0f)
-    f |= kNumSaturated;
-  if (!vnan && !(d == v)) f |= kNumInexact;
-  if (num_is_finite(v) && num_is_finite(d)) f |= kNumFinite;
-  return f;
 }
 
 // |v|'s bit pattern (the block amax is the max of these: NaN patterns win).
