@@ -5,7 +5,10 @@
 //
 // Tensors are 2-D row-major float32 in the backend's memory (host memory for
 // the CPU backend). A Tensor either owns its memory (`mem`) or is a view into
-// another buffer (the flat parameter buffer, a slice of an activation).
+// another buffer (the flat parameter buffer, a slice of an activation). A
+// Tensor with a shape and data null holds no FP32 values: a producer's output
+// written in BF16 alone (ProducerOutputs::f32 false), read only by the
+// consumers that asked for it.
 // All row counts are "tokens" (batch x sequence collapsed), all column counts
 // are features. Integer inputs (token ids, class labels) are host arrays.
 //
@@ -35,9 +38,9 @@ struct IndexRange {
 // ranges are sorted, disjoint and inside [0, n).
 void check_ranges(const char* what, std::span<const IndexRange> ranges, int64_t n);
 
-// What a linear layer wants of its input's (grad: output gradient's) producer
-// besides the values: the two tensor amaxes of its NVFP4 operands' global
-// scales (Backend::linear_amax_request).
+// The tensor amaxes a linear layer's one-pass NVFP4 quantization of its
+// input x (grad: output gradient dy) needs for its global scales: of the
+// tensor, and (rht) of its RHT down 16-row column chunks.
 struct AmaxRequest {
   bool rht = false;       // the second amax is of the RHT down 16-row column chunks
   uint64_t rht_seed = 0;  // its signs (sim/rht.hpp)
@@ -59,20 +62,50 @@ struct Tensor {
   float* data = nullptr;
   int64_t rows = 0, cols = 0;
   std::shared_ptr<float[]> mem;  // null for views
-  // Optional BF16 companion (Backend::add_bf16_companion): size() BF16 values
-  // in the backend's memory, the round-to-nearest-even BF16 of data once one of
-  // the ops documented as writing it has written the tensor. bf16_mem owns it.
-  uint16_t* bf16 = nullptr;
-  std::shared_ptr<float[]> bf16_mem;
-  // Optional tensor-amax companion (Backend::add_amax_companion): two uint32
-  // words in the backend's memory for the amaxes `amax_request` names, valid
-  // once `amax_written` (set by the ops documented as writing it).
-  uint32_t* amax = nullptr;
-  std::shared_ptr<float[]> amax_mem;
-  AmaxRequest amax_request;
-  bool amax_written = false;
   int64_t size() const { return rows * cols; }
   float* row(int64_t r) const { return data + r * cols; }
+};
+
+// Producer outputs: what a producer op (LayerNorm, GELU, attention, the
+// dropout gradients) writes for the linear layer that consumes its output,
+// besides or instead of the FP32 values, so that the layer does not read the
+// tensor once more for it. The model asks the consumer what it needs
+// (Backend::linear_input_needs), has the backend allocate it
+// (Backend::producer_outputs), hands the object to the producer, then to the
+// consumer's linear_forward (x) or linear_backward (dy). No other op sees it.
+//
+// What a linear layer's plan wants of the producer of its input x (grad: of
+// its output gradient dy):
+struct LinearInputNeeds {
+  // Both GEMM operands of the tensor are its round-to-nearest-even BF16 and
+  // nothing else (the bf16 recipe; a layer kept in BF16): the producer can write that rounding.
+  bool bf16 = false;
+  // The tensor amaxes of its one-pass NVFP4 quantization of both operands.
+  std::optional<AmaxRequest> amax;
+  bool operator==(const LinearInputNeeds&) const = default;
+};
+
+// The buffers of one producer's outputs for a [rows, cols] tensor (backend
+// memory; contents unspecified until written). A producer writes what it can
+// and says so in *_written; a consumer uses only what is written and makes the
+// rest itself (the same bits: a producer output only replaces the layer's own
+// identical work, tests/train/cuda/test_backend.cpp).
+struct ProducerOutputs {
+  int64_t rows = 0, cols = 0;
+  // rows*cols BF16 values, the RNE BF16 of the FP32 output; null: not wanted.
+  uint16_t* bf16 = nullptr;
+  std::shared_ptr<float[]> bf16_mem;  // owns bf16 (a consumer may keep a reference past the producer)
+  bool bf16_written = false;
+  // Two uint32 words: the amax bits `request` names (abs_bits of the tensor,
+  // and of its RHT); null: not wanted.
+  uint32_t* amax = nullptr;
+  std::shared_ptr<float[]> amax_mem;
+  AmaxRequest request;
+  bool amax_written = false;
+  // false: the FP32 output is not written at all (its Tensor has data null;
+  // output_tensor in train/model.hpp) and the BF16 stands alone. Only where
+  // the consumers read nothing but bf16.
+  bool f32 = true;
 };
 
 // A view of `rows x cols` floats at `p` (no ownership).
@@ -146,10 +179,14 @@ class Backend {
   // x must not be modified until the linear_backward of this state: a backend
   // may keep a reference to an owned x (Tensor::mem) instead of a copy, as
   // PyTorch's autograd keeps its inputs (the CUDA backend does, for FP32 x).
+  // x_from (dy_from): what x's (dy's) producer wrote for this layer (null:
+  // nothing); a layer takes only what is written, and x.data (dy.data) may be
+  // null only where x_from->bf16 is written and the plan reads nothing else
+  // (ProducerOutputs::f32 false).
   virtual void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                              std::unique_ptr<LinearState>& state) = 0;
+                              std::unique_ptr<LinearState>& state, const ProducerOutputs* x_from = nullptr) = 0;
   virtual void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
-                               Tensor& dx, Tensor& dw_acc, float* db_acc) = 0;
+                               Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from = nullptr) = 0;
   // The same for a context planned on the spot (callers outside a model's pass: LinearFunction, tests).
   void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state) {
@@ -160,55 +197,31 @@ class Backend {
     linear_backward(plan_layer(ctx), state, w, dy, dx, dw_acc, db_acc);
   }
 
-  // BF16 companions: a producer writes the BF16 GEMM operand of the linear
-  // layer it feeds in the same pass as its FP32 output, instead of the layer
-  // rounding that output in a pass of its own. Does this backend read the
-  // companion of the linear layer of ctx's input x (grad: of its output
-  // gradient dy)? True only where that layer's plan makes both GEMM operands
-  // of the tensor by plain BF16 rounding. Default: never.
-  virtual bool linear_reads_bf16(const LayerPlan& l, bool grad) {
-    (void)l, (void)grad;
-    return false;
-  }
-  bool linear_reads_bf16(const LinearContext& ctx, bool grad) { return linear_reads_bf16(plan_layer(ctx), grad); }
-  // Gives t a companion (contents unspecified); backends that never read one
-  // do nothing. Written by: layernorm_forward (y), gelu_forward (y),
-  // gelu_backward (dx), attention_forward (out), attention_backward (dqkv),
-  // dropout_backward (dy), dropout_backward_to and add_dropout_backward_to
-  // (dst). Every other op that writes a tensor leaves its
-  // companion stale, so one of those must write it last.
-  // drop_f32: nothing will read t's FP32 values, only the companion (the
-  // caller's promise: t's sole readers are linear layers for which
-  // linear_reads_bf16 is true, with no bias when t is an output gradient). A
-  // backend that gives t a companion may then free t's FP32 values (t.data =
-  // null); the companion writers above, except the in-place dropout_backward,
-  // then write the companion alone.
-  virtual void add_bf16_companion(Tensor& t, bool drop_f32 = false) { (void)t, (void)drop_f32; }
-
-  // Tensor-amax companions: a producer computes the tensor amaxes that the
-  // NVFP4 quantization of the linear layer it feeds needs (its global scales),
-  // in the same pass as its output, instead of the layer reading the tensor
-  // once more for them. What the layer of ctx's input x (grad: its output
-  // gradient dy), of shape [rows, cols], wants; nothing where its plan needs no
-  // amax or the backend computes it itself. Default: nothing.
-  virtual std::optional<AmaxRequest> linear_amax_request(const LayerPlan& l, bool grad, int64_t rows, int64_t cols) {
+  // Producer outputs (see ProducerOutputs above). What the layer of plan l
+  // wants of the producer of its x (grad: of its dy), a [rows, cols] tensor.
+  // Default: nothing (the layer makes every operand itself).
+  virtual LinearInputNeeds linear_input_needs(const LayerPlan& l, bool grad, int64_t rows, int64_t cols) {
     (void)l, (void)grad, (void)rows, (void)cols;
-    return std::nullopt;
+    return {};
   }
-  std::optional<AmaxRequest> linear_amax_request(const LinearContext& ctx, bool grad, int64_t rows, int64_t cols) {
-    return linear_amax_request(plan_layer(ctx), grad, rows, cols);
+  LinearInputNeeds linear_input_needs(const LinearContext& ctx, bool grad, int64_t rows, int64_t cols) {
+    return linear_input_needs(plan_layer(ctx), grad, rows, cols);
   }
-  // Gives t an amax companion for r (amax_written false). Written (and
-  // amax_written set) by: gelu_forward (y), gelu_backward (dx),
-  // dropout_backward_to and add_dropout_backward_to (dst). Other producers
-  // leave it unwritten (the layer then computes the amaxes itself); an op that
-  // changes t after its writer leaves it stale, so none may. Default: nothing.
-  virtual void add_amax_companion(Tensor& t, const AmaxRequest& r) { (void)t, (void)r; }
+  // Buffers for `needs` of a [rows, cols] tensor (f32 true). Default: only
+  // for empty needs (a backend that states needs allocates their buffers).
+  virtual ProducerOutputs producer_outputs(const LinearInputNeeds& needs, int64_t rows, int64_t cols) {
+    FP4LAB_CHECK(!needs.bf16 && !needs.amax, "backend " + name() + " states input needs it cannot allocate");
+    ProducerOutputs o;
+    o.rows = rows;
+    o.cols = cols;
+    return o;
+  }
 
   // LayerNorm over each row: y = (x - mean) * rstd * gamma + beta (beta may be
   // null: nanoGPT's bias=False). mean/rstd [rows] are saved for backward.
+  // out: its consumer's producer outputs (may be null), here BF16 only (no amax).
   virtual void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y,
-                                 Tensor& mean, Tensor& rstd) = 0;
+                                 Tensor& mean, Tensor& rstd, ProducerOutputs* out = nullptr) = 0;
   // dx written; dgamma/dbeta accumulated (dbeta may be null). With a residual
   // (same shape as x), dx = LayerNorm's input gradient + residual, one float
   // add per element: the bits of layernorm_backward then add_inplace(dx, *residual).
@@ -217,34 +230,40 @@ class Backend {
                                   const Tensor* residual = nullptr) = 0;
 
   // GELU, exact erf form (PyTorch nn.GELU()): y = x * Phi(x).
-  virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;
-  virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  // out: y's (dx's) consumer's producer outputs (may be null): BF16 and amaxes.
+  virtual void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* out = nullptr) = 0;
+  virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* out = nullptr) = 0;
 
   // Multi-head self-attention core on qkv [B*T, 3C] (q | k | v column blocks,
   // head h = columns h*hd..(h+1)*hd of each block): out [B*T, C].
   // probs [B*H*T, T] saves the softmax probabilities (before dropout); with
   // s.bf16_flash it is [B*H*T, attention_saved_cols] (CUDA backend only).
+  // o: out's (dqkv's) consumer's producer outputs (may be null), here BF16 only (no amax).
   virtual void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
-                                 DropoutKey key) = 0;
+                                 DropoutKey key, ProducerOutputs* o = nullptr) = 0;
   virtual void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                                  Tensor& dqkv, DropoutKey key) = 0;
+                                  Tensor& dqkv, DropoutKey key, ProducerOutputs* o = nullptr) = 0;
 
   // Inverted dropout in place (p = 0 is a no-op); backward applies the same mask to dy.
   virtual void dropout_forward(Tensor& x, float p, DropoutKey key) = 0;
   virtual void dropout_backward(Tensor& dy, float p, DropoutKey key) = 0;
   // Out of place: dst = dropout_backward of src (src unchanged), i.e.
   // copy(src, dst) then dropout_backward(dst, p, key), which is what this
-  // default does; a backend may do it in one pass (same bits).
-  virtual void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key) {
+  // default does (writing no producer outputs); a backend may do it in one
+  // pass (same bits). o: dst's consumer's producer outputs (may be null): BF16 and amaxes.
+  virtual void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key,
+                                   ProducerOutputs* o = nullptr) {
+    (void)o;
     copy(src, dst);
     dropout_backward(dst, p, key);
   }
   // The residual gradient step: y += x, then dst = dropout_backward of y (out
   // of place), i.e. add_inplace(y, x) then dropout_backward_to(y, dst, ...),
   // which is what this default does; a backend may do it in one pass.
-  virtual void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key) {
+  virtual void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key,
+                                       ProducerOutputs* o = nullptr) {
     add_inplace(y, x);
-    dropout_backward_to(y, dst, p, key);
+    dropout_backward_to(y, dst, p, key, o);
   }
 
   // y += x (same shape).

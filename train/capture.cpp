@@ -15,7 +15,7 @@ OperandCapture CaptureWriter::hook() {
   OperandCapture c;
   c.step = step_;
   c.save = [this](const std::string& name, const Tensor& t) {
-    if (t.data == nullptr) return;  // a BF16-only tensor (CUDA): nothing FP32 to write
+    if (t.data == nullptr) return;  // BF16 only (ProducerOutputs::f32 false, CUDA): nothing FP32 to write
     Operand o{name, t.rows, t.cols, std::vector<float>(static_cast<size_t>(t.size()))};
     be_.download(t, o.data.data());
     operands_.push_back(std::move(o));

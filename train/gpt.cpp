@@ -75,28 +75,33 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
  private:
   const float* ptr(int i) const { return i >= 0 ? params_.value_ptr(i) : nullptr; }
   float* gptr(int i) const { return i >= 0 ? params_.grad_ptr(i) : nullptr; }
-  Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x) {
+  // x_from (dy_from): what x's (dy's) producer wrote for l (outputs_for), or null.
+  Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x, const ProducerOutputs* x_from = nullptr) {
     Tensor y;
-    forward(l, s, x, y);
+    linear(l, s, x, y, x_from);
     return y;
   }
-  Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy) {
+  Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy, const ProducerOutputs* dy_from = nullptr) {
     Tensor dx;
-    backward(l, s, dy, dx);
+    linear_grad(l, s, dy, dx, dy_from);
     return dx;
   }
-  // LinearCalls (the MoE layers' linears): y / dx written in place when shaped.
-  // (l.lp: planned at the start of the pass, forward's plan_layers or MoeMlp::forward.)
-  void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) override {
+  void linear(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y, const ProducerOutputs* x_from) {
     capture(l.name, "x", s, x);
     capture(l.name, "w", s, params_.value(l.w));
-    be_.linear_forward(l.lp, x, params_.value(l.w), ptr(l.b), y, l.state);
+    be_.linear_forward(l.lp, x, params_.value(l.w), ptr(l.b), y, l.state, x_from);
   }
-  void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) override {
+  void linear_grad(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx, const ProducerOutputs* dy_from) {
     l.check_backward_plan(s);
     capture(l.name, "dy", s, dy);
     Tensor dw = params_.grad(l.w);
-    be_.linear_backward(l.lp, *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b));
+    be_.linear_backward(l.lp, *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b), dy_from);
+  }
+  // LinearCalls (the MoE layers' linears, no producer outputs): y / dx written in place when shaped.
+  // (l.lp: planned at the start of the pass, forward's plan_layers or MoeMlp::forward.)
+  void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) override { linear(l, s, x, y, nullptr); }
+  void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) override {
+    linear_grad(l, s, dy, dx, nullptr);
   }
   // Every dense layer's plan for this pass (the MoE layers plan theirs in MoeMlp::forward).
   void plan_layers(const StepContext& s) {
@@ -129,39 +134,49 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
     for (int64_t i = 0; i < int64_t(blocks_.size()); ++i) {
       Block& k = blocks_[size_t(i)];
       k.x_in = x;
-      k.a = empty_for_linear(be_, {&k.c_attn}, s, false, N, C, true);
+      // ln_1 -> attn.c_attn (x)
+      ProducerOutputs a_o = outputs_for(be_, {&k.c_attn}, s, false, N, C, true);
+      k.a = output_tensor(be_, a_o);
       k.mean1 = be_.empty(1, N);
       k.rstd1 = be_.empty(1, N);
-      be_.layernorm_forward(x, ptr(k.ln1_w), ptr(k.ln1_b), eps, k.a, k.mean1, k.rstd1);
-      k.qkv = lin_fwd(k.c_attn, s, k.a);
+      be_.layernorm_forward(x, ptr(k.ln1_w), ptr(k.ln1_b), eps, k.a, k.mean1, k.rstd1, &a_o);
+      k.qkv = lin_fwd(k.c_attn, s, k.a, &a_o);
+      // attention -> attn.c_proj (x)
       k.probs = be_.empty(B * cfg_.heads * T, attention_saved_cols(shape(B, p), C / cfg_.heads));
-      k.att = empty_for_linear(be_, {&k.attn_proj}, s, false, N, C, true);
-      be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
-      Tensor y = lin_fwd(k.attn_proj, s, k.att);
-      be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));
+      ProducerOutputs att_o = outputs_for(be_, {&k.attn_proj}, s, false, N, C, true);
+      k.att = output_tensor(be_, att_o);
+      be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)), &att_o);
+      Tensor y = lin_fwd(k.attn_proj, s, k.att, &att_o);
+      be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));  // the residual feeds ln_2, not a linear
       k.x_mid = y;
-      k.m_in = k.moe ? be_.empty(N, C) : empty_for_linear(be_, {&k.c_fc}, s, false, N, C, true);
+      // ln_2 -> mlp.c_fc (x); the MoE MLP's input has other readers (router, gather, shared expert): nothing
+      ProducerOutputs m_o = k.moe ? be_.producer_outputs({}, N, C) : outputs_for(be_, {&k.c_fc}, s, false, N, C, true);
+      k.m_in = output_tensor(be_, m_o);
       k.mean2 = be_.empty(1, N);
       k.rstd2 = be_.empty(1, N);
-      be_.layernorm_forward(k.x_mid, ptr(k.ln2_w), ptr(k.ln2_b), eps, k.m_in, k.mean2, k.rstd2);
+      be_.layernorm_forward(k.x_mid, ptr(k.ln2_w), ptr(k.ln2_b), eps, k.m_in, k.mean2, k.rstd2, &m_o);
       Tensor m;
       if (k.moe) {
         m = k.moe->forward(be_, *this, s, k.m_in);
       } else {
-        k.f = lin_fwd(k.c_fc, s, k.m_in);
-        k.g = empty_for_linear(be_, {&k.mlp_proj}, s, false, N, 4 * C, true);
-        be_.gelu_forward(k.f, k.g);
-        m = lin_fwd(k.mlp_proj, s, k.g);
+        k.f = lin_fwd(k.c_fc, s, k.m_in, &m_o);
+        // gelu -> mlp.c_proj (x): BF16 and/or the NVFP4 amaxes
+        ProducerOutputs g_o = outputs_for(be_, {&k.mlp_proj}, s, false, N, 4 * C, true);
+        k.g = output_tensor(be_, g_o);
+        be_.gelu_forward(k.f, k.g, &g_o);
+        m = lin_fwd(k.mlp_proj, s, k.g, &g_o);
       }
       be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
       x = m;
     }
     xf_in_ = x;
-    xf_ = empty_for_linear(be_, {&head_}, s, false, N, C, true);
+    // ln_f -> lm_head (x)
+    ProducerOutputs f_o = outputs_for(be_, {&head_}, s, false, N, C, true);
+    xf_ = output_tensor(be_, f_o);
     meanf_ = be_.empty(1, N);
     rstdf_ = be_.empty(1, N);
-    be_.layernorm_forward(x, ptr(lnf_w_), ptr(lnf_b_), eps, xf_, meanf_, rstdf_);
-    return lin_fwd(head_, s, xf_);
+    be_.layernorm_forward(x, ptr(lnf_w_), ptr(lnf_b_), eps, xf_, meanf_, rstdf_, &f_o);
+    return lin_fwd(head_, s, xf_, &f_o);
   }
 
   void backward(const Batch& bt, const StepContext& s, const Tensor& dlogits) override {
@@ -179,22 +194,29 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
         dmi = k.moe->backward(be_, *this, s, dm);
       } else {
-        Tensor dm = empty_for_linear(be_, {&k.mlp_proj}, s, true, N, C, true);
-        be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
-        Tensor dg = lin_bwd(k.mlp_proj, s, dm);
-        Tensor df = empty_for_linear(be_, {&k.c_fc}, s, true, N, 4 * C, true);
-        be_.gelu_backward(k.f, dg, df);
-        dmi = lin_bwd(k.c_fc, s, df);
+        // residual gradient -> mlp.c_proj (dy)
+        ProducerOutputs dm_o = outputs_for(be_, {&k.mlp_proj}, s, true, N, C, true);
+        Tensor dm = output_tensor(be_, dm_o);
+        be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)), &dm_o);
+        Tensor dg = lin_bwd(k.mlp_proj, s, dm, &dm_o);
+        // gelu' -> mlp.c_fc (dy)
+        ProducerOutputs df_o = outputs_for(be_, {&k.c_fc}, s, true, N, 4 * C, true);
+        Tensor df = output_tensor(be_, df_o);
+        be_.gelu_backward(k.f, dg, df, &df_o);
+        dmi = lin_bwd(k.c_fc, s, df, &df_o);
       }
       Tensor dmid = be_.empty(N, C);
       be_.layernorm_backward(dmi, k.x_mid, ptr(k.ln2_w), k.mean2, k.rstd2, dmid, gptr(k.ln2_w), gptr(k.ln2_b));
       // x_mid = x_in + drop(c_proj(attn(c_attn(ln_1(x_in))))): dmid += dx, dy = drop(dmid).
-      Tensor dy = empty_for_linear(be_, {&k.attn_proj}, s, true, N, C, true);
-      be_.add_dropout_backward_to(dmid, dx, dy, p, dropout_key(s, site(i, 1)));
-      Tensor datt = lin_bwd(k.attn_proj, s, dy);
-      Tensor dqkv = empty_for_linear(be_, {&k.c_attn}, s, true, N, 3 * C, true);
-      be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)));
-      Tensor da = lin_bwd(k.c_attn, s, dqkv);
+      ProducerOutputs dy_o = outputs_for(be_, {&k.attn_proj}, s, true, N, C, true);
+      Tensor dy = output_tensor(be_, dy_o);
+      be_.add_dropout_backward_to(dmid, dx, dy, p, dropout_key(s, site(i, 1)), &dy_o);
+      Tensor datt = lin_bwd(k.attn_proj, s, dy, &dy_o);
+      // attention backward -> attn.c_attn (dy)
+      ProducerOutputs dq_o = outputs_for(be_, {&k.c_attn}, s, true, N, 3 * C, true);
+      Tensor dqkv = output_tensor(be_, dq_o);
+      be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)), &dq_o);
+      Tensor da = lin_bwd(k.c_attn, s, dqkv, &dq_o);
       Tensor dxin = be_.empty(N, C);
       be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid);
       dx = dxin;

@@ -105,7 +105,7 @@ struct StepContext {
   // Null: every layer runs `recipe`.
   const std::vector<const Recipe*>* layer_recipes = nullptr;
   // Producers write what their consumer linear layers read (BF16 operands,
-  // NVFP4 amaxes: empty_for_linear). False: plain tensors, every layer makes its
+  // NVFP4 amaxes: outputs_for). False: none, every layer makes its
   // operands itself. The same bits either way (tested: a producer's output only
   // replaces the layer's identical work).
   bool producer_outputs = true;
@@ -221,29 +221,40 @@ struct LinearLayer {
   }
 };
 
-// An uninitialised [rows, cols] tensor for the op that produces the input of
-// the linear layers ls (grad: their output gradient), with a BF16 companion
-// where the backend reads one for every one of them
-// (Backend::linear_reads_bf16); that op must be a companion writer.
-// only_linears: the layers ls are the tensor's only readers; then, where they
-// all read the companion (and, for an output gradient, none has a bias: its
-// gradient sums the FP32 dy), the backend may drop the FP32 values
-// (Backend::add_bf16_companion's drop_f32), and the producer writes only BF16.
-inline Tensor empty_for_linear(Backend& be, std::initializer_list<const LinearLayer*> ls, const StepContext& s,
-                               bool grad, int64_t rows, int64_t cols, bool only_linears = false) {
-  Tensor t = be.empty(rows, cols);
-  if (!s.producer_outputs) return t;
-  bool all = true, bias = false;  // the layers' plans (LinearLayer::lp) are this pass's
-  for (const LinearLayer* l : ls) {
-    all = all && be.linear_reads_bf16(l->lp, grad);
-    bias = bias || l->b >= 0;
+// The producer outputs (train/backend.hpp ProducerOutputs) of the op that
+// produces the input of the linear layers ls (grad: their output gradient), a
+// [rows, cols] tensor, for this pass (their plans, LinearLayer::lp): the BF16
+// rounding where every one of them reads it; the amaxes where there is one
+// reader that wants them. only_linears: ls are the tensor's only readers;
+// then, where they all read the BF16 (and, for an output gradient, none has a
+// bias: its gradient sums the FP32 dy), the FP32 values are not written
+// (f32 false). Nothing with !s.producer_outputs.
+inline ProducerOutputs outputs_for(Backend& be, std::initializer_list<const LinearLayer*> ls, const StepContext& s,
+                                   bool grad, int64_t rows, int64_t cols, bool only_linears = false) {
+  LinearInputNeeds needs;
+  if (s.producer_outputs) {
+    bool all = true, bias = false;
+    for (const LinearLayer* l : ls) {
+      const LinearInputNeeds n = be.linear_input_needs(l->lp, grad, rows, cols);
+      all = all && n.bf16;
+      bias = bias || l->b >= 0;
+      if (ls.size() == 1) needs.amax = n.amax;
+    }
+    needs.bf16 = all;
+    ProducerOutputs o = be.producer_outputs(needs, rows, cols);
+    o.f32 = !(all && only_linears && !(grad && bias));
+    return o;
   }
-  if (all) be.add_bf16_companion(t, only_linears && !(grad && bias));
-  // One reader: the producer may compute its tensor amaxes (a writer of them
-  // does; any other leaves the companion unwritten, and the layer computes them).
-  if (ls.size() == 1)
-    if (const std::optional<AmaxRequest> r = be.linear_amax_request((*ls.begin())->lp, grad, rows, cols))
-      be.add_amax_companion(t, *r);
+  return be.producer_outputs(needs, rows, cols);
+}
+
+// The FP32 output tensor that goes with o: be.empty(rows, cols), or, where o
+// drops the FP32 values, the shape alone (data null).
+inline Tensor output_tensor(Backend& be, const ProducerOutputs& o) {
+  if (o.f32) return be.empty(o.rows, o.cols);
+  Tensor t;
+  t.rows = o.rows;
+  t.cols = o.cols;
   return t;
 }
 

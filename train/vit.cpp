@@ -69,18 +69,19 @@ class Vit final : public CrossEntropyModel {
   Tensor w(const LinearLayer& l) const { return params_.value(l.w); }
   const float* bias(const LinearLayer& l) const { return l.b >= 0 ? params_.value_ptr(l.b) : nullptr; }
   float* dbias(const LinearLayer& l) const { return l.b >= 0 ? params_.grad_ptr(l.b) : nullptr; }
-  Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x) {
+  // x_from (dy_from): what x's (dy's) producer wrote for l (outputs_for), or null.
+  Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x, const ProducerOutputs* x_from = nullptr) {
     capture(l.name, "x", s, x);
     capture(l.name, "w", s, w(l));
     Tensor y;
-    be_.linear_forward(l.lp, x, w(l), bias(l), y, l.state);
+    be_.linear_forward(l.lp, x, w(l), bias(l), y, l.state, x_from);
     return y;
   }
-  Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy) {
+  Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy, const ProducerOutputs* dy_from = nullptr) {
     l.check_backward_plan(s);
     capture(l.name, "dy", s, dy);
     Tensor dx, dw = params_.grad(l.w);
-    be_.linear_backward(l.lp, *l.state, w(l), dy, dx, dw, dbias(l));
+    be_.linear_backward(l.lp, *l.state, w(l), dy, dx, dw, dbias(l), dy_from);
     return dx;
   }
   // Every layer's plan for this pass.
@@ -126,28 +127,34 @@ class Vit final : public CrossEntropyModel {
     for (size_t i = 0; i < blocks_.size(); ++i) {
       Block& k = blocks_[i];
       k.x_in = h;
-      k.a = empty_for_linear(be_, {&k.q, &k.k, &k.v}, s, false, B * L, E, true);
+      // ln1 -> q, k, v (x; BF16 where all three read it)
+      ProducerOutputs a_o = outputs_for(be_, {&k.q, &k.k, &k.v}, s, false, B * L, E, true);
+      k.a = output_tensor(be_, a_o);
       k.mean1 = be_.empty(1, B * L);
       k.rstd1 = be_.empty(1, B * L);
       be_.layernorm_forward(h, params_.value_ptr(k.ln1_w), params_.value_ptr(k.ln1_b), float(cfg_.layernorm_eps), k.a,
-                            k.mean1, k.rstd1);
-      Tensor q = lin_fwd(k.q, s, k.a), kk = lin_fwd(k.k, s, k.a), v = lin_fwd(k.v, s, k.a);
+                            k.mean1, k.rstd1, &a_o);
+      Tensor q = lin_fwd(k.q, s, k.a, &a_o), kk = lin_fwd(k.k, s, k.a, &a_o), v = lin_fwd(k.v, s, k.a, &a_o);
       k.qkv = be_.empty(B * L, 3 * E);
       be_.copy_cols(q, 0, k.qkv, 0, E);
       be_.copy_cols(kk, 0, k.qkv, E, E);
       be_.copy_cols(v, 0, k.qkv, 2 * E, E);
       k.probs = be_.empty(B * H * L, attention_saved_cols(shape(B, scale, p), hd));
-      k.att = empty_for_linear(be_, {&k.o}, s, false, B * L, E, true);
-      be_.attention_forward(shape(B, scale, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)));
-      Tensor o = lin_fwd(k.o, s, k.att);
+      // attention -> o (x)
+      ProducerOutputs att_o = outputs_for(be_, {&k.o}, s, false, B * L, E, true);
+      k.att = output_tensor(be_, att_o);
+      be_.attention_forward(shape(B, scale, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)), &att_o);
+      Tensor o = lin_fwd(k.o, s, k.att, &att_o);
       be_.add_inplace(o, h);  // h1 = h + o
       k.h1 = o;
-      k.u = empty_for_linear(be_, {&k.up}, s, false, B * L, E, true);
+      // ln2 -> up (x)
+      ProducerOutputs u_o = outputs_for(be_, {&k.up}, s, false, B * L, E, true);
+      k.u = output_tensor(be_, u_o);
       k.mean2 = be_.empty(1, B * L);
       k.rstd2 = be_.empty(1, B * L);
       be_.layernorm_forward(k.h1, params_.value_ptr(k.ln2_w), params_.value_ptr(k.ln2_b), float(cfg_.layernorm_eps),
-                            k.u, k.mean2, k.rstd2);
-      k.up_y = lin_fwd(k.up, s, k.u);
+                            k.u, k.mean2, k.rstd2, &u_o);
+      k.up_y = lin_fwd(k.up, s, k.u, &u_o);
       k.g = be_.empty(B * L, ffn_);
       be_.gelu_forward(k.up_y, k.g);
       be_.dropout_forward(k.g, p, dropout_key(s, site(i, 1)));
@@ -176,13 +183,17 @@ class Vit final : public CrossEntropyModel {
     for (size_t ii = blocks_.size(); ii-- > 0;) {
       Block& k = blocks_[ii];
       // h2 = h1 + drop(down(drop(gelu(up(ln2(h1))))))
-      Tensor dd = empty_for_linear(be_, {&k.down}, s, true, B * L, E);
-      be_.dropout_backward_to(dh, dd, p, dropout_key(s, site(ii, 2)));
-      Tensor dg = lin_bwd(k.down, s, dd);
+      // residual gradient -> down (dy)
+      ProducerOutputs dd_o = outputs_for(be_, {&k.down}, s, true, B * L, E);
+      Tensor dd = output_tensor(be_, dd_o);
+      be_.dropout_backward_to(dh, dd, p, dropout_key(s, site(ii, 2)), &dd_o);
+      Tensor dg = lin_bwd(k.down, s, dd, &dd_o);
       be_.dropout_backward(dg, p, dropout_key(s, site(ii, 1)));
-      Tensor dup = empty_for_linear(be_, {&k.up}, s, true, B * L, ffn_);
-      be_.gelu_backward(k.up_y, dg, dup);
-      Tensor du = lin_bwd(k.up, s, dup);
+      // gelu' -> up (dy)
+      ProducerOutputs dup_o = outputs_for(be_, {&k.up}, s, true, B * L, ffn_);
+      Tensor dup = output_tensor(be_, dup_o);
+      be_.gelu_backward(k.up_y, dg, dup, &dup_o);
+      Tensor du = lin_bwd(k.up, s, dup, &dup_o);
       Tensor dh1 = be_.empty(B * L, E);
       be_.layernorm_backward(du, k.h1, params_.value_ptr(k.ln2_w), k.mean2, k.rstd2, dh1, params_.grad_ptr(k.ln2_w),
                              params_.grad_ptr(k.ln2_b), &dh);

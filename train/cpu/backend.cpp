@@ -167,9 +167,11 @@ class CpuBackend final : public Backend {
 
   using Backend::linear_forward;
   using Backend::linear_backward;
+  // The CPU states no input needs (Backend::linear_input_needs), so no producer writes outputs for it.
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                      std::unique_ptr<LinearState>& state) override {
+                      std::unique_ptr<LinearState>& state, const ProducerOutputs*) override {
     const ThreadCount use(threads_);
+    FP4LAB_CHECK(x.data || x.size() == 0, "cpu linear_forward: x has no FP32 values");
     auto st = std::make_unique<CpuLinearState>();
     auto ym = std::make_shared<MatrixRM>();
     fp4lab::linear_forward(l.ctx, l.plan, to_matrix(x), to_matrix(w), b, *ym, st->saved);
@@ -177,8 +179,9 @@ class CpuBackend final : public Backend {
     state = std::move(st);
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
-                       Tensor& dx, Tensor& dw_acc, float* db_acc) override {
+                       Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs*) override {
     const ThreadCount use(threads_);
+    FP4LAB_CHECK(dy.data || dy.size() == 0, "cpu linear_backward: dy has no FP32 values");
     const auto& st = dynamic_cast<const CpuLinearState&>(state);
     auto dxm = std::make_shared<MatrixRM>();
     MatrixRM dwm;
@@ -198,7 +201,7 @@ class CpuBackend final : public Backend {
   }
 
   void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
-                         Tensor& rstd) override {
+                         Tensor& rstd, ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t n = x.rows, c = x.cols;
 #pragma omp parallel for schedule(static)
@@ -253,7 +256,7 @@ class CpuBackend final : public Backend {
 
   // Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), with erf_f32 (erf.hpp: within
   // 3 ulp of erf, and vectorisable, unlike libm's erff).
-  void gelu_forward(const Tensor& x, Tensor& y) override {
+  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t n = x.size();
 #pragma omp parallel for schedule(static)
@@ -264,7 +267,7 @@ class CpuBackend final : public Backend {
   }
   // GELU'(x) = Phi(x) + x phi(x), with erf_f32 and exp_f32 (exp.hpp): one
   // vectorised pass, no libm call. dx may alias dy.
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t n = x.size();
     const float* xv = x.data;
@@ -279,8 +282,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
-                         DropoutKey key) override {
+  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,
+                         ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
     check_attention(s, qkv);
@@ -325,7 +328,7 @@ class CpuBackend final : public Backend {
     }
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                          Tensor& dqkv, DropoutKey key) override {
+                          Tensor& dqkv, DropoutKey key, ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
     check_attention(s, qkv);

@@ -263,7 +263,7 @@ void Attention::forward(const AttentionDims& d, const float* qkv, float* out, fl
     forward_fused(d, qkv, out, probs, out_bf16);
   } else {
     const int64_t n = d.batch * d.seq * d.width;
-    float* o = out ? out : f32_out_.at_least(size_t(n));  // the companion only: FP32 in scratch first
+    float* o = out ? out : f32_out_.at_least(size_t(n));  // the BF16 output only: FP32 in scratch first
     forward_cublas(d, qkv, o, probs);
     if (out_bf16) round_bf16_device(o, n, out_bf16, stream_);
   }
@@ -280,7 +280,7 @@ void Attention::backward(const AttentionDims& d, const float* qkv, const float* 
     backward_fused(d, qkv, probs, dout, dqkv, dqkv_bf16);
   } else {
     const int64_t n = d.batch * d.seq * 3 * d.width;
-    float* o = dqkv ? dqkv : f32_out_.at_least(size_t(n));  // the companion only: FP32 in scratch first
+    float* o = dqkv ? dqkv : f32_out_.at_least(size_t(n));  // the BF16 output only: FP32 in scratch first
     backward_cublas(d, qkv, probs, dout, o);
     if (dqkv_bf16) round_bf16_device(o, n, dqkv_bf16, stream_);
   }

@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint1
     if (kt + 1 < nk) s_store<BK, HD>(st, Ks);
     __syncthreads();  // next K in place; every warp is done with V
   }
-  // Normalise, write out (and its companion), O and lse2 for the backward.
+  // Normalise, write out (and its BF16 output), O and lse2 for the backward.
   float f[2];
   int64_t rows[2];
 #pragma unroll

@@ -45,7 +45,7 @@ struct FusedArgs {
   float keep_scale;
   uint64_t seed, sid;
   bool vec_rows;    // T % 4 == 0 and the [*, T] tensors 16-byte aligned: float4 row accesses
-  uint16_t* out_h;  // null, or the BF16 companion of the output (out; dqkv): same layout
+  uint16_t* out_h;  // null, or the BF16 output (ProducerOutputs) of the output (out; dqkv): same layout
 };
 
 template <int N>
@@ -245,9 +245,9 @@ __device__ __forceinline__ void scores_tiles(const float* At, float* Bt, const f
 
 // out rows of the tile [kTile][HD] = P B, P^T = St [nk * kTile][kLd] in shared
 // memory, B's rows (key tile kt) loaded into Bs [kTile][HD]. Rows >= T skipped.
-// kH: out_h is out's BF16 companion (same offsets), written too, and out may
-// be null (the companion only); else out_h is unused (a kernel without
-// companions holds none of their code).
+// kH: out_h is out's BF16 output (same offsets), written too, and out may
+// be null (the BF16 output only); else out_h is unused (a kernel without
+// BF16 outputs holds none of their code).
 template <int HD, bool kH>
 __device__ __forceinline__ void product_tiles(const float* St, float* Bs, const float* bsrc, int64_t ld, int64_t T,
                                               int nk, float* out, int64_t out_ld, int64_t q0, uint16_t* out_h) {
@@ -503,7 +503,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     mma_tile<N, kTile>(Ds, kTile, Qs, HD, 4 * ty, N * tx, acc_k);
   }
   const int64_t k0 = b * T * ld + C + h * HD;    // dK's offset; dV's is k0 + C
-  float* const dk = dqkv ? dqkv + k0 : nullptr;  // null: the companion only (kH)
+  float* const dk = dqkv ? dqkv + k0 : nullptr;  // null: the BF16 output only (kH)
   float* const dv = dqkv ? dk + C : nullptr;
   uint16_t* const dk_h = g.out_h + k0;
 #pragma unroll

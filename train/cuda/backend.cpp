@@ -175,52 +175,49 @@ class CudaBackend final : public Backend {
     nn::copy_cols(src.data + sc, src.cols, dst.data + dc, dst.cols, src.rows, n);
   }
 
-  // ---- BF16 companions ----
-  using Backend::linear_reads_bf16;
-  bool linear_reads_bf16(const LayerPlan& l, bool grad) override { return linear_.reads_bf16(l, grad); }
-  void add_bf16_companion(Tensor& t, bool drop_f32) override {
-    Tensor h = empty(1, (t.size() + 1) / 2);  // size() BF16 values
-    t.bf16 = reinterpret_cast<uint16_t*>(h.data);
-    t.bf16_mem = std::move(h.mem);
-    if (drop_f32) {  // the companion alone (its FP32 block goes back to the cache)
-      t.data = nullptr;
-      t.mem.reset();
+  // ---- producer outputs (train/backend.hpp) ----
+  using Backend::linear_input_needs;
+  LinearInputNeeds linear_input_needs(const LayerPlan& l, bool grad, int64_t rows, int64_t cols) override {
+    return linear_.input_needs(l, grad, rows, cols);
+  }
+  ProducerOutputs producer_outputs(const LinearInputNeeds& needs, int64_t rows, int64_t cols) override {
+    ProducerOutputs o;
+    o.rows = rows;
+    o.cols = cols;
+    if (needs.bf16) {
+      Tensor h = empty(1, (rows * cols + 1) / 2);  // rows * cols BF16 values
+      o.bf16 = reinterpret_cast<uint16_t*>(h.data);
+      o.bf16_mem = std::move(h.mem);
     }
-  }
-
-  // ---- tensor-amax companions ----
-  using Backend::linear_amax_request;
-  std::optional<AmaxRequest> linear_amax_request(const LayerPlan& l, bool grad, int64_t rows,
-                                                 int64_t cols) override {
-    return linear_.amax_request(l, grad, rows, cols);
-  }
-  void add_amax_companion(Tensor& t, const AmaxRequest& r) override {
-    Tensor w = empty(1, 2);  // two 32-bit words
-    t.amax = reinterpret_cast<uint32_t*>(w.data);
-    t.amax_mem = std::move(w.mem);
-    t.amax_request = r;
-    t.amax_written = false;
+    if (needs.amax) {
+      Tensor w = empty(1, 2);  // two 32-bit words
+      o.amax = reinterpret_cast<uint32_t*>(w.data);
+      o.amax_mem = std::move(w.mem);
+      o.request = *needs.amax;
+    }
+    return o;
   }
 
   // ---- linear ----
   using Backend::linear_forward;
   using Backend::linear_backward;
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                      std::unique_ptr<LinearState>& state) override {
-    linear_.forward(l, x, w, b, y, state, alloc());
+                      std::unique_ptr<LinearState>& state, const ProducerOutputs* x_from) override {
+    linear_.forward(l, x, w, b, y, state, alloc(), x_from);
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
-                       Tensor& dx, Tensor& dw_acc, float* db_acc) override {
-    linear_.backward(l, state, w, dy, dx, dw_acc, db_acc, alloc());
+                       Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from) override {
+    linear_.backward(l, state, w, dy, dx, dw_acc, db_acc, alloc(), dy_from);
   }
 
   // ---- LayerNorm, GELU ----
   void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
-                         Tensor& rstd) override {
+                         Tensor& rstd, ProducerOutputs* o) override {
     check_shape("layernorm_forward", "y", y, x.rows, x.cols);
     check_size("layernorm_forward", "mean", mean, x.rows);
     check_size("layernorm_forward", "rstd", rstd, x.rows);
-    nn::layernorm_forward(x.data, gamma, beta, eps, x.rows, x.cols, y.data, mean.data, rstd.data, y.bf16);
+    nn::layernorm_forward(x.data, gamma, beta, eps, x.rows, x.cols, y.data, mean.data, rstd.data,
+                          bf16_out("layernorm_forward", y, o));
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
                           Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
@@ -232,37 +229,39 @@ class CudaBackend final : public Backend {
     nn::layernorm_backward(dy.data, x.data, gamma, mean.data, rstd.data, x.rows, x.cols, dx.data, dgamma, dbeta,
                            scratch_, residual ? residual->data : nullptr);
   }
-  void gelu_forward(const Tensor& x, Tensor& y) override {
+  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o) override {
     check_size("gelu_forward", "y", y, x.size());
-    const std::optional<nn::ProducerAmax> a = producer_amax(y, {x.data, y.data});
-    nn::gelu_forward(x.data, y.data, x.size(), y.bf16, nullptr, a ? &*a : nullptr);
-    y.amax_written = a.has_value();
+    uint16_t* h = bf16_out("gelu_forward", y, o);
+    const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, y.data});
+    nn::gelu_forward(x.data, y.data, x.size(), h, nullptr, a ? &*a : nullptr);
+    if (a) o->amax_written = true;
   }
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o) override {
     check_size("gelu_backward", "dy", dy, x.size());
     check_size("gelu_backward", "dx", dx, x.size());
-    const std::optional<nn::ProducerAmax> a = producer_amax(dx, {x.data, dy.data, dx.data});
-    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), dx.bf16, nullptr, a ? &*a : nullptr);
-    dx.amax_written = a.has_value();
+    uint16_t* h = bf16_out("gelu_backward", dx, o);
+    const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, dy.data, dx.data});
+    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), h, nullptr, a ? &*a : nullptr);
+    if (a) o->amax_written = true;
   }
 
   // ---- attention ----
-  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
-                         DropoutKey key) override {
+  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,
+                         ProducerOutputs* o) override {
     const nn::AttentionDims d = dims(s, qkv, key);
     check_shape("attention_forward", "out", out, qkv.rows, d.width);
     check_shape("attention_forward", "probs", probs, s.batch * s.heads * s.seq,
                 attention_saved_cols(s, d.width / d.heads));
-    attention_.forward(d, qkv.data, out.data, probs.data, out.bf16);
+    attention_.forward(d, qkv.data, out.data, probs.data, bf16_out("attention_forward", out, o));
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                          Tensor& dqkv, DropoutKey key) override {
+                          Tensor& dqkv, DropoutKey key, ProducerOutputs* o) override {
     const nn::AttentionDims d = dims(s, qkv, key);
     check_shape("attention_backward", "probs", probs, s.batch * s.heads * s.seq,
                 attention_saved_cols(s, d.width / d.heads));
     check_shape("attention_backward", "dout", dout, qkv.rows, d.width);
     check_shape("attention_backward", "dqkv", dqkv, qkv.rows, qkv.cols);
-    attention_.backward(d, qkv.data, probs.data, dout.data, dqkv.data, dqkv.bf16);
+    attention_.backward(d, qkv.data, probs.data, dout.data, dqkv.data, bf16_out("attention_backward", dqkv, o));
   }
 
   // ---- dropout, add ----
@@ -270,21 +269,23 @@ class CudaBackend final : public Backend {
     nn::dropout(x.data, x.size(), p, key.seed, key.stream);
   }
   void dropout_backward(Tensor& dy, float p, DropoutKey key) override {
-    nn::dropout(dy.data, dy.size(), p, key.seed, key.stream, dy.bf16);
+    nn::dropout(dy.data, dy.size(), p, key.seed, key.stream);
   }
-  void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key) override {
+  void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key, ProducerOutputs* o) override {
     check_shape("dropout_backward_to", "dst", dst, src.rows, src.cols);
-    const std::optional<nn::ProducerAmax> a = producer_amax(dst, {src.data, dst.data});
-    nn::dropout_to(src.data, nullptr, dst.data, src.size(), p, key.seed, key.stream, dst.bf16, nullptr,
-                   a ? &*a : nullptr);
-    dst.amax_written = a.has_value();
+    uint16_t* h = bf16_out("dropout_backward_to", dst, o);
+    const std::optional<nn::ProducerAmax> a = producer_amax(o, {src.data, dst.data});
+    nn::dropout_to(src.data, nullptr, dst.data, src.size(), p, key.seed, key.stream, h, nullptr, a ? &*a : nullptr);
+    if (a) o->amax_written = true;
   }
-  void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key) override {
+  void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key,
+                               ProducerOutputs* o) override {
     check_shape("add_dropout_backward_to", "x", x, y.rows, y.cols);
     check_shape("add_dropout_backward_to", "dst", dst, y.rows, y.cols);
-    const std::optional<nn::ProducerAmax> a = producer_amax(dst, {y.data, x.data, dst.data});
-    nn::dropout_to(y.data, x.data, dst.data, y.size(), p, key.seed, key.stream, dst.bf16, nullptr, a ? &*a : nullptr);
-    dst.amax_written = a.has_value();
+    uint16_t* h = bf16_out("add_dropout_backward_to", dst, o);
+    const std::optional<nn::ProducerAmax> a = producer_amax(o, {y.data, x.data, dst.data});
+    nn::dropout_to(y.data, x.data, dst.data, y.size(), p, key.seed, key.stream, h, nullptr, a ? &*a : nullptr);
+    if (a) o->amax_written = true;
   }
   void add_inplace(Tensor& y, const Tensor& x) override {
     check_shape("add_inplace", "x", x, y.rows, y.cols);
@@ -491,18 +492,32 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // The ProducerAmax of t's amax companion, where t has one and the producer
-  // (its FP32 tensors at ptrs) can compute it (nn::producer_amax_fits); else
-  // nothing (the linear layer then computes the amaxes).
-  static std::optional<nn::ProducerAmax> producer_amax(const Tensor& t, std::initializer_list<const void*> ptrs) {
-    if (t.amax == nullptr || !nn::producer_amax_fits(t.rows, t.cols, ptrs)) return std::nullopt;
+  // The BF16 output the producer of y writes for o (marked written), or null
+  // where o wants none. y (the FP32 output) must have o's shape; its data may
+  // be null only when o drops the FP32 values (ProducerOutputs::f32).
+  static uint16_t* bf16_out(const char* op, const Tensor& y, ProducerOutputs* o) {
+    if (o == nullptr) {
+      FP4LAB_CHECK(y.data || y.size() == 0, std::string(op) + ": an output without FP32 values needs its producer outputs");
+      return nullptr;
+    }
+    FP4LAB_CHECK(o->rows == y.rows && o->cols == y.cols, std::string(op) + ": producer outputs of another shape");
+    FP4LAB_CHECK(o->f32 == (y.data != nullptr || y.size() == 0) && (o->f32 || o->bf16),
+                 std::string(op) + ": FP32 output present iff ProducerOutputs::f32, and BF16 where it is dropped");
+    o->bf16_written = o->bf16 != nullptr;
+    return o->bf16;
+  }
+  // The ProducerAmax of o's amax words, where o wants them and the producer
+  // (its FP32 tensors at ptrs) can compute them (nn::producer_amax_fits);
+  // else nothing (the linear layer then computes the amaxes).
+  static std::optional<nn::ProducerAmax> producer_amax(const ProducerOutputs* o, std::initializer_list<const void*> ptrs) {
+    if (o == nullptr || o->amax == nullptr || !nn::producer_amax_fits(o->rows, o->cols, ptrs)) return std::nullopt;
     nn::ProducerAmax a;
-    a.words = t.amax;
-    a.rows = t.rows;
-    a.cols = t.cols;
-    a.rht = t.amax_request.rht;
+    a.words = o->amax;
+    a.rows = o->rows;
+    a.cols = o->cols;
+    a.rht = o->request.rht;
     if (a.rht) {
-      const std::array<float, 16> s = rht_signs(t.amax_request.rht_seed);
+      const std::array<float, 16> s = rht_signs(o->request.rht_seed);
       std::copy(s.begin(), s.end(), a.signs);
     }
     return a;

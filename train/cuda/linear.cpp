@@ -129,7 +129,7 @@ bool bf16_rounding_only(const OperandPlan& p) {
   return p.round_bf16 && p.quantizer == nullptr && p.pre == nullptr && !p.rht;
 }
 // Are both GEMM operands of x (grad: of dy) plain BF16 roundings, i.e. one
-// rounding serves both (and a BF16 companion of the tensor can be it)?
+// rounding serves both (and a producer's BF16 output can be it)?
 bool rounds_only(const LinearPlan& plan, bool grad) {
   return grad ? bf16_rounding_only(plan.operand(Operand::dgrad_grad_y)) &&
                     bf16_rounding_only(plan.operand(Operand::wgrad_grad_y))
@@ -316,14 +316,13 @@ struct CudaLinear::Impl {
   // b_h / b_g (rows * cols BF16 values and one float). Reports neither.
   // alpha_a / alpha_b: the GEMM alphas their quantization writes (GemmAlpha);
   // the caller sets b's on the operand it builds from b_h / b_g.
-  // src_t: the source tensor, whose amax companion (Tensor::amax) serves
-  // when its producer wrote it for these quantizers.
-  DevOperand prepare_pair(const PairSpecs& q, const OperandPlan& a, const OperandPlan& b, const Tensor& src_t,
-                          int64_t rows, int64_t cols, Slot& sa, uint16_t* b_h, float* b_g, GemmAlpha alpha_a = {},
-                          GemmAlpha alpha_b = {}) {
-    const float* src = src_t.data;
-    const bool given = src_t.amax != nullptr && src_t.amax_written && src_t.rows == rows && src_t.cols == cols &&
-                       src_t.amax_request == request_of(q);
+  // from: what the source's producer wrote for this layer (null: nothing);
+  // its amaxes serve where written for these quantizers' request.
+  DevOperand prepare_pair(const PairSpecs& q, const OperandPlan& a, const OperandPlan& b, const float* src,
+                          const ProducerOutputs* from, int64_t rows, int64_t cols, Slot& sa, uint16_t* b_h, float* b_g,
+                          GemmAlpha alpha_a = {}, GemmAlpha alpha_b = {}) {
+    const bool given = from != nullptr && from->amax_written && from->rows == rows && from->cols == cols &&
+                       from->request == request_of(q);
     sa.h.at_least(size_t(rows * cols));
     sa.g.at_least(1);
     cuda::QuantOutputs out_a, out_b;
@@ -337,7 +336,7 @@ struct CudaLinear::Impl {
     out_b.gemm_alpha = alpha_b.dev;
     out_b.gemm_alpha_other = alpha_b.other;
     cuda::quantize_dual_device(q.a, a.stream, out_a, q.b, b.stream, out_b, src, cuda::InputType::f32, rows, cols, qws,
-                               kStream, given ? src_t.amax : nullptr);
+                               kStream, given ? from->amax : nullptr);
     return DevOperand{nullptr, sa.h.data(), sa.g.data(), alpha_a.dev, alpha_a.beta};
   }
 
@@ -418,26 +417,32 @@ CudaLinear::~CudaLinear() = default;
 
 void CudaLinear::set_operand_hook(OperandHook hook) { impl_->hook = std::move(hook); }
 
-bool CudaLinear::reads_bf16(const LayerPlan& l, bool grad) const { return rounds_only(l.plan, grad); }
-
-std::optional<AmaxRequest> CudaLinear::amax_request(const LayerPlan& l, bool grad, int64_t rows,
-                                                    int64_t cols) const {
-  if (!l.ctx.backward) return std::nullopt;  // a forward-only layer takes no pair path
+LinearInputNeeds CudaLinear::input_needs(const LayerPlan& l, bool grad, int64_t rows, int64_t cols) const {
   const LinearPlan& plan = l.plan;
-  // The conditions under which forward / backward take the pair path.
-  if (grad && rounds_only(plan, true)) return std::nullopt;
-  if (!grad && rounds_only(plan, false)) return std::nullopt;
+  if (rounds_only(plan, grad)) return LinearInputNeeds{true, std::nullopt};
+  // The amaxes: the conditions under which forward / backward take the pair path.
+  if (!l.ctx.backward) return {};  // a forward-only layer takes no pair path
   const OperandPlan& a = plan.operand(grad ? Operand::dgrad_grad_y : Operand::fwd_x);
   const OperandPlan& b = plan.operand(grad ? Operand::wgrad_grad_y : Operand::wgrad_x);
-  if (!grad && !(b.quantizer != nullptr && bf16_exact(*b.quantizer))) return std::nullopt;
+  if (!grad && !(b.quantizer != nullptr && bf16_exact(*b.quantizer))) return {};
   const std::optional<PairSpecs> q = pair_specs(a, b, rows, cols);
   if (!q || (q->a.global_scale != GlobalScale::tensor_amax && q->b.global_scale != GlobalScale::tensor_amax))
-    return std::nullopt;
-  return request_of(*q);
+    return {};
+  return LinearInputNeeds{false, request_of(*q)};
 }
 
+namespace {
+// The producer output `from` (null: none) for a [rows, cols] source, checked:
+// the producer of a tensor that `from` came with had that shape.
+const ProducerOutputs* checked_from(const ProducerOutputs* from, int64_t rows, int64_t cols, const char* what) {
+  if (from) FP4LAB_CHECK(from->rows == rows && from->cols == cols, std::string(what) + ": producer outputs of another shape");
+  return from;
+}
+}  // namespace
+
 void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                         std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc) {
+                         std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc,
+                         const ProducerOutputs* x_from) {
   const LinearContext& ctx = l.ctx;
   if (x.cols != w.cols)
     throw Error("CudaLinear::forward: x is " + shape(x.rows, x.cols) + " but W is " + shape(w.rows, w.cols) +
@@ -445,6 +450,10 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
   const int64_t B = x.rows, in = x.cols, out = w.rows;
   const LinearPlan& plan = l.plan;
   Impl& im = *impl_;
+  x_from = checked_from(x_from, B, in, "CudaLinear::forward x");
+  const bool x_bf16_given = x_from && x_from->bf16_written;
+  FP4LAB_CHECK(x.data || B * in == 0 || (x_bf16_given && rounds_only(plan, false)),
+               "CudaLinear::forward: x has no FP32 values and the plan reads more than its written BF16");
   im.measure(ctx, plan, {Operand::fwd_x, Operand::wgrad_x}, x.data, B, in);  // x and W are the backward's too
   im.measure(ctx, plan, {Operand::fwd_w, Operand::dgrad_w}, w.data, out, in);
   if (y.rows != B || y.cols != out || (y.data == nullptr && B * out > 0)) y = alloc(B, out);
@@ -459,10 +468,10 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
     // Backward needs only the BF16 rounding of x: keep that (half the bytes
     // of the FP32 copy, and wgrad does not round x again).
     st->x_bf16 = true;
-    if (x.bf16) {
-      // The producer wrote the rounding (Tensor::bf16): keep a reference to it.
-      st->x = view_of(reinterpret_cast<float*>(x.bf16), 1, (B * in + 1) / 2);
-      st->x.mem = x.bf16_mem;
+    if (x_bf16_given) {
+      // The producer wrote the rounding (ProducerOutputs::bf16): keep a reference to it.
+      st->x = view_of(reinterpret_cast<float*>(x_from->bf16), 1, (B * in + 1) / 2);
+      st->x.mem = x_from->bf16_mem;
     } else {
       st->x = alloc(1, (B * in + 1) / 2);
       cuda::round_bf16_device(x.data, B * in, reinterpret_cast<uint16_t*>(st->x.data), kStream);
@@ -485,7 +494,8 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
       st->wx = alloc(1, (B * in + 1) / 2);
       st->wx_g = alloc(1, 1);
       if (const std::optional<PairSpecs> q = pair_specs(fx, wx, B, in)) {
-        xo = im.prepare_pair(*q, fx, wx, x, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data), st->wx_g.data);
+        xo = im.prepare_pair(*q, fx, wx, x.data, x_from, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data),
+                             st->wx_g.data);
         im.report(Operand::fwd_x, xo, B, in);
         wx_made = true;
       }
@@ -540,7 +550,7 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
 
 void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
                           Tensor& dx, Tensor& dw_acc, float* db_acc,
-                          const std::function<Tensor(int64_t, int64_t)>& alloc) {
+                          const std::function<Tensor(int64_t, int64_t)>& alloc, const ProducerOutputs* dy_from) {
   const LinearContext& ctx = l.ctx;
   const auto* stp = dynamic_cast<const CudaLinearState*>(&state);
   if (stp == nullptr) throw Error("CudaLinear::backward: `state` was not written by CudaLinear::forward");
@@ -561,6 +571,10 @@ void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Te
                 shape(out, in));
   const LinearPlan& plan = l.plan;
   Impl& im = *impl_;
+  dy_from = checked_from(dy_from, B, out, "CudaLinear::backward dy");
+  const bool dy_bf16_given = dy_from && dy_from->bf16_written;
+  FP4LAB_CHECK(dy.data || B * out == 0 || (dy_bf16_given && rounds_only(plan, true) && db_acc == nullptr),
+               "CudaLinear::backward: dy has no FP32 values and the layer reads more than its written BF16");
   im.measure(ctx, plan, {Operand::dgrad_grad_y, Operand::wgrad_grad_y}, dy.data, B, out);
   if (dx.rows != B || dx.cols != in || (dx.data == nullptr && B * in > 0)) dx = alloc(B, in);
 
@@ -582,12 +596,12 @@ void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Te
                                       ? im.alpha_for(Impl::kDgrad, st.w_has_g ? st.w_g.data : nullptr)
                                       : GemmAlpha{};
     if (st.x_bf16 || st.wx_ready) wgrad_alpha = im.alpha_for(Impl::kWgrad, st.x_bf16 ? nullptr : st.wx_g.data);
-    dy_op = im.prepare_pair(*q, dgy, wgy, dy, B, out, im.slot[0], im.dy_cols_h.data(), im.dy_cols_g.data(), dgrad_alpha,
-                            wgrad_alpha);
+    dy_op = im.prepare_pair(*q, dgy, wgy, dy.data, dy_from, B, out, im.slot[0], im.dy_cols_h.data(),
+                            im.dy_cols_g.data(), dgrad_alpha, wgrad_alpha);
     im.report(Operand::dgrad_grad_y, dy_op, B, out);
     dy_pair = true;
-  } else if (dy_shared && dy.bf16) {
-    dy_op.bf16 = dy.bf16;  // the producer's rounding (Tensor::bf16)
+  } else if (dy_shared && dy_bf16_given) {
+    dy_op.bf16 = dy_from->bf16;  // the producer's rounding (ProducerOutputs::bf16)
     im.report(Operand::dgrad_grad_y, dy_op, B, out);
   } else {
     dy_op = im.prepare(dgy, dy.data, B, out, im.slot[0]);

@@ -46,10 +46,13 @@ class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
   // `alloc(rows, cols)` returns a new device tensor; it is called for y (dx)
   // when y (dx) does not already have the output's shape.
   // `l`: the layer's plan for the pass (train/backend.hpp's LayerPlan; the backward gets its forward's).
+  // x_from / dy_from: what the producer of x / dy wrote for this layer (null: nothing).
   void forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-               std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc);
+               std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc,
+               const ProducerOutputs* x_from = nullptr);
   void backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy, Tensor& dx,
-                Tensor& dw_acc, float* db_acc, const std::function<Tensor(int64_t, int64_t)>& alloc);
+                Tensor& dw_acc, float* db_acc, const std::function<Tensor(int64_t, int64_t)>& alloc,
+                const ProducerOutputs* dy_from = nullptr);
   // The same, planned on the spot (tests).
   void forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc) {
@@ -60,17 +63,14 @@ class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
     backward(plan_layer(ctx), state, w, dy, dx, dw_acc, db_acc, alloc);
   }
 
-  // Backend::linear_reads_bf16: does the plan make both GEMM operands of
-  // x (grad: of dy) by plain BF16 rounding? Then forward (backward) takes
-  // x.bf16 (dy.bf16) as that rounding where the tensor has a companion.
-  bool reads_bf16(const LayerPlan& l, bool grad) const;
-
-  // Backend::linear_amax_request: the amaxes of x (grad: dy), [rows, cols],
-  // that the plan needs for its one-pass NVFP4 quantization of both
-  // operands (quantize_dual_device) with a tensor-amax global scale. forward
-  // (backward) then takes them from x.amax (dy.amax) where it is written for
-  // the same request, instead of its own amax pass.
-  std::optional<AmaxRequest> amax_request(const LayerPlan& l, bool grad, int64_t rows, int64_t cols) const;
+  // Backend::linear_input_needs: what the plan wants of the producer of x
+  // (grad: of dy), a [rows, cols] tensor. bf16: both GEMM operands of the
+  // tensor are its plain BF16 rounding, which forward (backward) then takes
+  // from x_from (dy_from) where written. amax: the two amaxes of the one-pass
+  // NVFP4 quantization of both operands (quantize_dual_device) with a
+  // tensor-amax global scale, taken from x_from (dy_from) where written for
+  // the same request instead of the layer's own amax pass.
+  LinearInputNeeds input_needs(const LayerPlan& l, bool grad, int64_t rows, int64_t cols) const;
 
   // Test hook: when set, every GEMM operand the layer prepares is reported as
   // (operand, device pointer to its FP32 value [rows, cols] row-major, rows,

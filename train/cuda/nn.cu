@@ -64,7 +64,7 @@ __device__ __forceinline__ void f4_set(float4& v, int k, float x) {
   else
     v.w = x;
 }
-// 4 consecutive companions at out_h + 4g: one 8-byte store where aligned.
+// 4 consecutive BF16 outputs at out_h + 4g: one 8-byte store where aligned.
 __device__ __forceinline__ void store_bf16x4(uint16_t* out_h, int64_t g, const float4& r) {
   const uint2 w = make_uint2(bf16_rn(r.x) | bf16_rn(r.y) << 16, bf16_rn(r.z) | bf16_rn(r.w) << 16);
   if ((reinterpret_cast<uintptr_t>(out_h) & 7u) == 0) {
@@ -76,7 +76,7 @@ __device__ __forceinline__ void store_bf16x4(uint16_t* out_h, int64_t g, const f
 }
 // out[i] = f(a[i], b[i]) for every i < n (b may be null: f(a[i], 0)), and
 // out_h[i] = its BF16 rounding when out_h is not null. out may be null when
-// out_h is not (a tensor whose FP32 values were dropped: the companion only).
+// out_h is not (a tensor whose FP32 values were dropped: the BF16 output only).
 template <class F>
 __device__ __forceinline__ void map4(int64_t n, const float* a, const float* b, float* out, F f,
                                      uint16_t* out_h = nullptr) {
@@ -180,7 +180,7 @@ __device__ __forceinline__ void store_v(float* p, int64_t i, const float (&v)[V]
   else
     reinterpret_cast<float2*>(p)[i / 2] = make_float2(v[0], v[1]);
 }
-// Their BF16 companions at h + i.
+// Their BF16 outputs at h + i.
 template <int V>
 __device__ __forceinline__ void store_bf16_v(uint16_t* h, int64_t i, const float (&v)[V]) {
   if constexpr (V == 4) {
@@ -203,7 +203,7 @@ __device__ __forceinline__ void store_bf16_v(uint16_t* h, int64_t i, const float
 //
 // dst = drop(y), y += x first (stored back) when x is not null; dst_h (may be
 // null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
-// in-place dropout), or null when dst_h is not (the companion only). Per
+// in-place dropout), or null when dst_h is not (the BF16 output only). Per
 // element the operations of add_inplace, copy and dropout in place.
 struct DropoutTo {
   float* y;
@@ -389,7 +389,7 @@ __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* b
   for (int64_t j = lane; j < cols; j += kWarp) {
     const float h = (xr[j] - m) * rs;
     const float v = h * gamma[j] + (beta ? beta[j] : 0.0f);
-    if (y) y[r * cols + j] = v;  // null: the companion only
+    if (y) y[r * cols + j] = v;  // null: the BF16 output only
     if (y_h) y_h[r * cols + j] = uint16_t(bf16_rn(v));
   }
 }

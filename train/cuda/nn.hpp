@@ -113,7 +113,7 @@ void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, ui
 // dst = dropout(y) out of place (y + x first, stored back into y, when x is
 // not null; p <= 0: dst = y): the operations and bits of add_inplace(y, x),
 // a copy of y into dst and dropout(dst, ...), in one pass. The mask index is
-// the element's linear index. dst_bf16: dst's companion; amax: dst's amaxes.
+// the element's linear index. dst_bf16: dst's BF16 output; amax: dst's amaxes (ProducerOutputs).
 void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64_t seed, uint64_t stream_id,
                 uint16_t* dst_bf16 = nullptr, cudaStream_t stream = nullptr, const ProducerAmax* amax = nullptr);
 
@@ -235,13 +235,13 @@ class Attention {
   // normaliser summed in float64. out [B*T, C] head h columns = drop(probs) v,
   // where element e of probs (its linear index) is dropped iff
   // random_bits(seed, stream_id, e) < dropout_threshold(dropout).
-  // out_bf16 (may be null): out's BF16 companion, written in the same pass
+  // out_bf16 (may be null): out's BF16 output (ProducerOutputs), written in the same pass
   // (fused path) or by one rounding pass after (cuBLAS path).
   void forward(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_bf16 = nullptr);
   // dqkv [B*T, 3C] (every column written) from dout [B*T, C] and the saved
   // probs: dp = drop(dout v^T), ds = p * (dp - sum_j dp p) * scale (float64
   // dot), dq = ds k, dk = ds^T q, dv = drop(p)^T dout.
-  // dqkv_bf16 (may be null): dqkv's BF16 companion, as forward's out_bf16.
+  // dqkv_bf16 (may be null): dqkv's BF16 output, as forward's out_bf16.
   void backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
                 uint16_t* dqkv_bf16 = nullptr);
   // With d.bf16_flash, `probs` of forward and backward is the flash path's
@@ -277,7 +277,7 @@ class Attention {
   AttentionPath path_ = AttentionPath::automatic;
   DeviceBuffer<float*> ptrs_;
   DeviceBuffer<float> pd_, dp_;
-  DeviceBuffer<float> f32_out_;  // the cuBLAS path's FP32 output where only a companion is asked for
+  DeviceBuffer<float> f32_out_;  // the cuBLAS path's FP32 output where only the BF16 output is asked for
   DeviceBuffer<float> dlt_;      // the flash backward's D = rowsum(dout * out) [B*H*T]
 };
 

@@ -2,7 +2,7 @@
 // cuda/moe_ops.cu): launch shapes, the fixed-order warp reductions, the dropout
 // rule of one element, its threshold and scale (dropout_params) and the Philox
 // words of 4 elements at any offset (words4, the attention kernels' mask), and
-// the BF16 rounding of companions. Internal to cuda/; include only from .cu files.
+// the BF16 rounding of producers' BF16 outputs. Internal to cuda/; include only from .cu files.
 #pragma once
 
 #include <algorithm>
@@ -21,7 +21,7 @@ namespace fp4lab::cuda::nn::detail {
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
 
-// The BF16 companion of a float (Tensor::bf16 of the trainer): round to
+// The BF16 output of a float (ProducerOutputs::bf16 of the trainer): round to
 // nearest even, as round_bf16_device.
 __device__ __forceinline__ uint32_t bf16_rn(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
 

@@ -286,38 +286,41 @@ class Pinned final : public Backend {
   using Backend::linear_forward;
   using Backend::linear_backward;
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                      std::unique_ptr<LinearState>& state) override {
-    be().linear_forward(l, x, w, b, y, state);
+                      std::unique_ptr<LinearState>& state, const ProducerOutputs* from) override {
+    be().linear_forward(l, x, w, b, y, state, from);
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy, Tensor& dx,
-                       Tensor& dw_acc, float* db_acc) override {
-    be().linear_backward(l, state, w, dy, dx, dw_acc, db_acc);
+                       Tensor& dw_acc, float* db_acc, const ProducerOutputs* from) override {
+    be().linear_backward(l, state, w, dy, dx, dw_acc, db_acc, from);
   }
   void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
-                         Tensor& rstd) override {
-    be().layernorm_forward(x, gamma, beta, eps, y, mean, rstd);
+                         Tensor& rstd, ProducerOutputs* o) override {
+    be().layernorm_forward(x, gamma, beta, eps, y, mean, rstd, o);
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
                           Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
     be().layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, residual);
   }
-  void gelu_forward(const Tensor& x, Tensor& y) override { be().gelu_forward(x, y); }
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override { be().gelu_backward(x, dy, dx); }
-  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
-                         DropoutKey key) override {
-    be().attention_forward(s, qkv, out, probs, key);
+  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o) override { be().gelu_forward(x, y, o); }
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o) override {
+    be().gelu_backward(x, dy, dx, o);
+  }
+  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,
+                         ProducerOutputs* o) override {
+    be().attention_forward(s, qkv, out, probs, key, o);
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                          Tensor& dqkv, DropoutKey key) override {
-    be().attention_backward(s, qkv, probs, dout, dqkv, key);
+                          Tensor& dqkv, DropoutKey key, ProducerOutputs* o) override {
+    be().attention_backward(s, qkv, probs, dout, dqkv, key, o);
   }
   void dropout_forward(Tensor& x, float p, DropoutKey key) override { be().dropout_forward(x, p, key); }
   void dropout_backward(Tensor& dy, float p, DropoutKey key) override { be().dropout_backward(dy, p, key); }
-  void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key) override {
-    be().dropout_backward_to(src, dst, p, key);
+  void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key, ProducerOutputs* o) override {
+    be().dropout_backward_to(src, dst, p, key, o);
   }
-  void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key) override {
-    be().add_dropout_backward_to(y, x, dst, p, key);
+  void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key,
+                               ProducerOutputs* o) override {
+    be().add_dropout_backward_to(y, x, dst, p, key, o);
   }
   void add_inplace(Tensor& y, const Tensor& x) override { be().add_inplace(y, x); }
   void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override { be().dropout_add(y, x, p, key); }

@@ -165,7 +165,7 @@ struct Result {
   std::vector<uint16_t> out_h, dqkv_h;
 };
 
-Result run(const AttentionDims& d, const std::vector<float>& qkv, const std::vector<float>& dout, bool companions,
+Result run(const AttentionDims& d, const std::vector<float>& qkv, const std::vector<float>& dout, bool bf16_outputs,
            AttentionPath path = AttentionPath::automatic) {
   const int64_t BT = d.batch * d.seq, C = d.width;
   DeviceBuffer<float> q(size_t(BT * 3 * C)), o(size_t(BT * C)), s(size_t(Attention::saved_floats(d))),
@@ -179,11 +179,11 @@ Result run(const AttentionDims& d, const std::vector<float>& qkv, const std::vec
   oh.fill_bytes(0xFF);
   dqh.fill_bytes(0xFF);
   Attention a(nullptr, path);
-  a.forward(d, q.data(), o.data(), s.data(), companions ? oh.data() : nullptr);
-  a.backward(d, q.data(), s.data(), g.data(), dq.data(), companions ? dqh.data() : nullptr);
+  a.forward(d, q.data(), o.data(), s.data(), bf16_outputs ? oh.data() : nullptr);
+  a.backward(d, q.data(), s.data(), g.data(), dq.data(), bf16_outputs ? dqh.data() : nullptr);
   fp4lab::cuda::check(cudaDeviceSynchronize(), "flash attention test");
   Result r{o.download(), dq.download(), s.download(), {}, {}};
-  if (companions) r.out_h = oh.download(), r.dqkv_h = dqh.download();
+  if (bf16_outputs) r.out_h = oh.download(), r.dqkv_h = dqh.download();
   return r;
 }
 
@@ -211,15 +211,15 @@ TEST_CASE("bf16 flash attention: forward and backward inside the BF16 bounds of 
         const auto qkv = randn_bf16(size_t(g.B * g.T * 3 * d.width), ++seed, 1.0f);
         const auto dout = randn_bf16(size_t(g.B * g.T * d.width), ++seed, 1.0f);
         const Ref ref = reference(d, qkv, dout);
-        const bool companions = (seed % 4) == 0;
-        const Result r = run(d, qkv, dout, companions);
+        const bool bf16_outputs = (seed % 4) == 0;
+        const Result r = run(d, qkv, dout, bf16_outputs);
         expect_within("out", r.out, ref.out, ref.tol_out);
         expect_within("dqkv", r.dqkv, ref.dqkv, ref.tol_dqkv);
-        if (companions) {
+        if (bf16_outputs) {
           bool same = true;
           for (size_t i = 0; i < r.out.size() && same; ++i) same = r.out_h[i] == bf16_of(r.out[i]);
           for (size_t i = 0; i < r.dqkv.size() && same; ++i) same = r.dqkv_h[i] == bf16_of(r.dqkv[i]);
-          CHECK(same);  // the companions are the outputs' BF16 roundings
+          CHECK(same);  // the BF16 outputs are the outputs' BF16 roundings
         }
         // The saved output rows are out's; the log-sum-exp is finite.
         const int64_t hd = g.hd, T = g.T, C = d.width;

@@ -2,8 +2,8 @@
 // backend operation table (tests/train/backend_cases.hpp: every op on random
 // inputs and awkward shapes, dropout masks bit for bit, everything else at the
 // row's FP32 tolerance) and its run-to-run determinism; then what the table
-// cannot say: the caching allocator, the error paths, the BF16 and amax
-// companions, and whole GPT/ViT steps. Without a GPU the executable reports
+// cannot say: the caching allocator, the error paths, the producer outputs
+// (BF16 operands and amaxes), and whole GPT/ViT steps. Without a GPU the executable reports
 // SKIPPED (tests/gpu_main.cpp).
 //
 // Tolerance: the two backends evaluate the same FP32/FP64 operations and differ
@@ -80,48 +80,64 @@ void expect_same_bits(const std::string& what, const std::vector<float>& a, cons
   CHECK(bad == 0);
 }
 
-// t's BF16 companion (Tensor::bf16), downloaded, against core's
-// round-to-nearest-even BF16 of t's data.
-void expect_companion(Backend& be, const std::string& what, const Tensor& t) {
-  REQUIRE(t.bf16 != nullptr);
-  const std::vector<float> v = get(be, t);
-  std::vector<uint16_t> h(v.size());
-  REQUIRE(cudaMemcpy(h.data(), t.bf16, h.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+// A producer's BF16 output buffers for a [rows, cols] tensor (ProducerOutputs
+// with bf16; drop: the FP32 values not written) and the FP32 tensor that goes
+// with them (model.hpp's output_tensor: data null when dropped).
+struct Produced {
+  ProducerOutputs o;
+  Tensor t;
+};
+Produced bf16_outputs(Backend& be, int64_t rows, int64_t cols, bool drop = false) {
+  Produced p;
+  p.o = be.producer_outputs(LinearInputNeeds{true, std::nullopt}, rows, cols);
+  p.o.f32 = !drop;
+  p.t = output_tensor(be, p.o);
+  return p;
+}
+
+std::vector<uint16_t> get_bf16(const uint16_t* d, size_t n) {
+  std::vector<uint16_t> h(n);
+  REQUIRE(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  return h;
+}
+
+// p's BF16 output, written, against core's round-to-nearest-even BF16 of p's FP32 values.
+void expect_bf16_output(Backend& be, const std::string& what, const Produced& p) {
+  REQUIRE(p.o.bf16 != nullptr);
+  REQUIRE(p.o.bf16_written);
+  const std::vector<float> v = get(be, p.t);
+  const std::vector<uint16_t> h = get_bf16(p.o.bf16, v.size());
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < v.size(); ++i)
     if (h[i] != fp4lab::encode_rn_f32<fp4lab::bfloat16>(v[i], fp4lab::Overflow::nonsaturate) && !bad++) first = i;
-  INFO(what, ": ", bad, " of ", v.size(), " companions differ from the RNE BF16 of the FP32 values, first at ", first);
+  INFO(what, ": ", bad, " of ", v.size(), " BF16 outputs differ from the RNE BF16 of the FP32 values, first at ", first);
   CHECK(bad == 0);
 }
 
-// `only`, a tensor whose FP32 values the backend dropped (add_bf16_companion's
-// drop_f32), holds the same companion bits as `full`, the same op's output
-// with its FP32 values kept.
-void expect_same_companion(const std::string& what, const Tensor& full, const Tensor& only) {
-  REQUIRE(only.data == nullptr);
-  REQUIRE(only.bf16 != nullptr);
-  REQUIRE(full.size() == only.size());
-  std::vector<uint16_t> a(size_t(full.size())), b(a.size());
-  REQUIRE(cudaMemcpy(a.data(), full.bf16, a.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
-  REQUIRE(cudaMemcpy(b.data(), only.bf16, b.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+// `only`, an output whose FP32 values were not written (ProducerOutputs::f32
+// false), holds the same BF16 bits as `full`, the same op's output with them.
+void expect_same_bf16_output(const std::string& what, const Produced& full, const Produced& only) {
+  REQUIRE(only.t.data == nullptr);
+  REQUIRE(only.o.bf16_written);
+  REQUIRE(full.t.size() == only.t.size());
+  const std::vector<uint16_t> a = get_bf16(full.o.bf16, size_t(full.t.size())), b = get_bf16(only.o.bf16, a.size());
   size_t bad = 0;
   for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i];
-  INFO(what, " (FP32 dropped): ", bad, " of ", a.size(), " companions differ from the FP32-kept form's");
+  INFO(what, " (FP32 dropped): ", bad, " of ", a.size(), " BF16 outputs differ from the FP32-kept form's");
   CHECK(bad == 0);
 }
 
-// `produce(drop_f32)` runs producers into output tensors it gives BF16
-// companions (add_bf16_companion(t, drop_f32)) and returns them: with the FP32
-// values kept, each companion is the RNE BF16 of its tensor; with them dropped,
-// the same companion bits.
-void expect_companions(Backend& be, const std::string& what, const std::vector<std::string>& names,
-                       const std::function<std::vector<Tensor>(bool)>& produce) {
-  const std::vector<Tensor> kept = produce(false), dropped = produce(true);
+// `produce(drop)` runs producers into outputs made by bf16_outputs(.., drop)
+// and returns them: with the FP32 values kept, each BF16 output is the RNE
+// BF16 of its tensor; with them dropped, the same BF16 bits.
+void expect_bf16_outputs(Backend& be, const std::string& what, const std::vector<std::string>& names,
+                         const std::function<std::vector<Produced>(bool)>& produce) {
+  const std::vector<Produced> kept = produce(false), dropped = produce(true);
   REQUIRE(kept.size() == names.size());
   REQUIRE(dropped.size() == names.size());
   for (size_t i = 0; i < names.size(); ++i) {
-    expect_companion(be, what + ": " + names[i], kept[i]);
-    expect_same_companion(what + ": " + names[i], kept[i], dropped[i]);
+    expect_bf16_output(be, what + ": " + names[i], kept[i]);
+    expect_same_bf16_output(what + ": " + names[i], kept[i], dropped[i]);
   }
 }
 
@@ -254,10 +270,10 @@ TEST_CASE("cuda backend: one GPT and one ViT training step match the CPU (FP32 r
   }
 }
 
-TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer writes") {
+TEST_CASE("cuda backend: producers' BF16 outputs are the RNE BF16 of what they write") {
   auto be = make_backend("cuda");
-  // GELU, in-place dropout_backward and LayerNorm, around BF16 ties, with a
-  // companion 2 bytes off alignment too (the scalar stores).
+  // GELU and LayerNorm, around BF16 ties, with a BF16 output 2 bytes off
+  // alignment too (the scalar stores).
   for (int64_t n : {1, 7, 4099, 10007}) {
     for (bool shifted : {false, true}) {
       CAPTURE(n);
@@ -266,49 +282,38 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
       for (size_t i = 0; i < x.size(); i += 3)  // low halves 0x8000 exactly: BF16 ties
         x[i] = fp4lab::bits_float((fp4lab::float_bits(x[i]) & 0xFFFF0000u) | 0x8000u);
       Tensor xt = put(*be, x, 1, n), dyt = put(*be, randv(size_t(n), 71 + uint32_t(n)), 1, n);
-      auto with_companion = [&](int64_t rows, int64_t cols) {
-        Tensor t = be->empty(rows, cols);
-        if (!shifted) {
-          be->add_bf16_companion(t);
-        } else {
-          Tensor wide = be->empty(1, rows * cols + 1);
-          be->add_bf16_companion(wide);
-          t.bf16 = wide.bf16 + 1;
-          t.bf16_mem = wide.bf16_mem;
+      auto outputs = [&](int64_t rows, int64_t cols) {
+        Produced p = bf16_outputs(*be, rows, cols);
+        if (shifted) {
+          const Produced wide = bf16_outputs(*be, 1, rows * cols + 1);
+          p.o.bf16 = wide.o.bf16 + 1;
+          p.o.bf16_mem = wide.o.bf16_mem;
         }
-        return t;
+        return p;
       };
-      Tensor y = with_companion(1, n), dx = with_companion(1, n);
-      be->gelu_forward(xt, y);
-      be->gelu_backward(xt, dyt, dx);
-      expect_companion(*be, "gelu_forward", y);
-      expect_companion(*be, "gelu_backward", dx);
-      for (float p : {0.2f, 0.0f}) {
-        Tensor d = with_companion(1, n);
-        be->copy(dyt, d);  // copy leaves the companion stale; dropout_backward writes it
-        be->dropout_backward(d, p, DropoutKey{3, 4});
-        expect_companion(*be, p > 0 ? "dropout_backward" : "dropout_backward (p = 0)", d);
-      }
+      Produced y = outputs(1, n), dx = outputs(1, n);
+      be->gelu_forward(xt, y.t, &y.o);
+      be->gelu_backward(xt, dyt, dx.t, &dx.o);
+      expect_bf16_output(*be, "gelu_forward", y);
+      expect_bf16_output(*be, "gelu_backward", dx);
       const int64_t rows = n == 1 ? 1 : 7, cols = n / rows;
-      Tensor ln = with_companion(rows, cols), mean = be->empty(1, rows), rstd = be->empty(1, rows);
+      Produced ln = outputs(rows, cols);
+      Tensor mean = be->empty(1, rows), rstd = be->empty(1, rows);
       Tensor g = put(*be, randv(size_t(cols), 72, 0.5f, 1.0f), 1, cols);
-      be->layernorm_forward(view_of(xt.data, rows, cols), g.data, nullptr, 1e-5f, ln, mean, rstd);
-      expect_companion(*be, "layernorm_forward", ln);
+      be->layernorm_forward(view_of(xt.data, rows, cols), g.data, nullptr, 1e-5f, ln.t, mean, rstd, &ln.o);
+      expect_bf16_output(*be, "layernorm_forward", ln);
       if (shifted) continue;
-      // The companions alone (FP32 dropped): the same bits.
-      expect_companions(*be, "gelu", {"forward y", "backward dx"}, [&](bool drop) {
-        Tensor y2 = be->empty(1, n), dx2 = be->empty(1, n);
-        be->add_bf16_companion(y2, drop);
-        be->add_bf16_companion(dx2, drop);
-        be->gelu_forward(xt, y2);
-        be->gelu_backward(xt, dyt, dx2);
-        return std::vector<Tensor>{y2, dx2};
+      // The BF16 alone (FP32 dropped): the same bits.
+      expect_bf16_outputs(*be, "gelu", {"forward y", "backward dx"}, [&](bool drop) {
+        Produced y2 = bf16_outputs(*be, 1, n, drop), dx2 = bf16_outputs(*be, 1, n, drop);
+        be->gelu_forward(xt, y2.t, &y2.o);
+        be->gelu_backward(xt, dyt, dx2.t, &dx2.o);
+        return std::vector<Produced>{y2, dx2};
       });
-      expect_companions(*be, "layernorm_forward", {"y"}, [&](bool drop) {
-        Tensor l2 = be->empty(rows, cols);
-        be->add_bf16_companion(l2, drop);
-        be->layernorm_forward(view_of(xt.data, rows, cols), g.data, nullptr, 1e-5f, l2, mean, rstd);
-        return std::vector<Tensor>{l2};
+      expect_bf16_outputs(*be, "layernorm_forward", {"y"}, [&](bool drop) {
+        Produced l2 = bf16_outputs(*be, rows, cols, drop);
+        be->layernorm_forward(view_of(xt.data, rows, cols), g.data, nullptr, 1e-5f, l2.t, mean, rstd, &l2.o);
+        return std::vector<Produced>{l2};
       });
     }
   }
@@ -320,15 +325,13 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
       const auto x = randv(size_t(n), 7 + uint32_t(n)), dy = randv(size_t(n), 8 + uint32_t(n));
       const DropoutKey key{0x1234567890ull, (uint64_t(0xD) << 60) | 12345};
       std::vector<float> sums[2];
-      expect_companions(*be, "dropout", {"dropout_backward_to dst", "add_dropout_backward_to dst"}, [&](bool drop) {
-        Tensor src = put(*be, dy, 1, n), dst = be->empty(1, n), y = put(*be, dy, 1, n), yx = put(*be, x, 1, n),
-               dst2 = be->empty(1, n);
-        be->add_bf16_companion(dst, drop);
-        be->add_bf16_companion(dst2, drop);
-        be->dropout_backward_to(src, dst, p, key);
-        be->add_dropout_backward_to(y, yx, dst2, p, key);
+      expect_bf16_outputs(*be, "dropout", {"dropout_backward_to dst", "add_dropout_backward_to dst"}, [&](bool drop) {
+        Tensor src = put(*be, dy, 1, n), y = put(*be, dy, 1, n), yx = put(*be, x, 1, n);
+        Produced dst = bf16_outputs(*be, 1, n, drop), dst2 = bf16_outputs(*be, 1, n, drop);
+        be->dropout_backward_to(src, dst.t, p, key, &dst.o);
+        be->add_dropout_backward_to(y, yx, dst2.t, p, key, &dst2.o);
         sums[drop] = get(*be, y);
-        return std::vector<Tensor>{dst, dst2};
+        return std::vector<Produced>{dst, dst2};
       });
       expect_same_bits("add_dropout_backward_to's sum y += x, FP32 of dst dropped or not", sums[0], sums[1]);
     }
@@ -349,25 +352,46 @@ TEST_CASE("cuda backend: BF16 companions are the RNE BF16 of what each producer 
         const DropoutKey key{77, 0xABCDEF0123ull};
         Tensor q = put(*be, randv(size_t(N * 3 * C), ++seed, 0.7f), N, 3 * C);
         Tensor d = put(*be, randv(size_t(N * C), ++seed), N, C);
-        expect_companions(*be, "attention", {"forward out", "backward dqkv"}, [&](bool drop) {
-          Tensor o = be->empty(N, C), pr = be->empty(g.B * g.H * g.T, g.T), dq = be->empty(N, 3 * C);
-          be->add_bf16_companion(o, drop);
-          be->add_bf16_companion(dq, drop);
-          be->attention_forward(s, q, o, pr, key);
-          be->attention_backward(s, q, pr, d, dq, key);
-          return std::vector<Tensor>{o, dq};
+        expect_bf16_outputs(*be, "attention", {"forward out", "backward dqkv"}, [&](bool drop) {
+          Produced o = bf16_outputs(*be, N, C, drop), dq = bf16_outputs(*be, N, 3 * C, drop);
+          Tensor pr = be->empty(g.B * g.H * g.T, g.T);
+          be->attention_forward(s, q, o.t, pr, key, &o.o);
+          be->attention_backward(s, q, pr, d, dq.t, key, &dq.o);
+          return std::vector<Produced>{o, dq};
         });
       }
 }
 
+TEST_CASE("cuda backend: producer outputs are checked against their tensor") {
+  auto be = make_backend("cuda");
+  Tensor x = put(*be, randv(64, 3), 8, 8);
+  Produced wrong = bf16_outputs(*be, 4, 16);  // same size, another shape
+  Tensor y = be->empty(8, 8);
+  CHECK_THROWS_AS(be->gelu_forward(x, y, &wrong.o), fp4lab::InternalError);
+  Produced only = bf16_outputs(*be, 8, 8, true);
+  Tensor y32 = be->empty(8, 8);  // FP32 present although the outputs drop it
+  CHECK_THROWS_AS(be->gelu_forward(x, y32, &only.o), fp4lab::InternalError);
+  Tensor none;  // no FP32 values and no outputs to write instead
+  none.rows = none.cols = 8;
+  CHECK_THROWS_AS(be->gelu_forward(x, none, nullptr), fp4lab::InternalError);
+  // A layer given an input with no FP32 values and no written BF16 for it.
+  const fp4lab::Recipe bf16 = fp4lab::recipe_by_name("bf16");
+  Tensor w = put(*be, randv(64, 4), 8, 8), out;
+  std::unique_ptr<LinearState> st;
+  Produced unwritten = bf16_outputs(*be, 8, 8, true);
+  CHECK_THROWS_AS(be->linear_forward(plan_layer({&bf16, 1, 0, 0, "h.0.mlp.c_fc"}), unwritten.t, w, nullptr, out, st,
+                                     &unwritten.o),
+                  fp4lab::InternalError);
+}
+
 namespace {
-// The two words of t's amax companion.
-std::vector<uint32_t> amax_words(const Tensor& t) {
+// The two amax words of o.
+std::vector<uint32_t> amax_words(const ProducerOutputs& o) {
   std::vector<uint32_t> w(2);
-  fp4lab::cuda::check(cudaMemcpy(w.data(), t.amax, 8, cudaMemcpyDeviceToHost), "test");
+  fp4lab::cuda::check(cudaMemcpy(w.data(), o.amax, 8, cudaMemcpyDeviceToHost), "test");
   return w;
 }
-// What the companion must hold for the values v [rows, cols]: the max
+// What the amax words must hold for the values v [rows, cols]: the max
 // abs_bits of v, and of sim's RHT of v down 16-row column chunks (rht).
 std::vector<uint32_t> want_amax(std::vector<float> v, int64_t rows, int64_t cols, const AmaxRequest& r) {
   auto amax = [](const std::vector<float>& x) {
@@ -382,7 +406,7 @@ std::vector<uint32_t> want_amax(std::vector<float> v, int64_t rows, int64_t cols
 }
 }  // namespace
 
-TEST_CASE("cuda backend: amax companions are the tensor amaxes of what each producer writes") {
+TEST_CASE("cuda backend: producers' amax outputs are the tensor amaxes of what they write") {
   auto be = make_backend("cuda");
   for (const AmaxRequest r : {AmaxRequest{true, 41}, AmaxRequest{false, 0}}) {
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{48, 64}, {1040, 132}}) {
@@ -396,17 +420,19 @@ TEST_CASE("cuda backend: amax companions are the tensor amaxes of what each prod
       const auto dy = randv(n, 81 + uint32_t(rows)), res = randv(n, 82 + uint32_t(rows));
       Tensor xt = put(*be, x, rows, cols), dyt = put(*be, dy, rows, cols);
       auto with_amax = [&] {
-        Tensor t = be->empty(rows, cols);
-        be->add_amax_companion(t, r);
-        CHECK_FALSE(t.amax_written);
-        return t;
+        Produced p;
+        p.o = be->producer_outputs(LinearInputNeeds{false, r}, rows, cols);
+        p.t = output_tensor(*be, p.o);
+        CHECK_FALSE(p.o.amax_written);
+        return p;
       };
-      auto expect = [&](const char* what, const Tensor& t, const Tensor& plain) {
+      auto expect = [&](const char* what, const Produced& p, const Tensor& plain) {
         CAPTURE(what);
-        REQUIRE(t.amax_written);
-        const std::vector<float> v = get(*be, t);
-        expect_same_bits(std::string(what) + " (values, against the op without a companion)", v, get(*be, plain));
-        const std::vector<uint32_t> got = amax_words(t), want = want_amax(v, rows, cols, r);
+        REQUIRE(p.o.amax_written);
+        CHECK_FALSE(p.o.bf16_written);
+        const std::vector<float> v = get(*be, p.t);
+        expect_same_bits(std::string(what) + " (values, against the op without outputs)", v, get(*be, plain));
+        const std::vector<uint32_t> got = amax_words(p.o), want = want_amax(v, rows, cols, r);
         char msg[96];
         std::snprintf(msg, sizeof msg, "amax words got %08x %08x, want %08x %08x", got[0], got[1], want[0], want[1]);
         INFO(msg);
@@ -417,75 +443,79 @@ TEST_CASE("cuda backend: amax companions are the tensor amaxes of what each prod
         CHECK(same(got[0], want[0]));
         CHECK(same(got[1], want[1]));
       };
-      Tensor y = with_amax(), y0 = be->empty(rows, cols);
-      be->gelu_forward(xt, y);
+      Produced y = with_amax();
+      Tensor y0 = be->empty(rows, cols);
+      be->gelu_forward(xt, y.t, &y.o);
       be->gelu_forward(xt, y0);
       expect("gelu_forward", y, y0);
-      Tensor dx = with_amax(), dx0 = be->empty(rows, cols);
-      be->gelu_backward(xt, dyt, dx);
+      Produced dx = with_amax();
+      Tensor dx0 = be->empty(rows, cols);
+      be->gelu_backward(xt, dyt, dx.t, &dx.o);
       be->gelu_backward(xt, dyt, dx0);
       expect("gelu_backward", dx, dx0);
       for (float p : {0.2f, 0.0f}) {
         CAPTURE(p);
-        Tensor d = with_amax(), d0 = be->empty(rows, cols);
-        be->dropout_backward_to(dyt, d, p, DropoutKey{5, 6});
+        Produced d = with_amax();
+        Tensor d0 = be->empty(rows, cols);
+        be->dropout_backward_to(dyt, d.t, p, DropoutKey{5, 6}, &d.o);
         be->dropout_backward_to(dyt, d0, p, DropoutKey{5, 6});
         expect("dropout_backward_to", d, d0);
         Tensor ya = put(*be, res, rows, cols), yb = put(*be, res, rows, cols);
-        Tensor e = with_amax(), e0 = be->empty(rows, cols);
-        be->add_dropout_backward_to(ya, xt, e, p, DropoutKey{7, 8});
+        Produced e = with_amax();
+        Tensor e0 = be->empty(rows, cols);
+        be->add_dropout_backward_to(ya, xt, e.t, p, DropoutKey{7, 8}, &e.o);
         be->add_dropout_backward_to(yb, xt, e0, p, DropoutKey{7, 8});
         expect("add_dropout_backward_to", e, e0);
         expect_same_bits("add_dropout_backward_to (y += x)", get(*be, ya), get(*be, yb));
       }
-      // A producer that does not write the companion leaves it unwritten.
-      Tensor l = with_amax(), mean = be->empty(1, rows), rstd = be->empty(1, rows);
+      // A producer that does not compute amaxes leaves them unwritten.
+      Produced l = with_amax();
+      Tensor mean = be->empty(1, rows), rstd = be->empty(1, rows);
       Tensor g = put(*be, randv(size_t(cols), 83, 0.5f, 1.0f), 1, cols);
-      be->layernorm_forward(xt, g.data, nullptr, 1e-5f, l, mean, rstd);
-      CHECK_FALSE(l.amax_written);
+      be->layernorm_forward(xt, g.data, nullptr, 1e-5f, l.t, mean, rstd, &l.o);
+      CHECK_FALSE(l.o.amax_written);
     }
   }
   // A shape the producer cannot serve (rows % 16 != 0): no amaxes, and the values stand.
-  Tensor x = put(*be, randv(40, 90), 10, 4), y = be->empty(10, 4);
-  be->add_amax_companion(y, AmaxRequest{true, 3});
-  be->gelu_forward(x, y);
-  CHECK_FALSE(y.amax_written);
+  Tensor x = put(*be, randv(40, 90), 10, 4);
+  ProducerOutputs o = be->producer_outputs(LinearInputNeeds{false, AmaxRequest{true, 3}}, 10, 4);
+  Tensor y = output_tensor(*be, o);
+  be->gelu_forward(x, y, &o);
+  CHECK_FALSE(o.amax_written);
 }
 
-// The NVFP4 layers take their amaxes from the companions: every canned recipe
-// with one-pass operands gives the same bits with and without them (the
-// companion replaces the layer's own amax pass only), forward and backward.
-TEST_CASE("cuda backend: NVFP4 layers with amax companions give the bits of their own amax passes") {
+// The NVFP4 layers take their amaxes from the producer outputs: every canned
+// recipe with one-pass operands gives the same bits with and without them
+// (they replace the layer's own amax pass only), forward and backward.
+TEST_CASE("cuda backend: NVFP4 layers with producer amaxes give the bits of their own amax passes") {
   auto be = make_backend("cuda");
   int requests = 0;
   for (const std::string& name : fp4lab::recipe_names()) {
     const fp4lab::Recipe rec = fp4lab::recipe_by_name(name);
     CAPTURE(name);
     const int64_t B = 64, in = 96, out = 48;
-    const fp4lab::LinearContext lc{&rec, 21, 3, 4, "h.1.mlp.c_proj"};
-    const std::optional<AmaxRequest> rx = be->linear_amax_request(lc, false, B, in);
-    const std::optional<AmaxRequest> ry = be->linear_amax_request(lc, true, B, out);
-    requests += int(rx.has_value()) + int(ry.has_value());
-    if (!rx && !ry) continue;
+    const LayerPlan lp = plan_layer(fp4lab::LinearContext{&rec, 21, 3, 4, "h.1.mlp.c_proj"});
+    const LinearInputNeeds nx = be->linear_input_needs(lp, false, B, in);
+    const LinearInputNeeds ny = be->linear_input_needs(lp, true, B, out);
+    requests += int(nx.amax.has_value()) + int(ny.amax.has_value());
+    if (!nx.amax && !ny.amax) continue;
     const auto h = randv(size_t(B * in), 91, 2.0f), w = randv(size_t(out * in), 92, 0.2f);
     const auto g = randv(size_t(B * out), 93, 1e-3f);
     Tensor ht = put(*be, h, B, in), wt = put(*be, w, out, in), gt = put(*be, g, B, out);
     std::vector<std::vector<float> > got[2];
     for (int with = 0; with < 2; ++with) {
-      Tensor x = be->empty(B, in), dy = be->empty(B, out);
-      if (with && rx) be->add_amax_companion(x, *rx);
-      if (with && ry) be->add_amax_companion(dy, *ry);
-      be->gelu_forward(ht, x);  // x = gelu(h): the producer writes the companion
-      be->dropout_backward_to(gt, dy, 0.1f, DropoutKey{9, 10});
-      if (with) {
-        CHECK(x.amax_written == rx.has_value());
-        CHECK(dy.amax_written == ry.has_value());
-      }
+      ProducerOutputs xo = be->producer_outputs(with ? LinearInputNeeds{false, nx.amax} : LinearInputNeeds{}, B, in);
+      ProducerOutputs yo = be->producer_outputs(with ? LinearInputNeeds{false, ny.amax} : LinearInputNeeds{}, B, out);
+      Tensor x = output_tensor(*be, xo), dy = output_tensor(*be, yo);
+      be->gelu_forward(ht, x, &xo);  // x = gelu(h): the producer writes the amaxes
+      be->dropout_backward_to(gt, dy, 0.1f, DropoutKey{9, 10}, &yo);
+      CHECK(xo.amax_written == (with && nx.amax.has_value()));
+      CHECK(yo.amax_written == (with && ny.amax.has_value()));
       Tensor y = be->empty(B, out), dx = be->empty(B, in), dw = be->empty(out, in);
       be->fill(dw, 0.0f);
       std::unique_ptr<LinearState> st;
-      be->linear_forward(lc, x, wt, nullptr, y, st);
-      be->linear_backward(lc, *st, wt, dy, dx, dw, nullptr);
+      be->linear_forward(lp, x, wt, nullptr, y, st, &xo);
+      be->linear_backward(lp, *st, wt, dy, dx, dw, nullptr, &yo);
       got[with] = {get(*be, y), get(*be, dx), get(*be, dw)};
     }
     expect_same_bits("y", got[0][0], got[1][0]);
@@ -493,12 +523,12 @@ TEST_CASE("cuda backend: NVFP4 layers with amax companions give the bits of thei
     expect_same_bits("dW", got[0][2], got[1][2]);
   }
   CHECK(requests >= 2);  // nvfp4 asks for both
-  // And the request follows the plan: none for the bf16 recipe.
+  // And the needs follow the plan: no amaxes for the bf16 recipe.
   const fp4lab::Recipe bf16 = fp4lab::recipe_by_name("bf16");
-  CHECK_FALSE(be->linear_amax_request(fp4lab::LinearContext{&bf16, 1, 0, 0, "h.0.mlp.c_fc"}, false, 64, 96));
+  CHECK_FALSE(be->linear_input_needs(fp4lab::LinearContext{&bf16, 1, 0, 0, "h.0.mlp.c_fc"}, false, 64, 96).amax);
 }
 
-TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from BF16 companions) match the CPU") {
+TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from producers' BF16) match the CPU") {
   Pair b;
   const fp4lab::Recipe bf16 = fp4lab::recipe_by_name("bf16");
   StepContext sc;
@@ -506,10 +536,10 @@ TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from BF16 comp
   sc.seed = 12;
   sc.step = 1;
   fp4lab::LinearContext lc{&bf16, sc.seed, 0, sc.step, "h.0.attn.c_attn"};
-  CHECK(b.gpu->linear_reads_bf16(lc, false));
-  CHECK(b.gpu->linear_reads_bf16(lc, true));
-  CHECK_FALSE(b.cpu->linear_reads_bf16(lc, false));
-  // Same BF16 operands (a stale or wrong companion would be far off).
+  CHECK(b.gpu->linear_input_needs(lc, false, 64, 96) == LinearInputNeeds{true, std::nullopt});
+  CHECK(b.gpu->linear_input_needs(lc, true, 64, 96).bf16);
+  CHECK(b.cpu->linear_input_needs(lc, false, 64, 96) == LinearInputNeeds{});
+  // Same BF16 operands (a wrong producer output would be far off).
   for (const char* type : {"gpt", "vit"}) {
     CAPTURE(type);
     expect_step_matches(b, small_step(type, 4), sc);
@@ -517,7 +547,7 @@ TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from BF16 comp
 }
 
 // What producers write for their consumer layers (BF16 operands, NVFP4 amaxes,
-// FP32 values dropped: model.hpp's empty_for_linear) only replaces work the
+// FP32 values dropped: model.hpp's outputs_for) only replaces work the
 // layers would do themselves: a model step gives the same bits with and without
 // them (StepContext::producer_outputs), for every model form and the recipes
 // that use them. The proof that the producer-output redesign keeps the bits.
