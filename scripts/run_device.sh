@@ -26,7 +26,7 @@
 #               ms/step in the last line of each; then bench train of gpt2_small_tokens (the same model on
 #               synthetic batches: the step without the loader)
 #   profile     ncu's per-kernel time summary of PROFCFG (gpt2_small_char) under PROFRECIPE (bf16), flash
-#               attention, PROF_LAUNCHES (1500) kernel launches after PROF_SKIP (3000)
+#               attention, PROF_LAUNCHES (1200) kernel launches after PROF_SKIP (2500: past the first evaluation and a few steps)
 #   bitsame     (with BASE_SRC) short CUDA runs of BITS_CONFIGS x BITS_RECIPES, this build against the
 #               baseline's: scripts/metrics_same.py over their metrics.jsonl
 #   bench       quantize gemm
@@ -146,9 +146,9 @@ run_step() {
       # Kernel time by kernel name over PROF_LAUNCHES launches after PROF_SKIP (one or two training steps
       # after the warm-up), Nsight Compute with the clocks left alone (METHOD.md); PROFCFG, PROFRECIPE.
       timeout "${PROF_TIMEOUT:-200}" ncu --clock-control none --metrics gpu__time_duration.sum \
-        --launch-skip "${PROF_SKIP:-3000}" --launch-count "${PROF_LAUNCHES:-1500}" --print-summary per-kernel --csv \
+        --launch-skip "${PROF_SKIP:-2500}" --launch-count "${PROF_LAUNCHES:-1200}" --print-summary per-kernel --csv \
         "$FP4LAB" train "configs/${PROFCFG:-gpt2_small_char}.json" --recipe "${PROFRECIPE:-bf16}" --set backend=cuda \
-        --set model.attention=bf16_flash --set training.steps=30 --set training.eval_interval=1000 \
+        --set model.attention=bf16_flash --set training.steps=30 --set training.eval_interval=1000 --set training.eval_iters=1 \
         --set output.dir=/tmp/profruns --force >"$OUT/profile.csv" 2>"$OUT/profile.err"
       echo "profile: exit $?, $(wc -l <"$OUT/profile.csv") lines in profile.csv"
       ;;
