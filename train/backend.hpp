@@ -338,8 +338,12 @@ class Backend {
   // `decayed`); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   // p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
   // `decayed`: sorted, disjoint ranges of the flat buffer (check_ranges).
+  // grad_scale: the step reads g_i * grad_scale (one float multiply, rounded:
+  // the bits of scale(g, grad_scale) before the step; gradient clipping) and
+  // leaves g unchanged.
   virtual void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed,
-                          float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
+                          float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                          float grad_scale = 1.0f) = 0;
 
  private:
   // The default cross_entropy_start / finish's result.

@@ -53,14 +53,16 @@ double AdamW::step(double lr) {
 }
 
 void AdamW::step(Tensor& p, Tensor& g, double lr, double norm) {
+  float grad_scale = 1.0f;
   if (cfg_.grad_clip > 0.0) {
-    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), only if < 1.
+    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), only if < 1
+    // (in the step's read of g: Backend::adamw_step's grad_scale).
     const double coef = cfg_.grad_clip / (norm + 1e-6);
-    if (coef < 1.0) be_.scale(g, float(coef));
+    if (coef < 1.0) grad_scale = float(coef);
   }
   ++t_;
   be_.adamw_step(p, g, m_, v_, decayed_, float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
-                 float(cfg_.weight_decay), t_);
+                 float(cfg_.weight_decay), t_, grad_scale);
 }
 
 }  // namespace fp4lab::train

@@ -47,9 +47,9 @@ class AdamW {
   // Whole buffer: the gradient norm, clipping (if configured), one AdamW step
   // at `lr`. Returns the global gradient norm before clipping.
   double step(double lr);
-  // Shard: clips `g` (the shard's gradients) by the global gradient norm
-  // `norm` (computed by the caller over every shard), then one AdamW step of
-  // `p` (the shard's values; shard-sized, like g).
+  // Shard: one AdamW step of `p` (the shard's values) from `g` (the shard's
+  // gradients, shard-sized like p), clipped by the global gradient norm `norm`
+  // (computed by the caller over every shard) as the step reads it; g is left unchanged.
   void step(Tensor& p, Tensor& g, double lr, double norm);
   ShardRange shard() const { return shard_; }
   int64_t steps_taken() const { return t_; }

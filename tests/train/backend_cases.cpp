@@ -552,7 +552,9 @@ void optimiser_cases(std::vector<OpCase>& cs) {
     // side, IEEE sqrt and division): bit for bit.
     cs.push_back(
         {"adamw_step",
-         cat("n=", n, " weight decay ", wd, ", 4 steps, ", ranges.size(), " decayed ranges, then 1 from step 3"), 0.0,
+         cat("n=", n, " weight decay ", wd, ", 4 steps (2 and 4 with grad_scale 0.37), ", ranges.size(),
+             " decayed ranges, then 1 from step 3"),
+         0.0,
          [n, wd, ranges, ranges2](Backend& be) {
            auto v0 = randv(size_t(n), 4, 0.01f);
            for (auto& x : v0) x = std::abs(x);
@@ -560,7 +562,8 @@ void optimiser_cases(std::vector<OpCase>& cs) {
                   v = put(be, v0, 1, n);
            for (int64_t t = 1; t <= 4; ++t) {
              Tensor g = put(be, randv(size_t(n), 10 + uint32_t(t)), 1, n);
-             be.adamw_step(p, g, m, v, t < 3 ? ranges : ranges2, 1e-3f * float(t), 0.9f, 0.99f, 1e-8f, wd, t);
+             be.adamw_step(p, g, m, v, t < 3 ? ranges : ranges2, 1e-3f * float(t), 0.9f, 0.99f, 1e-8f, wd, t,
+                           t % 2 == 0 ? 0.37f : 1.0f);
            }
            return Outputs{out(be, "p", p), out(be, "m", m), out(be, "v", v)};
          }});

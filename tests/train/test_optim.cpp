@@ -35,12 +35,15 @@ TEST_CASE("AdamW: one step by hand, decay only on marked parameters, clipping") 
   CHECK(ps.values.data[0] == doctest::Approx(0.999 - 0.01).epsilon(1e-6));
   CHECK(ps.values.data[1] == doctest::Approx(0.999 + 0.01).epsilon(1e-6));
   CHECK(ps.values.data[2] == 1.0f);  // zero gradient, no decay
-  // Clipping scales the gradients to the max norm.
+  // Clipping scales the gradients the step reads to the max norm (m = (1 - beta1) g
+  // after one step) and leaves the gradient buffer as it was.
   ps.grads.data[0] = 3.0f, ps.grads.data[1] = 4.0f, ps.grads.data[2] = 0.0f;
   AdamW clip(AdamWConfig{0.9, 0.99, 1e-8, 0.0, 1.0}, ps, *be);
   CHECK(clip.step(0.0) == doctest::Approx(5.0));
-  CHECK(ps.grads.data[0] == doctest::Approx(0.6).epsilon(1e-5));
-  CHECK(ps.grads.data[1] == doctest::Approx(0.8).epsilon(1e-5));
+  CHECK(clip.m().data[0] == doctest::Approx(0.1 * 0.6).epsilon(1e-5));
+  CHECK(clip.m().data[1] == doctest::Approx(0.1 * 0.8).epsilon(1e-5));
+  CHECK(ps.grads.data[0] == 3.0f);
+  CHECK(ps.grads.data[1] == 4.0f);
 }
 
 TEST_CASE("AdamW: decayed ranges merge where adjacent; each element decays exactly when its range says so") {

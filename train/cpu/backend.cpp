@@ -557,7 +557,7 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) g.data[i] *= sc;
   }
   void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
-                  float b1, float b2, float eps, float wd, int64_t t) override {
+                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale) override {
     const ThreadCount use(threads_);
     const int64_t n = p.size();
     check_ranges("cpu backend adamw_step (decayed)", decayed, n);
@@ -571,7 +571,7 @@ class CpuBackend final : public Backend {
       for (int64_t i = a; i < b; ++i) {
         float x = p.data[i];
         if (decay) x *= shrink;
-        const float gi = g.data[i];
+        const float gi = g.data[i] * grad_scale;
         const float mi = m.data[i] + (gi - m.data[i]) * (1.0f - b1);  // torch lerp
         const float vi = v.data[i] * b2 + (1.0f - b2) * gi * gi;
         m.data[i] = mi;

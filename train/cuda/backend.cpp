@@ -457,7 +457,7 @@ class CudaBackend final : public Backend {
   double sum_squares(const Tensor& g) override { return nn::sum_squares(g.data, g.size(), scratch_); }
   void scale(Tensor& g, float s) override { nn::scale(g.data, g.size(), s); }
   void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
-                  float b1, float b2, float eps, float wd, int64_t t) override {
+                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale) override {
     const int64_t n = p.size();
     check_size("adamw_step", "grad", g, n);
     check_size("adamw_step", "m", m, n);
@@ -473,6 +473,7 @@ class CudaBackend final : public Backend {
     k.step = lr / bc1;
     k.shrink = 1.0f - lr * wd;
     k.apply_decay = wd != 0.0f;
+    k.grad_scale = grad_scale;
     const uint8_t* d_decay = nullptr;
     if (k.apply_decay) {
       // The kernel reads a byte mask; it is rebuilt on the device only when the

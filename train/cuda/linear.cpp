@@ -142,7 +142,8 @@ struct CudaLinearState final : LinearState {
                               // x, else a copy), or, when x_bf16,
   bool x_bf16 = false;        // its BF16 rounding packed two per float ([1, ceil(B*in/2)]): fwd_x and wgrad_x
                               // are both bf16_rounding_only, so the forward's operand is the wgrad's
-  bool has_w = false;         // plan.reuse_fwd_w: the forward's fwd_w operand follows
+  // The forward's fwd_w operand serves dgrad (plan.reuse_fwd_w, or both W operands plain BF16 roundings).
+  bool has_w = false;
   bool w_bf16 = false;
   bool w_has_g = false;
   Tensor w_op;  // FP32 [out, in], or BF16 bits packed two per float ([1, ceil(out*in/2)])
@@ -512,8 +513,22 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
 
   // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
   // W is made after x: its quantization writes the forward GEMM's alpha (x's g_dec is on the device).
-  const DevOperand wo = im.prepare_w(Operand::fwd_w, ctx, plan.operand(Operand::fwd_w), w.data, out, in, xo.is_bf16(),
-                                     xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
+  // Where both W operands are its plain BF16 rounding (the bf16 recipes), W is rounded once, into the
+  // state, and dgrad takes it (as autocast's cast cache serves a weight's backward).
+  const bool w_rounded_once = ctx.backward && out * in > 0 && ctx.weight_cast == nullptr &&
+                              bf16_rounding_only(plan.operand(Operand::fwd_w)) &&
+                              bf16_rounding_only(plan.operand(Operand::dgrad_w));
+  DevOperand wo;
+  if (w_rounded_once) {
+    st->has_w = st->w_bf16 = true;
+    st->w_op = alloc(1, (out * in + 1) / 2);
+    cuda::round_bf16_device(w.data, out * in, reinterpret_cast<uint16_t*>(st->w_op.data), kStream);
+    wo.bf16 = reinterpret_cast<const uint16_t*>(st->w_op.data);
+    im.report(Operand::fwd_w, wo, out, in);
+  } else {
+    wo = im.prepare_w(Operand::fwd_w, ctx, plan.operand(Operand::fwd_w), w.data, out, in, xo.is_bf16(),
+                      xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
+  }
   im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
           0.0f);
   if (b != nullptr && plan.add_bias) cuda::add_bias_device(y.data, b, B, out, kStream);
@@ -524,7 +539,7 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
                /*report_now=*/false);
   }
 
-  if (ctx.backward && plan.reuse_fwd_w && out * in > 0) {
+  if (ctx.backward && plan.reuse_fwd_w && out * in > 0 && !st->has_w) {
     // Keep Q_fwd_w(W) for dgrad (the same bits it would compute again).
     st->has_w = true;
     if (wo.is_bf16()) {
@@ -609,7 +624,7 @@ void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Te
   {
     const DevOperand& go = dy_op;
     DevOperand wo;
-    if (plan.reuse_fwd_w && st.has_w) {
+    if (st.has_w) {
       if (st.w_bf16) {
         wo.bf16 = reinterpret_cast<const uint16_t*>(st.w_op.data);
         wo.g = st.w_has_g ? st.w_g.data : nullptr;

@@ -104,8 +104,7 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
   map4(n, y, x, y, [](float yi, float xi) { return yi + xi; });
 }
 __global__ void scale_kernel(float* g, int64_t n, float s) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    g[i] *= s;
+  map4(n, g, nullptr, g, [s](float v, float) { return v * s; });
 }
 __device__ __forceinline__ float gelu_value(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
 __device__ __forceinline__ float gelu_grad(float v, float d) {
@@ -146,21 +145,6 @@ __global__ void dropout_add_kernel(float* x, const float* add, int64_t n, uint32
     }
   }
 }
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n,
-                             AdamWConstants k) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float x = p[i];
-    if (k.apply_decay && decay[i]) x *= k.shrink;
-    const float gi = g[i];
-    const float mi = m[i] + (gi - m[i]) * (1.0f - k.beta1);  // torch lerp
-    const float vi = v[i] * k.beta2 + (1.0f - k.beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = sqrtf(vi) / k.bc2s + k.eps;
-    p[i] = x - k.step * (mi / denom);
-  }
-}
-
 // V (2 or 4) consecutive floats at p + i (i % V == 0, p 16-byte aligned).
 template <int V>
 __device__ __forceinline__ void load_v(const float* p, int64_t i, float (&v)[V]) {
@@ -655,7 +639,7 @@ void add_inplace(float* y, const float* x, int64_t n, cudaStream_t st) {
 
 void scale(float* g, int64_t n, float s, cudaStream_t st) {
   if (n <= 0) return;
-  scale_kernel<<<blocks_for(n), kThreads, 0, st>>>(g, n, s);
+  scale_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(g, n, s);
   check_launch("scale_kernel");
 }
 
@@ -779,14 +763,6 @@ double sum_squares(const float* g, int64_t n, Scratch& scratch, cudaStream_t st)
   check(cudaMemcpyAsync(&r, part + nb, sizeof r, cudaMemcpyDeviceToHost, st), "sum_squares (download)");
   check(cudaStreamSynchronize(st), "sum_squares (synchronise)");
   return r;
-}
-
-void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n, const AdamWConstants& k,
-                cudaStream_t st) {
-  if (n <= 0) return;
-  if (k.apply_decay && !decay) throw Error("adamw_step: weight decay without a decay mask");
-  adamw_kernel<<<blocks_for(n), kThreads, 0, st>>>(p, g, m, v, decay, n, k);
-  check_launch("adamw_kernel");
 }
 
 }  // namespace fp4lab::cuda::nn

@@ -176,9 +176,12 @@ double sum_squares(const float* g, int64_t n, Scratch& scratch, cudaStream_t str
 // step = lr / (1 - b1^t), bc2s = sqrt(1 - b2^t):
 //   m = m + (g - m) (1 - b1);  v = v b2 + (1 - b2) g g;
 //   p = p - step * (m / (sqrt(v) / bc2s + eps)).
+// One AdamW step over n floats (Backend::adamw_step: g read as g * grad_scale,
+// left unchanged); decay: a byte per element, nonzero where weight decay applies.
 struct AdamWConstants {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float shrink = 1.0f, step = 0.0f, bc2s = 1.0f;
+  float grad_scale = 1.0f;
   bool apply_decay = false;
 };
 void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n, const AdamWConstants& k,

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
@@ -229,6 +230,33 @@ TEST_CASE("embeddings, ViT tokens, dropout: gradients are the adjoints") {
   CHECK(std::abs(dropped - 2500) < 200);
 }
 
+TEST_CASE("adamw_step: grad_scale gives the bits of scale(g) then the step, and leaves g unchanged") {
+  // Gradient clipping fused into the step's read of g (optim.cpp) against the
+  // two-pass form it replaces: scale the buffer, then step.
+  auto be = make_cpu_backend(2);
+  const int64_t n = 1003;
+  const std::vector<IndexRange> decayed{{5, 200}, {400, 3}, {900, 103}};
+  for (float s : {1.0f, 0.37f, 1e-3f}) {
+    CAPTURE(s);
+    std::vector<float> p1 = randv(size_t(n), 1), m1 = randv(size_t(n), 2, 0.1f), v1 = randv(size_t(n), 3, 0.01f);
+    for (float& x : v1) x = std::abs(x);
+    std::vector<float> p2 = p1, m2 = m1, v2 = v1;
+    const std::vector<float> g0 = randv(size_t(n), 4);
+    std::vector<float> ga = g0, gb = g0;
+    Tensor tp1 = view_of(p1.data(), 1, n), tm1 = view_of(m1.data(), 1, n), tv1 = view_of(v1.data(), 1, n);
+    Tensor tp2 = view_of(p2.data(), 1, n), tm2 = view_of(m2.data(), 1, n), tv2 = view_of(v2.data(), 1, n);
+    Tensor tga = view_of(ga.data(), 1, n), tgb = view_of(gb.data(), 1, n);
+    be->adamw_step(tp1, tga, tm1, tv1, decayed, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, s);
+    for (float& x : gb) x *= s;  // the two-pass form, written out
+    be->adamw_step(tp2, tgb, tm2, tv2, decayed, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    int64_t bad = 0;
+    for (size_t i = 0; i < size_t(n); ++i)
+      bad += std::memcmp(&p1[i], &p2[i], 4) != 0 || std::memcmp(&m1[i], &m2[i], 4) != 0 ||
+             std::memcmp(&v1[i], &v2[i], 4) != 0 || std::memcmp(&ga[i], &g0[i], 4) != 0;
+    CHECK(bad == 0);
+  }
+}
+
 TEST_CASE("dropout masks: element i is dropped iff random_bits(seed, stream, i) < threshold") {
   // The definition, element by element (core's random_bits), against the backend's
   // batched words: sizes around the 4-element Philox groups and the 4096-element chunks.
@@ -361,8 +389,8 @@ class Pinned final : public Backend {
   double sum_squares(const Tensor& g) override { return be().sum_squares(g); }
   void scale(Tensor& g, float s) override { be().scale(g, s); }
   void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
-                  float b1, float b2, float eps, float wd, int64_t t) override {
-    be().adamw_step(p, g, m, v, decayed, lr, b1, b2, eps, wd, t);
+                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale) override {
+    be().adamw_step(p, g, m, v, decayed, lr, b1, b2, eps, wd, t, grad_scale);
   }
 
  private:
