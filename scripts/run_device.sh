@@ -27,7 +27,7 @@
 #               synthetic batches: the step without the loader)
 #   profile     ncu's per-kernel time summary of PROFCFG (gpt2_small_char) under PROFRECIPE (bf16), flash
 #               attention, PROF_LAUNCHES (1200) kernel launches after PROF_SKIP (2500: past the first evaluation and a few steps)
-#   bitsame     (with BASE_SRC) short CUDA runs of BITS_CONFIGS x BITS_RECIPES, this build against the
+#   bitsame     (with BASE_SRC) short CUDA runs of BITS_CONFIGS x BITS_RECIPES (BITS_SET: more --set options), this build against the
 #               baseline's: scripts/metrics_same.py over their metrics.jsonl
 #   bench       quantize gemm
 #   all         tests quantize gemm
@@ -160,7 +160,7 @@ run_step() {
         for r in ${BITS_RECIPES:-bf16 nvfp4 nvfp4_row_scaled}; do
           for v in base new; do
             bin=$FP4LAB; [ $v = base ] && bin=$B-base/apps/fp4lab
-            "$bin" train "configs/$cfg.json" --recipe "$r" --set backend=cuda --set training.steps="${BITS_STEPS:-40}" \
+            "$bin" train "configs/$cfg.json" --recipe "$r" --set backend=cuda --set training.steps="${BITS_STEPS:-40}" ${BITS_SET:-} \
               --set training.log_interval=1 --set output.dir=/tmp/bits_$v --set output.name="$cfg-$r" --force --quiet >"$OUT/bits_${v}_$cfg-$r.log" 2>&1 &
           done
         done

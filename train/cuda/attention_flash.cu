@@ -49,10 +49,24 @@ constexpr int kRows = 64;      // query rows of a forward / dQ block; key rows o
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kMaxSmem = 100 * 1024;
 
-// Key columns per step of the forward and dQ kernels, query rows per step of
-// the dK, dV kernel: 32 at head dim 128 (register pressure), else 64.
+// Key columns per step of the forward kernel (the backward kernels: kBwdStep):
+// 32 at head dim 128 (register pressure), else 64.
 template <int HD>
 constexpr int kStep = HD == 128 ? 32 : 64;
+// The same for the backward kernels (dQ: key columns; dK, dV: query rows),
+// 32 from head dim 64 on: their S, dP and dS fragments at 64 took 252-254
+// registers a thread at head dim 64, two blocks an SM (ptxas -v, ncu: 12.5%
+// occupancy on an H200, 2026-12-01). The step does not change the bits: every
+// product accumulates its 16-wide k-chunks in ascending order either way, and
+// masking and dropout are by absolute index.
+template <int HD>
+constexpr int kBwdStep = HD >= 64 ? 32 : 64;
+// Blocks an SM the backward kernels are compiled for (__launch_bounds__:
+// registers capped at 65536 / (128 blocks)); 0: no minimum. 3 at head dim 64:
+// 168 registers, no spills (2 blocks by registers before). The forward at 64
+// would spill 152 bytes at 168, so it has no minimum.
+template <int HD>
+constexpr int kMinBlocks = HD == 64 ? 3 : 0;
 // Row length (BF16 elements) of a shared-memory tile: 16 bytes of padding, so
 // that the 8 row addresses of an ldmatrix hit 8 different 16-byte bank groups.
 template <int HD>
@@ -387,9 +401,9 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint1
 
 // ---- backward: dQ (and D) per query tile ------------------------------------------------------
 template <int HD>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
     dq_kernel(Args a, const float* saved, const float* dout, float* dlt, float* dqkv, uint16_t* dqkv_h) {
-  constexpr int BK = kStep<HD>, LDS = kLds<HD>, NT = BK / 8, DT = HD / 8;
+  constexpr int BK = kBwdStep<HD>, LDS = kLds<HD>, NT = BK / 8, DT = HD / 8;
   constexpr int R = 2 * (BK > kRows ? BK : kRows);
   __shared__ __align__(16) uint16_t sm[R * LDS];
   __shared__ float Ds[kRows];
@@ -499,9 +513,9 @@ __global__ void __launch_bounds__(kThreads)
 // step of BQ rows: S^T = K Q^T, dP^T = V dout^T, dV += drop(P)^T dout, dK +=
 // dS^T Q. Query steps from the key tile's first row when causal.
 template <int HD>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
     dkv_kernel(Args a, const float* saved, const float* dout, const float* dlt, float* dqkv, uint16_t* dqkv_h) {
-  constexpr int BQ = kStep<HD>, LDS = kLds<HD>, NT = BQ / 8, DT = HD / 8;
+  constexpr int BQ = kBwdStep<HD>, LDS = kLds<HD>, NT = BQ / 8, DT = HD / 8;
   extern __shared__ float4 flash_smem[];
   uint16_t* const Ks = reinterpret_cast<uint16_t*>(flash_smem);  // [64][LDS]
   uint16_t* const Vs = Ks + kRows * LDS;                      // [64][LDS]
@@ -589,7 +603,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 template <int HD>
 constexpr size_t dkv_smem() {
-  return size_t(2 * kRows + 2 * kStep<HD>) * kLds<HD> * 2 + 2 * kStep<HD> * sizeof(float);
+  return size_t(2 * kRows + 2 * kBwdStep<HD>) * kLds<HD> * 2 + 2 * kBwdStep<HD> * sizeof(float);
 }
 
 Args make_args(const AttentionDims& d, const float* qkv) {
