@@ -16,6 +16,7 @@
 #include "train/backend.hpp"
 #include "core/philox.hpp"
 #include "train/backend_cases.hpp"
+#include "train/forwarding_backend.hpp"
 
 using namespace fp4lab::train;
 
@@ -299,107 +300,16 @@ namespace {
 // backend sets the thread count once, in its constructor, through
 // omp_set_num_threads, which is per calling thread, not per backend: of two
 // CPU backends in one process, the one made last would set the count for both.
-class Pinned final : public Backend {
+class Pinned final : public fp4lab::train::test::ForwardingBackend {
  public:
-  explicit Pinned(int threads) : threads_(threads), be_(make_cpu_backend(threads)) {}
-  std::string name() const override { return "cpu"; }
-  Tensor empty(int64_t rows, int64_t cols) override { return be().empty(rows, cols); }
-  void fill(Tensor& t, float v) override { be().fill(t, v); }
-  void upload(const float* host, Tensor& t) override { be().upload(host, t); }
-  void download(const Tensor& t, float* host) override { be().download(t, host); }
-  void copy(const Tensor& src, Tensor& dst) override { be().copy(src, dst); }
-  void copy_cols(const Tensor& s, int64_t sc, Tensor& d, int64_t dc, int64_t n) override {
-    be().copy_cols(s, sc, d, dc, n);
-  }
-  using Backend::linear_forward;
-  using Backend::linear_backward;
-  void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                      std::unique_ptr<LinearState>& state, const ProducerOutputs* from) override {
-    be().linear_forward(l, x, w, b, y, state, from);
-  }
-  void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy, Tensor& dx,
-                       Tensor& dw_acc, float* db_acc, const ProducerOutputs* from) override {
-    be().linear_backward(l, state, w, dy, dx, dw_acc, db_acc, from);
-  }
-  void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
-                         Tensor& rstd, ProducerOutputs* o) override {
-    be().layernorm_forward(x, gamma, beta, eps, y, mean, rstd, o);
-  }
-  void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
-    be().layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, residual);
-  }
-  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o) override { be().gelu_forward(x, y, o); }
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o) override {
-    be().gelu_backward(x, dy, dx, o);
-  }
-  void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,
-                         ProducerOutputs* o) override {
-    be().attention_forward(s, qkv, out, probs, key, o);
-  }
-  void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                          Tensor& dqkv, DropoutKey key, ProducerOutputs* o) override {
-    be().attention_backward(s, qkv, probs, dout, dqkv, key, o);
-  }
-  void dropout_forward(Tensor& x, float p, DropoutKey key) override { be().dropout_forward(x, p, key); }
-  void dropout_backward(Tensor& dy, float p, DropoutKey key) override { be().dropout_backward(dy, p, key); }
-  void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key, ProducerOutputs* o) override {
-    be().dropout_backward_to(src, dst, p, key, o);
-  }
-  void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key,
-                               ProducerOutputs* o) override {
-    be().add_dropout_backward_to(y, x, dst, p, key, o);
-  }
-  void add_inplace(Tensor& y, const Tensor& x) override { be().add_inplace(y, x); }
-  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override { be().dropout_add(y, x, p, key); }
-  void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,
-                     Tensor& out) override {
-    be().embed_forward(idx, batch, seq, wte, wpe, out);
-  }
-  void embed_backward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& dout, Tensor& dwte,
-                      Tensor& dwpe) override {
-    be().embed_backward(idx, batch, seq, dout, dwte, dwpe);
-  }
-  void vit_tokens_forward(const Tensor& patches, int64_t batch, const float* cls, const Tensor& pos,
-                          Tensor& out) override {
-    be().vit_tokens_forward(patches, batch, cls, pos, out);
-  }
-  void vit_tokens_backward(const Tensor& dout, int64_t batch, Tensor& dpatches, float* dcls, Tensor& dpos) override {
-    be().vit_tokens_backward(dout, batch, dpatches, dcls, dpos);
-  }
-  void gather_rows(const Tensor& x, int64_t stride, Tensor& out) override { be().gather_rows(x, stride, out); }
-  void scatter_rows(const Tensor& dout, int64_t stride, Tensor& dx) override { be().scatter_rows(dout, stride, dx); }
-  void gather_rows_indexed(const Tensor& x, const int32_t* idx, Tensor& out) override {
-    be().gather_rows_indexed(x, idx, out);
-  }
-  void combine_rows(const Tensor& src, const int32_t* pos, const float* w, int64_t k, Tensor& out) override {
-    be().combine_rows(src, pos, w, k, out);
-  }
-  void combine_rows_backward(const Tensor& dout, const Tensor& src, const int32_t* pos, const float* w, int64_t k,
-                             Tensor& dsrc, float* dw) override {
-    be().combine_rows_backward(dout, src, pos, w, k, dsrc, dw);
-  }
-  double cross_entropy(const Tensor& logits, const int32_t* targets, Tensor* dlogits, int64_t* correct) override {
-    return be().cross_entropy(logits, targets, dlogits, correct);
-  }
-  void cross_entropy_start(const Tensor& logits, const int32_t* targets, Tensor* dlogits) override {
-    be().cross_entropy_start(logits, targets, dlogits);
-  }
-  double cross_entropy_finish(int64_t* correct) override { return be().cross_entropy_finish(correct); }
-  double sum_squares(const Tensor& g) override { return be().sum_squares(g); }
-  void scale(Tensor& g, float s) override { be().scale(g, s); }
-  void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
-                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale) override {
-    be().adamw_step(p, g, m, v, decayed, lr, b1, b2, eps, wd, t, grad_scale);
-  }
+  explicit Pinned(int threads) : ForwardingBackend(make_cpu_backend(threads)), threads_(threads) {}
 
  private:
-  Backend& be() {
+  Backend& inner() override {
     omp_set_num_threads(threads_);
-    return *be_;
+    return ForwardingBackend::inner();
   }
   int threads_;
-  std::unique_ptr<Backend> be_;
 };
 
 }  // namespace
