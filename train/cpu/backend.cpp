@@ -11,9 +11,8 @@
 #include <Eigen/Core>
 
 #include "train/backend.hpp"
-#include "train/cpu/erf.hpp"
-#include "train/cpu/exp.hpp"
 #include "train/cpu/linear.hpp"
+#include "train/gelu_math.hpp"
 #include "core/error.hpp"
 #include "core/philox.hpp"
 
@@ -254,19 +253,14 @@ class CpuBackend final : public Backend {
     if (dbeta) column_reduce(n, c, dbeta, [&](int64_t r, int64_t j) { return dy.data[r * c + j]; });
   }
 
-  // Exact GELU, 0.5 x (1 + erf(x / sqrt 2)), with erf_f32 (erf.hpp: within
-  // 3 ulp of erf, and vectorisable, unlike libm's erff).
+  // GELU and its derivative: train/gelu_math.hpp (the CUDA kernels' too, so
+  // the same bits; vectorised, no libm call). dx may alias dy.
   void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t n = x.size();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = x.data[i];
-      y.data[i] = 0.5f * v * (1.0f + erf_f32(v * 0.70710678118654752f));
-    }
+    for (int64_t i = 0; i < n; ++i) y.data[i] = gelu_value(x.data[i]);
   }
-  // GELU'(x) = Phi(x) + x phi(x), with erf_f32 and exp_f32 (exp.hpp): one
-  // vectorised pass, no libm call. dx may alias dy.
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t n = x.size();
@@ -274,12 +268,7 @@ class CpuBackend final : public Backend {
     const float* g = dy.data;
     float* d = dx.data;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = xv[i];
-      const float cdf = 0.5f * (1.0f + erf_f32(v * 0.70710678118654752f));
-      const float pdf = 0.39894228040143268f * exp_f32(-0.5f * v * v);
-      d[i] = g[i] * (cdf + v * pdf);
-    }
+    for (int64_t i = 0; i < n; ++i) d[i] = gelu_grad(xv[i], g[i]);
   }
 
   void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,

@@ -15,6 +15,7 @@
 #include "core/philox.hpp"
 #include "cuda/amax_device.cuh"
 #include "train/cuda/nn_device.cuh"
+#include "train/gelu_math.hpp"
 
 namespace fp4lab::cuda::nn {
 
@@ -106,12 +107,9 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
 __global__ void scale_kernel(float* g, int64_t n, float s) {
   map4(n, g, nullptr, g, [s](float v, float) { return v * s; });
 }
-__device__ __forceinline__ float gelu_value(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
-__device__ __forceinline__ float gelu_grad(float v, float d) {
-  const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-  const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-  return d * (cdf + v * pdf);
-}
+// GELU and its derivative: train/gelu_math.hpp, the CPU backend's, so the same bits.
+using train::gelu_grad;
+using train::gelu_value;
 __global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n, uint16_t* y_h) {
   map4(
       n, x, nullptr, y, [](float v, float) { return gelu_value(v); }, y_h);

@@ -1,4 +1,4 @@
-// exp_f32 (train/cpu/exp.hpp) against double-precision std::exp (glibc's exp
+// exp_f32 (train/gelu_math.hpp) against double-precision std::exp (glibc's exp
 // is accurate to < 1 ulp in double, far below a float ulp).
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "train/cpu/exp.hpp"
+#include "train/gelu_math.hpp"
 #include "core/bits.hpp"
 
 using fp4lab::bits_float;

@@ -1,4 +1,4 @@
-// erf_f32 (train/cpu/erf.hpp) against double-precision std::erf (glibc's
+// erf_f32 (train/gelu_math.hpp) against double-precision std::erf (glibc's
 // erf is accurate to < 1 ulp in double, far below a float ulp).
 #include <doctest/doctest.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <initializer_list>
 
-#include "train/cpu/erf.hpp"
+#include "train/gelu_math.hpp"
 #include "core/bits.hpp"
 
 using fp4lab::bits_float;
