@@ -212,7 +212,8 @@ Form form(const std::string& name) {
   Batch& bt = f.bt;
   bt.size = 3;
   if (mc.type == "gpt") {
-    for (int i = 0; i < 3 * 16; ++i) bt.tokens.push_back(int32_t(rng() % 29)), bt.targets.push_back(int32_t(rng() % 29));
+    for (int i = 0; i < 3 * 16; ++i)
+      bt.tokens.push_back(int32_t(rng() % 29)), bt.targets.push_back(int32_t(rng() % 29));
   } else {
     std::normal_distribution<float> nd;
     for (int i = 0; i < 3 * 14 * 14; ++i) bt.images.push_back(nd(rng));

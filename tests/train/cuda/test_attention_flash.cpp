@@ -228,7 +228,8 @@ TEST_CASE("bf16 flash attention: forward and backward inside the BF16 bounds of 
           for (int64_t i = 0; i < T && saved_ok; ++i) {
             const int64_t b = bh / g.H, h = bh % g.H;
             for (int64_t c = 0; c < hd; ++c)
-              saved_ok = saved_ok && r.saved[size_t((bh * T + i) * hd + c)] == r.out[size_t((b * T + i) * C + h * hd + c)];
+              saved_ok =
+                  saved_ok && r.saved[size_t((bh * T + i) * hd + c)] == r.out[size_t((b * T + i) * C + h * hd + c)];
             saved_ok = saved_ok && std::isfinite(r.saved[size_t(g.B * g.H * T * hd + bh * T + i)]);
           }
         CHECK(saved_ok);
@@ -253,7 +254,8 @@ TEST_CASE("bf16 flash attention: the dropout mask is the FP32 path's, element fo
       for (int64_t b = 0; b < g.B; ++b)
         for (int64_t t = 0; t < T; ++t)
           for (int64_t h = 0; h < g.H; ++h) {
-            for (int64_t c = 0; c < g.hd; ++c) qkv[size_t((b * T + t) * ld + 2 * C + h * g.hd + c)] = c == t ? 1.f : 0.f;
+            for (int64_t c = 0; c < g.hd; ++c)
+              qkv[size_t((b * T + t) * ld + 2 * C + h * g.hd + c)] = c == t ? 1.f : 0.f;
             dout[size_t((b * T + t) * C + h * g.hd + t)] = 1.0f;
           }
       const Result fp32 = run(d, qkv, dout, false, AttentionPath::fused);

@@ -110,7 +110,8 @@ void expect_bf16_output(Backend& be, const std::string& what, const Produced& p)
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < v.size(); ++i)
     if (h[i] != fp4lab::encode_rn_f32<fp4lab::bfloat16>(v[i], fp4lab::Overflow::nonsaturate) && !bad++) first = i;
-  INFO(what, ": ", bad, " of ", v.size(), " BF16 outputs differ from the RNE BF16 of the FP32 values, first at ", first);
+  INFO(what, ": ", bad, " of ", v.size(), " BF16 outputs differ from the RNE BF16 of the FP32 values, first at ",
+       first);
   CHECK(bad == 0);
 }
 
