@@ -3,6 +3,7 @@
 #include "train/backend.hpp"
 
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -34,6 +35,59 @@ void check_row_indices(const char* what, const int32_t* idx, int64_t n, int64_t 
     if (idx[i] < 0 || idx[i] >= rows)
       throw Error(std::string(what) + ": index " + std::to_string(i) + " is " + std::to_string(idx[i]) +
                   ", outside the " + std::to_string(rows) + " rows [0, " + std::to_string(rows) + ")");
+}
+
+void check_groups(const LinearGroups& g, int64_t rows) {
+  const size_t G = g.size();
+  FP4LAB_CHECK(g.w.size() == G && (g.b.empty() || g.b.size() == G) && g.offsets.size() == G + 1,
+               "LinearGroups: " + std::to_string(G) + " plans with " + std::to_string(g.w.size()) + " weights, " +
+                   std::to_string(g.b.size()) + " biases and " + std::to_string(g.offsets.size()) + " offsets");
+  FP4LAB_CHECK(g.offsets[0] == 0 && g.offsets[G] == rows, "LinearGroups: offsets do not run from 0 to the rows");
+  for (size_t i = 0; i < G; ++i) FP4LAB_CHECK(g.rows(i) >= 0, "LinearGroups: decreasing offsets");
+}
+
+namespace {
+
+// The default grouped linear's state: each non-empty group's own.
+struct PerGroupState final : LinearState {
+  std::vector<std::unique_ptr<LinearState>> groups;
+};
+
+// Rows [off, off + n) of t (a view).
+Tensor rows_of(const Tensor& t, int64_t off, int64_t n) { return view_of(t.data + off * t.cols, n, t.cols); }
+
+}  // namespace
+
+void Backend::grouped_linear_forward(const LinearGroups& g, const Tensor& x, Tensor& y,
+                                     std::unique_ptr<LinearState>& state) {
+  check_groups(g, x.rows);
+  const int64_t out = g.size() ? g.w[0].rows : 0;
+  if (y.rows != x.rows || y.cols != out || (y.data == nullptr && y.size() > 0)) y = empty(x.rows, out);
+  auto st = std::make_unique<PerGroupState>();
+  st->groups.resize(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (g.rows(i) == 0) continue;  // a group without rows runs nothing
+    Tensor yg = rows_of(y, g.offsets[i], g.rows(i));
+    linear_forward(*g.plans[i], rows_of(x, g.offsets[i], g.rows(i)), g.w[i], g.bias(i), yg, st->groups[i]);
+  }
+  state = std::move(st);
+}
+
+void Backend::grouped_linear_backward(const LinearGroups& g, const LinearState& state, const Tensor& dy, Tensor& dx,
+                                      std::span<Tensor> dw_acc, std::span<float* const> db_acc) {
+  check_groups(g, dy.rows);
+  const auto* st = dynamic_cast<const PerGroupState*>(&state);
+  FP4LAB_CHECK(st != nullptr && st->groups.size() == g.size() && dw_acc.size() == g.size() &&
+                   (db_acc.empty() || db_acc.size() == g.size()),
+               "grouped_linear_backward: not the state of this grouped_linear_forward, or gradients per group missing");
+  const int64_t in = g.size() ? g.w[0].cols : 0;
+  if (dx.rows != dy.rows || dx.cols != in || (dx.data == nullptr && dx.size() > 0)) dx = empty(dy.rows, in);
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (g.rows(i) == 0) continue;
+    Tensor dxg = rows_of(dx, g.offsets[i], g.rows(i));
+    linear_backward(*g.plans[i], *st->groups[i], g.w[i], rows_of(dy, g.offsets[i], g.rows(i)), dxg, dw_acc[i],
+                    db_acc.empty() ? nullptr : db_acc[i]);
+  }
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {

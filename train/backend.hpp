@@ -127,6 +127,22 @@ struct LinearState {
   virtual ~LinearState() = default;
 };
 
+// G linear layers applied to consecutive row groups of one tensor (a mixture
+// of experts' experts): group g is rows [offsets[g], offsets[g + 1]) of x, with
+// its own plan (so its own random streams), weight [out, in] and bias.
+struct LinearGroups {
+  std::span<const LayerPlan* const> plans;  // [G], each the group's plan for the pass
+  std::span<const Tensor> w;                // [G]
+  std::span<const float* const> b;          // [G] (null entries: no bias), or empty: no biases
+  std::span<const int64_t> offsets;         // [G + 1] host, offsets[0] = 0, non-decreasing
+  size_t size() const { return plans.size(); }
+  int64_t rows(size_t g) const { return offsets[g + 1] - offsets[g]; }
+  const float* bias(size_t g) const { return b.empty() ? nullptr : b[g]; }
+};
+// Throws InternalError unless the spans agree (G plans, G weights, G or no
+// biases, G + 1 offsets from 0, non-decreasing, ending at `rows`).
+void check_groups(const LinearGroups& g, int64_t rows);
+
 // Attention geometry: `batch` sequences of `seq` tokens, `heads` heads of
 // width cols/heads. scale multiplies q.k (1/sqrt(head_dim) normally).
 struct AttentionShape {
@@ -196,6 +212,18 @@ class Backend {
                        Tensor& dx, Tensor& dw_acc, float* db_acc) {
     linear_backward(plan_layer(ctx), state, w, dy, dx, dw_acc, db_acc);
   }
+
+  // A grouped linear (LinearGroups): y [M, out] (written in place when it has
+  // that shape, M = offsets[G]) from x [M, in]; the backward writes dx [M, in]
+  // (in place when shaped) and ACCUMULATES group g's weight and bias
+  // gradients into dw_acc[g] and db_acc[g] (db_acc empty: no biases). The
+  // bits are those of linear_forward / linear_backward on each non-empty
+  // group's rows with its plan, in group order: what this default does (the
+  // reference for a backend's own implementation).
+  virtual void grouped_linear_forward(const LinearGroups& g, const Tensor& x, Tensor& y,
+                                      std::unique_ptr<LinearState>& state);
+  virtual void grouped_linear_backward(const LinearGroups& g, const LinearState& state, const Tensor& dy, Tensor& dx,
+                                       std::span<Tensor> dw_acc, std::span<float* const> db_acc);
 
   // Producer outputs (see ProducerOutputs above). What the layer of plan l
   // wants of the producer of its x (grad: of its dy), a [rows, cols] tensor.

@@ -103,6 +103,47 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) override {
     linear_grad(l, s, dy, dx, nullptr);
   }
+  void grouped_forward(std::span<LinearLayer* const> ls, const StepContext& s, const Tensor& x,
+                       std::span<const int64_t> offsets, Tensor& y, std::unique_ptr<LinearState>& state) override {
+    Groups g(*this, ls, offsets);
+    for (size_t i = 0; i < ls.size(); ++i)
+      if (g.rows(i) > 0) {  // operand capture per expert with tokens
+        capture(ls[i]->name, "x", s, view_of(x.data + offsets[i] * x.cols, g.rows(i), x.cols));
+        capture(ls[i]->name, "w", s, g.w[i]);
+      }
+    be_.grouped_linear_forward(g.groups(), x, y, state);
+  }
+  void grouped_backward(std::span<LinearLayer* const> ls, const StepContext& s, const LinearState& state,
+                        const Tensor& dy, std::span<const int64_t> offsets, Tensor& dx) override {
+    Groups g(*this, ls, offsets);
+    std::vector<Tensor> dw;
+    std::vector<float*> db;
+    for (size_t i = 0; i < ls.size(); ++i) {
+      if (g.rows(i) > 0) {
+        ls[i]->check_backward_plan(s);
+        capture(ls[i]->name, "dy", s, view_of(dy.data + offsets[i] * dy.cols, g.rows(i), dy.cols));
+      }
+      dw.push_back(params_.grad(ls[i]->w));
+      if (!g.b.empty()) db.push_back(gptr(ls[i]->b));
+    }
+    be_.grouped_linear_backward(g.groups(), state, dy, dx, dw, db);
+  }
+  // The LinearGroups of layers ls (their plans, weights and biases) over offsets.
+  struct Groups {
+    std::vector<const LayerPlan*> plans;
+    std::vector<Tensor> w;
+    std::vector<const float*> b;
+    std::span<const int64_t> offsets;
+    Groups(const Gpt& m, std::span<LinearLayer* const> ls, std::span<const int64_t> off) : offsets(off) {
+      for (LinearLayer* l : ls) {
+        plans.push_back(&l->lp);
+        w.push_back(m.params_.value(l->w));
+        if (l->b >= 0) b.push_back(m.ptr(l->b));
+      }
+    }
+    int64_t rows(size_t i) const { return offsets[i + 1] - offsets[i]; }
+    LinearGroups groups() const { return LinearGroups{plans, w, b, offsets}; }
+  };
   // Every dense layer's plan for this pass (the MoE layers plan theirs in MoeMlp::forward).
   void plan_layers(const StepContext& s) {
     for (Block& k : blocks_) {

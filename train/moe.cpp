@@ -124,9 +124,6 @@ LinearLayer make_linear(const std::string& name, int64_t in, int64_t out, float 
   return l;
 }
 
-// Rows [off, off + n) of t.
-Tensor rows_of(const Tensor& t, int64_t off, int64_t n) { return view_of(t.data + off * t.cols, n, t.cols); }
-
 }  // namespace
 
 MoeMlp::MoeMlp(const MoeConfig& c, int64_t width, bool bias, const std::string& layer, float std, float proj_std,
@@ -138,21 +135,13 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t width, bool bias, const std::string& 
     fc_.push_back(make_linear(p + "c_fc", width, hidden_, std, bias, ps, next_id, infos));
     proj_.push_back(make_linear(p + "c_proj", hidden_, width, proj_std, bias, ps, next_id, infos));
   }
+  for (LinearLayer& l : fc_) fc_ptrs_.push_back(&l);
+  for (LinearLayer& l : proj_) proj_ptrs_.push_back(&l);
   if (c.shared_expert) {
     shared_fc_ = std::make_unique<LinearLayer>(
         make_linear(layer + "shared_expert.c_fc", width, hidden_, std, bias, ps, next_id, infos));
     shared_proj_ = std::make_unique<LinearLayer>(
         make_linear(layer + "shared_expert.c_proj", hidden_, width, proj_std, bias, ps, next_id, infos));
-  }
-}
-
-void MoeMlp::each_expert(std::vector<LinearLayer>& layers, const Tensor& in, const Tensor& out,
-                         const std::function<void(LinearLayer&, const Tensor&, Tensor&)>& f) {
-  for (int64_t e = 0; e < c_.experts; ++e) {
-    const int64_t off = r_.offset[size_t(e)], n = r_.count[size_t(e)];
-    if (n == 0) continue;  // an expert without tokens runs nothing
-    Tensor o = rows_of(out, off, n);
-    f(layers[size_t(e)], rows_of(in, off, n), o);
   }
 }
 
@@ -180,9 +169,9 @@ Tensor MoeMlp::forward(Backend& be, LinearCalls& calls, const StepContext& s, co
   h_ = be.empty(M, H);
   g_ = be.empty(M, H);
   out_e_ = be.empty(M, C);
-  each_expert(fc_, grouped_, h_, [&](LinearLayer& l, const Tensor& in, Tensor& out) { calls.forward(l, s, in, out); });
+  calls.grouped_forward(fc_ptrs_, s, grouped_, r_.offset, h_, fc_state_);
   be.gelu_forward(h_, g_);
-  each_expert(proj_, g_, out_e_, [&](LinearLayer& l, const Tensor& in, Tensor& out) { calls.forward(l, s, in, out); });
+  calls.grouped_forward(proj_ptrs_, s, g_, r_.offset, out_e_, proj_state_);
   Tensor y = be.empty(N, C);
   be.combine_rows(out_e_, r_.pos.data(), r_.gate.data(), k, y);
   if (shared_fc_) {
@@ -202,10 +191,9 @@ Tensor MoeMlp::backward(Backend& be, LinearCalls& calls, const StepContext& s, c
   std::vector<float> dgate(static_cast<size_t>(N * k));
   be.combine_rows_backward(dy, out_e_, r_.pos.data(), r_.gate.data(), k, d_out_e, dgate.data());
   Tensor dg = be.empty(M, H), dh = be.empty(M, H), dgrouped = be.empty(M, C);
-  each_expert(proj_, d_out_e, dg,
-              [&](LinearLayer& l, const Tensor& in, Tensor& out) { calls.backward(l, s, in, out); });
+  calls.grouped_backward(proj_ptrs_, s, *proj_state_, d_out_e, r_.offset, dg);
   be.gelu_backward(h_, dg, dh);
-  each_expert(fc_, dh, dgrouped, [&](LinearLayer& l, const Tensor& in, Tensor& out) { calls.backward(l, s, in, out); });
+  calls.grouped_backward(fc_ptrs_, s, *fc_state_, dh, r_.offset, dgrouped);
   Tensor dx = be.empty(N, C);
   be.combine_rows(dgrouped, r_.pos.data(), nullptr, k, dx);  // each token's slots summed in order
   const std::vector<float> dl = router_logit_grad(c_, r_, dgate.data(), s.loss_scale);

@@ -24,8 +24,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,12 +37,18 @@ namespace fp4lab::train {
 
 // The model's linear layer calls (with its operand capture), which the MoE
 // layer's linears go through; y (dx) is written in place when it already has
-// the output's shape (a view into a grouped tensor).
+// the output's shape.
 class LinearCalls {
  public:
   virtual ~LinearCalls() = default;
   virtual void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) = 0;
   virtual void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) = 0;
+  // The experts: layer ls[g] on rows [offsets[g], offsets[g + 1]) of x (Backend::grouped_linear_forward;
+  // each layer's plan, LinearLayer::lp, made for this pass). The grouped state is the caller's.
+  virtual void grouped_forward(std::span<LinearLayer* const> ls, const StepContext& s, const Tensor& x,
+                               std::span<const int64_t> offsets, Tensor& y, std::unique_ptr<LinearState>& state) = 0;
+  virtual void grouped_backward(std::span<LinearLayer* const> ls, const StepContext& s, const LinearState& state,
+                                const Tensor& dy, std::span<const int64_t> offsets, Tensor& dx) = 0;
 };
 
 // One token-to-expert assignment of a batch (host arrays).
@@ -79,13 +85,12 @@ class MoeMlp {
 
  private:
   StepContext router_context(const StepContext& s) const;
-  // f(layers[e], expert e's rows of in, its rows of out) for every expert with tokens (the last routing's groups).
-  void each_expert(std::vector<LinearLayer>& layers, const Tensor& in, const Tensor& out,
-                   const std::function<void(LinearLayer&, const Tensor&, Tensor&)>& f);
   MoeConfig c_;
   int64_t width_ = 0, hidden_ = 0;
   LinearLayer router_;
   std::vector<LinearLayer> fc_, proj_;
+  std::vector<LinearLayer*> fc_ptrs_, proj_ptrs_;  // the experts' layers, for the grouped calls
+  std::unique_ptr<LinearState> fc_state_, proj_state_;  // the experts' grouped states (forward -> backward)
   std::unique_ptr<LinearLayer> shared_fc_, shared_proj_;
   Routing r_;
   Tensor x_, grouped_, h_, g_, out_e_, sh_h_, sh_g_;

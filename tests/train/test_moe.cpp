@@ -145,6 +145,33 @@ struct Harness final : LinearCalls {
     Tensor dw = ps.grad(l.w);
     be->linear_backward(l.context(s), *l.state, ps.value(l.w), dy, dx, dw, l.b >= 0 ? ps.grad_ptr(l.b) : nullptr);
   }
+  // The experts through Backend::grouped_linear_* (plans: MoeMlp::forward's).
+  struct Groups {
+    std::vector<const LayerPlan*> plans;
+    std::vector<Tensor> w, dw;
+    std::vector<const float*> b;
+    std::vector<float*> db;
+  };
+  Groups groups(std::span<LinearLayer* const> ls) {
+    Groups g;
+    for (LinearLayer* l : ls) {
+      g.plans.push_back(&l->lp);
+      g.w.push_back(ps.value(l->w));
+      g.dw.push_back(ps.grad(l->w));
+      if (l->b >= 0) g.b.push_back(ps.value_ptr(l->b)), g.db.push_back(ps.grad_ptr(l->b));
+    }
+    return g;
+  }
+  void grouped_forward(std::span<LinearLayer* const> ls, const StepContext&, const Tensor& x,
+                       std::span<const int64_t> offsets, Tensor& y, std::unique_ptr<LinearState>& state) override {
+    const Groups g = groups(ls);
+    be->grouped_linear_forward(LinearGroups{g.plans, g.w, g.b, offsets}, x, y, state);
+  }
+  void grouped_backward(std::span<LinearLayer* const> ls, const StepContext&, const LinearState& state,
+                        const Tensor& dy, std::span<const int64_t> offsets, Tensor& dx) override {
+    Groups g = groups(ls);
+    be->grouped_linear_backward(LinearGroups{g.plans, g.w, g.b, offsets}, state, dy, dx, g.dw, g.db);
+  }
   // L = sum y * R + aux + z (float64 on the host).
   double loss(const std::vector<float>& x, const std::vector<float>& R, int64_t N, int64_t C,
               std::vector<int32_t>* experts) {
