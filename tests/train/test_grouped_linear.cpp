@@ -7,29 +7,19 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "recipes/recipe.hpp"
 #include "train/backend.hpp"
+#include "train/backend_cases.hpp"  // randv, put
 
 using namespace fp4lab::train;
+using fp4lab::train::test::put;
+using fp4lab::train::test::randv;
 
 namespace {
 
-std::vector<float> randv(size_t n, uint32_t seed, float s = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, s);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-Tensor put(Backend& be, const std::vector<float>& v, int64_t rows, int64_t cols) {
-  Tensor t = be.empty(rows, cols);
-  be.upload(v.data(), t);
-  return t;
-}
 std::vector<float> get(Backend& be, const Tensor& t) {
   std::vector<float> v(size_t(t.size()));
   be.download(t, v.data());
