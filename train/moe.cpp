@@ -5,11 +5,13 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "train/math_f64.hpp"
 
 namespace fp4lab::train {
 
 // Per token (independent, so OpenMP threads do not change any bit): softmax
-// in float64, top k by selection (the lower index first among equal
+// in float64 (exp_f64 / log_f64, train/math_f64.hpp, which a device kernel can
+// reproduce), top k by selection (the lower index first among equal
 // probabilities), gates. Then, serially in token order: grouping, losses.
 Routing route(const MoeConfig& c, const float* logits, int64_t tokens) {
   const int64_t E = c.experts, k = c.top_k;
@@ -28,9 +30,9 @@ Routing route(const MoeConfig& c, const float* logits, int64_t tokens) {
     double mx = -INFINITY;
     for (int64_t e = 0; e < E; ++e) mx = std::max(mx, double(l[e]));
     double sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(double(l[e]) - mx));
+    for (int64_t e = 0; e < E; ++e) sum += (p[e] = exp_f64(double(l[e]) - mx));
     for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    r.lse[size_t(t)] = mx + std::log(sum);
+    r.lse[size_t(t)] = mx + log_f64(sum);
     int32_t* chosen = r.expert.data() + t * k;
     double sel = 0;
     for (int64_t j = 0; j < k; ++j) {
