@@ -329,3 +329,55 @@ TEST_CASE("a short run with output.numerics_interval writes one line per (step, 
   CHECK(file_lines(fs::path(rest.dir) / "numerics.jsonl") == la);  // no line lost, none twice, same bits
   fs::remove_all(tmp);
 }
+
+// Issue 47 item 3: the statistics of a fine-grained MoE (DeepSeek style: many small routed experts, top k,
+// one shared expert): numerics lines for every expert that received tokens at a measured step, the shared
+// expert and the router (FP32: amax only), and per-layer expert loads in metrics.jsonl that sum to 1.
+TEST_CASE("a fine-grained MoE run measures every expert with tokens, the shared expert and the router") {
+  const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_numerics_moe";
+  fs::remove_all(tmp);
+  const std::string text = test::write_words_corpus(tmp);
+  std::ostringstream log;
+  RunOptions o;
+  o.log = &log;
+  o.progress = false;
+  json j = tiny(text, (tmp / "run").string(), "nvfp4", 8, 4);
+  j["model"]["moe"] = {{"experts", 16}, {"top_k", 4}, {"shared_expert", true}, {"expert_hidden", 16}};
+  j["training"]["log_interval"] = 1;
+  const RunResult r = run_training(config_from_json(j), o);
+  REQUIRE(r.status == "completed");
+  std::map<int64_t, std::set<std::string>> layers;  // step -> measured layers
+  for (const std::string& l : file_lines(fs::path(r.dir) / "numerics.jsonl")) {
+    const json n = json::parse(l);
+    layers[n["step"].get<int64_t>()].insert(n["layer"].get<std::string>());
+    if (n["layer"].get<std::string>().find("router") != std::string::npos) {
+      CHECK(n["quantizer"].is_null());  // the router stays FP32 (moe.quantize_router false)
+    }
+  }
+  REQUIRE(layers.size() == 2);  // steps 4 and 8
+  // The expert loads of the metrics line of each step (one layer, 16 experts).
+  std::map<int64_t, std::vector<double>> load;
+  for (const std::string& l : file_lines(fs::path(r.dir) / "metrics.jsonl")) {
+    const json m = json::parse(l);
+    if (m.contains("expert_load")) load[m["step"].get<int64_t>()] = m["expert_load"][0].get<std::vector<double>>();
+  }
+  for (const auto& [step, names] : layers) {
+    CAPTURE(step);
+    CHECK(names.count("h.0.mlp.router") == 1);
+    CHECK(names.count("h.0.mlp.shared_expert.c_fc") == 1);
+    CHECK(names.count("h.0.mlp.shared_expert.c_proj") == 1);
+    REQUIRE(load.count(step) == 1);
+    const std::vector<double>& f = load[step];
+    REQUIRE(f.size() == 16);
+    double sum = 0;
+    for (size_t e = 0; e < f.size(); ++e) {
+      sum += f[e];
+      const std::string p = "h.0.mlp.experts." + std::to_string(e) + ".";
+      // An expert is measured exactly when it received tokens (f_e > 0).
+      CHECK(names.count(p + "c_fc") == size_t(f[e] > 0));
+      CHECK(names.count(p + "c_proj") == size_t(f[e] > 0));
+    }
+    CHECK(sum == doctest::Approx(1.0).epsilon(1e-12));
+  }
+  fs::remove_all(tmp);
+}
