@@ -58,6 +58,25 @@ LinearPlan linear_plan(const LinearContext& ctx) {
   const auto& f = r->operand(Operand::fwd_w);
   const auto& d = r->operand(Operand::dgrad_w);
   plan.reuse_fwd_w = !r->double_quantization && f && d && *f == *d && f->round != Round::rs;
+  if (r->backward_override != BackwardOverride::none) {
+    // The backward in high precision (recipe.hpp BackwardOverride); dequantized: x and W through the
+    // forward's quantizers and streams first.
+    for (Operand op : {Operand::dgrad_grad_y, Operand::dgrad_w, Operand::wgrad_grad_y, Operand::wgrad_x}) {
+      OperandPlan& o = plan.operands[size_t(op)];
+      o = OperandPlan{};
+      o.op = op;
+      o.round_bf16 = bf16;
+    }
+    if (r->backward_override == BackwardOverride::dequantized) {
+      for (auto [dst, src] : {std::pair{Operand::dgrad_w, Operand::fwd_w}, std::pair{Operand::wgrad_x, Operand::fwd_x}}) {
+        if (const auto& q = r->operand(src)) {
+          plan.operands[size_t(dst)].pre = &*q;
+          plan.operands[size_t(dst)].pre_stream = stream_of(src);
+        }
+      }
+    }
+    plan.reuse_fwd_w = false;
+  }
   // W is the weight cast's output already (NVFP4 primary weights): its first
   // quantization by the same spec would re-quantize Q(master), which is not
   // Q(master) again in general (linear_plan.hpp).

@@ -34,7 +34,8 @@ constexpr OperandInfo kOperandInfo[kOperandCount] = {
 
 constexpr const char* kRecipeKeys =
     "name, source, extends, fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x, double_quantization, "
-    "wgrad_rht, rht_seed, high_precision, keep_high_precision, switch_to, switch_fraction, sr_bits, forward_bias";
+    "wgrad_rht, rht_seed, high_precision, backward_override, keep_high_precision, switch_to, switch_fraction, sr_bits, "
+    "forward_bias";
 
 std::string block_str(const QuantizerSpec& q) {
   std::ostringstream s;
@@ -270,6 +271,18 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
       } else {
         throw Error(path + ": unknown high-precision mode '" + text_excerpt(s) + "'; valid: fp32, bf16");
       }
+    } else if (k == "backward_override") {
+      const std::string s = v.is_null() ? "none" : get_string(v, path);
+      if (s == "none") {
+        r.backward_override = BackwardOverride::none;
+      } else if (s == "high_precision") {
+        r.backward_override = BackwardOverride::high_precision;
+      } else if (s == "dequantized") {
+        r.backward_override = BackwardOverride::dequantized;
+      } else {
+        throw Error(path + ": unknown backward override '" + text_excerpt(s) +
+                    "'; valid: none (or null), high_precision, dequantized");
+      }
     } else if (k == "keep_high_precision") {
       if (!v.is_array()) throw Error(path + ": expected an array of layer-name patterns, got " + json_excerpt(v));
       r.keep_high_precision.clear();
@@ -321,6 +334,8 @@ nlohmann::json recipe_to_json(const Recipe& r) {
   j["wgrad_rht"] = r.wgrad_rht;
   j["rht_seed"] = r.rht_seed;
   j["high_precision"] = r.high_precision == HighPrecision::bf16 ? "bf16" : "fp32";
+  if (r.backward_override != BackwardOverride::none)  // absent when unset: older resolved recipes keep their text
+    j["backward_override"] = r.backward_override == BackwardOverride::high_precision ? "high_precision" : "dequantized";
   j["keep_high_precision"] = r.keep_high_precision;
   j["switch_to"] = r.switch_to ? nlohmann::json(*r.switch_to) : nlohmann::json();
   j["switch_fraction"] = r.switch_fraction;
@@ -398,6 +413,12 @@ std::string describe(const Recipe& r) {
     << (r.wgrad_rht ? "yes (16-point RHT along B, sign seed " + std::to_string(r.rht_seed) + ")" : std::string("no"))
     << "\n";
   s << "  high_precision      : " << (r.high_precision == HighPrecision::bf16 ? "bf16" : "fp32") << "\n";
+  if (r.backward_override != BackwardOverride::none)
+    s << "  backward_override   : "
+      << (r.backward_override == BackwardOverride::high_precision
+              ? "high_precision (dgrad and wgrad from the original x, W and dy, unquantized)"
+              : "dequantized (dgrad and wgrad from Q_fwd_x(x), Q_fwd_w(W) and the unquantized dy)")
+      << "; the backward quantizers above are not used\n";
   s << "  keep_high_precision : ";
   if (r.keep_high_precision.empty()) s << "(none)";
   for (size_t i = 0; i < r.keep_high_precision.size(); ++i) s << (i ? ", " : "") << r.keep_high_precision[i];

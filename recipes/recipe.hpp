@@ -30,6 +30,15 @@ const char* operand_name(Operand op);
 
 enum class HighPrecision : uint8_t { fp32, bf16 };
 
+// TransformerEngine's backward_override (NVTE_BACKWARD_OVERRIDE, TE PR #2644):
+// the backward's GEMMs run in the high-precision mode and no gradient is
+// quantized. high_precision: from the original x and W. dequantized: from the
+// forward's quantized x and W (Q_fwd_x(x), Q_fwd_w(W) with the forward's
+// streams: the forward's bits), so that the backward sees the quantization the
+// forward (and inference) used. The backward's own quantizers, the wgrad RHT
+// and double quantization are then unused (recipes/linear_plan.cpp).
+enum class BackwardOverride : uint8_t { none, high_precision, dequantized };
+
 struct Recipe {
   std::string name;
   std::string source;  // citation
@@ -46,6 +55,7 @@ struct Recipe {
   bool wgrad_rht = false;            // RHT on both wgrad operands along B
   uint64_t rht_seed = 0;
   HighPrecision high_precision = HighPrecision::fp32;  // arithmetic of the unquantized parts
+  BackwardOverride backward_override = BackwardOverride::none;
   std::vector<std::string> keep_high_precision;        // layer-name patterns ('*' wildcard) left unquantized
   std::optional<std::string> switch_to;                // recipe to use for the last `switch_fraction` of training
   double switch_fraction = 0.0;

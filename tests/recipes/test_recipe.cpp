@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "fuzz.hpp"
+#include "recipes/linear_plan.hpp"
 #include "recipes/recipe.hpp"
 
 using namespace fp4lab;
@@ -529,5 +530,55 @@ TEST_CASE("TransformerEngine NVFP4 option recipes: nvfp4_4over6, nvfp4_row_scale
     CAPTURE(err);
     REQUIRE_FALSE(err.empty());
     for (const auto& m : c.must) CHECK(contains(err, m));
+  }
+}
+
+TEST_CASE("backward_override: the plan's backward operands (TE's NVTE_BACKWARD_OVERRIDE), JSON, errors") {
+  const Recipe nv = recipe_by_name("nvfp4");
+  for (const char* mode : {"high_precision", "dequantized"}) {
+    CAPTURE(mode);
+    const Recipe r = parse_recipe(std::string(R"({"extends": "nvfp4", "backward_override": ")") + mode + "\"}");
+    CHECK(r.backward_override ==
+          (std::string(mode) == "dequantized" ? BackwardOverride::dequantized : BackwardOverride::high_precision));
+    CHECK(recipe_from_json(recipe_to_json(r)) == r);
+    CHECK(recipe_to_json(r)["backward_override"] == mode);
+    const LinearContext ctx{&r, 9, 4, 12, "h.0.mlp.c_fc"};
+    const LinearPlan p = linear_plan(ctx), base = linear_plan(LinearContext{&nv, 9, 4, 12, "h.0.mlp.c_fc"});
+    // The forward is nvfp4's.
+    for (Operand op : {Operand::fwd_x, Operand::fwd_w}) {
+      REQUIRE(p.operand(op).quantizer != nullptr);
+      CHECK(*p.operand(op).quantizer == *base.operand(op).quantizer);
+      CHECK(p.operand(op).stream.stream == base.operand(op).stream.stream);
+    }
+    CHECK_FALSE(p.reuse_fwd_w);
+    // No gradient is quantized, nothing is rotated, the recipe's high precision (bf16) applies.
+    for (Operand op : {Operand::dgrad_grad_y, Operand::dgrad_w, Operand::wgrad_grad_y, Operand::wgrad_x}) {
+      CAPTURE(operand_name(op));
+      const OperandPlan& o = p.operand(op);
+      CHECK(o.quantizer == nullptr);
+      CHECK_FALSE(o.rht);
+      CHECK(o.round_bf16 == (nv.high_precision == HighPrecision::bf16));
+      const bool deq = std::string(mode) == "dequantized" && (op == Operand::dgrad_w || op == Operand::wgrad_x);
+      if (deq) {  // the forward's quantizer and stream: Q_fwd(.) again, the forward's bits
+        const Operand src = op == Operand::dgrad_w ? Operand::fwd_w : Operand::fwd_x;
+        REQUIRE(o.pre != nullptr);
+        CHECK(*o.pre == *base.operand(src).quantizer);
+        CHECK(o.pre_stream.seed == base.operand(src).stream.seed);
+        CHECK(o.pre_stream.stream == base.operand(src).stream.stream);
+      } else {
+        CHECK(o.pre == nullptr);
+      }
+    }
+  }
+  // Unset: absent from the JSON (resolved recipes of older runs keep their text), and the plan is nvfp4's.
+  CHECK_FALSE(recipe_to_json(nv).contains("backward_override"));
+  CHECK(parse_recipe(R"({"extends": "nvfp4", "backward_override": null})").backward_override == BackwardOverride::none);
+  try {
+    parse_recipe(R"({"extends": "nvfp4", "backward_override": "fp8"})");
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("recipe.backward_override") != std::string::npos);
+    CHECK(m.find("high_precision, dequantized") != std::string::npos);
   }
 }
