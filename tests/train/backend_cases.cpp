@@ -578,6 +578,7 @@ void optimiser_cases(std::vector<OpCase>& cs) {
   }
 }
 
+
 // ---- The runners ------------------------------------------------------------
 
 std::string where(const OpCase& c) { return c.op + " [" + c.params + "]"; }
@@ -680,6 +681,104 @@ std::vector<std::string> names(const Outputs& o) {
 }
 
 }  // namespace
+
+// ---- The grouped linear against each group's own calls ----------------------
+
+namespace {
+std::vector<float> get_all(Backend& be, const Tensor& t) {
+  std::vector<float> v(size_t(t.size()));
+  be.download(t, v.data());
+  return v;
+}
+bool same_f32_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+Tensor rows_view(const Tensor& t, int64_t off, int64_t n) { return view_of(t.data + off * t.cols, n, t.cols); }
+}  // namespace
+
+int64_t check_grouped_linear(Backend& be_ref) {
+  Backend* be = &be_ref;
+  int64_t compared = 0;
+  const int64_t in = 48, out = 40;
+  std::vector<std::string> names = fp4lab::recipe_names();
+  names.push_back("");  // plain FP32 (no recipe)
+  const std::vector<std::vector<int64_t>> layouts = {{0, 1, 15, 16, 17, 37}, {33, 0, 0}, {0, 0}, {130}};
+  for (const std::string& name : names) {
+    const fp4lab::Recipe rec = name.empty() ? fp4lab::Recipe{} : fp4lab::recipe_by_name(name);
+    const fp4lab::Recipe* r = name.empty() ? nullptr : &rec;
+    for (const std::vector<int64_t>& sizes : layouts) {
+      for (bool bias : {false, true}) {
+        for (bool backward : {true, false}) {
+          CAPTURE(name);
+          CAPTURE(sizes.size());
+          CAPTURE(bias);
+          CAPTURE(backward);
+          const size_t G = sizes.size();
+          std::vector<int64_t> off{0};
+          for (int64_t n : sizes) off.push_back(off.back() + n);
+          const int64_t M = off.back();
+          std::vector<LayerPlan> lp;
+          std::vector<Tensor> w, dw, dw_ref;
+          std::vector<Tensor> bt;
+          for (size_t g = 0; g < G; ++g) {
+            const std::string layer = "h.0.mlp.experts." + std::to_string(g) + ".c_fc";
+            lp.push_back(plan_layer(fp4lab::LinearContext{r, 7, 10 + g, 3, layer, backward}));
+            w.push_back(put(*be, randv(size_t(out * in), 100 + uint32_t(g), 0.2f), out, in));
+            bt.push_back(put(*be, randv(size_t(out), 200 + uint32_t(g)), 1, out));
+            dw.push_back(be->zeros(out, in));
+            dw_ref.push_back(be->zeros(out, in));
+          }
+          std::vector<const LayerPlan*> plans;
+          std::vector<const float*> b;
+          std::vector<float*> db, db_ref;
+          std::vector<Tensor> dbt, dbt_ref;
+          for (size_t g = 0; g < G; ++g) {
+            plans.push_back(&lp[g]);
+            dbt.push_back(be->zeros(1, out));
+            dbt_ref.push_back(be->zeros(1, out));
+            if (bias) b.push_back(bt[g].data);
+          }
+          for (size_t g = 0; g < G && bias; ++g) db.push_back(dbt[g].data), db_ref.push_back(dbt_ref[g].data);
+          const LinearGroups groups{plans, w, b, off};
+          const Tensor x = put(*be, randv(size_t(M * in), 5), M, in), dy = put(*be, randv(size_t(M * out), 6), M, out);
+          // The grouped calls.
+          Tensor y;
+          std::unique_ptr<LinearState> st;
+          be->grouped_linear_forward(groups, x, y, st);
+          REQUIRE(y.rows == M);
+          REQUIRE(y.cols == out);
+          // Each group's own calls.
+          Tensor y_ref = be->zeros(M, out);
+          std::vector<std::unique_ptr<LinearState>> sts(G);
+          for (size_t g = 0; g < G; ++g) {
+            if (sizes[g] == 0) continue;
+            Tensor yg = rows_view(y_ref, off[g], sizes[g]);
+            be->linear_forward(lp[g], rows_view(x, off[g], sizes[g]), w[g], bias ? bt[g].data : nullptr, yg, sts[g]);
+          }
+          CHECK(same_f32_bits(get_all(*be, y), get_all(*be, y_ref)));
+          ++compared;
+          if (!backward) continue;
+          Tensor dx;
+          be->grouped_linear_backward(groups, *st, dy, dx, dw, db);
+          Tensor dx_ref = be->zeros(M, in);
+          for (size_t g = 0; g < G; ++g) {
+            if (sizes[g] == 0) continue;
+            Tensor dxg = rows_view(dx_ref, off[g], sizes[g]);
+            be->linear_backward(lp[g], *sts[g], w[g], rows_view(dy, off[g], sizes[g]), dxg, dw_ref[g],
+                                bias ? dbt_ref[g].data : nullptr);
+          }
+          CHECK(same_f32_bits(get_all(*be, dx), get_all(*be, dx_ref)));
+          for (size_t g = 0; g < G; ++g) {
+            CHECK(same_f32_bits(get_all(*be, dw[g]), get_all(*be, dw_ref[g])));
+            CHECK(same_f32_bits(get_all(*be, dbt[g]), get_all(*be, dbt_ref[g])));
+          }
+          compared += 2 + 2 * int64_t(G);
+        }
+      }
+    }
+  }
+  return compared;
+}
 
 std::vector<float> randv(size_t n, uint32_t seed, float s, float shift) {
   std::mt19937 g(seed);

@@ -87,6 +87,12 @@ struct CompareOptions {
 // on each backend. Returns the number of outputs compared.
 int64_t compare_backends(Backend& ref, Backend& test, const std::vector<OpCase>& cases, const CompareOptions& opt = {});
 
+// Backend::grouped_linear_forward / backward on `be` against each group's own
+// linear_forward / linear_backward on its row views, bit for bit (doctest
+// CHECKs): every canned recipe and plain FP32, empty and odd-sized groups,
+// bias on and off, a forward-only pass. Returns the number of comparisons.
+int64_t check_grouped_linear(Backend& be);
+
 // Runs every row twice on `be`: every output the same bits both times
 // (run-to-run determinism; the second run reuses memory the first freed).
 int64_t check_run_to_run(Backend& be, const std::vector<OpCase>& cases, const std::string& label = "");

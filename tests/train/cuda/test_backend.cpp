@@ -587,3 +587,10 @@ TEST_CASE("cuda backend: model steps with and without producer outputs are bit-i
     }
   }
 }
+
+// The grouped linear (the MoE experts) on the GPU: the bits of each group's own
+// linear calls (backend_cases.hpp check_grouped_linear), whichever implementation runs.
+TEST_CASE("cuda backend: the grouped linear gives each group's own linear's bits") {
+  auto be = make_backend("cuda");
+  CHECK(bt::check_grouped_linear(*be) > 100);
+}

@@ -298,13 +298,27 @@ std::vector<Recipe> extra_recipes() {
     r.operands[size_t(Operand::fwd_w)].reset();  // fwd GEMM: quantized x, FP32 W
     v.push_back(r);
   }
+  // TE's backward_override (recipes/recipe.hpp): the backward from the forward's dequantized x and W
+  // (the `pre` without a quantizer), and from the original ones.
+  {
+    Recipe r = recipe_by_name("nvfp4");
+    r.name = "nvfp4+bwd_dequantized";
+    r.backward_override = BackwardOverride::dequantized;
+    v.push_back(r);
+  }
+  {
+    Recipe r = recipe_by_name("mxfp8");
+    r.name = "mxfp8+bwd_high_precision";
+    r.backward_override = BackwardOverride::high_precision;
+    v.push_back(r);
+  }
   for (const Recipe& r : v) validate(r, "test recipe " + r.name);
   return v;
 }
 
 }  // namespace
 
-TEST_CASE("cuda linear: the test's extra recipes are valid") { CHECK(extra_recipes().size() == 4); }
+TEST_CASE("cuda linear: the test's extra recipes are valid") { CHECK(extra_recipes().size() == 6); }
 
 TEST_CASE("cuda linear: RHT kernel equals sim's bit for bit, partial last chunks included") {
   // Whole chunks along both axes, and partial last chunks (left untransformed,
@@ -356,7 +370,7 @@ TEST_CASE("cuda linear: every canned recipe matches the CPU layer") {
   }
 }
 
-TEST_CASE("cuda linear: double quantization, mixed and high-precision layers match the CPU") {
+TEST_CASE("cuda linear: double quantization, mixed, backward-override and high-precision layers match the CPU") {
   CudaLinear lin;
   uint32_t seed = 500;
   const std::vector<Recipe> extra = extra_recipes();
