@@ -53,9 +53,6 @@ struct PerGroupState final : LinearState {
   std::vector<std::unique_ptr<LinearState>> groups;
 };
 
-// Rows [off, off + n) of t (a view).
-Tensor rows_of(const Tensor& t, int64_t off, int64_t n) { return view_of(t.data + off * t.cols, n, t.cols); }
-
 }  // namespace
 
 void Backend::grouped_linear_forward(const LinearGroups& g, const Tensor& x, Tensor& y,

@@ -116,6 +116,8 @@ inline Tensor view_of(float* p, int64_t rows, int64_t cols) {
   t.cols = cols;
   return t;
 }
+// A view of rows [off, off + n) of t.
+inline Tensor rows_of(const Tensor& t, int64_t off, int64_t n) { return view_of(t.data + off * t.cols, n, t.cols); }
 
 // Throws fp4lab::Error naming `what` unless a and b have the same column count.
 void check_same_cols(const char* what, const Tensor& a, const Tensor& b);

@@ -105,28 +105,30 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   }
   void grouped_forward(std::span<LinearLayer* const> ls, const StepContext& s, const Tensor& x,
                        std::span<const int64_t> offsets, Tensor& y, std::unique_ptr<LinearState>& state) override {
-    Groups g(*this, ls, offsets);
+    const Groups g(*this, ls, offsets);
+    const LinearGroups lg = g.groups();
     for (size_t i = 0; i < ls.size(); ++i)
-      if (g.rows(i) > 0) {  // operand capture per expert with tokens
-        capture(ls[i]->name, "x", s, view_of(x.data + offsets[i] * x.cols, g.rows(i), x.cols));
-        capture(ls[i]->name, "w", s, g.w[i]);
+      if (lg.rows(i) > 0) {  // operand capture per expert with tokens
+        capture(ls[i]->name, "x", s, rows_of(x, offsets[i], lg.rows(i)));
+        capture(ls[i]->name, "w", s, lg.w[i]);
       }
-    be_.grouped_linear_forward(g.groups(), x, y, state);
+    be_.grouped_linear_forward(lg, x, y, state);
   }
   void grouped_backward(std::span<LinearLayer* const> ls, const StepContext& s, const LinearState& state,
                         const Tensor& dy, std::span<const int64_t> offsets, Tensor& dx) override {
-    Groups g(*this, ls, offsets);
+    const Groups g(*this, ls, offsets);
+    const LinearGroups lg = g.groups();
     std::vector<Tensor> dw;
     std::vector<float*> db;
     for (size_t i = 0; i < ls.size(); ++i) {
-      if (g.rows(i) > 0) {
+      if (lg.rows(i) > 0) {
         ls[i]->check_backward_plan(s);
-        capture(ls[i]->name, "dy", s, view_of(dy.data + offsets[i] * dy.cols, g.rows(i), dy.cols));
+        capture(ls[i]->name, "dy", s, rows_of(dy, offsets[i], lg.rows(i)));
       }
       dw.push_back(params_.grad(ls[i]->w));
-      if (!g.b.empty()) db.push_back(gptr(ls[i]->b));
+      if (!lg.b.empty()) db.push_back(gptr(ls[i]->b));
     }
-    be_.grouped_linear_backward(g.groups(), state, dy, dx, dw, db);
+    be_.grouped_linear_backward(lg, state, dy, dx, dw, db);
   }
   // The LinearGroups of layers ls (their plans, weights and biases) over offsets.
   struct Groups {
@@ -141,7 +143,6 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         if (l->b >= 0) b.push_back(m.ptr(l->b));
       }
     }
-    int64_t rows(size_t i) const { return offsets[i + 1] - offsets[i]; }
     LinearGroups groups() const { return LinearGroups{plans, w, b, offsets}; }
   };
   // Every dense layer's plan for this pass (the MoE layers plan theirs in MoeMlp::forward).

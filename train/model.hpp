@@ -232,20 +232,19 @@ struct LinearLayer {
 inline ProducerOutputs outputs_for(Backend& be, std::initializer_list<const LinearLayer*> ls, const StepContext& s,
                                    bool grad, int64_t rows, int64_t cols, bool only_linears = false) {
   LinearInputNeeds needs;
+  bool bias = false;
   if (s.producer_outputs) {
-    bool all = true, bias = false;
+    needs.bf16 = true;
     for (const LinearLayer* l : ls) {
       const LinearInputNeeds n = be.linear_input_needs(l->lp, grad, rows, cols);
-      all = all && n.bf16;
+      needs.bf16 = needs.bf16 && n.bf16;
       bias = bias || l->b >= 0;
       if (ls.size() == 1) needs.amax = n.amax;
     }
-    needs.bf16 = all;
-    ProducerOutputs o = be.producer_outputs(needs, rows, cols);
-    o.f32 = !(all && only_linears && !(grad && bias));
-    return o;
   }
-  return be.producer_outputs(needs, rows, cols);
+  ProducerOutputs o = be.producer_outputs(needs, rows, cols);
+  o.f32 = !(needs.bf16 && only_linears && !(grad && bias));
+  return o;
 }
 
 // The FP32 output tensor that goes with o: be.empty(rows, cols), or, where o

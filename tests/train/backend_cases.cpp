@@ -693,11 +693,9 @@ std::vector<float> get_all(Backend& be, const Tensor& t) {
 bool same_f32_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
-Tensor rows_view(const Tensor& t, int64_t off, int64_t n) { return view_of(t.data + off * t.cols, n, t.cols); }
 }  // namespace
 
-int64_t check_grouped_linear(Backend& be_ref) {
-  Backend* be = &be_ref;
+int64_t check_grouped_linear(Backend& be) {
   int64_t compared = 0;
   const int64_t in = 48, out = 40;
   std::vector<std::string> names = fp4lab::recipe_names();
@@ -723,10 +721,10 @@ int64_t check_grouped_linear(Backend& be_ref) {
           for (size_t g = 0; g < G; ++g) {
             const std::string layer = "h.0.mlp.experts." + std::to_string(g) + ".c_fc";
             lp.push_back(plan_layer(fp4lab::LinearContext{r, 7, 10 + g, 3, layer, backward}));
-            w.push_back(put(*be, randv(size_t(out * in), 100 + uint32_t(g), 0.2f), out, in));
-            bt.push_back(put(*be, randv(size_t(out), 200 + uint32_t(g)), 1, out));
-            dw.push_back(be->zeros(out, in));
-            dw_ref.push_back(be->zeros(out, in));
+            w.push_back(put(be, randv(size_t(out * in), 100 + uint32_t(g), 0.2f), out, in));
+            bt.push_back(put(be, randv(size_t(out), 200 + uint32_t(g)), 1, out));
+            dw.push_back(be.zeros(out, in));
+            dw_ref.push_back(be.zeros(out, in));
           }
           std::vector<const LayerPlan*> plans;
           std::vector<const float*> b;
@@ -734,43 +732,43 @@ int64_t check_grouped_linear(Backend& be_ref) {
           std::vector<Tensor> dbt, dbt_ref;
           for (size_t g = 0; g < G; ++g) {
             plans.push_back(&lp[g]);
-            dbt.push_back(be->zeros(1, out));
-            dbt_ref.push_back(be->zeros(1, out));
+            dbt.push_back(be.zeros(1, out));
+            dbt_ref.push_back(be.zeros(1, out));
             if (bias) b.push_back(bt[g].data);
           }
           for (size_t g = 0; g < G && bias; ++g) db.push_back(dbt[g].data), db_ref.push_back(dbt_ref[g].data);
           const LinearGroups groups{plans, w, b, off};
-          const Tensor x = put(*be, randv(size_t(M * in), 5), M, in), dy = put(*be, randv(size_t(M * out), 6), M, out);
+          const Tensor x = put(be, randv(size_t(M * in), 5), M, in), dy = put(be, randv(size_t(M * out), 6), M, out);
           // The grouped calls.
           Tensor y;
           std::unique_ptr<LinearState> st;
-          be->grouped_linear_forward(groups, x, y, st);
+          be.grouped_linear_forward(groups, x, y, st);
           REQUIRE(y.rows == M);
           REQUIRE(y.cols == out);
           // Each group's own calls.
-          Tensor y_ref = be->zeros(M, out);
+          Tensor y_ref = be.zeros(M, out);
           std::vector<std::unique_ptr<LinearState>> sts(G);
           for (size_t g = 0; g < G; ++g) {
             if (sizes[g] == 0) continue;
-            Tensor yg = rows_view(y_ref, off[g], sizes[g]);
-            be->linear_forward(lp[g], rows_view(x, off[g], sizes[g]), w[g], bias ? bt[g].data : nullptr, yg, sts[g]);
+            Tensor yg = rows_of(y_ref, off[g], sizes[g]);
+            be.linear_forward(lp[g], rows_of(x, off[g], sizes[g]), w[g], bias ? bt[g].data : nullptr, yg, sts[g]);
           }
-          CHECK(same_f32_bits(get_all(*be, y), get_all(*be, y_ref)));
+          CHECK(same_f32_bits(get_all(be, y), get_all(be, y_ref)));
           ++compared;
           if (!backward) continue;
           Tensor dx;
-          be->grouped_linear_backward(groups, *st, dy, dx, dw, db);
-          Tensor dx_ref = be->zeros(M, in);
+          be.grouped_linear_backward(groups, *st, dy, dx, dw, db);
+          Tensor dx_ref = be.zeros(M, in);
           for (size_t g = 0; g < G; ++g) {
             if (sizes[g] == 0) continue;
-            Tensor dxg = rows_view(dx_ref, off[g], sizes[g]);
-            be->linear_backward(lp[g], *sts[g], w[g], rows_view(dy, off[g], sizes[g]), dxg, dw_ref[g],
+            Tensor dxg = rows_of(dx_ref, off[g], sizes[g]);
+            be.linear_backward(lp[g], *sts[g], w[g], rows_of(dy, off[g], sizes[g]), dxg, dw_ref[g],
                                 bias ? dbt_ref[g].data : nullptr);
           }
-          CHECK(same_f32_bits(get_all(*be, dx), get_all(*be, dx_ref)));
+          CHECK(same_f32_bits(get_all(be, dx), get_all(be, dx_ref)));
           for (size_t g = 0; g < G; ++g) {
-            CHECK(same_f32_bits(get_all(*be, dw[g]), get_all(*be, dw_ref[g])));
-            CHECK(same_f32_bits(get_all(*be, dbt[g]), get_all(*be, dbt_ref[g])));
+            CHECK(same_f32_bits(get_all(be, dw[g]), get_all(be, dw_ref[g])));
+            CHECK(same_f32_bits(get_all(be, dbt[g]), get_all(be, dbt_ref[g])));
           }
           compared += 2 + 2 * int64_t(G);
         }

@@ -322,8 +322,7 @@ struct CudaLinear::Impl {
   DevOperand prepare_pair(const PairSpecs& q, const OperandPlan& a, const OperandPlan& b, const float* src,
                           const ProducerOutputs* from, int64_t rows, int64_t cols, Slot& sa, uint16_t* b_h, float* b_g,
                           GemmAlpha alpha_a = {}, GemmAlpha alpha_b = {}) {
-    const bool given = from != nullptr && from->amax_written && from->rows == rows && from->cols == cols &&
-                       from->request == request_of(q);
+    const bool given = from != nullptr && from->amax_written && from->request == request_of(q);  // shape: checked_from
     sa.h.at_least(size_t(rows * cols));
     sa.g.at_least(1);
     cuda::QuantOutputs out_a, out_b;
