@@ -16,6 +16,7 @@
 #include "train/config.hpp"
 #include "train/cpu/linear.hpp"
 #include "recipes/recipe.hpp"
+#include "sim/block_rules.hpp"
 
 namespace fp4lab {
 
@@ -41,7 +42,7 @@ void print_list() {
     if (r.double_quantization) other += r.double_quantization_x ? "double-quant " : "double-quant(W) ";
     if (!r.forward_bias) other += "no-fwd-bias ";
     for (const auto& q : r.operands)
-      if (q && q->emulate == Emulation::fp4tk) {
+      if (q && block_rule_id(*q) == BlockRuleId::fp4tk) {
         other += "fp4tk ";
         break;
       }

@@ -9,7 +9,7 @@
 #include "core/format.hpp"
 #include "cuda/packing.hpp"
 #include "sim/block_scales.hpp"
-#include "sim/nvfp4_options.hpp"
+#include "sim/block_rules.hpp"
 
 namespace fp4lab::cuda {
 
@@ -197,11 +197,11 @@ __global__ void alpha_kernel(const float* ga, const float* gb, float* ab) {
 // NVFP4 operands for cuBLASLt's VEC16_UE4M3 mode: E2M1 codes with E4M3 scales
 // in [1,16] blocks, or in [16,16] tiles (the NVIDIA recipe's weights), a
 // tile's scale being each of its rows' [1,16] scale.
-// (Not TE's NVFP4 options: their per-row amax or E4M3_MAX 256 is not a scalar
-// g_dec of the codes' scale, sim/nvfp4_options.hpp.)
+// (Not a rule whose scales are not decode(code), such as TE's NVFP4 options: their per-row amax or E4M3_MAX
+// 256 is not a scalar g_dec of the codes' scale, schemes/te_nvfp4/rule.hpp.)
 bool is_nvfp4_blocks(const QuantizerSpec& q, int block_rows) {
   return q.element == &float4_e2m1fn && (q.scale == &ufloat8_e4m3 || q.scale == &float8_e4m3fn) &&
-         q.block_rows == block_rows && q.block_cols == 16 && !q.rht && !nvfp4_options(q);
+         q.block_rows == block_rows && q.block_cols == 16 && !q.rht && block_rule_traits(q).scales_from_codes;
 }
 bool is_nvfp4_native(const QuantizerSpec& q) { return is_nvfp4_blocks(q, 1) || is_nvfp4_blocks(q, 16); }
 bool is_mx_1x32(const QuantizerSpec& q) {
@@ -251,9 +251,9 @@ void dequant_operand_bf16(const QuantOperand& q, uint16_t* out, cudaStream_t str
   if (q.layout == CodeLayout::packed4 && q.spec.element->bits() != 4)
     throw Error("dequant_operand_bf16: packed4 codes need a 4-bit element");
   if (!q.scale_codes && !q.scales) throw Error("dequant_operand_bf16: the operand has neither scale codes nor scales");
-  // TE's NVFP4 options: the decoded scales are the final dequantization
-  // scales (sim/nvfp4_options.hpp), which the scale codes alone do not give.
-  const bool final_scales = nvfp4_options(q.spec);
+  // A rule whose decoded scales are not decode(code) (TE's NVFP4 options: the final dequantization scales,
+  // schemes/te_nvfp4/rule.hpp): the scale codes alone do not give them.
+  const bool final_scales = !block_rule_traits(q.spec).scales_from_codes;
   if (final_scales && !q.scales)
     throw Error("dequant_operand_bf16: " + describe(q.spec) + " needs its decoded scales (QuantOperand::scales)");
   const BlockGrid g = block_grid(q.spec, q.rows, q.cols);

@@ -109,7 +109,7 @@ struct QuantOperand {
   CodeLayout layout = CodeLayout::bytes;
   const uint8_t* scale_codes = nullptr;  // row-major [scale_rows, scale_cols]
   const float* scales = nullptr;         // float32 block scales, used when scale_codes is null (and always for
-                                         // TE's NVFP4 options, whose scales are final: sim/nvfp4_options.hpp)
+                                         // TE's NVFP4 options, whose scales are final: schemes/te_nvfp4/rule.hpp)
   const float* global_decode = nullptr;  // device float, may be null (= 1)
 };
 

@@ -4,10 +4,9 @@
 // sim/scale_rules.hpp and sim/rht.hpp's sign rule.
 // Built with --fmad=false so no FP32 sequence is contracted into an FMA.
 #include "cuda/quantize.hpp"
-#include "cuda/quantize_fp4tk.hpp"
-#include "cuda/quantize_options.hpp"
 #include "cuda/quantize_grouped.cuh"
 #include "cuda/quantize_kernels.cuh"
+#include "cuda/quantize_rule.cuh"
 #include "cuda/quantize_tiles.cuh"
 #include "cuda/rht.hpp"
 
@@ -22,7 +21,7 @@
 #include "core/philox.hpp"
 #include "core/sr.hpp"
 #include "sim/block_scales.hpp"
-#include "sim/nvfp4_options.hpp"
+#include "sim/block_rules.hpp"
 #include "sim/rht.hpp"
 #include "sim/scale_rules.hpp"
 
@@ -223,83 +222,6 @@ __global__ void nv_global_kernel(const KParams p, float* out) {
   out[2] = g.mult;
 }
 
-// ---- generic path ---------------------------------------------------------------
-// 1. block amax (and the tensor amax in *gamax) for any block shape.
-template <class In>
-__global__ void __launch_bounds__(kThreads) generic_amax_kernel(const KParams p) {
-  const int64_t n = p.rows * p.cols;
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
-  for (int64_t i0 = int64_t(blockIdx.x) * kThreads; i0 < n; i0 += stride) {  // block-uniform loop
-    const int64_t i = i0 + threadIdx.x;
-    const bool ok = i < n;
-    const int64_t r = ok ? i / p.cols : 0, c = ok ? i - r * p.cols : 0;
-    const long long bid = ok ? (long long)((r / p.br) * p.nbc + c / p.bc) : -1;
-    const uint32_t a = ok ? abs_bits(load1<In>(p.x, i)) : 0u;
-    const unsigned group = __match_any_sync(0xFFFFFFFFu, bid);
-    const uint32_t m = __reduce_max_sync(group, a);
-    const int leader = __ffs(group) - 1;
-    if (ok && (threadIdx.x & 31) == leader && m != 0) {
-      atomicMax(p.block_amax + bid, m);
-      atomicMax(p.gamax, m);
-    }
-  }
-}
-
-// 2. per-block parameters.
-__global__ void __launch_bounds__(kThreads) generic_scale_kernel(const KParams p, int64_t nblocks) {
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const NvGlobal g = nv_global_of(p, p.elem, p.sfmt);
-  if (i == 0) store_global_decode(p.out, g.g_dec);
-  if (i >= nblocks) return;
-  const BlockParams b = block_params_rt(p.elem, p.sfmt, p.rule, p.block_amax[i], g);
-  p.block_mult[i] = b.mult;
-  p.block_scale[i] = b.scale;
-  if (p.out.scale_codes) p.out.scale_codes[i] = uint8_t(b.code);
-  if (p.out.scales) p.out.scales[i] = b.scale;
-}
-
-// 3. elements: one thread per pair of columns (c = 2k, 2k + 1) of a row.
-// SR: per_element one Philox call an element (random_bits of its index);
-// ptx_x4 one for both (an even c0 and c0 + 1 share their group's word: G is
-// 4, or 2 for 16-bit targets), the values its sr_element_bits (sr_word_bits with
-// KParams::sr's lsb and width, quantize_encode.cuh).
-template <class In>
-__global__ void __launch_bounds__(kThreads) generic_element_kernel(const KParams p) {
-  const int64_t pairs = (p.cols + 1) / 2;
-  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (t >= p.rows * pairs) return;
-  const int64_t r = t / pairs, c0 = (t - r * pairs) * 2;
-  const NvGlobal g = nv_global_of(p, p.elem, p.sfmt);
-  const QuantOutputs& o = p.out;
-  const bool sr = p.round == Round::rs, x4 = sr && p.sr.bits != SrBits::per_element;
-  const uint32_t word =
-      x4 ? random_bits(p.seed, p.stream, uint64_t(r) * uint64_t(p.sr.words_per_row) + uint64_t(c0 / p.sr.group))
-         : 0u;
-  uint32_t codes[2] = {0, 0};
-  for (int k = 0; k < 2; ++k) {
-    const int64_t c = c0 + k;
-    if (c >= p.cols) break;
-    const int64_t i = r * p.cols + c;
-    const int64_t bid = (r / p.br) * p.nbc + c / p.bc;
-    const float x = load1<In>(p.x, i);
-    const uint32_t rbits = !sr  ? 0u
-                           : x4 ? sr_word_bits(word, p.sr.lsb_step * int(c % p.sr.group), p.sr.width)
-                                : random_bits(p.seed, p.stream, uint64_t(i));
-    const uint32_t code =
-        encode_element_rt(p.elem, p.rule, p.round, p.overflow, x, p.block_mult[bid], rbits, p.sr.width);
-    codes[k] = code;
-    const float d = decode(p.elem, code) * p.block_scale[bid];
-    store_element(o, i, code, d * g.g_dec, o.bf16_gemm_operand ? d : d * g.g_dec);
-  }
-  store_code_pair(o, r, pairs, c0, codes);
-}
-
-// ---- host side ----------------------------------------------------------------
-unsigned grid_for(int64_t work, int64_t per_block = kThreads) {
-  const int64_t b = (work + per_block - 1) / per_block;
-  return unsigned(std::clamp<int64_t>(b, 1, 0x7FFFFFFF));
-}
-
 }  // namespace
 
 void scale_grid(const QuantizerSpec& q, int64_t rows, int64_t cols, int64_t& scale_rows, int64_t& scale_cols) {
@@ -451,40 +373,6 @@ void run_fused(const KernelPlan& plan, KParams& p, QuantWorkspace& ws, cudaStrea
   launch_family(plan, p, stream);
 }
 
-// The generic path: block amaxes (and the tensor amax), block scales, elements.
-void run_generic(KParams& p, const BlockGrid& grid, InputType type, QuantWorkspace& ws, cudaStream_t stream) {
-  const int64_t nblocks = grid.nbr * grid.nbc, rows = p.rows, cols = p.cols;
-  ws.mult.at_least(size_t(nblocks));
-  ws.scale.at_least(size_t(nblocks));
-  p.block_amax = ws.amax.data() + 1;
-  p.block_mult = ws.mult.data();
-  p.block_scale = ws.scale.data();
-  ws.amax_armed = false;  // the generic path leaves its amaxes there
-  check(cudaMemsetAsync(ws.amax.data(), 0, size_t(1 + nblocks) * sizeof(uint32_t), stream), "cudaMemsetAsync");
-  const int64_t n = rows * cols;
-  if (nblocks == 1) {
-    // One block ([0,0], or a block larger than the tensor): the tensor amax
-    // kernel (per-warp atomics on one word would serialise).
-    tensor_amax_pass(p.x, type, n, ws.amax.data(), AmaxFinish{}, stream);
-    check(cudaMemcpyAsync(ws.amax.data() + 1, ws.amax.data(), sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream),
-          "cudaMemcpyAsync(amax)");
-  } else {
-    if (type == InputType::bf16)
-      generic_amax_kernel<uint16_t><<<grid_for(n), kThreads, 0, stream>>>(p);
-    else
-      generic_amax_kernel<float><<<grid_for(n), kThreads, 0, stream>>>(p);
-    check_launch("generic_amax_kernel");
-  }
-  generic_scale_kernel<<<grid_for(nblocks), kThreads, 0, stream>>>(p, nblocks);
-  check_launch("generic_scale_kernel");
-  const int64_t threads = rows * ((cols + 1) / 2);
-  if (type == InputType::bf16)
-    generic_element_kernel<uint16_t><<<grid_for(threads), kThreads, 0, stream>>>(p);
-  else
-    generic_element_kernel<float><<<grid_for(threads), kThreads, 0, stream>>>(p);
-  check_launch("generic_element_kernel");
-}
-
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
 // quantize.hpp's alignment rule. The one kernel that needs more than element
@@ -525,8 +413,7 @@ void tensor_amax_device(const void* x, InputType type, int64_t n, uint32_t* amax
 size_t quantize_staging_bytes(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
                               QuantPath path, bool tensor_amax_given) {
   validate(q, "quantize (cuda)");
-  // The fp4tk and TE-options kernels load element by element; an aligned x needs no plan.
-  if (q.emulate == Emulation::fp4tk || nvfp4_options(q) || aligned16(x) || rows <= 0 || cols <= 0) return 0;
+  if (aligned16(x) || rows <= 0 || cols <= 0) return 0;
   const KernelPlan plan = plan_quantize(q, type, path, tensor_amax_given);
   return staging_bytes(plan, block_grid(q, rows, cols), make_params(q, x, rows, cols, RandomStream{}, QuantOutputs{}),
                        type);
@@ -536,19 +423,6 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
                      const QuantOutputs& out, QuantWorkspace& ws, cudaStream_t stream, QuantPath path,
                      const uint32_t* tensor_amax_bits) {
   check_call(q, rs, out, rows, cols);
-  if (q.emulate == Emulation::fp4tk) {
-    if (path == QuantPath::fused)
-      throw Error("quantize (cuda): emulate 'fp4tk' has its own kernels, not the fused ones: " + describe(q));
-    return quantize_fp4tk_device(q, x, type, rows, cols, rs, out, ws, stream);
-  }
-  if (nvfp4_options(q)) {
-    if (path == QuantPath::fused)
-      throw Error(
-          "quantize (cuda): scale_select 'four_over_six' and global_scale 'row_amax' have their own kernels "
-          "(cuda/quantize_options.cu), not the fused ones: " +
-          describe(q));
-    return quantize_options_device(q, x, type, rows, cols, out, ws, stream);
-  }
   const KernelPlan plan = plan_quantize(q, type, path, tensor_amax_bits != nullptr);
   const BlockGrid grid = block_grid(q, rows, cols);
   KParams p = make_params(q, x, rows, cols, rs, out);
@@ -566,7 +440,7 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
     p.x = copy;
   }
   if (plan.family == Family::generic)
-    run_generic(p, grid, type, ws, stream);
+    with_block_rule(q, [&]<class R>(const typename R::Params& rp) { run_rule<R>(p, rp, grid, type, ws, stream); });
   else
     run_fused(plan, p, ws, stream, tensor_amax_bits);
 }

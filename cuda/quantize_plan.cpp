@@ -7,7 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/sr.hpp"
-#include "sim/nvfp4_options.hpp"
+#include "sim/block_rules.hpp"
 
 namespace fp4lab::cuda {
 namespace qk {
@@ -39,7 +39,7 @@ bool needs_tensor_amax(const QuantizerSpec& q) {
 // nv rule, with or without the per-tensor scale), rounding rn or rs.
 bool dual_quantizer(const QuantizerSpec& q) {
   return spec_kind(q) == KernelKind::nvfp4 && q.scale_rule == ScaleRule::nv &&
-         (q.round == Round::rn || q.round == Round::rs) && !nvfp4_options(q);
+         (q.round == Round::rn || q.round == Round::rs) && block_rule_traits(q).fused;
 }
 
 }  // namespace
@@ -56,8 +56,7 @@ SrLayout sr_layout(const QuantizerSpec& q, int64_t cols) {
 }
 
 std::optional<Family> fused_family(const QuantizerSpec& q) {
-  if (q.emulate != Emulation::none) return std::nullopt;  // quantize_fp4tk_device
-  if (nvfp4_options(q)) return std::nullopt;              // quantize_options_device
+  if (!block_rule_traits(q).fused) return std::nullopt;  // the generic pipeline on its rule (quantize_rule.cuh)
   const int br = q.block_rows, bc = q.block_cols;
   if (br == 1 && (bc == 16 || bc == 32)) {
     if (q.rht && bc != 16) return std::nullopt;
@@ -73,6 +72,11 @@ std::optional<Family> fused_family(const QuantizerSpec& q) {
 
 KernelPlan plan_quantize(const QuantizerSpec& q, InputType in, QuantPath path, bool amax_given) {
   const std::optional<Family> fused = fused_family(q);
+  const BlockRuleTraits& rule = block_rule_traits(q);
+  if (path == QuantPath::fused && !rule.fused)
+    throw Error("quantize (cuda): " + std::string(rule.name) +
+                "'s arithmetic runs on the generic pipeline's rule kernels (cuda/quantize_rule.cuh), not the fused "
+                "ones: " + describe(q));
   if (path == QuantPath::fused && !fused)
     throw Error(
         "quantize (cuda): the fused kernel handles blocks [1,16], [1,32], [16,16], [16,1], [32,1] (RHT on "
@@ -127,9 +131,9 @@ bool bf16_exact(const QuantizerSpec& q) {
   const bool element =
       e == &float4_e2m1fn || e == &float6_e2m3fn || e == &float6_e3m2fn || e == &float8_e4m3fn || e == &float8_e5m2;
   const bool scale = q.scale == &float8_e8m0fnu || q.scale == &ufloat8_e4m3;
-  // TE's NVFP4 options: decode(code) * block scale is not the operand (their
-  // scales are the final FP32 dequantization scales, sim/nvfp4_options.hpp).
-  return element && scale && !q.rht && !nvfp4_options(q);
+  // A rule whose scales are not decode(code) (TE's NVFP4 options: final FP32 dequantization scales,
+  // schemes/te_nvfp4/rule.hpp) does not give such a product.
+  return element && scale && !q.rht && block_rule_traits(q).scales_from_codes;
 }
 
 bool rht_foldable(const QuantizerSpec& q) { return bf16_exact(q) && q.block_rows == 16 && q.block_cols == 1; }

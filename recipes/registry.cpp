@@ -161,7 +161,7 @@ std::vector<Recipe> build() {
                         b, 16, {RN, RN, SR, RN, SR, SR}));
   }
   // fp4-trainkit's four recipes as its code computes them (emulate fp4tk,
-  // core/fp4tk.hpp; docs/log/research_fp4trainkit.md): its element rounding
+  // schemes/fp4tk/scalar.hpp; docs/log/research_fp4trainkit.md): its element rounding
   // without carry, its two-step-wide SR noise, its scale floors, its tetrajet
   // double quantization of W only, and no bias in the quantized layers'
   // forward (its FP4MatMul drops it). Same per-operand rounding as above.
@@ -224,7 +224,7 @@ std::vector<Recipe> build() {
     r.keep_high_precision = {"*head*"};
     v.push_back(r);
   }
-  // TransformerEngine's 2026 NVFP4 options (sim/nvfp4_options.hpp) on `nvfp4`.
+  // TransformerEngine's 2026 NVFP4 options (schemes/te_nvfp4/rule.hpp) on `nvfp4`.
   auto named = [&](const std::string& n) {
     for (const Recipe& r : v)
       if (r.name == n) return r;

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sim/block_rule.hpp"
 #include "sim/quantizer.hpp"
 
 namespace fp4lab {
@@ -23,20 +24,15 @@ BlockGrid block_grid(const QuantizerSpec& q, int64_t rows, int64_t cols);
 // max(|x| bit pattern) over each block's valid elements, [nbr * nbc] row-major.
 std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float> x);
 
-inline constexpr uint8_t flag_underflow = 1, flag_overflow = 2, flag_nan = 4;
-
-// Per-block scales of a tensor by its spec's rule (no RHT applied here).
+// Per-block scales of a tensor by its spec's block rule (sim/block_rule.hpp; no RHT applied here).
 struct BlockScales {
   BlockGrid grid;
   bool has_codes = true;             // false for float32 scales
   std::vector<uint8_t> scale_codes;  // [nbr*nbc] scale-format codes (empty for float32)
   std::vector<float> scales;         // decoded scale: dequant = (value(code) * scale) * g_dec
-  std::vector<float> mult;           // element operand: x * mult, or x / mult when `divide`
-  std::vector<uint8_t> flags;        // flag_underflow | flag_overflow | flag_nan
-  bool divide = false;               // nv_noglobal: elements are x / scale
-  bool pow2 = false;                 // MX rules: mult is an exact power of two
-  float g_enc = 1.0f, g_dec = 1.0f;  // nv global scale
-  float global_amax = 0.0f;          // amax of the tensor (nv with a global scale)
+  std::vector<float> mult;           // element operand factor (BlockChoice::mult)
+  std::vector<uint8_t> flags;        // flag_underflow | flag_overflow | flag_nan (sim/block_rule.hpp)
+  float g_dec = 1.0f;                // the rule's global decode scale
 };
 BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float> x);
 

@@ -4,9 +4,13 @@
 // result does not depend on the OpenMP thread count):
 //   1. block amax: max of |x| bit patterns over each block's valid elements
 //      (stripes of block_rows rows in parallel);
-//   2. per-block scale by the rule (sim/scale_rules.hpp, shared with cuda/);
-//   3. per row (in parallel): element operand y = x * mult (x / scale for
-//      nv_noglobal), code = encode(element, y), dequant = (value(code) * scale) * g_dec.
+//   2. the amax of the rule's outer domain (the tensor, or each row), its
+//      global constants, and each block's scale by the block rule
+//      (sim/block_rule.hpp, selected once by sim/block_rules.hpp; the same
+//      FP4LAB_HD code as cuda/);
+//   3. per row (in parallel): the rule's element code, dequant = (value * scale) * g_dec;
+//      for the standard encoder, y = x * mult (x / scale for nv_noglobal),
+//      code = encode(element, y), in vectorised rows.
 #include "sim/quantizer.hpp"
 
 #include <omp.h>
@@ -26,8 +30,7 @@
 #include "core/philox.hpp"
 #include "sim/block_scales.hpp"
 #include "sim/element_stats.hpp"
-#include "sim/fp4tk.hpp"
-#include "sim/nvfp4_options.hpp"
+#include "sim/block_rules.hpp"
 #include "sim/rht.hpp"
 #include "sim/scale_rules.hpp"
 
@@ -102,89 +105,57 @@ std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float
   return amax;
 }
 
-BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float> x) {
-  if (q.emulate == Emulation::fp4tk) return fp4tk_block_scales(q, x);
-  if (nvfp4_options(q)) return nvfp4_options_block_scales(q, x);
+namespace {
+
+// The amax of each outer domain of R (sim/block_rule.hpp's OuterAmax): one word for none (0) and the tensor,
+// one per block row for rows.
+std::vector<uint32_t> outer_amax_bits(OuterAmax o, const BlockGrid& g, const std::vector<uint32_t>& amax) {
+  if (o == OuterAmax::none) return {0u};
+  if (o == OuterAmax::tensor) return {amax.empty() ? 0u : *std::max_element(amax.begin(), amax.end())};
+  std::vector<uint32_t> rows(size_t(g.nbr), 0u);
+  for (int64_t i = 0; i < g.nbr; ++i)
+    for (int64_t j = 0; j < g.nbc; ++j) rows[size_t(i)] = std::max(rows[size_t(i)], amax[size_t(i * g.nbc + j)]);
+  return rows;
+}
+
+// Steps 1-2 of the pipeline under rule R: block amaxes, the outer amaxes and R's globals, each block's choice.
+template <class R>
+BlockScales block_scales_with(const QuantizerSpec& q, const typename R::Params& p, MatrixView<const float> x) {
   BlockScales b;
   b.grid = block_grid(q, x.rows, x.cols);
-  const std::vector<uint32_t> amax = block_amax_bits(b.grid, x);
+  const BlockGrid& g = b.grid;
+  const std::vector<uint32_t> amax = block_amax_bits(g, x);
   const size_t n = amax.size();
   b.has_codes = q.scale != &float32;
   b.scale_codes.assign(b.has_codes ? n : 0, 0);
   b.scales.assign(n, 0.0f);
   b.mult.assign(n, 0.0f);
   b.flags.assign(n, 0);
-  const Format& elem = *q.element;
-  const float elem_max = max_finite(elem);
-  switch (q.scale_rule) {
-    case ScaleRule::ocp:
-    case ScaleRule::ceil:
-    case ScaleRule::tetrajet: {
-      b.pow2 = true;
+  const OuterAmax outer = R::outer(p);
+  const std::vector<uint32_t> oa = outer_amax_bits(outer, g, amax);
+  std::vector<typename R::Global> gl;
+  gl.reserve(oa.size());
+  for (uint32_t a : oa) gl.push_back(R::global(p, a));
+  // One global decode scale for the tensor: a rule with an amax per row has g_dec 1 for every row.
+  b.g_dec = R::g_dec(gl.empty() ? R::global(p, 0u) : gl[0]);
+  const auto at = [&](int64_t r, int64_t c) { return x(r, c); };
 #pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < n; ++i) {
-        const MxScale s = q.scale_rule == ScaleRule::ocp    ? mx_scale_ocp(amax[i], elem)
-                          : q.scale_rule == ScaleRule::ceil ? mx_scale_ceil(amax[i], elem)
-                                                            : mx_scale_tetrajet(amax[i], elem);
-        b.scale_codes[i] = uint8_t(s.code());
-        b.scales[i] = s.nan ? quiet_nan_f() : pow2f(s.exp);
-        b.mult[i] = s.nan ? quiet_nan_f() : pow2f(-s.exp);
-        b.flags[i] =
-            uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) | (s.nan ? flag_nan : 0));
-      }
-      break;
-    }
-    case ScaleRule::nv: {
-      NvGlobal g = nv_no_global(elem_max);
-      if (q.global_scale == GlobalScale::tensor_amax) {
-        uint32_t m = 0;
-        for (uint32_t a : amax) m = std::max(m, a);
-        b.global_amax = bits_float(m);
-        g = nv_global(b.global_amax, max_finite(*q.scale), elem_max);
-      }
-      b.g_dec = g.g_dec;
-      b.g_enc = g.g_enc;
-      const bool ue4m3 = q.scale == &ufloat8_e4m3;
-#pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < n; ++i) {
-        const NvBlockScale s = ue4m3 ? nv_block_scale<ufloat8_e4m3>(bits_float(amax[i]), g)
-                                     : nv_block_scale<float8_e4m3fn>(bits_float(amax[i]), g);
-        b.scale_codes[i] = uint8_t(s.code);
-        b.scales[i] = s.scale;
-        b.mult[i] = s.encode;
-        b.flags[i] = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) |
-                             (amax[i] > 0x7F800000u ? flag_nan : 0));
-      }
-      break;
-    }
-    case ScaleRule::nv_noglobal: {
-      b.divide = true;
-#pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < n; ++i) {
-        const float a = bits_float(amax[i]);
-        const NvBlockScale s = q.scale == &ufloat8_e4m3    ? nv_noglobal_block_scale<ufloat8_e4m3>(a, elem_max)
-                               : q.scale == &float8_e4m3fn ? nv_noglobal_block_scale<float8_e4m3fn>(a, elem_max)
-                                                           : nv_noglobal_block_scale(a, elem_max, *q.scale);
-        b.scale_codes[i] = uint8_t(s.code);
-        b.scales[i] = s.scale;
-        b.mult[i] = s.scale;
-        b.flags[i] = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) |
-                             (amax[i] > 0x7F800000u ? flag_nan : 0));
-      }
-      break;
-    }
-    case ScaleRule::tensor_amax: {
-#pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < n; ++i) {
-        const TensorScale t = tensor_amax_scale(bits_float(amax[i]), elem_max);
-        b.scales[i] = t.decode;
-        b.mult[i] = t.encode;
-        b.flags[i] = uint8_t(amax[i] > 0x7F800000u ? flag_nan : 0);
-      }
-      break;
-    }
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t bi = int64_t(i) / g.nbc, bj = int64_t(i) - bi * g.nbc;
+    const BlockChoice c = R::choose(p, gl[outer == OuterAmax::rows ? size_t(bi) : 0], amax[i], at,
+                                    BlockAt{x.rows, x.cols, g.br, g.bc, bi, bj});
+    if (b.has_codes) b.scale_codes[i] = uint8_t(c.code);
+    b.scales[i] = c.scale;
+    b.mult[i] = c.mult;
+    b.flags[i] = c.flags;
   }
   return b;
+}
+
+}  // namespace
+
+BlockScales compute_block_scales(const QuantizerSpec& q, MatrixView<const float> x) {
+  return with_block_rule(q, [&]<class R>(const typename R::Params& p) { return block_scales_with<R>(q, p, x); });
 }
 
 // ---------------------------------------------------------------------------
@@ -339,44 +310,33 @@ SrRowFn sr_row_fn(const Format& f, int W) {
 }
 
 // Generic row kernel: any rounding mode (SR: the random values rv of
-// row_random_values, W bits each).
-void row_generic(const QuantizerSpec& q, const BlockScales& b, const float* xr, const float* cm, const float* cs,
+// row_random_values, W bits each), through the encoder itself.
+void row_generic(const MultEncoder& enc, float g_dec, const float* xr, const float* cm, const float* cs,
                  const float* tab, const uint32_t* rv, uint8_t* codes, float* dq, int64_t n) {
-  const Format& f = *q.element;
-  const bool exact_pow2 = b.pow2 && (q.round == Round::rp || q.round == Round::rm);
-  const int W = sr_width(q.sr_bits, f);
   for (int64_t c = 0; c < n; ++c) {
-    const uint32_t rbits = rv ? rv[c] : 0u;
-    uint32_t code;
-    if (exact_pow2) {
-      // x * 2^-e exactly (float64 never underflows here): directed rounding of
-      // a value below FP32's normal range must see its true sign and size.
-      code = encode(f, double(xr[c]) * double(cm[c]), q.round, q.overflow, rbits, W);
-    } else {
-      const float y = b.divide ? xr[c] / cm[c] : xr[c] * cm[c];
-      code = encode(f, y, q.round, q.overflow, rbits, W);
-    }
+    const uint32_t code = enc.code(cm[c], xr[c], rv ? rv[c] : 0u);
     codes[c] = uint8_t(code);
-    dq[c] = (tab[code] * cs[c]) * b.g_dec;
+    dq[c] = (tab[code] * cs[c]) * g_dec;
   }
 }
 
-// Quantizes the rows of x (already RHT-transformed if the spec says so) with
-// the block scales b; writes dequant (row-major, stride out_stride) and, if
-// codes_out is not null, the element codes (contiguous rows*cols).
-void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<const float> x, RandomStream rs,
-                   float* dq_out, int64_t out_stride, uint8_t* codes_out) {
-  if (q.emulate == Emulation::fp4tk) return fp4tk_encode(q, b, x, rs, dq_out, out_stride, codes_out);
+// Step 3 for a rule whose elements are the standard encoder's (R::mult_encoder): the rows of x (already
+// RHT-transformed if the spec says so) with the block scales b, vectorised where the mode allows; writes
+// dequant (row-major, stride out_stride) and, if codes_out is not null, the element codes (contiguous
+// rows*cols). q.element is the encoder's format (dispatched by address).
+void mult_rows(const QuantizerSpec& q, const MultEncoder& enc, const BlockScales& b, MatrixView<const float> x,
+               RandomStream rs, float* dq_out, int64_t out_stride, uint8_t* codes_out) {
   const std::array<float, 256> tab = decode_table(*q.element);
+  const bool divide = enc.divide;
   const bool fast = q.round == Round::rn;
-  const RowFn fast_fn = fast ? (b.divide ? fast_row_fn<true>(*q.element) : fast_row_fn<false>(*q.element)) : nullptr;
+  const RowFn fast_fn = fast ? (divide ? fast_row_fn<true>(*q.element) : fast_row_fn<false>(*q.element)) : nullptr;
   const bool sr = q.round == Round::rs;
   const int W = sr_width(q.sr_bits, *q.element);
-  const SrRowFn sr_fn = sr ? (b.divide ? sr_row_fn<true>(*q.element, W) : sr_row_fn<false>(*q.element, W)) : nullptr;
+  const SrRowFn sr_fn = sr ? (divide ? sr_row_fn<true>(*q.element, W) : sr_row_fn<false>(*q.element, W)) : nullptr;
   const BlockGrid& g = b.grid;
   const int64_t cols = x.cols;
   const BlockRowFn block_fn =
-      fast && g.bc >= 8 ? (b.divide ? block_row_fn<true>(*q.element) : block_row_fn<false>(*q.element)) : nullptr;
+      fast && g.bc >= 8 ? (divide ? block_row_fn<true>(*q.element) : block_row_fn<false>(*q.element)) : nullptr;
   if (block_fn) {
 #pragma omp parallel
     {
@@ -420,10 +380,31 @@ void encode_tensor(const QuantizerSpec& q, const BlockScales& b, MatrixView<cons
       } else if (sr_fn) {
         sr_fn(xr, cm.data(), cs.data(), b.g_dec, tab.data(), q.overflow, rbits, codes, dq, cols);
       } else {
-        row_generic(q, b, xr, cm.data(), cs.data(), tab.data(), rbits, codes, dq, cols);
+        row_generic(enc, b.g_dec, xr, cm.data(), cs.data(), tab.data(), rbits, codes, dq, cols);
       }
     }
   }
+}
+
+// Step 3 under rule R: its own rows where it has them, else the standard encoder's.
+template <class R>
+void encode_tensor(const QuantizerSpec& q, const typename R::Params& p, const BlockScales& b, MatrixView<const float> x,
+                   RandomStream rs, float* dq_out, int64_t out_stride, uint8_t* codes_out) {
+  if constexpr (requires { R::encode_rows(p, b, x, rs, dq_out, out_stride, codes_out); }) {
+    R::encode_rows(p, b, x, rs, dq_out, out_stride, codes_out);
+  } else {
+    mult_rows(q, R::mult_encoder(p), b, x, rs, dq_out, out_stride, codes_out);
+  }
+}
+
+// Steps 1-3 of x (in the quantizer's domain): its block scales, and its elements into dq_out / codes_out.
+BlockScales quantize_rows(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs, float* dq_out,
+                          int64_t out_stride, uint8_t* codes_out) {
+  return with_block_rule(q, [&]<class R>(const typename R::Params& p) {
+    BlockScales b = block_scales_with<R>(q, p, x);
+    encode_tensor<R>(q, p, b, x, rs, dq_out, out_stride, codes_out);
+    return b;
+  });
 }
 
 RhtAxis rht_axis(const QuantizerSpec& q) { return q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols; }
@@ -448,16 +429,15 @@ QuantizedTensor quantize(const QuantizerSpec& q, MatrixView<const float> x_in, R
     transformed = rht_copy(q, x_in);
     x = MatrixView<const float>(transformed.data(), x_in.rows, x_in.cols);
   }
-  BlockScales b = compute_block_scales(q, x);
   QuantizedTensor qt;
   qt.spec = q;
   qt.rows = x.rows;
   qt.cols = x.cols;
-  qt.scale_rows = b.grid.nbr;
-  qt.scale_cols = b.grid.nbc;
   qt.codes.assign(size_t(x.rows * x.cols), 0);
   qt.dequant.assign(size_t(x.rows * x.cols), 0.0f);
-  encode_tensor(q, b, x, rs, qt.dequant.data(), x.cols, qt.codes.data());
+  BlockScales b = quantize_rows(q, x, rs, qt.dequant.data(), x.cols, qt.codes.data());
+  qt.scale_rows = b.grid.nbr;
+  qt.scale_cols = b.grid.nbc;
   qt.scale_codes = std::move(b.scale_codes);
   qt.scales = std::move(b.scales);
   qt.global_decode = b.g_dec;
@@ -468,15 +448,11 @@ void fake_quantize(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs)
   validate(q, "fake_quantize");
   if (q.rht) {
     std::vector<float> t = rht_copy(q, MatrixView<const float>(x.data, x.rows, x.cols, x.stride));
-    MatrixView<const float> tv(t.data(), x.rows, x.cols);
-    const BlockScales b = compute_block_scales(q, tv);
-    encode_tensor(q, b, tv, rs, x.data, x.stride, nullptr);
+    quantize_rows(q, MatrixView<const float>(t.data(), x.rows, x.cols), rs, x.data, x.stride, nullptr);
     rht_inverse(x, rht_axis(q), q.rht_seed);
     return;
   }
-  MatrixView<const float> xc(x.data, x.rows, x.cols, x.stride);
-  const BlockScales b = compute_block_scales(q, xc);
-  encode_tensor(q, b, xc, rs, x.data, x.stride, nullptr);
+  quantize_rows(q, MatrixView<const float>(x.data, x.rows, x.cols, x.stride), rs, x.data, x.stride, nullptr);
 }
 
 QuantStats quant_stats(const QuantizedTensor& qt, MatrixView<const float> x_in) {

@@ -12,11 +12,11 @@
 //   round        element rounding mode; overflow: element overflow policy
 //   global_scale none | tensor_amax (NVFP4's second level, FP32) | row_amax
 //                (TransformerEngine's row-scaled NVFP4: one FP32 amax per tensor
-//                row behind the second level; [1,16] blocks; sim/nvfp4_options.hpp)
+//                row behind the second level; [1,16] blocks; schemes/te_nvfp4/rule.hpp)
 //   scale_select max (the block scale maps the block amax to the element's
 //                max) | four_over_six (TransformerEngine's "4/6": per block the
 //                better of that and a 1.5x scale, by select_error; e2m1/ue4m3
-//                nv, rn, no rht; sim/nvfp4_options.hpp)
+//                nv, rn, no rht; schemes/te_nvfp4/rule.hpp)
 //   select_error mae | mse | mae_fp16 | mse_fp16: the error four_over_six
 //                minimises (_fp16: TE's fast-math error path)
 //   e4m3_max     448 | 256: E4M3_MAX of four_over_six's global scale (TE's
@@ -26,7 +26,7 @@
 //   sr_bits      the random-bit contract of round "rs" (core/sr.hpp):
 //                per_element (32 bits an element) | ptx_x4 (PTX cvt.rs: one
 //                word per 4 elements of a row, 8 bits an element)
-//   emulate      none | fp4tk: fp4-trainkit's own arithmetic (core/fp4tk.hpp:
+//   emulate      none | fp4tk: fp4-trainkit's own arithmetic (schemes/fp4tk/scalar.hpp:
 //                its scale floors and log2, its E2M1 rounding without carry
 //                into the next binade, its two-step-wide SR noise); e2m1
 //                elements, 1-D blocks, rules ocp/ceil/tetrajet (e8m0) or
@@ -48,7 +48,7 @@
 
 #include "core/encode.hpp"
 #include "core/format.hpp"
-#include "core/nvfp4_options.hpp"
+#include "schemes/te_nvfp4/scalar.hpp"
 #include "core/sr.hpp"
 #include "core/tensor.hpp"
 
@@ -76,7 +76,7 @@ struct QuantizerSpec {
   SrBits sr_bits = SrBits::per_element;
   Emulation emulate = Emulation::none;
   ScaleSelect scale_select = ScaleSelect::max;
-  SelectError select_error = SelectError::mae;  // (core/nvfp4_options.hpp)
+  SelectError select_error = SelectError::mae;  // (schemes/te_nvfp4/scalar.hpp)
   int e4m3_max = 448;
 
   bool operator==(const QuantizerSpec&) const = default;
@@ -129,7 +129,7 @@ struct QuantizedTensor {
   std::vector<float> scales;               // decoded block scales (what multiplies an element code's value)
   float global_decode = 1.0f;              // g_dec of the nv rule (1 when there is no global scale, and with
                                            // four_over_six / row_amax, whose scales are TE's final
-                                           // dequantization scales: sim/nvfp4_options.hpp)
+                                           // dequantization scales: schemes/te_nvfp4/rule.hpp)
   std::vector<float> dequant;              // [rows*cols]: decode(code) * scale * global_decode
 };
 

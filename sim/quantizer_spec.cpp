@@ -9,8 +9,8 @@
 
 #include "core/error.hpp"
 #include "core/json.hpp"
-#include "sim/fp4tk.hpp"
-#include "sim/nvfp4_options.hpp"
+#include "schemes/fp4tk/rule.hpp"
+#include "schemes/te_nvfp4/rule.hpp"
 #include "sim/quantizer.hpp"
 
 namespace fp4lab {
@@ -61,7 +61,7 @@ QuantizerSpec nv(int br, int bc) {
   return q;
 }
 
-// TransformerEngine's 2026 NVFP4 options (sim/nvfp4_options.hpp): 4/6 with
+// TransformerEngine's 2026 NVFP4 options (schemes/te_nvfp4/rule.hpp): 4/6 with
 // TE's defaults (MAE, E4M3_MAX 256), and row-scaled NVFP4.
 QuantizerSpec nv_4over6(int br, int bc) {
   QuantizerSpec q = nv(br, bc);

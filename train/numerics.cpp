@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "core/fp4tk.hpp"
+#include "schemes/fp4tk/scalar.hpp"
 #include "sim/block_scales.hpp"
 #include "sim/rht.hpp"
 
@@ -20,7 +20,7 @@ std::array<uint8_t, 256> scale_class_table(const QuantizerSpec& q) {
   float minpos = INFINITY, maxfin = 0;
   for (float v : t)
     if (std::isfinite(v) && v > 0) minpos = std::min(minpos, v), maxfin = std::max(maxfin, v);
-  // fp4-trainkit's MX scales never go below its eps, 2^-23 (sim/fp4tk.hpp): its floor.
+  // fp4-trainkit's MX scales never go below its eps, 2^-23 (schemes/fp4tk/scalar.hpp): its floor.
   if (q.emulate == Emulation::fp4tk && q.scale == &float8_e8m0fnu) minpos = fp4tk_eps;
   std::array<uint8_t, 256> c{};
   for (size_t i = 0; i < 256; ++i) {

@@ -22,7 +22,7 @@
 #include "cuda/quantize.hpp"
 #include "gpu_test_util.hpp"
 #include "sim/packing.hpp"
-#include "sim/nvfp4_options.hpp"
+#include "sim/block_rules.hpp"
 #include "sim/quantizer.hpp"
 
 using namespace fp4lab;
@@ -71,7 +71,7 @@ TEST_CASE("cuda quantize: every canned quantizer x rounding x overflow, both pat
         // fp4-trainkit's quantizers have its two roundings and saturation only (their own test below).
         if (q.emulate == Emulation::fp4tk && ((r != Round::rn && r != Round::rs) || o != Overflow::saturate)) continue;
         // TE's NVFP4 options: 4/6 takes rn only, row_amax no rs (their own test below).
-        if (nvfp4_options(q) && (r == Round::rs || (q.scale_select == ScaleSelect::four_over_six && r != Round::rn)))
+        if (block_rule_id(q) == BlockRuleId::te_nvfp4 && (r == Round::rs || (q.scale_select == ScaleSelect::four_over_six && r != Round::rn)))
           continue;
         q.round = r;
         q.overflow = o;

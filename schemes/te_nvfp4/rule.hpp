@@ -1,15 +1,15 @@
 // TransformerEngine's 2026 NVFP4 options as quantizer options (DESIGN.md
 // sec. 3): "Four Over Six" block-scale selection (scale_select
 // "four_over_six", TE PR #2972) and row-scaled NVFP4 (global_scale
-// "row_amax", TE PR #2931). The scalar arithmetic is core/nvfp4_options.hpp;
-// here: the block-level rule (FP4LAB_HD, shared with cuda/), validate()'s
-// checks and the block scales sim's quantize() uses.
+// "row_amax", TE PR #2931). The scalar arithmetic is scalar.hpp; here
+// the block-level rule (FP4LAB_HD, shared with cuda/) behind the seam of
+// sim/block_rule.hpp, and validate()'s checks (spec.cpp).
 //
 // Both options keep NVFP4's codes and layout (E2M1 elements, one E4M3 scale
 // code per block) and change how a block's scale is chosen:
 //  - four_over_six: two candidates per block (map-to-4: the scale 1.5x, so that
 //    E2M1's 4 reaches the block amax; map-to-6: the usual scale), both quantized,
-//    the one with the smaller error kept (core/nvfp4_options.hpp); blocks
+//    the one with the smaller error kept (scalar.hpp); blocks
 //    [1,16], [16,1] and [16,16] (rows as lines, TE's rowwise 2-D order);
 //    the global scale from E4M3_MAX = e4m3_max (448, or TE's 4/6 default 256);
 //  - row_amax: the amax behind the global scale is the block's row's (blocks
@@ -28,16 +28,12 @@
 #include <string>
 #include <string_view>
 
-#include "core/nvfp4_options.hpp"
-#include "sim/block_scales.hpp"
+#include "schemes/te_nvfp4/scalar.hpp"
+#include "sim/block_rule.hpp"
+#include "sim/quantizer.hpp"
 #include "sim/scale_rules.hpp"
 
 namespace fp4lab {
-
-// Does q use one of the options (scale_select four_over_six or global_scale row_amax)?
-inline bool nvfp4_options(const QuantizerSpec& q) {
-  return q.scale_select == ScaleSelect::four_over_six || q.global_scale == GlobalScale::row_amax;
-}
 
 // JSON names: "max", "four_over_six"; "mae", "mse", "mae_fp16", "mse_fp16".
 std::string_view scale_select_name(ScaleSelect s);
@@ -64,21 +60,20 @@ inline Nvfp4Options nvfp4_options_of(const QuantizerSpec& q) {
 
 // One block's result.
 struct Nvfp4OptionBlock {
-  uint32_t code = 0;        // E4M3 scale code
-  float final_scale = 0;    // dequantization scale (te_dequant_scale)
-  float mult = 0;           // element operand x * mult
-  bool underflow = false;   // scale 0 with a non-zero block amax
-  bool overflow = false;    // the chosen scale rounded beyond 448 before saturating
-  bool map4 = false;        // four_over_six chose map-to-4
+  uint32_t code = 0;       // E4M3 scale code
+  float final_scale = 0;   // dequantization scale (te_dequant_scale)
+  float mult = 0;          // element operand x * mult
+  bool underflow = false;  // scale 0 with a non-zero block amax
+  bool overflow = false;   // the chosen scale rounded beyond 448 before saturating
+  bool map4 = false;       // four_over_six chose map-to-4
 };
 
 // Block (bi, bj) of a [rows, cols] tensor in blocks br x bc ([1,16], [16,1],
 // [16,16]): x(r, c) reads element (r, c); block_amax is the block's (of its
 // valid elements), global_amax the tensor's or the block's row's.
 template <class X>
-FP4LAB_HD Nvfp4OptionBlock nvfp4_option_block(const Nvfp4Options& o, const X& x, int64_t rows, int64_t cols,
-                                              int64_t br, int64_t bc, int64_t bi, int64_t bj, float block_amax,
-                                              float global_amax) {
+FP4LAB_HD Nvfp4OptionBlock nvfp4_option_block(const Nvfp4Options& o, const X& x, int64_t rows, int64_t cols, int64_t br,
+                                              int64_t bc, int64_t bi, int64_t bj, float block_amax, float global_amax) {
   Nvfp4OptionBlock b;
   float sf;
   if (o.four_over_six) {
@@ -116,8 +111,45 @@ FP4LAB_HD Nvfp4OptionBlock nvfp4_option_block(const Nvfp4Options& o, const X& x,
   return b;
 }
 
-// compute_block_scales() of a spec with the options (nvfp4_options(q)):
-// scale codes, final scales (g_dec 1), element multipliers and flags per block.
-BlockScales nvfp4_options_block_scales(const QuantizerSpec& q, MatrixView<const float> x);
+// The block rule: the nv rule's element encoder (x * mult, any round but rs) with TE's block scale
+// choice; the amax behind the global scale is the tensor's, or each row's (row_amax).
+struct TeNvfp4Rule {
+  static constexpr BlockRuleId id = BlockRuleId::te_nvfp4;
+  struct Params {
+    Nvfp4Options o;
+    bool row;  // global_scale row_amax
+    Round round;
+    Overflow overflow;
+  };
+  struct Global {
+    float amax;  // the tensor's or the row's
+  };
+  static Params params(const QuantizerSpec& q) {
+    return Params{nvfp4_options_of(q), q.global_scale == GlobalScale::row_amax, q.round, q.overflow};
+  }
+  FP4LAB_HD static OuterAmax outer(const Params& p) { return p.row ? OuterAmax::rows : OuterAmax::tensor; }
+  FP4LAB_HD static Global global(const Params&, uint32_t amax_bits) { return Global{bits_float(amax_bits)}; }
+  FP4LAB_HD static float g_dec(const Global&) { return 1.0f; }  // the scales are TE's final dequantization scales
+
+  template <class X>
+  FP4LAB_HD static BlockChoice choose(const Params& p, const Global& g, uint32_t amax, const X& x, const BlockAt& at) {
+    const Nvfp4OptionBlock s =
+        nvfp4_option_block(p.o, x, at.rows, at.cols, at.br, at.bc, at.bi, at.bj, bits_float(amax), g.amax);
+    BlockChoice b;
+    b.code = s.code;
+    b.scale = s.final_scale;
+    b.mult = s.mult;
+    b.flags = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) |
+                      (amax > 0x7F800000u ? flag_nan : 0));
+    return b;
+  }
+  FP4LAB_HD static MultEncoder mult_encoder(const Params& p) {
+    constexpr Format e2m1 = float4_e2m1fn;  // a local copy: device code cannot refer to the host global
+    return MultEncoder{e2m1, p.round, p.overflow, false, false, 32};
+  }
+  FP4LAB_HD static Element encode(const Params& p, const BlockChoice& c, float x, uint32_t rbits) {
+    return mult_encoder(p).element(c.mult, x, rbits);
+  }
+};
 
 }  // namespace fp4lab

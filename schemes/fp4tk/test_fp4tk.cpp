@@ -1,4 +1,4 @@
-// fp4-trainkit's quantizer arithmetic (core/fp4tk.hpp, sim/fp4tk.hpp). The
+// fp4-trainkit's quantizer arithmetic (schemes/fp4tk/scalar.hpp, rule.hpp). The
 // bit-exact proof against fp4-trainkit's own code is tests/cli/test_fp4tk.py
 // (its outputs' hashes); here: its documented departures from the recipes'
 // intent, computed by hand from its source, the partial-block rule against a
@@ -13,7 +13,7 @@
 
 #include "core/bits.hpp"
 #include "core/error.hpp"
-#include "core/fp4tk.hpp"
+#include "schemes/fp4tk/scalar.hpp"
 #include "sim/quantizer.hpp"
 
 using namespace fp4lab;

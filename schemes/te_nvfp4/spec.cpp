@@ -1,18 +1,13 @@
-// TransformerEngine's 2026 NVFP4 options (nvfp4_options.hpp): names,
-// validation and the block scales of sim's quantize().
-#include "sim/nvfp4_options.hpp"
-
-#include <omp.h>
-
-#include <algorithm>
+// TransformerEngine's 2026 NVFP4 options (schemes/te_nvfp4/rule.hpp): their JSON names and validate()'s
+// checks.
+#include <string>
 
 #include "core/error.hpp"
+#include "schemes/te_nvfp4/rule.hpp"
 
 namespace fp4lab {
 
-std::string_view scale_select_name(ScaleSelect s) {
-  return s == ScaleSelect::four_over_six ? "four_over_six" : "max";
-}
+std::string_view scale_select_name(ScaleSelect s) { return s == ScaleSelect::four_over_six ? "four_over_six" : "max"; }
 
 std::string_view select_error_name(SelectError e) {
   switch (e) {
@@ -39,8 +34,7 @@ SelectError parse_select_error(std::string_view s) {
 void validate_nvfp4_options(const QuantizerSpec& q, const std::string& where) {
   auto fail = [&](const std::string& m) { throw Error(where + ": " + m); };
   const bool fos = q.scale_select == ScaleSelect::four_over_six, row = q.global_scale == GlobalScale::row_amax;
-  if (q.e4m3_max != 448 && q.e4m3_max != 256)
-    fail("e4m3_max must be 448 or 256, got " + std::to_string(q.e4m3_max));
+  if (q.e4m3_max != 448 && q.e4m3_max != 256) fail("e4m3_max must be 448 or 256, got " + std::to_string(q.e4m3_max));
   if (!fos && q.select_error != SelectError::mae)
     fail("select_error '" + std::string(select_error_name(q.select_error)) +
          "' applies to scale_select 'four_over_six' only; with scale_select 'max' it stays 'mae'");
@@ -62,8 +56,9 @@ void validate_nvfp4_options(const QuantizerSpec& q, const std::string& where) {
     fail("scale_select 'four_over_six' compares candidates rounded to nearest even: round must be 'rn', got '" +
          std::string(round_name(q.round)) + "'");
   if (fos && q.global_scale == GlobalScale::none)
-    fail("scale_select 'four_over_six' needs a global scale: global_scale must be 'tensor_amax' or 'row_amax', got "
-         "'none'");
+    fail(
+        "scale_select 'four_over_six' needs a global scale: global_scale must be 'tensor_amax' or 'row_amax', got "
+        "'none'");
   if (q.emulate != Emulation::none) fail(what + " has no emulation: emulate must be 'none'");
   std::string blk = "[";  // (built by appends: GCC 12's -Wrestrict misfires on "[" + std::string)
   blk += std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]";
@@ -72,49 +67,6 @@ void validate_nvfp4_options(const QuantizerSpec& q, const std::string& where) {
     fail("global_scale 'row_amax' scales [1,16] row blocks by their row's amax: block must be [1,16], got " + blk);
   if (fos && !(b116 || (q.block_rows == 16 && q.block_cols == 1) || (q.block_rows == 16 && q.block_cols == 16)))
     fail("scale_select 'four_over_six' works on NVFP4 blocks: block must be [1,16], [16,1] or [16,16], got " + blk);
-}
-
-BlockScales nvfp4_options_block_scales(const QuantizerSpec& q, MatrixView<const float> x) {
-  BlockScales b;
-  b.grid = block_grid(q, x.rows, x.cols);
-  const BlockGrid& g = b.grid;
-  const std::vector<uint32_t> amax = block_amax_bits(g, x);
-  const int64_t n = int64_t(amax.size());
-  b.scale_codes.assign(size_t(n), 0);
-  b.scales.assign(size_t(n), 0.0f);
-  b.mult.assign(size_t(n), 0.0f);
-  b.flags.assign(size_t(n), 0);
-  uint32_t t = 0;
-  for (uint32_t a : amax) t = std::max(t, a);
-  b.global_amax = bits_float(t);
-  const Nvfp4Options o = nvfp4_options_of(q);
-  const bool row = q.global_scale == GlobalScale::row_amax;
-  // Row amax (blocks [1,16]: a block row is a tensor row): the max of its blocks'.
-  std::vector<float> row_amax;
-  if (row) {
-    row_amax.resize(size_t(g.nbr));
-    for (int64_t i = 0; i < g.nbr; ++i) {
-      uint32_t m = 0;
-      for (int64_t j = 0; j < g.nbc; ++j) m = std::max(m, amax[size_t(i * g.nbc + j)]);
-      row_amax[size_t(i)] = bits_float(m);
-    }
-  }
-  b.g_enc = row ? 1.0f : te_global_encode(b.global_amax, o.four_over_six ? o.e4m3_max : o.scale_max);
-  b.g_dec = 1.0f;  // the scales are the final dequantization scales
-  auto at = [&](int64_t r, int64_t c) { return x(r, c); };
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t bi = i / g.nbc, bj = i - bi * g.nbc;
-    const float ga = row ? row_amax[size_t(bi)] : b.global_amax;
-    const Nvfp4OptionBlock s =
-        nvfp4_option_block(o, at, x.rows, x.cols, g.br, g.bc, bi, bj, bits_float(amax[size_t(i)]), ga);
-    b.scale_codes[size_t(i)] = uint8_t(s.code);
-    b.scales[size_t(i)] = s.final_scale;
-    b.mult[size_t(i)] = s.mult;
-    b.flags[size_t(i)] = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) |
-                                 (amax[size_t(i)] > 0x7F800000u ? flag_nan : 0));
-  }
-  return b;
 }
 
 }  // namespace fp4lab

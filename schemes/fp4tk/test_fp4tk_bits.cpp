@@ -1,4 +1,4 @@
-// fp4tk_e2m1_fast (sim/fp4tk.hpp: integer comparisons and a 2^23 rint, no
+// fp4tk_e2m1_fast (schemes/fp4tk/scalar.hpp: integer comparisons and a 2^23 rint, no
 // libm) against core's fp4tk_e2m1 (libm log2, the formula checked against
 // fp4-trainkit's own code by tests/cli/test_fp4tk.py) as the oracle: the same
 // float32 bits, sign of zero and NaN payload included.
@@ -9,8 +9,7 @@
 #include <vector>
 
 #include "core/bits.hpp"
-#include "core/fp4tk.hpp"
-#include "sim/fp4tk.hpp"
+#include "schemes/fp4tk/scalar.hpp"
 
 using namespace fp4lab;
 

@@ -1,4 +1,4 @@
-// TransformerEngine's NVFP4 options (sim/nvfp4_options.hpp): scale_select
+// TransformerEngine's NVFP4 options (schemes/te_nvfp4/rule.hpp): scale_select
 // four_over_six and global_scale row_amax against an independent construction
 // written here from TE's formulas (quantize_4over6_nvfp4.cuh, core_nvfp4.cuh,
 // quantize_transpose_nvfp4.cuh, dequantize_nvfp4.cuh: scalar loops, float
@@ -19,7 +19,7 @@
 
 #include "core/bits.hpp"
 #include "core/error.hpp"
-#include "sim/nvfp4_options.hpp"
+#include "schemes/te_nvfp4/rule.hpp"
 #include "sim/quantizer.hpp"
 
 using namespace fp4lab;

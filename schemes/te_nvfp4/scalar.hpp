@@ -2,7 +2,7 @@
 // "Four Over Six" block-scale selection (TE PR #2972, its FP16 error path
 // #3068) and the dequantization scale of its NVFP4 tensors, which row-scaled
 // NVFP4 (TE PR #2931, one amax per tensor row) shares. The block-level use
-// (which amax, which elements, the 16x16 tree) is sim/nvfp4_options.hpp.
+// (which amax, which elements, the 16x16 tree) is schemes/te_nvfp4/rule.hpp.
 //
 // Source: github.com/NVIDIA/TransformerEngine at d0067d0da (2026-08-22):
 // common/cast/nvfp4/quantize_4over6_nvfp4.cuh (compute_scale_pair,

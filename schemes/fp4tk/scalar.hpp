@@ -113,4 +113,47 @@ FP4LAB_HD inline float fp4tk_noise(uint32_t word) {
   return static_cast<float>(word >> 8) * 5.9604644775390625e-08f - 0.5f;  // * 2^-24
 }
 
+// fp4tk_e2m1 (the element rounding of t = x / s) with the same bits for
+// every t and noise, but no libm log2 (which was 82% of an fp4tk recipe's
+// training step) and every comparison on integer bit patterns (GCC does not
+// if-convert float comparisons under -ftrapping-math), so the CPU rows' loop (schemes/fp4tk/cpu_rows.cpp)
+// vectorises:
+// - the binade floor(fl32(log2(a))) clamped to [0, 2] depends only on a >= 2
+//   and a >= 4: fl32(log2(a)) never rounds up to 1 (or 2) for a below 2 (or 4),
+//   since log2(2 - 2^-22) and log2(4 - 2^-21) lie more than half a float32 ulp
+//   below 1 and 2; on |t|'s bits (non-negative floats order as their bits);
+// - m = a / p is the exact product a * (1 / p) (p a power of two, a >= p);
+// - rint (half to even) of v = 2 m is (|v| + 2^23) - 2^23 with v's sign put
+//   back (rint(-0.3) is -0, which the clamp keeps, as core's does); exact for
+//   |v| < 2^22, and v >= -1; a larger v gives a value >= 3, clamped to 1.5 as
+//   rint(v) is;
+// - the clamp of mq = r / 2 to [0, 1.5] on its bits: a negative non-zero mq
+//   (bits above 0x80000000) becomes +0, a positive one above 1.5 becomes 1.5.
+// schemes/fp4tk/test_fp4tk_bits.cpp compares it against fp4tk_e2m1 over every
+// float32 t (round to nearest) and many (t, noise) pairs.
+// c ? a : b on bit patterns, by a mask: no branch for the compiler to thread
+// (a branch around float operations keeps GCC from vectorising the loop).
+inline uint32_t fp4tk_select(bool c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - uint32_t(c);
+  return (a & m) | (b & ~m);
+}
+
+inline float fp4tk_e2m1_fast(float t, bool sr, float noise) {
+  const uint32_t tb = float_bits(t), ub = tb & 0x7FFFFFFFu;
+  const float sign = bits_float(fp4tk_select(ub == 0, 0u, (tb & 0x80000000u) | 0x3F800000u));  // sign(0) = 0
+  const uint32_t eps_bits = float_bits(fp4tk_eps);
+  const float a = bits_float(fp4tk_select(ub < eps_bits, eps_bits, ub));
+  const uint32_t k = uint32_t(ub >= 0x40800000u) + uint32_t(ub >= 0x40000000u);  // a >= 4, a >= 2
+  const float p = bits_float(0x3F800000u + (k << 23)), inv_p = bits_float(0x3F800000u - (k << 23));
+  float m = a * inv_p;
+  if (sr) m = m + noise;
+  const float v = m * 2.0f;
+  const float r = std::copysign((std::fabs(v) + 8388608.0f) - 8388608.0f, v);  // rint(v), 2^23
+  uint32_t mq = float_bits(r / 2.0f);
+  mq = fp4tk_select(mq > 0x80000000u, 0u, mq);                                // mq < 0 -> +0 (-0 stays)
+  mq = fp4tk_select(mq < 0x80000000u && mq > 0x3FC00000u, 0x3FC00000u, mq);  // mq > 1.5 -> 1.5
+  const float q = (sign * p) * bits_float(mq);
+  return bits_float(fp4tk_select(ub > 0x7F800000u, tb, float_bits(q)));  // NaN as it came
+}
+
 }  // namespace fp4lab

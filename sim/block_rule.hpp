@@ -1,0 +1,210 @@
+// The block-rule seam: how one block of a tensor is scaled and its elements
+// encoded, as a type the generic pipelines take as a template parameter (the
+// CPU's sim/quantizer.cpp, the CUDA generic kernels of cuda/quantize_rule.cuh).
+//
+// The pipeline owns everything that is the same for every scheme: validation,
+// the RHT, the block grid, the exact bit-pattern amax of each block (sim/
+// block_scales.hpp), the amax of the rule's *outer* domain (the tensor, or each
+// row), the random values of stochastic rounding under the spec's sr_bits
+// contract (core/sr.hpp), the loops, threads and outputs. A rule R owns:
+//   R::Params                      trivially copyable (a kernel argument), built once per call by R::params(q)
+//   R::Global                      its per-tensor (or per-row) constants
+//   R::outer(p) -> OuterAmax       the amax domain behind the global scale
+//   R::global(p, amax_bits)        Global from that domain's amax bits (0 where the domain is none)
+//   R::g_dec(g)                    the global decode scale (QuantizedTensor::global_decode)
+//   R::choose(p, g, amax, view)    one block's BlockChoice; view reads the block's elements (4/6 does)
+//   R::encode(p, choice, x, rbits) one element's Element (code, and the value dequant multiplies)
+// and dequant is the same for every rule: (value * choice.scale) * g_dec(g), one FP32 operation each, RN.
+// Rules are selected once per call from the spec (sim/block_rules.hpp's with_block_rule); a kernel or a
+// row loop sees a concrete type, never a string or a function pointer.
+//
+// This header holds the seam's types and the standard rule (fp4lab's own arithmetic: the MX rules, NVFP4's
+// two levels, nv_noglobal, per-tensor FP8; sim/scale_rules.hpp). Emulations of other tools' arithmetic live in
+// schemes/<name>/rule.hpp. FP4LAB_HD throughout: compiled for the host and the device, the same bits
+// (built with -ffp-contract=off / --fmad=false, see sim/scale_rules.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "core/encode.hpp"
+#include "core/hd.hpp"
+#include "core/sr.hpp"
+#include "sim/quantizer.hpp"
+#include "sim/scale_rules.hpp"
+
+namespace fp4lab {
+
+// The rules (sim/block_rules.hpp maps a QuantizerSpec to one).
+enum class BlockRuleId : uint8_t {
+  standard,  // fp4lab's arithmetic (this header)
+  fp4tk,     // fp4-trainkit's (schemes/fp4tk/rule.hpp)
+  te_nvfp4,  // TransformerEngine's 4/6 and row-scaled NVFP4 options (schemes/te_nvfp4/rule.hpp)
+};
+
+// The amax a rule's global scale is computed from: none, the whole tensor's, or each row's (row_amax: a rule
+// with this domain has blocks one row high).
+enum class OuterAmax : uint8_t { none, tensor, rows };
+
+inline constexpr uint8_t flag_underflow = 1, flag_overflow = 2, flag_nan = 4;
+
+// One block's scale: what BlockScales (CPU) and the block parameters (CUDA) hold for it.
+struct BlockChoice {
+  uint32_t code = 0;  // scale-format code (unused for float32 scales)
+  float scale = 0;    // decoded scale: dequant = (value * scale) * g_dec
+  float mult = 0;     // the element operand's factor (the rule's encode says whether it multiplies or divides)
+  uint8_t flags = 0;  // flag_underflow | flag_overflow | flag_nan
+};
+
+// One element: its code, and the value dequant multiplies by the block's scale (decode(code), or an emulated
+// tool's own value).
+struct Element {
+  uint32_t code = 0;
+  float value = 0;
+};
+
+// Where block (bi, bj) lies: a [rows, cols] tensor in blocks of br x bc (the last ones possibly partial).
+struct BlockAt {
+  int64_t rows, cols, br, bc, bi, bj;
+};
+
+// The element encoder of fp4lab's arithmetic, which a rule may reuse (R::mult_encoder(p)): code =
+// encode(elem, x * mult), or x / mult when `divide`; for power-of-two scales (`pow2`) under rp/rm the exact
+// float64 product (x * 2^-e below FP32's normal range must keep its true sign and size for directed
+// rounding). SR with rbits of sr_width bits. A rule offering it gets the CPU's vectorised rows
+// (sim/quantizer.cpp) and the CUDA fused kernels' element forms.
+struct MultEncoder {
+  Format elem;
+  Round round;
+  Overflow overflow;
+  bool divide, pow2;
+  int sr_width;
+  FP4LAB_HD uint32_t code(float mult, float x, uint32_t rbits) const {
+    if (pow2 && (round == Round::rp || round == Round::rm))
+      return fp4lab::encode(elem, double(x) * double(mult), round, overflow, rbits, sr_width);
+    const float y = divide ? x / mult : x * mult;
+    return fp4lab::encode(elem, y, round, overflow, rbits, sr_width);
+  }
+  FP4LAB_HD Element element(float mult, float x, uint32_t rbits) const {
+    const uint32_t c = code(mult, x, rbits);
+    return Element{c, decode(elem, c)};
+  }
+};
+
+// ---- the standard rule -----------------------------------------------------------------------------------
+// Scale formats with a compile-time form (sim/scale_rules.hpp's nv_*_block_scale<S>, equal to the generic
+// forms by test): the choice of form is made once, in params(), not per block.
+enum class StdScaleForm : uint8_t { ue4m3, e4m3fn, generic };
+
+struct StandardRule {
+  static constexpr BlockRuleId id = BlockRuleId::standard;
+  struct Params {
+    Format elem, sfmt;
+    ScaleRule rule;
+    Round round;
+    Overflow overflow;
+    bool tensor_global;  // nv with global_scale tensor_amax
+    int sr_width;        // bits of an element's random value (core/sr.hpp's sr_width)
+    StdScaleForm form;
+  };
+  using Global = NvGlobal;
+
+  static Params params(const QuantizerSpec& q) {
+    const StdScaleForm form = q.scale == &ufloat8_e4m3    ? StdScaleForm::ue4m3
+                              : q.scale == &float8_e4m3fn ? StdScaleForm::e4m3fn
+                                                          : StdScaleForm::generic;
+    return Params{*q.element,
+                  *q.scale,
+                  q.scale_rule,
+                  q.round,
+                  q.overflow,
+                  q.global_scale == GlobalScale::tensor_amax,
+                  sr_width(q.sr_bits, *q.element),
+                  form};
+  }
+  FP4LAB_HD static constexpr bool pow2(const Params& p) {
+    return p.rule == ScaleRule::ocp || p.rule == ScaleRule::ceil || p.rule == ScaleRule::tetrajet;
+  }
+  // Elements are x / scale (fp4-trainkit's eq. 3 in fp4lab's arithmetic) rather than x * mult.
+  FP4LAB_HD static constexpr bool divide(const Params& p) { return p.rule == ScaleRule::nv_noglobal; }
+
+  FP4LAB_HD static OuterAmax outer(const Params& p) {
+    return p.rule == ScaleRule::nv && p.tensor_global ? OuterAmax::tensor : OuterAmax::none;
+  }
+  // TE's compute_global_encode_scaling_factor_FP4 from the tensor's amax; without a global scale, g_enc 1.
+  FP4LAB_HD static NvGlobal global(const Params& p, uint32_t amax_bits) {
+    const float elem_max = max_finite(p.elem);
+    if (p.rule == ScaleRule::nv && p.tensor_global)
+      return nv_global(bits_float(amax_bits), max_finite(p.sfmt), elem_max);
+    return nv_no_global(elem_max);
+  }
+  FP4LAB_HD static float g_dec(const NvGlobal& g) { return g.g_dec; }
+
+  template <class X>
+  FP4LAB_HD static BlockChoice choose(const Params& p, const NvGlobal& g, uint32_t amax, const X& /*view*/,
+                                      const BlockAt& /*at*/) {
+    return choose(p, g, amax);
+  }
+  FP4LAB_HD static BlockChoice choose(const Params& p, const NvGlobal& g, uint32_t amax) {
+    BlockChoice b;
+    const uint8_t nan = amax > 0x7F800000u ? flag_nan : 0;
+    switch (p.rule) {
+      case ScaleRule::ocp:
+      case ScaleRule::ceil:
+      case ScaleRule::tetrajet: {
+        const MxScale s = p.rule == ScaleRule::ocp    ? mx_scale_ocp(amax, p.elem)
+                          : p.rule == ScaleRule::ceil ? mx_scale_ceil(amax, p.elem)
+                                                      : mx_scale_tetrajet(amax, p.elem);
+        b.code = s.code();
+        b.scale = s.nan ? quiet_nan_f() : pow2f(s.exp);
+        b.mult = s.nan ? quiet_nan_f() : pow2f(-s.exp);
+        b.flags =
+            uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) | (s.nan ? flag_nan : 0));
+        break;
+      }
+      case ScaleRule::nv: {
+        const float a = bits_float(amax);
+        const NvBlockScale s = p.form == StdScaleForm::ue4m3    ? nv_block_scale<ufloat8_e4m3>(a, g)
+                               : p.form == StdScaleForm::e4m3fn ? nv_block_scale<float8_e4m3fn>(a, g)
+                                                                : nv_block_scale(a, g, p.sfmt);
+        b.code = s.code;
+        b.scale = s.scale;
+        b.mult = s.encode;
+        b.flags = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) | nan);
+        break;
+      }
+      case ScaleRule::nv_noglobal: {
+        const float a = bits_float(amax), elem_max = max_finite(p.elem);
+        const NvBlockScale s = p.form == StdScaleForm::ue4m3    ? nv_noglobal_block_scale<ufloat8_e4m3>(a, elem_max)
+                               : p.form == StdScaleForm::e4m3fn ? nv_noglobal_block_scale<float8_e4m3fn>(a, elem_max)
+                                                                : nv_noglobal_block_scale(a, elem_max, p.sfmt);
+        b.code = s.code;
+        b.scale = s.scale;
+        b.mult = s.scale;
+        b.flags = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) | nan);
+        break;
+      }
+      case ScaleRule::tensor_amax: {
+        const TensorScale t = tensor_amax_scale(bits_float(amax), max_finite(p.elem));
+        b.scale = t.decode;
+        b.mult = t.encode;
+        b.flags = nan;
+        break;
+      }
+    }
+    return b;
+  }
+
+  FP4LAB_HD static MultEncoder mult_encoder(const Params& p) {
+    return MultEncoder{p.elem, p.round, p.overflow, divide(p), pow2(p), p.sr_width};
+  }
+  FP4LAB_HD static Element encode(const Params& p, const BlockChoice& c, float x, uint32_t rbits) {
+    return mult_encoder(p).element(c.mult, x, rbits);
+  }
+};
+
+// Dequantization, the same for every rule: (value * scale) * g_dec.
+FP4LAB_HD inline float dequant_value(const Element& e, const BlockChoice& c, float g_dec) {
+  return (e.value * c.scale) * g_dec;
+}
+
+}  // namespace fp4lab
