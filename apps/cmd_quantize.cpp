@@ -159,6 +159,32 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c, bool grou
     case ScaleRule::tensor_amax:
       return r + "a NaN or Inf makes the per-tensor scale 1 (no scaling); " +
              nonfinite_encoding(*s.element, s.round, s.overflow, c);
+    case ScaleRule::torchao_floor:
+    case ScaleRule::torchao_ceil:
+    case ScaleRule::torchao_even:
+    case ScaleRule::torchao_rceil:
+      return r + "a NaN or Inf makes its block's e8m0 scale NaN (255, torchao's to_mx): that block's outputs are NaN";
+    case ScaleRule::te_mxfp8:
+      return r +
+             "a NaN is left out of its block's amax (TransformerEngine's fmaxf) and encodes as NaN; an Inf sets "
+             "its block's scale to 2^127 (E8M0 254, satfinite) and itself to +-" +
+             emax;
+    case ScaleRule::te_fp8_block:
+      return r +
+             "a NaN is left out of its block's amax (TransformerEngine's fmaxf) and encodes as NaN; an Inf "
+             "makes its block's scale 1 (TE's compute_scale_from_amax) and itself +-" +
+             emax;
+    case ScaleRule::deepgemm:
+      return r + (s.scale == &float32
+                      ? "a NaN makes its block's scale NaN (every output of the block NaN); an Inf makes it Inf: "
+                        "its elements are x * 0 (0, the Inf NaN), as DeepGEMM's casts give"
+                      : "a NaN or Inf makes its block's power-of-two scale 2^127 (DeepGEMM's ceil_to_ue8m0): "
+                        "the block's other elements flush to 0, a NaN stays NaN and an Inf becomes +-" +
+                            emax);
+    case ScaleRule::amax_div:
+      return r +
+             "a NaN makes its block's scale NaN (every output of the block NaN); an Inf makes it Inf: the "
+             "block's elements are x / Inf (0, the Inf NaN)";
   }
   return r;
 }

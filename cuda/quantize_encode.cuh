@@ -8,6 +8,7 @@
 
 #include "cuda/quantize_io.cuh"
 #include "cuda/quantize_params.cuh"
+#include "sim/block_rule.hpp"
 
 namespace fp4lab::cuda::qk {
 
@@ -129,43 +130,12 @@ __device__ __forceinline__ NvGlobal nv_global_of(const KParams& p, const Format&
   return nv_no_global(elem_max);
 }
 
+// The standard block rule's choice (sim/block_rule.hpp) with run-time formats.
 __device__ __forceinline__ BlockParams block_params_impl(const Format& elem, const Format& sfmt, ScaleRule rule,
                                                          uint32_t amax, const NvGlobal& g) {
-  BlockParams b;
-  switch (rule) {
-    case ScaleRule::ocp:
-    case ScaleRule::ceil:
-    case ScaleRule::tetrajet: {
-      const MxScale s = rule == ScaleRule::ocp    ? mx_scale_ocp(amax, elem)
-                        : rule == ScaleRule::ceil ? mx_scale_ceil(amax, elem)
-                                                  : mx_scale_tetrajet(amax, elem);
-      b.code = s.code();
-      b.scale = s.nan ? quiet_nan_f() : pow2f(s.exp);
-      b.mult = s.nan ? quiet_nan_f() : pow2f(-s.exp);
-      break;
-    }
-    case ScaleRule::nv: {
-      const NvBlockScale s = nv_block_scale(bits_float(amax), g, sfmt);
-      b.code = s.code;
-      b.scale = s.scale;
-      b.mult = s.encode;
-      break;
-    }
-    case ScaleRule::nv_noglobal: {
-      const NvBlockScale s = nv_noglobal_block_scale(bits_float(amax), max_finite(elem), sfmt);
-      b.code = s.code;
-      b.scale = s.scale;
-      b.mult = s.scale;
-      break;
-    }
-    case ScaleRule::tensor_amax: {
-      const TensorScale t = tensor_amax_scale(bits_float(amax), max_finite(elem));
-      b.scale = t.decode;
-      b.mult = t.encode;
-      break;
-    }
-  }
-  return b;
+  const StandardRule::Params p{elem, sfmt, rule, Round::rn, Overflow::saturate, false, 32, StdScaleForm::generic};
+  const BlockChoice c = StandardRule::choose(p, g, amax);
+  return BlockParams{c.code, c.scale, c.mult};
 }
 // Out of line for runtime formats (compile time: encode() is large).
 __device__ __noinline__ inline BlockParams block_params_rt(const Format elem, const Format sfmt, ScaleRule rule,
@@ -192,17 +162,14 @@ __device__ __forceinline__ BlockParams block_params(const KParams& p, const Form
   return block_params_rt(elem, sfmt, p.rule, amax, g);
 }
 
-// Element code of x in a block with multiplier `mult` (sim's row_generic /
-// row_rn_fast; the float64 product for MX rules with rp/rm as sim); SR with
-// the random value rbits of sr_width bits (KParams::sr.width).
+// Element code of x in a block with multiplier `mult`: the standard rule's element encoder (sim/block_rule.hpp's
+// MultEncoder); SR with the random value rbits of sr_width bits (KParams::sr.width).
 __device__ __noinline__ inline uint32_t encode_element_rt(const Format f, ScaleRule rule, Round round,
                                                           Overflow overflow, float x, float mult, uint32_t rbits,
                                                           int sr_width) {
-  const bool pow2 = rule == ScaleRule::ocp || rule == ScaleRule::ceil || rule == ScaleRule::tetrajet;
-  if (pow2 && (round == Round::rp || round == Round::rm))
-    return encode(f, double(x) * double(mult), round, overflow, rbits, sr_width);
-  const float y = rule == ScaleRule::nv_noglobal ? x / mult : x * mult;
-  return encode(f, y, round, overflow, rbits, sr_width);
+  // The fused kernels' scale rules only (quantize_plan.cpp's fused_family): the scale format does not matter.
+  const StandardRule::Params p{f, f, rule, round, overflow, false, sr_width, StdScaleForm::generic};
+  return StandardRule::mult_encoder(p).code(mult, x, rbits);
 }
 
 // decode() of an element code; core's branch-free decode_f32 for the

@@ -57,6 +57,17 @@ SrLayout sr_layout(const QuantizerSpec& q, int64_t cols) {
 
 std::optional<Family> fused_family(const QuantizerSpec& q) {
   if (!block_rule_traits(q).fused) return std::nullopt;  // the generic pipeline on its rule (quantize_rule.cuh)
+  // The fused kernels' scale rules (their fast forms know which divide: nv_noglobal); the schemes' scale rules
+  // (schemes/mx_scale_modes, schemes/fp8_block) run on the generic rule kernels.
+  switch (q.scale_rule) {
+    case ScaleRule::ocp:
+    case ScaleRule::ceil:
+    case ScaleRule::tetrajet:
+    case ScaleRule::nv:
+    case ScaleRule::nv_noglobal:
+    case ScaleRule::tensor_amax: break;
+    default: return std::nullopt;
+  }
   const int br = q.block_rows, bc = q.block_cols;
   if (br == 1 && (bc == 16 || bc == 32)) {
     if (q.rht && bc != 16) return std::nullopt;

@@ -18,6 +18,7 @@ namespace rule_detail {
 struct Outer {
   OuterAmax kind;
   uint32_t* rows;  // [nbr] (kind rows), else null
+  bool drop_nan;   // the block amax leaves NaN out (amax_drops_nan)
 };
 
 // The rule's Global of block row bi.
@@ -38,7 +39,7 @@ __global__ void __launch_bounds__(kThreads) rule_amax_kernel(const KParams p, co
     const bool ok = i < n;
     const int64_t r = ok ? i / p.cols : 0, c = ok ? i - r * p.cols : 0;
     const long long bid = ok ? (long long)((r / p.br) * p.nbc + c / p.bc) : -1;
-    const uint32_t a = ok ? abs_bits(load1<In>(p.x, i)) : 0u;
+    const uint32_t a = ok ? amax_bits_of(load1<In>(p.x, i), o.drop_nan) : 0u;
     const unsigned group = __match_any_sync(0xFFFFFFFFu, bid);
     const uint32_t m = __reduce_max_sync(group, a);
     const int leader = __ffs(group) - 1;
@@ -155,13 +156,14 @@ void run_rule(KParams& p, const typename R::Params& rp, const BlockGrid& grid, I
   p.block_amax = ws.amax.data() + 1;
   p.block_mult = ws.mult.data();
   p.block_scale = ws.scale.data();
-  const Outer o{outer, outer == OuterAmax::rows ? ws.amax.data() + 1 + nblocks : nullptr};
+  const Outer o{outer, outer == OuterAmax::rows ? ws.amax.data() + 1 + nblocks : nullptr, amax_drops_nan<R>(rp)};
   ws.amax_armed = false;  // this path leaves its amaxes there
   check(cudaMemsetAsync(ws.amax.data(), 0, words * sizeof(uint32_t), stream), "cudaMemsetAsync(rule amax)");
-  const bool one_block = nblocks == 1;
+  const bool one_block = nblocks == 1 && !o.drop_nan;
   if (one_block) {
     // One block ([0,0], or a block larger than the tensor): the tensor amax kernel (per-warp atomics on one
-    // word would serialise); it is also the block's and its row's.
+    // word would serialise; it lets NaN dominate, so a rule that drops NaN takes the block kernel); it is
+    // also the block's and its row's.
     tensor_amax_device(p.x, type, p.rows * p.cols, ws.amax.data(), stream);
     for (size_t w = 1; w < words; ++w)
       check(cudaMemcpyAsync(ws.amax.data() + w, ws.amax.data(), sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream),

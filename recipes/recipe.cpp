@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "recipes/recipe.hpp"
+#include "sim/block_rule.hpp"
 
 namespace fp4lab {
 
@@ -43,12 +44,16 @@ std::string block_str(const QuantizerSpec& q) {
   return s.str();
 }
 
-bool is_mx_rule(ScaleRule r) { return r == ScaleRule::ocp || r == ScaleRule::ceil || r == ScaleRule::tetrajet; }
 bool is_nv_rule(ScaleRule r) { return r == ScaleRule::nv || r == ScaleRule::nv_noglobal; }
+bool is_fp8_block_rule(ScaleRule r) {
+  return r == ScaleRule::deepgemm || r == ScaleRule::te_fp8_block || r == ScaleRule::amax_div;
+}
 
 // Block-length rules of the formats (a recipe describes hardware GEMMs):
-//   MX (E8M0 power-of-two scales): OCP MX v1.0 sec. 5 fixes k = 32;
+//   MX (E8M0 power-of-two scales, fp4lab's rules and torchao's / TE's): OCP MX v1.0 sec. 5 fixes k = 32;
 //   NVFP4-style E4M3 scales: 16 (NVIDIA Blackwell block-scaled MMA);
+//   FP8 block scaling (DeepSeek-V3, DeepGEMM, TE's Float8BlockScaling): 128 (the GEMM promotes each 128-long
+//   run of K into FP32 with its two scales);
 //   per-tensor scales: the whole tensor, [0,0].
 // 2-D tiles of k x k are allowed (the scale is then constant along both GEMM
 // axes, which lets W and W^T share one quantization).
@@ -73,12 +78,15 @@ void validate_operand(const QuantizerSpec& q, Operand op, const std::string& whe
                 "; valid: " + valid_1d + ", [K,K], or [0,0] per tensor");
   int k = 0;
   std::string fmt;
-  if (is_mx_rule(q.scale_rule)) {
+  if (StandardRule::mx_rule(q.scale_rule)) {
     k = 32;
     fmt = "MX (E8M0 scales, OCP MX v1.0)";
   } else if (is_nv_rule(q.scale_rule)) {
     k = 16;
     fmt = "NVFP4-style E4M3 scales";
+  } else if (is_fp8_block_rule(q.scale_rule)) {
+    k = 128;
+    fmt = "FP8 block scaling (DeepSeek-V3's 1x128 and 128x128 blocks)";
   }
   if (k != 0 && !(along == k && (across == 1 || across == k)))
     throw Error(where + ".block: " + blk + " is not a block that " + fmt + " allow for " +

@@ -260,6 +260,38 @@ std::vector<Recipe> build() {
     r.operands[size_t(Operand::fwd_x)] = quantizer_by_name("nvfp4_row_scaled");
     v.push_back(r);
   }
+  // FP8 block scaling, DeepSeek-V3 (arXiv:2412.19437, sec. 3.3): E4M3 for every GEMM operand, activations and
+  // gradients in 1x128 tiles along the reduction axis, weights in 128x128 blocks (so W and W^T share one
+  // quantization), FP32 scales, RN; the embedding, the output head, norms and attention stay in higher
+  // precision (here: layers matching "*head*" in BF16). Two arithmetics of the same recipe:
+  //  - fp8_blockwise: DeepGEMM's reference casts (schemes/fp8_block/scalar.hpp: amax clamped at 1e-4,
+  //    sf = amax * fl(1/448), x * fl(1/sf)), what DeepGEMM's FP8 GEMMs are tested with;
+  //  - te_fp8_blockwise: TransformerEngine's Float8BlockScaling defaults (x * fl(448/amax) rounded down to a
+  //    power of two, stored as e8m0; NaN left out of the amax).
+  for (const auto& [name, rule, scale, source] :
+       {std::tuple{"fp8_blockwise", ScaleRule::deepgemm, &float32,
+                   "DeepSeek-V3 (arXiv:2412.19437, sec. 3.3): FP8 E4M3 for all GEMM operands, 1x128 activation and "
+                   "gradient tiles, 128x128 weight blocks, FP32 scales; DeepGEMM's reference casts "
+                   "(per_token_cast_to_fp8 / per_block_cast_to_fp8); output head in BF16"},
+        std::tuple{"te_fp8_blockwise", ScaleRule::te_fp8_block, &float8_e8m0fnu,
+                   "TransformerEngine Float8BlockScaling (defaults): E4M3, x and dY in 1x128, W in 128x128, "
+                   "power-of-two scales (compute_scale_from_amax); output head in BF16"}}) {
+    QuantizerSpec tile;
+    tile.element = &float8_e4m3fn;
+    tile.scale = scale;
+    tile.scale_rule = rule;
+    tile.block_rows = 128;
+    tile.block_cols = 128;
+    Recipe r;
+    r.name = name;
+    r.source = source;
+    for (int i = 0; i < kOperandCount; ++i) r.operands[size_t(i)] = along(tile, kAxis[i], 128);
+    r.operands[size_t(Operand::fwd_w)] = tile;
+    r.operands[size_t(Operand::dgrad_w)] = tile;
+    r.high_precision = HighPrecision::bf16;
+    r.keep_high_precision = {"*head*"};
+    v.push_back(r);
+  }
   for (const Recipe& r : v) validate(r, "canned recipe " + r.name);
   return v;
 }

@@ -29,6 +29,8 @@
 #include "core/encode.hpp"
 #include "core/hd.hpp"
 #include "core/sr.hpp"
+#include "schemes/fp8_block/scalar.hpp"
+#include "schemes/mx_scale_modes/scalar.hpp"
 #include "sim/quantizer.hpp"
 #include "sim/scale_rules.hpp"
 
@@ -121,11 +123,26 @@ struct StandardRule {
                   sr_width(q.sr_bits, *q.element),
                   form};
   }
-  FP4LAB_HD static constexpr bool pow2(const Params& p) {
-    return p.rule == ScaleRule::ocp || p.rule == ScaleRule::ceil || p.rule == ScaleRule::tetrajet;
+  // The E8M0 rules: fp4lab's MX rules and the schemes' (schemes/mx_scale_modes/).
+  FP4LAB_HD static constexpr bool mx_rule(ScaleRule r) {
+    return r == ScaleRule::ocp || r == ScaleRule::ceil || r == ScaleRule::tetrajet || r == ScaleRule::torchao_floor ||
+           r == ScaleRule::torchao_ceil || r == ScaleRule::torchao_even || r == ScaleRule::torchao_rceil ||
+           r == ScaleRule::te_mxfp8;
   }
-  // Elements are x / scale (fp4-trainkit's eq. 3 in fp4lab's arithmetic) rather than x * mult.
-  FP4LAB_HD static constexpr bool divide(const Params& p) { return p.rule == ScaleRule::nv_noglobal; }
+  // The element factor is an exact power of two: the E8M0 rules, and FP8 block scaling with e8m0 scales.
+  FP4LAB_HD static constexpr bool pow2(const Params& p) {
+    return mx_rule(p.rule) ||
+           ((p.rule == ScaleRule::deepgemm || p.rule == ScaleRule::te_fp8_block) && p.sfmt.special == Special::e8m0);
+  }
+  // Elements are x / scale (fp4-trainkit's eq. 3 in fp4lab's arithmetic; DeepSeek-V3's x / s) rather than
+  // x * mult.
+  FP4LAB_HD static constexpr bool divide(const Params& p) {
+    return p.rule == ScaleRule::nv_noglobal || p.rule == ScaleRule::amax_div;
+  }
+  // The block amax leaves NaN out (TransformerEngine's fmaxf reductions) instead of letting it dominate.
+  FP4LAB_HD static constexpr bool amax_drops_nan(const Params& p) {
+    return p.rule == ScaleRule::te_fp8_block || p.rule == ScaleRule::te_mxfp8;
+  }
 
   FP4LAB_HD static OuterAmax outer(const Params& p) {
     return p.rule == ScaleRule::nv && p.tensor_global ? OuterAmax::tensor : OuterAmax::none;
@@ -190,6 +207,37 @@ struct StandardRule {
         b.flags = nan;
         break;
       }
+      case ScaleRule::torchao_floor:
+      case ScaleRule::torchao_ceil:
+      case ScaleRule::torchao_even:
+      case ScaleRule::torchao_rceil:
+      case ScaleRule::te_mxfp8: {
+        const MxScaleMode m = p.rule == ScaleRule::torchao_floor   ? MxScaleMode::torchao_floor
+                              : p.rule == ScaleRule::torchao_ceil  ? MxScaleMode::torchao_ceil
+                              : p.rule == ScaleRule::torchao_even  ? MxScaleMode::torchao_even
+                              : p.rule == ScaleRule::torchao_rceil ? MxScaleMode::torchao_rceil
+                                                                   : MxScaleMode::te_mxfp8;
+        const MxScale s = mx_scale_mode(m, amax, p.elem);
+        b.code = s.code();
+        b.scale = s.nan ? quiet_nan_f() : pow2f(s.exp);
+        b.mult = s.nan ? quiet_nan_f() : pow2f(-s.exp);
+        b.flags = uint8_t((s.underflow ? flag_underflow : 0) | (s.nan ? flag_nan : 0));
+        break;
+      }
+      case ScaleRule::deepgemm:
+      case ScaleRule::te_fp8_block:
+      case ScaleRule::amax_div: {
+        const float a = bits_float(amax), elem_max = max_finite(p.elem);
+        const bool e8m0 = p.sfmt.special == Special::e8m0;
+        const Fp8BlockScale s = p.rule == ScaleRule::deepgemm       ? deepgemm_block_scale(a, elem_max, e8m0)
+                                : p.rule == ScaleRule::te_fp8_block ? te_fp8_block_scale(a, elem_max, e8m0)
+                                                                    : amax_div_block_scale(a, elem_max);
+        b.code = s.code;
+        b.scale = s.scale;
+        b.mult = s.mult;
+        b.flags = uint8_t((s.underflow ? flag_underflow : 0) | nan);
+        break;
+      }
     }
     return b;
   }
@@ -201,6 +249,21 @@ struct StandardRule {
     return mult_encoder(p).element(c.mult, x, rbits);
   }
 };
+
+// Whether rule R's block amax leaves NaN out (R::amax_drops_nan, where R has it): the amax is then the max of
+// the block's non-NaN magnitudes (a NaN element still encodes as the rule's encoder says).
+template <class R>
+FP4LAB_HD constexpr bool amax_drops_nan(const typename R::Params& p) {
+  if constexpr (requires { R::amax_drops_nan(p); })
+    return R::amax_drops_nan(p);
+  else
+    return false;
+}
+// |x|'s bits for the block amax: NaN patterns dominate, or count as 0 under amax_drops_nan.
+FP4LAB_HD constexpr uint32_t amax_bits_of(float x, bool drop_nan) {
+  const uint32_t a = abs_bits(x);
+  return drop_nan && a > 0x7F800000u ? 0u : a;
+}
 
 // Dequantization, the same for every rule: (value * scale) * g_dec.
 FP4LAB_HD inline float dequant_value(const Element& e, const BlockChoice& c, float g_dec) {

@@ -21,8 +21,9 @@ struct BlockGrid {
 };
 BlockGrid block_grid(const QuantizerSpec& q, int64_t rows, int64_t cols);
 
-// max(|x| bit pattern) over each block's valid elements, [nbr * nbc] row-major.
-std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float> x);
+// max(|x| bit pattern) over each block's valid elements, [nbr * nbc] row-major; with drop_nan, NaN elements
+// count as 0 (sim/block_rule.hpp's amax_bits_of).
+std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float> x, bool drop_nan = false);
 
 // Per-block scales of a tensor by its spec's block rule (sim/block_rule.hpp; no RHT applied here).
 struct BlockScales {

@@ -49,7 +49,10 @@ BlockGrid block_grid(const QuantizerSpec& q, int64_t rows, int64_t cols) {
   return g;
 }
 
-std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float> x) {
+namespace {
+
+template <bool kDropNan>
+std::vector<uint32_t> block_amax_bits_t(const BlockGrid& g, MatrixView<const float> x) {
   std::vector<uint32_t> amax(size_t(g.nbr * g.nbc), 0u);
   if (amax.empty()) return amax;
   if (g.nbr * g.nbc == 1) {
@@ -58,7 +61,7 @@ std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float
     for (int64_t r = 0; r < x.rows; ++r) {
       const float* xr = x.data + r * x.stride;
       uint32_t mr = 0;
-      for (int64_t c = 0; c < x.cols; ++c) mr = std::max(mr, abs_bits(xr[c]));
+      for (int64_t c = 0; c < x.cols; ++c) mr = std::max(mr, amax_bits_of(xr[c], kDropNan));
       m = std::max(m, mr);
     }
     amax[0] = m;
@@ -75,7 +78,7 @@ std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float
         for (int64_t j = 0; j < g.nbc; ++j) {
           const int64_t c0 = j * g.bc, c1 = std::min(x.cols, c0 + g.bc);
           uint32_t m = out[j];
-          for (int64_t c = c0; c < c1; ++c) m = std::max(m, abs_bits(xr[c]));
+          for (int64_t c = c0; c < c1; ++c) m = std::max(m, amax_bits_of(xr[c], kDropNan));
           out[j] = m;
         }
       }
@@ -92,7 +95,7 @@ std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float
       for (int64_t r = i * g.br; r < r1; ++r) {
         const float* xr = x.data + r * x.stride;
         uint32_t* cm = colmax.data();
-        for (int64_t c = 0; c < x.cols; ++c) cm[c] = std::max(cm[c], abs_bits(xr[c]));
+        for (int64_t c = 0; c < x.cols; ++c) cm[c] = std::max(cm[c], amax_bits_of(xr[c], kDropNan));
       }
       for (int64_t j = 0; j < g.nbc; ++j) {
         const int64_t c1 = std::min(x.cols, (j + 1) * g.bc);
@@ -103,6 +106,12 @@ std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float
     }
   }
   return amax;
+}
+
+}  // namespace
+
+std::vector<uint32_t> block_amax_bits(const BlockGrid& g, MatrixView<const float> x, bool drop_nan) {
+  return drop_nan ? block_amax_bits_t<true>(g, x) : block_amax_bits_t<false>(g, x);
 }
 
 namespace {
@@ -124,7 +133,7 @@ BlockScales block_scales_with(const QuantizerSpec& q, const typename R::Params& 
   BlockScales b;
   b.grid = block_grid(q, x.rows, x.cols);
   const BlockGrid& g = b.grid;
-  const std::vector<uint32_t> amax = block_amax_bits(g, x);
+  const std::vector<uint32_t> amax = block_amax_bits(g, x, amax_drops_nan<R>(p));
   const size_t n = amax.size();
   b.has_codes = q.scale != &float32;
   b.scale_codes.assign(b.has_codes ? n : 0, 0);

@@ -54,9 +54,26 @@
 
 namespace fp4lab {
 
-enum class ScaleRule : uint8_t { ocp, ceil, tetrajet, nv, nv_noglobal, tensor_amax };
-// The rule's JSON name ("ocp", "ceil", "tetrajet", "nv", "nv_noglobal",
-// "tensor_amax") and back (fp4lab::Error naming the valid choices otherwise).
+// fp4lab's rules (sim/scale_rules.hpp), then the schemes' (schemes/mx_scale_modes/scalar.hpp: torchao_floor,
+// torchao_ceil, torchao_even, torchao_rceil, te_mxfp8; schemes/fp8_block/scalar.hpp: deepgemm, te_fp8_block,
+// amax_div).
+enum class ScaleRule : uint8_t {
+  ocp,
+  ceil,
+  tetrajet,
+  nv,
+  nv_noglobal,
+  tensor_amax,
+  torchao_floor,
+  torchao_ceil,
+  torchao_even,
+  torchao_rceil,
+  te_mxfp8,
+  deepgemm,
+  te_fp8_block,
+  amax_div,
+};
+// The rule's JSON name (its enumerator's name) and back (fp4lab::Error naming the valid choices otherwise).
 std::string_view scale_rule_name(ScaleRule r);
 ScaleRule parse_scale_rule(std::string_view s);
 enum class GlobalScale : uint8_t { none, tensor_amax, row_amax };
@@ -87,7 +104,11 @@ struct QuantizerSpec {
 // fp4-trainkit's fp4tk_mxfp4 ([1,32], ocp) and fp4tk_nvfp4 ([1,16], nv_noglobal),
 // and TransformerEngine's nvfp4_4over6 ([1,16], four_over_six, mae, e4m3_max
 // 256), nvfp4_2d_4over6 (the same in [16,16] tiles), nvfp4_row_scaled ([1,16],
-// row_amax).
+// row_amax); FP8 block scaling (E4M3): fp8_block_1x128 and fp8_block_128x128
+// (DeepSeek-V3's blocks in DeepGEMM's arithmetic, FP32 scales),
+// te_fp8_block_1x128 and te_fp8_block_128x128 (TransformerEngine's
+// Float8BlockScaling, power-of-two scales as e8m0); mxfp8_te_32x32 (TE's MXFP8
+// 32x32 weight blocks).
 QuantizerSpec quantizer_by_name(const std::string& name);
 std::vector<std::string> quantizer_names();
 // From a canned name, a JSON object, or the path of a JSON file.

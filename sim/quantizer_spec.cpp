@@ -27,15 +27,33 @@ std::string_view scale_rule_name(ScaleRule r) {
     case ScaleRule::nv: return "nv";
     case ScaleRule::nv_noglobal: return "nv_noglobal";
     case ScaleRule::tensor_amax: return "tensor_amax";
+    case ScaleRule::torchao_floor: return "torchao_floor";
+    case ScaleRule::torchao_ceil: return "torchao_ceil";
+    case ScaleRule::torchao_even: return "torchao_even";
+    case ScaleRule::torchao_rceil: return "torchao_rceil";
+    case ScaleRule::te_mxfp8: return "te_mxfp8";
+    case ScaleRule::deepgemm: return "deepgemm";
+    case ScaleRule::te_fp8_block: return "te_fp8_block";
+    case ScaleRule::amax_div: return "amax_div";
   }
   return "?";
 }
 
+namespace {
+constexpr ScaleRule kScaleRules[] = {
+    ScaleRule::ocp,          ScaleRule::ceil,          ScaleRule::tetrajet,      ScaleRule::nv,
+    ScaleRule::nv_noglobal,  ScaleRule::tensor_amax,   ScaleRule::torchao_floor, ScaleRule::torchao_ceil,
+    ScaleRule::torchao_even, ScaleRule::torchao_rceil, ScaleRule::te_mxfp8,      ScaleRule::deepgemm,
+    ScaleRule::te_fp8_block, ScaleRule::amax_div};
+}  // namespace
+
 ScaleRule parse_scale_rule(std::string_view s) {
-  for (ScaleRule r : {ScaleRule::ocp, ScaleRule::ceil, ScaleRule::tetrajet, ScaleRule::nv, ScaleRule::nv_noglobal,
-                      ScaleRule::tensor_amax})
+  std::string valid;
+  for (ScaleRule r : kScaleRules) {
     if (scale_rule_name(r) == s) return r;
-  throw Error("unknown scale_rule '" + std::string(s) + "'; valid: ocp, ceil, tetrajet, nv, nv_noglobal, tensor_amax");
+    valid += (valid.empty() ? "" : ", ") + std::string(scale_rule_name(r));
+  }
+  throw Error("unknown scale_rule '" + std::string(s) + "'; valid: " + valid);
 }
 
 namespace {
@@ -98,6 +116,26 @@ QuantizerSpec fp4tk(const Format& scale, int k, ScaleRule rule) {
   return q;
 }
 
+// FP8 block scaling (schemes/fp8_block/scalar.hpp): E4M3 in blocks br x bc with `rule`, FP32 or E8M0 scales.
+QuantizerSpec fp8_block(int br, int bc, ScaleRule rule, const Format& scale) {
+  QuantizerSpec q;
+  q.element = &float8_e4m3fn;
+  q.scale = &scale;
+  q.block_rows = br;
+  q.block_cols = bc;
+  q.scale_rule = rule;
+  return q;
+}
+
+// TransformerEngine's MXFP8 with 32x32 weight blocks (MXFP8BlockScaling(enable_2d_quantization=True)).
+QuantizerSpec mxfp8_te_32x32() {
+  QuantizerSpec q = mx(float8_e4m3fn);
+  q.block_rows = 32;
+  q.block_cols = 32;
+  q.scale_rule = ScaleRule::te_mxfp8;
+  return q;
+}
+
 struct Canned {
   const char* name;
   QuantizerSpec spec;
@@ -121,6 +159,11 @@ const std::vector<Canned>& canned() {
       {"fp8_e5m2_tensor", per_tensor(float8_e5m2)},
       {"fp4tk_mxfp4", fp4tk(float8_e8m0fnu, 32, ScaleRule::ocp)},
       {"fp4tk_nvfp4", fp4tk(ufloat8_e4m3, 16, ScaleRule::nv_noglobal)},
+      {"fp8_block_1x128", fp8_block(1, 128, ScaleRule::deepgemm, float32)},
+      {"fp8_block_128x128", fp8_block(128, 128, ScaleRule::deepgemm, float32)},
+      {"te_fp8_block_1x128", fp8_block(1, 128, ScaleRule::te_fp8_block, float8_e8m0fnu)},
+      {"te_fp8_block_128x128", fp8_block(128, 128, ScaleRule::te_fp8_block, float8_e8m0fnu)},
+      {"mxfp8_te_32x32", mxfp8_te_32x32()},
   };
   return list;
 }
@@ -324,6 +367,38 @@ void validate(const QuantizerSpec& q, const std::string& where) {
         fail("scale_rule 'tensor_amax' uses float32 scales: scale must be f32, got '" + std::string(q.scale->name) +
              "'");
       break;
+    case ScaleRule::torchao_floor:
+    case ScaleRule::torchao_ceil:
+    case ScaleRule::torchao_even:
+    case ScaleRule::torchao_rceil:
+    case ScaleRule::te_mxfp8: {
+      const std::string rule(scale_rule_name(q.scale_rule));
+      if (q.scale != &float8_e8m0fnu)
+        fail("scale_rule '" + rule + "' makes power-of-two scales: scale must be e8m0, got '" +
+             std::string(q.scale->name) + "'");
+      const bool fp8 = &e == &float8_e4m3fn || &e == &float8_e5m2;
+      const bool mx = fp8 || &e == &float4_e2m1fn || &e == &float6_e2m3fn || &e == &float6_e3m2fn;
+      if (q.scale_rule == ScaleRule::te_mxfp8 ? !fp8 : !mx)
+        fail("scale_rule '" + rule + "' takes " +
+             (q.scale_rule == ScaleRule::te_mxfp8 ? "e4m3 or e5m2 elements (TransformerEngine's MXFP8)"
+                                                  : "e2m1, e2m3, e3m2, e4m3 or e5m2 elements (torchao's MX)") +
+             ", got '" + std::string(e.name) + "'");
+      break;
+    }
+    case ScaleRule::deepgemm:
+    case ScaleRule::te_fp8_block:
+    case ScaleRule::amax_div: {
+      const std::string rule(scale_rule_name(q.scale_rule));
+      const bool e8m0_ok = q.scale_rule != ScaleRule::amax_div;
+      if (q.scale != &float32 && !(e8m0_ok && q.scale == &float8_e8m0fnu))
+        fail("scale_rule '" + rule + "' stores " +
+             (e8m0_ok ? "float32 scales (f32) or power-of-two scales (e8m0)" : "float32 scales (f32)") +
+             ": got scale '" + std::string(q.scale->name) + "'");
+      if (&e != &float8_e4m3fn && &e != &float8_e5m2)
+        fail("scale_rule '" + rule + "' is FP8 block scaling: element must be e4m3 or e5m2, got '" +
+             std::string(e.name) + "'");
+      break;
+    }
   }
   if (q.global_scale == GlobalScale::tensor_amax && q.scale_rule != ScaleRule::nv)
     fail("global_scale 'tensor_amax' is the second level of the 'nv' rule only; use global_scale 'none' with '" +

@@ -582,3 +582,14 @@ TEST_CASE("backward_override: the plan's backward operands (TE's NVTE_BACKWARD_O
     CHECK(m.find("high_precision, dequantized") != std::string::npos);
   }
 }
+
+TEST_CASE("fp8_blockwise: recipes take 128-long blocks along the reduction axis") {
+  Recipe r = recipe_by_name("fp8_blockwise");
+  CHECK(r.operand(Operand::fwd_x)->block_cols == 128);
+  CHECK(r.operand(Operand::fwd_w)->block_rows == 128);
+  CHECK(r.operand(Operand::wgrad_x)->block_rows == 128);
+  QuantizerSpec bad = *r.operand(Operand::fwd_x);
+  bad.block_cols = 32;
+  r.operands[size_t(Operand::fwd_x)] = bad;
+  CHECK_THROWS_WITH_AS(validate(r, "recipe"), doctest::Contains("[1,128]"), std::exception);
+}
