@@ -53,7 +53,9 @@ TEST_CASE("recipe registry lists the canned recipes") {
                                              "nvfp4_fwd_mxfp8_bwd",
                                              "nvfp4",
                                              "nvfp4_4over6",
-                                             "nvfp4_row_scaled"};
+                                             "nvfp4_row_scaled",
+                                             "fp8_blockwise",
+                                             "te_fp8_blockwise"};
   const auto names = recipe_names();
   for (const auto& n : expected) {
     CAPTURE(n);
