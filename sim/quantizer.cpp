@@ -395,14 +395,43 @@ void mult_rows(const QuantizerSpec& q, const MultEncoder& enc, const BlockScales
   }
 }
 
-// Step 3 under rule R: its own rows where it has them, else the standard encoder's.
+// Step 3 for any rule, element by element through R::encode (the rule's own arithmetic; SR values under the
+// spec's contract, row_random_values).
+template <class R>
+void element_rows(const QuantizerSpec& q, const typename R::Params& p, const BlockScales& b, MatrixView<const float> x,
+                  RandomStream rs, float* dq_out, int64_t out_stride, uint8_t* codes_out) {
+  const BlockGrid& g = b.grid;
+  const bool sr = q.round == Round::rs;
+#pragma omp parallel
+  {
+    std::vector<uint32_t> rv, words;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const uint32_t* rbits = sr ? row_random_values(q, rs, r, x.cols, words, rv) : nullptr;
+      const size_t bi = size_t((r / g.br) * g.nbc);
+      for (int64_t c = 0; c < x.cols; ++c) {
+        BlockChoice ch;
+        ch.scale = b.scales[bi + size_t(c / g.bc)];
+        ch.mult = b.mult[bi + size_t(c / g.bc)];
+        const Element e = R::encode(p, ch, x(r, c), rbits ? rbits[c] : 0u);
+        if (codes_out) codes_out[r * x.cols + c] = uint8_t(e.code);
+        dq_out[r * out_stride + c] = dequant_value(e, ch, b.g_dec);
+      }
+    }
+  }
+}
+
+// Step 3 under rule R: its own rows where it has them, the standard encoder's vectorised rows where it uses
+// that encoder, else element by element.
 template <class R>
 void encode_tensor(const QuantizerSpec& q, const typename R::Params& p, const BlockScales& b, MatrixView<const float> x,
                    RandomStream rs, float* dq_out, int64_t out_stride, uint8_t* codes_out) {
   if constexpr (requires { R::encode_rows(p, b, x, rs, dq_out, out_stride, codes_out); }) {
     R::encode_rows(p, b, x, rs, dq_out, out_stride, codes_out);
-  } else {
+  } else if constexpr (requires { R::mult_encoder(p); }) {
     mult_rows(q, R::mult_encoder(p), b, x, rs, dq_out, out_stride, codes_out);
+  } else {
+    element_rows<R>(q, p, b, x, rs, dq_out, out_stride, codes_out);
   }
 }
 

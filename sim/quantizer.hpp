@@ -26,7 +26,10 @@
 //   sr_bits      the random-bit contract of round "rs" (core/sr.hpp):
 //                per_element (32 bits an element) | ptx_x4 (PTX cvt.rs: one
 //                word per 4 elements of a row, 8 bits an element)
-//   emulate      none | fp4tk: fp4-trainkit's own arithmetic (schemes/fp4tk/scalar.hpp:
+//   emulate      none | te_fast_math: TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH
+//                (schemes/te_nvfp4/fast_math.hpp: the BF16 coefficient S_enc / sdec; e2m1, ue4m3,
+//                nv, tensor_amax, [1,16] or [16,1], rn or rs with ptx_x4) |
+//                fp4tk: fp4-trainkit's own arithmetic (schemes/fp4tk/scalar.hpp:
 //                its scale floors and log2, its E2M1 rounding without carry
 //                into the next binade, its two-step-wide SR noise); e2m1
 //                elements, 1-D blocks, rules ocp/ceil/tetrajet (e8m0) or
@@ -78,7 +81,7 @@ std::string_view scale_rule_name(ScaleRule r);
 ScaleRule parse_scale_rule(std::string_view s);
 enum class GlobalScale : uint8_t { none, tensor_amax, row_amax };
 enum class ScaleSelect : uint8_t { max, four_over_six };
-enum class Emulation : uint8_t { none, fp4tk };
+enum class Emulation : uint8_t { none, fp4tk, te_fast_math };
 
 struct QuantizerSpec {
   const Format* element = &float4_e2m1fn;

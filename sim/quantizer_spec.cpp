@@ -267,7 +267,9 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
         q.sr_bits = *b;
       } else if (k == "emulate") {
         q.emulate = parse_named<Emulation>(get_string(v, path), "emulate",
-                                           {{"none", Emulation::none}, {"fp4tk", Emulation::fp4tk}});
+                                           {{"none", Emulation::none},
+                                            {"fp4tk", Emulation::fp4tk},
+                                            {"te_fast_math", Emulation::te_fast_math}});
       } else if (k == "scale_select") {
         q.scale_select = parse_scale_select(get_string(v, path));
       } else if (k == "select_error") {
@@ -302,7 +304,9 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
   j["rht"] = q.rht;
   j["rht_seed"] = q.rht_seed;
   j["sr_bits"] = sr_bits_name(q.sr_bits);
-  j["emulate"] = q.emulate == Emulation::fp4tk ? "fp4tk" : "none";
+  j["emulate"] = q.emulate == Emulation::fp4tk          ? "fp4tk"
+                 : q.emulate == Emulation::te_fast_math ? "te_fast_math"
+                                                        : "none";
   j["scale_select"] = std::string(scale_select_name(q.scale_select));
   j["select_error"] = std::string(select_error_name(q.select_error));
   j["e4m3_max"] = q.e4m3_max;
@@ -408,6 +412,7 @@ void validate(const QuantizerSpec& q, const std::string& where) {
          std::to_string(q.block_cols) + "]");
   check_sr_bits(q.sr_bits, e, where);
   if (q.emulate == Emulation::fp4tk) validate_fp4tk(q, where);
+  if (q.emulate == Emulation::te_fast_math) validate_te_fast_math(q, where);
   validate_nvfp4_options(q, where);
 }
 
@@ -423,6 +428,7 @@ std::string describe(const QuantizerSpec& q) {
   if (q.rht) s << " rht(seed " << q.rht_seed << ")";
   if (q.sr_bits != SrBits::per_element) s << " sr " << sr_bits_name(q.sr_bits);
   if (q.emulate == Emulation::fp4tk) s << " fp4tk";
+  if (q.emulate == Emulation::te_fast_math) s << " te_fast_math";
   return s.str();
 }
 

@@ -45,6 +45,8 @@ SelectError parse_select_error(std::string_view s);
 // validate()'s checks of the options' keys (scale_select, select_error,
 // e4m3_max, global_scale row_amax); throws fp4lab::Error prefixed by `where`.
 void validate_nvfp4_options(const QuantizerSpec& q, const std::string& where);
+// validate()'s checks of emulate 'te_fast_math' (schemes/te_nvfp4/fast_math.hpp).
+void validate_te_fast_math(const QuantizerSpec& q, const std::string& where);
 
 // The per-tensor constants of the block rule (device-copyable).
 struct Nvfp4Options {

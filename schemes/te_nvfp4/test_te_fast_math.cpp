@@ -1,0 +1,137 @@
+// emulate 'te_fast_math' (schemes/te_nvfp4/fast_math.hpp) against a construction from a different path: the
+// E4M3, BF16 and E2M1 roundings by nearest-value search over each format's values (ties to the even code),
+// the divisions and products in float64 rounded once; the mode's departures from the nv rule (the BF16
+// coefficient, +0 for -0) shown on inputs where they change codes; and the spec's checks.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "core/bits.hpp"
+#include "core/error.hpp"
+#include "sim/quantizer.hpp"
+
+using namespace fp4lab;
+
+namespace {
+
+// Round-to-nearest-even onto a sorted list of non-negative values, saturating at the last.
+float nearest_even(double v, const std::vector<double>& grid) {
+  if (v >= grid.back()) return float(grid.back());
+  for (size_t i = 0; i + 1 < grid.size(); ++i) {
+    const double lo = grid[i], hi = grid[i + 1];
+    if (v > hi) continue;
+    const double mid = (lo + hi) / 2;
+    if (v < mid) return float(lo);
+    if (v > mid) return float(hi);
+    return float(i % 2 == 0 ? lo : hi);  // a tie: the even code (codes ascend with the values)
+  }
+  return float(grid.back());
+}
+std::vector<double> e4m3_values() {  // non-negative E4M3 (fn) values, code order
+  std::vector<double> v;
+  for (int e = 0; e < 16; ++e)
+    for (int m = 0; m < 8; ++m)
+      if (!(e == 15 && m == 7)) v.push_back(e == 0 ? m * std::ldexp(1.0, -9) : (1 + m / 8.0) * std::ldexp(1.0, e - 7));
+  return v;
+}
+const std::vector<double> kE2m1 = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+uint32_t e2m1_code(float y) {  // RNE, saturating; -0 keeps its sign bit
+  const float a = nearest_even(std::fabs(double(y)), kE2m1);
+  uint32_t c = 0;
+  while (kE2m1[c] != a) ++c;
+  return std::signbit(y) ? c | 8u : c;
+}
+float bf16_rne(float v) {  // by bits: the nearest BF16, ties to even
+  const uint32_t b = float_bits(v), low = b & 0xFFFFu, keep = b & 0xFFFF0000u;
+  const bool up = low > 0x8000u || (low == 0x8000u && (keep & 0x10000u));
+  return bits_float(up ? keep + 0x10000u : keep);
+}
+
+}  // namespace
+
+TEST_CASE("te_fast_math: codes, scales and dequant against a float64 construction, BF16 input") {
+  const std::vector<double> e4 = e4m3_values();
+  std::mt19937 g(17);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int trial = 0; trial < 6; ++trial) {
+    const int64_t rows = 33, cols = 48;
+    std::vector<float> x(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float mag = std::ldexp(1.0f, int(g() % 40) - 20);
+      for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] = bf16_rne(n(g) * mag);
+    }
+    x[5] = -0.0f;
+    x[7] = 0.0f;
+    for (bool col : {false, true}) {
+      QuantizerSpec q = quantizer_by_name("nvfp4");
+      q.emulate = Emulation::te_fast_math;
+      if (col) std::swap(q.block_rows, q.block_cols);
+      const QuantizedTensor t = quantize(q, MatrixView<const float>(x.data(), rows, cols));
+      float gamax = 0;
+      for (float v : x) gamax = std::max(gamax, std::fabs(v));
+      float s_enc = float(2688.0 / double(gamax));
+      const float s_dec = float(1.0 / double(s_enc));
+      const float m6 = float(double(s_enc) * double(float(1.0 / 6.0)));
+      int64_t bad = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t bi = col ? r / 16 : r, bj = col ? c : c / 16;
+          float amax = 0;
+          for (int64_t k = 0; k < 16; ++k) {
+            const int64_t rr = col ? bi * 16 + k : r, cc = col ? c : bj * 16 + k;
+            if (rr < rows && cc < cols) amax = std::max(amax, std::fabs(x[size_t(rr * cols + cc)]));
+          }
+          const float sdec = nearest_even(double(float(double(amax) * double(m6))), e4);
+          const double qd = double(s_enc) / double(sdec);
+          const float coeff = bf16_rne(qd > 3.3895313892515355e38 ? 3.3895313892515355e38f : float(qd));
+          const float xv = x[size_t(r * cols + c)];
+          const float y = xv == 0.0f ? 0.0f : float(double(xv) * double(coeff));
+          const uint32_t code = e2m1_code(y);
+          const float dq = float(double(float(double(kE2m1[code & 7u] * ((code & 8u) ? -1 : 1)) * double(sdec))) *
+                                 double(s_dec));
+          bad += t.codes[size_t(r * cols + c)] != code;
+          bad += float_bits(t.dequant[size_t(r * cols + c)]) != float_bits(dq);
+          bad += t.scales[size_t(bi * t.scale_cols + bj)] != sdec;
+        }
+      INFO("trial ", trial, col ? " columns" : " rows");
+      CHECK(bad == 0);
+      CHECK(t.codes[5] == 0u);  // -0 becomes +0 (fma with a +0 addend)
+    }
+  }
+}
+
+TEST_CASE("te_fast_math: the BF16 coefficient changes codes against TE's reference arithmetic (nv)") {
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(size_t(64 * 64));
+  for (float& v : x) v = bf16_rne(u(g) * std::ldexp(1.0f, int(g() % 8)));
+  QuantizerSpec fast = quantizer_by_name("nvfp4");
+  fast.emulate = Emulation::te_fast_math;
+  const MatrixView<const float> v(x.data(), 64, 64);
+  const QuantizedTensor a = quantize(fast, v), b = quantize(quantizer_by_name("nvfp4"), v);
+  int64_t differ = 0;
+  for (size_t i = 0; i < a.codes.size(); ++i) differ += a.codes[i] != b.codes[i];
+  MESSAGE("te_fast_math vs nv: " << differ << " of " << a.codes.size() << " codes differ");
+  CHECK(a.scale_codes == b.scale_codes);  // the block scales are the same
+  CHECK(differ > 0);
+}
+
+TEST_CASE("te_fast_math: the spec's checks") {
+  QuantizerSpec q = quantizer_by_name("nvfp4_2d");
+  q.emulate = Emulation::te_fast_math;
+  CHECK_THROWS_WITH_AS(validate(q, "q"), doctest::Contains("[1,16] or [16,1]"), Error);
+  q = quantizer_by_name("nvfp4");
+  q.emulate = Emulation::te_fast_math;
+  q.round = Round::rs;
+  CHECK_THROWS_WITH_AS(validate(q, "q"), doctest::Contains("ptx_x4"), Error);
+  q.sr_bits = SrBits::ptx_x4;
+  CHECK_NOTHROW(validate(q, "q"));
+  q.rht = true;
+  CHECK_THROWS_WITH_AS(validate(q, "q"), doctest::Contains("rcp.approx"), Error);
+  q.rht = false;
+  CHECK(quantizer_to_json(quantizer_from_json(quantizer_to_json(q), "j"))["emulate"] == "te_fast_math");
+}
