@@ -16,6 +16,7 @@
 #include "apps/commands.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
+#include "sim/block_rules.hpp"
 #include "sim/quantizer.hpp"
 #include "sim/block_scales.hpp"
 #include "sim/grouped.hpp"
@@ -131,6 +132,18 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c, bool grou
   const std::string el(short_format_name(*s.element)), sc(short_format_name(*s.scale));
   const std::string emax = fmt_float(max_finite(*s.element));
   std::string r = s.rht ? "RHT first spreads each NaN/Inf over its 16-element chunk; " : "";
+  switch (block_rule_id(s)) {  // the emulations' own arithmetic (schemes/)
+    case BlockRuleId::fp4tk:
+      return r + "a NaN makes its whole block NaN; an Inf " +
+             (s.scale == &float8_e8m0fnu ? "sets its block's scale to 2^127 and stays Inf (6 * 2^127)"
+                                         : "sets its block's scale to 448 and becomes +-2688") +
+             " (fp4-trainkit's arithmetic)";
+    case BlockRuleId::te_fast_math:
+      return r + "a NaN is left out of the amaxes (TE's max.xorsign.abs) and encodes as +6 (cvt.satfinite; e2m1 "
+                 "has no NaN); an Inf sets the per-tensor scale to 1, its block's scale to 448 and itself to +-6";
+    case BlockRuleId::standard:
+    case BlockRuleId::te_nvfp4: break;
+  }
   switch (s.scale_rule) {
     case ScaleRule::ocp:
     case ScaleRule::ceil:

@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "schemes/fp4tk/scalar.hpp"
+#include "sim/block_rules.hpp"
 #include "sim/block_scales.hpp"
 #include "sim/rht.hpp"
 
@@ -21,7 +22,7 @@ std::array<uint8_t, 256> scale_class_table(const QuantizerSpec& q) {
   for (float v : t)
     if (std::isfinite(v) && v > 0) minpos = std::min(minpos, v), maxfin = std::max(maxfin, v);
   // fp4-trainkit's MX scales never go below its eps, 2^-23 (schemes/fp4tk/scalar.hpp): its floor.
-  if (q.emulate == Emulation::fp4tk && q.scale == &float8_e8m0fnu) minpos = fp4tk_eps;
+  if (block_rule_id(q) == BlockRuleId::fp4tk && q.scale == &float8_e8m0fnu) minpos = fp4tk_eps;
   std::array<uint8_t, 256> c{};
   for (size_t i = 0; i < 256; ++i) {
     const float v = t[i];
