@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -504,6 +505,44 @@ void bench_fp8_tensor_core_rows(GemmBench& g) {
       const std::string name = std::string("MXFP8 ") + (qname + 6) + " (both [1,32]) on FP8 tensor cores";
       row(name + ": quantize A,B + GEMM", full);
       row(name + ": GEMM from codes", from_q);
+    }
+    // FP8 block scaling (DeepSeek-V3's x [1,128] x W [128,128]; TE's Float8BlockScaling) through cuBLASLt's
+    // block-scaled FP8 matmul (GemmPath::hopper_fp8_block).
+    for (const auto& [label, qa_name, qb_name] :
+         {std::tuple{"FP8 block (x 1x128, W 128x128, FP32 scales) cuBLASLt", "fp8_block_1x128", "fp8_block_128x128"},
+          std::tuple{"FP8 block (TE pow2 scales, x 1x128, W 128x128) cuBLASLt", "te_fp8_block_1x128",
+                     "te_fp8_block_128x128"}}) {
+      const QuantizerSpec qa = quantizer_by_name(qa_name), qb = quantizer_by_name(qb_name);
+      Side sa, sb;
+      QuantOutputs oa = prep(sa, qa, m, k), ob = prep(sb, qb, n, k);
+      DeviceBuffer<float> fa, fb;
+      int64_t sr = 0, sc = 0;
+      if (qa.scale == &float32) {  // FP32 scales: the operand reads them, not scale codes
+        scale_grid(qa, m, k, sr, sc);
+        fa.resize(size_t(sr * sc));
+        oa.scale_codes = nullptr, oa.scales = fa.data(), sa.op.scale_codes = nullptr, sa.op.scales = fa.data();
+        scale_grid(qb, n, k, sr, sc);
+        fb.resize(size_t(sr * sc));
+        ob.scale_codes = nullptr, ob.scales = fb.data(), sb.op.scale_codes = nullptr, sb.op.scales = fb.data();
+      }
+      oa.dequant_bf16 = ob.dequant_bf16 = nullptr;
+      oa.bf16_gemm_operand = ob.bf16_gemm_operand = false;
+      GemmWorkspace bws;
+      auto from_q = [&] {
+        quantized_gemm_device(blas, sa.op, sb.op, y16.data(), OutType::bf16, bws, GemmPath::hopper_fp8_block);
+      };
+      auto full = [&] {
+        quantize_device(qa, a16.data(), InputType::bf16, m, k, {1, 1}, oa, sa.ws);
+        quantize_device(qb, b16.data(), InputType::bf16, n, k, {1, 2}, ob, sb.ws);
+        from_q();
+      };
+      try {
+        full();
+        row(std::string(label) + ": quantize A,B + GEMM", full);
+        row(std::string(label) + ": GEMM from codes", from_q);
+      } catch (const Error& e) {
+        std::printf("%-58s %s\n", label, e.what());
+      }
     }
     try {
       DeviceBuffer<uint8_t> a8(static_cast<size_t>(m * k)), b8(static_cast<size_t>(n * k));

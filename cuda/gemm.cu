@@ -245,7 +245,82 @@ void blackwell_gemm(Blas& blas, const QuantOperand& a, const QuantOperand& b, vo
   g.run(blas, ab, a.codes, b.codes, ab + 1, y, "block-scaled");
 }
 
+// FP8 block scaling (schemes/fp8_block): E4M3 / E5M2 with FP32 (or power-of-two E8M0) scales in blocks of
+// 128 along k, [1,128] or [128,128].
+bool is_fp8_block(const QuantizerSpec& q) {
+  const bool rule = q.scale_rule == ScaleRule::deepgemm || q.scale_rule == ScaleRule::te_fp8_block ||
+                    q.scale_rule == ScaleRule::amax_div;
+  return rule && (q.element == &float8_e4m3fn || q.element == &float8_e5m2) && q.block_cols == 128 &&
+         (q.block_rows == 1 || q.block_rows == 128) && !q.rht;
+}
+
+// An operand's block scales in cuBLASLt's FP32 layouts (TransformerEngine's CuBLASScaleMunger):
+//   [1,128] blocks (VEC128_32F): [kb][ld] with ld = rows rounded up to 4 (each k block's rows contiguous);
+//   [128,128] blocks (BLK128x128_32F): [ceil(rows/128)][ld] with ld = kb rounded up to 4.
+// s: the float32 scales [sr, kb] (row-major), or null with codes: E8M0 codes decoded (2^(c - 127); 0 is 2^-127).
+__global__ void fp8_block_scales_kernel(const float* s, const uint8_t* codes, int64_t sr, int64_t kb, bool vec,
+                                        int64_t ld, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= sr * kb) return;
+  const int64_t r = i / kb, j = i - r * kb;
+  float v;
+  if (s) {
+    v = s[i];
+  } else {
+    const uint32_t c = codes[i];
+    v = __uint_as_float(c == 0 ? 0x00400000u : (c == 255 ? 0x7FC00000u : c << 23));
+  }
+  out[vec ? j * ld + r : r * ld + j] = v;
+}
+
+int64_t round_up4(int64_t v) { return (v + 3) / 4 * 4; }
+
+// Lays out q's scales for cuBLASLt into buf (resized); returns the device pointer.
+const float* fp8_block_scales(const QuantOperand& q, DeviceBuffer<float>& buf, cudaStream_t stream) {
+  const int64_t kb = (q.cols + 127) / 128;
+  const bool vec = q.spec.block_rows == 1;
+  const int64_t sr = vec ? q.rows : (q.rows + 127) / 128;
+  const int64_t ld = vec ? round_up4(q.rows) : round_up4(kb);
+  const int64_t words = vec ? kb * ld : sr * ld;
+  buf.resize(size_t(words));
+  check(cudaMemsetAsync(buf.data(), 0, size_t(words) * sizeof(float), stream), "cudaMemsetAsync (fp8 block scales)");
+  if (sr * kb == 0) return buf.data();
+  const int threads = 256;
+  fp8_block_scales_kernel<<<unsigned((sr * kb + threads - 1) / threads), threads, 0, stream>>>(
+      q.scale_codes ? nullptr : q.scales, q.scale_codes, sr, kb, vec, ld, buf.data());
+  check_launch("fp8_block_scales_kernel");
+  return buf.data();
+}
+
+// cuBLASLt's block-scaled FP8 matmul on Hopper (CUDA 12.9+: VEC128_32F, BLK128x128_32F scale modes), split
+// accumulation (no fast accumulation), as TransformerEngine's Float8BlockScaling GEMMs.
+void fp8_block_gemm(Blas& blas, const QuantOperand& a, const QuantOperand& b, void* y, OutType out, GemmWorkspace& ws) {
+  const int64_t m = a.rows, n = b.rows, k = a.cols;
+  const float* sa_ours = fp8_block_scales(a, ws.a_scales, blas.stream());
+  const float* sb_ours = fp8_block_scales(b, ws.b_scales, blas.stream());
+  const cudaDataType_t ct = out == OutType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  LtGemmNT g(lt_type(a.spec.element), lt_type(b.spec.element), ct, m, n, k);
+  auto mode_of = [](const QuantizerSpec& q) {
+    return q.block_rows == 1 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  };
+  // cuBLAS's A is our B (y^T = B A^T in column-major terms).
+  const cublasLtMatmulMatrixScale_t mode_a = mode_of(b.spec), mode_b = mode_of(a.spec);
+  g.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a, "A_SCALE_MODE");
+  g.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b, "B_SCALE_MODE");
+  g.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb_ours, sizeof sb_ours, "A_SCALE_POINTER");
+  g.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa_ours, sizeof sa_ours, "B_SCALE_POINTER");
+  const int8_t fast_accum = 0;
+  g.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum, "FAST_ACCUM");
+  const float alpha = 1.0f, beta = 0.0f;
+  g.run(blas, &alpha, a.codes, b.codes, &beta, y, "FP8 block-scaled");
+}
+
 }  // namespace
+
+bool fp8_block_gemm_supported(const QuantizerSpec& qa, const QuantizerSpec& qb) {
+  return is_fp8_block(qa) && qa.block_rows == 1 && is_fp8_block(qb) &&
+         !(qa.element == &float8_e5m2 && qb.element == &float8_e5m2);
+}
 
 void dequant_operand_bf16(const QuantOperand& q, uint16_t* out, cudaStream_t stream) {
   if (q.layout == CodeLayout::packed4 && q.spec.element->bits() != 4)
@@ -315,6 +390,20 @@ GemmPath quantized_gemm_device(Blas& blas, const QuantOperand& a, const QuantOpe
   }
   if (path == GemmPath::hopper_fp8) {
     mxfp8_gemm_fp8_tensor_cores(a, b, y, out, ws.alpha.data(), blas.stream());
+    return path;
+  }
+  if (path == GemmPath::hopper_fp8_block) {
+    if (!fp8_block_gemm_supported(a.spec, b.spec))
+      throw Error(
+          "quantized GEMM: the FP8 block-scaled path takes A in [1,128] and B in [1,128] or [128,128] blocks "
+          "of an FP8 block-scaling rule (not both e5m2), got " +
+          describe(a.spec) + " x " + describe(b.spec));
+    if (a.layout != CodeLayout::bytes || b.layout != CodeLayout::bytes)
+      throw Error("quantized GEMM: the FP8 block-scaled path takes byte codes");
+    if (compute_capability() < 90)
+      throw Error("quantized GEMM: the FP8 block-scaled path needs sm_90 or newer; this GPU is sm_" +
+                  std::to_string(compute_capability()));
+    fp8_block_gemm(blas, a, b, y, out, ws);
     return path;
   }
   ws.a16.resize(size_t(a.rows * a.cols));

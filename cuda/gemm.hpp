@@ -25,6 +25,12 @@
 //                 k32 partial is narrower than FP32, so this path is NOT
 //                 equivalent to sim's quantized_gemm up to order only: compare
 //                 at a tolerance relative to sum |a||b|.
+//   hopper_fp8_block (sm_90 and newer, FP8 block scaling: A [1,128], B [1,128] or
+//                 [128,128], FP32 or E8M0 scales, chosen only when asked for):
+//                 cuBLASLt's block-scaled FP8 matmul (VEC128_32F / BLK128x128_32F
+//                 scale modes, CUDA 12.9+; split accumulation), the scales laid out
+//                 as TransformerEngine lays them out for it. Tensor-core
+//                 accumulation: compare at a tolerance.
 //   blackwell_native (sm_100 and newer, NVFP4 [1,16] or [16,16] ue4m3 with
 //                 e2m1 (a [16,16] tile's scale given to each of its rows as
 //                 its [1,16] scale), or MX [1,32] e8m0 with e2m1 / e4m3 /
@@ -119,8 +125,11 @@ void set_alpha_device(const float* ga, const float* gb, float* alpha_beta, cudaS
 // BF16 GEMM operand of a quantized tensor: decode(code) * block_scale (no g_dec).
 void dequant_operand_bf16(const QuantOperand& q, uint16_t* out, cudaStream_t stream = nullptr);
 
-enum class GemmPath : uint8_t { automatic, hopper_bf16, hopper_fp8, blackwell_native };
+enum class GemmPath : uint8_t { automatic, hopper_bf16, hopper_fp8, hopper_fp8_block, blackwell_native };
 bool blackwell_native_supported(const QuantizerSpec& qa, const QuantizerSpec& qb);
+
+// True when A is FP8 block-scaled in [1,128] blocks and B in [1,128] or [128,128] (hopper_fp8_block).
+bool fp8_block_gemm_supported(const QuantizerSpec& qa, const QuantizerSpec& qb);
 
 // True when both operands are MX [1,32] E8M0-scaled e4m3/e5m2 without RHT.
 bool fp8_tensor_core_supported(const QuantizerSpec& qa, const QuantizerSpec& qb);
@@ -137,6 +146,7 @@ struct GemmWorkspace {
   DeviceBuffer<uint16_t> a16, b16;   // hopper_bf16 operands
   DeviceBuffer<uint8_t> a_sw, b_sw;  // blackwell swizzled scales
   DeviceBuffer<float> alpha;         // [2] {g_dec(A) * g_dec(B), 0}
+  DeviceBuffer<float> a_scales, b_scales;  // hopper_fp8_block: the FP32 scales in cuBLASLt's layouts
 };
 
 // y = dq(A) dq(B)^T for quantized operands (A.cols == B.cols == k).

@@ -38,9 +38,9 @@ namespace fp4lab {
 
 // The rules (sim/block_rules.hpp maps a QuantizerSpec to one).
 enum class BlockRuleId : uint8_t {
-  standard,  // fp4lab's arithmetic (this header)
-  fp4tk,     // fp4-trainkit's (schemes/fp4tk/rule.hpp)
-  te_nvfp4,  // TransformerEngine's 4/6 and row-scaled NVFP4 options (schemes/te_nvfp4/rule.hpp)
+  standard,      // fp4lab's arithmetic (this header)
+  fp4tk,         // fp4-trainkit's (schemes/fp4tk/rule.hpp)
+  te_nvfp4,      // TransformerEngine's 4/6 and row-scaled NVFP4 options (schemes/te_nvfp4/rule.hpp)
   te_fast_math,  // TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH (schemes/te_nvfp4/fast_math.hpp)
 };
 

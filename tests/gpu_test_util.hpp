@@ -13,6 +13,7 @@
 
 #include "core/bits.hpp"
 #include "cuda/device.hpp"
+#include "cuda/quantize.hpp"
 #include "sim/quantizer.hpp"
 
 namespace fp4lab::test {
@@ -137,6 +138,32 @@ inline bool same_quantized(const QuantizedTensor& gpu, const QuantizedTensor& cp
   ok = same_bits("global decode", {gpu.global_decode}, {cpu.global_decode}) && ok;
   ok = same_bits("dequant", gpu.dequant, cpu.dequant, &x) && ok;
   return ok;
+}
+
+struct Size {
+  int64_t rows, cols;
+};
+
+// Quantizes on CPU and GPU and compares; returns false (and prints the case) on a mismatch.
+inline bool check_case(const QuantizerSpec& q, const std::vector<float>& x, Size s, RandomStream rs,
+                       cuda::QuantPath path, bool bf16 = false) {
+  const MatrixView<const float> v(x.data(), s.rows, s.cols);
+  const QuantizedTensor cpu = quantize(q, v, rs);
+  const QuantizedTensor gpu = cuda::quantize_gpu(q, v, rs, path, bf16);
+  if (same_quantized(gpu, cpu, x)) return true;
+  std::printf("  case: %s, %lld x %lld, path %s, input %s\n", describe(q).c_str(), (long long)s.rows, (long long)s.cols,
+              path == cuda::QuantPath::fused     ? "fused"
+              : path == cuda::QuantPath::generic ? "generic"
+                                                 : "auto",
+              bf16 ? "bf16" : "f32");
+  return false;
+}
+
+inline std::vector<cuda::QuantPath> paths_for(const QuantizerSpec& q) {
+  std::vector<cuda::QuantPath> p;
+  if (!q.rht) p.push_back(cuda::QuantPath::generic);
+  if (cuda::fused_supported(q)) p.push_back(cuda::QuantPath::fused);
+  return p;
 }
 
 }  // namespace fp4lab::test

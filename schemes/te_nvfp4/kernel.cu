@@ -5,7 +5,7 @@
 
 namespace fp4lab::cuda::qk {
 
-template void run_rule<TeNvfp4Rule>(KParams&, const TeNvfp4Rule::Params&, const BlockGrid&, InputType,
-                                    QuantWorkspace&, cudaStream_t);
+template void run_rule<TeNvfp4Rule>(KParams&, const TeNvfp4Rule::Params&, const BlockGrid&, InputType, QuantWorkspace&,
+                                    cudaStream_t);
 
 }  // namespace fp4lab::cuda::qk

@@ -91,8 +91,8 @@ TEST_CASE("te_fast_math: codes, scales and dequant against a float64 constructio
           const float xv = x[size_t(r * cols + c)];
           const float y = xv == 0.0f ? 0.0f : float(double(xv) * double(coeff));
           const uint32_t code = e2m1_code(y);
-          const float dq = float(double(float(double(kE2m1[code & 7u] * ((code & 8u) ? -1 : 1)) * double(sdec))) *
-                                 double(s_dec));
+          const float dq =
+              float(double(float(double(kE2m1[code & 7u] * ((code & 8u) ? -1 : 1)) * double(sdec))) * double(s_dec));
           bad += t.codes[size_t(r * cols + c)] != code;
           bad += float_bits(t.dequant[size_t(r * cols + c)]) != float_bits(dq);
           bad += t.scales[size_t(bi * t.scale_cols + bj)] != sdec;

@@ -197,6 +197,41 @@ TEST_CASE("cuda gemm: MXFP8 on the FP8 tensor cores within the accumulation boun
   MESSAGE("FP8 tensor-core MXFP8 GEMM: largest |err| / sum|ab| = " << worst << " (2^" << std::log2(worst) << ")");
 }
 
+TEST_CASE("cuda gemm: FP8 block scaling through cuBLASLt's block-scaled FP8 matmul, within the accumulation bound") {
+  if (compute_capability() < 90) {
+    MESSAGE("cuBLASLt's FP8 block scaling needs sm_90+: test skipped");
+    return;
+  }
+  // Operands quantized on the GPU, the product against float64 of sim's dequantized operands: the scales'
+  // layouts (VEC128_32F rows, BLK128x128_32F tiles) are wrong unless every element lands near the exact sum.
+  const char* const pairs[][2] = {{"fp8_block_1x128", "fp8_block_128x128"},
+                                  {"te_fp8_block_1x128", "te_fp8_block_128x128"},
+                                  {"fp8_block_1x128", "fp8_block_1x128"}};
+  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {
+      {128, 256, 512}, {200, 136, 1024}, {256, 384, 384}, {64, 64, 128}};
+  double worst = 0;
+  for (const auto& pair : pairs)
+    for (auto [m, n, k] : shapes) {
+      const QuantizerSpec qa = quantizer_by_name(pair[0]), qb = quantizer_by_name(pair[1]);
+      const std::vector<float> a = test::varied_randn(m, k, 21, 6), b = test::varied_randn(n, k, 22, 6);
+      const MatrixView<const float> va(a.data(), m, k), vb(b.data(), n, k);
+      std::vector<double> ref, mag;
+      reference_product(quantize(qa, va), quantize(qb, vb), ref, mag);
+      const std::vector<float> gpu = quantized_gemm_gpu(qa, va, qb, vb, {}, {}, GemmPath::hopper_fp8_block).data;
+      int64_t bad = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double err = std::fabs(double(gpu[i]) - ref[i]);
+        const double ratio = mag[i] > 0 ? err / mag[i] : (err == 0 ? 0 : INFINITY);
+        worst = std::max(worst, ratio);
+        if (!(ratio <= std::ldexp(1.0, -7))) ++bad;
+      }
+      CHECK_MESSAGE(bad == 0, pair[0] << " x " << pair[1] << " " << m << "x" << n << "x" << k << ": " << bad
+                                      << " elements beyond 2^-7 sum|ab|");
+    }
+  MESSAGE("FP8 block-scaled cuBLASLt GEMM: largest |err| / sum|ab| = " << worst << " (2^" << std::log2(worst) << ")");
+  CHECK_FALSE(fp8_block_gemm_supported(quantizer_by_name("fp8_block_128x128"), quantizer_by_name("fp8_block_1x128")));
+}
+
 TEST_CASE("cuda gemm: the FP8 tensor-core path refuses what it cannot compute, naming why") {
   // No GPU needed: the checks come before any device work.
   CHECK(fp8_tensor_core_supported(quantizer_by_name("mxfp8_e4m3"), quantizer_by_name("mxfp8_e5m2")));
