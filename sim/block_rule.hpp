@@ -162,6 +162,15 @@ struct StandardRule {
                                       const BlockAt& /*at*/) {
     return choose(p, g, amax);
   }
+  // An E4M3 block scale's choice: its code and value, the element factor `mult`, its flags.
+  FP4LAB_HD static BlockChoice nv_choice(const NvBlockScale& s, float mult, uint8_t nan) {
+    BlockChoice b;
+    b.code = s.code;
+    b.scale = s.scale;
+    b.mult = mult;
+    b.flags = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) | nan);
+    return b;
+  }
   FP4LAB_HD static BlockChoice choose(const Params& p, const NvGlobal& g, uint32_t amax) {
     BlockChoice b;
     const uint8_t nan = amax > 0x7F800000u ? flag_nan : 0;
@@ -184,10 +193,7 @@ struct StandardRule {
         const NvBlockScale s = p.form == StdScaleForm::ue4m3    ? nv_block_scale<ufloat8_e4m3>(a, g)
                                : p.form == StdScaleForm::e4m3fn ? nv_block_scale<float8_e4m3fn>(a, g)
                                                                 : nv_block_scale(a, g, p.sfmt);
-        b.code = s.code;
-        b.scale = s.scale;
-        b.mult = s.encode;
-        b.flags = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) | nan);
+        b = nv_choice(s, s.encode, nan);
         break;
       }
       case ScaleRule::nv_noglobal: {
@@ -195,10 +201,7 @@ struct StandardRule {
         const NvBlockScale s = p.form == StdScaleForm::ue4m3    ? nv_noglobal_block_scale<ufloat8_e4m3>(a, elem_max)
                                : p.form == StdScaleForm::e4m3fn ? nv_noglobal_block_scale<float8_e4m3fn>(a, elem_max)
                                                                 : nv_noglobal_block_scale(a, elem_max, p.sfmt);
-        b.code = s.code;
-        b.scale = s.scale;
-        b.mult = s.scale;
-        b.flags = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0) | nan);
+        b = nv_choice(s, s.scale, nan);  // elements divide by the scale
         break;
       }
       case ScaleRule::tensor_amax: {

@@ -5,7 +5,6 @@
 // exercise the NaN-dropping amax of the TE rules). Part of test_cuda (skipped without a GPU).
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <vector>
 
 #include "cuda/quantize.hpp"
@@ -34,10 +33,7 @@ TEST_CASE("cuda quantize: the schemes' scale rules (FP8 block scaling, torchao's
                         {ScaleRule::torchao_rceil, &float8_e8m0fnu, mx},
                         {ScaleRule::te_mxfp8, &float8_e8m0fnu, fp8}};
   const int shapes[][2] = {{1, 128}, {128, 128}, {128, 1}, {1, 32}, {32, 32}, {32, 1}};
-  struct Size {
-    int64_t rows, cols;
-  };
-  const Size sizes[] = {{130, 200}, {1, 1}, {64, 256}};
+  const test::Size sizes[] = {{130, 200}, {1, 1}, {64, 256}};
   int cases = 0, failures = 0;
   uint32_t seed = 900;
   for (const Rule& rl : rules)
@@ -51,22 +47,15 @@ TEST_CASE("cuda quantize: the schemes' scale rules (FP8 block scaling, torchao's
           q.block_rows = sh[0];
           q.block_cols = sh[1];
           q.round = r;
-          for (const Size s : sizes)
+          for (const test::Size s : sizes)
             for (int data = 0; data < 3; ++data) {
               // 0: varied FP32; 1: those values in BF16; 2: adversarial (NaN, Inf, zero blocks, subnormals).
               auto x = data < 2 ? test::varied_randn(s.rows, s.cols, seed++, 12)
                                 : test::adversarial(s.rows, s.cols, seed++, true);
               if (data == 1) test::round_to_bf16(x);
-              const MatrixView<const float> v(x.data(), s.rows, s.cols);
-              const RandomStream rs{5, uint64_t(cases)};
               ++cases;
-              const QuantizedTensor cpu = quantize(q, v, rs);
-              const QuantizedTensor gpu = quantize_gpu(q, v, rs, QuantPath::automatic, data == 1);
-              if (!test::same_quantized(gpu, cpu, x)) {
+              if (!test::check_case(q, x, s, RandomStream{5, uint64_t(cases)}, QuantPath::automatic, data == 1))
                 ++failures;
-                std::printf("  case: %s, %lld x %lld, input %d\n", describe(q).c_str(), (long long)s.rows,
-                            (long long)s.cols, data);
-              }
             }
         }
   MESSAGE(cases << " cases compared");

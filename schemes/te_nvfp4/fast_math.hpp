@@ -65,12 +65,7 @@ struct TeFastMathRule {
                                       const BlockAt& /*at*/) {
     const float a = bits_float(amax);
     const NvBlockScale s = p.ue4m3 ? nv_block_scale<ufloat8_e4m3>(a, g) : nv_block_scale<float8_e4m3fn>(a, g);
-    BlockChoice b;
-    b.code = s.code;
-    b.scale = s.scale;
-    b.mult = te_fast_math_coefficient(g.g_enc, s.scale);
-    b.flags = uint8_t((s.underflow ? flag_underflow : 0) | (s.overflow ? flag_overflow : 0));
-    return b;
+    return StandardRule::nv_choice(s, te_fast_math_coefficient(g.g_enc, s.scale), 0);
   }
   FP4LAB_HD static Element encode(const Params& p, const BlockChoice& c, float x, uint32_t rbits) {
     constexpr Format e2m1 = float4_e2m1fn;  // a local copy: device code cannot refer to the host global

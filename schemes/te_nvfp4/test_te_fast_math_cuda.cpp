@@ -3,7 +3,6 @@
 // rn and rs (ptx_x4), partial blocks, NaN / Inf / zeros / subnormals. Part of test_cuda (skipped without a GPU).
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <vector>
 
 #include "cuda/quantize.hpp"
@@ -14,15 +13,12 @@ using namespace fp4lab;
 using namespace fp4lab::cuda;
 
 TEST_CASE("cuda quantize: emulate te_fast_math (TE's NVFP4 fast-math coefficient), bit-exact with sim") {
-  struct Size {
-    int64_t rows, cols;
-  };
-  const Size sizes[] = {{37, 53}, {64, 96}, {1, 1}, {130, 7}};
+  const test::Size sizes[] = {{37, 53}, {64, 96}, {1, 1}, {130, 7}};
   int cases = 0, failures = 0;
   uint32_t seed = 4100;
   for (bool col : {false, true})
     for (Round r : {Round::rn, Round::rs})
-      for (const Size s : sizes)
+      for (const test::Size s : sizes)
         for (int data = 0; data < 4; ++data) {
           QuantizerSpec q = quantizer_by_name(col ? "nvfp4_col" : "nvfp4");
           q.emulate = Emulation::te_fast_math;
@@ -31,16 +27,9 @@ TEST_CASE("cuda quantize: emulate te_fast_math (TE's NVFP4 fast-math coefficient
           auto x = data < 2 ? test::varied_randn(s.rows, s.cols, seed++, 12)
                             : test::adversarial(s.rows, s.cols, seed++, true);
           test::round_to_bf16(x);  // the kernel's input is BF16
-          const MatrixView<const float> v(x.data(), s.rows, s.cols);
-          const RandomStream rs{3, uint64_t(cases)};
           ++cases;
-          const QuantizedTensor cpu = quantize(q, v, rs);
-          const QuantizedTensor gpu = quantize_gpu(q, v, rs, QuantPath::automatic, data % 2 == 1);
-          if (!test::same_quantized(gpu, cpu, x)) {
+          if (!test::check_case(q, x, s, RandomStream{3, uint64_t(cases)}, QuantPath::automatic, data % 2 == 1))
             ++failures;
-            std::printf("  case: %s, %lld x %lld, input %d\n", describe(q).c_str(), (long long)s.rows,
-                        (long long)s.cols, data);
-          }
         }
   MESSAGE(cases << " cases compared");
   CHECK(failures == 0);

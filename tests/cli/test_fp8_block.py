@@ -24,16 +24,6 @@ import fp8_block_cases  # noqa: E402
 import npyio  # noqa: E402
 
 
-def read_npy_payload(path):
-    """(dtype descr, raw payload bytes) of a little .npy file (version 1)."""
-    with open(path, 'rb') as f:
-        b = f.read()
-    hl = struct.unpack('<H', b[8:10])[0]
-    header = b[10:10 + hl].decode('latin1')
-    descr = header.split("'descr':")[1].split("'")[1]
-    return descr, b[10 + hl:]
-
-
 def main():
     fp4lab = sys.argv[1]
     oracle = json.load(open(os.path.join(HERE, '..', 'data', 'fp8_block_oracle.json')))
@@ -56,8 +46,8 @@ def main():
             subprocess.run([fp4lab, 'quantize', '--quantizer', json.dumps(c['quantizer']), xp, '--dequant',
                             os.path.join(d, 'y.npy'), '--codes', cp, '--scales', sp], check=True,
                            stderr=subprocess.DEVNULL)
-            _, codes = read_npy_payload(cp)
-            descr, sb = read_npy_payload(sp)
+            codes = npyio.read_npy(cp)[2]
+            descr, _, sb = npyio.read_npy(sp)
             if descr in ('|u1', '<u1'):
                 scale_bits = [fp8_block_cases.e8m0_bits(v) for v in sb]
             else:
