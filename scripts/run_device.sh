@@ -33,6 +33,7 @@
 #   all         tests quantize gemm
 # Environment: PREBUILT=DIR takes fp4lab / test_cuda / test_train_cuda from DIR (an
 # archive `bins.tar.xz` there is unpacked first) instead of building in /tmp/b;
+# More than 8 files under $OUT are packed into $OUT/logs.tgz at the end (the device tool returns 8).
 # TCF=PATTERN narrows test_cuda to matching test cases. B=DIR builds in DIR (default /tmp/b; a folder in the
 # repository, e.g. build-dev, is kept between calls to a warm machine: a second call rebuilds nothing).
 set -o pipefail
@@ -177,3 +178,8 @@ for s in "${steps[@]}"; do
   echo "== $s"
   run_step "$s"
 done
+# The device tool brings back at most 8 files from $OUT: beyond that, everything travels as one archive.
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  tar -czf /tmp/run_device_logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/run_device_logs.tgz "$OUT/logs.tgz"
+  echo "run_device.sh: logs packed into \$OUT/logs.tgz (more than 8 files)"
+fi
