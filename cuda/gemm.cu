@@ -248,10 +248,8 @@ void blackwell_gemm(Blas& blas, const QuantOperand& a, const QuantOperand& b, vo
 // FP8 block scaling (schemes/fp8_block): E4M3 / E5M2 with FP32 (or power-of-two E8M0) scales in blocks of
 // 128 along k, [1,128] or [128,128].
 bool is_fp8_block(const QuantizerSpec& q) {
-  const bool rule = q.scale_rule == ScaleRule::deepgemm || q.scale_rule == ScaleRule::te_fp8_block ||
-                    q.scale_rule == ScaleRule::amax_div;
-  return rule && (q.element == &float8_e4m3fn || q.element == &float8_e5m2) && q.block_cols == 128 &&
-         (q.block_rows == 1 || q.block_rows == 128) && !q.rht;
+  return StandardRule::fp8_block_rule(q.scale_rule) && (q.element == &float8_e4m3fn || q.element == &float8_e5m2) &&
+         q.block_cols == 128 && (q.block_rows == 1 || q.block_rows == 128) && !q.rht;
 }
 
 // An operand's block scales in cuBLASLt's FP32 layouts (TransformerEngine's CuBLASScaleMunger):
@@ -263,14 +261,8 @@ __global__ void fp8_block_scales_kernel(const float* s, const uint8_t* codes, in
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= sr * kb) return;
   const int64_t r = i / kb, j = i - r * kb;
-  float v;
-  if (s) {
-    v = s[i];
-  } else {
-    const uint32_t c = codes[i];
-    v = __uint_as_float(c == 0 ? 0x00400000u : (c == 255 ? 0x7FC00000u : c << 23));
-  }
-  out[vec ? j * ld + r : r * ld + j] = v;
+  constexpr Format e8m0 = float8_e8m0fnu;  // a local copy: device code cannot refer to the host global
+  out[vec ? j * ld + r : r * ld + j] = s ? s[i] : decode(e8m0, codes[i]);
 }
 
 int64_t round_up4(int64_t v) { return (v + 3) / 4 * 4; }

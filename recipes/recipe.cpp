@@ -45,9 +45,6 @@ std::string block_str(const QuantizerSpec& q) {
 }
 
 bool is_nv_rule(ScaleRule r) { return r == ScaleRule::nv || r == ScaleRule::nv_noglobal; }
-bool is_fp8_block_rule(ScaleRule r) {
-  return r == ScaleRule::deepgemm || r == ScaleRule::te_fp8_block || r == ScaleRule::amax_div;
-}
 
 // Block-length rules of the formats (a recipe describes hardware GEMMs):
 //   MX (E8M0 power-of-two scales, fp4lab's rules and torchao's / TE's): OCP MX v1.0 sec. 5 fixes k = 32;
@@ -84,7 +81,7 @@ void validate_operand(const QuantizerSpec& q, Operand op, const std::string& whe
   } else if (is_nv_rule(q.scale_rule)) {
     k = 16;
     fmt = "NVFP4-style E4M3 scales";
-  } else if (is_fp8_block_rule(q.scale_rule)) {
+  } else if (StandardRule::fp8_block_rule(q.scale_rule)) {
     k = 128;
     fmt = "FP8 block scaling (DeepSeek-V3's 1x128 and 128x128 blocks)";
   }

@@ -130,10 +130,14 @@ struct StandardRule {
            r == ScaleRule::torchao_ceil || r == ScaleRule::torchao_even || r == ScaleRule::torchao_rceil ||
            r == ScaleRule::te_mxfp8;
   }
-  // The element factor is an exact power of two: the E8M0 rules, and FP8 block scaling with e8m0 scales.
+  // FP8 block scaling's rules (schemes/fp8_block/): 128-long blocks in recipes and the block-scaled GEMM.
+  FP4LAB_HD static constexpr bool fp8_block_rule(ScaleRule r) {
+    return r == ScaleRule::deepgemm || r == ScaleRule::te_fp8_block || r == ScaleRule::amax_div;
+  }
+  // The element factor is an exact power of two: the E8M0 rules, and FP8 block scaling with e8m0 scales
+  // (which amax_div does not take).
   FP4LAB_HD static constexpr bool pow2(const Params& p) {
-    return mx_rule(p.rule) ||
-           ((p.rule == ScaleRule::deepgemm || p.rule == ScaleRule::te_fp8_block) && p.sfmt.special == Special::e8m0);
+    return mx_rule(p.rule) || (fp8_block_rule(p.rule) && p.sfmt.special == Special::e8m0);
   }
   // Elements are x / scale (fp4-trainkit's eq. 3 in fp4lab's arithmetic; DeepSeek-V3's x / s) rather than
   // x * mult.
