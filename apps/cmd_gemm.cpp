@@ -1,7 +1,7 @@
 // `fp4lab bench gemm`: throughput of the CUDA GEMMs (cuBLAS BF16, the NVFP4 /
 // MXFP4 / MXFP8 block-scaled GEMMs simulated exactly on BF16 tensor cores,
 // MXFP8 on the FP8 tensor cores with per-block promotion, cuBLASLt FP8 with a
-// per-tensor scale) at m x n x k, measured in one run (apps/bench_cuda.hpp); and
+// per-tensor scale, FP8 block scaling through cuBLASLt's VEC128 / BLK128x128 scale modes) at m x n x k, measured in one run (apps/bench_cuda.hpp); and
 // `fp4lab bench grouped-gemm`: a mixture of experts' grouped GEMM (cuBLAS grouped,
 // a per-expert loop, fp4lab's NVFP4 grouped quantization + grouped GEMM). CUDA only.
 #include <memory>
@@ -75,7 +75,8 @@ void register_bench_gemm(CLI::App& bench) {
       "gemm",
       "GEMM throughput on the GPU: cuBLAS BF16 against the NVFP4 / MXFP4 / MXFP8 GEMMs (quantize both operands +\n"
       "GEMM, that GEMM alone, and dequantize + GEMM from quantized operands), MXFP8 on the FP8 tensor cores\n"
-      "(sm_89+), and cuBLASLt FP8 with one scale per tensor; TFLOP/s and % of BF16, one run (each row timed\n"
+      "(sm_89+), FP8 block scaling (x 1x128, W 128x128) through cuBLASLt's block-scaled FP8 matmul (sm_90+), and\n"
+      "cuBLASLt FP8 with one scale per tensor; TFLOP/s and % of BF16, one run (each row timed\n"
       "interleaved with the BF16 GEMM, so the ratio does not drift with the GPU's clock over the run).\n"
       "Example: fp4lab bench gemm --backend cuda --m 8192 --n 8192 --k 8192");
   g->add_option("--backend", ga->backend, "cuda (the only backend of this benchmark)")->capture_default_str();

@@ -435,8 +435,10 @@ void register_quantize_commands(CLI::App& app) {
   auto qa = std::make_shared<QuantizeArgs>();
   CLI::App* q = app.add_subcommand(
       "quantize",
-      "Block-quantize a 2-D float32 .npy tensor bit-exactly (MX, NVFP4 with TE's 4/6 and row-scaled options,\n"
-      "per-tensor FP8, fp4-trainkit's arithmetic with emulate fp4tk) and write its dequantized\n"
+      "Block-quantize a 2-D float32 .npy tensor bit-exactly (MX with fp4lab's, torchao's and TE's scale rules,\n"
+      "NVFP4 with TE's 4/6, row-scaled and fast-math (emulate te_fast_math) forms, per-tensor FP8, FP8 block\n"
+      "scaling as DeepGEMM, TE and DeepSeek-V3 compute it, fp4-trainkit's arithmetic with emulate fp4tk) and\n"
+      "write its dequantized "
       "values, and optionally the element codes, block scales, global scale and swizzled scales.\n"
       "With --groups the rows are cut into consecutive groups (a mixture of experts' tokens by expert, or an\n"
       "expert weight [E,N,K] as E groups of N rows), each quantized alone (sim/grouped.hpp).\n"
