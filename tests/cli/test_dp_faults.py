@@ -42,6 +42,36 @@ def rank_pids(mpirun_pid):
     return out
 
 
+def end_group(pgid, grace=20.0):
+    """Waits (at most grace s) until no process of the process group pgid is left, then kills what remains.
+
+    A launch's session may outlive its mpirun: a rank that was sent SIGTERM writes its checkpoint after
+    mpirun has gone. The temporary directory is removed only once every such writer has ended."""
+    def members():
+        out = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    out.append(int(name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+    deadline = time.monotonic() + grace
+    while members() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+    deadline = time.monotonic() + 10
+    while members() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def wait_for_losses(p, metrics, n):
     """Waits (at most 120 s) until the job p has logged n losses in metrics, or ended."""
     deadline = time.monotonic() + 120
@@ -135,12 +165,12 @@ def main():
                 except subprocess.TimeoutExpired:
                     failures.append("stopped rank: mpirun still running 45 s after rank 1 stopped (a hang)")
         finally:
-            if p.poll() is None:  # the test's own processes: wake the stopped rank, end the job
-                if stopped:
-                    try:
-                        os.kill(stopped, signal.SIGCONT)
-                    except OSError:
-                        pass
+            if stopped:  # wake the stopped rank, whether or not mpirun has ended
+                try:
+                    os.kill(stopped, signal.SIGCONT)
+                except OSError:
+                    pass
+            if p.poll() is None:  # the test's own processes: end the job
                 for pid in rank_pids(p.pid).values():
                     try:
                         os.kill(pid, signal.SIGKILL)
@@ -148,6 +178,7 @@ def main():
                         pass
                 p.kill()
                 p.wait()
+            end_group(p.pid)
 
         # (iii) rank 1 killed mid-run (SIGKILL, as the OOM killer does): the job ends within seconds, not
         # exit 0, with a line naming rank 1 and the signal (mpirun's); rank 0's run directory holds no partial
@@ -186,9 +217,16 @@ def main():
                     if partial:
                         failures.append(f"killed rank: partial files left in the run directory: {partial}")
                     # The last checkpoint is whole: the 2-rank job resumes from it (stopped by SIGTERM after 6 s).
-                    r = subprocess.run(["timeout", "-s", "TERM", "6", mpiexec] + MPI_FLAGS +
-                                       ["-np", "2", fp4lab, "train", kpath, "--resume", "--set", "output.name=killed"],
-                                       capture_output=True, text=True, timeout=60, start_new_session=True)
+                    rp = subprocess.Popen(["timeout", "-s", "TERM", "6", mpiexec] + MPI_FLAGS +
+                                          ["-np", "2", fp4lab, "train", kpath, "--resume", "--set",
+                                           "output.name=killed"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True)
+                    try:
+                        r = subprocess.CompletedProcess(rp.args, None, *rp.communicate(timeout=60))
+                    finally:
+                        end_group(rp.pid)
+                        rp.wait()
                     resumed = [l for l in r.stderr.splitlines() if l.startswith("resuming ") and " at step " in l]
                     print(f"test_dp_faults: resumed after the kill: {resumed[:1]}")
                     damaged = [l for l in r.stderr.splitlines() if l.startswith("fp4lab: error:") and "SIGTERM" not in l]
@@ -206,6 +244,7 @@ def main():
                         pass
                 p.kill()
                 p.wait()
+            end_group(p.pid)
 
     for f in failures:
         print("FAIL:", f)
