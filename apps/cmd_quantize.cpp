@@ -141,6 +141,11 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c, bool grou
     case BlockRuleId::te_fast_math:
       return r + "a NaN is left out of the amaxes (TE's max.xorsign.abs) and encodes as +6 (cvt.satfinite; e2m1 "
                  "has no NaN); an Inf sets the per-tensor scale to 1, its block's scale to 448 and itself to +-6";
+    case BlockRuleId::quartet2:
+      return r +
+             "a NaN is left out of the amaxes and encodes as +6 (Quartet II's torch amax would propagate it and "
+             "make every output NaN); an Inf makes the tensor scale Inf and its reciprocal 0: its block's scale "
+             "NaN, every other block's 0, every output NaN";
     case BlockRuleId::standard:
     case BlockRuleId::te_nvfp4: break;
   }
@@ -436,10 +441,10 @@ void register_quantize_commands(CLI::App& app) {
   CLI::App* q = app.add_subcommand(
       "quantize",
       "Block-quantize a 2-D float32 .npy tensor bit-exactly (MX with fp4lab's, torchao's and TE's scale rules,\n"
-      "NVFP4 with TE's 4/6, row-scaled and fast-math (emulate te_fast_math) forms, per-tensor FP8, FP8 block\n"
-      "scaling as DeepGEMM, TE and DeepSeek-V3 compute it, fp4-trainkit's arithmetic with emulate fp4tk) and\n"
-      "write its dequantized "
-      "values, and optionally the element codes, block scales, global scale and swizzled scales.\n"
+      "NVFP4 with TE's 4/6, row-scaled and fast-math (emulate te_fast_math) forms and Quartet II's kernels\n"
+      "(emulate quartet2), per-tensor FP8, FP8 block scaling as DeepGEMM, TE and DeepSeek-V3 compute it,\n"
+      "fp4-trainkit's arithmetic with emulate fp4tk) and write its dequantized values, and optionally the\n"
+      "element codes, block scales, global scale and swizzled scales.\n"
       "With --groups the rows are cut into consecutive groups (a mixture of experts' tokens by expert, or an\n"
       "expert weight [E,N,K] as E groups of N rows), each quantized alone (sim/grouped.hpp).\n"
       "Example: fp4lab quantize --quantizer nvfp4 x.npy --dequant xq.npy --codes c.npy --scales s.npy --stats\n"

@@ -31,6 +31,8 @@ extern template void run_rule<Fp4tkRule>(KParams&, const Fp4tkRule::Params&, con
                                          QuantWorkspace&, cudaStream_t);
 extern template void run_rule<TeFastMathRule>(KParams&, const TeFastMathRule::Params&, const BlockGrid&, InputType,
                                               QuantWorkspace&, cudaStream_t);
+extern template void run_rule<Quartet2Rule>(KParams&, const Quartet2Rule::Params&, const BlockGrid&, InputType,
+                                            QuantWorkspace&, cudaStream_t);
 extern template void run_rule<TeNvfp4Rule>(KParams&, const TeNvfp4Rule::Params&, const BlockGrid&, InputType,
                                            QuantWorkspace&, cudaStream_t);
 

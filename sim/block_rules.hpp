@@ -6,6 +6,7 @@
 #pragma once
 
 #include "schemes/fp4tk/rule.hpp"
+#include "schemes/quartet2/rule.hpp"
 #include "schemes/te_nvfp4/fast_math.hpp"
 #include "schemes/te_nvfp4/rule.hpp"
 #include "sim/block_rule.hpp"
@@ -16,6 +17,7 @@ namespace fp4lab {
 inline BlockRuleId block_rule_id(const QuantizerSpec& q) {
   if (q.emulate == Emulation::fp4tk) return BlockRuleId::fp4tk;
   if (q.emulate == Emulation::te_fast_math) return BlockRuleId::te_fast_math;
+  if (q.emulate == Emulation::quartet2) return BlockRuleId::quartet2;
   if (q.scale_select == ScaleSelect::four_over_six || q.global_scale == GlobalScale::row_amax)
     return BlockRuleId::te_nvfp4;
   return BlockRuleId::standard;
@@ -28,6 +30,7 @@ decltype(auto) with_block_rule(const QuantizerSpec& q, Fn&& fn) {
     case BlockRuleId::fp4tk: return fn.template operator()<Fp4tkRule>(Fp4tkRule::params(q));
     case BlockRuleId::te_nvfp4: return fn.template operator()<TeNvfp4Rule>(TeNvfp4Rule::params(q));
     case BlockRuleId::te_fast_math: return fn.template operator()<TeFastMathRule>(TeFastMathRule::params(q));
+    case BlockRuleId::quartet2: return fn.template operator()<Quartet2Rule>(Quartet2Rule::params(q));
     case BlockRuleId::standard: break;
   }
   return fn.template operator()<StandardRule>(StandardRule::params(q));
@@ -49,10 +52,12 @@ inline const BlockRuleTraits& block_rule_traits(BlockRuleId id) {
   static constexpr BlockRuleTraits fp4tk{"fp4-trainkit", false, true};
   static constexpr BlockRuleTraits te_nvfp4{"TransformerEngine NVFP4 options", false, false};
   static constexpr BlockRuleTraits te_fast_math{"TransformerEngine NVFP4 fast math", false, true};
+  static constexpr BlockRuleTraits quartet2{"Quartet II", false, true};
   switch (id) {
     case BlockRuleId::fp4tk: return fp4tk;
     case BlockRuleId::te_nvfp4: return te_nvfp4;
     case BlockRuleId::te_fast_math: return te_fast_math;
+    case BlockRuleId::quartet2: return quartet2;
     case BlockRuleId::standard: break;
   }
   return standard;

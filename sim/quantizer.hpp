@@ -29,6 +29,9 @@
 //   emulate      none | te_fast_math: TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH
 //                (schemes/te_nvfp4/fast_math.hpp: the BF16 coefficient S_enc / sdec; e2m1, ue4m3,
 //                nv, tensor_amax, [1,16] or [16,1], rn or rs with ptx_x4) |
+//                quartet2: Quartet II's forward NVFP4 kernels (schemes/quartet2/scalar.hpp:
+//                rcp.approx.ftz reciprocals, its 4/6 score; e2m1, ue4m3, nv, tensor_amax,
+//                [1,16], rn, scale_select max with e4m3_max 448 or four_over_six with 256) |
 //                fp4tk: fp4-trainkit's own arithmetic (schemes/fp4tk/scalar.hpp:
 //                its scale floors and log2, its E2M1 rounding without carry
 //                into the next binade, its two-step-wide SR noise); e2m1
@@ -81,7 +84,7 @@ std::string_view scale_rule_name(ScaleRule r);
 ScaleRule parse_scale_rule(std::string_view s);
 enum class GlobalScale : uint8_t { none, tensor_amax, row_amax };
 enum class ScaleSelect : uint8_t { max, four_over_six };
-enum class Emulation : uint8_t { none, fp4tk, te_fast_math };
+enum class Emulation : uint8_t { none, fp4tk, te_fast_math, quartet2 };
 
 struct QuantizerSpec {
   const Format* element = &float4_e2m1fn;

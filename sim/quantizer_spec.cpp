@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "schemes/fp4tk/rule.hpp"
+#include "schemes/quartet2/rule.hpp"
 #include "schemes/te_nvfp4/rule.hpp"
 #include "sim/quantizer.hpp"
 
@@ -269,7 +270,8 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
         q.emulate = parse_named<Emulation>(get_string(v, path), "emulate",
                                            {{"none", Emulation::none},
                                             {"fp4tk", Emulation::fp4tk},
-                                            {"te_fast_math", Emulation::te_fast_math}});
+                                            {"te_fast_math", Emulation::te_fast_math},
+                                            {"quartet2", Emulation::quartet2}});
       } else if (k == "scale_select") {
         q.scale_select = parse_scale_select(get_string(v, path));
       } else if (k == "select_error") {
@@ -306,6 +308,7 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
   j["sr_bits"] = sr_bits_name(q.sr_bits);
   j["emulate"] = q.emulate == Emulation::fp4tk          ? "fp4tk"
                  : q.emulate == Emulation::te_fast_math ? "te_fast_math"
+                 : q.emulate == Emulation::quartet2     ? "quartet2"
                                                         : "none";
   j["scale_select"] = std::string(scale_select_name(q.scale_select));
   j["select_error"] = std::string(select_error_name(q.select_error));
@@ -413,6 +416,7 @@ void validate(const QuantizerSpec& q, const std::string& where) {
   check_sr_bits(q.sr_bits, e, where);
   if (q.emulate == Emulation::fp4tk) validate_fp4tk(q, where);
   if (q.emulate == Emulation::te_fast_math) validate_te_fast_math(q, where);
+  if (q.emulate == Emulation::quartet2) validate_quartet2(q, where);
   validate_nvfp4_options(q, where);
 }
 
@@ -429,6 +433,7 @@ std::string describe(const QuantizerSpec& q) {
   if (q.sr_bits != SrBits::per_element) s << " sr " << sr_bits_name(q.sr_bits);
   if (q.emulate == Emulation::fp4tk) s << " fp4tk";
   if (q.emulate == Emulation::te_fast_math) s << " te_fast_math";
+  if (q.emulate == Emulation::quartet2) s << " quartet2";
   return s.str();
 }
 

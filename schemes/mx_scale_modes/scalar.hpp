@@ -4,8 +4,10 @@
 // the block's scale is 2^(b - 127) (byte 0: 2^-127), elements are x * 2^(127 - b) rounded by the element
 // encoder (RN, saturating: torchao's casts, TE's cvt.rn.satfinite), dequant decode(code) * 2^(b - 127).
 //
-// torchao: github.com/pytorch/ao at 050515e8 (torchao/prototype/mx_formats/mx_tensor.py: to_mx,
-// _to_mx_rceil, _f32_to_e8m0_rceil, _e8m0_scale_to_reciprocal_fp32). With amax the block's max |x| as float32
+// torchao: github.com/pytorch/ao at 36027d82d (torchao/prototype/mx_formats/mx_tensor.py: to_mx,
+// _to_mx_rceil, _f32_to_e8m0_rceil, _e8m0_scale_to_reciprocal_fp32; unchanged since 5d73a0c10, #4725, whose
+// byte-0 and Inf rules differ from earlier torchao). Checked bit for bit against torchao's own to_mx run on
+// torch 2.11 (tests/cli/test_mx_modes.py). With amax the block's max |x| as float32
 // (NaN propagates: torch.amax), its bits A = (E, M) (biased exponent field, 23-bit mantissa field) and
 // emax the element's largest power-of-two exponent (torchao's *_MAX_POW2: e2m1 2, e2m3 2, e3m2 4, e4m3 8,
 // e5m2 15), mbits its mantissa bits, max_pos its largest finite value:

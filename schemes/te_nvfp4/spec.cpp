@@ -59,7 +59,8 @@ void validate_nvfp4_options(const QuantizerSpec& q, const std::string& where) {
     fail(
         "scale_select 'four_over_six' needs a global scale: global_scale must be 'tensor_amax' or 'row_amax', got "
         "'none'");
-  if (q.emulate != Emulation::none) fail(what + " has no emulation: emulate must be 'none'");
+  if (q.emulate != Emulation::none && !(fos && q.emulate == Emulation::quartet2))
+    fail(what + " has no emulation but Quartet II's 4/6: emulate must be 'none' or 'quartet2'");
   std::string blk = "[";  // (built by appends: GCC 12's -Wrestrict misfires on "[" + std::string)
   blk += std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]";
   const bool b116 = q.block_rows == 1 && q.block_cols == 16;

@@ -10,4 +10,7 @@ namespace fp4lab::test {
 // out[i] = min(e2m1_rs_magnitude<8>(a[i], r[i]), 7) evaluated on the GPU.
 std::vector<uint32_t> e2m1_rs8_magnitudes_on_gpu(const std::vector<uint32_t>& a, const std::vector<uint32_t>& r);
 
+// out[i] = bits of core/ptx_approx.hpp's rcp_approx_ftz(bits_float(x[i])) on the GPU (the instruction).
+std::vector<uint32_t> rcp_approx_ftz_on_gpu(const std::vector<uint32_t>& x);
+
 }  // namespace fp4lab::test

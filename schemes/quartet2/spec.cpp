@@ -1,0 +1,34 @@
+// validate()'s checks of emulate 'quartet2' (schemes/quartet2/scalar.hpp).
+#include <string>
+
+#include "core/error.hpp"
+#include "schemes/quartet2/rule.hpp"
+#include "schemes/te_nvfp4/rule.hpp"
+
+namespace fp4lab {
+
+void validate_quartet2(const QuantizerSpec& q, const std::string& where) {
+  auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'quartet2': " + m); };
+  if (q.element != &float4_e2m1fn) fail("Quartet II's kernels write e2m1: element must be e2m1");
+  if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("NVFP4's block scale is E4M3: scale must be ue4m3");
+  if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::tensor_amax)
+    fail("the kernel's two-level scale: scale_rule must be 'nv' with global_scale 'tensor_amax'");
+  if (q.block_rows != 1 || q.block_cols != 16)
+    fail("the kernel scales 16 consecutive elements of a row: block must be [1,16], got [" +
+         std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]");
+  if (q.rht) fail("the forward kernels take no transform (the backward's MS-EDEN is not modelled): rht must be false");
+  if (q.round != Round::rn)
+    fail("the forward kernels round to nearest even: round must be rn, got '" + std::string(round_name(q.round)) + "'");
+  if (q.overflow != Overflow::saturate) fail("the kernel's casts are satfinite: overflow must be saturate");
+  const bool fos = q.scale_select == ScaleSelect::four_over_six;
+  if (q.e4m3_max != (fos ? 256 : 448))
+    fail(fos ? "Quartet II's 4/6 divides the tensor amax by 256: e4m3_max must be 256, got " +
+                   std::to_string(q.e4m3_max)
+             : "Quartet II's round-to-nearest divides the tensor amax by 448: e4m3_max must be 448, got " +
+                   std::to_string(q.e4m3_max));
+  if (fos && q.select_error != SelectError::mse)
+    fail("Quartet II's 4/6 scores candidates by their squared errors: select_error must be 'mse', got '" +
+         std::string(select_error_name(q.select_error)) + "'");
+}
+
+}  // namespace fp4lab

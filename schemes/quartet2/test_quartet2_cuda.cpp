@@ -1,0 +1,39 @@
+// emulate 'quartet2' (schemes/quartet2/scalar.hpp) on the GPU's generic rule kernels, where rcp.approx.ftz is
+// the instruction: codes, scale codes, scales and dequant bit-exact with sim (the host model), round-to-nearest
+// and 4/6, BF16-valued input given as FP32 and as BF16, partial blocks, NaN / Inf / zeros / subnormals. Part of
+// test_cuda (skipped without a GPU).
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "cuda/quantize.hpp"
+#include "gpu_test_util.hpp"
+#include "sim/quantizer.hpp"
+
+using namespace fp4lab;
+using namespace fp4lab::cuda;
+
+TEST_CASE("cuda quantize: emulate quartet2 (Quartet II's forward kernels), bit-exact with sim") {
+  const test::Size sizes[] = {{37, 53}, {64, 128}, {1, 1}, {130, 16}};
+  int cases = 0, failures = 0;
+  uint32_t seed = 5200;
+  for (bool four_six : {false, true})
+    for (const test::Size s : sizes)
+      for (int data = 0; data < 4; ++data) {
+        QuantizerSpec q = quantizer_by_name("nvfp4");
+        q.emulate = Emulation::quartet2;
+        if (four_six) {
+          q.scale_select = ScaleSelect::four_over_six;
+          q.select_error = SelectError::mse;
+          q.e4m3_max = 256;
+        }
+        auto x = data < 2 ? test::varied_randn(s.rows, s.cols, seed++, 12)
+                          : test::adversarial(s.rows, s.cols, seed++, data == 3);
+        test::round_to_bf16(x);  // the kernel's input is BF16
+        ++cases;
+        if (!test::check_case(q, x, s, RandomStream{3, uint64_t(cases)}, QuantPath::automatic, data % 2 == 1))
+          ++failures;
+      }
+  MESSAGE(cases << " cases compared");
+  CHECK(failures == 0);
+}
