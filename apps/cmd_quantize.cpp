@@ -146,6 +146,10 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c, bool grou
              "a NaN is left out of the amaxes and encodes as +6 (Quartet II's torch amax would propagate it and "
              "make every output NaN); an Inf makes the tensor scale Inf and its reciprocal 0: its block's scale "
              "NaN, every other block's 0, every output NaN";
+    case BlockRuleId::te_fused_fast_math:
+      return r +
+             "a NaN makes its block's scale NaN (the kernel's max.NaN) and encodes as +6; an Inf makes the "
+             "per-tensor scale 0 (TE's fused form): every output NaN";
     case BlockRuleId::standard:
     case BlockRuleId::te_nvfp4: break;
   }

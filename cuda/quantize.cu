@@ -254,7 +254,7 @@ KParams make_params(const QuantizerSpec& q, const void* x, int64_t rows, int64_t
   p.stream = rs.stream;
   p.sr = sr_layout(q, cols);
   if (q.rht) {
-    const std::array<float, 16> s = rht_signs(q.rht_seed);
+    const std::array<float, 16> s = rht_signs(q.rht_signs, q.rht_seed);
     std::copy(s.begin(), s.end(), p.signs);
   }
   p.out = out;
@@ -439,7 +439,13 @@ void quantize_device(const QuantizerSpec& q, const void* x, InputType type, int6
           "cudaMemcpyAsync (quantize: aligned copy of the input)");
     p.x = copy;
   }
-  if (plan.family == Family::generic)
+  if (plan.family == Family::generic && q.rht) {  // transformed (and rounded) into ws.transformed, FP32
+    float* t = ws.transformed.at_least(size_t(rows * cols));
+    rht_forward_device(q, x, type == InputType::bf16, t, rows, cols, stream);
+    p.x = t;
+    with_block_rule(
+        q, [&]<class R>(const typename R::Params& rp) { run_rule<R>(p, rp, grid, InputType::f32, ws, stream); });
+  } else if (plan.family == Family::generic)
     with_block_rule(q, [&]<class R>(const typename R::Params& rp) { run_rule<R>(p, rp, grid, type, ws, stream); });
   else
     run_fused(plan, p, ws, stream, tensor_amax_bits);
@@ -499,7 +505,7 @@ void fake_quantize_device(const QuantizerSpec& q, float* x, int64_t rows, int64_
   QuantOutputs o;
   o.dequant = x;
   quantize_device(q, x, InputType::f32, rows, cols, rs, o, ws, stream, path);
-  if (q.rht) rht_inverse_device(x, rows, cols, q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols, q.rht_seed, stream);
+  if (q.rht) rht_inverse_device(q, x, rows, cols, stream);
 }
 
 void fake_quantize_gpu(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs, QuantPath path) {

@@ -106,6 +106,9 @@ struct QuantWorkspace {
   // and that is not (see "Alignment" above; quantize_staging_bytes). Grown on
   // demand; never touched for aligned inputs.
   DeviceBuffer<uint8_t> staging;
+  // The generic path's RHT output (a quantizer with rht that the fused kernels do not take: rht_output bf16, or
+  // an emulation's rule), FP32 [rows*cols]. Grown on demand.
+  DeviceBuffer<float> transformed;
   // amax[0..1] are zero in stream order: the fused amax passes (which compute
   // the global scales) leave them so; whatever else writes them clears this.
   // While set, an amax pass needs no memset first.

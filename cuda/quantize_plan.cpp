@@ -57,6 +57,7 @@ SrLayout sr_layout(const QuantizerSpec& q, int64_t cols) {
 
 std::optional<Family> fused_family(const QuantizerSpec& q) {
   if (!block_rule_traits(q).fused) return std::nullopt;  // the generic pipeline on its rule (quantize_rule.cuh)
+  if (q.rht && q.rht_output != RhtOutput::f32) return std::nullopt;  // the generic path's RHT rounds its output
   // The fused kernels' scale rules (their fast forms know which divide: nv_noglobal); the schemes' scale rules
   // (schemes/mx_scale_modes, schemes/fp8_block) run on the generic rule kernels.
   switch (q.scale_rule) {
@@ -93,8 +94,6 @@ KernelPlan plan_quantize(const QuantizerSpec& q, InputType in, QuantPath path, b
         "quantize (cuda): the fused kernel handles blocks [1,16], [1,32], [16,16], [16,1], [32,1] (RHT on "
         "[1,16]/[16,1]); got " +
         describe(q));
-  if (path == QuantPath::generic && q.rht)
-    throw Error("quantize (cuda): the generic path has no RHT; use the fused path for " + describe(q));
   KernelPlan plan;
   plan.input = in;
   plan.rht = q.rht;
@@ -123,6 +122,7 @@ std::optional<KernelPlan> plan_dual(const QuantizerSpec& row_q, const QuantizerS
   if (!dual_quantizer(row_q) || !dual_quantizer(col_q)) return std::nullopt;
   if (row_q.block_rows != 1 || row_q.block_cols != 16 || row_q.rht) return std::nullopt;
   if (col_q.block_rows != 16 || col_q.block_cols != 1) return std::nullopt;
+  if (col_q.rht && col_q.rht_output != RhtOutput::f32) return std::nullopt;  // rounded RHT output: generic only
   if (rows % 16 != 0 || cols % 16 != 0) return std::nullopt;
   KernelPlan plan;
   plan.family = Family::dual;

@@ -33,6 +33,8 @@ extern template void run_rule<TeFastMathRule>(KParams&, const TeFastMathRule::Pa
                                               QuantWorkspace&, cudaStream_t);
 extern template void run_rule<Quartet2Rule>(KParams&, const Quartet2Rule::Params&, const BlockGrid&, InputType,
                                             QuantWorkspace&, cudaStream_t);
+extern template void run_rule<TeFusedFastMathRule>(KParams&, const TeFusedFastMathRule::Params&, const BlockGrid&,
+                                                   InputType, QuantWorkspace&, cudaStream_t);
 extern template void run_rule<TeNvfp4Rule>(KParams&, const TeNvfp4Rule::Params&, const BlockGrid&, InputType,
                                            QuantWorkspace&, cudaStream_t);
 

@@ -38,11 +38,12 @@ namespace fp4lab {
 
 // The rules (sim/block_rules.hpp maps a QuantizerSpec to one).
 enum class BlockRuleId : uint8_t {
-  standard,      // fp4lab's arithmetic (this header)
-  fp4tk,         // fp4-trainkit's (schemes/fp4tk/rule.hpp)
-  te_nvfp4,      // TransformerEngine's 4/6 and row-scaled NVFP4 options (schemes/te_nvfp4/rule.hpp)
-  te_fast_math,  // TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH (schemes/te_nvfp4/fast_math.hpp)
-  quartet2,      // Quartet II's forward NVFP4 kernels (schemes/quartet2/rule.hpp)
+  standard,            // fp4lab's arithmetic (this header)
+  fp4tk,               // fp4-trainkit's (schemes/fp4tk/rule.hpp)
+  te_nvfp4,            // TransformerEngine's 4/6 and row-scaled NVFP4 options (schemes/te_nvfp4/rule.hpp)
+  te_fast_math,        // TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH (schemes/te_nvfp4/fast_math.hpp)
+  quartet2,            // Quartet II's forward NVFP4 kernels (schemes/quartet2/rule.hpp)
+  te_fused_fast_math,  // TE's fused RHT-cast NVFP4 kernels under fast math (schemes/te_nvfp4/fused_fast_math.hpp)
 };
 
 // The amax a rule's global scale is computed from: none, the whole tensor's, or each row's (row_amax: a rule

@@ -447,11 +447,15 @@ BlockScales quantize_rows(const QuantizerSpec& q, MatrixView<const float> x, Ran
 
 RhtAxis rht_axis(const QuantizerSpec& q) { return q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols; }
 
-// Contiguous copy of x, RHT-transformed (quantizer_domain for a spec with rht).
+// Contiguous copy of x, RHT-transformed with the spec's signs and, under rht_output bf16, rounded to BF16
+// (RN, NaN kept: the partial last chunk, which the RHT leaves as it is, too; quantizer_domain for a spec with rht).
 std::vector<float> rht_copy(const QuantizerSpec& q, MatrixView<const float> x) {
   std::vector<float> t(static_cast<size_t>(x.rows * x.cols));
   for (int64_t r = 0; r < x.rows; ++r) std::memcpy(t.data() + r * x.cols, x.data + r * x.stride, size_t(x.cols) * 4);
-  if (q.rht) rht_forward(MatrixView<float>(t.data(), x.rows, x.cols), rht_axis(q), q.rht_seed);
+  if (!q.rht) return t;
+  rht_forward(MatrixView<float>(t.data(), x.rows, x.cols), rht_axis(q), rht_signs(q.rht_signs, q.rht_seed));
+  if (q.rht_output == RhtOutput::bf16)
+    for (float& v : t) v = rht_output_value(RhtOutput::bf16, v);
   return t;
 }
 
@@ -487,7 +491,7 @@ void fake_quantize(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs)
   if (q.rht) {
     std::vector<float> t = rht_copy(q, MatrixView<const float>(x.data, x.rows, x.cols, x.stride));
     quantize_rows(q, MatrixView<const float>(t.data(), x.rows, x.cols), rs, x.data, x.stride, nullptr);
-    rht_inverse(x, rht_axis(q), q.rht_seed);
+    rht_inverse(x, rht_axis(q), rht_signs(q.rht_signs, q.rht_seed));
     return;
   }
   quantize_rows(q, MatrixView<const float>(x.data, x.rows, x.cols, x.stride), rs, x.data, x.stride, nullptr);

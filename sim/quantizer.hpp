@@ -23,12 +23,18 @@
 //                default for 4/6 tensors is 256; 448 otherwise)
 //   rht          16-point Random Hadamard Transform along the block's axis
 //                before quantization (1-D blocks of 16 only), signs from rht_seed
+//   rht_signs    philox (from rht_seed) | te: TransformerEngine's fixed signs (sim/rht.hpp)
+//   rht_output   f32 | bf16: the transformed values rounded to BF16 (RN) before the
+//                amaxes and the cast, as TransformerEngine's RHT kernels (default build) do
 //   sr_bits      the random-bit contract of round "rs" (core/sr.hpp):
 //                per_element (32 bits an element) | ptx_x4 (PTX cvt.rs: one
 //                word per 4 elements of a row, 8 bits an element)
 //   emulate      none | te_fast_math: TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH
 //                (schemes/te_nvfp4/fast_math.hpp: the BF16 coefficient S_enc / sdec; e2m1, ue4m3,
 //                nv, tensor_amax, [1,16] or [16,1], rn or rs with ptx_x4) |
+//                te_fused_fast_math: TransformerEngine's fused RHT-cast kernels under fast math
+//                (schemes/te_nvfp4/fused_fast_math.hpp: rcp.approx.ftz element factor; rht optional,
+//                rht_output f32) |
 //                quartet2: Quartet II's forward NVFP4 kernels (schemes/quartet2/scalar.hpp:
 //                rcp.approx.ftz reciprocals, its 4/6 score; e2m1, ue4m3, nv, tensor_amax,
 //                [1,16], rn, scale_select max with e4m3_max 448 or four_over_six with 256) |
@@ -57,6 +63,7 @@
 #include "schemes/te_nvfp4/scalar.hpp"
 #include "core/sr.hpp"
 #include "core/tensor.hpp"
+#include "sim/rht.hpp"
 
 namespace fp4lab {
 
@@ -84,7 +91,7 @@ std::string_view scale_rule_name(ScaleRule r);
 ScaleRule parse_scale_rule(std::string_view s);
 enum class GlobalScale : uint8_t { none, tensor_amax, row_amax };
 enum class ScaleSelect : uint8_t { max, four_over_six };
-enum class Emulation : uint8_t { none, fp4tk, te_fast_math, quartet2 };
+enum class Emulation : uint8_t { none, fp4tk, te_fast_math, quartet2, te_fused_fast_math };
 
 struct QuantizerSpec {
   const Format* element = &float4_e2m1fn;
@@ -96,6 +103,8 @@ struct QuantizerSpec {
   GlobalScale global_scale = GlobalScale::none;
   bool rht = false;
   uint64_t rht_seed = 0;
+  RhtSigns rht_signs = RhtSigns::philox;
+  RhtOutput rht_output = RhtOutput::f32;
   SrBits sr_bits = SrBits::per_element;
   Emulation emulate = Emulation::none;
   ScaleSelect scale_select = ScaleSelect::max;

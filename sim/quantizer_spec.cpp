@@ -180,9 +180,10 @@ std::string join_names() {
 QuantizerSpec quantizer_by_name(const std::string& name) {
   for (const auto& c : canned())
     if (name == c.name) return c.spec;
-  throw Error("unknown quantizer '" + name + "'; valid: " + join_names() +
-              ", or a JSON object / JSON file with the keys element, scale, block, scale_rule, round, overflow, "
-              "global_scale, rht, rht_seed, sr_bits, emulate, scale_select, select_error, e4m3_max");
+  throw Error(
+      "unknown quantizer '" + name + "'; valid: " + join_names() +
+      ", or a JSON object / JSON file with the keys element, scale, block, scale_rule, round, overflow, "
+      "global_scale, rht, rht_seed, rht_signs, rht_output, sr_bits, emulate, scale_select, select_error, e4m3_max");
 }
 
 std::vector<std::string> quantizer_names() {
@@ -197,8 +198,8 @@ std::vector<std::string> quantizer_names() {
 
 namespace {
 constexpr const char* json_keys =
-    "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed, sr_bits, emulate, "
-    "scale_select, select_error, e4m3_max";
+    "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed, rht_signs, rht_output, sr_bits, "
+    "emulate, scale_select, select_error, e4m3_max";
 
 std::string get_string(const nlohmann::json& v, const std::string& path) {
   if (!v.is_string()) throw Error(path + ": expected a string, got " + json_excerpt(v));
@@ -262,6 +263,12 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
         if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
           throw Error(path + ": expected a non-negative integer, got " + json_excerpt(v));
         q.rht_seed = v.get<uint64_t>();
+      } else if (k == "rht_signs") {
+        q.rht_signs = parse_named<RhtSigns>(get_string(v, path), "rht_signs",
+                                            {{"philox", RhtSigns::philox}, {"te", RhtSigns::te}});
+      } else if (k == "rht_output") {
+        q.rht_output = parse_named<RhtOutput>(get_string(v, path), "rht_output",
+                                              {{"f32", RhtOutput::f32}, {"bf16", RhtOutput::bf16}});
       } else if (k == "sr_bits") {
         const std::optional<SrBits> b = parse_sr_bits(get_string(v, path));
         if (!b) throw Error(path + ": unknown sr_bits " + json_excerpt(v) + "; valid: " + sr_bits_names);
@@ -271,7 +278,8 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
                                            {{"none", Emulation::none},
                                             {"fp4tk", Emulation::fp4tk},
                                             {"te_fast_math", Emulation::te_fast_math},
-                                            {"quartet2", Emulation::quartet2}});
+                                            {"quartet2", Emulation::quartet2},
+                                            {"te_fused_fast_math", Emulation::te_fused_fast_math}});
       } else if (k == "scale_select") {
         q.scale_select = parse_scale_select(get_string(v, path));
       } else if (k == "select_error") {
@@ -305,11 +313,16 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
                                                                   : "row_amax";
   j["rht"] = q.rht;
   j["rht_seed"] = q.rht_seed;
+  // Written only where set, so that every quantizer written before these keys existed keeps its JSON (and the
+  // hashes of configs that hold it).
+  if (q.rht_signs != RhtSigns::philox) j["rht_signs"] = "te";
+  if (q.rht_output != RhtOutput::f32) j["rht_output"] = "bf16";
   j["sr_bits"] = sr_bits_name(q.sr_bits);
-  j["emulate"] = q.emulate == Emulation::fp4tk          ? "fp4tk"
-                 : q.emulate == Emulation::te_fast_math ? "te_fast_math"
-                 : q.emulate == Emulation::quartet2     ? "quartet2"
-                                                        : "none";
+  j["emulate"] = q.emulate == Emulation::fp4tk                ? "fp4tk"
+                 : q.emulate == Emulation::te_fast_math       ? "te_fast_math"
+                 : q.emulate == Emulation::quartet2           ? "quartet2"
+                 : q.emulate == Emulation::te_fused_fast_math ? "te_fused_fast_math"
+                                                              : "none";
   j["scale_select"] = std::string(scale_select_name(q.scale_select));
   j["select_error"] = std::string(select_error_name(q.select_error));
   j["e4m3_max"] = q.e4m3_max;
@@ -413,10 +426,13 @@ void validate(const QuantizerSpec& q, const std::string& where) {
   if (q.rht && !((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
     fail("rht works on 1-D blocks of 16: block must be [1,16] or [16,1], got [" + std::to_string(q.block_rows) + "," +
          std::to_string(q.block_cols) + "]");
+  if (!q.rht && (q.rht_signs != RhtSigns::philox || q.rht_output != RhtOutput::f32))
+    fail("rht_signs and rht_output describe the RHT: they need rht true");
   check_sr_bits(q.sr_bits, e, where);
   if (q.emulate == Emulation::fp4tk) validate_fp4tk(q, where);
   if (q.emulate == Emulation::te_fast_math) validate_te_fast_math(q, where);
   if (q.emulate == Emulation::quartet2) validate_quartet2(q, where);
+  if (q.emulate == Emulation::te_fused_fast_math) validate_te_fused_fast_math(q, where);
   validate_nvfp4_options(q, where);
 }
 
@@ -429,11 +445,15 @@ std::string describe(const QuantizerSpec& q) {
   if (q.global_scale == GlobalScale::row_amax) s << " row_amax";
   if (q.scale_select == ScaleSelect::four_over_six)
     s << " four_over_six " << select_error_name(q.select_error) << " e4m3_max " << q.e4m3_max;
-  if (q.rht) s << " rht(seed " << q.rht_seed << ")";
+  if (q.rht && q.rht_signs == RhtSigns::te)
+    s << " rht(TE signs" << (q.rht_output == RhtOutput::bf16 ? ", bf16" : "") << ")";
+  else if (q.rht)
+    s << " rht(seed " << q.rht_seed << (q.rht_output == RhtOutput::bf16 ? ", bf16" : "") << ")";
   if (q.sr_bits != SrBits::per_element) s << " sr " << sr_bits_name(q.sr_bits);
   if (q.emulate == Emulation::fp4tk) s << " fp4tk";
   if (q.emulate == Emulation::te_fast_math) s << " te_fast_math";
   if (q.emulate == Emulation::quartet2) s << " quartet2";
+  if (q.emulate == Emulation::te_fused_fast_math) s << " te_fused_fast_math";
   return s.str();
 }
 

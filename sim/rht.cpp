@@ -13,12 +13,18 @@ std::array<float, 16> rht_signs(uint64_t seed) {
   return s;
 }
 
+std::array<float, 16> rht_signs(RhtSigns kind, uint64_t seed) {
+  if (kind == RhtSigns::philox) return rht_signs(seed);
+  std::array<float, 16> s{};
+  for (int i = 0; i < 16; ++i) s[size_t(i)] = (te_rht_sign_mask >> i) & 1u ? -1.0f : 1.0f;
+  return s;
+}
+
 namespace {
 
 template <bool Forward>
-void apply(MatrixView<float> x, RhtAxis axis, uint64_t seed) {
+void apply(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs) {
   if (x.rows < 0 || x.cols < 0) throw Error("RHT: negative tensor shape");
-  const std::array<float, 16> signs = rht_signs(seed);
   if (axis == RhtAxis::rows) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < x.rows; ++r) {
@@ -71,7 +77,11 @@ void apply(MatrixView<float> x, RhtAxis axis, uint64_t seed) {
 
 }  // namespace
 
-void rht_forward(MatrixView<float> x, RhtAxis axis, uint64_t seed) { apply<true>(x, axis, seed); }
-void rht_inverse(MatrixView<float> x, RhtAxis axis, uint64_t seed) { apply<false>(x, axis, seed); }
+void rht_forward(MatrixView<float> x, RhtAxis axis, uint64_t seed) { apply<true>(x, axis, rht_signs(seed)); }
+void rht_inverse(MatrixView<float> x, RhtAxis axis, uint64_t seed) { apply<false>(x, axis, rht_signs(seed)); }
+void rht_forward(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs) { apply<true>(x, axis, signs); }
+void rht_inverse(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs) {
+  apply<false>(x, axis, signs);
+}
 
 }  // namespace fp4lab

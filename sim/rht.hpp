@@ -6,7 +6,8 @@
 // H16 is the Sylvester (natural-order) Hadamard matrix of +-1 entries, so
 // (1/4) H16 is orthonormal and symmetric; D = diag(d_0..d_15), d_i = +-1 from
 // the seed: d_i = -1 iff bit 0 of random_bits(seed, rht_sign_stream, i) is 1
-// (core/philox.hpp). The same 16 signs apply to every chunk of the tensor.
+// (core/philox.hpp), or TransformerEngine's fixed set (RhtSigns::te, below). The
+// same 16 signs apply to every chunk of the tensor.
 // Transforming both GEMM operands along the reduction axis preserves the
 // product exactly in real arithmetic: (HDa)^T (HDb) = a^T b.
 //
@@ -32,6 +33,8 @@
 #include <array>
 #include <cstdint>
 
+#include "core/encode.hpp"
+#include "core/format.hpp"
 #include "core/hd.hpp"
 #include "core/philox.hpp"
 #include "core/tensor.hpp"
@@ -45,6 +48,21 @@ FP4LAB_HD constexpr float rht_sign(uint64_t seed, int i) {
   return (random_bits(seed, rht_sign_stream, uint64_t(i)) & 1u) ? -1.0f : 1.0f;
 }
 std::array<float, 16> rht_signs(uint64_t seed);
+
+// Where the signs come from: fp4lab's Philox draw from the seed, or TransformerEngine's fixed vector
+// (d0067d0da, pytorch/tensor/nvfp4_tensor.py: get_wgrad_sign_vector, "xkcd 221"), the same on every call and
+// device: sign mask 0xD7E8, d_i = -1 iff bit i is set. (TE's matrix is diag(d) H16 / 4 applied to 16
+// consecutive tokens of a hidden column: fp4lab's forward transform with these signs.)
+enum class RhtSigns : uint8_t { philox, te };
+// The transform's output as the quantizer sees it: FP32, or rounded to BF16 (RN; TransformerEngine's RHT
+// kernels, whose tensor-core sums are rounded to BF16 before the amax and the cast; sim/quantizer.hpp).
+enum class RhtOutput : uint8_t { f32, bf16 };
+FP4LAB_HD inline float rht_output_value(RhtOutput o, float v) {
+  constexpr Format bf16 = bfloat16;  // a local copy: device code cannot refer to the host global
+  return o == RhtOutput::bf16 ? decode(bf16, encode_rn_f32<bfloat16>(v, Overflow::nonsaturate)) : v;
+}
+inline constexpr uint32_t te_rht_sign_mask = 0xD7E8u;
+std::array<float, 16> rht_signs(RhtSigns kind, uint64_t seed);
 
 // In-place forward / inverse transform of one chunk of 16 values.
 FP4LAB_HD constexpr void rht16_butterflies(float* t) {
@@ -69,9 +87,11 @@ FP4LAB_HD constexpr void rht16_inverse(float* v, const float* signs) {
 
 enum class RhtAxis : uint8_t { rows, cols };  // rows: chunks along a row ([1,16]); cols: along a column ([16,1])
 
-// Transforms x in place (row-major view), any shape (partial chunks above).
-// OpenMP-parallel; results do not depend on the thread count.
+// Transforms x in place (row-major view), any shape (partial chunks above), with the signs of seed or
+// the given ones. OpenMP-parallel; results do not depend on the thread count.
 void rht_forward(MatrixView<float> x, RhtAxis axis, uint64_t seed);
 void rht_inverse(MatrixView<float> x, RhtAxis axis, uint64_t seed);
+void rht_forward(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs);
+void rht_inverse(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs);
 
 }  // namespace fp4lab

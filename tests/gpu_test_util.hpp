@@ -161,7 +161,7 @@ inline bool check_case(const QuantizerSpec& q, const std::vector<float>& x, Size
 
 inline std::vector<cuda::QuantPath> paths_for(const QuantizerSpec& q) {
   std::vector<cuda::QuantPath> p;
-  if (!q.rht) p.push_back(cuda::QuantPath::generic);
+  p.push_back(cuda::QuantPath::generic);  // every spec, with or without RHT
   if (cuda::fused_supported(q)) p.push_back(cuda::QuantPath::fused);
   return p;
 }

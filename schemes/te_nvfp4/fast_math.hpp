@@ -17,10 +17,10 @@
 //   code  = cvt.rn|rs.satfinite.e2m1(y)                       SR: the ptx_x4 random-bit contract
 // The amaxes are max.xorsign.abs reductions, which leave NaN out (the rule's NaN-dropping amax); dequant is
 // the nv rule's (decode(code) * sdec) * fl(1/S_enc). Valid with e2m1 elements, a ue4m3 / e4m3 scale, the
-// tensor's global scale, blocks [1,16] or [16,1] (the tuned 1-D kernel's rowwise and columnwise outputs), no
-// RHT (the fast-math RHT-cast fusion quantizes FP32 MMA accumulators with rcp.approx.ftz, which has no
-// published bit definition: not modelled), round rn or rs. The kernel runs on BF16 input: FP32 input that is
-// not BF16-valued is quantized as given (TE has no such path).
+// tensor's global scale, blocks [1,16] or [16,1] (the tuned 1-D kernel's rowwise and columnwise outputs), an
+// RHT only with rht_output bf16 (TE's unfused path: its BF16 RHT output cast by this kernel; the fused RHT-cast
+// kernels' arithmetic is schemes/te_nvfp4/fused_fast_math.hpp), round rn or rs. The kernel runs on BF16 input:
+// FP32 input that is not BF16-valued is quantized as given (TE has no such path).
 #pragma once
 
 #include <cstdint>

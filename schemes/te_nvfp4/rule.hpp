@@ -47,6 +47,8 @@ SelectError parse_select_error(std::string_view s);
 void validate_nvfp4_options(const QuantizerSpec& q, const std::string& where);
 // validate()'s checks of emulate 'te_fast_math' (schemes/te_nvfp4/fast_math.hpp).
 void validate_te_fast_math(const QuantizerSpec& q, const std::string& where);
+// validate()'s checks of emulate 'te_fused_fast_math' (schemes/te_nvfp4/fused_fast_math.hpp).
+void validate_te_fused_fast_math(const QuantizerSpec& q, const std::string& where);
 
 // The per-tensor constants of the block rule (device-copyable).
 struct Nvfp4Options {
