@@ -121,9 +121,10 @@ __device__ uint32_t mix(uint64_t x) {  // splitmix64, for pseudo-random test pai
   return (uint32_t)(x ^ (x >> 31));
 }
 
-// mm[0]: div.approx.ftz vs mul_ftz(a, rcp_ftz(b)); mm[1..4]: div.full vs fl(a/b), mul(a, rcp(b)),
-// mul(a, rcp_ftz(b)), and mul(a, rcp(b)) with b, a scaled by 1/4 where |b| > 2^126 (the PTX ISA's
-// "full-range" note).
+// mm[0]: div.approx.ftz vs mul_ftz(a, rcp_ftz(b)); mm[1..5]: div.full vs fl(a/b), mul(a, rcp(b)),
+// mul(a, rcp_ftz(b)), mul(a, rcp(b)) with b, a scaled by 1/4 where |b| > 2^126 (the PTX ISA's
+// "full-range" note), and core/ptx_approx.hpp's model (read from ptxas's SASS: also zero and subnormal b and
+// a scaled by 2^24).
 __global__ void pairs_kernel(uint64_t base, int mode, Mismatch* mm) {
   uint64_t i = base + (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
   uint32_t a = mix(2 * i), b = mix(2 * i + 1);
@@ -140,6 +141,9 @@ __global__ void pairs_kernel(uint64_t base, int mode, Mismatch* mm) {
   cand[1] = mul_rn(fa, rcp_approx(fb));
   cand[2] = mul_rn(fa, rcp_approx_ftz(fb));
   cand[3] = fabsf(fb) > 0x1p126f ? mul_rn(fa * 0.25f, rcp_approx(fb * 0.25f)) : mul_rn(fa, rcp_approx(fb));
+  const float s = fabsf(fb) > 0x1p126f ? 0.25f : (fabsf(fb) < 0x1p-126f ? 16777216.0f : 1.0f);
+  const float cand4 = mul_rn(rcp_approx_ftz(fb * s), fa * s);
+  if (!same(df, cand4)) record(&mm[5], a, b, __float_as_uint(df), __float_as_uint(cand4));
   for (int k = 0; k < 4; ++k)
     if (!same(df, cand[k])) record(&mm[1 + k], a, b, __float_as_uint(df), __float_as_uint(cand[k]));
 }
@@ -163,7 +167,7 @@ int main(int argc, char** argv) {
   int8_t* d_delta;
   unsigned long long* d_hist;
   Mismatch* d_mm;
-  const int n_mm = 6;
+  const int n_mm = 7;
   CK(cudaMalloc(&d_delta, 1u << 23));
   CK(cudaMalloc(&d_hist, 17 * sizeof(unsigned long long)));
   CK(cudaMalloc(&d_mm, n_mm * sizeof(Mismatch)));
@@ -210,7 +214,8 @@ int main(int argc, char** argv) {
   put_mm(f, "div_full_vs_ieee_div", mm[2], false);
   put_mm(f, "div_full_vs_mul_rcp", mm[3], false);
   put_mm(f, "div_full_vs_mul_rcp_ftz", mm[4], false);
-  put_mm(f, "div_full_vs_mul_rcp_scaled", mm[5], true);
+  put_mm(f, "div_full_vs_mul_rcp_scaled", mm[5], false);
+  put_mm(f, "div_full_vs_model", mm[6], true);
   std::fprintf(f, "}\n");
   std::fclose(f);
   if (beyond) std::printf("rcp: a delta beyond one ulp: the 2-bit table cannot hold it\n");
@@ -219,7 +224,7 @@ int main(int argc, char** argv) {
     if (hist[k]) std::printf(" %d:%llu", k - 8, hist[k]);
   std::printf(
       "\nmismatches: rcp model %llu, div.approx %llu, div.full vs ieee %llu / mul_rcp %llu / mul_rcp_ftz %llu "
-      "/ scaled %llu\n",
-      mm[0].count, mm[1].count, mm[2].count, mm[3].count, mm[4].count, mm[5].count);
-  return beyond || mm[0].count ? 1 : 0;
+      "/ scaled %llu / model %llu\n",
+      mm[0].count, mm[1].count, mm[2].count, mm[3].count, mm[4].count, mm[5].count, mm[6].count);
+  return beyond || mm[0].count || mm[1].count || mm[6].count ? 1 : 0;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -64,4 +65,30 @@ TEST_CASE("rcp.approx.ftz model: the measured table, within one ulp of 1/x, expo
   CHECK(float_bits(rcp_approx_ftz(0x1p127f)) == 0u);            // 2^-127 is subnormal: flushed
   CHECK(float_bits(rcp_approx_ftz(0x1p-126f)) == 0x7E800000u);  // 2^126
   CHECK(float_bits(rcp_approx_ftz(2.0f)) == 0x3F000000u);       // powers of two are exact
+}
+
+TEST_CASE("div.approx.ftz and div.full models: the PTX ISA's bounds and special cases") {
+  std::mt19937 g(41);
+  int64_t beyond = 0;
+  for (int k = 0; k < 200000; ++k) {
+    const float a = bits_float((g() & 0x807FFFFFu) | ((90u + g() % 76u) << 23));
+    const float b = bits_float((g() & 0x807FFFFFu) | ((90u + g() % 76u) << 23));
+    const double exact = double(a) / double(b);
+    const double ulp = std::ldexp(1.0, std::ilogb(float(exact)) - 23);
+    // Both are a * rcp(b) here: rcp's error (at most one ulp of rcp(b)) grows with a's mantissa, plus the
+    // product's half ulp: up to about 2.03 ulp of the quotient (the PTX ISA states 2 for div.full; the H200
+    // computes a * rcp(b), tests/data/ptx_approx_sm90.json).
+    beyond += std::fabs(double(div_full(a, b)) - exact) > 2.5 * ulp;
+    beyond += std::fabs(double(div_approx_ftz(a, b)) - exact) > 2.5 * ulp;
+  }
+  CHECK(beyond == 0);
+  // div.full scales a tiny divisor up and a huge one down, so both stay finite where a / b is.
+  CHECK(div_full(1e-30f, bits_float(0x00012345u)) > 0.0f);
+  CHECK(std::isfinite(div_full(1e-30f, bits_float(0x00012345u))));
+  CHECK(div_full(3e38f, 2e38f) > 1.4f);
+  CHECK(std::isinf(div_full(1.0f, 0.0f)));
+  CHECK(std::isnan(div_full(0.0f, 0.0f)));
+  // div.approx.ftz flushes: a subnormal numerator is zero, a divisor above 2^126 gives zero.
+  CHECK(float_bits(div_approx_ftz(bits_float(0x00000123u), 1.0f)) == 0u);
+  CHECK(float_bits(div_approx_ftz(1.0f, 0x1.8p126f)) == 0u);
 }

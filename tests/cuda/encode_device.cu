@@ -21,7 +21,27 @@ __global__ void rcp_kernel(const uint32_t* x, uint32_t* out, int64_t n) {
   if (i < n) out[i] = float_bits(rcp_approx_ftz(bits_float(x[i])));
 }
 
+__global__ void div_kernel(const uint32_t* a, const uint32_t* b, uint32_t* out, int64_t n, bool full) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n)
+    out[i] = float_bits(full ? div_full(bits_float(a[i]), bits_float(b[i]))
+                             : div_approx_ftz(bits_float(a[i]), bits_float(b[i])));
+}
+
 }  // namespace
+
+std::vector<uint32_t> div_on_gpu(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b, bool full) {
+  cuda::DeviceBuffer<uint32_t> da, db, dout(a.size());
+  da.upload(a);
+  db.upload(b);
+  const int64_t n = int64_t(a.size());
+  if (n > 0) {
+    div_kernel<<<unsigned((n + 255) / 256), 256>>>(da.data(), db.data(), dout.data(), n, full);
+    cuda::check_launch("div_kernel");
+  }
+  cuda::check(cudaDeviceSynchronize(), "div_kernel");
+  return dout.download();
+}
 
 std::vector<uint32_t> rcp_approx_ftz_on_gpu(const std::vector<uint32_t>& x) {
   cuda::DeviceBuffer<uint32_t> dx, dout(x.size());

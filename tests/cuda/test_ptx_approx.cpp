@@ -37,3 +37,37 @@ TEST_CASE("rcp.approx.ftz.f32: the host model equals the GPU's instruction") {
   MESSAGE(x.size() << " inputs compared");
   CHECK(bad == 0);
 }
+
+TEST_CASE("div.approx.ftz.f32 and div.full.f32: the host models equal the GPU's instructions") {
+  std::mt19937 g(37);
+  std::vector<uint32_t> a, b;
+  for (int k = 0; k < (1 << 22); ++k) {  // full-range bit patterns, and pairs in the quantizers' binades
+    uint32_t x = g(), y = g();
+    if (k % 2) {
+      x = (x & 0x807FFFFFu) | ((100u + (x >> 23) % 56u) << 23);
+      y = (y & 0x807FFFFFu) | ((100u + (y >> 23) % 56u) << 23);
+    }
+    a.push_back(x);
+    b.push_back(y);
+  }
+  for (uint32_t y : {0u, 0x80000000u, 1u, 0x007FFFFFu, 0x00800000u, 0x7E800000u, 0x7E800001u, 0x7F7FFFFFu, 0x7F800000u,
+                     0x7FC00000u, 0x3F800000u})
+    for (uint32_t x : {0u, 0x3F800000u, 0x00000001u, 0x7F7FFFFFu, 0x7F800000u, 0xC0400000u}) {
+      a.push_back(x);
+      b.push_back(y);
+    }
+  for (bool full : {false, true}) {
+    const std::vector<uint32_t> got = test::div_on_gpu(a, b, full);
+    int64_t bad = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const float fa = bits_float(a[i]), fb = bits_float(b[i]);
+      const uint32_t want = float_bits(full ? div_full(fa, fb) : div_approx_ftz(fa, fb));
+      const bool both_nan = (got[i] & 0x7FFFFFFFu) > 0x7F800000u && (want & 0x7FFFFFFFu) > 0x7F800000u;
+      if (got[i] != want && !both_nan && bad++ < 8)
+        MESSAGE((full ? "div.full " : "div.approx.ftz ")
+                << std::hex << a[i] << " / " << b[i] << ": GPU " << got[i] << ", model " << want);
+    }
+    INFO((full ? "div.full" : "div.approx.ftz"));
+    CHECK(bad == 0);
+  }
+}
