@@ -15,37 +15,13 @@
 #include "core/bits.hpp"
 #include "core/error.hpp"
 #include "core/ptx_approx.hpp"
+#include "core/ref_format.hpp"
 #include "sim/quantizer.hpp"
 
 using namespace fp4lab;
 
 namespace {
 
-float nearest_even(double v, const std::vector<double>& grid) {  // RNE onto sorted non-negative values, saturating
-  if (v >= grid.back()) return float(grid.back());
-  for (size_t i = 0; i + 1 < grid.size(); ++i) {
-    const double lo = grid[i], hi = grid[i + 1];
-    if (v > hi) continue;
-    const double mid = (lo + hi) / 2;
-    if (v < mid) return float(lo);
-    if (v > mid) return float(hi);
-    return float(i % 2 == 0 ? lo : hi);
-  }
-  return float(grid.back());
-}
-std::vector<double> e4m3_values() {
-  std::vector<double> v;
-  for (int e = 0; e < 16; ++e)
-    for (int m = 0; m < 8; ++m)
-      if (!(e == 15 && m == 7)) v.push_back(e == 0 ? m * std::ldexp(1.0, -9) : (1 + m / 8.0) * std::ldexp(1.0, e - 7));
-  return v;
-}
-const std::vector<double> kE2m1 = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-float bf16_rne(float v) {
-  const uint32_t b = float_bits(v), low = b & 0xFFFFu, keep = b & 0xFFFF0000u;
-  const bool up = low > 0x8000u || (low == 0x8000u && (keep & 0x10000u));
-  return bits_float(up ? keep + 0x10000u : keep);
-}
 float mul(float a, float b) { return float(double(a) * double(b)); }  // exact product, rounded once
 
 struct Block {
@@ -55,7 +31,7 @@ struct Block {
 };
 
 // One block of Quartet II's four_six_fp4_kernel<6> or <6, 4> (round_four_six.cu), x: 16 BF16 values.
-Block quartet2_block(const float* x, int n, float S, bool four_six, const std::vector<double>& e4) {
+Block quartet2_block(const float* x, int n, float S, bool four_six) {
   float amax = 0;
   for (int t = 0; t < n; ++t) amax = std::fmax(amax, std::fabs(x[t]));  // NaN left out
   const float inv_s = rcp_approx_ftz(S);
@@ -64,20 +40,16 @@ Block quartet2_block(const float* x, int n, float S, bool four_six, const std::v
   float best = INFINITY;
   for (int i = 0; i < (four_six ? 2 : 1); ++i) {
     const float raw = mul(mul(amax, inv_vals[i]), inv_s);
-    const float s8 = raw != raw ? NAN : nearest_even(raw, e4);
+    const uint32_t s8_code = ref::encode_rn_sat(float8_e4m3fn, raw);
+    const float s8 = float(ref::value_of(float8_e4m3fn, s8_code));
     const float sr = s8 == 0 ? 1.0f : s8;
     const float f = rcp_approx_ftz(mul(sr, S));
     Block b;
     for (int t = 0; t < n; ++t) {
-      const float y = mul(x[t], f);
-      const float a = nearest_even(std::fabs(double(y)), kE2m1);
-      uint32_t c = 0;
-      while (kE2m1[c] != a) ++c;
-      b.codes.push_back(std::signbit(y) ? c | 8u : c);
+      b.codes.push_back(ref::encode_rn_sat(float4_e2m1fn, mul(x[t], f)));
     }
     b.scale = s8;
-    b.scale_code = 0;
-    while (e4[b.scale_code] != double(s8)) ++b.scale_code;
+    b.scale_code = s8_code;
     // quant_error: each thread's float2 sum over its 8 elements (x: even, y: odd), then the pair's.
     const float descale = mul(s8, S);
     float thread[2];
@@ -85,8 +57,8 @@ Block quartet2_block(const float* x, int n, float S, bool four_six, const std::v
       float sx = 0, sy = 0;
       for (int k = 0; k < 4; ++k) {
         const int t0 = 8 * h + 2 * k, t1 = t0 + 1;
-        const float q0 = t0 < n ? float(kE2m1[b.codes[t0] & 7u]) * ((b.codes[t0] & 8u) ? -1.f : 1.f) : 0.f;
-        const float q1 = t1 < n ? float(kE2m1[b.codes[t1] & 7u]) * ((b.codes[t1] & 8u) ? -1.f : 1.f) : 0.f;
+        const float q0 = t0 < n ? float(ref::value_of(float4_e2m1fn, b.codes[t0])) : 0.f;
+        const float q1 = t1 < n ? float(ref::value_of(float4_e2m1fn, b.codes[t1])) : 0.f;
         const float d0 = std::fma(q0, -descale, t0 < n ? x[t0] : 0.f),
                     d1 = std::fma(q1, -descale, t1 < n ? x[t1] : 0.f);
         sx = std::fma(d0, d0, sx);
@@ -117,7 +89,6 @@ QuantizerSpec quartet2_spec(bool four_six) {
 }  // namespace
 
 TEST_CASE("quartet2: codes, scale codes, tensor scale and dequant against Quartet II's kernel transliterated") {
-  const std::vector<double> e4 = e4m3_values();
   std::mt19937 g(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int64_t picked4 = 0, blocks = 0;
@@ -126,10 +97,11 @@ TEST_CASE("quartet2: codes, scale codes, tensor scale and dequant against Quarte
     std::vector<float> x(size_t(rows * cols));
     for (int64_t r = 0; r < rows; ++r) {
       const float mag = std::ldexp(1.0f, int(g() % 60) - 30);
-      for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] = bf16_rne(nd(g) * mag);
+      for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] = ref::round_rn_sat(bfloat16, nd(g) * mag);
     }
     for (int c = 0; c < 16; ++c) x[size_t(2 * cols + c)] = 0.0f;                  // a zero block
-    for (int c = 0; c < 16; ++c) x[size_t(3 * cols + c)] = bf16_rne(1e-30f * c);  // its scale underflows
+    for (int c = 0; c < 16; ++c)
+      x[size_t(3 * cols + c)] = ref::round_rn_sat(bfloat16, 1e-30f * c);  // its scale underflows
     x[size_t(4 * cols)] = -0.0f;
     for (bool four_six : {false, true}) {
       const QuantizerSpec q = quartet2_spec(four_six);
@@ -143,20 +115,20 @@ TEST_CASE("quartet2: codes, scale codes, tensor scale and dequant against Quarte
         for (int64_t bj = 0; bj * 16 < cols; ++bj) {
           const int n = int(std::min<int64_t>(16, cols - bj * 16));
           const float* xb = x.data() + r * cols + bj * 16;
-          const Block b = quartet2_block(xb, n, S, four_six, e4);
+          const Block b = quartet2_block(xb, n, S, four_six);
           const size_t si = size_t(r * t.scale_cols + bj);
           bad += t.scale_codes[si] != b.scale_code;
           bad += float_bits(t.scales[si]) != float_bits(b.scale);
           float a = 0;
           for (int k = 0; k < n; ++k) a = std::fmax(a, std::fabs(xb[k]));
           if (four_six) {
-            const float s6 = nearest_even(mul(mul(a, float(1.0 / 6.0)), rcp_approx_ftz(S)), e4);
+            const float s6 = ref::round_rn_sat(float8_e4m3fn, mul(mul(a, float(1.0 / 6.0)), rcp_approx_ftz(S)));
             picked4 += b.scale != s6;
             blocks += 1;
           }
           for (int k = 0; k < n; ++k) {
             const size_t i = size_t(r * cols + bj * 16 + k);
-            const float v = float(kE2m1[b.codes[k] & 7u]) * ((b.codes[k] & 8u) ? -1.f : 1.f);
+            const float v = float(ref::value_of(float4_e2m1fn, b.codes[k]));
             bad += t.codes[i] != b.codes[k];
             bad += float_bits(t.dequant[i]) != float_bits(mul(mul(v, b.scale), S));
           }
@@ -173,7 +145,7 @@ TEST_CASE("quartet2: codes, scale codes, tensor scale and dequant against Quarte
 
 TEST_CASE("quartet2: NaN is left out of both amaxes; the blocks without it are as without the NaN") {
   std::vector<float> x(size_t(4 * 32));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_rne(std::sin(float(i)) * 3.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = ref::round_rn_sat(bfloat16, std::sin(float(i)) * 3.0f);
   std::vector<float> y = x;
   x[5] = NAN;
   y[5] = 0.0f;

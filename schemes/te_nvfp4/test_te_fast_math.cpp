@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/bits.hpp"
+#include "core/ref_format.hpp"
 #include "core/error.hpp"
 #include "sim/quantizer.hpp"
 
@@ -18,43 +19,10 @@ using namespace fp4lab;
 
 namespace {
 
-// Round-to-nearest-even onto a sorted list of non-negative values, saturating at the last.
-float nearest_even(double v, const std::vector<double>& grid) {
-  if (v >= grid.back()) return float(grid.back());
-  for (size_t i = 0; i + 1 < grid.size(); ++i) {
-    const double lo = grid[i], hi = grid[i + 1];
-    if (v > hi) continue;
-    const double mid = (lo + hi) / 2;
-    if (v < mid) return float(lo);
-    if (v > mid) return float(hi);
-    return float(i % 2 == 0 ? lo : hi);  // a tie: the even code (codes ascend with the values)
-  }
-  return float(grid.back());
-}
-std::vector<double> e4m3_values() {  // non-negative E4M3 (fn) values, code order
-  std::vector<double> v;
-  for (int e = 0; e < 16; ++e)
-    for (int m = 0; m < 8; ++m)
-      if (!(e == 15 && m == 7)) v.push_back(e == 0 ? m * std::ldexp(1.0, -9) : (1 + m / 8.0) * std::ldexp(1.0, e - 7));
-  return v;
-}
-const std::vector<double> kE2m1 = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-uint32_t e2m1_code(float y) {  // RNE, saturating; -0 keeps its sign bit
-  const float a = nearest_even(std::fabs(double(y)), kE2m1);
-  uint32_t c = 0;
-  while (kE2m1[c] != a) ++c;
-  return std::signbit(y) ? c | 8u : c;
-}
-float bf16_rne(float v) {  // by bits: the nearest BF16, ties to even
-  const uint32_t b = float_bits(v), low = b & 0xFFFFu, keep = b & 0xFFFF0000u;
-  const bool up = low > 0x8000u || (low == 0x8000u && (keep & 0x10000u));
-  return bits_float(up ? keep + 0x10000u : keep);
-}
 
 }  // namespace
 
 TEST_CASE("te_fast_math: codes, scales and dequant against a float64 construction, BF16 input") {
-  const std::vector<double> e4 = e4m3_values();
   std::mt19937 g(17);
   std::normal_distribution<float> n(0.0f, 1.0f);
   for (int trial = 0; trial < 6; ++trial) {
@@ -62,7 +30,7 @@ TEST_CASE("te_fast_math: codes, scales and dequant against a float64 constructio
     std::vector<float> x(size_t(rows * cols));
     for (int64_t r = 0; r < rows; ++r) {
       const float mag = std::ldexp(1.0f, int(g() % 40) - 20);
-      for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] = bf16_rne(n(g) * mag);
+      for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] = ref::round_rn_sat(bfloat16, n(g) * mag);
     }
     x[5] = -0.0f;
     x[7] = 0.0f;
@@ -85,14 +53,14 @@ TEST_CASE("te_fast_math: codes, scales and dequant against a float64 constructio
             const int64_t rr = col ? bi * 16 + k : r, cc = col ? c : bj * 16 + k;
             if (rr < rows && cc < cols) amax = std::max(amax, std::fabs(x[size_t(rr * cols + cc)]));
           }
-          const float sdec = nearest_even(double(float(double(amax) * double(m6))), e4);
+          const float sdec = ref::round_rn_sat(float8_e4m3fn, double(float(double(amax) * double(m6))));
           const double qd = double(s_enc) / double(sdec);
-          const float coeff = bf16_rne(qd > 3.3895313892515355e38 ? 3.3895313892515355e38f : float(qd));
+          const float coeff =
+              ref::round_rn_sat(bfloat16, qd > 3.3895313892515355e38 ? 3.3895313892515355e38f : float(qd));
           const float xv = x[size_t(r * cols + c)];
           const float y = xv == 0.0f ? 0.0f : float(double(xv) * double(coeff));
-          const uint32_t code = e2m1_code(y);
-          const float dq =
-              float(double(float(double(kE2m1[code & 7u] * ((code & 8u) ? -1 : 1)) * double(sdec))) * double(s_dec));
+          const uint32_t code = ref::encode_rn_sat(float4_e2m1fn, y);
+          const float dq = float(double(float(ref::value_of(float4_e2m1fn, code) * double(sdec))) * double(s_dec));
           bad += t.codes[size_t(r * cols + c)] != code;
           bad += float_bits(t.dequant[size_t(r * cols + c)]) != float_bits(dq);
           bad += t.scales[size_t(bi * t.scale_cols + bj)] != sdec;
@@ -108,7 +76,7 @@ TEST_CASE("te_fast_math: the BF16 coefficient changes codes against TE's referen
   std::mt19937 g(5);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> x(size_t(64 * 64));
-  for (float& v : x) v = bf16_rne(u(g) * std::ldexp(1.0f, int(g() % 8)));
+  for (float& v : x) v = ref::round_rn_sat(bfloat16, u(g) * std::ldexp(1.0f, int(g() % 8)));
   QuantizerSpec fast = quantizer_by_name("nvfp4");
   fast.emulate = Emulation::te_fast_math;
   const MatrixView<const float> v(x.data(), 64, 64);

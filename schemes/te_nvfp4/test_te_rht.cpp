@@ -17,6 +17,7 @@
 #include "core/bits.hpp"
 #include "core/error.hpp"
 #include "core/ptx_approx.hpp"
+#include "core/ref_format.hpp"
 #include "sim/quantizer.hpp"
 #include "sim/rht.hpp"
 
@@ -27,11 +28,6 @@ namespace {
 // TE d0067d0da, transformer_engine/pytorch/tensor/nvfp4_tensor.py, get_wgrad_sign_vector ("xkcd 221").
 const int kTeSigns[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
 
-float bf16_rne(float v) {
-  const uint32_t b = float_bits(v), low = b & 0xFFFFu, keep = b & 0xFFFF0000u;
-  const bool up = low > 0x8000u || (low == 0x8000u && (keep & 0x10000u));
-  return bits_float(up ? keep + 0x10000u : keep);
-}
 int hadamard(int r, int c) { return __builtin_popcount(unsigned(r & c)) % 2 ? -1 : 1; }  // Sylvester H16
 
 // y = diag(s) H16 / 4 applied down each 16-row chunk of every column ([16,1] blocks), in float64.
@@ -54,35 +50,6 @@ std::vector<float> multiples_of_sixteenth(int64_t n, uint32_t seed) {  // k * 2^
   return x;
 }
 
-const std::vector<double> kE2m1 = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-uint32_t e2m1_code(float y) {  // RNE, saturating; -0 keeps its sign bit
-  const double a = std::fabs(double(y));
-  uint32_t c = 7;
-  if (a < 6) {
-    for (uint32_t i = 0; i + 1 < 8; ++i) {
-      const double lo = kE2m1[i], hi = kE2m1[i + 1], mid = (lo + hi) / 2;
-      if (a > hi) continue;
-      c = a < mid ? i : a > mid ? i + 1 : (i % 2 == 0 ? i : i + 1);
-      break;
-    }
-  }
-  return std::signbit(y) ? c | 8u : c;
-}
-float e4m3_rne(double v) {  // non-negative, saturating at 448
-  double best = 0;
-  int best_code = 0;
-  for (int code = 0; code < 127; ++code) {
-    const int e = code >> 3, m = code & 7;
-    const double val = e == 0 ? m * std::ldexp(1.0, -9) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
-    const double d = std::fabs(val - v), bd = std::fabs(best - v);
-    if (d < bd || (d == bd && (code % 2 == 0) && (best_code % 2 != 0))) {
-      best = val;
-      best_code = code;
-    }
-  }
-  return float(best);
-}
-
 }  // namespace
 
 TEST_CASE("rht_signs te: TransformerEngine's fixed vector, mask 0xD7E8") {
@@ -96,7 +63,7 @@ TEST_CASE("rht_output bf16 with TE's signs: the quantizer sees bf16_rn(diag(s) H
   const std::vector<float> x = multiples_of_sixteenth(rows * cols, 3);
   const std::vector<double> y = te_rht_cols(x, rows, cols);
   std::vector<float> yb(y.size());
-  for (size_t i = 0; i < y.size(); ++i) yb[i] = bf16_rne(float(y[i]));  // exact in FP32, then BF16
+  for (size_t i = 0; i < y.size(); ++i) yb[i] = ref::round_rn_sat(bfloat16, float(y[i]));  // exact in FP32, then BF16
   QuantizerSpec te = quantizer_by_name("nvfp4_col");
   te.rht = true;
   te.rht_signs = RhtSigns::te;
@@ -151,7 +118,7 @@ TEST_CASE("te_fused_fast_math: rowwise on BF16 input and columnwise after TE's R
     }
     double amax = 0;
     for (float e : v) amax = std::max(amax, std::fabs(double(e)));
-    const float a = bf16_rne(float(amax));  // the amax kernel's, over BF16 values
+    const float a = ref::round_rn_sat(bfloat16, float(amax));  // the amax kernel's, over BF16 values
     const float s_enc = float(2688.0 / double(a)), g_dec = float(1.0 / double(s_enc));
     const float mult = float(double(s_enc) * double(float(1.0 / 6.0)));
     int64_t bad = 0;
@@ -163,15 +130,14 @@ TEST_CASE("te_fused_fast_math: rowwise on BF16 input and columnwise after TE's R
           const int64_t rr = rht ? bi * 16 + k : r, cc = rht ? c : bj * 16 + k;
           vmax = std::max(vmax, std::fabs(double(v[size_t(rr * cols + cc)])));
         }
-        const float sdec = e4m3_rne(double(float(vmax * double(mult))));
+        const float sdec = ref::round_rn_sat(float8_e4m3fn, double(float(vmax * double(mult))));
         const float qd = float(double(sdec) * double(g_dec));
         const float e = std::min(rcp_approx_ftz(qd), 3.4028234663852886e38f);
         const float y = float(double(v[size_t(r * cols + c)]) * double(e));
-        const uint32_t code = e2m1_code(y);
+        const uint32_t code = ref::encode_rn_sat(float4_e2m1fn, y);
         bad += t.codes[size_t(r * cols + c)] != code;
         bad += t.scales[size_t(bi * t.scale_cols + bj)] != sdec;
-        const float dq =
-            float(double(float(double(kE2m1[code & 7u] * ((code & 8u) ? -1 : 1)) * double(sdec))) * double(g_dec));
+        const float dq = float(double(float(ref::value_of(float4_e2m1fn, code) * double(sdec))) * double(g_dec));
         bad += float_bits(t.dequant[size_t(r * cols + c)]) != float_bits(dq);
       }
     INFO((rht ? "columnwise, RHT" : "rowwise"));
@@ -184,7 +150,7 @@ TEST_CASE("te_fused_fast_math: the rcp.approx factor changes codes against the d
   std::mt19937 g(9);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> x(size_t(128 * 64));
-  for (float& v : x) v = bf16_rne(u(g) * std::ldexp(1.0f, int(g() % 8)));
+  for (float& v : x) v = ref::round_rn_sat(bfloat16, u(g) * std::ldexp(1.0f, int(g() % 8)));
   QuantizerSpec fast = quantizer_by_name("nvfp4");
   fast.emulate = Emulation::te_fused_fast_math;
   const MatrixView<const float> v(x.data(), 128, 64);

@@ -31,6 +31,7 @@ Known differences, predicted by reading TE's reference (the test checks them as 
     (and TE's kernels, whose y = x * e keeps -0) write 0x8. Non-RHT outputs only (the RHT's sums have no -0).
 """
 import hashlib
+import json
 import math
 import random
 import struct
@@ -186,6 +187,11 @@ def cases():
                         'exact': o != 'col_rht' or spread <= EXACT_SPREAD, 'spread': spread if o == 'col_rht' else None,
                         'known': known})
     return out
+
+
+def quantizer_arg(q):
+    """fp4lab quantize's --quantizer argument: a canned name as it is, a spec as JSON."""
+    return q if isinstance(q, str) else json.dumps(q, sort_keys=True)
 
 
 def scale_shape(rows, cols, output):

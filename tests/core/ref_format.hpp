@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -190,5 +191,23 @@ struct Ref {
     return with_sign(hcode);
   }
 };
+
+// The reference of one of specs()' formats (built once), and its round-to-nearest-even saturating encoder,
+// decoder and rounding (for the schemes' tests, which state their constructions in these terms).
+inline const Ref& ref_of(const fp4lab::Format& f) {
+  static const std::vector<Ref> all = [] {
+    std::vector<Ref> v;
+    for (const Spec& sp : specs()) v.emplace_back(sp);
+    return v;
+  }();
+  for (const Ref& r : all)
+    if (r.s.f == &f) return r;
+  throw std::logic_error("ref::ref_of: no reference for this format");
+}
+inline uint32_t encode_rn_sat(const fp4lab::Format& f, double x) {
+  return ref_of(f).encode(x, fp4lab::Round::rn, fp4lab::Overflow::saturate);
+}
+inline double value_of(const fp4lab::Format& f, uint32_t code) { return value(ref_of(f).s, code); }
+inline float round_rn_sat(const fp4lab::Format& f, double x) { return float(value_of(f, encode_rn_sat(f, x))); }
 
 }  // namespace ref
