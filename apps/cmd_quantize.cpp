@@ -150,6 +150,10 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c, bool grou
       return r +
              "a NaN makes its block's scale NaN (the kernel's max.NaN) and encodes as +6; an Inf makes the "
              "per-tensor scale 0 (TE's fused form): every output NaN";
+    case BlockRuleId::tetrajet2:
+      return r +
+             "NaN and Inf are outside TetraJet-v2's arithmetic (its kernels' max reductions differ): the "
+             "outputs of their 1x128 segment are not TetraJet-v2's";
     case BlockRuleId::standard:
     case BlockRuleId::te_nvfp4: break;
   }

@@ -35,6 +35,8 @@ extern template void run_rule<Quartet2Rule>(KParams&, const Quartet2Rule::Params
                                             QuantWorkspace&, cudaStream_t);
 extern template void run_rule<TeFusedFastMathRule>(KParams&, const TeFusedFastMathRule::Params&, const BlockGrid&,
                                                    InputType, QuantWorkspace&, cudaStream_t);
+extern template void run_rule<Tetrajet2Rule>(KParams&, const Tetrajet2Rule::Params&, const BlockGrid&, InputType,
+                                             QuantWorkspace&, cudaStream_t);
 extern template void run_rule<TeNvfp4Rule>(KParams&, const TeNvfp4Rule::Params&, const BlockGrid&, InputType,
                                            QuantWorkspace&, cudaStream_t);
 

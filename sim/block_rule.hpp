@@ -44,6 +44,7 @@ enum class BlockRuleId : uint8_t {
   te_fast_math,        // TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH (schemes/te_nvfp4/fast_math.hpp)
   quartet2,            // Quartet II's forward NVFP4 kernels (schemes/quartet2/rule.hpp)
   te_fused_fast_math,  // TE's fused RHT-cast NVFP4 kernels under fast math (schemes/te_nvfp4/fused_fast_math.hpp)
+  tetrajet2,           // TetraJet-v2's 1x16 / 1x128 double-block quantizer (schemes/tetrajet2/rule.hpp)
 };
 
 // The amax a rule's global scale is computed from: none, the whole tensor's, or each row's (row_amax: a rule

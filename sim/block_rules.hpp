@@ -7,6 +7,7 @@
 
 #include "schemes/fp4tk/rule.hpp"
 #include "schemes/quartet2/rule.hpp"
+#include "schemes/tetrajet2/rule.hpp"
 #include "schemes/te_nvfp4/fast_math.hpp"
 #include "schemes/te_nvfp4/fused_fast_math.hpp"
 #include "schemes/te_nvfp4/rule.hpp"
@@ -20,6 +21,9 @@ inline BlockRuleId block_rule_id(const QuantizerSpec& q) {
   if (q.emulate == Emulation::te_fast_math) return BlockRuleId::te_fast_math;
   if (q.emulate == Emulation::quartet2) return BlockRuleId::quartet2;
   if (q.emulate == Emulation::te_fused_fast_math) return BlockRuleId::te_fused_fast_math;
+  if (q.emulate == Emulation::tetrajet2_source || q.emulate == Emulation::tetrajet2_triton ||
+      q.emulate == Emulation::tetrajet2_kernel)
+    return BlockRuleId::tetrajet2;
   if (q.scale_select == ScaleSelect::four_over_six || q.global_scale == GlobalScale::row_amax)
     return BlockRuleId::te_nvfp4;
   return BlockRuleId::standard;
@@ -35,6 +39,7 @@ decltype(auto) with_block_rule(const QuantizerSpec& q, Fn&& fn) {
     case BlockRuleId::quartet2: return fn.template operator()<Quartet2Rule>(Quartet2Rule::params(q));
     case BlockRuleId::te_fused_fast_math:
       return fn.template operator()<TeFusedFastMathRule>(TeFusedFastMathRule::params(q));
+    case BlockRuleId::tetrajet2: return fn.template operator()<Tetrajet2Rule>(Tetrajet2Rule::params(q));
     case BlockRuleId::standard: break;
   }
   return fn.template operator()<StandardRule>(StandardRule::params(q));
@@ -58,12 +63,14 @@ inline const BlockRuleTraits& block_rule_traits(BlockRuleId id) {
   static constexpr BlockRuleTraits te_fast_math{"TransformerEngine NVFP4 fast math", false, true};
   static constexpr BlockRuleTraits quartet2{"Quartet II", false, true};
   static constexpr BlockRuleTraits te_fused_fast_math{"TransformerEngine fused RHT-cast fast math", false, true};
+  static constexpr BlockRuleTraits tetrajet2{"TetraJet-v2", false, false};
   switch (id) {
     case BlockRuleId::fp4tk: return fp4tk;
     case BlockRuleId::te_nvfp4: return te_nvfp4;
     case BlockRuleId::te_fast_math: return te_fast_math;
     case BlockRuleId::quartet2: return quartet2;
     case BlockRuleId::te_fused_fast_math: return te_fused_fast_math;
+    case BlockRuleId::tetrajet2: return tetrajet2;
     case BlockRuleId::standard: break;
   }
   return standard;

@@ -35,6 +35,10 @@
 //                te_fused_fast_math: TransformerEngine's fused RHT-cast kernels under fast math
 //                (schemes/te_nvfp4/fused_fast_math.hpp: rcp.approx.ftz element factor; rht optional,
 //                rht_output f32) |
+//                tetrajet2_source | tetrajet2_triton | tetrajet2_kernel: TetraJet-v2's 1x16 E4M3 /
+//                1x128 FP32 double-block quantizer in IEEE, its Triton baseline's or its fast-math
+//                CUDA kernels' arithmetic (schemes/tetrajet2/scalar.hpp; e2m1, ue4m3, nv without a
+//                global scale, [1,16], rn) |
 //                quartet2: Quartet II's forward NVFP4 kernels (schemes/quartet2/scalar.hpp:
 //                rcp.approx.ftz reciprocals, its 4/6 score; e2m1, ue4m3, nv, tensor_amax,
 //                [1,16], rn, scale_select max with e4m3_max 448 or four_over_six with 256) |
@@ -91,7 +95,16 @@ std::string_view scale_rule_name(ScaleRule r);
 ScaleRule parse_scale_rule(std::string_view s);
 enum class GlobalScale : uint8_t { none, tensor_amax, row_amax };
 enum class ScaleSelect : uint8_t { max, four_over_six };
-enum class Emulation : uint8_t { none, fp4tk, te_fast_math, quartet2, te_fused_fast_math };
+enum class Emulation : uint8_t {
+  none,
+  fp4tk,
+  te_fast_math,
+  quartet2,
+  te_fused_fast_math,
+  tetrajet2_source,
+  tetrajet2_triton,
+  tetrajet2_kernel
+};
 
 struct QuantizerSpec {
   const Format* element = &float4_e2m1fn;

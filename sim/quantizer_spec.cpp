@@ -11,6 +11,7 @@
 #include "core/json.hpp"
 #include "schemes/fp4tk/rule.hpp"
 #include "schemes/quartet2/rule.hpp"
+#include "sim/block_rules.hpp"
 #include "schemes/te_nvfp4/rule.hpp"
 #include "sim/quantizer.hpp"
 
@@ -279,7 +280,10 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
                                             {"fp4tk", Emulation::fp4tk},
                                             {"te_fast_math", Emulation::te_fast_math},
                                             {"quartet2", Emulation::quartet2},
-                                            {"te_fused_fast_math", Emulation::te_fused_fast_math}});
+                                            {"te_fused_fast_math", Emulation::te_fused_fast_math},
+                                            {"tetrajet2_source", Emulation::tetrajet2_source},
+                                            {"tetrajet2_triton", Emulation::tetrajet2_triton},
+                                            {"tetrajet2_kernel", Emulation::tetrajet2_kernel}});
       } else if (k == "scale_select") {
         q.scale_select = parse_scale_select(get_string(v, path));
       } else if (k == "select_error") {
@@ -322,6 +326,9 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
                  : q.emulate == Emulation::te_fast_math       ? "te_fast_math"
                  : q.emulate == Emulation::quartet2           ? "quartet2"
                  : q.emulate == Emulation::te_fused_fast_math ? "te_fused_fast_math"
+                 : q.emulate == Emulation::tetrajet2_source   ? "tetrajet2_source"
+                 : q.emulate == Emulation::tetrajet2_triton   ? "tetrajet2_triton"
+                 : q.emulate == Emulation::tetrajet2_kernel   ? "tetrajet2_kernel"
                                                               : "none";
   j["scale_select"] = std::string(scale_select_name(q.scale_select));
   j["select_error"] = std::string(select_error_name(q.select_error));
@@ -433,6 +440,7 @@ void validate(const QuantizerSpec& q, const std::string& where) {
   if (q.emulate == Emulation::te_fast_math) validate_te_fast_math(q, where);
   if (q.emulate == Emulation::quartet2) validate_quartet2(q, where);
   if (q.emulate == Emulation::te_fused_fast_math) validate_te_fused_fast_math(q, where);
+  if (block_rule_id(q) == BlockRuleId::tetrajet2) validate_tetrajet2(q, where);
   validate_nvfp4_options(q, where);
 }
 
@@ -454,6 +462,9 @@ std::string describe(const QuantizerSpec& q) {
   if (q.emulate == Emulation::te_fast_math) s << " te_fast_math";
   if (q.emulate == Emulation::quartet2) s << " quartet2";
   if (q.emulate == Emulation::te_fused_fast_math) s << " te_fused_fast_math";
+  if (q.emulate == Emulation::tetrajet2_source) s << " tetrajet2_source";
+  if (q.emulate == Emulation::tetrajet2_triton) s << " tetrajet2_triton";
+  if (q.emulate == Emulation::tetrajet2_kernel) s << " tetrajet2_kernel";
   return s.str();
 }
 
