@@ -2,7 +2,6 @@
 #include <string>
 
 #include "core/error.hpp"
-#include "schemes/te_nvfp4/rule.hpp"
 #include "schemes/tetrajet2/rule.hpp"
 
 namespace fp4lab {
