@@ -154,6 +154,10 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c, bool grou
       return r +
              "NaN and Inf are outside TetraJet-v2's arithmetic (its kernels' max reductions differ): the "
              "outputs of their 1x128 segment are not TetraJet-v2's";
+    case BlockRuleId::quartet2_triton:
+      return r +
+             "a NaN makes the tensor scale NaN (torch's amax): every output NaN-derived; an Inf makes every "
+             "other block's product 1 * Inf's scale (Quartet II's Triton arithmetic)";
     case BlockRuleId::standard:
     case BlockRuleId::te_nvfp4: break;
   }

@@ -45,6 +45,7 @@ enum class BlockRuleId : uint8_t {
   quartet2,            // Quartet II's forward NVFP4 kernels (schemes/quartet2/rule.hpp)
   te_fused_fast_math,  // TE's fused RHT-cast NVFP4 kernels under fast math (schemes/te_nvfp4/fused_fast_math.hpp)
   tetrajet2,           // TetraJet-v2's 1x16 / 1x128 double-block quantizer (schemes/tetrajet2/rule.hpp)
+  quartet2_triton,     // Quartet II's Triton simulation of its forward quantizer (schemes/quartet2/triton.hpp)
 };
 
 // The amax a rule's global scale is computed from: none, the whole tensor's, or each row's (row_amax: a rule

@@ -7,6 +7,7 @@
 
 #include "schemes/fp4tk/rule.hpp"
 #include "schemes/quartet2/rule.hpp"
+#include "schemes/quartet2/triton.hpp"
 #include "schemes/tetrajet2/rule.hpp"
 #include "schemes/te_nvfp4/fast_math.hpp"
 #include "schemes/te_nvfp4/fused_fast_math.hpp"
@@ -20,6 +21,7 @@ inline BlockRuleId block_rule_id(const QuantizerSpec& q) {
   if (q.emulate == Emulation::fp4tk) return BlockRuleId::fp4tk;
   if (q.emulate == Emulation::te_fast_math) return BlockRuleId::te_fast_math;
   if (q.emulate == Emulation::quartet2) return BlockRuleId::quartet2;
+  if (q.emulate == Emulation::quartet2_triton) return BlockRuleId::quartet2_triton;
   if (q.emulate == Emulation::te_fused_fast_math) return BlockRuleId::te_fused_fast_math;
   if (q.emulate == Emulation::tetrajet2_source || q.emulate == Emulation::tetrajet2_triton ||
       q.emulate == Emulation::tetrajet2_kernel)
@@ -40,6 +42,7 @@ decltype(auto) with_block_rule(const QuantizerSpec& q, Fn&& fn) {
     case BlockRuleId::te_fused_fast_math:
       return fn.template operator()<TeFusedFastMathRule>(TeFusedFastMathRule::params(q));
     case BlockRuleId::tetrajet2: return fn.template operator()<Tetrajet2Rule>(Tetrajet2Rule::params(q));
+    case BlockRuleId::quartet2_triton: return fn.template operator()<Quartet2TritonRule>(Quartet2TritonRule::params(q));
     case BlockRuleId::standard: break;
   }
   return fn.template operator()<StandardRule>(StandardRule::params(q));
@@ -64,6 +67,7 @@ inline const BlockRuleTraits& block_rule_traits(BlockRuleId id) {
   static constexpr BlockRuleTraits quartet2{"Quartet II", false, true};
   static constexpr BlockRuleTraits te_fused_fast_math{"TransformerEngine fused RHT-cast fast math", false, true};
   static constexpr BlockRuleTraits tetrajet2{"TetraJet-v2", false, false};
+  static constexpr BlockRuleTraits quartet2_triton{"Quartet II (Triton)", false, false};
   switch (id) {
     case BlockRuleId::fp4tk: return fp4tk;
     case BlockRuleId::te_nvfp4: return te_nvfp4;
@@ -71,6 +75,7 @@ inline const BlockRuleTraits& block_rule_traits(BlockRuleId id) {
     case BlockRuleId::quartet2: return quartet2;
     case BlockRuleId::te_fused_fast_math: return te_fused_fast_math;
     case BlockRuleId::tetrajet2: return tetrajet2;
+    case BlockRuleId::quartet2_triton: return quartet2_triton;
     case BlockRuleId::standard: break;
   }
   return standard;

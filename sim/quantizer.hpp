@@ -39,6 +39,9 @@
 //                1x128 FP32 double-block quantizer in IEEE, its Triton baseline's or its fast-math
 //                CUDA kernels' arithmetic (schemes/tetrajet2/scalar.hpp; e2m1, ue4m3, nv without a
 //                global scale, [1,16], rn) |
+//                quartet2_triton: Quartet II's Triton simulation of that quantizer, round to nearest
+//                (schemes/quartet2/triton.hpp: div.full, ties away; e2m1, ue4m3, nv, tensor_amax,
+//                [1,16], rna) |
 //                quartet2: Quartet II's forward NVFP4 kernels (schemes/quartet2/scalar.hpp:
 //                rcp.approx.ftz reciprocals, its 4/6 score; e2m1, ue4m3, nv, tensor_amax,
 //                [1,16], rn, scale_select max with e4m3_max 448 or four_over_six with 256) |
@@ -103,7 +106,8 @@ enum class Emulation : uint8_t {
   te_fused_fast_math,
   tetrajet2_source,
   tetrajet2_triton,
-  tetrajet2_kernel
+  tetrajet2_kernel,
+  quartet2_triton
 };
 
 struct QuantizerSpec {

@@ -283,7 +283,8 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
                                             {"te_fused_fast_math", Emulation::te_fused_fast_math},
                                             {"tetrajet2_source", Emulation::tetrajet2_source},
                                             {"tetrajet2_triton", Emulation::tetrajet2_triton},
-                                            {"tetrajet2_kernel", Emulation::tetrajet2_kernel}});
+                                            {"tetrajet2_kernel", Emulation::tetrajet2_kernel},
+                                            {"quartet2_triton", Emulation::quartet2_triton}});
       } else if (k == "scale_select") {
         q.scale_select = parse_scale_select(get_string(v, path));
       } else if (k == "select_error") {
@@ -329,6 +330,7 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
                  : q.emulate == Emulation::tetrajet2_source   ? "tetrajet2_source"
                  : q.emulate == Emulation::tetrajet2_triton   ? "tetrajet2_triton"
                  : q.emulate == Emulation::tetrajet2_kernel   ? "tetrajet2_kernel"
+                 : q.emulate == Emulation::quartet2_triton    ? "quartet2_triton"
                                                               : "none";
   j["scale_select"] = std::string(scale_select_name(q.scale_select));
   j["select_error"] = std::string(select_error_name(q.select_error));
@@ -441,6 +443,7 @@ void validate(const QuantizerSpec& q, const std::string& where) {
   if (q.emulate == Emulation::quartet2) validate_quartet2(q, where);
   if (q.emulate == Emulation::te_fused_fast_math) validate_te_fused_fast_math(q, where);
   if (block_rule_id(q) == BlockRuleId::tetrajet2) validate_tetrajet2(q, where);
+  if (q.emulate == Emulation::quartet2_triton) validate_quartet2_triton(q, where);
   validate_nvfp4_options(q, where);
 }
 
@@ -465,6 +468,7 @@ std::string describe(const QuantizerSpec& q) {
   if (q.emulate == Emulation::tetrajet2_source) s << " tetrajet2_source";
   if (q.emulate == Emulation::tetrajet2_triton) s << " tetrajet2_triton";
   if (q.emulate == Emulation::tetrajet2_kernel) s << " tetrajet2_kernel";
+  if (q.emulate == Emulation::quartet2_triton) s << " quartet2_triton";
   return s.str();
 }
 

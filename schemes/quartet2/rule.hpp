@@ -13,6 +13,8 @@ namespace fp4lab {
 
 // validate()'s checks of emulate 'quartet2'; throws fp4lab::Error prefixed by `where`.
 void validate_quartet2(const QuantizerSpec& q, const std::string& where);
+// validate()'s checks of emulate 'quartet2_triton' (schemes/quartet2/triton.hpp).
+void validate_quartet2_triton(const QuantizerSpec& q, const std::string& where);
 
 struct Quartet2Rule {
   static constexpr BlockRuleId id = BlockRuleId::quartet2;

@@ -31,4 +31,21 @@ void validate_quartet2(const QuantizerSpec& q, const std::string& where) {
          std::string(select_error_name(q.select_error)) + "'");
 }
 
+void validate_quartet2_triton(const QuantizerSpec& q, const std::string& where) {
+  auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'quartet2_triton': " + m); };
+  if (q.element != &float4_e2m1fn) fail("Quartet II quantizes to e2m1: element must be e2m1");
+  if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("NVFP4's block scale is E4M3: scale must be ue4m3");
+  if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::tensor_amax)
+    fail("the two-level scale: scale_rule must be 'nv' with global_scale 'tensor_amax'");
+  if (q.block_rows != 1 || q.block_cols != 16)
+    fail("the kernel groups 16 consecutive elements of a row: block must be [1,16], got [" +
+         std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]");
+  if (q.rht) fail("the forward quantizer takes no transform: rht must be false");
+  if (q.round != Round::rna)
+    fail("its rtn_fp4 rounds ties away from zero: round must be rna, got '" + std::string(round_name(q.round)) + "'");
+  if (q.overflow != Overflow::saturate) fail("rtn_fp4 saturates at 6: overflow must be saturate");
+  if (q.scale_select != ScaleSelect::max)
+    fail("its 4/6 sums errors in a tree the compiler picks (not modelled): scale_select must be max");
+}
+
 }  // namespace fp4lab

@@ -37,3 +37,22 @@ TEST_CASE("cuda quantize: emulate quartet2 (Quartet II's forward kernels), bit-e
   MESSAGE(cases << " cases compared");
   CHECK(failures == 0);
 }
+
+TEST_CASE("cuda quantize: emulate quartet2_triton (div.full the instruction), bit-exact with sim") {
+  const test::Size sizes[] = {{37, 48}, {64, 128}, {1, 1}, {130, 16}};
+  int cases = 0, failures = 0;
+  uint32_t seed = 5300;
+  for (const test::Size s : sizes)
+    for (int data = 0; data < 4; ++data) {
+      QuantizerSpec q = quantizer_by_name("nvfp4");
+      q.emulate = Emulation::quartet2_triton;
+      q.round = Round::rna;
+      auto x =
+          data < 2 ? test::varied_randn(s.rows, s.cols, seed++, 20) : test::adversarial(s.rows, s.cols, seed++, false);
+      if (data % 2) test::round_to_bf16(x);
+      ++cases;
+      if (!test::check_case(q, x, s, RandomStream{3, uint64_t(cases)}, QuantPath::automatic, data % 2 == 1)) ++failures;
+    }
+  MESSAGE(cases << " cases compared");
+  CHECK(failures == 0);
+}
