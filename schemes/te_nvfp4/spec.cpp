@@ -70,46 +70,47 @@ void validate_nvfp4_options(const QuantizerSpec& q, const std::string& where) {
     fail("scale_select 'four_over_six' works on NVFP4 blocks: block must be [1,16], [16,1] or [16,16], got " + blk);
 }
 
-void validate_te_fast_math(const QuantizerSpec& q, const std::string& where) {
-  auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'te_fast_math': " + m); };
+namespace {
+
+// The checks TE's NVFP4 kernels share (the tuned 1-D and the fused RHT-cast ones): e2m1 under a ue4m3 block scale
+// and the tensor's scale, 1-D blocks of 16, cvt.rn or cvt.rs (ptx_x4), satfinite, no 4/6. `blocks`: why the
+// kernel writes [1,16] or [16,1]; `no_fos`: why it takes no 4/6.
+template <class Fail>
+void check_te_nvfp4_kernel(const QuantizerSpec& q, const Fail& fail, const char* blocks, const char* no_fos) {
   if (q.element != &float4_e2m1fn) fail("TE's NVFP4 kernels write e2m1: element must be e2m1");
   if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("NVFP4's block scale is E4M3: scale must be ue4m3");
   if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::tensor_amax)
     fail("the kernel's two-level scale: scale_rule must be 'nv' with global_scale 'tensor_amax'");
   if (!((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
-    fail("the fast-math coefficient is the tuned 1-D kernel's: block must be [1,16] or [16,1], got [" +
-         std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]");
+    fail(std::string(blocks) + ": block must be [1,16] or [16,1], got [" + std::to_string(q.block_rows) + "," +
+         std::to_string(q.block_cols) + "]");
+  if (q.round != Round::rn && q.round != Round::rs)
+    fail("the kernel rounds with cvt.rn or cvt.rs: round must be rn or rs, got '" + std::string(round_name(q.round)) +
+         "'");
+  if (q.round == Round::rs && q.sr_bits != SrBits::ptx_x4)
+    fail("the kernel's SR is cvt.rs.satfinite.e2m1x4 (one 32-bit word per 4 elements): sr_bits must be ptx_x4");
+  if (q.overflow != Overflow::saturate) fail("the kernel's casts are satfinite: overflow must be saturate");
+  if (q.scale_select != ScaleSelect::max) fail(std::string(no_fos) + ": scale_select must be max");
+}
+
+}  // namespace
+
+void validate_te_fast_math(const QuantizerSpec& q, const std::string& where) {
+  auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'te_fast_math': " + m); };
+  check_te_nvfp4_kernel(q, fail, "the fast-math coefficient is the tuned 1-D kernel's",
+                        "TE ignores fast math for 4/6 quantizers");
   if (q.rht && q.rht_output != RhtOutput::bf16)
     fail(
         "the tuned 1-D kernel casts TE's BF16 RHT output (its unfused path): with rht, rht_output must be 'bf16' "
         "(the fused RHT-cast kernels' FP32 sums are emulate 'te_fused_fast_math')");
-  if (q.round != Round::rn && q.round != Round::rs)
-    fail("the kernel rounds with cvt.rn or cvt.rs: round must be rn or rs, got '" + std::string(round_name(q.round)) +
-         "'");
-  if (q.round == Round::rs && q.sr_bits != SrBits::ptx_x4)
-    fail("the kernel's SR is cvt.rs.satfinite.e2m1x4 (one 32-bit word per 4 elements): sr_bits must be ptx_x4");
-  if (q.overflow != Overflow::saturate) fail("the kernel's casts are satfinite: overflow must be saturate");
-  if (q.scale_select != ScaleSelect::max) fail("TE ignores fast math for 4/6 quantizers: scale_select must be max");
 }
 
 void validate_te_fused_fast_math(const QuantizerSpec& q, const std::string& where) {
   auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'te_fused_fast_math': " + m); };
-  if (q.element != &float4_e2m1fn) fail("TE's NVFP4 kernels write e2m1: element must be e2m1");
-  if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("NVFP4's block scale is E4M3: scale must be ue4m3");
-  if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::tensor_amax)
-    fail("the kernel's two-level scale: scale_rule must be 'nv' with global_scale 'tensor_amax'");
-  if (!((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
-    fail("the fused kernels write 1x16 blocks of x and of its transpose: block must be [1,16] or [16,1], got [" +
-         std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]");
+  check_te_nvfp4_kernel(q, fail, "the fused kernels write 1x16 blocks of x and of its transpose",
+                        "TE's RHT kernels take no 4/6");
   if (q.rht && q.rht_output != RhtOutput::f32)
     fail("under fast math the fused kernel casts the RHT's FP32 sums: rht_output must be 'f32'");
-  if (q.round != Round::rn && q.round != Round::rs)
-    fail("the kernel rounds with cvt.rn or cvt.rs: round must be rn or rs, got '" + std::string(round_name(q.round)) +
-         "'");
-  if (q.round == Round::rs && q.sr_bits != SrBits::ptx_x4)
-    fail("the kernel's SR is cvt.rs.satfinite.e2m1x4 (one 32-bit word per 4 elements): sr_bits must be ptx_x4");
-  if (q.overflow != Overflow::saturate) fail("the kernel's casts are satfinite: overflow must be saturate");
-  if (q.scale_select != ScaleSelect::max) fail("TE's RHT kernels take no 4/6: scale_select must be max");
 }
 
 }  // namespace fp4lab

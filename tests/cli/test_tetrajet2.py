@@ -10,85 +10,19 @@ Until the oracle file exists the test prints SKIPPED and passes.
 
 Usage: test_tetrajet2.py FP4LAB_BINARY [ORACLE_JSON]   (Python stdlib only)
 """
-import json
+
 import os
-import struct
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import npyio  # noqa: E402
+import dequant_oracle  # noqa: E402
 import tetrajet2_cases  # noqa: E402
 
 
-def quantizer_arg(q):
-    """The --quantizer argument: a canned name as is, an object as JSON."""
-    return q if isinstance(q, str) else json.dumps(q)
-
-
 def main():
-    fp4lab = sys.argv[1]
     path = sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, '..', 'data', 'tetrajet2_oracle.json')
-    if not os.path.exists(path):
-        print('tetrajet2: SKIPPED (no %s yet: produce it with scripts/tetrajet2_oracle.py on the GPU machine)'
-              % os.path.normpath(path))
-        return 0
-    oracle = json.load(open(path))
-    inputs = tetrajet2_cases.inputs()
-    cases = tetrajet2_cases.cases()
-    if set(c['name'] for c in cases) != set(oracle['cases']):
-        print('FAIL: the cases of tetrajet2_cases.py and the oracle file differ; rerun scripts/tetrajet2_oracle.py')
-        return 1
-    bad_inputs = set()
-    for name, (rows, cols, vals) in inputs.items():
-        if oracle['inputs'].get(name) != tetrajet2_cases.digest_input(vals):
-            print('FAIL input %s: the regenerated input differs from the one the oracle quantized '
-                  '(another Python `random`?); its cases are not compared' % name)
-            bad_inputs.add(name)
-    bad = 0
-    with tempfile.TemporaryDirectory() as d:
-        for c in cases:
-            if c['input'] in bad_inputs:
-                bad += 1
-                continue
-            want = oracle['cases'][c['name']]
-            rows, cols, vals = inputs[c['input']]
-            xp, yp = os.path.join(d, 'x.npy'), os.path.join(d, 'y.npy')
-            npyio.write_raw(xp, '<f4', (rows, cols), tetrajet2_cases.f32_bytes(vals))
-            if os.path.exists(yp):
-                os.remove(yp)
-            r = subprocess.run([fp4lab, 'quantize', '--quantizer', quantizer_arg(c['quantizer']), xp, '--dequant', yp],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, universal_newlines=True)
-            if r.returncode != 0:
-                print('FAIL %s: fp4lab quantize exited %d: %s' % (c['name'], r.returncode, r.stderr.strip()))
-                bad += 1
-                continue
-            descr, shape, data = npyio.read_npy(yp)
-            if descr != '<f4' or shape != (rows, cols):
-                print('FAIL %s: fp4lab wrote dequant %s %s, not <f4 %s' % (c['name'], descr, shape, (rows, cols)))
-                bad += 1
-                continue
-            if tetrajet2_cases.digest_bytes(data) != want['sha256']:
-                words = struct.unpack('<%dI' % (len(data) // 4), data)
-                vals_out = struct.unpack('<%df' % (len(data) // 4), data)
-                first = ['%08x' % w for w in words[:8]]
-                note = ''
-                if first != want['first8']:
-                    i = next(i for i in range(8) if first[i] != want['first8'][i])
-                    note += '; element %d is %s, the kernel\'s %s' % (i, first[i], want['first8'][i])
-                zeros = sum(1 for v in vals_out if v == 0.0)
-                if zeros != want['zeros']:
-                    note += '; %d zeros, the kernel %d' % (zeros, want['zeros'])
-                print('FAIL %s: fp4lab\'s dequant differs from the TetraJet-v2 Triton kernel\'s output (SHA-256)%s'
-                      % (c['name'], note))
-                bad += 1
-    t = oracle['tetrajet']
-    print('tetrajet2: %d of %d cases bit-equal to TetraJet-v2 %s Triton kernel (torch %s, triton %s, %s %s)' % (
-        len(cases) - bad, len(cases), t['commit'][:12], oracle['torch'], oracle['triton'],
-        oracle['device']['name'], oracle['device']['capability']))
-    return 1 if bad else 0
+    return dequant_oracle.compare(sys.argv[1], path, tetrajet2_cases, 'tetrajet2', 'scripts/tetrajet2_oracle.py', 'TetraJet-v2 Triton kernel', 'tetrajet')
 
 
 if __name__ == '__main__':
