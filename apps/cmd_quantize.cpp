@@ -453,8 +453,10 @@ void register_quantize_commands(CLI::App& app) {
   CLI::App* q = app.add_subcommand(
       "quantize",
       "Block-quantize a 2-D float32 .npy tensor bit-exactly (MX with fp4lab's, torchao's and TE's scale rules,\n"
-      "NVFP4 with TE's 4/6, row-scaled and fast-math (emulate te_fast_math) forms and Quartet II's kernels\n"
-      "(emulate quartet2), per-tensor FP8, FP8 block scaling as DeepGEMM, TE and DeepSeek-V3 compute it,\n"
+      "NVFP4 with TE's 4/6, row-scaled, fast-math (emulate te_fast_math, te_fused_fast_math) and RHT (rht_signs te,\n"
+      "rht_output bf16) forms, Quartet II's kernels and Triton simulation (emulate quartet2, quartet2_triton),\n"
+      "TetraJet-v2's double-block quantizer (emulate tetrajet2_source, _triton, _kernel), per-tensor FP8, FP8\n"
+      "block scaling as DeepGEMM, TE and DeepSeek-V3 compute it,\n"
       "fp4-trainkit's arithmetic with emulate fp4tk) and write its dequantized values, and optionally the\n"
       "element codes, block scales, global scale and swizzled scales.\n"
       "With --groups the rows are cut into consecutive groups (a mixture of experts' tokens by expert, or an\n"
