@@ -28,7 +28,7 @@ TEST_CASE("cuda quantize: TE's RHT signs and BF16 RHT output, te_fused_fast_math
           q.round = r;
           if (r == Round::rs) q.sr_bits = SrBits::ptx_x4;
           q.rht = m != fused_fast_row;
-          q.rht_signs = RhtSigns::te;
+          if (q.rht) q.rht_signs = RhtSigns::te;  // the rowwise fused case has no RHT
           if (m == te_bf16_generic || m == fast_math_rht) q.rht_output = RhtOutput::bf16;
           if (m == fused_fast_row || m == fused_fast_col) q.emulate = Emulation::te_fused_fast_math;
           if (m == fast_math_rht) q.emulate = Emulation::te_fast_math;
