@@ -158,6 +158,10 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c, bool grou
       return r +
              "a NaN makes the tensor scale NaN (torch's amax): every output NaN-derived; an Inf makes every "
              "other block's product 1 * Inf's scale (Quartet II's Triton arithmetic)";
+    case BlockRuleId::quartet2_eden_triton:
+      return r +
+             "NaN and Inf are outside the modelled MS-EDEN arithmetic (the peer's tl.max and tl.sum trees): the "
+             "outputs of their 128-element chunk, and with the tensor scale every output, are not the peer's";
     case BlockRuleId::standard:
     case BlockRuleId::te_nvfp4: break;
   }
@@ -454,7 +458,8 @@ void register_quantize_commands(CLI::App& app) {
       "quantize",
       "Block-quantize a 2-D float32 .npy tensor bit-exactly (MX with fp4lab's, torchao's and TE's scale rules,\n"
       "NVFP4 with TE's 4/6, row-scaled, fast-math (emulate te_fast_math, te_fused_fast_math) and RHT (rht_signs te,\n"
-      "rht_output bf16) forms, Quartet II's kernels and Triton simulation (emulate quartet2, quartet2_triton),\n"
+      "rht_output bf16) forms, Quartet II's kernels and Triton simulation (emulate quartet2, quartet2_triton;\n"
+      "its backward's MS-EDEN after its 128-point rotation: quartet2_eden_triton, rht_kind quartet2_128),\n"
       "TetraJet-v2's double-block quantizer (emulate tetrajet2_source, _triton, _kernel), per-tensor FP8, FP8\n"
       "block scaling as DeepGEMM, TE and DeepSeek-V3 compute it,\n"
       "fp4-trainkit's arithmetic with emulate fp4tk) and write its dequantized values, and optionally the\n"

@@ -39,7 +39,7 @@ bool needs_tensor_amax(const QuantizerSpec& q) {
 // nv rule, with or without the per-tensor scale), rounding rn or rs.
 bool dual_quantizer(const QuantizerSpec& q) {
   return spec_kind(q) == KernelKind::nvfp4 && q.scale_rule == ScaleRule::nv &&
-         (q.round == Round::rn || q.round == Round::rs) && block_rule_traits(q).fused;
+         (q.round == Round::rn || q.round == Round::rs) && block_rule_traits(q).fused && q.rht_kind == RhtKind::rht16;
 }
 
 }  // namespace
@@ -58,6 +58,7 @@ SrLayout sr_layout(const QuantizerSpec& q, int64_t cols) {
 std::optional<Family> fused_family(const QuantizerSpec& q) {
   if (!block_rule_traits(q).fused) return std::nullopt;  // the generic pipeline on its rule (quantize_rule.cuh)
   if (q.rht && q.rht_output != RhtOutput::f32) return std::nullopt;  // the generic path's RHT rounds its output
+  if (q.rht && q.rht_kind != RhtKind::rht16) return std::nullopt;    // and takes Quartet II's 128-point rotation
   // The fused kernels' scale rules (their fast forms know which divide: nv_noglobal); the schemes' scale rules
   // (schemes/mx_scale_modes, schemes/fp8_block) run on the generic rule kernels.
   switch (q.scale_rule) {

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
   if (i >= nblocks) return;
   const int64_t bi = i / p.nbc, bj = i - bi * p.nbc;
   const BlockChoice b = choose_rt<R>(rp, global_at<R>(p, rp, o, bi), p.block_amax[i], InputAt<In>{p.x, p.cols},
-                                     BlockAt{p.rows, p.cols, p.br, p.bc, bi, bj});
+                                     BlockAt{p.rows, p.cols, p.br, p.bc, bi, bj, p.seed, p.stream});
   p.block_mult[i] = b.mult;
   p.block_scale[i] = b.scale;
   if (p.out.scale_codes) p.out.scale_codes[i] = uint8_t(b.code);

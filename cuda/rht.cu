@@ -117,6 +117,53 @@ void launch(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis ax
   launch<Forward>(src, false, dst, rows, cols, axis, rht_signs(seed), RhtOutput::f32, stream, amax_bits);
 }
 
+// Quartet II's 128-point rotation (sim/rht.hpp's rht128_quartet2_*): one thread per 128-chunk of a row
+// (along_rows) or a column, a partial last chunk copied unchanged; FP64 sums in local memory.
+struct Signs128 {
+  float s[128];
+};
+template <bool Forward, bool Bf16In>
+__global__ void __launch_bounds__(kThreads)
+    rht128_kernel(const void* src, float* dst, int64_t rows, int64_t cols, bool along_rows, const Signs128 signs) {
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t len = along_rows ? cols : rows, per_line = (len + 127) / 128;
+  if (t >= (along_rows ? rows : cols) * per_line) return;
+  const int64_t line = t / per_line, k = t - line * per_line;
+  const int64_t base = along_rows ? line * cols + k * 128 : k * 128 * cols + line, step = along_rows ? 1 : cols;
+  const int64_t n = len - k * 128;
+  if (n < 128) {
+    for (int64_t i = 0; i < n; ++i) dst[base + i * step] = load_in<Bf16In>(src, base + i * step);
+    return;
+  }
+  float v[128];
+  for (int i = 0; i < 128; ++i) v[i] = load_in<Bf16In>(src, base + i * step);
+  if constexpr (Forward) {
+    rht128_quartet2_forward(v, signs.s);
+  } else {
+    rht128_quartet2_inverse(v, signs.s);
+  }
+  for (int i = 0; i < 128; ++i) dst[base + i * step] = v[i];
+}
+
+template <bool Forward>
+void launch128(const void* src, bool bf16_in, float* dst, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
+               cudaStream_t stream) {
+  if (rows < 0 || cols < 0) throw Error("RHT (cuda): negative tensor shape");
+  const bool along_rows = axis == RhtAxis::rows;
+  const int64_t len = along_rows ? cols : rows, chunks = (along_rows ? rows : cols) * ((len + 127) / 128);
+  if (chunks == 0) return;
+  Signs128 s{};
+  const std::array<float, 128> a = rht_signs128(seed);
+  std::copy(a.begin(), a.end(), s.s);
+  const int64_t blocks = (chunks + kThreads - 1) / kThreads;
+  if (blocks > 0x7FFFFFFF) throw Error("RHT (cuda): tensor too large");
+  if (bf16_in)
+    rht128_kernel<Forward, true><<<unsigned(blocks), kThreads, 0, stream>>>(src, dst, rows, cols, along_rows, s);
+  else
+    rht128_kernel<Forward, false><<<unsigned(blocks), kThreads, 0, stream>>>(src, dst, rows, cols, along_rows, s);
+  check_launch(Forward ? "rht128_kernel<forward>" : "rht128_kernel<inverse>");
+}
+
 }  // namespace
 
 void rht_forward_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed, cudaStream_t stream) {
@@ -131,10 +178,16 @@ void rht_inverse_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint
 }
 void rht_forward_device(const QuantizerSpec& q, const void* src, bool bf16_in, float* dst, int64_t rows, int64_t cols,
                         cudaStream_t stream) {
+  if (q.rht_kind == RhtKind::quartet2_128)
+    return launch128<true>(src, bf16_in, dst, rows, cols, q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols, q.rht_seed,
+                           stream);
   launch<true>(src, bf16_in, dst, rows, cols, q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols,
                rht_signs(q.rht_signs, q.rht_seed), q.rht_output, stream, nullptr);
 }
 void rht_inverse_device(const QuantizerSpec& q, float* x, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (q.rht_kind == RhtKind::quartet2_128)
+    return launch128<false>(x, false, x, rows, cols, q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols, q.rht_seed,
+                            stream);
   launch<false>(x, false, x, rows, cols, q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols,
                 rht_signs(q.rht_signs, q.rht_seed), RhtOutput::f32, stream, nullptr);
 }

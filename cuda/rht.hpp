@@ -35,7 +35,8 @@ void rht_inverse_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint
 
 // The transform of a quantizer spec (sim/quantizer.cpp's rht_copy): its sign set (rht_signs, rht_seed), along
 // its block axis, then its rht_output rounding (every element, a partial chunk's too). src is FP32, or BF16
-// (uint16_t bits) with bf16_in; dst FP32 [rows, cols], not src. The inverse: the spec's signs, no rounding.
+// (uint16_t bits) with bf16_in; dst FP32 [rows, cols] (src itself when src is FP32: in place). The inverse: the spec's
+// signs, no rounding.
 void rht_forward_device(const QuantizerSpec& q, const void* src, bool bf16_in, float* dst, int64_t rows, int64_t cols,
                         cudaStream_t stream);
 void rht_inverse_device(const QuantizerSpec& q, float* x, int64_t rows, int64_t cols, cudaStream_t stream);

@@ -12,7 +12,8 @@
 //   R::outer(p) -> OuterAmax       the amax domain behind the global scale
 //   R::global(p, amax_bits)        Global from that domain's amax bits (0 where the domain is none)
 //   R::g_dec(g)                    the global decode scale (QuantizedTensor::global_decode)
-//   R::choose(p, g, amax, view)    one block's BlockChoice; view reads the block's elements (4/6 does)
+//   R::choose(p, g, amax, view, at) one block's BlockChoice; view reads the tensor's elements (4/6 does),
+//                                  at says where the block lies
 //   R::encode(p, choice, x, rbits) one element's Element (code, and the value dequant multiplies)
 // and dequant is the same for every rule: (value * choice.scale) * g_dec(g), one FP32 operation each, RN.
 // Rules are selected once per call from the spec (sim/block_rules.hpp's with_block_rule); a kernel or a
@@ -38,14 +39,15 @@ namespace fp4lab {
 
 // The rules (sim/block_rules.hpp maps a QuantizerSpec to one).
 enum class BlockRuleId : uint8_t {
-  standard,            // fp4lab's arithmetic (this header)
-  fp4tk,               // fp4-trainkit's (schemes/fp4tk/rule.hpp)
-  te_nvfp4,            // TransformerEngine's 4/6 and row-scaled NVFP4 options (schemes/te_nvfp4/rule.hpp)
-  te_fast_math,        // TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH (schemes/te_nvfp4/fast_math.hpp)
-  quartet2,            // Quartet II's forward NVFP4 kernels (schemes/quartet2/rule.hpp)
-  te_fused_fast_math,  // TE's fused RHT-cast NVFP4 kernels under fast math (schemes/te_nvfp4/fused_fast_math.hpp)
-  tetrajet2,           // TetraJet-v2's 1x16 / 1x128 double-block quantizer (schemes/tetrajet2/rule.hpp)
-  quartet2_triton,     // Quartet II's Triton simulation of its forward quantizer (schemes/quartet2/triton.hpp)
+  standard,              // fp4lab's arithmetic (this header)
+  fp4tk,                 // fp4-trainkit's (schemes/fp4tk/rule.hpp)
+  te_nvfp4,              // TransformerEngine's 4/6 and row-scaled NVFP4 options (schemes/te_nvfp4/rule.hpp)
+  te_fast_math,          // TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH (schemes/te_nvfp4/fast_math.hpp)
+  quartet2,              // Quartet II's forward NVFP4 kernels (schemes/quartet2/rule.hpp)
+  te_fused_fast_math,    // TE's fused RHT-cast NVFP4 kernels under fast math (schemes/te_nvfp4/fused_fast_math.hpp)
+  tetrajet2,             // TetraJet-v2's 1x16 / 1x128 double-block quantizer (schemes/tetrajet2/rule.hpp)
+  quartet2_triton,       // Quartet II's Triton simulation of its forward quantizer (schemes/quartet2/triton.hpp)
+  quartet2_eden_triton,  // its Triton simulation of the backward's MS-EDEN (schemes/quartet2/eden_triton.hpp)
 };
 
 // The amax a rule's global scale is computed from: none, the whole tensor's, or each row's (row_amax: a rule
@@ -69,9 +71,12 @@ struct Element {
   float value = 0;
 };
 
-// Where block (bi, bj) lies: a [rows, cols] tensor in blocks of br x bc (the last ones possibly partial).
+// Where block (bi, bj) lies: a [rows, cols] tensor in blocks of br x bc (the last ones possibly partial), and
+// the call's random stream (RandomStream's seed and stream: a rule that rounds its scales stochastically draws
+// from them, schemes/quartet2/eden_triton.hpp).
 struct BlockAt {
   int64_t rows, cols, br, bc, bi, bj;
+  uint64_t seed = 0, stream = 0;
 };
 
 // The element encoder of fp4lab's arithmetic, which a rule may reuse (R::mult_encoder(p)): code =

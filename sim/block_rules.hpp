@@ -7,6 +7,7 @@
 
 #include "schemes/fp4tk/rule.hpp"
 #include "schemes/quartet2/rule.hpp"
+#include "schemes/quartet2/eden_triton.hpp"
 #include "schemes/quartet2/triton.hpp"
 #include "schemes/tetrajet2/rule.hpp"
 #include "schemes/te_nvfp4/fast_math.hpp"
@@ -22,6 +23,7 @@ inline BlockRuleId block_rule_id(const QuantizerSpec& q) {
   if (q.emulate == Emulation::te_fast_math) return BlockRuleId::te_fast_math;
   if (q.emulate == Emulation::quartet2) return BlockRuleId::quartet2;
   if (q.emulate == Emulation::quartet2_triton) return BlockRuleId::quartet2_triton;
+  if (q.emulate == Emulation::quartet2_eden_triton) return BlockRuleId::quartet2_eden_triton;
   if (q.emulate == Emulation::te_fused_fast_math) return BlockRuleId::te_fused_fast_math;
   if (q.emulate == Emulation::tetrajet2_source || q.emulate == Emulation::tetrajet2_triton ||
       q.emulate == Emulation::tetrajet2_kernel)
@@ -43,6 +45,8 @@ decltype(auto) with_block_rule(const QuantizerSpec& q, Fn&& fn) {
       return fn.template operator()<TeFusedFastMathRule>(TeFusedFastMathRule::params(q));
     case BlockRuleId::tetrajet2: return fn.template operator()<Tetrajet2Rule>(Tetrajet2Rule::params(q));
     case BlockRuleId::quartet2_triton: return fn.template operator()<Quartet2TritonRule>(Quartet2TritonRule::params(q));
+    case BlockRuleId::quartet2_eden_triton:
+      return fn.template operator()<Quartet2EdenTritonRule>(Quartet2EdenTritonRule::params(q));
     case BlockRuleId::standard: break;
   }
   return fn.template operator()<StandardRule>(StandardRule::params(q));
@@ -68,6 +72,7 @@ inline const BlockRuleTraits& block_rule_traits(BlockRuleId id) {
   static constexpr BlockRuleTraits te_fused_fast_math{"TransformerEngine fused RHT-cast fast math", false, true};
   static constexpr BlockRuleTraits tetrajet2{"TetraJet-v2", false, false};
   static constexpr BlockRuleTraits quartet2_triton{"Quartet II (Triton)", false, false};
+  static constexpr BlockRuleTraits quartet2_eden_triton{"Quartet II MS-EDEN (Triton)", false, true};
   switch (id) {
     case BlockRuleId::fp4tk: return fp4tk;
     case BlockRuleId::te_nvfp4: return te_nvfp4;
@@ -76,6 +81,7 @@ inline const BlockRuleTraits& block_rule_traits(BlockRuleId id) {
     case BlockRuleId::te_fused_fast_math: return te_fused_fast_math;
     case BlockRuleId::tetrajet2: return tetrajet2;
     case BlockRuleId::quartet2_triton: return quartet2_triton;
+    case BlockRuleId::quartet2_eden_triton: return quartet2_eden_triton;
     case BlockRuleId::standard: break;
   }
   return standard;

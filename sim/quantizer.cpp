@@ -129,7 +129,8 @@ std::vector<uint32_t> outer_amax_bits(OuterAmax o, const BlockGrid& g, const std
 
 // Steps 1-2 of the pipeline under rule R: block amaxes, the outer amaxes and R's globals, each block's choice.
 template <class R>
-BlockScales block_scales_with(const QuantizerSpec& q, const typename R::Params& p, MatrixView<const float> x) {
+BlockScales block_scales_with(const QuantizerSpec& q, const typename R::Params& p, MatrixView<const float> x,
+                              RandomStream rs = {}) {
   BlockScales b;
   b.grid = block_grid(q, x.rows, x.cols);
   const BlockGrid& g = b.grid;
@@ -152,7 +153,7 @@ BlockScales block_scales_with(const QuantizerSpec& q, const typename R::Params& 
   for (size_t i = 0; i < n; ++i) {
     const int64_t bi = int64_t(i) / g.nbc, bj = int64_t(i) - bi * g.nbc;
     const BlockChoice c = R::choose(p, gl[outer == OuterAmax::rows ? size_t(bi) : 0], amax[i], at,
-                                    BlockAt{x.rows, x.cols, g.br, g.bc, bi, bj});
+                                    BlockAt{x.rows, x.cols, g.br, g.bc, bi, bj, rs.seed, rs.stream});
     if (b.has_codes) b.scale_codes[i] = uint8_t(c.code);
     b.scales[i] = c.scale;
     b.mult[i] = c.mult;
@@ -439,7 +440,7 @@ void encode_tensor(const QuantizerSpec& q, const typename R::Params& p, const Bl
 BlockScales quantize_rows(const QuantizerSpec& q, MatrixView<const float> x, RandomStream rs, float* dq_out,
                           int64_t out_stride, uint8_t* codes_out) {
   return with_block_rule(q, [&]<class R>(const typename R::Params& p) {
-    BlockScales b = block_scales_with<R>(q, p, x);
+    BlockScales b = block_scales_with<R>(q, p, x, rs);
     encode_tensor<R>(q, p, b, x, rs, dq_out, out_stride, codes_out);
     return b;
   });
@@ -453,7 +454,12 @@ std::vector<float> rht_copy(const QuantizerSpec& q, MatrixView<const float> x) {
   std::vector<float> t(static_cast<size_t>(x.rows * x.cols));
   for (int64_t r = 0; r < x.rows; ++r) std::memcpy(t.data() + r * x.cols, x.data + r * x.stride, size_t(x.cols) * 4);
   if (!q.rht) return t;
-  rht_forward(MatrixView<float>(t.data(), x.rows, x.cols), rht_axis(q), rht_signs(q.rht_signs, q.rht_seed));
+  const MatrixView<float> tv(t.data(), x.rows, x.cols);
+  if (q.rht_kind == RhtKind::quartet2_128) {
+    rht128_quartet2(tv, rht_axis(q), q.rht_seed, true);
+    return t;
+  }
+  rht_forward(tv, rht_axis(q), rht_signs(q.rht_signs, q.rht_seed));
   if (q.rht_output == RhtOutput::bf16)
     for (float& v : t) v = rht_output_value(RhtOutput::bf16, v);
   return t;
@@ -491,7 +497,11 @@ void fake_quantize(const QuantizerSpec& q, MatrixView<float> x, RandomStream rs)
   if (q.rht) {
     std::vector<float> t = rht_copy(q, MatrixView<const float>(x.data, x.rows, x.cols, x.stride));
     quantize_rows(q, MatrixView<const float>(t.data(), x.rows, x.cols), rs, x.data, x.stride, nullptr);
-    rht_inverse(x, rht_axis(q), rht_signs(q.rht_signs, q.rht_seed));
+    if (q.rht_kind == RhtKind::quartet2_128) {
+      rht128_quartet2(x, rht_axis(q), q.rht_seed, false);
+    } else {
+      rht_inverse(x, rht_axis(q), rht_signs(q.rht_signs, q.rht_seed));
+    }
     return;
   }
   quantize_rows(q, MatrixView<const float>(x.data, x.rows, x.cols, x.stride), rs, x.data, x.stride, nullptr);

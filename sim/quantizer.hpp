@@ -26,6 +26,8 @@
 //   rht_signs    philox (from rht_seed) | te: TransformerEngine's fixed signs (sim/rht.hpp)
 //   rht_output   f32 | bf16: the transformed values rounded to BF16 (RN) before the
 //                amaxes and the cast, as TransformerEngine's RHT kernels (default build) do
+//   rht_kind     rht16 | quartet2_128: Quartet II's 128-point rotation in place of the 16-point
+//                RHT (sim/rht.hpp; BF16 operand and constant; philox signs, rht_output f32)
 //   sr_bits      the random-bit contract of round "rs" (core/sr.hpp):
 //                per_element (32 bits an element) | ptx_x4 (PTX cvt.rs: one
 //                word per 4 elements of a row, 8 bits an element)
@@ -42,6 +44,10 @@
 //                quartet2_triton: Quartet II's Triton simulation of that quantizer, round to nearest
 //                (schemes/quartet2/triton.hpp: div.full, ties away; e2m1, ue4m3, nv, tensor_amax,
 //                [1,16], rna) |
+//                quartet2_eden_triton: Quartet II's Triton simulation of its backward MS-EDEN
+//                quantizer (schemes/quartet2/eden_triton.hpp: EDEN-corrected, stochastically rounded
+//                scales; e2m1, ue4m3, nv, tensor_amax, [1,16] or [16,1], rna; rht_kind
+//                quartet2_128 or no rht) |
 //                quartet2: Quartet II's forward NVFP4 kernels (schemes/quartet2/scalar.hpp:
 //                rcp.approx.ftz reciprocals, its 4/6 score; e2m1, ue4m3, nv, tensor_amax,
 //                [1,16], rn, scale_select max with e4m3_max 448 or four_over_six with 256) |
@@ -107,7 +113,8 @@ enum class Emulation : uint8_t {
   tetrajet2_source,
   tetrajet2_triton,
   tetrajet2_kernel,
-  quartet2_triton
+  quartet2_triton,
+  quartet2_eden_triton
 };
 
 struct QuantizerSpec {
@@ -122,6 +129,7 @@ struct QuantizerSpec {
   uint64_t rht_seed = 0;
   RhtSigns rht_signs = RhtSigns::philox;
   RhtOutput rht_output = RhtOutput::f32;
+  RhtKind rht_kind = RhtKind::rht16;
   SrBits sr_bits = SrBits::per_element;
   Emulation emulate = Emulation::none;
   ScaleSelect scale_select = ScaleSelect::max;

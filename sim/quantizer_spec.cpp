@@ -181,10 +181,10 @@ std::string join_names() {
 QuantizerSpec quantizer_by_name(const std::string& name) {
   for (const auto& c : canned())
     if (name == c.name) return c.spec;
-  throw Error(
-      "unknown quantizer '" + name + "'; valid: " + join_names() +
-      ", or a JSON object / JSON file with the keys element, scale, block, scale_rule, round, overflow, "
-      "global_scale, rht, rht_seed, rht_signs, rht_output, sr_bits, emulate, scale_select, select_error, e4m3_max");
+  throw Error("unknown quantizer '" + name + "'; valid: " + join_names() +
+              ", or a JSON object / JSON file with the keys element, scale, block, scale_rule, round, overflow, "
+              "global_scale, rht, rht_seed, rht_signs, rht_output, rht_kind, sr_bits, emulate, scale_select, "
+              "select_error, e4m3_max");
 }
 
 std::vector<std::string> quantizer_names() {
@@ -199,7 +199,8 @@ std::vector<std::string> quantizer_names() {
 
 namespace {
 constexpr const char* json_keys =
-    "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed, rht_signs, rht_output, sr_bits, "
+    "element, scale, block, scale_rule, round, overflow, global_scale, rht, rht_seed, rht_signs, rht_output, rht_kind, "
+    "sr_bits, "
     "emulate, scale_select, select_error, e4m3_max";
 
 std::string get_string(const nlohmann::json& v, const std::string& path) {
@@ -270,6 +271,9 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
       } else if (k == "rht_output") {
         q.rht_output = parse_named<RhtOutput>(get_string(v, path), "rht_output",
                                               {{"f32", RhtOutput::f32}, {"bf16", RhtOutput::bf16}});
+      } else if (k == "rht_kind") {
+        q.rht_kind = parse_named<RhtKind>(get_string(v, path), "rht_kind",
+                                          {{"rht16", RhtKind::rht16}, {"quartet2_128", RhtKind::quartet2_128}});
       } else if (k == "sr_bits") {
         const std::optional<SrBits> b = parse_sr_bits(get_string(v, path));
         if (!b) throw Error(path + ": unknown sr_bits " + json_excerpt(v) + "; valid: " + sr_bits_names);
@@ -284,7 +288,8 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
                                             {"tetrajet2_source", Emulation::tetrajet2_source},
                                             {"tetrajet2_triton", Emulation::tetrajet2_triton},
                                             {"tetrajet2_kernel", Emulation::tetrajet2_kernel},
-                                            {"quartet2_triton", Emulation::quartet2_triton}});
+                                            {"quartet2_triton", Emulation::quartet2_triton},
+                                            {"quartet2_eden_triton", Emulation::quartet2_eden_triton}});
       } else if (k == "scale_select") {
         q.scale_select = parse_scale_select(get_string(v, path));
       } else if (k == "select_error") {
@@ -322,16 +327,18 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
   // hashes of configs that hold it).
   if (q.rht_signs != RhtSigns::philox) j["rht_signs"] = "te";
   if (q.rht_output != RhtOutput::f32) j["rht_output"] = "bf16";
+  if (q.rht_kind != RhtKind::rht16) j["rht_kind"] = "quartet2_128";
   j["sr_bits"] = sr_bits_name(q.sr_bits);
-  j["emulate"] = q.emulate == Emulation::fp4tk                ? "fp4tk"
-                 : q.emulate == Emulation::te_fast_math       ? "te_fast_math"
-                 : q.emulate == Emulation::quartet2           ? "quartet2"
-                 : q.emulate == Emulation::te_fused_fast_math ? "te_fused_fast_math"
-                 : q.emulate == Emulation::tetrajet2_source   ? "tetrajet2_source"
-                 : q.emulate == Emulation::tetrajet2_triton   ? "tetrajet2_triton"
-                 : q.emulate == Emulation::tetrajet2_kernel   ? "tetrajet2_kernel"
-                 : q.emulate == Emulation::quartet2_triton    ? "quartet2_triton"
-                                                              : "none";
+  j["emulate"] = q.emulate == Emulation::fp4tk                  ? "fp4tk"
+                 : q.emulate == Emulation::te_fast_math         ? "te_fast_math"
+                 : q.emulate == Emulation::quartet2             ? "quartet2"
+                 : q.emulate == Emulation::te_fused_fast_math   ? "te_fused_fast_math"
+                 : q.emulate == Emulation::tetrajet2_source     ? "tetrajet2_source"
+                 : q.emulate == Emulation::tetrajet2_triton     ? "tetrajet2_triton"
+                 : q.emulate == Emulation::tetrajet2_kernel     ? "tetrajet2_kernel"
+                 : q.emulate == Emulation::quartet2_triton      ? "quartet2_triton"
+                 : q.emulate == Emulation::quartet2_eden_triton ? "quartet2_eden_triton"
+                                                                : "none";
   j["scale_select"] = std::string(scale_select_name(q.scale_select));
   j["select_error"] = std::string(select_error_name(q.select_error));
   j["e4m3_max"] = q.e4m3_max;
@@ -435,8 +442,12 @@ void validate(const QuantizerSpec& q, const std::string& where) {
   if (q.rht && !((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
     fail("rht works on 1-D blocks of 16: block must be [1,16] or [16,1], got [" + std::to_string(q.block_rows) + "," +
          std::to_string(q.block_cols) + "]");
-  if (!q.rht && (q.rht_signs != RhtSigns::philox || q.rht_output != RhtOutput::f32))
-    fail("rht_signs and rht_output describe the RHT: they need rht true");
+  if (!q.rht && (q.rht_signs != RhtSigns::philox || q.rht_output != RhtOutput::f32 || q.rht_kind != RhtKind::rht16))
+    fail("rht_signs, rht_output and rht_kind describe the RHT: they need rht true");
+  if (q.rht_kind == RhtKind::quartet2_128 && (q.rht_signs != RhtSigns::philox || q.rht_output != RhtOutput::f32))
+    fail(
+        "rht_kind 'quartet2_128' draws its 128 signs from rht_seed and returns FP32: rht_signs must be philox and "
+        "rht_output f32");
   check_sr_bits(q.sr_bits, e, where);
   if (q.emulate == Emulation::fp4tk) validate_fp4tk(q, where);
   if (q.emulate == Emulation::te_fast_math) validate_te_fast_math(q, where);
@@ -444,6 +455,7 @@ void validate(const QuantizerSpec& q, const std::string& where) {
   if (q.emulate == Emulation::te_fused_fast_math) validate_te_fused_fast_math(q, where);
   if (block_rule_id(q) == BlockRuleId::tetrajet2) validate_tetrajet2(q, where);
   if (q.emulate == Emulation::quartet2_triton) validate_quartet2_triton(q, where);
+  if (q.emulate == Emulation::quartet2_eden_triton) validate_quartet2_eden_triton(q, where);
   validate_nvfp4_options(q, where);
 }
 
@@ -459,7 +471,8 @@ std::string describe(const QuantizerSpec& q) {
   if (q.rht && q.rht_signs == RhtSigns::te)
     s << " rht(TE signs" << (q.rht_output == RhtOutput::bf16 ? ", bf16" : "") << ")";
   else if (q.rht)
-    s << " rht(seed " << q.rht_seed << (q.rht_output == RhtOutput::bf16 ? ", bf16" : "") << ")";
+    s << (q.rht_kind == RhtKind::quartet2_128 ? " rht128(seed " : " rht(seed ") << q.rht_seed
+      << (q.rht_output == RhtOutput::bf16 ? ", bf16" : "") << ")";
   if (q.sr_bits != SrBits::per_element) s << " sr " << sr_bits_name(q.sr_bits);
   if (q.emulate == Emulation::fp4tk) s << " fp4tk";
   if (q.emulate == Emulation::te_fast_math) s << " te_fast_math";
@@ -469,6 +482,7 @@ std::string describe(const QuantizerSpec& q) {
   if (q.emulate == Emulation::tetrajet2_triton) s << " tetrajet2_triton";
   if (q.emulate == Emulation::tetrajet2_kernel) s << " tetrajet2_kernel";
   if (q.emulate == Emulation::quartet2_triton) s << " quartet2_triton";
+  if (q.emulate == Emulation::quartet2_eden_triton) s << " quartet2_eden_triton";
   return s.str();
 }
 

@@ -20,6 +20,12 @@ std::array<float, 16> rht_signs(RhtSigns kind, uint64_t seed) {
   return s;
 }
 
+std::array<float, 128> rht_signs128(uint64_t seed) {
+  std::array<float, 128> s{};
+  for (int i = 0; i < 128; ++i) s[size_t(i)] = rht_sign(seed, i);
+  return s;
+}
+
 namespace {
 
 template <bool Forward>
@@ -76,6 +82,26 @@ void apply(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs
 }
 
 }  // namespace
+
+void rht128_quartet2(MatrixView<float> x, RhtAxis axis, uint64_t seed, bool forward) {
+  if (x.rows < 0 || x.cols < 0) throw Error("RHT: negative tensor shape");
+  const std::array<float, 128> d = rht_signs128(seed);
+  const bool rows = axis == RhtAxis::rows;
+  const int64_t lines = rows ? x.rows : x.cols, chunks = (rows ? x.cols : x.rows) / 128;
+#pragma omp parallel for schedule(static)
+  for (int64_t lc = 0; lc < lines * chunks; ++lc) {
+    const int64_t line = lc / chunks, k0 = (lc % chunks) * 128;
+    float v[128];
+    auto at = [&](int64_t k) -> float& { return rows ? x.data[line * x.stride + k] : x.data[k * x.stride + line]; };
+    for (int i = 0; i < 128; ++i) v[i] = at(k0 + i);
+    if (forward) {
+      rht128_quartet2_forward(v, d.data());
+    } else {
+      rht128_quartet2_inverse(v, d.data());
+    }
+    for (int i = 0; i < 128; ++i) at(k0 + i) = v[i];
+  }
+}
 
 void rht_forward(MatrixView<float> x, RhtAxis axis, uint64_t seed) { apply<true>(x, axis, rht_signs(seed)); }
 void rht_inverse(MatrixView<float> x, RhtAxis axis, uint64_t seed) { apply<false>(x, axis, rht_signs(seed)); }

@@ -64,6 +64,48 @@ FP4LAB_HD inline float rht_output_value(RhtOutput o, float v) {
 inline constexpr uint32_t te_rht_sign_mask = 0xD7E8u;
 std::array<float, 16> rht_signs(RhtSigns kind, uint64_t seed);
 
+// Which transform: fp4lab's 16-point RHT (above), or Quartet II's 128-point rotation (its Triton simulation's
+// backward, src/models/quantization/schemes/quartet_2.py at 8776a90b: eden_1x16s_fp4_kernel's tl.dot(x, H^T)
+// with H = bf16(hadamard(128) / sqrt(128)) diag(d)). For a chunk v of 128 elements along the block axis:
+//   forward  y = c H128 D bf16(v)        inverse  v = c D H128 y        c = bf16(128^-0.5) = 181 * 2^-11
+// H128 Sylvester (natural order, scipy.linalg.hadamard), D the 128 signs of rht_sign(seed, i) (the first 16 are
+// the 16-point transform's). The operand is rounded to BF16 first (RN: the kernel's operands are BF16 under
+// autocast), and c is BF16's 0.08837890625, so c^2 * 128 = 0.99956..., not 1: the peer's rotation shrinks a
+// GEMM's product by that factor, and fp4lab's with it.
+// FP64 order (bit-exact contract, CUDA the same): t_i = double(bf16(v_i)) * d_i; 7 butterfly stages h = 1 .. 64
+// as rht16_butterflies in FP64; y_i = float(t_i * c) (one FP64 product, then RN to FP32). Where the sum is exact
+// in FP64 (always, unless a chunk spans more than about 2^37 in magnitude) y is the exact value rounded once to
+// FP32, which is what the tensor-core MMA returns whenever its own sum is exact (the oracle's inputs); where
+// the MMA rounds, its undocumented accumulation order is not modelled. Inverse: t_i = double(y_i); the
+// butterflies; v_i = float(t_i * c) * d_i. Partial chunks stay as they are (as above).
+enum class RhtKind : uint8_t { rht16, quartet2_128 };
+inline constexpr float quartet2_rht_scale = 0.08837890625f;  // bf16(128^-0.5) = 181 * 2^-11
+FP4LAB_HD constexpr int rht_chunk(RhtKind k) { return k == RhtKind::rht16 ? 16 : 128; }
+std::array<float, 128> rht_signs128(uint64_t seed);  // rht_sign(seed, i), i < 128
+
+FP4LAB_HD inline void rht128_butterflies(double* t) {
+  for (int h = 1; h < 128; h <<= 1) {
+    for (int i = 0; i < 128; ++i) {
+      if (i & h) continue;
+      const double a = t[i], b = t[i + h];
+      t[i] = a + b;
+      t[i + h] = a - b;
+    }
+  }
+}
+FP4LAB_HD inline void rht128_quartet2_forward(float* v, const float* signs) {
+  double t[128];
+  for (int i = 0; i < 128; ++i) t[i] = double(rht_output_value(RhtOutput::bf16, v[i])) * double(signs[i]);
+  rht128_butterflies(t);
+  for (int i = 0; i < 128; ++i) v[i] = float(t[i] * double(quartet2_rht_scale));
+}
+FP4LAB_HD inline void rht128_quartet2_inverse(float* v, const float* signs) {
+  double t[128];
+  for (int i = 0; i < 128; ++i) t[i] = double(v[i]);
+  rht128_butterflies(t);
+  for (int i = 0; i < 128; ++i) v[i] = float(t[i] * double(quartet2_rht_scale)) * signs[i];
+}
+
 // In-place forward / inverse transform of one chunk of 16 values.
 FP4LAB_HD constexpr void rht16_butterflies(float* t) {
   for (int h = 1; h < 16; h <<= 1) {
@@ -93,5 +135,7 @@ void rht_forward(MatrixView<float> x, RhtAxis axis, uint64_t seed);
 void rht_inverse(MatrixView<float> x, RhtAxis axis, uint64_t seed);
 void rht_forward(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs);
 void rht_inverse(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs);
+// Quartet II's 128-point rotation with the signs of seed, any shape (partial chunks stay as they are).
+void rht128_quartet2(MatrixView<float> x, RhtAxis axis, uint64_t seed, bool forward);
 
 }  // namespace fp4lab

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "schemes/quartet2/eden_triton.hpp"
 #include "schemes/quartet2/rule.hpp"
 #include "schemes/te_nvfp4/rule.hpp"
 
@@ -46,6 +47,23 @@ void validate_quartet2_triton(const QuantizerSpec& q, const std::string& where) 
   if (q.overflow != Overflow::saturate) fail("rtn_fp4 saturates at 6: overflow must be saturate");
   if (q.scale_select != ScaleSelect::max)
     fail("its 4/6 sums errors in a tree the compiler picks (not modelled): scale_select must be max");
+}
+
+void validate_quartet2_eden_triton(const QuantizerSpec& q, const std::string& where) {
+  auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'quartet2_eden_triton': " + m); };
+  if (q.element != &float4_e2m1fn) fail("MS-EDEN quantizes to e2m1: element must be e2m1");
+  if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("its block scales are E4M3: scale must be ue4m3");
+  if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::tensor_amax)
+    fail("the two-level scale: scale_rule must be 'nv' with global_scale 'tensor_amax'");
+  if (!((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
+    fail("the kernel scales groups of 16 along the GEMM's reduction axis: block must be [1,16] or [16,1], got [" +
+         std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]");
+  if (q.rht && q.rht_kind != RhtKind::quartet2_128)
+    fail("the kernel rotates 128-element chunks: rht needs rht_kind 'quartet2_128' (or rht false: H = I)");
+  if (q.round != Round::rna)
+    fail("its rtn_fp4 rounds ties away from zero: round must be rna, got '" + std::string(round_name(q.round)) + "'");
+  if (q.overflow != Overflow::saturate) fail("rtn_fp4 saturates at 6: overflow must be saturate");
+  if (q.scale_select != ScaleSelect::max) fail("MS-EDEN has no 4/6 choice: scale_select must be max");
 }
 
 }  // namespace fp4lab

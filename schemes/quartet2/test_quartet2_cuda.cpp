@@ -56,3 +56,53 @@ TEST_CASE("cuda quantize: emulate quartet2_triton (div.full the instruction), bi
   MESSAGE(cases << " cases compared");
   CHECK(failures == 0);
 }
+
+TEST_CASE("cuda quantize: emulate quartet2_eden_triton with and without rht_kind quartet2_128, bit-exact with sim") {
+  // Whole and partial 128-chunks along rows ([1,16]) and columns ([16,1]); FP32 and BF16 input; the scale's
+  // stochastic choice from the call's stream.
+  const test::Size sizes[] = {{6, 256}, {37, 200}, {256, 24}, {130, 128}, {1, 1}};
+  int cases = 0, failures = 0;
+  uint32_t seed = 5400;
+  for (const bool cols_axis : {false, true})
+    for (const bool rht : {false, true})
+      for (const test::Size s : sizes)
+        for (int data = 0; data < 3; ++data) {
+          QuantizerSpec q = quantizer_by_name(cols_axis ? "nvfp4_col" : "nvfp4");
+          q.emulate = Emulation::quartet2_eden_triton;
+          q.round = Round::rna;
+          q.rht = rht;
+          if (rht) {
+            q.rht_kind = RhtKind::quartet2_128;
+            q.rht_seed = seed;
+          }
+          auto x = data < 2 ? test::varied_randn(s.rows, s.cols, seed++, 12)
+                            : test::adversarial(s.rows, s.cols, seed++, false);
+          if (data == 1) test::round_to_bf16(x);
+          ++cases;
+          if (!test::check_case(q, x, s, RandomStream{17, uint64_t(cases)}, QuantPath::automatic, data == 1))
+            ++failures;
+        }
+  MESSAGE(cases << " cases compared");
+  CHECK(failures == 0);
+}
+
+TEST_CASE("cuda quantize: fp4lab's NVFP4 after rht_kind quartet2_128 (the generic path's 128-point rotation)") {
+  const test::Size sizes[] = {{6, 256}, {37, 200}, {256, 40}};
+  int cases = 0, failures = 0;
+  uint32_t seed = 5500;
+  for (const bool cols_axis : {false, true})
+    for (const test::Size s : sizes)
+      for (const Round r : {Round::rn, Round::rs}) {
+        QuantizerSpec q = quantizer_by_name(cols_axis ? "nvfp4_col" : "nvfp4");
+        q.round = r;
+        q.rht = true;
+        q.rht_kind = RhtKind::quartet2_128;
+        q.rht_seed = seed;
+        const auto x = test::varied_randn(s.rows, s.cols, seed++, 12);
+        ++cases;
+        for (const cuda::QuantPath path : test::paths_for(q))
+          if (!test::check_case(q, x, s, RandomStream{19, uint64_t(cases)}, path)) ++failures;
+      }
+  MESSAGE(cases << " cases compared");
+  CHECK(failures == 0);
+}

@@ -56,12 +56,15 @@ struct Quartet2TritonRule {
     b.flags = uint8_t((over ? flag_overflow : 0) | (amax > 0x7F800000u ? flag_nan : 0));
     return b;
   }
-  FP4LAB_HD static Element encode(const Params&, const BlockChoice& c, float x, uint32_t /*rbits*/) {
+  // rtn_fp4 of a quotient y: the sign is y > 0 ? + : -, so +0 and NaN become -0 (code 8); else E2M1 rounded
+  // to nearest with ties away from zero, saturating at 6.
+  FP4LAB_HD static Element rtn_fp4(float y) {
     constexpr Format e2m1 = float4_e2m1fn;
-    const float y = div_full(x, c.mult);
-    // rtn_fp4: the sign is y > 0 ? + : -, so +0 and NaN become -0 (code 8); else ties away from zero.
     const uint32_t code = y > 0.0f || y < 0.0f ? fp4lab::encode(e2m1, y, Round::rna, Overflow::saturate, 0u, 32) : 8u;
     return Element{code, decode(e2m1, code)};
+  }
+  FP4LAB_HD static Element encode(const Params&, const BlockChoice& c, float x, uint32_t /*rbits*/) {
+    return rtn_fp4(div_full(x, c.mult));
   }
 };
 

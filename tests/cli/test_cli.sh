@@ -163,6 +163,7 @@ python3 "$(dirname "$0")/test_mx_modes.py" "$FP4LAB" || fail "test_mx_modes.py (
 python3 "$(dirname "$0")/test_te_nvfp4.py" "$FP4LAB" || fail "test_te_nvfp4.py (FAIL lines above)"
 python3 "$(dirname "$0")/test_tetrajet2.py" "$FP4LAB" || fail "test_tetrajet2.py (FAIL lines above)"
 python3 "$(dirname "$0")/test_quartet2_triton.py" "$FP4LAB" || fail "test_quartet2_triton.py (FAIL lines above)"
+python3 "$(dirname "$0")/test_quartet2_eden.py" "$FP4LAB" || fail "test_quartet2_eden.py (FAIL lines above)"
 # `quantize --groups` against each group's rows quantized alone; bad sizes files (python3 stdlib).
 python3 "$(dirname "$0")/test_quantize_groups.py" "$FP4LAB" || fail "test_quantize_groups.py (FAIL lines above)"
 # Golden-suite manifests: 200 mutations, each a verdict or one clean error.

@@ -199,8 +199,11 @@ std::function<NumericsCounts()> operand_numerics_device_async(const OperandPlan&
   if (p.quantizer) {
     q = *p.quantizer;
     if (q.rht) {  // the quantizer's own RHT, along its block axis: t becomes its domain (sim's quantizer_domain)
-      cuda::rht_forward_device(t, rows, cols, q.block_rows == 1 ? RhtAxis::rows : RhtAxis::cols, q.rht_seed, stream);
+      cuda::rht_forward_device(q, t, false, t, rows, cols, stream);  // its signs, kind and output rounding
       q.rht = false;
+      q.rht_signs = RhtSigns::philox;
+      q.rht_output = RhtOutput::f32;
+      q.rht_kind = RhtKind::rht16;
     }
     int64_t sr = 0, sc = 0;
     cuda::scale_grid(q, rows, cols, sr, sc);
