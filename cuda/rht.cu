@@ -173,6 +173,11 @@ void rht_forward_device(const float* src, float* dst, int64_t rows, int64_t cols
                         cudaStream_t stream, uint32_t* amax_bits) {
   launch<true>(src, dst, rows, cols, axis, seed, stream, amax_bits);
 }
+void rht_forward_device(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis axis, RhtKind kind,
+                        uint64_t seed, cudaStream_t stream) {
+  if (kind == RhtKind::quartet2_128) return launch128<true>(src, false, dst, rows, cols, axis, seed, stream);
+  launch<true>(src, dst, rows, cols, axis, seed, stream, nullptr);
+}
 void rht_inverse_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed, cudaStream_t stream) {
   launch<false>(x, x, rows, cols, axis, seed, stream, nullptr);
 }

@@ -32,6 +32,10 @@ void rht_forward_device(const float* src, float* dst, int64_t rows, int64_t cols
                         cudaStream_t stream = nullptr, uint32_t* amax_bits = nullptr);
 void rht_inverse_device(float* x, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
                         cudaStream_t stream = nullptr);
+// The forward transform of kind (sim/rht.hpp's rht_forward(x, axis, kind, seed)), src to dst (src == dst: in
+// place).
+void rht_forward_device(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis axis, RhtKind kind,
+                        uint64_t seed, cudaStream_t stream);
 
 // The transform of a quantizer spec (sim/quantizer.cpp's rht_copy): its sign set (rht_signs, rht_seed), along
 // its block axis, then its rht_output rounding (every element, a partial chunk's too). src is FP32, or BF16

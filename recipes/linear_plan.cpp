@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/philox.hpp"
 
 namespace fp4lab {
 
@@ -14,6 +15,12 @@ uint64_t stream_id(uint64_t layer_id, Operand op, uint64_t step) {
   if (step >= (uint64_t(1) << 41))
     throw Error("stream_id: step " + std::to_string(step) + " is too large (must be < 2^41)");
   return (uint64_t(0xA) << 60) | (layer_id << 44) | (step << 3) | uint64_t(op);
+}
+
+uint64_t rotation_seed(RhtSchedule schedule, uint64_t rht_seed, uint64_t layer_id, uint64_t step) {
+  if (schedule == RhtSchedule::fixed) return rht_seed;
+  const uint64_t stream = stream_id(layer_id, Operand::dgrad_grad_y, step) ^ (uint64_t(0x524F54) << 40);
+  return (uint64_t(random_bits(rht_seed, stream, 0)) << 32) | random_bits(rht_seed, stream, 1);
 }
 
 LinearPlan linear_plan(const LinearContext& ctx) {
@@ -46,18 +53,30 @@ LinearPlan linear_plan(const LinearContext& ctx) {
       plan.operands[size_t(dst)].pre_stream = stream_of(src);
     }
   }
+  const uint64_t rseed = r->wgrad_rht || r->dgrad_rht ? rotation_seed(r->rht_schedule, r->rht_seed, ctx.layer_id,
+                                                                        ctx.step)
+                                                      : 0;
+  auto rotate = [&](Operand op, RhtAxis axis) {
+    OperandPlan& o = plan.operands[size_t(op)];
+    o.rht = true;
+    o.rht_seed = rseed;
+    o.rht_kind = r->rht_kind;
+    o.rht_axis = axis;
+  };
   if (r->wgrad_rht) {
-    for (Operand op : {Operand::wgrad_grad_y, Operand::wgrad_x}) {
-      plan.operands[size_t(op)].rht = true;
-      plan.operands[size_t(op)].rht_seed = r->rht_seed;
-    }
+    rotate(Operand::wgrad_grad_y, RhtAxis::cols);
+    rotate(Operand::wgrad_x, RhtAxis::cols);
+  }
+  if (r->dgrad_rht) {
+    rotate(Operand::dgrad_grad_y, RhtAxis::rows);
+    rotate(Operand::dgrad_w, RhtAxis::cols);
   }
   // dgrad's W operand is bit-identical to the forward's: the same quantizer on
   // the same W, without random bits (stochastic rounding draws from the
   // operand's own stream) and without double quantization.
   const auto& f = r->operand(Operand::fwd_w);
   const auto& d = r->operand(Operand::dgrad_w);
-  plan.reuse_fwd_w = !r->double_quantization && f && d && *f == *d && f->round != Round::rs;
+  plan.reuse_fwd_w = !r->double_quantization && !r->dgrad_rht && f && d && *f == *d && f->round != Round::rs;
   if (r->backward_override != BackwardOverride::none) {
     // The backward in high precision (recipe.hpp BackwardOverride); dequantized: x and W through the
     // forward's quantizers and streams first.

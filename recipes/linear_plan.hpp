@@ -30,6 +30,12 @@ namespace fp4lab {
 // the same seed whose stream ids are below 2^60.
 uint64_t stream_id(uint64_t layer_id, Operand op, uint64_t step);
 
+// The signs' seed of a layer's rotations at a step (recipe.hpp's RhtSchedule): fixed, rht_seed itself;
+// per_step, the two words random_bits(rht_seed, stream_id(layer_id, dgrad_grad_y, step) ^ 0x524F54 << 40, 0 and
+// 1) as one 64-bit seed (high word first): fresh for each layer and step, the same for the layer's dgrad and
+// wgrad operands (Quartet II re-rotates once per backward call and uses that rotation for all four).
+uint64_t rotation_seed(RhtSchedule schedule, uint64_t rht_seed, uint64_t layer_id, uint64_t step);
+
 // A weight's NVFP4 primary-weight cast in its packed form, in the backend's
 // memory (cuda/shard_cast.hpp's DeviceShardCast::operand): the codes (E2M1
 // nibbles, ceil(cols/2) bytes a row, the even column in the low nibble), one
@@ -84,9 +90,13 @@ bool linear_is_quantized(const LinearContext& ctx);
 //                 forward's fwd_w / fwd_x operand (whose plans are a bare
 //                 quantizer), so a backend may reuse the forward's operand
 //                 instead of re-applying pre (the CPU does for x: LinearSaved::x_q).
-//   2. rht        if set: rht_forward(m, RhtAxis::cols, rht_seed), the wgrad
-//                 RHT along B (sim/rht.hpp; any B: a partial last
-//                 chunk of B % 16 rows stays untransformed).
+//   2. rht        if set: rht_forward(m, rht_axis, rht_kind, rht_seed) (sim/rht.hpp):
+//                 the recipe's rotation along the operand's reduction axis,
+//                 wgrad's along B (RhtAxis::cols for dy and x), dgrad's along
+//                 out (RhtAxis::rows for dy [B, out], cols for W [out, in]);
+//                 a partial last chunk stays untransformed. Both operands of a
+//                 GEMM take the same signs, so the GEMM runs in the rotated
+//                 domain (no inverse).
 //   3. quantizer  if set: fake_quantize(*quantizer, m, stream);
 //      else round_bf16: every element rounded to bfloat16, nearest-even
 //                 (decode(bfloat16, encode_rn_f32<bfloat16>(v, nonsaturate)):
@@ -99,6 +109,8 @@ struct OperandPlan {
   RandomStream pre_stream{};
   bool rht = false;
   uint64_t rht_seed = 0;
+  RhtKind rht_kind = RhtKind::rht16;
+  RhtAxis rht_axis = RhtAxis::cols;
   const QuantizerSpec* quantizer = nullptr;  // points into the context's recipe
   RandomStream stream{};
   bool round_bf16 = false;  // only when quantizer is null
@@ -130,7 +142,8 @@ struct LinearPlan {
 //                recipe.double_quantization and that forward quantizer exists
 //                (quantized layers only; wgrad_x only with
 //                double_quantization_x);
-//   rht        = recipe.wgrad_rht for wgrad_grad_y and wgrad_x (quantized layers only);
+//   rht        = recipe.wgrad_rht for wgrad_grad_y and wgrad_x, recipe.dgrad_rht for dgrad_grad_y and
+//                dgrad_w (quantized layers only), kind recipe.rht_kind, seed rotation_seed(...);
 //   weight cast (ctx.weight_cast set, round to nearest): for fwd_w and dgrad_w,
 //                a pre equal to *weight_cast is dropped, else (no pre) a
 //                quantizer equal to it is dropped (W is that quantizer's output

@@ -35,7 +35,7 @@ constexpr OperandInfo kOperandInfo[kOperandCount] = {
 
 constexpr const char* kRecipeKeys =
     "name, source, extends, fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x, double_quantization, "
-    "wgrad_rht, rht_seed, high_precision, backward_override, keep_high_precision, switch_to, switch_fraction, sr_bits, "
+    "wgrad_rht, dgrad_rht, rht_kind, rht_schedule, rht_seed, high_precision, backward_override, keep_high_precision, switch_to, switch_fraction, sr_bits, "
     "forward_bias";
 
 std::string block_str(const QuantizerSpec& q) {
@@ -164,20 +164,30 @@ bool Recipe::keeps_high_precision(const std::string& layer_name) const {
 void validate(const Recipe& r, const std::string& where) {
   for (int i = 0; i < kOperandCount; ++i)
     if (r.operands[size_t(i)]) validate_operand(*r.operands[size_t(i)], Operand(i), where + "." + kOperandNames[i]);
-  if (r.wgrad_rht) {
-    for (Operand op : {Operand::wgrad_grad_y, Operand::wgrad_x}) {
+  // The rotations: wgrad's operands along B, dgrad's along out (each operand's reduction axis).
+  for (const bool dgrad : {false, true}) {
+    if (!(dgrad ? r.dgrad_rht : r.wgrad_rht)) continue;
+    const std::string key = dgrad ? "dgrad_rht" : "wgrad_rht", axis = dgrad ? "out" : "B";
+    const Operand ops[2] = {dgrad ? Operand::dgrad_grad_y : Operand::wgrad_grad_y,
+                            dgrad ? Operand::dgrad_w : Operand::wgrad_x};
+    for (Operand op : ops) {
       const auto& q = r.operand(op);
-      if (q && !(q->block_rows == 16 && q->block_cols == 1))
-        throw Error(where + ".wgrad_rht: the RHT mixes 16-element chunks along B, so " + where + "." +
-                    operand_name(op) + ".block must be [16,1] (one scale per transformed chunk), got " + block_str(*q) +
-                    "; valid: a [16,1] quantizer, null, or wgrad_rht false");
-      if (q && q->rht)
-        throw Error(where + "." + operand_name(op) + ".rht: the recipe already rotates the wgrad operands (" + where +
-                    ".wgrad_rht); a second, per-quantizer RHT is not allowed; valid: rht false");
-      if (q && q->scale_select == ScaleSelect::four_over_six)
-        throw Error(where + ".wgrad_rht: " + where + "." + operand_name(op) +
+      if (!q) continue;
+      const int along = op == Operand::dgrad_grad_y ? q->block_cols : q->block_rows;  // the block along the axis
+      const int across = op == Operand::dgrad_grad_y ? q->block_rows : q->block_cols;
+      if (r.rht_kind == RhtKind::rht16 && !(along == 16 && across == 1))
+        throw Error(where + "." + key + ": the RHT mixes 16-element chunks along " + axis + ", so " + where + "." +
+                    operand_name(op) + ".block must be " + (op == Operand::dgrad_grad_y ? "[1,16]" : "[16,1]") +
+                    " (one scale per transformed chunk), got " + block_str(*q) + "; valid: such a quantizer, null, "
+                    "rht_kind 'quartet2_128', or " + key + " false");
+      if (q->rht)
+        throw Error(where + "." + operand_name(op) + ".rht: the recipe already rotates the " +
+                    (dgrad ? "dgrad" : "wgrad") + " operands (" + where + "." + key +
+                    "); a second, per-quantizer RHT is not allowed; valid: rht false");
+      if (q->scale_select == ScaleSelect::four_over_six)
+        throw Error(where + "." + key + ": " + where + "." + operand_name(op) +
                     " has scale_select 'four_over_six', which TransformerEngine does not combine with an RHT; "
-                    "valid: wgrad_rht false, or scale_select 'max' there");
+                    "valid: " + key + " false, or scale_select 'max' there");
     }
   }
   if (r.double_quantization && !r.operand(Operand::fwd_x) && !r.operand(Operand::fwd_w))
@@ -265,6 +275,26 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
       r.forward_bias = get_bool(v, path);
     } else if (k == "wgrad_rht") {
       r.wgrad_rht = get_bool(v, path);
+    } else if (k == "dgrad_rht") {
+      r.dgrad_rht = get_bool(v, path);
+    } else if (k == "rht_kind") {
+      const std::string s = get_string(v, path);
+      if (s == "rht16") {
+        r.rht_kind = RhtKind::rht16;
+      } else if (s == "quartet2_128") {
+        r.rht_kind = RhtKind::quartet2_128;
+      } else {
+        throw Error(path + ": unknown rht_kind '" + s + "'; valid: rht16, quartet2_128");
+      }
+    } else if (k == "rht_schedule") {
+      const std::string s = get_string(v, path);
+      if (s == "fixed") {
+        r.rht_schedule = RhtSchedule::fixed;
+      } else if (s == "per_step") {
+        r.rht_schedule = RhtSchedule::per_step;
+      } else {
+        throw Error(path + ": unknown rht_schedule '" + s + "'; valid: fixed, per_step");
+      }
     } else if (k == "rht_seed") {
       r.rht_seed = get_u64(v, path);
     } else if (k == "high_precision") {
@@ -337,6 +367,10 @@ nlohmann::json recipe_to_json(const Recipe& r) {
       r.double_quantization && !r.double_quantization_x ? nlohmann::json("weights") : nlohmann::json(r.double_quantization);
   j["forward_bias"] = r.forward_bias;
   j["wgrad_rht"] = r.wgrad_rht;
+  // Written only where set (older resolved recipes keep their text).
+  if (r.dgrad_rht) j["dgrad_rht"] = true;
+  if (r.rht_kind != RhtKind::rht16) j["rht_kind"] = "quartet2_128";
+  if (r.rht_schedule != RhtSchedule::fixed) j["rht_schedule"] = "per_step";
   j["rht_seed"] = r.rht_seed;
   j["high_precision"] = r.high_precision == HighPrecision::bf16 ? "bf16" : "fp32";
   if (r.backward_override != BackwardOverride::none)  // absent when unset: older resolved recipes keep their text
@@ -404,7 +438,11 @@ std::string describe(const Recipe& r) {
     s << head;
     const auto& q = r.operands[size_t(i)];
     if (q) {
-      s << describe(*q) << "  [" << (q->round == Round::rs ? "SR" : "RTN") << ", reduction over " << info.reduce << "]";
+      s << describe(*q) << "  ["
+        << (q->round == Round::rs                               ? "SR"
+            : q->emulate == Emulation::quartet2_eden_triton ? "RTN, SR scales"
+                                                             : "RTN")
+        << ", reduction over " << info.reduce << "]";
     } else {
       s << (r.high_precision == HighPrecision::bf16 ? "high precision (bf16 RN operand, fp32 accumulate)"
                                                     : "high precision (fp32)");
@@ -414,9 +452,13 @@ std::string describe(const Recipe& r) {
   s << "  double_quantization : " << (r.double_quantization ? (r.double_quantization_x ? "yes" : "weights only") : "no")
     << "\n";
   if (!r.forward_bias) s << "  forward_bias        : no (quantized layers do not add their bias)\n";
-  s << "  wgrad_rht           : "
-    << (r.wgrad_rht ? "yes (16-point RHT along B, sign seed " + std::to_string(r.rht_seed) + ")" : std::string("no"))
-    << "\n";
+  const std::string rotation =
+      std::string(r.rht_kind == RhtKind::rht16 ? "16-point RHT" : "Quartet II's 128-point rotation") +
+      (r.rht_schedule == RhtSchedule::per_step ? ", fresh signs each layer and step from seed "
+                                                : ", sign seed ") +
+      std::to_string(r.rht_seed);
+  s << "  wgrad_rht           : " << (r.wgrad_rht ? "yes (" + rotation + ", along B)" : std::string("no")) << "\n";
+  if (r.dgrad_rht) s << "  dgrad_rht           : yes (" << rotation << ", along out)\n";
   s << "  high_precision      : " << (r.high_precision == HighPrecision::bf16 ? "bf16" : "fp32") << "\n";
   if (r.backward_override != BackwardOverride::none)
     s << "  backward_override   : "

@@ -39,6 +39,11 @@ enum class HighPrecision : uint8_t { fp32, bf16 };
 // and double quantization are then unused (recipes/linear_plan.cpp).
 enum class BackwardOverride : uint8_t { none, high_precision, dequantized };
 
+// When the recipe's rotations (wgrad_rht, dgrad_rht) draw their signs: fixed, the signs of rht_seed at every
+// step (TransformerEngine's fixed sign vector plays this role); per_step, fresh signs for each layer and step
+// (Quartet II's re-randomised rotation: rotation_seed in recipes/linear_plan.hpp).
+enum class RhtSchedule : uint8_t { fixed, per_step };
+
 struct Recipe {
   std::string name;
   std::string source;  // citation
@@ -52,7 +57,10 @@ struct Recipe {
   // (fp4-trainkit's FP4MatMul never adds it; the bias still gets its gradient
   // and its optimizer step). Layers kept in high precision keep their bias.
   bool forward_bias = true;
-  bool wgrad_rht = false;            // RHT on both wgrad operands along B
+  bool wgrad_rht = false;            // a rotation of both wgrad operands along B
+  bool dgrad_rht = false;            // a rotation of both dgrad operands along out (Quartet II's backward)
+  RhtKind rht_kind = RhtKind::rht16;  // the rotations' transform (sim/rht.hpp): 16-point RHT or Quartet II's 128
+  RhtSchedule rht_schedule = RhtSchedule::fixed;
   uint64_t rht_seed = 0;
   HighPrecision high_precision = HighPrecision::fp32;  // arithmetic of the unquantized parts
   BackwardOverride backward_override = BackwardOverride::none;
@@ -75,7 +83,7 @@ nlohmann::json recipe_to_json(const Recipe& r);
 Recipe parse_recipe(const std::string& name_or_path);
 // Throws fp4lab::Error (prefixed by `where`) if the recipe is impossible: an
 // operand's quantizer invalid (sim validate) or not blocked along its GEMM's
-// reduction axis, wgrad_rht with wgrad blocks whose length along B is not 16,
+// reduction axis, a 16-point wgrad_rht / dgrad_rht with blocks not 16 long along the rotated axis,
 // double_quantization without fwd quantizers, a bad switch.
 void validate(const Recipe& r, const std::string& where = "recipe");
 

@@ -292,6 +292,35 @@ std::vector<Recipe> build() {
     r.keep_high_precision = {"*head*"};
     v.push_back(r);
   }
+  {  // Quartet II (IST-DASLab 2025; code 8776a90b, src/models/quantization/schemes/quartet_2.py, the simulation
+     // of the paper's runs): the forward's x and W by its Triton round-to-nearest NVFP4 quantizer (1x16 along
+     // the reduction axis, scale_override 1); the backward re-quantizes the forward's quantized x and W (double
+     // quantization) and dy, each with MS-EDEN (EDEN-corrected, stochastically rounded E4M3 scales) after a
+     // 128-point rotation along the GEMM's reduction axis, dgrad's along out, wgrad's along B, whose signs are
+     // drawn afresh at every backward call and shared by that call's four operands. Its rotation has 32 points
+     // by default (Quartet_II_Linear's hadamard_dim); the paper's sweep runs 128. The output head in BF16.
+    QuantizerSpec fwd = nvfp4_spec(Axis::row, Round::rna);
+    fwd.emulate = Emulation::quartet2_triton;
+    QuantizerSpec eden = nvfp4_spec(Axis::row, Round::rna);
+    eden.emulate = Emulation::quartet2_eden_triton;
+    Recipe r;
+    r.name = "quartet2";
+    r.source =
+        "Quartet II (IST-DASLab 2025, code 8776a90b): RTN NVFP4 forward (its Triton simulation), MS-EDEN backward "
+        "(EDEN-corrected scales rounded stochastically) after a 128-point rotation re-drawn every step, on the "
+        "forward's quantized x and W; output head in BF16";
+    r.operands[size_t(Operand::fwd_x)] = fwd;
+    r.operands[size_t(Operand::fwd_w)] = fwd;
+    for (int i = 2; i < kOperandCount; ++i) r.operands[size_t(i)] = along(eden, kAxis[i], 16);
+    r.double_quantization = true;
+    r.wgrad_rht = true;
+    r.dgrad_rht = true;
+    r.rht_kind = RhtKind::quartet2_128;
+    r.rht_schedule = RhtSchedule::per_step;
+    r.high_precision = HighPrecision::bf16;
+    r.keep_high_precision = {"*head*"};
+    v.push_back(r);
+  }
   for (const Recipe& r : v) validate(r, "canned recipe " + r.name);
   return v;
 }

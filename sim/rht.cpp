@@ -103,6 +103,11 @@ void rht128_quartet2(MatrixView<float> x, RhtAxis axis, uint64_t seed, bool forw
   }
 }
 
+void rht_forward(MatrixView<float> x, RhtAxis axis, RhtKind kind, uint64_t seed) {
+  if (kind == RhtKind::quartet2_128) return rht128_quartet2(x, axis, seed, true);
+  rht_forward(x, axis, seed);
+}
+
 void rht_forward(MatrixView<float> x, RhtAxis axis, uint64_t seed) { apply<true>(x, axis, rht_signs(seed)); }
 void rht_inverse(MatrixView<float> x, RhtAxis axis, uint64_t seed) { apply<false>(x, axis, rht_signs(seed)); }
 void rht_forward(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs) { apply<true>(x, axis, signs); }

@@ -137,5 +137,7 @@ void rht_forward(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>&
 void rht_inverse(MatrixView<float> x, RhtAxis axis, const std::array<float, 16>& signs);
 // Quartet II's 128-point rotation with the signs of seed, any shape (partial chunks stay as they are).
 void rht128_quartet2(MatrixView<float> x, RhtAxis axis, uint64_t seed, bool forward);
+// The forward transform of kind with the (philox) signs of seed.
+void rht_forward(MatrixView<float> x, RhtAxis axis, RhtKind kind, uint64_t seed);
 
 }  // namespace fp4lab

@@ -174,7 +174,7 @@ NumericsCounts operand_numerics(const OperandPlan& p, MatrixView<const float> sr
     std::copy(src.data + r * src.stride, src.data + r * src.stride + src.cols, buf.data() + r * src.cols);
   MatrixView<float> m(buf.data(), src.rows, src.cols);
   if (p.pre) fake_quantize(*p.pre, m, p.pre_stream);
-  if (p.rht) rht_forward(m, RhtAxis::cols, p.rht_seed);
+  if (p.rht) rht_forward(m, p.rht_axis, p.rht_kind, p.rht_seed);
   const MatrixView<const float> t(buf.data(), src.rows, src.cols);
   if (!p.quantizer) return amax_only(t);
   const QuantizedTensor qt = quantize(*p.quantizer, t, p.stream);

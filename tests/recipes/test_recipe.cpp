@@ -55,7 +55,8 @@ TEST_CASE("recipe registry lists the canned recipes") {
                                              "nvfp4_4over6",
                                              "nvfp4_row_scaled",
                                              "fp8_blockwise",
-                                             "te_fp8_blockwise"};
+                                             "te_fp8_blockwise",
+                                             "quartet2"};
   const auto names = recipe_names();
   for (const auto& n : expected) {
     CAPTURE(n);
@@ -292,6 +293,11 @@ TEST_CASE("bad recipe JSON gives the JSON path and the valid choices") {
       {R"({"extends": "mx_baseline", "wgrad_rht": true})", {"recipe.wgrad_rht", "[16,1]", "[32,1]"}},
       {R"({"extends": "mx_baseline", "fwd_x": {"rht": true}})", {"recipe.fwd_x", "rht", "[1,16]"}},
       {R"({"extends": "nvfp4", "wgrad_x": {"rht": true}})", {"recipe.wgrad_x.rht", "wgrad_rht"}},
+      {R"({"extends": "nvfp4", "dgrad_rht": true})", {"recipe.dgrad_rht", "recipe.dgrad_w", "[16,1]", "[16,16]"}},
+      {R"({"extends": "quartet2", "dgrad_w": {"rht": true, "rht_kind": "quartet2_128"}})",
+       {"recipe.dgrad_w.rht", "dgrad_rht"}},
+      {R"({"extends": "quartet2", "rht_kind": "rht32"})", {"recipe.rht_kind", "rht32", "quartet2_128"}},
+      {R"({"extends": "quartet2", "rht_schedule": "daily"})", {"recipe.rht_schedule", "per_step"}},
       {R"({"double_quantization": true})", {"recipe.double_quantization", "fwd_x"}},
       {R"({"switch_to": "bf16"})", {"recipe.switch_fraction"}},
       {R"({"switch_fraction": 0.1})", {"recipe.switch_to", "bf16"}},

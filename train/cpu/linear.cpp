@@ -53,7 +53,7 @@ void check_shapes(const char* fn, const MatrixRM& x, const MatrixRM& w) {
 
 void apply_operand_plan(const OperandPlan& p, MatrixView<float> m) {
   if (p.pre) fake_quantize(*p.pre, m, p.pre_stream);
-  if (p.rht) rht_forward(m, RhtAxis::cols, p.rht_seed);
+  if (p.rht) rht_forward(m, p.rht_axis, p.rht_kind, p.rht_seed);
   if (p.quantizer) {
     fake_quantize(*p.quantizer, m, p.stream);
   } else if (p.round_bf16) {

@@ -63,7 +63,10 @@ using cuda::bf16_exact;
 // The wgrad RHT runs along columns (chunks of 16 rows): with [16,1] blocks it
 // is the quantizer's own RHT (the same chunks, sim's rht16_forward, the same
 // signs), fused into the quantization kernels, whose amax pass transforms too.
-bool rht_foldable(const OperandPlan& p) { return p.rht && p.quantizer && cuda::rht_foldable(*p.quantizer); }
+bool rht_foldable(const OperandPlan& p) {
+  return p.rht && p.rht_kind == RhtKind::rht16 && p.rht_axis == RhtAxis::cols && p.quantizer &&
+         cuda::rht_foldable(*p.quantizer);
+}
 
 // The one quantizer spec equivalent to plan p (its RHT folded in), when p is a
 // BF16-exact quantization of its source with nothing else before it.
@@ -160,7 +163,7 @@ bool same_spec(const QuantizerSpec* a, const QuantizerSpec* b) { return a == b |
 bool same_stream(const RandomStream& a, const RandomStream& b) { return a.seed == b.seed && a.stream == b.stream; }
 bool same_plan(const OperandPlan& a, const OperandPlan& b) {
   return a.op == b.op && same_spec(a.pre, b.pre) && same_stream(a.pre_stream, b.pre_stream) && a.rht == b.rht &&
-         a.rht_seed == b.rht_seed && same_spec(a.quantizer, b.quantizer) && same_stream(a.stream, b.stream) &&
+         a.rht_seed == b.rht_seed && a.rht_kind == b.rht_kind && a.rht_axis == b.rht_axis && same_spec(a.quantizer, b.quantizer) && same_stream(a.stream, b.stream) &&
          a.round_bf16 == b.round_bf16;
 }
 
@@ -262,12 +265,16 @@ struct CudaLinear::Impl {
     const bool rht_in_quantizer = rht_foldable(p);  // see rht_foldable
     // Otherwise the RHT's output amax feeds the quantizer's tensor-amax scale
     // directly when nothing transforms the tensor in between.
-    const bool amax_from_rht = p.rht && exact && !rht_in_quantizer;
+    const bool rht16_cols = p.rht_kind == RhtKind::rht16 && p.rht_axis == RhtAxis::cols;
+    const bool amax_from_rht = p.rht && rht16_cols && exact && !rht_in_quantizer;
     if (p.rht && !rht_in_quantizer) {
       // Out of place from the source (no copy first), in place after `pre`.
       s.work.at_least(size_t(n));
-      cuda::rht_forward_device(cur, s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream,
-                               amax_from_rht ? s.amax.data() : nullptr);
+      if (rht16_cols)
+        cuda::rht_forward_device(cur, s.work.data(), rows, cols, RhtAxis::cols, p.rht_seed, kStream,
+                                 amax_from_rht ? s.amax.data() : nullptr);
+      else
+        cuda::rht_forward_device(cur, s.work.data(), rows, cols, p.rht_axis, p.rht_kind, p.rht_seed, kStream);
       cur = s.work.data();
     }
     DevOperand o;

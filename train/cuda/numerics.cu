@@ -190,7 +190,7 @@ std::function<NumericsCounts()> operand_numerics_device_async(const OperandPlan&
   if (rewrites)
     check(cudaMemcpyAsync(t, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "numerics: copy");
   if (p.pre) cuda::fake_quantize_device(*p.pre, t, rows, cols, p.pre_stream, ws.qws, stream);
-  if (p.rht) cuda::rht_forward_device(t, rows, cols, RhtAxis::cols, p.rht_seed, stream);
+  if (p.rht) cuda::rht_forward_device(t, t, rows, cols, p.rht_axis, p.rht_kind, p.rht_seed, stream);
   check(cudaMemsetAsync(counts, 0, sizeof(DevCounts), stream), "numerics: clear");
   const float* dq = nullptr;
   uint8_t* codes = nullptr;

@@ -136,17 +136,30 @@ Out expected(const Recipe& r, const Setup& st, uint64_t step) {
   MatrixRM wsrc = st.w;
   if (r.double_quantization && r.operand(Operand::fwd_w))
     wsrc = fq(*r.operand(Operand::fwd_w), st.w, st, Operand::fwd_w, step);
-  o.dx = fp32_dx(prep(Operand::dgrad_grad_y, st.dy), prep(Operand::dgrad_w, wsrc));
+  // The recipe's rotations: one seed for the layer's step, dgrad's along out, wgrad's along B.
+  const uint64_t rs = rotation_seed(r.rht_schedule, r.rht_seed, st.layer, step);
+  auto rotate = [&](MatrixRM m, RhtAxis axis) {
+    rht_forward(MatrixView<float>(m.data(), m.rows(), m.cols()), axis, r.rht_kind, rs);
+    return m;
+  };
+  MatrixRM gd = st.dy;
+  if (r.dgrad_rht) {
+    gd = rotate(gd, RhtAxis::rows);
+    wsrc = rotate(wsrc, RhtAxis::cols);
+  }
+  o.dx = fp32_dx(prep(Operand::dgrad_grad_y, gd), prep(Operand::dgrad_w, wsrc));
   // Double quantization of x too unless double_quantization_x is false (W only, fp4-trainkit's tetrajet).
   MatrixRM g = st.dy,
            xs = (r.double_quantization && r.double_quantization_x && r.operand(Operand::fwd_x)) ? x0 : st.x;
   if (r.wgrad_rht) {
-    g = rht_cols(g, r.rht_seed);
-    xs = rht_cols(xs, r.rht_seed);
+    g = rotate(g, RhtAxis::cols);
+    xs = rotate(xs, RhtAxis::cols);
   }
   o.dw = fp32_dw(prep(Operand::wgrad_grad_y, g), prep(Operand::wgrad_x, xs));
   return o;
 }
+
+MatrixRM scaled(const MatrixRM& a, float k) { return (a.array() * k).matrix(); }
 
 double rel_diff(const MatrixRM& a, const MatrixRM& b) {
   return double((a - b).norm()) / std::max(1e-30, double(b.norm()));
@@ -406,6 +419,58 @@ TEST_CASE("wgrad RHT leaves dW unchanged when quantization is off") {
   CHECK(rel_diff(oo.dw, oref.dw) < 1e-5);
 }
 
+TEST_CASE("quartet2: the layer computes the recipe composed from fake_quantize and the rotations, whole chunks") {
+  // Every dimension a multiple of 128, so each rotation and EDEN chunk is whole (the canned-recipe case above
+  // has only partial chunks); two steps, whose rotations differ.
+  const Setup st = make_setup(256, 128, 384, 29);
+  const Recipe r = recipe_by_name("quartet2");
+  for (uint64_t step : {7ull, 8ull}) {
+    CAPTURE(step);
+    const Out got = run(&r, st, "", step), exp = expected(r, st, step);
+    CHECK(same_bits(got.y, exp.y));
+    CHECK(same_bits(got.dx, exp.dx));
+    CHECK(same_bits(got.dw, exp.dw));
+  }
+  const Out ref = run(nullptr, st), q = run(&r, st);
+  CHECK(rel_diff(q.dx, ref.dx) < 0.25);  // quantized, not broken
+  CHECK(rel_diff(q.dw, ref.dw) < 0.25);
+  CHECK(rel_diff(q.dw, ref.dw) > 1e-3);
+}
+
+TEST_CASE("Quartet II's rotations: dgrad's along out and wgrad's along B, fresh signs per layer and step") {
+  // Quantization off: the GEMMs of the rotated operands are the exact GEMMs scaled by c^2 * 128 (BF16's
+  // 1/sqrt(128) squared times 128: the peer's own shrink), up to FP32 rounding. The rotation rounds its input
+  // to BF16 first, so the sources here are BF16 values.
+  Setup st = make_setup(256, 128, 384, 23);
+  for (MatrixRM* m : {&st.x, &st.w, &st.dy})
+    for (float& v : m->reshaped()) v = rht_output_value(RhtOutput::bf16, v);
+  Recipe r;
+  r.name = "rotations_only";
+  r.wgrad_rht = r.dgrad_rht = true;
+  r.rht_kind = RhtKind::quartet2_128;
+  r.rht_schedule = RhtSchedule::per_step;
+  r.rht_seed = 8;
+  validate(r, "r");
+  const Out o = run(&r, st), ref = run(nullptr, st);
+  const float k = quartet2_rht_scale * quartet2_rht_scale * 128.0f;
+  CHECK(same_bits(o.y, ref.y));
+  CHECK(rel_diff(o.dx, scaled(ref.dx, k)) < 1e-5);
+  CHECK(rel_diff(o.dw, scaled(ref.dw, k)) < 1e-5);
+  CHECK(rel_diff(o.dw, ref.dw) > 1e-4);  // the shrink is there: the rotation is applied
+  // The seeds: fixed gives rht_seed at every step; per_step differs by layer and by step, and is one seed
+  // for the layer's four rotated operands.
+  CHECK(rotation_seed(RhtSchedule::fixed, 8, 3, 9) == 8);
+  const uint64_t s = rotation_seed(RhtSchedule::per_step, 8, 3, 9);
+  CHECK(s != rotation_seed(RhtSchedule::per_step, 8, 3, 10));
+  CHECK(s != rotation_seed(RhtSchedule::per_step, 8, 4, 9));
+  CHECK(s != rotation_seed(RhtSchedule::per_step, 9, 3, 9));
+  const LinearPlan p = linear_plan(LinearContext{&r, 42, 3, 9, "blocks.0.fc"});
+  for (Operand op : {Operand::dgrad_grad_y, Operand::dgrad_w, Operand::wgrad_grad_y, Operand::wgrad_x})
+    CHECK(p.operand(op).rht_seed == s);
+  CHECK_FALSE(p.operand(Operand::fwd_x).rht);
+  CHECK_FALSE(p.operand(Operand::fwd_w).rht);
+}
+
 TEST_CASE("same seed gives the same bits on 1 and N threads") {
   const Setup st = make_setup(160, 96, 272, 31);
   for (const char* name : {"nvfp4", "tetrajet", "fp4_all_the_way", "bf16", "fp32"}) {
@@ -496,7 +561,13 @@ TEST_CASE("linear_plan: what each operand is, per recipe") {
       if (o.quantizer) CHECK(o.stream.stream == expected_stream(3, op, 9));
       CHECK(o.round_bf16 == (!o.quantizer && r.high_precision == HighPrecision::bf16));
       const bool wgrad = op == Operand::wgrad_grad_y || op == Operand::wgrad_x;
-      CHECK(o.rht == (wgrad && r.wgrad_rht));
+      const bool dgrad = op == Operand::dgrad_grad_y || op == Operand::dgrad_w;
+      CHECK(o.rht == ((wgrad && r.wgrad_rht) || (dgrad && r.dgrad_rht)));
+      if (o.rht) {
+        CHECK(o.rht_kind == r.rht_kind);
+        CHECK(o.rht_axis == (op == Operand::dgrad_grad_y ? RhtAxis::rows : RhtAxis::cols));
+        CHECK(o.rht_seed == rotation_seed(r.rht_schedule, r.rht_seed, 3, 9));
+      }
       const bool dq_target = op == Operand::dgrad_w || op == Operand::wgrad_x;
       const bool dq_here = op == Operand::dgrad_w || r.double_quantization_x;
       CHECK((o.pre != nullptr) == (dq_target && r.double_quantization && dq_here));
@@ -509,7 +580,7 @@ TEST_CASE("linear_plan: what each operand is, per recipe") {
     // Reuse: dgrad's W operand is the forward's (the same quantizer, no random bits, no double quantization).
     const auto& fw = r.operand(Operand::fwd_w);
     const auto& dw = r.operand(Operand::dgrad_w);
-    const bool same_w = fw && dw && *fw == *dw && fw->round != Round::rs && !r.double_quantization;
+    const bool same_w = fw && dw && *fw == *dw && fw->round != Round::rs && !r.double_quantization && !r.dgrad_rht;
     CHECK(p.reuse_fwd_w == same_w);
     if (name == "nvfp4") CHECK(p.reuse_fwd_w);  // its 16x16 weight tiles
     CHECK(p.add_bias == (!p.quantized || r.forward_bias));
