@@ -2,6 +2,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "sim/nvfp4_checks.hpp"
 #include "schemes/quartet2/eden_triton.hpp"
 #include "schemes/quartet2/rule.hpp"
 #include "schemes/te_nvfp4/rule.hpp"
@@ -10,10 +11,7 @@ namespace fp4lab {
 
 void validate_quartet2(const QuantizerSpec& q, const std::string& where) {
   auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'quartet2': " + m); };
-  if (q.element != &float4_e2m1fn) fail("Quartet II's kernels write e2m1: element must be e2m1");
-  if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("NVFP4's block scale is E4M3: scale must be ue4m3");
-  if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::tensor_amax)
-    fail("the kernel's two-level scale: scale_rule must be 'nv' with global_scale 'tensor_amax'");
+  check_nvfp4_formats(q, fail, "Quartet II's kernels", true);
   if (q.block_rows != 1 || q.block_cols != 16)
     fail("the kernel scales 16 consecutive elements of a row: block must be [1,16], got [" +
          std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]");
@@ -34,10 +32,7 @@ void validate_quartet2(const QuantizerSpec& q, const std::string& where) {
 
 void validate_quartet2_triton(const QuantizerSpec& q, const std::string& where) {
   auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'quartet2_triton': " + m); };
-  if (q.element != &float4_e2m1fn) fail("Quartet II quantizes to e2m1: element must be e2m1");
-  if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("NVFP4's block scale is E4M3: scale must be ue4m3");
-  if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::tensor_amax)
-    fail("the two-level scale: scale_rule must be 'nv' with global_scale 'tensor_amax'");
+  check_nvfp4_formats(q, fail, "Quartet II", true);
   if (q.block_rows != 1 || q.block_cols != 16)
     fail("the kernel groups 16 consecutive elements of a row: block must be [1,16], got [" +
          std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]");
@@ -51,10 +46,7 @@ void validate_quartet2_triton(const QuantizerSpec& q, const std::string& where) 
 
 void validate_quartet2_eden_triton(const QuantizerSpec& q, const std::string& where) {
   auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'quartet2_eden_triton': " + m); };
-  if (q.element != &float4_e2m1fn) fail("MS-EDEN quantizes to e2m1: element must be e2m1");
-  if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("its block scales are E4M3: scale must be ue4m3");
-  if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::tensor_amax)
-    fail("the two-level scale: scale_rule must be 'nv' with global_scale 'tensor_amax'");
+  check_nvfp4_formats(q, fail, "MS-EDEN", true);
   if (!((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
     fail("the kernel scales groups of 16 along the GEMM's reduction axis: block must be [1,16] or [16,1], got [" +
          std::to_string(q.block_rows) + "," + std::to_string(q.block_cols) + "]");

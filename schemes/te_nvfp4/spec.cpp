@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "sim/nvfp4_checks.hpp"
 #include "schemes/te_nvfp4/rule.hpp"
 
 namespace fp4lab {
@@ -77,10 +78,7 @@ namespace {
 // kernel writes [1,16] or [16,1]; `no_fos`: why it takes no 4/6.
 template <class Fail>
 void check_te_nvfp4_kernel(const QuantizerSpec& q, const Fail& fail, const char* blocks, const char* no_fos) {
-  if (q.element != &float4_e2m1fn) fail("TE's NVFP4 kernels write e2m1: element must be e2m1");
-  if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("NVFP4's block scale is E4M3: scale must be ue4m3");
-  if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::tensor_amax)
-    fail("the kernel's two-level scale: scale_rule must be 'nv' with global_scale 'tensor_amax'");
+  check_nvfp4_formats(q, fail, "TE's NVFP4 kernels", true);
   if (!((q.block_rows == 1 && q.block_cols == 16) || (q.block_rows == 16 && q.block_cols == 1)))
     fail(std::string(blocks) + ": block must be [1,16] or [16,1], got [" + std::to_string(q.block_rows) + "," +
          std::to_string(q.block_cols) + "]");

@@ -3,13 +3,13 @@
 
 #include "core/error.hpp"
 #include "schemes/tetrajet2/rule.hpp"
+#include "sim/nvfp4_checks.hpp"
 
 namespace fp4lab {
 
 void validate_tetrajet2(const QuantizerSpec& q, const std::string& where) {
   auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'tetrajet2_*': " + m); };
-  if (q.element != &float4_e2m1fn) fail("TetraJet-v2 quantizes to e2m1: element must be e2m1");
-  if (q.scale != &ufloat8_e4m3 && q.scale != &float8_e4m3fn) fail("its inner scale is E4M3: scale must be ue4m3");
+  check_nvfp4_formats(q, fail, "TetraJet-v2", false);
   if (q.scale_rule != ScaleRule::nv || q.global_scale != GlobalScale::none)
     fail("the rule brings its own 1x128 outer scale: scale_rule must be 'nv' with global_scale 'none'");
   if (q.block_rows != 1 || q.block_cols != 16)
