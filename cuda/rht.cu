@@ -117,51 +117,137 @@ void launch(const float* src, float* dst, int64_t rows, int64_t cols, RhtAxis ax
   launch<Forward>(src, false, dst, rows, cols, axis, rht_signs(seed), RhtOutput::f32, stream, amax_bits);
 }
 
-// Quartet II's 128-point rotation (sim/rht.hpp's rht128_quartet2_*): one thread per 128-chunk of a row
-// (along_rows) or a column, a partial last chunk copied unchanged; FP64 sums in local memory.
+// Quartet II's 128-point rotation (sim/rht.hpp's rht128_quartet2_*), a warp per 128-chunk: lane L holds
+// elements 4L..4L+3 in FP64; butterflies h = 1, 2 within the lane, h = 4 .. 64 across lanes (shfl_xor of lane
+// bit h/4), the lower index taking a + b and the upper a - b: the same FP64 operation on the same operands as
+// sim's rht128_butterflies (a + b commutes exactly), so the same bits. Along rows a warp reads its chunk
+// directly (coalesced); along columns a block stages a tile of 128 rows x 32 columns in shared memory. Partial
+// chunks (the axis not a multiple of 128) are copied unchanged (rht128_tail_kernel).
 struct Signs128 {
   float s[128];
 };
+constexpr int kTileCols = 32;
+
+template <bool Forward>
+__device__ __forceinline__ void rht128_lane(float (&v)[4], int lane, const Signs128& signs) {
+  double t[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    t[j] = Forward ? double(rht_output_value(RhtOutput::bf16, v[j])) * double(signs.s[4 * lane + j]) : double(v[j]);
+#pragma unroll
+  for (int h = 1; h < 4; h <<= 1)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (!(j & h)) {
+        const double a = t[j], b = t[j + h];
+        t[j] = a + b;
+        t[j + h] = a - b;
+      }
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const double p = __shfl_xor_sync(0xFFFFFFFFu, t[j], m);
+      t[j] = (lane & m) ? p - t[j] : t[j] + p;
+    }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float y = float(t[j] * double(quartet2_rht_scale));
+    v[j] = Forward ? y : y * signs.s[4 * lane + j];
+  }
+}
+
+// Along rows: warp w of the grid takes whole chunk w (row w / per_row, chunk w % per_row).
 template <bool Forward, bool Bf16In>
 __global__ void __launch_bounds__(kThreads)
-    rht128_kernel(const void* src, float* dst, int64_t rows, int64_t cols, bool along_rows, const Signs128 signs) {
+    rht128_rows_kernel(const void* src, float* dst, int64_t rows, int64_t cols, const Signs128 signs) {
+  const int64_t per_row = cols / 128, w = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const int lane = int(threadIdx.x & 31);
+  if (w >= rows * per_row) return;  // warp-uniform
+  const int64_t base = (w / per_row) * cols + (w % per_row) * 128 + 4 * lane;
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = load_in<Bf16In>(src, base + j);
+  rht128_lane<Forward>(v, lane, signs);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[base + j] = v[j];
+}
+
+// Along columns: block (k, tile) takes rows 128k .. 128k + 127 of columns 32 tile .. 32 tile + 31; its 8 warps
+// take 4 columns each.
+template <bool Forward, bool Bf16In>
+__global__ void __launch_bounds__(kThreads)
+    rht128_cols_kernel(const void* src, float* dst, int64_t cols, int64_t tiles, const Signs128 signs) {
+  __shared__ float s[128][kTileCols + 1];
+  const int64_t k = blockIdx.x / tiles, c0 = (blockIdx.x % tiles) * kTileCols;
+  const int tc = int(threadIdx.x % kTileCols), tr = int(threadIdx.x / kTileCols), lane = int(threadIdx.x & 31);
+  const bool in = c0 + tc < cols;
+  for (int r = tr; r < 128; r += kThreads / kTileCols)
+    s[r][tc] = in ? load_in<Bf16In>(src, (k * 128 + r) * cols + c0 + tc) : 0.0f;
+  __syncthreads();
+  for (int c = int(threadIdx.x / 32); c < kTileCols; c += kThreads / 32) {  // warp-uniform
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = s[4 * lane + j][c];
+    rht128_lane<Forward>(v, lane, signs);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[4 * lane + j][c] = v[j];
+  }
+  __syncthreads();
+  if (in)
+    for (int r = tr; r < 128; r += kThreads / kTileCols) dst[(k * 128 + r) * cols + c0 + tc] = s[r][tc];
+}
+
+// The partial chunks' elements, copied (FP32, or BF16 expanded): along rows the last cols % 128 columns of every
+// row, along columns the last rows % 128 rows.
+template <bool Bf16In>
+__global__ void __launch_bounds__(kThreads)
+    rht128_tail_kernel(const void* src, float* dst, int64_t rows, int64_t cols, bool along_rows) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t len = along_rows ? cols : rows, per_line = (len + 127) / 128;
-  if (t >= (along_rows ? rows : cols) * per_line) return;
-  const int64_t line = t / per_line, k = t - line * per_line;
-  const int64_t base = along_rows ? line * cols + k * 128 : k * 128 * cols + line, step = along_rows ? 1 : cols;
-  const int64_t n = len - k * 128;
-  if (n < 128) {
-    for (int64_t i = 0; i < n; ++i) dst[base + i * step] = load_in<Bf16In>(src, base + i * step);
-    return;
+  const int64_t tail = along_rows ? cols % 128 : rows % 128;
+  const int64_t n = along_rows ? rows * tail : tail * cols;
+  if (t >= n) return;
+  const int64_t i = along_rows ? (t / tail) * cols + (cols - tail) + t % tail : (rows - tail) * cols + t;
+  dst[i] = load_in<Bf16In>(src, i);
+}
+
+template <bool Forward, bool Bf16In>
+void launch128_typed(const void* src, float* dst, int64_t rows, int64_t cols, bool along_rows, const Signs128& s,
+                     cudaStream_t stream) {
+  const int64_t len = along_rows ? cols : rows, whole = len / 128;
+  if (whole > 0) {
+    if (along_rows) {
+      const int64_t blocks = (rows * whole * 32 + kThreads - 1) / kThreads;
+      if (blocks > 0x7FFFFFFF) throw Error("RHT (cuda): tensor too large");
+      rht128_rows_kernel<Forward, Bf16In><<<unsigned(blocks), kThreads, 0, stream>>>(src, dst, rows, cols, s);
+    } else {
+      const int64_t tiles = (cols + kTileCols - 1) / kTileCols, blocks = whole * tiles;
+      if (blocks > 0x7FFFFFFF) throw Error("RHT (cuda): tensor too large");
+      rht128_cols_kernel<Forward, Bf16In><<<unsigned(blocks), kThreads, 0, stream>>>(src, dst, cols, tiles, s);
+    }
+    check_launch(Forward ? "rht128_kernel<forward>" : "rht128_kernel<inverse>");
   }
-  float v[128];
-  for (int i = 0; i < 128; ++i) v[i] = load_in<Bf16In>(src, base + i * step);
-  if constexpr (Forward) {
-    rht128_quartet2_forward(v, signs.s);
-  } else {
-    rht128_quartet2_inverse(v, signs.s);
+  const int64_t tail = len % 128, n = tail * (along_rows ? rows : cols);
+  if (n > 0 && (Bf16In || src != dst)) {  // in place, FP32: the tail stays as it is
+    rht128_tail_kernel<Bf16In>
+        <<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(src, dst, rows, cols, along_rows);
+    check_launch("rht128_tail_kernel");
   }
-  for (int i = 0; i < 128; ++i) dst[base + i * step] = v[i];
 }
 
 template <bool Forward>
 void launch128(const void* src, bool bf16_in, float* dst, int64_t rows, int64_t cols, RhtAxis axis, uint64_t seed,
                cudaStream_t stream) {
   if (rows < 0 || cols < 0) throw Error("RHT (cuda): negative tensor shape");
-  const bool along_rows = axis == RhtAxis::rows;
-  const int64_t len = along_rows ? cols : rows, chunks = (along_rows ? rows : cols) * ((len + 127) / 128);
-  if (chunks == 0) return;
+  if (rows == 0 || cols == 0) return;
   Signs128 s{};
   const std::array<float, 128> a = rht_signs128(seed);
   std::copy(a.begin(), a.end(), s.s);
-  const int64_t blocks = (chunks + kThreads - 1) / kThreads;
-  if (blocks > 0x7FFFFFFF) throw Error("RHT (cuda): tensor too large");
+  const bool along_rows = axis == RhtAxis::rows;
   if (bf16_in)
-    rht128_kernel<Forward, true><<<unsigned(blocks), kThreads, 0, stream>>>(src, dst, rows, cols, along_rows, s);
+    launch128_typed<Forward, true>(src, dst, rows, cols, along_rows, s, stream);
   else
-    rht128_kernel<Forward, false><<<unsigned(blocks), kThreads, 0, stream>>>(src, dst, rows, cols, along_rows, s);
-  check_launch(Forward ? "rht128_kernel<forward>" : "rht128_kernel<inverse>");
+    launch128_typed<Forward, false>(src, dst, rows, cols, along_rows, s, stream);
 }
 
 }  // namespace

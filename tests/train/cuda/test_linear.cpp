@@ -353,6 +353,34 @@ TEST_CASE("cuda linear: RHT kernel equals sim's bit for bit, partial last chunks
   }
 }
 
+TEST_CASE("cuda linear: Quartet II's 128-point rotation equals sim's bit for bit, both axes, partial chunks") {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 384}, {130, 200}, {384, 130}, {5, 128}, {128, 5},
+                            {1, 1}, {300, 40}}) {
+    for (RhtAxis axis : {RhtAxis::rows, RhtAxis::cols}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(int(axis));
+      std::vector<float> h = randv(rows * cols, uint32_t(rows * 17 + cols), 1.0f);
+      h[0] = 1e-39f;
+      std::vector<float> fwd = h;
+      rht_forward(MatrixView<float>(fwd.data(), rows, cols), axis, RhtKind::quartet2_128, 77);
+      Tensor src = dev_upload(h, rows, cols), dst = dev_tensor(rows, cols);
+      cuda::rht_forward_device(src.data, dst.data, rows, cols, axis, RhtKind::quartet2_128, 77, nullptr);
+      CHECK(same_bits(dev_download(dst.data, rows * cols), fwd));
+      CHECK(same_bits(dev_download(src.data, rows * cols), h));
+      cuda::rht_forward_device(src.data, src.data, rows, cols, axis, RhtKind::quartet2_128, 77, nullptr);  // in place
+      CHECK(same_bits(dev_download(src.data, rows * cols), fwd));
+    }
+  }
+}
+
+TEST_CASE("cuda linear: quartet2 matches the CPU layer on whole 128-chunks") {
+  CudaLinear lin;
+  const Recipe r = recipe_by_name("quartet2");
+  CHECK(compare_one(lin, &r, "blocks.0.mlp.fc", Shape3{256, 128, 384}, 4242));
+  CHECK(compare_one(lin, &r, "blocks.0.mlp.fc", Shape3{384, 256, 128}, 4243));
+}
+
 TEST_CASE("cuda linear: every canned recipe matches the CPU layer") {
   CudaLinear lin;
   uint32_t seed = 100;
