@@ -151,6 +151,26 @@ std::vector<Variant> quantize_variants(const std::vector<std::string>& quantizer
   // RHT with rn: the wgrad x operand of NVIDIA's recipe.
   vars.push_back({"nvfp4 rht [1,16] (amax given)", with(nv, Round::rn, true, 1, 16), true});
   vars.push_back({"nvfp4 rht [16,1] (amax given)", with(nv, Round::rn, true, 16, 1), true});
+  // The emulations of other tools' arithmetic (schemes/): the generic pipeline's rule kernels.
+  QuantizerSpec q2 = with(nv, Round::rna, false, 1, 16);
+  q2.emulate = Emulation::quartet2_triton;
+  vars.push_back({"quartet2_triton [1,16]", q2});
+  QuantizerSpec eden = q2;
+  eden.emulate = Emulation::quartet2_eden_triton;
+  for (const bool rht : {false, true})
+    for (const bool col : {false, true}) {
+      QuantizerSpec e = with(eden, Round::rna, false, col ? 16 : 1, col ? 1 : 16);
+      e.rht = rht;
+      e.rht_kind = rht ? RhtKind::quartet2_128 : RhtKind::rht16;
+      vars.push_back({std::string("quartet2_eden_triton ") + (col ? "[16,1]" : "[1,16]") + (rht ? " rht128" : ""), e});
+    }
+  QuantizerSpec tj = with(nv, Round::rn, false, 1, 16);
+  tj.global_scale = GlobalScale::none;
+  tj.emulate = Emulation::tetrajet2_kernel;
+  vars.push_back({"tetrajet2_kernel [1,16]", tj});
+  QuantizerSpec tf = nv;
+  tf.emulate = Emulation::te_fast_math;
+  vars.push_back({"te_fast_math [1,16]", tf});
   // Every SR row also under the PTX cvt.rs random-bit contract (core/sr.hpp's
   // ptx_x4: one word per 4 elements of a row), right after it, where the
   // element format has it: "<name> rs ptx_x4 ...".

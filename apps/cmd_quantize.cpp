@@ -519,7 +519,9 @@ void register_bench_quantize(CLI::App& bench) {
       "cpu: mxfp4, mxfp8_e4m3 and nvfp4 fake quantization of float32, RN and SR, and NVFP4 with RHT, on 1 thread\n"
       "and all OpenMP threads, with the ratio to a memcpy of the same bytes.\n"
       "cuda: the fused kernels from bf16 and float32 input (RN; SR on MXFP4 and NVFP4; RHT with RN and SR on\n"
-      "[1,16] and [16,1] blocks; NVFP4 16x16; amax given), the SR floors (Philox words and 4-bit output alone,\n"
+      "[1,16] and [16,1] blocks; NVFP4 16x16; amax given), the emulations on the generic rule kernels (Quartet\n"
+      "II's forward and MS-EDEN, with and without its 128-point rotation; TetraJet-v2; TE fast math), the SR\n"
+      "floors (Philox words and 4-bit output alone,\n"
       "and with core's E2M1 SR encoder), and the trainer's two NVFP4 operands of one tensor (two calls against\n"
       "one pass), as a fraction of a device-to-device copy measured in the same run.");
   b->add_option("--backend", ba->backend, "cpu, or cuda (needs the CUDA build)")->capture_default_str();
