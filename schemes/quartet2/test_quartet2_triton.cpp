@@ -107,3 +107,30 @@ TEST_CASE("quartet2_triton: ties away from zero and the spec's checks") {
   CHECK_THROWS_WITH_AS(validate(q, "q"), doctest::Contains("scale_select must be max"), Error);
   CHECK(quantizer_to_json(quantizer_from_json(quantizer_to_json(spec()), "j"))["emulate"] == "quartet2_triton");
 }
+
+TEST_CASE("quartet2_triton: rtn_fp4's threshold chain is E2M1 round-to-nearest-away, saturating, -0 for +0 and NaN") {
+  // Against core's generic encoder (rna, saturate) on every float in [-8, 8] at a 2^-12 step, each threshold and
+  // its float neighbours, 10^6 random bit patterns, and the special values.
+  constexpr Format e2m1 = float4_e2m1fn;
+  auto reference = [&](float y) -> uint32_t {
+    return y > 0.0f || y < 0.0f ? fp4lab::encode(e2m1, y, Round::rna, Overflow::saturate, 0u, 32) : 8u;
+  };
+  std::vector<float> ys;
+  for (int i = -8 * 4096; i <= 8 * 4096; ++i) ys.push_back(float(i) / 4096.0f);
+  for (float t : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f})
+    for (float s : {1.0f, -1.0f}) {
+      ys.push_back(s * t);
+      ys.push_back(std::nextafter(s * t, 0.0f));
+      ys.push_back(std::nextafter(s * t, s * 100.0f));
+    }
+  std::mt19937 g(7);
+  for (int i = 0; i < 1000000; ++i) ys.push_back(bits_float(uint32_t(g())));
+  for (float v : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-45f, -1e-45f, 3.4e38f}) ys.push_back(v);
+  int64_t bad = 0;
+  for (float y : ys) {
+    const Element e = Quartet2TritonRule::rtn_fp4(y);
+    const uint32_t want = reference(y);
+    bad += e.code != want || float_bits(e.value) != float_bits(decode(e2m1, want));
+  }
+  CHECK(bad == 0);
+}

@@ -16,6 +16,7 @@
 // emulate quartet2 (schemes/quartet2/scalar.hpp).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/bits.hpp"
@@ -56,12 +57,17 @@ struct Quartet2TritonRule {
     b.flags = uint8_t((over ? flag_overflow : 0) | (amax > 0x7F800000u ? flag_nan : 0));
     return b;
   }
-  // rtn_fp4 of a quotient y: the sign is y > 0 ? + : -, so +0 and NaN become -0 (code 8); else E2M1 rounded
-  // to nearest with ties away from zero, saturating at 6.
+  // rtn_fp4 of a quotient y, as the peer writes it: the magnitude by the threshold chain |y| >= 0.25, 0.75,
+  // 1.25, 1.75, 2.5, 3.5, 5 (E2M1 rounded to nearest with ties away from zero, saturating at 6: the index of
+  // the E2M1 magnitude is the number of thresholds passed), the sign y > 0 ? + : -, so +0 and NaN become -0
+  // (code 8).
   FP4LAB_HD static Element rtn_fp4(float y) {
-    constexpr Format e2m1 = float4_e2m1fn;
-    const uint32_t code = y > 0.0f || y < 0.0f ? fp4lab::encode(e2m1, y, Round::rna, Overflow::saturate, 0u, 32) : 8u;
-    return Element{code, decode(e2m1, code)};
+    const float a = fabsf(y);
+    const uint32_t m = uint32_t(a >= 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a >= 1.25f) + uint32_t(a >= 1.75f) +
+                       uint32_t(a >= 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a >= 5.0f);
+    constexpr float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const bool pos = y > 0.0f;
+    return Element{pos ? m : m | 8u, pos ? mag[m] : -mag[m]};
   }
   FP4LAB_HD static Element encode(const Params&, const BlockChoice& c, float x, uint32_t /*rbits*/) {
     return rtn_fp4(div_full(x, c.mult));
