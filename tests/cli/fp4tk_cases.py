@@ -13,23 +13,7 @@ import math
 import random
 import struct
 
-
-def f32(v):
-    """v rounded to float32 (nearest even), as a Python float."""
-    return struct.unpack('<f', struct.pack('<f', v))[0]
-
-
-def bits(v):
-    return struct.unpack('<I', struct.pack('<f', v))[0]
-
-
-def from_bits(u):
-    return struct.unpack('<f', struct.pack('<I', u & 0xFFFFFFFF))[0]
-
-
-def step(v, n):
-    """The float32 n ulps above (n > 0) or below v > 0."""
-    return from_bits(bits(v) + n)
+from oracle_common import bits, f32, from_bits, step  # noqa: F401 (re-exported: float32 helpers)
 
 
 def _normal(rng, rows, cols):

@@ -14,12 +14,11 @@ to_mx needs the last dimension to be a multiple of the block size; the oracle pa
 `narrow` with zero columns and drops the padding's codes (zeros do not change a block's amax, NaN included), which
 is fp4lab's partial-block rule (amax over the valid elements, DESIGN.md 'Blocks, edges and special values').
 """
-import hashlib
 import math
 import random
-import struct
 
 from fp4tk_cases import bits, f32, from_bits  # noqa: F401 (float32 helpers)
+from oracle_common import digest_bytes, digest_input, f32_bytes  # noqa: F401 (re-exported to the oracle scripts)
 
 BLOCK = 32
 FLT_MAX = from_bits(0x7F7FFFFF)
@@ -275,16 +274,3 @@ def cases():
                 out.append({'name': '%s/%s/%s' % (inp, elem, mode), 'input': inp, 'element': elem, 'mode': mode,
                             'quantizer': quantizer(elem, mode)})
     return out
-
-
-def f32_bytes(vals):
-    """The little-endian float32 bytes of the values (NaN as 0x7FC00000: struct's)."""
-    return struct.pack('<%df' % len(vals), *vals)
-
-
-def digest_bytes(b):
-    return hashlib.sha256(bytes(b)).hexdigest()
-
-
-def digest_input(vals):
-    return hashlib.sha256(f32_bytes(vals)).hexdigest()

@@ -39,12 +39,12 @@ per-row k, a sparse input with an all-zero chunk and one-hot chunks), for which 
 the transform is an integer multiple of 2^(k-11) below 1920 * 181 < 2^19 of them: exact in FP32 in any order, so
 the tensor core's accumulation order cannot matter and fp4lab's FP64 transform gives the same values.
 """
-import hashlib
 import math
 import random
 import struct
 
 from fp4tk_cases import bits, f32, from_bits
+from oracle_common import digest_bytes, digest_input, e4m3_values, f32_bytes  # noqa: F401 (re-exported to the oracle scripts)
 
 INNER = 16
 CHUNK = 128
@@ -166,14 +166,6 @@ def bf16_bytes(f32_data):
     """Little-endian float32 bytes -> the little-endian uint16 bytes of their bf16 roundings."""
     n = len(f32_data) // 4
     return struct.pack('<%dH' % n, *(bf16_bits(u) for u in struct.unpack('<%dI' % n, f32_data)))
-
-
-def e4m3_values():
-    """The non-negative finite E4M3 (fn) values, ascending."""
-    out = [m / 8 * 2.0 ** -6 for m in range(8)]
-    for e in range(1, 16):
-        out += [(1 + m / 8) * 2.0 ** (e - 7) for m in range(8) if not (e == 15 and m == 7)]
-    return out
 
 
 def _e4m3_nearest(r):
@@ -325,16 +317,3 @@ def cases():
              ('ints_rowscales_16x384', 5, 777), ('ints_sparse_8x256', 3, 12345))
     return [{'name': name, 'input': name, 'rht_seed': rs, 'seed': seed, 'quantizer': quantizer(rs)}
             for name, rs, seed in table]
-
-
-def f32_bytes(vals):
-    """The little-endian float32 bytes of the values."""
-    return struct.pack('<%df' % len(vals), *vals)
-
-
-def digest_bytes(b):
-    return hashlib.sha256(bytes(b)).hexdigest()
-
-
-def digest_input(vals):
-    return hashlib.sha256(f32_bytes(vals)).hexdigest()

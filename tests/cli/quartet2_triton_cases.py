@@ -28,13 +28,12 @@ E4M3 scale, a block on every E4M3 midpoint of amax16 / 6 / s_dec, the 2^-10 unde
 saturation at 448 from the amax and its ulps below, all +0 / all -0 / mixed zero blocks, +0 and -0 inside nonzero
 blocks); an 8x64 of the largest finite floats (amax FLT_MAX, where 6 * sp may round past FLT_MAX). No NaN or Inf.
 """
-import hashlib
 import os
 import random
-import struct
 import tarfile
 
 from fp4tk_cases import bits, f32 as _f32_small, from_bits  # noqa: F401 (float32 helpers)
+from oracle_common import digest_bytes, digest_input, e4m3_values, f32_bytes  # noqa: F401 (re-exported to the oracle scripts)
 
 INNER = 16
 FLT_MAX = from_bits(0x7F7FFFFF)
@@ -130,17 +129,6 @@ def model(vals):
         blk = vals[i:i + INNER]
         sp = f32(block_scale(max(abs(v) for v in blk), s_dec) * s_dec)
         out += [f32(rtn(div_full(v, sp)) * sp) for v in blk]
-    return out
-
-
-def e4m3_values():
-    """The non-negative finite E4M3 (fn) values, ascending."""
-    out = [m / 8 * 2.0 ** -6 for m in range(8)]
-    for e in range(1, 16):
-        for m in range(8):
-            if e == 15 and m == 7:
-                continue
-            out.append((1 + m / 8) * 2.0 ** (e - 7))
     return out
 
 
@@ -312,16 +300,3 @@ def cases():
     """One case per input, all under the one quantizer."""
     return [{'name': name, 'input': name, 'quantizer': QUANTIZER}
             for name in ('ties_1x16', 'randn_8x64', 'fltmax_8x64', 'edges_33x128', 'randn_64x256')]
-
-
-def f32_bytes(vals):
-    """The little-endian float32 bytes of the values."""
-    return struct.pack('<%df' % len(vals), *vals)
-
-
-def digest_bytes(b):
-    return hashlib.sha256(bytes(b)).hexdigest()
-
-
-def digest_input(vals):
-    return hashlib.sha256(f32_bytes(vals)).hexdigest()

@@ -35,6 +35,7 @@ import json
 import math
 import random
 import struct
+from oracle_common import bits, digest_bytes, digest_input, f32_bytes, from_bits  # noqa: F401 (re-exported to the oracle scripts)
 
 COL_RHT = {'element': 'e2m1', 'scale': 'ue4m3', 'block': [16, 1], 'scale_rule': 'nv',
            'global_scale': 'tensor_amax', 'rht': True, 'rht_signs': 'te', 'rht_output': 'bf16'}
@@ -43,14 +44,6 @@ QUANTIZERS = {'row': 'nvfp4', 'row_2d': 'nvfp4_2d', 'col': 'nvfp4_col', 'col_rht
 BLOCKS = {'row': (1, 16), 'row_2d': (16, 16), 'col': (16, 1), 'col_rht': (16, 1)}
 EXACT_SPREAD = 12
 FLT_MAX = struct.unpack('<f', struct.pack('<I', 0x7F7FFFFF))[0]
-
-
-def bits(v):
-    return struct.unpack('<I', struct.pack('<f', v))[0]
-
-
-def from_bits(u):
-    return struct.unpack('<f', struct.pack('<I', u & 0xFFFFFFFF))[0]
 
 
 def bf16(v):
@@ -197,18 +190,6 @@ def quantizer_arg(q):
 def scale_shape(rows, cols, output):
     br, bc = BLOCKS[output]
     return (rows + br - 1) // br, (cols + bc - 1) // bc
-
-
-def f32_bytes(vals):
-    return struct.pack('<%df' % len(vals), *vals)
-
-
-def digest_bytes(b):
-    return hashlib.sha256(bytes(b)).hexdigest()
-
-
-def digest_input(vals):
-    return hashlib.sha256(f32_bytes(vals)).hexdigest()
 
 
 def digest_f32(vals):

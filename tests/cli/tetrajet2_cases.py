@@ -30,11 +30,10 @@ over the E4M3 range (subnormal ones too) and k = -100 .. 100; -0.0 values; FLT_M
 (whose rescaled 6 * sp may overflow to Inf in the kernel); float32 subnormal and near-subnormal segments. No
 NaN or Inf inputs (fp4lab does not model them for this quantizer).
 """
-import hashlib
 import random
-import struct
 
 from fp4tk_cases import bits, f32, from_bits  # noqa: F401 (float32 helpers)
+from oracle_common import digest_bytes, digest_input, e4m3_values, f32_bytes  # noqa: F401 (re-exported to the oracle scripts)
 
 OUTER = 128
 INNER = 16
@@ -70,17 +69,6 @@ def _div_full(a, b):
     assert 2.0 ** -126 <= b <= 2.0 ** 126, b
     r = from_bits(bits(f32(1.0 / b)) + _RCP_CORR[bits(b) & 0x7FFFFF])
     return f32(a * r)
-
-
-def e4m3_values():
-    """The non-negative finite E4M3 (fn) values, ascending."""
-    out = [m / 8 * 2.0 ** -6 for m in range(8)]
-    for e in range(1, 16):
-        for m in range(8):
-            if e == 15 and m == 7:
-                continue
-            out.append((1 + m / 8) * 2.0 ** (e - 7))
-    return out
 
 
 def e4m3_midpoints():
@@ -294,16 +282,3 @@ def cases():
     """One case per input, all under the one quantizer."""
     return [{'name': name, 'input': name, 'quantizer': QUANTIZER}
             for name in ('ties_1x128', 'mixed_4x256', 'randn_32x384', 'edges_64x128')]
-
-
-def f32_bytes(vals):
-    """The little-endian float32 bytes of the values."""
-    return struct.pack('<%df' % len(vals), *vals)
-
-
-def digest_bytes(b):
-    return hashlib.sha256(bytes(b)).hexdigest()
-
-
-def digest_input(vals):
-    return hashlib.sha256(f32_bytes(vals)).hexdigest()
