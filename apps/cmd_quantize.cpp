@@ -163,6 +163,7 @@ std::string nonfinite_rule(const QuantizerSpec& s, const NonFinite& c, bool grou
              "NaN and Inf are outside the modelled MS-EDEN arithmetic (the peer's tl.max and tl.sum trees): the "
              "outputs of their 128-element chunk, and with the tensor scale every output, are not the peer's";
     case BlockRuleId::standard:
+    case BlockRuleId::te_reference:  // the nv rule's
     case BlockRuleId::te_nvfp4: break;
   }
   switch (s.scale_rule) {

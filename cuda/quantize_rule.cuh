@@ -41,6 +41,8 @@ extern template void run_rule<Quartet2TritonRule>(KParams&, const Quartet2Triton
                                                   InputType, QuantWorkspace&, cudaStream_t);
 extern template void run_rule<Quartet2EdenTritonRule>(KParams&, const Quartet2EdenTritonRule::Params&, const BlockGrid&,
                                                       InputType, QuantWorkspace&, cudaStream_t);
+extern template void run_rule<TeReferenceRule>(KParams&, const TeReferenceRule::Params&, const BlockGrid&, InputType,
+                                               QuantWorkspace&, cudaStream_t);
 extern template void run_rule<TeNvfp4Rule>(KParams&, const TeNvfp4Rule::Params&, const BlockGrid&, InputType,
                                            QuantWorkspace&, cudaStream_t);
 

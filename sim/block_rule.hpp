@@ -48,6 +48,7 @@ enum class BlockRuleId : uint8_t {
   tetrajet2,             // TetraJet-v2's 1x16 / 1x128 double-block quantizer (schemes/tetrajet2/rule.hpp)
   quartet2_triton,       // Quartet II's Triton simulation of its forward quantizer (schemes/quartet2/triton.hpp)
   quartet2_eden_triton,  // its Triton simulation of the backward's MS-EDEN (schemes/quartet2/eden_triton.hpp)
+  te_reference,          // TransformerEngine's Python reference NVFP4 quantizer (schemes/te_nvfp4/reference.hpp)
 };
 
 // The amax a rule's global scale is computed from: none, the whole tensor's, or each row's (row_amax: a rule

@@ -12,6 +12,7 @@
 #include "schemes/tetrajet2/rule.hpp"
 #include "schemes/te_nvfp4/fast_math.hpp"
 #include "schemes/te_nvfp4/fused_fast_math.hpp"
+#include "schemes/te_nvfp4/reference.hpp"
 #include "schemes/te_nvfp4/rule.hpp"
 #include "sim/block_rule.hpp"
 #include "sim/quantizer.hpp"
@@ -24,6 +25,7 @@ inline BlockRuleId block_rule_id(const QuantizerSpec& q) {
   if (q.emulate == Emulation::quartet2) return BlockRuleId::quartet2;
   if (q.emulate == Emulation::quartet2_triton) return BlockRuleId::quartet2_triton;
   if (q.emulate == Emulation::quartet2_eden_triton) return BlockRuleId::quartet2_eden_triton;
+  if (q.emulate == Emulation::te_reference) return BlockRuleId::te_reference;
   if (q.emulate == Emulation::te_fused_fast_math) return BlockRuleId::te_fused_fast_math;
   if (q.emulate == Emulation::tetrajet2_source || q.emulate == Emulation::tetrajet2_triton ||
       q.emulate == Emulation::tetrajet2_kernel)
@@ -47,6 +49,7 @@ decltype(auto) with_block_rule(const QuantizerSpec& q, Fn&& fn) {
     case BlockRuleId::quartet2_triton: return fn.template operator()<Quartet2TritonRule>(Quartet2TritonRule::params(q));
     case BlockRuleId::quartet2_eden_triton:
       return fn.template operator()<Quartet2EdenTritonRule>(Quartet2EdenTritonRule::params(q));
+    case BlockRuleId::te_reference: return fn.template operator()<TeReferenceRule>(TeReferenceRule::params(q));
     case BlockRuleId::standard: break;
   }
   return fn.template operator()<StandardRule>(StandardRule::params(q));
@@ -73,6 +76,7 @@ inline const BlockRuleTraits& block_rule_traits(BlockRuleId id) {
   static constexpr BlockRuleTraits tetrajet2{"TetraJet-v2", false, false};
   static constexpr BlockRuleTraits quartet2_triton{"Quartet II (Triton)", false, false};
   static constexpr BlockRuleTraits quartet2_eden_triton{"Quartet II MS-EDEN (Triton)", false, true};
+  static constexpr BlockRuleTraits te_reference{"TransformerEngine NVFP4 reference", false, true};
   switch (id) {
     case BlockRuleId::fp4tk: return fp4tk;
     case BlockRuleId::te_nvfp4: return te_nvfp4;
@@ -82,6 +86,7 @@ inline const BlockRuleTraits& block_rule_traits(BlockRuleId id) {
     case BlockRuleId::tetrajet2: return tetrajet2;
     case BlockRuleId::quartet2_triton: return quartet2_triton;
     case BlockRuleId::quartet2_eden_triton: return quartet2_eden_triton;
+    case BlockRuleId::te_reference: return te_reference;
     case BlockRuleId::standard: break;
   }
   return standard;

@@ -34,6 +34,9 @@
 //   emulate      none | te_fast_math: TransformerEngine's NVFP4 kernels under NVTE_USE_FAST_MATH
 //                (schemes/te_nvfp4/fast_math.hpp: the BF16 coefficient S_enc / sdec; e2m1, ue4m3,
 //                nv, tensor_amax, [1,16] or [16,1], rn or rs with ptx_x4) |
+//                te_reference: TransformerEngine's Python reference quantizer (schemes/te_nvfp4/
+//                reference.hpp: the nv rule but an all-zero tensor's global scale 2^-128 and -0 as
+//                code 0; e2m1, ue4m3, tensor_amax, [1,16], [16,1] or [16,16], rn) |
 //                te_fused_fast_math: TransformerEngine's fused RHT-cast kernels under fast math
 //                (schemes/te_nvfp4/fused_fast_math.hpp: rcp.approx.ftz element factor; rht optional,
 //                rht_output f32) |
@@ -114,7 +117,8 @@ enum class Emulation : uint8_t {
   tetrajet2_triton,
   tetrajet2_kernel,
   quartet2_triton,
-  quartet2_eden_triton
+  quartet2_eden_triton,
+  te_reference
 };
 
 struct QuantizerSpec {

@@ -289,7 +289,8 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
                                             {"tetrajet2_triton", Emulation::tetrajet2_triton},
                                             {"tetrajet2_kernel", Emulation::tetrajet2_kernel},
                                             {"quartet2_triton", Emulation::quartet2_triton},
-                                            {"quartet2_eden_triton", Emulation::quartet2_eden_triton}});
+                                            {"quartet2_eden_triton", Emulation::quartet2_eden_triton},
+                                            {"te_reference", Emulation::te_reference}});
       } else if (k == "scale_select") {
         q.scale_select = parse_scale_select(get_string(v, path));
       } else if (k == "select_error") {
@@ -338,6 +339,7 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
                  : q.emulate == Emulation::tetrajet2_kernel     ? "tetrajet2_kernel"
                  : q.emulate == Emulation::quartet2_triton      ? "quartet2_triton"
                  : q.emulate == Emulation::quartet2_eden_triton ? "quartet2_eden_triton"
+                 : q.emulate == Emulation::te_reference       ? "te_reference"
                                                                 : "none";
   j["scale_select"] = std::string(scale_select_name(q.scale_select));
   j["select_error"] = std::string(select_error_name(q.select_error));
@@ -456,6 +458,7 @@ void validate(const QuantizerSpec& q, const std::string& where) {
   if (block_rule_id(q) == BlockRuleId::tetrajet2) validate_tetrajet2(q, where);
   if (q.emulate == Emulation::quartet2_triton) validate_quartet2_triton(q, where);
   if (q.emulate == Emulation::quartet2_eden_triton) validate_quartet2_eden_triton(q, where);
+  if (q.emulate == Emulation::te_reference) validate_te_reference(q, where);
   validate_nvfp4_options(q, where);
 }
 
@@ -483,6 +486,7 @@ std::string describe(const QuantizerSpec& q) {
   if (q.emulate == Emulation::tetrajet2_kernel) s << " tetrajet2_kernel";
   if (q.emulate == Emulation::quartet2_triton) s << " quartet2_triton";
   if (q.emulate == Emulation::quartet2_eden_triton) s << " quartet2_eden_triton";
+  if (q.emulate == Emulation::te_reference) s << " te_reference";
   return s.str();
 }
 

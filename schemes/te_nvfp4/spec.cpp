@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "sim/nvfp4_checks.hpp"
+#include "schemes/te_nvfp4/reference.hpp"
 #include "schemes/te_nvfp4/rule.hpp"
 
 namespace fp4lab {
@@ -109,6 +110,21 @@ void validate_te_fused_fast_math(const QuantizerSpec& q, const std::string& wher
                         "TE's RHT kernels take no 4/6");
   if (q.rht && q.rht_output != RhtOutput::f32)
     fail("under fast math the fused kernel casts the RHT's FP32 sums: rht_output must be 'f32'");
+}
+
+void validate_te_reference(const QuantizerSpec& q, const std::string& where) {
+  auto fail = [&](const std::string& m) { throw Error(where + ": emulate 'te_reference': " + m); };
+  check_nvfp4_formats(q, fail, "TE's NVFP4 reference", true);
+  const int br = q.block_rows, bc = q.block_cols;
+  if (!((br == 1 && bc == 16) || (br == 16 && bc == 1) || (br == 16 && bc == 16)))
+    fail("TE's reference quantizes 1x16 or 16x16 tiles: block must be [1,16], [16,1] or [16,16], got [" +
+         std::to_string(br) + "," + std::to_string(bc) + "]");
+  if (q.round != Round::rn)
+    fail("the reference's cast rounds to nearest even: round must be rn, got '" + std::string(round_name(q.round)) +
+         "'");
+  if (q.overflow != Overflow::saturate) fail("the reference clamps to +-6: overflow must be saturate");
+  if (q.scale_select != ScaleSelect::max)
+    fail("its 4/6 form is TE's option (scale_select four_over_six without emulate): scale_select must be max");
 }
 
 }  // namespace fp4lab

@@ -12,6 +12,8 @@ the case's quantizer and compares hashes with the CUDA device's results (the CPU
   tensor-core GEMM and fp4lab's butterflies may round differently): a difference is reported, not failed.
 - The differences te_nvfp4_cases.py predicts from reading TE's reference (an all-zero tensor's global scale;
   -0.0 written as code 0) are checked as predicted: fp4lab's output, changed as predicted, must equal TE's.
+- Every case again under `"emulate": "te_reference"` (schemes/te_nvfp4/reference.hpp, the reference's own
+  arithmetic, those two differences included): all of codes, scales and global scale must equal TE's.
 Until the oracle file exists the test prints SKIPPED and passes.
 
 Usage: test_te_nvfp4.py FP4LAB_BINARY [ORACLE_JSON]   (Python stdlib only)
@@ -29,6 +31,26 @@ import npyio  # noqa: E402
 import te_nvfp4_cases  # noqa: E402
 
 KEYS = ('codes', 'scales', 'global_scale')
+CANNED = {'nvfp4': [1, 16], 'nvfp4_2d': [16, 16], 'nvfp4_col': [16, 1]}
+
+
+def reference_arg(q):
+    """The case's quantizer under emulate te_reference, as JSON."""
+    spec = dict(q) if isinstance(q, dict) else {'element': 'e2m1', 'scale': 'ue4m3', 'block': CANNED[q],
+                                                 'scale_rule': 'nv', 'global_scale': 'tensor_amax'}
+    spec['emulate'] = 'te_reference'
+    return json.dumps(spec, sort_keys=True)
+
+
+def run_quantize(fp4lab, arg, xp, d):
+    """fp4lab quantize's codes, scales and global scale of xp under quantizer arg, or the error text."""
+    cp, sp, gp = (os.path.join(d, n) for n in ('c.npy', 's.npy', 'g.npy'))
+    r = subprocess.run([fp4lab, 'quantize', '--quantizer', arg, xp, '--dequant', os.path.join(d, 'y.npy'),
+                        '--codes', cp, '--scales', sp, '--global-scale', gp],
+                       stderr=subprocess.PIPE, universal_newlines=True)
+    if r.returncode != 0:
+        return None, 'fp4lab quantize exited %d: %s' % (r.returncode, r.stderr.strip())
+    return (npyio.read_npy(cp), npyio.read_npy(sp), npyio.read_f32(gp)), None
 
 
 def is_negzero(v):
@@ -56,7 +78,7 @@ def main():
             print('FAIL input %s: the regenerated input differs from the one the oracle quantized '
                   '(another Python `random`?); its cases are not compared' % name)
             bad_inputs.add(name)
-    bad = skipped = inexact = known = 0
+    bad = skipped = inexact = known = ref_bad = ref_equal = 0
     with tempfile.TemporaryDirectory() as d:
         written = set()
         for c in cases:
@@ -73,17 +95,28 @@ def main():
             if c['input'] not in written:
                 npyio.write_raw(xp, '<f4', (rows, cols), te_nvfp4_cases.f32_bytes(vals))
                 written.add(c['input'])
-            cp, sp, gp = (os.path.join(d, n) for n in ('c.npy', 's.npy', 'g.npy'))
-            r = subprocess.run([fp4lab, 'quantize', '--quantizer', te_nvfp4_cases.quantizer_arg(c['quantizer']), xp, '--dequant',
-                                os.path.join(d, 'y.npy'), '--codes', cp, '--scales', sp, '--global-scale', gp],
-                               stderr=subprocess.PIPE, universal_newlines=True)
-            if r.returncode != 0:
-                print('FAIL %s: fp4lab quantize exited %d: %s' % (c['name'], r.returncode, r.stderr.strip()))
+            # TE's reference arithmetic (emulate te_reference): every output equal, no difference predicted.
+            out, err = run_quantize(fp4lab, reference_arg(c['quantizer']), xp, d)
+            if err:
+                print('FAIL %s (te_reference): %s' % (c['name'], err))
+                ref_bad += 1
+            else:
+                (_, _, rcodes), (_, _, rscales), (_, _, rg) = out
+                rgot = {'codes': te_nvfp4_cases.digest_bytes(rcodes), 'scales': te_nvfp4_cases.digest_bytes(rscales),
+                        'global_scale': te_nvfp4_cases.digest_f32(rg)}
+                rwrong = [k for k in KEYS if rgot[k] != want[k]]
+                if rwrong and c['exact']:
+                    print('FAIL %s (te_reference): fp4lab\'s %s differ from TE\'s reference' % (c['name'],
+                                                                                              ' and '.join(rwrong)))
+                    ref_bad += 1
+                elif not rwrong:
+                    ref_equal += 1
+            out, err = run_quantize(fp4lab, te_nvfp4_cases.quantizer_arg(c['quantizer']), xp, d)
+            if err:
+                print('FAIL %s: %s' % (c['name'], err))
                 bad += 1
                 continue
-            cdescr, cshape, codes = npyio.read_npy(cp)
-            sdescr, sshape, scales = npyio.read_npy(sp)
-            gdescr, gshape, g = npyio.read_f32(gp)
+            (cdescr, cshape, codes), (sdescr, sshape, scales), (gdescr, gshape, g) = out
             sr, sc = te_nvfp4_cases.scale_shape(rows, cols, c['output'])
             if cdescr != '|u1' or cshape != (rows, cols) or sdescr != '|u1' or sshape != (sr, sc) or \
                     gdescr != '<f4' or gshape != (1,):
@@ -137,7 +170,9 @@ def main():
         ', %d with the differences predicted from reading' % known if known else '',
         ', %d not exact by construction and different' % inexact if inexact else '',
         ', %d skipped' % skipped if skipped else ''))
-    return 1 if bad else 0
+    print('te nvfp4, emulate te_reference: %d of %d cases bit-equal to TransformerEngine %s NVFP4QuantizerRef%s' % (
+        ref_equal, len(cases), t['commit'][:12], ', %d failed' % ref_bad if ref_bad else ''))
+    return 1 if bad or ref_bad else 0
 
 
 if __name__ == '__main__':
