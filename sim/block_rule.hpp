@@ -15,6 +15,13 @@
 //   R::choose(p, g, amax, view, at) one block's BlockChoice; view reads the tensor's elements (4/6 does),
 //                                  at says where the block lies
 //   R::encode(p, choice, x, rbits) one element's Element (code, and the value dequant multiplies)
+// and may add, for a choice that reads a run of blocks (Quartet II's MS-EDEN: the 8 groups of a 128-chunk),
+//   R::run_blocks, R::choose_run(p, g, view, first, out) the choices of the run of up to run_blocks blocks
+//                                  along the block axis (a block row for blocks one row high, else a block
+//                                  column) that starts at `first` (a multiple of run_blocks), into out[];
+//                                  returns how many. The CPU pipeline calls it once per run (its rules have an
+//                                  outer domain of none or the tensor); R::choose must give the same choices
+//                                  (the CUDA scale kernel calls it per block).
 // and dequant is the same for every rule: (value * choice.scale) * g_dec(g), one FP32 operation each, RN.
 // Rules are selected once per call from the spec (sim/block_rules.hpp's with_block_rule); a kernel or a
 // row loop sees a concrete type, never a string or a function pointer.

@@ -149,15 +149,35 @@ BlockScales block_scales_with(const QuantizerSpec& q, const typename R::Params& 
   // One global decode scale for the tensor: a rule with an amax per row has g_dec 1 for every row.
   b.g_dec = R::g_dec(gl.empty() ? R::global(p, 0u) : gl[0]);
   const auto at = [&](int64_t r, int64_t c) { return x(r, c); };
+  auto store = [&](size_t i, const BlockChoice& c) {
+    if (b.has_codes) b.scale_codes[i] = uint8_t(c.code);
+    b.scales[i] = c.scale;
+    b.mult[i] = c.mult;
+    b.flags[i] = c.flags;
+  };
+  if constexpr (requires { R::run_blocks; }) {
+    // Runs of R::run_blocks blocks along the block axis (a block row for blocks one row high, else a block
+    // column), one choose_run call each (sim/block_rule.hpp).
+    constexpr int64_t k = R::run_blocks;
+    const bool along_row = g.br == 1;
+    const int64_t lines = along_row ? g.nbr : g.nbc, per_line = ((along_row ? g.nbc : g.nbr) + k - 1) / k;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < lines * per_line; ++t) {
+      const int64_t line = t / per_line, first = (t % per_line) * k;
+      const int64_t bi = along_row ? line : first, bj = along_row ? first : line;
+      BlockChoice out[k];
+      const int m = R::choose_run(p, gl[0], at, BlockAt{x.rows, x.cols, g.br, g.bc, bi, bj, rs.seed, rs.stream}, out);
+      for (int j = 0; j < m; ++j)
+        store(size_t(along_row ? bi * g.nbc + bj + j : (bi + j) * g.nbc + bj), out[j]);
+    }
+    return b;
+  }
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) {
     const int64_t bi = int64_t(i) / g.nbc, bj = int64_t(i) - bi * g.nbc;
     const BlockChoice c = R::choose(p, gl[outer == OuterAmax::rows ? size_t(bi) : 0], amax[i], at,
                                     BlockAt{x.rows, x.cols, g.br, g.bc, bi, bj, rs.seed, rs.stream});
-    if (b.has_codes) b.scale_codes[i] = uint8_t(c.code);
-    b.scales[i] = c.scale;
-    b.mult[i] = c.mult;
-    b.flags[i] = c.flags;
+    store(i, c);
   }
   return b;
 }

@@ -77,54 +77,71 @@ struct Quartet2EdenTritonRule {
     return s8 == 0.0f ? 1.0f : s8;
   }
 
-  // view(r, c) reads element (r, c); blocks are [1,16] or [16,1] (validate).
+  // The choices of the groups of the 128-chunk that block `at` lies in, in order along the block axis, into
+  // out[0 ..]; returns how many (8, or fewer in a partial chunk). view(r, c) reads element (r, c); blocks are
+  // [1,16] or [16,1] (validate).
+  static constexpr int run_blocks = chunk / 16;
   template <class X>
-  FP4LAB_HD static BlockChoice choose(const Params& p, const Global& g, uint32_t /*amax*/, const X& view,
-                                      const BlockAt& at) {
+  FP4LAB_HD static int chunk_choices(const Params& p, const Global& g, const X& view, const BlockAt& at,
+                                     BlockChoice* out) {
     constexpr Format e4m3 = float8_e4m3fn;
     const bool rows = at.br == 1;
-    const int64_t line = rows ? at.bi : at.bj, pos = rows ? at.bj * at.bc : at.bi * at.br;  // the group's start
+    const int64_t line = rows ? at.bi : at.bj, pos = rows ? at.bj * at.bc : at.bi * at.br;  // a group's start
     const int64_t len = rows ? at.cols : at.rows, c0 = pos / chunk * chunk;
     const int64_t c1 = c0 + chunk < len ? c0 + chunk : len;
     auto x_at = [&](int64_t k) { return float(rows ? view(line, k) : view(k, line)); };
-    float num = 0.0f, den = 0.0f, own_s8 = 1.0f, own_p = 1.0f, own_a16 = 0.0f;
-    for (int64_t k0 = c0; k0 < c1; k0 += 16) {
+    float num = 0.0f, den = 0.0f, s8[run_blocks], pk[run_blocks], a16[run_blocks];
+    int n = 0;
+    for (int64_t k0 = c0; k0 < c1; k0 += 16, ++n) {
       const int64_t k1 = k0 + 16 < c1 ? k0 + 16 : c1;
-      float a16 = 0.0f;
+      float a = 0.0f;
       for (int64_t k = k0; k < k1; ++k) {
-        const float a = fabsf(x_at(k));
-        a16 = a > a16 ? a : a16;
+        const float v = fabsf(x_at(k));
+        a = v > a ? v : a;
       }
-      const float s8 = group_s8(p, g, a16), pk = s8 * g.s_dec;
-      if (k0 == pos) {
-        own_s8 = s8;
-        own_p = pk;
-        own_a16 = a16;
-      }
+      a16[n] = a;
+      s8[n] = group_s8(p, g, a);
+      pk[n] = s8[n] * g.s_dec;
       for (int64_t k = k0; k < k1; ++k) {
-        const float y = div_full(x_at(k), pk);
+        const float y = div_full(x_at(k), pk[n]);
         const float q = Quartet2TritonRule::rtn_fp4(y).value;
         num = num + y * y;
         den = den + y * q;
       }
     }
     const float corr = den == 0.0f ? 1.0f : div_full(num, den);
-    const float c = own_s8 * corr;
-    const uint32_t b = encode_rn_f32<float8_e4m3fn>(c, Overflow::saturate);
-    const float cur = decode(e4m3, b), prev = decode(e4m3, (b - 1u) & 0xFFu), next = decode(e4m3, (b + 1u) & 0xFFu);
-    const bool above = cur > c;
-    const float up = above ? cur : next, down = above ? prev : cur;
-    const float prob = div_full(c - down, up - down);
-    const int64_t o = (rows ? line * at.cols + pos : line * at.rows + pos) / 16;
-    const float u = triton_uniform(random_bits(at.seed, at.stream, 4u * uint64_t(o)));
-    const bool take_up = u < prob;
-    BlockChoice ch;
-    ch.code = take_up ? (above ? b : b + 1u) : (above ? (b - 1u) & 0xFFu : b);
-    ch.scale = take_up ? up : down;
-    ch.mult = own_p;  // the divisor of the elements
-    const bool over = c == c && is_nan_code(e4m3, encode_rn_f32<float8_e4m3fn>(c, Overflow::nonsaturate));
-    ch.flags = uint8_t((over ? flag_overflow : 0) | (ch.scale == 0.0f && own_a16 > 0.0f ? flag_underflow : 0));
-    return ch;
+    for (int k = 0; k < n; ++k) {
+      const float c = s8[k] * corr;
+      const uint32_t b = encode_rn_f32<float8_e4m3fn>(c, Overflow::saturate);
+      const float cur = decode(e4m3, b), prev = decode(e4m3, (b - 1u) & 0xFFu);
+      const float next = decode(e4m3, (b + 1u) & 0xFFu);
+      const bool above = cur > c;
+      const float up = above ? cur : next, down = above ? prev : cur;
+      const float prob = div_full(c - down, up - down);
+      const int64_t start = c0 + 16 * k, o = (rows ? line * at.cols + start : line * at.rows + start) / 16;
+      const bool take_up = triton_uniform(random_bits(at.seed, at.stream, 4u * uint64_t(o))) < prob;
+      BlockChoice& ch = out[k];
+      ch.code = take_up ? (above ? b : b + 1u) : (above ? (b - 1u) & 0xFFu : b);
+      ch.scale = take_up ? up : down;
+      ch.mult = pk[k];  // the divisor of the elements
+      const bool over = c == c && is_nan_code(e4m3, encode_rn_f32<float8_e4m3fn>(c, Overflow::nonsaturate));
+      ch.flags = uint8_t((over ? flag_overflow : 0) | (ch.scale == 0.0f && a16[k] > 0.0f ? flag_underflow : 0));
+    }
+    return n;
+  }
+  // One block's choice (the CUDA scale kernel's thread per block): its chunk's, computed whole.
+  template <class X>
+  FP4LAB_HD static BlockChoice choose(const Params& p, const Global& g, uint32_t /*amax*/, const X& view,
+                                      const BlockAt& at) {
+    BlockChoice out[run_blocks];
+    chunk_choices(p, g, view, at, out);
+    const int64_t pos = at.br == 1 ? at.bj * at.bc : at.bi * at.br;
+    return out[pos % chunk / 16];
+  }
+  // The CPU pipeline's form (sim/block_rule.hpp's choose_run): one call per chunk.
+  template <class X>
+  static int choose_run(const Params& p, const Global& g, const X& view, const BlockAt& first, BlockChoice* out) {
+    return chunk_choices(p, g, view, first, out);
   }
   FP4LAB_HD static Element encode(const Params&, const BlockChoice& c, float x, uint32_t /*rbits*/) {
     return Quartet2TritonRule::rtn_fp4(div_full(x, c.mult));
