@@ -72,7 +72,7 @@ std::array<float, 16> rht_signs(RhtSigns kind, uint64_t seed);
 // the 16-point transform's). The operand is rounded to BF16 first (RN: the kernel's operands are BF16 under
 // autocast), and c is BF16's 0.08837890625, so c^2 * 128 = 0.99956..., not 1: the peer's rotation shrinks a
 // GEMM's product by that factor, and fp4lab's with it.
-// FP64 order (bit-exact contract, CUDA the same): t_i = double(bf16(v_i)) * d_i; 7 butterfly stages h = 1 .. 64
+// FP64 order (bit-exact contract; cuda/rht.cu's warp per chunk does the same operations): t_i = double(bf16(v_i)) * d_i; 7 butterfly stages h = 1 .. 64
 // as rht16_butterflies in FP64; y_i = float(t_i * c) (one FP64 product, then RN to FP32). Where the sum is exact
 // in FP64 (always, unless a chunk spans more than about 2^37 in magnitude) y is the exact value rounded once to
 // FP32, which is what the tensor-core MMA returns whenever its own sum is exact (the oracle's inputs); where
@@ -80,7 +80,6 @@ std::array<float, 16> rht_signs(RhtSigns kind, uint64_t seed);
 // butterflies; v_i = float(t_i * c) * d_i. Partial chunks stay as they are (as above).
 enum class RhtKind : uint8_t { rht16, quartet2_128 };
 inline constexpr float quartet2_rht_scale = 0.08837890625f;  // bf16(128^-0.5) = 181 * 2^-11
-FP4LAB_HD constexpr int rht_chunk(RhtKind k) { return k == RhtKind::rht16 ? 16 : 128; }
 std::array<float, 128> rht_signs128(uint64_t seed);  // rht_sign(seed, i), i < 128
 
 FP4LAB_HD inline void rht128_butterflies(double* t) {
