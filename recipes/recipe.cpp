@@ -278,13 +278,11 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
     } else if (k == "dgrad_rht") {
       r.dgrad_rht = get_bool(v, path);
     } else if (k == "rht_kind") {
-      const std::string s = get_string(v, path);
-      if (s == "rht16") {
-        r.rht_kind = RhtKind::rht16;
-      } else if (s == "quartet2_128") {
-        r.rht_kind = RhtKind::quartet2_128;
-      } else {
-        throw Error(path + ": unknown rht_kind '" + s + "'; valid: rht16, quartet2_128");
+      try {
+        r.rht_kind = parse_rht_kind(get_string(v, path));
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        throw Error(msg.rfind(path, 0) == 0 ? msg : path + ": " + msg);
       }
     } else if (k == "rht_schedule") {
       const std::string s = get_string(v, path);
@@ -369,7 +367,7 @@ nlohmann::json recipe_to_json(const Recipe& r) {
   j["wgrad_rht"] = r.wgrad_rht;
   // Written only where set (older resolved recipes keep their text).
   if (r.dgrad_rht) j["dgrad_rht"] = true;
-  if (r.rht_kind != RhtKind::rht16) j["rht_kind"] = "quartet2_128";
+  if (r.rht_kind != RhtKind::rht16) j["rht_kind"] = std::string(rht_kind_name(r.rht_kind));
   if (r.rht_schedule != RhtSchedule::fixed) j["rht_schedule"] = "per_step";
   j["rht_seed"] = r.rht_seed;
   j["high_precision"] = r.high_precision == HighPrecision::bf16 ? "bf16" : "fp32";

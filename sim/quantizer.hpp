@@ -105,6 +105,9 @@ enum class ScaleRule : uint8_t {
 // The rule's JSON name (its enumerator's name) and back (fp4lab::Error naming the valid choices otherwise).
 std::string_view scale_rule_name(ScaleRule r);
 ScaleRule parse_scale_rule(std::string_view s);
+// rht_kind's JSON name (rht16, quartet2_128) and back (the quantizer key and the recipe key share them).
+std::string_view rht_kind_name(RhtKind k);
+RhtKind parse_rht_kind(std::string_view s);
 enum class GlobalScale : uint8_t { none, tensor_amax, row_amax };
 enum class ScaleSelect : uint8_t { max, four_over_six };
 enum class Emulation : uint8_t {

@@ -49,6 +49,14 @@ constexpr ScaleRule kScaleRules[] = {
     ScaleRule::te_fp8_block, ScaleRule::amax_div};
 }  // namespace
 
+std::string_view rht_kind_name(RhtKind k) { return k == RhtKind::quartet2_128 ? "quartet2_128" : "rht16"; }
+
+RhtKind parse_rht_kind(std::string_view s) {
+  for (RhtKind k : {RhtKind::rht16, RhtKind::quartet2_128})
+    if (rht_kind_name(k) == s) return k;
+  throw Error("unknown rht_kind '" + text_excerpt(std::string(s)) + "'; valid: rht16, quartet2_128");
+}
+
 ScaleRule parse_scale_rule(std::string_view s) {
   std::string valid;
   for (ScaleRule r : kScaleRules) {
@@ -272,8 +280,7 @@ QuantizerSpec quantizer_from_json(const nlohmann::json& j, const std::string& wh
         q.rht_output = parse_named<RhtOutput>(get_string(v, path), "rht_output",
                                               {{"f32", RhtOutput::f32}, {"bf16", RhtOutput::bf16}});
       } else if (k == "rht_kind") {
-        q.rht_kind = parse_named<RhtKind>(get_string(v, path), "rht_kind",
-                                          {{"rht16", RhtKind::rht16}, {"quartet2_128", RhtKind::quartet2_128}});
+        q.rht_kind = parse_rht_kind(get_string(v, path));
       } else if (k == "sr_bits") {
         const std::optional<SrBits> b = parse_sr_bits(get_string(v, path));
         if (!b) throw Error(path + ": unknown sr_bits " + json_excerpt(v) + "; valid: " + sr_bits_names);
@@ -328,7 +335,7 @@ nlohmann::json quantizer_to_json(const QuantizerSpec& q) {
   // hashes of configs that hold it).
   if (q.rht_signs != RhtSigns::philox) j["rht_signs"] = "te";
   if (q.rht_output != RhtOutput::f32) j["rht_output"] = "bf16";
-  if (q.rht_kind != RhtKind::rht16) j["rht_kind"] = "quartet2_128";
+  if (q.rht_kind != RhtKind::rht16) j["rht_kind"] = std::string(rht_kind_name(q.rht_kind));
   j["sr_bits"] = sr_bits_name(q.sr_bits);
   j["emulate"] = q.emulate == Emulation::fp4tk                  ? "fp4tk"
                  : q.emulate == Emulation::te_fast_math         ? "te_fast_math"
