@@ -458,7 +458,8 @@ void register_quantize_commands(CLI::App& app) {
   CLI::App* q = app.add_subcommand(
       "quantize",
       "Block-quantize a 2-D float32 .npy tensor bit-exactly (MX with fp4lab's, torchao's and TE's scale rules,\n"
-      "NVFP4 with TE's 4/6, row-scaled, fast-math (emulate te_fast_math, te_fused_fast_math) and RHT (rht_signs te,\n"
+      "NVFP4 with TE's 4/6, row-scaled, reference (emulate te_reference), fast-math (emulate te_fast_math,\n"
+      "te_fused_fast_math) and RHT (rht_signs te,\n"
       "rht_output bf16) forms, Quartet II's kernels and Triton simulation (emulate quartet2, quartet2_triton;\n"
       "its backward's MS-EDEN after its 128-point rotation: quartet2_eden_triton, rht_kind quartet2_128),\n"
       "TetraJet-v2's double-block quantizer (emulate tetrajet2_source, _triton, _kernel), per-tensor FP8, FP8\n"

@@ -47,6 +47,10 @@ void print_list() {
         break;
       }
     if (r.wgrad_rht) other += "wgrad-RHT ";
+    if (r.dgrad_rht) other += "dgrad-RHT ";
+    if ((r.wgrad_rht || r.dgrad_rht) && r.rht_kind != RhtKind::rht16)
+      other += std::string(rht_kind_name(r.rht_kind)) + " ";
+    if ((r.wgrad_rht || r.dgrad_rht) && r.rht_schedule == RhtSchedule::per_step) other += "per-step-signs ";
     if (r.high_precision == HighPrecision::bf16) other += "hp=bf16 ";
     if (!r.keep_high_precision.empty()) {
       other += "keep:";
