@@ -209,6 +209,16 @@ class CudaBackend final : public Backend {
                        Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from) override {
     linear_.backward(l, state, w, dy, dx, dw_acc, db_acc, alloc(), dy_from);
   }
+  // The grouped layer where CudaLinear groups the plans (linear.hpp), else the default (each group's own calls).
+  void grouped_linear_forward(const LinearGroups& g, const Tensor& x, Tensor& y,
+                              std::unique_ptr<LinearState>& state) override {
+    if (!linear_.grouped_forward(g, x, y, state, alloc())) Backend::grouped_linear_forward(g, x, y, state);
+  }
+  void grouped_linear_backward(const LinearGroups& g, const LinearState& state, const Tensor& dy, Tensor& dx,
+                               std::span<Tensor> dw_acc, std::span<float* const> db_acc) override {
+    if (!linear_.grouped_backward(g, state, dy, dx, dw_acc, db_acc, alloc()))
+      Backend::grouped_linear_backward(g, state, dy, dx, dw_acc, db_acc);
+  }
 
   // ---- LayerNorm, GELU ----
   void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,

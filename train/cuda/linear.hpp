@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "train/backend.hpp"
 
@@ -62,6 +63,24 @@ class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
                 Tensor& dw_acc, float* db_acc, const std::function<Tensor(int64_t, int64_t)>& alloc) {
     backward(plan_layer(ctx), state, w, dy, dx, dw_acc, db_acc, alloc);
   }
+
+  // Backend::grouped_linear_forward / backward (train/backend.hpp: the bits of
+  // each non-empty group's own forward / backward above, in group order) as
+  // one layer where every group's plan has one form (grouped_linear.cpp):
+  //   bf16  every operand its plain BF16 rounding (the bf16 recipe, layers
+  //         kept in BF16): x, dy and the E weights each rounded in one launch;
+  //   fp32  every operand plain FP32 (no recipe, layers kept in FP32).
+  // Each group's GEMM is the dense layer's cublasGemmEx with the same
+  // arguments, its operands at 256-byte-aligned starts as the dense layer's
+  // scratch is (cuBLAS's choice of kernel may depend on alignment).
+  // grouped_forward returns false and does nothing for other plans (the
+  // caller runs the default); grouped_backward returns false for a state
+  // grouped_forward did not write.
+  bool grouped_forward(const LinearGroups& g, const Tensor& x, Tensor& y, std::unique_ptr<LinearState>& state,
+                       const std::function<Tensor(int64_t, int64_t)>& alloc);
+  bool grouped_backward(const LinearGroups& g, const LinearState& state, const Tensor& dy, Tensor& dx,
+                        std::span<Tensor> dw_acc, std::span<float* const> db_acc,
+                        const std::function<Tensor(int64_t, int64_t)>& alloc);
 
   // Backend::linear_input_needs: what the plan wants of the producer of x
   // (grad: of dy), a [rows, cols] tensor. bf16: both GEMM operands of the

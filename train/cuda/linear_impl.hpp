@@ -157,6 +157,7 @@ struct LinearCore {
   cuda::Blas blas{kStream};
   cuda::QuantWorkspace qws;
   Slot slot[2];
+  DeviceBuffer<uint16_t> grouped_dy;  // the grouped layer's BF16 dy (grouped_linear.cpp)
   DeviceBuffer<uint16_t> dy_cols_h;  // backward: wgrad's dy operand when made together with dgrad's
   DeviceBuffer<float> dy_cols_g{1};
   // [alpha, beta] pairs of the device-pointer-mode GEMMs: the forward, dgrad

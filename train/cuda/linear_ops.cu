@@ -21,8 +21,8 @@ unsigned blocks_for(int64_t work, const char* what) {
 
 // One thread per 4 consecutive elements: a 16-byte load and an 8-byte store
 // where the pointers allow, scalar accesses otherwise and in the tail.
-__global__ void round_bf16_kernel(const float* x, int64_t n, uint16_t* bits) {
-  const int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x, i0 = g * 4;
+__device__ void round_bf16_four(const float* x, int64_t n, uint16_t* bits, int64_t g) {
+  const int64_t i0 = g * 4;
   if (i0 >= n) return;
   auto rn = [](float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); };
   const bool vec = (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(bits) & 7u) == 0;
@@ -32,6 +32,20 @@ __global__ void round_bf16_kernel(const float* x, int64_t n, uint16_t* bits) {
     return;
   }
   for (int64_t i = i0; i < i0 + 4 && i < n; ++i) bits[i] = uint16_t(rn(x[i]));
+}
+
+__global__ void round_bf16_kernel(const float* x, int64_t n, uint16_t* bits) {
+  round_bf16_four(x, n, bits, int64_t(blockIdx.x) * kThreads + threadIdx.x);
+}
+
+// Slices by value (blockIdx.y: the slice; blocks stride over its quads).
+struct Bf16SliceBatch {
+  Bf16Slice s[kBf16SlicesPerLaunch];
+};
+__global__ void round_bf16_slices_kernel(Bf16SliceBatch b) {
+  const Bf16Slice& sl = b.s[blockIdx.y];
+  for (int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x; g * 4 < sl.n; g += int64_t(gridDim.x) * kThreads)
+    round_bf16_four(sl.src, sl.n, sl.dst, g);
 }
 
 __global__ void bf16_to_f32_kernel(const uint16_t* bits, int64_t n, const float* scale, float* out) {
@@ -58,6 +72,19 @@ void round_bf16_device(const float* x, int64_t n, uint16_t* bits, cudaStream_t s
   if (n <= 0) return;
   round_bf16_kernel<<<blocks_for((n + 3) / 4, "round_bf16"), kThreads, 0, stream>>>(x, n, bits);
   check_launch("round_bf16_kernel");
+}
+
+void round_bf16_slices_device(std::span<const Bf16Slice> slices, cudaStream_t stream) {
+  for (size_t first = 0; first < slices.size(); first += kBf16SlicesPerLaunch) {
+    Bf16SliceBatch b{};
+    const size_t count = std::min(slices.size() - first, size_t(kBf16SlicesPerLaunch));
+    int64_t most = 0;
+    for (size_t i = 0; i < count; ++i) b.s[i] = slices[first + i], most = std::max(most, b.s[i].n);
+    if (most <= 0) continue;
+    const unsigned blocks = std::min(blocks_for((most + 3) / 4, "round_bf16_slices"), 4096u);
+    round_bf16_slices_kernel<<<dim3(blocks, unsigned(count)), kThreads, 0, stream>>>(b);
+    check_launch("round_bf16_slices_kernel");
+  }
 }
 
 void bf16_to_f32_device(const uint16_t* bits, int64_t n, const float* scale, float* out, cudaStream_t stream) {

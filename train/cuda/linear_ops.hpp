@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include <cuda_runtime.h>
 
@@ -14,6 +15,16 @@ namespace fp4lab::cuda {
 // bits[i] = bfloat16 code of x[i], round-to-nearest-even, Inf/NaN kept
 // (core's encode_rn_f32<bfloat16>(x, nonsaturate): the CPU layer's bf16 rounding).
 void round_bf16_device(const float* x, int64_t n, uint16_t* bits, cudaStream_t stream = nullptr);
+
+// round_bf16_device(src, n, dst) of every slice, kBf16SlicesPerLaunch slices a
+// launch (a grouped linear's groups: one launch for up to that many).
+struct Bf16Slice {
+  const float* src = nullptr;
+  uint16_t* dst = nullptr;
+  int64_t n = 0;
+};
+inline constexpr int kBf16SlicesPerLaunch = 64;
+void round_bf16_slices_device(std::span<const Bf16Slice> slices, cudaStream_t stream = nullptr);
 
 // out[i] = decode(bfloat16, bits[i]) * (*scale) in FP32 (one multiply, RN); a
 // null `scale` (device pointer) means no multiply. With bits a quantizer's BF16
