@@ -68,6 +68,7 @@ struct TrainArgs {
 
 struct BenchArgs {
   std::string config, recipes = "fp32,mx_baseline,nvfp4", backend, pytorch = "auto", pytorch_dir = "scripts";
+  std::string vs_config;  // --vs-config: a second model timed in the same rounds (its ratio printed)
   int64_t steps = 10;
   int repeats = 3;
   int threads = 0;
@@ -123,6 +124,8 @@ double gpt_flops_per_token(const ModelConfig& m, const ParamStore& ps) {
 // One recipe's model, optimizer and synthetic batch, kept across the rounds.
 struct BenchRun {
   std::string name;
+  const RunConfig* cfg = nullptr;  // the model's config and synthetic batch (bench_train's)
+  const Batch* batch = nullptr;
   Recipe recipe;
   std::unique_ptr<Backend> be;
   std::unique_ptr<Model> model;
@@ -259,51 +262,30 @@ void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool w
 // built first, 2 warm-up steps each, then `repeats` rounds of `steps` steps
 // with the recipes interleaved; median and range over the rounds. Then
 // PyTorch's GPT of the same shape beside them (bench_pytorch).
-void bench_train(const BenchArgs& a) {
+// One bench model's config: the file (none: the baby GPT) with the --set, --threads and --backend options.
+RunConfig bench_config(const BenchArgs& a, const std::string& path) {
   json j;
-  if (a.config.empty()) {
+  if (path.empty()) {
     j = {{"name", "gpt_baby"}, {"model", {{"type", "gpt"}}}, {"data", {{"type", "char"}}}};
   } else {
-    j = read_json_file(a.config);
-    if (!j.is_object())
-      throw Error(a.config + ": the config is " + std::string(j.type_name()) + ", expected a JSON object");
+    j = read_json_file(path);
+    if (!j.is_object()) throw Error(path + ": the config is " + std::string(j.type_name()) + ", expected a JSON object");
   }
   for (const auto& s : a.sets) apply_set(j, s);
   if (a.threads > 0) j["threads"] = a.threads;
   if (!a.backend.empty()) j["backend"] = a.backend;
-  if (a.repeats <= 0) throw Error("--repeats must be positive, got " + std::to_string(a.repeats));
-  if (a.pytorch != "auto" && a.pytorch != "on" && a.pytorch != "off")
-    throw Error("--pytorch '" + a.pytorch + "': valid: auto, on, off");
   RunConfig cfg = config_from_json(j);
-  const bool vit = cfg.model.type == "vit";
   // Batches are synthetic (no data is read), but the model is the run's: token data sets its vocabulary.
   if (cfg.data.type == "tokens") cfg.model.vocab_size = token_model_vocab(cfg.data);
-  const int threads = cfg.threads > 0 ? cfg.threads : std::max(1, int(std::thread::hardware_concurrency()));
-  std::printf("bench train: %s model, batch %lld%s, backend %s%s; %d rounds of %lld timed steps after 2 warm-up "
-              "steps, recipes interleaved; ms/iter: median, min, max over the rounds\n",
-              cfg.model.type.c_str(), (long long)cfg.training.batch_size,
-              vit ? "" : (" x context " + std::to_string(cfg.model.context)).c_str(), cfg.backend.c_str(),
-              cfg.backend == "cpu" ? (", " + std::to_string(threads) + " threads").c_str() : "", a.repeats,
-              (long long)a.steps);
-  std::vector<BenchRun> runs;
-  bool with_fp32 = false;
+  return cfg;
+}
+
+// A synthetic batch of cfg's shape (seeded: the same batch every time).
+Batch synthetic_batch(const RunConfig& cfg) {
   Batch b;
   b.size = cfg.training.batch_size;
-  for (const auto& rname : split_list(a.recipes, "--recipes")) {
-    cfg.recipe = rname;
-    BenchRun r;
-    r.name = rname;
-    r.recipe = resolve_recipe(cfg);
-    with_fp32 = with_fp32 || rname == "fp32";
-    r.be = make_backend(cfg.backend, cfg.threads);
-    r.model = make_model(cfg.model, *r.be, cfg.seed);
-    AdamWConfig ac = cfg.training.adamw;
-    if (cfg.training.optimizer == "adam") ac.weight_decay = 0.0;
-    r.opt = std::make_unique<AdamW>(ac, r.model->params(), *r.be);
-    runs.push_back(std::move(r));
-  }
   std::mt19937 rng(1234);
-  if (vit) {
+  if (cfg.model.type == "vit") {
     const int64_t px = cfg.model.channels * cfg.model.image_size * cfg.model.image_size;
     std::normal_distribution<float> nd;
     for (int64_t i = 0; i < b.size * px; ++i) b.images.push_back(nd(rng));
@@ -314,18 +296,77 @@ void bench_train(const BenchArgs& a) {
       b.targets.push_back(int32_t(rng() % uint32_t(cfg.model.vocab_size)));
     }
   }
-  // MFU: the model's training flops a token against the device's dense BF16 peak (every recipe's GEMMs run on
-  // the BF16 tensor cores on Hopper: the FP4/FP8 recipes emulate theirs exactly there).
+  return b;
+}
+
+// MFU: the model's training flops a token against the device's dense BF16 peak (every recipe's GEMMs run on
+// the BF16 tensor cores on Hopper: the FP4/FP8 recipes emulate theirs exactly there).
+FlopRate flop_rate(const BenchArgs& a, const RunConfig& cfg, const ParamStore& ps, std::string* peak_from) {
   FlopRate rate;
-  rate.flops_per_item = gpt_flops_per_token(cfg.model, runs.front().model->params());
+  rate.flops_per_item = gpt_flops_per_token(cfg.model, ps);
   rate.peak_tflops = a.peak_tflops;
-  std::string peak_from = "--peak-tflops";
+  *peak_from = "--peak-tflops";
 #ifdef FP4LAB_WITH_CUDA
   if (rate.peak_tflops <= 0 && cfg.backend == "cuda") {
     rate.peak_tflops = cuda::dense_bf16_peak_tflops();
-    peak_from = cuda::device_description() + ", dense BF16 datasheet figure";
+    *peak_from = cuda::device_description() + ", dense BF16 datasheet figure";
   }
 #endif
+  return rate;
+}
+
+// Training steps on synthetic data (no dataset needed): every recipe's model
+// built first (and, with --vs-config, the second model's per recipe), 2
+// warm-up steps each, then `repeats` rounds of `steps` steps with the models
+// interleaved; median and range over the rounds. With --vs-config, each
+// recipe's ratio of the two models' medians from those same rounds. Then
+// PyTorch's GPT of the first config's shape beside them (bench_pytorch).
+void bench_train(const BenchArgs& a) {
+  if (a.repeats <= 0) throw Error("--repeats must be positive, got " + std::to_string(a.repeats));
+  if (a.pytorch != "auto" && a.pytorch != "on" && a.pytorch != "off")
+    throw Error("--pytorch '" + a.pytorch + "': valid: auto, on, off");
+  const bool vs = !a.vs_config.empty();
+  std::vector<RunConfig> cfgs{bench_config(a, a.config)};
+  if (vs) cfgs.push_back(bench_config(a, a.vs_config));
+  std::vector<Batch> batches;
+  for (const RunConfig& c : cfgs) batches.push_back(synthetic_batch(c));
+  const RunConfig& cfg = cfgs[0];
+  const bool vit = cfg.model.type == "vit";
+  if (vs && (cfgs[1].model.type == "vit") != vit)
+    throw Error("--vs-config " + a.vs_config + ": a " + cfgs[1].model.type + " model, but --config's is " +
+                cfg.model.type + " (the rows are per token or per image: both must be of one kind)");
+  const int threads = cfg.threads > 0 ? cfg.threads : std::max(1, int(std::thread::hardware_concurrency()));
+  std::printf("bench train: %s model, batch %lld%s, backend %s%s; %d rounds of %lld timed steps after 2 warm-up "
+              "steps, %s interleaved; ms/iter: median, min, max over the rounds\n",
+              cfg.model.type.c_str(), (long long)cfg.training.batch_size,
+              vit ? "" : (" x context " + std::to_string(cfg.model.context)).c_str(), cfg.backend.c_str(),
+              cfg.backend == "cpu" ? (", " + std::to_string(threads) + " threads").c_str() : "", a.repeats,
+              (long long)a.steps, vs ? "models and recipes" : "recipes");
+  const std::string vs_tag = vs ? " @" + std::filesystem::path(a.vs_config).stem().string() : "";
+  std::vector<BenchRun> runs;  // with --vs-config: each recipe's two models in turn
+  bool with_fp32 = false;
+  for (const auto& rname : split_list(a.recipes, "--recipes")) {
+    with_fp32 = with_fp32 || rname == "fp32";
+    for (size_t c = 0; c < cfgs.size(); ++c) {
+      RunConfig rc = cfgs[c];
+      rc.recipe = rname;
+      BenchRun r;
+      r.name = rname + (c == 1 ? vs_tag : "");
+      r.cfg = &cfgs[c];
+      r.batch = &batches[c];
+      r.recipe = resolve_recipe(rc);
+      r.be = make_backend(rc.backend, rc.threads);
+      r.model = make_model(rc.model, *r.be, rc.seed);
+      AdamWConfig ac = rc.training.adamw;
+      if (rc.training.optimizer == "adam") ac.weight_decay = 0.0;
+      r.opt = std::make_unique<AdamW>(ac, r.model->params(), *r.be);
+      runs.push_back(std::move(r));
+    }
+  }
+  std::string peak_from;
+  std::vector<FlopRate> rates;
+  for (size_t c = 0; c < cfgs.size(); ++c) rates.push_back(flop_rate(a, cfgs[c], runs[c].model->params(), &peak_from));
+  const FlopRate& rate = rates[0];
   if (rate.flops_per_item <= 0)
     std::printf("TFLOP/s and MFU: not counted for this model (only the GPT's flops are: 6N + 12LCT a token)\n");
   else if (rate.peak_tflops <= 0)
@@ -334,15 +375,30 @@ void bench_train(const BenchArgs& a) {
   else
     std::printf("TFLOP/s: %.4g flops a token (6N + 12LCT, nanoGPT's estimate_mfu); MFU against %.4g TFLOP/s (%s)\n",
                 rate.flops_per_item, rate.peak_tflops, peak_from.c_str());
+  if (vs && rates[1].flops_per_item > 0)
+    std::printf("%s: %.4g flops a token\n", a.vs_config.c_str(), rates[1].flops_per_item);
   std::printf("%-44s %9s %9s %9s %14s %10s %9s %7s\n", "recipe", "ms/iter", "min", "max", vit ? "images/s" : "tokens/s",
               "vs first", "TFLOP/s", "MFU");
   const int64_t total_steps = 2 + a.steps * a.repeats;
-  for (BenchRun& r : runs) time_steps(r, b, cfg, 2, total_steps);
+  for (BenchRun& r : runs) time_steps(r, *r.batch, *r.cfg, 2, total_steps);
   for (int round = 0; round < a.repeats; ++round)
-    for (BenchRun& r : runs) r.ms.push_back(time_steps(r, b, cfg, a.steps, total_steps));
-  const double items_per_ms = double(b.size * runs.front().model->items_per_sample()) * 1000.0;
+    for (BenchRun& r : runs) r.ms.push_back(time_steps(r, *r.batch, *r.cfg, a.steps, total_steps));
   const double first_ms = spread_of(runs.front().ms).median;
-  for (const BenchRun& r : runs) print_bench_row(r.name, spread_of(r.ms), items_per_ms, first_ms, rate);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const BenchRun& r = runs[i];
+    const size_t c = vs ? i % 2 : 0;
+    const double items_per_ms = double(r.batch->size * r.model->items_per_sample()) * 1000.0;
+    print_bench_row(r.name, spread_of(r.ms), items_per_ms, first_ms, rates[c]);
+  }
+  if (vs) {
+    std::printf("%s against %s, same rounds (ms/iter ratio of the medians; max/median of each):\n",
+                a.config.empty() ? "gpt_baby" : a.config.c_str(), a.vs_config.c_str());
+    for (size_t i = 0; i + 1 < runs.size(); i += 2) {
+      const Spread m = spread_of(runs[i].ms), d = spread_of(runs[i + 1].ms);
+      std::printf("  %-20s %7.2fx   max/median %.2f and %.2f\n", runs[i].name.c_str(), m.median / d.median,
+                  m.max / m.median, d.max / d.median);
+    }
+  }
   runs.clear();  // free the GPU before PyTorch runs on it
   bench_pytorch(a, cfg, threads, with_fp32, first_ms, rate);
 }
@@ -503,10 +559,14 @@ void register_bench_train(CLI::App& bench) {
   c->add_option("--steps", a->steps, "Timed steps per round and recipe (default 10)")->check(CLI::PositiveNumber);
   c->add_option("--repeats", a->repeats, "Timed rounds (median and range reported; default 3)")
       ->check(CLI::PositiveNumber);
+  c->add_option("--vs-config", a->vs_config,
+                "A second config timed in the same rounds, each recipe's ratio printed (e.g. a mixture of experts "
+                "against the dense model of equal active parameters)")
+      ->check(CLI::ExistingFile);
   c->add_option("--threads", a->threads, "OpenMP threads (default: all)");
   c->add_option("--backend", a->backend, "cpu or cuda (default: the config's backend)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  c->add_option("--set", a->sets, "Override a config key: dotted.key=value");
+  c->add_option("--set", a->sets, "Override a config key: dotted.key=value (both configs)");
   c->add_option("--peak-tflops", a->peak_tflops,
                 "The peak (TFLOP/s) MFU is measured against (default: the GPU's dense BF16 datasheet figure; none on "
                 "the CPU)")

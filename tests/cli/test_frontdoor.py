@@ -277,8 +277,38 @@ def test_bench_mfu(t):
         check(abs(mfu - 100 * tflops / 0.0005) <= 0.01 * mfu + 0.1, f"bench train: MFU {mfu}: {row}")
 
 
+def test_bench_vs_config(t):
+    """bench train --vs-config: both models timed in the same rounds; each recipe's ratio is the quotient of its two
+    rows' medians (as printed), and a second config of another kind is refused with one line naming it."""
+    base = os.path.join(SRC, 'configs', 'gpt_baby.json')
+    wide = os.path.join(t, 'wide.json')
+    with open(base) as f:
+        cfg = json.load(f)
+    cfg.setdefault('model', {})['width'] = 64
+    with open(wide, 'w') as f:
+        json.dump(cfg, f)
+    rc, out, err = run('bench', 'train', '--config', wide, '--vs-config', base, '--set', 'model.layers=1', '--steps',
+                       '1', '--repeats', '1', '--recipes', 'fp32,bf16', '--pytorch', 'off')
+    if not check(rc == 0, f"bench train --vs-config: exit {rc}: {err}"):
+        return
+    rows = {l.split()[0] + (' ' + l.split()[1] if l.split()[1].startswith('@') else ''): float(
+        l.split()[2] if l.split()[1].startswith('@') else l.split()[1])
+            for l in out.splitlines() if l.startswith(('fp32 ', 'bf16 '))}
+    check(set(rows) == {'fp32', 'fp32 @gpt_baby', 'bf16', 'bf16 @gpt_baby'}, f"bench train --vs-config rows: {out}")
+    for r in ('fp32', 'bf16'):
+        m = re.search(r"^  " + r + r"\s+(\S+)x\s+max/median (\S+) and (\S+)$", out, re.M)
+        if check(m is not None and r in rows and r + ' @gpt_baby' in rows, f"bench train --vs-config ratio {r}: {out}"):
+            want = rows[r] / rows[r + ' @gpt_baby']
+            check(abs(float(m.group(1)) - want) <= 0.01 * want + 0.01, f"ratio {m.group(1)}, rows say {want}: {out}")
+    vit = os.path.join(SRC, 'configs', 'vit_mnist_quick.json')
+    if os.path.exists(vit):
+        rc, out, err = run('bench', 'train', '--config', base, '--vs-config', vit, '--steps', '1', '--repeats', '1',
+                           '--recipes', 'fp32', '--pytorch', 'off')
+        check(rc != 0 and 'vs-config' in err and 'vit' in err, f"bench train --vs-config with a ViT: {rc} {err}")
+
+
 def main():
-    tests = [test_bench_mfu, test_decode_packed, test_sr_bias_tensor, test_get_shakespeare, test_run_main, test_install_and_title]
+    tests = [test_bench_mfu, test_bench_vs_config, test_decode_packed, test_sr_bias_tensor, test_get_shakespeare, test_run_main, test_install_and_title]
     for fn in tests:
         before = fails
         with tempfile.TemporaryDirectory(prefix='fp4lab_frontdoor_') as t:
