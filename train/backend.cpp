@@ -1,5 +1,6 @@
 // The backend interface's free functions (backend.hpp): the choice of a
-// backend by name and the checks of index ranges and row indices.
+// backend by name and the checks of index ranges and row indices; the
+// defaults of the grouped linear and of the routing seam.
 #include "train/backend.hpp"
 
 #include <string>
@@ -97,6 +98,63 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
 #endif
   }
   throw Error("backend \"" + name + "\" unknown; valid: cpu, cuda");
+}
+
+// ---- the routing seam's defaults: the routing on the host (HostRouteState) ----
+
+namespace {
+
+HostRouteState& host_route(RouteState& r) {
+  auto* h = dynamic_cast<HostRouteState*>(&r);
+  FP4LAB_CHECK(h != nullptr, "Backend::moe_*: a routing state of another backend's moe_route");
+  return *h;
+}
+const HostRouteState& host_route(const RouteState& r) { return host_route(const_cast<RouteState&>(r)); }
+
+}  // namespace
+
+std::unique_ptr<RouteState> Backend::moe_route(const RouteParams& p, const Tensor& logits) {
+  FP4LAB_CHECK(logits.cols == p.experts, "moe_route: logits of " + std::to_string(logits.cols) + " columns for " +
+                                             std::to_string(p.experts) + " experts");
+  std::vector<float> host(static_cast<size_t>(logits.size()));
+  download(logits, host.data());
+  auto s = std::make_unique<HostRouteState>();
+  s->r = route(p, host.data(), logits.rows);
+  s->params = p;
+  s->tokens = logits.rows;
+  s->offset = s->r.offset;
+  s->summary = route_summary(s->r);
+  return s;
+}
+
+void Backend::moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped) {
+  gather_rows_indexed(x, host_route(r).r.token.data(), grouped);
+}
+
+void Backend::moe_combine(const Tensor& src, const RouteState& r, bool gated, Tensor& out) {
+  const Routing& h = host_route(r).r;
+  combine_rows(src, h.pos.data(), gated ? h.gate.data() : nullptr, h.k, out);
+}
+
+void Backend::moe_combine_backward(const Tensor& dout, const Tensor& src, RouteState& r, Tensor& dsrc) {
+  HostRouteState& h = host_route(r);
+  h.dgate.resize(static_cast<size_t>(h.r.tokens * h.r.k));
+  combine_rows_backward(dout, src, h.r.pos.data(), h.r.gate.data(), h.r.k, dsrc, h.dgate.data());
+}
+
+void Backend::moe_router_grad(const RouteState& r, float loss_scale, Tensor& dlogits) {
+  const HostRouteState& h = host_route(r);
+  FP4LAB_CHECK(h.dgate.size() == static_cast<size_t>(h.r.tokens * h.r.k),
+               "moe_router_grad: no moe_combine_backward before it");
+  FP4LAB_CHECK(dlogits.rows == h.r.tokens && dlogits.cols == h.r.experts, "moe_router_grad: dlogits' shape");
+  const std::vector<float> d = router_logit_grad(h.params, h.r, h.dgate.data(), loss_scale);
+  upload(d.data(), dlogits);
+}
+
+Routing Backend::moe_download(const RouteState& r, std::vector<float>* dgate) {
+  const HostRouteState& h = host_route(r);
+  if (dgate) *dgate = h.dgate;
+  return h.r;
 }
 
 }  // namespace fp4lab::train

@@ -22,9 +22,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "recipes/linear_plan.hpp"
+#include "train/route.hpp"
 
 namespace fp4lab::train {
 
@@ -336,6 +338,27 @@ class Backend {
   // (each product exact in float64), rounded once to float. Blocks until dw is written.
   virtual void combine_rows_backward(const Tensor& dout, const Tensor& src, const int32_t* pos, const float* w,
                                      int64_t k, Tensor& dsrc, float* dw) = 0;
+
+  // The routing seam (train/route.hpp), which MoeMlp calls: one batch's
+  // routing kept in the backend's memory. The defaults route on the host
+  // (HostRouteState): download of the logits and route(), then the host-index
+  // calls above, router_logit_grad and an upload. A backend may keep the
+  // routing in its own memory instead, with the same bits. N tokens, E
+  // experts, k slots a token.
+  // The routing of logits [N, E]; the state's offset and summary are set on
+  // return (the host waits here: for the logits, or for the E counts).
+  virtual std::unique_ptr<RouteState> moe_route(const RouteParams& p, const Tensor& logits);
+  // grouped [N k, C] row r = x row token[r] (gather_rows_indexed).
+  virtual void moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped);
+  // out [N, C] = combine_rows(src, pos, gated ? gate : null, k).
+  virtual void moe_combine(const Tensor& src, const RouteState& r, bool gated, Tensor& out);
+  // combine_rows_backward(dout, src, pos, gate, k, dsrc, dgate), the gates' gradient dgate kept in r.
+  virtual void moe_combine_backward(const Tensor& dout, const Tensor& src, RouteState& r, Tensor& dsrc);
+  // dlogits [N, E] = router_logit_grad(r's parameters and routing, r's dgate, loss_scale).
+  virtual void moe_router_grad(const RouteState& r, float loss_scale, Tensor& dlogits);
+  // The routing on the host (tests), and in *dgate (if non-null) the gates'
+  // gradient (empty before moe_combine_backward).
+  virtual Routing moe_download(const RouteState& r, std::vector<float>* dgate = nullptr);
 
   // Softmax cross-entropy over rows of logits [N, V] with targets [N] (host).
   // Returns the mean loss (float64 accumulation in row order); writes

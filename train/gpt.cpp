@@ -66,7 +66,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   std::vector<LinearLayerInfo> linear_layers() const override { return infos_; }
   int64_t items_per_sample() const override { return cfg_.context; }
   nlohmann::json step_metrics() const override {
-    std::vector<const Routing*> r;
+    std::vector<const RouteSummary*> r;
     for (const Block& b : blocks_)
       if (b.moe) r.push_back(&b.moe->routing());
     return r.empty() ? nlohmann::json::object() : routing_metrics(r);

@@ -50,6 +50,7 @@ struct MoeConfig {
   double z_loss = 0.001;        // router z-loss coefficient beta: beta mean_t logsumexp(router logits of t)^2 (ST-MoE)
   bool quantize_router = false; // false: the router is plain FP32 whatever the recipe (every anchor keeps it so)
   bool operator==(const MoeConfig&) const = default;
+  RouteParams route_params() const { return {experts, top_k, normalize_top_k, aux_loss, z_loss}; }
 };
 
 struct ModelConfig {

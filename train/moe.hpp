@@ -18,9 +18,9 @@
 //             mean probability of e) and router z-loss beta mean_t lse_t^2,
 //             both added to the gradient (times the step's loss scale), not to
 //             the reported loss (the task's cross-entropy)
-// Routing runs on the host in float64 from the router logits (one download of
-// [N, E] floats per layer and step): the same decisions on every backend for
-// the same logits.
+// Routing runs in the backend's memory through Backend::moe_route and the
+// calls after it (train/route.hpp): on the host by default, on the GPU in the
+// CUDA backend, with the same bits on the same logits (route() in float64).
 #pragma once
 
 #include <cstdint>
@@ -51,25 +51,14 @@ class LinearCalls {
                                 const Tensor& dy, std::span<const int64_t> offsets, Tensor& dx) = 0;
 };
 
-// One token-to-expert assignment of a batch (host arrays).
-struct Routing {
-  int64_t tokens = 0, experts = 0, k = 0;
-  std::vector<double> probs;        // [tokens, experts] softmax
-  std::vector<double> lse;          // [tokens] logsumexp of the logits
-  std::vector<int32_t> expert;      // [tokens, k] chosen experts, by decreasing probability
-  std::vector<float> gate;          // [tokens, k] combine weights
-  std::vector<int32_t> pos;         // [tokens, k] row of the slot in the grouped tensor
-  std::vector<int32_t> token;       // [tokens * k] token of each grouped row
-  std::vector<int64_t> count;       // [experts] n_e
-  std::vector<int64_t> offset;      // [experts + 1]
-  double aux_loss = 0, z_loss = 0;  // with their coefficients applied
-};
-
-// Routing of logits [tokens, experts] (row-major, host) under c.
-Routing route(const MoeConfig& c, const float* logits, int64_t tokens);
-// d(total loss)/d(logits) [tokens, experts] from the gates' gradient dgate
-// [tokens, k] and the auxiliary losses (their gradient times loss_scale).
-std::vector<float> router_logit_grad(const MoeConfig& c, const Routing& r, const float* dgate, float loss_scale);
+// route() and router_logit_grad() (train/route.hpp) under a MoeConfig.
+inline Routing route(const MoeConfig& c, const float* logits, int64_t tokens) {
+  return route(c.route_params(), logits, tokens);
+}
+inline std::vector<float> router_logit_grad(const MoeConfig& c, const Routing& r, const float* dgate,
+                                            float loss_scale) {
+  return router_logit_grad(c.route_params(), r, dgate, loss_scale);
+}
 
 class MoeMlp {
  public:
@@ -81,7 +70,10 @@ class MoeMlp {
   Tensor forward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x);
   // dx [N, C] from dy [N, C]; parameter gradients accumulated.
   Tensor backward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& dy);
-  const Routing& routing() const { return r_; }
+  // The last forward's routing figures (empty before the first forward).
+  const RouteSummary& routing() const;
+  // The last forward's routing state (null before the first forward): Backend::moe_download's argument.
+  const RouteState* route_state() const { return route_.get(); }
 
  private:
   StepContext router_context(const StepContext& s) const;
@@ -92,13 +84,13 @@ class MoeMlp {
   std::vector<LinearLayer*> fc_ptrs_, proj_ptrs_;  // the experts' layers, for the grouped calls
   std::unique_ptr<LinearState> fc_state_, proj_state_;  // the experts' grouped states (forward -> backward)
   std::unique_ptr<LinearLayer> shared_fc_, shared_proj_;
-  Routing r_;
+  std::unique_ptr<RouteState> route_;  // the last forward's routing (forward -> backward)
   Tensor x_, grouped_, h_, g_, out_e_, sh_h_, sh_g_;
 };
 
 // metrics.jsonl figures of the layers' last routings: {"moe_aux_loss",
 // "moe_z_loss" (sums over layers), "expert_load" ([layer][expert] f_e),
 // "max_load" (the largest E f_e over layers: 1 = balanced)}.
-nlohmann::json routing_metrics(const std::vector<const Routing*>& layers);
+nlohmann::json routing_metrics(const std::vector<const RouteSummary*>& layers);
 
 }  // namespace fp4lab::train

@@ -1,6 +1,9 @@
 // A Backend that forwards every call to another (inner()), for tests that
 // wrap a backend to watch or pin its calls: a test derives from it and
-// overrides what it watches.
+// overrides what it watches. The routing seam (Backend::moe_route and the
+// calls after it) is not forwarded: a wrapped backend routes on the host (the
+// seam's defaults, over the forwarded host-index calls), which is how a test
+// forces the host routing on a backend with its own.
 #pragma once
 
 #include <memory>

@@ -1,10 +1,13 @@
 // The mixture-of-experts layer (train/moe.hpp): routing against hand-computed
-// values, the router's logit gradient and the whole layer's gradients (router,
-// experts, shared expert, input) against central finite differences, and the
-// config's checks.
+// values, the auxiliary losses' blocked sums, the routing seam's host defaults
+// against the host-index calls, the router's logit gradient and the whole
+// layer's gradients (router, experts, shared expert, input) against central
+// finite differences, and the config's checks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -12,6 +15,7 @@
 #include "train/config.hpp"
 #include "train/moe.hpp"
 #include "train/params.hpp"
+#include "train/route.hpp"
 
 namespace fp4lab::train {
 
@@ -70,6 +74,126 @@ TEST_CASE("moe route: empty experts and k = E") {
   float sum = 0;
   for (int j = 0; j < 3; ++j) sum += all.gate[size_t(j)];
   CHECK(sum == doctest::Approx(1.0f));
+}
+
+// The auxiliary losses' sums run in blocks of kRouteSumBlock tokens (route.hpp):
+// the same values as plain float64 sums up to rounding, and exactly the
+// blocked order (which the GPU's reduction reproduces).
+TEST_CASE("moe route: the auxiliary losses' blocked sums") {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const int64_t N : {1, 255, 256, 257, 1000}) {
+    CAPTURE(N);
+    const int64_t E = 8, k = 2;
+    std::vector<float> logits(size_t(N * E));
+    for (auto& v : logits) v = nd(rng);
+    const MoeConfig c = moe(E, k, true, 0.3, 0.2);
+    const Routing r = route(c, logits.data(), N);
+    // Reference: serial sums in long double.
+    std::vector<long double> P(size_t(E), 0.0L);
+    long double z = 0;
+    for (int64_t t = 0; t < N; ++t) {
+      for (int64_t e = 0; e < E; ++e) P[size_t(e)] += r.probs[size_t(t * E + e)];
+      z += (long double)r.lse[size_t(t)] * r.lse[size_t(t)];
+    }
+    long double aux = 0;
+    for (int64_t e = 0; e < E; ++e) aux += (long double)r.count[size_t(e)] / (N * k) * (P[size_t(e)] / N);
+    CHECK(r.aux_loss == doctest::Approx(double(0.3L * E * aux)).epsilon(1e-13));
+    CHECK(r.z_loss == doctest::Approx(double(0.2L * z / N)).epsilon(1e-13));
+    // The blocked order, bit for bit.
+    std::vector<double> Pb(size_t(E), 0.0);
+    double zb = 0;
+    for (int64_t b = 0; b * kRouteSumBlock < N; ++b) {
+      std::vector<double> part(size_t(E), 0.0);
+      double zp = 0;
+      for (int64_t t = b * kRouteSumBlock; t < std::min(N, (b + 1) * kRouteSumBlock); ++t) {
+        for (int64_t e = 0; e < E; ++e) part[size_t(e)] += r.probs[size_t(t * E + e)];
+        zp += r.lse[size_t(t)] * r.lse[size_t(t)];
+      }
+      for (int64_t e = 0; e < E; ++e) Pb[size_t(e)] += part[size_t(e)];
+      zb += zp;
+    }
+    double auxb = 0;
+    for (int64_t e = 0; e < E; ++e) auxb += (double(r.count[size_t(e)]) / double(N * k)) * (Pb[size_t(e)] / double(N));
+    CHECK(r.aux_loss == 0.3 * double(E) * auxb);
+    CHECK(r.z_loss == 0.2 * zb / double(N));
+  }
+}
+
+namespace {
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+}  // namespace
+
+// The routing seam's host defaults (Backend::moe_*, train/backend.cpp) are the
+// host-index calls they replace: route(), gather_rows_indexed, combine_rows,
+// combine_rows_backward, router_logit_grad, bit for bit.
+TEST_CASE("moe routing seam: the host defaults give the bits of route() and the host-index calls") {
+  auto be = make_cpu_backend(2);
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const bool normalize : {true, false})
+    for (const int64_t k : {1, 3}) {
+      CAPTURE(normalize);
+      CAPTURE(k);
+      const int64_t N = 300, E = 6, C = 5, M = N * k;
+      const MoeConfig c = moe(E, k, normalize, 0.1, 0.01);
+      auto rnd = [&](int64_t n) {
+        std::vector<float> v(static_cast<size_t>(n));
+        for (auto& x : v) x = nd(rng);
+        return v;
+      };
+      const std::vector<float> logits = rnd(N * E), x = rnd(N * C), src = rnd(M * C), dout = rnd(N * C);
+      auto up = [&](const std::vector<float>& v, int64_t rows, int64_t cols) {
+        Tensor t = be->empty(rows, cols);
+        be->upload(v.data(), t);
+        return t;
+      };
+      auto down = [&](const Tensor& t) {
+        std::vector<float> v(size_t(t.size()));
+        be->download(t, v.data());
+        return v;
+      };
+      const Tensor lt = up(logits, N, E), xt = up(x, N, C), st = up(src, M, C), dt = up(dout, N, C);
+      const Routing ref = route(c, logits.data(), N);
+      std::unique_ptr<RouteState> rs = be->moe_route(c.route_params(), lt);
+      REQUIRE(rs != nullptr);
+      CHECK(rs->offset == ref.offset);
+      CHECK(rs->tokens == N);
+      CHECK(rs->summary.count == ref.count);
+      CHECK(std::memcmp(&rs->summary.aux_loss, &ref.aux_loss, 8) == 0);
+      CHECK(std::memcmp(&rs->summary.z_loss, &ref.z_loss, 8) == 0);
+      const Routing got = be->moe_download(*rs);
+      CHECK(same_bits(got.probs, ref.probs));
+      CHECK(same_bits(got.lse, ref.lse));
+      CHECK(got.expert == ref.expert);
+      CHECK(same_bits(got.gate, ref.gate));
+      CHECK(got.pos == ref.pos);
+      CHECK(got.token == ref.token);
+      Tensor g1 = be->empty(M, C), g2 = be->empty(M, C);
+      be->moe_gather(xt, *rs, g1);
+      be->gather_rows_indexed(xt, ref.token.data(), g2);
+      CHECK(same_bits(down(g1), down(g2)));
+      for (const bool gated : {true, false}) {
+        Tensor o1 = be->empty(N, C), o2 = be->empty(N, C);
+        be->moe_combine(st, *rs, gated, o1);
+        be->combine_rows(st, ref.pos.data(), gated ? ref.gate.data() : nullptr, k, o2);
+        CHECK(same_bits(down(o1), down(o2)));
+      }
+      Tensor ds1 = be->empty(M, C), ds2 = be->empty(M, C), dl = be->empty(N, E);
+      std::vector<float> dgate_ref(static_cast<size_t>(M)), dgate;
+      be->moe_combine_backward(dt, st, *rs, ds1);
+      be->combine_rows_backward(dt, st, ref.pos.data(), ref.gate.data(), k, ds2, dgate_ref.data());
+      CHECK(same_bits(down(ds1), down(ds2)));
+      be->moe_download(*rs, &dgate);
+      CHECK(same_bits(dgate, dgate_ref));
+      be->moe_router_grad(*rs, 3.0f, dl);
+      CHECK(same_bits(down(dl), router_logit_grad(c, ref, dgate_ref.data(), 3.0f)));
+    }
 }
 
 // L(logits) = sum_slots dgate * gate + aux + z at fixed expert choices: the
@@ -183,7 +307,7 @@ struct Harness final : LinearCalls {
     be->download(y, h.data());
     double L = 0;
     for (size_t i = 0; i < h.size(); ++i) L += double(h[i]) * double(R[i]);
-    if (experts) *experts = layer->routing().expert;
+    if (experts) *experts = be->moe_download(*layer->route_state()).expert;
     return L + layer->routing().aux_loss + layer->routing().z_loss;
   }
 };

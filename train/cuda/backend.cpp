@@ -33,6 +33,7 @@
 #include "core/error.hpp"
 #include "cuda/device.hpp"
 #include "train/cuda/moe_ops.hpp"
+#include "train/cuda/moe_route.hpp"
 #include "train/cuda/nn.hpp"
 #include "sim/rht.hpp"
 
@@ -411,6 +412,94 @@ class CudaBackend final : public Backend {
                               dout.rows, dsrc.data, d_dw);
     if (slots > 0)
       check(cudaMemcpy(dw, d_dw, size_t(slots) * sizeof(float), cudaMemcpyDeviceToHost), "combine_rows_backward (dw)");
+  }
+
+  // ---- mixture-of-experts routing on the device (train/cuda/moe_route.hpp):
+  // route()'s bits with no host index arrays; the one wait is moe_route's
+  // download of the E counts (with the losses), whose host offsets the grouped
+  // linear needs. A state's arrays live in one pooled block. ----
+  struct CudaRouteState final : RouteState {
+    Tensor mem;
+    nn::RouteDevice d;
+    bool dgate_written = false;
+  };
+  static CudaRouteState& device_route(const RouteState& r) {
+    auto* c = dynamic_cast<CudaRouteState*>(const_cast<RouteState*>(&r));
+    FP4LAB_CHECK(c != nullptr, "cuda backend moe_*: a routing state of another backend's moe_route");
+    return *c;
+  }
+  std::unique_ptr<RouteState> moe_route(const RouteParams& p, const Tensor& logits) override {
+    check_shape("moe_route", "logits", logits, logits.rows, p.experts);
+    const int64_t N = logits.rows, E = p.experts;
+    auto s = std::make_unique<CudaRouteState>();
+    s->mem = empty(1, int64_t((nn::route_bytes(N, E, p.top_k) + 3) / 4));
+    s->d = nn::route_layout(s->mem.data, N, E, p.top_k);
+    nn::route(logits.data, s->d, p.normalize_top_k, p.aux_loss, p.z_loss);
+    std::vector<int64_t> words(size_t(E + 2));
+    check(cudaMemcpy(words.data(), s->d.summary, nn::route_summary_bytes(E), cudaMemcpyDeviceToHost),
+          "moe_route (download of the counts)");
+    s->params = p;
+    s->tokens = N;
+    RouteSummary& m = s->summary;
+    m.tokens = N, m.experts = E, m.k = p.top_k;
+    m.count.assign(words.begin(), words.begin() + E);
+    std::memcpy(&m.aux_loss, &words[size_t(E)], 8);
+    std::memcpy(&m.z_loss, &words[size_t(E + 1)], 8);
+    s->offset.assign(size_t(E + 1), 0);
+    for (int64_t e = 0; e < E; ++e) s->offset[size_t(e + 1)] = s->offset[size_t(e)] + m.count[size_t(e)];
+    return s;
+  }
+  void moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped) override {
+    const nn::RouteDevice& d = device_route(r).d;
+    check_shape("moe_gather", "x", x, d.tokens, x.cols);
+    check_shape("moe_gather", "grouped", grouped, d.tokens * d.k, x.cols);
+    nn::gather_rows_indexed(x.data, x.cols, d.token, grouped.data, grouped.rows);
+  }
+  void moe_combine(const Tensor& src, const RouteState& r, bool gated, Tensor& out) override {
+    const nn::RouteDevice& d = device_route(r).d;
+    check_shape("moe_combine", "src", src, d.tokens * d.k, out.cols);
+    check_shape("moe_combine", "out", out, d.tokens, src.cols);
+    nn::combine_rows(src.data, src.cols, d.pos, gated ? d.gate : nullptr, d.k, out.data, d.tokens);
+  }
+  void moe_combine_backward(const Tensor& dout, const Tensor& src, RouteState& r, Tensor& dsrc) override {
+    CudaRouteState& c = device_route(r);
+    const nn::RouteDevice& d = c.d;
+    check_shape("moe_combine_backward", "dout", dout, d.tokens, src.cols);
+    check_shape("moe_combine_backward", "src", src, d.tokens * d.k, dout.cols);
+    check_shape("moe_combine_backward", "dsrc", dsrc, src.rows, src.cols);
+    nn::combine_rows_backward(dout.data, src.data, src.cols, d.pos, d.gate, d.k, d.tokens, dsrc.data, d.dgate);
+    c.dgate_written = true;
+  }
+  void moe_router_grad(const RouteState& r, float loss_scale, Tensor& dlogits) override {
+    const CudaRouteState& c = device_route(r);
+    FP4LAB_CHECK(c.dgate_written, "cuda backend moe_router_grad: no moe_combine_backward before it");
+    check_shape("moe_router_grad", "dlogits", dlogits, c.d.tokens, c.d.experts);
+    nn::router_grad(c.d, c.params.normalize_top_k, c.params.aux_loss, c.params.z_loss, loss_scale, dlogits.data);
+  }
+  Routing moe_download(const RouteState& r, std::vector<float>* dgate) override {
+    const CudaRouteState& c = device_route(r);
+    const nn::RouteDevice& d = c.d;
+    const int64_t N = d.tokens, E = d.experts, M = N * d.k;
+    auto get = [](auto& v, const auto* src, int64_t n) {
+      v.resize(size_t(n));
+      if (n > 0) check(cudaMemcpy(v.data(), src, size_t(n) * sizeof(v[0]), cudaMemcpyDeviceToHost), "moe_download");
+    };
+    Routing h;
+    h.tokens = N, h.experts = E, h.k = d.k;
+    get(h.probs, d.probs, N * E);
+    get(h.lse, d.lse, N);
+    get(h.expert, d.expert, M);
+    get(h.gate, d.gate, M);
+    get(h.pos, d.pos, M);
+    get(h.token, d.token, M);
+    h.count = c.summary.count;
+    h.offset = c.offset;
+    h.aux_loss = c.summary.aux_loss, h.z_loss = c.summary.z_loss;
+    if (dgate) {
+      dgate->clear();
+      if (c.dgate_written) get(*dgate, d.dgate, M);
+    }
+    return h;
   }
 
   // ---- loss ----
