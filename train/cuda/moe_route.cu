@@ -182,23 +182,19 @@ __global__ void router_grad_kernel(const double* __restrict__ probs, const doubl
 
 }  // namespace
 
-size_t route_bytes(int64_t tokens, int64_t experts, int64_t k) {
-  const int64_t M = tokens * k, nb = sum_blocks(tokens);
-  return align256(size_t(tokens * experts) * 8) + align256(size_t(tokens) * 8) + 7 * align256(size_t(M) * 4) +
-         align256(route_summary_bytes(experts)) + align256(size_t(experts) * 8) +
-         align256(size_t((nb + 1) * experts) * 8) + align256(size_t(nb) * 8) +
-         align256(M > 0 ? sort_temp_bytes(M, experts) : 0);
-}
+namespace {
 
-RouteDevice route_layout(void* base, int64_t tokens, int64_t experts, int64_t k) {
+// The arrays of one routing at `base` (null: offsets only); *bytes: the block's size. The one place the layout is
+// stated, so route_bytes and route_layout cannot disagree.
+RouteDevice layout(char* base, int64_t tokens, int64_t experts, int64_t k, size_t* bytes) {
   FP4LAB_CHECK(tokens >= 0 && experts >= 1 && k >= 1 && k <= experts && tokens * k < (int64_t(1) << 31),
                "moe route: " + std::to_string(tokens) + " tokens, " + std::to_string(experts) + " experts, k " +
                    std::to_string(k));
   const int64_t M = tokens * k, nb = sum_blocks(tokens);
-  char* at = static_cast<char*>(base);
-  auto take = [&](size_t bytes) {
-    void* p = at;
-    at += align256(bytes);
+  size_t at = 0;
+  auto take = [&](size_t n) {
+    void* p = base ? base + at : nullptr;
+    at += align256(n);
     return p;
   };
   RouteDevice d;
@@ -219,7 +215,21 @@ RouteDevice route_layout(void* base, int64_t tokens, int64_t experts, int64_t k)
   d.zsum = static_cast<double*>(take(size_t(nb) * 8));
   d.sort_bytes = M > 0 ? sort_temp_bytes(M, experts) : 0;
   d.sort_temp = take(d.sort_bytes);
+  *bytes = at;
   return d;
+}
+
+}  // namespace
+
+size_t route_bytes(int64_t tokens, int64_t experts, int64_t k) {
+  size_t bytes = 0;
+  layout(nullptr, tokens, experts, k, &bytes);
+  return bytes;
+}
+
+RouteDevice route_layout(void* base, int64_t tokens, int64_t experts, int64_t k) {
+  size_t bytes = 0;
+  return layout(static_cast<char*>(base), tokens, experts, k, &bytes);
 }
 
 void route(const float* logits, const RouteDevice& d, bool normalize_top_k, double aux_loss, double z_loss,
