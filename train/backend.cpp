@@ -33,9 +33,10 @@ void check_same_cols(const char* what, const Tensor& a, const Tensor& b) {
 
 void check_row_indices(const char* what, const int32_t* idx, int64_t n, int64_t rows) {
   for (int64_t i = 0; i < n; ++i)
-    if (idx[i] < 0 || idx[i] >= rows)
+    if (idx[i] < -1 || idx[i] >= rows)
       throw Error(std::string(what) + ": index " + std::to_string(i) + " is " + std::to_string(idx[i]) +
-                  ", outside the " + std::to_string(rows) + " rows [0, " + std::to_string(rows) + ")");
+                  ", outside the " + std::to_string(rows) + " rows [0, " + std::to_string(rows) +
+                  ") and not -1 (no row)");
 }
 
 void check_groups(const LinearGroups& g, int64_t rows) {

@@ -123,7 +123,7 @@ inline Tensor rows_of(const Tensor& t, int64_t off, int64_t n) { return view_of(
 
 // Throws fp4lab::Error naming `what` unless a and b have the same column count.
 void check_same_cols(const char* what, const Tensor& a, const Tensor& b);
-// Throws fp4lab::Error naming `what` unless idx[0..n) all lie in [0, rows).
+// Throws fp4lab::Error naming `what` unless idx[0..n) all lie in [0, rows) (or are -1: no row).
 void check_row_indices(const char* what, const int32_t* idx, int64_t n, int64_t rows);
 
 // What a linear layer keeps between forward and backward (backend specific).
@@ -325,17 +325,19 @@ class Backend {
 
   // Mixture-of-experts routing (train/moe.hpp). Index and weight arrays are
   // host arrays; `k` slots per token, slot (t, j) at t * k + j.
-  // out[i] = x[idx[i]] for i < out.rows (each idx in [0, x.rows)).
+  // An index -1 names no row (capacity dispatch: an empty row, a dropped slot).
+  // out[i] = x[idx[i]] for i < out.rows (each idx in [0, x.rows), or -1: a row of +0).
   virtual void gather_rows_indexed(const Tensor& x, const int32_t* idx, Tensor& out) = 0;
   // out [T, C] row t = sum over j < k, in order j, of w[t*k+j] * src[pos[t*k+j]]
   // (src [M, C]), each product and each sum rounded to float (no FMA),
-  // starting from 0 (w null: every weight 1, i.e. plain sums). Deterministic:
-  // the same bits on every backend and thread count.
+  // starting from 0 (w null: every weight 1, i.e. plain sums), slots with pos
+  // -1 skipped. Deterministic: the same bits on every backend and thread count.
   virtual void combine_rows(const Tensor& src, const int32_t* pos, const float* w, int64_t k, Tensor& out) = 0;
   // Backward of combine_rows (w non-null) when every row of src is named by
-  // exactly one slot: dsrc[pos[t*k+j]] = w[t*k+j] * dout[t]; and, on the host,
-  // dw[t*k+j] = the float64 sum over c in order of dout[t,c] * src[pos[t*k+j],c]
-  // (each product exact in float64), rounded once to float. Blocks until dw is written.
+  // at most one slot: dsrc[pos[t*k+j]] = w[t*k+j] * dout[t], the rows no slot
+  // names +0; and, on the host, dw[t*k+j] = the float64 sum over c in order of
+  // dout[t,c] * src[pos[t*k+j],c] (each product exact in float64), rounded
+  // once to float (+0 for pos -1). Blocks until dw is written.
   virtual void combine_rows_backward(const Tensor& dout, const Tensor& src, const int32_t* pos, const float* w,
                                      int64_t k, Tensor& dsrc, float* dw) = 0;
 

@@ -190,6 +190,11 @@ void parse_moe(const json& m, const std::string& where, int64_t width, MoeConfig
   o.get("aux_loss", c.aux_loss);
   o.get("z_loss", c.z_loss);
   o.get("quantize_router", c.quantize_router);
+  std::string dispatch = "dropless";
+  o.get("dispatch", dispatch);
+  check_choice(where + ".dispatch", dispatch, {"dropless", "capacity"});
+  c.dispatch = dispatch == "capacity" ? MoeConfig::Dispatch::capacity : MoeConfig::Dispatch::dropless;
+  o.get("capacity_factor", c.capacity_factor);
   o.finish();
   check_range(where + ".experts", c.experts, {1, kMaxExperts});
   // top_k: routing picks each token's experts one by one (train/moe.cpp, O(top_k^2 experts) a token).
@@ -200,6 +205,9 @@ void parse_moe(const json& m, const std::string& where, int64_t width, MoeConfig
                 std::to_string(4 * width) + "; give expert_hidden");
   check_range(where + ".aux_loss", c.aux_loss, {0, kInf});
   check_range(where + ".z_loss", c.z_loss, {0, kInf});
+  // Above experts / top_k every slot fits (capacity >= tokens); the bound keeps the grouped tensor's size sane.
+  check_range(where + ".capacity_factor", c.capacity_factor, {0, double(c.experts), true},
+              "capacity dispatch's rows an expert over N k / E; at most experts");
 }
 
 // config.model: the defaults of its type, then the given keys, then checks.
@@ -527,6 +535,10 @@ json config_to_json(const RunConfig& c) {
                       {"aux_loss", m.moe.aux_loss},
                       {"z_loss", m.moe.z_loss},
                       {"quantize_router", m.moe.quantize_router}};
+    if (m.moe.experts > 0 && m.moe.dispatch == MoeConfig::Dispatch::capacity) {  // only when set: hashes stay
+      model["moe"]["dispatch"] = "capacity";
+      model["moe"]["capacity_factor"] = m.moe.capacity_factor;
+    }
   }
   const TrainingConfig& t = c.training;
   json training = {{"batch_size", t.batch_size},

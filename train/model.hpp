@@ -49,8 +49,15 @@ struct MoeConfig {
   double aux_loss = 0.01;       // load-balancing loss coefficient alpha: alpha E sum_e f_e P_e (Switch Transformer)
   double z_loss = 0.001;        // router z-loss coefficient beta: beta mean_t logsumexp(router logits of t)^2 (ST-MoE)
   bool quantize_router = false; // false: the router is plain FP32 whatever the recipe (every anchor keeps it so)
+  // How slots reach the experts (train/route.hpp): dropless (every slot; the groups' sizes change with the
+  // routing) or capacity (at most expert_capacity slots an expert, the rest dropped and counted; fixed shapes).
+  enum class Dispatch : uint8_t { dropless, capacity };
+  Dispatch dispatch = Dispatch::dropless;
+  double capacity_factor = 1.25;  // capacity dispatch: rows an expert = ceil(factor * N k / E), rounded up to 16
   bool operator==(const MoeConfig&) const = default;
-  RouteParams route_params() const { return {experts, top_k, normalize_top_k, aux_loss, z_loss}; }
+  RouteParams route_params() const {
+    return {experts, top_k, normalize_top_k, aux_loss, z_loss, dispatch == Dispatch::capacity ? capacity_factor : 0.0};
+  }
 };
 
 struct ModelConfig {

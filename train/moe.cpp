@@ -53,11 +53,12 @@ Tensor MoeMlp::forward(Backend& be, LinearCalls& calls, const StepContext& s, co
   for (std::vector<LinearLayer>* ls : {&fc_, &proj_})
     for (LinearLayer& l : *ls) l.plan(s);
   if (shared_fc_) shared_fc_->plan(s), shared_proj_->plan(s);
-  const int64_t N = x.rows, C = width_, H = hidden_, k = c_.top_k, M = N * k;
+  const int64_t N = x.rows, C = width_, H = hidden_;
   x_ = x;
   Tensor logits;
   calls.forward(router_, router_context(s), x, logits);
   route_ = be.moe_route(c_.route_params(), logits);
+  const int64_t M = route_->offset.back();  // N k slots; capacity dispatch: E capacity rows
   grouped_ = be.empty(M, C);
   be.moe_gather(x, *route_, grouped_);
   h_ = be.empty(M, H);
@@ -80,8 +81,9 @@ Tensor MoeMlp::forward(Backend& be, LinearCalls& calls, const StepContext& s, co
 }
 
 Tensor MoeMlp::backward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& dy) {
-  const int64_t N = dy.rows, C = width_, H = hidden_, k = c_.top_k, M = N * k;
+  const int64_t N = dy.rows, C = width_, H = hidden_;
   FP4LAB_CHECK(route_ && route_->tokens == N, "MoeMlp::backward without its forward");
+  const int64_t M = route_->offset.back();
   Tensor d_out_e = be.empty(M, C);
   be.moe_combine_backward(dy, out_e_, *route_, d_out_e);
   Tensor dg = be.empty(M, H), dh = be.empty(M, H), dgrouped = be.empty(M, C);
@@ -112,10 +114,14 @@ const RouteSummary& MoeMlp::routing() const {
 
 nlohmann::json routing_metrics(const std::vector<const RouteSummary*>& layers) {
   double aux = 0, z = 0, max_load = 0;
+  int64_t dropped = 0, slots = 0;
+  bool capacity = false;
   nlohmann::json load = nlohmann::json::array();
   for (const RouteSummary* r : layers) {
     aux += r->aux_loss;
     z += r->z_loss;
+    dropped += r->dropped, slots += r->tokens * r->k;
+    capacity = capacity || r->capacity > 0;
     nlohmann::json f = nlohmann::json::array();
     for (int64_t e = 0; e < r->experts; ++e) {
       const double fe = double(r->count[size_t(e)]) / double(r->tokens * r->k);
@@ -124,7 +130,9 @@ nlohmann::json routing_metrics(const std::vector<const RouteSummary*>& layers) {
     }
     load.push_back(f);
   }
-  return {{"moe_aux_loss", aux}, {"moe_z_loss", z}, {"expert_load", load}, {"max_load", max_load}};
+  nlohmann::json j = {{"moe_aux_loss", aux}, {"moe_z_loss", z}, {"expert_load", load}, {"max_load", max_load}};
+  if (capacity) j["moe_dropped"] = slots > 0 ? double(dropped) / double(slots) : 0.0;  // capacity dispatch only
+  return j;
 }
 
 }  // namespace fp4lab::train

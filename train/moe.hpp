@@ -7,7 +7,9 @@
 //             or p_j
 //   dispatch  dropless: slot (t, j) goes to row pos(t, j) of a [N k, C] tensor
 //             grouped by expert (expert e's tokens in token order at rows
-//             [offset_e, offset_e + n_e); n_e may be 0)
+//             [offset_e, offset_e + n_e); n_e may be 0); capacity: expert e's
+//             first `capacity` slots at rows [e capacity, ...), the rest of its
+//             rows zeros, its further slots dropped (they add nothing to y_t)
 //   experts   each a GPT MLP: c_fc [H, C], exact GELU, c_proj [C, H], every one
 //             a linear layer of the recipe with its own id (so its own
 //             stochastic-rounding streams): quantizing an expert's operands is
@@ -90,7 +92,8 @@ class MoeMlp {
 
 // metrics.jsonl figures of the layers' last routings: {"moe_aux_loss",
 // "moe_z_loss" (sums over layers), "expert_load" ([layer][expert] f_e),
-// "max_load" (the largest E f_e over layers: 1 = balanced)}.
+// "max_load" (the largest E f_e over layers: 1 = balanced), and under
+// capacity dispatch "moe_dropped" (the layers' dropped slots over their slots)}.
 nlohmann::json routing_metrics(const std::vector<const RouteSummary*>& layers);
 
 }  // namespace fp4lab::train

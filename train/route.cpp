@@ -13,6 +13,12 @@ namespace fp4lab::train {
 // reproduce), top k by selection (the lower index first among equal
 // probabilities), gates. Then, serially in token order: grouping. The losses' sums in blocks of
 // kRouteSumBlock tokens (blocks independent, then summed in order).
+int64_t expert_capacity(const RouteParams& p, int64_t tokens) {
+  if (p.capacity_factor <= 0 || tokens == 0) return 0;
+  const int64_t c = int64_t(std::ceil(p.capacity_factor * double(tokens) * double(p.top_k) / double(p.experts)));
+  return (std::max<int64_t>(c, 1) + 15) / 16 * 16;
+}
+
 Routing route(const RouteParams& c, const float* logits, int64_t tokens) {
   const int64_t E = c.experts, k = c.top_k;
   Routing r;
@@ -22,7 +28,6 @@ Routing route(const RouteParams& c, const float* logits, int64_t tokens) {
   r.expert.resize(size_t(tokens * k));
   r.gate.resize(size_t(tokens * k));
   r.pos.resize(size_t(tokens * k));
-  r.token.resize(size_t(tokens * k));
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     const float* l = logits + t * E;
@@ -52,11 +57,21 @@ Routing route(const RouteParams& c, const float* logits, int64_t tokens) {
   }
   r.count.assign(size_t(E), 0);
   for (int64_t i = 0; i < tokens * k; ++i) ++r.count[size_t(r.expert[size_t(i)])];
+  // Groups: dropless, expert e's n_e slots; capacity, its first `capacity` slots then rows of zeros.
+  r.capacity = expert_capacity(c, tokens);
   r.offset.assign(size_t(E + 1), 0);
-  for (int64_t e = 0; e < E; ++e) r.offset[size_t(e + 1)] = r.offset[size_t(e)] + r.count[size_t(e)];
+  for (int64_t e = 0; e < E; ++e)
+    r.offset[size_t(e + 1)] = r.offset[size_t(e)] + (r.capacity > 0 ? r.capacity : r.count[size_t(e)]);
+  r.token.assign(size_t(r.offset[size_t(E)]), -1);
   std::vector<int64_t> next(r.offset.begin(), r.offset.end() - 1);
   for (int64_t i = 0; i < tokens * k; ++i) {  // tokens in order within each expert's group
-    const int64_t row = next[size_t(r.expert[size_t(i)])]++;
+    const int64_t e = r.expert[size_t(i)];
+    if (next[size_t(e)] == r.offset[size_t(e + 1)]) {  // full (capacity only: dropless groups fit exactly)
+      r.pos[size_t(i)] = -1;
+      ++r.dropped;
+      continue;
+    }
+    const int64_t row = next[size_t(e)]++;
     r.pos[size_t(i)] = int32_t(row);
     r.token[size_t(row)] = int32_t(i / k);
   }
@@ -127,6 +142,7 @@ RouteSummary route_summary(const Routing& r) {
   RouteSummary s;
   s.tokens = r.tokens, s.experts = r.experts, s.k = r.k;
   s.count = r.count;
+  s.capacity = r.capacity, s.dropped = r.dropped;
   s.aux_loss = r.aux_loss, s.z_loss = r.z_loss;
   return s;
 }

@@ -17,7 +17,19 @@ struct RouteParams {
   int64_t experts = 0, top_k = 1;
   bool normalize_top_k = true;  // gates: the top-k probabilities renormalised to sum 1; false: as they are
   double aux_loss = 0, z_loss = 0;
+  // Capacity dispatch (MoeConfig::dispatch): each expert takes at most
+  // expert_capacity() slots, in slot order (tokens in order), the rest are
+  // dropped; 0: dropless.
+  double capacity_factor = 0;
 };
+
+// The rows each expert's group has under capacity dispatch:
+// ceil(capacity_factor * tokens * k / experts) (in float64) rounded up to a
+// multiple of 16 (whole 16-row blocks for the column-block quantizers); 0 when
+// dropless. The grouped tensor then has experts * capacity rows, expert e's at
+// [e capacity, (e + 1) capacity): its kept slots' tokens in order, then rows
+// of zeros (no slot); its shape depends on the token count only.
+int64_t expert_capacity(const RouteParams& p, int64_t tokens);
 
 // One token-to-expert assignment of a batch (host arrays).
 struct Routing {
@@ -26,10 +38,12 @@ struct Routing {
   std::vector<double> lse;          // [tokens] logsumexp of the logits
   std::vector<int32_t> expert;      // [tokens, k] chosen experts, by decreasing probability
   std::vector<float> gate;          // [tokens, k] combine weights
-  std::vector<int32_t> pos;         // [tokens, k] row of the slot in the grouped tensor
-  std::vector<int32_t> token;       // [tokens * k] token of each grouped row
-  std::vector<int64_t> count;       // [experts] n_e
-  std::vector<int64_t> offset;      // [experts + 1]
+  std::vector<int32_t> pos;         // [tokens, k] row of the slot in the grouped tensor; -1: dropped
+  std::vector<int32_t> token;       // [offset[experts]] token of each grouped row; -1: a row of zeros
+  std::vector<int64_t> count;       // [experts] n_e: the slots routed to e (before any drop)
+  std::vector<int64_t> offset;      // [experts + 1] the groups' first rows (capacity: e * capacity)
+  int64_t capacity = 0;             // expert_capacity (0: dropless)
+  int64_t dropped = 0;              // slots beyond their expert's capacity
   double aux_loss = 0, z_loss = 0;  // with their coefficients applied
 };
 
@@ -48,6 +62,7 @@ std::vector<float> router_logit_grad(const RouteParams& c, const Routing& r, con
 struct RouteSummary {
   int64_t tokens = 0, experts = 0, k = 0;
   std::vector<int64_t> count;       // [experts] n_e
+  int64_t capacity = 0, dropped = 0;  // Routing's
   double aux_loss = 0, z_loss = 0;  // Routing's
 };
 RouteSummary route_summary(const Routing& r);

@@ -372,69 +372,87 @@ void rows_cases(std::vector<OpCase>& cs) {
 }
 
 // The mixture-of-experts routing ops: a random assignment of T tokens' k
-// slots to the M = T k rows of a grouped tensor; checked against host loops
-// written from the definitions in train/backend.hpp.
+// slots to the rows of a grouped tensor; checked against host loops written
+// from the definitions in train/backend.hpp. With drops (capacity dispatch):
+// every third slot dropped (pos -1) and the tensor 5 rows longer than the
+// kept slots, so rows no slot names (idx -1) are zeros in and out.
 void moe_cases(std::vector<OpCase>& cs) {
   struct Geo {
     int64_t T, k, C;
+    bool drops;
   };
-  for (const Geo& g : {Geo{1, 1, 1}, Geo{13, 2, 37}, Geo{64, 4, 130}, Geo{5, 3, 1}}) {
-    const int64_t M = g.T * g.k;
-    std::mt19937 rng(uint32_t(g.T * 7 + g.k * 3 + g.C));
-    std::vector<int32_t> pos(static_cast<size_t>(M)), idx(static_cast<size_t>(M));
-    for (int64_t i = 0; i < M; ++i) pos[size_t(i)] = int32_t(i);
-    std::shuffle(pos.begin(), pos.end(), rng);
-    for (int64_t i = 0; i < M; ++i) idx[size_t(pos[size_t(i)])] = int32_t(i / g.k);  // row -> its token
+  for (const Geo& g : {Geo{1, 1, 1, false}, Geo{13, 2, 37, false}, Geo{64, 4, 130, false}, Geo{5, 3, 1, false},
+                       Geo{13, 2, 37, true}, Geo{64, 4, 130, true}}) {
+    const int64_t slots = g.T * g.k, kept = g.drops ? slots - (slots + 2) / 3 : slots, M = g.drops ? kept + 5 : slots;
+    std::mt19937 rng(uint32_t(g.T * 7 + g.k * 3 + g.C + (g.drops ? 1 : 0)));
+    std::vector<int32_t> rows(static_cast<size_t>(M)), pos(static_cast<size_t>(slots), -1),
+        idx(static_cast<size_t>(M), -1);
+    for (int64_t i = 0; i < M; ++i) rows[size_t(i)] = int32_t(i);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    for (int64_t i = 0, next = 0; i < slots; ++i)
+      if (!g.drops || i % 3 != 0) pos[size_t(i)] = rows[size_t(next++)];
+    for (int64_t i = 0; i < slots; ++i)
+      if (pos[size_t(i)] >= 0) idx[size_t(pos[size_t(i)])] = int32_t(i / g.k);  // row -> its token
     const std::vector<float> x = randv(size_t(g.T * g.C), 1), src = randv(size_t(M * g.C), 2),
-                             w = randv(size_t(M), 3), dout = randv(size_t(g.T * g.C), 4);
-    cs.push_back(
-        {"gather_rows_indexed/combine_rows/combine_rows_backward",
-         cat("T=", g.T, " k=", g.k, " C=", g.C),
-         0.0,
-         [=](Backend& be) {
-           Tensor xt = put(be, x, g.T, g.C), gathered = be.empty(M, g.C);
-           be.gather_rows_indexed(xt, idx.data(), gathered);
-           Tensor st = put(be, src, M, g.C), y = be.empty(g.T, g.C), sums = be.empty(g.T, g.C);
-           be.combine_rows(st, pos.data(), w.data(), g.k, y);
-           be.combine_rows(st, pos.data(), nullptr, g.k, sums);
-           Tensor dsrc = be.empty(M, g.C);
-           std::vector<float> dw(static_cast<size_t>(M));
-           be.combine_rows_backward(put(be, dout, g.T, g.C), st, pos.data(), w.data(), g.k, dsrc, dw.data());
-           // Host loops from the definitions (the oracle on every backend).
-           std::vector<float> hg(size_t(M * g.C)), hy(size_t(g.T * g.C)), hs(size_t(g.T * g.C)),
-               hd(size_t(M * g.C)), hw(static_cast<size_t>(M));
-           for (int64_t r = 0; r < M; ++r)
-             for (int64_t c = 0; c < g.C; ++c) hg[size_t(r * g.C + c)] = x[size_t(idx[size_t(r)] * g.C + c)];
-           for (int64_t t = 0; t < g.T; ++t)
-             for (int64_t c = 0; c < g.C; ++c) {
-               float a = 0.0f, b = 0.0f;
-               for (int64_t j = 0; j < g.k; ++j) {
-                 const int64_t i = t * g.k + j, r = pos[size_t(i)];
-                 const float prod = w[size_t(i)] * src[size_t(r * g.C + c)];
-                 a = a + prod;
-                 b = b + src[size_t(r * g.C + c)];
-                 hd[size_t(r * g.C + c)] = w[size_t(i)] * dout[size_t(t * g.C + c)];
-               }
-               hy[size_t(t * g.C + c)] = a;
-               hs[size_t(t * g.C + c)] = b;
-             }
-           for (int64_t i = 0; i < M; ++i) {
-             double acc = 0.0;
-             for (int64_t c = 0; c < g.C; ++c)
-               acc += double(dout[size_t((i / g.k) * g.C + c)]) * double(src[size_t(pos[size_t(i)] * g.C + c)]);
-             hw[size_t(i)] = float(acc);
-           }
-           return Outputs{out(be, "gathered", gathered), host("gathered (definition)", hg, M, g.C),
-                          out(be, "combined", y),        host("combined (definition)", hy, g.T, g.C),
-                          out(be, "summed (w null)", sums), host("summed (definition)", hs, g.T, g.C),
-                          out(be, "dsrc", dsrc),         host("dsrc (definition)", hd, M, g.C),
-                          host("dw", dw, M, 1),          host("dw (definition)", hw, M, 1)};
-         },
-         {{"gathered", "gathered (definition)"},
-          {"combined", "combined (definition)"},
-          {"summed (w null)", "summed (definition)"},
-          {"dsrc", "dsrc (definition)"},
-          {"dw", "dw (definition)"}}});
+                             w = randv(size_t(slots), 3), dout = randv(size_t(g.T * g.C), 4);
+    cs.push_back({"gather_rows_indexed/combine_rows/combine_rows_backward",
+                  cat("T=", g.T, " k=", g.k, " C=", g.C, g.drops ? " drops" : ""),
+                  0.0,
+                  [=](Backend& be) {
+                    Tensor xt = put(be, x, g.T, g.C), gathered = be.empty(M, g.C);
+                    be.fill(gathered, 7.0f);  // rows without a token must come out +0
+                    be.gather_rows_indexed(xt, idx.data(), gathered);
+                    Tensor st = put(be, src, M, g.C), y = be.empty(g.T, g.C), sums = be.empty(g.T, g.C);
+                    be.combine_rows(st, pos.data(), w.data(), g.k, y);
+                    be.combine_rows(st, pos.data(), nullptr, g.k, sums);
+                    Tensor dsrc = be.empty(M, g.C);
+                    be.fill(dsrc, 7.0f);  // rows no slot names must come out +0
+                    std::vector<float> dw(static_cast<size_t>(slots), 7.0f);
+                    be.combine_rows_backward(put(be, dout, g.T, g.C), st, pos.data(), w.data(), g.k, dsrc, dw.data());
+                    // Host loops from the definitions (the oracle on every backend).
+                    std::vector<float> hg(size_t(M * g.C)), hy(size_t(g.T * g.C)), hs(size_t(g.T * g.C)),
+                        hd(size_t(M * g.C), 0.0f), hw(static_cast<size_t>(slots), 0.0f);
+                    for (int64_t r = 0; r < M; ++r)
+                      for (int64_t c = 0; c < g.C; ++c)
+                        hg[size_t(r * g.C + c)] = idx[size_t(r)] < 0 ? 0.0f : x[size_t(idx[size_t(r)] * g.C + c)];
+                    for (int64_t t = 0; t < g.T; ++t)
+                      for (int64_t c = 0; c < g.C; ++c) {
+                        float a = 0.0f, b = 0.0f;
+                        for (int64_t j = 0; j < g.k; ++j) {
+                          const int64_t i = t * g.k + j, r = pos[size_t(i)];
+                          if (r < 0) continue;  // dropped
+                          const float prod = w[size_t(i)] * src[size_t(r * g.C + c)];
+                          a = a + prod;
+                          b = b + src[size_t(r * g.C + c)];
+                          hd[size_t(r * g.C + c)] = w[size_t(i)] * dout[size_t(t * g.C + c)];
+                        }
+                        hy[size_t(t * g.C + c)] = a;
+                        hs[size_t(t * g.C + c)] = b;
+                      }
+                    for (int64_t i = 0; i < slots; ++i) {
+                      if (pos[size_t(i)] < 0) continue;  // dropped: dw 0
+                      double acc = 0.0;
+                      for (int64_t c = 0; c < g.C; ++c)
+                        acc +=
+                            double(dout[size_t((i / g.k) * g.C + c)]) * double(src[size_t(pos[size_t(i)] * g.C + c)]);
+                      hw[size_t(i)] = float(acc);
+                    }
+                    return Outputs{out(be, "gathered", gathered),
+                                   host("gathered (definition)", hg, M, g.C),
+                                   out(be, "combined", y),
+                                   host("combined (definition)", hy, g.T, g.C),
+                                   out(be, "summed (w null)", sums),
+                                   host("summed (definition)", hs, g.T, g.C),
+                                   out(be, "dsrc", dsrc),
+                                   host("dsrc (definition)", hd, M, g.C),
+                                   host("dw", dw, slots, 1),
+                                   host("dw (definition)", hw, slots, 1)};
+                  },
+                  {{"gathered", "gathered (definition)"},
+                   {"combined", "combined (definition)"},
+                   {"summed (w null)", "summed (definition)"},
+                   {"dsrc", "dsrc (definition)"},
+                   {"dw", "dw (definition)"}}});
   }
 }
 

@@ -76,6 +76,45 @@ TEST_CASE("moe route: empty experts and k = E") {
   CHECK(sum == doctest::Approx(1.0f));
 }
 
+TEST_CASE("moe route: capacity dispatch keeps each expert's first slots in token order and drops the rest") {
+  // 40 tokens, 2 experts, k = 1; tokens 0..34 prefer expert 0, 35..39 expert 1. Capacity:
+  // ceil(1.0 * 40 * 1 / 2) = 20, rounded up to 32 rows an expert.
+  std::vector<float> logits;
+  for (int t = 0; t < 40; ++t)
+    logits.insert(logits.end(), t < 35 ? std::initializer_list<float>{1, 0} : std::initializer_list<float>{0, 1});
+  MoeConfig c = moe(2, 1, true);
+  c.dispatch = MoeConfig::Dispatch::capacity;
+  c.capacity_factor = 1.0;
+  CHECK(expert_capacity(c.route_params(), 40) == 32);
+  const Routing r = route(c.route_params(), logits.data(), 40);
+  CHECK(r.capacity == 32);
+  CHECK(r.dropped == 3);
+  CHECK(r.count == std::vector<int64_t>{35, 5});  // before the drops: f_e of the load-balancing loss
+  CHECK(r.offset == std::vector<int64_t>{0, 32, 64});
+  for (int t = 0; t < 40; ++t) {
+    CAPTURE(t);
+    CHECK(r.pos[size_t(t)] == (t < 32 ? t : t < 35 ? -1 : 32 + (t - 35)));
+  }
+  for (int row = 0; row < 64; ++row) {
+    CAPTURE(row);
+    CHECK(r.token[size_t(row)] == (row < 32 ? row : row < 37 ? 35 + (row - 32) : -1));
+  }
+  // Dropless routes the same logits into 40 rows; the capacity's losses are the same (counts before drops).
+  const Routing d = route(moe(2, 1, true).route_params(), logits.data(), 40);
+  CHECK(d.dropped == 0);
+  CHECK(d.capacity == 0);
+  CHECK(d.offset.back() == 40);
+  CHECK(d.aux_loss == r.aux_loss);
+  CHECK(d.z_loss == r.z_loss);
+  // The rule's edges: a factor of experts / k fits every slot; one slot still takes 16 rows.
+  RouteParams p = c.route_params();
+  p.capacity_factor = 2.0;
+  CHECK(expert_capacity(p, 40) == 48);
+  CHECK(expert_capacity(p, 1) == 16);
+  CHECK(expert_capacity(p, 0) == 0);
+  CHECK(expert_capacity(moe(2, 1, true).route_params(), 40) == 0);
+}
+
 // The auxiliary losses' sums run in blocks of kRouteSumBlock tokens (route.hpp):
 // the same values as plain float64 sums up to rounding, and exactly the
 // blocked order (which the GPU's reduction reproduces).
@@ -315,11 +354,15 @@ struct Harness final : LinearCalls {
 }  // namespace
 
 TEST_CASE("moe layer: gradients of router, experts, shared expert and input equal central differences") {
-  for (const bool shared : {false, true}) {
+  // Dropless, with and without a shared expert; capacity dispatch with drops (40 tokens x 2 slots over 4 experts
+  // of 16 rows: about a fifth of the slots dropped).
+  for (const int variant : {0, 1, 2}) {
+    const bool shared = variant == 1, capacity = variant == 2;
     MoeConfig c = moe(4, 2, true, 0.05, 0.01);
     c.shared_expert = shared;
     c.expert_hidden = 6;
-    const int64_t N = 9, C = 5;
+    if (capacity) c.dispatch = MoeConfig::Dispatch::capacity, c.capacity_factor = 0.5;
+    const int64_t N = capacity ? 40 : 9, C = 5;
     Harness hz(c, C, /*bias=*/true);
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -328,6 +371,7 @@ TEST_CASE("moe layer: gradients of router, experts, shared expert and input equa
     for (auto& v : R) v = nd(rng);
     std::vector<int32_t> base;
     hz.loss(x, R, N, C, &base);
+    if (capacity) CHECK(hz.layer->routing().dropped > 8);
     // Analytic gradients: backward with dy = R.
     hz.be->fill(hz.ps.grads, 0.0f);
     Tensor dy = hz.be->empty(N, C);
@@ -381,7 +425,8 @@ TEST_CASE("moe layer: gradients of router, experts, shared expert and input equa
       ++checked;
       check_fd((L[0] - L[1]) / (2 * eps), gx[size_t(i)], "input element " + std::to_string(i));
     }
-    MESSAGE("shared expert ", shared, ": ", checked, " gradients checked, ", skipped, " skipped (a choice flipped)");
+    MESSAGE("shared expert ", shared, ", capacity ", capacity, ": ", checked, " gradients checked, ", skipped,
+            " skipped (a choice flipped)");
     CHECK(skipped * 10 < checked);
   }
 }
@@ -396,6 +441,20 @@ TEST_CASE("moe config: bad values name the key and the valid range") {
   CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "top_k": 3})"), doctest::Contains("expert_hidden"), Error);
   CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "bogus": 1})"), doctest::Contains("bogus"), Error);
   CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "aux_loss": -1})"), doctest::Contains("model.moe.aux_loss"), Error);
+  CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "dispatch": "padded"})"), doctest::Contains("model.moe.dispatch"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "dispatch": "capacity", "capacity_factor": 0})"),
+                       doctest::Contains("model.moe.capacity_factor"), Error);
+  CHECK_THROWS_WITH_AS(parse(R"({"experts": 4, "capacity_factor": 4.5})"),
+                       doctest::Contains("model.moe.capacity_factor"), Error);
+  // The dispatch reaches the routing's parameters, and the resolved config names it only when not the default.
+  const RunConfig cap = parse(R"({"experts": 4, "dispatch": "capacity", "capacity_factor": 1.5})");
+  CHECK(cap.model.moe.route_params().capacity_factor == 1.5);
+  CHECK(config_to_json(cap)["model"]["moe"]["dispatch"] == "capacity");
+  CHECK(config_to_json(cap)["model"]["moe"]["capacity_factor"] == 1.5);
+  const RunConfig drop = parse(R"({"experts": 4, "capacity_factor": 1.5})");
+  CHECK(drop.model.moe.route_params().capacity_factor == 0.0);
+  CHECK_FALSE(config_to_json(drop)["model"]["moe"].contains("dispatch"));
 }
 
 }  // namespace fp4lab::train

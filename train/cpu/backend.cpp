@@ -448,7 +448,12 @@ class CpuBackend final : public Backend {
     check_same_cols("gather_rows_indexed", x, out);
     check_row_indices("gather_rows_indexed", idx, out.rows, x.rows);
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < out.rows; ++r) std::memcpy(out.row(r), x.row(idx[r]), size_t(x.cols) * 4);
+    for (int64_t r = 0; r < out.rows; ++r) {
+      if (idx[r] < 0)
+        std::fill(out.row(r), out.row(r) + x.cols, 0.0f);
+      else
+        std::memcpy(out.row(r), x.row(idx[r]), size_t(x.cols) * 4);
+    }
   }
   void combine_rows(const Tensor& src, const int32_t* pos, const float* w, int64_t k, Tensor& out) override {
     const ThreadCount use(threads_);
@@ -460,6 +465,7 @@ class CpuBackend final : public Backend {
       float* o = out.row(t);
       for (int64_t c = 0; c < C; ++c) o[c] = 0.0f;
       for (int64_t j = 0; j < k; ++j) {
+        if (pos[t * k + j] < 0) continue;  // a dropped slot
         const float* s = src.row(pos[t * k + j]);
         if (w) {
           const float wj = w[t * k + j];
@@ -477,8 +483,15 @@ class CpuBackend final : public Backend {
     check_same_cols("combine_rows_backward", src, dsrc);
     check_row_indices("combine_rows_backward", pos, dout.rows * k, src.rows);
     const int64_t C = dout.cols;
+    int64_t named = 0;
+    for (int64_t i = 0; i < dout.rows * k; ++i) named += pos[i] >= 0;
+    if (named < dsrc.rows) fill(dsrc, 0.0f);  // rows no slot names (capacity dispatch)
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < dout.rows * k; ++i) {
+      if (pos[i] < 0) {
+        dw[i] = 0.0f;
+        continue;
+      }
       const float* g = dout.row(i / k);
       const float* s = src.row(pos[i]);
       float* d = dsrc.row(pos[i]);

@@ -408,8 +408,10 @@ class CudaBackend final : public Backend {
     const int64_t slots = dout.rows * k;
     check_row_indices("combine_rows_backward", pos, slots, src.rows);
     float* d_dw = reserve(moe_dw_, size_t(std::max<int64_t>(slots, 1)));
+    int64_t named = 0;
+    for (int64_t i = 0; i < slots; ++i) named += pos[i] >= 0;
     nn::combine_rows_backward(dout.data, src.data, src.cols, moe_pos_up_.put(pos, slots), moe_w_up_.put(w, slots), k,
-                              dout.rows, dsrc.data, d_dw);
+                              dout.rows, dsrc.data, src.rows, named == src.rows, d_dw);
     if (slots > 0)
       check(cudaMemcpy(dw, d_dw, size_t(slots) * sizeof(float), cudaMemcpyDeviceToHost), "combine_rows_backward (dw)");
   }
@@ -432,10 +434,11 @@ class CudaBackend final : public Backend {
     check_shape("moe_route", "logits", logits, logits.rows, p.experts);
     const int64_t N = logits.rows, E = p.experts;
     auto s = std::make_unique<CudaRouteState>();
-    s->mem = empty(1, int64_t((nn::route_bytes(N, E, p.top_k) + 3) / 4));
-    s->d = nn::route_layout(s->mem.data, N, E, p.top_k);
+    const int64_t cap = expert_capacity(p, N);
+    s->mem = empty(1, int64_t((nn::route_bytes(N, E, p.top_k, cap) + 3) / 4));
+    s->d = nn::route_layout(s->mem.data, N, E, p.top_k, cap);
     nn::route(logits.data, s->d, p.normalize_top_k, p.aux_loss, p.z_loss);
-    std::vector<int64_t> words(size_t(E + 2));
+    std::vector<int64_t> words(size_t(E + 3));
     check(cudaMemcpy(words.data(), s->d.summary, nn::route_summary_bytes(E), cudaMemcpyDeviceToHost),
           "moe_route (download of the counts)");
     s->params = p;
@@ -445,19 +448,21 @@ class CudaBackend final : public Backend {
     m.count.assign(words.begin(), words.begin() + E);
     std::memcpy(&m.aux_loss, &words[size_t(E)], 8);
     std::memcpy(&m.z_loss, &words[size_t(E + 1)], 8);
+    m.capacity = cap, m.dropped = words[size_t(E + 2)];
     s->offset.assign(size_t(E + 1), 0);
-    for (int64_t e = 0; e < E; ++e) s->offset[size_t(e + 1)] = s->offset[size_t(e)] + m.count[size_t(e)];
+    for (int64_t e = 0; e < E; ++e)
+      s->offset[size_t(e + 1)] = s->offset[size_t(e)] + (cap > 0 ? cap : m.count[size_t(e)]);
     return s;
   }
   void moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped) override {
     const nn::RouteDevice& d = device_route(r).d;
     check_shape("moe_gather", "x", x, d.tokens, x.cols);
-    check_shape("moe_gather", "grouped", grouped, d.tokens * d.k, x.cols);
+    check_shape("moe_gather", "grouped", grouped, d.rows, x.cols);
     nn::gather_rows_indexed(x.data, x.cols, d.token, grouped.data, grouped.rows);
   }
   void moe_combine(const Tensor& src, const RouteState& r, bool gated, Tensor& out) override {
     const nn::RouteDevice& d = device_route(r).d;
-    check_shape("moe_combine", "src", src, d.tokens * d.k, out.cols);
+    check_shape("moe_combine", "src", src, d.rows, out.cols);
     check_shape("moe_combine", "out", out, d.tokens, src.cols);
     nn::combine_rows(src.data, src.cols, d.pos, gated ? d.gate : nullptr, d.k, out.data, d.tokens);
   }
@@ -465,9 +470,10 @@ class CudaBackend final : public Backend {
     CudaRouteState& c = device_route(r);
     const nn::RouteDevice& d = c.d;
     check_shape("moe_combine_backward", "dout", dout, d.tokens, src.cols);
-    check_shape("moe_combine_backward", "src", src, d.tokens * d.k, dout.cols);
+    check_shape("moe_combine_backward", "src", src, d.rows, dout.cols);
     check_shape("moe_combine_backward", "dsrc", dsrc, src.rows, src.cols);
-    nn::combine_rows_backward(dout.data, src.data, src.cols, d.pos, d.gate, d.k, d.tokens, dsrc.data, d.dgate);
+    nn::combine_rows_backward(dout.data, src.data, src.cols, d.pos, d.gate, d.k, d.tokens, dsrc.data, d.rows,
+                              d.capacity == 0, d.dgate);
     c.dgate_written = true;
   }
   void moe_router_grad(const RouteState& r, float loss_scale, Tensor& dlogits) override {
@@ -491,8 +497,9 @@ class CudaBackend final : public Backend {
     get(h.expert, d.expert, M);
     get(h.gate, d.gate, M);
     get(h.pos, d.pos, M);
-    get(h.token, d.token, M);
+    get(h.token, d.token, d.rows);
     h.count = c.summary.count;
+    h.capacity = c.summary.capacity, h.dropped = c.summary.dropped;
     h.offset = c.offset;
     h.aux_loss = c.summary.aux_loss, h.z_loss = c.summary.z_loss;
     if (dgate) {

@@ -12,15 +12,19 @@
 
 namespace fp4lab::cuda::nn {
 
-// out [n, cols] row r = x row idx[r].
+// out [n, cols] row r = x row idx[r] (idx -1: a row of +0).
 void gather_rows_indexed(const float* x, int64_t cols, const int32_t* idx, float* out, int64_t n,
                          cudaStream_t stream = nullptr);
-// out [tokens, cols] row t = sum_j (in order, from 0) w[t*k+j] * src row pos[t*k+j] (w null: weight 1).
+// out [tokens, cols] row t = sum_j (in order, from 0) w[t*k+j] * src row pos[t*k+j] (w null: weight 1; pos -1
+// skipped).
 void combine_rows(const float* src, int64_t cols, const int32_t* pos, const float* w, int64_t k, float* out,
                   int64_t tokens, cudaStream_t stream = nullptr);
 // dsrc row pos[i] = w[i] * dout row i/k; dw[i] = (float) sum_c in order, in
 // float64, of dout[i/k, c] * src[pos[i], c] (one thread a slot: the CPU's order).
+// pos -1 (a dropped slot): nothing written, dw 0. all_named false: dsrc's
+// src_rows rows are zeroed first (rows no slot names stay +0).
 void combine_rows_backward(const float* dout, const float* src, int64_t cols, const int32_t* pos, const float* w,
-                           int64_t k, int64_t tokens, float* dsrc, float* dw, cudaStream_t stream = nullptr);
+                           int64_t k, int64_t tokens, float* dsrc, int64_t src_rows, bool all_named, float* dw,
+                           cudaStream_t stream = nullptr);
 
 }  // namespace fp4lab::cuda::nn

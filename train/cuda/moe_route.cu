@@ -93,6 +93,33 @@ __global__ void place_kernel(const int32_t* __restrict__ sorted, int64_t M, int6
   }
 }
 
+// Capacity dispatch: each expert's first slot in the sorted order (exclusive
+// prefix sums of the counts, in expert order; one thread: E is small).
+__global__ void first_slots_kernel(const int64_t* __restrict__ count, int64_t E, int64_t* __restrict__ first) {
+  int64_t at = 0;
+  for (int64_t e = 0; e < E; ++e) first[e] = at, at += count[e];
+}
+
+// Capacity dispatch: sorted row r holds slot s of expert e (the sort's key) at
+// rank r - first[e] among e's slots (slot order); it is kept at row
+// e * capacity + rank when the rank is below the capacity, else dropped
+// (pos -1, counted by an integer atomic: exact, order-free). route()'s loop.
+__global__ void place_capacity_kernel(const int32_t* __restrict__ sorted, const int32_t* __restrict__ keys,
+                                      const int64_t* __restrict__ first, int64_t M, int64_t k, int64_t capacity,
+                                      int32_t* __restrict__ token, int32_t* __restrict__ pos,
+                                      unsigned long long* __restrict__ dropped) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < M; r += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t s = sorted[r], e = keys[r], rank = r - first[e];
+    if (rank < capacity) {
+      token[e * capacity + rank] = int32_t(s / k);
+      pos[s] = int32_t(e * capacity + rank);
+    } else {
+      pos[s] = -1;
+      atomicAdd(dropped, 1ull);
+    }
+  }
+}
+
 // Block b's sums (tokens [b B, min(N, (b + 1) B)) in order from 0): of
 // probs[., e] into psum[b, e], and (the e = 0 thread) of lse^2 into zsum[b].
 __global__ void block_sums_kernel(const double* __restrict__ probs, const double* __restrict__ lse, int64_t N,
@@ -186,10 +213,11 @@ namespace {
 
 // The arrays of one routing at `base` (null: offsets only); *bytes: the block's size. The one place the layout is
 // stated, so route_bytes and route_layout cannot disagree.
-RouteDevice layout(char* base, int64_t tokens, int64_t experts, int64_t k, size_t* bytes) {
-  FP4LAB_CHECK(tokens >= 0 && experts >= 1 && k >= 1 && k <= experts && tokens * k < (int64_t(1) << 31),
+RouteDevice layout(char* base, int64_t tokens, int64_t experts, int64_t k, int64_t capacity, size_t* bytes) {
+  FP4LAB_CHECK(tokens >= 0 && experts >= 1 && k >= 1 && k <= experts && tokens * k < (int64_t(1) << 31) &&
+                   capacity >= 0 && experts * capacity < (int64_t(1) << 31),
                "moe route: " + std::to_string(tokens) + " tokens, " + std::to_string(experts) + " experts, k " +
-                   std::to_string(k));
+                   std::to_string(k) + ", capacity " + std::to_string(capacity));
   const int64_t M = tokens * k, nb = sum_blocks(tokens);
   size_t at = 0;
   auto take = [&](size_t n) {
@@ -199,12 +227,15 @@ RouteDevice layout(char* base, int64_t tokens, int64_t experts, int64_t k, size_
   };
   RouteDevice d;
   d.tokens = tokens, d.experts = experts, d.k = k;
+  d.capacity = capacity;
+  d.rows = capacity > 0 ? experts * capacity : M;
   d.probs = static_cast<double*>(take(size_t(tokens * experts) * 8));
   d.lse = static_cast<double*>(take(size_t(tokens) * 8));
   d.expert = static_cast<int32_t*>(take(size_t(M) * 4));
   d.gate = static_cast<float*>(take(size_t(M) * 4));
   d.pos = static_cast<int32_t*>(take(size_t(M) * 4));
-  d.token = static_cast<int32_t*>(take(size_t(M) * 4));
+  d.token = static_cast<int32_t*>(take(size_t(d.rows) * 4));
+  d.first = static_cast<int64_t*>(take(size_t(experts) * 8));
   d.dgate = static_cast<float*>(take(size_t(M) * 4));
   d.keys_out = static_cast<int32_t*>(take(size_t(M) * 4));
   d.slots_in = static_cast<int32_t*>(take(size_t(M) * 4));
@@ -221,15 +252,15 @@ RouteDevice layout(char* base, int64_t tokens, int64_t experts, int64_t k, size_
 
 }  // namespace
 
-size_t route_bytes(int64_t tokens, int64_t experts, int64_t k) {
+size_t route_bytes(int64_t tokens, int64_t experts, int64_t k, int64_t capacity) {
   size_t bytes = 0;
-  layout(nullptr, tokens, experts, k, &bytes);
+  layout(nullptr, tokens, experts, k, capacity, &bytes);
   return bytes;
 }
 
-RouteDevice route_layout(void* base, int64_t tokens, int64_t experts, int64_t k) {
+RouteDevice route_layout(void* base, int64_t tokens, int64_t experts, int64_t k, int64_t capacity) {
   size_t bytes = 0;
-  return layout(static_cast<char*>(base), tokens, experts, k, &bytes);
+  return layout(static_cast<char*>(base), tokens, experts, k, capacity, &bytes);
 }
 
 void route(const float* logits, const RouteDevice& d, bool normalize_top_k, double aux_loss, double z_loss,
@@ -245,8 +276,18 @@ void route(const float* logits, const RouteDevice& d, bool normalize_top_k, doub
                                           static_cast<const int32_t*>(d.slots_in), d.slots_out, int(M), 0, key_bits(E),
                                           st),
           "moe route (radix sort of the slots by expert)");
-    place_kernel<<<blocks_for(M), kThreads, 0, st>>>(d.slots_out, M, k, d.token, d.pos);
-    check_launch("place_kernel");
+    if (d.capacity == 0) {
+      place_kernel<<<blocks_for(M), kThreads, 0, st>>>(d.slots_out, M, k, d.token, d.pos);
+      check_launch("place_kernel");
+    } else {
+      check(cudaMemsetAsync(d.token, 0xFF, size_t(d.rows) * 4, st), "moe route (empty rows)");
+      first_slots_kernel<<<1, 1, 0, st>>>(d.summary, E, d.first);
+      check_launch("first_slots_kernel");
+      place_capacity_kernel<<<blocks_for(M), kThreads, 0, st>>>(
+          d.slots_out, d.keys_out, d.first, M, k, d.capacity, d.token, d.pos,
+          reinterpret_cast<unsigned long long*>(d.summary + E + 2));
+      check_launch("place_capacity_kernel");
+    }
     block_sums_kernel<<<blocks_for(nb * E), kThreads, 0, st>>>(d.probs, d.lse, N, E, nb, d.psum, d.zsum);
     check_launch("block_sums_kernel");
   }

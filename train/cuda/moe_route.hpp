@@ -19,15 +19,19 @@ namespace fp4lab::cuda::nn {
 // One batch's routing in device memory: pieces of one block (route_layout).
 struct RouteDevice {
   int64_t tokens = 0, experts = 0, k = 0;
+  int64_t capacity = 0;       // rows an expert under capacity dispatch (expert_capacity); 0: dropless
+  int64_t rows = 0;           // the grouped tensor's: tokens * k, or experts * capacity
   double* probs = nullptr;    // [tokens, experts] softmax
   double* lse = nullptr;      // [tokens]
   int32_t* expert = nullptr;  // [tokens * k] chosen experts (the sort's keys in slot order)
   float* gate = nullptr;      // [tokens * k]
-  int32_t* pos = nullptr;     // [tokens * k] row of each slot in the grouped tensor
-  int32_t* token = nullptr;   // [tokens * k] token of each grouped row
+  int32_t* pos = nullptr;     // [tokens * k] row of each slot in the grouped tensor (-1: dropped)
+  int32_t* token = nullptr;   // [rows] token of each grouped row (-1: a row of zeros)
+  int64_t* first = nullptr;   // [experts] capacity dispatch: each expert's first slot in the sorted order
   float* dgate = nullptr;     // [tokens * k] the gates' gradient (combine_rows_backward's dw)
-  // [experts + 2] 8-byte words: the counts n_e (int64), then aux_loss and
-  // z_loss (double bits): what the host downloads after route() (route_summary_bytes).
+  // [experts + 3] 8-byte words: the counts n_e (int64), then aux_loss and
+  // z_loss (double bits), then the dropped slots (int64): what the host
+  // downloads after route() (route_summary_bytes).
   int64_t* summary = nullptr;
   double* daux = nullptr;  // [experts] the load-balancing loss's d/dp
   double* psum = nullptr;  // [blocks, experts] P_e's block sums, then [experts] P_e
@@ -38,9 +42,10 @@ struct RouteDevice {
 };
 
 // Bytes of the block route_layout carves (any 256-byte aligned base).
-size_t route_bytes(int64_t tokens, int64_t experts, int64_t k);
-RouteDevice route_layout(void* base, int64_t tokens, int64_t experts, int64_t k);
-inline size_t route_summary_bytes(int64_t experts) { return size_t(experts + 2) * 8; }
+// capacity: expert_capacity (train/route.hpp), 0 for dropless.
+size_t route_bytes(int64_t tokens, int64_t experts, int64_t k, int64_t capacity);
+RouteDevice route_layout(void* base, int64_t tokens, int64_t experts, int64_t k, int64_t capacity);
+inline size_t route_summary_bytes(int64_t experts) { return size_t(experts + 3) * 8; }
 
 // route() of logits [tokens, experts] into d (every array but dgate), with the
 // summary words written last. Coefficients: RouteParams's.

@@ -97,16 +97,22 @@ TEST_CASE("cuda moe route: the device routing is route()'s, bit for bit") {
           CAPTURE(k);
           CAPTURE(normalize);
           CAPTURE(N);
-          const RouteParams p{E, k, normalize, 0.01 * double(k), 0.001 * double(E)};
-          const std::vector<float> l = logits_with_ties(N, E, seed++);
-          const Routing h = route(p, l.data(), N);
-          std::unique_ptr<RouteState> s = gpu->moe_route(p, put(*gpu, l, N, E));
-          CHECK(s->tokens == N);
-          CHECK(s->offset == h.offset);
-          CHECK(s->summary.count == h.count);
-          CHECK(std::memcmp(&s->summary.aux_loss, &h.aux_loss, 8) == 0);
-          CHECK(std::memcmp(&s->summary.z_loss, &h.z_loss, 8) == 0);
-          expect_same_routing(gpu->moe_download(*s), h);
+          // Dropless, and capacity dispatch at a factor that drops (0.5) and one that drops nothing (E / k).
+          for (const double cf : {0.0, 0.5, double(E) / double(k)}) {
+            CAPTURE(cf);
+            const RouteParams p{E, k, normalize, 0.01 * double(k), 0.001 * double(E), cf};
+            const std::vector<float> l = logits_with_ties(N, E, seed++);
+            const Routing h = route(p, l.data(), N);
+            std::unique_ptr<RouteState> s = gpu->moe_route(p, put(*gpu, l, N, E));
+            CHECK(s->tokens == N);
+            CHECK(s->offset == h.offset);
+            CHECK(s->summary.count == h.count);
+            CHECK(s->summary.capacity == h.capacity);
+            CHECK(s->summary.dropped == h.dropped);
+            CHECK(std::memcmp(&s->summary.aux_loss, &h.aux_loss, 8) == 0);
+            CHECK(std::memcmp(&s->summary.z_loss, &h.z_loss, 8) == 0);
+            expect_same_routing(gpu->moe_download(*s), h);
+          }
         }
 }
 
@@ -127,46 +133,51 @@ TEST_CASE("cuda moe route: gather, combines, the gates' and the router's gradien
   uint32_t seed = 100;
   for (const int64_t E : {1, 2, 8, 64, 1000})
     for (const int64_t k : {int64_t(1), int64_t(2), int64_t(4)})
-      for (const bool normalize : {true, false}) {
-        if (k > E) continue;
-        const int64_t N = E == 1000 ? 600 : 2500, C = 24, M = N * k;
-        CAPTURE(E);
-        CAPTURE(k);
-        CAPTURE(normalize);
-        const RouteParams p{E, k, normalize, 0.05, 0.002};
-        const std::vector<float> l = logits_with_ties(N, E, seed++);
-        const std::vector<float> x = rnd(N * C), src = rnd(M * C), dout = rnd(N * C);
-        const Routing h = route(p, l.data(), N);
-        std::unique_ptr<RouteState> s = gpu->moe_route(p, put(*gpu, l, N, E));
-        const Tensor xt = put(*gpu, x, N, C), st = put(*gpu, src, M, C), dt = put(*gpu, dout, N, C);
-        Tensor a = gpu->empty(M, C), b = gpu->empty(M, C);
-        gpu->moe_gather(xt, *s, a);
-        gpu->gather_rows_indexed(xt, h.token.data(), b);
-        expect_same("gather", get(*gpu, a), get(*gpu, b));
-        for (const bool gated : {true, false}) {
-          Tensor o1 = gpu->empty(N, C), o2 = gpu->empty(N, C);
-          gpu->moe_combine(st, *s, gated, o1);
-          gpu->combine_rows(st, h.pos.data(), gated ? h.gate.data() : nullptr, k, o2);
-          expect_same(gated ? "combine (gated)" : "combine (sums)", get(*gpu, o1), get(*gpu, o2));
+      for (const bool normalize : {true, false})
+        for (const double cf : {0.0, 0.5}) {
+          if (k > E) continue;
+          const int64_t N = E == 1000 ? 600 : 2500, C = 24;
+          CAPTURE(E);
+          CAPTURE(k);
+          CAPTURE(normalize);
+          CAPTURE(cf);
+          const RouteParams p{E, k, normalize, 0.05, 0.002, cf};
+          const std::vector<float> l = logits_with_ties(N, E, seed++);
+          const Routing h = route(p, l.data(), N);
+          const int64_t M = h.offset.back(), S = N * k;  // grouped rows; slots
+          const std::vector<float> x = rnd(N * C), src = rnd(M * C), dout = rnd(N * C);
+          std::unique_ptr<RouteState> s = gpu->moe_route(p, put(*gpu, l, N, E));
+          const Tensor xt = put(*gpu, x, N, C), st = put(*gpu, src, M, C), dt = put(*gpu, dout, N, C);
+          Tensor a = gpu->empty(M, C), b = gpu->empty(M, C);
+          gpu->moe_gather(xt, *s, a);
+          gpu->gather_rows_indexed(xt, h.token.data(), b);
+          expect_same("gather", get(*gpu, a), get(*gpu, b));
+          for (const bool gated : {true, false}) {
+            Tensor o1 = gpu->empty(N, C), o2 = gpu->empty(N, C);
+            gpu->moe_combine(st, *s, gated, o1);
+            gpu->combine_rows(st, h.pos.data(), gated ? h.gate.data() : nullptr, k, o2);
+            expect_same(gated ? "combine (gated)" : "combine (sums)", get(*gpu, o1), get(*gpu, o2));
+          }
+          Tensor ds1 = gpu->empty(M, C), ds2 = gpu->empty(M, C);
+          gpu->fill(ds1, 7.0f);  // rows no slot names must come out +0 on both paths
+          gpu->fill(ds2, 7.0f);
+          std::vector<float> dgate_gpu(static_cast<size_t>(S)), dgate_cpu(static_cast<size_t>(S)), dgate;
+          gpu->moe_combine_backward(dt, st, *s, ds1);
+          gpu->combine_rows_backward(dt, st, h.pos.data(), h.gate.data(), k, ds2, dgate_gpu.data());
+          expect_same("dsrc", get(*gpu, ds1), get(*gpu, ds2));
+          {
+            Tensor cs = put(*cpu, src, M, C), cd = put(*cpu, dout, N, C), cds = cpu->empty(M, C);
+            cpu->combine_rows_backward(cd, cs, h.pos.data(), h.gate.data(), k, cds, dgate_cpu.data());
+          }
+          gpu->moe_download(*s, &dgate);
+          expect_same("dgate (cuda host-index call)", dgate, dgate_gpu);
+          expect_same("dgate (cpu)", dgate, dgate_cpu);
+          for (const float scale : {1.0f, 1024.0f}) {
+            Tensor dl = gpu->empty(N, E);
+            gpu->moe_router_grad(*s, scale, dl);
+            expect_same("router logit gradient", get(*gpu, dl), router_logit_grad(p, h, dgate.data(), scale));
+          }
         }
-        Tensor ds1 = gpu->empty(M, C), ds2 = gpu->empty(M, C);
-        std::vector<float> dgate_gpu(static_cast<size_t>(M)), dgate_cpu(static_cast<size_t>(M)), dgate;
-        gpu->moe_combine_backward(dt, st, *s, ds1);
-        gpu->combine_rows_backward(dt, st, h.pos.data(), h.gate.data(), k, ds2, dgate_gpu.data());
-        expect_same("dsrc", get(*gpu, ds1), get(*gpu, ds2));
-        {
-          Tensor cs = put(*cpu, src, M, C), cd = put(*cpu, dout, N, C), cds = cpu->empty(M, C);
-          cpu->combine_rows_backward(cd, cs, h.pos.data(), h.gate.data(), k, cds, dgate_cpu.data());
-        }
-        gpu->moe_download(*s, &dgate);
-        expect_same("dgate (cuda host-index call)", dgate, dgate_gpu);
-        expect_same("dgate (cpu)", dgate, dgate_cpu);
-        for (const float scale : {1.0f, 1024.0f}) {
-          Tensor dl = gpu->empty(N, E);
-          gpu->moe_router_grad(*s, scale, dl);
-          expect_same("router logit gradient", get(*gpu, dl), router_logit_grad(p, h, dgate.data(), scale));
-        }
-      }
 }
 
 TEST_CASE("cuda moe route: calls out of order and foreign states are internal errors") {
@@ -197,46 +208,49 @@ TEST_CASE("cuda moe route: a MoE GPT step with the device routing is the host ro
   auto gpu = make_backend("cuda");
   HostRouting host;
   for (const int64_t k : {1, 2})
-    for (const bool normalize : {true, false}) {
-      CAPTURE(k);
-      CAPTURE(normalize);
-      ModelConfig mc;
-      mc.type = "gpt";
-      mc.layers = 2;
-      mc.heads = 2;
-      mc.width = 32;
-      mc.dropout = 0.1;
-      mc.vocab_size = 29;
-      mc.context = 16;
-      mc.moe.experts = 8;
-      mc.moe.top_k = k;
-      mc.moe.normalize_top_k = normalize;
-      mc.moe.shared_expert = k == 2;
-      Batch bt;
-      bt.size = 3;
-      std::mt19937 rng(9);
-      bt.tokens.resize(size_t(bt.size * mc.context));
-      bt.targets.resize(bt.tokens.size());
-      for (auto& t : bt.tokens) t = int32_t(rng() % 29);
-      for (auto& t : bt.targets) t = int32_t(rng() % 29);
-      double loss[2];
-      std::vector<float> grads[2];
-      std::string metrics[2];
-      for (int w = 0; w < 2; ++w) {
-        Backend& be = w ? static_cast<Backend&>(host) : *gpu;
-        StepContext sc;
-        sc.seed = 13;
-        sc.step = 2;
-        sc.loss_scale = 8.0f;
-        auto model = make_model(mc, be, 5);
-        be.fill(model->params().grads, 0.0f);
-        loss[w] = model->forward_backward(bt, sc, nullptr);
-        grads[w] = get(be, model->params().grads);
-        metrics[w] = model->step_metrics().dump();
+    for (const bool normalize : {true, false})
+      for (const bool capacity : {false, true}) {
+        CAPTURE(k);
+        CAPTURE(normalize);
+        CAPTURE(capacity);
+        ModelConfig mc;
+        mc.type = "gpt";
+        mc.layers = 2;
+        mc.heads = 2;
+        mc.width = 32;
+        mc.dropout = 0.1;
+        mc.vocab_size = 29;
+        mc.context = 16;
+        mc.moe.experts = 8;
+        mc.moe.top_k = k;
+        mc.moe.normalize_top_k = normalize;
+        mc.moe.shared_expert = k == 2;
+        if (capacity) mc.moe.dispatch = MoeConfig::Dispatch::capacity, mc.moe.capacity_factor = 0.5;
+        Batch bt;
+        bt.size = 3;
+        std::mt19937 rng(9);
+        bt.tokens.resize(size_t(bt.size * mc.context));
+        bt.targets.resize(bt.tokens.size());
+        for (auto& t : bt.tokens) t = int32_t(rng() % 29);
+        for (auto& t : bt.targets) t = int32_t(rng() % 29);
+        double loss[2];
+        std::vector<float> grads[2];
+        std::string metrics[2];
+        for (int w = 0; w < 2; ++w) {
+          Backend& be = w ? static_cast<Backend&>(host) : *gpu;
+          StepContext sc;
+          sc.seed = 13;
+          sc.step = 2;
+          sc.loss_scale = 8.0f;
+          auto model = make_model(mc, be, 5);
+          be.fill(model->params().grads, 0.0f);
+          loss[w] = model->forward_backward(bt, sc, nullptr);
+          grads[w] = get(be, model->params().grads);
+          metrics[w] = model->step_metrics().dump();
+        }
+        CHECK(std::memcmp(&loss[0], &loss[1], 8) == 0);
+        expect_same("parameter gradients", grads[0], grads[1]);
+        CHECK(metrics[0] == metrics[1]);
+        CHECK(metrics[0].find("moe_aux_loss") != std::string::npos);
       }
-      CHECK(std::memcmp(&loss[0], &loss[1], 8) == 0);
-      expect_same("parameter gradients", grads[0], grads[1]);
-      CHECK(metrics[0] == metrics[1]);
-      CHECK(metrics[0].find("moe_aux_loss") != std::string::npos);
-    }
 }
