@@ -43,7 +43,8 @@ def rank_pids(mpirun_pid):
 
 
 def end_group(pgid, grace=20.0):
-    """Waits (at most grace s) until no process of the process group pgid is left, then kills what remains.
+    """Waits (at most grace s) until no process of the process group or session pgid is left, then kills what
+    remains.
 
     A launch's session may outlive its mpirun: a rank that was sent SIGTERM writes its checkpoint after
     mpirun has gone. The temporary directory is removed only once every such writer has ended."""
@@ -55,7 +56,10 @@ def end_group(pgid, grace=20.0):
             try:
                 with open(f"/proc/{name}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
+                # Process group or session: mpirun's launcher may move the ranks into groups of their own,
+                # but they stay in the session start_new_session made (seen: a resumed rank still writing
+                # its checkpoint while the temporary directory was removed, on a loaded 2-core machine).
+                if pgid in (int(fields[2]), int(fields[3])) and fields[0] != "Z":
                     out.append(int(name))
             except (OSError, ValueError, IndexError):
                 continue
@@ -63,10 +67,11 @@ def end_group(pgid, grace=20.0):
     deadline = time.monotonic() + grace
     while members() and time.monotonic() < deadline:
         time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
+    for pid in members():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     deadline = time.monotonic() + 10
     while members() and time.monotonic() < deadline:
         time.sleep(0.1)
