@@ -119,12 +119,8 @@ std::unique_ptr<RouteState> Backend::moe_route(const RouteParams& p, const Tenso
                                              std::to_string(p.experts) + " experts");
   std::vector<float> host(static_cast<size_t>(logits.size()));
   download(logits, host.data());
-  auto s = std::make_unique<HostRouteState>();
-  s->r = route(p, host.data(), logits.rows);
+  auto s = std::make_unique<HostRouteState>(route(p, host.data(), logits.rows));
   s->params = p;
-  s->tokens = logits.rows;
-  s->offset = s->r.offset;
-  s->summary = route_summary(s->r);
   return s;
 }
 

@@ -347,8 +347,9 @@ class Backend {
   // calls above, router_logit_grad and an upload. A backend may keep the
   // routing in its own memory instead, with the same bits. N tokens, E
   // experts, k slots a token.
-  // The routing of logits [N, E]; the state's offset and summary are set on
-  // return (the host waits here: for the logits, or for the E counts).
+  // The routing of logits [N, E]; the state's offset is set on return (the
+  // host may wait here: for the logits, or for the E counts of a dropless
+  // routing), its summary() when first asked for (route.hpp).
   virtual std::unique_ptr<RouteState> moe_route(const RouteParams& p, const Tensor& logits);
   // grouped [N k, C] row r = x row token[r] (gather_rows_indexed).
   virtual void moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped);

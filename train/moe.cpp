@@ -109,7 +109,7 @@ Tensor MoeMlp::backward(Backend& be, LinearCalls& calls, const StepContext& s, c
 
 const RouteSummary& MoeMlp::routing() const {
   static const RouteSummary none;
-  return route_ ? route_->summary : none;
+  return route_ ? route_->summary() : none;
 }
 
 nlohmann::json routing_metrics(const std::vector<const RouteSummary*>& layers) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "train/math_f64.hpp"
 
@@ -145,6 +146,12 @@ RouteSummary route_summary(const Routing& r) {
   s.capacity = r.capacity, s.dropped = r.dropped;
   s.aux_loss = r.aux_loss, s.z_loss = r.z_loss;
   return s;
+}
+
+HostRouteState::HostRouteState(Routing routing) : r(std::move(routing)) {
+  tokens = r.tokens;
+  offset = r.offset;
+  summary_ = route_summary(r);
 }
 
 }  // namespace fp4lab::train

@@ -74,12 +74,19 @@ struct RouteState {
   RouteParams params;
   int64_t tokens = 0;
   std::vector<int64_t> offset;  // [experts + 1] the grouped tensor's row offsets (the grouped linear's)
-  RouteSummary summary;
+  // The routing's figures (metrics.jsonl). A backend may keep them in its
+  // memory until first asked (the CUDA backend under capacity dispatch, so
+  // that the step waits for nothing): ask after the step.
+  virtual const RouteSummary& summary() const { return summary_; }
+
+ protected:
+  mutable RouteSummary summary_;  // moe_route's, or summary()'s on its first call
 };
 
 // The default seam's state (train/backend.cpp): the routing on the host, and
 // the gates' gradient once Backend::moe_combine_backward has run.
 struct HostRouteState final : RouteState {
+  explicit HostRouteState(Routing routing);
   Routing r;
   std::vector<float> dgate;  // [tokens * k]; empty before moe_combine_backward
 };

@@ -203,9 +203,9 @@ TEST_CASE("moe routing seam: the host defaults give the bits of route() and the 
       REQUIRE(rs != nullptr);
       CHECK(rs->offset == ref.offset);
       CHECK(rs->tokens == N);
-      CHECK(rs->summary.count == ref.count);
-      CHECK(std::memcmp(&rs->summary.aux_loss, &ref.aux_loss, 8) == 0);
-      CHECK(std::memcmp(&rs->summary.z_loss, &ref.z_loss, 8) == 0);
+      CHECK(rs->summary().count == ref.count);
+      CHECK(std::memcmp(&rs->summary().aux_loss, &ref.aux_loss, 8) == 0);
+      CHECK(std::memcmp(&rs->summary().z_loss, &ref.z_loss, 8) == 0);
       const Routing got = be->moe_download(*rs);
       CHECK(same_bits(got.probs, ref.probs));
       CHECK(same_bits(got.lse, ref.lse));

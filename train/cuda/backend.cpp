@@ -417,13 +417,32 @@ class CudaBackend final : public Backend {
   }
 
   // ---- mixture-of-experts routing on the device (train/cuda/moe_route.hpp):
-  // route()'s bits with no host index arrays; the one wait is moe_route's
-  // download of the E counts (with the losses), whose host offsets the grouped
-  // linear needs. A state's arrays live in one pooled block. ----
+  // route()'s bits with no host index arrays. Dropless: the one wait is
+  // moe_route's download of the E counts (with the losses), whose host offsets
+  // the grouped linear needs. Capacity: the offsets are e * capacity and the
+  // step waits for nothing; the summary is downloaded when first asked for
+  // (after the step, for metrics.jsonl). A state's arrays live in one pooled
+  // block. ----
   struct CudaRouteState final : RouteState {
     Tensor mem;
     nn::RouteDevice d;
     bool dgate_written = false;
+    mutable bool summary_read = false;
+    const RouteSummary& summary() const override {
+      if (summary_read) return summary_;
+      const int64_t E = d.experts;
+      std::vector<int64_t> words(size_t(E + 3));
+      check(cudaMemcpy(words.data(), d.summary, nn::route_summary_bytes(E), cudaMemcpyDeviceToHost),
+            "moe_route (download of the counts and losses)");
+      RouteSummary& m = summary_;
+      m.tokens = d.tokens, m.experts = E, m.k = d.k;
+      m.count.assign(words.begin(), words.begin() + E);
+      std::memcpy(&m.aux_loss, &words[size_t(E)], 8);
+      std::memcpy(&m.z_loss, &words[size_t(E + 1)], 8);
+      m.capacity = d.capacity, m.dropped = words[size_t(E + 2)];
+      summary_read = true;
+      return summary_;
+    }
   };
   static CudaRouteState& device_route(const RouteState& r) {
     auto* c = dynamic_cast<CudaRouteState*>(const_cast<RouteState*>(&r));
@@ -438,20 +457,11 @@ class CudaBackend final : public Backend {
     s->mem = empty(1, int64_t((nn::route_bytes(N, E, p.top_k, cap) + 3) / 4));
     s->d = nn::route_layout(s->mem.data, N, E, p.top_k, cap);
     nn::route(logits.data, s->d, p.normalize_top_k, p.aux_loss, p.z_loss);
-    std::vector<int64_t> words(size_t(E + 3));
-    check(cudaMemcpy(words.data(), s->d.summary, nn::route_summary_bytes(E), cudaMemcpyDeviceToHost),
-          "moe_route (download of the counts)");
     s->params = p;
     s->tokens = N;
-    RouteSummary& m = s->summary;
-    m.tokens = N, m.experts = E, m.k = p.top_k;
-    m.count.assign(words.begin(), words.begin() + E);
-    std::memcpy(&m.aux_loss, &words[size_t(E)], 8);
-    std::memcpy(&m.z_loss, &words[size_t(E + 1)], 8);
-    m.capacity = cap, m.dropped = words[size_t(E + 2)];
     s->offset.assign(size_t(E + 1), 0);
     for (int64_t e = 0; e < E; ++e)
-      s->offset[size_t(e + 1)] = s->offset[size_t(e)] + (cap > 0 ? cap : m.count[size_t(e)]);
+      s->offset[size_t(e + 1)] = s->offset[size_t(e)] + (cap > 0 ? cap : s->summary().count[size_t(e)]);
     return s;
   }
   void moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped) override {
@@ -498,10 +508,11 @@ class CudaBackend final : public Backend {
     get(h.gate, d.gate, M);
     get(h.pos, d.pos, M);
     get(h.token, d.token, d.rows);
-    h.count = c.summary.count;
-    h.capacity = c.summary.capacity, h.dropped = c.summary.dropped;
+    const RouteSummary& m = c.summary();
+    h.count = m.count;
+    h.capacity = m.capacity, h.dropped = m.dropped;
     h.offset = c.offset;
-    h.aux_loss = c.summary.aux_loss, h.z_loss = c.summary.z_loss;
+    h.aux_loss = m.aux_loss, h.z_loss = m.z_loss;
     if (dgate) {
       dgate->clear();
       if (c.dgate_written) get(*dgate, d.dgate, M);

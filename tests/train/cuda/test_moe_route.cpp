@@ -106,11 +106,11 @@ TEST_CASE("cuda moe route: the device routing is route()'s, bit for bit") {
             std::unique_ptr<RouteState> s = gpu->moe_route(p, put(*gpu, l, N, E));
             CHECK(s->tokens == N);
             CHECK(s->offset == h.offset);
-            CHECK(s->summary.count == h.count);
-            CHECK(s->summary.capacity == h.capacity);
-            CHECK(s->summary.dropped == h.dropped);
-            CHECK(std::memcmp(&s->summary.aux_loss, &h.aux_loss, 8) == 0);
-            CHECK(std::memcmp(&s->summary.z_loss, &h.z_loss, 8) == 0);
+            CHECK(s->summary().count == h.count);
+            CHECK(s->summary().capacity == h.capacity);
+            CHECK(s->summary().dropped == h.dropped);
+            CHECK(std::memcmp(&s->summary().aux_loss, &h.aux_loss, 8) == 0);
+            CHECK(std::memcmp(&s->summary().z_loss, &h.z_loss, 8) == 0);
             expect_same_routing(gpu->moe_download(*s), h);
           }
         }
