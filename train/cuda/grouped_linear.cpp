@@ -112,70 +112,59 @@ bool CudaLinear::grouped_forward(const LinearGroups& g, const Tensor& x, Tensor&
   std::vector<int64_t> xn(G), wn(G);
   for (size_t i = 0; i < G; ++i) xn[i] = g.rows(i) * in, wn[i] = g.rows(i) > 0 ? out * in : 0;
 
+  // The operands: bf16, every group's x and W rounded in one launch each into the state; fp32, x and W where
+  // they are, and (for backward) copies as the dense layer keeps them: x (a view) always, W where the plan
+  // reuses the forward's W for dgrad.
   if (*form == GroupForm::bf16) {
     st->x_start = aligned_starts(xn, kBf16Align);
     st->w_start = aligned_starts(wn, kBf16Align);
     st->x_op = alloc(1, std::max<int64_t>(st->x_start.back() / 2, 1));
     st->w_op = alloc(1, std::max<int64_t>(st->w_start.back() / 2, 1));
-    auto* xh = reinterpret_cast<uint16_t*>(st->x_op.data);
-    auto* wh = reinterpret_cast<uint16_t*>(st->w_op.data);
     std::vector<cuda::Bf16Slice> xs, ws;
     for (size_t i = 0; i < G; ++i) {
       if (g.rows(i) == 0) continue;
-      xs.push_back({x.data + g.offsets[i] * in, xh + st->x_start[i], xn[i]});
-      ws.push_back({g.w[i].data, wh + st->w_start[i], wn[i]});
+      xs.push_back({x.data + g.offsets[i] * in, reinterpret_cast<uint16_t*>(st->x_op.data) + st->x_start[i], xn[i]});
+      ws.push_back({g.w[i].data, reinterpret_cast<uint16_t*>(st->w_op.data) + st->w_start[i], wn[i]});
     }
     cuda::round_bf16_slices_device(xs, kStream);
     cuda::round_bf16_slices_device(ws, kStream);
     st->w_kept = true;
+  } else if (backward) {
+    st->x_start = aligned_starts(xn, kF32Align);
+    st->x_op = alloc(1, std::max<int64_t>(st->x_start.back(), 1));
+    st->w_kept = true;
+    for (size_t i = 0; i < G; ++i) st->w_kept = st->w_kept && g.plans[i]->plan.reuse_fwd_w;
+    if (!st->w_kept) std::fill(wn.begin(), wn.end(), 0);
+    st->w_start = aligned_starts(wn, kF32Align);
+    if (st->w_kept) st->w_op = alloc(1, std::max<int64_t>(st->w_start.back(), 1));
     for (size_t i = 0; i < G; ++i) {
-      const int64_t n = g.rows(i), off = g.offsets[i];
-      if (n == 0) continue;
-      DevOperand xo, wo;
-      xo.bf16 = xh + st->x_start[i];
-      wo.bf16 = wh + st->w_start[i];
-      im.report(Operand::fwd_x, xo, n, in);
-      im.report(Operand::fwd_w, wo, out, in);
-      im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, wo, in, out * in, im.slot[1], xo, in, n * in, im.slot[0],
-              y.data + off * out, out, 0.0f);
-      if (g.bias(i) != nullptr && g.plans[i]->plan.add_bias)
-        cuda::add_bias_device(y.data + off * out, g.bias(i), n, out, kStream);
-    }
-  } else {
-    // FP32: the GEMMs read x and W where they are; backward reads copies (the dense layer copies a view of x,
-    // and keeps W when the plan reuses the forward's W for dgrad).
-    if (backward) {
-      st->x_start = aligned_starts(xn, kF32Align);
-      st->x_op = alloc(1, std::max<int64_t>(st->x_start.back(), 1));
-      st->w_kept = g.plans[0]->plan.reuse_fwd_w;
-      for (size_t i = 1; i < G; ++i) st->w_kept = st->w_kept && g.plans[i]->plan.reuse_fwd_w;
-      if (!st->w_kept) std::fill(wn.begin(), wn.end(), 0);
-      st->w_start = aligned_starts(wn, kF32Align);
-      if (st->w_kept) st->w_op = alloc(1, std::max<int64_t>(st->w_start.back(), 1));
-    }
-    for (size_t i = 0; i < G; ++i) {
-      const int64_t n = g.rows(i), off = g.offsets[i];
-      if (n == 0) continue;
-      const float* xg = x.data + off * in;
-      if (backward) {
-        check(cudaMemcpyAsync(st->x_op.data + st->x_start[i], xg, size_t(n * in) * sizeof(float),
+      if (g.rows(i) == 0) continue;
+      check(cudaMemcpyAsync(st->x_op.data + st->x_start[i], x.data + g.offsets[i] * in, size_t(xn[i]) * sizeof(float),
+                            cudaMemcpyDeviceToDevice, kStream),
+            "CudaLinear::grouped_forward: saving x");
+      if (st->w_kept)
+        check(cudaMemcpyAsync(st->w_op.data + st->w_start[i], g.w[i].data, size_t(wn[i]) * sizeof(float),
                               cudaMemcpyDeviceToDevice, kStream),
-              "CudaLinear::grouped_forward: saving x");
-        if (st->w_kept)
-          check(cudaMemcpyAsync(st->w_op.data + st->w_start[i], g.w[i].data, size_t(out * in) * sizeof(float),
-                                cudaMemcpyDeviceToDevice, kStream),
-                "CudaLinear::grouped_forward: saving W");
-      }
-      DevOperand xo, wo;
-      xo.f32 = xg;
-      wo.f32 = g.w[i].data;
-      im.report(Operand::fwd_x, xo, n, in);
-      im.report(Operand::fwd_w, wo, out, in);
-      im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, wo, in, out * in, im.slot[1], xo, in, n * in, im.slot[0],
-              y.data + off * out, out, 0.0f);
-      if (g.bias(i) != nullptr && g.plans[i]->plan.add_bias)
-        cuda::add_bias_device(y.data + off * out, g.bias(i), n, out, kStream);
+              "CudaLinear::grouped_forward: saving W");
     }
+  }
+  for (size_t i = 0; i < G; ++i) {
+    const int64_t n = g.rows(i), off = g.offsets[i];
+    if (n == 0) continue;
+    DevOperand xo, wo;
+    if (*form == GroupForm::bf16) {
+      xo.bf16 = reinterpret_cast<const uint16_t*>(st->x_op.data) + st->x_start[i];
+      wo.bf16 = reinterpret_cast<const uint16_t*>(st->w_op.data) + st->w_start[i];
+    } else {
+      xo.f32 = x.data + off * in;
+      wo.f32 = g.w[i].data;
+    }
+    im.report(Operand::fwd_x, xo, n, in);
+    im.report(Operand::fwd_w, wo, out, in);
+    im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, wo, in, out * in, im.slot[1], xo, in, n * in, im.slot[0],
+            y.data + off * out, out, 0.0f);
+    if (g.bias(i) != nullptr && g.plans[i]->plan.add_bias)
+      cuda::add_bias_device(y.data + off * out, g.bias(i), n, out, kStream);
   }
   state = std::move(st);
   return true;
