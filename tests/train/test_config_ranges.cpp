@@ -78,6 +78,7 @@ TEST_CASE("config ranges: each numeric key out of its range names the key and th
       {"model.moe.aux_loss=-1", "config.model.moe.aux_loss: -1 is out of range; valid: a finite number >= 0"},
       {"model.moe.z_loss=-0.5", "config.model.moe.z_loss: -0.5 is out of range"},
       {"model.moe.expert_hidden=-1", "config.model.moe.expert_hidden: -1 is out of range"},
+      {"model.moe.capacity_factor=0", "config.model.moe.capacity_factor: 0 is out of range; valid: a finite number in (0, 4]"},
       {"training.lr=0", "config.training.lr: 0 is out of range; valid: a finite number > 0"},
       {"training.lr=-1", "config.training.lr: -1 is out of range"},
       {"training.min_lr=-1", "config.training.min_lr: -1 is out of range; valid: a finite number >= 0"},
