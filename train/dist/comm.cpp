@@ -34,6 +34,14 @@ class LocalComm final : public Communicator {
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
     return {std::vector<uint8_t>(mine.begin(), mine.end())};
   }
+  void alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts, std::span<uint8_t> recv,
+                 std::span<const int64_t> recv_counts, size_t unit_bytes) override {
+    check_alltoallv(send.size(), send_counts, recv.size(), recv_counts, unit_bytes, 1, "local");
+    if (send_counts[0] != recv_counts[0])
+      throw Error("communicator (local): alltoallv: rank 0 sends " + std::to_string(send_counts[0]) +
+                  " rows to itself but expects " + std::to_string(recv_counts[0]));
+    if (!send.empty() && send.data() != recv.data()) std::memcpy(recv.data(), send.data(), send.size());
+  }
   void barrier() override {}
 };
 
@@ -167,6 +175,33 @@ class ThreadComm final : public Communicator {
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
     return hub_->exchange(*this, "allgather_bytes", std::vector<uint8_t>(mine.begin(), mine.end()));
   }
+  // Each rank deposits its send counts and rows; each takes its part of every peer's (the hub hands every rank
+  // every deposit, as allgather_bytes does: the thread engine is for tests and one host).
+  void alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts, std::span<uint8_t> recv,
+                 std::span<const int64_t> recv_counts, size_t unit_bytes) override {
+    const int n = world();
+    check_alltoallv(send.size(), send_counts, recv.size(), recv_counts, unit_bytes, n, "threads");
+    std::vector<uint8_t> mine(size_t(n) * sizeof(int64_t) + send.size());
+    std::memcpy(mine.data(), send_counts.data(), size_t(n) * sizeof(int64_t));
+    if (!send.empty()) std::memcpy(mine.data() + size_t(n) * sizeof(int64_t), send.data(), send.size());
+    const auto all = hub_->exchange(*this, "alltoallv", std::move(mine));
+    size_t at = 0;
+    for (int p = 0; p < n; ++p) {
+      const auto& b = all[size_t(p)];
+      std::vector<int64_t> theirs(static_cast<size_t>(n));
+      std::memcpy(theirs.data(), b.data(), size_t(n) * sizeof(int64_t));
+      if (theirs[size_t(rank_)] != recv_counts[size_t(p)])
+        throw Error("communicator (threads): alltoallv: rank " + std::to_string(p) + " sends " +
+                    std::to_string(theirs[size_t(rank_)]) + " rows to rank " + std::to_string(rank_) +
+                    ", which expects " + std::to_string(recv_counts[size_t(p)]));
+      int64_t before = 0;
+      for (int q = 0; q < rank_; ++q) before += theirs[size_t(q)];
+      const size_t bytes = size_t(theirs[size_t(rank_)]) * unit_bytes;
+      if (bytes > 0)
+        std::memcpy(recv.data() + at, b.data() + size_t(n) * sizeof(int64_t) + size_t(before) * unit_bytes, bytes);
+      at += bytes;
+    }
+  }
   void barrier() override { hub_->exchange(*this, "barrier", {}); }
 
  private:
@@ -190,6 +225,25 @@ class ThreadComm final : public Communicator {
 };
 
 }  // namespace
+
+void check_alltoallv(size_t send_bytes, std::span<const int64_t> send_counts, size_t recv_bytes,
+                     std::span<const int64_t> recv_counts, size_t unit_bytes, int world, const std::string& engine) {
+  const std::string where = "communicator (" + engine + "): alltoallv: ";
+  if (unit_bytes == 0) throw Error(where + "rows of 0 bytes");
+  if (send_counts.size() != size_t(world) || recv_counts.size() != size_t(world))
+    throw Error(where + std::to_string(send_counts.size()) + " send and " + std::to_string(recv_counts.size()) +
+                " receive counts for " + std::to_string(world) + " ranks");
+  int64_t sent = 0, received = 0;
+  for (int p = 0; p < world; ++p) {
+    if (send_counts[size_t(p)] < 0 || recv_counts[size_t(p)] < 0)
+      throw Error(where + "a negative count for rank " + std::to_string(p));
+    sent += send_counts[size_t(p)], received += recv_counts[size_t(p)];
+  }
+  if (size_t(sent) * unit_bytes != send_bytes || size_t(received) * unit_bytes != recv_bytes)
+    throw Error(where + "the send buffer holds " + std::to_string(send_bytes) + " bytes for " + std::to_string(sent) +
+                " rows and the receive buffer " + std::to_string(recv_bytes) + " for " + std::to_string(received) +
+                " rows of " + std::to_string(unit_bytes) + " bytes");
+}
 
 void Communicator::set_timeout(std::chrono::milliseconds t) {
   if (t.count() <= 0) throw Error("communicator: the collective timeout must be positive, got " + std::to_string(t.count()) + " ms");

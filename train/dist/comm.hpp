@@ -61,6 +61,18 @@ class Communicator {
   virtual bool device_buffers() const { return false; }
   // Every rank's bytes (any sizes, empty included), in rank order, on every rank.
   virtual std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) = 0;
+  // All-to-all of rows of unit_bytes bytes (expert parallelism's dispatch and
+  // combine; docs/log/2026-12-02-expert-parallel-plan.md): `send` holds the
+  // parts for ranks 0, 1, ... contiguous in rank order, send_counts[p] rows for
+  // rank p; `recv` receives every rank's part for this rank, contiguous in rank
+  // order, recv_counts[p] rows from rank p, which must equal rank p's
+  // send_counts[this rank]. Any counts, 0 included; the own part is copied.
+  // Bytes travel unchanged (exact). send / recv hold exactly the counts' rows.
+  // Buffers follow device_buffers(). Throws fp4lab::Error naming the counts
+  // that disagree (threads, local; MPI and NCCL cannot see the peer's counts:
+  // their transfer then fails or times out).
+  virtual void alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts, std::span<uint8_t> recv,
+                         std::span<const int64_t> recv_counts, size_t unit_bytes) = 0;
   virtual void barrier() = 0;
 
   // How long one collective waits for the other ranks (config
@@ -94,6 +106,11 @@ std::string no_answer_message(int rank, const std::vector<int>& silent, std::chr
 // <what>: ..." otherwise.
 void check_shard_set(size_t n, std::span<const ShardRange> shards, int world, const std::string& engine,
                      const char* what);
+
+// alltoallv's arguments against the world and the buffers' sizes; throws
+// fp4lab::Error "communicator (<engine>): alltoallv: ..." otherwise.
+void check_alltoallv(size_t send_bytes, std::span<const int64_t> send_counts, size_t recv_bytes,
+                     std::span<const int64_t> recv_counts, size_t unit_bytes, int world, const std::string& engine);
 
 // World of one: every collective is the identity.
 std::unique_ptr<Communicator> make_local_comm();

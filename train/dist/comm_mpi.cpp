@@ -128,6 +128,37 @@ class MpiComm final : public Communicator {
       out.emplace_back(all.begin() + displs[size_t(r)], all.begin() + displs[size_t(r)] + sizes[size_t(r)]);
     return out;
   }
+  // MPI_Ialltoallv in units of a contiguous datatype of unit_bytes bytes (MPI's counts and displacements are ints).
+  void alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts, std::span<uint8_t> recv,
+                 std::span<const int64_t> recv_counts, size_t unit_bytes) override {
+    check_alltoallv(send.size(), send_counts, recv.size(), recv_counts, unit_bytes, world_, "mpi");
+    const char* what = "MPI_Ialltoallv";
+    const size_t w = static_cast<size_t>(world_);
+    std::vector<int> sc(w), sd(w), rc(w), rd(w);
+    int64_t so = 0, ro = 0;
+    for (int p = 0; p < world_; ++p) {
+      if (so + send_counts[size_t(p)] >= (int64_t(1) << 31) || ro + recv_counts[size_t(p)] >= (int64_t(1) << 31) ||
+          unit_bytes >= (size_t(1) << 31))
+        throw Error("communicator (mpi): alltoallv: more than 2^31 - 1 rows or bytes a row");
+      sc[size_t(p)] = int(send_counts[size_t(p)]), sd[size_t(p)] = int(so), so += send_counts[size_t(p)];
+      rc[size_t(p)] = int(recv_counts[size_t(p)]), rd[size_t(p)] = int(ro), ro += recv_counts[size_t(p)];
+    }
+    MPI_Datatype row;
+    check_mpi(MPI_Type_contiguous(int(unit_bytes), MPI_BYTE, &row), "MPI_Type_contiguous");
+    check_mpi(MPI_Type_commit(&row), "MPI_Type_commit");
+    MPI_Request req;
+    const int rc_start = MPI_Ialltoallv(send.data(), sc.data(), sd.data(), row, recv.data(), rc.data(), rd.data(), row,
+                                        MPI_COMM_WORLD, &req);
+    if (rc_start != MPI_SUCCESS) MPI_Type_free(&row);
+    check_mpi(rc_start, what);
+    try {
+      wait(req, what);
+    } catch (...) {
+      MPI_Type_free(&row);
+      throw;
+    }
+    MPI_Type_free(&row);
+  }
   void barrier() override {
     MPI_Request req;
     check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &req), "MPI_Ibarrier");

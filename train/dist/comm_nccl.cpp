@@ -165,6 +165,48 @@ class NcclComm final : public Communicator {
     return out;
   }
 
+  // One group of ncclSend / ncclRecv for every peer with rows (both sides know the counts, so both skip the
+  // empty parts alike); the own part a device copy on the communicator's stream.
+  void alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts, std::span<uint8_t> recv,
+                 std::span<const int64_t> recv_counts, size_t unit_bytes) override {
+    const char* what = "alltoallv";
+    enter(what);
+    check_alltoallv(send.size(), send_counts, recv.size(), recv_counts, unit_bytes, world_, "nccl");
+    check_device_ptr(send.data(), send.size(), what);
+    check_device_ptr(recv.data(), recv.size(), what);
+    std::vector<size_t> so(size_t(world_) + 1, 0), ro(size_t(world_) + 1, 0);
+    for (int p = 0; p < world_; ++p) {
+      so[size_t(p) + 1] = so[size_t(p)] + size_t(send_counts[size_t(p)]) * unit_bytes;
+      ro[size_t(p) + 1] = ro[size_t(p)] + size_t(recv_counts[size_t(p)]) * unit_bytes;
+    }
+    if (send_counts[size_t(rank_)] != recv_counts[size_t(rank_)])
+      throw Error("communicator (nccl): alltoallv: rank " + std::to_string(rank_) + " sends " +
+                  std::to_string(send_counts[size_t(rank_)]) + " rows to itself but expects " +
+                  std::to_string(recv_counts[size_t(rank_)]));
+    order();
+    const size_t own = so[size_t(rank_) + 1] - so[size_t(rank_)];
+    if (own > 0)
+      check(cudaMemcpyAsync(recv.data() + ro[size_t(rank_)], send.data() + so[size_t(rank_)], own,
+                            cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync (alltoallv, own part)");
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t rc = ncclSuccess;
+    for (int p = 0; p < world_ && (rc == ncclSuccess || rc == ncclInProgress); ++p) {
+      if (p == rank_) continue;
+      const size_t sb = so[size_t(p) + 1] - so[size_t(p)], rb = ro[size_t(p) + 1] - ro[size_t(p)];
+      if (sb > 0) rc = ncclSend(send.data() + so[size_t(p)], sb, ncclUint8, p, comm_, stream_);
+      if (rb > 0 && (rc == ncclSuccess || rc == ncclInProgress))
+        rc = ncclRecv(recv.data() + ro[size_t(p)], rb, ncclUint8, p, comm_, stream_);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      abort();
+      check_nccl(rc, what);
+    }
+    settled(end, what);
+    finish(what);
+  }
+
   void barrier() override { allreduce(one_.data(), 1, ncclUint32, ncclMax, "barrier"); }
 
  private:

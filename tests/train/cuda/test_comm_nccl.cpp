@@ -90,6 +90,25 @@ void exercise(Communicator& c, int round) {
   c.allreduce_disjoint_or({o.data(), o.size()});
   CHECK(o.download() == want_or);
 
+  // alltoallv: rank k sends (k + 3p + round) % 4 rows of 6 bytes to rank p (zeros included, the own part too).
+  {
+    auto count = [&](int k, int p) { return int64_t((k + 3 * p + round) % 4); };
+    auto byte = [&](int k, int p, int64_t i, int b) { return uint8_t(k * 37 + p * 11 + i * 3 + b + round); };
+    std::vector<int64_t> sc(static_cast<size_t>(n)), rc(static_cast<size_t>(n));
+    std::vector<uint8_t> send, want;
+    for (int p = 0; p < n; ++p) {
+      sc[size_t(p)] = count(r, p), rc[size_t(p)] = count(p, r);
+      for (int64_t i = 0; i < sc[size_t(p)]; ++i)
+        for (int b = 0; b < 6; ++b) send.push_back(byte(r, p, i, b));
+      for (int64_t i = 0; i < rc[size_t(p)]; ++i)
+        for (int b = 0; b < 6; ++b) want.push_back(byte(p, r, i, b));
+    }
+    auto send_d = on_device(send);
+    auto recv_d = on_device(std::vector<uint8_t>(want.size(), 0xEE));
+    c.alltoallv({send_d.data(), send.size()}, sc, {recv_d.data(), want.size()}, rc, 6);
+    CHECK(recv_d.download() == want);
+  }
+
   // Shard sets: even_shards, a hand-made uneven one cycling {0, 7, 33, 1}, all on the last rank, none at all.
   std::vector<std::vector<ShardRange>> sets = {even_shards(1000 + round, n), even_shards(3, n)};
   std::vector<int64_t> uneven, last(static_cast<size_t>(n), 0);

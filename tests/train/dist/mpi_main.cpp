@@ -39,6 +39,23 @@ int main() {
   comm->allreduce_disjoint_or(bor);
   for (uint8_t b : bor)
     if (b != uint8_t((1u << std::min(n, 8)) - 1u)) fail("allreduce_disjoint_or");
+  // alltoallv: rank k sends (k + 2p) % 3 rows of 5 bytes to rank p (zeros included), bytes a function of (k, p, i, b).
+  {
+    auto count = [](int k, int p) { return int64_t((k + 2 * p) % 3); };
+    auto byte = [](int k, int p, int64_t i, int b) { return uint8_t(k * 41 + p * 13 + i * 5 + b); };
+    std::vector<int64_t> sc(static_cast<size_t>(n)), rcv(static_cast<size_t>(n));
+    std::vector<uint8_t> send, want;
+    for (int p = 0; p < n; ++p) {
+      sc[size_t(p)] = count(r, p), rcv[size_t(p)] = count(p, r);
+      for (int64_t i = 0; i < sc[size_t(p)]; ++i)
+        for (int b = 0; b < 5; ++b) send.push_back(byte(r, p, i, b));
+      for (int64_t i = 0; i < rcv[size_t(p)]; ++i)
+        for (int b = 0; b < 5; ++b) want.push_back(byte(p, r, i, b));
+    }
+    std::vector<uint8_t> got(want.size(), 0xEE);
+    comm->alltoallv(send, sc, got, rcv, 5);
+    if (got != want) fail("alltoallv");
+  }
   std::vector<double> sd = {0.5 + double(r)};
   comm->allreduce_sum(sd);
   if (sd[0] != 0.5 * double(n) + double(n * (n - 1) / 2)) fail("allreduce_sum(double)");

@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "core/bits.hpp"
+#include "core/error.hpp"
 #include "sim/packing.hpp"
 #include "sim/quantizer.hpp"
 #include "train/dist/comm.hpp"
@@ -84,6 +86,68 @@ TEST_CASE("thread communicator: max, sum in rank order, gather of any sizes, man
     for (size_t i = 0; i < want.size(); ++i) want[i] = uint8_t(i % 2 ? 0xA0 : 0x05);
     for (const auto& g : got) CHECK(g == want);
   }
+}
+
+namespace {
+
+// alltoallv's test traffic: rank r sends count(r, p, round) rows of `unit` bytes to rank p (zeros included),
+// row i's bytes a function of (r, p, i, round, byte).
+int64_t a2a_count(int r, int p, int round) { return (r * 3 + p * 5 + round) % 4; }
+uint8_t a2a_byte(int r, int p, int64_t i, int round, size_t b) { return uint8_t(r * 61 + p * 17 + i * 7 + round + b); }
+
+}  // namespace
+
+TEST_CASE("thread and local communicators: alltoallv of any counts, zeros included, rows of any width") {
+  for (int n : {1, 2, 3, 5}) {
+    for (size_t unit : {size_t(1), size_t(4), size_t(6)}) {
+      CAPTURE(n);
+      CAPTURE(unit);
+      std::vector<int> bad(static_cast<size_t>(n), 0);
+      on_ranks(n, [&](Communicator& c) {
+        const int r = c.rank();
+        for (int round = 0; round < 6; ++round) {
+          std::vector<int64_t> sc(static_cast<size_t>(n)), rc(static_cast<size_t>(n));
+          std::vector<uint8_t> send, want;
+          for (int p = 0; p < n; ++p) {
+            sc[size_t(p)] = a2a_count(r, p, round);
+            rc[size_t(p)] = a2a_count(p, r, round);
+            for (int64_t i = 0; i < sc[size_t(p)]; ++i)
+              for (size_t b = 0; b < unit; ++b) send.push_back(a2a_byte(r, p, i, round, b));
+            for (int64_t i = 0; i < rc[size_t(p)]; ++i)
+              for (size_t b = 0; b < unit; ++b) want.push_back(a2a_byte(p, r, i, round, b));
+          }
+          std::vector<uint8_t> recv(want.size(), 0xEE);
+          c.alltoallv(send, sc, recv, rc, unit);
+          if (recv != want) ++bad[size_t(r)];
+        }
+      });
+      for (int r = 0; r < n; ++r) CHECK(bad[size_t(r)] == 0);
+    }
+  }
+  // The local engine: its own part copied; counts that disagree with the buffers are errors naming them.
+  auto local = make_local_comm();
+  const std::vector<uint8_t> send = {1, 2, 3, 4, 5, 6};
+  std::vector<uint8_t> recv(6);
+  local->alltoallv(send, std::vector<int64_t>{3}, recv, std::vector<int64_t>{3}, 2);
+  CHECK(recv == send);
+  CHECK_THROWS_WITH_AS(local->alltoallv(send, std::vector<int64_t>{2}, recv, std::vector<int64_t>{3}, 2),
+                       doctest::Contains("alltoallv"), Error);
+  CHECK_THROWS_WITH_AS(local->alltoallv(send, std::vector<int64_t>{3, 0}, recv, std::vector<int64_t>{3}, 2),
+                       doctest::Contains("for 1 ranks"), Error);
+  // Thread ranks whose counts disagree: the receiver names the sender and both counts.
+  std::vector<std::string> errors(2);
+  on_ranks(2, [&](Communicator& c) {
+    const int r = c.rank();
+    const std::vector<int64_t> sc = {1, 1}, rc = r == 1 ? std::vector<int64_t>{2, 1} : std::vector<int64_t>{1, 1};
+    std::vector<uint8_t> out(size_t(rc[0] + rc[1]));
+    try {
+      c.alltoallv(std::vector<uint8_t>{uint8_t(r), uint8_t(r)}, sc, out, rc, 1);
+    } catch (const Error& e) {
+      errors[size_t(r)] = e.what();
+    }
+  });
+  CHECK(errors[0].empty());
+  CHECK(errors[1].find("rank 0 sends 1 rows to rank 1, which expects 2") != std::string::npos);
 }
 
 TEST_CASE("NVFP4 primary weights over thread ranks: shard_cast true equals false equals quantize(nvfp4_2d)") {
