@@ -31,12 +31,16 @@ void check_same_cols(const char* what, const Tensor& a, const Tensor& b) {
                 " columns; they must have the same width");
 }
 
-void check_row_indices(const char* what, const int32_t* idx, int64_t n, int64_t rows) {
-  for (int64_t i = 0; i < n; ++i)
+int64_t check_row_indices(const char* what, const int32_t* idx, int64_t n, int64_t rows) {
+  int64_t named = 0;
+  for (int64_t i = 0; i < n; ++i) {
     if (idx[i] < -1 || idx[i] >= rows)
       throw Error(std::string(what) + ": index " + std::to_string(i) + " is " + std::to_string(idx[i]) +
                   ", outside the " + std::to_string(rows) + " rows [0, " + std::to_string(rows) +
                   ") and not -1 (no row)");
+    named += idx[i] >= 0;
+  }
+  return named;
 }
 
 void check_groups(const LinearGroups& g, int64_t rows) {

@@ -123,8 +123,9 @@ inline Tensor rows_of(const Tensor& t, int64_t off, int64_t n) { return view_of(
 
 // Throws fp4lab::Error naming `what` unless a and b have the same column count.
 void check_same_cols(const char* what, const Tensor& a, const Tensor& b);
-// Throws fp4lab::Error naming `what` unless idx[0..n) all lie in [0, rows) (or are -1: no row).
-void check_row_indices(const char* what, const int32_t* idx, int64_t n, int64_t rows);
+// Throws fp4lab::Error naming `what` unless idx[0..n) all lie in [0, rows) (or are -1: no row);
+// returns how many name a row.
+int64_t check_row_indices(const char* what, const int32_t* idx, int64_t n, int64_t rows);
 
 // What a linear layer keeps between forward and backward (backend specific).
 struct LinearState {

@@ -9,17 +9,17 @@
 
 namespace fp4lab::train {
 
-// Per token (independent, so OpenMP threads do not change any bit): softmax
-// in float64 (exp_f64 / log_f64, train/math_f64.hpp, which a device kernel can
-// reproduce), top k by selection (the lower index first among equal
-// probabilities), gates. Then, serially in token order: grouping. The losses' sums in blocks of
-// kRouteSumBlock tokens (blocks independent, then summed in order).
 int64_t expert_capacity(const RouteParams& p, int64_t tokens) {
   if (p.capacity_factor <= 0 || tokens == 0) return 0;
   const int64_t c = int64_t(std::ceil(p.capacity_factor * double(tokens) * double(p.top_k) / double(p.experts)));
   return (std::max<int64_t>(c, 1) + 15) / 16 * 16;
 }
 
+// Per token (independent, so OpenMP threads do not change any bit): softmax
+// in float64 (exp_f64 / log_f64, train/math_f64.hpp, which a device kernel can
+// reproduce), top k by selection (the lower index first among equal
+// probabilities), gates. Then, serially in token order: grouping. The losses' sums in blocks of
+// kRouteSumBlock tokens (blocks independent, then summed in order).
 Routing route(const RouteParams& c, const float* logits, int64_t tokens) {
   const int64_t E = c.experts, k = c.top_k;
   Routing r;

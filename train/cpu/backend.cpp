@@ -481,10 +481,8 @@ class CpuBackend final : public Backend {
     const ThreadCount use(threads_);
     check_same_cols("combine_rows_backward", src, dout);
     check_same_cols("combine_rows_backward", src, dsrc);
-    check_row_indices("combine_rows_backward", pos, dout.rows * k, src.rows);
+    const int64_t named = check_row_indices("combine_rows_backward", pos, dout.rows * k, src.rows);
     const int64_t C = dout.cols;
-    int64_t named = 0;
-    for (int64_t i = 0; i < dout.rows * k; ++i) named += pos[i] >= 0;
     if (named < dsrc.rows) fill(dsrc, 0.0f);  // rows no slot names (capacity dispatch)
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < dout.rows * k; ++i) {

@@ -406,10 +406,8 @@ class CudaBackend final : public Backend {
     check_same_cols("combine_rows_backward", src, dout);
     check_same_cols("combine_rows_backward", src, dsrc);
     const int64_t slots = dout.rows * k;
-    check_row_indices("combine_rows_backward", pos, slots, src.rows);
+    const int64_t named = check_row_indices("combine_rows_backward", pos, slots, src.rows);
     float* d_dw = reserve(moe_dw_, size_t(std::max<int64_t>(slots, 1)));
-    int64_t named = 0;
-    for (int64_t i = 0; i < slots; ++i) named += pos[i] >= 0;
     nn::combine_rows_backward(dout.data, src.data, src.cols, moe_pos_up_.put(pos, slots), moe_w_up_.put(w, slots), k,
                               dout.rows, dsrc.data, src.rows, named == src.rows, d_dw);
     if (slots > 0)
@@ -459,9 +457,10 @@ class CudaBackend final : public Backend {
     nn::route(logits.data, s->d, p.normalize_top_k, p.aux_loss, p.z_loss);
     s->params = p;
     s->tokens = N;
+    // Dropless: the group sizes are the counts (the wait); capacity: cap rows each.
+    const std::vector<int64_t> sizes = cap > 0 ? std::vector<int64_t>(size_t(E), cap) : s->summary().count;
     s->offset.assign(size_t(E + 1), 0);
-    for (int64_t e = 0; e < E; ++e)
-      s->offset[size_t(e + 1)] = s->offset[size_t(e)] + (cap > 0 ? cap : s->summary().count[size_t(e)]);
+    for (int64_t e = 0; e < E; ++e) s->offset[size_t(e + 1)] = s->offset[size_t(e)] + sizes[size_t(e)];
     return s;
   }
   void moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped) override {

@@ -72,7 +72,7 @@ struct GroupedLinearState final : LinearState {
   // reuses the forward's W for dgrad (as the dense layer keeps Q_fwd_w(W), here W itself).
   Tensor x_op, w_op;
   std::vector<int64_t> x_start, w_start;
-  bool w_kept = false;
+  bool w_kept = false;  // fp32: w_op holds the W copies
 };
 
 std::string group_shape(size_t g, const Tensor& t) {
@@ -128,12 +128,10 @@ bool CudaLinear::grouped_forward(const LinearGroups& g, const Tensor& x, Tensor&
     }
     cuda::round_bf16_slices_device(xs, kStream);
     cuda::round_bf16_slices_device(ws, kStream);
-    st->w_kept = true;
   } else if (backward) {
     st->x_start = aligned_starts(xn, kF32Align);
     st->x_op = alloc(1, std::max<int64_t>(st->x_start.back(), 1));
-    st->w_kept = true;
-    for (size_t i = 0; i < G; ++i) st->w_kept = st->w_kept && g.plans[i]->plan.reuse_fwd_w;
+    st->w_kept = std::all_of(g.plans.begin(), g.plans.end(), [](const LayerPlan* l) { return l->plan.reuse_fwd_w; });
     if (!st->w_kept) std::fill(wn.begin(), wn.end(), 0);
     st->w_start = aligned_starts(wn, kF32Align);
     if (st->w_kept) st->w_op = alloc(1, std::max<int64_t>(st->w_start.back(), 1));

@@ -21,41 +21,22 @@
 #include "core/error.hpp"
 #include "cuda/device.hpp"
 #include "recipes/recipe.hpp"
+#include "device_tensors.hpp"
 #include "train/cuda/linear.hpp"
 
 namespace fp4lab::train {
 namespace {
 
-Tensor dev_tensor(int64_t rows, int64_t cols) {
-  float* p = nullptr;
-  cuda::check(cudaMalloc(&p, size_t(std::max<int64_t>(1, rows * cols)) * sizeof(float)), "test cudaMalloc");
-  Tensor t;
-  t.data = p;
-  t.rows = rows;
-  t.cols = cols;
-  t.mem = std::shared_ptr<float[]>(p, [](float* q) { cudaFree(q); });
-  return t;
-}
+using fp4lab::test::dev_tensor;
+using fp4lab::test::kAlloc;
+
 Tensor dev_randn(int64_t rows, int64_t cols, uint32_t seed, float sigma) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.0f, sigma);
   std::vector<float> h(static_cast<size_t>(rows * cols));
   for (float& v : h) v = d(g);
-  Tensor t = dev_tensor(rows, cols);
-  if (!h.empty()) cuda::check(cudaMemcpy(t.data, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "H2D");
-  return t;
+  return fp4lab::test::dev_upload(h, rows, cols);
 }
-std::vector<float> get(const float* p, int64_t n) {
-  std::vector<float> h(static_cast<size_t>(n));
-  if (n > 0) cuda::check(cudaMemcpy(h.data(), p, size_t(n) * 4, cudaMemcpyDeviceToHost), "D2H");
-  return h;
-}
-Tensor copy_of(const Tensor& t) {
-  Tensor c = dev_tensor(t.rows, t.cols);
-  cuda::check(cudaMemcpy(c.data, t.data, size_t(t.size()) * 4, cudaMemcpyDeviceToDevice), "D2D");
-  return c;
-}
-const std::function<Tensor(int64_t, int64_t)> kAlloc = [](int64_t r, int64_t c) { return dev_tensor(r, c); };
 
 struct Report {
   Operand op;
@@ -78,7 +59,7 @@ Outcome run(CudaLinear& lin, const Recipe* r, const std::vector<int64_t>& sizes,
             bool backward, bool grouped, bool* took = nullptr) {
   Outcome o;
   lin.set_operand_hook([&o](Operand op, const float* p, int64_t rows, int64_t cols) {
-    o.reports.push_back(Report{op, rows, cols, get(p, rows * cols)});
+    o.reports.push_back(Report{op, rows, cols, fp4lab::test::dev_download(p, rows * cols)});
   });
   const size_t G = sizes.size();
   std::vector<int64_t> off{0};
@@ -127,13 +108,13 @@ Outcome run(CudaLinear& lin, const Recipe* r, const std::vector<int64_t>& sizes,
   cuda::check(cudaDeviceSynchronize(), "test sync");
   // Rows of empty groups and of a forward-only pass's dx are never written: compare written rows only.
   for (size_t g = 0; g < G; ++g) {
-    const std::vector<float> yg = get(y.data + off[g] * out, sizes[g] * out);
+    const std::vector<float> yg = fp4lab::test::dev_download(y.data + off[g] * out, sizes[g] * out);
     o.y.insert(o.y.end(), yg.begin(), yg.end());
     if (!backward) continue;
-    const std::vector<float> dxg = get(dx.data + off[g] * in, sizes[g] * in);
+    const std::vector<float> dxg = fp4lab::test::dev_download(dx.data + off[g] * in, sizes[g] * in);
     o.dx.insert(o.dx.end(), dxg.begin(), dxg.end());
-    o.dw.push_back(get(dw[g].data, dw[g].size()));
-    o.db.push_back(get(db[g].data, db[g].size()));
+    o.dw.push_back(fp4lab::test::dev_download(dw[g].data, dw[g].size()));
+    o.db.push_back(fp4lab::test::dev_download(db[g].data, db[g].size()));
   }
   lin.set_operand_hook(nullptr);
   return o;

@@ -37,6 +37,7 @@
 #include "cuda/device.hpp"
 #include "gpu_test_util.hpp"
 #include "cuda/rht.hpp"
+#include "device_tensors.hpp"
 #include "train/cpu/linear.hpp"
 #include "sim/rht.hpp"
 
@@ -55,27 +56,10 @@ std::vector<float> randv(int64_t n, uint32_t seed, float sigma) {
   return v;
 }
 
-Tensor dev_tensor(int64_t rows, int64_t cols) {
-  float* p = nullptr;
-  cuda::check(cudaMalloc(&p, size_t(std::max<int64_t>(1, rows * cols)) * sizeof(float)), "test cudaMalloc");
-  Tensor t;
-  t.data = p;
-  t.rows = rows;
-  t.cols = cols;
-  t.mem = std::shared_ptr<float[]>(p, [](float* q) { cudaFree(q); });
-  return t;
-}
-Tensor dev_upload(const std::vector<float>& h, int64_t rows, int64_t cols) {
-  Tensor t = dev_tensor(rows, cols);
-  if (!h.empty()) cuda::check(cudaMemcpy(t.data, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), "H2D");
-  return t;
-}
-std::vector<float> dev_download(const float* p, int64_t n) {
-  std::vector<float> h(static_cast<size_t>(n));
-  if (n > 0) cuda::check(cudaMemcpy(h.data(), p, size_t(n) * sizeof(float), cudaMemcpyDeviceToHost), "D2H");
-  return h;
-}
-const std::function<Tensor(int64_t, int64_t)> kAlloc = [](int64_t r, int64_t c) { return dev_tensor(r, c); };
+using fp4lab::test::dev_download;
+using fp4lab::test::dev_tensor;
+using fp4lab::test::dev_upload;
+using fp4lab::test::kAlloc;
 
 bool same_bits(const std::vector<float>& a, const float* b, size_t n) {
   return a.size() == n && (n == 0 || std::memcmp(a.data(), b, n * sizeof(float)) == 0);

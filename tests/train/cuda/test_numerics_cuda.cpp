@@ -20,6 +20,7 @@
 #include "gpu_test_util.hpp"
 #include "recipes/recipe.hpp"
 #include "train/cpu/linear.hpp"
+#include "device_tensors.hpp"
 #include "train/cuda/linear.hpp"
 #include "train/cuda/numerics.hpp"
 #include "train/numerics.hpp"
@@ -27,20 +28,9 @@
 namespace fp4lab::train {
 namespace {
 
-Tensor dev_tensor(int64_t rows, int64_t cols) {
-  float* p = nullptr;
-  cuda::check(cudaMalloc(&p, size_t(std::max<int64_t>(1, rows * cols)) * sizeof(float)), "test cudaMalloc");
-  Tensor t;
-  t.data = p, t.rows = rows, t.cols = cols;
-  t.mem = std::shared_ptr<float[]>(p, [](float* q) { cudaFree(q); });
-  return t;
-}
-Tensor dev_upload(const std::vector<float>& h, int64_t rows, int64_t cols) {
-  Tensor t = dev_tensor(rows, cols);
-  cuda::check(cudaMemcpy(t.data, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice), "H2D");
-  return t;
-}
-const std::function<Tensor(int64_t, int64_t)> kAlloc = [](int64_t r, int64_t c) { return dev_tensor(r, c); };
+using fp4lab::test::dev_tensor;
+using fp4lab::test::dev_upload;
+using fp4lab::test::kAlloc;
 
 // Varied scales, exact zeros, a run of tiny values (scales at the floor).
 std::vector<float> data(int64_t rows, int64_t cols, uint32_t seed, float scale) {
