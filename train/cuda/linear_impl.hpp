@@ -17,6 +17,7 @@
 #include "core/format.hpp"
 #include "cuda/device.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/gemm_classed.hpp"
 #include "cuda/quantize.hpp"
 #include "cuda/rht.hpp"
 #include "cuda/shard_cast.hpp"
@@ -155,6 +156,7 @@ inline void check_int(int64_t v, const char* what) {
 // The layer's scratch, cuBLAS handle and operand machinery (CudaLinear::Impl).
 struct LinearCore {
   cuda::Blas blas{kStream};
+  cuda::ClassedGemm classed;  // the BF16 GEMMs' algorithms by shape class
   cuda::QuantWorkspace qws;
   Slot slot[2];
   DeviceBuffer<uint16_t> grouped_dy;  // the grouped layer's BF16 dy (grouped_linear.cpp)
@@ -376,12 +378,10 @@ struct LinearCore {
       } else if (scaled) {
         cuda::alpha_beta_device(a.g, b.g, beta, gemm_ab.data() + 2 * kComputed, kStream);
       }
-      if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
-      const cublasStatus_t st = cublasGemmEx(h, ta, tb, int(m), int(n), int(k), scaled ? ab : &one, a.bf16, CUDA_R_16BF,
-                                             int(lda), b.bf16, CUDA_R_16BF, int(ldb), scaled ? ab + 1 : &beta, c,
-                                             CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      if (scaled) check_cublas(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
-      check_cublas(st, "cublasGemmEx (bf16 operands, fp32 accumulation)");
+      // cuBLASLt with the algorithm of the shape's class (cuda/gemm_classed.hpp): an expert's token count
+      // changes every step, and cublasGemmEx's heuristic for an unseen shape costs ~200 us of host time.
+      classed.bf16_f32(blas, ta, tb, m, n, k, scaled ? ab : &one, a.bf16, lda, b.bf16, ldb, scaled ? ab + 1 : &beta, c,
+                       ldc, scaled);
       return;
     }
     const float* af = as_f32(a, a_elems, sa);
