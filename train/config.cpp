@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/json.hpp"
+#include "train/route.hpp"
 
 namespace fp4lab::train {
 
@@ -137,8 +138,8 @@ void check_choice(const std::string& path, const std::string& v, std::initialize
 // Upper ends of the model's sizes: generous for this trainer (GPT-3 has 96
 // layers of width 12288), small enough that products of a few of them cannot
 // overflow 64 bits before check_run_size compares them with the memory.
-constexpr double kMaxLayers = 1024, kMaxWidth = 65536, kMaxExperts = 4096, kMaxImageSize = 4096, kMaxClasses = 65536,
-                 kMaxMlpRatio = 64, kMaxContext = 65536, kMaxVocab = 1 << 24, kMaxTopK = 64;
+constexpr double kMaxLayers = 1024, kMaxWidth = 65536, kMaxExperts = double(kMaxRouteExperts), kMaxImageSize = 4096,
+                 kMaxClasses = 65536, kMaxMlpRatio = 64, kMaxContext = 65536, kMaxVocab = 1 << 24, kMaxTopK = 64;
 // Upper ends of the training's counts: a batch of 2^24 samples, 10^12 steps, 10^6 evaluation batches.
 constexpr double kMaxBatch = 1 << 24, kMaxSteps = 1e12, kMaxEvalIters = 1e6, kMaxEpochs = 1e6;
 

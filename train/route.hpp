@@ -52,6 +52,10 @@ struct Routing {
 // order from 0), so that a parallel device reduction gives the same bits.
 inline constexpr int64_t kRouteSumBlock = 256;
 
+// The most experts routing takes (config.model.moe.experts; the CUDA sums
+// kernel sizes its per-thread columns by it).
+inline constexpr int64_t kMaxRouteExperts = 4096;
+
 // Routing of logits [tokens, experts] (row-major, host) under c.
 Routing route(const RouteParams& c, const float* logits, int64_t tokens);
 // d(total loss)/d(logits) [tokens, experts] from the gates' gradient dgate

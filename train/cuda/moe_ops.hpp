@@ -20,7 +20,7 @@ void gather_rows_indexed(const float* x, int64_t cols, const int32_t* idx, float
 void combine_rows(const float* src, int64_t cols, const int32_t* pos, const float* w, int64_t k, float* out,
                   int64_t tokens, cudaStream_t stream = nullptr);
 // dsrc row pos[i] = w[i] * dout row i/k; dw[i] = (float) sum_c in order, in
-// float64, of dout[i/k, c] * src[pos[i], c] (one thread a slot: the CPU's order).
+// float64, of dout[i/k, c] * src[pos[i], c] (the CPU's serial order).
 // pos -1 (a dropped slot): nothing written, dw 0. all_named false: dsrc's
 // src_rows rows are zeroed first (rows no slot names stay +0).
 void combine_rows_backward(const float* dout, const float* src, int64_t cols, const int32_t* pos, const float* w,

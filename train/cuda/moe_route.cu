@@ -121,19 +121,54 @@ __global__ void place_capacity_kernel(const int32_t* __restrict__ sorted, const 
 }
 
 // Block b's sums (tokens [b B, min(N, (b + 1) B)) in order from 0): of
-// probs[., e] into psum[b, e], and (the e = 0 thread) of lse^2 into zsum[b].
-__global__ void block_sums_kernel(const double* __restrict__ probs, const double* __restrict__ lse, int64_t N,
-                                  int64_t E, int64_t nb, double* __restrict__ psum, double* __restrict__ zsum) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nb * E; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = i / E, e = i - b * E, t1 = (b + 1) * kRouteSumBlock < N ? (b + 1) * kRouteSumBlock : N;
-    double acc = 0;
-    for (int64_t t = b * kRouteSumBlock; t < t1; ++t) acc += probs[t * E + e];
-    psum[i] = acc;
-    if (e == 0) {
-      double z = 0;
-      for (int64_t t = b * kRouteSumBlock; t < t1; ++t) z += lse[t] * lse[t];
-      zsum[b] = z;
+// probs[., e] into psum[b, e], and of lse^2 into zsum[b]. One CUDA block a
+// sum block: its threads load tiles of whole token rows of probs (and lse)
+// into shared memory with coalesced reads, then thread e % blockDim adds its
+// columns' tile values in token order, so each sum is the serial loop over t,
+// bit for bit; thread 0 adds the lse squares after its columns.
+constexpr int kSumThreads = 256;
+constexpr int64_t kSumTile = 2048;  // doubles of probs a tile holds at least
+constexpr int kSumOwned = int((train::kMaxRouteExperts + kSumThreads - 1) / kSumThreads);  // columns a thread owns
+
+__host__ __device__ int64_t sum_tile_tokens(int64_t E) {
+  const int64_t t = kSumTile / E;
+  return t < 1 ? 1 : (t > kRouteSumBlock ? kRouteSumBlock : t);
+}
+size_t sum_tile_bytes(int64_t E) { return size_t(sum_tile_tokens(E) * (E + 1)) * sizeof(double); }
+
+__global__ void __launch_bounds__(kSumThreads)
+    block_sums_kernel(const double* __restrict__ probs, const double* __restrict__ lse, int64_t N, int64_t E,
+                      int64_t nb, double* __restrict__ psum, double* __restrict__ zsum) {
+  extern __shared__ double tile[];  // [T][E] probs rows, then [T] lse
+  const int64_t T = sum_tile_tokens(E);
+  double* tl = tile + T * E;
+  for (int64_t b = blockIdx.x; b < nb; b += gridDim.x) {
+    const int64_t t0 = b * kRouteSumBlock, t1 = t0 + kRouteSumBlock < N ? t0 + kRouteSumBlock : N;
+    double acc[kSumOwned];
+#pragma unroll
+    for (int m = 0; m < kSumOwned; ++m) acc[m] = 0;
+    double z = 0;
+    for (int64_t ta = t0; ta < t1; ta += T) {
+      const int64_t nt = t1 - ta < T ? t1 - ta : T;
+      __syncthreads();  // the previous tile is consumed
+      for (int64_t i = threadIdx.x; i < nt * E; i += kSumThreads) tile[i] = probs[ta * E + i];
+      for (int64_t i = threadIdx.x; i < nt; i += kSumThreads) tl[i] = lse[ta + i];
+      __syncthreads();
+#pragma unroll
+      for (int m = 0; m < kSumOwned; ++m) {
+        const int64_t e = threadIdx.x + int64_t(m) * kSumThreads;
+        if (e < E)
+          for (int64_t t = 0; t < nt; ++t) acc[m] += tile[t * E + e];
+      }
+      if (threadIdx.x == 0)
+        for (int64_t t = 0; t < nt; ++t) z += tl[t] * tl[t];
     }
+#pragma unroll
+    for (int m = 0; m < kSumOwned; ++m) {
+      const int64_t e = threadIdx.x + int64_t(m) * kSumThreads;
+      if (e < E) psum[b * E + e] = acc[m];
+    }
+    if (threadIdx.x == 0) zsum[b] = z;
   }
 }
 
@@ -214,8 +249,8 @@ namespace {
 // The arrays of one routing at `base` (null: offsets only); *bytes: the block's size. The one place the layout is
 // stated, so route_bytes and route_layout cannot disagree.
 RouteDevice layout(char* base, int64_t tokens, int64_t experts, int64_t k, int64_t capacity, size_t* bytes) {
-  FP4LAB_CHECK(tokens >= 0 && experts >= 1 && k >= 1 && k <= experts && tokens * k < (int64_t(1) << 31) &&
-                   capacity >= 0 && experts * capacity < (int64_t(1) << 31),
+  FP4LAB_CHECK(tokens >= 0 && experts >= 1 && experts <= train::kMaxRouteExperts && k >= 1 && k <= experts &&
+                   tokens * k < (int64_t(1) << 31) && capacity >= 0 && experts * capacity < (int64_t(1) << 31),
                "moe route: " + std::to_string(tokens) + " tokens, " + std::to_string(experts) + " experts, k " +
                    std::to_string(k) + ", capacity " + std::to_string(capacity));
   const int64_t M = tokens * k, nb = sum_blocks(tokens);
@@ -288,7 +323,8 @@ void route(const float* logits, const RouteDevice& d, bool normalize_top_k, doub
           reinterpret_cast<unsigned long long*>(d.summary + E + 2));
       check_launch("place_capacity_kernel");
     }
-    block_sums_kernel<<<blocks_for(nb * E), kThreads, 0, st>>>(d.probs, d.lse, N, E, nb, d.psum, d.zsum);
+    block_sums_kernel<<<unsigned(std::min<int64_t>(nb, 1 << 20)), kSumThreads, sum_tile_bytes(E), st>>>(
+        d.probs, d.lse, N, E, nb, d.psum, d.zsum);
     check_launch("block_sums_kernel");
   }
   finish_losses_kernel<<<1, kThreads, 0, st>>>(N, E, k, nb, aux_loss, z_loss, d.psum, d.zsum, d.summary);
