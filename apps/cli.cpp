@@ -410,6 +410,7 @@ int run_cli(int argc, char** argv, CliFailure* failure) {
   fp4lab::register_bench_train(*bench);
   fp4lab::register_bench_gemm(*bench);
   fp4lab::register_bench_attention(*bench);
+  fp4lab::register_bench_moe(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

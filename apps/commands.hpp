@@ -141,5 +141,6 @@ void register_bench_linear(CLI::App& bench);     // cmd_recipes.cpp
 void register_bench_train(CLI::App& bench);      // cmd_train.cpp
 void register_bench_gemm(CLI::App& bench);       // cmd_gemm.cpp (CUDA GEMMs; says so without CUDA)
 void register_bench_attention(CLI::App& bench);  // cmd_attention.cpp (CUDA attention; says so without CUDA)
+void register_bench_moe(CLI::App& bench);        // cmd_moe.cpp (MoE routing, gather, combine; cpu or cuda)
 
 }  // namespace fp4lab

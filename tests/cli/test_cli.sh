@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CLI tests of `fp4lab formats`, `cast`, `decode`, `bench cast` and the argument checks of `bench attention`;
+# CLI tests of `fp4lab formats`, `cast`, `decode`, `bench cast` and the argument checks of `bench attention`, `bench moe` on the CPU;
 # test_robust.py (called at the end): outputs all-or-none, exit codes, NaN warnings, `verify`;
 # test_quantize_groups.py: `quantize --groups`.
 # Usage: test_cli.sh PATH/TO/fp4lab
@@ -150,6 +150,15 @@ grep -q "float8_e4m3fn" "$T/bench.txt" || fail "bench cast: no e4m3 row"
 # GPU benchmarks: argument errors are named before any GPU is needed.
 expect_error "bench attention cpu" "measures the CUDA attention only" "$FP4LAB" bench attention --backend cpu
 expect_error "bench attention dropout" "--dropout must be in" "$FP4LAB" bench attention --dropout 1.5
+# bench moe runs on the CPU backend too: every row present, the copy baseline at 100%; bad values named.
+"$FP4LAB" bench moe --backend cpu --threads 1 --tokens 512 --width 36 --experts 6 --top-k 2 --dispatch capacity \
+  --repeats 1 --inner 1 >"$T/moe.txt" || fail "bench moe: non-zero exit"
+for row in "copy of x" "route" "gather" "combine, gated" "combine backward" "router gradient"; do
+  grep -q "^$row" "$T/moe.txt" || fail "bench moe: no '$row' row: $(cat "$T/moe.txt")"
+done
+grep -q "capacity dispatch (1344 grouped rows)" "$T/moe.txt" || fail "bench moe: capacity rows not 6 x 224 (ceil(1.25 x 512 x 2 / 6) = 214 rounded up to 16): $(head -1 "$T/moe.txt")"
+expect_error "bench moe top-k" "--top-k 7: at most --experts (6)" "$FP4LAB" bench moe --backend cpu --experts 6 --top-k 7
+expect_error "bench moe dispatch" "--dispatch 'padded': valid: dropless, capacity" "$FP4LAB" bench moe --backend cpu --dispatch padded
 
 # --- outputs all-or-none, exit codes, NaN warnings, verify (python3 stdlib) ------
 python3 "$(dirname "$0")/test_robust.py" "$FP4LAB" || fail "test_robust.py (FAIL lines above)"
