@@ -19,6 +19,7 @@
 #include "core/philox.hpp"
 #include "cuda/device.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/gemm_classed.hpp"
 #include "cuda/grouped.hpp"
 #include "cuda/quantize.hpp"
 #include "sim/quantizer.hpp"
@@ -95,6 +96,16 @@ GroupedQuantOutputs nvfp4_outputs(const QuantizerSpec& q, std::span<const int64_
   return o;
 }
 
+// The (d) columns: ms and d/a, or dashes where (d) does not run (BF16 output).
+std::string d_col(bool ran, double d, double a) {
+  char s[40];
+  if (ran)
+    std::snprintf(s, sizeof s, "%8.4f %6.2f", d, d / a);
+  else
+    std::snprintf(s, sizeof s, "%8s %6s", "-", "-");
+  return s;
+}
+
 }  // namespace
 
 int bench_grouped_gemm(const std::vector<int64_t>& experts, const std::vector<int64_t>& tokens,
@@ -124,11 +135,15 @@ int bench_grouped_gemm(const std::vector<int64_t>& experts, const std::vector<in
       "(c 1) the quantizations of (c), alpha copied to the host (cuBLAS's grouped GEMM reads it there) + the one-call\n"
       "    grouped GEMM of (a) on the BF16 operands\n");
   std::printf(
+      "(d) the trainer's grouped linear's GEMMs (train/cuda/grouped_linear.cpp): per-expert cuBLASLt GEMMs with the\n"
+      "    algorithm chosen once per shape class (cuda::ClassedGemm), BF16 x BF16 -> FP32; f32 output only\n");
+  std::printf(
       "W q: the grouped quantization of W alone (one launch + amax pass); W dense: W as one tensor [E N, K] (one\n"
       "    global scale), the same kernel family's cost without groups\n\n");
-  std::printf("%4s %7s %6s %-8s %5s | %8s %6s | %8s %6s | %8s %6s | %8s | %8s | %6s %6s %6s | %8s %8s\n", "E",
+  std::printf("%4s %7s %6s %-8s %5s | %8s %6s | %8s %6s | %8s %6s | %8s | %8s | %6s %6s %6s | %8s %8s | %8s %6s\n", "E",
               "tokens", "K=N", "sizes", "empty", "(a) ms", "TF/s", "(b) ms", "TF/s", "(c) ms", "TF/s", "(c x) ms",
-              "(c 1) ms", "c/a", "c x/a", "c 1/a", "W q ms", "W dense");
+              "(c 1) ms", "c/a", "c x/a", "c 1/a", "W q ms", "W dense", "(d) ms", "d/a");
+  ClassedGemm classed_gemm;
   Blas blas;
   GroupedGemmWorkspace gws;
   GroupedQuantWorkspace qws_x, qws_w;
@@ -198,20 +213,31 @@ int bench_grouped_gemm(const std::vector<int64_t>& experts, const std::vector<in
             quantize_device(qw, b.w16.data(), InputType::bf16, E * N, K, RandomStream{}, wd, qws_w.quant,
                             blas.stream());
           };
+          auto classed = [&] {  // the trainer's: y_g (row-major [m_g, N]) = x_g W_g^T, as LinearCore::gemm calls it
+            if (ot != OutType::f32) return;
+            const float one = 1.0f, zero = 0.0f;
+            int64_t off = 0;
+            for (size_t g = 0; g < sizes.size(); off += sizes[g++]) {
+              if (sizes[g] == 0) continue;
+              classed_gemm.bf16_f32(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, sizes[g], K, &one,
+                                    b.w16.data() + int64_t(g) * N * K, K, b.x16.data() + off * K, K, &zero,
+                                    static_cast<float*>(y) + off * N, N, false);
+            }
+          };
           nvfp4();  // W's operand and g_dec for nvfp4_x before the warm-up rounds
           auto ms = time_rounds_ms(3, repeats, blas.stream(), grouped, loop, nvfp4, nvfp4_x, nvfp4_one_call, quantize_w,
-                                   quantize_w_dense);
+                                   quantize_w_dense, classed);
           nvfp4();  // W's grouped operand and g_dec again (quantize_w_dense wrote over them)
-          double med[7];
-          for (int i = 0; i < 7; ++i) med[i] = median_of(std::move(ms[size_t(i)]));
+          double med[8];
+          for (int i = 0; i < 8; ++i) med[i] = median_of(std::move(ms[size_t(i)]));
           const double flops = 2.0 * double(T) * double(N) * double(K);
           auto tf = [&](double m) { return flops / (m * 1e-3) / 1e12; };
           std::printf(
               "%4lld %7lld %6lld %-8s %5lld | %8.4f %6.1f | %8.4f %6.1f | %8.4f %6.1f | %8.4f | %8.4f | %6.2f %6.2f "
-              "%6.2f | %8.4f %8.4f\n",
+              "%6.2f | %8.4f %8.4f | %s\n",
               (long long)E, (long long)T, (long long)H, skewed ? "skewed" : "balanced", (long long)empty, med[0],
               tf(med[0]), med[1], tf(med[1]), med[2], tf(med[2]), med[3], med[4], med[2] / med[0], med[3] / med[0],
-              med[4] / med[0], med[5], med[6]);
+              med[4] / med[0], med[5], med[6], d_col(ot == OutType::f32, med[7], med[0]).c_str());
         }
       }
   std::printf(

@@ -74,6 +74,7 @@ struct BenchArgs {
   int threads = 0;
   double peak_tflops = 0;  // --peak-tflops: the MFU's denominator (0: the device's, cuda::dense_bf16_peak_tflops)
   std::vector<std::string> sets;
+  std::vector<std::string> config_sets;  // --config-set: --config's model only (not --vs-config's)
 };
 
 // Median and range of a round's figures.
@@ -262,8 +263,9 @@ void bench_pytorch(const BenchArgs& a, const RunConfig& cfg, int threads, bool w
 // built first, 2 warm-up steps each, then `repeats` rounds of `steps` steps
 // with the recipes interleaved; median and range over the rounds. Then
 // PyTorch's GPT of the same shape beside them (bench_pytorch).
-// One bench model's config: the file (none: the baby GPT) with the --set, --threads and --backend options.
-RunConfig bench_config(const BenchArgs& a, const std::string& path) {
+// One bench model's config: the file (none: the baby GPT) with the --set (and, for --config's, the
+// --config-set), --threads and --backend options.
+RunConfig bench_config(const BenchArgs& a, const std::string& path, bool first) {
   json j;
   if (path.empty()) {
     j = {{"name", "gpt_baby"}, {"model", {{"type", "gpt"}}}, {"data", {{"type", "char"}}}};
@@ -272,6 +274,8 @@ RunConfig bench_config(const BenchArgs& a, const std::string& path) {
     if (!j.is_object()) throw Error(path + ": the config is " + std::string(j.type_name()) + ", expected a JSON object");
   }
   for (const auto& s : a.sets) apply_set(j, s);
+  if (first)
+    for (const auto& s : a.config_sets) apply_set(j, s);
   if (a.threads > 0) j["threads"] = a.threads;
   if (!a.backend.empty()) j["backend"] = a.backend;
   RunConfig cfg = config_from_json(j);
@@ -326,8 +330,8 @@ void bench_train(const BenchArgs& a) {
   if (a.pytorch != "auto" && a.pytorch != "on" && a.pytorch != "off")
     throw Error("--pytorch '" + a.pytorch + "': valid: auto, on, off");
   const bool vs = !a.vs_config.empty();
-  std::vector<RunConfig> cfgs{bench_config(a, a.config)};
-  if (vs) cfgs.push_back(bench_config(a, a.vs_config));
+  std::vector<RunConfig> cfgs{bench_config(a, a.config, true)};
+  if (vs) cfgs.push_back(bench_config(a, a.vs_config, false));
   std::vector<Batch> batches;
   for (const RunConfig& c : cfgs) batches.push_back(synthetic_batch(c));
   const RunConfig& cfg = cfgs[0];
@@ -567,6 +571,9 @@ void register_bench_train(CLI::App& bench) {
   c->add_option("--backend", a->backend, "cpu or cuda (default: the config's backend)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   c->add_option("--set", a->sets, "Override a config key: dotted.key=value (both configs)");
+  c->add_option("--config-set", a->config_sets,
+                "Override a key of --config's model only, after --set: dotted.key=value (e.g. "
+                "model.moe.dispatch=capacity against a dense --vs-config)");
   c->add_option("--peak-tflops", a->peak_tflops,
                 "The peak (TFLOP/s) MFU is measured against (default: the GPU's dense BF16 datasheet figure; none on "
                 "the CPU)")

@@ -300,6 +300,20 @@ def test_bench_vs_config(t):
         if check(m is not None and r in rows and r + ' @gpt_baby' in rows, f"bench train --vs-config ratio {r}: {out}"):
             want = rows[r] / rows[r + ' @gpt_baby']
             check(abs(float(m.group(1)) - want) <= 0.01 * want + 0.01, f"ratio {m.group(1)}, rows say {want}: {out}")
+    # --config-set changes --config's model only: a key the dense --vs-config lacks is accepted, and the first
+    # model's flops a token follow its width while the second's stay the base's.
+    moe = os.path.join(SRC, 'configs', 'gpt_moe_baby.json')
+    rc, out, err = run('bench', 'train', '--config', moe, '--vs-config', base, '--config-set',
+                       'model.moe.dispatch=capacity', '--config-set', 'model.width=64', '--set', 'model.layers=1',
+                       '--steps', '1', '--repeats', '1', '--recipes', 'fp32', '--pytorch', 'off')
+    if check(rc == 0, f"bench train --config-set: exit {rc}: {err}"):
+        first = re.search(r"^TFLOP/s: (\S+) flops a token", out, re.M)
+        second = re.search(r"^" + re.escape(base) + r": (\S+) flops a token", out, re.M)
+        check(first is not None and second is not None and float(first.group(1)) != float(second.group(1)),
+              f"bench train --config-set: flops lines: {out}")
+    rc, out, err = run('bench', 'train', '--config', moe, '--vs-config', base, '--set', 'model.moe.dispatch=capacity',
+                       '--steps', '1', '--repeats', '1', '--recipes', 'fp32', '--pytorch', 'off')
+    check(rc != 0 and 'moe' in err, f"bench train --set of a key only --config has: {rc} {err}")
     vit = os.path.join(SRC, 'configs', 'vit_mnist_quick.json')
     if os.path.exists(vit):
         rc, out, err = run('bench', 'train', '--config', base, '--vs-config', vit, '--steps', '1', '--repeats', '1',
