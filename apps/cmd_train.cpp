@@ -54,6 +54,7 @@ json load_config(const std::string& path, const std::vector<std::string>& sets, 
 void print_compare(const CompareResult& c) {
   std::cout << c.table;
   if (!c.plot.empty()) std::cout << "loss curves: " << c.plot << "\n";
+  if (!c.forest.empty()) std::cout << "paired differences (forest plot): " << c.forest << "\n";
   if (!c.plot_note.empty()) std::cout << c.plot_note << "\n";
   if (!c.stats.empty()) std::cout << "statistics: " << c.stats << "\n";
 }

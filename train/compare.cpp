@@ -414,23 +414,75 @@ std::vector<RecipeStats> recipe_stats(const std::vector<Run>& runs, const std::s
     finals[r.label].push_back(fin);
     by_seed[r.label].emplace(seed, fin);
   }
+  const double nan = std::nan("");
   std::vector<RecipeStats> out;
+  std::vector<double> p;  // the paired tests' p, NaN for the baseline (not a comparison)
   for (const auto& k : order) {
-    RecipeStats rs{k, sample_stats(finals[k]), {}};
+    RecipeStats rs;
+    rs.recipe = k;
+    rs.final = sample_stats(finals[k]);
     std::vector<double> d;
     for (const auto& [seed, v] : by_seed[k]) {
       const auto& b = by_seed[baseline];
       if (auto it = b.find(seed); it != b.end()) d.push_back(v - it->second);
     }
     rs.diff = sample_stats(d);
+    if (k == baseline) {
+      rs.test = {nan, nan, nan};
+      rs.mde80 = nan;
+      rs.welch = {nan, nan, nan, nan, nan, nan};
+    } else {
+      rs.test = paired_test(rs.diff);
+      rs.mde80 = paired_mde(rs.diff.std, rs.diff.n);
+      rs.pairs_needed = pairs_for_power(rs.diff.std, rs.diff.mean);
+      rs.welch = welch_diff(finals[k], finals[baseline]);
+    }
+    p.push_back(rs.test.p);
     out.push_back(rs);
   }
+  const std::vector<double> holm = holm_adjust(p);
+  for (size_t i = 0; i < out.size(); ++i) out[i].p_holm = holm[i];
   return out;
 }
 
 std::string interval(double lo, double hi, const char* fm, bool sign = false) {
   if (std::isnan(lo) || std::isnan(hi)) return "-";
   return "[" + (sign ? signed_f(lo, fm) : f(lo, fm)) + ", " + (sign ? signed_f(hi, fm) : f(hi, fm)) + "]";
+}
+
+std::string p_text(double p) {
+  if (std::isnan(p)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, p < 1e-4 ? "%.1e" : "%.4f", p);
+  return b;
+}
+
+// The tests against the baseline (train/stats.hpp): Welch's unpaired
+// difference with its 95% CI, the paired t test's p, Holm's adjusted p over
+// the table's recipes (* where < 0.05), the smallest paired difference 80%
+// power detects at these pairs, and the pairs 80% power needs at the observed
+// difference.
+void tests_table(std::ostream& t, const std::vector<RecipeStats>& stats, const Baseline& base, const MetricFormat& mf,
+                 size_t wrec) {
+  const char* fm = mf.fmt;
+  t << "\n"
+    << pad("tests vs " + shown(base.label), wrec) << pad("Welch diff [95% CI]", 34, true) << pad("df", 6, true)
+    << pad("paired p", 10, true) << pad("Holm p", 10, true) << pad("MDE80", 9, true) << pad("pairs80", 8, true) << "\n";
+  for (const auto& s : stats) {
+    if (s.recipe == base.label) continue;
+    const std::string welch =
+        std::isnan(s.welch.lo) ? "-" : signed_f(s.welch.diff, fm) + " " + interval(s.welch.lo, s.welch.hi, fm, true);
+    char df[16] = "-";
+    if (!std::isnan(s.welch.df)) std::snprintf(df, sizeof df, "%.1f", s.welch.df);
+    const std::string holm = p_text(s.p_holm) + (s.p_holm < 0.05 ? "*" : "");
+    t << pad(shown(s.recipe), wrec) << pad(welch, 34, true) << pad(df, 6, true) << pad(p_text(s.test.p), 10, true)
+      << pad(holm, 10, true) << pad(std::isnan(s.mde80) ? "-" : f(s.mde80, fm), 9, true)
+      << pad(s.pairs_needed < 0 ? "-" : std::to_string(s.pairs_needed), 8, true) << "\n";
+  }
+  t << "(Welch: unpaired difference of the means, Welch-Satterthwaite df; paired p: two-sided paired t test over"
+    << " shared seeds; Holm p: step-down adjusted over this table's recipes, * = significant at family-wise 0.05;"
+    << " MDE80: the smallest true paired difference detected with 80% power at two-sided 0.05 with these pairs;"
+    << " pairs80: the pairs that power needs at the observed mean difference and spread)\n";
 }
 
 // The per-recipe table (n, mean, sample std, 95% CI of the mean, gap of the
@@ -461,7 +513,11 @@ void recipe_table(std::ostream& t, const std::vector<Run>& runs, const std::vect
   }
   t << "(n: runs with a final " << mf.title << "; std: sample std (n-1); 95% CI of the mean: Student's t, n-1 df;"
     << " paired diff: mean of (recipe - " << shown(base.label) << ") over shared seeds, paired-t 95% CI)\n";
+  tests_table(t, stats, base, mf, wrec);
 }
+
+// A number, or null where it is not finite (JSON has no NaN).
+json num_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 json stats_json(const SampleStats& s) {
   return {{"n", s.n}, {"mean", s.mean}, {"std", s.std}, {"ci95", {s.lo, s.hi}}};
@@ -552,13 +608,50 @@ std::string plot_script(const std::vector<Run>& runs, const MetricFormat& mf, co
   return gp.str();
 }
 
-// Draws png with gnuplot in a private temporary directory, then writes it
-// atomically; false if gnuplot is not installed. Throws with gnuplot's message
-// if it fails.
-bool draw_plot(const std::vector<Run>& runs, const MetricFormat& mf, const fs::path& png, const std::string& title) {
+// The forest plot's rows: the recipes (table order) with a paired-t interval vs the baseline.
+std::vector<const RecipeStats*> forest_rows(const std::vector<RecipeStats>& stats, const Baseline& base) {
+  std::vector<const RecipeStats*> rows;
+  for (const auto& s : stats)
+    if (s.recipe != base.label && s.diff.n >= 2 && std::isfinite(s.diff.lo)) rows.push_back(&s);
+  return rows;
+}
+
+// The forest plot's script (data written into dir): one row per recipe, top to
+// bottom, its mean paired difference vs the baseline and the paired-t 95% CI as
+// a horizontal error bar, a dashed line at 0; recipe names only as
+// gnuplot_string literals.
+std::string forest_script(const std::vector<const RecipeStats*>& rows, const Baseline& base, const MetricFormat& mf,
+                          const fs::path& dir, const std::string& title) {
+  std::ofstream d(dir / "forest.dat");
+  d.precision(17);
+  std::string tics;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RecipeStats& s = *rows[i];
+    d << i + 1 << " " << s.diff.mean << " " << s.diff.lo << " " << s.diff.hi << "\n";
+    const std::string label = s.recipe + (s.p_holm < 0.05 ? " *" : "") + " (n=" + std::to_string(s.diff.n) + ")";
+    tics += (tics.empty() ? "" : ", ") + gnuplot_string(label) + " " + std::to_string(i + 1);
+  }
+  std::ostringstream gp;
+  gp << "set terminal pngcairo noenhanced size 900," << 160 + 45 * rows.size() << " font ',10'\n"
+     << "set output 'plot.png'\n"
+     << "set title "
+     << gnuplot_string((title.empty() ? "" : title + ": ") + mf.title + ", recipe - " + base.label +
+                       " over shared seeds (mean, paired-t 95% CI; * Holm-adjusted p < 0.05)")
+     << "\nset xlabel " << gnuplot_string("paired difference in " + mf.title) << "\n"
+     << "set grid x\nset ytics (" << tics << ")\nset yrange [" << rows.size() + 0.5 << ":0.5]\n"
+     << "set arrow from 0, graph 0 to 0, graph 1 nohead dt 2\n"
+     << "plot 'forest.dat' using 2:1:3:4 with xerrorbars pt 7 ps 1.2 lw 2 notitle\n";
+  return gp.str();
+}
+
+// Draws png from a gnuplot script (writing its data into the directory it is
+// given) in a private temporary directory, then writes it atomically; false if
+// gnuplot is not installed. Throws with gnuplot's message if it fails.
+template <class Script>
+bool draw_png(const fs::path& png, Script&& script) {
   const TempDir tmp("fp4lab_compare_");
   try {
-    run_gnuplot(plot_script(runs, mf, tmp.path(), title), tmp.path());
+    run_gnuplot(script(tmp.path()), tmp.path());
   } catch (const ProgramNotFound&) {
     return false;
   } catch (const EnvironmentError& e) {
@@ -607,34 +700,6 @@ std::vector<Run> load_runs(const std::vector<std::string>& dirs, std::vector<std
 
 }  // namespace
 
-double t975(int df) {
-  // Two-sided 95% quantiles of Student's t distribution (standard tables).
-  static const double t[30] = {12.7062047, 4.3026527, 3.1824463, 2.7764451, 2.5705818, 2.4469119, 2.3646243,
-                               2.3060041,  2.2621572, 2.2281389, 2.2009852, 2.1788128, 2.1603687, 2.1447867,
-                               2.1314495,  2.1199053, 2.1098156, 2.1009220, 2.0930241, 2.0859634, 2.0796138,
-                               2.0738731,  2.0686576, 2.0638986, 2.0595386, 2.0555294, 2.0518305, 2.0484071,
-                               2.0452296,  2.0422725};
-  if (df < 1) throw Error("t975: degrees of freedom must be >= 1");
-  return df <= 30 ? t[df - 1] : 1.96;
-}
-
-SampleStats sample_stats(const std::vector<double>& v) {
-  const double nan = std::nan("");
-  SampleStats s{int(v.size()), nan, nan, nan, nan};
-  if (v.empty()) return s;
-  double m = 0;
-  for (double x : v) m += x;
-  s.mean = m / double(v.size());
-  if (v.size() < 2) return s;
-  double ss = 0;
-  for (double x : v) ss += (x - s.mean) * (x - s.mean);
-  s.std = std::sqrt(ss / double(v.size() - 1));
-  const double h = t975(s.n - 1) * s.std / std::sqrt(double(s.n));
-  s.lo = s.mean - h;
-  s.hi = s.mean + h;
-  return s;
-}
-
 std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double, double>>>& curves) {
   std::map<double, std::vector<double>> at;
   for (const auto& c : curves)
@@ -678,9 +743,26 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
              {"runs", out.rows},
              {"recipes", json::array()}};
   for (const auto& s : out.recipes) {
-    json d = stats_json(s.diff);
-    if (s.recipe == base.label) d = nullptr;
-    js["recipes"].push_back({{"recipe", s.recipe}, {"final", stats_json(s.final)}, {"paired_diff_vs_baseline", d}});
+    json d = stats_json(s.diff), tests = nullptr;
+    if (s.recipe == base.label) {
+      d = nullptr;
+    } else {
+      tests = {{"paired_t", num_or_null(s.test.t)},
+               {"paired_df", num_or_null(s.test.df)},
+               {"paired_p", num_or_null(s.test.p)},
+               {"paired_p_holm", num_or_null(s.p_holm)},
+               {"mde80", num_or_null(s.mde80)},
+               {"pairs_for_80pct_power", s.pairs_needed < 0 ? json(nullptr) : json(s.pairs_needed)},
+               {"welch_diff", num_or_null(s.welch.diff)},
+               {"welch_se", num_or_null(s.welch.se)},
+               {"welch_df", num_or_null(s.welch.df)},
+               {"welch_ci95", {num_or_null(s.welch.lo), num_or_null(s.welch.hi)}},
+               {"welch_p", num_or_null(s.welch.p)}};
+    }
+    js["recipes"].push_back({{"recipe", s.recipe},
+                             {"final", stats_json(s.final)},
+                             {"paired_diff_vs_baseline", d},
+                             {"tests_vs_baseline", tests}});
   }
   out.stats = fs::path(png).replace_extension(".json").string();
   // A directory name that is not UTF-8 is written with U+FFFD in place of its bad bytes (JSON text is UTF-8).
@@ -688,11 +770,16 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   write_atomic(out.stats, js.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 
   if (opt.plot == "-") return out;
-  if (!draw_plot(runs, mf, png, opt.title)) {
+  if (!draw_png(png, [&](const fs::path& dir) { return plot_script(runs, mf, dir, opt.title); })) {
     out.plot_note = "gnuplot not found (apt-get install gnuplot-nox); no plot drawn";
     return out;
   }
   out.plot = png.string();
+  const fs::path forest = fs::path(png).replace_extension().string() + "_forest.png";
+  const std::vector<const RecipeStats*> rows = forest_rows(out.recipes, base);
+  if (!rows.empty() &&
+      draw_png(forest, [&](const fs::path& dir) { return forest_script(rows, base, mf, dir, opt.title); }))
+    out.forest = forest.string();
   return out;
 }
 

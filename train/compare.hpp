@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "train/stats.hpp"
+
 namespace fp4lab::train {
 
 struct CompareOptions {
@@ -18,19 +20,6 @@ struct CompareOptions {
   std::string baseline;  // recipe label of the reference run; empty: the first fp32/bf16 run, else the first run
   std::string title;     // the plot's overall title (escaped as gnuplot_string); empty: none
 };
-
-// Mean, sample standard deviation (n-1) and the 95% confidence interval of
-// the mean (Student's t, n-1 degrees of freedom) of n values; std/lo/hi are
-// NaN when n < 2 (mean NaN when n == 0).
-struct SampleStats {
-  int n = 0;
-  double mean = 0, std = 0, lo = 0, hi = 0;
-};
-SampleStats sample_stats(const std::vector<double>& v);
-
-// t_{0.975, df}: the standard two-sided 95% Student's t quantiles for df 1..30
-// (12.7062047 for df 1, ..., 2.0422725 for df 30), 1.96 beyond. df >= 1.
-double t975(int df);
 
 // The seed band of several runs' curves ((step, value) pairs in step order):
 // at every step all curves have, {step, mean, mean - std, mean + std} with the
@@ -42,11 +31,21 @@ struct BandPoint {
 std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double, double>>>& curves);
 
 // One recipe's final metric over its runs (seeds; non-finite finals, e.g.
-// diverged runs, are left out), and the paired differences (recipe - baseline)
-// over the seeds both have (diff.n = the number of such seeds).
+// diverged runs, are left out), and its comparison with the baseline recipe
+// (train/stats.hpp): the paired differences (recipe - baseline) over the seeds
+// both have (diff.n = the number of such seeds) with their t test, Holm's
+// adjusted p over the table's recipes, the smallest difference 80% power
+// detects at n pairs, and the pairs 80% power needs at the observed mean
+// difference; Welch's unpaired difference of all finals. The baseline's own
+// comparison fields are NaN (pairs_needed -1).
 struct RecipeStats {
   std::string recipe;
   SampleStats final, diff;
+  PairedTest test;
+  double p_holm = 0;
+  double mde80 = 0;
+  int pairs_needed = -1;
+  WelchDiff welch;
 };
 
 struct CompareResult {
@@ -55,6 +54,9 @@ struct CompareResult {
                           // in it are terminal_text (train/process.hpp)
   nlohmann::json rows;    // one object per run (the table's numbers)
   std::string plot;       // the PNG written ("" if none)
+  std::string forest;     // the forest plot written beside it (<png without extension>_forest.png): each
+                          // recipe's paired difference vs the baseline with its 95% CI; "" if none (no recipe
+                          // with 2 paired seeds, no plot asked, or no gnuplot)
   std::string plot_note;  // why no plot was drawn, if so
   std::string baseline;              // the baseline recipe
   std::vector<RecipeStats> recipes;  // per recipe, in order of first appearance

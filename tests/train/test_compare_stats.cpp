@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "train/compare.hpp"
+#include "train/stats.hpp"
 #include "train/config.hpp"
 #include "core/error.hpp"
 
@@ -39,9 +40,110 @@ TEST_CASE("sample_stats: mean, sample std (n-1) and the t-based 95% CI") {
   CHECK(t975(3) == doctest::Approx(3.1824463));
   CHECK(t975(10) == doctest::Approx(2.2281389));
   CHECK(t975(30) == doctest::Approx(2.0422725));
-  CHECK(t975(31) == 1.96);
-  CHECK(t975(1000) == 1.96);
+  CHECK(t975(31) == doctest::Approx(2.0395134463964081).epsilon(1e-12));  // computed, no longer 1.96 past 30
+  CHECK(t975(60) == doctest::Approx(2.0002978220142601).epsilon(1e-12));
+  CHECK(t975(1000000) == doctest::Approx(1.959966).epsilon(1e-6));
   CHECK_THROWS_AS(t975(0), fp4lab::Error);
+}
+
+// The oracles: closed forms (df 1: Cauchy, df 2; the large-df expansion
+// around the normal cdf through std::erfc) and mpmath 1.3.0 at 40 digits (betainc, findroot), an independent
+// implementation.
+TEST_CASE("student_t_cdf and student_t_quantile against closed forms and mpmath") {
+  const double pi = std::acos(-1.0);
+  for (double t = -50; t <= 50; t += 0.37) {
+    CHECK(student_t_cdf(t, 1) == doctest::Approx(0.5 + std::atan(t) / pi).epsilon(1e-13));
+    CHECK(student_t_cdf(t, 2) == doctest::Approx(0.5 + t / (2 * std::sqrt(2 + t * t))).epsilon(1e-13));
+  }
+  // Large df: the normal cdf with the first term of the expansion in 1/df (error O(df^-2)).
+  for (double t = -6; t <= 6; t += 0.25) {
+    const double df = 1e4, phi = std::exp(-0.5 * t * t) / std::sqrt(2 * pi);
+    CHECK(student_t_cdf(t, df) ==
+          doctest::Approx(0.5 * std::erfc(-t / std::sqrt(2.0)) - phi * (t + t * t * t) / (4 * df)).epsilon(1e-7));
+  }
+  struct C {
+    double t, df, cdf;
+  };
+  for (const C& c :
+       {C{1.3, 3.7, 0.86566663791368617}, C{-2.5, 7, 0.020496109292876448}, C{0.1, 1000, 0.53981781548819794},
+        C{4.0, 2.5, 0.98049351207934088}, C{12.0, 5, 0.99996455253741419}, C{-0.7, 0.6, 0.33226903609926831}}) {
+    CAPTURE(c.t);
+    CAPTURE(c.df);
+    CHECK(student_t_cdf(c.t, c.df) == doctest::Approx(c.cdf).epsilon(1e-12));
+  }
+  struct Q {
+    double p, df, q;
+  };
+  for (const Q& c :
+       {Q{0.975, 6.972222222222222, 2.3665353610161175}, Q{0.8, 4, 0.94096457723518136}, Q{0.8, 9, 0.88340385968553471},
+        Q{0.999, 3.3, 8.9515951094625013}, Q{0.6, 100, 0.25402218245822776}}) {
+    CAPTURE(c.p);
+    CAPTURE(c.df);
+    CHECK(student_t_quantile(c.p, c.df) == doctest::Approx(c.q).epsilon(1e-11));
+    CHECK(student_t_quantile(1 - c.p, c.df) == doctest::Approx(-c.q).epsilon(1e-11));
+  }
+  for (double df : {0.5, 1.0, 2.5, 7.0, 30.0, 1000.0})
+    for (double p : {1e-6, 0.01, 0.3, 0.5, 0.77, 0.99, 0.999999}) {
+      CAPTURE(df);
+      CAPTURE(p);
+      CHECK(student_t_cdf(student_t_quantile(p, df), df) == doctest::Approx(p).epsilon(1e-10));
+    }
+  CHECK(student_t_cdf(INFINITY, 3) == 1.0);
+  CHECK(student_t_cdf(-INFINITY, 3) == 0.0);
+  CHECK_THROWS_AS(student_t_cdf(1, 0), fp4lab::Error);
+  CHECK_THROWS_AS(student_t_cdf(NAN, 2), fp4lab::Error);
+  CHECK_THROWS_AS(student_t_quantile(1.0, 2), fp4lab::Error);
+  CHECK_THROWS_AS(student_t_quantile(0.5, -1), fp4lab::Error);
+}
+
+TEST_CASE("welch_diff, paired_test, holm_adjust and the paired test's power") {
+  // Welch (mpmath at 40 digits): a = 1..5, b = 2, 4, ..., 12.
+  const WelchDiff w = welch_diff({1, 2, 3, 4, 5}, {2, 4, 6, 8, 10, 12});
+  CHECK(w.diff == -4.0);
+  CHECK(w.se == doctest::Approx(1.6832508230603463).epsilon(1e-13));
+  CHECK(w.df == doctest::Approx(6.9722557297949337).epsilon(1e-13));
+  CHECK(w.p == doctest::Approx(0.049284338206730521).epsilon(1e-10));
+  CHECK(w.lo == doctest::Approx(-7.9834686956288321).epsilon(1e-11));
+  CHECK(w.hi == doctest::Approx(-0.016531304371167857).epsilon(1e-9));
+  // Equal sizes and variances: Welch's df is 2n - 2 and its se the pooled one.
+  const WelchDiff e = welch_diff({1, 2, 3}, {5, 6, 7});
+  CHECK(e.df == doctest::Approx(4.0));
+  CHECK(e.se == doctest::Approx(std::sqrt(2.0 / 3.0)));
+  CHECK(std::isnan(welch_diff({1}, {2, 3}).se));
+  CHECK(welch_diff({1}, {2, 3}).diff == -1.5);
+  CHECK(std::isnan(welch_diff({}, {2, 3}).diff));
+  CHECK(welch_diff({2, 2}, {2, 2}).p == 1.0);
+  CHECK(welch_diff({3, 3}, {2, 2}).p == 0.0);
+
+  // Paired t test (mpmath): differences 0.012, 0.020, 0.009, 0.031, 0.017.
+  const SampleStats d = sample_stats({0.012, 0.020, 0.009, 0.031, 0.017});
+  const PairedTest pt = paired_test(d);
+  CHECK(pt.df == 4);
+  CHECK(pt.t == doctest::Approx(4.6680747204386467).epsilon(1e-12));
+  CHECK(pt.p == doctest::Approx(0.0095319833766479761).epsilon(1e-10));
+  CHECK(std::isnan(paired_test(sample_stats({0.1})).p));
+  CHECK(paired_test(sample_stats({0.0, 0.0})).p == 1.0);
+
+  // Holm (Holm 1979's step-down): p = .01, .04, .03, .005 over m = 4:
+  // sorted .005 x4 = .02, .01 x3 = .03, .03 x2 = .06, .04 x1 = .04 -> max with the running .06.
+  const std::vector<double> h = holm_adjust({0.01, 0.04, 0.03, 0.005});
+  CHECK(h[3] == doctest::Approx(0.02));
+  CHECK(h[0] == doctest::Approx(0.03));
+  CHECK(h[2] == doctest::Approx(0.06));
+  CHECK(h[1] == doctest::Approx(0.06));
+  const std::vector<double> hn = holm_adjust({NAN, 0.2, 0.9});  // NaN: not a comparison (m = 2)
+  CHECK(std::isnan(hn[0]));
+  CHECK(hn[1] == doctest::Approx(0.4));
+  CHECK(hn[2] == doctest::Approx(0.9));
+  CHECK(holm_adjust({0.6, 0.7})[0] == 1.0);  // capped at 1
+
+  // Power (mpmath): MDE at n = 5 of the differences above; pairs for sd 0.0283 and effect 0.0124.
+  CHECK(paired_mde(d.std, 5) == doctest::Approx(0.014174985686837754).epsilon(1e-10));
+  CHECK(pairs_for_power(0.0283, 0.0124) == 43);
+  CHECK(pairs_for_power(0.0283, -0.0124) == 43);
+  CHECK(pairs_for_power(0.0283, 0.0) == -1);
+  CHECK(pairs_for_power(1.0, 1e-6, 0.05, 0.8, 1000) == -1);
+  CHECK(std::isnan(paired_mde(0.1, 1)));
 }
 
 namespace {
@@ -151,6 +253,40 @@ TEST_CASE("compare: per-recipe statistics and paired differences (table, JSON, r
   CHECK(j["recipes"][2]["final"]["std"].is_null());
   for (const auto& e : fs::directory_iterator(tmp / "runs"))
     CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+
+  // The tests vs fp32. Paired: t = 0.2 / (0.1 / sqrt 3) with 2 df, whose two-sided p has the closed form
+  // 1 - t / sqrt(2 + t^2); Holm over the one comparison with a p (mx_baseline has one pair) leaves it.
+  // Welch: se^2 = (0.04 + 0.01) / 3, df = 0.05^2 / (0.04^2 / 2 + 0.01^2 / 2).
+  const double t = 0.2 / (0.1 / std::sqrt(3.0)), p2 = 1 - t / std::sqrt(2 + t * t);
+  CHECK(nv.test.t == doctest::Approx(t));
+  CHECK(nv.test.p == doctest::Approx(p2).epsilon(1e-10));
+  CHECK(nv.p_holm == doctest::Approx(p2).epsilon(1e-10));
+  CHECK(std::isnan(mx.test.p));
+  CHECK(std::isnan(mx.p_holm));
+  CHECK(std::isnan(c.recipes[1].p_holm));
+  CHECK(nv.welch.diff == doctest::Approx(0.2));
+  CHECK(nv.welch.se == doctest::Approx(std::sqrt(0.05 / 3)));
+  CHECK(nv.welch.df == doctest::Approx(0.0025 / 0.00085));
+  CHECK(nv.mde80 == doctest::Approx(paired_mde(0.1, 3)));
+  CHECK(nv.pairs_needed == pairs_for_power(0.1, 0.2));
+  const size_t tests_at = c.table.find("tests vs fp32");
+  REQUIRE(tests_at != std::string::npos);
+  CHECK(c.table.find("nvfp4", tests_at) != std::string::npos);
+  CHECK(c.table.find("0.0742", tests_at) != std::string::npos);  // p = 0.074180
+  CHECK(jn["tests_vs_baseline"]["paired_p"].get<double>() == doctest::Approx(p2).epsilon(1e-10));
+  CHECK(jn["tests_vs_baseline"]["paired_p_holm"].get<double>() == doctest::Approx(p2).epsilon(1e-10));
+  CHECK(jn["tests_vs_baseline"]["welch_df"].get<double>() == doctest::Approx(0.0025 / 0.00085));
+  CHECK(j["recipes"][1]["tests_vs_baseline"].is_null());
+  CHECK(j["recipes"][2]["tests_vs_baseline"]["paired_p"].is_null());
+
+  // With a plot: the forest plot of the paired differences beside it (where gnuplot is installed).
+  const CompareResult pl = compare_runs(dirs, CompareOptions{(tmp / "c.png").string(), ""});
+  if (!pl.plot.empty()) {
+    CHECK(pl.forest == (tmp / "c_forest.png").string());
+    CHECK(fs::file_size(pl.forest) > 1000);
+  } else {
+    CHECK(pl.forest.empty());
+  }
 
   // --baseline nvfp4: fp32's paired diff is the negation.
   const CompareResult b = compare_runs(dirs, CompareOptions{"-", "nvfp4"});
