@@ -35,8 +35,9 @@ constexpr OperandInfo kOperandInfo[kOperandCount] = {
 
 constexpr const char* kRecipeKeys =
     "name, source, extends, fwd_x, fwd_w, dgrad_grad_y, dgrad_w, wgrad_grad_y, wgrad_x, double_quantization, "
-    "wgrad_rht, dgrad_rht, rht_kind, rht_schedule, rht_seed, high_precision, backward_override, keep_high_precision, switch_to, switch_fraction, sr_bits, "
-    "forward_bias";
+    "wgrad_rht, dgrad_rht, rht_kind, rht_schedule, rht_seed, high_precision, backward_override, keep_high_precision, "
+    "switch_to, switch_fraction, sr_bits, "
+    "forward_bias, hardware_blocks";
 
 std::string block_str(const QuantizerSpec& q) {
   std::ostringstream s;
@@ -53,8 +54,9 @@ bool is_nv_rule(ScaleRule r) { return r == ScaleRule::nv || r == ScaleRule::nv_n
 //   run of K into FP32 with its two scales);
 //   per-tensor scales: the whole tensor, [0,0].
 // 2-D tiles of k x k are allowed (the scale is then constant along both GEMM
-// axes, which lets W and W^T share one quantization).
-void validate_operand(const QuantizerSpec& q, Operand op, const std::string& where) {
+// axes, which lets W and W^T share one quantization). A recipe with
+// hardware_blocks false (recipe.hpp) takes any k >= 2 instead.
+void validate_operand(const QuantizerSpec& q, Operand op, bool hardware_blocks, const std::string& where) {
   validate(q, where);
   const OperandInfo& info = kOperandInfo[size_t(op)];
   const std::string blk = block_str(q);
@@ -84,6 +86,12 @@ void validate_operand(const QuantizerSpec& q, Operand op, const std::string& whe
   } else if (StandardRule::fp8_block_rule(q.scale_rule)) {
     k = 128;
     fmt = "FP8 block scaling (DeepSeek-V3's 1x128 and 128x128 blocks)";
+  }
+  if (!hardware_blocks) {  // any K >= 2 along the reduction axis, 1-D or square
+    if (!(along >= 2 && (across == 1 || across == along)))
+      throw Error(where + ".block: " + blk + " is not a block of K >= 2 elements along " + info.reduce + " in " +
+                  info.tensor + "; valid: " + (info.reduce_along_cols ? "[1,K]" : "[K,1]") + " or [K,K]");
+    return;
   }
   if (k != 0 && !(along == k && (across == 1 || across == k)))
     throw Error(where + ".block: " + blk + " is not a block that " + fmt + " allow for " +
@@ -163,7 +171,8 @@ bool Recipe::keeps_high_precision(const std::string& layer_name) const {
 
 void validate(const Recipe& r, const std::string& where) {
   for (int i = 0; i < kOperandCount; ++i)
-    if (r.operands[size_t(i)]) validate_operand(*r.operands[size_t(i)], Operand(i), where + "." + kOperandNames[i]);
+    if (r.operands[size_t(i)])
+      validate_operand(*r.operands[size_t(i)], Operand(i), r.hardware_blocks, where + "." + kOperandNames[i]);
   // The rotations: wgrad's operands along B, dgrad's along out (each operand's reduction axis).
   for (const bool dgrad : {false, true}) {
     if (!(dgrad ? r.dgrad_rht : r.wgrad_rht)) continue;
@@ -273,6 +282,8 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& where) {
       }
     } else if (k == "forward_bias") {
       r.forward_bias = get_bool(v, path);
+    } else if (k == "hardware_blocks") {
+      r.hardware_blocks = get_bool(v, path);
     } else if (k == "wgrad_rht") {
       r.wgrad_rht = get_bool(v, path);
     } else if (k == "dgrad_rht") {
@@ -364,6 +375,8 @@ nlohmann::json recipe_to_json(const Recipe& r) {
   j["double_quantization"] =
       r.double_quantization && !r.double_quantization_x ? nlohmann::json("weights") : nlohmann::json(r.double_quantization);
   j["forward_bias"] = r.forward_bias;
+  if (!r.hardware_blocks)
+    j["hardware_blocks"] = false;  // written only where set (older resolved recipes keep their text)
   j["wgrad_rht"] = r.wgrad_rht;
   // Written only where set (older resolved recipes keep their text).
   if (r.dgrad_rht) j["dgrad_rht"] = true;
@@ -450,6 +463,8 @@ std::string describe(const Recipe& r) {
   s << "  double_quantization : " << (r.double_quantization ? (r.double_quantization_x ? "yes" : "weights only") : "no")
     << "\n";
   if (!r.forward_bias) s << "  forward_bias        : no (quantized layers do not add their bias)\n";
+  if (!r.hardware_blocks)
+    s << "  hardware_blocks     : no (blocks outside the hardware GEMMs' sizes; simulated only)\n";
   const std::string rotation =
       std::string(r.rht_kind == RhtKind::rht16 ? "16-point RHT" : "Quartet II's 128-point rotation") +
       (r.rht_schedule == RhtSchedule::per_step ? ", fresh signs each layer and step from seed "

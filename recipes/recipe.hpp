@@ -57,6 +57,14 @@ struct Recipe {
   // (fp4-trainkit's FP4MatMul never adds it; the bias still gets its gradient
   // and its optimizer step). Layers kept in high precision keep their bias.
   bool forward_bias = true;
+  // True: every block-scaled operand's block is one the hardware's GEMMs take
+  // (MX: 32, NVFP4-style E4M3: 16, FP8 block scaling: 128; recipe.cpp's
+  // validate_operand). False (JSON "hardware_blocks": false): any run of K >= 2
+  // elements along the reduction axis, [1,K]/[K,1] or [K,K], for ablations
+  // such as MX with blocks of 16 or E4M3 scales on blocks of 32; the operands
+  // are then simulated exactly as ever (BF16-exact operands, a BF16 GEMM), and
+  // no native block-scaled GEMM runs them.
+  bool hardware_blocks = true;
   bool wgrad_rht = false;            // a rotation of both wgrad operands along B
   bool dgrad_rht = false;            // a rotation of both dgrad operands along out (Quartet II's backward)
   RhtKind rht_kind = RhtKind::rht16;  // the rotations' transform (sim/rht.hpp): 16-point RHT or Quartet II's 128

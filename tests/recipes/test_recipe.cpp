@@ -601,3 +601,95 @@ TEST_CASE("fp8_blockwise: recipes take 128-long blocks along the reduction axis"
   r.operands[size_t(Operand::fwd_x)] = bad;
   CHECK_THROWS_WITH_AS(validate(r, "recipe"), doctest::Contains("[1,128]"), std::exception);
 }
+
+namespace {
+
+// Leaf paths ("fwd_x.round") of a recipe's JSON whose values differ between a
+// and b, name and source left out.
+std::vector<std::string> changed_paths(const nlohmann::json& a, const nlohmann::json& b, const std::string& at = "") {
+  std::vector<std::string> out;
+  if (a.is_object() && b.is_object()) {
+    std::vector<std::string> keys;
+    for (auto it = a.begin(); it != a.end(); ++it) keys.push_back(it.key());
+    for (auto it = b.begin(); it != b.end(); ++it)
+      if (!a.contains(it.key())) keys.push_back(it.key());
+    for (const std::string& k : keys) {
+      if (at.empty() && (k == "name" || k == "source")) continue;
+      const nlohmann::json none;
+      const auto sub =
+          changed_paths(a.contains(k) ? a[k] : none, b.contains(k) ? b[k] : none, at.empty() ? k : at + "." + k);
+      out.insert(out.end(), sub.begin(), sub.end());
+    }
+  } else if (a != b) {
+    out.push_back(at);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+// configs/recipes/mx_factorial/: mx_baseline to tetrajet one factor at a time
+// (issue 49's MX factorial), checked against the canned recipes: each file
+// differs from the one before it in exactly its named factor, and the last one
+// is the canned tetrajet in every field.
+TEST_CASE("configs/recipes/mx_factorial: one factor a step, ending at the canned tetrajet") {
+  const std::string dir = std::string(FP4LAB_SOURCE_DIR) + "/configs/recipes/mx_factorial/";
+  auto json_of = [&](const std::string& file) { return recipe_to_json(parse_recipe(dir + file + ".json")); };
+  const nlohmann::json base = recipe_to_json(recipe_by_name("mx_baseline"));
+  const nlohmann::json f1 = json_of("mxf1_sr_dy"), f2 = json_of("mxf2_sr_bwd"), f3 = json_of("mxf3_sr_bwd_dq"),
+                       f4 = json_of("mxf4_tetrajet");
+  CHECK(changed_paths(base, f1) == sorted({"dgrad_grad_y.round", "wgrad_grad_y.round"}));
+  CHECK(changed_paths(f1, f2) == sorted({"dgrad_w.round", "wgrad_x.round"}));
+  CHECK(changed_paths(f2, f3) == sorted({"double_quantization"}));
+  std::vector<std::string> rules;
+  for (const char* op : {"fwd_x", "fwd_w", "dgrad_grad_y", "dgrad_w", "wgrad_grad_y", "wgrad_x"})
+    rules.push_back(std::string(op) + ".scale_rule");
+  CHECK(changed_paths(f3, f4) == sorted(rules));
+  CHECK(changed_paths(recipe_to_json(recipe_by_name("tetrajet")), f4).empty());
+
+  // Blocks of 16 and E4M3 scales: the factor and hardware_blocks false, nothing else.
+  std::vector<std::string> blocks{"hardware_blocks"}, scales{"hardware_blocks"};
+  for (const char* op : {"fwd_x", "fwd_w", "dgrad_grad_y", "dgrad_w", "wgrad_grad_y", "wgrad_x"}) {
+    blocks.push_back(std::string(op) + ".block");  // [1,32] -> [1,16], [32,1] -> [16,1] (a JSON array: one leaf)
+    scales.push_back(std::string(op) + ".scale");
+    scales.push_back(std::string(op) + ".scale_rule");
+  }
+  CHECK(changed_paths(base, json_of("mxf_block16")) == sorted(blocks));
+  CHECK(changed_paths(base, json_of("mxf_e4m3")) == sorted(scales));
+}
+
+TEST_CASE("hardware_blocks false: any run of K >= 2 along the reduction axis, 1-D or square") {
+  auto with = [](const std::string& ops) {
+    return nlohmann::json::parse(R"({"name": "t", "extends": "mx_baseline", "hardware_blocks": false, )" + ops + "}");
+  };
+  const Recipe r16 = recipe_from_json(with(R"("fwd_x": {"block": [1, 16]}, "dgrad_w": {"block": [8, 8]})"), "recipe");
+  CHECK(r16.operand(Operand::fwd_x)->block_cols == 16);
+  CHECK(r16.operand(Operand::dgrad_w)->block_rows == 8);
+  CHECK_FALSE(r16.hardware_blocks);
+  // The JSON round trip keeps it; a recipe that does not set it writes nothing new.
+  CHECK(recipe_from_json(recipe_to_json(r16), "recipe").hardware_blocks == false);
+  CHECK_FALSE(recipe_to_json(recipe_by_name("mx_baseline")).contains("hardware_blocks"));
+  // Still refused: a block across the reduction axis, a 1-long run, a non-square tile.
+  CHECK(error_of([&] {
+          recipe_from_json(with(R"("fwd_x": {"block": [16, 1]})"), "recipe");
+        }).find("runs across the reduction axis") != std::string::npos);
+  CHECK(error_of([&] {
+          recipe_from_json(with(R"("fwd_x": {"block": [4, 16]})"), "recipe");
+        }).find("recipe.fwd_x.block: [4,16] is not a block of K >= 2 elements along in") != std::string::npos);
+  // Without the key: the hardware's sizes.
+  CHECK(error_of([] {
+          recipe_from_json(
+              nlohmann::json::parse(R"({"name": "t", "extends": "mx_baseline", "fwd_x": {"block": [1, 16]}})"),
+              "recipe");
+        }).find("valid: [1,32] or [32,32]") != std::string::npos);
+  CHECK(error_of([] {
+          recipe_from_json(nlohmann::json::parse(R"({"name": "t", "extends": "mx_baseline", "hardware_blocks": 1})"),
+                           "recipe");
+        }).find("recipe.hardware_blocks: expected true or false") != std::string::npos);
+}
