@@ -160,6 +160,23 @@ grep -q "capacity dispatch (1344 grouped rows)" "$T/moe.txt" || fail "bench moe:
 expect_error "bench moe top-k" "--top-k 7: at most --experts (6)" "$FP4LAB" bench moe --backend cpu --experts 6 --top-k 7
 expect_error "bench moe dispatch" "--dispatch 'padded': valid: dropless, capacity" "$FP4LAB" bench moe --backend cpu --dispatch padded
 
+# --- scripts/gpu_jobs.sh: a job list over GPUs (here GPUS=2 slots on the CPU), resumable, bad lines named --------
+SRC=$(cd "$(dirname "$0")/../.." && pwd) FP4LAB_ABS=$(realpath "$FP4LAB")
+mkdir -p "$T/data"  # gpt_baby's character data, relative to the working directory: any text will do
+for i in $(seq 1 600); do echo "line $i: the quick brown fox jumps over the lazy dog, again and again."; done >"$T/data/tinyshakespeare.txt"
+printf '%s\n' "# two tiny runs" \
+  "j1 $SRC/configs/gpt_baby.json bf16 1 training.steps=2 training.eval_interval=1000 threads=1 backend=cpu" \
+  "j2 $SRC/configs/gpt_baby.json fp32 2 training.steps=2 training.eval_interval=1000 threads=1 backend=cpu # c" >"$T/jobs.txt"
+(cd "$T" && GPUS=2 bash "$SRC/scripts/gpu_jobs.sh" "$FP4LAB_ABS" "$T/jobs.txt" "$T/gj" >"$T/gj1.txt" 2>&1) ||
+  fail "gpu_jobs.sh: exit $?: $(cat "$T/gj1.txt")"
+for j in j1 j2; do grep -q '"status": *"completed"' "$T/gj/$j/summary.json" || fail "gpu_jobs.sh: $j not completed"; done
+grep -q '"seed": 2' "$T/gj/j2/summary.json" || fail "gpu_jobs.sh: j2's seed is not 2: $(cat "$T/gj/j2/summary.json")"
+(cd "$T" && GPUS=2 bash "$SRC/scripts/gpu_jobs.sh" "$FP4LAB_ABS" "$T/jobs.txt" "$T/gj" >"$T/gj2.txt" 2>&1) || fail "gpu_jobs.sh: second call"
+[ "$(grep -c 'already completed' "$T/gj2.txt")" = 2 ] || fail "gpu_jobs.sh: a second call reran finished jobs: $(cat "$T/gj2.txt")"
+echo "j3 x.json bf16 one" >"$T/bad_jobs.txt"
+expect_error "gpu_jobs.sh bad seed" "bad_jobs.txt:1: seed 'one' is not a non-negative integer" \
+  bash "$SRC/scripts/gpu_jobs.sh" "$FP4LAB" "$T/bad_jobs.txt" "$T/gj"
+
 # --- outputs all-or-none, exit codes, NaN warnings, verify (python3 stdlib) ------
 python3 "$(dirname "$0")/test_robust.py" "$FP4LAB" || fail "test_robust.py (FAIL lines above)"
 # SR contracts with given random words against an oracle of TE's cvt.rs reading (python3 stdlib).
