@@ -435,8 +435,14 @@ void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputTyp
   }
   // The concatenated outputs' starts (the GEMM alphas travel in the table).
   const QuantOutputs o = group_outputs(out, 0, 0, 0, 0);
+  // The tiles' unchecked form: whole 16-row tiles, and (given offsets) every group's input and value
+  // starts 16-byte aligned as the bases are (full_spans_apply tests the bases alone, which covers the
+  // concatenated layout only).
   bool rows16 = true;
-  for (int64_t n : sizes) rows16 = rows16 && n % 16 == 0;
+  const int64_t in_vec = type == InputType::bf16 ? 8 : 4, value_vec = 8;  // elements a 16-byte vector
+  for (size_t g = 0; g < sizes.size(); ++g)
+    rows16 = rows16 && sizes[g] % 16 == 0 && (at.input.empty() || at.input[g] % in_vec == 0) &&
+             (at.values.empty() || at.values[g] % value_vec == 0);
   qk::quantize_grouped_fused(q, plan, x, type, rows, cols, soff.back(), rows16, col_blocks, t, o, stream);
 }
 
