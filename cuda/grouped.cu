@@ -345,17 +345,28 @@ QuantOutputs group_outputs(const GroupedQuantOutputs& out, int64_t code_at, int6
 // pass each; a group's rows are cut into items of whole rows, at least one).
 constexpr int64_t kAmaxItemElems = int64_t(1) << 15;
 
+// Group g's first input element and first dequant / dequant_bf16 element
+// (GroupedQuantOutputs::value_offsets; the concatenated layout where empty).
+struct GroupStarts {
+  std::span<const int64_t> input, values;
+  int64_t cols = 0;
+  int64_t in_at(size_t g, int64_t row) const { return input.empty() ? row * cols : input[g]; }
+  int64_t values_at(size_t g, int64_t row) const { return values.empty() ? row * cols : values[g]; }
+};
+
 // The one-launch form: the groups' table to the device (one copy), the amax
 // words armed, then quantize_grouped_fused with the plan of both decisions
 // (computed once here).
 void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
                                  std::span<const int64_t> sizes, std::span<const RandomStream> streams,
-                                 const std::vector<int64_t>& soff, const GroupedQuantOutputs& out,
-                                 GroupedQuantWorkspace& ws, cudaStream_t stream) {
+                                 const std::vector<int64_t>& soff, const GroupStarts& at,
+                                 const GroupedQuantOutputs& out, GroupedQuantWorkspace& ws, cudaStream_t stream) {
   const int64_t groups = int64_t(sizes.size());
   const qk::KernelPlan plan = qk::grouped_plan(q, type);
   const bool amax = plan.amax != qk::AmaxStrategy::none;  // the rule needs each group's amax
-  // Host image: soff [G+1], roff [G+1], seeds [G], streams [G], items [3 I].
+  const bool cols_family = plan.family == qk::Family::cols;
+  // Host image: soff [G+1], roff [G+1], seeds [G], streams [G], then where used xoff [G], ooff [G],
+  // boff [G+1] (column kernels), items [3 I] (the element-wise amax pass).
   std::vector<int64_t>& h = ws.table_host;
   h.assign(soff.begin(), soff.end());
   int64_t row = 0;
@@ -367,15 +378,28 @@ void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputTyp
     h.push_back(int64_t(streams.empty() ? RandomStream{}.seed : streams[size_t(g)].seed));
   for (int64_t g = 0; g < groups; ++g)
     h.push_back(int64_t(streams.empty() ? RandomStream{}.stream : streams[size_t(g)].stream));
+  const size_t xoff_at = h.size();
+  if (!at.input.empty()) h.insert(h.end(), at.input.begin(), at.input.end());
+  const size_t ooff_at = h.size();
+  if (!at.values.empty()) h.insert(h.end(), at.values.begin(), at.values.end());
+  const size_t boff_at = h.size();
+  if (cols_family) {
+    h.push_back(0);
+    for (int64_t g = 0; g < groups; ++g)
+      h.push_back(h.back() + qk::cols_grouped_blocks(plan.block, sizes[size_t(g)], cols));
+  }
+  const int64_t col_blocks = cols_family ? h.back() : 0;
   const size_t items_at = h.size();
-  if (amax && cols > 0) {
+  if (amax && !plan.rht && cols > 0) {  // the RHT's amax is the column kernel's own pass
     const int64_t rows_per_item = std::max<int64_t>(1, kAmaxItemElems / cols);
-    for (int64_t g = 0, r0 = 0; g < groups; r0 += sizes[size_t(g)], ++g)
-      for (int64_t r = r0; r < r0 + sizes[size_t(g)]; r += rows_per_item) {
+    for (int64_t g = 0, r0 = 0; g < groups; r0 += sizes[size_t(g)], ++g) {
+      const int64_t e0 = at.in_at(size_t(g), r0);  // the group's first element in x
+      for (int64_t r = 0; r < sizes[size_t(g)]; r += rows_per_item) {
         h.push_back(g);
-        h.push_back(r * cols);
-        h.push_back(std::min(r + rows_per_item, r0 + sizes[size_t(g)]) * cols);
+        h.push_back(e0 + r * cols);
+        h.push_back(e0 + std::min(r + rows_per_item, sizes[size_t(g)]) * cols);
       }
+    }
   }
   const int64_t n_items = int64_t(h.size() - items_at) / 3;
   int64_t* d = ws.table.at_least(h.size());
@@ -388,6 +412,9 @@ void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputTyp
   t.roff = d + (groups + 1);
   t.seeds = reinterpret_cast<const uint64_t*>(d + 2 * (groups + 1));
   t.streams = reinterpret_cast<const uint64_t*>(d + 2 * (groups + 1) + groups);
+  t.xoff = at.input.empty() ? nullptr : d + xoff_at;
+  t.ooff = at.values.empty() ? nullptr : d + ooff_at;
+  t.boff = cols_family ? d + boff_at : nullptr;
   t.items = d + items_at;
   t.n_items = n_items;
   t.gemm_alpha = out.gemm_alpha;
@@ -408,9 +435,27 @@ void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputTyp
   }
   // The concatenated outputs' starts (the GEMM alphas travel in the table).
   const QuantOutputs o = group_outputs(out, 0, 0, 0, 0);
+  // The tiles' unchecked form: whole 16-row tiles, and (given offsets) every group's input and value
+  // starts 16-byte aligned as the bases are (full_spans_apply tests the bases alone, which covers the
+  // concatenated layout only).
   bool rows16 = true;
-  for (int64_t n : sizes) rows16 = rows16 && n % 16 == 0;
-  qk::quantize_grouped_fused(q, plan, x, type, rows, cols, soff.back(), rows16, t, o, stream);
+  const int64_t in_vec = type == InputType::bf16 ? 8 : 4, value_vec = 8;  // elements a 16-byte vector
+  for (size_t g = 0; g < sizes.size(); ++g)
+    rows16 = rows16 && sizes[g] % 16 == 0 && (at.input.empty() || at.input[g] % in_vec == 0) &&
+             (at.values.empty() || at.values[g] % value_vec == 0);
+  qk::quantize_grouped_fused(q, plan, x, type, rows, cols, soff.back(), rows16, col_blocks, t, o, stream);
+}
+
+// Offsets of `what` ([groups] element starts, host): none or one per group, each >= 0.
+void check_offsets(std::span<const int64_t> off, size_t groups, const char* what) {
+  if (off.empty()) return;
+  if (off.size() != groups)
+    throw Error(std::string("quantize_grouped (cuda): ") + std::to_string(off.size()) + " " + what + " for " +
+                std::to_string(groups) + " groups; give one per group or none");
+  for (size_t g = 0; g < groups; ++g)
+    if (off[g] < 0)
+      throw Error(std::string("quantize_grouped (cuda): group ") + std::to_string(g) + "'s " + what + " entry is " +
+                  std::to_string(off[g]) + "; offsets must be >= 0");
 }
 
 }  // namespace
@@ -418,7 +463,7 @@ void quantize_grouped_one_launch(const QuantizerSpec& q, const void* x, InputTyp
 void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
                              std::span<const int64_t> sizes, std::span<const RandomStream> streams,
                              const GroupedQuantOutputs& out, GroupedQuantWorkspace& ws, cudaStream_t stream,
-                             QuantPath path, GroupedLaunch launch) {
+                             QuantPath path, GroupedLaunch launch, std::span<const int64_t> input_offsets) {
   validate(q, "quantize_grouped (cuda)");
   if (cols < 0) throw Error("quantize_grouped (cuda): negative column count " + std::to_string(cols));
   check_group_sizes("quantize_grouped (cuda)", sizes, rows);
@@ -431,12 +476,17 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
     if (rs.words)
       throw Error("quantize_grouped (cuda): given random words (RandomStream::words) are CPU-only; the GPU draws its "
                   "words from Philox (seed, stream): pass words = nullptr");
+  check_offsets(input_offsets, sizes.size(), "input offsets");
+  check_offsets(out.value_offsets, sizes.size(), "value offsets");
+  const GroupStarts at{input_offsets, out.value_offsets, cols};
   const bool applies = grouped_one_launch_applies(q, path);
   const bool one = launch == GroupedLaunch::one_launch || (launch == GroupedLaunch::automatic && applies);
   if (one && !applies)
-    throw Error("quantize_grouped (cuda): the one-launch form runs fused row blocks without RHT and 16x16 tiles, not " +
-                describe(q) + (path == QuantPath::generic ? " on the generic path" : "") +
-                "; use GroupedLaunch::per_group or automatic");
+    throw Error(
+        "quantize_grouped (cuda): the one-launch form runs fused row blocks without RHT, 16x16 tiles and "
+        "column blocks [16,1] / [32,1], not " +
+        describe(q) + (path == QuantPath::generic ? " on the generic path" : "") +
+        "; use GroupedLaunch::per_group or automatic");
   int64_t sc = 0;
   const std::vector<int64_t> soff = grouped_scale_row_offsets(q, sizes, cols, &sc);
   const int64_t groups = int64_t(sizes.size());
@@ -450,29 +500,31 @@ void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType ty
   }
   if (one) {
     if (rows == 0 || cols == 0 || groups == 0) return;
-    return quantize_grouped_one_launch(q, x, type, rows, cols, sizes, streams, soff, out, ws, stream);
+    return quantize_grouped_one_launch(q, x, type, rows, cols, sizes, streams, soff, at, out, ws, stream);
   }
   const size_t in_bytes = type == InputType::f32 ? 4 : 2;
   const int64_t code_row = out.code_layout == CodeLayout::packed4 ? (cols + 1) / 2 : cols;
   // Group g's slices (any element alignment will do: quantize_device stages
   // an input slice its kernels need 16-byte aligned). The staging buffer is
   // grown once, for the largest group that needs it, before any group's launch.
-  auto input_at = [&](int64_t row) { return static_cast<const char*>(x) + size_t(row * cols) * in_bytes; };
+  auto input_at = [&](int64_t g, int64_t row) {
+    return static_cast<const char*>(x) + size_t(at.in_at(size_t(g), row)) * in_bytes;
+  };
   size_t staging = 0;
   for (int64_t g = 0, row = 0; g < groups; row += sizes[size_t(g)], ++g)
     if (sizes[size_t(g)] > 0)
-      staging = std::max(staging, quantize_staging_bytes(q, input_at(row), type, sizes[size_t(g)], cols, path));
+      staging = std::max(staging, quantize_staging_bytes(q, input_at(g, row), type, sizes[size_t(g)], cols, path));
   if (staging > 0) ws.quant.staging.at_least(staging);
   int64_t row = 0;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t n = sizes[size_t(g)];
     if (n == 0) continue;
     const int64_t srow = soff[size_t(g)];
-    QuantOutputs o = group_outputs(out, row * code_row, srow * sc, row * cols, g);
+    QuantOutputs o = group_outputs(out, row * code_row, srow * sc, at.values_at(size_t(g), row), g);
     o.gemm_alpha = out.gemm_alpha ? out.gemm_alpha + g : nullptr;
     o.gemm_alpha_other = out.gemm_alpha_other ? out.gemm_alpha_other + g : nullptr;
-    quantize_device(q, input_at(row), type, n, cols, streams.empty() ? RandomStream{} : streams[size_t(g)], o, ws.quant,
-                    stream, path);
+    quantize_device(q, input_at(g, row), type, n, cols, streams.empty() ? RandomStream{} : streams[size_t(g)], o,
+                    ws.quant, stream, path);
     row += n;
   }
 }

@@ -11,8 +11,11 @@
 // group order (grouped_scale_row_offsets); global_decode [groups] (1 for an
 // empty group and where the rule has none). Two launch forms (GroupedLaunch):
 // one_launch quantizes every group in one kernel (after one amax pass over
-// all groups where the rule needs each group's amax), for the fused plans of
-// row blocks without RHT and of 16x16 tiles; per_group runs one
+// all groups where the rule needs each group's amax: of its RHT output for
+// column blocks with RHT), for the fused plans of row blocks without RHT, of
+// 16x16 tiles and of column blocks [16,1] / [32,1] (with the RHT down 16-row
+// chunks that start at each group's first row; a group's partial last chunk
+// stays untransformed, as quantize_device on the group's slice); per_group runs one
 // quantize_device per non-empty group, for every spec. The groups' slices
 // need not start on any boundary beyond their element type's (one_launch's
 // loads and stores check alignment per access; per_group follows
@@ -111,6 +114,12 @@ struct GroupedQuantOutputs {
   // an empty group's entry is left as it is.
   float* gemm_alpha = nullptr;
   const float* gemm_alpha_other = nullptr;
+  // Host [groups], or empty (the concatenated layout): the element where group
+  // g's dequant and dequant_bf16 rows start (e.g. each group's GEMM operand at
+  // a 256-byte-aligned start, as the dense layer's scratch, whose alignment
+  // cuBLAS's choice of algorithm sees); codes and scales keep the concatenated
+  // layout. Each >= 0; the caller keeps the groups' ranges apart.
+  std::span<const int64_t> value_offsets;
 };
 
 // Row offsets of the groups' scale matrices: [groups + 1], group g's scale
@@ -138,8 +147,9 @@ struct GroupedQuantWorkspace {
 //   automatic  one_launch where it applies, else per_group.
 //   one_launch every group in one quantization kernel (after one per-group
 //              amax pass where the rule has a tensor amax): the fused plans of
-//              row blocks [1,16] / [1,32] without RHT and of [16,16] tiles, any
-//              group sizes, any slice alignment; fp4lab::Error for another spec.
+//              row blocks [1,16] / [1,32] without RHT, of [16,16] tiles and of
+//              column blocks [16,1] (RHT or not) / [32,1], any group sizes, any
+//              slice alignment; fp4lab::Error for another spec.
 //   per_group  one quantize_device per non-empty group (two kernels each where
 //              the rule needs the group's amax): every spec.
 enum class GroupedLaunch : uint8_t { automatic, one_launch, per_group };
@@ -153,10 +163,15 @@ bool grouped_one_launch_applies(const QuantizerSpec& q, QuantPath path = QuantPa
 // quantize_grouped(q, x, sizes, streams). Throws fp4lab::Error (before any
 // device work) on bad sizes, a stream count other than 0 or groups, an invalid
 // spec, or block [0,0]; quantize_device's errors otherwise.
+// input_offsets: host [groups], or empty (x concatenated): the element of x
+// where group g's sizes[g] rows of cols elements start (row-major, contiguous
+// within the group; the groups anywhere, e.g. the experts' W at a constant
+// stride in the flat parameters); `rows` stays sum(sizes). Each >= 0.
 void quantize_grouped_device(const QuantizerSpec& q, const void* x, InputType type, int64_t rows, int64_t cols,
                              std::span<const int64_t> sizes, std::span<const RandomStream> streams,
                              const GroupedQuantOutputs& out, GroupedQuantWorkspace& ws, cudaStream_t stream = nullptr,
-                             QuantPath path = QuantPath::automatic, GroupedLaunch launch = GroupedLaunch::automatic);
+                             QuantPath path = QuantPath::automatic, GroupedLaunch launch = GroupedLaunch::automatic,
+                             std::span<const int64_t> input_offsets = {});
 
 // Host convenience for tests: uploads x (as bfloat16 when bf16_input; x must
 // then hold bfloat16 values), quantizes it group by group on the GPU, returns

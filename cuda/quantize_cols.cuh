@@ -31,36 +31,19 @@ FP4LAB_HD constexpr int rows_a_thread(int br, bool split) { return split ? br / 
 // SPLIT (the FULL [32,1] value forms; go_fast()): two threads a strip,
 // lanes l and l + 16 of a warp, each loading and encoding 16 of its 32 rows,
 // the two halves' amaxes combined by a shuffle: half the registers a thread.
-template <class In, int BR, int V, KernelKind K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, bool FULL = false,
-          bool SPLIT = false>
-__global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
+// One strip of col_kernel (and of the grouped column kernel,
+// quantize_cols_grouped.cuh): thread t's strip (i, jg) of p (ok: the strip
+// exists; half: SPLIT's half of it). AMAX_ONLY: returns the strip's amax bits
+// (of its RHT output with RHT; 0 past the end), which the caller commits;
+// else encodes and stores the strip and returns 0.
+template <class In, int BR, int V, KernelKind K, bool RHT, bool AMAX_ONLY, Fast FM, bool FULL, bool SPLIT>
+__device__ __forceinline__ uint32_t col_strip(const KParams& p, int64_t t, int64_t i, int64_t jg, bool ok, int half) {
   static_assert(!FULL || (FM != Fast::none && !AMAX_ONLY && (V == 4 || value_form(FM))));
   static_assert(!SPLIT || (FULL && split_form(BR, RHT, FM)));
   constexpr int RT = rows_a_thread(BR, SPLIT);
-  int64_t t, i, jg;
-  bool ok;
-  int half = 0;
-  if constexpr (SPLIT) {
-    const uint32_t lane = threadIdx.x & 31u;
-    const uint32_t u = ((blockIdx.x * kThreads + threadIdx.x) >> 5) * 16u + (lane & 15u);
-    half = int(lane >> 4);
-    ok = u < p.units;
-    const uint32_t in = ok ? u : 0u;  // both lanes of a strip stay for the shuffle; nothing is stored
-    const uint32_t strip = p.unit_div.div(in);
-    t = u, i = strip, jg = in - strip * uint32_t(p.cols / V);
-  } else if constexpr (FULL) {
-    const uint32_t u = blockIdx.x * kThreads + threadIdx.x;
-    ok = u < p.units;
-    const uint32_t strip = p.unit_div.div(u);
-    t = u, i = strip, jg = u - strip * uint32_t(p.cols / V);
-  } else {
-    t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
-    const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
-    ok = strip_of(t, nbr, ngroups, i, jg);
-  }
   const int64_t r0 = i * BR + half * RT, c0 = jg * V;
   const int valid_c = FULL ? V : ok ? int(p.cols - c0 < V ? p.cols - c0 : V) : 0;
-  if (FULL && !SPLIT && !ok) return;
+  if (FULL && !SPLIT && !ok) return 0;
   float v[RT][V];
   const int rows_valid = int(p.rows - r0 < RT ? p.rows - r0 : RT);
   if constexpr (RHT) {
@@ -89,11 +72,9 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
     uint32_t m = 0;
 #pragma unroll
     for (int cc = 0; cc < V; ++cc) m = umax(m, amax[cc]);
-    amax_block_commit(m, p.gamax);
-    amax_pass_done(p.fin, p.gamax);
-    return;
+    return m;
   } else {
-    if (!ok) return;
+    if (!ok) return 0;
     const Format f = kind_elem<K>(p), sf = kind_scale<K>(p);
     const NvGlobal g = nv_global_of(p, f, sf);
     if (t == 0) store_global_decode(p.out, g.g_dec);
@@ -163,6 +144,39 @@ __global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
       }
     }
   }
+  return 0;
+}
+
+template <class In, int BR, int V, KernelKind K, bool RHT, bool AMAX_ONLY, Fast FM = Fast::none, bool FULL = false,
+          bool SPLIT = false>
+__global__ void __launch_bounds__(kThreads, 2) col_kernel(const KParams p) {
+  int64_t t, i, jg;
+  bool ok;
+  int half = 0;
+  if constexpr (SPLIT) {
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t u = ((blockIdx.x * kThreads + threadIdx.x) >> 5) * 16u + (lane & 15u);
+    half = int(lane >> 4);
+    ok = u < p.units;
+    const uint32_t in = ok ? u : 0u;  // both lanes of a strip stay for the shuffle; nothing is stored
+    const uint32_t strip = p.unit_div.div(in);
+    t = u, i = strip, jg = in - strip * uint32_t(p.cols / V);
+  } else if constexpr (FULL) {
+    const uint32_t u = blockIdx.x * kThreads + threadIdx.x;
+    ok = u < p.units;
+    const uint32_t strip = p.unit_div.div(u);
+    t = u, i = strip, jg = u - strip * uint32_t(p.cols / V);
+  } else {
+    t = int64_t(amax_pass_block<AMAX_ONLY>()) * kThreads + threadIdx.x;
+    const int64_t ngroups = (p.cols + V - 1) / V, nbr = (p.rows + BR - 1) / BR;
+    ok = strip_of(t, nbr, ngroups, i, jg);
+  }
+  if (FULL && !SPLIT && !ok) return;
+  const uint32_t m = col_strip<In, BR, V, K, RHT, AMAX_ONLY, FM, FULL, SPLIT>(p, t, i, jg, ok, half);
+  if constexpr (AMAX_ONLY) {
+    amax_block_commit(m, p.gamax);
+    amax_pass_done(p.fin, p.gamax);
+  }
 }
 
 template <class In, int BR, int V, KernelKind K, bool RHT, bool AMAX, Fast FM = Fast::none, bool FULL = false,
@@ -188,25 +202,38 @@ inline bool cols_full_apply(const KParams& p, int br, int v) {
   return p.rows % br == 0 && p.cols % v == 0 && index32_fits(p) && bases_aligned16(p);
 }
 
+// Where go_kind's choice of form goes: DenseCols runs col_kernel on p (go),
+// with the FULL and SPLIT forms where they apply (kFull); the grouped
+// launcher (quantize_cols_grouped.cuh) runs the checked forms only.
+struct DenseCols {
+  static constexpr bool kFull = true;
+  template <class In, int BR, int V, KernelKind K, bool RHT, Fast FM, bool FULL, bool SPLIT>
+  void run(const KParams& p, cudaStream_t st) const {
+    go<In, BR, V, K, RHT, false, FM, FULL, SPLIT>(p, st);
+  }
+};
+
 // FULL where it applies: 4-column strips in every fast form, 2-column strips
 // (the [32,1] MX kernels) in the value forms (the trainer's wgrad operands,
 // where the checked form's bookkeeping dominates the kernel).
-template <class In, int BR, int V, KernelKind K, bool RHT, Fast FM>
-void go_fast(const KParams& p, cudaStream_t st) {
-  if constexpr (split_form(BR, RHT, FM)) {
-    if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true, true>(p, st);
-  } else if constexpr (V == 4 || value_form(FM)) {
-    if (cols_full_apply(p, BR, V)) return go<In, BR, V, K, RHT, false, FM, true>(p, st);
+template <class In, int BR, int V, KernelKind K, bool RHT, Fast FM, class L>
+void go_fast(const KParams& p, const L& l, cudaStream_t st) {
+  if constexpr (L::kFull) {
+    if constexpr (split_form(BR, RHT, FM)) {
+      if (cols_full_apply(p, BR, V)) return l.template run<In, BR, V, K, RHT, FM, true, true>(p, st);
+    } else if constexpr (V == 4 || value_form(FM)) {
+      if (cols_full_apply(p, BR, V)) return l.template run<In, BR, V, K, RHT, FM, true, false>(p, st);
+    }
   }
-  go<In, BR, V, K, RHT, false, FM>(p, st);
+  l.template run<In, BR, V, K, RHT, FM, false, false>(p, st);
 }
 
 // SR form FM (per_element's) in p's random-bit contract (sr_form: FM or its
 // _x4 twin).
-template <class In, int BR, int V, KernelKind K, bool RHT, Fast FM>
-void go_sr(const KParams& p, cudaStream_t st) {
-  if (p.sr.bits == SrBits::ptx_x4) return go_fast<In, BR, V, K, RHT, sr_form(FM, SrBits::ptx_x4)>(p, st);
-  go_fast<In, BR, V, K, RHT, FM>(p, st);
+template <class In, int BR, int V, KernelKind K, bool RHT, Fast FM, class L>
+void go_sr(const KParams& p, const L& l, cudaStream_t st) {
+  if (p.sr.bits == SrBits::ptx_x4) return go_fast<In, BR, V, K, RHT, sr_form(FM, SrBits::ptx_x4)>(p, l, st);
+  go_fast<In, BR, V, K, RHT, FM>(p, l, st);
 }
 
 // Kind K's kernel in the fast form its mode allows (rs: 4-column strips only,
@@ -215,26 +242,26 @@ void go_sr(const KParams& p, cudaStream_t st) {
 // (the trainer's wgrad operands; rs_bf16 for E2M1 only, also in 2-column
 // strips: cols % 4 == 0 puts each strip's row in one Philox group, ptx_x4 in
 // one word).
-template <class In, int BR, int V, KernelKind K, bool RHT>
-void go_kind(const KParams& p, cudaStream_t st) {
+template <class In, int BR, int V, KernelKind K, bool RHT, class L>
+void go_kind(const KParams& p, const L& l, cudaStream_t st) {
   constexpr bool e2m1 = e2m1_kind(K);
   const bool values = bf16_operand_only(p);
   if constexpr (K == KernelKind::nvfp4) {
     if (values && p.rule == ScaleRule::nv_noglobal) {  // which the other fast forms exclude
-      if (p.round == Round::rn) return go_fast<In, BR, V, K, RHT, Fast::rn_bf16_div>(p, st);
-      if (p.round == Round::rs && sr_runs_aligned(p)) return go_sr<In, BR, V, K, RHT, Fast::rs_bf16_div>(p, st);
+      if (p.round == Round::rn) return go_fast<In, BR, V, K, RHT, Fast::rn_bf16_div>(p, l, st);
+      if (p.round == Round::rs && sr_runs_aligned(p)) return go_sr<In, BR, V, K, RHT, Fast::rs_bf16_div>(p, l, st);
     }
   }
   if (fast_rn_applies(K, p)) {
-    if (values) return go_fast<In, BR, V, K, RHT, Fast::rn_bf16>(p, st);
-    return go_fast<In, BR, V, K, RHT, Fast::rn>(p, st);
+    if (values) return go_fast<In, BR, V, K, RHT, Fast::rn_bf16>(p, l, st);
+    return go_fast<In, BR, V, K, RHT, Fast::rn>(p, l, st);
   }
   if (fast_rs_applies(K, p)) {
     if constexpr (e2m1)
-      if (values) return go_sr<In, BR, V, K, RHT, Fast::rs_bf16>(p, st);
-    if constexpr (V == 4) return go_sr<In, BR, V, K, RHT, Fast::rs>(p, st);
+      if (values) return go_sr<In, BR, V, K, RHT, Fast::rs_bf16>(p, l, st);
+    if constexpr (V == 4) return go_sr<In, BR, V, K, RHT, Fast::rs>(p, l, st);
   }
-  go<In, BR, V, K, RHT, false>(p, st);
+  l.template run<In, BR, V, K, RHT, Fast::none, false, false>(p, st);
 }
 
 }  // namespace cols_detail
@@ -246,7 +273,7 @@ void cols_launch(const KParams& p, cudaStream_t st) {
   if constexpr (K == KernelKind::runtime)
     go<In, BR, V, KernelKind::runtime, RHT, false>(p, st);
   else
-    go_kind<In, BR, V, K, RHT>(p, st);
+    go_kind<In, BR, V, K, RHT>(p, DenseCols{}, st);
 }
 
 template <class In>

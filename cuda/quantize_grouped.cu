@@ -1,7 +1,7 @@
 // Single-launch grouped quantization (quantize_grouped.cuh): the grouped
 // 16x16 tile kernel, the per-group amax pass, and the host side that runs a
-// grouped tensor's plan in one launch (the grouped row kernels are in
-// inst/rows_grouped_*.cu). Built with --fmad=false as every quantization file.
+// grouped tensor's plan in one launch (the grouped row and column kernels are
+// in inst/rows_grouped_*.cu and inst/cols_grouped_*.cu). Built with --fmad=false as every quantization file.
 #include <optional>
 
 #include "cuda/quantize_grouped.cuh"
@@ -115,18 +115,7 @@ __global__ void __launch_bounds__(kThreads) grouped_amax_kernel(const void* x, c
   }
   for (int64_t i = head_end + nvec * kVec + threadIdx.x; i < e1; i += kThreads) m = umax(m, abs_bits(load1<In>(x, i)));
   amax_block_commit(m, t.amax + g);
-  if (last_block_to_arrive(t.done)) {
-    __threadfence();
-    for (int h = threadIdx.x; h < t.groups; h += kThreads) {
-      const uint32_t bits = atomicOr(t.amax + h, 0u);
-      const NvGlobal gl = nv_global(bits_float(bits), max_finite(fin.sfmt), max_finite(fin.elem));
-      fin.out[3 * h] = gl.g_enc;
-      fin.out[3 * h + 1] = gl.g_dec;
-      fin.out[3 * h + 2] = gl.mult;
-      t.amax[h] = 0;
-    }
-    if (threadIdx.x == 0) *t.done = 0;
-  }
+  grouped_amax_done(t, fin);
 }
 
 }  // namespace
@@ -134,9 +123,11 @@ __global__ void __launch_bounds__(kThreads) grouped_amax_kernel(const void* x, c
 namespace qk {
 
 bool grouped_fused_supported(const QuantizerSpec& q, QuantPath path) {
-  if (path == QuantPath::generic || q.rht) return false;
+  if (path == QuantPath::generic) return false;
   const std::optional<Family> family = fused_family(q);
-  return family && (*family == Family::rows || *family == Family::tiles);
+  if (!family) return false;
+  if (*family == Family::cols) return true;  // RHT (fused_family's: [16,1], rht16) folded in
+  return !q.rht && (*family == Family::rows || *family == Family::tiles);
 }
 
 KernelPlan grouped_plan(const QuantizerSpec& q, InputType type) {
@@ -158,29 +149,67 @@ void launch_rows_grouped(const KernelPlan& plan, const KParams& p, const GroupTa
   if (k == KernelKind::e4m3) return rows_grouped_launch<In, 32, KernelKind::e4m3>(p, t, st);
   rows_grouped_launch<In, 32, KernelKind::runtime>(p, t, st);
 }
+
+// The grouped column launcher of plan's block, RHT and kind (quantize_cols.cu's
+// choice of instantiated kinds).
+template <class In>
+void launch_cols_grouped(const KernelPlan& plan, const KParams& p, const GroupTable& t, int64_t blocks,
+                         cudaStream_t st) {
+  using enum KernelKind;
+  const KernelKind k = plan.kind;
+  if (plan.block == 16) {
+    if (plan.rht) {
+      if (k == nvfp4) return cols_grouped_launch<In, 16, nvfp4, true>(p, t, blocks, st);
+      return cols_grouped_launch<In, 16, runtime, true>(p, t, blocks, st);
+    }
+    if (k == nvfp4) return cols_grouped_launch<In, 16, nvfp4, false>(p, t, blocks, st);
+    if (k == e2m1) return cols_grouped_launch<In, 16, e2m1, false>(p, t, blocks, st);
+    return cols_grouped_launch<In, 16, runtime, false>(p, t, blocks, st);
+  }
+  switch (k) {
+    case nvfp4: return cols_grouped_launch<In, 32, nvfp4, false>(p, t, blocks, st);
+    case e2m1: return cols_grouped_launch<In, 32, e2m1, false>(p, t, blocks, st);
+    case e4m3: return cols_grouped_launch<In, 32, e4m3, false>(p, t, blocks, st);
+    case e5m2: return cols_grouped_launch<In, 32, e5m2, false>(p, t, blocks, st);
+    default: return cols_grouped_launch<In, 32, runtime, false>(p, t, blocks, st);
+  }
+}
 }  // namespace
 
 void quantize_grouped_fused(const QuantizerSpec& q, const KernelPlan& plan, const void* x, InputType type, int64_t rows,
-                            int64_t cols, int64_t scale_rows, bool rows16, const GroupTable& t, const QuantOutputs& out,
-                            cudaStream_t stream) {
+                            int64_t cols, int64_t scale_rows, bool rows16, int64_t col_blocks, const GroupTable& t,
+                            const QuantOutputs& out, cudaStream_t stream) {
   const KParams p = make_params(q, x, rows, cols, RandomStream{}, out);
+  const bool bf16 = type == InputType::bf16;
   GroupTable tt = t;
   if (plan.amax == AmaxStrategy::none) {
     tt.gparams = nullptr;
+  } else if (plan.rht) {
+    // The amax of each group's RHT output (the column kernel's own transform, as quantize_device's pass).
+    const AmaxFinish fin{p.elem, p.sfmt, t.gparams, t.done};
+    if (bf16)
+      cols_grouped_amax_launch<uint16_t>(p, t, fin, col_blocks, stream);
+    else
+      cols_grouped_amax_launch<float>(p, t, fin, col_blocks, stream);
   } else if (t.n_items > 0) {
     const AmaxFinish fin{p.elem, p.sfmt, t.gparams, t.done};
-    if (type == InputType::bf16)
+    if (bf16)
       grouped_amax_kernel<uint16_t><<<unsigned(t.n_items), kThreads, 0, stream>>>(x, t, fin);
     else
       grouped_amax_kernel<float><<<unsigned(t.n_items), kThreads, 0, stream>>>(x, t, fin);
     check_launch("grouped_amax_kernel");
   }
   if (plan.family == Family::rows) {
-    if (type == InputType::bf16)
+    if (bf16)
       launch_rows_grouped<uint16_t>(plan, p, tt, stream);
     else
       launch_rows_grouped<float>(plan, p, tt, stream);
-  } else if (type == InputType::bf16) {
+  } else if (plan.family == Family::cols) {
+    if (bf16)
+      launch_cols_grouped<uint16_t>(plan, p, tt, col_blocks, stream);
+    else
+      launch_cols_grouped<float>(plan, p, tt, col_blocks, stream);
+  } else if (bf16) {
     launch_grouped_tiles<uint16_t>(p, tt, scale_rows, rows16, plan.kind, stream);
   } else {
     launch_grouped_tiles<float>(p, tt, scale_rows, rows16, plan.kind, stream);

@@ -86,18 +86,32 @@ std::vector<NamedSpec> grouped_specs() {
   }
   v.push_back({"mxfp8_e5m2", quantizer_by_name("mxfp8_e5m2")});
   v.push_back({"mxfp6_e2m3", quantizer_by_name("mxfp6_e2m3")});
-  // The MX recipes' wgrad operand: [32,1] blocks down each group's columns.
-  QuantizerSpec mxc = quantizer_by_name("mxfp4");
-  mxc.block_rows = 32;
-  mxc.block_cols = 1;
-  v.push_back({"mxfp4 [32,1]", mxc});
+  // The MX recipes' wgrad operands (and mxfp8's dgrad W): [32,1] blocks down each group's columns.
+  for (const char* n : {"mxfp4", "mxfp8_e4m3"})
+    for (Round r : {Round::rn, Round::rs}) {
+      QuantizerSpec q = quantizer_by_name(n);
+      q.block_rows = 32;
+      q.block_cols = 1;
+      q.round = r;
+      v.push_back({std::string(n) + " [32,1]" + (r == Round::rs ? " rs" : ""), q});
+    }
+  // Column blocks in PTX cvt.rs's random-bit contract, with and without the RHT.
+  for (bool rht : {false, true}) {
+    QuantizerSpec q = quantizer_by_name("nvfp4_col");
+    q.round = Round::rs;
+    q.sr_bits = SrBits::ptx_x4;
+    q.rht = rht;
+    q.rht_seed = 9;
+    v.push_back({std::string("nvfp4_col rs ptx_x4") + (rht ? " rht" : ""), q});
+  }
   return v;
 }
 
 // Empty groups (first, middle, last), 1-row groups, sizes not multiples of 16,
-// 32 or 128; one group; every group empty.
+// 32 or 128 (15, 16, 17: a partial RHT chunk or none); one group; every group
+// empty; a large group (several column-kernel blocks).
 const std::vector<std::vector<int64_t>> kGroupSizes = {
-    {0, 1, 37, 0, 16, 130, 5, 0}, {64}, {3, 1, 1, 17, 33}, {0, 0}, {200, 0, 48}};
+    {0, 1, 37, 0, 16, 130, 5, 0}, {64}, {3, 1, 1, 17, 33}, {0, 0}, {200, 0, 48}, {15, 16, 17, 0, 31, 1100}};
 
 // The (path, launch form) pairs a spec runs on: the automatic path per group
 // and, where it applies, in one launch; the generic path (per group).
@@ -114,20 +128,26 @@ std::vector<PathLaunch> path_launches(const QuantizerSpec& q) {
 
 }  // namespace
 
-TEST_CASE("cuda grouped quantize: the one-launch form applies to fused row blocks and tiles without RHT" *
+TEST_CASE("cuda grouped quantize: the one-launch form applies to fused row blocks, tiles and column blocks" *
           doctest::test_suite("host")) {
-  for (const char* n : {"nvfp4", "nvfp4_2d", "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3"})
+  for (const char* n : {"nvfp4", "nvfp4_2d", "nvfp4_col", "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3"})
     CHECK_MESSAGE(grouped_one_launch_applies(quantizer_by_name(n)), n);
   CHECK_FALSE(grouped_one_launch_applies(quantizer_by_name("nvfp4"), QuantPath::generic));
-  CHECK_FALSE(grouped_one_launch_applies(quantizer_by_name("nvfp4_col")));  // column blocks: per group
-  QuantizerSpec rht = quantizer_by_name("nvfp4");
+  QuantizerSpec col_rht = quantizer_by_name("nvfp4_col");  // the wgrad operand: RHT folded into [16,1] blocks
+  col_rht.rht = true;
+  CHECK(grouped_one_launch_applies(col_rht));
+  QuantizerSpec mx_col = quantizer_by_name("mxfp8_e4m3");
+  mx_col.block_rows = 32;
+  mx_col.block_cols = 1;
+  CHECK(grouped_one_launch_applies(mx_col));
+  QuantizerSpec rht = quantizer_by_name("nvfp4");  // row blocks with RHT: per group
   rht.rht = true;
   CHECK_FALSE(grouped_one_launch_applies(rht));
   GroupedQuantWorkspace ws;
   GroupedQuantOutputs o;
   const std::vector<int64_t> sizes{3, 4};
-  CHECK_THROWS_WITH_AS(quantize_grouped_device(quantizer_by_name("nvfp4_col"), nullptr, InputType::f32, 7, 16, sizes,
-                                               {}, o, ws, nullptr, QuantPath::automatic, GroupedLaunch::one_launch),
+  CHECK_THROWS_WITH_AS(quantize_grouped_device(rht, nullptr, InputType::f32, 7, 16, sizes, {}, o, ws, nullptr,
+                                               QuantPath::automatic, GroupedLaunch::one_launch),
                        doctest::Contains("use GroupedLaunch::per_group"), Error);
 }
 
@@ -375,6 +395,187 @@ TEST_CASE("cuda grouped quantize: slices at any element offset, every output, st
   CHECK(quantize_staging_bytes(quantizer_by_name("mxfp4"), d.data() + 3 * 53, InputType::f32, 1, 53) == 0);
 }
 
+// E2 (the grouped linear's expert weights): each group's input at its own
+// element offset (a constant stride with an odd gap, as the experts' W in the
+// flat parameters), each group's values at a 256-byte-aligned start. One
+// launch and per group against (1) sim's quantize_grouped on the
+// concatenated data (codes, scales, g_dec, FP32 dequant gathered from the
+// value offsets) and (2) quantize_device on each group's slice alone with
+// the trainer's outputs (the BF16 GEMM operand, g_dec, the GEMM alpha
+// g_dec * other[g]): bit for bit, and nothing written between the groups.
+TEST_CASE("cuda grouped quantize: per-group input offsets and aligned value starts") {
+  std::vector<NamedSpec> specs;
+  for (const char* n : {"nvfp4", "nvfp4_2d", "nvfp4_col", "mxfp8_e4m3"}) specs.push_back({n, quantizer_by_name(n)});
+  for (Round r : {Round::rn, Round::rs}) {
+    QuantizerSpec q = quantizer_by_name("nvfp4_col");
+    q.rht = true;
+    q.rht_seed = 3;
+    q.round = r;
+    specs.push_back({std::string("nvfp4_col rht") + (r == Round::rs ? " rs" : ""), q});
+  }
+  for (const char* n : {"mxfp8_e4m3", "mxfp4"}) {
+    QuantizerSpec q = quantizer_by_name(n);
+    q.block_rows = 32;
+    q.block_cols = 1;
+    specs.push_back({std::string(n) + " [32,1]", q});
+  }
+  // The second layout: every group whole 16-row tiles, which with cols 64 would let 16x16 tiles take their
+  // unchecked form, were the groups' starts (+3 elements) not misaligned.
+  const std::vector<std::vector<int64_t>> layouts{{0, 1, 15, 16, 17, 0, 37, 130}, {16, 0, 32, 48}};
+  int failures = 0, cases = 0;
+  for (const std::vector<int64_t>& sizes : layouts)
+    for (const NamedSpec& ns : specs) {
+      const QuantizerSpec& q = ns.q;
+      const size_t G = sizes.size();
+      for (int64_t cols : {int64_t(64), int64_t(53)}) {
+        for (bool bf16 : {false, true}) {
+          const std::vector<float> x = grouped_data(sizes, cols, 501u + uint32_t(cols), bf16);
+          const int64_t rows = int64_t(x.size()) / cols, n = rows * cols;
+          const std::vector<RandomStream> streams = consecutive_streams(808, 4, G);
+          const GroupedQuantizedTensor cpu =
+              quantize_grouped(q, MatrixView<const float>(x.data(), rows, cols), sizes, streams);
+          // Inputs at g * stride + 3 (stride: the largest group and an odd gap), poison between them.
+          int64_t maxn = 0;
+          for (int64_t v : sizes) maxn = std::max(maxn, v);
+          const int64_t stride = maxn * cols + 37;
+          std::vector<int64_t> xoff(G), voff(G + 1, 0);
+          for (size_t g = 0; g < G; ++g) {
+            xoff[g] = int64_t(g) * stride + 3;
+            voff[g + 1] = voff[g] + (sizes[g] * cols + 127) / 128 * 128;  // 128 elements: 256 bytes of BF16
+          }
+          const int64_t in_elems = int64_t(G) * stride + 3;
+          std::vector<float> hx(size_t(in_elems), std::nanf(""));
+          std::vector<uint16_t> hx16(size_t(in_elems), 0x7FC1);
+          for (size_t g = 0, row = 0; g < G; row += size_t(sizes[g]), ++g)
+            for (int64_t i = 0; i < sizes[g] * cols; ++i) {
+              hx[size_t(xoff[g] + i)] = x[row * size_t(cols) + size_t(i)];
+              hx16[size_t(xoff[g] + i)] = uint16_t(float_bits(x[row * size_t(cols) + size_t(i)]) >> 16);
+            }
+          DeviceBuffer<float> dx32;
+          DeviceBuffer<uint16_t> dx16;
+          if (bf16)
+            dx16.upload(hx16);
+          else
+            dx32.upload(hx);
+          const void* in = bf16 ? static_cast<const void*>(dx16.data()) : dx32.data();
+          const InputType it = bf16 ? InputType::bf16 : InputType::f32;
+          const std::vector<float> other = test::varied_randn(1, int64_t(G), 7, 2);
+          DeviceBuffer<float> d_other;
+          d_other.upload(other);
+          // (2)'s reference: quantize_device on a contiguous copy of each group's slice.
+          const size_t nv = size_t(std::max<int64_t>(voff[G], 1));
+          std::vector<uint16_t> want16(nv, 0xEEEE);
+          std::vector<float> want_gdec(G, 1.0f), want_alpha(G, -5.0f);
+          {
+            QuantWorkspace qws;
+            for (size_t g = 0, row = 0; g < G; row += size_t(sizes[g]), ++g) {
+              if (sizes[g] == 0) continue;
+              const int64_t ne = sizes[g] * cols;
+              DeviceBuffer<uint16_t> o16{size_t(ne)};
+              DeviceBuffer<float> og(2);
+              QuantOutputs o;
+              o.dequant_bf16 = o16.data();
+              o.bf16_gemm_operand = true;
+              o.global_decode = og.data();
+              o.gemm_alpha = og.data() + 1;
+              o.gemm_alpha_other = d_other.data() + g;
+              DeviceBuffer<float> s32;
+              DeviceBuffer<uint16_t> s16;
+              if (bf16)
+                s16.upload(std::vector<uint16_t>(hx16.begin() + xoff[g], hx16.begin() + xoff[g] + ne));
+              else
+                s32.upload(std::vector<float>(hx.begin() + xoff[g], hx.begin() + xoff[g] + ne));
+              quantize_device(q, bf16 ? static_cast<const void*>(s16.data()) : s32.data(), it, sizes[g], cols,
+                              streams[g], o, qws);
+              const std::vector<uint16_t> h = o16.download();
+              std::copy(h.begin(), h.end(), want16.begin() + voff[g]);
+              const std::vector<float> hg = og.download();
+              want_gdec[g] = hg[0];
+              want_alpha[g] = hg[1];
+            }
+          }
+          std::vector<GroupedLaunch> launches{GroupedLaunch::per_group};
+          if (grouped_one_launch_applies(q)) launches.push_back(GroupedLaunch::one_launch);
+          for (GroupedLaunch launch : launches) {
+            ++cases;
+            GroupedQuantWorkspace ws;
+            bool ok = true;
+            {  // (1) against sim
+              DeviceBuffer<uint8_t> codes(size_t(std::max<int64_t>(n, 1)));
+              DeviceBuffer<uint8_t> scodes(std::max<size_t>(cpu.scale_codes.size(), 1));
+              DeviceBuffer<float> scales(std::max<size_t>(cpu.scales.size(), 1)), dq(nv), gdec(G);
+              dq.fill_bytes(0xA5);
+              GroupedQuantOutputs o;
+              o.codes = codes.data();
+              o.scale_codes = cpu.scale_codes.empty() ? nullptr : scodes.data();
+              o.scales = scales.data();
+              o.dequant = dq.data();
+              o.global_decode = gdec.data();
+              o.value_offsets = std::span<const int64_t>(voff.data(), G);
+              quantize_grouped_device(q, in, it, rows, cols, sizes, streams, o, ws, nullptr, QuantPath::automatic,
+                                      launch, xoff);
+              check(cudaDeviceSynchronize(), "test");
+              std::vector<uint8_t> got_codes = codes.download();
+              got_codes.resize(size_t(n));
+              ok = test::same_bytes("codes", got_codes, cpu.codes, &x) && ok;
+              if (!cpu.scale_codes.empty()) {
+                std::vector<uint8_t> sc = scodes.download();
+                sc.resize(cpu.scale_codes.size());
+                ok = test::same_bytes("scale codes", sc, cpu.scale_codes) && ok;
+              }
+              std::vector<float> scl = scales.download();
+              scl.resize(cpu.scales.size());
+              ok = test::same_bits("scales", scl, cpu.scales) && ok;
+              ok = test::same_bits("global decode", gdec.download(), cpu.global_decode) && ok;
+              const std::vector<float> all = dq.download();
+              std::vector<float> got(static_cast<size_t>(n));
+              int64_t poisoned = 0;
+              for (size_t g = 0, row = 0; g < G; row += size_t(sizes[g]), ++g) {
+                const int64_t ne = sizes[g] * cols;
+                std::copy(all.begin() + voff[g], all.begin() + voff[g] + ne, got.begin() + row * size_t(cols));
+                for (int64_t i = voff[g] + ne; i < voff[g + 1]; ++i)
+                  poisoned += float_bits(all[size_t(i)]) != 0xA5A5A5A5u;
+              }
+              ok = test::same_bits("dequant", got, cpu.dequant, &x) && ok;
+              if (poisoned) std::printf("  %lld dequant elements written between the groups\n", (long long)poisoned);
+              ok = poisoned == 0 && ok;
+            }
+            {  // (2) against quantize_device on each slice: the trainer's outputs
+              DeviceBuffer<uint16_t> o16(nv);
+              DeviceBuffer<float> gdec(G), alpha(G);
+              o16.fill_bytes(0xEE);
+              alpha.upload(std::vector<float>(G, -5.0f));
+              GroupedQuantOutputs o;
+              o.dequant_bf16 = o16.data();
+              o.bf16_gemm_operand = true;
+              o.global_decode = gdec.data();
+              o.gemm_alpha = alpha.data();
+              o.gemm_alpha_other = d_other.data();
+              o.value_offsets = std::span<const int64_t>(voff.data(), G);
+              quantize_grouped_device(q, in, it, rows, cols, sizes, streams, o, ws, nullptr, QuantPath::automatic,
+                                      launch, xoff);
+              check(cudaDeviceSynchronize(), "test");
+              const std::vector<uint16_t> got16 = o16.download();
+              int64_t bad = 0;
+              for (size_t i = 0; i < nv; ++i) bad += got16[i] != want16[i];
+              if (bad) std::printf("  BF16 operand: %lld elements differ from quantize_device's\n", (long long)bad);
+              ok = bad == 0 && ok;
+              ok = test::same_bits("global decode (slices)", gdec.download(), want_gdec) && ok;
+              ok = test::same_bits("gemm alpha (slices)", alpha.download(), want_alpha) && ok;
+            }
+            if (!ok) {
+              ++failures;
+              std::printf("  case: %s, %zu groups, cols %lld, %s input, %s\n", ns.name.c_str(), G, (long long)cols,
+                          bf16 ? "bf16" : "f32", launch == GroupedLaunch::one_launch ? "one launch" : "per group");
+            }
+          }
+        }
+      }
+    }
+  MESSAGE(cases << " offset cases compared");
+  CHECK(failures == 0);
+}
+
 TEST_CASE("cuda grouped quantize: argument errors before any device work" * doctest::test_suite("host")) {
   const QuantizerSpec q = quantizer_by_name("nvfp4");
   GroupedQuantWorkspace ws;
@@ -391,6 +592,17 @@ TEST_CASE("cuda grouped quantize: argument errors before any device work" * doct
   CHECK_THROWS_WITH_AS(
       quantize_grouped_device(quantizer_by_name("fp8_e4m3_tensor"), nullptr, InputType::f32, 7, 16, sizes, {}, o, ws),
       doctest::Contains("per-tensor scaling"), Error);
+  const std::vector<int64_t> three_offsets{0, 64, 128}, negative_offset{0, -16};
+  CHECK_THROWS_WITH_AS(quantize_grouped_device(q, nullptr, InputType::f32, 7, 16, sizes, {}, o, ws, nullptr,
+                                               QuantPath::automatic, GroupedLaunch::automatic, three_offsets),
+                       doctest::Contains("3 input offsets for 2 groups"), Error);
+  CHECK_THROWS_WITH_AS(quantize_grouped_device(q, nullptr, InputType::f32, 7, 16, sizes, {}, o, ws, nullptr,
+                                               QuantPath::automatic, GroupedLaunch::automatic, negative_offset),
+                       doctest::Contains("group 1's input offsets entry is -16"), Error);
+  GroupedQuantOutputs bad_values;
+  bad_values.value_offsets = three_offsets;
+  CHECK_THROWS_WITH_AS(quantize_grouped_device(q, nullptr, InputType::f32, 7, 16, sizes, {}, bad_values, ws),
+                       doctest::Contains("3 value offsets for 2 groups"), Error);
   GroupedQuantOutputs packed;
   packed.code_layout = CodeLayout::packed4;
   CHECK_THROWS_WITH_AS(

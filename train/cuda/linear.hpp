@@ -69,8 +69,15 @@ class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
   // one layer where every group's plan has one form (grouped_linear.cpp):
   //   bf16  every operand its plain BF16 rounding (the bf16 recipe, layers
   //         kept in BF16): x, dy and the E weights each rounded in one launch;
-  //   fp32  every operand plain FP32 (no recipe, layers kept in FP32).
-  // Each group's GEMM is the dense layer's cublasGemmEx with the same
+  //   fp32  every operand plain FP32 (no recipe, layers kept in FP32);
+  //   quantized  every operand one BF16-exact quantization of its source
+  //         (single_quantizer: no double quantization, the wgrad RHT folded
+  //         into [16,1] blocks), every group's plan group 0's but for its
+  //         random streams, no weight cast (nvfp4, nvfp4_fwd_mxfp8_bwd, the
+  //         MX recipes, fp4_all_the_way): each operand of all groups in one
+  //         grouped quantization (x, dy, and the E weights read where they
+  //         lie), the GEMM alphas written by the quantizations.
+  // Each group's GEMM is the dense layer's GEMM call with the same
   // arguments, its operands at 256-byte-aligned starts as the dense layer's
   // scratch is (cuBLAS's choice of kernel may depend on alignment).
   // grouped_forward returns false and does nothing for other plans (the

@@ -18,6 +18,7 @@
 #include "cuda/device.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/gemm_classed.hpp"
+#include "cuda/grouped.hpp"
 #include "cuda/quantize.hpp"
 #include "cuda/rht.hpp"
 #include "cuda/shard_cast.hpp"
@@ -82,6 +83,9 @@ struct DevOperand {
   // written by its quantization (GemmAlpha), or null; ab_beta: that beta.
   const float* alpha_beta = nullptr;
   float ab_beta = 0.0f;
+  // Where that beta lives when not at alpha_beta + 1 (the grouped layer's
+  // per-group alphas, [G] consecutive floats: LinearCore::beta_of).
+  const float* beta_at = nullptr;
   bool is_bf16() const { return bf16 != nullptr; }
 };
 
@@ -160,6 +164,11 @@ struct LinearCore {
   cuda::QuantWorkspace qws;
   Slot slot[2];
   DeviceBuffer<uint16_t> grouped_dy;  // the grouped layer's BF16 dy (grouped_linear.cpp)
+  // The grouped layer's quantized operands (grouped_linear.cpp): the forward's x and (without
+  // reuse_fwd_w) W operands, wgrad's dy; per-group g_dec and GEMM alphas; the grouped quantizer's scratch.
+  DeviceBuffer<uint16_t> grouped_xh, grouped_wh, grouped_dyc;
+  DeviceBuffer<float> grouped_scalars;
+  cuda::GroupedQuantWorkspace gqws;
   DeviceBuffer<uint16_t> dy_cols_h;  // backward: wgrad's dy operand when made together with dgrad's
   DeviceBuffer<float> dy_cols_g{1};
   // [alpha, beta] pairs of the device-pointer-mode GEMMs: the forward, dgrad
@@ -170,6 +179,8 @@ struct LinearCore {
   GemmAlpha alpha_for(AlphaSlot slot, const float* other) {
     return GemmAlpha{gemm_ab.data() + 2 * slot, other, slot == kWgrad ? 1.0f : 0.0f};
   }
+  // The device beta (0 or 1) of the preset pairs, for a GEMM whose alpha is elsewhere (DevOperand::beta_at).
+  const float* beta_of(float beta) const { return gemm_ab.data() + (beta == 0.0f ? 1 : 5); }
   static DeviceBuffer<float> preset_betas() {
     DeviceBuffer<float> b;
     b.upload(std::vector<float>{1.0f, 0.0f, 1.0f, 0.0f, 1.0f, 1.0f, 1.0f, 0.0f});
@@ -372,16 +383,18 @@ struct LinearCore {
       const float one = 1.0f;
       const DevOperand* made = a.alpha_beta ? &a : b.alpha_beta ? &b : nullptr;
       const float* ab = gemm_ab.data() + 2 * kComputed;
+      const float* beta_dev = ab + 1;
       if (scaled && made) {
         if (made->ab_beta != beta) throw Error("CudaLinear: a GEMM alpha slot was prepared for another beta");
         ab = made->alpha_beta;
+        beta_dev = made->beta_at ? made->beta_at : ab + 1;
       } else if (scaled) {
         cuda::alpha_beta_device(a.g, b.g, beta, gemm_ab.data() + 2 * kComputed, kStream);
       }
       // cuBLASLt with the algorithm of the shape's class (cuda/gemm_classed.hpp): an expert's token count
       // changes every step, and cublasGemmEx's heuristic for an unseen shape costs ~200 us of host time.
-      classed.bf16_f32(blas, ta, tb, m, n, k, scaled ? ab : &one, a.bf16, lda, b.bf16, ldb, scaled ? ab + 1 : &beta, c,
-                       ldc, scaled);
+      classed.bf16_f32(blas, ta, tb, m, n, k, scaled ? ab : &one, a.bf16, lda, b.bf16, ldb, scaled ? beta_dev : &beta,
+                       c, ldc, scaled);
       return;
     }
     const float* af = as_f32(a, a_elems, sa);

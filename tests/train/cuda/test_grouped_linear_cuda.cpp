@@ -2,10 +2,14 @@
 // grouped_backward) against the dense layer's calls on each group's rows, in
 // group order (the contract of Backend::grouped_linear_*): y, dx, dW, db and
 // every reported GEMM operand (the test hook) bit for bit, in the same order,
-// for the forms it takes (bf16, fp32), odd widths (unaligned group starts),
-// empty groups, biases on and off, and the evaluation forward; it declines
-// every other plan (the default then runs, tests/train/backend_cases.cpp's
-// check_grouped_linear covers the backend as a whole).
+// for the forms it takes (bf16, fp32, and the quantized recipes whose every
+// operand is one BF16-exact quantizer: nvfp4 with its folded wgrad RHT,
+// the MX family, nvfp4_fwd_mxfp8_bwd, fp4_all_the_way), odd widths (unaligned
+// group starts), empty groups, biases on and off, and the evaluation forward;
+// it declines every other plan: double quantization, groups of different
+// forms or of different quantizers (the default then runs,
+// tests/train/backend_cases.cpp's check_grouped_linear covers the backend as
+// a whole).
 
 #include <doctest/doctest.h>
 
@@ -55,8 +59,9 @@ struct Outcome {
 };
 
 // One forward (and backward) of G experts over row groups `sizes`, grouped or as each group's dense calls.
+// other: group 1's recipe where given (a non-uniform layer), r for the rest.
 Outcome run(CudaLinear& lin, const Recipe* r, const std::vector<int64_t>& sizes, int64_t in, int64_t out, bool bias,
-            bool backward, bool grouped, bool* took = nullptr) {
+            bool backward, bool grouped, bool* took = nullptr, const Recipe* other = nullptr) {
   Outcome o;
   lin.set_operand_hook([&o](Operand op, const float* p, int64_t rows, int64_t cols) {
     o.reports.push_back(Report{op, rows, cols, fp4lab::test::dev_download(p, rows * cols)});
@@ -68,7 +73,9 @@ Outcome run(CudaLinear& lin, const Recipe* r, const std::vector<int64_t>& sizes,
   std::vector<LayerPlan> lp;
   std::vector<Tensor> w, dw, db;
   for (size_t g = 0; g < G; ++g) {
-    lp.push_back(plan_layer(LinearContext{r, 7, 10 + g, 3, "h.0.mlp.experts." + std::to_string(g) + ".c_fc", backward}));
+    const Recipe* rg = other != nullptr && g == 1 ? other : r;
+    lp.push_back(
+        plan_layer(LinearContext{rg, 7, 10 + g, 3, "h.0.mlp.experts." + std::to_string(g) + ".c_fc", backward}));
     w.push_back(dev_randn(out, in, 100 + uint32_t(g), 0.2f));
     dw.push_back(dev_randn(out, in, 300 + uint32_t(g), 0.01f));
     db.push_back(dev_randn(1, out, 400 + uint32_t(g), 0.01f));
@@ -163,9 +170,54 @@ TEST_CASE("cuda grouped linear: bf16 and fp32 groups give each group's dense bit
   CHECK(compared == 3 * 3 * 4 * 2 * 2);
 }
 
-TEST_CASE("cuda grouped linear: declines quantized plans and groups of different forms (the default runs them)") {
+// The quantized form: every operand of every group in one grouped quantization, the GEMM alphas written by
+// the quantizations, each group's dense GEMM call. nvfp4_row_scaled's row-amax fwd_x may not be BF16-exact (it
+// then takes the default, reported); the others must take the grouped form.
+TEST_CASE("cuda grouped linear: quantized recipes give each group's dense bits, operand reports in order") {
   CudaLinear lin;
-  for (const char* name : {"nvfp4", "mxfp8", "tetrajet"}) {
+  const std::vector<std::vector<int64_t>> layouts = {{0, 1, 15, 16, 17, 37}, {130}, {0, 0, 3}, {40, 0, 200, 9}};
+  int64_t compared = 0;
+  for (const char* name :
+       {"nvfp4", "nvfp4_row_scaled", "mxfp8", "nvfp4_fwd_mxfp8_bwd", "fp4_all_the_way", "mx_baseline"}) {
+    const Recipe r = recipe_by_name(name);
+    bool ever_took = false;
+    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{48, 40}, {53, 27}, {384, 96}}) {
+      for (const std::vector<int64_t>& sizes : layouts) {
+        for (bool bias : {false, true}) {
+          for (bool backward : {true, false}) {
+            CAPTURE(name);
+            CAPTURE(in);
+            CAPTURE(sizes.size());
+            CAPTURE(bias);
+            CAPTURE(backward);
+            bool took = false;
+            const Outcome a = run(lin, &r, sizes, in, out, bias, backward, true, &took);
+            if (std::string(name) != "nvfp4_row_scaled") REQUIRE(took);
+            if (!took) continue;
+            ever_took = true;
+            const Outcome e = run(lin, &r, sizes, in, out, bias, backward, false);
+            CHECK(same(a.y, e.y));
+            CHECK(same(a.dx, e.dx));
+            REQUIRE(a.dw.size() == e.dw.size());
+            for (size_t g = 0; g < a.dw.size(); ++g) {
+              CHECK(same(a.dw[g], e.dw[g]));
+              CHECK(same(a.db[g], e.db[g]));
+            }
+            REQUIRE(a.reports.size() == e.reports.size());
+            for (size_t i = 0; i < a.reports.size(); ++i) CHECK(a.reports[i] == e.reports[i]);
+            ++compared;
+          }
+        }
+      }
+    }
+    MESSAGE(name << (ever_took ? ": grouped form" : ": declined (the default runs it)"));
+  }
+  CHECK(compared >= 5 * 3 * 4 * 2 * 2);
+}
+
+TEST_CASE("cuda grouped linear: declines double quantization and non-uniform groups (the default runs them)") {
+  CudaLinear lin;
+  for (const char* name : {"tetrajet"}) {  // double quantization (`pre`)
     CAPTURE(name);
     const Recipe r = recipe_by_name(name);
     bool took = true;
@@ -178,6 +230,15 @@ TEST_CASE("cuda grouped linear: declines quantized plans and groups of different
   bool took = true;
   run(lin, &r, {16, 32}, 64, 32, false, true, true, &took);
   CHECK_FALSE(took);
+  // Both quantized, but group 1 with mxfp8's quantizers (a per-layer recipe): one quantizer per operand is required.
+  const Recipe nv = recipe_by_name("nvfp4"), mx = recipe_by_name("mxfp8");
+  took = true;
+  run(lin, &nv, {16, 32, 8}, 64, 32, false, true, true, &took, &mx);
+  CHECK_FALSE(took);
+  // The same recipe for every group is taken (the control of the case above).
+  took = false;
+  run(lin, &nv, {16, 32, 8}, 64, 32, false, true, true, &took);
+  CHECK(took);
 }
 
 }  // namespace fp4lab::train
