@@ -10,12 +10,12 @@ namespace fp4lab::train {
 namespace {
 
 LinearLayer make_linear(const std::string& name, int64_t in, int64_t out, float std, bool bias, ParamStore& ps,
-                        uint64_t& next_id, std::vector<LinearLayerInfo>& infos) {
+                        uint64_t& next_id, std::vector<LinearLayerInfo>& infos, Placement at = {}) {
   LinearLayer l;
   l.name = name;
   l.id = next_id++;
-  l.w = ps.add("transformer." + name + ".weight", out, in, true, Init::normal, std);
-  if (bias) l.b = ps.add("transformer." + name + ".bias", 1, out, false, Init::zeros);
+  l.w = ps.add("transformer." + name + ".weight", out, in, true, Init::normal, std, at);
+  if (bias) l.b = ps.add("transformer." + name + ".bias", 1, out, false, Init::zeros, 0.0f, at);
   infos.push_back(LinearLayerInfo{name, l.id, in, out, l.w});
   return l;
 }
@@ -28,8 +28,9 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t width, bool bias, const std::string& 
   router_ = make_linear(layer + "router", width, c.experts, std, false, ps, next_id, infos);
   for (int64_t e = 0; e < c.experts; ++e) {
     const std::string p = layer + "experts." + std::to_string(e) + ".";
-    fc_.push_back(make_linear(p + "c_fc", width, hidden_, std, bias, ps, next_id, infos));
-    proj_.push_back(make_linear(p + "c_proj", hidden_, width, proj_std, bias, ps, next_id, infos));
+    const Placement at{e, c.experts};  // held by its owner under expert parallelism (params.hpp)
+    fc_.push_back(make_linear(p + "c_fc", width, hidden_, std, bias, ps, next_id, infos, at));
+    proj_.push_back(make_linear(p + "c_proj", hidden_, width, proj_std, bias, ps, next_id, infos, at));
   }
   for (LinearLayer& l : fc_) fc_ptrs_.push_back(&l);
   for (LinearLayer& l : proj_) proj_ptrs_.push_back(&l);
