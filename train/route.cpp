@@ -220,7 +220,14 @@ RouteSummary route_summary(const Routing& r) {
   return s;
 }
 
-HostRouteState::HostRouteState(Routing routing) : r(std::move(routing)) {
+HostRouteState::HostRouteState(Routing routing) : r(std::move(routing)) { refresh(); }
+
+void HostRouteState::refresh() {
+  int64_t received = 0;
+  for (const int32_t i : r.recv_index) received += i >= 0;
+  unreorder.assign(size_t(received), -1);
+  for (size_t i = 0; i < r.recv_index.size(); ++i)
+    if (r.recv_index[i] >= 0) unreorder[size_t(r.recv_index[i])] = int32_t(i);
   tokens = r.tokens;
   offset = r.offset;
   shard = r.shard;

@@ -142,8 +142,11 @@ struct RouteState {
 // the gates' gradient once Backend::moe_combine_backward has run.
 struct HostRouteState final : RouteState {
   explicit HostRouteState(Routing routing);
+  // RouteState's fields and `unreorder` from r (after r changes: route_group).
+  void refresh();
   Routing r;
-  std::vector<float> dgate;  // [tokens * k]; empty before moe_combine_backward
+  std::vector<float> dgate;        // [tokens * k]; empty before moe_combine_backward
+  std::vector<int32_t> unreorder;  // [received rows] the local group row of each (recv_index's inverse)
 };
 
 }  // namespace fp4lab::train

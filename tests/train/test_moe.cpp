@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "train/config.hpp"
 #include "train/moe.hpp"
+#include "train/param_calls.hpp"
 #include "train/params.hpp"
 #include "train/route.hpp"
 
@@ -435,49 +436,17 @@ TEST_CASE("moe router_logit_grad equals central differences of the routing's los
 namespace {
 
 // The layer alone on the CPU backend in FP32, its linears straight to the backend.
-struct Harness final : LinearCalls {
+struct HarnessModel {
   std::unique_ptr<Backend> be = make_cpu_backend(1);
   ParamStore ps;
+};
+struct Harness final : HarnessModel, ParamCalls {
   std::vector<LinearLayerInfo> infos;
   std::unique_ptr<MoeMlp> layer;
   uint64_t next_id = 0;
-  Harness(const MoeConfig& c, int64_t C, bool bias) {
+  Harness(const MoeConfig& c, int64_t C, bool bias) : ParamCalls(*be, ps) {
     layer = std::make_unique<MoeMlp>(c, C, bias, "h.0.mlp.", 0.3f, 0.3f, ps, next_id, infos);
     ps.finalize(*be, 11);
-  }
-  void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) override {
-    be->linear_forward(l.context(s), x, ps.value(l.w), l.b >= 0 ? ps.value_ptr(l.b) : nullptr, y, l.state);
-  }
-  void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) override {
-    Tensor dw = ps.grad(l.w);
-    be->linear_backward(l.context(s), *l.state, ps.value(l.w), dy, dx, dw, l.b >= 0 ? ps.grad_ptr(l.b) : nullptr);
-  }
-  // The experts through Backend::grouped_linear_* (plans: MoeMlp::forward's).
-  struct Groups {
-    std::vector<const LayerPlan*> plans;
-    std::vector<Tensor> w, dw;
-    std::vector<const float*> b;
-    std::vector<float*> db;
-  };
-  Groups groups(std::span<LinearLayer* const> ls) {
-    Groups g;
-    for (LinearLayer* l : ls) {
-      g.plans.push_back(&l->lp);
-      g.w.push_back(ps.value(l->w));
-      g.dw.push_back(ps.grad(l->w));
-      if (l->b >= 0) g.b.push_back(ps.value_ptr(l->b)), g.db.push_back(ps.grad_ptr(l->b));
-    }
-    return g;
-  }
-  void grouped_forward(std::span<LinearLayer* const> ls, const StepContext&, const Tensor& x,
-                       std::span<const int64_t> offsets, Tensor& y, std::unique_ptr<LinearState>& state) override {
-    const Groups g = groups(ls);
-    be->grouped_linear_forward(LinearGroups{g.plans, g.w, g.b, offsets}, x, y, state);
-  }
-  void grouped_backward(std::span<LinearLayer* const> ls, const StepContext&, const LinearState& state,
-                        const Tensor& dy, std::span<const int64_t> offsets, Tensor& dx) override {
-    Groups g = groups(ls);
-    be->grouped_linear_backward(LinearGroups{g.plans, g.w, g.b, offsets}, state, dy, dx, g.dw, g.db);
   }
   // L = sum y * R + aux + z (float64 on the host).
   double loss(const std::vector<float>& x, const std::vector<float>& R, int64_t N, int64_t C,
