@@ -128,6 +128,44 @@ std::unique_ptr<RouteState> Backend::moe_route(const RouteParams& p, const Tenso
   return s;
 }
 
+std::unique_ptr<RouteState> Backend::moe_route_local(const RouteParams& p, const Tensor& logits) {
+  FP4LAB_CHECK(logits.cols == p.experts, "moe_route_local: logits of " + std::to_string(logits.cols) + " columns for " +
+                                             std::to_string(p.experts) + " experts");
+  std::vector<float> host(static_cast<size_t>(logits.size()));
+  download(logits, host.data());
+  auto s = std::make_unique<HostRouteState>(route_local(p, host.data(), logits.rows));
+  s->params = p;
+  return s;
+}
+
+std::vector<int64_t> Backend::moe_route_counts(const RouteState& r) { return host_route(r).r.count; }
+
+std::vector<double> Backend::moe_route_partials(const RouteState& r) { return host_route(r).r.block_sums; }
+
+void Backend::moe_route_finish(RouteState& r, const ExpertShard& shard, std::vector<int64_t> count_all,
+                               const std::vector<double>& block_sums_all, int64_t grad_tokens) {
+  HostRouteState& h = host_route(r);
+  route_group(h.params, h.r, shard, std::move(count_all), grad_tokens);
+  route_losses(h.params, h.r, block_sums_all);
+  h.refresh();
+}
+
+void Backend::moe_reorder(const Tensor& received, const RouteState& r, Tensor& grouped) {
+  const HostRouteState& h = host_route(r);
+  FP4LAB_CHECK(grouped.rows == int64_t(h.r.recv_index.size()),
+               "moe_reorder: grouped of " + std::to_string(grouped.rows) + " rows, the routing's experts take " +
+                   std::to_string(h.r.recv_index.size()));
+  gather_rows_indexed(received, h.r.recv_index.data(), grouped);
+}
+
+void Backend::moe_unreorder(const Tensor& grouped, const RouteState& r, Tensor& back) {
+  const HostRouteState& h = host_route(r);
+  FP4LAB_CHECK(back.rows == int64_t(h.unreorder.size()), "moe_unreorder: back of " + std::to_string(back.rows) +
+                                                             " rows, the routing received " +
+                                                             std::to_string(h.unreorder.size()));
+  gather_rows_indexed(grouped, h.unreorder.data(), back);
+}
+
 void Backend::moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped) {
   gather_rows_indexed(x, host_route(r).r.token.data(), grouped);
 }

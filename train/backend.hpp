@@ -363,6 +363,24 @@ class Backend {
   // The routing on the host (tests), and in *dgate (if non-null) the gates'
   // gradient (empty before moe_combine_backward).
   virtual Routing moe_download(const RouteState& r, std::vector<float>* dgate = nullptr);
+  // Expert parallelism's form of moe_route (MoeMlp with an ExpertExchange;
+  // docs/log/2026-12-02-expert-parallel-plan.md section 3), route.hpp's split:
+  // moe_route_local routes per token (the state not yet grouped); its host
+  // counts [E] and block sums [blocks, E + 1] (may wait) go to every rank;
+  // moe_route_finish groups on every rank's: route_group and route_losses,
+  // after which the state's offset is the send layout and its exchange fields
+  // are set. The calls above then read the send layout.
+  virtual std::unique_ptr<RouteState> moe_route_local(const RouteParams& p, const Tensor& logits);
+  virtual std::vector<int64_t> moe_route_counts(const RouteState& r);
+  virtual std::vector<double> moe_route_partials(const RouteState& r);
+  virtual void moe_route_finish(RouteState& r, const ExpertShard& shard, std::vector<int64_t> count_all,
+                                const std::vector<double>& block_sums_all, int64_t grad_tokens);
+  // The received rows [sum recv_rows, C] (sources in rank order) into this
+  // rank's experts' groups [expert_offset.back(), C]: row i = received row
+  // recv_index[i] (-1: +0). moe_unreorder is its inverse on the named rows:
+  // back row recv_index[i] = grouped row i.
+  virtual void moe_reorder(const Tensor& received, const RouteState& r, Tensor& grouped);
+  virtual void moe_unreorder(const Tensor& grouped, const RouteState& r, Tensor& back);
 
   // Softmax cross-entropy over rows of logits [N, V] with targets [N] (host).
   // Returns the mean loss (float64 accumulation in row order); writes

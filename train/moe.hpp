@@ -23,6 +23,12 @@
 // Routing runs in the backend's memory through Backend::moe_route and the
 // calls after it (train/route.hpp): on the host by default, on the GPU in the
 // CUDA backend, with the same bits on the same logits (route() in float64).
+// Expert parallelism (docs/log/2026-12-02-expert-parallel-plan.md section 3):
+// with an ExpertExchange, rank r of R holds experts [r E/R, (r + 1) E/R) and
+// computes its share of the tokens; the slots travel to their experts' owners
+// and back (dispatch and combine), and every expert's group is one process's
+// on the concatenated shares (rows, order, capacity drops), so the experts'
+// outputs and gradients are one process's bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +59,25 @@ class LinearCalls {
                                 const Tensor& dy, std::span<const int64_t> offsets, Tensor& dx) = 0;
 };
 
+// Expert parallelism's transport: collectives over the expert-parallel group
+// (train/dist/expert_parallel.hpp implements it over a Communicator).
+struct RouteTotals {
+  std::vector<int64_t> count_all;      // [R, E] every rank's counts, in rank order
+  std::vector<double> block_sums_all;  // every rank's block sums, in (rank, block) order
+};
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual int ranks() const = 0;
+  virtual int rank() const = 0;
+  // Every rank's routing counts [E] and block sums (route.hpp's Routing::block_sums).
+  virtual RouteTotals exchange_totals(std::span<const int64_t> counts, std::span<const double> block_sums) = 0;
+  // Rows [., C] of backend tensors: send_rows[p] rows of `send` (contiguous in rank order) to rank p; `recv`
+  // receives recv_rows[p] rows from each rank p, in rank order (Communicator::alltoallv).
+  virtual void exchange_rows(Backend& be, const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
+                             std::span<const int64_t> recv_rows) = 0;
+};
+
 // route() and router_logit_grad() (train/route.hpp) under a MoeConfig.
 inline Routing route(const MoeConfig& c, const float* logits, int64_t tokens) {
   return route(c.route_params(), logits, tokens);
@@ -65,11 +90,22 @@ inline std::vector<float> router_logit_grad(const MoeConfig& c, const Routing& r
 class MoeMlp {
  public:
   // Declares the parameters and linear layers of layer `layer` ("h.<i>.mlp."
-  // names) in ps / infos, ids from next_id.
+  // names) in ps / infos, ids from next_id: every expert, each placed with
+  // its owner among ps's expert-parallel ranks (set before), of which this
+  // rank computes its own.
   MoeMlp(const MoeConfig& c, int64_t width, bool bias, const std::string& layer, float std, float proj_std,
          ParamStore& ps, uint64_t& next_id, std::vector<LinearLayerInfo>& infos);
-  // y [N, C] from x [N, C] (kept until backward).
+  // Expert parallelism: the transport over ps's expert-parallel ranks (null:
+  // one process, the default). global_grad: the auxiliary losses' gradients
+  // over the group's tokens (one process's, as the layer tests compare)
+  // instead of this rank's (data_parallel.hpp's share-mean convention).
+  void set_expert_exchange(ExpertExchange* ep, bool global_grad = false);
+  // y [N, C] from x [N, C] (kept until backward): router_logits, forward_routed.
   Tensor forward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x);
+  // The router's logits [N, E] of x (plans the router).
+  Tensor router_logits(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x);
+  // y from x and its router logits (tests may inject logits: the contract C1 on GPUs).
+  Tensor forward_routed(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x, const Tensor& logits);
   // dx [N, C] from dy [N, C]; parameter gradients accumulated.
   Tensor backward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& dy);
   // The last forward's routing figures (empty before the first forward).
@@ -79,15 +115,22 @@ class MoeMlp {
 
  private:
   StepContext router_context(const StepContext& s) const;
+  void route(Backend& be, const Tensor& logits);
+  // Rows between the send layout and this rank's experts' groups (identities in one process).
+  Tensor dispatch(Backend& be, const Tensor& send);
+  Tensor combine(Backend& be, const Tensor& grouped);
   MoeConfig c_;
   int64_t width_ = 0, hidden_ = 0;
+  ExpertShard shard_;
+  ExpertExchange* ep_ = nullptr;
+  bool global_grad_ = false;
   LinearLayer router_;
   std::vector<LinearLayer> fc_, proj_;
   std::vector<LinearLayer*> fc_ptrs_, proj_ptrs_;  // the experts' layers, for the grouped calls
   std::unique_ptr<LinearState> fc_state_, proj_state_;  // the experts' grouped states (forward -> backward)
   std::unique_ptr<LinearLayer> shared_fc_, shared_proj_;
   std::unique_ptr<RouteState> route_;  // the last forward's routing (forward -> backward)
-  Tensor x_, grouped_, h_, g_, out_e_, sh_h_, sh_g_;
+  Tensor x_, grouped_, h_, g_, out_e_, combined_, sh_h_, sh_g_;
 };
 
 // metrics.jsonl figures of the layers' last routings: {"moe_aux_loss",

@@ -21,11 +21,40 @@ double std_normal(uint64_t seed, uint64_t stream, uint64_t i) {
 }
 }  // namespace
 
-int ParamStore::add(const std::string& name, int64_t rows, int64_t cols, bool decay, Init init, float init_arg) {
+int ParamStore::add(const std::string& name, int64_t rows, int64_t cols, bool decay, Init init, float init_arg,
+                    Placement placement) {
   if (!names_.insert(name).second) throw Error("parameter \"" + name + "\" declared twice");
-  infos_.push_back(ParamInfo{name, total_, rows, cols, decay, init, init_arg});
-  total_ += rows * cols;
+  if (placement.expert >= 0 && (placement.experts <= 0 || placement.expert >= placement.experts))
+    throw Error("parameter \"" + name + "\": expert " + std::to_string(placement.expert) + " of " +
+                std::to_string(placement.experts) + " (valid: 0 <= expert < experts)");
+  ParamInfo p{name, global_total_, rows, cols, decay, init, init_arg};
+  p.placement = placement;
+  p.global_offset = global_total_;
+  infos_.push_back(p);
+  global_total_ += rows * cols;
+  total_ = replicated_ = global_total_;  // until finalize: everything held, one process's layout
   return int(infos_.size() - 1);
+}
+
+void ParamStore::set_expert_parallel(int ranks, int rank) {
+  if (ranks < 1 || rank < 0 || rank >= ranks)
+    throw Error("parameters: expert-parallel rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
+                " (valid: ranks >= 1, 0 <= rank < ranks)");
+  ep_ranks_ = ranks, ep_rank_ = rank;
+}
+
+int ParamStore::owner(int i) const {
+  const Placement& p = infos_[size_t(i)].placement;
+  if (p.expert < 0) return -1;
+  return ep_ranks_ == 1 ? 0 : int(p.expert / (p.experts / ep_ranks_));
+}
+
+int64_t ParamStore::held_offset(int i) const {
+  const ParamInfo& p = infos_[size_t(i)];
+  if (!p.held)
+    throw Error("parameter \"" + p.name + "\" is expert " + std::to_string(p.placement.expert) +
+                ", held by another expert-parallel rank than " + std::to_string(ep_rank_));
+  return p.offset;
 }
 
 int ParamStore::index(const std::string& name) const {
@@ -62,11 +91,34 @@ std::vector<float> init_values(const ParamInfo& p, uint64_t seed, int index) {
 }
 
 void ParamStore::finalize(Backend& be, uint64_t seed) {
+  // The local layout: region A (replicated; with one rank, everything) then region B (held experts).
+  const auto in_a = [&](const ParamInfo& p) { return ep_ranks_ == 1 || p.placement.expert < 0; };
+  int64_t at = 0;
+  for (ParamInfo& p : infos_) {
+    p.held = true;
+    if (in_a(p)) p.offset = at, at += p.size();
+  }
+  replicated_ = at;
+  for (ParamInfo& p : infos_) {
+    if (in_a(p)) continue;
+    const int64_t E = p.placement.experts;
+    if (E % ep_ranks_ != 0)
+      throw Error("parameter \"" + p.name + "\": " + std::to_string(E) + " experts over " + std::to_string(ep_ranks_) +
+                  " expert-parallel ranks (valid: experts a multiple of the ranks)");
+    p.held = p.placement.expert / (E / ep_ranks_) == ep_rank_;  // owner()
+    p.offset = p.held ? at : -1;
+    if (p.held) at += p.size();
+  }
+  total_ = at;
   values = be.empty(1, total_);
   grads = be.zeros(1, total_);
   decay_ranges.clear();
   std::vector<float> host(static_cast<size_t>(total_));
-  for (size_t k = 0; k < infos_.size(); ++k) {
+  std::vector<size_t> order;  // the held tensors by increasing offset: region A's, then B's
+  for (const bool a : {true, false})
+    for (size_t k = 0; k < infos_.size(); ++k)
+      if (infos_[k].held && in_a(infos_[k]) == a) order.push_back(k);
+  for (const size_t k : order) {
     const ParamInfo& p = infos_[k];
     const std::vector<float> v = init_values(p, seed, int(k));
     std::copy(v.begin(), v.end(), host.begin() + p.offset);

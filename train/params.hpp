@@ -9,6 +9,16 @@
 // parameter k draws from Philox (core/philox.hpp) with stream kInitStream | k
 // and counter i, so it does not depend on the thread count or on other
 // parameters' sizes.
+//
+// Expert parallelism (docs/log/2026-12-02-expert-parallel-plan.md section 4):
+// every rank declares every parameter in one process's order (the same
+// indices everywhere), each with a placement: replicated, or expert e of a
+// layer's E, held by rank e / (E / R) of the R ranks (set_expert_parallel).
+// finalize() allocates the held tensors only, in two regions of the local
+// buffer: A = the replicated tensors in index order, then B = the held expert
+// tensors in index order. `global_offset` is a tensor's offset in one
+// process's buffer (every tensor in index order), which checkpoints keep. With
+// one rank everything is held and in A: the buffer is one process's.
 #pragma once
 
 #include <cstdint>
@@ -28,37 +38,56 @@ enum class Init : uint8_t {
   uniform,       // U(-bound, bound)
 };
 
+// Where a parameter lives: on every rank (expert -1), or with expert `expert` of `experts`.
+struct Placement {
+  int64_t expert = -1, experts = 0;
+};
+
 struct ParamInfo {
   std::string name;
-  int64_t offset = 0, rows = 0, cols = 0;
+  int64_t offset = 0, rows = 0, cols = 0;  // offset: in this rank's buffer (finalize's; -1: not held)
   bool decay = false;
   Init init = Init::zeros;
   float init_arg = 0.0f;  // std (normal, trunc_normal) or bound (uniform)
+  Placement placement;
+  bool held = true;           // this rank holds it (finalize's)
+  int64_t global_offset = 0;  // in one process's buffer
   int64_t size() const { return rows * cols; }
 };
 
 class ParamStore {
  public:
   // Declares a parameter; returns its index. Names must be unique.
-  int add(const std::string& name, int64_t rows, int64_t cols, bool decay, Init init, float init_arg = 0.0f);
-  // Allocates the buffers on `be` and initialises the values from `seed`.
+  int add(const std::string& name, int64_t rows, int64_t cols, bool decay, Init init, float init_arg = 0.0f,
+          Placement placement = {});
+  // This rank of `ranks` expert-parallel ranks (before finalize; default 1, 0).
+  void set_expert_parallel(int ranks, int rank);
+  // Allocates the held tensors' buffers on `be` and initialises them from `seed` (one process's values).
   void finalize(Backend& be, uint64_t seed);
 
-  int64_t size() const { return total_; }
+  int64_t size() const { return total_; }                  // this rank's buffer (after finalize)
+  int64_t global_size() const { return global_total_; }    // one process's buffer
+  int64_t replicated_size() const { return replicated_; }  // region A: [0, replicated_size()); B after it
+  int expert_ranks() const { return ep_ranks_; }
+  int owner(int i) const;  // the expert-parallel rank holding tensor i; -1: replicated (every rank)
+  int expert_rank() const { return ep_rank_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   const ParamInfo& info(int i) const { return infos_[size_t(i)]; }
   int index(const std::string& name) const;  // throws naming the valid names
-  Tensor value(int i) const { return view_of(values.data + infos_[size_t(i)].offset, info(i).rows, info(i).cols); }
-  Tensor grad(int i) const { return view_of(grads.data + infos_[size_t(i)].offset, info(i).rows, info(i).cols); }
-  float* value_ptr(int i) const { return values.data + infos_[size_t(i)].offset; }
-  float* grad_ptr(int i) const { return grads.data + infos_[size_t(i)].offset; }
+  // Views of a held tensor (Error for a tensor another rank holds).
+  Tensor value(int i) const { return view_of(value_ptr(i), info(i).rows, info(i).cols); }
+  Tensor grad(int i) const { return view_of(grad_ptr(i), info(i).rows, info(i).cols); }
+  float* value_ptr(int i) const { return values.data + held_offset(i); }
+  float* grad_ptr(int i) const { return grads.data + held_offset(i); }
 
   Tensor values, grads;                  // [1, size()] each
   std::vector<IndexRange> decay_ranges;  // the decayed parameters' elements, merged where adjacent
  private:
+  int64_t held_offset(int i) const;
   std::vector<ParamInfo> infos_;
   std::unordered_set<std::string> names_;  // infos_' names: add() checks uniqueness in O(1), not O(count)
-  int64_t total_ = 0;
+  int64_t total_ = 0, global_total_ = 0, replicated_ = 0;
+  int ep_ranks_ = 1, ep_rank_ = 0;
 };
 
 // Host-side initial values of one parameter (what finalize() uploads).

@@ -498,7 +498,7 @@ StepContext Training::context(int64_t step, bool train) const {
 
 void Training::resume() {
   ParamStore& ps = model_->params();
-  Checkpoint c = load_checkpoint(ckpt_path_, CheckpointExpect{ps.size(), total_, hash_});
+  Checkpoint c = load_checkpoint(ckpt_path_, CheckpointExpect{ps.global_size(), total_, hash_});
   const int64_t world = c.header.value("world", int64_t(1));
   if (world != comm_->world())
     throw Error(ckpt_path_.string() + ": written by " + std::to_string(world) + " data-parallel ranks; resume it with " +

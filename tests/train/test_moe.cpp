@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "train/config.hpp"
 #include "train/moe.hpp"
+#include "train/param_calls.hpp"
 #include "train/params.hpp"
 #include "train/route.hpp"
 
@@ -168,6 +169,150 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 
 }  // namespace
 
+namespace {
+
+// One rank's view of an expert-parallel routing (route_local + route_group + route_losses).
+struct RankRouting {
+  Routing r;
+  int64_t first_token = 0;  // its share's first global token
+};
+
+// R ranks routing consecutive shares of N_r tokens of `logits` (the global batch).
+std::vector<RankRouting> route_ranks(const RouteParams& c, const std::vector<float>& logits, int R, int64_t Nr) {
+  const int64_t E = c.experts, Ng = Nr * R;
+  std::vector<RankRouting> ranks(static_cast<size_t>(R));
+  std::vector<int64_t> count_all;
+  std::vector<double> sums_all;
+  for (int s = 0; s < R; ++s) {
+    ranks[size_t(s)].r = route_local(c, logits.data() + int64_t(s) * Nr * E, Nr);
+    ranks[size_t(s)].first_token = int64_t(s) * Nr;
+    const Routing& r = ranks[size_t(s)].r;
+    count_all.insert(count_all.end(), r.count.begin(), r.count.end());
+    sums_all.insert(sums_all.end(), r.block_sums.begin(), r.block_sums.end());
+  }
+  for (int s = 0; s < R; ++s) {
+    route_group(c, ranks[size_t(s)].r, ExpertShard{R, s, E}, count_all, Ng);
+    route_losses(c, ranks[size_t(s)].r, sums_all);
+  }
+  return ranks;
+}
+
+// Owner o's grouped rows as global token ids (-1: a zero row), through the
+// exchange built by hand: every source's send part for o, in source order,
+// then o's receive map.
+std::vector<int32_t> owner_groups(const std::vector<RankRouting>& ranks, int o) {
+  const int R = int(ranks.size());
+  const Routing& own = ranks[size_t(o)].r;
+  if (R == 1) return own.token;
+  std::vector<int32_t> received;
+  for (int s = 0; s < R; ++s) {
+    const Routing& src = ranks[size_t(s)].r;
+    const int64_t L = src.shard.local();
+    REQUIRE(own.recv_rows[size_t(s)] == src.send_rows[size_t(o)]);
+    for (int64_t row = src.offset[size_t(o * L)]; row < src.offset[size_t((o + 1) * L)]; ++row) {
+      const int32_t t = src.token[size_t(row)];
+      REQUIRE(t >= 0);  // the send layout has no zero rows under expert parallelism
+      received.push_back(int32_t(ranks[size_t(s)].first_token + t));
+    }
+  }
+  std::vector<int32_t> groups;
+  for (const int32_t i : own.recv_index) groups.push_back(i < 0 ? -1 : received[size_t(i)]);
+  return groups;
+}
+
+}  // namespace
+
+// Plan section 6, test 1: the ranks' route_local + route_group + route_losses
+// against route() on the concatenated logits (one process): decisions, gates,
+// counts, drops, every owner's groups (global tokens, in order), each slot's
+// fate and router_logit_grad (grad_tokens = N_g) bit for bit; aux and z bit
+// for bit when every rank's tokens are whole sum blocks, else within 1e-15.
+TEST_CASE("moe route split: expert-parallel ranks' routing equals one process's") {
+  std::mt19937 rng(47);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  int64_t cases = 0, losses_differ = 0;
+  for (const int R : {1, 2, 3, 4})
+    for (const int64_t Nr : {256, 100})
+      for (const int64_t E : {4, 8, 64})
+        for (const int64_t k : {1, 2, 6})
+          for (const bool normalize : {true, false})
+            for (const double cf : {0.0, 0.5, 1.0, 1.25}) {
+              if (k > E || E % R != 0) continue;
+              CAPTURE(R);
+              CAPTURE(Nr);
+              CAPTURE(E);
+              CAPTURE(k);
+              CAPTURE(normalize);
+              CAPTURE(cf);
+              RouteParams c;
+              c.experts = E, c.top_k = k, c.normalize_top_k = normalize, c.aux_loss = 0.02, c.z_loss = 0.003;
+              c.capacity_factor = cf;
+              const int64_t Ng = Nr * R;
+              std::vector<float> logits(size_t(Ng * E));
+              for (auto& v : logits) v = nd(rng);
+              for (int64_t i = 0; i < Ng * E; i += 7) logits[size_t(i)] = 0.25f;  // ties
+              std::vector<float> dgate(size_t(Ng * k));
+              for (auto& v : dgate) v = nd(rng);
+              const Routing ref = route(c, logits.data(), Ng);
+              const std::vector<float> ref_grad = router_logit_grad(c, ref, dgate.data(), 3.0f);
+              const std::vector<RankRouting> ranks = route_ranks(c, logits, R, Nr);
+              ++cases;
+              for (int s = 0; s < R; ++s) {
+                const Routing& r = ranks[size_t(s)].r;
+                const int64_t t0 = int64_t(s) * Nr;
+                CHECK(r.global_count == ref.count);
+                CHECK(r.global_tokens == Ng);
+                CHECK(r.capacity == ref.capacity);
+                CHECK(r.dropped == ref.dropped);
+                CHECK(
+                    same_bits(r.gate, std::vector<float>(ref.gate.begin() + t0 * k, ref.gate.begin() + (t0 + Nr) * k)));
+                CHECK(r.expert ==
+                      std::vector<int32_t>(ref.expert.begin() + t0 * k, ref.expert.begin() + (t0 + Nr) * k));
+                // Each slot: dropped in both or kept in both, and its send row holds its token.
+                bool fates = true;
+                for (int64_t i = 0; i < Nr * k; ++i) {
+                  const int32_t p = r.pos[size_t(i)], q = ref.pos[size_t(t0 * k + i)];
+                  fates = fates && (p < 0) == (q < 0) && (p < 0 || r.token[size_t(p)] == int32_t(i / k));
+                }
+                CHECK(fates);
+                // Every owner's groups: one process's rows of its experts, in order.
+                const std::vector<int32_t> groups = owner_groups(ranks, s);
+                const int64_t L = E / R;
+                const std::vector<int32_t> want(ref.token.begin() + ref.offset[size_t(s * L)],
+                                                ref.token.begin() + ref.offset[size_t((s + 1) * L)]);
+                CHECK(groups == want);
+                std::vector<int64_t> want_offset;
+                for (int64_t e = s * L; e <= (s + 1) * L; ++e)
+                  want_offset.push_back(ref.offset[size_t(e)] - ref.offset[size_t(s * L)]);
+                CHECK(r.expert_offset == want_offset);
+                // The router's gradient on grad_tokens = N_g: one process's rows.
+                const std::vector<float> g = router_logit_grad(c, r, dgate.data() + t0 * k, 3.0f);
+                CHECK(same_bits(g, std::vector<float>(ref_grad.begin() + t0 * E, ref_grad.begin() + (t0 + Nr) * E)));
+                if (Nr % kRouteSumBlock == 0 || R == 1) {
+                  CHECK(r.aux_loss == ref.aux_loss);
+                  CHECK(r.z_loss == ref.z_loss);
+                } else {
+                  CHECK(std::abs(r.aux_loss - ref.aux_loss) <= 1e-15 * std::abs(ref.aux_loss));
+                  CHECK(std::abs(r.z_loss - ref.z_loss) <= 1e-15 * std::abs(ref.z_loss));
+                  losses_differ += s == 0 && (r.aux_loss != ref.aux_loss || r.z_loss != ref.z_loss);
+                }
+              }
+            }
+  MESSAGE(cases, " cases; the losses' last bits differ in ", losses_differ, " (rank-local blocks)");
+  CHECK(losses_differ > 0);  // the blocks really are rank-local at N_r = 100
+}
+
+TEST_CASE("moe route split: route_group names bad shards and counts") {
+  RouteParams c;
+  c.experts = 6, c.top_k = 2;
+  std::vector<float> logits(size_t(10 * 6), 0.0f);
+  Routing r = route_local(c, logits.data(), 10);
+  CHECK_THROWS_WITH_AS(route_group(c, r, ExpertShard{4, 0, 6}, std::vector<int64_t>(24), 40),
+                       doctest::Contains("experts a multiple of ranks"), Error);
+  CHECK_THROWS_WITH_AS(route_group(c, r, ExpertShard{2, 1, 6}, std::vector<int64_t>(12), 20),
+                       doctest::Contains("row 1 this rank's counts"), Error);
+}
+
 // The routing seam's host defaults (Backend::moe_*, train/backend.cpp) are the
 // host-index calls they replace: route(), gather_rows_indexed, combine_rows,
 // combine_rows_backward, router_logit_grad, bit for bit.
@@ -291,49 +436,17 @@ TEST_CASE("moe router_logit_grad equals central differences of the routing's los
 namespace {
 
 // The layer alone on the CPU backend in FP32, its linears straight to the backend.
-struct Harness final : LinearCalls {
+struct HarnessModel {
   std::unique_ptr<Backend> be = make_cpu_backend(1);
   ParamStore ps;
+};
+struct Harness final : HarnessModel, ParamCalls {
   std::vector<LinearLayerInfo> infos;
   std::unique_ptr<MoeMlp> layer;
   uint64_t next_id = 0;
-  Harness(const MoeConfig& c, int64_t C, bool bias) {
+  Harness(const MoeConfig& c, int64_t C, bool bias) : ParamCalls(*be, ps) {
     layer = std::make_unique<MoeMlp>(c, C, bias, "h.0.mlp.", 0.3f, 0.3f, ps, next_id, infos);
     ps.finalize(*be, 11);
-  }
-  void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) override {
-    be->linear_forward(l.context(s), x, ps.value(l.w), l.b >= 0 ? ps.value_ptr(l.b) : nullptr, y, l.state);
-  }
-  void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) override {
-    Tensor dw = ps.grad(l.w);
-    be->linear_backward(l.context(s), *l.state, ps.value(l.w), dy, dx, dw, l.b >= 0 ? ps.grad_ptr(l.b) : nullptr);
-  }
-  // The experts through Backend::grouped_linear_* (plans: MoeMlp::forward's).
-  struct Groups {
-    std::vector<const LayerPlan*> plans;
-    std::vector<Tensor> w, dw;
-    std::vector<const float*> b;
-    std::vector<float*> db;
-  };
-  Groups groups(std::span<LinearLayer* const> ls) {
-    Groups g;
-    for (LinearLayer* l : ls) {
-      g.plans.push_back(&l->lp);
-      g.w.push_back(ps.value(l->w));
-      g.dw.push_back(ps.grad(l->w));
-      if (l->b >= 0) g.b.push_back(ps.value_ptr(l->b)), g.db.push_back(ps.grad_ptr(l->b));
-    }
-    return g;
-  }
-  void grouped_forward(std::span<LinearLayer* const> ls, const StepContext&, const Tensor& x,
-                       std::span<const int64_t> offsets, Tensor& y, std::unique_ptr<LinearState>& state) override {
-    const Groups g = groups(ls);
-    be->grouped_linear_forward(LinearGroups{g.plans, g.w, g.b, offsets}, x, y, state);
-  }
-  void grouped_backward(std::span<LinearLayer* const> ls, const StepContext&, const LinearState& state,
-                        const Tensor& dy, std::span<const int64_t> offsets, Tensor& dx) override {
-    Groups g = groups(ls);
-    be->grouped_linear_backward(LinearGroups{g.plans, g.w, g.b, offsets}, state, dy, dx, g.dw, g.db);
   }
   // L = sum y * R + aux + z (float64 on the host).
   double loss(const std::vector<float>& x, const std::vector<float>& R, int64_t N, int64_t C,

@@ -461,6 +461,11 @@ class CudaBackend final : public Backend {
     const std::vector<int64_t> sizes = cap > 0 ? std::vector<int64_t>(size_t(E), cap) : s->summary().count;
     s->offset.assign(size_t(E + 1), 0);
     for (int64_t e = 0; e < E; ++e) s->offset[size_t(e + 1)] = s->offset[size_t(e)] + sizes[size_t(e)];
+    // One process (RouteState's defaults for a shard of one).
+    s->shard = ExpertShard{1, 0, E};
+    s->global_tokens = s->grad_tokens = N;
+    s->send_rows = s->recv_rows = {s->offset.back()};
+    s->expert_offset = s->offset;
     return s;
   }
   void moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped) override {
@@ -489,7 +494,8 @@ class CudaBackend final : public Backend {
     const CudaRouteState& c = device_route(r);
     FP4LAB_CHECK(c.dgate_written, "cuda backend moe_router_grad: no moe_combine_backward before it");
     check_shape("moe_router_grad", "dlogits", dlogits, c.d.tokens, c.d.experts);
-    nn::router_grad(c.d, c.params.normalize_top_k, c.params.aux_loss, c.params.z_loss, loss_scale, dlogits.data);
+    nn::router_grad(c.d, c.params.normalize_top_k, c.params.aux_loss, c.params.z_loss, loss_scale, c.global_tokens,
+                    c.grad_tokens, dlogits.data);
   }
   Routing moe_download(const RouteState& r, std::vector<float>* dgate) override {
     const CudaRouteState& c = device_route(r);
@@ -508,7 +514,11 @@ class CudaBackend final : public Backend {
     get(h.pos, d.pos, M);
     get(h.token, d.token, d.rows);
     const RouteSummary& m = c.summary();
-    h.count = m.count;
+    h.count = m.count;  // one process: the counts are the global counts
+    h.shard = c.shard;
+    h.count_all = h.global_count = m.count;
+    h.global_tokens = c.global_tokens, h.grad_tokens = c.grad_tokens;
+    h.send_rows = c.send_rows, h.recv_rows = c.recv_rows, h.expert_offset = c.expert_offset;
     h.capacity = m.capacity, h.dropped = m.dropped;
     h.offset = c.offset;
     h.aux_loss = m.aux_loss, h.z_loss = m.z_loss;

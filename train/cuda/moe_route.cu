@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kSumThreads)
 
 // P_e = the block sums in block order (into psum[nb, e]); then one thread:
 // the z sum, aux = sum_e f_e P_e / N in expert order, the coefficients
-// (route()'s expressions), written after the counts.
+// (route_losses' expressions; N = N_g), written after the counts.
 __global__ void finish_losses_kernel(int64_t N, int64_t E, int64_t k, int64_t nb, double aux_loss, double z_loss,
                                      double* __restrict__ psum, const double* __restrict__ zsum,
                                      int64_t* __restrict__ summary) {
@@ -195,23 +195,23 @@ __global__ void finish_losses_kernel(int64_t N, int64_t E, int64_t k, int64_t nb
   losses[1] = z_loss * z / double(N);
 }
 
-// router_logit_grad's d/dp of the load-balancing loss, per expert.
-__global__ void daux_kernel(const int64_t* __restrict__ count, int64_t N, int64_t E, int64_t k, double aux_loss,
-                            float loss_scale, double* __restrict__ daux) {
+// router_logit_grad's d/dp of the load-balancing loss, per expert (Ng: global tokens, N: grad_tokens).
+__global__ void daux_kernel(const int64_t* __restrict__ count, int64_t Ng, int64_t N, int64_t E, int64_t k,
+                            double aux_loss, float loss_scale, double* __restrict__ daux) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < E; e += int64_t(gridDim.x) * blockDim.x)
-    daux[e] = double(loss_scale) * aux_loss * double(E) * (double(count[e]) / double(N * k)) / double(N);
+    daux[e] = double(loss_scale) * aux_loss * double(E) * (double(count[e]) / double(Ng * k)) / double(N);
 }
 
-// router_logit_grad per token: dp[e] = daux[e] (+ dg[j] where e = expert j,
+// router_logit_grad per token (T tokens; N: grad_tokens): dp[e] = daux[e] (+ dg[j] where e = expert j,
 // unnormalised), dl[e] = 0 (+ g_j (dg_j - s) where e = expert j, normalised):
 // the host's arrays' values (a token's experts are distinct, so each gets at
 // most one term), made on the fly, and the host's sums in its order.
 __global__ void router_grad_kernel(const double* __restrict__ probs, const double* __restrict__ lse,
                                    const int32_t* __restrict__ expert, const float* __restrict__ gate,
-                                   const float* __restrict__ dgate, const double* __restrict__ daux, int64_t N,
-                                   int64_t E, int64_t k, bool normalize, double z_loss, float loss_scale,
+                                   const float* __restrict__ dgate, const double* __restrict__ daux, int64_t T,
+                                   int64_t N, int64_t E, int64_t k, bool normalize, double z_loss, float loss_scale,
                                    float* __restrict__ d) {
-  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < N; t += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < T; t += int64_t(gridDim.x) * blockDim.x) {
     const double* p = probs + t * E;
     const float* dg = dgate + t * k;
     const float* g = gate + t * k;
@@ -300,45 +300,61 @@ RouteDevice route_layout(void* base, int64_t tokens, int64_t experts, int64_t k,
 
 void route(const float* logits, const RouteDevice& d, bool normalize_top_k, double aux_loss, double z_loss,
            cudaStream_t st) {
-  const int64_t N = d.tokens, E = d.experts, k = d.k, M = N * k, nb = sum_blocks(N);
+  route_local(logits, d, normalize_top_k, st);
+  route_group(d, st);
+  route_losses(d, aux_loss, z_loss, d.tokens, st);
+}
+
+void route_local(const float* logits, const RouteDevice& d, bool normalize_top_k, cudaStream_t st) {
+  const int64_t N = d.tokens, E = d.experts, k = d.k, nb = sum_blocks(N);
   check(cudaMemsetAsync(d.summary, 0, route_summary_bytes(E), st), "moe route (zero the counts)");
-  if (N > 0) {
-    route_kernel<<<blocks_for(N, 128), 128, 0, st>>>(logits, N, E, k, normalize_top_k, d.probs, d.lse, d.expert, d.gate,
-                                                     d.slots_in, reinterpret_cast<unsigned long long*>(d.summary));
-    check_launch("route_kernel");
-    size_t bytes = d.sort_bytes;
-    check(cub::DeviceRadixSort::SortPairs(d.sort_temp, bytes, static_cast<const int32_t*>(d.expert), d.keys_out,
-                                          static_cast<const int32_t*>(d.slots_in), d.slots_out, int(M), 0, key_bits(E),
-                                          st),
-          "moe route (radix sort of the slots by expert)");
-    if (d.capacity == 0) {
-      place_kernel<<<blocks_for(M), kThreads, 0, st>>>(d.slots_out, M, k, d.token, d.pos);
-      check_launch("place_kernel");
-    } else {
-      check(cudaMemsetAsync(d.token, 0xFF, size_t(d.rows) * 4, st), "moe route (empty rows)");
-      first_slots_kernel<<<1, 1, 0, st>>>(d.summary, E, d.first);
-      check_launch("first_slots_kernel");
-      place_capacity_kernel<<<blocks_for(M), kThreads, 0, st>>>(
-          d.slots_out, d.keys_out, d.first, M, k, d.capacity, d.token, d.pos,
-          reinterpret_cast<unsigned long long*>(d.summary + E + 2));
-      check_launch("place_capacity_kernel");
-    }
-    block_sums_kernel<<<unsigned(std::min<int64_t>(nb, 1 << 20)), kSumThreads, sum_tile_bytes(E), st>>>(
-        d.probs, d.lse, N, E, nb, d.psum, d.zsum);
-    check_launch("block_sums_kernel");
+  if (N == 0) return;
+  route_kernel<<<blocks_for(N, 128), 128, 0, st>>>(logits, N, E, k, normalize_top_k, d.probs, d.lse, d.expert, d.gate,
+                                                   d.slots_in, reinterpret_cast<unsigned long long*>(d.summary));
+  check_launch("route_kernel");
+  block_sums_kernel<<<unsigned(std::min<int64_t>(nb, 1 << 20)), kSumThreads, sum_tile_bytes(E), st>>>(
+      d.probs, d.lse, N, E, nb, d.psum, d.zsum);
+  check_launch("block_sums_kernel");
+}
+
+void route_group(const RouteDevice& d, cudaStream_t st) {
+  const int64_t N = d.tokens, E = d.experts, k = d.k, M = N * k;
+  if (N == 0) return;
+  size_t bytes = d.sort_bytes;
+  check(
+      cub::DeviceRadixSort::SortPairs(d.sort_temp, bytes, static_cast<const int32_t*>(d.expert), d.keys_out,
+                                      static_cast<const int32_t*>(d.slots_in), d.slots_out, int(M), 0, key_bits(E), st),
+      "moe route (radix sort of the slots by expert)");
+  if (d.capacity == 0) {
+    place_kernel<<<blocks_for(M), kThreads, 0, st>>>(d.slots_out, M, k, d.token, d.pos);
+    check_launch("place_kernel");
+    return;
   }
-  finish_losses_kernel<<<1, kThreads, 0, st>>>(N, E, k, nb, aux_loss, z_loss, d.psum, d.zsum, d.summary);
+  check(cudaMemsetAsync(d.token, 0xFF, size_t(d.rows) * 4, st), "moe route (empty rows)");
+  first_slots_kernel<<<1, 1, 0, st>>>(d.summary, E, d.first);
+  check_launch("first_slots_kernel");
+  place_capacity_kernel<<<blocks_for(M), kThreads, 0, st>>>(d.slots_out, d.keys_out, d.first, M, k, d.capacity, d.token,
+                                                            d.pos,
+                                                            reinterpret_cast<unsigned long long*>(d.summary + E + 2));
+  check_launch("place_capacity_kernel");
+}
+
+void route_losses(const RouteDevice& d, double aux_loss, double z_loss, int64_t global_tokens, cudaStream_t st) {
+  finish_losses_kernel<<<1, kThreads, 0, st>>>(global_tokens, d.experts, d.k, sum_blocks(d.tokens), aux_loss, z_loss,
+                                               d.psum, d.zsum, d.summary);
   check_launch("finish_losses_kernel");
 }
 
 void router_grad(const RouteDevice& d, bool normalize_top_k, double aux_loss, double z_loss, float loss_scale,
-                 float* dlogits, cudaStream_t st) {
+                 int64_t global_tokens, int64_t grad_tokens, float* dlogits, cudaStream_t st) {
   const int64_t N = d.tokens, E = d.experts, k = d.k;
   if (N <= 0) return;
-  daux_kernel<<<blocks_for(E), kThreads, 0, st>>>(d.summary, N, E, k, aux_loss, loss_scale, d.daux);
+  daux_kernel<<<blocks_for(E), kThreads, 0, st>>>(d.summary, global_tokens, grad_tokens, E, k, aux_loss, loss_scale,
+                                                  d.daux);
   check_launch("daux_kernel");
-  router_grad_kernel<<<blocks_for(N, 128), 128, 0, st>>>(d.probs, d.lse, d.expert, d.gate, d.dgate, d.daux, N, E, k,
-                                                         normalize_top_k, z_loss, loss_scale, dlogits);
+  router_grad_kernel<<<blocks_for(N, 128), 128, 0, st>>>(d.probs, d.lse, d.expert, d.gate, d.dgate, d.daux, N,
+                                                         grad_tokens, E, k, normalize_top_k, z_loss, loss_scale,
+                                                         dlogits);
   check_launch("router_grad_kernel");
 }
 

@@ -48,11 +48,22 @@ RouteDevice route_layout(void* base, int64_t tokens, int64_t experts, int64_t k,
 inline size_t route_summary_bytes(int64_t experts) { return size_t(experts + 3) * 8; }
 
 // route() of logits [tokens, experts] into d (every array but dgate), with the
-// summary words written last. Coefficients: RouteParams's.
+// summary words written last: route_local, route_group, route_losses (one
+// process: the counts are the global counts). Coefficients: RouteParams's.
 void route(const float* logits, const RouteDevice& d, bool normalize_top_k, double aux_loss, double z_loss,
            cudaStream_t stream = nullptr);
-// dlogits [tokens, experts] = router_logit_grad(routing d, d.dgate, loss_scale).
+// train/route.hpp's split: per token (probs, lse, expert, gate), the counts
+// into summary[0, E) and the block sums into psum / zsum.
+void route_local(const float* logits, const RouteDevice& d, bool normalize_top_k, cudaStream_t stream = nullptr);
+// The grouping (pos, token; capacity: the dropped count) on the counts in
+// summary[0, E), which are the global counts in one process.
+void route_group(const RouteDevice& d, cudaStream_t stream = nullptr);
+// aux and z into the summary from the block sums and counts, on global_tokens.
+void route_losses(const RouteDevice& d, double aux_loss, double z_loss, int64_t global_tokens,
+                  cudaStream_t stream = nullptr);
+// dlogits [tokens, experts] = router_logit_grad(routing d, d.dgate, loss_scale): f_e on the counts in
+// summary[0, E) over global_tokens k, the 1/N over grad_tokens.
 void router_grad(const RouteDevice& d, bool normalize_top_k, double aux_loss, double z_loss, float loss_scale,
-                 float* dlogits, cudaStream_t stream = nullptr);
+                 int64_t global_tokens, int64_t grad_tokens, float* dlogits, cudaStream_t stream = nullptr);
 
 }  // namespace fp4lab::cuda::nn

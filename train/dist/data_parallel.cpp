@@ -42,11 +42,15 @@ struct DataParallel::Impl {
   Backend& be;
   ParamStore& ps;
   DistributedConfig dc;
-  std::vector<ShardRange> shards;
-  ShardRange mine;         // this rank's optimiser shard (zero 1) or the whole buffer (zero 0)
+  // Region A [0, na): the replicated tensors, reduced over the world (the whole buffer without expert
+  // parallelism); region B [na, n): this rank's experts, no collective (ParamStore's regions).
+  int64_t na = 0, n = 0;
+  std::vector<ShardRange> shards;  // even_shards of region A
+  ShardRange mine;                 // this rank's optimiser shard of A (zero 1) or the whole of A (zero 0)
   ShardRange cast_shard;   // this rank's part of the NVFP4 cast: its even shard
   bool stage = false;      // host communicator, device tensors: copy through host memory
   std::unique_ptr<AdamW> adam;
+  std::unique_ptr<AdamW> adam_b;  // region B's (null when B is empty)
   Tensor master;           // FP32 master values of `mine`: a view of ps.values, or (nvfp4) a copy
   Tensor gshard;           // the summed gradients of `mine` (zero 1), else a view of ps.grads
   std::vector<FlatTensor> nvfp4;
@@ -62,12 +66,21 @@ struct DataParallel::Impl {
     if (comm.device_buffers() && !device)
       throw Error("data parallel: the " + comm.name() + " communicator needs the cuda backend");
     stage = device && !comm.device_buffers();
-    const int64_t n = ps.size();
-    shards = even_shards(n, comm.world());
-    cast_shard = shards[size_t(comm.rank())];
-    mine = dc.zero == 1 ? cast_shard : ShardRange{0, n};
-    adam = std::make_unique<AdamW>(ac, be, ps.decay_ranges, mine);
     const bool nv4 = dc.primary_weights == "nvfp4";
+    if (ps.expert_ranks() != 1 && ps.expert_ranks() != comm.world())
+      throw Error("data parallel: " + std::to_string(ps.expert_ranks()) + " expert-parallel ranks in a world of " +
+                  std::to_string(comm.world()) + " (valid for now: the whole world; plan step 9 lifts this)");
+    if (ps.expert_ranks() > 1 && nv4)
+      throw Error(
+          "data parallel: distributed.primary_weights nvfp4 with expert parallelism is not supported yet "
+          "(plan step 10); valid: fp32");
+    n = ps.size();
+    na = ps.replicated_size();
+    shards = even_shards(na, comm.world());
+    cast_shard = shards[size_t(comm.rank())];
+    mine = dc.zero == 1 ? cast_shard : ShardRange{0, na};
+    adam = std::make_unique<AdamW>(ac, be, ps.decay_ranges, mine);
+    if (n > na) adam_b = std::make_unique<AdamW>(ac, be, ps.decay_ranges, ShardRange{na, n});
     if (nv4) {
       master = be.empty(1, mine.end - mine.begin);
       be.copy(slice(ps.values, mine), master);
@@ -79,7 +92,7 @@ struct DataParallel::Impl {
       master = slice(ps.values, mine);
     }
     gshard = dc.zero == 1 ? be.empty(1, mine.end - mine.begin) : slice(ps.grads, mine);
-    if (comm.device_buffers()) scalar = be.empty(1, 2);
+    if (comm.device_buffers()) scalar = be.empty(1, 4);
   }
 
   // The master values live apart from ps.values (NVFP4 primary weights: ps.values holds the cast).
@@ -102,7 +115,7 @@ struct DataParallel::Impl {
     comm.reduce_scatter_sum(h, shards, o);
     be.upload(o.data(), out);
   }
-  // Every rank's `mine` part of `full` gathered into `full`.
+  // Every rank's shards[rank] part of `full` (region A) gathered into `full`.
   void allgather(Tensor& full) {
     const ShardRange s = shards[size_t(comm.rank())];
     if (!stage)
@@ -114,16 +127,72 @@ struct DataParallel::Impl {
     be.upload(h.data(), full);
   }
   double sum_over_ranks(double x) {
-    if (comm.world() == 1) return x;
-    if (!comm.device_buffers()) {
-      comm.allreduce_sum(std::span<double>(&x, 1));
-      return x;
-    }
-    be.upload(reinterpret_cast<const float*>(&x), scalar);
-    be.synchronize();
-    comm.allreduce_sum(std::span<double>(reinterpret_cast<double*>(scalar.data), 1));
-    be.download(scalar, reinterpret_cast<float*>(&x));
+    sum_over_ranks(std::span<double>(&x, 1));
     return x;
+  }
+  // In place, at most two doubles (the scalar's room).
+  void sum_over_ranks(std::span<double> x) {
+    if (comm.world() == 1) return;
+    if (!comm.device_buffers()) return comm.allreduce_sum(x);
+    Tensor t = view_of(scalar.data, 1, int64_t(2 * x.size()));
+    be.upload(reinterpret_cast<const float*>(x.data()), t);
+    be.synchronize();
+    comm.allreduce_sum(std::span<double>(reinterpret_cast<double*>(scalar.data), x.size()));
+    be.download(t, reinterpret_cast<float*>(x.data()));
+  }
+  Tensor region_a(const Tensor& flat) const { return slice(flat, ShardRange{0, na}); }
+  Tensor region_b(const Tensor& flat) const { return slice(flat, ShardRange{na, n}); }
+
+  // Every expert-parallel rank's region B (equal sizes: experts are uniform), rank r's at [r nb, (r + 1) nb).
+  std::vector<float> gather_b(const std::vector<float>& mine_b) {
+    const int R = comm.world();
+    const int64_t nb = int64_t(mine_b.size());
+    std::vector<ShardRange> parts;
+    for (int r = 0; r < R; ++r) parts.push_back(ShardRange{r * nb, (r + 1) * nb});
+    std::vector<float> all(size_t(R * nb));
+    if (!comm.device_buffers()) {
+      comm.allgather(mine_b, parts, all);
+      return all;
+    }
+    Tensor t = be.zeros(1, R * nb);
+    Tensor own = slice(t, parts[size_t(comm.rank())]);
+    be.upload(mine_b.data(), own);
+    be.synchronize();
+    comm.allgather(std::span<const float>(own.data, size_t(nb)), parts, std::span<float>(t.data, size_t(R * nb)));
+    be.download(t, all.data());
+    return all;
+  }
+  // A local buffer (regions A and B) in one process's layout: A's tensors and every rank's B tensors at their
+  // global offsets (collective with expert parallelism; the same buffer without).
+  std::vector<float> to_global(const std::vector<float>& local) {
+    if (ps.expert_ranks() == 1) return local;
+    const std::vector<float> all = gather_b(std::vector<float>(local.begin() + na, local.end()));
+    std::vector<float> out(size_t(ps.global_size()), 0.0f);
+    const int64_t nb = n - na;
+    std::vector<int64_t> at(size_t(comm.world()), 0);  // each rank's next B element, its tensors in index order
+    for (int i = 0; i < int(ps.infos().size()); ++i) {
+      const ParamInfo& p = ps.info(i);
+      const float* src = nullptr;
+      if (p.placement.expert < 0) {
+        src = local.data() + p.offset;
+      } else {
+        const int q = ps.owner(i);
+        src = all.data() + q * nb + at[size_t(q)];
+        at[size_t(q)] += p.size();
+      }
+      std::copy(src, src + p.size(), out.begin() + p.global_offset);
+    }
+    return out;
+  }
+  // The inverse: this rank's held tensors out of a buffer in one process's layout.
+  std::vector<float> to_local(const std::vector<float>& global) const {
+    if (ps.expert_ranks() == 1) return global;
+    std::vector<float> out(static_cast<size_t>(n));
+    for (const ParamInfo& p : ps.infos())
+      if (p.held)
+        std::copy(global.begin() + p.global_offset, global.begin() + p.global_offset + p.size(),
+                  out.begin() + p.offset);
+    return out;
   }
 
   // The model's NVFP4 weights from the master values that ps.values holds in full
@@ -184,21 +253,36 @@ double DataParallel::step(double lr, double weight) {
   ParamStore& ps = d.ps;
   const int world = comm_.world();
   comm_.set_step(steps_taken());  // the step being taken, for a collective's timeout message
-  if (world > 1) d.be.scale(ps.grads, float(weight));
-  double norm = 0.0;
-  if (d.dc.zero == 1) {
-    d.reduce_scatter(ps.grads, d.gshard);
-    norm = std::sqrt(d.sum_over_ranks(d.be.sum_squares(d.gshard)));
+  if (world > 1) d.be.scale(ps.grads, float(weight));  // both regions
+  Tensor ga = d.region_a(ps.grads);
+  if (d.dc.zero == 1)
+    d.reduce_scatter(ga, d.gshard);
+  else if (world > 1)
+    d.allreduce(ga);
+  double norm2 = 0.0;
+  if (!d.adam_b) {
+    norm2 = d.dc.zero == 1 ? d.sum_over_ranks(d.be.sum_squares(d.gshard)) : d.be.sum_squares(ga);
   } else {
-    if (world > 1) d.allreduce(ps.grads);
-    norm = std::sqrt(d.be.sum_squares(ps.grads));
+    // norm^2 = SS_A + SS_B, in that order, from one all-reduce: [A's shard part (zero 1), B's local part]; with
+    // zero 0 every rank holds all of A, added after.
+    double parts[2] = {d.dc.zero == 1 ? d.be.sum_squares(d.gshard) : 0.0, d.be.sum_squares(d.region_b(ps.grads))};
+    d.sum_over_ranks(parts);
+    norm2 = (parts[0] + (d.dc.zero == 1 ? 0.0 : d.be.sum_squares(ga))) + parts[1];
   }
+  const double norm = std::sqrt(norm2);
   d.adam->step(d.master, d.gshard, lr, norm);
+  if (d.adam_b) {
+    Tensor pb = d.region_b(ps.values), gb = d.region_b(ps.grads);
+    d.adam_b->step(pb, gb, lr, norm);
+  }
   if (d.separate_master()) {  // back into the values, which the all-gather and the cast read
     Tensor dst = slice(ps.values, d.mine);
     d.be.copy(d.master, dst);
   }
-  if (d.dc.zero == 1 && world > 1) d.allgather(ps.values);
+  if (d.dc.zero == 1 && world > 1) {
+    Tensor va = d.region_a(ps.values);
+    d.allgather(va);
+  }
   d.cast_nvfp4();
   return norm;
 }
@@ -211,37 +295,49 @@ double DataParallel::global_loss(double local_loss, double weight) {
 
 void DataParallel::state(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) {
   Impl& d = *impl_;
-  const int64_t n = d.ps.size();
-  master.assign(size_t(n), 0.0f);
-  m.assign(size_t(n), 0.0f);
-  v.assign(size_t(n), 0.0f);
-  // Each of the three as a full backend buffer: this rank's part at `mine`, gathered (zero 1).
-  auto full_of = [&](const Tensor& part, std::vector<float>& out) {
-    if (d.mine.begin == 0 && d.mine.end == n) return d.be.download(part, out.data());
-    Tensor t = d.be.zeros(1, n);
-    Tensor dst = slice(t, d.mine);
-    d.be.copy(part, dst);
-    d.allgather(t);
-    d.be.download(t, out.data());
+  const int64_t na = d.na, n = d.n;
+  // Each of the three as a local buffer: region A from this rank's part at `mine` (gathered with zero 1), then
+  // region B (B's values are their own masters); then in one process's layout.
+  auto full_of = [&](const Tensor& part, const Tensor* b, std::vector<float>& out) {
+    std::vector<float> local(size_t(n), 0.0f);
+    if (d.mine.begin == 0 && d.mine.end == na) {
+      Tensor a = slice(part, ShardRange{0, na});
+      d.be.download(a, local.data());
+    } else {
+      Tensor t = d.be.zeros(1, na);
+      Tensor dst = slice(t, d.mine);
+      d.be.copy(part, dst);
+      d.allgather(t);
+      d.be.download(t, local.data());
+    }
+    if (b) d.be.download(*b, local.data() + na);
+    out = d.to_global(local);
   };
-  full_of(d.master, master);
-  full_of(d.adam->m(), m);
-  full_of(d.adam->v(), v);
+  Tensor vb = d.region_b(d.ps.values);
+  full_of(d.master, d.adam_b ? &vb : nullptr, master);
+  full_of(d.adam->m(), d.adam_b ? &d.adam_b->m() : nullptr, m);
+  full_of(d.adam->v(), d.adam_b ? &d.adam_b->v() : nullptr, v);
 }
 
-void DataParallel::load_state(const std::vector<float>& master, const std::vector<float>& m,
-                              const std::vector<float>& v, int64_t steps_taken) {
+void DataParallel::load_state(const std::vector<float>& master_global, const std::vector<float>& m_global,
+                              const std::vector<float>& v_global, int64_t steps_taken) {
   Impl& d = *impl_;
-  const size_t n = size_t(d.ps.size());
-  if (master.size() != n || m.size() != n || v.size() != n)
-    throw Error("DataParallel::load_state: buffers of " + std::to_string(master.size()) + " elements, the model has " +
-                std::to_string(n));
+  const size_t g = size_t(d.ps.global_size());
+  if (master_global.size() != g || m_global.size() != g || v_global.size() != g)
+    throw Error("DataParallel::load_state: buffers of " + std::to_string(master_global.size()) +
+                " elements, the model has " + std::to_string(g));
+  const std::vector<float> master = d.to_local(master_global), m = d.to_local(m_global), v = d.to_local(v_global);
   const ShardRange s = d.mine;
   d.be.upload(master.data(), d.ps.values);
   if (d.separate_master()) d.be.upload(master.data() + s.begin, d.master);
   d.be.upload(m.data() + s.begin, d.adam->m());
   d.be.upload(v.data() + s.begin, d.adam->v());
   d.adam->set_steps_taken(steps_taken);
+  if (d.adam_b) {
+    d.be.upload(m.data() + d.na, d.adam_b->m());
+    d.be.upload(v.data() + d.na, d.adam_b->v());
+    d.adam_b->set_steps_taken(steps_taken);
+  }
   d.cast_nvfp4();
 }
 

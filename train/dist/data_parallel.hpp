@@ -33,6 +33,14 @@
 // data-parallel FP8/FP4 trainer without amax reduction), and the dropout
 // masks (keyed by position within the rank's share).
 //
+// Expert parallelism (ParamStore::set_expert_parallel over the whole world;
+// docs/log/2026-12-02-expert-parallel-plan.md section 4): the buffer's region
+// A (replicated tensors) takes everything above; region B (this rank's
+// experts, whose gradients only this rank computes) takes no collective and
+// its own AdamW over the whole region; the clipping norm^2 = SS_A + SS_B from
+// one all-reduce. Checkpoint state is one process's layout (B gathered).
+// NVFP4 primary weights with expert parallelism are refused (plan step 10).
+//
 // Collective buffers: with a host communicator (MPI, threads, local) and the
 // CUDA backend, gradients and weights are staged through host memory; with
 // NCCL (device_buffers()) they stay on the device.
@@ -73,10 +81,12 @@ class DataParallel {
   // Sum over the ranks of local_loss * weight: the global batch's mean loss.
   double global_loss(double local_loss, double weight);
 
-  // Checkpoint state, full buffers on every rank (collective): FP32 master
-  // values, first and second moments.
+  // Checkpoint state, full buffers on every rank in one process's layout
+  // (ParamInfo::global_offset; collective): FP32 master values, first and
+  // second moments.
   void state(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v);
-  // The inverse (every rank passes the same full buffers): sets the shards,
+  // The inverse (every rank passes the same full buffers, one process's
+  // layout): sets the shards,
   // the model's values (NVFP4 cast included) and the step count.
   void load_state(const std::vector<float>& master, const std::vector<float>& m, const std::vector<float>& v,
                   int64_t steps_taken);

@@ -179,3 +179,142 @@ TEST_CASE("DataParallel memory: ZeRO-1 holds 1/N of the moments") {
   CHECK(m["moments_bytes"].get<int64_t>() == 2 * 4 * ps.size());
   CHECK(m["master_bytes"].get<int64_t>() == 0);
 }
+
+namespace {
+
+// A model with a replicated region and 4 experts of 2 tensors each (odd sizes), declared in one process's order.
+void declare_experts(ParamStore& ps) {
+  ps.add("embed.weight", 11, 7, true, Init::normal, 0.5f);
+  for (int64_t e = 0; e < 4; ++e) {
+    ps.add("experts." + std::to_string(e) + ".weight", 5, 7, true, Init::normal, 0.5f, Placement{e, 4});
+    ps.add("experts." + std::to_string(e) + ".bias", 1, 5, false, Init::normal, 0.1f, Placement{e, 4});
+  }
+  ps.add("ln.weight", 1, 7, false, Init::ones);
+}
+
+// Rank r's gradient at step t of tensor i's element j: a function of (r, t, i, j).
+float tensor_grad(int r, int t, int i, int64_t j) { return grad_of(r, t, int64_t(i) << 20 | j); }
+
+struct EpOutcome {
+  std::vector<float> master, m, v;  // one process's layout (DataParallel::state)
+};
+
+// `steps` steps on `world` expert-parallel thread ranks (every rank an expert rank); rank 0's state, after checking
+// that every rank's agrees. Rank r's gradient: tensor_grad of rank r for replicated tensors, of the owner for its
+// experts. `from`: the state after `first` steps, loaded into ranks initialised from another seed.
+EpOutcome run_ep(int world, int zero, const AdamWConfig& ac, int steps, const EpOutcome* from = nullptr, int first = 0,
+                 std::vector<std::vector<float>>* held = nullptr) {
+  auto comms = make_thread_comms(world);
+  std::vector<EpOutcome> out(static_cast<size_t>(world));
+  if (held) held->assign(size_t(world), {});
+  std::vector<std::thread> th;
+  for (int r = 0; r < world; ++r)
+    th.emplace_back([&, r] {
+      auto be = make_cpu_backend(1);
+      ParamStore ps;
+      ps.set_expert_parallel(world, r);
+      declare_experts(ps);
+      ps.finalize(*be, from ? 99 : 7);
+      if (held) (*held)[size_t(r)].assign(ps.values.data, ps.values.data + ps.size());
+      DataParallel dp(*comms[size_t(r)], *be, ps, ac, DistributedConfig{zero, "fp32", true}, {});
+      if (from) dp.load_state(from->master, from->m, from->v, first);
+      for (int t = from ? first : 0; t < steps; ++t) {
+        for (int i = 0; i < int(ps.infos().size()); ++i)
+          if (ps.info(i).held)
+            for (int64_t j = 0; j < ps.info(i).size(); ++j) ps.grad_ptr(i)[j] = tensor_grad(r, t, i, j);
+        dp.step(1e-2 * (t + 1), 1.0 / world);
+      }
+      EpOutcome& o = out[size_t(r)];
+      dp.state(o.master, o.m, o.v);
+    });
+  for (auto& t : th) t.join();
+  for (int r = 1; r < world; ++r) {
+    CHECK(out[size_t(r)].master == out[0].master);
+    CHECK(out[size_t(r)].m == out[0].m);
+  }
+  return out[0];
+}
+
+}  // namespace
+
+// Plan section 6, test 4: expert-parallel ranks hold their experts only (region B), each tensor one process's
+// init; DataParallel's state is one process's layout; without clipping a step is elementwise, so the ranks equal
+// one process stepping on the gradients the ranks reduce (replicated: the rank-order sum; an expert: its owner's),
+// bit for bit; a checkpoint round trip continues bit for bit.
+TEST_CASE("expert-parallel parameters: held experts, one process's init, state and steps") {
+  const AdamWConfig ac{0.9, 0.95, 1e-8, 0.1, 0.0};
+  for (int world : {2, 4}) {
+    for (int zero : {0, 1}) {
+      CAPTURE(world);
+      CAPTURE(zero);
+      auto be = make_cpu_backend(1);
+      ParamStore ref;
+      declare_experts(ref);
+      ref.finalize(*be, 7);
+      const std::vector<float> init(ref.values.data, ref.values.data + ref.size());
+      // Construction: the held tensors and the state.
+      std::vector<std::vector<float>> held;
+      const EpOutcome s0 = run_ep(world, zero, ac, 0, nullptr, 0, &held);
+      CHECK(s0.master == init);
+      CHECK(s0.m == std::vector<float>(init.size(), 0.0f));
+      for (int r = 0; r < world; ++r) {
+        ParamStore ps;
+        ps.set_expert_parallel(world, r);
+        declare_experts(ps);
+        ps.finalize(*be, 7);
+        CHECK(ps.global_size() == ref.size());
+        CHECK(ps.size() == ref.size() - (world - 1) * 4 / world * (5 * 7 + 5));  // E/R experts a rank
+        int experts = 0;
+        for (int i = 0; i < int(ps.infos().size()); ++i) {
+          const ParamInfo& p = ps.info(i);
+          CHECK(p.global_offset == ref.info(i).offset);
+          if (!p.held) {
+            CHECK_THROWS_WITH_AS(ps.value(i), doctest::Contains("held by another expert-parallel rank"), Error);
+            continue;
+          }
+          experts += p.placement.expert >= 0;
+          CHECK(std::vector<float>(held[size_t(r)].begin() + p.offset, held[size_t(r)].begin() + p.offset + p.size()) ==
+                std::vector<float>(init.begin() + p.global_offset, init.begin() + p.global_offset + p.size()));
+        }
+        CHECK(experts == 2 * 4 / world);
+      }
+      // Steps: one process on the reduced gradients.
+      const int steps = 3;
+      AdamW opt(ac, ref, *be);
+      for (int t = 0; t < steps; ++t) {
+        for (int i = 0; i < int(ref.infos().size()); ++i) {
+          const ParamInfo& p = ref.info(i);
+          for (int64_t j = 0; j < p.size(); ++j) {
+            float g = 0.0f;
+            if (p.placement.expert >= 0) {
+              const int owner = int(p.placement.expert / (4 / world));
+              g = tensor_grad(owner, t, i, j) * float(1.0 / world);
+            } else {
+              for (int r = 0; r < world; ++r) g += tensor_grad(r, t, i, j) * float(1.0 / world);
+            }
+            ref.grads.data[p.offset + j] = g;
+          }
+        }
+        opt.step(1e-2 * (t + 1));
+      }
+      const EpOutcome straight = run_ep(world, zero, ac, steps);
+      CHECK(straight.master == std::vector<float>(ref.values.data, ref.values.data + ref.size()));
+      const EpOutcome half = run_ep(world, zero, ac, 1);
+      const EpOutcome resumed = run_ep(world, zero, ac, steps, &half, 1);
+      CHECK(resumed.master == straight.master);
+      CHECK(resumed.m == straight.m);
+      CHECK(resumed.v == straight.v);
+    }
+  }
+}
+
+TEST_CASE("expert-parallel parameters: bad placements and shards name the values") {
+  ParamStore ps;
+  CHECK_THROWS_WITH_AS(ps.add("x", 1, 1, false, Init::zeros, 0.0f, Placement{4, 4}),
+                       doctest::Contains("0 <= expert < experts"), Error);
+  CHECK_THROWS_WITH_AS(ps.set_expert_parallel(2, 2), doctest::Contains("rank 2 of 2"), Error);
+  ps.set_expert_parallel(3, 0);
+  ps.add("e", 1, 1, false, Init::zeros, 0.0f, Placement{0, 4});
+  auto be = make_cpu_backend(1);
+  CHECK_THROWS_WITH_AS(ps.finalize(*be, 1), doctest::Contains("4 experts over 3 expert-parallel ranks"), Error);
+}
