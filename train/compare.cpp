@@ -634,10 +634,11 @@ std::string forest_script(const std::vector<const RecipeStats*>& rows, const Bas
   std::ostringstream gp;
   gp << "set terminal pngcairo noenhanced size 900," << 160 + 45 * rows.size() << " font ',10'\n"
      << "set output 'plot.png'\n"
-     << "set title "
-     << gnuplot_string((title.empty() ? "" : title + ": ") + mf.title + ", recipe - " + base.label +
-                       " over shared seeds (mean, paired-t 95% CI; * Holm-adjusted p < 0.05)")
-     << "\nset xlabel " << gnuplot_string("paired difference in " + mf.title) << "\n"
+     << "set title " << gnuplot_string(title.empty() ? "paired differences vs " + base.label : title) << "\n"
+     << "set xlabel "
+     << gnuplot_string(mf.title + " of recipe - " + base.label +
+                       " over shared seeds: mean and paired-t 95% CI (* Holm-adjusted p < 0.05)")
+     << "\n"
      << "set grid x\nset ytics (" << tics << ")\nset yrange [" << rows.size() + 0.5 << ":0.5]\n"
      << "set arrow from 0, graph 0 to 0, graph 1 nohead dt 2\n"
      << "plot 'forest.dat' using 2:1:3:4 with xerrorbars pt 7 ps 1.2 lw 2 notitle\n";
