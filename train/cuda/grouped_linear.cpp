@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "train/cuda/linear_impl.hpp"
@@ -121,6 +122,24 @@ struct GroupedLinearState final : LinearState {
   bool w_kept = false;                // fp32 and quantized: w_op holds the groups' W operands
   std::vector<OperandPlan> wx_plans;  // quantized: the plans x_op was made with (backward checks its own)
 };
+
+// Each non-empty group's forward, in group order, as the dense layer makes it: the reports of x and W (ops(i):
+// the group's {x, W} operands), the GEMM y_g = x_g W_g^T with the dense call's m, n, k and leading dimensions, the
+// bias where the plan adds it.
+template <class Ops>
+void forward_groups(LinearCore& im, const LinearGroups& g, Tensor& y, int64_t in, int64_t out, Ops&& ops) {
+  for (size_t i = 0; i < g.size(); ++i) {
+    const int64_t n = g.rows(i), off = g.offsets[i];
+    if (n == 0) continue;
+    const auto [xo, wo] = ops(i);
+    im.report(Operand::fwd_x, xo, n, in);
+    im.report(Operand::fwd_w, wo, out, in);
+    im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, wo, in, out * in, im.slot[1], xo, in, n * in, im.slot[0],
+            y.data + off * out, out, 0.0f);
+    if (g.bias(i) != nullptr && g.plans[i]->plan.add_bias)
+      cuda::add_bias_device(y.data + off * out, g.bias(i), n, out, kStream);
+  }
+}
 
 std::string group_shape(size_t g, const Tensor& t) {
   return "group " + std::to_string(g) + "'s " + shape(t.rows, t.cols);
@@ -241,18 +260,10 @@ bool CudaLinear::grouped_forward(const LinearGroups& g, const Tensor& x, Tensor&
     const float* wbase = nullptr;
     const std::vector<int64_t> w_off = weight_offsets(g.w, wbase);
     quantize_groups(im, g, Operand::fwd_w, wbase, in, w_rows, w_off, wh, st->w_start, gw, alpha_fwd, gx);
-    for (size_t i = 0; i < G; ++i) {
-      const int64_t n = g.rows(i), off = g.offsets[i];
-      if (n == 0) continue;
-      const DevOperand xo{nullptr, im.grouped_xh.data() + st->x_start[i], gx + i};
-      const DevOperand wo{nullptr, wh + st->w_start[i], gw + i, alpha_fwd + i, 0.0f, im.beta_of(0.0f)};
-      im.report(Operand::fwd_x, xo, n, in);
-      im.report(Operand::fwd_w, wo, out, in);
-      im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, wo, in, out * in, im.slot[1], xo, in, n * in, im.slot[0],
-              y.data + off * out, out, 0.0f);
-      if (g.bias(i) != nullptr && g.plans[i]->plan.add_bias)
-        cuda::add_bias_device(y.data + off * out, g.bias(i), n, out, kStream);
-    }
+    forward_groups(im, g, y, in, out, [&](size_t i) {
+      return std::pair{DevOperand{nullptr, im.grouped_xh.data() + st->x_start[i], gx + i},
+                       DevOperand{nullptr, wh + st->w_start[i], gw + i, alpha_fwd + i, 0.0f, im.beta_of(0.0f)}};
+    });
     state = std::move(st);
     return true;
   }
@@ -291,24 +302,17 @@ bool CudaLinear::grouped_forward(const LinearGroups& g, const Tensor& x, Tensor&
               "CudaLinear::grouped_forward: saving W");
     }
   }
-  for (size_t i = 0; i < G; ++i) {
-    const int64_t n = g.rows(i), off = g.offsets[i];
-    if (n == 0) continue;
+  forward_groups(im, g, y, in, out, [&](size_t i) {
     DevOperand xo, wo;
     if (*form == GroupForm::bf16) {
       xo.bf16 = reinterpret_cast<const uint16_t*>(st->x_op.data) + st->x_start[i];
       wo.bf16 = reinterpret_cast<const uint16_t*>(st->w_op.data) + st->w_start[i];
     } else {
-      xo.f32 = x.data + off * in;
+      xo.f32 = x.data + g.offsets[i] * in;
       wo.f32 = g.w[i].data;
     }
-    im.report(Operand::fwd_x, xo, n, in);
-    im.report(Operand::fwd_w, wo, out, in);
-    im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, wo, in, out * in, im.slot[1], xo, in, n * in, im.slot[0],
-            y.data + off * out, out, 0.0f);
-    if (g.bias(i) != nullptr && g.plans[i]->plan.add_bias)
-      cuda::add_bias_device(y.data + off * out, g.bias(i), n, out, kStream);
-  }
+    return std::pair{xo, wo};
+  });
   state = std::move(st);
   return true;
 }
