@@ -342,10 +342,14 @@ def hostile_plot(t):
         check(rc == 0, f"compare --plot (TMPDIR {env_tmp!r}): exit {rc}: {err!r}")
         check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n",
               f"compare --plot (TMPDIR {env_tmp!r}): no PNG written")
-        no_new_files(f"compare --plot (TMPDIR {env_tmp!r})", base, before | {"out.png", "out.json"})
+        # The forest plot of the paired differences: the hostile recipe names are its y tics.
+        forest = os.path.join(base, "out_forest.png")
+        check(os.path.exists(forest) and open(forest, "rb").read(8) == b"\x89PNG\r\n\x1a\n",
+              f"compare --plot (TMPDIR {env_tmp!r}): no forest PNG written")
+        no_new_files(f"compare --plot (TMPDIR {env_tmp!r})", base, before | {"out.png", "out.json", "out_forest.png"})
         if env_tmp:
             check(os.listdir(env["TMPDIR"]) == [], f"compare --plot: left {os.listdir(env['TMPDIR'])} in TMPDIR")
-        for f in (png, os.path.join(base, "out.json")):
+        for f in (png, forest, os.path.join(base, "out.json")):
             if os.path.exists(f):
                 os.remove(f)
     # sr-bias --plot under a $TMPDIR holding shell and gnuplot syntax.
