@@ -333,6 +333,11 @@ void bench_train(const BenchArgs& a) {
   const bool vs = !a.vs_config.empty();
   std::vector<RunConfig> cfgs{bench_config(a, a.config, true)};
   if (vs) cfgs.push_back(bench_config(a, a.vs_config, false));
+  for (const RunConfig& c : cfgs)
+    if (c.distributed.expert_parallel != 1)
+      throw Error("bench train times one process: distributed.expert_parallel " +
+                  std::to_string(c.distributed.expert_parallel) +
+                  " needs that many ranks (time it with `fp4lab train` under mpirun; ms_per_step in summary.json)");
   std::vector<Batch> batches;
   for (const RunConfig& c : cfgs) batches.push_back(synthetic_batch(c));
   const RunConfig& cfg = cfgs[0];

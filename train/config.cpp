@@ -402,12 +402,38 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
   o.get("primary_weights", c.primary_weights);
   o.get("shard_cast", c.shard_cast);
   o.get("timeout_s", c.timeout_s);
+  o.get("expert_parallel", c.expert_parallel);
   o.finish();
   if (!(c.timeout_s > 0) || !std::isfinite(c.timeout_s))
     throw Error(where + ".distributed.timeout_s: " + std::to_string(c.timeout_s) +
                 " must be a positive finite number of seconds (a collective's wait for the other ranks)");
   check_range(where + ".distributed.zero", c.zero, {0, 1}, "1: ZeRO-1");
   check_choice(where + ".distributed.primary_weights", c.primary_weights, {"fp32", "nvfp4"});
+  check_range(where + ".distributed.expert_parallel", c.expert_parallel, {1, int(kMaxRouteExperts)},
+              "ranks sharing the experts; 1: none");
+}
+
+// distributed.expert_parallel against the rest of the config (the world is checked by the run).
+void check_expert_parallel(const RunConfig& c, const std::string& where) {
+  const int R = c.distributed.expert_parallel;
+  if (R == 1) return;
+  const std::string key = where + ".distributed.expert_parallel " + std::to_string(R);
+  if (c.model.moe.experts == 0) throw Error(key + " needs a mixture-of-experts model (model.moe.experts > 0)");
+  if (c.model.moe.experts % R != 0)
+    throw Error(where + ".model.moe.experts " + std::to_string(c.model.moe.experts) + " is not a multiple of " +
+                key.substr(where.size() + 1) + ": every rank holds the same number of experts");
+  if (c.training.batch_size % R != 0)
+    throw Error(key + ": training.batch_size " + std::to_string(c.training.batch_size) +
+                " leaves unequal shares over the ranks (an expert's gradient mixes every rank's tokens at one "
+                "weight); use a multiple of " +
+                std::to_string(R));
+  if (c.distributed.primary_weights != "fp32")
+    throw Error(key + ": distributed.primary_weights " + c.distributed.primary_weights +
+                " with expert parallelism is not built yet (plan step 10); use fp32");
+  if (c.capture_step >= 0 || c.numerics_interval > 0)
+    throw Error(key +
+                ": output.capture_step and output.numerics_interval record rank 0's layers only, which "
+                "hold a part of the experts; not built yet with expert parallelism (plan step 10)");
 }
 
 void parse_output(const json& out, const std::string& where, RunConfig& c) {
@@ -476,6 +502,7 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   if (const json* out = o.sub("output")) parse_output(*out, where, c);
   if (const json* dj = o.sub("distributed")) parse_distributed(*dj, where, c.distributed);
   o.finish();
+  check_expert_parallel(c, where);
   // Check the recipe resolves now, so a typo fails before any work.
   try {
     resolve_recipe(c);
@@ -582,6 +609,7 @@ json config_to_json(const RunConfig& c) {
     j["distributed"] = {{"zero", c.distributed.zero},
                         {"primary_weights", c.distributed.primary_weights},
                         {"shard_cast", c.distributed.shard_cast}};
+  if (c.distributed.expert_parallel != 1) j["distributed"]["expert_parallel"] = c.distributed.expert_parallel;
   if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;
   if (!c.layer_recipes.empty()) j["layer_recipes"] = layer_recipes_to_json(c.layer_recipes);  // only when set: hashes stay
   if (!c.eval_recipe.is_null()) j["eval_recipe"] = c.eval_recipe;

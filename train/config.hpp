@@ -88,6 +88,10 @@ struct DistributedConfig {
   std::string primary_weights = "fp32";  // "nvfp4": the linear weights the recipe quantizes are NVFP4
   bool shard_cast = true;                // nvfp4: each rank casts only its shard (false: all, the reference)
   double timeout_s = 600.0;              // a collective's wait for the other ranks (comm.hpp); not in the run identity
+  // Expert parallelism (train/moe.hpp; DESIGN.md "Expert parallelism"): the MoE layers' experts sharded over
+  // this many ranks, tokens dispatched and combined by all-to-all. 1: every rank holds every expert. For now it
+  // equals the world (no data parallelism over expert replicas).
+  int expert_parallel = 1;
   bool operator==(const DistributedConfig&) const = default;
 };
 

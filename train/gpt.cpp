@@ -18,10 +18,13 @@ struct Block {
 
 class Gpt final : public CrossEntropyModel, private LinearCalls {
  public:
-  Gpt(const ModelConfig& c, Backend& be, uint64_t seed) : CrossEntropyModel(be), cfg_(c) {
+  Gpt(const ModelConfig& c, Backend& be, uint64_t seed, ExpertExchange* ep) : CrossEntropyModel(be), cfg_(c) {
     if (c.width % c.heads != 0)
       throw Error("model.width " + std::to_string(c.width) + " must be a multiple of model.heads " +
                   std::to_string(c.heads));
+    if (ep && c.moe.experts == 0)
+      throw Error("expert parallelism needs a mixture-of-experts GPT (model.moe.experts > 0)");
+    if (ep) params_.set_expert_parallel(ep->ranks(), ep->rank());
     const int64_t C = c.width, V = c.vocab_size, T = c.context;
     const float proj_std = float(0.02 / std::sqrt(2.0 * double(c.layers)));
     uint64_t next_id = 0;
@@ -47,6 +50,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       if (c.bias) b.ln2_b = params_.add("transformer." + p + "ln_2.bias", 1, C, false, Init::zeros);
       if (c.moe.experts > 0) {
         b.moe = std::make_unique<MoeMlp>(c.moe, C, c.bias, p + "mlp.", 0.02f, proj_std, params_, next_id, infos_);
+        if (ep) b.moe->set_expert_exchange(ep);  // share-mean auxiliary gradients (data_parallel.hpp)
       } else {
         b.c_fc = linear(p + "mlp.c_fc", C, 4 * C, 0.02f);
         b.mlp_proj = linear(p + "mlp.c_proj", 4 * C, C, proj_std);
@@ -279,8 +283,8 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& cfg, Backend& be, uint64_t seed) {
-  return std::make_unique<Gpt>(cfg, be, seed);
+std::unique_ptr<Model> make_gpt(const ModelConfig& cfg, Backend& be, uint64_t seed, ExpertExchange* ep) {
+  return std::make_unique<Gpt>(cfg, be, seed, ep);
 }
 
 }  // namespace fp4lab::train

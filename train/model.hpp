@@ -135,9 +135,17 @@ struct OperandCapture {
   std::function<void(const std::string& name, const Tensor& t)> save;
 };
 
-class Model {
+// What a task evaluates batches with (task.hpp): the mean loss of batch b,
+// argmax hits in *correct (vit). A Model, or under expert parallelism every
+// rank's share of b, summed over the ranks (train/run.cpp).
+class BatchEvaluator {
  public:
-  virtual ~Model() = default;
+  virtual ~BatchEvaluator() = default;
+  virtual double evaluate(const Batch& b, const StepContext& ctx, int64_t* correct) = 0;
+};
+
+class Model : public BatchEvaluator {
+ public:
   void set_capture(OperandCapture c) { capture_ = std::move(c); }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
@@ -146,7 +154,7 @@ class Model {
   virtual double forward_backward(const Batch& b, const StepContext& ctx, int64_t* correct) = 0;
   // Forward only (no dropout when ctx.train is false; the linear layers run
   // with LinearContext::backward false): mean loss, hits.
-  virtual double evaluate(const Batch& b, const StepContext& ctx, int64_t* correct) = 0;
+  double evaluate(const Batch& b, const StepContext& ctx, int64_t* correct) override = 0;
   virtual std::vector<LinearLayerInfo> linear_layers() const = 0;
   // Figures of the last training forward beyond the loss, for metrics.jsonl
   // (the MoE GPT: auxiliary losses and expert load); empty by default.
@@ -193,9 +201,13 @@ class CrossEntropyModel : public Model {
   Backend& be_;
 };
 
-std::unique_ptr<Model> make_model(const ModelConfig& cfg, Backend& be, uint64_t seed);
+class ExpertExchange;  // train/moe.hpp
+// `ep`: expert parallelism (the MoE GPT only): the model holds its rank's
+// experts (ParamStore::set_expert_parallel) and its MoE layers exchange tokens
+// through `ep`, which outlives the model. Null: one process's model.
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, Backend& be, uint64_t seed, ExpertExchange* ep = nullptr);
 std::unique_ptr<Model> make_vit(const ModelConfig& cfg, Backend& be, uint64_t seed);
-std::unique_ptr<Model> make_gpt(const ModelConfig& cfg, Backend& be, uint64_t seed);
+std::unique_ptr<Model> make_gpt(const ModelConfig& cfg, Backend& be, uint64_t seed, ExpertExchange* ep = nullptr);
 
 // Helper shared by the models: one linear layer's bookkeeping.
 struct LinearLayer {

@@ -25,6 +25,7 @@
 #include "train/data.hpp"
 #include "train/dist/agreement.hpp"
 #include "train/dist/data_parallel.hpp"
+#include "train/dist/expert_parallel.hpp"
 #include "train/task.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -256,6 +257,27 @@ class Progress {
 
 // ---- a training run -----------------------------------------------------------------------
 
+// Expert parallelism's evaluation: the MoE layers exchange tokens, so every
+// rank evaluates its share of each batch (batch_share), and the shares' mean
+// losses and hits are summed over the ranks weighted as training's are
+// (DataParallel::global_loss): the batch's mean loss, within float rounding
+// of one process's.
+class ShareEvaluator final : public BatchEvaluator {
+ public:
+  ShareEvaluator(Model& model, DataParallel& dp) : model_(model), dp_(dp) {}
+  double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override {
+    const ShardRange share = batch_share(b.size, dp_.rank(), dp_.world());
+    int64_t hits = 0;
+    const double loss = model_.evaluate(slice_batch(b, share.begin, share.end), s, correct ? &hits : nullptr);
+    if (correct) *correct = std::llround(dp_.global_loss(double(hits), 1.0));
+    return dp_.global_loss(loss, double(share.end - share.begin) / double(b.size));
+  }
+
+ private:
+  Model& model_;
+  DataParallel& dp_;
+};
+
 class Training {
  public:
   // Config -> task (data), step counts, the plan for the run directory (nothing written yet).
@@ -303,9 +325,10 @@ class Training {
   bool created_ = false;       // this invocation created the directory
   bool checkpointed_ = false;  // this invocation wrote a checkpoint
   std::unique_ptr<Backend> be_;
-  std::unique_ptr<Model> model_;
   Communicator* comm_ = nullptr;  // opt.comm, or local_comm_
   std::unique_ptr<Communicator> local_comm_;
+  std::unique_ptr<CommExpertExchange> ep_exchange_;  // distributed.expert_parallel > 1 (outlives model_)
+  std::unique_ptr<Model> model_;
   bool rank0_ = true;  // rank 0 writes the directory, metrics, checkpoints and evaluates
   std::unique_ptr<DataParallel> dp_;
   std::vector<CastWeight> cast_weights_;  // the NVFP4 primary weights, empty if none
@@ -343,6 +366,11 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
   if (!opt.comm) local_comm_ = make_local_comm();
   comm_ = opt.comm ? opt.comm : local_comm_.get();
   rank0_ = comm_->rank() == 0;
+  if (const int R = cfg_.distributed.expert_parallel; R > 1 && R != comm_->world())
+    throw Error("config.distributed.expert_parallel " + std::to_string(R) + " must equal the number of ranks, " +
+                std::to_string(comm_->world()) +
+                ", for now: expert parallelism over a part of the ranks (data parallelism over expert replicas) is "
+                "not built yet (plan step 9)");
   task_ = make_task(cfg_);
   const int64_t spe = task_->steps_per_epoch();
   total_ = tc.steps > 0 ? tc.steps : int64_t(std::llround(tc.epochs * double(spe)));
@@ -458,7 +486,8 @@ void Training::interrupted(int signo) {
 void Training::build_model() {
   const TrainingConfig& tc = cfg_.training;
   be_ = make_backend(cfg_.backend, cfg_.threads);
-  model_ = make_model(cfg_.model, *be_, cfg_.seed);
+  if (cfg_.distributed.expert_parallel > 1) ep_exchange_ = std::make_unique<CommExpertExchange>(*comm_);
+  model_ = make_model(cfg_.model, *be_, cfg_.seed, ep_exchange_.get());
   AdamWConfig ac = tc.adamw;
   if (tc.optimizer == "adam") ac.weight_decay = 0.0;
   const std::vector<int> nv = cfg_.distributed.primary_weights == "nvfp4"
@@ -578,6 +607,7 @@ bool Training::train_step(int64_t step) {
   }
   const double weight = double(b.size) / double(global_batch);
   const StepContext sc = context(step, true);
+  comm_->set_step(step);  // for a timeout's message: expert parallelism's first collective is in the forward
   be_->fill(model_->params().grads, 0.0f);
   int64_t hits = 0;
   // output.numerics_interval: this step's operands measured (train/numerics.hpp); the line's step is `done`.
@@ -628,9 +658,15 @@ bool Training::train_step(int64_t step) {
 
 // Evaluates after `step` steps: a metrics.jsonl record, the best metric, a progress line.
 void Training::record_eval(int64_t step) {
-  if (!rank0_) return;
+  if (!rank0_ && !ep_exchange_) return;
   json rec = {{"step", step}, {"eval", true}};
-  task_->evaluate(*model_, context(step, false), step, rec);
+  if (ep_exchange_) {  // the MoE layers exchange tokens: every rank evaluates its share
+    ShareEvaluator shares(*model_, *dp_);
+    task_->evaluate(shares, context(step, false), step, rec);
+    if (!rank0_) return;
+  } else {
+    task_->evaluate(*model_, context(step, false), step, rec);
+  }
   const double v = rec[task_->metric].get<double>();
   last_eval_metric_ = v;
   best_ = task_->better(best_, v);
@@ -642,9 +678,12 @@ void Training::record_eval(int64_t step) {
 void Training::checkpoint(int64_t step) {
   ParamStore& ps = model_->params();
   Checkpoint c;
-  c.header = {{"step", step},     {"adam_t", dp_->steps_taken()},
-              {"best", best_},    {"params", ps.size()},
-              {"recipe", label_}, {"config_hash", hash_},
+  c.header = {{"step", step},
+              {"adam_t", dp_->steps_taken()},
+              {"best", best_},
+              {"params", ps.global_size()},
+              {"recipe", label_},
+              {"config_hash", hash_},
               {"data", task_->fingerprint}};
   if (comm_->world() > 1) c.header["world"] = comm_->world();
   dp_->state(c.values, c.m, c.v);  // collective: every rank takes part
@@ -684,7 +723,7 @@ json Training::summary() const {
             {"ms_per_step", ms},
             {"items_per_s", double(items_) * 1000.0 / ms},
             {"item", task_->item},
-            {"params", model_->params().size()},
+            {"params", model_->params().global_size()},
             {"backend", cfg_.backend},
             {"config_hash", hash_},
             {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
@@ -711,8 +750,7 @@ RunResult Training::finish() {
   }
   res_.status = status_;
   res_.summary = s;
-  res_.final_params.resize(size_t(model_->params().size()));
-  be_->download(model_->params().values, res_.final_params.data());
+  res_.final_params = dp_->model_values();  // one process's layout
   if (status_ == "diverged") {
     const std::string msg =
         "run " + dir_.string() + " diverged at step " + std::to_string(step_) + ": " + error_ + "; stopped. ";

@@ -50,7 +50,7 @@ class ImageTask final : public Task {
   }
   Batch train_batch(int64_t step) const override { return sampler_.train_batch(step); }
   // One sequential pass over the (first test_limit) test images.
-  void evaluate(Model& model, const StepContext& sc, int64_t, json& rec) const override {
+  void evaluate(BatchEvaluator& model, const StepContext& sc, int64_t, json& rec) const override {
     ImageSampler ts = sampler_;
     ts.set = &test_;
     ts.limit = test_limit_;
@@ -89,7 +89,7 @@ class LanguageModelTask : public Task {
     metric = "val_loss", higher_is_better = false, worst = 1e30, item = "tokens", eval_at_start = true;
   }
   Batch train_batch(int64_t step) const override { return batch(0, kTrainStream, step); }
-  void evaluate(Model& model, const StepContext& sc, int64_t step, json& rec) const override {
+  void evaluate(BatchEvaluator& model, const StepContext& sc, int64_t step, json& rec) const override {
     for (int split = 0; split < 2; ++split) {
       const uint64_t stream = kEvalStream | uint64_t(split) << 56 | uint64_t(step);
       double sum = 0.0;

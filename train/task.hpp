@@ -25,7 +25,7 @@ class Task {
 
   virtual Batch train_batch(int64_t step) const = 0;
   // Adds the evaluation's figures to `rec`, the record after `step` steps.
-  virtual void evaluate(Model& model, const StepContext& sc, int64_t step, nlohmann::json& rec) const = 0;
+  virtual void evaluate(BatchEvaluator& model, const StepContext& sc, int64_t step, nlohmann::json& rec) const = 0;
   // The progress line of an evaluation record.
   virtual std::string eval_line(int64_t step, const nlohmann::json& rec) const = 0;
   // Steps of one pass over the training data (0: the task counts no epochs).

@@ -233,9 +233,12 @@ std::unique_ptr<Model> make_vit(const ModelConfig& cfg, Backend& be, uint64_t se
   return std::make_unique<Vit>(cfg, be, seed);
 }
 
-std::unique_ptr<Model> make_model(const ModelConfig& cfg, Backend& be, uint64_t seed) {
-  if (cfg.type == "vit") return make_vit(cfg, be, seed);
-  if (cfg.type == "gpt") return make_gpt(cfg, be, seed);
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, Backend& be, uint64_t seed, ExpertExchange* ep) {
+  if (cfg.type == "vit") {
+    if (ep) throw Error("expert parallelism needs a mixture-of-experts GPT; model.type is vit");
+    return make_vit(cfg, be, seed);
+  }
+  if (cfg.type == "gpt") return make_gpt(cfg, be, seed, ep);
   throw Error("model.type \"" + cfg.type + "\" unknown; valid: vit, gpt");
 }
 

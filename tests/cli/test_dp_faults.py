@@ -5,7 +5,8 @@
     rank 1 with 12) all exit non-zero within seconds, each with one line naming rank 1's config
     hash against rank 0's, and no run directory is made;
   - a rank stopped mid-run (SIGSTOP) makes the other exit with "no answer from rank 1 within 5 s"
-    (distributed.timeout_s 5) and mpirun end, within the timeout plus a margin;
+    (distributed.timeout_s 5) and mpirun end, within the timeout plus a margin; so does one of an
+    expert-parallel MoE run (distributed.expert_parallel 2), whose rank 0 waits in the token exchange;
   - a rank killed mid-run (SIGKILL) ends the job within seconds with a line naming it and the signal, leaves
     no partial file, and the job resumes from its last checkpoint (written every step).
 Every launch has a subprocess timeout, so a hang fails the test instead of blocking CI.
@@ -88,6 +89,59 @@ def wait_for_losses(p, metrics, n):
         time.sleep(0.1)
 
 
+def stopped_rank(name, train_cmd, mpiexec, runs, d, failures):
+    """Rank 1 of a 2-rank `train_cmd` stopped mid-run: rank 0 gives up after distributed.timeout_s (5 s) with one
+    line naming rank 1, and the job ends."""
+    cmd = [mpiexec] + MPI_FLAGS + ["-np", "2"] + train_cmd + ["--set", "output.name=" + name]
+    metrics = os.path.join(runs, name, "metrics.jsonl")
+    err_path = os.path.join(d, name + ".err")
+    with open(err_path, "w") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    stopped = None
+    try:
+        wait_for_losses(p, metrics, 3)  # until a few steps have run
+        pids = rank_pids(p.pid)
+        if p.poll() is not None or 1 not in pids:
+            failures.append(f"{name}: the run did not get going (exit {p.poll()}, ranks {pids})")
+        else:
+            stopped = pids[1]
+            os.kill(stopped, signal.SIGSTOP)
+            t0 = time.monotonic()
+            try:
+                rc = p.wait(timeout=5 + 40)
+                took = time.monotonic() - t0
+                with open(err_path) as f:
+                    err = f.read()
+                lines = [l for l in err.splitlines() if "no answer from rank 1 within 5 s during " in l]
+                print(f"test_dp_faults: {name}: rank 1 stopped: exit {rc} after {took:.1f} s; {lines[:1]}")
+                if rc == 0:
+                    failures.append(f"{name}: mpirun exited 0")
+                if len(lines) != 1 or not lines[0].startswith("fp4lab: error: rank 0: no answer from rank 1") or \
+                        " at step " not in lines[0] or "a rank stopped or died" not in lines[0]:
+                    failures.append(f"{name}: want rank 0's one timeout line, got {lines}; "
+                                    f"stderr: {err.strip()[-800:]}")
+                if took < 4:
+                    failures.append(f"{name}: gave up after {took:.1f} s, before the 5 s timeout")
+            except subprocess.TimeoutExpired:
+                failures.append(f"{name}: mpirun still running 45 s after rank 1 stopped (a hang)")
+    finally:
+        if stopped:  # wake the stopped rank, whether or not mpirun has ended
+            try:
+                os.kill(stopped, signal.SIGCONT)
+            except OSError:
+                pass
+        if p.poll() is None:  # the test's own processes: end the job
+            for pid in rank_pids(p.pid).values():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            p.kill()
+            p.wait()
+        end_group(p.pid)
+
+
+
 def main():
     fp4lab, mpiexec = sys.argv[1], sys.argv[2]
     if not os.path.isdir("/proc/self"):
@@ -136,54 +190,17 @@ def main():
             failures.append(f"different configs: mpirun still running after 120 s (a hang); stderr: "
                             f"{(e.stderr or b'')[-600:]!r}")
 
-        # (ii) rank 1 stopped mid-run: rank 0 gives up after distributed.timeout_s (5 s) and the job ends.
-        cmd = [mpiexec] + MPI_FLAGS + ["-np", "2"] + train + ["--set", "output.name=stopped"]
-        metrics = os.path.join(runs, "stopped", "metrics.jsonl")
-        err_path = os.path.join(d, "stopped.err")
-        with open(err_path, "w") as err:
-            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-        stopped = None
-        try:
-            wait_for_losses(p, metrics, 3)  # until a few steps have run
-            pids = rank_pids(p.pid)
-            if p.poll() is not None or 1 not in pids:
-                failures.append(f"stopped rank: the run did not get going (exit {p.poll()}, ranks {pids})")
-            else:
-                stopped = pids[1]
-                os.kill(stopped, signal.SIGSTOP)
-                t0 = time.monotonic()
-                try:
-                    rc = p.wait(timeout=5 + 40)
-                    took = time.monotonic() - t0
-                    with open(err_path) as f:
-                        err = f.read()
-                    lines = [l for l in err.splitlines() if "no answer from rank 1 within 5 s during " in l]
-                    print(f"test_dp_faults: rank 1 stopped: exit {rc} after {took:.1f} s; {lines[:1]}")
-                    if rc == 0:
-                        failures.append("stopped rank: mpirun exited 0")
-                    if len(lines) != 1 or not lines[0].startswith("fp4lab: error: rank 0: no answer from rank 1") or \
-                            " at step " not in lines[0] or "a rank stopped or died" not in lines[0]:
-                        failures.append(f"stopped rank: want rank 0's one timeout line, got {lines}; "
-                                        f"stderr: {err.strip()[-800:]}")
-                    if took < 4:
-                        failures.append(f"stopped rank: gave up after {took:.1f} s, before the 5 s timeout")
-                except subprocess.TimeoutExpired:
-                    failures.append("stopped rank: mpirun still running 45 s after rank 1 stopped (a hang)")
-        finally:
-            if stopped:  # wake the stopped rank, whether or not mpirun has ended
-                try:
-                    os.kill(stopped, signal.SIGCONT)
-                except OSError:
-                    pass
-            if p.poll() is None:  # the test's own processes: end the job
-                for pid in rank_pids(p.pid).values():
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                p.kill()
-                p.wait()
-            end_group(p.pid)
+        # (ii) rank 1 stopped mid-run: rank 0 gives up after distributed.timeout_s (5 s) and the job ends; under
+        # data parallelism (rank 0 waits in the step's reduction) and under expert parallelism (a MoE GPT whose
+        # experts are split over the 2 ranks: rank 0 waits in the forward's token exchange).
+        stopped_rank("stopped", train, mpiexec, runs, d, failures)
+        ep_cfg = dict(cfg, model=dict(cfg["model"], layers=2, moe={"experts": 8, "top_k": 2}),
+                      training=dict(cfg["training"], batch_size=8),
+                      distributed={"timeout_s": 5, "expert_parallel": 2})
+        ep_path = os.path.join(d, "faults_ep.json")
+        with open(ep_path, "w") as f:
+            json.dump(ep_cfg, f)
+        stopped_rank("stopped_ep", [fp4lab, "train", ep_path, "--quiet"], mpiexec, runs, d, failures)
 
         # (iii) rank 1 killed mid-run (SIGKILL, as the OOM killer does): the job ends within seconds, not
         # exit 0, with a line naming rank 1 and the signal (mpirun's); rank 0's run directory holds no partial

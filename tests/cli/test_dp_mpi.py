@@ -10,7 +10,10 @@ A tiny GPT on a generated corpus, dropout 0, 16 steps:
   - NVFP4 primary weights cast shard by shard give exactly the losses and
     checkpoint of the whole-tensor cast;
   - only rank 0 writes: one run directory per run;
-  - `fp4lab sweep` under mpirun runs each run data-parallel and prints one comparison.
+  - `fp4lab sweep` under mpirun runs each run data-parallel and prints one comparison;
+  - expert parallelism (distributed.expert_parallel 2, a 2-layer MoE GPT of 8 experts): 2 ranks, each
+    holding 4 experts, follow one process within 1e-5 in every step and evaluation loss, and a second
+    2-rank run is bitwise identical (losses and checkpoint, which is in one process's layout).
 Usage: test_dp_mpi.py FP4LAB MPIEXEC   (Python stdlib only)
 """
 import json
@@ -35,8 +38,14 @@ def main():
                              "log_interval": 1},
                 "seed": 5, "threads": 1, "output": {"dir": os.path.join(d, "runs")}}
 
-        def run(name, ranks, recipe="fp32", dist=None):
+        moe = dict(base["model"], layers=2, moe={"experts": 8, "top_k": 2, "aux_loss": 0.01})
+
+        def run(name, ranks, recipe="fp32", dist=None, model=None, batch=None):
             cfg = dict(base, name=name, recipe=recipe)
+            if model:
+                cfg["model"] = model
+            if batch:
+                cfg["training"] = dict(base["training"], batch_size=batch)
             if dist:
                 cfg["distributed"] = dist
             path = os.path.join(d, name + ".json")
@@ -51,7 +60,9 @@ def main():
                 return None
             rd = os.path.join(d, "runs", f"{name}-{recipe}-s5")
             with open(os.path.join(rd, "metrics.jsonl")) as f:
-                losses = [json.loads(l)["loss"] for l in f if '"loss"' in l]
+                records = [json.loads(l) for l in f]
+            losses = [r["loss"] for r in records if "loss" in r]
+            losses += [r[k] for r in records if r.get("eval") for k in ("train_loss", "val_loss")]
             with open(os.path.join(rd, "checkpoint.bin"), "rb") as f:
                 ckpt = f.read()
             with open(os.path.join(rd, "summary.json")) as f:
@@ -64,11 +75,14 @@ def main():
         z1 = run("zero1", 2, dist={"zero": 1})
         sc = run("sc", 2, "nvfp4", {"zero": 1, "primary_weights": "nvfp4", "shard_cast": True})
         whole = run("whole", 2, "nvfp4", {"zero": 1, "primary_weights": "nvfp4", "shard_cast": False})
+        ep_one = run("epone", 1, model=moe, batch=8)
+        ep_two = run("eptwo", 2, dist={"expert_parallel": 2}, model=moe, batch=8)
+        ep_again = run("epagain", 2, dist={"expert_parallel": 2}, model=moe, batch=8)
         if not failures:
             rel = max(abs(a - b) / b for a, b in zip(two[0], one[0]))
             print(f"test_dp_mpi: 2 MPI ranks vs one process, largest relative loss difference {rel:.3g} "
-                  f"over {len(one[0])} steps")
-            if not (len(two[0]) == len(one[0]) == 16 and rel < 1e-5):
+                  f"over {len(one[0])} step and evaluation losses")
+            if not (len(two[0]) == len(one[0]) == 16 + 2 * 3 and rel < 1e-5):
                 failures.append(f"2 ranks vs one process: relative loss difference {rel:.3g} (want < 1e-5)")
             # The arrays after the header and its CRC-32 (train/checkpoint.hpp, FP4LCK02).
             strip = lambda b: b[20 + int.from_bytes(b[8:16], "little"):]
@@ -80,6 +94,16 @@ def main():
             if 2 * z1[2]["distributed"]["moments_bytes"] > two[2]["distributed"]["moments_bytes"] + 8:
                 failures.append(f"ZeRO-1 moments {z1[2]['distributed']['moments_bytes']} bytes, "
                                 f"unsharded {two[2]['distributed']['moments_bytes']}")
+            erel = max(abs(a - b) / b for a, b in zip(ep_two[0], ep_one[0]))
+            print(f"test_dp_mpi: expert parallelism on 2 MPI ranks vs one process, largest relative step or "
+                  f"evaluation loss difference {erel:.3g} over {len(ep_one[0])} values")
+            if not (len(ep_two[0]) == len(ep_one[0]) == 16 + 2 * 3 and 0 < erel < 1e-5):
+                failures.append(f"expert parallelism, 2 ranks vs one process: relative loss difference {erel:.3g} "
+                                f"over {len(ep_two[0])} values (want 22, and 0 < difference < 1e-5)")
+            if ep_again[0] != ep_two[0] or strip(ep_again[1]) != strip(ep_two[1]):
+                failures.append("expert parallelism: two 2-rank runs differ")
+            if len(strip(ep_two[1])) != len(strip(ep_one[1])):
+                failures.append("expert parallelism: the checkpoint is not in one process's layout (sizes differ)")
             if sc[0] != whole[0]:
                 failures.append("NVFP4 primary weights: shard cast and whole cast losses differ")
             if strip(sc[1]) != strip(whole[1]):
@@ -104,8 +128,8 @@ def main():
                     failures.append(f"sweep under mpirun: worlds {worlds}, comparison tables printed {tables} "
                                     "(want [2, 2] and 1)")
             runs = sorted(n for n in os.listdir(os.path.join(d, "runs")) if not n.endswith(".lock"))
-            if len(runs) != 6:
-                failures.append(f"expected 6 run directories (rank 0 alone writes), found {runs}")
+            if len(runs) != 9:
+                failures.append(f"expected 9 run directories (rank 0 alone writes), found {runs}")
     for f in failures:
         print("FAIL", f)
     print("test_dp_mpi:", "FAILED" if failures else "passed")

@@ -52,6 +52,36 @@ inline nlohmann::json tiny_gpt_config(const std::string& text, const std::string
       {"output", {{"dir", out}}}};
 }
 
+// A tiny MoE GPT (2 layers of 8 experts, top 2, width 32, context 16, dropout 0; 8 sequences a step, a
+// multiple of 2 and 4 ranks; 10 steps, evaluation every 5 on 2 batches, a metrics line every step; seed 5) on
+// `text`, named `name`; expert_parallel > 1 sets distributed.expert_parallel.
+inline nlohmann::json tiny_moe_config(const std::string& text, const std::string& out, const std::string& name,
+                                      int expert_parallel = 1) {
+  nlohmann::json j{{"name", name},
+                   {"model",
+                    {{"type", "gpt"},
+                     {"layers", 2},
+                     {"heads", 2},
+                     {"width", 32},
+                     {"context", 16},
+                     {"dropout", 0.0},
+                     {"moe", {{"experts", 8}, {"top_k", 2}, {"aux_loss", 0.01}, {"z_loss", 0.001}}}}},
+                   {"data", {{"type", "char"}, {"path", text}}},
+                   {"training",
+                    {{"batch_size", 8},
+                     {"steps", 10},
+                     {"lr", 1e-2},
+                     {"grad_clip", 1.0},
+                     {"eval_interval", 5},
+                     {"eval_iters", 2},
+                     {"log_interval", 1}}},
+                   {"seed", 5},
+                   {"threads", 1},
+                   {"output", {{"dir", out}}}};
+  if (expert_parallel != 1) j["distributed"] = {{"expert_parallel", expert_parallel}};
+  return j;
+}
+
 // The message config_from_json(j) refuses j with; "" when it is valid.
 inline std::string config_error(const nlohmann::json& j) {
   try {

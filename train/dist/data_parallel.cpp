@@ -319,6 +319,13 @@ void DataParallel::state(std::vector<float>& master, std::vector<float>& m, std:
   full_of(d.adam->v(), d.adam_b ? &d.adam_b->v() : nullptr, v);
 }
 
+std::vector<float> DataParallel::model_values() {
+  Impl& d = *impl_;
+  std::vector<float> local(size_t(d.n));
+  d.be.download(d.ps.values, local.data());
+  return d.to_global(local);
+}
+
 void DataParallel::load_state(const std::vector<float>& master_global, const std::vector<float>& m_global,
                               const std::vector<float>& v_global, int64_t steps_taken) {
   Impl& d = *impl_;

@@ -91,6 +91,9 @@ class DataParallel {
   void load_state(const std::vector<float>& master, const std::vector<float>& m, const std::vector<float>& v,
                   int64_t steps_taken);
   int64_t steps_taken() const;
+  // The model's values (ps.values: the NVFP4 cast where primary_weights is
+  // nvfp4) in one process's layout (collective with expert parallelism).
+  std::vector<float> model_values();
 
   // The NVFP4 weights' packed casts (CastOperand), in the order of the
   // constructor's nvfp4_params, where the backend keeps them on the device

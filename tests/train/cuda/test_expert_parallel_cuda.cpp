@@ -1,0 +1,50 @@
+// Expert parallelism on the CUDA backend, on one GPU: R thread ranks, each
+// with its own CUDA backend (rows staged through host memory by the thread
+// communicator, as with MPI), against one process of the CUDA backend. The
+// layer: tests/train/expert_parallel_case.hpp (C1 and C2); a whole run: R
+// ranks follow one process within float rounding, and a repeat is bitwise.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "train/expert_parallel_case.hpp"
+#include "train/text_fixture.hpp"
+#include "train/thread_ranks.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+TEST_CASE("cuda backend, expert parallel MoE layer: R thread ranks equal one process holding every expert") {
+  fp4lab::train::test::check_expert_parallel_layer([] { return fp4lab::train::make_cuda_backend(); },
+                                                   {"fp32", "bf16", "mxfp8", "nvfp4"});
+}
+
+TEST_CASE("cuda backend, expert parallel runs: R thread ranks follow one process; a repeat is bitwise") {
+  using namespace fp4lab::train;
+  const fs::path d = fs::temp_directory_path() / ("fp4lab_ep_cuda_" + std::to_string(::getpid()));
+  const std::string text = test::write_words_corpus(d), out = (d / "runs").string();
+  for (const char* recipe : {"bf16", "nvfp4"}) {
+    CAPTURE(recipe);
+    json one_cfg = test::tiny_moe_config(text, out, std::string("one_") + recipe, 1);
+    one_cfg["backend"] = "cuda", one_cfg["recipe"] = recipe;
+    const RunResult one = test::run_on_threads(1, one_cfg);
+    json j = test::tiny_moe_config(text, out, std::string("r2_") + recipe, 2);
+    j["backend"] = "cuda", j["recipe"] = recipe;
+    const RunResult a = test::run_on_threads(2, j);
+    REQUIRE(a.step_losses.size() == one.step_losses.size());
+    double worst = 0;
+    for (size_t s = 0; s < a.step_losses.size(); ++s)
+      worst = std::max(worst, std::fabs(a.step_losses[s] - one.step_losses[s]) / one.step_losses[s]);
+    MESSAGE(recipe << ": largest relative loss difference, 2 expert-parallel ranks vs one process: " << worst);
+    CHECK(worst < (std::string(recipe) == "nvfp4" ? 2e-2 : 1e-3));
+    CHECK(a.final_params.size() == one.final_params.size());
+    j["name"] = std::string("r2b_") + recipe;
+    const RunResult b = test::run_on_threads(2, j);
+    CHECK(b.step_losses == a.step_losses);
+    CHECK(b.final_params == a.final_params);
+  }
+  fs::remove_all(d);
+}

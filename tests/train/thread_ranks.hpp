@@ -1,0 +1,51 @@
+// run_training (train/run.hpp) on in-process thread ranks (make_thread_comms),
+// shared by the data- and expert-parallel run tests of both backends.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "train/config.hpp"
+#include "train/dist/comm.hpp"
+#include "train/run.hpp"
+
+namespace fp4lab::train::test {
+
+// The config cfgj run on `world` thread ranks (RunOptions resume / stop_after as given); rank 0's result. The
+// first rank's error is thrown as Error; every rank's final parameters are checked equal.
+inline RunResult run_on_threads(int world, const nlohmann::json& cfgj, bool resume = false, int64_t stop_after = -1) {
+  const RunConfig cfg = config_from_json(cfgj);
+  auto comms = make_thread_comms(world);
+  std::vector<RunResult> res(static_cast<size_t>(world));
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> th;
+  for (int r = 0; r < world; ++r)
+    th.emplace_back([&, r] {
+      std::ostringstream log;
+      RunOptions o;
+      o.resume = resume;
+      o.stop_after = stop_after;
+      o.progress = false;
+      o.log = &log;
+      o.comm = comms[size_t(r)].get();
+      try {
+        res[size_t(r)] = run_training(cfg, o);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : th) t.join();
+  for (const auto& e : errors)
+    if (!e.empty()) throw Error(e);
+  for (int r = 1; r < world; ++r) CHECK(res[size_t(r)].final_params == res[0].final_params);
+  return res[0];
+}
+
+}  // namespace fp4lab::train::test
