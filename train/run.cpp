@@ -257,27 +257,6 @@ class Progress {
 
 // ---- a training run -----------------------------------------------------------------------
 
-// Expert parallelism's evaluation: the MoE layers exchange tokens, so every
-// rank evaluates its share of each batch (batch_share), and the shares' mean
-// losses and hits are summed over the ranks weighted as training's are
-// (DataParallel::global_loss): the batch's mean loss, within float rounding
-// of one process's.
-class ShareEvaluator final : public BatchEvaluator {
- public:
-  ShareEvaluator(Model& model, DataParallel& dp) : model_(model), dp_(dp) {}
-  double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override {
-    const ShardRange share = batch_share(b.size, dp_.rank(), dp_.world());
-    int64_t hits = 0;
-    const double loss = model_.evaluate(slice_batch(b, share.begin, share.end), s, correct ? &hits : nullptr);
-    if (correct) *correct = std::llround(dp_.global_loss(double(hits), 1.0));
-    return dp_.global_loss(loss, double(share.end - share.begin) / double(b.size));
-  }
-
- private:
-  Model& model_;
-  DataParallel& dp_;
-};
-
 class Training {
  public:
   // Config -> task (data), step counts, the plan for the run directory (nothing written yet).
@@ -763,34 +742,6 @@ RunResult Training::finish() {
 }
 
 }  // namespace
-
-std::vector<json> read_metrics(const std::string& path, std::string* torn) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw_errno("cannot open " + path, errno);
-  if (torn) torn->clear();
-  std::vector<json> out;
-  std::string line, bad;
-  int64_t lineno = 0;
-  // Lines of at most kMaxLine bytes (fp4lab writes a few hundred): a longer one is not a run's record.
-  constexpr size_t kMaxLine = size_t(1) << 20;
-  while (std::getline(f, line)) {
-    ++lineno;
-    if (line.size() > kMaxLine)
-      throw Error(path + ":" + std::to_string(lineno) + ": a line of " + std::to_string(line.size()) +
-                  " bytes (at most 1 MiB); not a metrics file fp4lab writes");
-    if (line.empty()) continue;
-    if (!bad.empty()) throw Error(bad);  // an invalid line before the last: not a torn write
-    try {
-      out.push_back(parse_json(line, path + ":" + std::to_string(lineno)));
-    } catch (const json::exception& e) {
-      bad = path + ":" + std::to_string(lineno) + ": invalid JSON line: " + json_error_text(e.what());
-      if (!torn) throw Error(bad);
-      *torn = path + ":" + std::to_string(lineno) +
-              ": dropped a torn last line (a run killed while writing it): " + text_excerpt(line);
-    }
-  }
-  return out;
-}
 
 // File system errors (permissions, a full disk, a name taken meanwhile) as one line naming the path(s)
 // and the OS's reason: EnvironmentError where the environment failed (core/error.hpp), else Error.

@@ -106,9 +106,4 @@ struct RunPlan {
 };
 RunPlan plan_run(const RunConfig& cfg, const RunOptions& opt = {});
 
-// Reads metrics.jsonl: every line must parse (errors name file:line), except,
-// with `torn` given, an unparseable last line (a write cut short): it is
-// dropped and *torn names it ("FILE:LINE: ..."), else *torn is left empty.
-std::vector<nlohmann::json> read_metrics(const std::string& path, std::string* torn = nullptr);
-
 }  // namespace fp4lab::train

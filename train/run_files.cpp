@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "train/config.hpp"
 
 namespace fp4lab::train {
@@ -384,6 +385,34 @@ std::string not_a_run(const fs::path& dir) {
     return std::string("its config.json is unreadable: ") + e.what();
   }
   return "";
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path, std::string* torn) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw_errno("cannot open " + path, errno);
+  if (torn) torn->clear();
+  std::vector<nlohmann::json> out;
+  std::string line, bad;
+  int64_t lineno = 0;
+  // Lines of at most kMaxLine bytes (fp4lab writes a few hundred): a longer one is not a run's record.
+  constexpr size_t kMaxLine = size_t(1) << 20;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (line.size() > kMaxLine)
+      throw Error(path + ":" + std::to_string(lineno) + ": a line of " + std::to_string(line.size()) +
+                  " bytes (at most 1 MiB); not a metrics file fp4lab writes");
+    if (line.empty()) continue;
+    if (!bad.empty()) throw Error(bad);  // an invalid line before the last: not a torn write
+    try {
+      out.push_back(parse_json(line, path + ":" + std::to_string(lineno)));
+    } catch (const nlohmann::json::exception& e) {
+      bad = path + ":" + std::to_string(lineno) + ": invalid JSON line: " + json_error_text(e.what());
+      if (!torn) throw Error(bad);
+      *torn = path + ":" + std::to_string(lineno) +
+              ": dropped a torn last line (a run killed while writing it): " + text_excerpt(line);
+    }
+  }
+  return out;
 }
 
 }  // namespace fp4lab::train

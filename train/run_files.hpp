@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace fp4lab::train {
 
@@ -100,5 +103,11 @@ std::string recover_set_aside(const std::filesystem::path& dir);
 // the files a run writes); else why not ("holds notes.txt, which no run writes"). --force replaces
 // only runs.
 std::string not_a_run(const std::filesystem::path& dir);
+
+// ---- reads ------------------------------------------------------------------------------------
+// Reads metrics.jsonl: every line must parse (errors name file:line), except,
+// with `torn` given, an unparseable last line (a write cut short): it is
+// dropped and *torn names it ("FILE:LINE: ..."), else *torn is left empty.
+std::vector<nlohmann::json> read_metrics(const std::string& path, std::string* torn = nullptr);
 
 }  // namespace fp4lab::train

@@ -34,6 +34,8 @@
 #include "cuda/device.hpp"
 #include "train/cuda/moe_ops.hpp"
 #include "train/cuda/moe_route.hpp"
+#include "train/cuda/route_state.hpp"
+#include "train/cuda/shape_check.hpp"
 #include "train/cuda/nn.hpp"
 #include "sim/rht.hpp"
 
@@ -120,19 +122,6 @@ class DevicePool {
 template <class T>
 T* reserve(DeviceBuffer<T>& b, size_t n) {
   return b.size() < n ? b.at_least(std::max<size_t>(n, 64)) : b.data();
-}
-
-// The Backend contract's shapes (train/backend.hpp): a mismatch is a bug of the caller (FP4LAB_CHECK:
-// InternalError with file:line, exit 3), as in the CPU backend.
-void check_shape(const char* fn, const char* what, const Tensor& t, int64_t rows, int64_t cols) {
-  FP4LAB_CHECK(t.rows == rows && t.cols == cols,
-               std::string("cuda backend ") + fn + ": " + what + " is [" + std::to_string(t.rows) + ", " +
-                   std::to_string(t.cols) + "], expected [" + std::to_string(rows) + ", " + std::to_string(cols) +
-                   "]");
-}
-void check_size(const char* fn, const char* what, const Tensor& t, int64_t n) {
-  FP4LAB_CHECK(t.size() == n, std::string("cuda backend ") + fn + ": " + what + " holds " + std::to_string(t.size()) +
-                                  " floats, expected " + std::to_string(n));
 }
 
 class CudaBackend final : public Backend {
@@ -421,40 +410,6 @@ class CudaBackend final : public Backend {
   // step waits for nothing; the summary is downloaded when first asked for
   // (after the step, for metrics.jsonl). A state's arrays live in one pooled
   // block. ----
-  struct CudaRouteState final : RouteState {
-    Tensor mem;
-    nn::RouteDevice d;
-    bool dgate_written = false;
-    // Expert parallelism (moe_route_local ... moe_route_finish): the grouping made on the host, and the
-    // receive map and its inverse on the device (int32 each; -1: a row of zeros).
-    std::unique_ptr<Routing> host;
-    Tensor token_mem, reorder, unreorder;
-    void set_summary(RouteSummary m) {
-      summary_ = std::move(m);
-      summary_read = true;
-    }
-    mutable bool summary_read = false;
-    const RouteSummary& summary() const override {
-      if (summary_read) return summary_;
-      const int64_t E = d.experts;
-      std::vector<int64_t> words(size_t(E + 3));
-      check(cudaMemcpy(words.data(), d.summary, nn::route_summary_bytes(E), cudaMemcpyDeviceToHost),
-            "moe_route (download of the counts and losses)");
-      RouteSummary& m = summary_;
-      m.tokens = d.tokens, m.experts = E, m.k = d.k;
-      m.count.assign(words.begin(), words.begin() + E);
-      std::memcpy(&m.aux_loss, &words[size_t(E)], 8);
-      std::memcpy(&m.z_loss, &words[size_t(E + 1)], 8);
-      m.capacity = d.capacity, m.dropped = words[size_t(E + 2)];
-      summary_read = true;
-      return summary_;
-    }
-  };
-  static CudaRouteState& device_route(const RouteState& r) {
-    auto* c = dynamic_cast<CudaRouteState*>(const_cast<RouteState*>(&r));
-    FP4LAB_CHECK(c != nullptr, "cuda backend moe_*: a routing state of another backend's moe_route");
-    return *c;
-  }
   std::unique_ptr<RouteState> moe_route(const RouteParams& p, const Tensor& logits) override {
     check_shape("moe_route", "logits", logits, logits.rows, p.experts);
     const int64_t N = logits.rows, E = p.experts;
@@ -476,107 +431,21 @@ class CudaBackend final : public Backend {
     s->expert_offset = s->offset;
     return s;
   }
-  // Expert parallelism's routing (Backend::moe_route_local and the calls after it): per token on the device
-  // (nn::route_local: moe_route's first part, the same bits); the grouping on every rank's counts and the
-  // losses on every rank's block sums on the host (route_group, route_losses: the reference), whose index
-  // arrays and summary words (the global counts the router's gradient reads) are then uploaded. One wait a
-  // layer beyond moe_route's: the chosen experts' download (the counts' exchange waits anyway).
+  // Expert parallelism's routing: train/cuda/route_state.hpp.
   std::unique_ptr<RouteState> moe_route_local(const RouteParams& p, const Tensor& logits) override {
-    check_shape("moe_route_local", "logits", logits, logits.rows, p.experts);
-    const int64_t N = logits.rows, E = p.experts;
-    auto s = std::make_unique<CudaRouteState>();
-    s->mem = empty(1, int64_t((nn::route_bytes(N, E, p.top_k, 0) + 3) / 4));
-    s->d = nn::route_layout(s->mem.data, N, E, p.top_k, 0);
-    nn::route_local(logits.data, s->d, p.normalize_top_k);
-    s->params = p;
-    s->tokens = N;
-    return s;
+    return expert_parallel_route_local(*this, p, logits);
   }
-  std::vector<int64_t> moe_route_counts(const RouteState& r) override {
-    const nn::RouteDevice& d = device_route(r).d;
-    std::vector<int64_t> counts(size_t(d.experts));
-    check(cudaMemcpy(counts.data(), d.summary, counts.size() * 8, cudaMemcpyDeviceToHost), "moe_route_counts");
-    return counts;
-  }
-  // Routing::block_sums' layout [blocks, experts + 1] from the device's P and z block sums.
-  std::vector<double> moe_route_partials(const RouteState& r) override {
-    const nn::RouteDevice& d = device_route(r).d;
-    const int64_t E = d.experts, nb = (d.tokens + kRouteSumBlock - 1) / kRouteSumBlock;
-    std::vector<double> ps(static_cast<size_t>(nb * E)), zs(static_cast<size_t>(nb)),
-        out(static_cast<size_t>(nb * (E + 1)));
-    if (nb > 0) {
-      check(cudaMemcpy(ps.data(), d.psum, ps.size() * 8, cudaMemcpyDeviceToHost), "moe_route_partials (P)");
-      check(cudaMemcpy(zs.data(), d.zsum, zs.size() * 8, cudaMemcpyDeviceToHost), "moe_route_partials (z)");
-    }
-    for (int64_t b = 0; b < nb; ++b) {
-      std::copy(ps.begin() + b * E, ps.begin() + (b + 1) * E, out.begin() + b * (E + 1));
-      out[size_t(b * (E + 1) + E)] = zs[size_t(b)];
-    }
-    return out;
-  }
+  std::vector<int64_t> moe_route_counts(const RouteState& r) override { return expert_parallel_counts(r); }
+  std::vector<double> moe_route_partials(const RouteState& r) override { return expert_parallel_partials(r); }
   void moe_route_finish(RouteState& r, const ExpertShard& shard, std::vector<int64_t> count_all,
                         const std::vector<double>& block_sums_all, int64_t grad_tokens) override {
-    CudaRouteState& c = device_route(r);
-    nn::RouteDevice& d = c.d;
-    const int64_t N = d.tokens, E = d.experts, M = N * d.k;
-    auto h = std::make_unique<Routing>();
-    h->tokens = N, h->experts = E, h->k = d.k;
-    h->expert.resize(size_t(M));
-    if (M > 0)
-      check(cudaMemcpy(h->expert.data(), d.expert, size_t(M) * 4, cudaMemcpyDeviceToHost),
-            "moe_route_finish (experts)");
-    h->count = moe_route_counts(r);
-    route_group(c.params, *h, shard, std::move(count_all), grad_tokens);
-    route_losses(c.params, *h, block_sums_all);
-    // The send layout's rows (one rank under capacity pads each group: more rows than slots).
-    d.rows = h->offset.back();
-    d.capacity = h->capacity;
-    if (d.rows > M) {
-      c.token_mem = empty(1, d.rows);
-      d.token = reinterpret_cast<int32_t*>(c.token_mem.data);
-    }
-    auto put = [](void* dst, const void* src, size_t bytes, const char* what) {
-      if (bytes > 0) check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), what);
-    };
-    put(d.pos, h->pos.data(), size_t(M) * 4, "moe_route_finish (pos)");
-    put(d.token, h->token.data(), size_t(d.rows) * 4, "moe_route_finish (token)");
-    std::vector<int64_t> words(size_t(E + 3));
-    std::copy(h->global_count.begin(), h->global_count.end(), words.begin());
-    std::memcpy(&words[size_t(E)], &h->aux_loss, 8);
-    std::memcpy(&words[size_t(E + 1)], &h->z_loss, 8);
-    words[size_t(E + 2)] = h->dropped;
-    put(d.summary, words.data(), nn::route_summary_bytes(E), "moe_route_finish (summary)");
-    // The receive map (moe_reorder) and its inverse (moe_unreorder), as HostRouteState::refresh makes them.
-    std::vector<int32_t> back;
-    for (const int32_t i : h->recv_index) back.resize(std::max<size_t>(back.size(), size_t(i + 1)), -1);
-    for (size_t g = 0; g < h->recv_index.size(); ++g)
-      if (h->recv_index[g] >= 0) back[size_t(h->recv_index[g])] = int32_t(g);
-    c.reorder = empty(1, std::max<int64_t>(1, int64_t(h->recv_index.size())));
-    c.unreorder = empty(1, std::max<int64_t>(1, int64_t(back.size())));
-    put(c.reorder.data, h->recv_index.data(), h->recv_index.size() * 4, "moe_route_finish (receive map)");
-    put(c.unreorder.data, back.data(), back.size() * 4, "moe_route_finish (its inverse)");
-    c.offset = h->offset;
-    c.shard = h->shard;
-    c.global_tokens = h->global_tokens, c.grad_tokens = h->grad_tokens;
-    c.send_rows = h->send_rows, c.recv_rows = h->recv_rows, c.expert_offset = h->expert_offset;
-    c.set_summary(route_summary(*h));
-    c.host = std::move(h);
+    expert_parallel_finish(*this, r, shard, std::move(count_all), block_sums_all, grad_tokens);
   }
   void moe_reorder(const Tensor& received, const RouteState& r, Tensor& grouped) override {
-    const CudaRouteState& c = device_route(r);
-    FP4LAB_CHECK(c.host != nullptr, "cuda backend moe_reorder: no moe_route_finish before it");
-    check_shape("moe_reorder", "grouped", grouped, int64_t(c.host->recv_index.size()), received.cols);
-    nn::gather_rows_indexed(received.data, received.cols, reinterpret_cast<const int32_t*>(c.reorder.data),
-                            grouped.data, grouped.rows);
+    expert_parallel_reorder(r, received, grouped);
   }
   void moe_unreorder(const Tensor& grouped, const RouteState& r, Tensor& back) override {
-    const CudaRouteState& c = device_route(r);
-    FP4LAB_CHECK(c.host != nullptr, "cuda backend moe_unreorder: no moe_route_finish before it");
-    int64_t received = 0;
-    for (const int32_t i : c.host->recv_index) received += i >= 0;
-    check_shape("moe_unreorder", "back", back, received, grouped.cols);
-    nn::gather_rows_indexed(grouped.data, grouped.cols, reinterpret_cast<const int32_t*>(c.unreorder.data), back.data,
-                            back.rows);
+    expert_parallel_unreorder(r, grouped, back);
   }
   void moe_gather(const Tensor& x, const RouteState& r, Tensor& grouped) override {
     const nn::RouteDevice& d = device_route(r).d;

@@ -1,5 +1,6 @@
 // Data-parallel optimiser step (data_parallel.hpp).
 #include "train/dist/data_parallel.hpp"
+#include "train/data.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -317,6 +318,14 @@ void DataParallel::state(std::vector<float>& master, std::vector<float>& m, std:
   full_of(d.master, d.adam_b ? &vb : nullptr, master);
   full_of(d.adam->m(), d.adam_b ? &d.adam_b->m() : nullptr, m);
   full_of(d.adam->v(), d.adam_b ? &d.adam_b->v() : nullptr, v);
+}
+
+double ShareEvaluator::evaluate(const Batch& b, const StepContext& s, int64_t* correct) {
+  const ShardRange share = batch_share(b.size, dp_.rank(), dp_.world());
+  int64_t hits = 0;
+  const double loss = model_.evaluate(slice_batch(b, share.begin, share.end), s, correct ? &hits : nullptr);
+  if (correct) *correct = std::llround(dp_.global_loss(double(hits), 1.0));
+  return dp_.global_loss(loss, double(share.end - share.begin) / double(b.size));
 }
 
 std::vector<float> DataParallel::model_values() {

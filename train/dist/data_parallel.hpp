@@ -55,6 +55,7 @@
 
 #include "train/config.hpp"
 #include "train/dist/comm.hpp"
+#include "train/model.hpp"
 #include "train/optim.hpp"
 
 namespace fp4lab::train {
@@ -109,6 +110,21 @@ class DataParallel {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   Communicator& comm_;
+};
+
+// Expert parallelism's evaluation: the MoE layers exchange tokens, so every
+// rank evaluates its share of each batch (batch_share), and the shares' mean
+// losses and hits are summed over the ranks weighted as training's are
+// (global_loss): the batch's mean loss, within float rounding of one
+// process's. Collective: every rank evaluates the same batches.
+class ShareEvaluator final : public BatchEvaluator {
+ public:
+  ShareEvaluator(Model& model, DataParallel& dp) : model_(model), dp_(dp) {}
+  double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override;
+
+ private:
+  Model& model_;
+  DataParallel& dp_;
 };
 
 // The ParamStore indices of the NVFP4 primary weights: linear layers the
