@@ -1,7 +1,8 @@
 // Expert parallelism on the CUDA backend, on one GPU: R thread ranks, each
 // with its own CUDA backend (rows staged through host memory by the thread
 // communicator, as with MPI), against one process of the CUDA backend. The
-// layer: tests/train/expert_parallel_case.hpp (C1 and C2); a whole run: R
+// layer: tests/train/expert_parallel_case.hpp (C1 with injected logits, C2 as
+// far as cuBLAS's shape-chosen kernels allow); a whole run: R
 // ranks follow one process within float rounding, and a repeat is bitwise.
 #include <doctest/doctest.h>
 
@@ -19,7 +20,8 @@ using nlohmann::json;
 
 TEST_CASE("cuda backend, expert parallel MoE layer: R thread ranks equal one process holding every expert") {
   fp4lab::train::test::check_expert_parallel_layer([] { return fp4lab::train::make_cuda_backend(); },
-                                                   {"fp32", "bf16", "mxfp8", "nvfp4"});
+                                                   {"fp32", "bf16", "mxfp8", "nvfp4"},
+                                                   fp4lab::train::test::GemmRows::shape_dependent);
 }
 
 TEST_CASE("cuda backend, expert parallel runs: R thread ranks follow one process; a repeat is bitwise") {
