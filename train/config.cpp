@@ -197,6 +197,9 @@ void parse_moe(const json& m, const std::string& where, int64_t width, MoeConfig
   c.dispatch = dispatch == "capacity" ? MoeConfig::Dispatch::capacity : MoeConfig::Dispatch::dropless;
   o.get("capacity_factor", c.capacity_factor);
   o.finish();
+  if (!m.contains("experts"))
+    throw Error(where + ": no \"experts\" key: a mixture of experts needs model.moe.experts (1 to " +
+                std::to_string(int64_t(kMaxExperts)) + "); without model.moe the MLP is dense");
   check_range(where + ".experts", c.experts, {1, kMaxExperts});
   // top_k: routing picks each token's experts one by one (train/moe.cpp, O(top_k^2 experts) a token).
   check_range(where + ".top_k", c.top_k, {1, std::min(double(c.experts), kMaxTopK)}, "at most experts and 64");

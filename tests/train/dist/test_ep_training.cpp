@@ -142,6 +142,10 @@ TEST_CASE("expert parallel: config and world errors, one line each") {
   j = test::tiny_moe_config(text, out, "e", 2);
   j["output"]["numerics_interval"] = 2;
   CHECK(err(j).find("output.numerics_interval") != std::string::npos);
+  // A model.moe object without experts (as `--set model.moe.top_k=2` on a dense config makes): the missing key.
+  j = test::tiny_moe_config(text, out, "e", 1);
+  j["model"]["moe"].erase("experts");
+  CHECK(err(j).find("config.model.moe: no \"experts\" key") != std::string::npos);
   // R must equal the world for now: on 4 ranks, R = 2 is refused by every rank with the same line.
   try {
     test::run_on_threads(4, test::tiny_moe_config(text, out, "w", 2));
