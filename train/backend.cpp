@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "sim/quantizer.hpp"
 
 namespace fp4lab::train {
 
@@ -103,6 +104,13 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
 #endif
   }
   throw Error("backend \"" + name + "\" unknown; valid: cpu, cuda");
+}
+
+void Backend::fake_quantize(Tensor& x, const QuantizerSpec& q) {
+  std::vector<float> h(static_cast<size_t>(x.size()));
+  download(x, h.data());
+  fp4lab::fake_quantize(q, MatrixView<float>(h.data(), x.rows, x.cols));
+  upload(h.data(), x);
 }
 
 // ---- the routing seam's defaults: the routing on the host (HostRouteState) ----

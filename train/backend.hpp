@@ -324,6 +324,10 @@ class Backend {
   virtual void gather_rows(const Tensor& x, int64_t stride, Tensor& out) = 0;
   virtual void scatter_rows(const Tensor& dout, int64_t stride, Tensor& dx) = 0;
 
+  // x replaced by quantize(q, x).dequant (sim's fake_quantize with RandomStream {}: the same bits on every
+  // backend). The default runs sim's on the host (download, quantize, upload).
+  virtual void fake_quantize(Tensor& x, const QuantizerSpec& q);
+
   // Mixture-of-experts routing (train/moe.hpp). Index and weight arrays are
   // host arrays; `k` slots per token, slot (t, j) at t * k + j.
   // An index -1 names no row (capacity dispatch: an empty row, a dropped slot).

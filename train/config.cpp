@@ -196,6 +196,10 @@ void parse_moe(const json& m, const std::string& where, int64_t width, MoeConfig
   check_choice(where + ".dispatch", dispatch, {"dropless", "capacity"});
   c.dispatch = dispatch == "capacity" ? MoeConfig::Dispatch::capacity : MoeConfig::Dispatch::dropless;
   o.get("capacity_factor", c.capacity_factor);
+  std::string cast = "none";
+  o.get("dispatch_cast", cast);
+  check_choice(where + ".dispatch_cast", cast, {"none", "mxfp8"});
+  c.dispatch_cast = cast == "mxfp8" ? MoeConfig::DispatchCast::mxfp8 : MoeConfig::DispatchCast::none;
   o.finish();
   if (!m.contains("experts"))
     throw Error(where + ": no \"experts\" key: a mixture of experts needs model.moe.experts (1 to " +
@@ -569,6 +573,9 @@ json config_to_json(const RunConfig& c) {
     if (m.moe.experts > 0 && m.moe.dispatch == MoeConfig::Dispatch::capacity) {  // only when set: hashes stay
       model["moe"]["dispatch"] = "capacity";
       model["moe"]["capacity_factor"] = m.moe.capacity_factor;
+    }
+    if (m.moe.experts > 0 && m.moe.dispatch_cast == MoeConfig::DispatchCast::mxfp8) {  // only when set
+      model["moe"]["dispatch_cast"] = "mxfp8";
     }
   }
   const TrainingConfig& t = c.training;

@@ -54,6 +54,13 @@ struct MoeConfig {
   enum class Dispatch : uint8_t { dropless, capacity };
   Dispatch dispatch = Dispatch::dropless;
   double capacity_factor = 1.25;  // capacity dispatch: rows an expert = ceil(factor * N k / E), rounded up to 16
+  // The precision of the rows on their way to the experts, as torchao's MXFP8 expert-parallel dispatch sends
+  // them (train/moe.hpp "dispatch cast"): none (FP32), or mxfp8 (the experts' inputs in the forward and their
+  // output gradients in the backward fake-quantized to MXFP8 E4M3 in [1, 32] blocks along the width, quantizer
+  // mxfp8_e4m3; the gradients leaving the experts and the outputs coming back stay FP32). In one process too,
+  // so that expert parallelism equals it.
+  enum class DispatchCast : uint8_t { none, mxfp8 };
+  DispatchCast dispatch_cast = DispatchCast::none;
   bool operator==(const MoeConfig&) const = default;
   RouteParams route_params() const {
     return {experts, top_k, normalize_top_k, aux_loss, z_loss, dispatch == Dispatch::capacity ? capacity_factor : 0.0};

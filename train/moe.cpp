@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "recipes/recipe.hpp"
 
 namespace fp4lab::train {
 
@@ -29,6 +30,8 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t width, bool bias, const std::string& 
     throw Error("model.moe.experts " + std::to_string(c.experts) + " is not a multiple of " +
                 "distributed.expert_parallel " + std::to_string(ps.expert_ranks()));
   shard_ = ExpertShard{ps.expert_ranks(), ps.expert_rank(), c.experts};
+  if (c.dispatch_cast == MoeConfig::DispatchCast::mxfp8)
+    dispatch_cast_ = recipe_by_name("mxfp8").operands[size_t(Operand::fwd_x)];
   router_ = make_linear(layer + "router", width, c.experts, std, false, ps, next_id, infos, {});
   for (int64_t e = 0; e < c.experts; ++e) {
     const std::string p = layer + "experts." + std::to_string(e) + ".";
@@ -128,6 +131,7 @@ Tensor MoeMlp::forward_routed(Backend& be, LinearCalls& calls, const StepContext
   const int64_t M = route_->offset.back();  // the send layout: N k slots; one process, capacity: E capacity rows
   grouped_ = be.empty(M, C);
   be.moe_gather(x, *route_, grouped_);
+  if (dispatch_cast_) be.fake_quantize(grouped_, *dispatch_cast_);
   const Tensor expert_in = dispatch(be, grouped_);
   const int64_t Me = route_->expert_offset.back();  // this rank's experts' rows
   h_ = be.empty(Me, H);
@@ -156,6 +160,7 @@ Tensor MoeMlp::backward(Backend& be, LinearCalls& calls, const StepContext& s, c
   const int64_t M = route_->offset.back(), Me = route_->expert_offset.back();
   Tensor d_combined = be.empty(M, C);
   be.moe_combine_backward(dy, combined_, *route_, d_combined);
+  if (dispatch_cast_) be.fake_quantize(d_combined, *dispatch_cast_);
   const Tensor d_out_e = dispatch(be, d_combined);
   Tensor dg = be.empty(Me, H), dh = be.empty(Me, H), dgrouped = be.empty(Me, C);
   calls.grouped_backward(proj_ptrs_, s, *proj_state_, d_out_e, route_->expert_offset, dg);

@@ -29,10 +29,21 @@
 // and back (dispatch and combine), and every expert's group is one process's
 // on the concatenated shares (rows, order, capacity drops), so the experts'
 // outputs and gradients are one process's bit for bit.
+// Dispatch cast (MoeConfig::dispatch_cast mxfp8; torchao's MXFP8 dispatch,
+// torchao/prototype/moe_training/ep): the send layout's rows (the experts'
+// inputs) are fake-quantized after the gather in the forward, and the rows of
+// the combine's gradient (the experts' output gradients) before they travel
+// in the backward, with the mxfp8 recipe's fwd_x quantizer (E4M3, [1, 32]
+// along the width, E8M0 rounded up; Backend::fake_quantize); the backward
+// treats the cast as the identity (straight through), and the gradients
+// leaving the experts and the outputs coming back stay FP32. Under the mxfp8
+// recipe it changes only the experts' weight gradients: their forward and
+// dgrad operands quantize the cast rows again to the same values.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -120,6 +131,7 @@ class MoeMlp {
   Tensor dispatch(Backend& be, const Tensor& send);
   Tensor combine(Backend& be, const Tensor& grouped);
   MoeConfig c_;
+  std::optional<QuantizerSpec> dispatch_cast_;  // c_.dispatch_cast's quantizer, if any
   int64_t width_ = 0, hidden_ = 0;
   ExpertShard shard_;
   ExpertExchange* ep_ = nullptr;

@@ -104,7 +104,8 @@ enum class GemmRows { independent, shape_dependent };
 // The layer on R in {2, 4} thread ranks of `make`'s backend against one process of it, for each recipe
 // (the contracts C1 and C2 above).
 inline void check_expert_parallel_layer(const BackendFactory& make, std::initializer_list<const char*> recipes,
-                                        GemmRows gemm_rows = GemmRows::independent) {
+                                        GemmRows gemm_rows = GemmRows::independent,
+                                        MoeConfig::DispatchCast cast = MoeConfig::DispatchCast::none) {
   const bool inject = gemm_rows == GemmRows::shape_dependent;
   using namespace ep_case;
   std::mt19937 rng(4747);
@@ -126,6 +127,7 @@ inline void check_expert_parallel_layer(const BackendFactory& make, std::initial
             MoeConfig c;
             c.experts = E, c.top_k = k, c.aux_loss = 0.01, c.z_loss = 0.001, c.expert_hidden = 64;
             c.shared_expert = shared;
+            c.dispatch_cast = cast;
             if (capacity) c.dispatch = MoeConfig::Dispatch::capacity, c.capacity_factor = 1.0;
             const int64_t Ng = kTokens * R;
             std::vector<float> x(size_t(Ng * kWidth)), dy(size_t(Ng * kWidth));

@@ -32,6 +32,7 @@
 #include "train/cuda/linear.hpp"
 #include "core/error.hpp"
 #include "cuda/device.hpp"
+#include "cuda/quantize.hpp"
 #include "train/cuda/moe_ops.hpp"
 #include "train/cuda/moe_route.hpp"
 #include "train/cuda/route_state.hpp"
@@ -378,6 +379,11 @@ class CudaBackend final : public Backend {
     nn::scatter_rows(dout.data, dout.rows, dx.cols, stride, dx.data, dx.rows);
   }
 
+  // ---- fake quantization (cuda/quantize.hpp: sim's bits) ----
+  void fake_quantize(Tensor& x, const QuantizerSpec& q) override {
+    cuda::fake_quantize_device(q, x.data, x.rows, x.cols, {}, fake_quant_ws_);
+  }
+
   // ---- mixture-of-experts routing (host indices and weights uploaded) ----
   void gather_rows_indexed(const Tensor& x, const int32_t* idx, Tensor& out) override {
     check_same_cols("gather_rows_indexed", x, out);
@@ -689,6 +695,7 @@ class CudaBackend final : public Backend {
   using IntUpload = HostUpload<int32_t>;
   IntUpload ids_up_, group_rows_up_, group_offsets_up_, positions_up_, targets_up_, moe_idx_up_, moe_pos_up_;
   HostUpload<float> moe_w_up_;
+  cuda::QuantWorkspace fake_quant_ws_;  // fake_quantize's
   DeviceBuffer<float> moe_dw_;
   DeviceBuffer<double> loss_rows_;
   DeviceBuffer<uint8_t> ok_rows_, decay_dev_;

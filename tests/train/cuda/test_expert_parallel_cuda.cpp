@@ -3,13 +3,16 @@
 // communicator, as with MPI), against one process of the CUDA backend. The
 // layer: tests/train/expert_parallel_case.hpp (C1 with injected logits, C2 as
 // far as cuBLAS's shape-chosen kernels allow); a whole run: R
-// ranks follow one process within float rounding, and a repeat is bitwise.
+// ranks follow one process within float rounding, and a repeat is bitwise;
+// the dispatch cast: the CUDA fake_quantize equals the CPU's, and R ranks
+// with the cast equal one process with it.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <random>
 
 #include "train/expert_parallel_case.hpp"
 #include "train/text_fixture.hpp"
@@ -49,4 +52,33 @@ TEST_CASE("cuda backend, expert parallel runs: R thread ranks follow one process
     CHECK(b.final_params == a.final_params);
   }
   fs::remove_all(d);
+}
+
+TEST_CASE("cuda backend, Backend::fake_quantize equals the CPU backend's (the MoE dispatch cast's quantizer)") {
+  using namespace fp4lab;
+  using namespace fp4lab::train;
+  std::mt19937 rng(63);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const QuantizerSpec q = *recipe_by_name("mxfp8").operands[size_t(Operand::fwd_x)];
+  auto gpu = make_cuda_backend();
+  auto cpu = make_cpu_backend(1);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{7, 32}, {333, 96}, {5, 50}, {1024, 256}}) {
+    std::vector<float> h(size_t(rows * cols));
+    for (auto& v : h) v = nd(rng) * std::ldexp(1.0f, int(nd(rng) * 6));
+    h[0] = 0.0f, h[1] = -0.0f;
+    std::vector<float> a(h.size()), b(h.size());
+    for (auto* be : {gpu.get(), cpu.get()}) {
+      Tensor t = be->empty(rows, cols);
+      be->upload(h.data(), t);
+      be->fake_quantize(t, q);
+      be->download(t, (be == gpu.get() ? a : b).data());
+    }
+    CHECK(test::ep_case::same_bits(a, b));
+  }
+}
+
+TEST_CASE("cuda backend, MoE dispatch cast mxfp8 on R thread ranks equals one process with it") {
+  fp4lab::train::test::check_expert_parallel_layer([] { return fp4lab::train::make_cuda_backend(); }, {"bf16", "mxfp8"},
+                                                   fp4lab::train::test::GemmRows::shape_dependent,
+                                                   fp4lab::train::MoeConfig::DispatchCast::mxfp8);
 }

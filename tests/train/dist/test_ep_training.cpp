@@ -146,6 +146,10 @@ TEST_CASE("expert parallel: config and world errors, one line each") {
   j = test::tiny_moe_config(text, out, "e", 1);
   j["model"]["moe"].erase("experts");
   CHECK(err(j).find("config.model.moe: no \"experts\" key") != std::string::npos);
+  j = test::tiny_moe_config(text, out, "e", 2);
+  j["model"]["moe"]["dispatch_cast"] = "fp4";
+  CHECK(err(j).find("config.model.moe.dispatch_cast") != std::string::npos);
+  CHECK(err(j).find("mxfp8") != std::string::npos);
   // R must equal the world for now: on 4 ranks, R = 2 is refused by every rank with the same line.
   try {
     test::run_on_threads(4, test::tiny_moe_config(text, out, "w", 2));
