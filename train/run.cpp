@@ -461,12 +461,12 @@ void Training::build_model() {
   model_ = make_model(cfg_.model, *be_, cfg_.seed);
   AdamWConfig ac = tc.adamw;
   if (tc.optimizer == "adam") ac.weight_decay = 0.0;
-  const std::vector<int> nv = cfg_.distributed.primary_weights == "nvfp4"
-                                  ? layer_recipes_.nvfp4_weight_params(model_->linear_layers())
-                                  : std::vector<int>{};
-  dp_ = std::make_unique<DataParallel>(*comm_, *be_, model_->params(), ac, cfg_.distributed, nv);
-  const std::vector<CastOperand> ops = dp_->cast_operands();  // in nv's order; empty on the cpu backend
-  cast_weights_.clear();
+  ParamStore& ps = model_->params();
+  if (cfg_.distributed.primary_weights == "nvfp4")
+    ps.set_storage(layer_recipes_.low_precision_weight_params(model_->linear_layers()), Storage::nvfp4_2d);
+  dp_ = std::make_unique<DataParallel>(*comm_, *be_, ps, ac, cfg_.distributed);
+  const std::vector<int> nv = ps.params_with(Storage::nvfp4_2d);
+  const std::vector<CastOperand> ops = dp_->cast_operands();  // in nv's order; empty on the cpu backend (once)
   for (size_t k = 0; k < nv.size(); ++k)
     cast_weights_.push_back(CastWeight{nv[k], k < ops.size() ? ops[k] : CastOperand{}});
   if (cfg_.capture_step >= 0) capture_ = std::make_unique<CaptureWriter>(*be_, dir_ / "capture", cfg_.capture_step);
@@ -482,7 +482,7 @@ void Training::build_model() {
 StepContext Training::context(int64_t step, bool train) const {
   StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train, true, float(cfg_.training.loss_scale)};
   if (!cast_weights_.empty()) {  // NVFP4 primary weights: their values are the cast, not quantized again
-    sc.weight_cast = &nvfp4_primary_cast_spec();
+    sc.weight_cast = storage_cast(Storage::nvfp4_2d);
     sc.cast_weights = &cast_weights_;
   }
   if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;

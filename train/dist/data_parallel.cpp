@@ -18,19 +18,6 @@ ShardRange batch_share(int64_t n, int rank, int world) {
   return ShardRange{n * rank / world, n * (rank + 1) / world};
 }
 
-std::vector<int> nvfp4_weight_params(const std::vector<LinearLayerInfo>& layers, const Recipe& recipe) {
-  std::vector<int> out;
-  for (const LinearLayerInfo& l : layers)
-    if (l.weight_param >= 0 && !recipe.keeps_high_precision(l.name))
-      out.push_back(l.weight_param);
-  return out;
-}
-
-const QuantizerSpec& nvfp4_primary_cast_spec() {
-  static const QuantizerSpec q = quantizer_by_name("nvfp4_2d");
-  return q;
-}
-
 namespace {
 
 Tensor slice(const Tensor& flat, ShardRange r) { return view_of(flat.data + r.begin, 1, r.end - r.begin); }
@@ -59,21 +46,21 @@ struct DataParallel::Impl {
   std::unique_ptr<cuda::DeviceShardCast> dcast;  // the cuda backend's cast (cuda/shard_cast.hpp)
 #endif
 
-  Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d,
-       const std::vector<int>& nv)
+  Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d)
       : comm(c), be(b), ps(p), dc(d) {
     const bool device = be.name() == "cuda";
     if (comm.device_buffers() && !device)
       throw Error("data parallel: the " + comm.name() + " communicator needs the cuda backend");
     stage = device && !comm.device_buffers();
-    const bool nv4 = dc.primary_weights == "nvfp4";
+    const std::vector<int> nv = ps.params_with(Storage::nvfp4_2d);
+    const bool nv4 = !nv.empty();
     if (ps.expert_ranks() != 1 && ps.expert_ranks() != comm.world())
       throw Error("data parallel: " + std::to_string(ps.expert_ranks()) + " expert-parallel ranks in a world of " +
                   std::to_string(comm.world()) + " (valid for now: the whole world; plan step 9 lifts this)");
     if (ps.expert_ranks() > 1 && nv4)
       throw Error(
-          "data parallel: distributed.primary_weights nvfp4 with expert parallelism is not supported yet "
-          "(plan step 10); valid: fp32");
+          "data parallel: parameters stored as nvfp4_2d (distributed.primary_weights nvfp4) with expert "
+          "parallelism are not supported yet (plan step 10); valid: fp32");
     n = ps.size();
     na = ps.replicated_size();
     shards = even_shards(na, comm.world());
@@ -241,8 +228,8 @@ struct DataParallel::Impl {
 };
 
 DataParallel::DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac,
-                           const DistributedConfig& dc, std::vector<int> nvfp4_params)
-    : impl_(std::make_unique<Impl>(comm, be, ps, ac, dc, nvfp4_params)), comm_(comm) {
+                           const DistributedConfig& dc)
+    : impl_(std::make_unique<Impl>(comm, be, ps, ac, dc)), comm_(comm) {
   impl_->cast_nvfp4();
 }
 
