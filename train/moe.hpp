@@ -120,6 +120,7 @@ class MoeMlp {
   Tensor dispatch(Backend& be, const Tensor& send);
   Tensor combine(Backend& be, const Tensor& grouped);
   MoeConfig c_;
+  const ParamStore* ps_ = nullptr;  // the constructor's: its storage plans the layers (LinearLayer::plan)
   int64_t width_ = 0, hidden_ = 0;
   ExpertShard shard_;
   ExpertExchange* ep_ = nullptr;

@@ -23,11 +23,14 @@
 // Storage (train/param_storage.hpp): every parameter records how its values
 // are stored (FP32 unless set_storage says otherwise). The store hands each
 // layer what follows from it (cast_spec: the quantizer its values are the
-// output of); whoever steps the optimiser (train/dist/data_parallel.hpp)
-// keeps the FP32 masters and writes the stored form after every step.
+// output of; stored: its form in the backend's memory) and owns the
+// nvfp4_2d tensors' CastStore; whoever steps the optimiser
+// (train/dist/data_parallel.hpp) keeps the FP32 masters and runs the cast
+// after every step.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_set>
@@ -74,14 +77,20 @@ class ParamStore {
   // Allocates the held tensors' buffers on `be` and initialises them from `seed` (one process's values).
   void finalize(Backend& be, uint64_t seed);
   // Stores the parameters `params` (indices, each at most once) as `s`
-  // (after finalize; the others keep theirs). Throws Error naming an index
-  // out of range or listed twice.
-  void set_storage(std::span<const int> params, Storage s);
+  // (after finalize; the others keep theirs), and makes the CastStore of
+  // every nvfp4_2d-stored tensor this rank holds on `be` (the values are not
+  // cast here: the optimiser's step does that, DataParallel). Throws Error
+  // naming an index out of range or listed twice.
+  void set_storage(std::span<const int> params, Storage s, Backend& be);
   Storage storage(int i) const { return info(i).storage; }
   // storage_cast(storage(i)): the quantizer parameter i's values are the output of; null for FP32.
   const QuantizerSpec* cast_spec(int i) const { return storage_cast(storage(i)); }
   // The indices of the parameters stored as `s`, increasing (so are their offsets within a region).
   std::vector<int> params_with(Storage s) const;
+  // The nvfp4_2d-stored tensors' cast (null: none).
+  CastStore* cast_store() const { return cast_store_.get(); }
+  // Parameter i's stored form for its layer (LayerPlan::w_stored), or null (FP32, or a backend that keeps none).
+  const StoredWeight* stored(int i) const;
 
   int64_t size() const { return total_; }                  // this rank's buffer (after finalize)
   int64_t global_size() const { return global_total_; }    // one process's buffer
@@ -107,6 +116,8 @@ class ParamStore {
   int64_t total_ = 0, global_total_ = 0, replicated_ = 0;
   int ep_ranks_ = 1, ep_rank_ = 0;
   bool finalized_ = false;
+  std::unique_ptr<CastStore> cast_store_;
+  std::vector<int> cast_slot_;  // per parameter: its tensor in cast_store_, or -1
 };
 
 // Host-side initial values of one parameter (what finalize() uploads).

@@ -308,7 +308,6 @@ class Training {
   std::unique_ptr<Communicator> local_comm_;
   bool rank0_ = true;  // rank 0 writes the directory, metrics, checkpoints and evaluates
   std::unique_ptr<DataParallel> dp_;
-  std::vector<CastWeight> cast_weights_;  // the NVFP4 primary weights, empty if none
   std::optional<Recipe> switched_;  // the recipe from switch_at_ on
   uint64_t switch_at_ = 0;
   int64_t items_ = 0;  // items (images, tokens) per step
@@ -463,12 +462,8 @@ void Training::build_model() {
   if (tc.optimizer == "adam") ac.weight_decay = 0.0;
   ParamStore& ps = model_->params();
   if (cfg_.distributed.primary_weights == "nvfp4")
-    ps.set_storage(layer_recipes_.low_precision_weight_params(model_->linear_layers()), Storage::nvfp4_2d);
-  dp_ = std::make_unique<DataParallel>(*comm_, *be_, ps, ac, cfg_.distributed);
-  const std::vector<int> nv = ps.params_with(Storage::nvfp4_2d);
-  const std::vector<CastOperand> ops = dp_->cast_operands();  // in nv's order; empty on the cpu backend (once)
-  for (size_t k = 0; k < nv.size(); ++k)
-    cast_weights_.push_back(CastWeight{nv[k], k < ops.size() ? ops[k] : CastOperand{}});
+    ps.set_storage(layer_recipes_.low_precision_weight_params(model_->linear_layers()), Storage::nvfp4_2d, *be_);
+  dp_ = std::make_unique<DataParallel>(*comm_, *be_, ps, ac, cfg_.distributed);  // casts the stored weights
   if (cfg_.capture_step >= 0) capture_ = std::make_unique<CaptureWriter>(*be_, dir_ / "capture", cfg_.capture_step);
   if (capture_) model_->set_capture(capture_->hook());
   switch_at_ = uint64_t(total_);
@@ -481,10 +476,6 @@ void Training::build_model() {
 
 StepContext Training::context(int64_t step, bool train) const {
   StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train, true, float(cfg_.training.loss_scale)};
-  if (!cast_weights_.empty()) {  // NVFP4 primary weights: their values are the cast, not quantized again
-    sc.weight_cast = storage_cast(Storage::nvfp4_2d);
-    sc.cast_weights = &cast_weights_;
-  }
   if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;
   if (!train && layer_recipes_.eval) {
     sc.recipe = &*layer_recipes_.eval;

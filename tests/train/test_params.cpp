@@ -44,7 +44,7 @@ TEST_CASE("storage: FP32 unless set; set_storage records it per parameter; param
   const int b = ps.add("a.bias", 1, 4, false, Init::zeros);
   const int c = ps.add("b.weight", 8, 4, true, Init::normal, 0.02f);
   const int idx[] = {c, a};
-  CHECK_THROWS_AS(ps.set_storage(idx, Storage::nvfp4_2d), fp4lab::InternalError);  // before finalize
+  CHECK_THROWS_AS(ps.set_storage(idx, Storage::nvfp4_2d, *be), fp4lab::InternalError);  // before finalize
   ps.finalize(*be, 7);
   for (int i : {a, b, c}) {
     CHECK(ps.storage(i) == Storage::fp32);
@@ -52,7 +52,7 @@ TEST_CASE("storage: FP32 unless set; set_storage records it per parameter; param
   }
   CHECK(ps.params_with(Storage::fp32) == std::vector<int>{a, b, c});
   CHECK(ps.params_with(Storage::nvfp4_2d).empty());
-  ps.set_storage(idx, Storage::nvfp4_2d);
+  ps.set_storage(idx, Storage::nvfp4_2d, *be);
   CHECK(ps.storage(a) == Storage::nvfp4_2d);
   CHECK(ps.storage(b) == Storage::fp32);
   CHECK(ps.storage(c) == Storage::nvfp4_2d);
@@ -70,7 +70,7 @@ TEST_CASE("storage: FP32 unless set; set_storage records it per parameter; param
   const int twice[] = {a, a};
   for (auto bad : {std::span<const int>(out_of_range), std::span<const int>(negative), std::span<const int>(twice)}) {
     try {
-      ps.set_storage(bad, Storage::fp32);
+      ps.set_storage(bad, Storage::fp32, *be);
       FAIL("no error");
     } catch (const fp4lab::Error& e) {
       const std::string m = e.what();
@@ -80,4 +80,15 @@ TEST_CASE("storage: FP32 unless set; set_storage records it per parameter; param
     }
   }
   CHECK(ps.storage(a) == Storage::nvfp4_2d);  // a failed call changes nothing
+  // The nvfp4_2d tensors' cast store: theirs, in index order; the cpu backend keeps no stored form.
+  REQUIRE(ps.cast_store() != nullptr);
+  const std::span<const fp4lab::FlatTensor> t = ps.cast_store()->tensors();
+  REQUIRE(t.size() == 2);
+  CHECK((t[0].rows == 4 && t[0].cols == 8 && t[0].offset == ps.info(a).offset));
+  CHECK((t[1].rows == 8 && t[1].cols == 4 && t[1].offset == ps.info(c).offset));
+  CHECK(!ps.cast_store()->device());
+  for (int i : {a, b, c}) CHECK(ps.stored(i) == nullptr);
+  const int all[] = {a, c};
+  ps.set_storage(all, Storage::fp32, *be);
+  CHECK(ps.cast_store() == nullptr);  // nothing stored as nvfp4_2d
 }

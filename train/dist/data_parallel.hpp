@@ -92,12 +92,6 @@ class DataParallel {
                   int64_t steps_taken);
   int64_t steps_taken() const;
 
-  // The NVFP4 weights' packed casts (CastOperand), in the order of
-  // ps.params_with(Storage::nvfp4_2d), where the backend keeps them on the device
-  // (the cuda backend's cast); empty otherwise (the layers take the FP32 cast).
-  // Valid for the object's life; each step's cast rewrites what they name.
-  std::vector<CastOperand> cast_operands() const;
-
   // Bytes this rank holds: parameters, gradients, master shard, moments, NVFP4 codes and scales.
   nlohmann::json memory() const;
   void barrier() { comm_.barrier(); }

@@ -51,7 +51,7 @@ Outcome run_dp(int world, const DistributedConfig& dc, const AdamWConfig& ac, in
       ParamStore ps;
       declare(ps);
       ps.finalize(*be, from ? 99 : 7);
-      ps.set_storage(nvfp4, Storage::nvfp4_2d);
+      ps.set_storage(nvfp4, Storage::nvfp4_2d, *be);
       DataParallel dp(*comms[size_t(r)], *be, ps, ac, dc);
       if (from) dp.load_state(from->master, from->m, from->v, first);
       for (int t = from ? first : 0; t < steps; ++t) {
