@@ -24,6 +24,7 @@
 #include "train/run_files.hpp"
 #include "train/data.hpp"
 #include "train/dist/agreement.hpp"
+#include "train/dist/counting_comm.hpp"
 #include "train/dist/data_parallel.hpp"
 #include "train/task.hpp"
 #include "core/error.hpp"
@@ -304,8 +305,9 @@ class Training {
   bool checkpointed_ = false;  // this invocation wrote a checkpoint
   std::unique_ptr<Backend> be_;
   std::unique_ptr<Model> model_;
-  Communicator* comm_ = nullptr;  // opt.comm, or local_comm_
+  Communicator* comm_ = nullptr;  // counting_, over opt.comm or local_comm_
   std::unique_ptr<Communicator> local_comm_;
+  std::unique_ptr<CountingComm> counting_;  // wraps opt.comm / local_comm_: summary's distributed.collectives
   bool rank0_ = true;  // rank 0 writes the directory, metrics, checkpoints and evaluates
   std::unique_ptr<DataParallel> dp_;
   std::optional<Recipe> switched_;  // the recipe from switch_at_ on
@@ -340,7 +342,8 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
       layer_recipes_(resolve_layer_recipes(cfg_)) {
   const TrainingConfig& tc = cfg_.training;
   if (!opt.comm) local_comm_ = make_local_comm();
-  comm_ = opt.comm ? opt.comm : local_comm_.get();
+  counting_ = std::make_unique<CountingComm>(opt.comm ? *opt.comm : *local_comm_);
+  comm_ = counting_.get();
   rank0_ = comm_->rank() == 0;
   task_ = make_task(cfg_);
   const int64_t spe = task_->steps_per_epoch();
@@ -681,7 +684,10 @@ json Training::summary() const {
             {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
   if (!error_.empty()) s["error"] = error_;
   layer_recipes_.add_to_summary(s, uint64_t(total_));
-  if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) s["distributed"] = dp_->memory();
+  if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) {
+    s["distributed"] = dp_->memory();
+    s["distributed"]["collectives"] = counting_->summary();
+  }
   return s;
 }
 
