@@ -269,14 +269,14 @@ void DeviceShardCast::dequantize(float* flat) const {
   check(cudaDeviceSynchronize(), "shard cast: dequantize");
 }
 
-CastOperand DeviceShardCast::operand(size_t t) const {
+PackedNvfp4 DeviceShardCast::packed_tensor(size_t t) const {
   if (t >= tensors_.size())
     throw Error("shard cast: tensor " + std::to_string(t) + " of " + std::to_string(tensors_.size()));
-  return CastOperand{packed_.data() + layout_.packed_offset[t], tile_code_.data() + layout_.tile_offset[t],
+  return PackedNvfp4{packed_.data() + layout_.packed_offset[t], tile_code_.data() + layout_.tile_offset[t],
                      g_dec_.data() + t};
 }
 
-void cast_operand_device(const CastOperand& c, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t stream) {
+void cast_operand_device(const PackedNvfp4& c, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t stream) {
   if (rows * cols == 0) return;
   if (c.packed == nullptr || c.tile_codes == nullptr || c.g_dec == nullptr)
     throw Error("cast_operand_device: the cast operand is incomplete (null packed codes, tile codes or g_dec)");

@@ -18,7 +18,7 @@
 //      primary_weights.hpp's gather_packed)
 //   6. dequantize: (decode(code) * decode(tile scale)) * g_dec into the flat
 //      buffer at every tensor element (what sim's dequantize_packed writes).
-// Afterwards operand(t) names tensor t's packed form on the device, which a
+// Afterwards packed_tensor(t) names tensor t's packed form on the device, which a
 // linear layer decodes into its exact BF16 GEMM operand (cast_operand_device).
 // Everything runs on the legacy default stream; every step but compute_scales
 // (whose results only later steps read, in stream order) is complete on return.
@@ -29,10 +29,19 @@
 #include <vector>
 
 #include "cuda/device.hpp"
-#include "recipes/linear_plan.hpp"
 #include "sim/shard_cast.hpp"
 
 namespace fp4lab::cuda {
+
+// One tensor's NVFP4 cast in its packed form, in device memory: the codes
+// (E2M1 nibbles, ceil(cols/2) bytes a row, the even column in the low
+// nibble), one UE4M3 code per 16x16 tile (ceil(cols/16) a row of tiles) and
+// the global decode scale (one float): W = (decode(code) * decode(tile)) * g_dec.
+struct PackedNvfp4 {
+  const uint8_t* packed = nullptr;
+  const uint8_t* tile_codes = nullptr;
+  const float* g_dec = nullptr;
+};
 
 class DeviceShardCast {
  public:
@@ -56,12 +65,13 @@ class DeviceShardCast {
   void set_packed(const std::vector<uint8_t>& full);
 
   void dequantize(float* flat) const;
-  // Tensor t's cast as the linear layers take it (valid after compute_scales
-  // and set_packed / cast, until the next cast).
-  CastOperand operand(size_t t) const;
+  // Tensor t's cast as the linear layers take it (the pointers are fixed for
+  // the object's life; the contents valid after compute_scales and
+  // set_packed / cast, until the next cast).
+  PackedNvfp4 packed_tensor(size_t t) const;
   // The column-wise copy of packed() (sim's transpose_packed) into `out`
   // (device, packed_bytes_transposed() bytes). Not part of the trainer's step:
-  // its Hopper GEMMs take the row-major codes decoded to BF16 (operand()), for
+  // its Hopper GEMMs take the row-major codes decoded to BF16 (packed_tensor()), for
   // W and for W^T alike; a native FP4 GEMM would take this copy.
   void transpose(uint8_t* out) const;
   int64_t packed_bytes_transposed() const;
@@ -81,6 +91,6 @@ class DeviceShardCast {
 // scale), which has at most 6 significant bits (e2m1: 2, ue4m3: 4) and lies in
 // [2^-10, 6 * 448] or is 0, so it is exact in BF16, and the cast's value is
 // out * g_dec in one FP32 multiply, bit for bit.
-void cast_operand_device(const CastOperand& c, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t stream);
+void cast_operand_device(const PackedNvfp4& c, int64_t rows, int64_t cols, uint16_t* out, cudaStream_t stream);
 
 }  // namespace fp4lab::cuda

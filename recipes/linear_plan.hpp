@@ -36,17 +36,6 @@ uint64_t stream_id(uint64_t layer_id, Operand op, uint64_t step);
 // wgrad operands (Quartet II re-rotates once per backward call and uses that rotation for all four).
 uint64_t rotation_seed(RhtSchedule schedule, uint64_t rht_seed, uint64_t layer_id, uint64_t step);
 
-// A weight's NVFP4 primary-weight cast in its packed form, in the backend's
-// memory (cuda/shard_cast.hpp's DeviceShardCast::operand): the codes (E2M1
-// nibbles, ceil(cols/2) bytes a row, the even column in the low nibble), one
-// UE4M3 code per 16x16 tile (ceil(cols/16) a row of tiles) and the global
-// decode scale (one float): W = (decode(code) * decode(tile)) * g_dec. Null: none.
-struct CastOperand {
-  const uint8_t* packed = nullptr;
-  const uint8_t* tile_codes = nullptr;
-  const float* g_dec = nullptr;
-};
-
 struct LinearContext {
   const Recipe* recipe = nullptr;  // nullptr = plain FP32
   uint64_t seed = 0;
@@ -57,19 +46,16 @@ struct LinearContext {
   // keeps nothing for backward and prepares no backward operand.
   // linear_backward after such a forward is an error.
   bool backward = true;
-  // Non-null: W already holds quantize(*weight_cast, master).dequant (NVFP4
-  // primary weights, train/dist/data_parallel.hpp: the cast is nvfp4_2d, round
-  // to nearest). A W operand (fwd_w, dgrad_w) whose first quantization is this
-  // same spec, round to nearest, takes W as it is instead of quantizing it
-  // again: quantization is not idempotent (NVFP4's global scale, re-derived
-  // from the dequantized tensor's amax, moves by an ulp for ~8% of amaxes), and
-  // the operand must be Q(master), as the FP32-primary run's.
+  // Non-null: W's values are quantize(*weight_cast, master).dequant already
+  // (a parameter stored so, train/param_storage.hpp: NVFP4 primary weights,
+  // nvfp4_2d, round to nearest). A W operand (fwd_w, dgrad_w) whose first
+  // quantization is this same spec, round to nearest, takes W as it is
+  // instead of quantizing it again: quantization is not idempotent (NVFP4's
+  // global scale, re-derived from the dequantized tensor's amax, moves by an
+  // ulp for ~8% of amaxes), and the operand must be Q(master), as the
+  // FP32-primary run's. A fact about W's values only: where a backend keeps
+  // W's stored form is the backend's (train/backend.hpp LayerPlan::w_stored).
   const QuantizerSpec* weight_cast = nullptr;
-  // With weight_cast: the cast's packed form, where the backend keeps one
-  // (the cuda backend's device cast); a W operand that takes W as it is may
-  // decode it into its exact BF16 form instead (the same values, on the BF16
-  // tensor cores).
-  CastOperand weight_cast_operand = {};
 };
 
 // True when this layer's GEMMs are quantized (recipe set, layer not kept in

@@ -6,6 +6,8 @@
   of sim-level and cuda-level files, ranked per file: .cu/.cuh as cuda, the others as sim (its test_*.cpp
   as tests); an include of schemes/... is ranked by the included file's suffix;
 - train/cpu and train/cuda are twins: neither includes the other;
+- recipes/ is backend-neutral: it names no backend memory (the words "packed" and "device" do not occur
+  in it; a backend's form of a stored weight is train/'s StoredWeight, issue 46);
 - no source file outside tests/ over 800 lines.
 Usage: check_layout.py REPO_ROOT. Prints one line per violation; exit 1 if any."""
 import pathlib
@@ -17,6 +19,7 @@ RANK = {m: i for i, m in enumerate(ORDER)}
 SOURCES = {".cpp", ".hpp", ".cu", ".cuh", ".h"}
 MAX_LINES = 800
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+BACKEND_WORDS = re.compile(r"\b(packed|device)\b", re.IGNORECASE)
 
 
 def schemes_rank(path: str) -> int:
@@ -51,6 +54,9 @@ def main(root: pathlib.Path) -> int:
         if len(lines) > MAX_LINES:
             problems.append(f"{rel}: {len(lines)} lines (at most {MAX_LINES} outside tests/)")
         for n, line in enumerate(lines, 1):
+            if module == "recipes" and BACKEND_WORDS.search(line):
+                problems.append(f"{rel}:{n}: says \"{BACKEND_WORDS.search(line).group(1)}\": recipes/ is "
+                                "backend-neutral (a backend's memory is train/'s, e.g. LayerPlan::w_stored)")
             m = INCLUDE.match(line)
             if not m:
                 continue

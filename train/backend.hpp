@@ -26,6 +26,7 @@
 
 #include "core/error.hpp"
 #include "recipes/linear_plan.hpp"
+#include "train/param_storage.hpp"
 #include "train/route.hpp"
 
 namespace fp4lab::train {
@@ -54,11 +55,15 @@ struct AmaxRequest {
 // training step's forward (it serves that step's backward too) or of an
 // evaluation forward, and handed to every backend call of the layer in that
 // pass. The plan's pointers point into *ctx.recipe, which outlives the pass.
+// w_stored: the layer's weight in its stored form where the backend keeps one
+// (ParamStore::stored: the cuda backend's packed NVFP4 cast, which the layer
+// may decode instead of reading W's values; null otherwise: W's values).
 struct LayerPlan {
   LinearContext ctx;
   LinearPlan plan;
+  const StoredWeight* w_stored = nullptr;
 };
-inline LayerPlan plan_layer(const LinearContext& ctx) { return LayerPlan{ctx, linear_plan(ctx)}; }
+inline LayerPlan plan_layer(const LinearContext& ctx) { return LayerPlan{ctx, linear_plan(ctx), nullptr}; }
 
 struct Tensor {
   float* data = nullptr;
@@ -194,6 +199,9 @@ class Backend {
   virtual void download(const Tensor& t, float* host) = 0;  // t -> host
   virtual void copy(const Tensor& src, Tensor& dst) = 0;    // same size
   virtual void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols) = 0;
+  // The NVFP4 cast of `tensors` (parts of a flat buffer of this backend's memory) in this backend's memory
+  // (train/param_storage.hpp): what ParamStore::set_storage makes for its nvfp4_2d tensors.
+  virtual std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) = 0;
 
   // Linear y = x W^T + b through the recipe (recipes/linear_plan.hpp; train/cpu/linear.hpp is the reference).
   // dw (and db if non-null) are ACCUMULATED into (weight tying, several uses).

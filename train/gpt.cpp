@@ -152,10 +152,10 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   // Every dense layer's plan for this pass (the MoE layers plan theirs in MoeMlp::forward).
   void plan_layers(const StepContext& s) {
     for (Block& k : blocks_) {
-      k.c_attn.plan(s), k.attn_proj.plan(s);
-      if (!k.moe) k.c_fc.plan(s), k.mlp_proj.plan(s);
+      k.c_attn.plan(s, params_), k.attn_proj.plan(s, params_);
+      if (!k.moe) k.c_fc.plan(s, params_), k.mlp_proj.plan(s, params_);
     }
-    head_.plan(s);
+    head_.plan(s, params_);
   }
   uint64_t site(int64_t block, int k) const { return 1 + uint64_t(block) * 4 + uint64_t(k); }
   AttentionShape shape(int64_t B, float p) const {

@@ -259,7 +259,7 @@ void LayerRecipes::add_to_summary(nlohmann::json& s, uint64_t total_steps) const
   if (eval) s["eval_layer_recipes"] = map(eval_table());
 }
 
-std::vector<int> LayerRecipes::nvfp4_weight_params(const std::vector<LinearLayerInfo>& infos) const {
+std::vector<int> LayerRecipes::low_precision_weight_params(const std::vector<LinearLayerInfo>& infos) const {
   std::vector<int> nv;
   for (const LinearLayerInfo& l : infos)
     if (l.weight_param >= 0 && !recipes[size_t(choice.at(size_t(l.id)))].keeps_high_precision(l.name))

@@ -102,9 +102,9 @@ struct LayerRecipes {
   // total_steps, where a switch changed it) and "eval_layer_recipes" (with eval_recipe). Above 4096
   // layers a one-line note instead (~0.5 MB at 4096: the summary stays within compare's 1 MiB).
   void add_to_summary(nlohmann::json& summary, uint64_t total_steps) const;
-  // NVFP4 primary weights: the weight parameters of the layers that their own recipe does not keep
-  // in high precision.
-  std::vector<int> nvfp4_weight_params(const std::vector<LinearLayerInfo>& layers) const;
+  // The weights distributed.primary_weights stores in low precision (NVFP4 primary weights): the weight
+  // parameters of the layers that their own recipe does not keep in high precision (tied weights excluded).
+  std::vector<int> low_precision_weight_params(const std::vector<LinearLayerInfo>& layers) const;
 };
 
 // Resolves and checks config.layer_recipes and config.eval_recipe against the

@@ -94,14 +94,6 @@ struct Batch {
   std::vector<int32_t> targets;  // vit: [size] labels; gpt: [size, context] next tokens
 };
 
-// One NVFP4 primary weight (StepContext::cast_weights): its ParamStore index,
-// and its packed cast where the backend keeps one (DataParallel::cast_operands;
-// null members otherwise).
-struct CastWeight {
-  int param = -1;
-  CastOperand operand = {};
-};
-
 struct StepContext {
   const Recipe* recipe = nullptr;  // nullptr = plain FP32
   uint64_t seed = 0;               // stochastic rounding + dropout
@@ -109,12 +101,6 @@ struct StepContext {
   bool train = true;     // dropout on
   bool backward = true;  // a backward pass follows (Model::evaluate clears it: forward only)
   float loss_scale = 1.0f;  // the loss gradient's factor (training.loss_scale)
-  // NVFP4 primary weights: the parameters whose values are the cast
-  // quantize(*weight_cast, master).dequant; a linear layer with such a weight
-  // passes weight_cast (and the cast's packed form) in its LinearContext, not
-  // quantized again. Null: none.
-  const QuantizerSpec* weight_cast = nullptr;
-  const std::vector<CastWeight>* cast_weights = nullptr;
   // Per-layer recipes (config layer_recipes / eval_recipe, train/layer_recipes.hpp):
   // entry i is the recipe of the linear layer with id i (nullptr: plain FP32).
   // Null: every layer runs `recipe`.
@@ -222,11 +208,19 @@ struct LinearLayer {
   uint64_t id = 0;
   int w = -1, b = -1;  // parameter indices (b = -1: no bias)
   std::unique_ptr<LinearState> state;
-  // The layer's plan for the current pass: plan(s) at the start of every
+  // The layer's plan for the current pass: plan(s, ps) at the start of every
   // forward (a training step's, whose backward uses it too, or an
-  // evaluation's); every backend call of the pass takes it.
+  // evaluation's); every backend call of the pass takes it. ps: the model's
+  // parameters, whose storage of the weight the plan takes (a weight stored as
+  // a cast is W's operand as it is: LinearContext::weight_cast, and its
+  // backend form, LayerPlan::w_stored).
   LayerPlan lp;
-  void plan(const StepContext& s) { lp = plan_layer(context(s)); }
+  void plan(const StepContext& s, const ParamStore& ps) {
+    LinearContext c = context(s);
+    if (w >= 0) c.weight_cast = ps.cast_spec(w);
+    lp = plan_layer(c);
+    if (w >= 0) lp.w_stored = ps.stored(w);
+  }
   // Throws InternalError unless lp was planned for s's step and seed with a backward (a backward needs its
   // forward's plan).
   void check_backward_plan(const StepContext& s) const {
@@ -237,14 +231,7 @@ struct LinearLayer {
   LinearContext context(const StepContext& s) const {
     // The one place a layer's recipe is chosen: both backends read ctx.recipe only.
     const Recipe* r = s.layer_recipes ? s.layer_recipes->at(size_t(id)) : s.recipe;
-    LinearContext c{r, s.seed, id, s.step, name, s.backward};
-    if (!s.weight_cast || !s.cast_weights) return c;
-    const auto it = std::find_if(s.cast_weights->begin(), s.cast_weights->end(),
-                                 [this](const CastWeight& cw) { return cw.param == w; });
-    if (it == s.cast_weights->end()) return c;
-    c.weight_cast = s.weight_cast;
-    c.weight_cast_operand = it->operand;
-    return c;
+    return LinearContext{r, s.seed, id, s.step, name, s.backward};
   }
 };
 

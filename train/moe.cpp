@@ -25,7 +25,7 @@ LinearLayer make_linear(const std::string& name, int64_t in, int64_t out, float 
 
 MoeMlp::MoeMlp(const MoeConfig& c, int64_t width, bool bias, const std::string& layer, float std, float proj_std,
                ParamStore& ps, uint64_t& next_id, std::vector<LinearLayerInfo>& infos)
-    : c_(c), width_(width), hidden_(c.expert_hidden > 0 ? c.expert_hidden : 4 * width / c.top_k) {
+    : c_(c), ps_(&ps), width_(width), hidden_(c.expert_hidden > 0 ? c.expert_hidden : 4 * width / c.top_k) {
   if (c.experts % ps.expert_ranks() != 0)
     throw Error("model.moe.experts " + std::to_string(c.experts) + " is not a multiple of " +
                 "distributed.expert_parallel " + std::to_string(ps.expert_ranks()));
@@ -70,7 +70,7 @@ StepContext MoeMlp::router_context(const StepContext& s) const {
 
 Tensor MoeMlp::router_logits(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x) {
   (void)be;
-  router_.plan(router_context(s));
+  router_.plan(router_context(s), *ps_);
   Tensor logits;
   calls.forward(router_, router_context(s), x, logits);
   return logits;
@@ -123,8 +123,8 @@ Tensor MoeMlp::forward_routed(Backend& be, LinearCalls& calls, const StepContext
                               const Tensor& logits) {
   // This pass's plans (LinearLayer::lp) of this rank's experts and the shared expert.
   for (std::vector<LinearLayer*>* ls : {&fc_ptrs_, &proj_ptrs_})
-    for (LinearLayer* l : *ls) l->plan(s);
-  if (shared_fc_) shared_fc_->plan(s), shared_proj_->plan(s);
+    for (LinearLayer* l : *ls) l->plan(s, *ps_);
+  if (shared_fc_) shared_fc_->plan(s, *ps_), shared_proj_->plan(s, *ps_);
   const int64_t N = x.rows, C = width_, H = hidden_;
   x_ = x;
   route(be, logits);

@@ -132,6 +132,7 @@ class MoeMlp {
   Tensor combine(Backend& be, const Tensor& grouped);
   MoeConfig c_;
   std::optional<QuantizerSpec> dispatch_cast_;  // c_.dispatch_cast's quantizer, if any
+  const ParamStore* ps_ = nullptr;  // the constructor's: its storage plans the layers (LinearLayer::plan)
   int64_t width_ = 0, hidden_ = 0;
   ExpertShard shard_;
   ExpertExchange* ep_ = nullptr;

@@ -129,6 +129,44 @@ void ParamStore::finalize(Backend& be, uint64_t seed) {
       decay_ranges.push_back(IndexRange{p.offset, p.size()});
   }
   be.upload(host.data(), values);
+  finalized_ = true;
+}
+
+void ParamStore::set_storage(std::span<const int> params, Storage s, Backend& be) {
+  if (!finalized_) throw InternalError("ParamStore::set_storage before finalize");
+  std::vector<bool> seen(infos_.size(), false);
+  for (const int i : params) {
+    if (i < 0 || size_t(i) >= infos_.size())
+      throw Error("parameters: storage " + storage_name(s) + " for parameter index " + std::to_string(i) +
+                  " (valid: 0 <= index < " + std::to_string(infos_.size()) + ")");
+    if (seen[size_t(i)])
+      throw Error("parameters: storage " + storage_name(s) + " lists parameter \"" + infos_[size_t(i)].name +
+                  "\" twice");
+    seen[size_t(i)] = true;
+  }
+  for (const int i : params) infos_[size_t(i)].storage = s;
+  // The cast over the held nvfp4_2d tensors, in index order (increasing offsets: the packed layout's order).
+  std::vector<FlatTensor> tensors;
+  cast_slot_.assign(infos_.size(), -1);
+  for (const int i : params_with(Storage::nvfp4_2d)) {
+    const ParamInfo& p = infos_[size_t(i)];
+    if (!p.held) continue;
+    cast_slot_[size_t(i)] = int(tensors.size());
+    tensors.push_back(FlatTensor{p.rows, p.cols, p.offset});
+  }
+  cast_store_ = tensors.empty() ? nullptr : be.make_cast_store(tensors);
+}
+
+const StoredWeight* ParamStore::stored(int i) const {
+  if (!cast_store_ || cast_slot_[size_t(i)] < 0) return nullptr;
+  return cast_store_->stored(size_t(cast_slot_[size_t(i)]));
+}
+
+std::vector<int> ParamStore::params_with(Storage s) const {
+  std::vector<int> out;
+  for (size_t i = 0; i < infos_.size(); ++i)
+    if (infos_[i].storage == s) out.push_back(int(i));
+  return out;
 }
 
 }  // namespace fp4lab::train

@@ -19,14 +19,25 @@
 // tensors in index order. `global_offset` is a tensor's offset in one
 // process's buffer (every tensor in index order), which checkpoints keep. With
 // one rank everything is held and in A: the buffer is one process's.
+//
+// Storage (train/param_storage.hpp): every parameter records how its values
+// are stored (FP32 unless set_storage says otherwise). The store hands each
+// layer what follows from it (cast_spec: the quantizer its values are the
+// output of; stored: its form in the backend's memory) and owns the
+// nvfp4_2d tensors' CastStore; whoever steps the optimiser
+// (train/dist/data_parallel.hpp) keeps the FP32 masters and runs the cast
+// after every step.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
 #include "train/backend.hpp"
+#include "train/param_storage.hpp"
 
 namespace fp4lab::train {
 
@@ -52,6 +63,7 @@ struct ParamInfo {
   Placement placement;
   bool held = true;           // this rank holds it (finalize's)
   int64_t global_offset = 0;  // in one process's buffer
+  Storage storage = Storage::fp32;  // set_storage's
   int64_t size() const { return rows * cols; }
 };
 
@@ -64,6 +76,21 @@ class ParamStore {
   void set_expert_parallel(int ranks, int rank);
   // Allocates the held tensors' buffers on `be` and initialises them from `seed` (one process's values).
   void finalize(Backend& be, uint64_t seed);
+  // Stores the parameters `params` (indices, each at most once) as `s`
+  // (after finalize; the others keep theirs), and makes the CastStore of
+  // every nvfp4_2d-stored tensor this rank holds on `be` (the values are not
+  // cast here: the optimiser's step does that, DataParallel). Throws Error
+  // naming an index out of range or listed twice.
+  void set_storage(std::span<const int> params, Storage s, Backend& be);
+  Storage storage(int i) const { return info(i).storage; }
+  // storage_cast(storage(i)): the quantizer parameter i's values are the output of; null for FP32.
+  const QuantizerSpec* cast_spec(int i) const { return storage_cast(storage(i)); }
+  // The indices of the parameters stored as `s`, increasing (so are their offsets within a region).
+  std::vector<int> params_with(Storage s) const;
+  // The nvfp4_2d-stored tensors' cast (null: none).
+  CastStore* cast_store() const { return cast_store_.get(); }
+  // Parameter i's stored form for its layer (LayerPlan::w_stored), or null (FP32, or a backend that keeps none).
+  const StoredWeight* stored(int i) const;
 
   int64_t size() const { return total_; }                  // this rank's buffer (after finalize)
   int64_t global_size() const { return global_total_; }    // one process's buffer
@@ -88,6 +115,9 @@ class ParamStore {
   std::unordered_set<std::string> names_;  // infos_' names: add() checks uniqueness in O(1), not O(count)
   int64_t total_ = 0, global_total_ = 0, replicated_ = 0;
   int ep_ranks_ = 1, ep_rank_ = 0;
+  bool finalized_ = false;
+  std::unique_ptr<CastStore> cast_store_;
+  std::vector<int> cast_slot_;  // per parameter: its tensor in cast_store_, or -1
 };
 
 // Host-side initial values of one parameter (what finalize() uploads).

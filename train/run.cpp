@@ -24,6 +24,7 @@
 #include "train/run_files.hpp"
 #include "train/data.hpp"
 #include "train/dist/agreement.hpp"
+#include "train/dist/counting_comm.hpp"
 #include "train/dist/data_parallel.hpp"
 #include "train/dist/expert_parallel.hpp"
 #include "train/task.hpp"
@@ -304,13 +305,13 @@ class Training {
   bool created_ = false;       // this invocation created the directory
   bool checkpointed_ = false;  // this invocation wrote a checkpoint
   std::unique_ptr<Backend> be_;
-  Communicator* comm_ = nullptr;  // opt.comm, or local_comm_
   std::unique_ptr<Communicator> local_comm_;
+  std::unique_ptr<CountingComm> counting_;  // wraps opt.comm / local_comm_: summary's distributed.collectives
+  Communicator* comm_ = nullptr;            // counting_, over opt.comm or local_comm_
   std::unique_ptr<CommExpertExchange> ep_exchange_;  // distributed.expert_parallel > 1 (outlives model_)
   std::unique_ptr<Model> model_;
   bool rank0_ = true;  // rank 0 writes the directory, metrics, checkpoints and evaluates
   std::unique_ptr<DataParallel> dp_;
-  std::vector<CastWeight> cast_weights_;  // the NVFP4 primary weights, empty if none
   std::optional<Recipe> switched_;  // the recipe from switch_at_ on
   uint64_t switch_at_ = 0;
   int64_t items_ = 0;  // items (images, tokens) per step
@@ -343,7 +344,8 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
       layer_recipes_(resolve_layer_recipes(cfg_)) {
   const TrainingConfig& tc = cfg_.training;
   if (!opt.comm) local_comm_ = make_local_comm();
-  comm_ = opt.comm ? opt.comm : local_comm_.get();
+  counting_ = std::make_unique<CountingComm>(opt.comm ? *opt.comm : *local_comm_);
+  comm_ = counting_.get();
   rank0_ = comm_->rank() == 0;
   if (const int R = cfg_.distributed.expert_parallel; R > 1 && R != comm_->world())
     throw Error("config.distributed.expert_parallel " + std::to_string(R) + " must equal the number of ranks, " +
@@ -469,14 +471,10 @@ void Training::build_model() {
   model_ = make_model(cfg_.model, *be_, cfg_.seed, ep_exchange_.get());
   AdamWConfig ac = tc.adamw;
   if (tc.optimizer == "adam") ac.weight_decay = 0.0;
-  const std::vector<int> nv = cfg_.distributed.primary_weights == "nvfp4"
-                                  ? layer_recipes_.nvfp4_weight_params(model_->linear_layers())
-                                  : std::vector<int>{};
-  dp_ = std::make_unique<DataParallel>(*comm_, *be_, model_->params(), ac, cfg_.distributed, nv);
-  const std::vector<CastOperand> ops = dp_->cast_operands();  // in nv's order; empty on the cpu backend
-  cast_weights_.clear();
-  for (size_t k = 0; k < nv.size(); ++k)
-    cast_weights_.push_back(CastWeight{nv[k], k < ops.size() ? ops[k] : CastOperand{}});
+  ParamStore& ps = model_->params();
+  if (cfg_.distributed.primary_weights == "nvfp4")
+    ps.set_storage(layer_recipes_.low_precision_weight_params(model_->linear_layers()), Storage::nvfp4_2d, *be_);
+  dp_ = std::make_unique<DataParallel>(*comm_, *be_, ps, ac, cfg_.distributed);  // casts the stored weights
   if (cfg_.capture_step >= 0) capture_ = std::make_unique<CaptureWriter>(*be_, dir_ / "capture", cfg_.capture_step);
   if (capture_) model_->set_capture(capture_->hook());
   switch_at_ = uint64_t(total_);
@@ -489,10 +487,6 @@ void Training::build_model() {
 
 StepContext Training::context(int64_t step, bool train) const {
   StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train, true, float(cfg_.training.loss_scale)};
-  if (!cast_weights_.empty()) {  // NVFP4 primary weights: their values are the cast, not quantized again
-    sc.weight_cast = &nvfp4_primary_cast_spec();
-    sc.cast_weights = &cast_weights_;
-  }
   if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;
   if (!train && layer_recipes_.eval) {
     sc.recipe = &*layer_recipes_.eval;
@@ -708,7 +702,10 @@ json Training::summary() const {
             {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
   if (!error_.empty()) s["error"] = error_;
   layer_recipes_.add_to_summary(s, uint64_t(total_));
-  if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) s["distributed"] = dp_->memory();
+  if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) {
+    s["distributed"] = dp_->memory();
+    s["distributed"]["collectives"] = counting_->summary();
+  }
   return s;
 }
 

@@ -86,9 +86,9 @@ class Vit final : public CrossEntropyModel {
   }
   // Every layer's plan for this pass.
   void plan_layers(const StepContext& s) {
-    patch_.plan(s), head_.plan(s);
+    patch_.plan(s, params_), head_.plan(s, params_);
     for (Block& b : blocks_)
-      for (LinearLayer* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.down}) l->plan(s);
+      for (LinearLayer* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.down}) l->plan(s, params_);
   }
   uint64_t site(size_t block, int k) const { return uint64_t(block) * 4 + uint64_t(k); }
 

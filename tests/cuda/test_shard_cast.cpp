@@ -135,7 +135,7 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
       const FlatTensor& ft = m.tensors[t];
       CAPTURE(t);
       DeviceBuffer<uint16_t> op(size_t(ft.rows * ft.cols));
-      cast_operand_device(cast.operand(t), ft.rows, ft.cols, op.data(), nullptr);
+      cast_operand_device(cast.packed_tensor(t), ft.rows, ft.cols, op.data(), nullptr);
       const std::vector<uint16_t> h = op.download();
       std::vector<float> got(h.size());
       for (size_t i = 0; i < h.size(); ++i) {

@@ -27,6 +27,9 @@ class ForwardingBackend : public Backend {
   void copy_cols(const Tensor& s, int64_t sc, Tensor& d, int64_t dc, int64_t n) override {
     inner().copy_cols(s, sc, d, dc, n);
   }
+  std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) override {
+    return inner().make_cast_store(tensors);
+  }
   using Backend::linear_forward;
   using Backend::linear_backward;
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,

@@ -26,6 +26,7 @@
 #include "train/config.hpp"
 #include "train/data.hpp"
 #include "train/dist/data_parallel.hpp"
+#include "train/layer_recipes.hpp"
 #include "train/run.hpp"
 #include "train/text_fixture.hpp"
 
@@ -66,7 +67,7 @@ inline void check_primary_weights_run(const std::string& backend) {
     mc.vocab_size = int64_t(load_char_text((d / "text.txt").string()).vocab.size());  // as the run's data set it
     REQUIRE(param_count(mc) == int64_t(r.final_params.size()));
     auto model = make_model(mc, *be, cfg.seed);
-    const std::vector<int> nv = nvfp4_weight_params(model->linear_layers(), resolve_recipe(cfg));
+    const std::vector<int> nv = resolve_layer_recipes(cfg).low_precision_weight_params(model->linear_layers());
     CHECK(nv.size() == 8);  // c_attn, attn c_proj, c_fc, mlp c_proj of 2 blocks; lm_head is tied
     const ParamStore& ps = model->params();
     for (int i = 0; i < int(ps.infos().size()); ++i) {

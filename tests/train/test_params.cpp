@@ -36,3 +36,59 @@ TEST_CASE("flat buffer with named views; init statistics") {
   p2.finalize(*be, 7);
   CHECK(p2.value(0).data[1234] == ps.value(a).data[1234]);
 }
+
+TEST_CASE("storage: FP32 unless set; set_storage records it per parameter; params_with lists them in order") {
+  auto be = make_cpu_backend(1);
+  ParamStore ps;
+  const int a = ps.add("a.weight", 4, 8, true, Init::normal, 0.02f);
+  const int b = ps.add("a.bias", 1, 4, false, Init::zeros);
+  const int c = ps.add("b.weight", 8, 4, true, Init::normal, 0.02f);
+  const int idx[] = {c, a};
+  CHECK_THROWS_AS(ps.set_storage(idx, Storage::nvfp4_2d, *be), fp4lab::InternalError);  // before finalize
+  ps.finalize(*be, 7);
+  for (int i : {a, b, c}) {
+    CHECK(ps.storage(i) == Storage::fp32);
+    CHECK(ps.cast_spec(i) == nullptr);
+  }
+  CHECK(ps.params_with(Storage::fp32) == std::vector<int>{a, b, c});
+  CHECK(ps.params_with(Storage::nvfp4_2d).empty());
+  ps.set_storage(idx, Storage::nvfp4_2d, *be);
+  CHECK(ps.storage(a) == Storage::nvfp4_2d);
+  CHECK(ps.storage(b) == Storage::fp32);
+  CHECK(ps.storage(c) == Storage::nvfp4_2d);
+  CHECK(ps.params_with(Storage::nvfp4_2d) == std::vector<int>{a, c});  // increasing, whatever the order given
+  CHECK(ps.params_with(Storage::fp32) == std::vector<int>{b});
+  REQUIRE(ps.cast_spec(a) != nullptr);
+  CHECK(*ps.cast_spec(a) == fp4lab::quantizer_by_name("nvfp4_2d"));
+  CHECK(ps.cast_spec(a) == storage_cast(Storage::nvfp4_2d));
+  CHECK(ps.cast_spec(b) == nullptr);
+  CHECK(storage_name(Storage::fp32) == "fp32");
+  CHECK(storage_name(Storage::nvfp4_2d) == "nvfp4_2d");
+  // Bad indices: one line naming the index and the valid range, or the parameter listed twice.
+  const int out_of_range[] = {3};
+  const int negative[] = {-1};
+  const int twice[] = {a, a};
+  for (auto bad : {std::span<const int>(out_of_range), std::span<const int>(negative), std::span<const int>(twice)}) {
+    try {
+      ps.set_storage(bad, Storage::fp32, *be);
+      FAIL("no error");
+    } catch (const fp4lab::Error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("storage fp32") != std::string::npos);
+      CHECK(
+          (m.find("valid: 0 <= index < 3") != std::string::npos || m.find("\"a.weight\" twice") != std::string::npos));
+    }
+  }
+  CHECK(ps.storage(a) == Storage::nvfp4_2d);  // a failed call changes nothing
+  // The nvfp4_2d tensors' cast store: theirs, in index order; the cpu backend keeps no stored form.
+  REQUIRE(ps.cast_store() != nullptr);
+  const std::span<const fp4lab::FlatTensor> t = ps.cast_store()->tensors();
+  REQUIRE(t.size() == 2);
+  CHECK((t[0].rows == 4 && t[0].cols == 8 && t[0].offset == ps.info(a).offset));
+  CHECK((t[1].rows == 8 && t[1].cols == 4 && t[1].offset == ps.info(c).offset));
+  CHECK(!ps.cast_store()->device());
+  for (int i : {a, b, c}) CHECK(ps.stored(i) == nullptr);
+  const int all[] = {a, c};
+  ps.set_storage(all, Storage::fp32, *be);
+  CHECK(ps.cast_store() == nullptr);  // nothing stored as nvfp4_2d
+}

@@ -132,6 +132,9 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : threads_(threads) {}
   std::string name() const override { return "cpu"; }
+  std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) override {
+    return make_host_cast_store(tensors);
+  }
 
   Tensor empty(int64_t rows, int64_t cols) override {
     FP4LAB_CHECK(rows >= 0 && cols >= 0, "cpu backend: negative tensor shape");

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "train/backend.hpp"
+#include "train/cuda/cast_store.hpp"
 #include "train/cuda/linear.hpp"
 #include "core/error.hpp"
 #include "cuda/device.hpp"
@@ -129,6 +130,9 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() : pool_(std::make_shared<DevicePool>()) {}
   std::string name() const override { return "cuda"; }
+  std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) override {
+    return make_device_cast_store(tensors);
+  }
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
   // ---- memory ----

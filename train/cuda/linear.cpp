@@ -153,7 +153,7 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
     wo.bf16 = reinterpret_cast<const uint16_t*>(st->w_op.data);
     im.report(Operand::fwd_w, wo, out, in);
   } else {
-    wo = im.prepare_w(Operand::fwd_w, ctx, plan.operand(Operand::fwd_w), w.data, out, in, xo.is_bf16(),
+    wo = im.prepare_w(Operand::fwd_w, l, plan.operand(Operand::fwd_w), w.data, out, in, xo.is_bf16(),
                       xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
   }
   im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
@@ -260,7 +260,7 @@ void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Te
       }
       im.report(Operand::dgrad_w, wo, out, in);
     } else {
-      wo = im.prepare_w(Operand::dgrad_w, ctx, plan.operand(Operand::dgrad_w), w.data, out, in, go.is_bf16());
+      wo = im.prepare_w(Operand::dgrad_w, l, plan.operand(Operand::dgrad_w), w.data, out, in, go.is_bf16());
     }
     im.gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, wo, in, out * in, im.slot[1], go, out, B * out, im.slot[0], dx.data,
             in, 0.0f);

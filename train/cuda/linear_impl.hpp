@@ -22,6 +22,7 @@
 #include "cuda/quantize.hpp"
 #include "cuda/rht.hpp"
 #include "cuda/shard_cast.hpp"
+#include "train/cuda/cast_store.hpp"
 #include "train/cuda/linear.hpp"
 #include "train/cuda/linear_ops.hpp"
 #include "train/cuda/nn.hpp"
@@ -208,17 +209,19 @@ struct LinearCore {
 
   // W's operand for `op` (fwd_w, dgrad_w), whose GEMM's other operand is
   // BF16 (other_bf16) or FP32: where the plan takes W as it is, W is a weight
-  // cast whose packed form the backend keeps (LinearContext::
-  // weight_cast_operand) and the other operand is BF16, that form decoded into
-  // slot[1]'s exact BF16 operand with the cast's g_dec (the same values, W =
-  // bf16 * g_dec, so the GEMM runs on the BF16 tensor cores, as the
-  // FP32-primary run's quantized W does); else prepare() (an FP32 GEMM takes
-  // the FP32 W as it is, no decode and expansion).
-  DevOperand prepare_w(Operand op, const LinearContext& ctx, const OperandPlan& p, const float* w, int64_t rows,
-                       int64_t cols, bool other_bf16, GemmAlpha alpha = {}) {
-    const CastOperand& c = ctx.weight_cast_operand;
-    if (!other_bf16 || p.changes() || ctx.weight_cast == nullptr || c.packed == nullptr)
+  // cast whose packed form the backend keeps (l.w_stored: StoredNvfp4,
+  // train/cuda/cast_store.hpp) and the other operand is BF16, that form
+  // decoded into slot[1]'s exact BF16 operand with the cast's g_dec (the same
+  // values, W = bf16 * g_dec, so the GEMM runs on the BF16 tensor cores, as
+  // the FP32-primary run's quantized W does); else prepare() (an FP32 GEMM
+  // takes the FP32 W as it is, no decode and expansion).
+  DevOperand prepare_w(Operand op, const LayerPlan& l, const OperandPlan& p, const float* w, int64_t rows, int64_t cols,
+                       bool other_bf16, GemmAlpha alpha = {}) {
+    if (!other_bf16 || p.changes() || l.ctx.weight_cast == nullptr || l.w_stored == nullptr)
       return prepare(p, w, rows, cols, slot[1], nullptr, nullptr, true, alpha);
+    const auto* stored = dynamic_cast<const StoredNvfp4*>(l.w_stored);
+    FP4LAB_CHECK(stored != nullptr, "CudaLinear: a stored weight the cuda backend did not make");
+    const cuda::PackedNvfp4& c = stored->form;
     Slot& s = slot[1];
     s.h.at_least(size_t(rows * cols));
     cuda::cast_operand_device(c, rows, cols, s.h.data(), kStream);

@@ -6,30 +6,12 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "sim/quantizer.hpp"
 #include "train/dist/primary_weights.hpp"
-
-#if FP4LAB_WITH_CUDA
-#include "cuda/shard_cast.hpp"
-#endif
 
 namespace fp4lab::train {
 
 ShardRange batch_share(int64_t n, int rank, int world) {
   return ShardRange{n * rank / world, n * (rank + 1) / world};
-}
-
-std::vector<int> nvfp4_weight_params(const std::vector<LinearLayerInfo>& layers, const Recipe& recipe) {
-  std::vector<int> out;
-  for (const LinearLayerInfo& l : layers)
-    if (l.weight_param >= 0 && !recipe.keeps_high_precision(l.name))
-      out.push_back(l.weight_param);
-  return out;
-}
-
-const QuantizerSpec& nvfp4_primary_cast_spec() {
-  static const QuantizerSpec q = quantizer_by_name("nvfp4_2d");
-  return q;
 }
 
 namespace {
@@ -54,27 +36,22 @@ struct DataParallel::Impl {
   std::unique_ptr<AdamW> adam_b;  // region B's (null when B is empty)
   Tensor master;           // FP32 master values of `mine`: a view of ps.values, or (nvfp4) a copy
   Tensor gshard;           // the summed gradients of `mine` (zero 1), else a view of ps.grads
-  std::vector<FlatTensor> nvfp4;
   Tensor scalar;           // one double's bytes, for sums over a device communicator
-#if FP4LAB_WITH_CUDA
-  std::unique_ptr<cuda::DeviceShardCast> dcast;  // the cuda backend's cast (cuda/shard_cast.hpp)
-#endif
 
-  Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d,
-       const std::vector<int>& nv)
+  Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d)
       : comm(c), be(b), ps(p), dc(d) {
     const bool device = be.name() == "cuda";
     if (comm.device_buffers() && !device)
       throw Error("data parallel: the " + comm.name() + " communicator needs the cuda backend");
     stage = device && !comm.device_buffers();
-    const bool nv4 = dc.primary_weights == "nvfp4";
+    const bool nv4 = ps.cast_store() != nullptr;
     if (ps.expert_ranks() != 1 && ps.expert_ranks() != comm.world())
       throw Error("data parallel: " + std::to_string(ps.expert_ranks()) + " expert-parallel ranks in a world of " +
                   std::to_string(comm.world()) + " (valid for now: the whole world; plan step 9 lifts this)");
     if (ps.expert_ranks() > 1 && nv4)
       throw Error(
-          "data parallel: distributed.primary_weights nvfp4 with expert parallelism is not supported yet "
-          "(plan step 10); valid: fp32");
+          "data parallel: parameters stored as nvfp4_2d (distributed.primary_weights nvfp4) with expert "
+          "parallelism are not supported yet (plan step 10); valid: fp32");
     n = ps.size();
     na = ps.replicated_size();
     shards = even_shards(na, comm.world());
@@ -85,10 +62,6 @@ struct DataParallel::Impl {
     if (nv4) {
       master = be.empty(1, mine.end - mine.begin);
       be.copy(slice(ps.values, mine), master);
-      for (int i : nv) nvfp4.push_back(FlatTensor{ps.info(i).rows, ps.info(i).cols, ps.info(i).offset});
-#if FP4LAB_WITH_CUDA
-      if (device) dcast = std::make_unique<cuda::DeviceShardCast>(nvfp4);
-#endif
     } else {
       master = slice(ps.values, mine);
     }
@@ -196,55 +169,20 @@ struct DataParallel::Impl {
     return out;
   }
 
-  // The model's NVFP4 weights from the master values that ps.values holds in full
-  // (host path: the cpu backend, whose communicators take host memory).
-  void cast_nvfp4() {
-    if (nvfp4.empty()) return;
-#if FP4LAB_WITH_CUDA
-    if (dcast) return cast_nvfp4_device();
-#endif
-    std::vector<float> host(size_t(ps.size()));
-    be.download(ps.values, host.data());
-    const Nvfp4Weights w = cast_primary_weights(comm, nvfp4, host.data(), cast_shard, dc.shard_cast);
-    dequantize_packed(nvfp4, w.packed, w.scales, host.data());
-    be.upload(host.data(), ps.values);
+  // The stored weights' values from the master values that ps.values holds in full: the store's cast
+  // (run_cast), then its dequantized values into ps.values.
+  void cast_stored() {
+    CastStore* store = ps.cast_store();
+    if (!store) return;
+    run_cast(comm, be, *store, ps.values.data, cast_shard, dc.shard_cast);
+    store->dequantize(ps.values.data);
   }
-
-#if FP4LAB_WITH_CUDA
-  // The same protocol on the device: only the maxima and the packed codes travel.
-  void cast_nvfp4_device() {
-    const bool gather = dc.shard_cast && comm.world() > 1;
-    const ShardRange s = dc.shard_cast ? cast_shard : ShardRange{0, ps.size()};
-    dcast->partial_amax(ps.values.data, s);
-    if (gather) {
-      std::span<uint32_t> a(dcast->amax(), size_t(dcast->amax_count()));
-      if (comm.device_buffers()) {
-        comm.allreduce_max(a);
-      } else {  // host communicator: through host memory (the backend copies bytes)
-        Tensor t = view_of(reinterpret_cast<float*>(a.data()), 1, int64_t(a.size()));
-        std::vector<uint32_t> h(a.size());
-        be.download(t, reinterpret_cast<float*>(h.data()));
-        comm.allreduce_max(h);
-        be.upload(reinterpret_cast<const float*>(h.data()), t);
-      }
-    }
-    dcast->compute_scales();
-    dcast->cast(ps.values.data, s);
-    if (gather) {
-      if (comm.device_buffers())  // NCCL: the ranks' packed buffers ORed in place on the device
-        comm.allreduce_disjoint_or(std::span<uint8_t>(dcast->packed(), size_t(dcast->packed_bytes())));
-      else  // a host communicator: the byte spans gathered and ORed on the host
-        dcast->set_packed(gather_packed(comm, nvfp4, dcast->span()));
-    }
-    dcast->dequantize(ps.values.data);
-  }
-#endif
 };
 
 DataParallel::DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac,
-                           const DistributedConfig& dc, std::vector<int> nvfp4_params)
-    : impl_(std::make_unique<Impl>(comm, be, ps, ac, dc, nvfp4_params)), comm_(comm) {
-  impl_->cast_nvfp4();
+                           const DistributedConfig& dc)
+    : impl_(std::make_unique<Impl>(comm, be, ps, ac, dc)), comm_(comm) {
+  impl_->cast_stored();
 }
 
 DataParallel::~DataParallel() = default;
@@ -284,7 +222,7 @@ double DataParallel::step(double lr, double weight) {
     Tensor va = d.region_a(ps.values);
     d.allgather(va);
   }
-  d.cast_nvfp4();
+  d.cast_stored();
   return norm;
 }
 
@@ -354,28 +292,20 @@ void DataParallel::load_state(const std::vector<float>& master_global, const std
     d.be.upload(v.data() + d.na, d.adam_b->v());
     d.adam_b->set_steps_taken(steps_taken);
   }
-  d.cast_nvfp4();
+  d.cast_stored();
 }
 
 int64_t DataParallel::steps_taken() const { return impl_->adam->steps_taken(); }
-
-std::vector<CastOperand> DataParallel::cast_operands() const {
-  std::vector<CastOperand> ops;
-#if FP4LAB_WITH_CUDA
-  if (const cuda::DeviceShardCast* c = impl_->dcast.get())
-    for (size_t t = 0; t < impl_->nvfp4.size(); ++t) ops.push_back(c->operand(t));
-#endif
-  return ops;
-}
 
 nlohmann::json DataParallel::memory() const {
   const Impl& d = *impl_;
   const int64_t n = d.ps.size(), s = d.mine.end - d.mine.begin, f = int64_t(sizeof(float));
   const int64_t grad_shard = d.dc.zero == 1 ? s * f : 0;
   // NVFP4 weights: packed codes, one UE4M3 code a tile, one FP32 scale a tensor.
-  const FlatLayout l = flat_layout(d.nvfp4);
-  const int64_t nvfp4 =
-      d.nvfp4.empty() ? 0 : l.packed_offset.back() + l.tile_offset.back() + int64_t(d.nvfp4.size()) * f;
+  const CastStore* store = d.ps.cast_store();
+  const std::span<const FlatTensor> nv = store ? store->tensors() : std::span<const FlatTensor>{};
+  const FlatLayout l = flat_layout(nv);
+  const int64_t nvfp4 = nv.empty() ? 0 : l.packed_offset.back() + l.tile_offset.back() + int64_t(nv.size()) * f;
   nlohmann::json j = {{"params_bytes", n * f},
                       {"grads_bytes", n * f + grad_shard},
                       {"master_bytes", d.separate_master() ? s * f : 0},

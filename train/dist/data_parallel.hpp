@@ -12,13 +12,14 @@
 //           moments are held for the shard only), an all-gather rebuilds
 //           the full parameter buffer on every rank. The gradient norm for
 //           clipping is the sum over the ranks of each shard's sum of squares.
-//   primary_weights nvfp4
-//           the weights of the linear layers (those the recipe does not
-//           keep high-precision, and not tied) are NVFP4, whatever the
-//           recipe computes with (under fp32: weight-only NVFP4): after every step the
+//   stored parameters (ParamStore storage, train/param_storage.hpp)
+//           the parameters the store keeps as Storage::nvfp4_2d (NVFP4
+//           primary weights: the trainer stores so the weights of the linear
+//           layers the recipe does not keep high-precision, and not tied,
+//           when distributed.primary_weights is "nvfp4"): after every step the
 //           model's values of those tensors are dequant(nvfp4_2d(master)),
 //           cast by the protocol of sim/shard_cast.hpp (partial tile and
-//           tensor maxima, two MAX all-reduces, each rank writing exactly the
+//           tensor maxima, a MAX all-reduce, each rank writing exactly the
 //           nibbles it owns, the packed bytes gathered); shard_cast false has
 //           every rank cast the whole tensors instead (the reference). The
 //           FP32 master values stay in the optimiser (the shard's, with
@@ -39,7 +40,7 @@
 // experts, whose gradients only this rank computes) takes no collective and
 // its own AdamW over the whole region; the clipping norm^2 = SS_A + SS_B from
 // one all-reduce. Checkpoint state is one process's layout (B gathered).
-// NVFP4 primary weights with expert parallelism are refused (plan step 10).
+// NVFP4-stored parameters with expert parallelism are refused (plan step 10).
 //
 // Collective buffers: with a host communicator (MPI, threads, local) and the
 // CUDA backend, gradients and weights are staged through host memory; with
@@ -65,11 +66,10 @@ ShardRange batch_share(int64_t n, int rank, int world);
 
 class DataParallel {
  public:
-  // `nvfp4_params`: ParamStore indices of the tensors held as NVFP4 when
-  // dc.primary_weights is "nvfp4" (nvfp4_weight_params()). Casts them at once
-  // (the model starts from NVFP4 weights).
-  DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac, const DistributedConfig& dc,
-               std::vector<int> nvfp4_params);
+  // The parameters `ps` stores as Storage::nvfp4_2d (set before) are cast at
+  // once: the model starts from their stored form. dc: zero and shard_cast
+  // (primary_weights is the trainer's, which sets the storage).
+  DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac, const DistributedConfig& dc);
   ~DataParallel();
   int rank() const { return comm_.rank(); }
   int world() const { return comm_.world(); }
@@ -96,12 +96,6 @@ class DataParallel {
   // nvfp4) in one process's layout (collective with expert parallelism).
   std::vector<float> model_values();
 
-  // The NVFP4 weights' packed casts (CastOperand), in the order of the
-  // constructor's nvfp4_params, where the backend keeps them on the device
-  // (the cuda backend's cast); empty otherwise (the layers take the FP32 cast).
-  // Valid for the object's life; each step's cast rewrites what they name.
-  std::vector<CastOperand> cast_operands() const;
-
   // Bytes this rank holds: parameters, gradients, master shard, moments, NVFP4 codes and scales.
   nlohmann::json memory() const;
   void barrier() { comm_.barrier(); }
@@ -126,16 +120,5 @@ class ShareEvaluator final : public BatchEvaluator {
   Model& model_;
   DataParallel& dp_;
 };
-
-// The ParamStore indices of the NVFP4 primary weights: linear layers the
-// recipe does not keep high-precision, with a weight of their own (weight_param >= 0).
-std::vector<int> nvfp4_weight_params(const std::vector<LinearLayerInfo>& layers, const Recipe& recipe);
-
-// The quantizer whose output the NVFP4 primary-weight cast is: the model's
-// values of those weights are quantize(nvfp4_2d, master).dequant, bit for bit
-// (tests/train/primary_weights_case.hpp). The trainer passes it to their linear
-// layers (StepContext::weight_cast): a recipe quantizing W with this same
-// quantizer takes the cast as its operand instead of re-quantizing it.
-const QuantizerSpec& nvfp4_primary_cast_spec();
 
 }  // namespace fp4lab::train

@@ -51,7 +51,8 @@ Outcome run_dp(int world, const DistributedConfig& dc, const AdamWConfig& ac, in
       ParamStore ps;
       declare(ps);
       ps.finalize(*be, from ? 99 : 7);
-      DataParallel dp(*comms[size_t(r)], *be, ps, ac, dc, nvfp4);
+      ps.set_storage(nvfp4, Storage::nvfp4_2d, *be);
+      DataParallel dp(*comms[size_t(r)], *be, ps, ac, dc);
       if (from) dp.load_state(from->master, from->m, from->v, first);
       for (int t = from ? first : 0; t < steps; ++t) {
         for (int64_t i = 0; i < ps.size(); ++i) ps.grads.data[i] = grad_of(r, t, i);
@@ -174,7 +175,7 @@ TEST_CASE("DataParallel memory: ZeRO-1 holds 1/N of the moments") {
   ParamStore ps;
   declare(ps);
   ps.finalize(*be, 7);
-  DataParallel dp(*comms[0], *be, ps, AdamWConfig{}, DistributedConfig{1, "fp32", true}, {});
+  DataParallel dp(*comms[0], *be, ps, AdamWConfig{}, DistributedConfig{1, "fp32", true});
   const auto m = dp.memory();
   CHECK(m["moments_bytes"].get<int64_t>() == 2 * 4 * ps.size());
   CHECK(m["master_bytes"].get<int64_t>() == 0);
@@ -216,7 +217,7 @@ EpOutcome run_ep(int world, int zero, const AdamWConfig& ac, int steps, const Ep
       declare_experts(ps);
       ps.finalize(*be, from ? 99 : 7);
       if (held) (*held)[size_t(r)].assign(ps.values.data, ps.values.data + ps.size());
-      DataParallel dp(*comms[size_t(r)], *be, ps, ac, DistributedConfig{zero, "fp32", true}, {});
+      DataParallel dp(*comms[size_t(r)], *be, ps, ac, DistributedConfig{zero, "fp32", true});
       if (from) dp.load_state(from->master, from->m, from->v, first);
       for (int t = from ? first : 0; t < steps; ++t) {
         for (int i = 0; i < int(ps.infos().size()); ++i)

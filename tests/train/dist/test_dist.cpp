@@ -150,6 +150,20 @@ TEST_CASE("thread and local communicators: alltoallv of any counts, zeros includ
   CHECK(errors[1].find("rank 0 sends 1 rows to rank 1, which expects 2") != std::string::npos);
 }
 
+// run_cast on a host cast store (the cpu backend's): the packed codes and scales every rank ends with.
+struct HostCast {
+  std::vector<uint8_t> packed;
+  ShardScales scales;
+};
+HostCast host_cast(Communicator& c, std::span<const FlatTensor> tensors, const float* flat, ShardRange mine,
+                   bool shard_cast) {
+  auto be = train::make_cpu_backend(1);
+  const std::unique_ptr<train::CastStore> store = train::make_host_cast_store(tensors);
+  train::run_cast(c, *be, *store, flat, mine, shard_cast);
+  const std::span<uint8_t> p = store->packed();
+  return HostCast{std::vector<uint8_t>(p.begin(), p.end()), store->scales()};
+}
+
 TEST_CASE("NVFP4 primary weights over thread ranks: shard_cast true equals false equals quantize(nvfp4_2d)") {
   const FlatTensor tensors[] = {{37, 45, 0}, {16, 16, 1665}, {50, 33, 1921}, {1, 7, 3571}};
   std::vector<float> flat(3578);
@@ -168,10 +182,10 @@ TEST_CASE("NVFP4 primary weights over thread ranks: shard_cast true equals false
   const int64_t total = int64_t(flat.size());
   auto check_split = [&](const std::vector<ShardRange>& shards) {
     const int n = int(shards.size());
-    std::vector<Nvfp4Weights> got(static_cast<size_t>(n)), whole(static_cast<size_t>(n));
+    std::vector<HostCast> got(static_cast<size_t>(n)), whole(static_cast<size_t>(n));
     on_ranks(n, [&](Communicator& c) {
-      got[size_t(c.rank())] = cast_primary_weights(c, tensors, flat.data(), shards[size_t(c.rank())], true);
-      whole[size_t(c.rank())] = cast_primary_weights(c, tensors, flat.data(), shards[size_t(c.rank())], false);
+      got[size_t(c.rank())] = host_cast(c, tensors, flat.data(), shards[size_t(c.rank())], true);
+      whole[size_t(c.rank())] = host_cast(c, tensors, flat.data(), shards[size_t(c.rank())], false);
     });
     bool ok = true;
     for (int r = 0; r < n; ++r) {

@@ -131,6 +131,16 @@ TEST_CASE("data parallel: NVFP4 primary weights, shard cast = whole cast in ever
   const RunResult whole = run_on(3, j);
   CHECK(sc.step_losses == whole.step_losses);
   CHECK(sc.final_params == whole.final_params);
+  // What a step moved (summary.json distributed.collectives, CountingComm): the shard cast reduces the
+  // amaxes and gathers the packed spans; the whole cast moves neither; both reduce-scatter the FP32 gradient.
+  const json& cs = sc.summary["distributed"]["collectives"]["per_step"];
+  const json& cw = whole.summary["distributed"]["collectives"]["per_step"];
+  CHECK(cs["allreduce_max"]["calls"] == 1);
+  CHECK(cs["allgather_bytes"]["calls"] == 1);
+  CHECK(!cw.contains("allreduce_max"));
+  CHECK(!cw.contains("allgather_bytes"));
+  CHECK(cs["reduce_scatter_sum"]["bytes_in"] == 4 * int64_t(sc.final_params.size()));
+  CHECK(cs["reduce_scatter_sum"] == cw["reduce_scatter_sum"]);
   // nvfp4's weight quantizer is the primary cast's (nvfp4_2d, round to nearest), and
   // the layers take the cast as their W operand (LinearContext::weight_cast; not
   // re-quantized: NVFP4 is not idempotent): the same run as FP32 primary weights,
