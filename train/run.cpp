@@ -406,8 +406,7 @@ void Training::start() {
   created_ = true;
 }
 
-// A failure before this invocation's first checkpoint: the directory it
-// created goes, and a replaced run comes back.
+// A failure before this invocation's first checkpoint: the directory it created goes, and a replaced run comes back.
 void Training::abandon() {
   if (!created_ || checkpointed_) return;
   std::error_code ec;
@@ -481,6 +480,7 @@ void Training::build_model() {
 
 StepContext Training::context(int64_t step, bool train) const {
   StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train, true, float(cfg_.training.loss_scale)};
+  sc.activations = cfg_.activations;
   if (!cast_weights_.empty()) {  // NVFP4 primary weights: their values are the cast, not quantized again
     sc.weight_cast = &nvfp4_primary_cast_spec();
     sc.cast_weights = &cast_weights_;
