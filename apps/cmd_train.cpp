@@ -143,6 +143,7 @@ double time_steps(BenchRun& r, const Batch& b, const RunConfig& cfg, int64_t ste
     const auto t0 = std::chrono::steady_clock::now();
     r.be->fill(r.model->params().grads, 0.0f);
     StepContext sc{&r.recipe, cfg.seed, uint64_t(r.step), true};
+    sc.activations = cfg.activations;
     r.model->forward_backward(b, sc, nullptr);
     r.opt->step(learning_rate(cfg.training.schedule, r.step, total_steps));
     r.be->synchronize();

@@ -31,6 +31,13 @@
 
 namespace fp4lab::train {
 
+// The precision of the activations (config precision.activations; the
+// semantics: docs/DESIGN.md, "BF16 activations"). fp32: every op writes its
+// FP32 result. bf16: PyTorch autocast's semantics, FP32 master weights, the
+// residual stream and its gradient in FP32, and r() (round to nearest even
+// FP32 -> BF16) applied at the places Backend's contract below names.
+enum class ActivationPrecision : uint8_t { fp32, bf16 };
+
 // Elements [offset, offset + size) of a flat buffer.
 struct IndexRange {
   int64_t offset = 0, size = 0;
@@ -179,10 +186,50 @@ struct DropoutKey {
   uint64_t seed = 0, stream = 0;
 };
 
+// The Backend's contract under ActivationPrecision::bf16 (docs/DESIGN.md,
+// "BF16 activations"; r() = round to nearest even FP32 -> BF16, NaN quiet,
+// overflow to Inf). Each op computes as in fp32 mode (the same FP32/FP64
+// formula) and applies r() at these places only:
+//   linear_forward     x read as r(x); y = r(acc + r(b)) (acc: the FP32 GEMM
+//                      accumulator, the plan's operands made from r(x) as in fp32 mode)
+//   linear_backward    dy read as r(dy); dx = r(acc); dW_acc += float(r(dW));
+//                      db_acc += float(r(db)) (autocast's BF16 gradient of the
+//                      BF16 copies of W and b, widened into the FP32 gradient)
+//   layernorm_forward  y = r(y); mean, rstd FP32
+//   layernorm_backward nothing: reads the (BF16-valued) dy, writes the FP32 dx
+//   gelu_forward/backward          y = r(y), dx = r(dx)
+//   attention_forward/backward     out = r(out), dqkv = r(dqkv) (the softmax,
+//                      probabilities and sums in FP32 as in fp32 mode)
+//   dropout_forward/backward (in place), dropout_add's dropped operand,
+//   dropout_backward_to's and add_dropout_backward_to's dst: r(dropped value),
+//                      p = 0 included (the tensor is a BF16 activation or its
+//                      gradient). A model drops an FP32 tensor (GPT's embeddings
+//                      and their gradient, the MoE MLP's FP32 combine) under
+//                      ActivationScope(fp32).
+//   cross_entropy      dlogits = r(dlogits) (loss and softmax in FP32/FP64)
+//   everything else    as in fp32 mode: residual adds (add_inplace, the add
+//                      of dropout_add) in FP32, embeddings, ViT tokens,
+//                      gather/scatter/combine rows, routing, the optimiser.
+// Tensors stay float: a CPU buffer holds BF16-representable values where r()
+// applied. A backend may store such a tensor in BF16 (the same values).
+// Every op of fp32 mode is bit-identical to a backend without this mode.
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+
+  // The activation precision the ops apply (the contract above); fp32 until
+  // set. A model sets it at the start of every pass (StepContext::activations).
+  // Throws fp4lab::Error naming the backend for a precision it does not
+  // implement (implements()).
+  virtual void set_activations(ActivationPrecision a) {
+    if (!implements(a))
+      throw Error("backend " + name() + " does not implement precision.activations \"bf16\" (yet); use \"fp32\"");
+    activations_ = a;
+  }
+  ActivationPrecision activations() const { return activations_; }
+  // Whether set_activations(a) is valid: fp32 everywhere; bf16 where a backend says so.
+  virtual bool implements(ActivationPrecision a) const { return a == ActivationPrecision::fp32; }
   // Waits until every operation issued so far has finished (a no-op on the
   // CPU; the CUDA backend's calls are asynchronous). For timing.
   virtual void synchronize() {}
@@ -433,10 +480,25 @@ class Backend {
                           float grad_scale = 1.0f) = 0;
 
  private:
+  ActivationPrecision activations_ = ActivationPrecision::fp32;
   // The default cross_entropy_start / finish's result.
   bool ce_pending_ = false;
   double ce_loss_ = 0.0;
   int64_t ce_correct_ = 0;
+};
+
+// Sets be's activation precision for its lifetime, then restores the one
+// before: the ops of an FP32 tensor (GPT's embedding dropout) in a bf16 pass.
+class ActivationScope {
+ public:
+  ActivationScope(Backend& be, ActivationPrecision a) : be_(be), saved_(be.activations()) { be.set_activations(a); }
+  ~ActivationScope() { be_.set_activations(saved_); }
+  ActivationScope(const ActivationScope&) = delete;
+  ActivationScope& operator=(const ActivationScope&) = delete;
+
+ private:
+  Backend& be_;
+  ActivationPrecision saved_;
 };
 
 // The CPU backend (Eigen + OpenMP; train/cpu/backend.cpp). threads <= 0: OpenMP's default.

@@ -460,6 +460,15 @@ void parse_output(const json& out, const std::string& where, RunConfig& c) {
                 " exists and is not a directory; valid: a directory path (created if missing)");
 }
 
+// config.precision: {activations}.
+void parse_precision(const json& pj, const std::string& where, RunConfig& c) {
+  Obj o(pj, where + ".precision");
+  std::string a = activation_precision_name(c.activations);
+  o.get("activations", a);
+  o.finish();
+  c.activations = parse_activation_precision(where + ".precision.activations", a);
+}
+
 // A name that becomes (part of) one directory name under output.dir: not
 // empty, no '/', no "..", no control characters.
 void check_dir_name(const std::string& path, const std::string& v, const char* what) {
@@ -474,6 +483,15 @@ void check_dir_name(const std::string& path, const std::string& v, const char* w
 constexpr int kMaxThreads = 1024;
 
 }  // namespace
+
+ActivationPrecision parse_activation_precision(const std::string& path, const std::string& v) {
+  check_choice(path, v, {"fp32", "bf16"});
+  return v == "bf16" ? ActivationPrecision::bf16 : ActivationPrecision::fp32;
+}
+
+const char* activation_precision_name(ActivationPrecision a) {
+  return a == ActivationPrecision::bf16 ? "bf16" : "fp32";
+}
 
 RunConfig config_from_json(const json& j, const std::string& where) {
   RunConfig c;
@@ -508,7 +526,11 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   o.get_json("eval_recipe", c.eval_recipe);
   if (const json* out = o.sub("output")) parse_output(*out, where, c);
   if (const json* dj = o.sub("distributed")) parse_distributed(*dj, where, c.distributed);
+  if (const json* pj = o.sub("precision")) parse_precision(*pj, where, c);
   o.finish();
+  if (c.activations == ActivationPrecision::bf16 && c.backend != "cpu")
+    throw Error(where + ".precision.activations: \"bf16\" runs on the CPU backend only so far (\"backend\": \"" +
+                c.backend + "\"); use \"fp32\" or \"backend\": \"cpu\"");
   check_expert_parallel(c, where);
   // Check the recipe resolves now, so a typo fails before any work.
   try {
@@ -623,6 +645,9 @@ json config_to_json(const RunConfig& c) {
   if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;
   if (!c.layer_recipes.empty()) j["layer_recipes"] = layer_recipes_to_json(c.layer_recipes);  // only when set: hashes stay
   if (!c.eval_recipe.is_null()) j["eval_recipe"] = c.eval_recipe;
+  // Only when not the default: the configs (and hashes) of fp32 runs stay as they were.
+  if (c.activations != ActivationPrecision::fp32)
+    j["precision"] = {{"activations", activation_precision_name(c.activations)}};
   return j;
 }
 
@@ -707,8 +732,10 @@ std::string recipe_label(const RunConfig& c) {
 }
 
 std::string run_directory(const RunConfig& c) {
+  // BF16 activations: "-bf16act" after the recipe, so that the fp32 run of a config has its own directory.
+  const std::string act = c.activations == ActivationPrecision::bf16 ? "-bf16act" : "";
   const std::string n =
-      c.output_name.empty() ? c.name + "-" + recipe_label(c) + "-s" + std::to_string(c.seed) : c.output_name;
+      c.output_name.empty() ? c.name + "-" + recipe_label(c) + act + "-s" + std::to_string(c.seed) : c.output_name;
   return (std::filesystem::path(c.output_dir) / n).string();
 }
 

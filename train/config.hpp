@@ -17,10 +17,13 @@
 //   eval_recipe   the recipe of every evaluation forward (absent/null: the training recipes)
 //   distributed {zero: 0|1, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, timeout_s: seconds}
 //             data-parallel training (train/dist/data_parallel.hpp); one process is a world of 1
+//   precision {activations: "fp32"|"bf16"}: the activations' precision (train/backend.hpp's
+//             contract; docs/DESIGN.md "BF16 activations"); "bf16": CPU backend only so far
 //   seed      integer (init, data order, dropout, stochastic rounding)
 //   backend   "cpu" | "cuda"
 //   threads   OpenMP threads: 0 (OpenMP's default) or 1..1024
-//   output    {dir: "runs", name: run directory name (default <name>-<recipe>-s<seed>),
+//   output    {dir: "runs", name: run directory name (default <name>-<recipe>-s<seed>;
+//              <name>-<recipe>-bf16act-s<seed> under precision.activations "bf16"),
 //              capture_step: at this optimiser step (0-based) every linear layer's FP32
 //              operands x, w, dy are written to <run>/capture/step_<N>/<layer>.<x|w|dy>.npy,
 //              numerics_interval: every N optimiser steps, each linear layer's six operands'
@@ -104,6 +107,7 @@ struct RunConfig {
   std::vector<std::string> keep_high_precision;
   std::vector<LayerRecipeRule> layer_recipes;  // per-layer recipes (first match wins)
   nlohmann::json eval_recipe;                  // null: evaluation runs the training recipes
+  ActivationPrecision activations = ActivationPrecision::fp32;  // precision.activations
   uint64_t seed = 1;
   std::string backend = "cpu";
   int threads = 0;
@@ -113,6 +117,11 @@ struct RunConfig {
   int64_t numerics_interval = 0;  // output.numerics_interval: numerics.jsonl every N steps (train/numerics.hpp; 0: off)
   DistributedConfig distributed;
 };
+
+// "fp32" | "bf16" (config precision.activations), and back; an Error naming
+// `path`, the value and the valid ones for another string.
+ActivationPrecision parse_activation_precision(const std::string& path, const std::string& v);
+const char* activation_precision_name(ActivationPrecision a);
 
 // Parses and validates; `where` prefixes error paths.
 RunConfig config_from_json(const nlohmann::json& j, const std::string& where = "config");

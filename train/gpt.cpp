@@ -176,7 +176,10 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
     const float eps = float(cfg_.layernorm_eps);
     Tensor x = be_.empty(N, C);
     be_.embed_forward(bt.tokens.data(), B, T, params_.value(wte_), params_.value(wpe_), x);
-    be_.dropout_forward(x, p, dropout_key(s, 0));
+    {
+      const ActivationScope residual(be_, ActivationPrecision::fp32);  // the embeddings are FP32 (backend.hpp)
+      be_.dropout_forward(x, p, dropout_key(s, 0));
+    }
     for (int64_t i = 0; i < int64_t(blocks_.size()); ++i) {
       Block& k = blocks_[size_t(i)];
       k.x_in = x;
@@ -212,7 +215,12 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         be_.gelu_forward(k.f, k.g, &g_o);
         m = lin_fwd(k.mlp_proj, s, k.g, &g_o);
       }
-      be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
+      if (k.moe) {  // the MoE MLP's output is its FP32 weighted sum (backend.hpp)
+        const ActivationScope combined(be_, ActivationPrecision::fp32);
+        be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
+      } else {
+        be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
+      }
       x = m;
     }
     xf_in_ = x;
@@ -237,7 +245,10 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       Tensor dmi;
       if (k.moe) {
         Tensor dm = be_.empty(N, C);
-        be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
+        {
+          const ActivationScope combined(be_, ActivationPrecision::fp32);  // the gradient of an FP32 tensor
+          be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)));
+        }
         dmi = k.moe->backward(be_, *this, s, dm);
       } else {
         // residual gradient -> mlp.c_proj (dy)
@@ -267,7 +278,10 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid);
       dx = dxin;
     }
-    be_.dropout_backward(dx, p, dropout_key(s, 0));
+    {
+      const ActivationScope residual(be_, ActivationPrecision::fp32);  // the embeddings' FP32 gradient
+      be_.dropout_backward(dx, p, dropout_key(s, 0));
+    }
     Tensor dwte = params_.grad(wte_), dwpe = params_.grad(wpe_);
     be_.embed_backward(bt.tokens.data(), B, T, dx, dwte, dwpe);
   }

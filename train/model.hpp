@@ -110,6 +110,10 @@ struct StepContext {
   // operands itself. The same bits either way (tested: a producer's output only
   // replaces the layer's identical work).
   bool producer_outputs = true;
+  // The activations' precision (config precision.activations; Backend's
+  // contract in train/backend.hpp): CrossEntropyModel sets it on the backend
+  // at the start of every pass.
+  ActivationPrecision activations = ActivationPrecision::fp32;
 };
 
 struct LinearLayerInfo {
@@ -171,6 +175,7 @@ class Model : public BatchEvaluator {
 class CrossEntropyModel : public Model {
  public:
   double forward_backward(const Batch& b, const StepContext& s, int64_t* correct) override {
+    be_.set_activations(s.activations);
     Tensor logits = forward(b, s);
     Tensor dlogits = be_.empty(logits.rows, logits.cols);
     // The backward pass is issued before the loss is waited for (a GPU keeps
@@ -183,6 +188,7 @@ class CrossEntropyModel : public Model {
   double evaluate(const Batch& b, const StepContext& s, int64_t* correct) override {
     StepContext fwd = s;
     fwd.backward = false;  // the layers prepare no backward operand
+    be_.set_activations(s.activations);
     Tensor logits = forward(b, fwd);
     return be_.cross_entropy(logits, b.targets.data(), nullptr, correct);
   }

@@ -415,8 +415,7 @@ void Training::start() {
   created_ = true;
 }
 
-// A failure before this invocation's first checkpoint: the directory it
-// created goes, and a replaced run comes back.
+// A failure before this invocation's first checkpoint: the directory it created goes, and a replaced run comes back.
 void Training::abandon() {
   if (!created_ || checkpointed_) return;
   std::error_code ec;
@@ -487,6 +486,7 @@ void Training::build_model() {
 
 StepContext Training::context(int64_t step, bool train) const {
   StepContext sc{&recipe_, cfg_.seed, uint64_t(step), train, true, float(cfg_.training.loss_scale)};
+  sc.activations = cfg_.activations;
   if (switched_ && uint64_t(step) >= switch_at_) sc.recipe = &*switched_;
   if (!train && layer_recipes_.eval) {
     sc.recipe = &*layer_recipes_.eval;

@@ -49,4 +49,5 @@ PYBIND11_MODULE(_C, m) {
   fp4lab::python::bind_cli(m);
   fp4lab::python::bind_cuda(m);
   fp4lab::python::bind_linear(m);
+  fp4lab::python::bind_activations(m);
 }

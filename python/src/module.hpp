@@ -18,5 +18,6 @@ void bind_reference(pybind11::module_& m);  // formats, cast, decode, quantize, 
 void bind_cli(pybind11::module_& m);        // run_cli: golden, verify and every other command (bind_cli.cpp)
 void bind_cuda(pybind11::module_& m);       // quantize on CUDA device memory (bind_cuda.cpp)
 void bind_linear(pybind11::module_& m);     // the trainer's linear layer for fp4lab.torch (bind_linear.cpp)
+void bind_activations(pybind11::module_& m);  // CPU ops by activations precision, a test hook (bind_activations.cpp)
 
 }  // namespace fp4lab::python

@@ -62,6 +62,13 @@ struct OpCase {
 // scatter rows, embeddings, ViT tokens, cross-entropy (one call and
 // start/finish), sum_squares, AdamW.
 std::vector<OpCase> backend_op_cases();
+// The same rows with the backend's activation precision set to `a` for each
+// row's run (Backend::set_activations; restored to fp32 after), the op named
+// "... [bf16 activations]" for bf16; the pairs in `same` that hold only in
+// fp32 mode (dropout at p = 0 leaves x as it was) are left out; a tolerance
+// that is not 0 becomes at least 2^-8 (1 BF16 ulp; 0 stays bit for bit). A
+// backend that does not implement `a` fails every row (set_activations throws).
+std::vector<OpCase> backend_op_cases(ActivationPrecision a);
 
 // Test inputs: n normal draws (never exactly zero) times s, plus `shift`, from
 // a fixed seed; and a backend tensor [rows, cols] holding them (an Error when

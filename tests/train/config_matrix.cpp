@@ -118,16 +118,21 @@ json tiny(json j, const Fixtures& fx, const std::string& backend, int threads, c
 
 }  // namespace
 
-void check_config_matrix(const std::string& backend, int threads) {
+void check_config_matrix(const std::string& backend, int threads, const std::string& activations,
+                         const std::vector<std::string>& only) {
   const Fixtures fx;
   const std::vector<fs::path> configs = shipped_configs();
   REQUIRE(configs.size() >= 4);  // gpt_baby, gpt_shakespeare_char, vit_mnist, vit_mnist_quick
+  int64_t ran = 0;
   for (const fs::path& path : configs) {
+    if (!only.empty() && std::find(only.begin(), only.end(), path.stem().string()) == only.end()) continue;
+    ++ran;
     const json shipped = read_json_file(path.string());
     for (const std::string& recipe : recipe_names()) {
-      INFO(path.filename().string(), " x ", recipe, " on ", backend);
+      INFO(path.filename().string(), " x ", recipe, " on ", backend, ", activations ", activations);
       json j = tiny(shipped, fx, backend, threads, fx.root / "runs");
       j["recipe"] = recipe;
+      if (activations != "fp32") j["precision"] = {{"activations", activations}};
       std::ostringstream log;
       RunOptions opt;
       opt.progress = false;
@@ -145,6 +150,7 @@ void check_config_matrix(const std::string& backend, int threads) {
       CHECK((final_metric.is_number() && std::isfinite(final_metric.get<double>())));
     }
   }
+  CHECK(ran == int64_t(only.empty() ? configs.size() : only.size()));  // every config named exists
 }
 
 }  // namespace fp4lab::train::test

@@ -7,12 +7,15 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace fp4lab::train::test {
 
 // Runs the matrix on `backend` ("cpu" or "cuda") with doctest checks: each
 // run completes, and its summary holds a finite final metric. FP4LAB_SOURCE_DIR
-// (a compile definition) locates configs/.
-void check_config_matrix(const std::string& backend, int threads);
+// (a compile definition) locates configs/. activations: the runs'
+// precision.activations; configs: the configs' file stems to run (empty: all).
+void check_config_matrix(const std::string& backend, int threads, const std::string& activations = "fp32",
+                         const std::vector<std::string>& configs = {});
 
 }  // namespace fp4lab::train::test

@@ -19,6 +19,11 @@ class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   std::string name() const override { return inner_->name(); }
+  bool implements(ActivationPrecision a) const override { return inner_->implements(a); }
+  void set_activations(ActivationPrecision a) override {
+    Backend::set_activations(a);
+    inner().set_activations(a);
+  }
   Tensor empty(int64_t rows, int64_t cols) override { return inner().empty(rows, cols); }
   void fill(Tensor& t, float v) override { inner().fill(t, v); }
   void upload(const float* host, Tensor& t) override { inner().upload(host, t); }

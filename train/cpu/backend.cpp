@@ -11,6 +11,7 @@
 #include <Eigen/Core>
 
 #include "train/backend.hpp"
+#include "train/cpu/bf16.hpp"
 #include "train/cpu/linear.hpp"
 #include "train/gelu_math.hpp"
 #include "core/error.hpp"
@@ -89,6 +90,17 @@ struct CpuLinearState : LinearState {
   LinearSaved saved;
 };
 
+// r() of n floats in place (train/cpu/bf16.hpp): in the calling thread (a
+// row, inside a parallel loop), or split over the OpenMP threads (_n).
+void round_bf16_row(float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = round_bf16_f32(p[i]);
+}
+void round_bf16_n(float* p, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] = round_bf16_f32(p[i]);
+}
+void round_bf16_m(MatrixRM& m) { round_bf16_n(m.data(), m.size()); }
+
 // t's elements copied into an (aligned) matrix: Eigen's small products take
 // alignment-dependent paths, so the operands' addresses must not matter.
 MatrixRM to_matrix(const Tensor& t) { return ConstMap(t.data, t.rows, t.cols, Stride(t.cols)); }
@@ -135,6 +147,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) override {
     return make_host_cast_store(tensors);
   }
+  bool implements(ActivationPrecision) const override { return true; }
 
   Tensor empty(int64_t rows, int64_t cols) override {
     FP4LAB_CHECK(rows >= 0 && cols >= 0, "cpu backend: negative tensor shape");
@@ -176,7 +189,19 @@ class CpuBackend final : public Backend {
     FP4LAB_CHECK(x.data || x.size() == 0, "cpu linear_forward: x has no FP32 values");
     auto st = std::make_unique<CpuLinearState>();
     auto ym = std::make_shared<MatrixRM>();
-    fp4lab::linear_forward(l.ctx, l.plan, to_matrix(x), to_matrix(w), b, *ym, st->saved);
+    if (bf16()) {  // x read as r(x), y = r(acc + r(b)) (backend.hpp)
+      MatrixRM xr = to_matrix(x);
+      round_bf16_m(xr);
+      std::vector<float> br;
+      if (b) {
+        br.assign(b, b + w.rows);
+        round_bf16_n(br.data(), w.rows);
+      }
+      fp4lab::linear_forward(l.ctx, l.plan, std::move(xr), to_matrix(w), b ? br.data() : nullptr, *ym, st->saved);
+      round_bf16_m(*ym);
+    } else {
+      fp4lab::linear_forward(l.ctx, l.plan, to_matrix(x), to_matrix(w), b, *ym, st->saved);
+    }
     take_result(std::move(ym), y);
     state = std::move(st);
   }
@@ -189,8 +214,15 @@ class CpuBackend final : public Backend {
     MatrixRM dwm;
     std::vector<float> db;
     if (db_acc) db.assign(size_t(w.rows), 0.0f);
-    fp4lab::linear_backward(l.ctx, l.plan, st.saved, to_matrix(w), to_matrix(dy), *dxm, dwm,
+    MatrixRM dym = to_matrix(dy);
+    if (bf16()) round_bf16_m(dym);  // dy read as r(dy)
+    fp4lab::linear_backward(l.ctx, l.plan, st.saved, to_matrix(w), std::move(dym), *dxm, dwm,
                             db_acc ? db.data() : nullptr);
+    if (bf16()) {  // dx = r(acc); dW and db: the BF16 gradients, widened into the FP32 accumulators
+      round_bf16_m(*dxm);
+      round_bf16_m(dwm);
+      round_bf16_n(db.data(), int64_t(db.size()));
+    }
     take_result(std::move(dxm), dx);
     check_same("linear_backward dW", w, dw_acc);
     float* d = dw_acc.data;
@@ -223,6 +255,7 @@ class CpuBackend final : public Backend {
         const float h = (xr[j] - m) * rs;
         yr[j] = h * gamma[j] + (beta ? beta[j] : 0.0f);
       }
+      if (bf16()) round_bf16_row(yr, c);  // y = r(y)
     }
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
@@ -263,6 +296,7 @@ class CpuBackend final : public Backend {
     const int64_t n = x.size();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) y.data[i] = gelu_value(x.data[i]);
+    if (bf16()) round_bf16_n(y.data, n);  // y = r(y)
   }
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs*) override {
     const ThreadCount use(threads_);
@@ -272,6 +306,7 @@ class CpuBackend final : public Backend {
     float* d = dx.data;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) d[i] = gelu_grad(xv[i], g[i]);
+    if (bf16()) round_bf16_n(d, n);  // dx = r(dx)
   }
 
   void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,
@@ -317,6 +352,8 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < T * T; ++i) pd.data()[i] = drop(p.data()[i], w[i], thr, keep_scale);
         o.noalias() = pd * v;
       }
+      if (bf16())  // out = r(out): this head's columns
+        for (int64_t i = 0; i < T; ++i) round_bf16_row(o.data() + i * C, hd);
     }
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
@@ -363,6 +400,9 @@ class CpuBackend final : public Backend {
       }
       dq.noalias() = dp * k;
       dk.noalias() = dp.transpose() * q;
+      if (bf16())  // dqkv = r(dqkv): this head's columns of dq, dk, dv
+        for (int64_t i = 0; i < T; ++i)
+          for (float* d : {dq.data(), dk.data(), dv.data()}) round_bf16_row(d + i * dqkv.cols, hd);
     }
   }
 
@@ -530,6 +570,7 @@ class CpuBackend final : public Backend {
         float* d = dlogits->row(r);
         for (int64_t j = 0; j < v; ++j) d[j] = float(std::exp(double(l[j]) - lse)) * inv_n;
         d[targets[r]] -= inv_n;
+        if (bf16()) round_bf16_row(d, v);  // dlogits = r(dlogits)
       }
     }
     double s = 0.0;
@@ -599,8 +640,13 @@ class CpuBackend final : public Backend {
                   "] does not fit batch " + std::to_string(s.batch) + " x seq " + std::to_string(s.seq) + ", " +
                   std::to_string(s.heads) + " heads");
   }
+  bool bf16() const { return activations() == ActivationPrecision::bf16; }
+  // x = drop(x) in place; in bf16 mode r(drop(x)), p = 0 included (backend.hpp).
   void dropout_apply(Tensor& x, float p, DropoutKey key) {
-    if (p <= 0.0f) return;
+    if (p <= 0.0f) {
+      if (bf16()) round_bf16_n(x.data, x.size());
+      return;
+    }
     const uint32_t thr = dropout_threshold(p);
     const float keep_scale = 1.0f / (1.0f - p);
     const int64_t n = x.size();
@@ -615,6 +661,7 @@ class CpuBackend final : public Backend {
         const uint32_t* w = dw.get(key, uint64_t(i0), uint64_t(len));
         float* xc = x.data + i0;
         for (int64_t i = 0; i < len; ++i) xc[i] = drop(xc[i], w[i], thr, keep_scale);
+        if (bf16()) round_bf16_row(xc, len);
       }
     }
   }

@@ -31,6 +31,7 @@
 #include "train/backend.hpp"
 #include "train/cuda/cast_store.hpp"
 #include "train/cuda/linear.hpp"
+#include "train/cuda/linear_ops.hpp"
 #include "core/error.hpp"
 #include "cuda/device.hpp"
 #include "cuda/quantize.hpp"
@@ -133,6 +134,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) override {
     return make_device_cast_store(tensors);
   }
+  // precision.activations "bf16" (train/backend.hpp's contract), a first step: FP32 storage of the BF16
+  // values, each r() one more pass after the FP32 op (round_inplace); fused epilogues and BF16 storage next.
+  bool implements(ActivationPrecision) const override { return true; }
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
   // ---- memory ----
@@ -198,20 +202,36 @@ class CudaBackend final : public Backend {
   using Backend::linear_backward;
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state, const ProducerOutputs* x_from) override {
-    linear_.forward(l, x, w, b, y, state, alloc(), x_from);
+    if (!bf16()) return linear_.forward(l, x, w, b, y, state, alloc(), x_from);
+    // x read as r(x) (a rounded copy, which the layer may keep), y = r(acc + r(b)).
+    const Tensor xr = rounded_copy(x), br = b ? rounded_copy(view_of(const_cast<float*>(b), 1, w.rows)) : Tensor{};
+    linear_.forward(l, xr, w, b ? br.data : nullptr, y, state, alloc(), x_from);
+    round_inplace(y);
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
                        Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from) override {
-    linear_.backward(l, state, w, dy, dx, dw_acc, db_acc, alloc(), dy_from);
+    if (!bf16()) return linear_.backward(l, state, w, dy, dx, dw_acc, db_acc, alloc(), dy_from);
+    // dy read as r(dy); dx = r(acc); dW and db: their BF16 rounding added to the FP32 accumulators.
+    const Tensor dyr = rounded_copy(dy);
+    Tensor dw = zeros(dw_acc.rows, dw_acc.cols), db = zeros(1, w.rows);
+    linear_.backward(l, state, w, dyr, dx, dw, db_acc ? db.data : nullptr, alloc(), dy_from);
+    round_inplace(dx);
+    round_inplace(dw);
+    add_inplace(dw_acc, dw);
+    if (db_acc) {
+      round_inplace(db);
+      nn::add_inplace(db_acc, db.data, w.rows);
+    }
   }
   // The grouped layer where CudaLinear groups the plans (linear.hpp), else the default (each group's own calls).
   void grouped_linear_forward(const LinearGroups& g, const Tensor& x, Tensor& y,
                               std::unique_ptr<LinearState>& state) override {
-    if (!linear_.grouped_forward(g, x, y, state, alloc())) Backend::grouped_linear_forward(g, x, y, state);
+    // bf16 activations: each group's own calls (their roundings), until CudaLinear's grouped form has them.
+    if (bf16() || !linear_.grouped_forward(g, x, y, state, alloc())) Backend::grouped_linear_forward(g, x, y, state);
   }
   void grouped_linear_backward(const LinearGroups& g, const LinearState& state, const Tensor& dy, Tensor& dx,
                                std::span<Tensor> dw_acc, std::span<float* const> db_acc) override {
-    if (!linear_.grouped_backward(g, state, dy, dx, dw_acc, db_acc, alloc()))
+    if (bf16() || !linear_.grouped_backward(g, state, dy, dx, dw_acc, db_acc, alloc()))
       Backend::grouped_linear_backward(g, state, dy, dx, dw_acc, db_acc);
   }
 
@@ -223,6 +243,7 @@ class CudaBackend final : public Backend {
     check_size("layernorm_forward", "rstd", rstd, x.rows);
     nn::layernorm_forward(x.data, gamma, beta, eps, x.rows, x.cols, y.data, mean.data, rstd.data,
                           bf16_out("layernorm_forward", y, o));
+    round_inplace(y);
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
                           Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
@@ -240,6 +261,7 @@ class CudaBackend final : public Backend {
     const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, y.data});
     nn::gelu_forward(x.data, y.data, x.size(), h, nullptr, a ? &*a : nullptr);
     if (a) o->amax_written = true;
+    round_inplace(y);
   }
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o) override {
     check_size("gelu_backward", "dy", dy, x.size());
@@ -248,6 +270,7 @@ class CudaBackend final : public Backend {
     const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, dy.data, dx.data});
     nn::gelu_backward(x.data, dy.data, dx.data, x.size(), h, nullptr, a ? &*a : nullptr);
     if (a) o->amax_written = true;
+    round_inplace(dx);
   }
 
   // ---- attention ----
@@ -258,6 +281,7 @@ class CudaBackend final : public Backend {
     check_shape("attention_forward", "probs", probs, s.batch * s.heads * s.seq,
                 attention_saved_cols(s, d.width / d.heads));
     attention_.forward(d, qkv.data, out.data, probs.data, bf16_out("attention_forward", out, o));
+    round_inplace(out);
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
                           Tensor& dqkv, DropoutKey key, ProducerOutputs* o) override {
@@ -267,14 +291,17 @@ class CudaBackend final : public Backend {
     check_shape("attention_backward", "dout", dout, qkv.rows, d.width);
     check_shape("attention_backward", "dqkv", dqkv, qkv.rows, qkv.cols);
     attention_.backward(d, qkv.data, probs.data, dout.data, dqkv.data, bf16_out("attention_backward", dqkv, o));
+    round_inplace(dqkv);
   }
 
   // ---- dropout, add ----
   void dropout_forward(Tensor& x, float p, DropoutKey key) override {
     nn::dropout(x.data, x.size(), p, key.seed, key.stream);
+    round_inplace(x);
   }
   void dropout_backward(Tensor& dy, float p, DropoutKey key) override {
     nn::dropout(dy.data, dy.size(), p, key.seed, key.stream);
+    round_inplace(dy);
   }
   void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key, ProducerOutputs* o) override {
     check_shape("dropout_backward_to", "dst", dst, src.rows, src.cols);
@@ -282,6 +309,7 @@ class CudaBackend final : public Backend {
     const std::optional<nn::ProducerAmax> a = producer_amax(o, {src.data, dst.data});
     nn::dropout_to(src.data, nullptr, dst.data, src.size(), p, key.seed, key.stream, h, nullptr, a ? &*a : nullptr);
     if (a) o->amax_written = true;
+    round_inplace(dst);
   }
   void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key,
                                ProducerOutputs* o) override {
@@ -291,6 +319,7 @@ class CudaBackend final : public Backend {
     const std::optional<nn::ProducerAmax> a = producer_amax(o, {y.data, x.data, dst.data});
     nn::dropout_to(y.data, x.data, dst.data, y.size(), p, key.seed, key.stream, h, nullptr, a ? &*a : nullptr);
     if (a) o->amax_written = true;
+    round_inplace(dst);
   }
   void add_inplace(Tensor& y, const Tensor& x) override {
     check_shape("add_inplace", "x", x, y.rows, y.cols);
@@ -298,6 +327,7 @@ class CudaBackend final : public Backend {
   }
   void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override {
     check_shape("dropout_add", "x", x, y.rows, y.cols);
+    if (bf16()) return Backend::dropout_add(y, x, p, key);  // r(drop(y)), then the FP32 add
     nn::dropout_add(y.data, x.data, y.size(), p, key.seed, key.stream);
   }
 
@@ -546,6 +576,7 @@ class CudaBackend final : public Backend {
       double* d_loss = reserve(loss_rows_, size_t(n));
       uint8_t* d_ok = reserve(ok_rows_, size_t(n));
       nn::cross_entropy_rows(logits.data, d_t, n, v, 1.0f / float(n), dlogits ? dlogits->data : nullptr, d_loss, d_ok);
+      if (dlogits) round_inplace(*dlogits);
       check(cudaMemcpyAsync(loss_host_.at_least(size_t(n)), d_loss, size_t(n) * sizeof(double), cudaMemcpyDeviceToHost,
                             nullptr),
             "cross_entropy (download losses)");
@@ -612,6 +643,25 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  bool bf16() const { return activations() == ActivationPrecision::bf16; }
+  // r() of t's values in place under bf16 activations (a no-op in fp32 mode, or where t holds no FP32
+  // values: its producer's BF16 output is the same rounding): core's RNE through a BF16 buffer
+  // (round_bf16_device, bf16_to_f32_device: the CPU's round_bf16_f32 bits).
+  void round_inplace(const Tensor& t) {
+    if (!bf16() || t.data == nullptr || t.size() == 0) return;
+    Tensor h = empty(1, (t.size() + 1) / 2);  // t.size() BF16 values
+    uint16_t* bits = reinterpret_cast<uint16_t*>(h.data);
+    cuda::round_bf16_device(t.data, t.size(), bits);
+    cuda::bf16_to_f32_device(bits, t.size(), nullptr, t.data);
+  }
+  // An owned copy of t, rounded (t with data null: t itself, its consumer reads its producer's BF16).
+  Tensor rounded_copy(const Tensor& t) {
+    if (t.data == nullptr) return t;
+    Tensor c = empty(t.rows, t.cols);
+    copy(t, c);
+    round_inplace(c);
+    return c;
+  }
   // The BF16 output the producer of y writes for o (marked written), or null
   // where o wants none. y (the FP32 output) must have o's shape; its data may
   // be null only when o drops the FP32 values (ProducerOutputs::f32).
@@ -629,8 +679,11 @@ class CudaBackend final : public Backend {
   // The ProducerAmax of o's amax words, where o wants them and the producer
   // (its FP32 tensors at ptrs) can compute them (nn::producer_amax_fits);
   // else nothing (the linear layer then computes the amaxes).
-  static std::optional<nn::ProducerAmax> producer_amax(const ProducerOutputs* o, std::initializer_list<const void*> ptrs) {
-    if (o == nullptr || o->amax == nullptr || !nn::producer_amax_fits(o->rows, o->cols, ptrs)) return std::nullopt;
+  // bf16 activations: none (the layer's amax is of the rounded values, which the producer writes after).
+  std::optional<nn::ProducerAmax> producer_amax(const ProducerOutputs* o,
+                                                std::initializer_list<const void*> ptrs) const {
+    if (bf16() || o == nullptr || o->amax == nullptr || !nn::producer_amax_fits(o->rows, o->cols, ptrs))
+      return std::nullopt;
     nn::ProducerAmax a;
     a.words = o->amax;
     a.rows = o->rows;

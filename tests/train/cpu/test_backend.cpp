@@ -332,3 +332,16 @@ TEST_CASE("backend op table: the CPU backend on 3 threads gives the bits of 1 th
   t = three.empty(1, 1);
   CHECK(omp_get_max_threads() == 3);
 }
+
+// The same table under precision.activations "bf16" (train/backend.hpp's contract): the CPU's bits still do
+// not depend on the thread count, run to run. (Its exactness against r() of fp32 mode: test_bf16_activations.cpp.)
+TEST_CASE("backend op table under bf16 activations: the CPU backend on 3 threads gives the bits of 1 thread") {
+  namespace bt = fp4lab::train::test;
+  const std::vector<bt::OpCase> cases = bt::backend_op_cases(fp4lab::train::ActivationPrecision::bf16);
+  Pinned one(1), three(3);
+  const int64_t n = bt::compare_backends(one, three, cases, {"cpu (1 thread)", "cpu (3 threads)", true});
+  MESSAGE(cases.size(), " rows, ", n, " outputs compared");
+  CHECK(n >= int64_t(cases.size()));
+  CHECK(bt::check_run_to_run(three, cases, "cpu (3 threads)") == n);
+  CHECK(one.activations() == fp4lab::train::ActivationPrecision::fp32);  // each row restores fp32
+}

@@ -169,6 +169,17 @@ TEST_CASE("cuda backend: the backend op table matches the CPU (backend_cases.hpp
   CHECK(n >= int64_t(cases.size()));
 }
 
+// precision.activations "bf16" (train/backend.hpp's contract): the CPU twin is the reference; rows bit for
+// bit stay so, the others within 1 BF16 ulp of their magnitude (backend_op_cases(ActivationPrecision)).
+TEST_CASE("cuda backend: the backend op table under bf16 activations matches the CPU twin") {
+  Pair b;
+  const std::vector<bt::OpCase> cases = bt::backend_op_cases(ActivationPrecision::bf16);
+  const int64_t n = bt::compare_backends(*b.cpu, *b.gpu, cases, {"cpu (2 threads)", "cuda"});
+  MESSAGE(cases.size(), " rows, ", n, " outputs compared");
+  CHECK(n >= int64_t(cases.size()));
+  CHECK(bt::check_run_to_run(*b.gpu, cases, "cuda") == n);
+}
+
 TEST_CASE("cuda backend: every op of the table gives the same bits run to run") {
   auto gpu = make_backend("cuda");
   const std::vector<bt::OpCase> cases = bt::backend_op_cases();
@@ -269,6 +280,40 @@ TEST_CASE("cuda backend: one GPT and one ViT training step match the CPU (FP32 r
     CAPTURE(type);
     expect_step_matches(b, small_step(type, 3), sc);
   }
+}
+
+// precision.activations "bf16", whole steps (dense GPT, MoE GPT, ViT; the FP32 and the bf16 recipe): the CPU
+// twin and the GPU round the same FP32 values, which differ by summation order, so a value may land on
+// either side of a BF16 boundary: the loss within 1e-3 relative, the gradients' cosine above 0.9999.
+TEST_CASE("cuda backend: model steps under bf16 activations match the CPU twin") {
+  Pair b;
+  const fp4lab::Recipe bf16 = fp4lab::recipe_by_name("bf16");
+  for (const fp4lab::Recipe* r : {static_cast<const fp4lab::Recipe*>(nullptr), &bf16})
+    for (const char* type : {"gpt", "moe", "vit"}) {
+      CAPTURE(type);
+      CAPTURE((r ? "bf16 recipe" : "FP32 recipe"));
+      SmallStep in = small_step(std::string(type) == "vit" ? "vit" : "gpt", 6);
+      if (std::string(type) == "moe") in.mc.moe.experts = 4;
+      StepContext sc;
+      sc.recipe = r;
+      sc.seed = 13;
+      sc.step = 1;
+      sc.activations = ActivationPrecision::bf16;
+      double loss[2];
+      std::vector<float> g[2];
+      for (int w = 0; w < 2; ++w) {
+        Backend& be = w ? *b.gpu : *b.cpu;
+        auto model = make_model(in.mc, be, 5);
+        be.fill(model->params().grads, 0.0f);
+        loss[w] = model->forward_backward(in.bt, sc, nullptr);
+        g[w] = get(be, model->params().grads);
+      }
+      CHECK(std::abs(loss[0] - loss[1]) <= 1e-3 * std::abs(loss[0]));
+      double ab = 0, aa = 0, bb = 0;
+      for (size_t i = 0; i < g[0].size(); ++i)
+        ab += double(g[0][i]) * g[1][i], aa += double(g[0][i]) * g[0][i], bb += double(g[1][i]) * g[1][i];
+      CHECK(ab / std::sqrt(aa * bb) > 0.9999);
+    }
 }
 
 TEST_CASE("cuda backend: producers' BF16 outputs are the RNE BF16 of what they write") {
