@@ -19,6 +19,7 @@
 #include "train/config.hpp"
 #include "train/run.hpp"
 #include "train/text_fixture.hpp"
+#include "train/thread_ranks.hpp"
 
 using namespace fp4lab;
 using namespace fp4lab::train;
@@ -56,33 +57,8 @@ json tiny(const std::string& text, const std::string& out, const std::string& na
               {"output", {{"dir", out}}}};
 }
 
-// run_training on `world` thread ranks; rank 0's result.
 RunResult run_on(int world, const json& cfgj, bool resume = false, int64_t stop_after = -1) {
-  const RunConfig cfg = config_from_json(cfgj);
-  auto comms = make_thread_comms(world);
-  std::vector<RunResult> res(static_cast<size_t>(world));
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> th;
-  for (int r = 0; r < world; ++r)
-    th.emplace_back([&, r] {
-      std::ostringstream log;
-      RunOptions o;
-      o.resume = resume;
-      o.stop_after = stop_after;
-      o.progress = false;
-      o.log = &log;
-      o.comm = comms[size_t(r)].get();
-      try {
-        res[size_t(r)] = run_training(cfg, o);
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : th) t.join();
-  for (const auto& e : errors)
-    if (!e.empty()) throw Error(e);
-  for (int r = 1; r < world; ++r) CHECK(res[size_t(r)].final_params == res[0].final_params);
-  return res[0];
+  return test::run_on_threads(world, cfgj, resume, stop_after);
 }
 
 }  // namespace
