@@ -55,11 +55,12 @@ TEST_CASE("cuda backend, expert parallel runs: R thread ranks follow one process
 }
 
 TEST_CASE("cuda backend, Backend::fake_quantize equals the CPU backend's (the MoE dispatch cast's quantizer)") {
-  using namespace fp4lab;
   using namespace fp4lab::train;
+  using fp4lab::Operand;
+  using fp4lab::QuantizerSpec;
   std::mt19937 rng(63);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const QuantizerSpec q = *recipe_by_name("mxfp8").operands[size_t(Operand::fwd_x)];
+  const QuantizerSpec q = *fp4lab::recipe_by_name("mxfp8").operands[size_t(Operand::fwd_x)];
   auto gpu = make_cuda_backend();
   auto cpu = make_cpu_backend(1);
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{7, 32}, {333, 96}, {5, 50}, {1024, 256}}) {
