@@ -103,7 +103,9 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   }
   // LinearCalls (the MoE layers' linears, no producer outputs): y / dx written in place when shaped.
   // (l.lp: planned at the start of the pass, forward's plan_layers or MoeMlp::forward.)
-  void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) override { linear(l, s, x, y, nullptr); }
+  void forward(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y) override {
+    linear(l, s, x, y, nullptr);
+  }
   void backward(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx) override {
     linear_grad(l, s, dy, dx, nullptr);
   }
@@ -160,8 +162,8 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   uint64_t site(int64_t block, int k) const { return 1 + uint64_t(block) * 4 + uint64_t(k); }
   AttentionShape shape(int64_t B, float p) const {
     const int64_t hd = cfg_.width / cfg_.heads;
-    return AttentionShape{B, cfg_.context, cfg_.heads, true, float(1.0 / std::sqrt(double(hd))), p,
-                          cfg_.attention == "bf16_flash"};
+    return AttentionShape{
+        B, cfg_.context, cfg_.heads, true, float(1.0 / std::sqrt(double(hd))), p, cfg_.attention == "bf16_flash"};
   }
 
   Tensor forward(const Batch& bt, const StepContext& s) override {
@@ -215,10 +217,8 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         be_.gelu_forward(k.f, k.g, &g_o);
         m = lin_fwd(k.mlp_proj, s, k.g, &g_o);
       }
-      if (k.moe) {  // the MoE MLP's output is its FP32 weighted sum (backend.hpp)
-        const ActivationScope combined(be_, ActivationPrecision::fp32);
-        be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
-      } else {
+      {  // the MoE MLP's output is its FP32 weighted sum (backend.hpp)
+        const ActivationScope combined(be_, k.moe ? ActivationPrecision::fp32 : be_.activations());
         be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
       }
       x = m;

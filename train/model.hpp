@@ -43,12 +43,13 @@ namespace fp4lab::train {
 struct MoeConfig {
   int64_t experts = 0;
   int64_t top_k = 2;
-  int64_t expert_hidden = 0;    // 0: 4 * width / top_k (the dense MLP's active parameters per token)
-  bool shared_expert = false;   // one more expert (expert_hidden wide) that every token goes through
-  bool normalize_top_k = true;  // gates: the top-k probabilities renormalised to sum 1 (Mixtral); false: as they are (Switch)
-  double aux_loss = 0.01;       // load-balancing loss coefficient alpha: alpha E sum_e f_e P_e (Switch Transformer)
-  double z_loss = 0.001;        // router z-loss coefficient beta: beta mean_t logsumexp(router logits of t)^2 (ST-MoE)
-  bool quantize_router = false; // false: the router is plain FP32 whatever the recipe (every anchor keeps it so)
+  int64_t expert_hidden = 0;   // 0: 4 * width / top_k (the dense MLP's active parameters per token)
+  bool shared_expert = false;  // one more expert (expert_hidden wide) that every token goes through
+  bool normalize_top_k =
+      true;  // gates: the top-k probabilities renormalised to sum 1 (Mixtral); false: as they are (Switch)
+  double aux_loss = 0.01;        // load-balancing loss coefficient alpha: alpha E sum_e f_e P_e (Switch Transformer)
+  double z_loss = 0.001;         // router z-loss coefficient beta: beta mean_t logsumexp(router logits of t)^2 (ST-MoE)
+  bool quantize_router = false;  // false: the router is plain FP32 whatever the recipe (every anchor keeps it so)
   // How slots reach the experts (train/route.hpp): dropless (every slot; the groups' sizes change with the
   // routing) or capacity (at most expert_capacity slots an expert, the rest dropped and counted; fixed shapes).
   enum class Dispatch : uint8_t { dropless, capacity };
@@ -56,9 +57,9 @@ struct MoeConfig {
   double capacity_factor = 1.25;  // capacity dispatch: rows an expert = ceil(factor * N k / E), rounded up to 16
   // The precision of the rows on their way to the experts, as torchao's MXFP8 expert-parallel dispatch sends
   // them (train/moe.hpp "dispatch cast"): none (FP32), or mxfp8 (the experts' inputs in the forward and their
-  // output gradients in the backward fake-quantized to MXFP8 E4M3 in [1, 32] blocks along the width, quantizer
-  // mxfp8_e4m3; the gradients leaving the experts and the outputs coming back stay FP32). In one process too,
-  // so that expert parallelism equals it.
+  // output gradients in the backward fake-quantized with the mxfp8 recipe's fwd_x quantizer: E4M3 in [1, 32]
+  // blocks along the width, E8M0 scales rounded up; the gradients leaving the experts and the outputs coming
+  // back stay FP32). In one process too, so that expert parallelism equals it.
   enum class DispatchCast : uint8_t { none, mxfp8 };
   DispatchCast dispatch_cast = DispatchCast::none;
   bool operator==(const MoeConfig&) const = default;
@@ -98,8 +99,8 @@ struct StepContext {
   const Recipe* recipe = nullptr;  // nullptr = plain FP32
   uint64_t seed = 0;               // stochastic rounding + dropout
   uint64_t step = 0;
-  bool train = true;     // dropout on
-  bool backward = true;  // a backward pass follows (Model::evaluate clears it: forward only)
+  bool train = true;        // dropout on
+  bool backward = true;     // a backward pass follows (Model::evaluate clears it: forward only)
   float loss_scale = 1.0f;  // the loss gradient's factor (training.loss_scale)
   // Per-layer recipes (config layer_recipes / eval_recipe, train/layer_recipes.hpp):
   // entry i is the recipe of the linear layer with id i (nullptr: plain FP32).
@@ -134,7 +135,7 @@ struct OperandCapture {
 
 // What a task evaluates batches with (task.hpp): the mean loss of batch b,
 // argmax hits in *correct (vit). A Model, or under expert parallelism every
-// rank's share of b, summed over the ranks (train/run.cpp).
+// rank's share of b, summed over the ranks (ShareEvaluator, train/dist/data_parallel.hpp).
 class BatchEvaluator {
  public:
   virtual ~BatchEvaluator() = default;
@@ -230,9 +231,9 @@ struct LinearLayer {
   // Throws InternalError unless lp was planned for s's step and seed with a backward (a backward needs its
   // forward's plan).
   void check_backward_plan(const StepContext& s) const {
-    FP4LAB_CHECK(lp.ctx.recipe == context(s).recipe && lp.ctx.step == s.step && lp.ctx.seed == s.seed &&
-                     lp.ctx.backward,
-                 "linear layer " + name + ": backward without the plan of its forward");
+    FP4LAB_CHECK(
+        lp.ctx.recipe == context(s).recipe && lp.ctx.step == s.step && lp.ctx.seed == s.seed && lp.ctx.backward,
+        "linear layer " + name + ": backward without the plan of its forward");
   }
   LinearContext context(const StepContext& s) const {
     // The one place a layer's recipe is chosen: both backends read ctx.recipe only.

@@ -222,17 +222,26 @@ RouteSummary route_summary(const Routing& r) {
 
 HostRouteState::HostRouteState(Routing routing) : r(std::move(routing)) { refresh(); }
 
-void HostRouteState::refresh() {
-  int64_t received = 0;
-  for (const int32_t i : r.recv_index) received += i >= 0;
-  unreorder.assign(size_t(received), -1);
-  for (size_t i = 0; i < r.recv_index.size(); ++i)
-    if (r.recv_index[i] >= 0) unreorder[size_t(r.recv_index[i])] = int32_t(i);
+void RouteState::set_from(const Routing& r) {
   tokens = r.tokens;
   offset = r.offset;
   shard = r.shard;
   global_tokens = r.global_tokens, grad_tokens = r.grad_tokens;
   send_rows = r.send_rows, recv_rows = r.recv_rows, expert_offset = r.expert_offset;
+}
+
+std::vector<int32_t> receive_inverse(const std::vector<int32_t>& recv_index) {
+  int64_t received = 0;
+  for (const int32_t i : recv_index) received += i >= 0;
+  std::vector<int32_t> inverse(size_t(received), -1);
+  for (size_t g = 0; g < recv_index.size(); ++g)
+    if (recv_index[g] >= 0) inverse[size_t(recv_index[g])] = int32_t(g);
+  return inverse;
+}
+
+void HostRouteState::refresh() {
+  unreorder = receive_inverse(r.recv_index);
+  set_from(r);
   summary_ = route_summary(r);
 }
 

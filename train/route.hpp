@@ -50,14 +50,14 @@ struct ExpertShard {
 // `capacity`).
 struct Routing {
   int64_t tokens = 0, experts = 0, k = 0;
-  std::vector<double> probs;        // [tokens, experts] softmax
-  std::vector<double> lse;          // [tokens] logsumexp of the logits
-  std::vector<int32_t> expert;      // [tokens, k] chosen experts, by decreasing probability
-  std::vector<float> gate;          // [tokens, k] combine weights
-  std::vector<int32_t> pos;         // [tokens, k] row of the slot in the grouped tensor; -1: dropped
-  std::vector<int32_t> token;       // [offset[experts]] token of each grouped row; -1: a row of zeros
-  std::vector<int64_t> count;       // [experts] n_e: this rank's slots routed to e (before any drop)
-  std::vector<int64_t> offset;      // [experts + 1] the groups' first rows (capacity, one rank: e * capacity)
+  std::vector<double> probs;    // [tokens, experts] softmax
+  std::vector<double> lse;      // [tokens] logsumexp of the logits
+  std::vector<int32_t> expert;  // [tokens, k] chosen experts, by decreasing probability
+  std::vector<float> gate;      // [tokens, k] combine weights
+  std::vector<int32_t> pos;     // [tokens, k] row of the slot in the grouped tensor; -1: dropped
+  std::vector<int32_t> token;   // [offset[experts]] token of each grouped row; -1: a row of zeros
+  std::vector<int64_t> count;   // [experts] n_e: this rank's slots routed to e (before any drop)
+  std::vector<int64_t> offset;  // [experts + 1] the groups' first rows (capacity, one rank: e * capacity)
   // [blocks, experts + 1]: each kRouteSumBlock tokens' sums of probs[., e], then of lse^2 (the losses' parts).
   std::vector<double> block_sums;
   // route_group's view of the whole group (one process: count, tokens, tokens).
@@ -118,7 +118,7 @@ struct RouteSummary {
   int64_t tokens = 0, experts = 0, k = 0;
   std::vector<int64_t> count;         // [experts] C_e
   int64_t capacity = 0, dropped = 0;  // Routing's
-  double aux_loss = 0, z_loss = 0;  // Routing's
+  double aux_loss = 0, z_loss = 0;    // Routing's
 };
 RouteSummary route_summary(const Routing& r);
 
@@ -137,6 +137,8 @@ struct RouteState {
   // memory until first asked (the CUDA backend under capacity dispatch, so
   // that the step waits for nothing): ask after the step.
   virtual const RouteSummary& summary() const { return summary_; }
+  // The fields above (but params and the summary) from a host routing after route_group.
+  void set_from(const Routing& r);
 
  protected:
   mutable RouteSummary summary_;  // moe_route's, or summary()'s on its first call
@@ -152,5 +154,9 @@ struct HostRouteState final : RouteState {
   std::vector<float> dgate;        // [tokens * k]; empty before moe_combine_backward
   std::vector<int32_t> unreorder;  // [received rows] the local group row of each (recv_index's inverse)
 };
+
+// recv_index's inverse (Backend::moe_unreorder's map): [received rows] the
+// local group row holding each received row.
+std::vector<int32_t> receive_inverse(const std::vector<int32_t>& recv_index);
 
 }  // namespace fp4lab::train

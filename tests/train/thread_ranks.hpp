@@ -4,6 +4,9 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -17,6 +20,13 @@
 #include "train/run.hpp"
 
 namespace fp4lab::train::test {
+
+// A fresh directory under the system's temporary one, <prefix><pid> (the tests' run directories).
+inline std::filesystem::path scratch_dir(const std::string& prefix) {
+  const std::filesystem::path d = std::filesystem::temp_directory_path() / (prefix + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  return d;
+}
 
 // The config cfgj run on `world` thread ranks (RunOptions resume / stop_after as given); rank 0's result. The
 // first rank's error is thrown as Error; every rank's final parameters are checked equal.

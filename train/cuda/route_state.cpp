@@ -106,19 +106,14 @@ void expert_parallel_finish(Backend& be, RouteState& r, const ExpertShard& shard
   std::memcpy(&words[size_t(E + 1)], &h->z_loss, 8);
   words[size_t(E + 2)] = h->dropped;
   put(d.summary, words.data(), nn::route_summary_bytes(E), "moe_route_finish (summary)");
-  // The receive map (moe_reorder) and its inverse (moe_unreorder), as HostRouteState::refresh makes them.
-  std::vector<int32_t> back;
-  for (const int32_t i : h->recv_index) back.resize(std::max<size_t>(back.size(), size_t(i + 1)), -1);
-  for (size_t g = 0; g < h->recv_index.size(); ++g)
-    if (h->recv_index[g] >= 0) back[size_t(h->recv_index[g])] = int32_t(g);
+  // The receive map (moe_reorder) and its inverse (moe_unreorder).
+  const std::vector<int32_t> back = receive_inverse(h->recv_index);
+  c.received = int64_t(back.size());
   c.reorder = be.empty(1, std::max<int64_t>(1, int64_t(h->recv_index.size())));
-  c.unreorder = be.empty(1, std::max<int64_t>(1, int64_t(back.size())));
+  c.unreorder = be.empty(1, std::max<int64_t>(1, c.received));
   put(c.reorder.data, h->recv_index.data(), h->recv_index.size() * 4, "moe_route_finish (receive map)");
   put(c.unreorder.data, back.data(), back.size() * 4, "moe_route_finish (its inverse)");
-  c.offset = h->offset;
-  c.shard = h->shard;
-  c.global_tokens = h->global_tokens, c.grad_tokens = h->grad_tokens;
-  c.send_rows = h->send_rows, c.recv_rows = h->recv_rows, c.expert_offset = h->expert_offset;
+  c.set_from(*h);
   c.set_summary(route_summary(*h));
   c.host = std::move(h);
 }
@@ -132,9 +127,7 @@ void expert_parallel_reorder(const RouteState& r, const Tensor& received, Tensor
 void expert_parallel_unreorder(const RouteState& r, const Tensor& grouped, Tensor& back) {
   const CudaRouteState& c = device_route(r);
   FP4LAB_CHECK(c.host != nullptr, "cuda backend moe_unreorder: no moe_route_finish before it");
-  int64_t received = 0;
-  for (const int32_t i : c.host->recv_index) received += i >= 0;
-  check_shape("moe_unreorder", "back", back, received, grouped.cols);
+  check_shape("moe_unreorder", "back", back, c.received, grouped.cols);
   nn::gather_rows_indexed(grouped.data, grouped.cols, reinterpret_cast<const int32_t*>(c.unreorder.data), back.data,
                           back.rows);
 }

@@ -31,6 +31,7 @@ struct CudaRouteState final : RouteState {
   // rows than the block's, and the receive map and its inverse on the device (int32; -1: a row of zeros).
   std::unique_ptr<Routing> host;
   Tensor token_mem, reorder, unreorder;
+  int64_t received = 0;  // rows received from every rank (the inverse map's length)
   // The summary words (d.summary) as host figures; downloaded when first asked for, unless set.
   const RouteSummary& summary() const override;
   void set_summary(RouteSummary m);

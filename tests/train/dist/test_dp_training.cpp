@@ -4,8 +4,8 @@
 // runs with the same N are bitwise identical; ZeRO-1 equals ZeRO-0; NVFP4
 // primary weights cast shard by shard equal the whole-tensor cast in every
 // loss (and, under the nvfp4 recipe, the FP32-primary run: the layers take the
-// NVFP4 weights as the recipe's quantized W, not re-quantized); a run resumes bit-exactly with the same N and refuses another N;
-// rank 0 alone writes the run directory.
+// NVFP4 weights as the recipe's quantized W, not re-quantized); a run resumes bit-exactly with the same N and refuses
+// another N; rank 0 alone writes the run directory.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -28,11 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch() {
-  const fs::path d = fs::temp_directory_path() / ("fp4lab_dp_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path scratch() { return test::scratch_dir("fp4lab_dp_"); }
 
 std::string corpus(const fs::path& dir) {
   const fs::path p = dir / "text.txt";
@@ -41,20 +37,21 @@ std::string corpus(const fs::path& dir) {
 }
 
 json tiny(const std::string& text, const std::string& out, const std::string& name, int steps = 12) {
-  return json{{"name", name},
-              {"model", {{"type", "gpt"}, {"layers", 1}, {"heads", 2}, {"width", 32}, {"context", 16}, {"dropout", 0.0}}},
-              {"data", {{"type", "char"}, {"path", text}}},
-              {"training",
-               {{"batch_size", 6},
-                {"steps", steps},
-                {"lr", 1e-2},
-                {"grad_clip", 0.0},
-                {"eval_interval", 6},
-                {"eval_iters", 2},
-                {"log_interval", 1}}},
-              {"seed", 5},
-              {"threads", 1},
-              {"output", {{"dir", out}}}};
+  return json{
+      {"name", name},
+      {"model", {{"type", "gpt"}, {"layers", 1}, {"heads", 2}, {"width", 32}, {"context", 16}, {"dropout", 0.0}}},
+      {"data", {{"type", "char"}, {"path", text}}},
+      {"training",
+       {{"batch_size", 6},
+        {"steps", steps},
+        {"lr", 1e-2},
+        {"grad_clip", 0.0},
+        {"eval_interval", 6},
+        {"eval_iters", 2},
+        {"log_interval", 1}}},
+      {"seed", 5},
+      {"threads", 1},
+      {"output", {{"dir", out}}}};
 }
 
 RunResult run_on(int world, const json& cfgj, bool resume = false, int64_t stop_after = -1) {

@@ -25,11 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch() {
-  const fs::path d = fs::temp_directory_path() / ("fp4lab_ep_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path scratch() { return test::scratch_dir("fp4lab_ep_"); }
 
 std::vector<json> records(const RunResult& r, bool eval) {
   std::ifstream f(fs::path(r.dir) / "metrics.jsonl");
