@@ -29,8 +29,8 @@ int64_t tiles_across(int64_t cols) { return (cols + kTile - 1) / kTile; }
 // half-warp's maxima meet by shuffles and one lane does the tile's atomicMax
 // (integer maxima: the order of the atomics does not matter). Units run over
 // the row bands that [lo, hi) touches only.
-__global__ void partial_amax_kernel(const float* x, int64_t lo, int64_t hi, int64_t cols, int64_t ntc,
-                                    int64_t band0, int64_t nbands, uint32_t* tile_amax, uint32_t* tensor_amax) {
+__global__ void partial_amax_kernel(const float* x, int64_t lo, int64_t hi, int64_t cols, int64_t ntc, int64_t band0,
+                                    int64_t nbands, uint32_t* tile_amax, uint32_t* tensor_amax) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t units = nbands * ntc * kTile;  // a multiple of 16: whole half-warps
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -81,8 +81,8 @@ __global__ void cast_kernel(const float* x, int64_t lo, int64_t hi, int64_t cols
 // Step 3 for one tensor on the device, sim's shard_scales with the same
 // scalar rules (scale_rules.hpp): its g_dec from the tensor amax, and per tile
 // (ntiles of them) the UE4M3 code and the element multiplier.
-__global__ void scales_kernel(const uint32_t* tensor_amax, const uint32_t* tile_amax, int64_t ntiles,
-                              float scale_max, float elem_max, uint8_t* tile_code, float* tile_mult, float* g_dec) {
+__global__ void scales_kernel(const uint32_t* tensor_amax, const uint32_t* tile_amax, int64_t ntiles, float scale_max,
+                              float elem_max, uint8_t* tile_code, float* tile_mult, float* g_dec) {
   const NvGlobal g = nv_global(bits_float(*tensor_amax), scale_max, elem_max);
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
   if (first == 0) *g_dec = g.g_dec;
@@ -141,8 +141,8 @@ __global__ void decode_kernel(const uint8_t* packed, int64_t rows, int64_t cols,
 }
 bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 // decode_kernel's launch, the vector form where it applies.
-void decode(const uint8_t* packed, int64_t rows, int64_t cols, const uint8_t* tile_code, const float* g_dec,
-            float* x, uint16_t* operand, cudaStream_t stream) {
+void decode(const uint8_t* packed, int64_t rows, int64_t cols, const uint8_t* tile_code, const float* g_dec, float* x,
+            uint16_t* operand, cudaStream_t stream) {
   const int64_t rb = row_bytes(cols), ntc = tiles_across(cols);
   const unsigned blocks = blocks_for(rows * ((cols + kGroup - 1) / kGroup));
   const bool vec = cols % kGroup == 0 && aligned(packed, 4) && aligned(x, 16) && aligned(operand, 16);
@@ -153,6 +153,17 @@ void decode(const uint8_t* packed, int64_t rows, int64_t cols, const uint8_t* ti
   check_launch("decode_kernel");
 }
 
+// packed[p] |= every window's byte at p (windows of `size` bytes at at[r]):
+// one thread a packed byte, so no two threads write one byte.
+__global__ void or_windows_kernel(uint8_t* packed, int64_t total, const uint8_t* windows, int64_t size,
+                                  const int64_t* at, int64_t n) {
+  for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += int64_t(gridDim.x) * blockDim.x) {
+    uint8_t v = packed[p];
+    for (int64_t r = 0; r < n; ++r)
+      if (p >= at[r] && p < at[r] + size) v |= windows[r * size + (p - at[r])];
+    packed[p] = v;
+  }
+}
 
 }  // namespace
 
@@ -177,8 +188,7 @@ void DeviceShardCast::partial_amax(const float* flat, ShardRange shard) {
     const int64_t band0 = lo / ft.cols / kTile, band1 = (hi - 1) / ft.cols / kTile + 1;
     const int64_t ntc = tiles_across(ft.cols);
     partial_amax_kernel<<<blocks_for((band1 - band0) * ntc * kTile), kThreads>>>(
-        flat + ft.offset, lo, hi, ft.cols, ntc, band0, band1 - band0, tiles + layout_.tile_offset[t],
-        amax_.data() + t);
+        flat + ft.offset, lo, hi, ft.cols, ntc, band0, band1 - band0, tiles + layout_.tile_offset[t], amax_.data() + t);
     check_launch("partial_amax_kernel");
   }
   check(cudaDeviceSynchronize(), "shard cast: partial amax");
@@ -190,8 +200,8 @@ void DeviceShardCast::compute_scales() {
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const int64_t k0 = layout_.tile_offset[t], nt = layout_.tile_offset[t + 1] - k0;
     scales_kernel<<<blocks_for(std::max<int64_t>(nt, 1)), kThreads>>>(amax_.data() + t, tiles + k0, nt, scale_max,
-                                                                     elem_max, tile_code_.data() + k0,
-                                                                     tile_mult_.data() + k0, g_dec_.data() + t);
+                                                                      elem_max, tile_code_.data() + k0,
+                                                                      tile_mult_.data() + k0, g_dec_.data() + t);
     check_launch("scales_kernel");
   }
 }
@@ -240,6 +250,21 @@ void DeviceShardCast::set_packed(const std::vector<uint8_t>& full) {
     throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
                 std::to_string(packed_.size()));
   packed_.upload(full.data(), full.size());
+}
+
+void DeviceShardCast::or_windows(std::span<const uint8_t> windows, const PackedWindows& w) {
+  const int64_t n = int64_t(w.at.size());
+  if (windows.size() != size_t(n * w.size))
+    throw Error("shard cast: " + std::to_string(windows.size()) + " window bytes for " + std::to_string(n) +
+                " windows of " + std::to_string(w.size));
+  for (int64_t a : w.at)
+    if (a < 0 || a + w.size > int64_t(packed_.size()))
+      throw Error("shard cast: a window lies outside the packed buffer");
+  if (packed_.size() == 0 || w.size == 0) return;
+  window_at_.upload(w.at);
+  or_windows_kernel<<<blocks_for(int64_t(packed_.size())), kThreads>>>(packed_.data(), int64_t(packed_.size()),
+                                                                       windows.data(), w.size, window_at_.data(), n);
+  check(cudaDeviceSynchronize(), "shard cast: or_windows");
 }
 
 int64_t DeviceShardCast::packed_bytes_transposed() const {

@@ -14,8 +14,8 @@
 //   4. cast: the rank's codes into packed() (the packed layout of all tensors,
 //      zeroed first): every byte holding one of its elements is written whole,
 //      foreign nibbles 0.
-//   5. (the caller gathers every rank's span() and ORs them: set_packed;
-//      primary_weights.hpp's gather_packed)
+//   5. (the caller gathers every rank's window of packed() and ORs them in:
+//      or_windows on the device, or set_packed from the host; primary_weights.hpp's run_cast)
 //   6. dequantize: (decode(code) * decode(tile scale)) * g_dec into the flat
 //      buffer at every tensor element (what sim's dequantize_packed writes).
 // Afterwards packed_tensor(t) names tensor t's packed form on the device, which a
@@ -63,6 +63,9 @@ class DeviceShardCast {
   // the full packed buffer put back (what the ranks' spans assemble to).
   ShardBytes span() const;
   void set_packed(const std::vector<uint8_t>& full);
+  // Every rank's window (sim's packed_windows; `windows` device memory, rank
+  // order) ORed into packed(): one thread a packed byte, no atomics.
+  void or_windows(std::span<const uint8_t> windows, const PackedWindows& w);
 
   void dequantize(float* flat) const;
   // Tensor t's cast as the linear layers take it (the pointers are fixed for
@@ -84,6 +87,7 @@ class DeviceShardCast {
   DeviceBuffer<uint8_t> tile_code_, packed_;
   DeviceBuffer<float> g_dec_;  // [tensors] the global decode scales
   int64_t span_begin_ = 0, span_end_ = 0;
+  DeviceBuffer<int64_t> window_at_;  // or_windows' w.at
 };
 
 // The exact BF16 GEMM operand of a cast [rows, cols] (row-major) into `out`

@@ -108,24 +108,53 @@ ShardScales shard_scales(std::span<const FlatTensor> tensors, const ShardAmax& g
   return s;
 }
 
+ShardRange packed_span(std::span<const FlatTensor> tensors, ShardRange shard) {
+  const FlatLayout l = flat_layout(tensors);
+  int64_t first = -1, end = -1;
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    int64_t lo, hi;
+    local_range(tensors[ti], shard, lo, hi);
+    if (lo >= hi) continue;
+    const ShardRange bytes = packed_bytes_of(tensors[ti], {lo, hi});
+    if (first < 0) first = l.packed_offset[ti] + bytes.begin;
+    end = l.packed_offset[ti] + bytes.end;
+  }
+  return first < 0 ? ShardRange{0, 0} : ShardRange{first, end};
+}
+
+PackedWindows packed_windows(std::span<const FlatTensor> tensors, std::span<const ShardRange> shards) {
+  const int64_t total = flat_layout(tensors).packed_offset.back();
+  std::vector<ShardRange> spans;
+  PackedWindows w;
+  for (const ShardRange& s : shards) {
+    spans.push_back(packed_span(tensors, s));
+    w.size = std::max(w.size, spans.back().end - spans.back().begin);
+  }
+  for (const ShardRange& sp : spans) w.at.push_back(std::min(sp.begin, total - w.size));
+  return w;
+}
+
+void or_windows(std::span<uint8_t> packed, std::span<const uint8_t> windows, const PackedWindows& w) {
+  if (windows.size() != w.at.size() * size_t(w.size))
+    throw Error("or_windows: " + std::to_string(windows.size()) + " bytes for " + std::to_string(w.at.size()) +
+                " windows of " + std::to_string(w.size));
+  for (size_t r = 0; r < w.at.size(); ++r) {
+    if (w.at[r] < 0 || w.at[r] + w.size > int64_t(packed.size()))
+      throw Error("or_windows: window " + std::to_string(r) + " lies outside the packed buffer");
+    for (int64_t i = 0; i < w.size; ++i) packed[size_t(w.at[r] + i)] |= windows[r * size_t(w.size) + size_t(i)];
+  }
+}
+
 ShardBytes shard_cast(std::span<const FlatTensor> tensors, const float* flat, ShardRange shard,
                       const ShardScales& scales) {
   check_shard(tensors, shard);
   const FlatLayout l = flat_layout(tensors);
   ShardBytes out;
-  int64_t first = -1, last = -1;  // global byte span of the shard's elements
-  for (size_t ti = 0; ti < tensors.size(); ++ti) {
-    const FlatTensor& t = tensors[ti];
-    int64_t lo, hi;
-    local_range(t, shard, lo, hi);
-    if (lo >= hi) continue;
-    const ShardRange bytes = packed_bytes_of(t, {lo, hi});
-    if (first < 0) first = l.packed_offset[ti] + bytes.begin;
-    last = l.packed_offset[ti] + bytes.end - 1;
-  }
-  if (first < 0) return out;  // no elements
+  const ShardRange span = packed_span(tensors, shard);
+  if (span.begin >= span.end) return out;  // no elements
+  const int64_t first = span.begin;
   out.first_byte = first;
-  out.bytes.assign(size_t(last - first + 1), 0);
+  out.bytes.assign(size_t(span.end - first), 0);
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const FlatTensor& t = tensors[ti];
     int64_t lo, hi;
@@ -134,8 +163,8 @@ ShardBytes shard_cast(std::span<const FlatTensor> tensors, const float* flat, Sh
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t r = i / t.cols, c = i - r * t.cols;
       const int64_t k = l.tile_offset[ti] + (r / kTile) * ntc + c / kTile;
-      const uint32_t code = encode_rn_f32<float4_e2m1fn>(flat[t.offset + i] * scales.tile_mult[size_t(k)],
-                                                         Overflow::saturate);
+      const uint32_t code =
+          encode_rn_f32<float4_e2m1fn>(flat[t.offset + i] * scales.tile_mult[size_t(k)], Overflow::saturate);
       // The byte of (r, c) relative to the span: its global index minus the first byte's
       // (never (i - begin) >> 1: a span may start on a high nibble).
       const int64_t byte = l.packed_offset[ti] + r * rb + c / 2 - first;
@@ -145,8 +174,8 @@ ShardBytes shard_cast(std::span<const FlatTensor> tensors, const float* flat, Sh
   return out;
 }
 
-void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed,
-                       const ShardScales& scales, float* flat) {
+void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed, const ShardScales& scales,
+                       float* flat) {
   const FlatLayout l = flat_layout(tensors);
   if (int64_t(packed.size()) != l.packed_offset.back())
     throw Error("dequantize_packed: " + std::to_string(packed.size()) + " packed bytes, the tensors need " +

@@ -83,16 +83,35 @@ struct ShardBytes {
 };
 ShardBytes shard_cast(std::span<const FlatTensor> tensors, const float* flat, ShardRange shard,
                       const ShardScales& scales);
+// The bytes [begin, end) of the packed buffer that step 4 writes for `shard`
+// (shard_cast's first_byte and size), from the geometry alone: every rank
+// knows every rank's span. {0, 0} for a shard without tensor elements.
+ShardRange packed_span(std::span<const FlatTensor> tensors, ShardRange shard);
 
 // Step 5: the full packed buffer (flat_layout(...).packed_offset.back() bytes).
 std::vector<uint8_t> assemble_packed(std::span<const FlatTensor> tensors, std::span<const ShardBytes> parts);
+
+// Step 5 as one all-gather of equal parts (ncclAllGather; no OR reduction,
+// which NCCL lacks): rank r sends the `size` bytes at[r] of its packed
+// buffer after step 4, a window that holds its span (packed_span) and
+// otherwise zeros (step 4 zeroes the buffer), so ORing every rank's window
+// into place gives assemble_packed's buffer. size = the longest span;
+// at[r] = min(span begin, total - size) keeps the window inside the buffer.
+struct PackedWindows {
+  int64_t size = 0;
+  std::vector<int64_t> at;  // one per shard
+};
+PackedWindows packed_windows(std::span<const FlatTensor> tensors, std::span<const ShardRange> shards);
+// `windows`: w.at.size() windows of w.size bytes back to back (rank order),
+// each ORed into `packed` at its w.at.
+void or_windows(std::span<uint8_t> packed, std::span<const uint8_t> windows, const PackedWindows& w);
 
 // The dequantized values of the packed codes (assemble_packed's buffer) into
 // the flat buffer at each tensor's elements: (decode(code) * decode(tile
 // scale)) * g_dec, what quantize(nvfp4_2d, W).dequant holds. Other elements
 // of `flat` are left as they are.
-void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed,
-                       const ShardScales& scales, float* flat);
+void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed, const ShardScales& scales,
+                       float* flat);
 
 // The column-wise copy (the dgrad / wgrad operand): every tensor's codes of
 // `packed` as the packing of its transpose, [cols, ceil(rows/2)] bytes each,

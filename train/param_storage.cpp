@@ -62,6 +62,9 @@ class HostCastStore final : public CastStore {
                   std::to_string(packed_.size()));
     packed_ = full;
   }
+  void or_windows(std::span<const uint8_t> windows, const PackedWindows& w) override {
+    fp4lab::or_windows(packed_, windows, w);
+  }
   void dequantize(float* flat) const override { dequantize_packed(tensors_, packed_, scales_, flat); }
   ShardScales scales() const override { return scales_; }
   const StoredWeight* stored(size_t) const override { return nullptr; }

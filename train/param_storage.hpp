@@ -68,8 +68,11 @@ class CastStore {
   virtual std::span<uint8_t> packed() = 0;
   // The byte span the last cast wrote (what a rank sends), on the host.
   virtual ShardBytes span() const = 0;
-  // Step 5 done elsewhere: the assembled full packed buffer put back.
+  // Step 5 done elsewhere: the assembled full packed buffer (host memory) put back.
   virtual void set_packed(const std::vector<uint8_t>& full) = 0;
+  // Step 5 from every rank's window (sim's packed_windows), `windows` in the
+  // store's memory: ORed into packed() (sim's or_windows).
+  virtual void or_windows(std::span<const uint8_t> windows, const PackedWindows& w) = 0;
   // Step 6: every tensor element of `flat` set to its dequantized cast; other elements unchanged.
   virtual void dequantize(float* flat) const = 0;
   // What compute_scales wrote, on the host (for checks).

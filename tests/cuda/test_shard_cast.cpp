@@ -33,8 +33,8 @@ struct Model {
 // 4-byte aligned packed bytes (the decode's vector form; the others take its scalar form).
 Model make_model(uint32_t seed) {
   Model m;
-  m.tensors = {{37, 45, 0},    {16, 16, 1665}, {50, 33, 1931}, {1, 7, 3581},
-               {3, 17, 3588},  {20, 18, 3639}, {48, 64, 4000}};
+  m.tensors = {{37, 45, 0},   {16, 16, 1665}, {50, 33, 1931}, {1, 7, 3581},
+               {3, 17, 3588}, {20, 18, 3639}, {48, 64, 4000}};
   m.flat.assign(4000 + 48 * 64, 0.0f);
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -74,7 +74,7 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
                                               {0, 33, 33, 1666, 1931, total},  // an empty shard, a cut in a gap
                                               {0, 1000, 2001, 3001, 3600, total},
                                               {0, 3999, 4000 + 17 * 64 + 9, total}};  // mid-row, mid-tile
-  for (int n : {2, 3, 8}) {  // even shards
+  for (int n : {2, 3, 8}) {                                                           // even shards
     std::vector<int64_t> b;
     for (const ShardRange& s : even_shards(total, n)) b.push_back(s.begin);
     b.push_back(total);
@@ -109,11 +109,20 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
       CHECK(test::same_bits("tile multipliers", got.tile_mult, want.tile_mult));
       CHECK(test::same_bits("g_dec", got.g_dec, want.g_dec));
     }
-    // Steps 4-5: every rank's span (equal to sim's), assembled.
+    // Steps 4-5: every rank's span (equal to sim's), assembled; and its window (sim's packed_windows) of the
+    // device buffer, ORed in on the device (or_windows, as over NCCL) into the last rank's cast.
+    std::vector<ShardRange> shards;
+    for (int r = 0; r < n; ++r) shards.push_back({b[size_t(r)], b[size_t(r) + 1]});
+    const PackedWindows w = packed_windows(m.tensors, shards);
+    std::vector<uint8_t> windows;
     std::vector<ShardBytes> spans;
     for (int r = 0; r < n; ++r) {
       const ShardRange s{b[size_t(r)], b[size_t(r) + 1]};
       cast.cast(dflat.data(), s);
+      std::vector<uint8_t> window(size_t(w.size));
+      check(cudaMemcpy(window.data(), cast.packed() + w.at[size_t(r)], window.size(), cudaMemcpyDeviceToHost),
+            "window");
+      windows.insert(windows.end(), window.begin(), window.end());
       spans.push_back(cast.span());
       const ShardBytes want = shard_cast(m.tensors, m.flat.data(), s, cast.scales());
       CHECK(spans.back().first_byte == want.first_byte);
@@ -121,6 +130,14 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
     }
     const std::vector<uint8_t> packed = assemble_packed(m.tensors, spans);
     CHECK(test::same_bytes("assembled packed vs quantize(nvfp4_2d)", packed, ref));
+    {
+      DeviceBuffer<uint8_t> dw;
+      dw.upload(windows);
+      cast.or_windows({dw.data(), windows.size()}, w);
+      std::vector<uint8_t> by_windows(size_t(cast.packed_bytes()));
+      check(cudaMemcpy(by_windows.data(), cast.packed(), by_windows.size(), cudaMemcpyDeviceToHost), "packed");
+      CHECK(test::same_bytes("device or_windows vs quantize(nvfp4_2d)", by_windows, ref));
+    }
     // Step 6: the dequantized weights equal sim's, and quantize(nvfp4_2d).dequant per tensor.
     cast.set_packed(packed);
     DeviceBuffer<float> out;
@@ -144,8 +161,9 @@ TEST_CASE("cuda shard cast: N ranks on one GPU equal quantize(nvfp4_2d) and sim'
         std::memcpy(&v, &bits, 4);
         got[i] = v * g_dec[t];
       }
-      CHECK(test::same_bits("cast operand * g_dec vs the dequantized weight", got,
-                            std::vector<float>(want.begin() + ft.offset, want.begin() + ft.offset + ft.rows * ft.cols)));
+      CHECK(
+          test::same_bits("cast operand * g_dec vs the dequantized weight", got,
+                          std::vector<float>(want.begin() + ft.offset, want.begin() + ft.offset + ft.rows * ft.cols)));
     }
     // The column-wise copy: the nibble-packed transpose of every tensor, as sim's.
     DeviceBuffer<uint8_t> tr(static_cast<size_t>(cast.packed_bytes_transposed()));

@@ -42,8 +42,8 @@ Model make_model(uint32_t seed, bool specials) {
   std::uniform_real_distribution<float> mag(-6.0f, 3.0f);
   for (float& v : m.flat) v = nd(rng) * std::pow(10.0f, mag(rng));
   if (specials) {
-    m.flat[size_t(m.tensors[2].offset + 40)] = NAN;       // tensor 2 all NaN
-    m.flat[size_t(m.tensors[4].offset + 77)] = INFINITY;  // tensor 4: Inf
+    m.flat[size_t(m.tensors[2].offset + 40)] = NAN;                                    // tensor 2 all NaN
+    m.flat[size_t(m.tensors[4].offset + 77)] = INFINITY;                               // tensor 4: Inf
     for (int64_t i = 0; i < 256; ++i) m.flat[size_t(m.tensors[1].offset + i)] = 0.0f;  // an all-zero tensor
   }
   const QuantizerSpec q = quantizer_by_name("nvfp4_2d");
@@ -68,6 +68,23 @@ bool split_matches(const Model& m, const std::vector<ShardRange>& shards) {
   for (const ShardRange& r : shards) parts.push_back(shard_cast(m.tensors, m.flat.data(), r, s));
   const std::vector<uint8_t> packed = assemble_packed(m.tensors, parts);
   bool ok = packed == m.packed && s.tile_code == m.scale_codes;
+  // The equal-window form of step 5: each rank's span (packed_span from the geometry alone) inside its window
+  // of its zeroed buffer; the windows ORed into place give the same buffer.
+  const PackedWindows w = packed_windows(m.tensors, shards);
+  std::vector<uint8_t> windows, by_windows(m.packed.size(), 0);
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const ShardRange sp = packed_span(m.tensors, shards[k]);
+    const ShardBytes& b = parts[k];
+    ok = ok && (b.bytes.empty() ? sp.begin == sp.end
+                                : sp.begin == b.first_byte && sp.end == b.first_byte + int64_t(b.bytes.size()));
+    ok = ok &&
+         (b.bytes.empty() || (w.at[k] <= b.first_byte && b.first_byte + int64_t(b.bytes.size()) <= w.at[k] + w.size));
+    std::vector<uint8_t> own(m.packed.size(), 0);
+    std::copy(b.bytes.begin(), b.bytes.end(), own.begin() + b.first_byte);
+    windows.insert(windows.end(), own.begin() + w.at[k], own.begin() + w.at[k] + w.size);
+  }
+  or_windows(by_windows, windows, w);
+  ok = ok && by_windows == m.packed;
   for (size_t i = 0; i < m.g_dec.size(); ++i) ok = ok && float_bits(s.g_dec[i]) == float_bits(m.g_dec[i]);
   return ok;
 }
@@ -96,7 +113,7 @@ TEST_CASE("shard cast: 1 to 8 even ranks, and the offsets 0, 1, 15, 16, 17, 33, 
     }
     // Boundaries at the offsets that break byte-level gathers, and at odd lengths, mid-tile and across tensors.
     CHECK(split_matches(m, cuts_to_shards({1, 15, 16, 17, 33}, n)));
-    CHECK(split_matches(m, cuts_to_shards({0, 0, 33, 33}, n)));  // empty shards
+    CHECK(split_matches(m, cuts_to_shards({0, 0, 33, 33}, n)));                               // empty shards
     CHECK(split_matches(m, cuts_to_shards({1665 - 1, 1665 + 1, 1665 + 256 + 2, n - 1}, n)));  // around tensor 1
     for (int64_t off : {int64_t(1), int64_t(15), int64_t(16), int64_t(17), int64_t(33)}) {
       CAPTURE(off);
@@ -126,7 +143,8 @@ TEST_CASE("shard cast: random splits (property), and a byte-level gather would k
   ShardAmax g = shard_partial_amax(m.tensors, m.flat.data(), s[0]);
   max_into(g, shard_partial_amax(m.tensors, m.flat.data(), s[1]));
   const ShardScales sc = shard_scales(m.tensors, g);
-  const ShardBytes a = shard_cast(m.tensors, m.flat.data(), s[0], sc), b = shard_cast(m.tensors, m.flat.data(), s[1], sc);
+  const ShardBytes a = shard_cast(m.tensors, m.flat.data(), s[0], sc),
+                   b = shard_cast(m.tensors, m.flat.data(), s[1], sc);
   REQUIRE(a.first_byte + int64_t(a.bytes.size()) - 1 == b.first_byte);  // byte 8 is shared
   std::vector<uint8_t> copied(m.packed.size(), 0);
   for (const ShardBytes* p : {&a, &b}) std::copy(p->bytes.begin(), p->bytes.end(), copied.begin() + p->first_byte);
@@ -139,9 +157,9 @@ TEST_CASE("shard cast: the column-wise copy (nibble-packed transpose) equals qua
   const Model m = make_model(5, false);
   const QuantizerSpec q = quantizer_by_name("nvfp4_2d");
   const ShardAmax g = shard_partial_amax(m.tensors, m.flat.data(), {0, total(m)});
-  const std::vector<uint8_t> packed =
-      assemble_packed(m.tensors, std::vector<ShardBytes>{shard_cast(m.tensors, m.flat.data(), {0, total(m)},
-                                                                    shard_scales(m.tensors, g))});
+  const std::vector<uint8_t> packed = assemble_packed(
+      m.tensors,
+      std::vector<ShardBytes>{shard_cast(m.tensors, m.flat.data(), {0, total(m)}, shard_scales(m.tensors, g))});
   int64_t at = 0;
   for (const FlatTensor& t : m.tensors) {
     CAPTURE(t.rows);
@@ -156,7 +174,8 @@ TEST_CASE("shard cast: the column-wise copy (nibble-packed transpose) equals qua
   }
 }
 
-TEST_CASE("dequantize_packed: the dequantized weights equal quantize(nvfp4_2d).dequant, bit for bit, specials included") {
+TEST_CASE(
+    "dequantize_packed: the dequantized weights equal quantize(nvfp4_2d).dequant, bit for bit, specials included") {
   for (bool specials : {false, true}) {
     CAPTURE(specials);
     const Model m = make_model(11, specials);
@@ -188,7 +207,8 @@ TEST_CASE("transpose_packed: each tensor's column-wise copy equals quantize(nvfp
     std::vector<float> wt(size_t(t.rows * t.cols));  // W^T, dense
     for (int64_t r = 0; r < t.rows; ++r)
       for (int64_t c = 0; c < t.cols; ++c) wt[size_t(c * t.rows + r)] = m.flat[size_t(t.offset + r * t.cols + c)];
-    const QuantizedTensor q = quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(wt.data(), t.cols, t.rows));
+    const QuantizedTensor q =
+        quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(wt.data(), t.cols, t.rows));
     const std::vector<uint8_t> p = pack_fp4(q.codes.data(), t.cols, t.rows);
     want.insert(want.end(), p.begin(), p.end());
   }

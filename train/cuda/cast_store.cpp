@@ -24,6 +24,7 @@ class DeviceCastStore final : public CastStore {
   std::span<uint8_t> packed() override { return {cast_.packed(), size_t(cast_.packed_bytes())}; }
   ShardBytes span() const override { return cast_.span(); }
   void set_packed(const std::vector<uint8_t>& full) override { cast_.set_packed(full); }
+  void or_windows(std::span<const uint8_t> windows, const PackedWindows& w) override { cast_.or_windows(windows, w); }
   void dequantize(float* flat) const override { cast_.dequantize(flat); }
   ShardScales scales() const override { return cast_.scales(); }
   const StoredWeight* stored(size_t t) const override { return &stored_.at(t); }

@@ -21,7 +21,6 @@ class LocalComm final : public Communicator {
   void allreduce_max(std::span<uint32_t>) override {}
   void allreduce_sum(std::span<float>) override {}
   void allreduce_sum(std::span<double>) override {}
-  void allreduce_disjoint_or(std::span<uint8_t>) override {}
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
     check_shard_set(full.size(), shards, 1, "local", "reduce_scatter_sum");
@@ -33,6 +32,10 @@ class LocalComm final : public Communicator {
   }
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
     return {std::vector<uint8_t>(mine.begin(), mine.end())};
+  }
+  void allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) override {
+    check_allgather_equal(mine.size(), all.size(), 1, "local");
+    if (!mine.empty() && mine.data() != all.data()) std::memmove(all.data(), mine.data(), mine.size());
   }
   void alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts, std::span<uint8_t> recv,
                  std::span<const int64_t> recv_counts, size_t unit_bytes) override {
@@ -141,15 +144,6 @@ class ThreadComm final : public Communicator {
   }
   void allreduce_sum(std::span<float> v) override { sum_in_rank_order(v); }
   void allreduce_sum(std::span<double> v) override { sum_in_rank_order(v); }
-  void allreduce_disjoint_or(std::span<uint8_t> v) override {
-    const auto all = hub_->exchange(*this, "allreduce_disjoint_or", std::vector<uint8_t>(v.begin(), v.end()));
-    check_sizes(all, v.size(), "allreduce_disjoint_or");
-    for (size_t i = 0; i < v.size(); ++i) {
-      uint8_t o = 0;
-      for (const auto& b : all) o |= b[i];
-      v[i] = o;
-    }
-  }
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
     check_shard_set(full.size(), shards, world(), "threads", "reduce_scatter_sum");
@@ -168,12 +162,20 @@ class ThreadComm final : public Communicator {
     for (int r = 0; r < world(); ++r) {
       const ShardRange s = shards[size_t(r)];
       if (all[size_t(r)].size() != size_t(s.end - s.begin) * sizeof(float))
-        throw Error("communicator (threads): allgather: rank " + std::to_string(r) + " passed a buffer unlike its shard");
+        throw Error("communicator (threads): allgather: rank " + std::to_string(r) +
+                    " passed a buffer unlike its shard");
       std::memcpy(full.data() + s.begin, all[size_t(r)].data(), all[size_t(r)].size());
     }
   }
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override {
     return hub_->exchange(*this, "allgather_bytes", std::vector<uint8_t>(mine.begin(), mine.end()));
+  }
+  void allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) override {
+    check_allgather_equal(mine.size(), all.size(), world(), "threads");
+    const auto parts = hub_->exchange(*this, "allgather_equal", std::vector<uint8_t>(mine.begin(), mine.end()));
+    check_sizes(parts, mine.size(), "allgather_equal");
+    for (size_t r = 0; r < parts.size(); ++r)
+      if (!parts[r].empty()) std::memcpy(all.data() + r * mine.size(), parts[r].data(), mine.size());
   }
   // Each rank deposits its send counts and rows; each takes its part of every peer's (the hub hands every rank
   // every deposit, as allgather_bytes does: the thread engine is for tests and one host).
@@ -218,13 +220,21 @@ class ThreadComm final : public Communicator {
   static void check_sizes(const std::vector<std::vector<uint8_t>>& all, size_t bytes, const char* what) {
     for (const auto& b : all)
       if (b.size() != bytes)
-        throw Error(std::string("communicator (threads): ") + what + " called with different lengths on different ranks");
+        throw Error(std::string("communicator (threads): ") + what +
+                    " called with different lengths on different ranks");
   }
   std::shared_ptr<Hub> hub_;
   int rank_;
 };
 
 }  // namespace
+
+void check_allgather_equal(size_t mine, size_t all, int world, const std::string& engine) {
+  if (all != mine * size_t(world))
+    throw Error("communicator (" + engine + "): allgather_equal: a part of " + std::to_string(mine) +
+                " bytes and a result buffer of " + std::to_string(all) + " bytes for " + std::to_string(world) +
+                " ranks (valid: world x part)");
+}
 
 void check_alltoallv(size_t send_bytes, std::span<const int64_t> send_counts, size_t recv_bytes,
                      std::span<const int64_t> recv_counts, size_t unit_bytes, int world, const std::string& engine) {
@@ -246,7 +256,8 @@ void check_alltoallv(size_t send_bytes, std::span<const int64_t> send_counts, si
 }
 
 void Communicator::set_timeout(std::chrono::milliseconds t) {
-  if (t.count() <= 0) throw Error("communicator: the collective timeout must be positive, got " + std::to_string(t.count()) + " ms");
+  if (t.count() <= 0)
+    throw Error("communicator: the collective timeout must be positive, got " + std::to_string(t.count()) + " ms");
   timeout_ = t;
 }
 
@@ -268,8 +279,8 @@ std::string no_answer_message(int rank, const std::vector<int>& silent, std::chr
 
 void check_shard_set(size_t n, std::span<const ShardRange> shards, int world, const std::string& engine,
                      const char* what) {
-  bool ok = int(shards.size()) == world && !shards.empty() && shards.front().begin == 0 &&
-            shards.back().end == int64_t(n);
+  bool ok =
+      int(shards.size()) == world && !shards.empty() && shards.front().begin == 0 && shards.back().end == int64_t(n);
   for (size_t r = 0; ok && r < shards.size(); ++r)
     ok = shards[r].begin <= shards[r].end && (r == 0 || shards[r].begin == shards[r - 1].end);
   if (!ok)

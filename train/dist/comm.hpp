@@ -40,11 +40,6 @@ class Communicator {
   // runs with the same ranks agree bitwise.
   virtual void allreduce_sum(std::span<float> v) = 0;
   virtual void allreduce_sum(std::span<double> v) = 0;
-  // In place: the bitwise OR over the ranks of bytes whose set bits are
-  // disjoint (each bit set on at most one rank), as the NVFP4 shard cast's
-  // packed buffers are (each rank's nibbles, zeros elsewhere). NCCL has no OR:
-  // its engine sums, which equals the OR exactly under this precondition.
-  virtual void allreduce_disjoint_or(std::span<uint8_t> v) = 0;
   // ZeRO-1's gradient reduction: the sum over the ranks of `full` (the same
   // length on every rank), of which rank r receives the elements shards[r]
   // into `mine` (length shards[r].end - shards[r].begin). `shards` is the same
@@ -61,6 +56,12 @@ class Communicator {
   virtual bool device_buffers() const { return false; }
   // Every rank's bytes (any sizes, empty included), in rank order, on every rank.
   virtual std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) = 0;
+  // Every rank's `mine` (the same size on every rank) at [r size, (r + 1) size)
+  // of `all` (world() times the size), on every rank: one all-gather of equal
+  // parts (ncclAllGather, MPI_Iallgather). The NVFP4 cast's packed windows
+  // (train/dist/primary_weights.hpp). Buffers follow device_buffers(); `mine`
+  // may alias the own part of `all`.
+  virtual void allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) = 0;
   // All-to-all of rows of unit_bytes bytes (expert parallelism's dispatch and
   // combine; docs/log/2026-12-02-expert-parallel-plan.md): `send` holds the
   // parts for ranks 0, 1, ... contiguous in rank order, send_counts[p] rows for
@@ -106,6 +107,10 @@ std::string no_answer_message(int rank, const std::vector<int>& silent, std::chr
 // <what>: ..." otherwise.
 void check_shard_set(size_t n, std::span<const ShardRange> shards, int world, const std::string& engine,
                      const char* what);
+
+// allgather_equal's sizes (all = world x mine); throws fp4lab::Error
+// "communicator (<engine>): allgather_equal: ..." otherwise.
+void check_allgather_equal(size_t mine, size_t all, int world, const std::string& engine);
 
 // alltoallv's arguments against the world and the buffers' sizes; throws
 // fp4lab::Error "communicator (<engine>): alltoallv: ..." otherwise.

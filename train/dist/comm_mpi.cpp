@@ -79,16 +79,9 @@ class MpiComm final : public Communicator {
   int rank() const override { return rank_; }
   int world() const override { return world_; }
   std::string name() const override { return "mpi"; }
-  void allreduce_max(std::span<uint32_t> v) override {
-    allreduce(v, MPI_UINT32_T, MPI_MAX, "MPI_Iallreduce(max)");
-  }
+  void allreduce_max(std::span<uint32_t> v) override { allreduce(v, MPI_UINT32_T, MPI_MAX, "MPI_Iallreduce(max)"); }
   void allreduce_sum(std::span<float> v) override { allreduce(v, MPI_FLOAT, MPI_SUM, "MPI_Iallreduce(sum)"); }
-  void allreduce_sum(std::span<double> v) override {
-    allreduce(v, MPI_DOUBLE, MPI_SUM, "MPI_Iallreduce(sum, double)");
-  }
-  void allreduce_disjoint_or(std::span<uint8_t> v) override {
-    allreduce(v, MPI_UINT8_T, MPI_BOR, "MPI_Iallreduce(bor)");
-  }
+  void allreduce_sum(std::span<double> v) override { allreduce(v, MPI_DOUBLE, MPI_SUM, "MPI_Iallreduce(sum, double)"); }
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override {
     std::vector<int> counts = shard_counts(full.size(), shards, "reduce_scatter_sum");
@@ -107,6 +100,17 @@ class MpiComm final : public Communicator {
     MPI_Request req;
     check_mpi(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : mine.data(), counts[size_t(rank_)], MPI_FLOAT, full.data(),
                               counts.data(), displs.data(), MPI_FLOAT, MPI_COMM_WORLD, &req),
+              what);
+    wait(req, what);
+  }
+  void allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) override {
+    check_allgather_equal(mine.size(), all.size(), world_, "mpi");
+    if (mine.size() >= size_t(1) << 31) throw Error("communicator (mpi): allgather_equal: parts of 2^31 bytes or more");
+    const bool in_place = mine.data() == all.data() + size_t(rank_) * mine.size();
+    const char* what = "MPI_Iallgather(bytes)";
+    MPI_Request req;
+    check_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : mine.data(), int(mine.size()), MPI_BYTE, all.data(),
+                             int(mine.size()), MPI_BYTE, MPI_COMM_WORLD, &req),
               what);
     wait(req, what);
   }
@@ -177,8 +181,9 @@ class MpiComm final : public Communicator {
   // The first polls spin (a collective of a healthy world is usually done within
   // microseconds); later ones sleep, growing to 1 ms, and answer liveness questions.
   void wait(MPI_Request& req, const char* what) {
-    if (g_timed_out) throw EnvironmentError("rank " + std::to_string(rank_) + ": " + what +
-                                            ": this MPI world timed out before and is being aborted");
+    if (g_timed_out)
+      throw EnvironmentError("rank " + std::to_string(rank_) + ": " + what +
+                             ": this MPI world timed out before and is being aborted");
     using clock = std::chrono::steady_clock;
     const auto deadline = clock::now() + timeout();
     std::chrono::microseconds nap{0};
@@ -224,8 +229,7 @@ class MpiComm final : public Communicator {
     const auto until = std::chrono::steady_clock::now() + std::min(kAliveGrace, timeout());
     std::vector<int> answered(size_t(world_), 0);
     answered[size_t(rank_)] = 1;
-    while (std::chrono::steady_clock::now() < until &&
-           std::count(answered.begin(), answered.end(), 1) < world_) {
+    while (std::chrono::steady_clock::now() < until && std::count(answered.begin(), answered.end(), 1) < world_) {
       int done = 0;
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);  // keeps the world's progress going
       answer_alive_questions();

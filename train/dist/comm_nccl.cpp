@@ -97,10 +97,6 @@ class NcclComm final : public Communicator {
   void allreduce_sum(std::span<float> v) override {
     allreduce(v.data(), v.size(), ncclFloat32, ncclSum, "allreduce_sum");
   }
-  void allreduce_disjoint_or(std::span<uint8_t> v) override {
-    // NCCL has no OR; with disjoint set bits the sum carries nowhere and equals it.
-    allreduce(v.data(), v.size(), ncclUint8, ncclSum, "allreduce_disjoint_or");
-  }
   void allreduce_sum(std::span<double> v) override {
     allreduce(v.data(), v.size(), ncclFloat64, ncclSum, "allreduce_sum(double)");
   }
@@ -130,6 +126,19 @@ class NcclComm final : public Communicator {
       const float* src = r == rank_ ? mine.data() : dst;  // off the root sendbuff is not used
       return ncclBroadcast(src, dst, size_t(s.end - s.begin), ncclFloat32, r, comm_, stream_);
     });
+  }
+
+  // One ncclAllGather (in place where `mine` is the own part of `all`).
+  void allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) override {
+    const char* what = "allgather_equal";
+    enter(what);
+    check_allgather_equal(mine.size(), all.size(), world_, "nccl");
+    if (mine.empty()) return;  // the same size on every rank: all skip
+    check_device_ptr(mine.data(), mine.size(), what);
+    check_device_ptr(all.data(), all.size(), what);
+    order();
+    settled(ncclAllGather(mine.data(), all.data(), mine.size(), ncclUint8, comm_, stream_), what);
+    finish(what);
   }
 
   // Host bytes: the sizes gathered first (one int64 a rank), then every
@@ -277,8 +286,8 @@ class NcclComm final : public Communicator {
   // Until the stream has run the collective: polled (cudaStreamQuery, the
   // communicator's asynchronous error) up to deadline_, then aborted.
   void finish(const char* what) {
-    for (std::chrono::microseconds nap{0};; nap = std::min(nap + std::chrono::microseconds(20),
-                                                          std::chrono::microseconds(1000))) {
+    for (std::chrono::microseconds nap{0};;
+         nap = std::min(nap + std::chrono::microseconds(20), std::chrono::microseconds(1000))) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) check(q, (std::string("cudaStreamQuery after ") + what).c_str());

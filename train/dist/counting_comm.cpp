@@ -55,12 +55,6 @@ void CountingComm::allreduce_sum(std::span<double> v) {
   inner_.allreduce_sum(v);
 }
 
-void CountingComm::allreduce_disjoint_or(std::span<uint8_t> v) {
-  const int64_t b = int64_t(v.size_bytes());
-  count("allreduce_disjoint_or", b, b, ring_allreduce(b, world()));
-  inner_.allreduce_disjoint_or(v);
-}
-
 void CountingComm::reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                                       std::span<float> mine) {
   const int64_t b = int64_t(full.size_bytes()), own = world() > 1 ? part_bytes(shards, rank()) : b;
@@ -82,6 +76,12 @@ std::vector<std::vector<uint8_t>> CountingComm::allgather_bytes(std::span<const 
   for (const auto& v : all) out += int64_t(v.size());
   count("allgather_bytes", int64_t(mine.size()), out, out - int64_t(mine.size()));
   return all;
+}
+
+void CountingComm::allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) {
+  const int64_t s = int64_t(mine.size());
+  count("allgather_equal", s, int64_t(all.size()), s * (world() - 1));
+  inner_.allgather_equal(mine, all);
 }
 
 void CountingComm::alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts,

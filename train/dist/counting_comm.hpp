@@ -8,10 +8,11 @@
 //
 // Per call, with S the collective's full buffer in bytes, s_r rank r's part
 // and N the world (N = 1: nothing travels, ring bytes 0):
-//   allreduce_sum / allreduce_max / allreduce_disjoint_or  in S, out S, ring 2 (N-1)/N S
+//   allreduce_sum / allreduce_max  in S, out S, ring 2 (N-1)/N S
 //   reduce_scatter_sum  in S, out s_me, ring (S - s_me)  (a ring passes every part but its own once)
 //   allgather           in s_me, out S, ring (S - s_me)
 //   allgather_bytes     in s_me, out sum s_r, ring sum_{r != me} s_r
+//   allgather_equal     in s, out N s, ring (N-1) s
 //   alltoallv           in sent, out received, ring what it sends to other ranks
 //   barrier             a call, no bytes
 // (ring: the bytes this rank sends in a ring algorithm; integer division.)
@@ -44,11 +45,12 @@ class CountingComm final : public Communicator {
   void allreduce_max(std::span<uint32_t> v) override;
   void allreduce_sum(std::span<float> v) override;
   void allreduce_sum(std::span<double> v) override;
-  void allreduce_disjoint_or(std::span<uint8_t> v) override;
+
   void reduce_scatter_sum(std::span<const float> full, std::span<const ShardRange> shards,
                           std::span<float> mine) override;
   void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override;
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override;
+  void allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) override;
   void alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts, std::span<uint8_t> recv,
                  std::span<const int64_t> recv_counts, size_t unit_bytes) override;
   void barrier() override;

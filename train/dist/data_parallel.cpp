@@ -10,9 +10,7 @@
 
 namespace fp4lab::train {
 
-ShardRange batch_share(int64_t n, int rank, int world) {
-  return ShardRange{n * rank / world, n * (rank + 1) / world};
-}
+ShardRange batch_share(int64_t n, int rank, int world) { return ShardRange{n * rank / world, n * (rank + 1) / world}; }
 
 namespace {
 
@@ -30,13 +28,17 @@ struct DataParallel::Impl {
   int64_t na = 0, n = 0;
   std::vector<ShardRange> shards;  // even_shards of region A
   ShardRange mine;                 // this rank's optimiser shard of A (zero 1) or the whole of A (zero 0)
-  ShardRange cast_shard;   // this rank's part of the NVFP4 cast: its even shard
-  bool stage = false;      // host communicator, device tensors: copy through host memory
+  bool stage = false;              // host communicator, device tensors: copy through host memory
   std::unique_ptr<AdamW> adam;
   std::unique_ptr<AdamW> adam_b;  // region B's (null when B is empty)
-  Tensor master;           // FP32 master values of `mine`: a view of ps.values, or (nvfp4) a copy
-  Tensor gshard;           // the summed gradients of `mine` (zero 1), else a view of ps.grads
-  Tensor scalar;           // one double's bytes, for sums over a device communicator
+  Tensor master;                  // FP32 master values of `mine`: a view of ps.values, or (nvfp4) a copy
+  Tensor gshard;                  // the summed gradients of `mine` (zero 1), else a view of ps.grads
+  Tensor scalar;                  // one double's bytes, for sums over a device communicator
+  // ZeRO-1 with stored tensors cast shard by shard: the parts of each rank's shard outside them (the FP32
+  // elements the all-gather moves; the stored ones travel as packed codes, run_cast), and where each rank's
+  // parts lie in the compacted buffer (rank order). Empty: the all-gather moves region A whole.
+  std::vector<std::vector<ShardRange>> fp32_parts;
+  std::vector<ShardRange> compact;
 
   Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d)
       : comm(c), be(b), ps(p), dc(d) {
@@ -55,8 +57,7 @@ struct DataParallel::Impl {
     n = ps.size();
     na = ps.replicated_size();
     shards = even_shards(na, comm.world());
-    cast_shard = shards[size_t(comm.rank())];
-    mine = dc.zero == 1 ? cast_shard : ShardRange{0, na};
+    mine = dc.zero == 1 ? shards[size_t(comm.rank())] : ShardRange{0, na};
     adam = std::make_unique<AdamW>(ac, be, ps.decay_ranges, mine);
     if (n > na) adam_b = std::make_unique<AdamW>(ac, be, ps.decay_ranges, ShardRange{na, n});
     if (nv4) {
@@ -66,6 +67,15 @@ struct DataParallel::Impl {
       master = slice(ps.values, mine);
     }
     gshard = dc.zero == 1 ? be.empty(1, mine.end - mine.begin) : slice(ps.grads, mine);
+    if (nv4 && dc.zero == 1 && dc.shard_cast && comm.world() > 1) {
+      int64_t at = 0;
+      for (const ShardRange& s : shards) {
+        fp32_parts.push_back(outside_tensors(s, ps.cast_store()->tensors()));
+        const int64_t begin = at;
+        for (const ShardRange& p : fp32_parts.back()) at += p.end - p.begin;
+        compact.push_back({begin, at});
+      }
+    }
     if (comm.device_buffers()) scalar = be.empty(1, 4);
   }
 
@@ -99,6 +109,41 @@ struct DataParallel::Impl {
     be.download(full, h.data());
     comm.allgather(std::span<const float>(h.data() + s.begin, size_t(s.end - s.begin)), shards, h);
     be.upload(h.data(), full);
+  }
+  // ZeRO-1's weight gather after the step: region A whole, or (stored tensors) only its FP32 parts,
+  // compacted, gathered, put back; the stored tensors' values come from the cast.
+  void gather_values() {
+    if (fp32_parts.empty()) {
+      Tensor va = region_a(ps.values);
+      return allgather(va);
+    }
+    const size_t me = size_t(comm.rank());
+    const int64_t total = compact.back().end;
+    if (total == 0) return;
+    // Each part of rank r between the model's values and its place in the compact buffer, in order.
+    auto each_part = [&](size_t r, auto&& f) {
+      int64_t at = compact[r].begin;
+      for (const ShardRange& p : fp32_parts[r])
+        f(slice(ps.values, p), ShardRange{at, at + (p.end - p.begin)}), at += p.end - p.begin;
+    };
+    const ShardRange own = compact[me];
+    if (!stage) {
+      Tensor c = be.empty(1, total);
+      each_part(me, [&](const Tensor& v, ShardRange at) {
+        Tensor dst = slice(c, at);
+        be.copy(v, dst);
+      });
+      comm.allgather(std::span<const float>(c.data + own.begin, size_t(own.end - own.begin)), compact,
+                     std::span<float>(c.data, size_t(total)));
+      for (size_t r = 0; r < compact.size(); ++r)
+        if (r != me) each_part(r, [&](Tensor v, ShardRange at) { be.copy(slice(c, at), v); });
+      return;
+    }
+    std::vector<float> h(static_cast<size_t>(total));
+    each_part(me, [&](const Tensor& v, ShardRange at) { be.download(v, h.data() + at.begin); });
+    comm.allgather(std::span<const float>(h.data() + own.begin, size_t(own.end - own.begin)), compact, h);
+    for (size_t r = 0; r < compact.size(); ++r)
+      if (r != me) each_part(r, [&](Tensor v, ShardRange at) { be.upload(h.data() + at.begin, v); });
   }
   double sum_over_ranks(double x) {
     sum_over_ranks(std::span<double>(&x, 1));
@@ -174,7 +219,7 @@ struct DataParallel::Impl {
   void cast_stored() {
     CastStore* store = ps.cast_store();
     if (!store) return;
-    run_cast(comm, be, *store, ps.values.data, cast_shard, dc.shard_cast);
+    run_cast(comm, be, *store, ps.values.data, shards, dc.shard_cast);
     store->dequantize(ps.values.data);
   }
 };
@@ -191,7 +236,7 @@ double DataParallel::step(double lr, double weight) {
   Impl& d = *impl_;
   ParamStore& ps = d.ps;
   const int world = comm_.world();
-  comm_.set_step(steps_taken());  // the step being taken, for a collective's timeout message
+  comm_.set_step(steps_taken());                       // the step being taken, for a collective's timeout message
   if (world > 1) d.be.scale(ps.grads, float(weight));  // both regions
   Tensor ga = d.region_a(ps.grads);
   if (d.dc.zero == 1)
@@ -218,10 +263,7 @@ double DataParallel::step(double lr, double weight) {
     Tensor dst = slice(ps.values, d.mine);
     d.be.copy(d.master, dst);
   }
-  if (d.dc.zero == 1 && world > 1) {
-    Tensor va = d.region_a(ps.values);
-    d.allgather(va);
-  }
+  if (d.dc.zero == 1 && world > 1) d.gather_values();
   d.cast_stored();
   return norm;
 }
@@ -315,8 +357,8 @@ nlohmann::json DataParallel::memory() const {
                       {"world", d.comm.world()},
                       {"zero", d.dc.zero}};
   j["optimizer_bytes"] = j["master_bytes"].get<int64_t>() + j["moments_bytes"].get<int64_t>();
-  j["total_bytes"] = j["params_bytes"].get<int64_t>() + j["grads_bytes"].get<int64_t>() +
-                     j["optimizer_bytes"].get<int64_t>() + nvfp4;
+  j["total_bytes"] =
+      j["params_bytes"].get<int64_t>() + j["grads_bytes"].get<int64_t>() + j["optimizer_bytes"].get<int64_t>() + nvfp4;
   return j;
 }
 

@@ -20,10 +20,13 @@
 //           model's values of those tensors are dequant(nvfp4_2d(master)),
 //           cast by the protocol of sim/shard_cast.hpp (partial tile and
 //           tensor maxima, a MAX all-reduce, each rank writing exactly the
-//           nibbles it owns, the packed bytes gathered); shard_cast false has
-//           every rank cast the whole tensors instead (the reference). The
-//           FP32 master values stay in the optimiser (the shard's, with
-//           zero 1) and are what checkpoints hold.
+//           nibbles it owns, the packed windows gathered); with zero 1 the
+//           FP32 all-gather then moves only the parameters stored in FP32
+//           (the stored ones arrive as packed codes). shard_cast false has
+//           every rank cast the whole tensors instead (the reference; the
+//           all-gather moves every parameter). The FP32 master values stay
+//           in the optimiser (the shard's, with zero 1) and are what
+//           checkpoints hold.
 //
 // Shares: rank r computes the samples [floor(r n / N), floor((r+1) n / N)) of
 // a global batch of n (batch_share); its gradients are those of its share's

@@ -10,26 +10,6 @@ namespace fp4lab::train {
 
 namespace {
 
-// A rank's ShardBytes on the wire: first_byte (int64, little endian as the
-// hosts are) then the bytes; an empty shard sends nothing.
-std::vector<uint8_t> serialize(const ShardBytes& s) {
-  if (s.bytes.empty()) return {};
-  std::vector<uint8_t> w(8 + s.bytes.size());
-  std::memcpy(w.data(), &s.first_byte, 8);
-  std::memcpy(w.data() + 8, s.bytes.data(), s.bytes.size());
-  return w;
-}
-
-ShardBytes deserialize(const std::vector<uint8_t>& w) {
-  ShardBytes s;
-  if (w.empty()) return s;
-  if (w.size() < 9)
-    throw Error("gather_packed: a rank sent a malformed shard (" + std::to_string(w.size()) + " bytes)");
-  std::memcpy(&s.first_byte, w.data(), 8);
-  s.bytes.assign(w.begin() + 8, w.end());
-  return s;
-}
-
 // Step 2: the amaxes MAX-reduced over the ranks, in the store's memory or through the host.
 void reduce_amax(Communicator& comm, Backend& be, CastStore& store) {
   const std::span<uint32_t> a = store.amax();
@@ -43,13 +23,43 @@ void reduce_amax(Communicator& comm, Backend& be, CastStore& store) {
   be.upload(reinterpret_cast<const float*>(h.data()), t);
 }
 
+// Step 5: every rank's window gathered (one allgather_equal) and ORed into the store's packed codes.
+void gather_windows(Communicator& comm, Backend& be, CastStore& store, std::span<const ShardRange> shards) {
+  const PackedWindows w = packed_windows(store.tensors(), shards);
+  const size_t me = size_t(comm.rank()), size = size_t(w.size), all_bytes = shards.size() * size;
+  if (store.device() == comm.device_buffers()) {  // the windows stay in the store's memory
+    const std::span<const uint8_t> mine = std::span<const uint8_t>(store.packed()).subspan(size_t(w.at[me]), size);
+    if (!store.device()) {
+      std::vector<uint8_t> all(all_bytes);
+      comm.allgather_equal(mine, all);
+      return store.or_windows(all, w);
+    }
+    Tensor t = be.empty(1, int64_t((all_bytes + 3) / 4));  // device bytes from the backend's pool
+    const std::span<uint8_t> all(reinterpret_cast<uint8_t*>(t.data), all_bytes);
+    comm.allgather_equal(mine, all);
+    return store.or_windows(all, w);
+  }
+  // A device store and a host communicator: the own span to the host, the assembled buffer back.
+  const ShardBytes own = store.span();
+  std::vector<uint8_t> window(size, 0), all(all_bytes);
+  std::copy(own.bytes.begin(), own.bytes.end(), window.begin() + (own.first_byte - w.at[me]));
+  comm.allgather_equal(window, all);
+  std::vector<uint8_t> full(store.packed().size(), 0);
+  or_windows(full, all, w);
+  store.set_packed(full);
+}
+
 }  // namespace
 
-void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* flat, ShardRange mine, bool shard_cast) {
+void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* flat, std::span<const ShardRange> shards,
+              bool shard_cast) {
   if (comm.device_buffers() && !store.device())
     throw Error("NVFP4 cast: the " + comm.name() + " communicator needs a device cast store (the cuda backend)");
+  if (shards.size() != size_t(comm.world()))
+    throw Error("NVFP4 cast: " + std::to_string(shards.size()) + " shards for " + std::to_string(comm.world()) +
+                " ranks");
   const bool gather = shard_cast && comm.world() > 1;
-  ShardRange s = mine;
+  ShardRange s = shards[size_t(comm.rank())];
   if (!shard_cast) {  // every tensor whole
     s = ShardRange{0, 0};
     for (const FlatTensor& t : store.tensors()) s.end = std::max(s.end, t.offset + t.rows * t.cols);
@@ -58,18 +68,20 @@ void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* fl
   if (gather) reduce_amax(comm, be, store);
   store.compute_scales();
   store.cast(flat, s);
-  if (!gather) return;
-  if (comm.device_buffers())  // NCCL: the ranks' packed buffers ORed in place on the device
-    comm.allreduce_disjoint_or(store.packed());
-  else  // a host communicator: the byte spans gathered and ORed on the host
-    store.set_packed(gather_packed(comm, store.tensors(), store.span()));
+  if (gather) gather_windows(comm, be, store, shards);
 }
 
-std::vector<uint8_t> gather_packed(Communicator& comm, std::span<const FlatTensor> tensors, const ShardBytes& mine) {
-  const std::vector<std::vector<uint8_t>> all = comm.allgather_bytes(serialize(mine));
-  std::vector<ShardBytes> parts;
-  for (const auto& v : all) parts.push_back(deserialize(v));
-  return assemble_packed(tensors, parts);
+std::vector<ShardRange> outside_tensors(ShardRange shard, std::span<const FlatTensor> tensors) {
+  std::vector<ShardRange> out;
+  int64_t at = shard.begin;
+  for (const FlatTensor& t : tensors) {
+    const int64_t b = std::max(at, t.offset), e = std::min(shard.end, t.offset + t.rows * t.cols);
+    if (b >= e) continue;  // the tensor misses what is left of the shard
+    if (at < b) out.push_back({at, b});
+    at = e;
+  }
+  if (at < shard.end) out.push_back({at, shard.end});
+  return out;
 }
 
 }  // namespace fp4lab::train

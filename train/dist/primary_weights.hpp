@@ -1,8 +1,8 @@
 // NVFP4 primary weights over a communicator: the protocol of
 // sim/shard_cast.hpp driven over a CastStore (train/param_storage.hpp: the
 // backend's memory), with one MAX all-reduce (the tensor and tile amaxes in
-// one array) and one byte gather (each rank's span of packed bytes, ORed
-// into the full buffer). Every rank ends with the same packed codes and
+// one array) and one all-gather of equal byte windows (each rank's span of
+// packed bytes, ORed into the full buffer). Every rank ends with the same packed codes and
 // scales, bit for bit those of quantize(nvfp4_2d, W) per tensor.
 #pragma once
 
@@ -18,19 +18,22 @@
 namespace fp4lab::train {
 
 // Steps 1-5 of the protocol on `store` from the flat FP32 buffer `flat` (the
-// store's memory). shard_cast true: this rank casts only `mine` (its ZeRO-1
-// shard; only that range of `flat` needs to be current) and the rest comes
-// from the other ranks: the amaxes MAX-reduced, the packed spans ORed in
-// place on the device (a device communicator, NCCL) or gathered through the
-// host (gather_packed); a device store with a host communicator stages the
-// amaxes through host memory with `be`. shard_cast false: this rank casts
-// every tensor whole (the reference; no communication). Step 6, the
-// dequantized values, is the caller's (CastStore::dequantize).
-void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* flat, ShardRange mine, bool shard_cast);
+// store's memory). `shards`: every rank's (rank order; ZeRO-1's even shards).
+// shard_cast true: this rank casts only its shard (only that range of `flat`
+// needs to be current) and the rest comes from the other ranks: the amaxes
+// MAX-reduced, then every rank's window of packed codes (sim's
+// packed_windows: its span padded to the longest) gathered in one
+// allgather_equal and ORed in, in the store's memory (host store and host
+// communicator; device store and NCCL), or through the host (device store,
+// host communicator: set_packed). shard_cast false: this rank casts every
+// tensor whole (the reference; no communication). Step 6, the dequantized
+// values, is the caller's (CastStore::dequantize).
+void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* flat, std::span<const ShardRange> shards,
+              bool shard_cast);
 
-// Step 5 over a communicator: every rank's span (`mine`: what its cast
-// wrote) gathered (allgather_bytes, host memory) and ORed into the full
-// packed buffer, identical on every rank.
-std::vector<uint8_t> gather_packed(Communicator& comm, std::span<const FlatTensor> tensors, const ShardBytes& mine);
+// The parts of `shard` outside every one of `tensors` (sorted by offset,
+// disjoint), in order: the elements ZeRO-1's all-gather still moves as FP32
+// when the tensors travel as packed codes (run_cast).
+std::vector<ShardRange> outside_tensors(ShardRange shard, std::span<const FlatTensor> tensors);
 
 }  // namespace fp4lab::train

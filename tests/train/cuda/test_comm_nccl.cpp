@@ -78,17 +78,22 @@ void exercise(Communicator& c, int round) {
   c.allreduce_sum({d.data(), d.size()});
   CHECK(d.download() == std::vector<double>{double(k_sum) * 0.25, 1e15 * double(n)});
 
-  // Disjoint OR: byte i carries bit (i + r) % 8 of rank r where that is unique (n <= 8), nibbles as in the cast.
-  std::vector<uint8_t> bits(64, 0), want_or(64, 0);
-  for (int k = 0; k < n && k < 8; ++k)
-    for (size_t i = 0; i < bits.size(); ++i) {
-      const uint8_t b = uint8_t(1u << ((i + size_t(k)) % 8));
-      if (k == r) bits[i] = b;
-      want_or[i] |= b;
-    }
-  auto o = on_device<uint8_t>(bits);
-  c.allreduce_disjoint_or({o.data(), o.size()});
-  CHECK(o.download() == want_or);
+  // allgather_equal: rank k's 7 bytes a function of (k, i, round), at [7k, 7k + 7) of the result; then in place.
+  {
+    std::vector<uint8_t> mine(7), want;
+    for (int k = 0; k < n; ++k)
+      for (int i = 0; i < 7; ++i) want.push_back(uint8_t(k * 29 + i * 3 + round));
+    for (int i = 0; i < 7; ++i) mine[size_t(i)] = want[size_t(r * 7 + i)];
+    auto mine_d = on_device(mine);
+    auto all_d = on_device(std::vector<uint8_t>(want.size(), 0xEE));
+    c.allgather_equal({mine_d.data(), mine.size()}, {all_d.data(), want.size()});
+    CHECK(all_d.download() == want);
+    std::vector<uint8_t> staged(want.size(), 0xEE);
+    std::copy(mine.begin(), mine.end(), staged.begin() + r * 7);
+    auto in_place = on_device(staged);
+    c.allgather_equal({in_place.data() + r * 7, mine.size()}, {in_place.data(), want.size()});
+    CHECK(in_place.download() == want);
+  }
 
   // alltoallv: rank k sends (k + 3p + round) % 4 rows of 6 bytes to rank p (zeros included, the own part too).
   {

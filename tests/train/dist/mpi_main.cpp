@@ -32,13 +32,21 @@ int main() {
   if (s[0] != float(n * (n + 1) / 2) || s[1] != 0.25f * float(n)) fail("allreduce_sum");
   const auto g = comm->allgather_bytes(std::vector<uint8_t>(size_t(r + 1), uint8_t(r)));
   for (int k = 0; k < n; ++k)
-    if (g.size() != size_t(n) || g[size_t(k)] != std::vector<uint8_t>(size_t(k + 1), uint8_t(k))) fail("allgather_bytes");
+    if (g.size() != size_t(n) || g[size_t(k)] != std::vector<uint8_t>(size_t(k + 1), uint8_t(k)))
+      fail("allgather_bytes");
 
-  std::vector<uint8_t> bor(9, 0);  // rank r sets bit r of every byte: disjoint
-  for (uint8_t& b : bor) b = uint8_t(1u << (r % 8));
-  comm->allreduce_disjoint_or(bor);
-  for (uint8_t b : bor)
-    if (b != uint8_t((1u << std::min(n, 8)) - 1u)) fail("allreduce_disjoint_or");
+  {  // allgather_equal: rank k's 9 bytes k * 31 + i, at [9k, 9k + 9); then in place
+    std::vector<uint8_t> mine(9), all(size_t(9 * n), 0xEE), want;
+    for (int k = 0; k < n; ++k)
+      for (int i = 0; i < 9; ++i) want.push_back(uint8_t(k * 31 + i));
+    for (int i = 0; i < 9; ++i) mine[size_t(i)] = uint8_t(r * 31 + i);
+    comm->allgather_equal(mine, all);
+    if (all != want) fail("allgather_equal");
+    std::fill(all.begin(), all.end(), uint8_t(0xEE));
+    std::copy(mine.begin(), mine.end(), all.begin() + 9 * r);
+    comm->allgather_equal(std::span<const uint8_t>(all).subspan(size_t(9 * r), 9), all);
+    if (all != want) fail("allgather_equal in place");
+  }
   // alltoallv: rank k sends (k + 2p) % 3 rows of 5 bytes to rank p (zeros included), bytes a function of (k, p, i, b).
   {
     auto count = [](int k, int p) { return int64_t((k + 2 * p) % 3); };
@@ -98,13 +106,16 @@ int main() {
     b.push_back(total);
     if (n == 1) b = {0, total};
     const std::unique_ptr<train::CastStore> store = train::make_host_cast_store(tensors);
-    train::run_cast(*comm, *be, *store, flat.data(), {b[size_t(r)], b[size_t(r) + 1]}, true);
+    std::vector<ShardRange> shards;
+    for (int k = 0; k < n; ++k) shards.push_back({b[size_t(k)], b[size_t(k) + 1]});
+    train::run_cast(*comm, *be, *store, flat.data(), shards, true);
     ++cases;
     const std::span<const uint8_t> packed = store->packed();
     if (!std::equal(packed.begin(), packed.end(), ref.begin(), ref.end()))
       fail("shard cast differs from quantize(nvfp4_2d)");
   }
   comm->barrier();
-  if (r == 0) std::printf("test_dist_mpi: %d ranks, %d shard-cast splits, %s\n", n, cases, failures ? "FAILED" : "passed");
+  if (r == 0)
+    std::printf("test_dist_mpi: %d ranks, %d shard-cast splits, %s\n", n, cases, failures ? "FAILED" : "passed");
   return failures ? 1 : 0;
 }

@@ -67,25 +67,43 @@ TEST_CASE("thread communicator: max, sum in rank order, gather of any sizes, man
       CHECK(sums[size_t(r)][0] == expect);
       CHECK(float_bits(sums[size_t(r)][3]) == float_bits(0.5f * float(n)));
       REQUIRE(gathers[size_t(r)].size() == size_t(n));
-      for (int k = 0; k < n; ++k) CHECK(gathers[size_t(r)][size_t(k)] == std::vector<uint8_t>(size_t(k), uint8_t(k + 19)));
+      for (int k = 0; k < n; ++k)
+        CHECK(gathers[size_t(r)][size_t(k)] == std::vector<uint8_t>(size_t(k), uint8_t(k + 19)));
     }
   }
   CHECK(make_local_comm()->world() == 1);
   if (!have_mpi()) CHECK_THROWS(make_mpi_comm());
-  // Disjoint OR: rank r's low or high nibble of each byte, as the NVFP4 cast's packed buffers.
-  for (int n : {1, 2, 5}) {
-    std::vector<std::vector<uint8_t>> got(static_cast<size_t>(n));
-    on_ranks(n, [&](Communicator& c) {
-      std::vector<uint8_t> b(10, 0);
-      for (size_t i = 0; i < b.size(); ++i)
-        if (int(i) % n == c.rank()) b[i] = uint8_t(i % 2 ? 0xA0 : 0x05);
-      c.allreduce_disjoint_or(b);
-      got[size_t(c.rank())] = b;
-    });
-    std::vector<uint8_t> want(10);
-    for (size_t i = 0; i < want.size(); ++i) want[i] = uint8_t(i % 2 ? 0xA0 : 0x05);
-    for (const auto& g : got) CHECK(g == want);
-  }
+  // allgather_equal: rank r's `part` bytes a function of (r, i), at [r part, (r + 1) part); empty parts; in place.
+  for (int n : {1, 2, 5})
+    for (size_t part : {size_t(0), size_t(1), size_t(13)}) {
+      CAPTURE(n);
+      CAPTURE(part);
+      std::vector<uint8_t> want;
+      for (int k = 0; k < n; ++k)
+        for (size_t i = 0; i < part; ++i) want.push_back(uint8_t(k * 37 + int(i) * 5 + 1));
+      std::vector<std::vector<uint8_t>> got(static_cast<size_t>(n)), in_place(static_cast<size_t>(n));
+      on_ranks(n, [&](Communicator& c) {
+        const size_t r = size_t(c.rank());
+        const std::vector<uint8_t> mine(want.begin() + std::ptrdiff_t(r * part),
+                                        want.begin() + std::ptrdiff_t((r + 1) * part));
+        std::vector<uint8_t> all(want.size(), 0xEE);
+        c.allgather_equal(mine, all);
+        got[r] = all;
+        std::fill(all.begin(), all.end(), uint8_t(0xEE));
+        std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(r * part));
+        c.allgather_equal(std::span<const uint8_t>(all).subspan(r * part, part), all);
+        in_place[r] = all;
+      });
+      for (int r = 0; r < n; ++r) {
+        CHECK(got[size_t(r)] == want);
+        CHECK(in_place[size_t(r)] == want);
+      }
+    }
+  // A result buffer that is not world x part: one line naming the sizes.
+  on_ranks(2, [&](Communicator& c) {
+    std::vector<uint8_t> mine(3), all(5);
+    CHECK_THROWS_WITH(c.allgather_equal(mine, all), doctest::Contains("allgather_equal: a part of 3 bytes"));
+  });
 }
 
 namespace {
@@ -155,11 +173,11 @@ struct HostCast {
   std::vector<uint8_t> packed;
   ShardScales scales;
 };
-HostCast host_cast(Communicator& c, std::span<const FlatTensor> tensors, const float* flat, ShardRange mine,
-                   bool shard_cast) {
+HostCast host_cast(Communicator& c, std::span<const FlatTensor> tensors, const float* flat,
+                   std::span<const ShardRange> shards, bool shard_cast) {
   auto be = train::make_cpu_backend(1);
   const std::unique_ptr<train::CastStore> store = train::make_host_cast_store(tensors);
-  train::run_cast(c, *be, *store, flat, mine, shard_cast);
+  train::run_cast(c, *be, *store, flat, shards, shard_cast);
   const std::span<uint8_t> p = store->packed();
   return HostCast{std::vector<uint8_t>(p.begin(), p.end()), store->scales()};
 }
@@ -184,8 +202,8 @@ TEST_CASE("NVFP4 primary weights over thread ranks: shard_cast true equals false
     const int n = int(shards.size());
     std::vector<HostCast> got(static_cast<size_t>(n)), whole(static_cast<size_t>(n));
     on_ranks(n, [&](Communicator& c) {
-      got[size_t(c.rank())] = host_cast(c, tensors, flat.data(), shards[size_t(c.rank())], true);
-      whole[size_t(c.rank())] = host_cast(c, tensors, flat.data(), shards[size_t(c.rank())], false);
+      got[size_t(c.rank())] = host_cast(c, tensors, flat.data(), shards, true);
+      whole[size_t(c.rank())] = host_cast(c, tensors, flat.data(), shards, false);
     });
     bool ok = true;
     for (int r = 0; r < n; ++r) {

@@ -105,13 +105,20 @@ TEST_CASE("data parallel: NVFP4 primary weights, shard cast = whole cast in ever
   CHECK(sc.step_losses == whole.step_losses);
   CHECK(sc.final_params == whole.final_params);
   // What a step moved (summary.json distributed.collectives, CountingComm): the shard cast reduces the
-  // amaxes and gathers the packed spans; the whole cast moves neither; both reduce-scatter the FP32 gradient.
+  // amaxes, gathers the packed windows and all-gathers only the FP32-stored parameters; the whole cast
+  // moves no codes and all-gathers every parameter in FP32; both reduce-scatter the FP32 gradient.
   const json& cs = sc.summary["distributed"]["collectives"]["per_step"];
   const json& cw = whole.summary["distributed"]["collectives"]["per_step"];
   CHECK(cs["allreduce_max"]["calls"] == 1);
-  CHECK(cs["allgather_bytes"]["calls"] == 1);
+  CHECK(cs["allgather_equal"]["calls"] == 1);
   CHECK(!cw.contains("allreduce_max"));
-  CHECK(!cw.contains("allgather_bytes"));
+  CHECK(!cw.contains("allgather_equal"));
+  CHECK(cw["allgather"]["bytes_out"] == 4 * int64_t(sc.final_params.size()));
+  const int64_t sc_wire =
+      cs["allgather"]["ring_bytes"].get<int64_t>() + cs["allgather_equal"]["ring_bytes"].get<int64_t>();
+  CHECK(sc_wire < cw["allgather"]["ring_bytes"].get<int64_t>());
+  MESSAGE("weight gather wire bytes a step, rank 0 of 3: ", sc_wire, " (FP32 parts + packed windows) against ",
+          cw["allgather"]["ring_bytes"].get<int64_t>(), " (every parameter in FP32)");
   CHECK(cs["reduce_scatter_sum"]["bytes_in"] == 4 * int64_t(sc.final_params.size()));
   CHECK(cs["reduce_scatter_sum"] == cw["reduce_scatter_sum"]);
   // nvfp4's weight quantizer is the primary cast's (nvfp4_2d, round to nearest), and
