@@ -281,8 +281,8 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
     const int64_t hd = mc.width / mc.heads;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
       throw Error(where + ".model.attention: \"bf16_flash\" takes head dims 16, 32, 64 or 128, not " +
-                  std::to_string(hd) + " (width " + std::to_string(mc.width) + " / heads " +
-                  std::to_string(mc.heads) + ")");
+                  std::to_string(hd) + " (width " + std::to_string(mc.width) + " / heads " + std::to_string(mc.heads) +
+                  ")");
   }
   if (mc.type == "vit" && mc.image_size % mc.patch_size != 0)
     throw Error(where + ".model.patch_size: " + std::to_string(mc.patch_size) + " must divide image_size " +
@@ -304,7 +304,9 @@ void parse_data(const json& d, const std::string& where, const std::string& mode
   dobj.get("train_limit", dc.train_limit);
   dobj.get("test_limit", dc.test_limit);
   dobj.finish();
-  if (dc.path.empty()) throw Error(where + ".data.path: empty; valid: the " + std::string(dc.type == "mnist" ? "directory of the MNIST IDX files" : "text file"));
+  if (dc.path.empty())
+    throw Error(where + ".data.path: empty; valid: the " +
+                std::string(dc.type == "mnist" ? "directory of the MNIST IDX files" : "text file"));
   check_range(where + ".data.mean", dc.mean, {-kInf, kInf});
   check_range(where + ".data.std", dc.std, {0, kInf, true, false}, "images are (x - mean) / std");
   check_range(where + ".data.train_limit", dc.train_limit, {0, kInf}, "0: all");
@@ -414,14 +416,20 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
   if (!(c.timeout_s > 0) || !std::isfinite(c.timeout_s))
     throw Error(where + ".distributed.timeout_s: " + std::to_string(c.timeout_s) +
                 " must be a positive finite number of seconds (a collective's wait for the other ranks)");
-  check_range(where + ".distributed.zero", c.zero, {0, 1}, "1: ZeRO-1");
+  if (c.zero == 2) throw Error(where + ".distributed.zero: 2 is not built; valid: 0, 1 (ZeRO-1), 3 (ZeRO-3)");
+  check_range(where + ".distributed.zero", c.zero, {0, 3}, "1: ZeRO-1, 3: ZeRO-3");
   check_choice(where + ".distributed.primary_weights", c.primary_weights, {"fp32", "nvfp4"});
   check_range(where + ".distributed.expert_parallel", c.expert_parallel, {1, int(kMaxRouteExperts)},
               "ranks sharing the experts; 1: none");
 }
 
-// distributed.expert_parallel against the rest of the config (the world is checked by the run).
+// distributed.zero 3 and expert_parallel against the rest of the config (the world is checked by the run).
 void check_expert_parallel(const RunConfig& c, const std::string& where) {
+  const std::string z3 = where + ".distributed.zero 3 (ZeRO-3) ";
+  if (c.distributed.zero == 3 && (c.backend != "cpu" || c.distributed.primary_weights != "fp32"))
+    throw Error(z3 + "is built for backend cpu and primary_weights fp32 so far (plan steps S5-S6)");
+  if (c.distributed.zero == 3 && (c.distributed.expert_parallel != 1 || c.capture_step >= 0 || c.numerics_interval > 0))
+    throw Error(z3 + "with expert_parallel, output.capture_step or output.numerics_interval is not built yet");
   const int R = c.distributed.expert_parallel;
   if (R == 1) return;
   const std::string key = where + ".distributed.expert_parallel " + std::to_string(R);
@@ -513,8 +521,8 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   if (!m) throw Error(where + ".model: missing (an object with at least \"type\": \"vit\" or \"gpt\")");
   parse_model(*m, where, c.model);
   if (c.model.attention == "bf16_flash" && c.backend != "cuda")
-    throw Error(where + ".model.attention: \"bf16_flash\" runs on the CUDA backend only (\"backend\": \"" +
-                c.backend + "\"); use \"fp32\" or \"backend\": \"cuda\"");
+    throw Error(where + ".model.attention: \"bf16_flash\" runs on the CUDA backend only (\"backend\": \"" + c.backend +
+                "\"); use \"fp32\" or \"backend\": \"cuda\"");
   const json* d = o.sub("data");
   if (!d) throw Error(where + ".data: missing (an object with \"type\": \"mnist\" or \"char\" and \"path\")");
   parse_data(*d, where, c.model.type, c.data);
@@ -628,11 +636,16 @@ json config_to_json(const RunConfig& c) {
                {"test_limit", c.data.test_limit}};
   if (c.data.type == "mnist") data.update({{"mean", c.data.mean}, {"std", c.data.std}});
   if (c.data.type == "tokens") data = token_config_json(c.data);
-  json j{{"name", c.name},       {"model", model},
-         {"data", data},         {"training", training},
-         {"recipe", c.recipe},   {"layers", {{"keep_high_precision", c.keep_high_precision}}},
-         {"seed", c.seed},       {"backend", c.backend},
-         {"threads", c.threads}, {"output", {{"dir", c.output_dir}, {"name", c.output_name}, {"capture_step", c.capture_step}}}};
+  json j{{"name", c.name},
+         {"model", model},
+         {"data", data},
+         {"training", training},
+         {"recipe", c.recipe},
+         {"layers", {{"keep_high_precision", c.keep_high_precision}}},
+         {"seed", c.seed},
+         {"backend", c.backend},
+         {"threads", c.threads},
+         {"output", {{"dir", c.output_dir}, {"name", c.output_name}, {"capture_step", c.capture_step}}}};
   // Written only when not the default, so that the configs (and hashes) of earlier runs stay as they were.
   if (c.numerics_interval != 0) j["output"]["numerics_interval"] = c.numerics_interval;
   DistributedConfig plain;  // the defaults, but for the timeout (written on its own)
@@ -643,7 +656,8 @@ json config_to_json(const RunConfig& c) {
                         {"shard_cast", c.distributed.shard_cast}};
   if (c.distributed.expert_parallel != 1) j["distributed"]["expert_parallel"] = c.distributed.expert_parallel;
   if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;
-  if (!c.layer_recipes.empty()) j["layer_recipes"] = layer_recipes_to_json(c.layer_recipes);  // only when set: hashes stay
+  if (!c.layer_recipes.empty())
+    j["layer_recipes"] = layer_recipes_to_json(c.layer_recipes);  // only when set: hashes stay
   if (!c.eval_recipe.is_null()) j["eval_recipe"] = c.eval_recipe;
   // Only when not the default: the configs (and hashes) of fp32 runs stay as they were.
   if (c.activations != ActivationPrecision::fp32)
@@ -761,7 +775,8 @@ void json_diff(const json& a, const json& b, const std::string& path, std::vecto
     for (auto it = b.begin(); it != b.end(); ++it)
       if (!a.contains(it.key())) json_diff(json(), it.value(), path + (path.empty() ? "" : ".") + it.key(), out);
   } else if (a != b) {
-    out.push_back(path + " " + (a.is_null() ? "(absent)" : json_excerpt(a)) + " -> " + (b.is_null() ? "(absent)" : json_excerpt(b)));
+    out.push_back(path + " " + (a.is_null() ? "(absent)" : json_excerpt(a)) + " -> " +
+                  (b.is_null() ? "(absent)" : json_excerpt(b)));
   }
 }
 

@@ -15,7 +15,7 @@
 //   layer_recipes [{layers: pattern, recipe: name | file | object}, ...]: per-layer recipes,
 //             the first matching rule wins, other layers run `recipe` (train/layer_recipes.hpp)
 //   eval_recipe   the recipe of every evaluation forward (absent/null: the training recipes)
-//   distributed {zero: 0|1, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, timeout_s: seconds}
+//   distributed {zero: 0|1|3, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, timeout_s: seconds}
 //             data-parallel training (train/dist/data_parallel.hpp); one process is a world of 1
 //   precision {activations: "fp32"|"bf16"}: the activations' precision (train/backend.hpp's
 //             contract; docs/DESIGN.md "BF16 activations"); "bf16": CPU backend only so far
@@ -87,7 +87,7 @@ struct TrainingConfig {
 
 // Data-parallel training (train/dist/data_parallel.hpp).
 struct DistributedConfig {
-  int zero = 0;                          // 0: every rank updates every parameter; 1: ZeRO-1 shards
+  int zero = 0;                          // 0: every rank updates every parameter; 1: ZeRO-1 shards; 3: ZeRO-3
   std::string primary_weights = "fp32";  // "nvfp4": the linear weights the recipe quantizes are NVFP4
   bool shard_cast = true;                // nvfp4: each rank casts only its shard (false: all, the reference)
   double timeout_s = 600.0;              // a collective's wait for the other ranks (comm.hpp); not in the run identity

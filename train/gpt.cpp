@@ -41,6 +41,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
     wpe_ = params_.add("transformer.wpe.weight", T, C, true, Init::normal, 0.02f);
     for (int64_t i = 0; i < c.layers; ++i) {
       const std::string p = "h." + std::to_string(i) + ".";
+      const int first = int(params_.infos().size());
       Block b;
       b.ln1_w = params_.add("transformer." + p + "ln_1.weight", 1, C, false, Init::ones);
       if (c.bias) b.ln1_b = params_.add("transformer." + p + "ln_1.bias", 1, C, false, Init::zeros);
@@ -56,6 +57,8 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         b.mlp_proj = linear(p + "mlp.c_proj", 4 * C, C, proj_std);
       }
       blocks_.push_back(std::move(b));
+      std::vector<int>& unit = block_units_.emplace_back(size_t(int(params_.infos().size()) - first));
+      std::iota(unit.begin(), unit.end(), first);
     }
     lnf_w_ = params_.add("transformer.ln_f.weight", 1, C, false, Init::ones);
     if (c.bias) lnf_b_ = params_.add("transformer.ln_f.bias", 1, C, false, Init::zeros);
@@ -68,6 +71,13 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   }
 
   std::vector<LinearLayerInfo> linear_layers() const override { return infos_; }
+  // The root {wte, wpe, ln_f} (wte is lm_head's too), then one unit a block (its experts and router included).
+  std::vector<std::vector<int>> param_units() const override {
+    std::vector<std::vector<int>> u = {{wte_, wpe_, lnf_w_}};
+    if (lnf_b_ >= 0) u[0].push_back(lnf_b_);
+    u.insert(u.end(), block_units_.begin(), block_units_.end());
+    return u;
+  }
   int64_t items_per_sample() const override { return cfg_.context; }
   nlohmann::json step_metrics() const override {
     std::vector<const RouteSummary*> r;
@@ -289,6 +299,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   ModelConfig cfg_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   std::vector<Block> blocks_;
+  std::vector<std::vector<int>> block_units_;  // each block's parameter indices (param_units)
   LinearLayer head_;
   std::vector<LinearLayerInfo> infos_;
   int64_t batch_ = 0;

@@ -28,6 +28,7 @@
 #include <initializer_list>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -159,6 +160,14 @@ class Model : public BatchEvaluator {
   virtual nlohmann::json step_metrics() const { return nlohmann::json::object(); }
   // Work per sample (an image or a token) for throughput figures.
   virtual int64_t items_per_sample() const = 0;
+  // The parameters in units that ZeRO-3 gathers whole (train/dist/sharded_params.hpp), in forward order;
+  // the first is the root, used at both ends of the pass (gathered for a whole step). Every parameter in
+  // exactly one unit. Default: one unit of everything.
+  virtual std::vector<std::vector<int>> param_units() const {
+    std::vector<int> all(params_.infos().size());
+    std::iota(all.begin(), all.end(), 0);
+    return {all};
+  }
 
  protected:
   // Hands operand `what` of layer `layer` to the capture at its step (training passes only).

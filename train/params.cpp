@@ -49,6 +49,12 @@ int ParamStore::owner(int i) const {
   return ep_ranks_ == 1 ? 0 : int(p.expert / (p.experts / ep_ranks_));
 }
 
+void ParamStore::set_provider(ParamProvider* p) {
+  if (!p || provider_) throw Error("ParamStore::set_provider: a provider is set once, and not null");
+  provider_ = p;
+  values = Tensor{}, grads = Tensor{};
+}
+
 int64_t ParamStore::held_offset(int i) const {
   const ParamInfo& p = infos_[size_t(i)];
   if (!p.held)

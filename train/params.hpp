@@ -61,10 +61,21 @@ struct ParamInfo {
   Init init = Init::zeros;
   float init_arg = 0.0f;  // std (normal, trunc_normal) or bound (uniform)
   Placement placement;
-  bool held = true;           // this rank holds it (finalize's)
-  int64_t global_offset = 0;  // in one process's buffer
+  bool held = true;                 // this rank holds it (finalize's)
+  int64_t global_offset = 0;        // in one process's buffer
   Storage storage = Storage::fp32;  // set_storage's
   int64_t size() const { return rows * cols; }
+};
+
+// Where parameter values and gradients live when the store does not hold
+// them whole (ZeRO-3, train/dist/sharded_params.hpp): value_ptr / grad_ptr
+// hand out the provider's pointers, valid until the next access to another
+// unit's parameters (the provider may gather, release or reduce on access).
+class ParamProvider {
+ public:
+  virtual ~ParamProvider() = default;
+  virtual float* value_ptr(int i) = 0;
+  virtual float* grad_ptr(int i) = 0;
 };
 
 class ParamStore {
@@ -104,10 +115,14 @@ class ParamStore {
   // Views of a held tensor (Error for a tensor another rank holds).
   Tensor value(int i) const { return view_of(value_ptr(i), info(i).rows, info(i).cols); }
   Tensor grad(int i) const { return view_of(grad_ptr(i), info(i).rows, info(i).cols); }
-  float* value_ptr(int i) const { return values.data + held_offset(i); }
-  float* grad_ptr(int i) const { return grads.data + held_offset(i); }
+  float* value_ptr(int i) const { return provider_ ? provider_->value_ptr(i) : values.data + held_offset(i); }
+  float* grad_ptr(int i) const { return provider_ ? provider_->grad_ptr(i) : grads.data + held_offset(i); }
+  // Values and gradients from `p` for the store's life (not null); `values` and `grads` are released (the
+  // provider copied what it needs before). ZeRO-3's.
+  void set_provider(ParamProvider* p);
+  bool has_provider() const { return provider_ != nullptr; }
 
-  Tensor values, grads;                  // [1, size()] each
+  Tensor values, grads;                  // [1, size()] each; empty with a provider
   std::vector<IndexRange> decay_ranges;  // the decayed parameters' elements, merged where adjacent
  private:
   int64_t held_offset(int i) const;
@@ -118,6 +133,7 @@ class ParamStore {
   bool finalized_ = false;
   std::unique_ptr<CastStore> cast_store_;
   std::vector<int> cast_slot_;  // per parameter: its tensor in cast_store_, or -1
+  ParamProvider* provider_ = nullptr;
 };
 
 // Host-side initial values of one parameter (what finalize() uploads).

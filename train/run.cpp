@@ -306,22 +306,22 @@ class Training {
   bool checkpointed_ = false;  // this invocation wrote a checkpoint
   std::unique_ptr<Backend> be_;
   std::unique_ptr<Communicator> local_comm_;
-  std::unique_ptr<CountingComm> counting_;  // wraps opt.comm / local_comm_: summary's distributed.collectives
-  Communicator* comm_ = nullptr;            // counting_, over opt.comm or local_comm_
+  std::unique_ptr<CountingComm> counting_;           // wraps opt.comm / local_comm_: summary's distributed.collectives
+  Communicator* comm_ = nullptr;                     // counting_, over opt.comm or local_comm_
   std::unique_ptr<CommExpertExchange> ep_exchange_;  // distributed.expert_parallel > 1 (outlives model_)
   std::unique_ptr<Model> model_;
   bool rank0_ = true;  // rank 0 writes the directory, metrics, checkpoints and evaluates
   std::unique_ptr<DataParallel> dp_;
   std::optional<Recipe> switched_;  // the recipe from switch_at_ on
   uint64_t switch_at_ = 0;
-  int64_t items_ = 0;  // items (images, tokens) per step
+  int64_t items_ = 0;                       // items (images, tokens) per step
   std::unique_ptr<CaptureWriter> capture_;  // output.capture_step
 
   RunLock lock_;  // rank 0: held from planning to the end
   int64_t start_ = 0, step_ = 0;
   double best_ = 0.0, last_loss_ = 0.0, last_eval_metric_ = std::nan("");
   std::string status_ = "completed", error_;
-  LineLog metrics_;  // rank 0's metrics.jsonl
+  LineLog metrics_;   // rank 0's metrics.jsonl
   LineLog numerics_;  // rank 0's numerics.jsonl (output.numerics_interval > 0)
   Progress progress_;
   std::chrono::steady_clock::time_point t_run_;
@@ -380,8 +380,8 @@ Training::Training(const RunConfig& cfg, const RunOptions& opt)
   if (comm_->world() > 1) {
     const uint8_t ok = lock_error.empty() ? 1 : 0;
     if (comm_->allgather_bytes(std::span<const uint8_t>(&ok, 1)).at(0).at(0) == 0)
-      throw EnvironmentError(rank0_ ? lock_error
-                                    : "rank 0 could not take the run directory " + dir_.string() + " (its message says why)");
+      throw EnvironmentError(
+          rank0_ ? lock_error : "rank 0 could not take the run directory " + dir_.string() + " (its message says why)");
   }
   plan_ = plan_directory(dir_, resolved_, total_, opt, true);
   if (rank0_) log_ << plan_.notes;
@@ -473,7 +473,8 @@ void Training::build_model() {
   ParamStore& ps = model_->params();
   if (cfg_.distributed.primary_weights == "nvfp4")
     ps.set_storage(layer_recipes_.low_precision_weight_params(model_->linear_layers()), Storage::nvfp4_2d, *be_);
-  dp_ = std::make_unique<DataParallel>(*comm_, *be_, ps, ac, cfg_.distributed);  // casts the stored weights
+  dp_ = std::make_unique<DataParallel>(*comm_, *be_, ps, ac, cfg_.distributed,
+                                       model_->param_units());  // casts the stored weights
   if (cfg_.capture_step >= 0) capture_ = std::make_unique<CaptureWriter>(*be_, dir_ / "capture", cfg_.capture_step);
   if (capture_) model_->set_capture(capture_->hook());
   switch_at_ = uint64_t(total_);
@@ -503,8 +504,9 @@ void Training::resume() {
   Checkpoint c = load_checkpoint(ckpt_path_, CheckpointExpect{ps.global_size(), total_, hash_});
   const int64_t world = c.header.value("world", int64_t(1));
   if (world != comm_->world())
-    throw Error(ckpt_path_.string() + ": written by " + std::to_string(world) + " data-parallel ranks; resume it with " +
-                std::to_string(world) + ", not " + std::to_string(comm_->world()));
+    throw Error(ckpt_path_.string() + ": written by " + std::to_string(world) +
+                " data-parallel ranks; resume it with " + std::to_string(world) + ", not " +
+                std::to_string(comm_->world()));
   const std::string data_keys = cfg_.data.type == "tokens"
                                     ? "data.train " + cfg_.data.train + " / data.val " + cfg_.data.val
                                     : "data.path " + cfg_.data.path;
@@ -581,7 +583,7 @@ bool Training::train_step(int64_t step) {
   const double weight = double(b.size) / double(global_batch);
   const StepContext sc = context(step, true);
   comm_->set_step(step);  // for a timeout's message: expert parallelism's first collective is in the forward
-  be_->fill(model_->params().grads, 0.0f);
+  dp_->begin_step(float(1.0 / tc.loss_scale), weight);  // gradients zeroed; 1/loss_scale and weight for their sum
   int64_t hits = 0;
   // output.numerics_interval: this step's operands measured (train/numerics.hpp); the line's step is `done`.
   std::unique_ptr<NumericsRecorder> numerics;
@@ -600,8 +602,7 @@ bool Training::train_step(int64_t step) {
   if (!std::isfinite(loss)) error_ = "loss is " + std::string(std::isnan(loss) ? "NaN" : "Inf");
   double gnorm = 0.0;
   if (error_.empty()) {
-    if (tc.loss_scale != 1.0) be_->scale(model_->params().grads, float(1.0 / tc.loss_scale));
-    gnorm = dp_->step(lr, weight);
+    gnorm = dp_->step(lr);
     if (!std::isfinite(gnorm)) error_ = "gradient norm is " + std::string(std::isnan(gnorm) ? "NaN" : "Inf");
   }
   if (!error_.empty()) {
@@ -631,14 +632,15 @@ bool Training::train_step(int64_t step) {
 
 // Evaluates after `step` steps: a metrics.jsonl record, the best metric, a progress line.
 void Training::record_eval(int64_t step) {
-  if (!rank0_ && !ep_exchange_) return;
+  if (!rank0_ && !ep_exchange_ && cfg_.distributed.zero != 3) return;
   json rec = {{"step", step}, {"eval", true}};
   if (ep_exchange_) {  // the MoE layers exchange tokens: every rank evaluates its share
     ShareEvaluator shares(*model_, *dp_);
     task_->evaluate(shares, context(step, false), step, rec);
     if (!rank0_) return;
-  } else {
+  } else {  // ZeRO-3: every rank evaluates the whole batch (the units are gathered collectively), rank 0 records
     task_->evaluate(*model_, context(step, false), step, rec);
+    if (!rank0_) return;
   }
   const double v = rec[task_->metric].get<double>();
   last_eval_metric_ = v;

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "train/dist/primary_weights.hpp"
+#include "train/dist/sharded_params.hpp"
 
 namespace fp4lab::train {
 
@@ -30,17 +31,21 @@ struct DataParallel::Impl {
   ShardRange mine;                 // this rank's optimiser shard of A (zero 1) or the whole of A (zero 0)
   bool stage = false;              // host communicator, device tensors: copy through host memory
   std::unique_ptr<AdamW> adam;
-  std::unique_ptr<AdamW> adam_b;  // region B's (null when B is empty)
-  Tensor master;                  // FP32 master values of `mine`: a view of ps.values, or (nvfp4) a copy
-  Tensor gshard;                  // the summed gradients of `mine` (zero 1), else a view of ps.grads
-  Tensor scalar;                  // one double's bytes, for sums over a device communicator
+  std::unique_ptr<AdamW> adam_b;           // region B's (null when B is empty)
+  Tensor master;                           // FP32 master values of `mine`: a view of ps.values, or (nvfp4) a copy
+  Tensor gshard;                           // the summed gradients of `mine` (zero 1), else a view of ps.grads
+  Tensor scalar;                           // one double's bytes, for sums over a device communicator
+  std::unique_ptr<ShardedParams> sharded;  // zero 3: ps's provider, the shards' owner
+  float grad_scale = 1.0f;                 // begin_step's
+  double weight = 1.0;
   // ZeRO-1 with stored tensors cast shard by shard: the parts of each rank's shard outside them (the FP32
   // elements the all-gather moves; the stored ones travel as packed codes, run_cast), and where each rank's
   // parts lie in the compacted buffer (rank order). Empty: the all-gather moves region A whole.
   std::vector<std::vector<ShardRange>> fp32_parts;
   std::vector<ShardRange> compact;
 
-  Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d)
+  Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d,
+       std::vector<std::vector<int>> units)
       : comm(c), be(b), ps(p), dc(d) {
     const bool device = be.name() == "cuda";
     if (comm.device_buffers() && !device)
@@ -54,6 +59,15 @@ struct DataParallel::Impl {
       throw Error(
           "data parallel: parameters stored as nvfp4_2d (distributed.primary_weights nvfp4) with expert "
           "parallelism are not supported yet (plan step 10); valid: fp32");
+    if (dc.zero == 3) {
+      if (device) throw Error("data parallel: distributed.zero 3 on the cuda backend is not built yet (plan step S5)");
+      sharded = std::make_unique<ShardedParams>(comm, be, ps, std::move(units));
+      master = sharded->master();
+      gshard = sharded->grad_shard();
+      const std::vector<IndexRange> decayed = sharded->decay_ranges();
+      adam = std::make_unique<AdamW>(ac, be, decayed, ShardRange{0, sharded->local_size()});
+      return;
+    }
     n = ps.size();
     na = ps.replicated_size();
     shards = even_shards(na, comm.world());
@@ -79,6 +93,7 @@ struct DataParallel::Impl {
     if (comm.device_buffers()) scalar = be.empty(1, 4);
   }
 
+  double step_sharded(double lr);
   // The master values live apart from ps.values (NVFP4 primary weights: ps.values holds the cast).
   bool separate_master() const { return master.data != ps.values.data + mine.begin; }
 
@@ -225,19 +240,38 @@ struct DataParallel::Impl {
 };
 
 DataParallel::DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac,
-                           const DistributedConfig& dc)
-    : impl_(std::make_unique<Impl>(comm, be, ps, ac, dc)), comm_(comm) {
-  impl_->cast_stored();
+                           const DistributedConfig& dc, std::vector<std::vector<int>> units)
+    : impl_(std::make_unique<Impl>(comm, be, ps, ac, dc, std::move(units))), comm_(comm) {
+  if (!impl_->sharded) impl_->cast_stored();
+}
+
+void DataParallel::begin_step(float grad_scale, double weight) {
+  Impl& d = *impl_;
+  d.grad_scale = grad_scale;
+  d.weight = weight;
+  if (d.sharded) return d.sharded->begin_step(grad_scale, float(weight));
+  d.be.fill(d.ps.grads, 0.0f);
+}
+
+// ZeRO-3's step: the last gradients reduce-scattered, the norm over every rank's parts, AdamW on this rank's.
+double DataParallel::Impl::step_sharded(double lr) {
+  sharded->finish_backward();
+  const double norm = std::sqrt(sum_over_ranks(be.sum_squares(gshard)));
+  adam->step(master, gshard, lr, norm);
+  sharded->release_all();  // the masters changed: the next access gathers again
+  return norm;
 }
 
 DataParallel::~DataParallel() = default;
 
-double DataParallel::step(double lr, double weight) {
+double DataParallel::step(double lr) {
   Impl& d = *impl_;
   ParamStore& ps = d.ps;
   const int world = comm_.world();
-  comm_.set_step(steps_taken());                       // the step being taken, for a collective's timeout message
-  if (world > 1) d.be.scale(ps.grads, float(weight));  // both regions
+  comm_.set_step(steps_taken());  // the step being taken, for a collective's timeout message
+  if (d.sharded) return d.step_sharded(lr);
+  if (d.grad_scale != 1.0f) d.be.scale(ps.grads, d.grad_scale);  // 1/loss_scale, then the weight
+  if (world > 1) d.be.scale(ps.grads, float(d.weight));          // both regions
   Tensor ga = d.region_a(ps.grads);
   if (d.dc.zero == 1)
     d.reduce_scatter(ga, d.gshard);
@@ -276,6 +310,12 @@ double DataParallel::global_loss(double local_loss, double weight) {
 
 void DataParallel::state(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v) {
   Impl& d = *impl_;
+  if (d.sharded) {
+    master = d.sharded->to_global(d.master);
+    m = d.sharded->to_global(d.adam->m());
+    v = d.sharded->to_global(d.adam->v());
+    return;
+  }
   const int64_t na = d.na, n = d.n;
   // Each of the three as a local buffer: region A from this rank's part at `mine` (gathered with zero 1), then
   // region B (B's values are their own masters); then in one process's layout.
@@ -310,6 +350,7 @@ double ShareEvaluator::evaluate(const Batch& b, const StepContext& s, int64_t* c
 
 std::vector<float> DataParallel::model_values() {
   Impl& d = *impl_;
+  if (d.sharded) return d.sharded->to_global(d.master);  // FP32 storage: the values are the masters
   std::vector<float> local(size_t(d.n));
   d.be.download(d.ps.values, local.data());
   return d.to_global(local);
@@ -322,6 +363,14 @@ void DataParallel::load_state(const std::vector<float>& master_global, const std
   if (master_global.size() != g || m_global.size() != g || v_global.size() != g)
     throw Error("DataParallel::load_state: buffers of " + std::to_string(master_global.size()) +
                 " elements, the model has " + std::to_string(g));
+  if (d.sharded) {
+    d.sharded->release_all();
+    d.sharded->from_global(master_global, d.master);
+    d.sharded->from_global(m_global, d.adam->m());
+    d.sharded->from_global(v_global, d.adam->v());
+    d.adam->set_steps_taken(steps_taken);
+    return;
+  }
   const std::vector<float> master = d.to_local(master_global), m = d.to_local(m_global), v = d.to_local(v_global);
   const ShardRange s = d.mine;
   d.be.upload(master.data(), d.ps.values);
@@ -341,6 +390,7 @@ int64_t DataParallel::steps_taken() const { return impl_->adam->steps_taken(); }
 
 nlohmann::json DataParallel::memory() const {
   const Impl& d = *impl_;
+  if (d.sharded) return d.sharded->memory();
   const int64_t n = d.ps.size(), s = d.mine.end - d.mine.begin, f = int64_t(sizeof(float));
   const int64_t grad_shard = d.dc.zero == 1 ? s * f : 0;
   // NVFP4 weights: packed codes, one UE4M3 code a tile, one FP32 scale a tensor.

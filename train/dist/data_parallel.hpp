@@ -12,6 +12,11 @@
 //           moments are held for the shard only), an all-gather rebuilds
 //           the full parameter buffer on every rank. The gradient norm for
 //           clipping is the sum over the ranks of each shard's sum of squares.
+//   zero 3  ZeRO-3 (train/dist/sharded_params.hpp): parameters, gradients,
+//           masters and moments sharded by the model's units; a unit is
+//           all-gathered when its parameters are first used and its
+//           gradients reduce-scattered when the backward moves on; AdamW
+//           updates this rank's parts. CPU backend, FP32 storage for now.
 //   stored parameters (ParamStore storage, train/param_storage.hpp)
 //           the parameters the store keeps as Storage::nvfp4_2d (NVFP4
 //           primary weights: the trainer stores so the weights of the linear
@@ -72,16 +77,22 @@ class DataParallel {
   // The parameters `ps` stores as Storage::nvfp4_2d (set before) are cast at
   // once: the model starts from their stored form. dc: zero and shard_cast
   // (primary_weights is the trainer's, which sets the storage).
-  DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac, const DistributedConfig& dc);
+  // units: Model::param_units (ZeRO-3's; unused otherwise).
+  DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac, const DistributedConfig& dc,
+               std::vector<std::vector<int>> units = {});
   ~DataParallel();
   int rank() const { return comm_.rank(); }
   int world() const { return comm_.world(); }
 
-  // The optimiser step after this rank's forward/backward (gradients in
-  // ps.grads of its share's mean loss; `weight` = share / global batch):
-  // gradient sum over the ranks, global norm, clipping, AdamW, gather,
-  // NVFP4 cast. Returns the global gradient norm before clipping.
-  double step(double lr, double weight);
+  // Before this rank's forward/backward: the gradients zeroed; they will be
+  // multiplied by grad_scale (1/loss_scale) and, with more than one rank, by
+  // `weight` (share / global batch) before their sum.
+  void begin_step(float grad_scale, double weight);
+  // The optimiser step after this rank's forward/backward (gradients of its
+  // share's mean loss, times the loss scale): begin_step's scaling, gradient
+  // sum over the ranks, global norm, clipping, AdamW, gather, NVFP4 cast.
+  // Returns the global gradient norm before clipping.
+  double step(double lr);
   // Sum over the ranks of local_loss * weight: the global batch's mean loss.
   double global_loss(double local_loss, double weight);
 

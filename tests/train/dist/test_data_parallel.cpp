@@ -55,8 +55,9 @@ Outcome run_dp(int world, const DistributedConfig& dc, const AdamWConfig& ac, in
       DataParallel dp(*comms[size_t(r)], *be, ps, ac, dc);
       if (from) dp.load_state(from->master, from->m, from->v, first);
       for (int t = from ? first : 0; t < steps; ++t) {
+        dp.begin_step(1.0f, 1.0 / world);
         for (int64_t i = 0; i < ps.size(); ++i) ps.grads.data[i] = grad_of(r, t, i);
-        dp.step(1e-2 * (t + 1), 1.0 / world);
+        dp.step(1e-2 * (t + 1));
       }
       Outcome& o = out[size_t(r)];
       o.values.assign(ps.values.data, ps.values.data + ps.size());
@@ -220,10 +221,11 @@ EpOutcome run_ep(int world, int zero, const AdamWConfig& ac, int steps, const Ep
       DataParallel dp(*comms[size_t(r)], *be, ps, ac, DistributedConfig{zero, "fp32", true});
       if (from) dp.load_state(from->master, from->m, from->v, first);
       for (int t = from ? first : 0; t < steps; ++t) {
+        dp.begin_step(1.0f, 1.0 / world);
         for (int i = 0; i < int(ps.infos().size()); ++i)
           if (ps.info(i).held)
             for (int64_t j = 0; j < ps.info(i).size(); ++j) ps.grad_ptr(i)[j] = tensor_grad(r, t, i, j);
-        dp.step(1e-2 * (t + 1), 1.0 / world);
+        dp.step(1e-2 * (t + 1));
       }
       EpOutcome& o = out[size_t(r)];
       dp.state(o.master, o.m, o.v);

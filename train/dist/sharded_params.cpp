@@ -1,0 +1,219 @@
+// ZeRO-3's sharded parameters (sharded_params.hpp).
+#include "train/dist/sharded_params.hpp"
+
+#include <algorithm>
+#include <span>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace fp4lab::train {
+
+struct ShardedParams::Unit {
+  std::vector<int> params;
+  int64_t size = 0;                // elements of the gathered unit
+  std::vector<ShardRange> shards;  // even_shards(size, N): rank r's part, in unit coordinates
+  int64_t local_at = 0;            // where this rank's part starts in the shard buffers
+  Tensor values, grads;            // the gathered unit and its gradients (empty: not held)
+  bool reduced = false;            // its gradients were reduce-scattered this backward
+};
+
+namespace {
+
+Tensor slice(const Tensor& flat, int64_t begin, int64_t end) { return view_of(flat.data + begin, 1, end - begin); }
+
+}  // namespace
+
+ShardedParams::ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, std::vector<std::vector<int>> units)
+    : comm_(comm), be_(be), ps_(ps) {
+  const int n = int(ps.infos().size());
+  if (ps.expert_ranks() != 1) throw Error("distributed.zero 3 with expert parallelism is not built yet (plan step S4)");
+  if (ps.cast_store())
+    throw Error(
+        "distributed.zero 3 with parameters stored as nvfp4_2d (distributed.primary_weights nvfp4) is not "
+        "built yet (plan steps S5-S6); valid: fp32");
+  if (units.empty()) throw Error("ShardedParams: no units");
+  unit_of_.assign(size_t(n), -1);
+  at_.assign(size_t(n), 0);
+  const int me = comm.rank();
+  for (size_t u = 0; u < units.size(); ++u) {
+    Unit x;
+    x.params = units[u];
+    for (int i : x.params) {
+      if (i < 0 || i >= n || unit_of_[size_t(i)] >= 0)
+        throw Error("ShardedParams: parameter " + std::to_string(i) + " of unit " + std::to_string(u) +
+                    (i < 0 || i >= n ? " does not exist" : " is in two units"));
+      unit_of_[size_t(i)] = int(u);
+      at_[size_t(i)] = x.size;
+      x.size += ps.info(i).size();
+    }
+    x.shards = even_shards(x.size, comm.world());
+    x.local_at = local_;
+    local_ += x.shards[size_t(me)].end - x.shards[size_t(me)].begin;
+    peak_unit_ = std::max(peak_unit_, x.size);
+    units_.push_back(std::move(x));
+  }
+  for (int i = 0; i < n; ++i)
+    if (unit_of_[size_t(i)] < 0) throw Error("ShardedParams: parameter " + ps.info(i).name + " is in no unit");
+  // This rank's parts of the initial values (ps holds them whole until set_provider).
+  master_ = be.empty(1, local_);
+  for (const Unit& x : units_) {
+    const ShardRange own = x.shards[size_t(me)];
+    for (int i : x.params) {
+      const int64_t lo = std::max(own.begin, at_[size_t(i)]),
+                    hi = std::min(own.end, at_[size_t(i)] + ps.info(i).size());
+      if (lo >= hi) continue;
+      const int64_t src = ps.info(i).offset + (lo - at_[size_t(i)]), dst = x.local_at + (lo - own.begin);
+      Tensor d = slice(master_, dst, dst + (hi - lo));
+      be.copy(slice(ps.values, src, src + (hi - lo)), d);
+    }
+  }
+  grad_shard_ = be.zeros(1, local_);
+  ps.set_provider(this);
+}
+
+ShardedParams::~ShardedParams() = default;
+
+float* ShardedParams::value_ptr(int i) {
+  const int u = unit_of_.at(size_t(i));
+  enter(u);
+  return units_[size_t(u)].values.data + at_[size_t(i)];
+}
+
+float* ShardedParams::grad_ptr(int i) {
+  const int u = unit_of_.at(size_t(i));
+  backward_ = true;
+  enter(u);
+  Unit& x = units_[size_t(u)];
+  if (x.reduced)
+    throw Error("ShardedParams: the gradients of unit " + std::to_string(u) + " (" + ps_.info(i).name +
+                ") were accessed after their reduce-scatter in this backward; such a parameter belongs in the root "
+                "unit (Model::param_units)");
+  if (!x.grads.data) x.grads = be_.zeros(1, x.size);
+  return x.grads.data + at_[size_t(i)];
+}
+
+void ShardedParams::enter(int u) {
+  if (u != current_) {
+    if (current_ >= 0) leave(current_);
+    current_ = u;
+  }
+  if (!units_[size_t(u)].values.data) gather(u);
+}
+
+void ShardedParams::leave(int u) {
+  if (u == 0) return;  // the root stays for the whole step
+  Unit& x = units_[size_t(u)];
+  if (x.grads.data) reduce(u);
+  x.values = Tensor{};
+}
+
+void ShardedParams::gather(int u) {
+  Unit& x = units_[size_t(u)];
+  const ShardRange own = x.shards[size_t(comm_.rank())];
+  x.values = be_.empty(1, x.size);
+  Tensor dst = slice(x.values, own.begin, own.end);
+  be_.copy(slice(master_, x.local_at, x.local_at + (own.end - own.begin)), dst);
+  comm_.allgather(std::span<const float>(dst.data, size_t(own.end - own.begin)), x.shards,
+                  std::span<float>(x.values.data, size_t(x.size)));
+  ++gathers_;
+}
+
+void ShardedParams::reduce(int u) {
+  Unit& x = units_[size_t(u)];
+  const ShardRange own = x.shards[size_t(comm_.rank())];
+  if (grad_scale_ != 1.0f) be_.scale(x.grads, grad_scale_);  // ZeRO-1's order: 1/loss_scale, then the weight
+  if (comm_.world() > 1) be_.scale(x.grads, weight_);
+  comm_.reduce_scatter_sum(std::span<const float>(x.grads.data, size_t(x.size)), x.shards,
+                           std::span<float>(grad_shard_.data + x.local_at, size_t(own.end - own.begin)));
+  x.grads = Tensor{};
+  x.reduced = true;
+}
+
+void ShardedParams::begin_step(float grad_scale, float weight) {
+  release_all();
+  be_.fill(grad_shard_, 0.0f);
+  grad_scale_ = grad_scale;
+  weight_ = weight;
+}
+
+void ShardedParams::finish_backward() {
+  if (current_ > 0 && units_[size_t(current_)].grads.data) reduce(current_);
+  if (units_[0].grads.data) reduce(0);
+}
+
+void ShardedParams::release_all() {
+  for (Unit& x : units_) x.values = Tensor{}, x.grads = Tensor{}, x.reduced = false;
+  current_ = -1;
+  backward_ = false;
+}
+
+std::vector<IndexRange> ShardedParams::decay_ranges() const {
+  std::vector<IndexRange> out;
+  for (const Unit& x : units_) {
+    const ShardRange own = x.shards[size_t(comm_.rank())];
+    for (int i : x.params) {
+      const int64_t lo = std::max(own.begin, at_[size_t(i)]),
+                    hi = std::min(own.end, at_[size_t(i)] + ps_.info(i).size());
+      if (lo < hi && ps_.info(i).decay) out.push_back(IndexRange{x.local_at + (lo - own.begin), hi - lo});
+    }
+  }
+  return out;
+}
+
+std::vector<float> ShardedParams::to_global(const Tensor& shard) {
+  release_all();  // the unit buffers are borrowed
+  std::vector<float> out(size_t(ps_.global_size()));
+  std::vector<float> host;
+  for (Unit& x : units_) {
+    const ShardRange own = x.shards[size_t(comm_.rank())];
+    Tensor buf = be_.empty(1, x.size);
+    Tensor dst = slice(buf, own.begin, own.end);
+    be_.copy(slice(shard, x.local_at, x.local_at + (own.end - own.begin)), dst);
+    comm_.allgather(std::span<const float>(dst.data, size_t(own.end - own.begin)), x.shards,
+                    std::span<float>(buf.data, size_t(x.size)));
+    host.resize(size_t(x.size));
+    be_.download(buf, host.data());
+    for (int i : x.params)
+      std::copy_n(host.begin() + at_[size_t(i)], ps_.info(i).size(), out.begin() + ps_.info(i).global_offset);
+  }
+  return out;
+}
+
+void ShardedParams::from_global(const std::vector<float>& global, Tensor& shard) const {
+  for (const Unit& x : units_) {
+    const ShardRange own = x.shards[size_t(comm_.rank())];
+    for (int i : x.params) {
+      const int64_t lo = std::max(own.begin, at_[size_t(i)]),
+                    hi = std::min(own.end, at_[size_t(i)] + ps_.info(i).size());
+      if (lo >= hi) continue;
+      const int64_t dst = x.local_at + (lo - own.begin);
+      Tensor d = slice(shard, dst, dst + (hi - lo));
+      be_.upload(global.data() + ps_.info(i).global_offset + (lo - at_[size_t(i)]), d);
+    }
+  }
+}
+
+nlohmann::json ShardedParams::memory() const {
+  const int64_t f = int64_t(sizeof(float));
+  int64_t largest_other = 0;
+  for (size_t u = 1; u < units_.size(); ++u) largest_other = std::max(largest_other, units_[u].size);
+  // Persistent: master, both moments, the gradient shard. In flight: the root and one other unit, each with
+  // its gradient buffer in the backward.
+  const int64_t persistent = 4 * local_ * f, in_flight = 2 * (units_[0].size + largest_other) * f;
+  return {{"zero", 3},
+          {"world", comm_.world()},
+          {"shard_elements", local_},
+          {"units", int64_t(units_.size())},
+          {"master_bytes", local_ * f},
+          {"moments_bytes", 2 * local_ * f},
+          {"grads_bytes", local_ * f},
+          {"params_bytes", 0},
+          {"optimizer_bytes", 3 * local_ * f},
+          {"root_unit_bytes", units_[0].size * f},
+          {"largest_unit_bytes", peak_unit_ * f},
+          {"in_flight_bytes", in_flight},
+          {"total_bytes", persistent + in_flight}};
+}
+
+}  // namespace fp4lab::train
