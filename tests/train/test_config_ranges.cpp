@@ -105,7 +105,8 @@ TEST_CASE("config ranges: each numeric key out of its range names the key and th
       {"data.train_limit=-1", "config.data.train_limit: -1 is out of range; valid: an integer >= 0"},
       {"data.test_limit=-7", "config.data.test_limit: -7 is out of range"},
       {"data.path=\"\"", "config.data.path: empty"},
-      {"distributed.zero=2", "config.distributed.zero: 2 is out of range; valid: an integer in 0..1"},
+      {"distributed.zero=2", "config.distributed.zero: 2 is not built; valid: 0, 1 (ZeRO-1), 3 (ZeRO-3)"},
+      {"distributed.zero=4", "config.distributed.zero: 4 is out of range; valid: an integer in 0..3"},
       {"output.capture_step=-2", "config.output.capture_step: -2 is out of range"},
       {"output.numerics_interval=-1", "config.output.numerics_interval: -1 is out of range"},
   };
