@@ -87,6 +87,10 @@ class ExpertExchange {
   // receives recv_rows[p] rows from each rank p, in rank order (Communicator::alltoallv).
   virtual void exchange_rows(Backend& be, const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
                              std::span<const int64_t> recv_rows) = 0;
+  // The same for rows of row_bytes bytes in byte tensors of the backend (empty_bytes): the dispatch cast's
+  // compact rows (train/mx_rows.hpp).
+  virtual void exchange_bytes(Backend& be, const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
+                              std::span<const int64_t> recv_rows, int64_t row_bytes) = 0;
 };
 
 // route() and router_logit_grad() (train/route.hpp) under a MoeConfig.
@@ -111,6 +115,9 @@ class MoeMlp {
   // over the group's tokens (one process's, as the layer tests compare)
   // instead of this rank's (data_parallel.hpp's share-mean convention).
   void set_expert_exchange(ExpertExchange* ep, bool global_grad = false);
+  // The dispatch cast's transport under expert parallelism: compact (codes and scales, the default) or, with
+  // false, the fake-quantized rows as FP32 (the same values: tests compare the two bit for bit).
+  void set_compact_dispatch(bool on) { compact_dispatch_ = on; }
   // y [N, C] from x [N, C] (kept until backward): router_logits, forward_routed.
   Tensor forward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x);
   // The router's logits [N, E] of x (plans the router).
@@ -127,19 +134,23 @@ class MoeMlp {
  private:
   StepContext router_context(const StepContext& s) const;
   void route(Backend& be, const Tensor& logits);
-  // Rows between the send layout and this rank's experts' groups (identities in one process).
-  Tensor dispatch(Backend& be, const Tensor& send);
+  // Rows between the send layout and this rank's experts' groups (identities in one process), dispatch under
+  // the dispatch cast if any (send fake-quantized in place unless the rows travel compact).
+  Tensor dispatch(Backend& be, Tensor& send);
   Tensor combine(Backend& be, const Tensor& grouped);
+  // The compact transport: send's rows encoded, exchanged as bytes, decoded into received.
+  void exchange_compact(Backend& be, const Tensor& send, Tensor& received);
   MoeConfig c_;
   std::optional<QuantizerSpec> dispatch_cast_;  // c_.dispatch_cast's quantizer, if any
-  const ParamStore* ps_ = nullptr;  // the constructor's: its storage plans the layers (LinearLayer::plan)
+  const ParamStore* ps_ = nullptr;              // the constructor's: its storage plans the layers (LinearLayer::plan)
   int64_t width_ = 0, hidden_ = 0;
   ExpertShard shard_;
   ExpertExchange* ep_ = nullptr;
   bool global_grad_ = false;
+  bool compact_dispatch_ = true;  // with ep_ and a dispatch cast of a compact form (mx_rows_supported)
   LinearLayer router_;
   std::vector<LinearLayer> fc_, proj_;
-  std::vector<LinearLayer*> fc_ptrs_, proj_ptrs_;  // the experts' layers, for the grouped calls
+  std::vector<LinearLayer*> fc_ptrs_, proj_ptrs_;       // the experts' layers, for the grouped calls
   std::unique_ptr<LinearState> fc_state_, proj_state_;  // the experts' grouped states (forward -> backward)
   std::unique_ptr<LinearLayer> shared_fc_, shared_proj_;
   std::unique_ptr<RouteState> route_;  // the last forward's routing (forward -> backward)
