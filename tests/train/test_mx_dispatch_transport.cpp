@@ -21,6 +21,7 @@
 #include "sim/quantizer.hpp"
 #include "train/dist/counting_comm.hpp"
 #include "train/expert_parallel_case.hpp"
+#include "train/mx_rows_case.hpp"
 #include "train/mx_rows.hpp"
 #include "train/text_fixture.hpp"
 #include "train/thread_ranks.hpp"
@@ -56,36 +57,6 @@ uint8_t scale_by_search(const float* x, int64_t n) {
   return uint8_t(std::clamp(e, -127, 127) + 127);
 }
 
-// Rows that exercise the codec: normal values of varied scales, a row of zeros (and -0), values at and
-// near E4M3's max times a power of two, FP32's largest values, the E4M3 and FP32 subnormal ranges, NaN
-// and +-Inf in one block of a row.
-std::vector<float> hard_rows(int64_t rows, int64_t cols, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(size_t(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = x.data() + r * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      switch (r % 8) {
-        case 0: row[c] = nd(rng) * std::ldexp(1.0f, int(nd(rng) * 8)); break;
-        case 1: row[c] = c % 3 == 0 ? -0.0f : 0.0f; break;
-        case 2:
-          row[c] = (c % 2 ? -448.0f : 448.0f) * std::ldexp(1.0f, int(r % 5) - 2) * (1.0f - 0.01f * (c % 4));
-          break;
-        case 3: row[c] = nd(rng) * 1e38f; break;
-        case 4: row[c] = nd(rng) * std::ldexp(1.0f, -130 - int(c % 12)); break;  // FP32 subnormals
-        case 5: row[c] = nd(rng) * std::ldexp(1.0f, -9); break;                  // E4M3's subnormal range
-        case 6: row[c] = nd(rng); break;
-        default: row[c] = nd(rng) * 3.0f;
-      }
-    }
-    if (r % 8 == 7) {
-      row[0] = std::numeric_limits<float>::quiet_NaN();
-      row[cols - 1] = (r / 8) % 2 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
-    }
-  }
-  return x;
-}
-
 }  // namespace
 
 TEST_CASE("moe dispatch transport: every E4M3 code under every E8M0 scale decodes to its value by formula") {
@@ -114,7 +85,7 @@ TEST_CASE(
   for (const int64_t C : {32, 48, 70, 1, 31, 33, 96}) {
     CAPTURE(C);
     const int64_t N = 24;
-    const std::vector<float> x = hard_rows(N, C, rng);
+    const std::vector<float> x = test::mx_hard_rows(N, C, rng);
     const MxRows m = mx_rows(q, C);
     const int64_t S = (C + 31) / 32;
     REQUIRE(m.row_bytes() == C + S);
@@ -204,7 +175,7 @@ TEST_CASE("moe dispatch transport through thread ranks: CountingComm's bytes are
             recv_rows[size_t(p)] = counts[size_t(p)][size_t(r)], nr += recv_rows[size_t(p)];
           }
           std::mt19937 rng(uint32_t(100 + r));
-          const std::vector<float> x = hard_rows(ns, C, rng);
+          const std::vector<float> x = test::mx_hard_rows(ns, C, rng);
           Tensor xt = be->empty(ns, C), out = empty_bytes(*be, ns * rb), in = empty_bytes(*be, nr * rb);
           be->upload(x.data(), xt);
           be->encode_rows_mx(q, xt, out);
