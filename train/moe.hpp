@@ -39,6 +39,13 @@
 // leaving the experts and the outputs coming back stay FP32. Under the mxfp8
 // recipe it changes only the experts' weight gradients: their forward and
 // dgrad operands quantize the cast rows again to the same values.
+// Under expert parallelism the cast rows travel compact (torchao's MXFP8
+// all-to-all, which sends the FP8 codes and E8M0 scales): each row as C E4M3
+// codes plus ceil(C / 32) E8M0 codes (train/mx_rows.hpp), encoded by the
+// sender (Backend::encode_rows_mx), sent by ExpertExchange::exchange_bytes and
+// decoded by the owner (Backend::decode_rows_mx) to exactly the fake-quantized
+// values, so the bits are those of the FP32 rows (set_compact_dispatch(false)
+// keeps those, for the tests); the combine direction stays FP32.
 #pragma once
 
 #include <cstdint>

@@ -158,7 +158,7 @@ TEST_CASE("moe dispatch transport through thread ranks: CountingComm's bytes are
       // counts[s][d]: rows rank s sends to rank d; zeros included, and nothing at all to rank R - 1.
       std::vector<std::vector<int64_t>> counts(static_cast<size_t>(R), std::vector<int64_t>(static_cast<size_t>(R)));
       for (int s = 0; s < R; ++s)
-        for (int d = 0; d < R; ++d) counts[size_t(s)][size_t(d)] = d == R - 1 ? 0 : (3 * s + 5 * d + 1) % 7;
+        for (int d = 0; d < R; ++d) counts[size_t(s)][size_t(d)] = d == R - 1 ? 0 : (3 * s + 5 * d + 1) % 7 * 5;
       auto comms = make_thread_comms(R);
       std::vector<int64_t> sent(static_cast<size_t>(R)), received(static_cast<size_t>(R));
       std::vector<int> ok(size_t(R), 0);
