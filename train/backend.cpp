@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "sim/quantizer.hpp"
+#include "train/mx_rows.hpp"
 
 namespace fp4lab::train {
 
@@ -110,6 +111,22 @@ void Backend::fake_quantize(Tensor& x, const QuantizerSpec& q) {
   std::vector<float> h(static_cast<size_t>(x.size()));
   download(x, h.data());
   fp4lab::fake_quantize(q, MatrixView<float>(h.data(), x.rows, x.cols));
+  upload(h.data(), x);
+}
+
+void Backend::encode_rows_mx(const QuantizerSpec& q, const Tensor& x, Tensor& bytes) {
+  const MxRows m = mx_rows_for("encode_rows_mx", q, x.rows, x.cols, bytes.size() * 4);
+  std::vector<float> h(size_t(x.size())), hb(size_t(bytes.size()), 0.0f);
+  download(x, h.data());
+  mx_encode_rows(m, h.data(), x.rows, reinterpret_cast<uint8_t*>(hb.data()));
+  upload(hb.data(), bytes);
+}
+
+void Backend::decode_rows_mx(const QuantizerSpec& q, const Tensor& bytes, Tensor& x) {
+  const MxRows m = mx_rows_for("decode_rows_mx", q, x.rows, x.cols, bytes.size() * 4);
+  std::vector<float> hb(size_t(bytes.size())), h(size_t(x.size()));
+  download(bytes, hb.data());
+  mx_decode_rows(m, reinterpret_cast<const uint8_t*>(hb.data()), x.rows, h.data());
   upload(h.data(), x);
 }
 

@@ -382,6 +382,14 @@ class Backend {
   // x replaced by quantize(q, x).dequant (sim's fake_quantize with RandomStream {}: the same bits on every
   // backend). The default runs sim's on the host (download, quantize, upload).
   virtual void fake_quantize(Tensor& x, const QuantizerSpec& q);
+  // The compact transport of such a quantization (the MoE dispatch cast's; train/mx_rows.hpp, for a q of
+  // mx_rows_supported): encode_rows_mx writes the N rows of x [N, C] as N rows of mx_rows(q, C).row_bytes()
+  // bytes (C element codes, then the E8M0 codes of the row's blocks) into `bytes`, a tensor of this
+  // backend's memory read as bytes (empty_bytes); decode_rows_mx writes x [N, C] from them: the values
+  // fake_quantize(x, q) writes, bit for bit. The defaults run mx_rows.hpp's codec on the host (download,
+  // upload).
+  virtual void encode_rows_mx(const QuantizerSpec& q, const Tensor& x, Tensor& bytes);
+  virtual void decode_rows_mx(const QuantizerSpec& q, const Tensor& bytes, Tensor& x);
 
   // Mixture-of-experts routing (train/moe.hpp). Index and weight arrays are
   // host arrays; `k` slots per token, slot (t, j) at t * k + j.
@@ -486,6 +494,11 @@ class Backend {
   double ce_loss_ = 0.0;
   int64_t ce_correct_ = 0;
 };
+
+// A tensor of be's memory holding at least `bytes` bytes (its floats read as bytes; contents unspecified):
+// the byte buffers of encode_rows_mx / decode_rows_mx and of ExpertExchange::exchange_bytes.
+inline Tensor empty_bytes(Backend& be, int64_t bytes) { return be.empty(1, (bytes + 3) / 4); }
+inline uint8_t* byte_data(const Tensor& t) { return reinterpret_cast<uint8_t*>(t.data); }
 
 // Sets be's activation precision for its lifetime, then restores the one
 // before: the ops of an FP32 tensor (GPT's embedding dropout) in a bf16 pass.

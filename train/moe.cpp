@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "recipes/recipe.hpp"
+#include "train/mx_rows.hpp"
 
 namespace fp4lab::train {
 
@@ -92,15 +93,30 @@ void MoeMlp::route(Backend& be, const Tensor& logits) {
   be.moe_route_finish(*route_, shard_, std::move(t.count_all), t.block_sums_all, grad_tokens);
 }
 
-Tensor MoeMlp::dispatch(Backend& be, const Tensor& send) {
+Tensor MoeMlp::dispatch(Backend& be, Tensor& send) {
+  const bool compact = dispatch_cast_ && ep_ && compact_dispatch_ && mx_rows_supported(*dispatch_cast_);
+  if (dispatch_cast_ && !compact) be.fake_quantize(send, *dispatch_cast_);
   if (!ep_) return send;
   int64_t n = 0;
   for (const int64_t r : route_->recv_rows) n += r;
   Tensor received = be.empty(n, send.cols);
-  ep_->exchange_rows(be, send, route_->send_rows, received, route_->recv_rows);
+  if (compact)
+    exchange_compact(be, send, received);
+  else
+    ep_->exchange_rows(be, send, route_->send_rows, received, route_->recv_rows);
   Tensor grouped = be.empty(route_->expert_offset.back(), send.cols);
   be.moe_reorder(received, *route_, grouped);
   return grouped;
+}
+
+// Every row, this rank's own part included, takes the same path, so the owner's rows are decode(encode(row)):
+// fake_quantize's values (mx_rows.hpp).
+void MoeMlp::exchange_compact(Backend& be, const Tensor& send, Tensor& received) {
+  const int64_t rb = mx_rows(*dispatch_cast_, send.cols).row_bytes();
+  Tensor out = empty_bytes(be, send.rows * rb), in = empty_bytes(be, received.rows * rb);
+  be.encode_rows_mx(*dispatch_cast_, send, out);
+  ep_->exchange_bytes(be, out, route_->send_rows, in, route_->recv_rows, rb);
+  be.decode_rows_mx(*dispatch_cast_, in, received);
 }
 
 Tensor MoeMlp::combine(Backend& be, const Tensor& grouped) {
@@ -131,7 +147,6 @@ Tensor MoeMlp::forward_routed(Backend& be, LinearCalls& calls, const StepContext
   const int64_t M = route_->offset.back();  // the send layout: N k slots; one process, capacity: E capacity rows
   grouped_ = be.empty(M, C);
   be.moe_gather(x, *route_, grouped_);
-  if (dispatch_cast_) be.fake_quantize(grouped_, *dispatch_cast_);
   const Tensor expert_in = dispatch(be, grouped_);
   const int64_t Me = route_->expert_offset.back();  // this rank's experts' rows
   h_ = be.empty(Me, H);
@@ -160,7 +175,6 @@ Tensor MoeMlp::backward(Backend& be, LinearCalls& calls, const StepContext& s, c
   const int64_t M = route_->offset.back(), Me = route_->expert_offset.back();
   Tensor d_combined = be.empty(M, C);
   be.moe_combine_backward(dy, combined_, *route_, d_combined);
-  if (dispatch_cast_) be.fake_quantize(d_combined, *dispatch_cast_);
   const Tensor d_out_e = dispatch(be, d_combined);
   Tensor dg = be.empty(Me, H), dh = be.empty(Me, H), dgrouped = be.empty(Me, C);
   calls.grouped_backward(proj_ptrs_, s, *proj_state_, d_out_e, route_->expert_offset, dg);

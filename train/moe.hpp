@@ -39,6 +39,13 @@
 // leaving the experts and the outputs coming back stay FP32. Under the mxfp8
 // recipe it changes only the experts' weight gradients: their forward and
 // dgrad operands quantize the cast rows again to the same values.
+// Under expert parallelism the cast rows travel compact (torchao's MXFP8
+// all-to-all, which sends the FP8 codes and E8M0 scales): each row as C E4M3
+// codes plus ceil(C / 32) E8M0 codes (train/mx_rows.hpp), encoded by the
+// sender (Backend::encode_rows_mx), sent by ExpertExchange::exchange_bytes and
+// decoded by the owner (Backend::decode_rows_mx) to exactly the fake-quantized
+// values, so the bits are those of the FP32 rows (set_compact_dispatch(false)
+// keeps those, for the tests); the combine direction stays FP32.
 #pragma once
 
 #include <cstdint>
@@ -87,6 +94,10 @@ class ExpertExchange {
   // receives recv_rows[p] rows from each rank p, in rank order (Communicator::alltoallv).
   virtual void exchange_rows(Backend& be, const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
                              std::span<const int64_t> recv_rows) = 0;
+  // The same for rows of row_bytes bytes in byte tensors of the backend (empty_bytes): the dispatch cast's
+  // compact rows (train/mx_rows.hpp).
+  virtual void exchange_bytes(Backend& be, const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
+                              std::span<const int64_t> recv_rows, int64_t row_bytes) = 0;
 };
 
 // route() and router_logit_grad() (train/route.hpp) under a MoeConfig.
@@ -111,6 +122,9 @@ class MoeMlp {
   // over the group's tokens (one process's, as the layer tests compare)
   // instead of this rank's (data_parallel.hpp's share-mean convention).
   void set_expert_exchange(ExpertExchange* ep, bool global_grad = false);
+  // The dispatch cast's transport under expert parallelism: compact (codes and scales, the default) or, with
+  // false, the fake-quantized rows as FP32 (the same values: tests compare the two bit for bit).
+  void set_compact_dispatch(bool on) { compact_dispatch_ = on; }
   // y [N, C] from x [N, C] (kept until backward): router_logits, forward_routed.
   Tensor forward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x);
   // The router's logits [N, E] of x (plans the router).
@@ -127,19 +141,23 @@ class MoeMlp {
  private:
   StepContext router_context(const StepContext& s) const;
   void route(Backend& be, const Tensor& logits);
-  // Rows between the send layout and this rank's experts' groups (identities in one process).
-  Tensor dispatch(Backend& be, const Tensor& send);
+  // Rows between the send layout and this rank's experts' groups (identities in one process), dispatch under
+  // the dispatch cast if any (send fake-quantized in place unless the rows travel compact).
+  Tensor dispatch(Backend& be, Tensor& send);
   Tensor combine(Backend& be, const Tensor& grouped);
+  // The compact transport: send's rows encoded, exchanged as bytes, decoded into received.
+  void exchange_compact(Backend& be, const Tensor& send, Tensor& received);
   MoeConfig c_;
   std::optional<QuantizerSpec> dispatch_cast_;  // c_.dispatch_cast's quantizer, if any
-  const ParamStore* ps_ = nullptr;  // the constructor's: its storage plans the layers (LinearLayer::plan)
+  const ParamStore* ps_ = nullptr;              // the constructor's: its storage plans the layers (LinearLayer::plan)
   int64_t width_ = 0, hidden_ = 0;
   ExpertShard shard_;
   ExpertExchange* ep_ = nullptr;
   bool global_grad_ = false;
+  bool compact_dispatch_ = true;  // with ep_ and a dispatch cast of a compact form (mx_rows_supported)
   LinearLayer router_;
   std::vector<LinearLayer> fc_, proj_;
-  std::vector<LinearLayer*> fc_ptrs_, proj_ptrs_;  // the experts' layers, for the grouped calls
+  std::vector<LinearLayer*> fc_ptrs_, proj_ptrs_;       // the experts' layers, for the grouped calls
   std::unique_ptr<LinearState> fc_state_, proj_state_;  // the experts' grouped states (forward -> backward)
   std::unique_ptr<LinearLayer> shared_fc_, shared_proj_;
   std::unique_ptr<RouteState> route_;  // the last forward's routing (forward -> backward)

@@ -13,7 +13,9 @@ A tiny GPT on a generated corpus, dropout 0, 16 steps:
   - `fp4lab sweep` under mpirun runs each run data-parallel and prints one comparison;
   - expert parallelism (distributed.expert_parallel 2, a 2-layer MoE GPT of 8 experts): 2 ranks, each
     holding 4 experts, follow one process within 1e-5 in every step and evaluation loss, and a second
-    2-rank run is bitwise identical (losses and checkpoint, which is in one process's layout).
+    2-rank run is bitwise identical (losses and checkpoint, which is in one process's layout);
+  - with model.moe.dispatch_cast mxfp8 the 2 ranks (rows as E4M3 codes plus E8M0 scales through
+    MPI_Ialltoallv) follow one process with the cast within 1e-3, sending fewer alltoallv bytes.
 Usage: test_dp_mpi.py FP4LAB MPIEXEC   (Python stdlib only)
 """
 import json
@@ -78,6 +80,9 @@ def main():
         ep_one = run("epone", 1, model=moe, batch=8)
         ep_two = run("eptwo", 2, dist={"expert_parallel": 2}, model=moe, batch=8)
         ep_again = run("epagain", 2, dist={"expert_parallel": 2}, model=moe, batch=8)
+        moe_mx = dict(moe, moe=dict(moe["moe"], dispatch_cast="mxfp8"))
+        ep_mx_one = run("epmxone", 1, model=moe_mx, batch=8)
+        ep_mx_two = run("epmxtwo", 2, dist={"expert_parallel": 2}, model=moe_mx, batch=8)
         if not failures:
             rel = max(abs(a - b) / b for a, b in zip(two[0], one[0]))
             print(f"test_dp_mpi: 2 MPI ranks vs one process, largest relative loss difference {rel:.3g} "
@@ -104,6 +109,20 @@ def main():
                 failures.append("expert parallelism: two 2-rank runs differ")
             if len(strip(ep_two[1])) != len(strip(ep_one[1])):
                 failures.append("expert parallelism: the checkpoint is not in one process's layout (sizes differ)")
+            mrel = max(abs(a - b) / b for a, b in zip(ep_mx_two[0], ep_mx_one[0]))
+            a2a = lambda r: r[2]["distributed"]["collectives"]["per_step"]["alltoallv"]["bytes_in"]
+            print(f"test_dp_mpi: the mxfp8 dispatch cast on 2 MPI ranks vs one process with it, largest relative "
+                  f"loss difference {mrel:.3g}; rank 0's first-step alltoallv bytes {a2a(ep_mx_two)} "
+                  f"(FP32 rows without the cast: {a2a(ep_two)})")
+            # Looser than without the cast: the replicated parameters' gradient sums (DP's rounding) move the second
+            # layer's inputs by an ulp, which the cast's E4M3 rounding can turn into a step of 2^-3 relative; the
+            # compact rows themselves are the FP32 rows' bits (tests/train/test_mx_dispatch_transport.cpp; these
+            # losses were also equal bit for bit with the rows sent as FP32, by hand, 2026-12-02).
+            if not (len(ep_mx_two[0]) == len(ep_mx_one[0]) == 16 + 2 * 3 and 0 < mrel < 1e-3):
+                failures.append(f"dispatch cast mxfp8, 2 ranks vs one process: relative loss difference {mrel:.3g}")
+            if not a2a(ep_mx_two) < a2a(ep_two):
+                failures.append(f"dispatch cast mxfp8: {a2a(ep_mx_two)} alltoallv bytes, not fewer than "
+                                f"{a2a(ep_two)} without it")
             if sc[0] != whole[0]:
                 failures.append("NVFP4 primary weights: shard cast and whole cast losses differ")
             if strip(sc[1]) != strip(whole[1]):
@@ -128,8 +147,8 @@ def main():
                     failures.append(f"sweep under mpirun: worlds {worlds}, comparison tables printed {tables} "
                                     "(want [2, 2] and 1)")
             runs = sorted(n for n in os.listdir(os.path.join(d, "runs")) if not n.endswith(".lock"))
-            if len(runs) != 9:
-                failures.append(f"expected 9 run directories (rank 0 alone writes), found {runs}")
+            if len(runs) != 11:
+                failures.append(f"expected 11 run directories (rank 0 alone writes), found {runs}")
     for f in failures:
         print("FAIL", f)
     print("test_dp_mpi:", "FAILED" if failures else "passed")

@@ -43,26 +43,28 @@ struct LayerOut {
 };
 
 // One rank's layer (ranks 1: one process) on x / dy rows [N, C]: forward, backward. logits (non-empty: [N, E]):
-// the router's output replaced by these before the routing (MoeMlp::forward_routed).
+// the router's output replaced by these before the routing (MoeMlp::forward_routed). width: C; compact: the
+// dispatch cast's transport (MoeMlp::set_compact_dispatch).
 inline LayerOut run_layer(const BackendFactory& make, const MoeConfig& c, const Recipe* recipe, int ranks, int rank,
                           Communicator* comm, const std::vector<float>& x, const std::vector<float>& dy, int64_t N,
-                          const std::vector<float>& logits) {
+                          const std::vector<float>& logits, int64_t width = kWidth, bool compact = true) {
   auto be = make();
   ParamStore ps;
   ps.set_expert_parallel(ranks, rank);
   std::vector<LinearLayerInfo> infos;
   uint64_t next_id = 0;
-  MoeMlp layer(c, kWidth, /*bias=*/true, "h.0.mlp.", 0.3f, 0.3f, ps, next_id, infos);
+  MoeMlp layer(c, width, /*bias=*/true, "h.0.mlp.", 0.3f, 0.3f, ps, next_id, infos);
   ps.finalize(*be, 11);
   std::unique_ptr<CommExpertExchange> ex;
   if (comm) {
     ex = std::make_unique<CommExpertExchange>(*comm);
     layer.set_expert_exchange(ex.get(), /*global_grad=*/true);
+    layer.set_compact_dispatch(compact);
   }
   ParamCalls calls(*be, ps);
   StepContext s;
   s.recipe = recipe, s.seed = 5, s.step = 3, s.loss_scale = 2.0f;
-  Tensor xt = be->empty(N, kWidth), dyt = be->empty(N, kWidth);
+  Tensor xt = be->empty(N, width), dyt = be->empty(N, width);
   be->upload(x.data(), xt);
   be->upload(dy.data(), dyt);
   LayerOut o;
@@ -70,7 +72,7 @@ inline LayerOut run_layer(const BackendFactory& make, const MoeConfig& c, const 
   if (!logits.empty()) be->upload(logits.data(), lg);
   Tensor y = layer.forward_routed(*be, calls, s, xt, lg);
   Tensor dx = layer.backward(*be, calls, s, dyt);
-  o.y.resize(size_t(N * kWidth)), o.dx.resize(size_t(N * kWidth));
+  o.y.resize(size_t(N * width)), o.dx.resize(size_t(N * width));
   be->download(y, o.y.data());
   be->download(dx, o.dx.data());
   o.grads.resize(ps.infos().size());

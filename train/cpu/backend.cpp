@@ -14,6 +14,7 @@
 #include "train/cpu/bf16.hpp"
 #include "train/cpu/linear.hpp"
 #include "train/gelu_math.hpp"
+#include "train/mx_rows.hpp"
 #include "core/error.hpp"
 #include "core/philox.hpp"
 
@@ -484,6 +485,18 @@ class CpuBackend final : public Backend {
     const ThreadCount use(threads_);
     fill(dx, 0.0f);
     for (int64_t r = 0; r < dout.rows; ++r) std::memcpy(dx.row(r * stride), dout.row(r), size_t(dx.cols) * 4);
+  }
+
+  // The compact row codec on the tensors' own memory (train/mx_rows.hpp).
+  void encode_rows_mx(const QuantizerSpec& q, const Tensor& x, Tensor& bytes) override {
+    const ThreadCount use(threads_);
+    const MxRows m = mx_rows_for("cpu backend encode_rows_mx", q, x.rows, x.cols, bytes.size() * 4);
+    mx_encode_rows(m, x.data, x.rows, byte_data(bytes));
+  }
+  void decode_rows_mx(const QuantizerSpec& q, const Tensor& bytes, Tensor& x) override {
+    const ThreadCount use(threads_);
+    const MxRows m = mx_rows_for("cpu backend decode_rows_mx", q, x.rows, x.cols, bytes.size() * 4);
+    mx_decode_rows(m, byte_data(bytes), x.rows, x.data);
   }
 
   void gather_rows_indexed(const Tensor& x, const int32_t* idx, Tensor& out) override {

@@ -418,6 +418,16 @@ class CudaBackend final : public Backend {
     cuda::fake_quantize_device(q, x.data, x.rows, x.cols, {}, fake_quant_ws_);
   }
 
+  // The dispatch cast's compact rows (train/mx_rows.hpp's codec in nn's kernels: the CPU's bits).
+  void encode_rows_mx(const QuantizerSpec& q, const Tensor& x, Tensor& bytes) override {
+    const MxRows m = mx_rows_for("cuda backend encode_rows_mx", q, x.rows, x.cols, bytes.size() * 4);
+    nn::encode_rows_mx(m, x.data, x.rows, byte_data(bytes));
+  }
+  void decode_rows_mx(const QuantizerSpec& q, const Tensor& bytes, Tensor& x) override {
+    const MxRows m = mx_rows_for("cuda backend decode_rows_mx", q, x.rows, x.cols, bytes.size() * 4);
+    nn::decode_rows_mx(m, byte_data(bytes), x.rows, x.data);
+  }
+
   // ---- mixture-of-experts routing (host indices and weights uploaded) ----
   void gather_rows_indexed(const Tensor& x, const int32_t* idx, Tensor& out) override {
     check_same_cols("gather_rows_indexed", x, out);

@@ -124,6 +124,27 @@ __global__ void combine_dw_kernel(const float* __restrict__ dout, const float* _
   }
 }
 
+// Block j of row r for i = r * blocks + j (grid stride): mx_rows.hpp's encode of that block.
+__global__ void encode_rows_mx_kernel(train::MxRows m, const float* __restrict__ x, int64_t rows,
+                                      uint8_t* __restrict__ out) {
+  const int64_t blocks = m.scales(), rb = m.row_bytes(), n = rows * blocks;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / blocks, j = i - r * blocks, c0 = j * m.block;
+    const int64_t len = m.cols - c0 < m.block ? m.cols - c0 : m.block;
+    out[r * rb + m.cols + j] = train::mx_encode_block(m, x + r * m.cols + c0, len, out + r * rb + c0);
+  }
+}
+
+// Element c of row r for i = r * cols + c (grid stride): mx_rows.hpp's decode.
+__global__ void decode_rows_mx_kernel(train::MxRows m, const uint8_t* __restrict__ in, int64_t rows,
+                                      float* __restrict__ x) {
+  const int64_t n = rows * m.cols, rb = m.row_bytes();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / m.cols, c = i - r * m.cols;
+    x[i] = train::mx_decode_at(m, in + r * rb, c);
+  }
+}
+
 // Rows of `cols` floats as float4 when every row start and base is 16-byte aligned.
 bool rows_vec4(int64_t cols, std::initializer_list<const void*> bases) {
   if (cols % 4 != 0) return false;
@@ -172,6 +193,18 @@ void combine_rows_backward(const float* dout, const float* src, int64_t cols, co
   check_launch("combine_dsrc_kernel");
   combine_dw_kernel<<<row_blocks(slots), kRowBlock, 0, st>>>(dout, src, cols, pos, k, slots, dw);
   check_launch("combine_dw_kernel");
+}
+
+void encode_rows_mx(const train::MxRows& m, const float* x, int64_t rows, uint8_t* out, cudaStream_t st) {
+  if (rows <= 0 || m.cols <= 0) return;
+  encode_rows_mx_kernel<<<detail::blocks_for(rows * m.scales()), kThreads, 0, st>>>(m, x, rows, out);
+  check_launch("encode_rows_mx_kernel");
+}
+
+void decode_rows_mx(const train::MxRows& m, const uint8_t* in, int64_t rows, float* x, cudaStream_t st) {
+  if (rows <= 0 || m.cols <= 0) return;
+  decode_rows_mx_kernel<<<detail::blocks_for(rows * m.cols), kThreads, 0, st>>>(m, in, rows, x);
+  check_launch("decode_rows_mx_kernel");
 }
 
 }  // namespace fp4lab::cuda::nn

@@ -10,6 +10,8 @@
 
 #include <cuda_runtime.h>
 
+#include "train/mx_rows.hpp"
+
 namespace fp4lab::cuda::nn {
 
 // out [n, cols] row r = x row idx[r] (idx -1: a row of +0).
@@ -26,5 +28,11 @@ void combine_rows(const float* src, int64_t cols, const int32_t* pos, const floa
 void combine_rows_backward(const float* dout, const float* src, int64_t cols, const int32_t* pos, const float* w,
                            int64_t k, int64_t tokens, float* dsrc, int64_t src_rows, bool all_named, float* dw,
                            cudaStream_t stream = nullptr);
+
+// The compact row codec of the dispatch cast (train/mx_rows.hpp's functions, one thread a block of a row to
+// encode, one an element to decode): rows of x [rows, m.cols] into rows * m.row_bytes() bytes at out, and
+// back; the CPU's bytes and values bit for bit.
+void encode_rows_mx(const train::MxRows& m, const float* x, int64_t rows, uint8_t* out, cudaStream_t stream = nullptr);
+void decode_rows_mx(const train::MxRows& m, const uint8_t* in, int64_t rows, float* x, cudaStream_t stream = nullptr);
 
 }  // namespace fp4lab::cuda::nn

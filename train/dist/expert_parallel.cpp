@@ -31,23 +31,48 @@ RouteTotals CommExpertExchange::exchange_totals(std::span<const int64_t> counts,
   return t;
 }
 
+namespace {
+
+int64_t total(std::span<const int64_t> rows) {
+  int64_t n = 0;
+  for (const int64_t r : rows) n += r;
+  return n;
+}
+
+}  // namespace
+
 void CommExpertExchange::exchange_rows(Backend& be, const Tensor& send, std::span<const int64_t> send_rows,
                                        Tensor& recv, std::span<const int64_t> recv_rows) {
   FP4LAB_CHECK(send.cols == recv.cols, "expert parallel: rows of " + std::to_string(send.cols) + " and " +
                                            std::to_string(recv.cols) + " columns");
-  const size_t unit = size_t(send.cols) * sizeof(float);
+  move(be, send, send_rows, recv, recv_rows, size_t(send.cols) * sizeof(float));
+}
+
+void CommExpertExchange::exchange_bytes(Backend& be, const Tensor& send, std::span<const int64_t> send_rows,
+                                        Tensor& recv, std::span<const int64_t> recv_rows, int64_t row_bytes) {
+  FP4LAB_CHECK(row_bytes > 0, "expert parallel: rows of " + std::to_string(row_bytes) + " bytes");
+  move(be, send, send_rows, recv, recv_rows, size_t(row_bytes));
+}
+
+// One alltoallv of the first rows * unit bytes of send's and recv's memory, staged through the host for the
+// CUDA backend with a host communicator.
+void CommExpertExchange::move(Backend& be, const Tensor& send, std::span<const int64_t> send_rows, Tensor& recv,
+                              std::span<const int64_t> recv_rows, size_t unit) {
+  const size_t sb = size_t(total(send_rows)) * unit, rb = size_t(total(recv_rows)) * unit;
+  FP4LAB_CHECK(sb <= size_t(send.size()) * 4 && rb <= size_t(recv.size()) * 4,
+               "expert parallel: " + std::to_string(sb) + " and " + std::to_string(rb) + " bytes in buffers of " +
+                   std::to_string(send.size() * 4) + " and " + std::to_string(recv.size() * 4));
   const bool stage = be.name() == "cuda" && !comm_.device_buffers();
   if (!stage) {
     be.synchronize();  // the rows are written
-    comm_.alltoallv(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(send.data), size_t(send.size()) * 4),
-                    send_rows, std::span<uint8_t>(reinterpret_cast<uint8_t*>(recv.data), size_t(recv.size()) * 4),
+    comm_.alltoallv(std::span<const uint8_t>(byte_data(send), sb), send_rows, std::span<uint8_t>(byte_data(recv), rb),
                     recv_rows, unit);
     return;
   }
   std::vector<float> hs(size_t(send.size())), hr(size_t(recv.size()));
   be.download(send, hs.data());
-  comm_.alltoallv(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(hs.data()), hs.size() * 4), send_rows,
-                  std::span<uint8_t>(reinterpret_cast<uint8_t*>(hr.data()), hr.size() * 4), recv_rows, unit);
+  comm_.alltoallv(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(hs.data()), sb), send_rows,
+                  std::span<uint8_t>(reinterpret_cast<uint8_t*>(hr.data()), rb), recv_rows, unit);
   be.upload(hr.data(), recv);
 }
 
