@@ -536,9 +536,6 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   if (const json* dj = o.sub("distributed")) parse_distributed(*dj, where, c.distributed);
   if (const json* pj = o.sub("precision")) parse_precision(*pj, where, c);
   o.finish();
-  if (c.activations == ActivationPrecision::bf16 && c.backend != "cpu")
-    throw Error(where + ".precision.activations: \"bf16\" runs on the CPU backend only so far (\"backend\": \"" +
-                c.backend + "\"); use \"fp32\" or \"backend\": \"cpu\"");
   check_expert_parallel(c, where);
   // Check the recipe resolves now, so a typo fails before any work.
   try {

@@ -18,7 +18,7 @@
 //   distributed {zero: 0|1|3, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, timeout_s: seconds}
 //             data-parallel training (train/dist/data_parallel.hpp); one process is a world of 1
 //   precision {activations: "fp32"|"bf16"}: the activations' precision (train/backend.hpp's
-//             contract; docs/DESIGN.md "BF16 activations"); "bf16": CPU backend only so far
+//             contract; docs/DESIGN.md "BF16 activations"); both backends
 //   seed      integer (init, data order, dropout, stochastic rounding)
 //   backend   "cpu" | "cuda"
 //   threads   OpenMP threads: 0 (OpenMP's default) or 1..1024
