@@ -43,7 +43,7 @@ TEST_CASE("cuda backend, expert parallel runs: R thread ranks follow one process
     double worst = 0;
     for (size_t s = 0; s < a.step_losses.size(); ++s)
       worst = std::max(worst, std::fabs(a.step_losses[s] - one.step_losses[s]) / one.step_losses[s]);
-    MESSAGE(recipe << ": largest relative loss difference, 2 expert-parallel ranks vs one process: " << worst);
+    MESSAGE(std::string(recipe) << ": largest relative loss difference, 2 expert-parallel ranks vs one process: " << worst);
     CHECK(worst < (std::string(recipe) == "nvfp4" ? 2e-2 : 1e-3));
     CHECK(a.final_params.size() == one.final_params.size());
     j["name"] = std::string("r2b_") + recipe;

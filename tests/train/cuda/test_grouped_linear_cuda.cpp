@@ -210,7 +210,7 @@ TEST_CASE("cuda grouped linear: quantized recipes give each group's dense bits, 
         }
       }
     }
-    MESSAGE(name << (ever_took ? ": grouped form" : ": declined (the default runs it)"));
+    MESSAGE(std::string(name) << (ever_took ? ": grouped form" : ": declined (the default runs it)"));
   }
   CHECK(compared >= 5 * 3 * 4 * 2 * 2);
 }
