@@ -6,7 +6,9 @@ A tiny GPT on a generated corpus, dropout 0, 16 steps:
     (relative difference < 1e-5; the figure is printed);
   - a second 2-rank run is bitwise identical (metrics losses and checkpoint);
   - ZeRO-1 (moments sharded at odd boundaries) gives the same losses to 1e-6
-    and reports half the moments' bytes;
+    and reports half the moments' bytes; ZeRO-3 (parameters and gradients
+    sharded by block) the ZeRO-1 losses to 1e-6, a repeat bitwise, its
+    checkpoint in one process's layout;
   - NVFP4 primary weights cast shard by shard give exactly the losses and
     checkpoint of the whole-tensor cast;
   - only rank 0 writes: one run directory per run;
@@ -75,6 +77,8 @@ def main():
         two = run("two", 2)
         again = run("again", 2)
         z1 = run("zero1", 2, dist={"zero": 1})
+        z3 = run("zero3", 2, dist={"zero": 3})
+        z3_again = run("zero3again", 2, dist={"zero": 3})
         sc = run("sc", 2, "nvfp4", {"zero": 1, "primary_weights": "nvfp4", "shard_cast": True})
         whole = run("whole", 2, "nvfp4", {"zero": 1, "primary_weights": "nvfp4", "shard_cast": False})
         ep_one = run("epone", 1, model=moe, batch=8)
@@ -98,6 +102,21 @@ def main():
                 failures.append(f"ZeRO-1 vs ZeRO-0: relative loss difference {zrel:.3g} (want <= 1e-6)")
             if 2 * z1[2]["distributed"]["moments_bytes"] > two[2]["distributed"]["moments_bytes"] + 8:
                 failures.append(f"ZeRO-1 moments {z1[2]['distributed']['moments_bytes']} bytes, "
+                                f"unsharded {two[2]['distributed']['moments_bytes']}")
+            # ZeRO-3 (train/dist/sharded_params.hpp) over MPI: the same run as ZeRO-1 within MPI's summation
+            # order (bit for bit on thread ranks, tests/train/dist/test_zero3_training.cpp), a repeat bitwise,
+            # the checkpoint in one process's layout, the moments sharded.
+            z3rel = max(abs(a - b) / b for a, b in zip(z3[0], z1[0]))
+            print(f"test_dp_mpi: ZeRO-3 vs ZeRO-1 on 2 MPI ranks, largest relative loss difference {z3rel:.3g}"
+                  f"{' (bit for bit)' if z3[0] == z1[0] else ''}")
+            if not (len(z3[0]) == len(z1[0]) and z3rel <= 1e-6):
+                failures.append(f"ZeRO-3 vs ZeRO-1: relative loss difference {z3rel:.3g} (want <= 1e-6)")
+            if z3_again[0] != z3[0] or strip(z3_again[1]) != strip(z3[1]):
+                failures.append("ZeRO-3: two 2-rank runs differ")
+            if len(strip(z3[1])) != len(strip(z1[1])):
+                failures.append("ZeRO-3: the checkpoint is not in one process's layout (sizes differ)")
+            if 2 * z3[2]["distributed"]["moments_bytes"] > two[2]["distributed"]["moments_bytes"] + 64:
+                failures.append(f"ZeRO-3 moments {z3[2]['distributed']['moments_bytes']} bytes, "
                                 f"unsharded {two[2]['distributed']['moments_bytes']}")
             erel = max(abs(a - b) / b for a, b in zip(ep_two[0], ep_one[0]))
             print(f"test_dp_mpi: expert parallelism on 2 MPI ranks vs one process, largest relative step or "
@@ -147,8 +166,8 @@ def main():
                     failures.append(f"sweep under mpirun: worlds {worlds}, comparison tables printed {tables} "
                                     "(want [2, 2] and 1)")
             runs = sorted(n for n in os.listdir(os.path.join(d, "runs")) if not n.endswith(".lock"))
-            if len(runs) != 11:
-                failures.append(f"expected 11 run directories (rank 0 alone writes), found {runs}")
+            if len(runs) != 13:
+                failures.append(f"expected 13 run directories (rank 0 alone writes), found {runs}")
     for f in failures:
         print("FAIL", f)
     print("test_dp_mpi:", "FAILED" if failures else "passed")
