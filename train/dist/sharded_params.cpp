@@ -57,16 +57,10 @@ ShardedParams::ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, st
     if (unit_of_[size_t(i)] < 0) throw Error("ShardedParams: parameter " + ps.info(i).name + " is in no unit");
   // This rank's parts of the initial values (ps holds them whole until set_provider).
   master_ = be.empty(1, local_);
-  for (const Unit& x : units_) {
-    const ShardRange own = x.shards[size_t(me)];
-    for (int i : x.params) {
-      const int64_t lo = std::max(own.begin, at_[size_t(i)]),
-                    hi = std::min(own.end, at_[size_t(i)] + ps.info(i).size());
-      if (lo >= hi) continue;
-      const int64_t src = ps.info(i).offset + (lo - at_[size_t(i)]), dst = x.local_at + (lo - own.begin);
-      Tensor d = slice(master_, dst, dst + (hi - lo));
-      be.copy(slice(ps.values, src, src + (hi - lo)), d);
-    }
+  for (const Piece& p : own_pieces()) {
+    const int64_t src = ps.info(p.param).offset + p.from;
+    Tensor d = slice(master_, p.at, p.at + p.length);
+    be.copy(slice(ps.values, src, src + p.length), d);
   }
   grad_shard_ = be.zeros(1, local_);
   ps.set_provider(this);
@@ -148,16 +142,23 @@ void ShardedParams::release_all() {
   backward_ = false;
 }
 
-std::vector<IndexRange> ShardedParams::decay_ranges() const {
-  std::vector<IndexRange> out;
+std::vector<ShardedParams::Piece> ShardedParams::own_pieces() const {
+  std::vector<Piece> out;
   for (const Unit& x : units_) {
     const ShardRange own = x.shards[size_t(comm_.rank())];
     for (int i : x.params) {
       const int64_t lo = std::max(own.begin, at_[size_t(i)]),
                     hi = std::min(own.end, at_[size_t(i)] + ps_.info(i).size());
-      if (lo < hi && ps_.info(i).decay) out.push_back(IndexRange{x.local_at + (lo - own.begin), hi - lo});
+      if (lo < hi) out.push_back(Piece{i, lo - at_[size_t(i)], x.local_at + (lo - own.begin), hi - lo});
     }
   }
+  return out;
+}
+
+std::vector<IndexRange> ShardedParams::decay_ranges() const {
+  std::vector<IndexRange> out;
+  for (const Piece& p : own_pieces())
+    if (ps_.info(p.param).decay) out.push_back(IndexRange{p.at, p.length});
   return out;
 }
 
@@ -181,16 +182,9 @@ std::vector<float> ShardedParams::to_global(const Tensor& shard) {
 }
 
 void ShardedParams::from_global(const std::vector<float>& global, Tensor& shard) const {
-  for (const Unit& x : units_) {
-    const ShardRange own = x.shards[size_t(comm_.rank())];
-    for (int i : x.params) {
-      const int64_t lo = std::max(own.begin, at_[size_t(i)]),
-                    hi = std::min(own.end, at_[size_t(i)] + ps_.info(i).size());
-      if (lo >= hi) continue;
-      const int64_t dst = x.local_at + (lo - own.begin);
-      Tensor d = slice(shard, dst, dst + (hi - lo));
-      be_.upload(global.data() + ps_.info(i).global_offset + (lo - at_[size_t(i)]), d);
-    }
+  for (const Piece& p : own_pieces()) {
+    Tensor d = slice(shard, p.at, p.at + p.length);
+    be_.upload(global.data() + ps_.info(p.param).global_offset + p.from, d);
   }
 }
 

@@ -66,6 +66,14 @@ class ShardedParams final : public ParamProvider {
 
  private:
   struct Unit;
+  // A parameter's elements inside this rank's part: `length` of them from element `from` of parameter `param`,
+  // at `at` in the shard buffers.
+  struct Piece {
+    int param;
+    int64_t from, at, length;
+  };
+  // Every piece of this rank's parts, unit by unit, in shard order.
+  std::vector<Piece> own_pieces() const;
   void enter(int u);
   void leave(int u);
   void gather(int u);

@@ -136,23 +136,16 @@ TEST_CASE("ZeRO-3: a run resumes bit-exactly; the refusals name the key") {
   CHECK(losses == straight.step_losses);
   CHECK(first.step_losses[3] == straight.step_losses[3]);
   // Refusals: one line naming the key and what is valid.
-  auto refused = [&](json c) {
-    try {
-      config_from_json(c);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   json c = j;
   c["distributed"]["zero"] = 2;
-  CHECK(refused(c).find("distributed.zero: 2 is not built; valid: 0, 1 (ZeRO-1), 3 (ZeRO-3)") != std::string::npos);
+  CHECK(test::config_error(c).find("distributed.zero: 2 is not built; valid: 0, 1 (ZeRO-1), 3 (ZeRO-3)") !=
+        std::string::npos);
   c["distributed"]["zero"] = 3;
   c["backend"] = "cuda";
-  CHECK(refused(c).find("distributed.zero 3 (ZeRO-3) is built for backend cpu") != std::string::npos);
+  CHECK(test::config_error(c).find("distributed.zero 3 (ZeRO-3) is built for backend cpu") != std::string::npos);
   c["backend"] = "cpu";
   c["distributed"]["primary_weights"] = "nvfp4";
-  CHECK(refused(c).find("primary_weights fp32 so far") != std::string::npos);
+  CHECK(test::config_error(c).find("primary_weights fp32 so far") != std::string::npos);
   fs::remove_all(d);
 }
 
