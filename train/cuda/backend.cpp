@@ -134,8 +134,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) override {
     return make_device_cast_store(tensors);
   }
-  // precision.activations "bf16" (train/backend.hpp's contract), a first step: FP32 storage of the BF16
-  // values, each r() one more pass after the FP32 op (round_inplace); fused epilogues and BF16 storage next.
+  // precision.activations "bf16" (train/backend.hpp's contract): FP32 storage of the BF16 values. Producers
+  // round in their own pass (nn::OutputRounding: LayerNorm, GELU, dropout, cross-entropy, the bias add);
+  // the GEMM outputs without a bias, attention's outputs and the linear layers' inputs take one more
+  // one-pass rounding (round_inplace, rounded_copy). BF16 storage next.
   bool implements(ActivationPrecision) const override { return true; }
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
@@ -203,10 +205,13 @@ class CudaBackend final : public Backend {
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state, const ProducerOutputs* x_from) override {
     if (!bf16()) return linear_.forward(l, x, w, b, y, state, alloc(), x_from);
-    // x read as r(x) (a rounded copy, which the layer may keep), y = r(acc + r(b)).
-    const Tensor xr = rounded_copy(x), br = b ? rounded_copy(view_of(const_cast<float*>(b), 1, w.rows)) : Tensor{};
-    linear_.forward(l, xr, w, b ? br.data : nullptr, y, state, alloc(), x_from);
-    round_inplace(y);
+    // x read as r(x) (a rounded copy, which the layer may keep), y = r(acc + r(b)) in the bias add's pass.
+    const Tensor xr = rounded_copy(x);
+    linear_.forward(l, xr, w, nullptr, y, state, alloc(), x_from);
+    if (b != nullptr && l.plan.add_bias)
+      cuda::add_bias_bf16_device(y.data, b, y.rows, y.cols);
+    else
+      round_inplace(y);
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
                        Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from) override {
@@ -216,12 +221,8 @@ class CudaBackend final : public Backend {
     Tensor dw = zeros(dw_acc.rows, dw_acc.cols), db = zeros(1, w.rows);
     linear_.backward(l, state, w, dyr, dx, dw, db_acc ? db.data : nullptr, alloc(), dy_from);
     round_inplace(dx);
-    round_inplace(dw);
-    add_inplace(dw_acc, dw);
-    if (db_acc) {
-      round_inplace(db);
-      nn::add_inplace(db_acc, db.data, w.rows);
-    }
+    nn::add_rounded_bf16(dw_acc.data, dw.data, dw.size());
+    if (db_acc) nn::add_rounded_bf16(db_acc, db.data, w.rows);
   }
   // The grouped layer where CudaLinear groups the plans (linear.hpp), else the default (each group's own calls).
   void grouped_linear_forward(const LinearGroups& g, const Tensor& x, Tensor& y,
@@ -242,8 +243,7 @@ class CudaBackend final : public Backend {
     check_size("layernorm_forward", "mean", mean, x.rows);
     check_size("layernorm_forward", "rstd", rstd, x.rows);
     nn::layernorm_forward(x.data, gamma, beta, eps, x.rows, x.cols, y.data, mean.data, rstd.data,
-                          bf16_out("layernorm_forward", y, o));
-    round_inplace(y);
+                          bf16_out("layernorm_forward", y, o), nullptr, rounding());
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
                           Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
@@ -259,18 +259,16 @@ class CudaBackend final : public Backend {
     check_size("gelu_forward", "y", y, x.size());
     uint16_t* h = bf16_out("gelu_forward", y, o);
     const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, y.data});
-    nn::gelu_forward(x.data, y.data, x.size(), h, nullptr, a ? &*a : nullptr);
+    nn::gelu_forward(x.data, y.data, x.size(), h, nullptr, a ? &*a : nullptr, rounding());
     if (a) o->amax_written = true;
-    round_inplace(y);
   }
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o) override {
     check_size("gelu_backward", "dy", dy, x.size());
     check_size("gelu_backward", "dx", dx, x.size());
     uint16_t* h = bf16_out("gelu_backward", dx, o);
     const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, dy.data, dx.data});
-    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), h, nullptr, a ? &*a : nullptr);
+    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), h, nullptr, a ? &*a : nullptr, rounding());
     if (a) o->amax_written = true;
-    round_inplace(dx);
   }
 
   // ---- attention ----
@@ -296,20 +294,18 @@ class CudaBackend final : public Backend {
 
   // ---- dropout, add ----
   void dropout_forward(Tensor& x, float p, DropoutKey key) override {
-    nn::dropout(x.data, x.size(), p, key.seed, key.stream);
-    round_inplace(x);
+    nn::dropout(x.data, x.size(), p, key.seed, key.stream, nullptr, nullptr, rounding());
   }
   void dropout_backward(Tensor& dy, float p, DropoutKey key) override {
-    nn::dropout(dy.data, dy.size(), p, key.seed, key.stream);
-    round_inplace(dy);
+    nn::dropout(dy.data, dy.size(), p, key.seed, key.stream, nullptr, nullptr, rounding());
   }
   void dropout_backward_to(const Tensor& src, Tensor& dst, float p, DropoutKey key, ProducerOutputs* o) override {
     check_shape("dropout_backward_to", "dst", dst, src.rows, src.cols);
     uint16_t* h = bf16_out("dropout_backward_to", dst, o);
     const std::optional<nn::ProducerAmax> a = producer_amax(o, {src.data, dst.data});
-    nn::dropout_to(src.data, nullptr, dst.data, src.size(), p, key.seed, key.stream, h, nullptr, a ? &*a : nullptr);
+    nn::dropout_to(src.data, nullptr, dst.data, src.size(), p, key.seed, key.stream, h, nullptr, a ? &*a : nullptr,
+                   rounding());
     if (a) o->amax_written = true;
-    round_inplace(dst);
   }
   void add_dropout_backward_to(Tensor& y, const Tensor& x, Tensor& dst, float p, DropoutKey key,
                                ProducerOutputs* o) override {
@@ -317,9 +313,9 @@ class CudaBackend final : public Backend {
     check_shape("add_dropout_backward_to", "dst", dst, y.rows, y.cols);
     uint16_t* h = bf16_out("add_dropout_backward_to", dst, o);
     const std::optional<nn::ProducerAmax> a = producer_amax(o, {y.data, x.data, dst.data});
-    nn::dropout_to(y.data, x.data, dst.data, y.size(), p, key.seed, key.stream, h, nullptr, a ? &*a : nullptr);
+    nn::dropout_to(y.data, x.data, dst.data, y.size(), p, key.seed, key.stream, h, nullptr, a ? &*a : nullptr,
+                   rounding());
     if (a) o->amax_written = true;
-    round_inplace(dst);
   }
   void add_inplace(Tensor& y, const Tensor& x) override {
     check_shape("add_inplace", "x", x, y.rows, y.cols);
@@ -585,8 +581,8 @@ class CudaBackend final : public Backend {
       int32_t* d_t = targets_up_.put(targets, n);
       double* d_loss = reserve(loss_rows_, size_t(n));
       uint8_t* d_ok = reserve(ok_rows_, size_t(n));
-      nn::cross_entropy_rows(logits.data, d_t, n, v, 1.0f / float(n), dlogits ? dlogits->data : nullptr, d_loss, d_ok);
-      if (dlogits) round_inplace(*dlogits);
+      nn::cross_entropy_rows(logits.data, d_t, n, v, 1.0f / float(n), dlogits ? dlogits->data : nullptr, d_loss, d_ok,
+                             nullptr, rounding());
       check(cudaMemcpyAsync(loss_host_.at_least(size_t(n)), d_loss, size_t(n) * sizeof(double), cudaMemcpyDeviceToHost,
                             nullptr),
             "cross_entropy (download losses)");
@@ -654,22 +650,19 @@ class CudaBackend final : public Backend {
 
  private:
   bool bf16() const { return activations() == ActivationPrecision::bf16; }
-  // r() of t's values in place under bf16 activations (a no-op in fp32 mode, or where t holds no FP32
-  // values: its producer's BF16 output is the same rounding): core's RNE through a BF16 buffer
-  // (round_bf16_device, bf16_to_f32_device: the CPU's round_bf16_f32 bits).
+  // How producers store their FP32 outputs in this pass (nn::OutputRounding).
+  nn::OutputRounding rounding() const { return bf16() ? nn::OutputRounding::bf16 : nn::OutputRounding::none; }
+  // r() of t's values in place under bf16 activations, one pass (a no-op in fp32 mode, or where t holds no FP32
+  // values: its producer's BF16 output is the same rounding).
   void round_inplace(const Tensor& t) {
-    if (!bf16() || t.data == nullptr || t.size() == 0) return;
-    Tensor h = empty(1, (t.size() + 1) / 2);  // t.size() BF16 values
-    uint16_t* bits = reinterpret_cast<uint16_t*>(h.data);
-    cuda::round_bf16_device(t.data, t.size(), bits);
-    cuda::bf16_to_f32_device(bits, t.size(), nullptr, t.data);
+    if (bf16() && t.data != nullptr) nn::round_bf16_inplace(t.data, t.size());
   }
-  // An owned copy of t, rounded (t with data null: t itself, its consumer reads its producer's BF16).
+  // An owned copy of t, rounded in the copy's pass (t with data null: t itself, its consumer reads its
+  // producer's BF16).
   Tensor rounded_copy(const Tensor& t) {
     if (t.data == nullptr) return t;
     Tensor c = empty(t.rows, t.cols);
-    copy(t, c);
-    round_inplace(c);
+    nn::copy_round_bf16(t.data, c.data, t.size());
     return c;
   }
   // The BF16 output the producer of y writes for o (marked written), or null
@@ -689,10 +682,11 @@ class CudaBackend final : public Backend {
   // The ProducerAmax of o's amax words, where o wants them and the producer
   // (its FP32 tensors at ptrs) can compute them (nn::producer_amax_fits);
   // else nothing (the linear layer then computes the amaxes).
-  // bf16 activations: none (the layer's amax is of the rounded values, which the producer writes after).
+  // Under bf16 activations the producer rounds in the same pass, so the amaxes are of the rounded values, which
+  // the layer reads.
   std::optional<nn::ProducerAmax> producer_amax(const ProducerOutputs* o,
                                                 std::initializer_list<const void*> ptrs) const {
-    if (bf16() || o == nullptr || o->amax == nullptr || !nn::producer_amax_fits(o->rows, o->cols, ptrs))
+    if (o == nullptr || o->amax == nullptr || !nn::producer_amax_fits(o->rows, o->cols, ptrs))
       return std::nullopt;
     nn::ProducerAmax a;
     a.words = o->amax;

@@ -7,6 +7,7 @@
 #include "core/encode.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "train/cuda/nn_device.cuh"
 
 namespace fp4lab::cuda {
 namespace {
@@ -61,6 +62,11 @@ __global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int64_t 
   if (i < rows * cols) y[i] = y[i] + b[i % cols];
 }
 
+__global__ void add_bias_bf16_kernel(float* y, const float* b, int64_t rows, int64_t cols) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < rows * cols) y[i] = nn::detail::bf16_round(y[i] + nn::detail::bf16_round(b[i % cols]));
+}
+
 __global__ void alpha_beta_kernel(const float* ga, const float* gb, float beta, float* out) {
   out[0] = (ga ? *ga : 1.0f) * (gb ? *gb : 1.0f);
   out[1] = beta;
@@ -97,6 +103,12 @@ void add_bias_device(float* y, const float* b, int64_t rows, int64_t cols, cudaS
   if (rows <= 0 || cols <= 0) return;
   add_bias_kernel<<<blocks_for(rows * cols, "add_bias"), kThreads, 0, stream>>>(y, b, rows, cols);
   check_launch("add_bias_kernel");
+}
+
+void add_bias_bf16_device(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  add_bias_bf16_kernel<<<blocks_for(rows * cols, "add_bias_bf16"), kThreads, 0, stream>>>(y, b, rows, cols);
+  check_launch("add_bias_bf16_kernel");
 }
 
 void alpha_beta_device(const float* ga, const float* gb, float beta, float* out, cudaStream_t stream) {

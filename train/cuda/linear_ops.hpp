@@ -34,6 +34,9 @@ void bf16_to_f32_device(const uint16_t* bits, int64_t n, const float* scale, flo
 
 // y[r, c] += b[c] for a row-major [rows, cols] y (one FP32 add per element).
 void add_bias_device(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t stream = nullptr);
+// The BF16-activation form (train/backend.hpp): y[r, c] = r(y[r, c] + r(b[c])), r() the round to the nearest BF16
+// (ties to even) widened back, as decode(bfloat16, encode_rn_f32<bfloat16>(v)).
+void add_bias_bf16_device(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t stream = nullptr);
 
 // out[0] = (ga ? *ga : 1) * (gb ? *gb : 1), out[1] = beta: the {alpha, beta}
 // of a GEMM in cuBLAS's device pointer mode.

@@ -107,16 +107,32 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
 __global__ void scale_kernel(float* g, int64_t n, float s) {
   map4(n, g, nullptr, g, [s](float v, float) { return v * s; });
 }
+__global__ void copy_round_kernel(const float* src, float* dst, int64_t n) {
+  map4(n, src, nullptr, dst, [](float v, float) { return bf16_round(v); });
+}
+__global__ void add_rounded_kernel(float* acc, const float* d, int64_t n) {
+  map4(n, acc, d, acc, [](float a, float g) { return a + bf16_round(g); });
+}
 // GELU and its derivative: train/gelu_math.hpp, the CPU backend's, so the same bits.
 using train::gelu_grad;
 using train::gelu_value;
-__global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n, uint16_t* y_h) {
+__global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n, uint16_t* y_h, bool round) {
   map4(
-      n, x, nullptr, y, [](float v, float) { return gelu_value(v); }, y_h);
+      n, x, nullptr, y,
+      [round](float v, float) {
+        const float g = gelu_value(v);
+        return round ? bf16_round(g) : g;
+      },
+      y_h);
 }
-__global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_h) {
+__global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_h, bool round) {
   map4(
-      n, x, dy, dx, [](float v, float d) { return gelu_grad(v, d); }, dx_h);
+      n, x, dy, dx,
+      [round](float v, float d) {
+        const float g = gelu_grad(v, d);
+        return round ? bf16_round(g) : g;
+      },
+      dx_h);
 }
 
 // Dropout kernels: one thread per group of 4 elements (one Philox call gives
@@ -186,12 +202,13 @@ __device__ __forceinline__ void store_bf16_v(uint16_t* h, int64_t i, const float
 // dst = drop(y), y += x first (stored back) when x is not null; dst_h (may be
 // null) the BF16 of dst. drop: false for p <= 0 (dst = y). dst may be y (the
 // in-place dropout), or null when dst_h is not (the BF16 output only). Per
-// element the operations of add_inplace, copy and dropout in place.
+// element the operations of add_inplace, copy and dropout in place; round: dst = r(drop(y)).
 struct DropoutTo {
   float* y;
   const float* x;
   float* dst;
   uint16_t* dst_h;
+  bool round;
   bool drop;
   uint32_t thr;
   float keep_scale;
@@ -216,6 +233,10 @@ struct DropoutTo {
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = drop1(v[k], hi ? r.v[k + 2] : r.v[k], thr, keep_scale);
     }
+    if (round) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = bf16_round(v[k]);
+    }
     if (dst) store_v<V>(dst, i, v);
     if (dst_h) store_bf16_v<V>(dst_h, i, v);
   }
@@ -238,6 +259,7 @@ __global__ void dropout_to_kernel(const DropoutTo op, int64_t n) {
         float v = op.y[i];
         if (op.x) op.y[i] = v = v + op.x[i];
         if (op.drop) v = drop1(v, r.v[k], op.thr, op.keep_scale);
+        if (op.round) v = bf16_round(v);
         if (op.dst) op.dst[i] = v;
         if (op.dst_h) op.dst_h[i] = uint16_t(bf16_rn(v));
       }
@@ -250,11 +272,12 @@ struct GeluFwd {
   const float* x;
   float* y;
   uint16_t* y_h;
+  bool round;  // y = r(gelu(x))
   template <int V>
   __device__ __forceinline__ void load(int64_t i, float (&r)[V]) const {
     load_v<V>(x, i, r);
 #pragma unroll
-    for (int k = 0; k < V; ++k) r[k] = gelu_value(r[k]);
+    for (int k = 0; k < V; ++k) r[k] = round ? bf16_round(gelu_value(r[k])) : gelu_value(r[k]);
   }
   template <int V>
   __device__ __forceinline__ void store(int64_t i, float (&r)[V]) const {
@@ -266,13 +289,14 @@ struct GeluBwd {
   const float *x, *dy;
   float* dx;
   uint16_t* dx_h;
+  bool round;  // dx = r(gelu'(x) dy)
   template <int V>
   __device__ __forceinline__ void load(int64_t i, float (&r)[V]) const {
     float d[V];
     load_v<V>(x, i, r);
     load_v<V>(dy, i, d);
 #pragma unroll
-    for (int k = 0; k < V; ++k) r[k] = gelu_grad(r[k], d[k]);
+    for (int k = 0; k < V; ++k) r[k] = round ? bf16_round(gelu_grad(r[k], d[k])) : gelu_grad(r[k], d[k]);
   }
   template <int V>
   __device__ __forceinline__ void store(int64_t i, float (&r)[V]) const {
@@ -350,7 +374,7 @@ void launch_producer_amax(const char* what, const Op& op, int64_t n, const Produ
 
 // One warp per row.
 __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* beta, float eps, int64_t rows,
-                              int64_t cols, float* y, float* mean, float* rstd, uint16_t* y_h) {
+                              int64_t cols, float* y, float* mean, float* rstd, uint16_t* y_h, bool round) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -370,7 +394,8 @@ __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* b
   }
   for (int64_t j = lane; j < cols; j += kWarp) {
     const float h = (xr[j] - m) * rs;
-    const float v = h * gamma[j] + (beta ? beta[j] : 0.0f);
+    const float u = h * gamma[j] + (beta ? beta[j] : 0.0f);
+    const float v = round ? bf16_round(u) : u;
     if (y) y[r * cols + j] = v;  // null: the BF16 output only
     if (y_h) y_h[r * cols + j] = uint16_t(bf16_rn(v));
   }
@@ -511,7 +536,7 @@ __global__ void vit_tokens_kernel(const float* patches, int64_t batch, int64_t P
 constexpr int kCeThreads = 128;
 // One block per row.
 __global__ void ce_kernel(const float* logits, const int32_t* targets, int64_t v, float inv_n, float* dlogits,
-                          double* loss_rows, uint8_t* ok_rows) {
+                          double* loss_rows, uint8_t* ok_rows, bool round) {
   __shared__ double shd[kCeThreads];
   __shared__ float shv[kCeThreads];
   __shared__ int64_t shi[kCeThreads];
@@ -553,7 +578,7 @@ __global__ void ce_kernel(const float* logits, const int32_t* targets, int64_t v
     for (int64_t j = tid; j < v; j += kCeThreads) {
       float g = float(exp(double(l[j]) - lse)) * inv_n;
       if (j == t) g -= inv_n;
-      d[j] = g;
+      d[j] = round ? bf16_round(g) : g;
     }
   }
 }
@@ -635,30 +660,48 @@ void add_inplace(float* y, const float* x, int64_t n, cudaStream_t st) {
   check_launch("add_kernel");
 }
 
+void round_bf16_inplace(float* x, int64_t n, cudaStream_t st) { copy_round_bf16(x, x, n, st); }
+
+void copy_round_bf16(const float* src, float* dst, int64_t n, cudaStream_t st) {
+  if (n <= 0) return;
+  copy_round_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(src, dst, n);
+  check_launch("copy_round_kernel");
+}
+
+void add_rounded_bf16(float* acc, const float* d, int64_t n, cudaStream_t st) {
+  if (n <= 0) return;
+  add_rounded_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(acc, d, n);
+  check_launch("add_rounded_kernel");
+}
+
 void scale(float* g, int64_t n, float s, cudaStream_t st) {
   if (n <= 0) return;
   scale_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(g, n, s);
   check_launch("scale_kernel");
 }
 
-void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16, cudaStream_t st, const ProducerAmax* amax) {
-  if (amax) return launch_producer_amax("gelu_forward", GeluFwd{x, y, y_bf16}, n, *amax, {x, y}, st);
+void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16, cudaStream_t st, const ProducerAmax* amax,
+                  OutputRounding rounding) {
+  const bool round = rounding == OutputRounding::bf16;
+  if (amax) return launch_producer_amax("gelu_forward", GeluFwd{x, y, y_bf16, round}, n, *amax, {x, y}, st);
   if (n <= 0) return;
-  gelu_fwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, y, n, y_bf16);
+  gelu_fwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, y, n, y_bf16, round);
   check_launch("gelu_fwd_kernel");
 }
 
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_bf16, cudaStream_t st,
-                   const ProducerAmax* amax) {
-  if (amax) return launch_producer_amax("gelu_backward", GeluBwd{x, dy, dx, dx_bf16}, n, *amax, {x, dy, dx}, st);
+                   const ProducerAmax* amax, OutputRounding rounding) {
+  const bool round = rounding == OutputRounding::bf16;
+  if (amax) return launch_producer_amax("gelu_backward", GeluBwd{x, dy, dx, dx_bf16, round}, n, *amax, {x, dy, dx}, st);
   if (n <= 0) return;
-  gelu_bwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, dy, dx, n, dx_bf16);
+  gelu_bwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, dy, dx, n, dx_bf16, round);
   check_launch("gelu_bwd_kernel");
 }
 
-void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, uint16_t* x_bf16, cudaStream_t st) {
-  if (p <= 0.0f && x_bf16 == nullptr) return;  // nothing to write
-  dropout_to(x, nullptr, x, n, p, seed, sid, x_bf16, st);
+void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, uint16_t* x_bf16, cudaStream_t st,
+             OutputRounding rounding) {
+  if (p <= 0.0f && x_bf16 == nullptr && rounding == OutputRounding::none) return;  // nothing to write
+  dropout_to(x, nullptr, x, n, p, seed, sid, x_bf16, st, nullptr, rounding);
 }
 
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st) {
@@ -671,10 +714,18 @@ void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, ui
 }
 
 void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64_t seed, uint64_t sid,
-                uint16_t* dst_bf16, cudaStream_t st, const ProducerAmax* amax) {
+                uint16_t* dst_bf16, cudaStream_t st, const ProducerAmax* amax, OutputRounding rounding) {
   const bool drop = p > 0.0f;
-  const DropoutTo op{y,    x,  dst, dst_bf16, drop, drop ? dropout_threshold(p) : 0u, drop ? 1.0f / (1.0f - p) : 1.0f,
-                     seed, sid};
+  const DropoutTo op{y,
+                     x,
+                     dst,
+                     dst_bf16,
+                     rounding == OutputRounding::bf16,
+                     drop,
+                     drop ? dropout_threshold(p) : 0u,
+                     drop ? 1.0f / (1.0f - p) : 1.0f,
+                     seed,
+                     sid};
   if (amax) return launch_producer_amax("dropout_to", op, n, *amax, {y, x, dst}, st);
   if (n <= 0) return;
   dropout_to_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(op, n);
@@ -682,10 +733,12 @@ void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64
 }
 
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, int64_t rows, int64_t cols,
-                       float* y, float* mean, float* rstd, uint16_t* y_bf16, cudaStream_t st) {
+                       float* y, float* mean, float* rstd, uint16_t* y_bf16, cudaStream_t st,
+                       OutputRounding rounding) {
   if (rows <= 0) return;
   if (cols <= 0) throw Error("layernorm_forward: no columns");
-  ln_fwd_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(x, gamma, beta, eps, rows, cols, y, mean, rstd, y_bf16);
+  ln_fwd_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(x, gamma, beta, eps, rows, cols, y, mean, rstd, y_bf16,
+                                                        rounding == OutputRounding::bf16);
   check_launch("ln_fwd_kernel");
 }
 
@@ -741,11 +794,12 @@ void vit_tokens_forward(const float* patches, int64_t batch, int64_t P, int64_t 
 }
 
 void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n, float* dlogits,
-                        double* loss_rows, uint8_t* ok_rows, cudaStream_t st) {
+                        double* loss_rows, uint8_t* ok_rows, cudaStream_t st, OutputRounding rounding) {
   if (n <= 0) return;
   if (v <= 0) throw Error("cross_entropy: logits have no columns");
   if (n > (int64_t(1) << 31) - 1) throw Error("cross_entropy: too many rows");
-  ce_kernel<<<unsigned(n), kCeThreads, 0, st>>>(logits, targets, v, inv_n, dlogits, loss_rows, ok_rows);
+  ce_kernel<<<unsigned(n), kCeThreads, 0, st>>>(logits, targets, v, inv_n, dlogits, loss_rows, ok_rows,
+                                                rounding == OutputRounding::bf16);
   check_launch("ce_kernel");
 }
 

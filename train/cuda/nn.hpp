@@ -62,7 +62,19 @@ void gather_rows(const float* x, int64_t cols, int64_t stride, float* out, int64
 void scatter_rows(const float* dout, int64_t n, int64_t cols, int64_t stride, float* dx, int64_t dx_rows,
                   cudaStream_t stream = nullptr);
 
+// How a producer stores its FP32 output: as computed, or as r(v), its value rounded to the nearest BF16 (ties to
+// even) and widened back (the BF16-activation rule of train/backend.hpp; the CPU's round_bf16_f32 bits). r() is
+// applied in the producer's own pass; its `*_bf16` output and amaxes are then those of r(v), which are v's BF16
+// bits anyway (r is idempotent).
+enum class OutputRounding : uint8_t { none, bf16 };
+
 // ---- elementwise -----------------------------------------------------------
+// x[i] = r(x[i]) for i < n, in one pass (OutputRounding::bf16's r).
+void round_bf16_inplace(float* x, int64_t n, cudaStream_t stream = nullptr);
+// dst[i] = r(src[i]) for i < n (src and dst may be the same).
+void copy_round_bf16(const float* src, float* dst, int64_t n, cudaStream_t stream = nullptr);
+// acc[i] += r(d[i]) for i < n: a BF16 gradient widened into its FP32 accumulator.
+void add_rounded_bf16(float* acc, const float* d, int64_t n, cudaStream_t stream = nullptr);
 void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream = nullptr);  // y += x
 void scale(float* g, int64_t n, float s, cudaStream_t stream = nullptr);               // g *= s
 // The functions below that take a `*_bf16` pointer also write there (when not
@@ -92,10 +104,11 @@ struct ProducerAmax {
 bool producer_amax_fits(int64_t rows, int64_t cols, std::initializer_list<const void*> ptrs);
 // GELU, exact erf form: y = 0.5 x (1 + erf(x / sqrt 2)).
 void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr,
-                  const ProducerAmax* amax = nullptr);
+                  const ProducerAmax* amax = nullptr, OutputRounding rounding = OutputRounding::none);
 // dx = dy * (Phi(x) + x phi(x)).
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_bf16 = nullptr,
-                   cudaStream_t stream = nullptr, const ProducerAmax* amax = nullptr);
+                   cudaStream_t stream = nullptr, const ProducerAmax* amax = nullptr,
+                   OutputRounding rounding = OutputRounding::none);
 
 // Dropout: element i is dropped iff random_bits(seed, stream_id, i) <
 // dropout_threshold(p) (core/philox.hpp, the CPU backend's rule).
@@ -104,7 +117,7 @@ using fp4lab::dropout_threshold;
 // x * (1 / (1 - p)). The element index i is x's linear index. p <= 0: no-op.
 // x_bf16 is written for p <= 0 too.
 void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, uint16_t* x_bf16 = nullptr,
-             cudaStream_t stream = nullptr);
+             cudaStream_t stream = nullptr, OutputRounding rounding = OutputRounding::none);
 // The residual branch in one pass: y = dropout(y) + x, the operations (and
 // bits) of dropout(y, ...) followed by add_inplace(y, x, ...).
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id,
@@ -113,16 +126,19 @@ void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, ui
 // dst = dropout(y) out of place (y + x first, stored back into y, when x is
 // not null; p <= 0: dst = y): the operations and bits of add_inplace(y, x),
 // a copy of y into dst and dropout(dst, ...), in one pass. The mask index is
-// the element's linear index. dst_bf16: dst's BF16 output; amax: dst's amaxes (ProducerOutputs).
+// the element's linear index. dst_bf16: dst's BF16 output; amax: dst's amaxes (ProducerOutputs); rounding: dst's
+// (y, the residual sum, stays FP32).
 void dropout_to(float* y, const float* x, float* dst, int64_t n, float p, uint64_t seed, uint64_t stream_id,
-                uint16_t* dst_bf16 = nullptr, cudaStream_t stream = nullptr, const ProducerAmax* amax = nullptr);
+                uint16_t* dst_bf16 = nullptr, cudaStream_t stream = nullptr, const ProducerAmax* amax = nullptr,
+                OutputRounding rounding = OutputRounding::none);
 
 // ---- LayerNorm ---------------------------------------------------------------
 // Per row of x [rows, cols]: mean and variance in float64 (two passes, like the
 // CPU), rstd = float(1 / sqrt(var + eps)), y = (x - mean) * rstd * gamma + beta.
 // gamma [cols]; beta [cols] or null; mean, rstd [rows] written.
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float eps, int64_t rows, int64_t cols,
-                       float* y, float* mean, float* rstd, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr);
+                       float* y, float* mean, float* rstd, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr,
+                       OutputRounding rounding = OutputRounding::none);
 // dx [rows, cols] written (plus residual [rows, cols], one float add, where
 // not null); dgamma_acc [cols] += sum_r dy * xhat and dbeta_acc [cols] (null:
 // skipped) += sum_r dy, each column summed in float64 over fixed blocks of 256
@@ -162,9 +178,10 @@ void vit_tokens_forward(const float* patches, int64_t batch, int64_t P, int64_t 
 // Per row r of logits [n, v] with target t = targets[r] (device, in range):
 // m = the row max, arg = its first index, lse = m + log(sum_j exp(double(l_j - m))),
 // loss_rows[r] = lse - l_t (float64), ok_rows[r] = (arg == t); when dlogits is
-// non-null, dlogits[r, j] = float(exp(double(l_j) - lse)) * inv_n, minus inv_n at t.
+// non-null, dlogits[r, j] = float(exp(double(l_j) - lse)) * inv_n, minus inv_n at t (then rounded by `rounding`).
 void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n, float* dlogits,
-                        double* loss_rows, uint8_t* ok_rows, cudaStream_t stream = nullptr);
+                        double* loss_rows, uint8_t* ok_rows, cudaStream_t stream = nullptr,
+                        OutputRounding rounding = OutputRounding::none);
 
 // ---- optimiser ---------------------------------------------------------------
 // sum of g[i]^2 in float64: fixed 16384-element chunks (tree-summed), then the

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "core/encode.hpp"
+#include "core/format.hpp"
 #include "core/error.hpp"
 #include "core/philox.hpp"
 
@@ -24,6 +25,12 @@ constexpr int kWarp = 32;
 // The BF16 output of a float (ProducerOutputs::bf16 of the trainer): round to
 // nearest even, as round_bf16_device.
 __device__ __forceinline__ uint32_t bf16_rn(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
+// r(v) of OutputRounding::bf16 (nn.hpp): bf16_rn(v) decoded by core's codec (round_bf16_device then
+// bf16_to_f32_device, the passes this replaces, gave these bits).
+__device__ __forceinline__ float bf16_round(float v) {
+  constexpr Format bf = bfloat16;  // a local copy: the namespace-scope descriptor is host data
+  return decode(bf, bf16_rn(v));
+}
 
 inline void check_cublas_status(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));

@@ -18,6 +18,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -452,10 +453,15 @@ std::vector<uint32_t> want_amax(std::vector<float> v, int64_t rows, int64_t cols
 }
 }  // namespace
 
+// Under bf16 activations too: the producers round in their own pass, so their amaxes are of the rounded
+// values they write (read back, and checked BF16-representable).
 TEST_CASE("cuda backend: producers' amax outputs are the tensor amaxes of what they write") {
   auto be = make_backend("cuda");
+  for (const ActivationPrecision mode : {ActivationPrecision::fp32, ActivationPrecision::bf16})
   for (const AmaxRequest r : {AmaxRequest{true, 41}, AmaxRequest{false, 0}}) {
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{48, 64}, {1040, 132}}) {
+      const ActivationScope scope(*be, mode);
+      CAPTURE(mode == ActivationPrecision::bf16);
       CAPTURE(r.rht);
       CAPTURE(rows);
       CAPTURE(cols);
@@ -478,6 +484,12 @@ TEST_CASE("cuda backend: producers' amax outputs are the tensor amaxes of what t
         CHECK_FALSE(p.o.bf16_written);
         const std::vector<float> v = get(*be, p.t);
         expect_same_bits(std::string(what) + " (values, against the op without outputs)", v, get(*be, plain));
+        if (mode == ActivationPrecision::bf16) {
+          size_t wide = 0;  // values with bits below BF16's 16 (a NaN aside)
+          for (const float f : v)
+            wide += (std::bit_cast<uint32_t>(f) & 0xFFFFu) != 0 && !std::isnan(f);
+          CHECK(wide == 0);
+        }
         const std::vector<uint32_t> got = amax_words(p.o), want = want_amax(v, rows, cols, r);
         char msg[96];
         std::snprintf(msg, sizeof msg, "amax words got %08x %08x, want %08x %08x", got[0], got[1], want[0], want[1]);
@@ -532,12 +544,16 @@ TEST_CASE("cuda backend: producers' amax outputs are the tensor amaxes of what t
 
 // The NVFP4 layers take their amaxes from the producer outputs: every canned
 // recipe with one-pass operands gives the same bits with and without them
-// (they replace the layer's own amax pass only), forward and backward.
+// (they replace the layer's own amax pass only), forward and backward; under bf16 activations too (the
+// producers' amaxes are then of their rounded outputs).
 TEST_CASE("cuda backend: NVFP4 layers with producer amaxes give the bits of their own amax passes") {
   auto be = make_backend("cuda");
   int requests = 0;
+  for (const ActivationPrecision mode : {ActivationPrecision::fp32, ActivationPrecision::bf16})
   for (const std::string& name : fp4lab::recipe_names()) {
+    const ActivationScope scope(*be, mode);
     const fp4lab::Recipe rec = fp4lab::recipe_by_name(name);
+    CAPTURE(mode == ActivationPrecision::bf16);
     CAPTURE(name);
     const int64_t B = 64, in = 96, out = 48;
     const LayerPlan lp = plan_layer(fp4lab::LinearContext{&rec, 21, 3, 4, "h.1.mlp.c_proj"});
@@ -568,7 +584,7 @@ TEST_CASE("cuda backend: NVFP4 layers with producer amaxes give the bits of thei
     expect_same_bits("dx", got[0][1], got[1][1]);
     expect_same_bits("dW", got[0][2], got[1][2]);
   }
-  CHECK(requests >= 2);  // nvfp4 asks for both
+  CHECK(requests >= 4);  // nvfp4 asks for both, in each mode
   // And the needs follow the plan: no amaxes for the bf16 recipe.
   const fp4lab::Recipe bf16 = fp4lab::recipe_by_name("bf16");
   CHECK_FALSE(be->linear_input_needs(fp4lab::LinearContext{&bf16, 1, 0, 0, "h.0.mlp.c_fc"}, false, 64, 96).amax);
