@@ -116,6 +116,10 @@ struct ProducerOutputs {
   std::shared_ptr<float[]> amax_mem;
   AmaxRequest request;
   bool amax_written = false;
+  // The FP32 output holds r(v), the BF16-activation rounding (the producer ran
+  // under ActivationPrecision::bf16 and applied r() as its contract below
+  // says): a consumer reading r(x) can read x as it is (r is idempotent).
+  bool rounded = false;
   // false: the FP32 output is not written at all (its Tensor has data null;
   // output_tensor in train/model.hpp) and the BF16 stands alone. Only where
   // the consumers read nothing but bf16.

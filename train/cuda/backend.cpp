@@ -205,8 +205,9 @@ class CudaBackend final : public Backend {
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state, const ProducerOutputs* x_from) override {
     if (!bf16()) return linear_.forward(l, x, w, b, y, state, alloc(), x_from);
-    // x read as r(x) (a rounded copy, which the layer may keep), y = r(acc + r(b)) in the bias add's pass.
-    const Tensor xr = rounded_copy(x);
+    // x read as r(x) (x itself where its producer rounded it, else a rounded copy, which the layer may keep),
+    // y = r(acc + r(b)) in the bias add's pass.
+    const Tensor xr = x_from && x_from->rounded ? x : rounded_copy(x);
     linear_.forward(l, xr, w, nullptr, y, state, alloc(), x_from);
     if (b != nullptr && l.plan.add_bias)
       cuda::add_bias_bf16_device(y.data, b, y.rows, y.cols);
@@ -217,7 +218,7 @@ class CudaBackend final : public Backend {
                        Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from) override {
     if (!bf16()) return linear_.backward(l, state, w, dy, dx, dw_acc, db_acc, alloc(), dy_from);
     // dy read as r(dy); dx = r(acc); dW and db: their BF16 rounding added to the FP32 accumulators.
-    const Tensor dyr = rounded_copy(dy);
+    const Tensor dyr = dy_from && dy_from->rounded ? dy : rounded_copy(dy);
     Tensor dw = zeros(dw_acc.rows, dw_acc.cols), db = zeros(1, w.rows);
     linear_.backward(l, state, w, dyr, dx, dw, db_acc ? db.data : nullptr, alloc(), dy_from);
     round_inplace(dx);
@@ -323,8 +324,7 @@ class CudaBackend final : public Backend {
   }
   void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override {
     check_shape("dropout_add", "x", x, y.rows, y.cols);
-    if (bf16()) return Backend::dropout_add(y, x, p, key);  // r(drop(y)), then the FP32 add
-    nn::dropout_add(y.data, x.data, y.size(), p, key.seed, key.stream);
+    nn::dropout_add(y.data, x.data, y.size(), p, key.seed, key.stream, nullptr, rounding());  // r(drop(y)) + x
   }
 
   // ---- embeddings ----
@@ -668,7 +668,7 @@ class CudaBackend final : public Backend {
   // The BF16 output the producer of y writes for o (marked written), or null
   // where o wants none. y (the FP32 output) must have o's shape; its data may
   // be null only when o drops the FP32 values (ProducerOutputs::f32).
-  static uint16_t* bf16_out(const char* op, const Tensor& y, ProducerOutputs* o) {
+  uint16_t* bf16_out(const char* op, const Tensor& y, ProducerOutputs* o) const {
     if (o == nullptr) {
       FP4LAB_CHECK(y.data || y.size() == 0, std::string(op) + ": an output without FP32 values needs its producer outputs");
       return nullptr;
@@ -677,6 +677,7 @@ class CudaBackend final : public Backend {
     FP4LAB_CHECK(o->f32 == (y.data != nullptr || y.size() == 0) && (o->f32 || o->bf16),
                  std::string(op) + ": FP32 output present iff ProducerOutputs::f32, and BF16 where it is dropped");
     o->bf16_written = o->bf16 != nullptr;
+    o->rounded = bf16();  // every producer calling this applies rounding() to its FP32 output
     return o->bf16;
   }
   // The ProducerAmax of o's amax words, where o wants them and the producer

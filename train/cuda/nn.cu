@@ -140,22 +140,30 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
 // group's 4 elements are consecutive and group-aligned), scalar ones otherwise
 // and in the tail group.
 // The residual branch: x = drop(x) + add (the operations of dropout then
-// add_inplace, so the same bits).
+// add_inplace, so the same bits); round: x = r(drop(x)) + add (dropout's
+// OutputRounding::bf16 then the FP32 add). drop false: no mask (p = 0).
+template <bool Drop, bool Round>
 __global__ void dropout_add_kernel(float* x, const float* add, int64_t n, uint32_t thr, float keep_scale, uint64_t seed,
                                    uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
   const bool vec = aligned16(x) && aligned16(add);
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
-    const Philox4 r = philox_group(seed, sid, uint64_t(g));
+    Philox4 r{};
+    if constexpr (Drop) r = philox_group(seed, sid, uint64_t(g));
+    const auto branch = [&](float v, int k) {
+      if constexpr (Drop) v = drop1(v, r.v[k], thr, keep_scale);
+      if constexpr (Round) v = bf16_round(v);
+      return v;
+    };
     if (vec && g * 4 + 4 <= n) {
       float4* x4 = reinterpret_cast<float4*>(x) + g;
-      const float4 v = drop4(*x4, r, thr, keep_scale), a = reinterpret_cast<const float4*>(add)[g];
-      *x4 = make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w);
+      const float4 v = *x4, a = reinterpret_cast<const float4*>(add)[g];
+      *x4 = make_float4(branch(v.x, 0) + a.x, branch(v.y, 1) + a.y, branch(v.z, 2) + a.z, branch(v.w, 3) + a.w);
       continue;
     }
     for (int k = 0; k < 4; ++k) {
       const int64_t i = g * 4 + k;
-      if (i < n) x[i] = drop1(x[i], r.v[k], thr, keep_scale) + add[i];
+      if (i < n) x[i] = branch(x[i], k) + add[i];
     }
   }
 }
@@ -704,12 +712,20 @@ void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, uint16_t
   dropout_to(x, nullptr, x, n, p, seed, sid, x_bf16, st, nullptr, rounding);
 }
 
-void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st) {
-  if (p <= 0.0f) return add_inplace(y, x, n, st);
+void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st,
+                 OutputRounding rounding) {
+  const bool round = rounding == OutputRounding::bf16;
+  if (p <= 0.0f && !round) return add_inplace(y, x, n, st);
   if (n <= 0) return;
-  const float keep_scale = 1.0f / (1.0f - p);
-  dropout_add_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, dropout_threshold(p), keep_scale, seed,
-                                                                   sid);
+  const uint32_t thr = p > 0.0f ? dropout_threshold(p) : 0u;
+  const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, thr, keep_scale, seed, sid);
+  };
+  if (p > 0.0f)
+    round ? launch(dropout_add_kernel<true, true>) : launch(dropout_add_kernel<true, false>);
+  else
+    launch(dropout_add_kernel<false, true>);
   check_launch("dropout_add_kernel");
 }
 

@@ -119,9 +119,10 @@ using fp4lab::dropout_threshold;
 void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, uint16_t* x_bf16 = nullptr,
              cudaStream_t stream = nullptr, OutputRounding rounding = OutputRounding::none);
 // The residual branch in one pass: y = dropout(y) + x, the operations (and
-// bits) of dropout(y, ...) followed by add_inplace(y, x, ...).
+// bits) of dropout(y, ...) followed by add_inplace(y, x, ...); rounding: the
+// dropped branch's (y = r(drop(y)) + x, the sum FP32).
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id,
-                 cudaStream_t stream = nullptr);
+                 cudaStream_t stream = nullptr, OutputRounding rounding = OutputRounding::none);
 
 // dst = dropout(y) out of place (y + x first, stored back into y, when x is
 // not null; p <= 0: dst = y): the operations and bits of add_inplace(y, x),
