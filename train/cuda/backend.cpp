@@ -135,9 +135,10 @@ class CudaBackend final : public Backend {
     return make_device_cast_store(tensors);
   }
   // precision.activations "bf16" (train/backend.hpp's contract): FP32 storage of the BF16 values. Producers
-  // round in their own pass (nn::OutputRounding: LayerNorm, GELU, dropout, cross-entropy, the bias add);
-  // the GEMM outputs without a bias, attention's outputs and the linear layers' inputs take one more
-  // one-pass rounding (round_inplace, rounded_copy). BF16 storage next.
+  // round in their own pass (nn::OutputRounding: LayerNorm, GELU, dropout and the residual add, cross-entropy,
+  // the bias add); the GEMM outputs without a bias, attention's outputs, and a linear layer's input its
+  // producer did not round (ProducerOutputs::rounded) take one more one-pass rounding (round_inplace,
+  // rounded_copy). BF16 storage next.
   bool implements(ActivationPrecision) const override { return true; }
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
@@ -219,8 +220,8 @@ class CudaBackend final : public Backend {
     if (!bf16()) return linear_.backward(l, state, w, dy, dx, dw_acc, db_acc, alloc(), dy_from);
     // dy read as r(dy); dx = r(acc); dW and db: their BF16 rounding added to the FP32 accumulators.
     const Tensor dyr = dy_from && dy_from->rounded ? dy : rounded_copy(dy);
-    Tensor dw = zeros(dw_acc.rows, dw_acc.cols), db = zeros(1, w.rows);
-    linear_.backward(l, state, w, dyr, dx, dw, db_acc ? db.data : nullptr, alloc(), dy_from);
+    Tensor dw = zeros(dw_acc.rows, dw_acc.cols), db = db_acc ? zeros(1, w.rows) : Tensor{};
+    linear_.backward(l, state, w, dyr, dx, dw, db.data, alloc(), dy_from);
     round_inplace(dx);
     nn::add_rounded_bf16(dw_acc.data, dw.data, dw.size());
     if (db_acc) nn::add_rounded_bf16(db_acc, db.data, w.rows);

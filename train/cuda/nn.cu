@@ -119,19 +119,13 @@ using train::gelu_value;
 __global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n, uint16_t* y_h, bool round) {
   map4(
       n, x, nullptr, y,
-      [round](float v, float) {
-        const float g = gelu_value(v);
-        return round ? bf16_round(g) : g;
-      },
+      [round](float v, float) { return rounded_if(round, gelu_value(v)); },
       y_h);
 }
 __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_h, bool round) {
   map4(
       n, x, dy, dx,
-      [round](float v, float d) {
-        const float g = gelu_grad(v, d);
-        return round ? bf16_round(g) : g;
-      },
+      [round](float v, float d) { return rounded_if(round, gelu_grad(v, d)); },
       dx_h);
 }
 
@@ -241,10 +235,8 @@ struct DropoutTo {
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = drop1(v[k], hi ? r.v[k + 2] : r.v[k], thr, keep_scale);
     }
-    if (round) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) v[k] = bf16_round(v[k]);
-    }
+    for (int k = 0; k < V; ++k) v[k] = rounded_if(round, v[k]);
     if (dst) store_v<V>(dst, i, v);
     if (dst_h) store_bf16_v<V>(dst_h, i, v);
   }
@@ -267,7 +259,7 @@ __global__ void dropout_to_kernel(const DropoutTo op, int64_t n) {
         float v = op.y[i];
         if (op.x) op.y[i] = v = v + op.x[i];
         if (op.drop) v = drop1(v, r.v[k], op.thr, op.keep_scale);
-        if (op.round) v = bf16_round(v);
+        v = rounded_if(op.round, v);
         if (op.dst) op.dst[i] = v;
         if (op.dst_h) op.dst_h[i] = uint16_t(bf16_rn(v));
       }
@@ -285,7 +277,7 @@ struct GeluFwd {
   __device__ __forceinline__ void load(int64_t i, float (&r)[V]) const {
     load_v<V>(x, i, r);
 #pragma unroll
-    for (int k = 0; k < V; ++k) r[k] = round ? bf16_round(gelu_value(r[k])) : gelu_value(r[k]);
+    for (int k = 0; k < V; ++k) r[k] = rounded_if(round, gelu_value(r[k]));
   }
   template <int V>
   __device__ __forceinline__ void store(int64_t i, float (&r)[V]) const {
@@ -304,7 +296,7 @@ struct GeluBwd {
     load_v<V>(x, i, r);
     load_v<V>(dy, i, d);
 #pragma unroll
-    for (int k = 0; k < V; ++k) r[k] = round ? bf16_round(gelu_grad(r[k], d[k])) : gelu_grad(r[k], d[k]);
+    for (int k = 0; k < V; ++k) r[k] = rounded_if(round, gelu_grad(r[k], d[k]));
   }
   template <int V>
   __device__ __forceinline__ void store(int64_t i, float (&r)[V]) const {
@@ -402,8 +394,7 @@ __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* b
   }
   for (int64_t j = lane; j < cols; j += kWarp) {
     const float h = (xr[j] - m) * rs;
-    const float u = h * gamma[j] + (beta ? beta[j] : 0.0f);
-    const float v = round ? bf16_round(u) : u;
+    const float v = rounded_if(round, h * gamma[j] + (beta ? beta[j] : 0.0f));
     if (y) y[r * cols + j] = v;  // null: the BF16 output only
     if (y_h) y_h[r * cols + j] = uint16_t(bf16_rn(v));
   }
@@ -554,7 +545,7 @@ __global__ void ce_kernel(const float* logits, const int32_t* targets, int64_t v
     for (int64_t j = tid; j < v; j += kCeThreads) {
       float g = float(exp(double(l[j]) - lse)) * inv_n;
       if (j == t) g -= inv_n;
-      d[j] = round ? bf16_round(g) : g;
+      d[j] = rounded_if(round, g);
     }
   }
 }

@@ -31,6 +31,8 @@ __device__ __forceinline__ float bf16_round(float v) {
   constexpr Format bf = bfloat16;  // a local copy: the namespace-scope descriptor is host data
   return decode(bf, bf16_rn(v));
 }
+// A producer's output under its OutputRounding (round: bf16): r(v), else v.
+__device__ __forceinline__ float rounded_if(bool round, float v) { return round ? bf16_round(v) : v; }
 
 inline void check_cublas_status(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));
