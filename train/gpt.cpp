@@ -14,6 +14,8 @@ struct Block {
   LinearLayer c_attn, attn_proj, c_fc, mlp_proj;  // c_fc, mlp_proj: the dense MLP (moe null)
   std::unique_ptr<MoeMlp> moe;
   Tensor x_in, a, mean1, rstd1, qkv, probs, att, x_mid, m_in, mean2, rstd2, f, g;
+  // qkv's and f's BF16 storage (bf16_storage_for), which their consumers read in the forward and the backward.
+  ProducerOutputs qkv_o, f_o;
 };
 
 class Gpt final : public CrossEntropyModel, private LinearCalls {
@@ -90,26 +92,32 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   const float* ptr(int i) const { return i >= 0 ? params_.value_ptr(i) : nullptr; }
   float* gptr(int i) const { return i >= 0 ? params_.grad_ptr(i) : nullptr; }
   // x_from (dy_from): what x's (dy's) producer wrote for l (outputs_for), or null.
-  Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x, const ProducerOutputs* x_from = nullptr) {
-    Tensor y;
-    linear(l, s, x, y, x_from);
+  // y_out (dx_out): the output's BF16 storage for its non-linear consumer (bf16_storage_for), or null; where it
+  // holds the BF16 alone, the returned tensor has its shape and no data.
+  Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x, const ProducerOutputs* x_from = nullptr,
+                 ProducerOutputs* y_out = nullptr) {
+    Tensor y = y_out ? output_tensor(be_, *y_out) : Tensor{};
+    linear(l, s, x, y, x_from, y_out);
     return y;
   }
-  Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy, const ProducerOutputs* dy_from = nullptr) {
-    Tensor dx;
-    linear_grad(l, s, dy, dx, dy_from);
+  Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy, const ProducerOutputs* dy_from = nullptr,
+                 ProducerOutputs* dx_out = nullptr) {
+    Tensor dx = dx_out ? output_tensor(be_, *dx_out) : Tensor{};
+    linear_grad(l, s, dy, dx, dy_from, dx_out);
     return dx;
   }
-  void linear(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y, const ProducerOutputs* x_from) {
+  void linear(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y, const ProducerOutputs* x_from,
+              ProducerOutputs* y_out = nullptr) {
     capture(l.name, "x", s, x);
     capture(l.name, "w", s, params_.value(l.w));
-    be_.linear_forward(l.lp, x, params_.value(l.w), ptr(l.b), y, l.state, x_from);
+    be_.linear_forward(l.lp, x, params_.value(l.w), ptr(l.b), y, l.state, x_from, y_out);
   }
-  void linear_grad(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx, const ProducerOutputs* dy_from) {
+  void linear_grad(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx, const ProducerOutputs* dy_from,
+                   ProducerOutputs* dx_out = nullptr) {
     l.check_backward_plan(s);
     capture(l.name, "dy", s, dy);
     Tensor dw = params_.grad(l.w);
-    be_.linear_backward(l.lp, *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b), dy_from);
+    be_.linear_backward(l.lp, *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b), dy_from, dx_out);
   }
   // LinearCalls (the MoE layers' linears, no producer outputs): y / dx written in place when shaped.
   // (l.lp: planned at the start of the pass, forward's plan_layers or MoeMlp::forward.)
@@ -201,12 +209,14 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       k.mean1 = be_.empty(1, N);
       k.rstd1 = be_.empty(1, N);
       be_.layernorm_forward(x, ptr(k.ln1_w), ptr(k.ln1_b), eps, k.a, k.mean1, k.rstd1, &a_o);
-      k.qkv = lin_fwd(k.c_attn, s, k.a, &a_o);
+      // attn.c_attn -> attention: qkv in BF16 alone for the flash attention (forward and backward)
+      k.qkv_o = bf16_storage_for(be_, s, Bf16Edge::flash_qkv, N, 3 * C, shape(B, p).bf16_flash);
+      k.qkv = lin_fwd(k.c_attn, s, k.a, &a_o, &k.qkv_o);
       // attention -> attn.c_proj (x)
       k.probs = be_.empty(B * cfg_.heads * T, attention_saved_cols(shape(B, p), C / cfg_.heads));
       ProducerOutputs att_o = outputs_for(be_, {&k.attn_proj}, s, false, N, C, true);
       k.att = output_tensor(be_, att_o);
-      be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)), &att_o);
+      be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)), &att_o, &k.qkv_o);
       Tensor y = lin_fwd(k.attn_proj, s, k.att, &att_o);
       be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));  // the residual feeds ln_2, not a linear
       k.x_mid = y;
@@ -220,11 +230,13 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       if (k.moe) {
         m = k.moe->forward(be_, *this, s, k.m_in);
       } else {
-        k.f = lin_fwd(k.c_fc, s, k.m_in, &m_o);
+        // mlp.c_fc -> gelu: f in BF16 alone (read by gelu_forward and gelu_backward)
+        k.f_o = bf16_storage_for(be_, s, Bf16Edge::fc_out, N, 4 * C);
+        k.f = lin_fwd(k.c_fc, s, k.m_in, &m_o, &k.f_o);
         // gelu -> mlp.c_proj (x): BF16 and/or the NVFP4 amaxes
         ProducerOutputs g_o = outputs_for(be_, {&k.mlp_proj}, s, false, N, 4 * C, true);
         k.g = output_tensor(be_, g_o);
-        be_.gelu_forward(k.f, k.g, &g_o);
+        be_.gelu_forward(k.f, k.g, &g_o, &k.f_o);
         m = lin_fwd(k.mlp_proj, s, k.g, &g_o);
       }
       {  // the MoE MLP's output is its FP32 weighted sum (backend.hpp)
@@ -265,11 +277,13 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         ProducerOutputs dm_o = outputs_for(be_, {&k.mlp_proj}, s, true, N, C, true);
         Tensor dm = output_tensor(be_, dm_o);
         be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)), &dm_o);
-        Tensor dg = lin_bwd(k.mlp_proj, s, dm, &dm_o);
+        // mlp.c_proj's dx -> gelu': dg in BF16 alone
+        ProducerOutputs dg_o = bf16_storage_for(be_, s, Bf16Edge::proj_dx, N, 4 * C);
+        Tensor dg = lin_bwd(k.mlp_proj, s, dm, &dm_o, &dg_o);
         // gelu' -> mlp.c_fc (dy)
         ProducerOutputs df_o = outputs_for(be_, {&k.c_fc}, s, true, N, 4 * C, true);
         Tensor df = output_tensor(be_, df_o);
-        be_.gelu_backward(k.f, dg, df, &df_o);
+        be_.gelu_backward(k.f, dg, df, &df_o, &k.f_o, &dg_o);
         dmi = lin_bwd(k.c_fc, s, df, &df_o);
       }
       Tensor dmid = be_.empty(N, C);
@@ -278,11 +292,14 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       ProducerOutputs dy_o = outputs_for(be_, {&k.attn_proj}, s, true, N, C, true);
       Tensor dy = output_tensor(be_, dy_o);
       be_.add_dropout_backward_to(dmid, dx, dy, p, dropout_key(s, site(i, 1)), &dy_o);
-      Tensor datt = lin_bwd(k.attn_proj, s, dy, &dy_o);
+      // attn.c_proj's dx -> attention backward: datt in BF16 alone for the flash attention
+      ProducerOutputs datt_o = bf16_storage_for(be_, s, Bf16Edge::flash_dout, N, C, shape(B, p).bf16_flash);
+      Tensor datt = lin_bwd(k.attn_proj, s, dy, &dy_o, &datt_o);
       // attention backward -> attn.c_attn (dy)
       ProducerOutputs dq_o = outputs_for(be_, {&k.c_attn}, s, true, N, 3 * C, true);
       Tensor dqkv = output_tensor(be_, dq_o);
-      be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)), &dq_o);
+      be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)), &dq_o, &k.qkv_o,
+                             &datt_o);
       Tensor da = lin_bwd(k.c_attn, s, dqkv, &dq_o);
       Tensor dxin = be_.empty(N, C);
       be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid);
