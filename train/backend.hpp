@@ -87,6 +87,9 @@ struct Tensor {
 // (Backend::linear_input_needs), has the backend allocate it
 // (Backend::producer_outputs), hands the object to the producer, then to the
 // consumer's linear_forward (x) or linear_backward (dy). No other op sees it.
+// The other direction, a linear layer producing for a non-linear op (BF16
+// storage, Bf16Edge below), uses the same object: the layer's y_out / dx_out,
+// the op's x_from (qkv_from, dy_from, dout_from).
 //
 // What a linear layer's plan wants of the producer of its input x (grad: of
 // its output gradient dy):

@@ -96,13 +96,13 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   // holds the BF16 alone, the returned tensor has its shape and no data.
   Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x, const ProducerOutputs* x_from = nullptr,
                  ProducerOutputs* y_out = nullptr) {
-    Tensor y = y_out ? output_tensor(be_, *y_out) : Tensor{};
+    Tensor y = y_out && !y_out->f32 ? output_tensor(be_, *y_out) : Tensor{};  // BF16 alone: the shape
     linear(l, s, x, y, x_from, y_out);
     return y;
   }
   Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy, const ProducerOutputs* dy_from = nullptr,
                  ProducerOutputs* dx_out = nullptr) {
-    Tensor dx = dx_out ? output_tensor(be_, *dx_out) : Tensor{};
+    Tensor dx = dx_out && !dx_out->f32 ? output_tensor(be_, *dx_out) : Tensor{};
     linear_grad(l, s, dy, dx, dy_from, dx_out);
     return dx;
   }
