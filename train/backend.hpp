@@ -140,14 +140,18 @@ enum class Bf16Edge : uint8_t {
   proj_dx,     // mlp.c_proj's dx -> gelu_backward (dy)
   flash_qkv,   // attn.c_attn's y -> attention_forward / attention_backward (qkv), bf16_flash attention only
   flash_dout,  // attn.c_proj's dx -> attention_backward (dout), bf16_flash attention only
+  attn_branch,  // attn.c_proj's y -> dropout_add (the residual branch; the sum, FP32, a new tensor)
+  mlp_branch,   // mlp.c_proj's y -> dropout_add (the same; the dense MLP only)
 };
-inline constexpr int kBf16Edges = 4;
+inline constexpr int kBf16Edges = 6;
 inline constexpr uint32_t bf16_edge_bit(Bf16Edge e) { return 1u << unsigned(e); }
 inline constexpr uint32_t kAllBf16Edges = (1u << kBf16Edges) - 1;
 inline const char* bf16_edge_name(Bf16Edge e) {
   constexpr const char* names[kBf16Edges] = {"mlp.c_fc y -> gelu (fc_out)", "mlp.c_proj dx -> gelu' dy (proj_dx)",
                                              "attn.c_attn y -> flash attention qkv (flash_qkv)",
-                                             "attn.c_proj dx -> flash attention dout (flash_dout)"};
+                                             "attn.c_proj dx -> flash attention dout (flash_dout)",
+                                             "attn.c_proj y -> dropout_add (attn_branch)",
+                                             "mlp.c_proj y -> dropout_add (mlp_branch)"};
   return names[unsigned(e)];
 }
 
@@ -414,7 +418,13 @@ class Backend {
   // The residual branch y = dropout(y) + x: dropout_forward(y, p, key) then
   // add_inplace(y, x), which is what this default does; a backend may do both in
   // one pass (the same operations per element, so the same bits).
-  virtual void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) {
+  // y_from: what y's producer, a linear layer, wrote for it (Bf16Edge attn_branch,
+  // mlp_branch), or null; where y has no FP32 values (its BF16 is written), y is
+  // made a new tensor (empty) holding the sum. Only a backend that stores_bf16 sees that.
+  virtual void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key,
+                           const ProducerOutputs* y_from = nullptr) {
+    (void)y_from;
+    FP4LAB_CHECK(y.data || y.size() == 0, "backend " + name() + ": dropout_add of a BF16-only branch it cannot read");
     dropout_forward(y, p, key);
     add_inplace(y, x);
   }

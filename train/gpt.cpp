@@ -217,8 +217,10 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       ProducerOutputs att_o = outputs_for(be_, {&k.attn_proj}, s, false, N, C, true);
       k.att = output_tensor(be_, att_o);
       be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)), &att_o, &k.qkv_o);
-      Tensor y = lin_fwd(k.attn_proj, s, k.att, &att_o);
-      be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));  // the residual feeds ln_2, not a linear
+      // attn.c_proj -> the residual add: its y in BF16 alone, the sum a new FP32 tensor
+      ProducerOutputs y_o = bf16_storage_for(be_, s, Bf16Edge::attn_branch, N, C);
+      Tensor y = lin_fwd(k.attn_proj, s, k.att, &att_o, &y_o);
+      be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)), &y_o);  // the residual feeds ln_2, not a linear
       k.x_mid = y;
       // ln_2 -> mlp.c_fc (x); the MoE MLP's input has other readers (router, gather, shared expert): nothing
       ProducerOutputs m_o = k.moe ? be_.producer_outputs({}, N, C) : outputs_for(be_, {&k.c_fc}, s, false, N, C, true);
@@ -227,6 +229,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       k.rstd2 = be_.empty(1, N);
       be_.layernorm_forward(k.x_mid, ptr(k.ln2_w), ptr(k.ln2_b), eps, k.m_in, k.mean2, k.rstd2, &m_o);
       Tensor m;
+      ProducerOutputs mo;  // mlp.c_proj -> the residual add (the dense MLP): as attn.c_proj's
       if (k.moe) {
         m = k.moe->forward(be_, *this, s, k.m_in);
       } else {
@@ -237,11 +240,12 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         ProducerOutputs g_o = outputs_for(be_, {&k.mlp_proj}, s, false, N, 4 * C, true);
         k.g = output_tensor(be_, g_o);
         be_.gelu_forward(k.f, k.g, &g_o, &k.f_o);
-        m = lin_fwd(k.mlp_proj, s, k.g, &g_o);
+        mo = bf16_storage_for(be_, s, Bf16Edge::mlp_branch, N, C);
+        m = lin_fwd(k.mlp_proj, s, k.g, &g_o, &mo);
       }
       {  // the MoE MLP's output is its FP32 weighted sum (backend.hpp)
         const ActivationScope combined(be_, k.moe ? ActivationPrecision::fp32 : be_.activations());
-        be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
+        be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)), &mo);
       }
       x = m;
     }

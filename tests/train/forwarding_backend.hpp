@@ -81,7 +81,9 @@ class ForwardingBackend : public Backend {
     inner().add_dropout_backward_to(y, x, dst, p, key, o);
   }
   void add_inplace(Tensor& y, const Tensor& x) override { inner().add_inplace(y, x); }
-  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override { inner().dropout_add(y, x, p, key); }
+  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key, const ProducerOutputs* y_from) override {
+    inner().dropout_add(y, x, p, key, y_from);
+  }
   void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,
                      Tensor& out) override {
     inner().embed_forward(idx, batch, seq, wte, wpe, out);

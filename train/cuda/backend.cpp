@@ -68,8 +68,8 @@ class CudaBackend final : public Backend {
   // round in their own pass (nn::OutputRounding: LayerNorm, GELU, dropout and the residual add, cross-entropy,
   // the bias add); the GEMM outputs without a bias, attention's outputs, and a linear layer's input its
   // producer did not round (ProducerOutputs::rounded) take one more one-pass rounding (round_inplace,
-  // rounded_copy). BF16 storage (Bf16Edge): a linear output read only by GELU or the flash attention is
-  // written by the GEMM in BF16 alone and read so (stores_bf16).
+  // rounded_copy). BF16 storage (Bf16Edge): a linear output read only by GELU, the flash attention or the
+  // residual add is written by the GEMM in BF16 alone and read so (stores_bf16).
   bool implements(ActivationPrecision) const override { return true; }
   bool stores_bf16(Bf16Edge) const override { return bf16(); }
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
@@ -270,8 +270,12 @@ class CudaBackend final : public Backend {
     check_shape("add_inplace", "x", x, y.rows, y.cols);
     nn::add_inplace(y.data, x.data, y.size());
   }
-  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override {
+  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key, const ProducerOutputs* y_from) override {
     check_shape("dropout_add", "x", x, y.rows, y.cols);
+    if (const uint16_t* yh = bf16_in("dropout_add y", y, y_from)) {  // a BF16-only branch: the sum in a new tensor
+      y = empty(y.rows, y.cols);
+      return nn::dropout_add(nullptr, x.data, y.size(), p, key.seed, key.stream, nullptr, rounding(), yh, y.data);
+    }
     nn::dropout_add(y.data, x.data, y.size(), p, key.seed, key.stream, nullptr, rounding());  // r(drop(y)) + x
   }
 

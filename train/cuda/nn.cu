@@ -116,34 +116,6 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
 // the 4 words); 16-byte vector loads and stores where the pointers allow (the
 // group's 4 elements are consecutive and group-aligned), scalar ones otherwise
 // and in the tail group.
-// The residual branch: x = drop(x) + add (the operations of dropout then
-// add_inplace, so the same bits); round: x = r(drop(x)) + add (dropout's
-// OutputRounding::bf16 then the FP32 add). drop false: no mask (p = 0).
-template <bool Drop, bool Round>
-__global__ void dropout_add_kernel(float* x, const float* add, int64_t n, uint32_t thr, float keep_scale, uint64_t seed,
-                                   uint64_t sid) {
-  const int64_t groups = (n + 3) / 4;
-  const bool vec = aligned16(x) && aligned16(add);
-  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
-    Philox4 r{};
-    if constexpr (Drop) r = philox_group(seed, sid, uint64_t(g));
-    const auto branch = [&](float v, int k) {
-      if constexpr (Drop) v = drop1(v, r.v[k], thr, keep_scale);
-      if constexpr (Round) v = bf16_round(v);
-      return v;
-    };
-    if (vec && g * 4 + 4 <= n) {
-      float4* x4 = reinterpret_cast<float4*>(x) + g;
-      const float4 v = *x4, a = reinterpret_cast<const float4*>(add)[g];
-      *x4 = make_float4(branch(v.x, 0) + a.x, branch(v.y, 1) + a.y, branch(v.z, 2) + a.z, branch(v.w, 3) + a.w);
-      continue;
-    }
-    for (int k = 0; k < 4; ++k) {
-      const int64_t i = g * 4 + k;
-      if (i < n) x[i] = branch(x[i], k) + add[i];
-    }
-  }
-}
 // V (1, 2 or 4) consecutive floats at p + i (i % V == 0, p 16-byte aligned).
 template <int V>
 __device__ __forceinline__ void load_v(const float* p, int64_t i, float (&v)[V]) {
@@ -178,6 +150,39 @@ __device__ __forceinline__ void load_in(const float* p, const uint16_t* h, int64
     load_h<V>(h, i, v);
   else
     load_v<V>(p, i, v);
+}
+// The residual branch: out = drop(y) + add (the operations of dropout then add_inplace, so the same bits); round:
+// out = r(drop(y)) + add (dropout's OutputRounding::bf16 then the FP32 add). drop false: no mask (p = 0). y read
+// from y_h (BF16 bits, a linear output stored in BF16 alone) where not null, else from y; out may be y.
+template <bool Drop, bool Round>
+__global__ void dropout_add_kernel(const float* y, const uint16_t* y_h, float* out, const float* add, int64_t n,
+                                   uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
+  const int64_t groups = (n + 3) / 4;
+  const bool vec = aligned16(out) && aligned16(add) && (y_h ? (reinterpret_cast<uintptr_t>(y_h) & 7u) == 0 : aligned16(y));
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    Philox4 r{};
+    if constexpr (Drop) r = philox_group(seed, sid, uint64_t(g));
+    const auto branch = [&](float v, int k) {
+      if constexpr (Drop) v = drop1(v, r.v[k], thr, keep_scale);
+      if constexpr (Round) v = bf16_round(v);
+      return v;
+    };
+    if (vec && g * 4 + 4 <= n) {
+      float v[4];
+      load_in<4>(y, y_h, g * 4, v);
+      const float4 a = reinterpret_cast<const float4*>(add)[g];
+      reinterpret_cast<float4*>(out)[g] =
+          make_float4(branch(v[0], 0) + a.x, branch(v[1], 1) + a.y, branch(v[2], 2) + a.z, branch(v[3], 3) + a.w);
+      continue;
+    }
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = g * 4 + k;
+      if (i >= n) break;
+      float v[1];
+      load_in<1>(y, y_h, i, v);
+      out[i] = branch(v[0], k) + add[i];
+    }
+  }
 }
 template <int V>
 __device__ __forceinline__ void store_v(float* p, int64_t i, const float (&v)[V]) {
@@ -654,19 +659,20 @@ void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, uint16_t
 }
 
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st,
-                 OutputRounding rounding) {
+                 OutputRounding rounding, const uint16_t* y_h, float* out) {
   const bool round = rounding == OutputRounding::bf16;
-  if (p <= 0.0f && !round) return add_inplace(y, x, n, st);
+  if (!out) out = y;
+  if (p <= 0.0f && !round && !y_h && out == y) return add_inplace(y, x, n, st);
   if (n <= 0) return;
   const uint32_t thr = p > 0.0f ? dropout_threshold(p) : 0u;
   const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
   const auto launch = [&](auto kernel) {
-    kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, thr, keep_scale, seed, sid);
+    kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, y_h, out, x, n, thr, keep_scale, seed, sid);
   };
   if (p > 0.0f)
     round ? launch(dropout_add_kernel<true, true>) : launch(dropout_add_kernel<true, false>);
   else
-    launch(dropout_add_kernel<false, true>);
+    round ? launch(dropout_add_kernel<false, true>) : launch(dropout_add_kernel<false, false>);
   check_launch("dropout_add_kernel");
 }
 

@@ -124,9 +124,11 @@ void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, ui
              cudaStream_t stream = nullptr, OutputRounding rounding = OutputRounding::none);
 // The residual branch in one pass: y = dropout(y) + x, the operations (and
 // bits) of dropout(y, ...) followed by add_inplace(y, x, ...); rounding: the
-// dropped branch's (y = r(drop(y)) + x, the sum FP32).
+// dropped branch's (y = r(drop(y)) + x, the sum FP32). y_h (may be null; y is then not read): the branch in
+// BF16 bits (a linear output stored in BF16 alone), read widened; out (null: y) receives the sum.
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id,
-                 cudaStream_t stream = nullptr, OutputRounding rounding = OutputRounding::none);
+                 cudaStream_t stream = nullptr, OutputRounding rounding = OutputRounding::none,
+                 const uint16_t* y_h = nullptr, float* out = nullptr);
 
 // dst = dropout(y) out of place (y + x first, stored back into y, when x is
 // not null; p <= 0: dst = y): the operations and bits of add_inplace(y, x),

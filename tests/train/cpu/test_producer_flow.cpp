@@ -119,7 +119,7 @@ class Flow final : public fp4lab::train::test::ForwardingBackend {
     need(y), need(x);
     inner().add_inplace(y, x);
   }
-  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override {
+  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key, const ProducerOutputs*) override {
     need(y), need(x);
     inner().dropout_add(y, x, p, key);
   }

@@ -1,13 +1,14 @@
 // BF16 storage under precision.activations "bf16" (train/backend.hpp Bf16Edge): a linear layer's output read
-// only by GELU or the flash attention is written by the GEMM in BF16 alone and read so. The promise is "bits
+// only by GELU, the flash attention or the residual add is written by the GEMM in BF16 alone and read so. The promise is "bits
 // unchanged": the BF16 holds exactly r() of the FP32 output the layer wrote before (FP32 storage), and a
 // consumer reading it gives the bits it gave reading those FP32 values. Checked here:
 // - the linear layer alone: linear_forward's y_out and linear_backward's dx_out hold the RNE BF16 of the
 //   FP32-output call's y and dx, element for element, with and without a bias, on odd shapes, for the recipes
 //   whose GEMMs write the BF16 directly (bf16: cuBLASLt's BF16 output and bias epilogue) and those that take
 //   the FP32 GEMM and a rounding pass (FP32 recipe, nvfp4, mxfp8); the weight and bias gradients unchanged;
-// - the consumers alone: GELU forward/backward and the flash attention forward/backward (both inputs BF16, and
-//   one of them) give the bits of the same call on FP32 tensors holding the BF16 values;
+// - the consumers alone: GELU forward/backward, the flash attention forward/backward (both inputs BF16, and
+//   one of them) and the residual add (dropout_add) give the bits of the same call on FP32 tensors holding
+//   the BF16 values;
 // - whole GPT steps: every edge on, each edge alone, against every edge off (StepContext::bf16_storage = 0,
 //   the FP32 storage of before), the loss and every gradient bit for bit, for the FP32 and the bf16_flash
 //   attention, with and without biases, dense and MoE, and several recipes; the edges taken are counted, so
@@ -214,6 +215,27 @@ TEST_CASE("bf16 storage: the flash attention reads BF16-only qkv and dout with t
     }
 }
 
+TEST_CASE("bf16 storage: the residual add reads a BF16-only branch with the bits of the FP32 one") {
+  auto be = make_backend("cuda");
+  be->set_activations(ActivationPrecision::bf16);
+  for (int64_t n : {int64_t(48 * 32), int64_t(4097), int64_t(5)})
+    for (float p : {0.0f, 0.1f, 0.5f}) {
+      CAPTURE(n);
+      CAPTURE(p);
+      const std::vector<float> yv = bf16_valued(bt::randv(size_t(n), 10)), xv = bt::randv(size_t(n), 11);
+      Tensor y32 = bt::put(*be, yv, 1, n), x = bt::put(*be, xv, 1, n);
+      ProducerOutputs yo = bf16_only(*be, 1, n);
+      put_bf16(yo.bf16, bits_of(yv));
+      yo.bf16_written = true;
+      Tensor y16 = output_tensor(*be, yo);
+      const DropoutKey key{5, 6};
+      be->dropout_add(y32, x, p, key);
+      be->dropout_add(y16, x, p, key, &yo);
+      REQUIRE(y16.data != nullptr);  // the sum: a new FP32 tensor
+      expect_same_bits("dropout_add (branch BF16 only)", get(*be, y32), get(*be, y16));
+    }
+}
+
 namespace {
 
 // Counts the linear calls that stored their output in BF16 alone, by layer name and pass.
@@ -260,7 +282,9 @@ const char* edge_key(Bf16Edge e) {
     case Bf16Edge::fc_out: return "h.0.mlp.c_fc y";
     case Bf16Edge::proj_dx: return "h.0.mlp.c_proj dx";
     case Bf16Edge::flash_qkv: return "h.0.attn.c_attn y";
-    default: return "h.0.attn.c_proj dx";
+    case Bf16Edge::flash_dout: return "h.0.attn.c_proj dx";
+    case Bf16Edge::attn_branch: return "h.0.attn.c_proj y";
+    default: return "h.0.mlp.c_proj y";
   }
 }
 
@@ -314,9 +338,9 @@ TEST_CASE("bf16 storage: GPT steps with each edge stored in BF16 give the bits o
           const double eval = model->evaluate(bt, ev, nullptr);
           for (int e = 0; e < kBf16Edges; ++e) {
             const Bf16Edge edge = Bf16Edge(e);
-            const bool exists = (edge == Bf16Edge::fc_out || edge == Bf16Edge::proj_dx)
-                                    ? f != "gpt moe"
-                                    : std::string(attention) == "bf16_flash";
+            const bool flash_edge = edge == Bf16Edge::flash_qkv || edge == Bf16Edge::flash_dout;
+            const bool mlp_edge = edge == Bf16Edge::fc_out || edge == Bf16Edge::proj_dx || edge == Bf16Edge::mlp_branch;
+            const bool exists = flash_edge ? std::string(attention) == "bf16_flash" : !(mlp_edge && f == "gpt moe");
             const bool want = exists && (mask & bf16_edge_bit(edge)) != 0;
             INFO("edge ", bf16_edge_name(edge), ": ", be.taken[edge_key(edge)], " BF16-stored calls");
             CHECK((be.taken[edge_key(edge)] > 0) == want);
