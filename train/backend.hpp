@@ -142,8 +142,11 @@ enum class Bf16Edge : uint8_t {
   flash_dout,  // attn.c_proj's dx -> attention_backward (dout), bf16_flash attention only
   attn_branch,  // attn.c_proj's y -> dropout_add (the residual branch; the sum, FP32, a new tensor)
   mlp_branch,   // mlp.c_proj's y -> dropout_add (the same; the dense MLP only)
+  lnf_dy,       // lm_head's dx -> ln_f's layernorm_backward (dy)
+  ln1_dy,       // attn.c_attn's dx -> ln_1's layernorm_backward (dy)
+  ln2_dy,       // mlp.c_fc's dx -> ln_2's layernorm_backward (dy; the dense MLP only)
 };
-inline constexpr int kBf16Edges = 6;
+inline constexpr int kBf16Edges = 9;
 inline constexpr uint32_t bf16_edge_bit(Bf16Edge e) { return 1u << unsigned(e); }
 inline constexpr uint32_t kAllBf16Edges = (1u << kBf16Edges) - 1;
 inline const char* bf16_edge_name(Bf16Edge e) {
@@ -151,7 +154,10 @@ inline const char* bf16_edge_name(Bf16Edge e) {
                                              "attn.c_attn y -> flash attention qkv (flash_qkv)",
                                              "attn.c_proj dx -> flash attention dout (flash_dout)",
                                              "attn.c_proj y -> dropout_add (attn_branch)",
-                                             "mlp.c_proj y -> dropout_add (mlp_branch)"};
+                                             "mlp.c_proj y -> dropout_add (mlp_branch)",
+                                             "lm_head dx -> ln_f backward dy (lnf_dy)",
+                                             "attn.c_attn dx -> ln_1 backward dy (ln1_dy)",
+                                             "mlp.c_fc dx -> ln_2 backward dy (ln2_dy)"};
   return names[unsigned(e)];
 }
 
@@ -362,9 +368,11 @@ class Backend {
   // dx written; dgamma/dbeta accumulated (dbeta may be null). With a residual
   // (same shape as x), dx = LayerNorm's input gradient + residual, one float
   // add per element: the bits of layernorm_backward then add_inplace(dx, *residual).
+  // dy_from: what dy's producer, a linear layer, wrote for it (Bf16Edge lnf_dy,
+  // ln1_dy, ln2_dy), or null; as gelu_forward's x_from.
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean,
                                   const Tensor& rstd, Tensor& dx, float* dgamma_acc, float* dbeta_acc,
-                                  const Tensor* residual = nullptr) = 0;
+                                  const Tensor* residual = nullptr, const ProducerOutputs* dy_from = nullptr) = 0;
 
   // GELU, exact erf form (PyTorch nn.GELU()): y = x * Phi(x).
   // out: y's (dx's) consumer's producer outputs (may be null): BF16 and amaxes.

@@ -262,13 +262,16 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   void backward(const Batch& bt, const StepContext& s, const Tensor& dlogits) override {
     const int64_t B = batch_, T = cfg_.context, C = cfg_.width, N = B * T;
     const float p = s.train ? float(cfg_.dropout) : 0.0f;
-    Tensor dxf = lin_bwd(head_, s, dlogits);  // dW into wte's gradient (tied)
+    // lm_head's dx -> ln_f's backward: in BF16 alone
+    ProducerOutputs dxf_o = bf16_storage_for(be_, s, Bf16Edge::lnf_dy, N, C);
+    Tensor dxf = lin_bwd(head_, s, dlogits, nullptr, &dxf_o);  // dW into wte's gradient (tied)
     Tensor dx = be_.empty(N, C);
-    be_.layernorm_backward(dxf, xf_in_, ptr(lnf_w_), meanf_, rstdf_, dx, gptr(lnf_w_), gptr(lnf_b_));
+    be_.layernorm_backward(dxf, xf_in_, ptr(lnf_w_), meanf_, rstdf_, dx, gptr(lnf_w_), gptr(lnf_b_), nullptr, &dxf_o);
     for (int64_t i = int64_t(blocks_.size()) - 1; i >= 0; --i) {
       Block& k = blocks_[size_t(i)];
       // x_out = x_mid + drop(c_proj(gelu(c_fc(ln_2(x_mid)))))
       Tensor dmi;
+      ProducerOutputs dmi_o;  // mlp.c_fc's dx -> ln_2's backward (the dense MLP): in BF16 alone
       if (k.moe) {
         Tensor dm = be_.empty(N, C);
         {
@@ -288,10 +291,12 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         ProducerOutputs df_o = outputs_for(be_, {&k.c_fc}, s, true, N, 4 * C, true);
         Tensor df = output_tensor(be_, df_o);
         be_.gelu_backward(k.f, dg, df, &df_o, &k.f_o, &dg_o);
-        dmi = lin_bwd(k.c_fc, s, df, &df_o);
+        dmi_o = bf16_storage_for(be_, s, Bf16Edge::ln2_dy, N, C);
+        dmi = lin_bwd(k.c_fc, s, df, &df_o, &dmi_o);
       }
       Tensor dmid = be_.empty(N, C);
-      be_.layernorm_backward(dmi, k.x_mid, ptr(k.ln2_w), k.mean2, k.rstd2, dmid, gptr(k.ln2_w), gptr(k.ln2_b));
+      be_.layernorm_backward(dmi, k.x_mid, ptr(k.ln2_w), k.mean2, k.rstd2, dmid, gptr(k.ln2_w), gptr(k.ln2_b), nullptr,
+                             &dmi_o);
       // x_mid = x_in + drop(c_proj(attn(c_attn(ln_1(x_in))))): dmid += dx, dy = drop(dmid).
       ProducerOutputs dy_o = outputs_for(be_, {&k.attn_proj}, s, true, N, C, true);
       Tensor dy = output_tensor(be_, dy_o);
@@ -304,9 +309,12 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       Tensor dqkv = output_tensor(be_, dq_o);
       be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)), &dq_o, &k.qkv_o,
                              &datt_o);
-      Tensor da = lin_bwd(k.c_attn, s, dqkv, &dq_o);
+      // attn.c_attn's dx -> ln_1's backward: in BF16 alone
+      ProducerOutputs da_o = bf16_storage_for(be_, s, Bf16Edge::ln1_dy, N, C);
+      Tensor da = lin_bwd(k.c_attn, s, dqkv, &dq_o, &da_o);
       Tensor dxin = be_.empty(N, C);
-      be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid);
+      be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid,
+                             &da_o);
       dx = dxin;
     }
     {

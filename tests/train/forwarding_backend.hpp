@@ -52,8 +52,9 @@ class ForwardingBackend : public Backend {
     inner().layernorm_forward(x, gamma, beta, eps, y, mean, rstd, o);
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
-    inner().layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, residual);
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual,
+                          const ProducerOutputs* dy_from) override {
+    inner().layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, residual, dy_from);
   }
   void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o, const ProducerOutputs* x_from) override {
     inner().gelu_forward(x, y, o, x_from);

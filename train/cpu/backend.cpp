@@ -264,7 +264,8 @@ class CpuBackend final : public Backend {
     }
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual,
+                          const ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t n = x.rows, c = x.cols;
     if (residual) check_same("layernorm_backward residual", x, *residual);

@@ -69,7 +69,8 @@ class CudaBackend final : public Backend {
   // the bias add); the GEMM outputs without a bias, attention's outputs, and a linear layer's input its
   // producer did not round (ProducerOutputs::rounded) take one more one-pass rounding (round_inplace,
   // rounded_copy). BF16 storage (Bf16Edge): a linear output read only by GELU, the flash attention or the
-  // residual add is written by the GEMM in BF16 alone and read so (stores_bf16).
+  // residual add, or (dx) by a LayerNorm's backward is written by the GEMM in BF16 alone and read so
+  // (stores_bf16).
   bool implements(ActivationPrecision) const override { return true; }
   bool stores_bf16(Bf16Edge) const override { return bf16(); }
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
@@ -186,14 +187,16 @@ class CudaBackend final : public Backend {
                           bf16_out("layernorm_forward", y, o), nullptr, rounding());
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual,
+                          const ProducerOutputs* dy_from) override {
     check_shape("layernorm_backward", "dy", dy, x.rows, x.cols);
     if (residual) check_shape("layernorm_backward", "residual", *residual, x.rows, x.cols);
     check_shape("layernorm_backward", "dx", dx, x.rows, x.cols);
     check_size("layernorm_backward", "mean", mean, x.rows);
     check_size("layernorm_backward", "rstd", rstd, x.rows);
     nn::layernorm_backward(dy.data, x.data, gamma, mean.data, rstd.data, x.rows, x.cols, dx.data, dgamma, dbeta,
-                           scratch_, residual ? residual->data : nullptr);
+                           scratch_, residual ? residual->data : nullptr, nullptr,
+                           bf16_in("layernorm_backward dy", dy, dy_from));
   }
   void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o, const ProducerOutputs* x_from) override {
     check_size("gelu_forward", "y", y, x.size());

@@ -447,17 +447,25 @@ __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* b
   }
 }
 
-__global__ void ln_bwd_dx_kernel(const float* dy, const float* x, const float* gamma, const float* mean,
-                                 const float* rstd, int64_t rows, int64_t cols, const float* residual, float* dx) {
+// Element i of an input held as FP32 values (p), or as BF16 bits (h not null), widened.
+__device__ __forceinline__ float in_at(const float* p, const uint16_t* h, int64_t i) {
+  return h ? bf16_widen(h[i]) : p[i];
+}
+
+// dy_h (may be null): dy in BF16 bits (dy unused).
+__global__ void ln_bwd_dx_kernel(const float* dy, const uint16_t* dy_h, const float* x, const float* gamma,
+                                 const float* mean, const float* rstd, int64_t rows, int64_t cols,
+                                 const float* residual, float* dx) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
   const float* xr = x + r * cols;
-  const float* gr = dy + r * cols;
+  const float* gr = dy_h ? nullptr : dy + r * cols;
+  const uint16_t* hr = dy_h ? dy_h + r * cols : nullptr;
   const float m = mean[r], rs = rstd[r];
   double s1 = 0.0, s2 = 0.0;
   for (int64_t j = lane; j < cols; j += kWarp) {
-    const float gg = gr[j] * gamma[j];
+    const float gg = in_at(gr, hr, j) * gamma[j];
     s1 += gg;
     s2 += double(gg) * double((xr[j] - m) * rs);
   }
@@ -468,7 +476,7 @@ __global__ void ln_bwd_dx_kernel(const float* dy, const float* x, const float* g
   const float* res = residual ? residual + r * cols : nullptr;
   for (int64_t j = lane; j < cols; j += kWarp) {
     const float h = (xr[j] - m) * rs;
-    const float d = rs * (gr[j] * gamma[j] - a - h * b);
+    const float d = rs * (in_at(gr, hr, j) * gamma[j] - a - h * b);
     dr[j] = res ? d + res[j] : d;
   }
 }
@@ -485,13 +493,15 @@ constexpr int kColRowsPerThread = kRowBlock * kColTile / kColThreads;
 struct PlainTerm {
   const float* a;
   int64_t lda;
-  __device__ float operator()(int64_t r, int64_t c) const { return a[r * lda + c]; }
+  const uint16_t* a_h = nullptr;  // a in BF16 bits (a unused), or null
+  __device__ float operator()(int64_t r, int64_t c) const { return in_at(a, a_h, r * lda + c); }
 };
 struct LnGammaTerm {
   const float *dy, *x, *mean, *rstd;
   int64_t cols;
+  const uint16_t* dy_h = nullptr;  // dy in BF16 bits (dy unused), or null
   __device__ float operator()(int64_t r, int64_t c) const {
-    return dy[r * cols + c] * ((x[r * cols + c] - mean[r]) * rstd[r]);
+    return in_at(dy, dy_h, r * cols + c) * ((x[r * cols + c] - mean[r]) * rstd[r]);
   }
 };
 template <class F>
@@ -707,13 +717,13 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
 
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, float* dx, float* dgamma_acc, float* dbeta_acc, Scratch& scratch,
-                        const float* residual, cudaStream_t st) {
+                        const float* residual, cudaStream_t st, const uint16_t* dy_h) {
   if (rows <= 0) return;
   if (cols <= 0) throw Error("layernorm_backward: no columns");
-  ln_bwd_dx_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(dy, x, gamma, mean, rstd, rows, cols, residual, dx);
+  ln_bwd_dx_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(dy, dy_h, x, gamma, mean, rstd, rows, cols, residual, dx);
   check_launch("ln_bwd_dx_kernel");
-  if (dgamma_acc) column_reduce(LnGammaTerm{dy, x, mean, rstd, cols}, rows, cols, dgamma_acc, scratch, st);
-  if (dbeta_acc) column_reduce(PlainTerm{dy, cols}, rows, cols, dbeta_acc, scratch, st);
+  if (dgamma_acc) column_reduce(LnGammaTerm{dy, x, mean, rstd, cols, dy_h}, rows, cols, dgamma_acc, scratch, st);
+  if (dbeta_acc) column_reduce(PlainTerm{dy, cols, dy_h}, rows, cols, dbeta_acc, scratch, st);
 }
 
 void column_sum_acc(const float* a, int64_t lda, int64_t rows, int64_t cols, float* out, Scratch& scratch,

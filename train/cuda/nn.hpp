@@ -149,10 +149,12 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
 // dx [rows, cols] written (plus residual [rows, cols], one float add, where
 // not null); dgamma_acc [cols] += sum_r dy * xhat and dbeta_acc [cols] (null:
 // skipped) += sum_r dy, each column summed in float64 over fixed blocks of 256
-// rows in row order, then the blocks in order (the CPU's order).
+// rows in row order, then the blocks in order (the CPU's order). dy_h (may be null; dy is then not read): dy in
+// BF16 bits (a linear layer's dx stored in BF16 alone), read widened.
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, float* dx, float* dgamma_acc, float* dbeta_acc, Scratch& scratch,
-                        const float* residual = nullptr, cudaStream_t stream = nullptr);
+                        const float* residual = nullptr, cudaStream_t stream = nullptr,
+                        const uint16_t* dy_h = nullptr);
 
 // ---- reductions over rows ---------------------------------------------------
 // out[c] += float(sum over r < rows of a[r*lda + c]) for c < cols (float64,

@@ -110,7 +110,7 @@ class Flow final : public fp4lab::train::test::ForwardingBackend {
   }
   // ---- readers that must get FP32 values ----
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* g, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dg, float* db, const Tensor* residual) override {
+                          Tensor& dx, float* dg, float* db, const Tensor* residual, const ProducerOutputs*) override {
     need(dy), need(x);
     if (residual) need(*residual);
     inner().layernorm_backward(dy, x, g, mean, rstd, dx, dg, db, residual);

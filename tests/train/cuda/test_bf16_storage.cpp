@@ -1,5 +1,6 @@
 // BF16 storage under precision.activations "bf16" (train/backend.hpp Bf16Edge): a linear layer's output read
-// only by GELU, the flash attention or the residual add is written by the GEMM in BF16 alone and read so. The promise is "bits
+// only by GELU, the flash attention, the residual add or (a dx) a LayerNorm's backward is written by the GEMM
+// in BF16 alone and read so. The promise is "bits
 // unchanged": the BF16 holds exactly r() of the FP32 output the layer wrote before (FP32 storage), and a
 // consumer reading it gives the bits it gave reading those FP32 values. Checked here:
 // - the linear layer alone: linear_forward's y_out and linear_backward's dx_out hold the RNE BF16 of the
@@ -7,8 +8,8 @@
 //   whose GEMMs write the BF16 directly (bf16: cuBLASLt's BF16 output and bias epilogue) and those that take
 //   the FP32 GEMM and a rounding pass (FP32 recipe, nvfp4, mxfp8); the weight and bias gradients unchanged;
 // - the consumers alone: GELU forward/backward, the flash attention forward/backward (both inputs BF16, and
-//   one of them) and the residual add (dropout_add) give the bits of the same call on FP32 tensors holding
-//   the BF16 values;
+//   one of them), the residual add (dropout_add) and LayerNorm's backward give the bits of the same call on
+//   FP32 tensors holding the BF16 values;
 // - whole GPT steps: every edge on, each edge alone, against every edge off (StepContext::bf16_storage = 0,
 //   the FP32 storage of before), the loss and every gradient bit for bit, for the FP32 and the bf16_flash
 //   attention, with and without biases, dense and MoE, and several recipes; the edges taken are counted, so
@@ -236,6 +237,38 @@ TEST_CASE("bf16 storage: the residual add reads a BF16-only branch with the bits
     }
 }
 
+TEST_CASE("bf16 storage: LayerNorm's backward reads a BF16-only dy with the bits of the FP32 one") {
+  auto be = make_backend("cuda");
+  be->set_activations(ActivationPrecision::bf16);
+  for (int64_t rows : {48, 37, 300})
+    for (int64_t cols : {32, 29})
+      for (bool residual : {false, true}) {
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CAPTURE(residual);
+        const int64_t n = rows * cols;
+        Tensor x = bt::put(*be, bt::randv(size_t(n), 12), rows, cols);
+        Tensor g = bt::put(*be, bt::randv(size_t(cols), 13, 0.5f, 1.0f), 1, cols);
+        Tensor bta = bt::put(*be, bt::randv(size_t(cols), 14), 1, cols);
+        Tensor y = be->empty(rows, cols), mean = be->empty(1, rows), rstd = be->empty(1, rows);
+        be->layernorm_forward(x, g.data, bta.data, 1e-5f, y, mean, rstd);
+        const std::vector<float> dyv = bf16_valued(bt::randv(size_t(n), 15));
+        Tensor dy = bt::put(*be, dyv, rows, cols), res = bt::put(*be, bt::randv(size_t(n), 16), rows, cols);
+        ProducerOutputs dyo = bf16_only(*be, rows, cols);
+        put_bf16(dyo.bf16, bits_of(dyv));
+        dyo.bf16_written = true;
+        const Tensor dys = output_tensor(*be, dyo);
+        Tensor dx[2] = {be->empty(rows, cols), be->empty(rows, cols)};
+        Tensor dg[2] = {be->zeros(1, cols), be->zeros(1, cols)}, db[2] = {be->zeros(1, cols), be->zeros(1, cols)};
+        for (int w = 0; w < 2; ++w)
+          be->layernorm_backward(w ? dys : dy, x, g.data, mean, rstd, dx[w], dg[w].data, db[w].data,
+                                 residual ? &res : nullptr, w ? &dyo : nullptr);
+        expect_same_bits("layernorm_backward dx (dy BF16 only)", get(*be, dx[0]), get(*be, dx[1]));
+        expect_same_bits("layernorm_backward dgamma", get(*be, dg[0]), get(*be, dg[1]));
+        expect_same_bits("layernorm_backward dbeta", get(*be, db[0]), get(*be, db[1]));
+      }
+}
+
 namespace {
 
 // Counts the linear calls that stored their output in BF16 alone, by layer name and pass.
@@ -284,7 +317,10 @@ const char* edge_key(Bf16Edge e) {
     case Bf16Edge::flash_qkv: return "h.0.attn.c_attn y";
     case Bf16Edge::flash_dout: return "h.0.attn.c_proj dx";
     case Bf16Edge::attn_branch: return "h.0.attn.c_proj y";
-    default: return "h.0.mlp.c_proj y";
+    case Bf16Edge::mlp_branch: return "h.0.mlp.c_proj y";
+    case Bf16Edge::lnf_dy: return "lm_head dx";
+    case Bf16Edge::ln1_dy: return "h.0.attn.c_attn dx";
+    default: return "h.0.mlp.c_fc dx";
   }
 }
 
@@ -339,7 +375,8 @@ TEST_CASE("bf16 storage: GPT steps with each edge stored in BF16 give the bits o
           for (int e = 0; e < kBf16Edges; ++e) {
             const Bf16Edge edge = Bf16Edge(e);
             const bool flash_edge = edge == Bf16Edge::flash_qkv || edge == Bf16Edge::flash_dout;
-            const bool mlp_edge = edge == Bf16Edge::fc_out || edge == Bf16Edge::proj_dx || edge == Bf16Edge::mlp_branch;
+            const bool mlp_edge = edge == Bf16Edge::fc_out || edge == Bf16Edge::proj_dx ||
+                                  edge == Bf16Edge::mlp_branch || edge == Bf16Edge::ln2_dy;
             const bool exists = flash_edge ? std::string(attention) == "bf16_flash" : !(mlp_edge && f == "gpt moe");
             const bool want = exists && (mask & bf16_edge_bit(edge)) != 0;
             INFO("edge ", bf16_edge_name(edge), ": ", be.taken[edge_key(edge)], " BF16-stored calls");
