@@ -120,7 +120,8 @@ TEST_CASE("bf16 storage: a linear layer's BF16 output is r() of its FP32 output 
                         Case{"mxfp8", &mxfp8, blocked}})
     for (const Shape& s : c.shapes)
       for (bool bias : {false, true}) {
-        CAPTURE(c.name);
+        const std::string recipe = c.name;
+        CAPTURE(recipe);
         CAPTURE(s.B);
         CAPTURE(s.in);
         CAPTURE(s.out);
@@ -336,9 +337,10 @@ TEST_CASE("bf16 storage: GPT steps with each edge stored in BF16 give the bits o
   for (const R& rc : {R{"fp32", nullptr}, R{"bf16", &bf16}, R{"nvfp4", &nvfp4}, R{"mxfp8", &mxfp8}})
     for (const char* attention : {"fp32", "bf16_flash"})
       for (const char* form : {"gpt", "gpt bias", "gpt moe"}) {
-        CAPTURE(rc.name);
-        CAPTURE(attention);
-        CAPTURE(form);
+        const std::string recipe = rc.name, attn = attention, model_form = form;
+        CAPTURE(recipe);
+        CAPTURE(attn);
+        CAPTURE(model_form);
         const std::string f = form;
         ModelConfig mc;
         mc.type = "gpt";
