@@ -51,8 +51,8 @@ class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
   // y_bf16 (dx_bf16), may be null: the output's BF16 storage (Backend::linear_forward's y_out): y (dx) is
   // written there alone as BF16, y = r(acc + r(b)) (with the plan's bias), dx = r(acc), the bits that the FP32
   // output rounded by add_bias_bf16_device (round_bf16_inplace) holds; y (dx) is then neither allocated nor
-  // written. The GEMM writes the BF16 itself where its operands are both plain BF16 roundings (cuBLASLt's
-  // BF16 output, the bias in its epilogue); otherwise an FP32 GEMM into scratch and one rounding pass.
+  // written. The GEMM writes the BF16 itself where its operands are both plain BF16 roundings and there is
+  // no bias (cuBLASLt's BF16 output); otherwise an FP32 GEMM into scratch and one rounding pass.
   void forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc,
                const ProducerOutputs* x_from = nullptr, uint16_t* y_bf16 = nullptr);

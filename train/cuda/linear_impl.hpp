@@ -381,8 +381,9 @@ struct LinearCore {
   // a_elems / b_elems = their element counts). A and B come from slot[0] / slot[1]
   // as given in sa / sb (for expansion scratch).
   // out (may be null): C in BF16 alone (Bf16Out; c unused): cuBLASLt's BF16 output where both operands are
-  // plain BF16 roundings (no global scale, alpha 1: the GEMM scripts/bf16_out_gemm_probe.cu checked), else
-  // this GEMM into FP32 scratch and one rounding pass (the same bits: r() of the FP32 result).
+  // plain BF16 roundings (no global scale, alpha 1: the GEMM scripts/bf16_out_gemm_probe.cu checked) and no
+  // bias goes into its epilogue (kBf16BiasEpilogue), else this GEMM into FP32 scratch and one rounding pass (the
+  // same bits: r() of the FP32 result).
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const DevOperand& a,
             int64_t lda, int64_t a_elems, Slot& sa, const DevOperand& b, int64_t ldb, int64_t b_elems, Slot& sb,
             float* c, int64_t ldc, float beta, const Bf16Out* out = nullptr) {
