@@ -5,7 +5,7 @@
 // consumer reading it gives the bits it gave reading those FP32 values. Checked here:
 // - the linear layer alone: linear_forward's y_out and linear_backward's dx_out hold the RNE BF16 of the
 //   FP32-output call's y and dx, element for element, with and without a bias, on odd shapes, for the recipes
-//   whose GEMMs write the BF16 directly (bf16: cuBLASLt's BF16 output and bias epilogue) and those that take
+//   whose GEMMs write the BF16 directly (bf16 without a bias: cuBLASLt's BF16 output) and those that take
 //   the FP32 GEMM and a rounding pass (FP32 recipe, nvfp4, mxfp8); the weight and bias gradients unchanged;
 // - the consumers alone: GELU forward/backward, the flash attention forward/backward (both inputs BF16, and
 //   one of them), the residual add (dropout_add) and LayerNorm's backward give the bits of the same call on
@@ -113,7 +113,7 @@ TEST_CASE("bf16 storage: a linear layer's BF16 output is r() of its FP32 output 
     const fp4lab::Recipe* r;
     std::vector<Shape> shapes;
   };
-  // bf16: cuBLASLt writes the BF16 (and adds the bias) itself; the others: FP32 GEMM, then one rounding pass.
+  // bf16 without a bias: cuBLASLt writes the BF16 itself; the others: FP32 GEMM, then one rounding pass.
   const std::vector<Shape> odd = {{48, 32, 96}, {37, 29, 51}, {1, 7, 3}, {130, 65, 257}};
   const std::vector<Shape> blocked = {{48, 32, 96}, {64, 64, 48}};  // the NVFP4/MX blocks' multiples
   for (const Case& c : {Case{"fp32", nullptr, odd}, Case{"bf16", &bf16, odd}, Case{"nvfp4", &nvfp4, blocked},
