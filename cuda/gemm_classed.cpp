@@ -27,8 +27,9 @@ int alignment(const void* p) {
 struct LtDesc {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  // ctype: C's (and D's) type; bias (CUDA_R_16BF output only): the BIAS epilogue's vector [m], of C's type.
   LtDesc(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
-         int64_t ldc, bool device_scalars) {
+         int64_t ldc, bool device_scalars, cudaDataType_t ctype = CUDA_R_32F, const void* bias = nullptr) {
     try {
       check_cublas(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
       check_cublas(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
@@ -42,8 +43,14 @@ struct LtDesc {
                    "cublasLtMatrixLayoutCreate A");
       check_cublas(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, uint64_t(bt ? n : k), uint64_t(bt ? k : n), ldb),
                    "cublasLtMatrixLayoutCreate B");
-      check_cublas(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, uint64_t(m), uint64_t(n), ldc),
+      check_cublas(cublasLtMatrixLayoutCreate(&lc, ctype, uint64_t(m), uint64_t(n), ldc),
                    "cublasLtMatrixLayoutCreate C");
+      if (bias) {
+        const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        check_cublas(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep), "EPILOGUE");
+        check_cublas(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                     "BIAS_POINTER");
+      }
     } catch (...) {
       release();
       throw;
@@ -84,7 +91,7 @@ cublasLtMatmulAlgo_t first_algo(Blas& blas, const LtDesc& d, int align_a, int al
     st = cublasLtMatmulAlgoGetHeuristic(blas.lt(), d.op, d.la, d.lb, d.lc, d.lc, pref, 1, &heur, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   check_cublas(st, "cuBLASLt heuristic (classed BF16 GEMM)");
-  if (found == 0) throw InternalError("internal error: cuBLASLt found no BF16 -> FP32 matmul algorithm for this shape");
+  if (found == 0) throw InternalError("internal error: cuBLASLt found no BF16 matmul algorithm for this shape");
   return heur.algo;
 }
 
@@ -93,21 +100,37 @@ cublasLtMatmulAlgo_t first_algo(Blas& blas, const LtDesc& d, int align_a, int al
 void ClassedGemm::bf16_f32(Blas& blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
                            const float* alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
                            const float* beta, float* c, int64_t ldc, bool device_scalars) {
+  run(blas, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, CUDA_R_32F, ldc, device_scalars, nullptr);
+}
+
+void ClassedGemm::bf16_bf16(Blas& blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                            const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
+                            const uint16_t* bias) {
+  const float one = 1.0f, zero = 0.0f;
+  run(blas, ta, tb, m, n, k, &one, a, lda, b, ldb, &zero, c, CUDA_R_16BF, ldc, false, bias);
+}
+
+void ClassedGemm::run(Blas& blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                      const float* alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                      const float* beta, void* c, cudaDataType_t ctype, int64_t ldc, bool device_scalars,
+                      const uint16_t* bias) {
   const int aa = alignment(a), ab = alignment(b), ac = alignment(c);
   const int64_t mc = gemm_shape_class(m), nc = gemm_shape_class(n), kc = gemm_shape_class(k);
-  const Key key{int(ta), int(tb), mc, nc, kc, aa, ab, ac, device_scalars};
-  const LtDesc d(ta, tb, m, n, k, lda, ldb, ldc, device_scalars);
+  // The output form (type, bias and the bias's alignment) is part of the key: another epilogue, another algorithm.
+  const int form = int(ctype) * 1024 + (bias ? 512 + alignment(bias) : 0);
+  const Key key{int(ta), int(tb), mc, nc, kc, aa, ab, ac, device_scalars, form};
+  const LtDesc d(ta, tb, m, n, k, lda, ldb, ldc, device_scalars, ctype, bias);
   auto it = algos_.find(key);
   if (it == algos_.end()) {
     const bool at = ta != CUBLAS_OP_N, bt = tb != CUBLAS_OP_N;
-    const LtDesc dc(ta, tb, mc, nc, kc, at ? kc : mc, bt ? nc : kc, mc, device_scalars);
+    const LtDesc dc(ta, tb, mc, nc, kc, at ? kc : mc, bt ? nc : kc, mc, device_scalars, ctype, bias);
     it = algos_.emplace(key, first_algo(blas, dc, aa, ab, ac)).first;
   }
   cublasStatus_t st = cublasLtMatmul(blas.lt(), d.op, alpha, a, d.la, b, d.lb, beta, c, d.lc, c, d.lc, &it->second,
                                      blas.workspace(), blas.workspace_bytes(), blas.stream());
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
     // The class's algorithm refuses this shape: the shape's own (kept under its exact key).
-    const Key exact{int(ta), int(tb), -m, -n, -k, aa, ab, ac, device_scalars};
+    const Key exact{int(ta), int(tb), -m, -n, -k, aa, ab, ac, device_scalars, form};
     auto e = algos_.find(exact);
     if (e == algos_.end()) e = algos_.emplace(exact, first_algo(blas, d, aa, ab, ac)).first;
     st = cublasLtMatmul(blas.lt(), d.op, alpha, a, d.la, b, d.lb, beta, c, d.lc, c, d.lc, &e->second,

@@ -87,6 +87,9 @@ struct Tensor {
 // (Backend::linear_input_needs), has the backend allocate it
 // (Backend::producer_outputs), hands the object to the producer, then to the
 // consumer's linear_forward (x) or linear_backward (dy). No other op sees it.
+// The other direction, a linear layer producing for a non-linear op (BF16
+// storage, Bf16Edge below), uses the same object: the layer's y_out / dx_out,
+// the op's x_from (qkv_from, dy_from, dout_from).
 //
 // What a linear layer's plan wants of the producer of its input x (grad: of
 // its output gradient dy):
@@ -125,6 +128,38 @@ struct ProducerOutputs {
   // the consumers read nothing but bf16.
   bool f32 = true;
 };
+
+// BF16 storage (ActivationPrecision::bf16): the edges along which a linear layer's GEMM output, read by a
+// non-linear op (no linear layer), may be stored in BF16 alone: the layer gets the edge's ProducerOutputs
+// (bf16 set, f32 false; model.hpp bf16_storage_for) as linear_forward's y_out or linear_backward's dx_out,
+// writes its r()-rounded output there and leaves the FP32 Tensor without data; the consumer gets the same
+// object as its input's *_from and reads the BF16 (the same values). Backend::stores_bf16 says where a
+// backend does it; StepContext::bf16_storage switches each edge (tests compare the two, bit for bit).
+enum class Bf16Edge : uint8_t {
+  fc_out,      // mlp.c_fc's y -> gelu_forward and gelu_backward (x)
+  proj_dx,     // mlp.c_proj's dx -> gelu_backward (dy)
+  flash_qkv,   // attn.c_attn's y -> attention_forward / attention_backward (qkv), bf16_flash attention only
+  flash_dout,  // attn.c_proj's dx -> attention_backward (dout), bf16_flash attention only
+  attn_branch,  // attn.c_proj's y -> dropout_add (the residual branch; the sum, FP32, a new tensor)
+  mlp_branch,   // mlp.c_proj's y -> dropout_add (the same; the dense MLP only)
+  lnf_dy,       // lm_head's dx -> ln_f's layernorm_backward (dy)
+  ln1_dy,       // attn.c_attn's dx -> ln_1's layernorm_backward (dy)
+  ln2_dy,       // mlp.c_fc's dx -> ln_2's layernorm_backward (dy; the dense MLP only)
+};
+inline constexpr int kBf16Edges = 9;
+inline constexpr uint32_t bf16_edge_bit(Bf16Edge e) { return 1u << unsigned(e); }
+inline constexpr uint32_t kAllBf16Edges = (1u << kBf16Edges) - 1;
+inline const char* bf16_edge_name(Bf16Edge e) {
+  constexpr const char* names[kBf16Edges] = {"mlp.c_fc y -> gelu (fc_out)", "mlp.c_proj dx -> gelu' dy (proj_dx)",
+                                             "attn.c_attn y -> flash attention qkv (flash_qkv)",
+                                             "attn.c_proj dx -> flash attention dout (flash_dout)",
+                                             "attn.c_proj y -> dropout_add (attn_branch)",
+                                             "mlp.c_proj y -> dropout_add (mlp_branch)",
+                                             "lm_head dx -> ln_f backward dy (lnf_dy)",
+                                             "attn.c_attn dx -> ln_1 backward dy (ln1_dy)",
+                                             "mlp.c_fc dx -> ln_2 backward dy (ln2_dy)"};
+  return names[unsigned(e)];
+}
 
 // A view of `rows x cols` floats at `p` (no ownership).
 inline Tensor view_of(float* p, int64_t rows, int64_t cols) {
@@ -215,7 +250,10 @@ struct DropoutKey {
 //                      of dropout_add) in FP32, embeddings, ViT tokens,
 //                      gather/scatter/combine rows, routing, the optimiser.
 // Tensors stay float: a CPU buffer holds BF16-representable values where r()
-// applied. A backend may store such a tensor in BF16 (the same values).
+// applied. A backend may store such a tensor in BF16 (the same values): the
+// CUDA backend does for a linear layer's y (dx) read only by the op named by a
+// Bf16Edge, written by the GEMM as BF16 (y = r(acc + r(b)), dx = r(acc), the
+// same bits) and read by that op from the BF16 (stores_bf16 below).
 // Every op of fp32 mode is bit-identical to a backend without this mode.
 class Backend {
  public:
@@ -263,10 +301,16 @@ class Backend {
   // nothing); a layer takes only what is written, and x.data (dy.data) may be
   // null only where x_from->bf16 is written and the plan reads nothing else
   // (ProducerOutputs::f32 false).
+  // y_out (dx_out): the producer outputs of y's (dx's) consumer, a non-linear op
+  // (Bf16Edge), or null. Where y_out->f32 is false (only where stores_bf16 said
+  // so), y is written into y_out->bf16 alone (BF16 storage; y keeps its shape and
+  // data null) and y_out->bf16_written set; otherwise nothing is written there.
   virtual void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                              std::unique_ptr<LinearState>& state, const ProducerOutputs* x_from = nullptr) = 0;
+                              std::unique_ptr<LinearState>& state, const ProducerOutputs* x_from = nullptr,
+                              ProducerOutputs* y_out = nullptr) = 0;
   virtual void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
-                               Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from = nullptr) = 0;
+                               Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from = nullptr,
+                               ProducerOutputs* dx_out = nullptr) = 0;
   // The same for a context planned on the spot (callers outside a model's pass: LinearFunction, tests).
   void linear_forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                       std::unique_ptr<LinearState>& state) {
@@ -299,6 +343,13 @@ class Backend {
   LinearInputNeeds linear_input_needs(const LinearContext& ctx, bool grad, int64_t rows, int64_t cols) {
     return linear_input_needs(plan_layer(ctx), grad, rows, cols);
   }
+  // BF16 storage: whether this backend, in the current pass, stores the linear
+  // output of edge e in BF16 alone for its consumer (Bf16Edge). Default: never
+  // (the CPU backend keeps float tensors, and ignores the *_from of a BF16 form it never makes).
+  virtual bool stores_bf16(Bf16Edge e) const {
+    (void)e;
+    return false;
+  }
   // Buffers for `needs` of a [rows, cols] tensor (f32 true). Default: only
   // for empty needs (a backend that states needs allocates their buffers).
   virtual ProducerOutputs producer_outputs(const LinearInputNeeds& needs, int64_t rows, int64_t cols) {
@@ -317,24 +368,36 @@ class Backend {
   // dx written; dgamma/dbeta accumulated (dbeta may be null). With a residual
   // (same shape as x), dx = LayerNorm's input gradient + residual, one float
   // add per element: the bits of layernorm_backward then add_inplace(dx, *residual).
+  // dy_from: what dy's producer, a linear layer, wrote for it (Bf16Edge lnf_dy,
+  // ln1_dy, ln2_dy), or null; as gelu_forward's x_from.
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean,
                                   const Tensor& rstd, Tensor& dx, float* dgamma_acc, float* dbeta_acc,
-                                  const Tensor* residual = nullptr) = 0;
+                                  const Tensor* residual = nullptr, const ProducerOutputs* dy_from = nullptr) = 0;
 
   // GELU, exact erf form (PyTorch nn.GELU()): y = x * Phi(x).
   // out: y's (dx's) consumer's producer outputs (may be null): BF16 and amaxes.
-  virtual void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* out = nullptr) = 0;
-  virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* out = nullptr) = 0;
+  // x_from (dy_from): what x's (dy's) producer, a linear layer, wrote for it
+  // (Bf16Edge fc_out, proj_dx), or null; x.data (dy.data) may be null only where
+  // its BF16 is written (BF16 storage).
+  virtual void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* out = nullptr,
+                            const ProducerOutputs* x_from = nullptr) = 0;
+  virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* out = nullptr,
+                             const ProducerOutputs* x_from = nullptr, const ProducerOutputs* dy_from = nullptr) = 0;
 
   // Multi-head self-attention core on qkv [B*T, 3C] (q | k | v column blocks,
   // head h = columns h*hd..(h+1)*hd of each block): out [B*T, C].
   // probs [B*H*T, T] saves the softmax probabilities (before dropout); with
   // s.bf16_flash it is [B*H*T, attention_saved_cols] (CUDA backend only).
   // o: out's (dqkv's) consumer's producer outputs (may be null), here BF16 only (no amax).
+  // qkv_from (dout_from): what qkv's (dout's) producer, a linear layer, wrote for
+  // it (Bf16Edge flash_qkv, flash_dout), or null; as gelu_forward's x_from.
   virtual void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs,
-                                 DropoutKey key, ProducerOutputs* o = nullptr) = 0;
+                                 DropoutKey key, ProducerOutputs* o = nullptr,
+                                 const ProducerOutputs* qkv_from = nullptr) = 0;
   virtual void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                                  Tensor& dqkv, DropoutKey key, ProducerOutputs* o = nullptr) = 0;
+                                  Tensor& dqkv, DropoutKey key, ProducerOutputs* o = nullptr,
+                                  const ProducerOutputs* qkv_from = nullptr,
+                                  const ProducerOutputs* dout_from = nullptr) = 0;
 
   // Inverted dropout in place (p = 0 is a no-op); backward applies the same mask to dy.
   virtual void dropout_forward(Tensor& x, float p, DropoutKey key) = 0;
@@ -363,7 +426,13 @@ class Backend {
   // The residual branch y = dropout(y) + x: dropout_forward(y, p, key) then
   // add_inplace(y, x), which is what this default does; a backend may do both in
   // one pass (the same operations per element, so the same bits).
-  virtual void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) {
+  // y_from: what y's producer, a linear layer, wrote for it (Bf16Edge attn_branch,
+  // mlp_branch), or null; where y has no FP32 values (its BF16 is written), y is
+  // made a new tensor (empty) holding the sum. Only a backend that stores_bf16 sees that.
+  virtual void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key,
+                           const ProducerOutputs* y_from = nullptr) {
+    (void)y_from;
+    FP4LAB_CHECK(y.data || y.size() == 0, "backend " + name() + ": dropout_add of a BF16-only branch it cannot read");
     dropout_forward(y, p, key);
     add_inplace(y, x);
   }

@@ -14,6 +14,8 @@ struct Block {
   LinearLayer c_attn, attn_proj, c_fc, mlp_proj;  // c_fc, mlp_proj: the dense MLP (moe null)
   std::unique_ptr<MoeMlp> moe;
   Tensor x_in, a, mean1, rstd1, qkv, probs, att, x_mid, m_in, mean2, rstd2, f, g;
+  // qkv's and f's BF16 storage (bf16_storage_for), which their consumers read in the forward and the backward.
+  ProducerOutputs qkv_o, f_o;
 };
 
 class Gpt final : public CrossEntropyModel, private LinearCalls {
@@ -90,26 +92,32 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   const float* ptr(int i) const { return i >= 0 ? params_.value_ptr(i) : nullptr; }
   float* gptr(int i) const { return i >= 0 ? params_.grad_ptr(i) : nullptr; }
   // x_from (dy_from): what x's (dy's) producer wrote for l (outputs_for), or null.
-  Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x, const ProducerOutputs* x_from = nullptr) {
-    Tensor y;
-    linear(l, s, x, y, x_from);
+  // y_out (dx_out): the output's BF16 storage for its non-linear consumer (bf16_storage_for), or null; where it
+  // holds the BF16 alone, the returned tensor has its shape and no data.
+  Tensor lin_fwd(LinearLayer& l, const StepContext& s, const Tensor& x, const ProducerOutputs* x_from = nullptr,
+                 ProducerOutputs* y_out = nullptr) {
+    Tensor y = y_out && !y_out->f32 ? output_tensor(be_, *y_out) : Tensor{};  // BF16 alone: the shape
+    linear(l, s, x, y, x_from, y_out);
     return y;
   }
-  Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy, const ProducerOutputs* dy_from = nullptr) {
-    Tensor dx;
-    linear_grad(l, s, dy, dx, dy_from);
+  Tensor lin_bwd(LinearLayer& l, const StepContext& s, const Tensor& dy, const ProducerOutputs* dy_from = nullptr,
+                 ProducerOutputs* dx_out = nullptr) {
+    Tensor dx = dx_out && !dx_out->f32 ? output_tensor(be_, *dx_out) : Tensor{};
+    linear_grad(l, s, dy, dx, dy_from, dx_out);
     return dx;
   }
-  void linear(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y, const ProducerOutputs* x_from) {
+  void linear(LinearLayer& l, const StepContext& s, const Tensor& x, Tensor& y, const ProducerOutputs* x_from,
+              ProducerOutputs* y_out = nullptr) {
     capture(l.name, "x", s, x);
     capture(l.name, "w", s, params_.value(l.w));
-    be_.linear_forward(l.lp, x, params_.value(l.w), ptr(l.b), y, l.state, x_from);
+    be_.linear_forward(l.lp, x, params_.value(l.w), ptr(l.b), y, l.state, x_from, y_out);
   }
-  void linear_grad(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx, const ProducerOutputs* dy_from) {
+  void linear_grad(LinearLayer& l, const StepContext& s, const Tensor& dy, Tensor& dx, const ProducerOutputs* dy_from,
+                   ProducerOutputs* dx_out = nullptr) {
     l.check_backward_plan(s);
     capture(l.name, "dy", s, dy);
     Tensor dw = params_.grad(l.w);
-    be_.linear_backward(l.lp, *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b), dy_from);
+    be_.linear_backward(l.lp, *l.state, params_.value(l.w), dy, dx, dw, gptr(l.b), dy_from, dx_out);
   }
   // LinearCalls (the MoE layers' linears, no producer outputs): y / dx written in place when shaped.
   // (l.lp: planned at the start of the pass, forward's plan_layers or MoeMlp::forward.)
@@ -201,14 +209,18 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       k.mean1 = be_.empty(1, N);
       k.rstd1 = be_.empty(1, N);
       be_.layernorm_forward(x, ptr(k.ln1_w), ptr(k.ln1_b), eps, k.a, k.mean1, k.rstd1, &a_o);
-      k.qkv = lin_fwd(k.c_attn, s, k.a, &a_o);
+      // attn.c_attn -> attention: qkv in BF16 alone for the flash attention (forward and backward)
+      k.qkv_o = bf16_storage_for(be_, s, Bf16Edge::flash_qkv, N, 3 * C, shape(B, p).bf16_flash);
+      k.qkv = lin_fwd(k.c_attn, s, k.a, &a_o, &k.qkv_o);
       // attention -> attn.c_proj (x)
       k.probs = be_.empty(B * cfg_.heads * T, attention_saved_cols(shape(B, p), C / cfg_.heads));
       ProducerOutputs att_o = outputs_for(be_, {&k.attn_proj}, s, false, N, C, true);
       k.att = output_tensor(be_, att_o);
-      be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)), &att_o);
-      Tensor y = lin_fwd(k.attn_proj, s, k.att, &att_o);
-      be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)));  // the residual feeds ln_2, not a linear
+      be_.attention_forward(shape(B, p), k.qkv, k.att, k.probs, dropout_key(s, site(i, 0)), &att_o, &k.qkv_o);
+      // attn.c_proj -> the residual add: its y in BF16 alone, the sum a new FP32 tensor
+      ProducerOutputs y_o = bf16_storage_for(be_, s, Bf16Edge::attn_branch, N, C);
+      Tensor y = lin_fwd(k.attn_proj, s, k.att, &att_o, &y_o);
+      be_.dropout_add(y, x, p, dropout_key(s, site(i, 1)), &y_o);  // the residual feeds ln_2, not a linear
       k.x_mid = y;
       // ln_2 -> mlp.c_fc (x); the MoE MLP's input has other readers (router, gather, shared expert): nothing
       ProducerOutputs m_o = k.moe ? be_.producer_outputs({}, N, C) : outputs_for(be_, {&k.c_fc}, s, false, N, C, true);
@@ -217,19 +229,23 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       k.rstd2 = be_.empty(1, N);
       be_.layernorm_forward(k.x_mid, ptr(k.ln2_w), ptr(k.ln2_b), eps, k.m_in, k.mean2, k.rstd2, &m_o);
       Tensor m;
+      ProducerOutputs mo;  // mlp.c_proj -> the residual add (the dense MLP): as attn.c_proj's
       if (k.moe) {
         m = k.moe->forward(be_, *this, s, k.m_in);
       } else {
-        k.f = lin_fwd(k.c_fc, s, k.m_in, &m_o);
+        // mlp.c_fc -> gelu: f in BF16 alone (read by gelu_forward and gelu_backward)
+        k.f_o = bf16_storage_for(be_, s, Bf16Edge::fc_out, N, 4 * C);
+        k.f = lin_fwd(k.c_fc, s, k.m_in, &m_o, &k.f_o);
         // gelu -> mlp.c_proj (x): BF16 and/or the NVFP4 amaxes
         ProducerOutputs g_o = outputs_for(be_, {&k.mlp_proj}, s, false, N, 4 * C, true);
         k.g = output_tensor(be_, g_o);
-        be_.gelu_forward(k.f, k.g, &g_o);
-        m = lin_fwd(k.mlp_proj, s, k.g, &g_o);
+        be_.gelu_forward(k.f, k.g, &g_o, &k.f_o);
+        mo = bf16_storage_for(be_, s, Bf16Edge::mlp_branch, N, C);
+        m = lin_fwd(k.mlp_proj, s, k.g, &g_o, &mo);
       }
       {  // the MoE MLP's output is its FP32 weighted sum (backend.hpp)
         const ActivationScope combined(be_, k.moe ? ActivationPrecision::fp32 : be_.activations());
-        be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)));
+        be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)), &mo);
       }
       x = m;
     }
@@ -246,13 +262,16 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   void backward(const Batch& bt, const StepContext& s, const Tensor& dlogits) override {
     const int64_t B = batch_, T = cfg_.context, C = cfg_.width, N = B * T;
     const float p = s.train ? float(cfg_.dropout) : 0.0f;
-    Tensor dxf = lin_bwd(head_, s, dlogits);  // dW into wte's gradient (tied)
+    // lm_head's dx -> ln_f's backward: in BF16 alone
+    ProducerOutputs dxf_o = bf16_storage_for(be_, s, Bf16Edge::lnf_dy, N, C);
+    Tensor dxf = lin_bwd(head_, s, dlogits, nullptr, &dxf_o);  // dW into wte's gradient (tied)
     Tensor dx = be_.empty(N, C);
-    be_.layernorm_backward(dxf, xf_in_, ptr(lnf_w_), meanf_, rstdf_, dx, gptr(lnf_w_), gptr(lnf_b_));
+    be_.layernorm_backward(dxf, xf_in_, ptr(lnf_w_), meanf_, rstdf_, dx, gptr(lnf_w_), gptr(lnf_b_), nullptr, &dxf_o);
     for (int64_t i = int64_t(blocks_.size()) - 1; i >= 0; --i) {
       Block& k = blocks_[size_t(i)];
       // x_out = x_mid + drop(c_proj(gelu(c_fc(ln_2(x_mid)))))
       Tensor dmi;
+      ProducerOutputs dmi_o;  // mlp.c_fc's dx -> ln_2's backward (the dense MLP): in BF16 alone
       if (k.moe) {
         Tensor dm = be_.empty(N, C);
         {
@@ -265,27 +284,37 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         ProducerOutputs dm_o = outputs_for(be_, {&k.mlp_proj}, s, true, N, C, true);
         Tensor dm = output_tensor(be_, dm_o);
         be_.dropout_backward_to(dx, dm, p, dropout_key(s, site(i, 2)), &dm_o);
-        Tensor dg = lin_bwd(k.mlp_proj, s, dm, &dm_o);
+        // mlp.c_proj's dx -> gelu': dg in BF16 alone
+        ProducerOutputs dg_o = bf16_storage_for(be_, s, Bf16Edge::proj_dx, N, 4 * C);
+        Tensor dg = lin_bwd(k.mlp_proj, s, dm, &dm_o, &dg_o);
         // gelu' -> mlp.c_fc (dy)
         ProducerOutputs df_o = outputs_for(be_, {&k.c_fc}, s, true, N, 4 * C, true);
         Tensor df = output_tensor(be_, df_o);
-        be_.gelu_backward(k.f, dg, df, &df_o);
-        dmi = lin_bwd(k.c_fc, s, df, &df_o);
+        be_.gelu_backward(k.f, dg, df, &df_o, &k.f_o, &dg_o);
+        dmi_o = bf16_storage_for(be_, s, Bf16Edge::ln2_dy, N, C);
+        dmi = lin_bwd(k.c_fc, s, df, &df_o, &dmi_o);
       }
       Tensor dmid = be_.empty(N, C);
-      be_.layernorm_backward(dmi, k.x_mid, ptr(k.ln2_w), k.mean2, k.rstd2, dmid, gptr(k.ln2_w), gptr(k.ln2_b));
+      be_.layernorm_backward(dmi, k.x_mid, ptr(k.ln2_w), k.mean2, k.rstd2, dmid, gptr(k.ln2_w), gptr(k.ln2_b), nullptr,
+                             &dmi_o);
       // x_mid = x_in + drop(c_proj(attn(c_attn(ln_1(x_in))))): dmid += dx, dy = drop(dmid).
       ProducerOutputs dy_o = outputs_for(be_, {&k.attn_proj}, s, true, N, C, true);
       Tensor dy = output_tensor(be_, dy_o);
       be_.add_dropout_backward_to(dmid, dx, dy, p, dropout_key(s, site(i, 1)), &dy_o);
-      Tensor datt = lin_bwd(k.attn_proj, s, dy, &dy_o);
+      // attn.c_proj's dx -> attention backward: datt in BF16 alone for the flash attention
+      ProducerOutputs datt_o = bf16_storage_for(be_, s, Bf16Edge::flash_dout, N, C, shape(B, p).bf16_flash);
+      Tensor datt = lin_bwd(k.attn_proj, s, dy, &dy_o, &datt_o);
       // attention backward -> attn.c_attn (dy)
       ProducerOutputs dq_o = outputs_for(be_, {&k.c_attn}, s, true, N, 3 * C, true);
       Tensor dqkv = output_tensor(be_, dq_o);
-      be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)), &dq_o);
-      Tensor da = lin_bwd(k.c_attn, s, dqkv, &dq_o);
+      be_.attention_backward(shape(B, p), k.qkv, k.probs, datt, dqkv, dropout_key(s, site(i, 0)), &dq_o, &k.qkv_o,
+                             &datt_o);
+      // attn.c_attn's dx -> ln_1's backward: in BF16 alone
+      ProducerOutputs da_o = bf16_storage_for(be_, s, Bf16Edge::ln1_dy, N, C);
+      Tensor da = lin_bwd(k.c_attn, s, dqkv, &dq_o, &da_o);
       Tensor dxin = be_.empty(N, C);
-      be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid);
+      be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid,
+                             &da_o);
       dx = dxin;
     }
     {

@@ -116,6 +116,11 @@ struct StepContext {
   // contract in train/backend.hpp): CrossEntropyModel sets it on the backend
   // at the start of every pass.
   ActivationPrecision activations = ActivationPrecision::fp32;
+  // BF16 storage of linear outputs read by non-linear ops (Bf16Edge, train/backend.hpp): the edges the model
+  // asks for (bf16_edge_bit of each), where the backend does it (Backend::stores_bf16). Cleared bits: that
+  // edge keeps the FP32 output. The same bits either way (tests/train/cuda/test_backend.cpp compares them).
+  uint32_t bf16_storage = kAllBf16Edges;
+  bool stores_bf16(Bf16Edge e) const { return (bf16_storage & bf16_edge_bit(e)) != 0; }
 };
 
 struct LinearLayerInfo {
@@ -274,6 +279,19 @@ inline ProducerOutputs outputs_for(Backend& be, std::initializer_list<const Line
   }
   ProducerOutputs o = be.producer_outputs(needs, rows, cols);
   o.f32 = !(needs.bf16 && only_linears && !(grad && bias));
+  return o;
+}
+
+// The producer outputs of the linear layer at edge e (train/backend.hpp Bf16Edge), a [rows, cols] output: its
+// BF16 alone (f32 false) where s asks for the edge, `applies` (the edge exists in this model: the flash edges
+// need bf16_flash attention) and the backend stores it; else nothing (f32 true: the FP32 output as before).
+inline ProducerOutputs bf16_storage_for(Backend& be, const StepContext& s, Bf16Edge e, int64_t rows, int64_t cols,
+                                        bool applies = true) {
+  const bool on = applies && s.stores_bf16(e) && be.stores_bf16(e);
+  LinearInputNeeds needs;
+  needs.bf16 = on;
+  ProducerOutputs o = be.producer_outputs(needs, rows, cols);
+  o.f32 = !on;
   return o;
 }
 

@@ -38,32 +38,39 @@ class ForwardingBackend : public Backend {
   using Backend::linear_forward;
   using Backend::linear_backward;
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                      std::unique_ptr<LinearState>& state, const ProducerOutputs* from) override {
-    inner().linear_forward(l, x, w, b, y, state, from);
+                      std::unique_ptr<LinearState>& state, const ProducerOutputs* from,
+                      ProducerOutputs* y_out) override {
+    inner().linear_forward(l, x, w, b, y, state, from, y_out);
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy, Tensor& dx,
-                       Tensor& dw_acc, float* db_acc, const ProducerOutputs* from) override {
-    inner().linear_backward(l, state, w, dy, dx, dw_acc, db_acc, from);
+                       Tensor& dw_acc, float* db_acc, const ProducerOutputs* from, ProducerOutputs* dx_out) override {
+    inner().linear_backward(l, state, w, dy, dx, dw_acc, db_acc, from, dx_out);
   }
+  bool stores_bf16(Bf16Edge e) const override { return inner_->stores_bf16(e); }
   void layernorm_forward(const Tensor& x, const float* gamma, const float* beta, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd, ProducerOutputs* o) override {
     inner().layernorm_forward(x, gamma, beta, eps, y, mean, rstd, o);
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
-    inner().layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, residual);
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual,
+                          const ProducerOutputs* dy_from) override {
+    inner().layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, residual, dy_from);
   }
-  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o) override { inner().gelu_forward(x, y, o); }
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o) override {
-    inner().gelu_backward(x, dy, dx, o);
+  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o, const ProducerOutputs* x_from) override {
+    inner().gelu_forward(x, y, o, x_from);
+  }
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o, const ProducerOutputs* x_from,
+                     const ProducerOutputs* dy_from) override {
+    inner().gelu_backward(x, dy, dx, o, x_from, dy_from);
   }
   void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,
-                         ProducerOutputs* o) override {
-    inner().attention_forward(s, qkv, out, probs, key, o);
+                         ProducerOutputs* o, const ProducerOutputs* qkv_from) override {
+    inner().attention_forward(s, qkv, out, probs, key, o, qkv_from);
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                          Tensor& dqkv, DropoutKey key, ProducerOutputs* o) override {
-    inner().attention_backward(s, qkv, probs, dout, dqkv, key, o);
+                          Tensor& dqkv, DropoutKey key, ProducerOutputs* o, const ProducerOutputs* qkv_from,
+                          const ProducerOutputs* dout_from) override {
+    inner().attention_backward(s, qkv, probs, dout, dqkv, key, o, qkv_from, dout_from);
   }
   void dropout_forward(Tensor& x, float p, DropoutKey key) override { inner().dropout_forward(x, p, key); }
   void dropout_backward(Tensor& dy, float p, DropoutKey key) override { inner().dropout_backward(dy, p, key); }
@@ -75,7 +82,9 @@ class ForwardingBackend : public Backend {
     inner().add_dropout_backward_to(y, x, dst, p, key, o);
   }
   void add_inplace(Tensor& y, const Tensor& x) override { inner().add_inplace(y, x); }
-  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override { inner().dropout_add(y, x, p, key); }
+  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key, const ProducerOutputs* y_from) override {
+    inner().dropout_add(y, x, p, key, y_from);
+  }
   void embed_forward(const int32_t* idx, int64_t batch, int64_t seq, const Tensor& wte, const Tensor& wpe,
                      Tensor& out) override {
     inner().embed_forward(idx, batch, seq, wte, wpe, out);

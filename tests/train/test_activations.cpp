@@ -40,17 +40,19 @@ class LinearWatch final : public test::ForwardingBackend {
   using Backend::linear_backward;
   using Backend::linear_forward;
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                      std::unique_ptr<LinearState>& state, const ProducerOutputs* from) override {
+                      std::unique_ptr<LinearState>& state, const ProducerOutputs* from,
+                      ProducerOutputs* y_out) override {
     ++calls;
     if (!bf16_valued(x.data, x.size())) not_bf16.push_back(std::string(l.ctx.layer_name) + ".x");
-    ForwardingBackend::linear_forward(l, x, w, b, y, state, from);
+    ForwardingBackend::linear_forward(l, x, w, b, y, state, from, y_out);
     if (!bf16_valued(y.data, y.size())) not_bf16.push_back(std::string(l.ctx.layer_name) + ".y");
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy, Tensor& dx,
-                       Tensor& dw_acc, float* db_acc, const ProducerOutputs* from) override {
+                       Tensor& dw_acc, float* db_acc, const ProducerOutputs* from,
+                       ProducerOutputs* dx_out) override {
     ++calls;
     if (!bf16_valued(dy.data, dy.size())) not_bf16.push_back(std::string(l.ctx.layer_name) + ".dy");
-    ForwardingBackend::linear_backward(l, state, w, dy, dx, dw_acc, db_acc, from);
+    ForwardingBackend::linear_backward(l, state, w, dy, dx, dw_acc, db_acc, from, dx_out);
     if (!bf16_valued(dx.data, dx.size())) not_bf16.push_back(std::string(l.ctx.layer_name) + ".dx");
   }
   int64_t calls = 0;

@@ -183,11 +183,13 @@ class CpuBackend final : public Backend {
 
   using Backend::linear_forward;
   using Backend::linear_backward;
-  // The CPU states no input needs (Backend::linear_input_needs), so no producer writes outputs for it.
+  // The CPU states no input needs (Backend::linear_input_needs), so no producer writes outputs for it, and
+  // stores no BF16 (stores_bf16 false), so y_out / dx_out never ask for the BF16 alone.
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                      std::unique_ptr<LinearState>& state, const ProducerOutputs*) override {
+                      std::unique_ptr<LinearState>& state, const ProducerOutputs*, ProducerOutputs* y_out) override {
     const ThreadCount use(threads_);
     FP4LAB_CHECK(x.data || x.size() == 0, "cpu linear_forward: x has no FP32 values");
+    FP4LAB_CHECK(!y_out || y_out->f32, "cpu linear_forward: the cpu backend stores no BF16-only output");
     auto st = std::make_unique<CpuLinearState>();
     auto ym = std::make_shared<MatrixRM>();
     if (bf16()) {  // x read as r(x), y = r(acc + r(b)) (backend.hpp)
@@ -207,9 +209,11 @@ class CpuBackend final : public Backend {
     state = std::move(st);
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
-                       Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs*) override {
+                       Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs*,
+                       ProducerOutputs* dx_out) override {
     const ThreadCount use(threads_);
     FP4LAB_CHECK(dy.data || dy.size() == 0, "cpu linear_backward: dy has no FP32 values");
+    FP4LAB_CHECK(!dx_out || dx_out->f32, "cpu linear_backward: the cpu backend stores no BF16-only output");
     const auto& st = dynamic_cast<const CpuLinearState&>(state);
     auto dxm = std::make_shared<MatrixRM>();
     MatrixRM dwm;
@@ -260,7 +264,8 @@ class CpuBackend final : public Backend {
     }
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual,
+                          const ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t n = x.rows, c = x.cols;
     if (residual) check_same("layernorm_backward residual", x, *residual);
@@ -292,14 +297,15 @@ class CpuBackend final : public Backend {
 
   // GELU and its derivative: train/gelu_math.hpp (the CUDA kernels' too, so
   // the same bits; vectorised, no libm call). dx may alias dy.
-  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs*) override {
+  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs*, const ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t n = x.size();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) y.data[i] = gelu_value(x.data[i]);
     if (bf16()) round_bf16_n(y.data, n);  // y = r(y)
   }
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs*) override {
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs*, const ProducerOutputs*,
+                     const ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t n = x.size();
     const float* xv = x.data;
@@ -311,7 +317,7 @@ class CpuBackend final : public Backend {
   }
 
   void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,
-                         ProducerOutputs*) override {
+                         ProducerOutputs*, const ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
     check_attention(s, qkv);
@@ -358,7 +364,8 @@ class CpuBackend final : public Backend {
     }
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                          Tensor& dqkv, DropoutKey key, ProducerOutputs*) override {
+                          Tensor& dqkv, DropoutKey key, ProducerOutputs*, const ProducerOutputs*,
+                          const ProducerOutputs*) override {
     const ThreadCount use(threads_);
     const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
     check_attention(s, qkv);

@@ -253,13 +253,23 @@ bool Attention::use_fused(const AttentionDims& d, std::initializer_list<const vo
   return false;
 }
 
-void Attention::forward(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_bf16) {
+const float* Attention::widened(const uint16_t* h, int64_t n, int slot) {
+  float* w = widen_[slot].at_least(size_t(n));
+  bf16_to_f32_device(h, n, nullptr, w, stream_);
+  return w;
+}
+
+void Attention::forward(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_bf16,
+                        const uint16_t* qkv_h) {
   check_dims(d);
   if (!out && !out_bf16) throw Error("attention forward: no output (out and out_bf16 both null)");
   if (d.batch * d.seq == 0) return;
   if (d.bf16_flash) {
-    forward_flash(d, qkv, out, probs, out_bf16);
-  } else if (use_fused(d, {qkv, out, probs})) {
+    forward_flash(d, qkv, qkv_h, out, probs, out_bf16);
+    return;
+  }
+  if (qkv_h) qkv = widened(qkv_h, d.batch * d.seq * 3 * d.width, 0);  // the FP32 paths read FP32
+  if (use_fused(d, {qkv, out, probs})) {
     forward_fused(d, qkv, out, probs, out_bf16);
   } else {
     const int64_t n = d.batch * d.seq * d.width;
@@ -270,13 +280,17 @@ void Attention::forward(const AttentionDims& d, const float* qkv, float* out, fl
 }
 
 void Attention::backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
-                         uint16_t* dqkv_bf16) {
+                         uint16_t* dqkv_bf16, const uint16_t* qkv_h, const uint16_t* dout_h) {
   check_dims(d);
   if (!dqkv && !dqkv_bf16) throw Error("attention backward: no output (dqkv and dqkv_bf16 both null)");
   if (d.batch * d.seq == 0) return;
   if (d.bf16_flash) {
-    backward_flash(d, qkv, probs, dout, dqkv, dqkv_bf16);
-  } else if (use_fused(d, {qkv, probs, dout, dqkv})) {
+    backward_flash(d, qkv, qkv_h, probs, dout, dout_h, dqkv, dqkv_bf16);
+    return;
+  }
+  if (qkv_h) qkv = widened(qkv_h, d.batch * d.seq * 3 * d.width, 0);  // the FP32 paths read FP32
+  if (dout_h) dout = widened(dout_h, d.batch * d.seq * d.width, 1);
+  if (use_fused(d, {qkv, probs, dout, dqkv})) {
     backward_fused(d, qkv, probs, dout, dqkv, dqkv_bf16);
   } else {
     const int64_t n = d.batch * d.seq * 3 * d.width;

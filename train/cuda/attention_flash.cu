@@ -5,7 +5,10 @@
 // in device memory.
 //
 // - Q, K, V (and dout in the backward) are read from the FP32 tensors and
-//   rounded to BF16 (round to nearest even) as their tiles enter shared memory.
+//   rounded to BF16 (round to nearest even) as their tiles enter shared memory,
+//   or from BF16 tensors (a linear layer's output stored in BF16 alone under
+//   bf16 activations: In = uint16_t), widened as they load: the same tiles
+//   where the FP32 tensor held those BF16 values (r is idempotent).
 // - Forward, one block per (sequence, head) and 64 query rows (4 warps of 16
 //   rows): the online softmax over key tiles (running row max m and sum l in
 //   FP32, exp2 with the scale folded into log2 e), P rounded to BF16 for P.V,
@@ -73,7 +76,7 @@ template <int HD>
 constexpr int kLds = HD + 8;
 
 struct Args {
-  const float* qkv;  // [B*T, 3C]
+  const void* qkv;  // [B*T, 3C] of the kernels' element type In (float or BF16 bits)
   int64_t T, H, C;
   float scale;   // multiplies q.k
   float scale2;  // scale * log2(e): exp(scale s) = exp2(scale2 s)
@@ -183,7 +186,15 @@ __device__ __forceinline__ void pack_a(uint32_t (&frag)[KT][4], int n, const flo
   frag[n / 2][2 * (n % 2) + 1] = pack_bf16(v[2], v[3]);
 }
 
-// ---- tiles: global FP32 -> registers -> shared BF16 --------------------------------
+// ---- tiles: global FP32 or BF16 -> registers (FP32) -> shared BF16 -----------------------
+// Four consecutive elements of a source as floats: FP32 (16-byte load), or
+// BF16 bits (8-byte load) widened exactly.
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const uint16_t* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(bf16_widen(u.x & 0xFFFFu), bf16_widen(u.x >> 16), bf16_widen(u.y & 0xFFFFu),
+                     bf16_widen(u.y >> 16));
+}
 template <int R, int HD>
 struct Stage {
   static constexpr int kVecs = R * HD / 4 / kThreads;
@@ -196,13 +207,13 @@ __device__ __forceinline__ void slot(int idx, int& r, int& c) {
   c = 4 * (idx % (HD / 4));
 }
 // Rows r0 .. r0+R-1 (zero from row T on) of a row-major source, rows ld floats apart.
-template <int R, int HD>
-__device__ __forceinline__ void g_load(Stage<R, HD>& s, const float* src, int64_t ld, int64_t r0, int64_t T) {
+template <int R, int HD, class In>
+__device__ __forceinline__ void g_load(Stage<R, HD>& s, const In* src, int64_t ld, int64_t r0, int64_t T) {
 #pragma unroll
   for (int k = 0; k < Stage<R, HD>::kVecs; ++k) {
     int r, c;
     slot<HD>(int(threadIdx.x) + k * kThreads, r, c);
-    s.v[k] = r0 + r < T ? *reinterpret_cast<const float4*>(src + (r0 + r) * ld + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    s.v[k] = r0 + r < T ? load4(src + (r0 + r) * ld + c) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 template <int R, int HD>
@@ -215,8 +226,8 @@ __device__ __forceinline__ void s_store(const Stage<R, HD>& s, uint16_t* dst) {
         make_uint2(pack_bf16(s.v[k].x, s.v[k].y), pack_bf16(s.v[k].z, s.v[k].w));
   }
 }
-template <int R, int HD>
-__device__ __forceinline__ void load_tile(uint16_t* dst, const float* src, int64_t ld, int64_t r0, int64_t T) {
+template <int R, int HD, class In>
+__device__ __forceinline__ void load_tile(uint16_t* dst, const In* src, int64_t ld, int64_t r0, int64_t T) {
   Stage<R, HD> s;
   g_load<R, HD>(s, src, ld, r0, T);
   s_store<R, HD>(s, dst);
@@ -286,7 +297,7 @@ __device__ __forceinline__ bool score_masked(bool causal, int64_t T, int64_t w0,
 
 // ---- forward ------------------------------------------------------------------------------
 // grid (B*H, query tiles), the longest causal tiles first.
-template <int HD>
+template <int HD, class In>
 __global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint16_t* out_h, float* saved) {
   constexpr int BK = kStep<HD>, LDS = kLds<HD>, NT = BK / 8, DT = HD / 8;
   __shared__ __align__(16) uint16_t sm[2 * (BK > kRows / 2 ? BK : kRows / 2) * LDS];
@@ -296,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint1
   const int64_t T = a.T, C = a.C, ld = 3 * C, BH = gridDim.x;
   const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kRows, w0 = q0 + 16 * warp;
-  const float* qb = a.qkv + b * T * ld + h * HD;  // Q of (b, h); K at +C, V at +2C
+  const In* qb = static_cast<const In*>(a.qkv) + b * T * ld + h * HD;  // Q of (b, h); K at +C, V at +2C
 
   load_tile<kRows, HD>(sm, qb, ld, q0, T);
   __syncthreads();
@@ -400,9 +411,9 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint1
 }
 
 // ---- backward: dQ (and D) per query tile ------------------------------------------------------
-template <int HD>
+template <int HD, class In>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
-    dq_kernel(Args a, const float* saved, const float* dout, float* dlt, float* dqkv, uint16_t* dqkv_h) {
+    dq_kernel(Args a, const float* saved, const In* dout, float* dlt, float* dqkv, uint16_t* dqkv_h) {
   constexpr int BK = kBwdStep<HD>, LDS = kLds<HD>, NT = BK / 8, DT = HD / 8;
   constexpr int R = 2 * (BK > kRows ? BK : kRows);
   __shared__ __align__(16) uint16_t sm[R * LDS];
@@ -413,8 +424,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
   const int64_t T = a.T, C = a.C, ld = 3 * C, BH = gridDim.x;
   const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int64_t q0 = (int64_t(gridDim.y) - 1 - blockIdx.y) * kRows, w0 = q0 + 16 * warp;
-  const float* qb = a.qkv + b * T * ld + h * HD;
-  const float* ob = dout + b * T * C + h * HD;
+  const In* qb = static_cast<const In*>(a.qkv) + b * T * ld + h * HD;
+  const In* ob = dout + b * T * C + h * HD;
 
   load_tile<kRows, HD>(sm, qb, ld, q0, T);
   {
@@ -512,9 +523,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
 // Rows are keys (each warp 16 of the block's 64), columns the queries of a
 // step of BQ rows: S^T = K Q^T, dP^T = V dout^T, dV += drop(P)^T dout, dK +=
 // dS^T Q. Query steps from the key tile's first row when causal.
-template <int HD>
+template <int HD, class In>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
-    dkv_kernel(Args a, const float* saved, const float* dout, const float* dlt, float* dqkv, uint16_t* dqkv_h) {
+    dkv_kernel(Args a, const float* saved, const In* dout, const float* dlt, float* dqkv, uint16_t* dqkv_h) {
   constexpr int BQ = kBwdStep<HD>, LDS = kLds<HD>, NT = BQ / 8, DT = HD / 8;
   extern __shared__ float4 flash_smem[];
   uint16_t* const Ks = reinterpret_cast<uint16_t*>(flash_smem);  // [64][LDS]
@@ -527,8 +538,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
   const int64_t T = a.T, C = a.C, ld = 3 * C, BH = gridDim.x;
   const int64_t bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int64_t j0 = int64_t(blockIdx.y) * kRows, w0 = j0 + 16 * warp;
-  const float* qb = a.qkv + b * T * ld + h * HD;
-  const float* ob = dout + b * T * C + h * HD;
+  const In* qb = static_cast<const In*>(a.qkv) + b * T * ld + h * HD;
+  const In* ob = dout + b * T * C + h * HD;
 
   load_tile<kRows, HD>(Ks, qb + C, ld, j0, T);
   load_tile<kRows, HD>(Vs, qb + 2 * C, ld, j0, T);
@@ -606,7 +617,7 @@ constexpr size_t dkv_smem() {
   return size_t(2 * kRows + 2 * kBwdStep<HD>) * kLds<HD> * 2 + 2 * kBwdStep<HD> * sizeof(float);
 }
 
-Args make_args(const AttentionDims& d, const float* qkv) {
+Args make_args(const AttentionDims& d, const void* qkv) {
   Args a{};
   a.qkv = qkv;
   a.T = d.seq, a.H = d.heads, a.C = d.width;
@@ -634,6 +645,35 @@ dim3 grid_of(const AttentionDims& d) {
   return dim3(unsigned(d.batch * d.heads), unsigned((d.seq + kRows - 1) / kRows));
 }
 
+// The kernels on sources of element type In (float: FP32 tensors; uint16_t: BF16 tensors).
+template <class In>
+void forward_with(const AttentionDims& d, const In* qkv, float* out, float* saved, uint16_t* out_h, cudaStream_t st) {
+  const Args a = make_args(d, qkv);
+  with_head_dim(d.width / d.heads, [&](auto hd) {
+    fwd_kernel<hd.value, In><<<grid_of(d), kThreads, 0, st>>>(a, out, out_h, saved);
+    check_launch("flash fwd_kernel");
+  });
+}
+template <class In>
+void backward_with(const AttentionDims& d, const In* qkv, const float* saved, const In* dout, float* dlt, float* dqkv,
+                   uint16_t* dqkv_h, cudaStream_t st) {
+  const Args a = make_args(d, qkv);
+  with_head_dim(d.width / d.heads, [&](auto hd) {
+    constexpr int HD = hd.value;
+    dq_kernel<HD, In><<<grid_of(d), kThreads, 0, st>>>(a, saved, dout, dlt, dqkv, dqkv_h);
+    check_launch("flash dq_kernel");
+    constexpr size_t smem = dkv_smem<HD>();
+    static_assert(smem <= kMaxSmem);
+    static std::once_flag once;  // one per (In, HD) instantiation
+    std::call_once(once, [&] {
+      check(cudaFuncSetAttribute(dkv_kernel<HD, In>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "flash dkv_kernel smem");
+    });
+    dkv_kernel<HD, In><<<grid_of(d), kThreads, smem, st>>>(a, saved, dout, dlt, dqkv, dqkv_h);
+    check_launch("flash dkv_kernel");
+  });
+}
+
 }  // namespace flash
 }  // namespace
 
@@ -652,36 +692,33 @@ int64_t Attention::saved_floats(const AttentionDims& d) {
   return d.bf16_flash ? rows * (d.width / d.heads + 1) : rows * d.seq;
 }
 
-void Attention::forward_flash(const AttentionDims& d, const float* qkv, float* out, float* saved, uint16_t* out_h) {
-  const std::string why = flash_unsupported(d, {qkv, out, saved});
+void Attention::forward_flash(const AttentionDims& d, const float* qkv, const uint16_t* qkv_h, float* out, float* saved,
+                              uint16_t* out_h) {
+  const std::string why = flash_unsupported(d, {qkv, qkv_h, out, saved});
   if (!why.empty()) throw Error("attention: bf16_flash cannot run " + why);
-  const flash::Args a = flash::make_args(d, qkv);
-  flash::with_head_dim(d.width / d.heads, [&](auto hd) {
-    flash::fwd_kernel<hd.value><<<flash::grid_of(d), flash::kThreads, 0, stream_>>>(a, out, out_h, saved);
-    check_launch("flash fwd_kernel");
-  });
+  if (qkv_h)
+    flash::forward_with(d, qkv_h, out, saved, out_h, stream_);
+  else
+    flash::forward_with(d, qkv, out, saved, out_h, stream_);
 }
 
-void Attention::backward_flash(const AttentionDims& d, const float* qkv, const float* saved, const float* dout,
-                               float* dqkv, uint16_t* dqkv_h) {
-  const std::string why = flash_unsupported(d, {qkv, saved, dout, dqkv});
+void Attention::backward_flash(const AttentionDims& d, const float* qkv, const uint16_t* qkv_h, const float* saved,
+                               const float* dout, const uint16_t* dout_h, float* dqkv, uint16_t* dqkv_h) {
+  const std::string why = flash_unsupported(d, {qkv, qkv_h, saved, dout, dout_h, dqkv});
   if (!why.empty()) throw Error("attention: bf16_flash cannot run " + why);
-  const flash::Args a = flash::make_args(d, qkv);
   float* dlt = dlt_.at_least(size_t(d.batch * d.heads * d.seq));
-  flash::with_head_dim(d.width / d.heads, [&](auto hd) {
-    constexpr int HD = hd.value;
-    flash::dq_kernel<HD><<<flash::grid_of(d), flash::kThreads, 0, stream_>>>(a, saved, dout, dlt, dqkv, dqkv_h);
-    check_launch("flash dq_kernel");
-    constexpr size_t smem = flash::dkv_smem<HD>();
-    static_assert(smem <= flash::kMaxSmem);
-    static std::once_flag once;
-    std::call_once(once, [&] {
-      check(cudaFuncSetAttribute(flash::dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            "flash dkv_kernel smem");
-    });
-    flash::dkv_kernel<HD><<<flash::grid_of(d), flash::kThreads, smem, stream_>>>(a, saved, dout, dlt, dqkv, dqkv_h);
-    check_launch("flash dkv_kernel");
-  });
+  // One element type for both sources: a BF16 one beside an FP32 one is widened first (the same values).
+  if (qkv_h && !dout_h) {
+    qkv = widened(qkv_h, d.batch * d.seq * 3 * d.width, 0);
+    qkv_h = nullptr;
+  } else if (dout_h && !qkv_h) {
+    dout = widened(dout_h, d.batch * d.seq * d.width, 1);
+    dout_h = nullptr;
+  }
+  if (qkv_h)
+    flash::backward_with(d, qkv_h, saved, dout_h, dlt, dqkv, dqkv_h, stream_);
+  else
+    flash::backward_with(d, qkv, saved, dout, dlt, dqkv, dqkv_h, stream_);
 }
 
 }  // namespace fp4lab::cuda::nn

@@ -30,6 +30,7 @@
 
 #include "train/backend.hpp"
 #include "train/cuda/cast_store.hpp"
+#include "train/cuda/device_pool.hpp"
 #include "train/cuda/linear.hpp"
 #include "train/cuda/linear_ops.hpp"
 #include "core/error.hpp"
@@ -50,77 +51,6 @@ namespace nn = fp4lab::cuda::nn;
 using fp4lab::cuda::check;
 using fp4lab::cuda::DeviceBuffer;
 
-// ---- caching device allocator ---------------------------------------------------
-
-// Sizes are rounded to 512-byte steps up to 1 MiB, above that to eighths of the
-// enclosing power of two (at most 12.5% slack), so that slightly different
-// requests share free lists.
-size_t round_bytes(size_t b) {
-  if (b <= (size_t(1) << 20)) return std::max<size_t>(512, (b + 511) / 512 * 512);
-  size_t p = size_t(1) << 20;
-  while (p < b) p <<= 1;
-  const size_t step = p / 8;
-  return (b + step - 1) / step * step;
-}
-
-class DevicePool {
- public:
-  DevicePool() = default;
-  DevicePool(const DevicePool&) = delete;
-  DevicePool& operator=(const DevicePool&) = delete;
-  ~DevicePool() {
-    // At program exit the runtime may already be unloading: errors ignored.
-    for (auto& [bytes, list] : free_)
-      for (void* p : list) cudaFree(p);
-  }
-
-  void* acquire(size_t bytes) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(bytes);
-      if (it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        cached_bytes_ -= bytes;
-        return p;
-      }
-    }
-    void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, bytes);
-    if (e == cudaErrorMemoryAllocation) {
-      // Out of memory: hand the cached blocks back to the driver and retry once.
-      cudaGetLastError();
-      release_cached();
-      e = cudaMalloc(&p, bytes);
-    }
-    if (e != cudaSuccess) check(e, ("cudaMalloc of " + std::to_string(bytes) + " bytes (cuda backend tensor)").c_str());
-    return p;
-  }
-  void release(void* p, size_t bytes) noexcept {
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      free_[bytes].push_back(p);
-      cached_bytes_ += bytes;
-    } catch (...) {
-      cudaFree(p);  // bookkeeping failed: give it back rather than leak
-    }
-  }
-  void release_cached() {
-    std::lock_guard<std::mutex> lock(mu_);
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (releasing cached blocks)");
-    for (auto& [bytes, list] : free_) {
-      for (void* p : list) cudaFree(p);
-      list.clear();
-    }
-    cached_bytes_ = 0;
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
-  size_t cached_bytes_ = 0;
-};
-
 // Grows `b` to at least n elements (contents lost on growth), 64 at least.
 template <class T>
 T* reserve(DeviceBuffer<T>& b, size_t n) {
@@ -138,8 +68,11 @@ class CudaBackend final : public Backend {
   // round in their own pass (nn::OutputRounding: LayerNorm, GELU, dropout and the residual add, cross-entropy,
   // the bias add); the GEMM outputs without a bias, attention's outputs, and a linear layer's input its
   // producer did not round (ProducerOutputs::rounded) take one more one-pass rounding (round_inplace,
-  // rounded_copy). BF16 storage next.
+  // rounded_copy). BF16 storage (Bf16Edge): a linear output read only by GELU, the flash attention or the
+  // residual add, or (dx) by a LayerNorm's backward is written by the GEMM in BF16 alone and read so
+  // (stores_bf16).
   bool implements(ActivationPrecision) const override { return true; }
+  bool stores_bf16(Bf16Edge) const override { return bf16(); }
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
   // ---- memory ----
@@ -204,11 +137,14 @@ class CudaBackend final : public Backend {
   using Backend::linear_forward;
   using Backend::linear_backward;
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                      std::unique_ptr<LinearState>& state, const ProducerOutputs* x_from) override {
+                      std::unique_ptr<LinearState>& state, const ProducerOutputs* x_from,
+                      ProducerOutputs* y_out) override {
+    uint16_t* yh = bf16_storage("linear_forward", y_out);
     if (!bf16()) return linear_.forward(l, x, w, b, y, state, alloc(), x_from);
     // x read as r(x) (x itself where its producer rounded it, else a rounded copy, which the layer may keep),
-    // y = r(acc + r(b)) in the bias add's pass.
+    // y = r(acc + r(b)) in the bias add's pass, or written by the GEMM in BF16 alone (BF16 storage).
     const Tensor xr = x_from && x_from->rounded ? x : rounded_copy(x);
+    if (yh) return linear_.forward(l, xr, w, b, y, state, alloc(), x_from, yh);
     linear_.forward(l, xr, w, nullptr, y, state, alloc(), x_from);
     if (b != nullptr && l.plan.add_bias)
       cuda::add_bias_bf16_device(y.data, b, y.rows, y.cols);
@@ -216,12 +152,15 @@ class CudaBackend final : public Backend {
       round_inplace(y);
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
-                       Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from) override {
+                       Tensor& dx, Tensor& dw_acc, float* db_acc, const ProducerOutputs* dy_from,
+                       ProducerOutputs* dx_out) override {
+    uint16_t* dxh = bf16_storage("linear_backward", dx_out);
     if (!bf16()) return linear_.backward(l, state, w, dy, dx, dw_acc, db_acc, alloc(), dy_from);
-    // dy read as r(dy); dx = r(acc); dW and db: their BF16 rounding added to the FP32 accumulators.
+    // dy read as r(dy); dx = r(acc) (in the GEMM's BF16 output alone with BF16 storage); dW and db: their BF16
+    // rounding added to the FP32 accumulators.
     const Tensor dyr = dy_from && dy_from->rounded ? dy : rounded_copy(dy);
     Tensor dw = zeros(dw_acc.rows, dw_acc.cols), db = db_acc ? zeros(1, w.rows) : Tensor{};
-    linear_.backward(l, state, w, dyr, dx, dw, db.data, alloc(), dy_from);
+    linear_.backward(l, state, w, dyr, dx, dw, db.data, alloc(), dy_from, dxh);
     round_inplace(dx);
     nn::add_rounded_bf16(dw_acc.data, dw.data, dw.size());
     if (db_acc) nn::add_rounded_bf16(db_acc, db.data, w.rows);
@@ -248,49 +187,60 @@ class CudaBackend final : public Backend {
                           bf16_out("layernorm_forward", y, o), nullptr, rounding());
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* gamma, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual) override {
+                          Tensor& dx, float* dgamma, float* dbeta, const Tensor* residual,
+                          const ProducerOutputs* dy_from) override {
     check_shape("layernorm_backward", "dy", dy, x.rows, x.cols);
     if (residual) check_shape("layernorm_backward", "residual", *residual, x.rows, x.cols);
     check_shape("layernorm_backward", "dx", dx, x.rows, x.cols);
     check_size("layernorm_backward", "mean", mean, x.rows);
     check_size("layernorm_backward", "rstd", rstd, x.rows);
     nn::layernorm_backward(dy.data, x.data, gamma, mean.data, rstd.data, x.rows, x.cols, dx.data, dgamma, dbeta,
-                           scratch_, residual ? residual->data : nullptr);
+                           scratch_, residual ? residual->data : nullptr, nullptr,
+                           bf16_in("layernorm_backward dy", dy, dy_from));
   }
-  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o) override {
+  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o, const ProducerOutputs* x_from) override {
     check_size("gelu_forward", "y", y, x.size());
+    const uint16_t* xh = bf16_in("gelu_forward x", x, x_from);
     uint16_t* h = bf16_out("gelu_forward", y, o);
-    const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, y.data});
-    nn::gelu_forward(x.data, y.data, x.size(), h, nullptr, a ? &*a : nullptr, rounding());
+    const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, y.data, xh});
+    nn::gelu_forward(x.data, y.data, x.size(), h, nullptr, a ? &*a : nullptr, rounding(), xh);
     if (a) o->amax_written = true;
   }
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o) override {
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o, const ProducerOutputs* x_from,
+                     const ProducerOutputs* dy_from) override {
     check_size("gelu_backward", "dy", dy, x.size());
     check_size("gelu_backward", "dx", dx, x.size());
+    const uint16_t* xh = bf16_in("gelu_backward x", x, x_from);
+    const uint16_t* dyh = bf16_in("gelu_backward dy", dy, dy_from);
     uint16_t* h = bf16_out("gelu_backward", dx, o);
-    const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, dy.data, dx.data});
-    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), h, nullptr, a ? &*a : nullptr, rounding());
+    const std::optional<nn::ProducerAmax> a = producer_amax(o, {x.data, dy.data, dx.data, xh, dyh});
+    nn::gelu_backward(x.data, dy.data, dx.data, x.size(), h, nullptr, a ? &*a : nullptr, rounding(), xh, dyh);
     if (a) o->amax_written = true;
   }
 
   // ---- attention ----
   void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,
-                         ProducerOutputs* o) override {
+                         ProducerOutputs* o, const ProducerOutputs* qkv_from) override {
     const nn::AttentionDims d = dims(s, qkv, key);
     check_shape("attention_forward", "out", out, qkv.rows, d.width);
     check_shape("attention_forward", "probs", probs, s.batch * s.heads * s.seq,
                 attention_saved_cols(s, d.width / d.heads));
-    attention_.forward(d, qkv.data, out.data, probs.data, bf16_out("attention_forward", out, o));
+    const uint16_t* qh = bf16_in("attention_forward qkv", qkv, qkv_from);
+    attention_.forward(d, qkv.data, out.data, probs.data, bf16_out("attention_forward", out, o), qh);
     round_inplace(out);
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                          Tensor& dqkv, DropoutKey key, ProducerOutputs* o) override {
+                          Tensor& dqkv, DropoutKey key, ProducerOutputs* o, const ProducerOutputs* qkv_from,
+                          const ProducerOutputs* dout_from) override {
     const nn::AttentionDims d = dims(s, qkv, key);
     check_shape("attention_backward", "probs", probs, s.batch * s.heads * s.seq,
                 attention_saved_cols(s, d.width / d.heads));
     check_shape("attention_backward", "dout", dout, qkv.rows, d.width);
     check_shape("attention_backward", "dqkv", dqkv, qkv.rows, qkv.cols);
-    attention_.backward(d, qkv.data, probs.data, dout.data, dqkv.data, bf16_out("attention_backward", dqkv, o));
+    const uint16_t* qh = bf16_in("attention_backward qkv", qkv, qkv_from);
+    const uint16_t* oh = bf16_in("attention_backward dout", dout, dout_from);
+    attention_.backward(d, qkv.data, probs.data, dout.data, dqkv.data, bf16_out("attention_backward", dqkv, o), qh,
+                        oh);
     round_inplace(dqkv);
   }
 
@@ -323,8 +273,12 @@ class CudaBackend final : public Backend {
     check_shape("add_inplace", "x", x, y.rows, y.cols);
     nn::add_inplace(y.data, x.data, y.size());
   }
-  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override {
+  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key, const ProducerOutputs* y_from) override {
     check_shape("dropout_add", "x", x, y.rows, y.cols);
+    if (const uint16_t* yh = bf16_in("dropout_add y", y, y_from)) {  // a BF16-only branch: the sum in a new tensor
+      y = empty(y.rows, y.cols);
+      return nn::dropout_add(nullptr, x.data, y.size(), p, key.seed, key.stream, nullptr, rounding(), yh, y.data);
+    }
     nn::dropout_add(y.data, x.data, y.size(), p, key.seed, key.stream, nullptr, rounding());  // r(drop(y)) + x
   }
 
@@ -680,6 +634,22 @@ class CudaBackend final : public Backend {
     o->bf16_written = o->bf16 != nullptr;
     o->rounded = bf16();  // every producer calling this applies rounding() to its FP32 output
     return o->bf16;
+  }
+  // BF16 storage (Bf16Edge): the BF16 buffer a linear layer writes its output into alone, where out asks for
+  // that (f32 false, only under bf16 activations: stores_bf16), marked written and rounded; else null.
+  uint16_t* bf16_storage(const char* op, ProducerOutputs* out) const {
+    if (out == nullptr || out->f32) return nullptr;
+    FP4LAB_CHECK(bf16() && out->bf16, std::string(op) + ": BF16 storage asked for outside bf16 activations");
+    out->bf16_written = out->rounded = true;
+    return out->bf16;
+  }
+  // The BF16 values an op reads for its input t where t has no FP32 values (BF16 storage: its producer
+  // wrote them into `from`); null where it reads t's FP32 values.
+  static const uint16_t* bf16_in(const char* what, const Tensor& t, const ProducerOutputs* from) {
+    if (t.data != nullptr || t.size() == 0) return nullptr;
+    FP4LAB_CHECK(from && from->bf16_written && from->rows == t.rows && from->cols == t.cols,
+                 std::string(what) + ": an input without FP32 values needs its producer's written BF16 of its shape");
+    return from->bf16;
   }
   // The ProducerAmax of o's amax words, where o wants them and the producer
   // (its FP32 tensors at ptrs) can compute them (nn::producer_amax_fits);

@@ -70,7 +70,7 @@ const ProducerOutputs* checked_from(const ProducerOutputs* from, int64_t rows, i
 
 void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                          std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc,
-                         const ProducerOutputs* x_from) {
+                         const ProducerOutputs* x_from, uint16_t* y_bf16) {
   const LinearContext& ctx = l.ctx;
   if (x.cols != w.cols)
     throw Error("CudaLinear::forward: x is " + shape(x.rows, x.cols) + " but W is " + shape(w.rows, w.cols) +
@@ -84,7 +84,11 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
                "CudaLinear::forward: x has no FP32 values and the plan reads more than its written BF16");
   im.measure(ctx, plan, {Operand::fwd_x, Operand::wgrad_x}, x.data, B, in);  // x and W are the backward's too
   im.measure(ctx, plan, {Operand::fwd_w, Operand::dgrad_w}, w.data, out, in);
-  if (y.rows != B || y.cols != out || (y.data == nullptr && B * out > 0)) y = alloc(B, out);
+  if (y_bf16) {
+    y = view_of(nullptr, B, out);  // the BF16 storage alone
+  } else if (y.rows != B || y.cols != out || (y.data == nullptr && B * out > 0)) {
+    y = alloc(B, out);
+  }
 
   auto st = std::make_unique<CudaLinearState>();
   st->batch = B;
@@ -156,9 +160,11 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
     wo = im.prepare_w(Operand::fwd_w, l, plan.operand(Operand::fwd_w), w.data, out, in, xo.is_bf16(),
                       xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
   }
+  const float* bias = b != nullptr && plan.add_bias ? b : nullptr;
+  const Bf16Out y_out{y_bf16, bias};
   im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
-          0.0f);
-  if (b != nullptr && plan.add_bias) cuda::add_bias_device(y.data, b, B, out, kStream);
+          0.0f, y_bf16 ? &y_out : nullptr);
+  if (bias && !y_bf16) cuda::add_bias_device(y.data, bias, B, out, kStream);
 
   if (st->wx_ready && !wx_made) {
     // After the GEMM: the slots' scratch is free again (same stream, so in order).
@@ -192,7 +198,8 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
 
 void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
                           Tensor& dx, Tensor& dw_acc, float* db_acc,
-                          const std::function<Tensor(int64_t, int64_t)>& alloc, const ProducerOutputs* dy_from) {
+                          const std::function<Tensor(int64_t, int64_t)>& alloc, const ProducerOutputs* dy_from,
+                          uint16_t* dx_bf16) {
   const LinearContext& ctx = l.ctx;
   const auto* stp = dynamic_cast<const CudaLinearState*>(&state);
   if (stp == nullptr) throw Error("CudaLinear::backward: `state` was not written by CudaLinear::forward");
@@ -218,7 +225,11 @@ void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Te
   FP4LAB_CHECK(dy.data || B * out == 0 || (dy_bf16_given && rounds_only(plan, true) && db_acc == nullptr),
                "CudaLinear::backward: dy has no FP32 values and the layer reads more than its written BF16");
   im.measure(ctx, plan, {Operand::dgrad_grad_y, Operand::wgrad_grad_y}, dy.data, B, out);
-  if (dx.rows != B || dx.cols != in || (dx.data == nullptr && B * in > 0)) dx = alloc(B, in);
+  if (dx_bf16) {
+    dx = view_of(nullptr, B, in);  // the BF16 storage alone
+  } else if (dx.rows != B || dx.cols != in || (dx.data == nullptr && B * in > 0)) {
+    dx = alloc(B, in);
+  }
 
   // dgrad: dx^T [in, B] = W^T [in, out] dy^T [out, B].
   // When both dy operands are plain BF16 roundings, wgrad reuses dgrad's (slot[0]
@@ -262,8 +273,9 @@ void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Te
     } else {
       wo = im.prepare_w(Operand::dgrad_w, l, plan.operand(Operand::dgrad_w), w.data, out, in, go.is_bf16());
     }
+    const Bf16Out dx_out{dx_bf16, nullptr};
     im.gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, wo, in, out * in, im.slot[1], go, out, B * out, im.slot[0], dx.data,
-            in, 0.0f);
+            in, 0.0f, dx_bf16 ? &dx_out : nullptr);
   }
 
   // wgrad: dW^T [in, out] += x'^T [in, B] dy [B, out]  (x' = the wgrad_x operand).

@@ -48,12 +48,17 @@ class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
   // when y (dx) does not already have the output's shape.
   // `l`: the layer's plan for the pass (train/backend.hpp's LayerPlan; the backward gets its forward's).
   // x_from / dy_from: what the producer of x / dy wrote for this layer (null: nothing).
+  // y_bf16 (dx_bf16), may be null: the output's BF16 storage (Backend::linear_forward's y_out): y (dx) is
+  // written there alone as BF16, y = r(acc + r(b)) (with the plan's bias), dx = r(acc), the bits that the FP32
+  // output rounded by add_bias_bf16_device (round_bf16_inplace) holds; y (dx) is then neither allocated nor
+  // written. The GEMM writes the BF16 itself where its operands are both plain BF16 roundings and there is
+  // no bias (cuBLASLt's BF16 output); otherwise an FP32 GEMM into scratch and one rounding pass.
   void forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc,
-               const ProducerOutputs* x_from = nullptr);
+               const ProducerOutputs* x_from = nullptr, uint16_t* y_bf16 = nullptr);
   void backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy, Tensor& dx,
                 Tensor& dw_acc, float* db_acc, const std::function<Tensor(int64_t, int64_t)>& alloc,
-                const ProducerOutputs* dy_from = nullptr);
+                const ProducerOutputs* dy_from = nullptr, uint16_t* dx_bf16 = nullptr);
   // The same, planned on the spot (tests).
   void forward(const LinearContext& ctx, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
                std::unique_ptr<LinearState>& state, const std::function<Tensor(int64_t, int64_t)>& alloc) {

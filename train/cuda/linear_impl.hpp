@@ -90,6 +90,20 @@ struct DevOperand {
   bool is_bf16() const { return bf16 != nullptr; }
 };
 
+// A GEMM's output in BF16 alone (CudaLinear's y_bf16 / dx_bf16, BF16 storage under bf16 activations):
+// d [m, n] column-major, packed (ldc = m), each element r(acc), or with bias (FP32 [m], one value a row of
+// the column-major C: a layer's output feature) r(acc + r(bias)); beta 0.
+struct Bf16Out {
+  uint16_t* d = nullptr;
+  const float* bias = nullptr;
+};
+// Whether a GEMM of two plain BF16 operands with a bias writes its BF16 output through cuBLASLt's BIAS epilogue
+// (a BF16 bias vector r(b)). false: the FP32 GEMM into scratch and bias_round_bf16_device, as for scaled
+// operands. Off: on an H200 (CUDA 13.0, 2026-12-03) the epilogue's result differed from r(acc + r(b)) by a BF16
+// ulp in 545 of 1887 elements of a 37 x 29 -> 51 layer (tests/train/cuda/test_bf16_storage.cpp), while the
+// other shapes agreed: cuBLASLt does not promise the FP32 add then one rounding for every algorithm.
+inline constexpr bool kBf16BiasEpilogue = false;
+
 // Where an operand's quantization also writes the alpha of the GEMM it feeds
 // (cuda::QuantOutputs::gemm_alpha): dev -> [alpha, beta] (beta preset), other:
 // the other operand's g_dec, already on the device (null = 1). dev null: none.
@@ -189,6 +203,8 @@ struct LinearCore {
   }
   DeviceBuffer<float> hook_buf;
   cuda::nn::Scratch colsum;  // db's column-sum partials
+  DeviceBuffer<uint16_t> bias_h;  // a BF16 output's bias r(b) (the cuBLASLt epilogue's vector)
+  DeviceBuffer<float> out_f32;    // a BF16 output's FP32 GEMM result where cuBLASLt cannot write the BF16
   CudaLinear::OperandHook hook;
   NumericsWorkspacePtr numerics_ws;  // made on the first measuring step
   int64_t numerics_step = -1;        // the step numerics_ws's slots belong to
@@ -364,10 +380,33 @@ struct LinearCore {
   // prepared operands (row-major buffers seen column-major with lda / ldb;
   // a_elems / b_elems = their element counts). A and B come from slot[0] / slot[1]
   // as given in sa / sb (for expansion scratch).
+  // out (may be null): C in BF16 alone (Bf16Out; c unused): cuBLASLt's BF16 output where both operands are
+  // plain BF16 roundings (no global scale, alpha 1: the GEMM scripts/bf16_out_gemm_probe.cu checked) and no
+  // bias goes into its epilogue (kBf16BiasEpilogue), else this GEMM into FP32 scratch and one rounding pass (the
+  // same bits: r() of the FP32 result).
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const DevOperand& a,
             int64_t lda, int64_t a_elems, Slot& sa, const DevOperand& b, int64_t ldb, int64_t b_elems, Slot& sb,
-            float* c, int64_t ldc, float beta) {
+            float* c, int64_t ldc, float beta, const Bf16Out* out = nullptr) {
     if (m == 0 || n == 0) return;
+    if (out) {
+      FP4LAB_CHECK(beta == 0.0f && ldc == m, "CudaLinear: a BF16 GEMM output needs beta 0 and a packed C");
+      if (k > 0 && a.is_bf16() && b.is_bf16() && !a.g && !b.g && (!out->bias || kBf16BiasEpilogue)) {
+        check_int(m, "GEMM m");
+        check_int(n, "GEMM n");
+        check_int(k, "GEMM k");
+        const uint16_t* bias = nullptr;
+        if (out->bias) {
+          cuda::round_bf16_device(out->bias, m, bias_h.at_least(size_t(m)), kStream);
+          bias = bias_h.data();
+        }
+        classed.bf16_bf16(blas, ta, tb, m, n, k, a.bf16, lda, b.bf16, ldb, out->d, ldc, bias);
+        return;
+      }
+      float* f = out_f32.at_least(size_t(m * n));
+      gemm(ta, tb, m, n, k, a, lda, a_elems, sa, b, ldb, b_elems, sb, f, ldc, 0.0f);
+      cuda::bias_round_bf16_device(f, out->bias, n, m, out->d, kStream);
+      return;
+    }
     check_int(m, "GEMM m");
     check_int(n, "GEMM n");
     check_int(k, "GEMM k");

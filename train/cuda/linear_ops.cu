@@ -67,6 +67,12 @@ __global__ void add_bias_bf16_kernel(float* y, const float* b, int64_t rows, int
   if (i < rows * cols) y[i] = nn::detail::bf16_round(y[i] + nn::detail::bf16_round(b[i % cols]));
 }
 
+__global__ void bias_round_bf16_kernel(const float* y, const float* b, int64_t rows, int64_t cols, uint16_t* out) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < rows * cols)
+    out[i] = uint16_t(nn::detail::bf16_rn(b ? y[i] + nn::detail::bf16_round(b[i % cols]) : y[i]));
+}
+
 __global__ void alpha_beta_kernel(const float* ga, const float* gb, float beta, float* out) {
   out[0] = (ga ? *ga : 1.0f) * (gb ? *gb : 1.0f);
   out[1] = beta;
@@ -109,6 +115,13 @@ void add_bias_bf16_device(float* y, const float* b, int64_t rows, int64_t cols, 
   if (rows <= 0 || cols <= 0) return;
   add_bias_bf16_kernel<<<blocks_for(rows * cols, "add_bias_bf16"), kThreads, 0, stream>>>(y, b, rows, cols);
   check_launch("add_bias_bf16_kernel");
+}
+
+void bias_round_bf16_device(const float* y, const float* b, int64_t rows, int64_t cols, uint16_t* out,
+                            cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  bias_round_bf16_kernel<<<blocks_for(rows * cols, "bias_round_bf16"), kThreads, 0, stream>>>(y, b, rows, cols, out);
+  check_launch("bias_round_bf16_kernel");
 }
 
 void alpha_beta_device(const float* ga, const float* gb, float beta, float* out, cudaStream_t stream) {

@@ -38,6 +38,11 @@ void add_bias_device(float* y, const float* b, int64_t rows, int64_t cols, cudaS
 // (ties to even) widened back, as decode(bfloat16, encode_rn_f32<bfloat16>(v)).
 void add_bias_bf16_device(float* y, const float* b, int64_t rows, int64_t cols, cudaStream_t stream = nullptr);
 
+// Its BF16-storage form: out[r, c] = the BF16 bits of r(y[r, c] + r(b[c])) (b null: of r(y[r, c])), y left
+// unchanged: the bits add_bias_bf16_device (round_bf16_inplace) leaves in y, in BF16.
+void bias_round_bf16_device(const float* y, const float* b, int64_t rows, int64_t cols, uint16_t* out,
+                            cudaStream_t stream = nullptr);
+
 // out[0] = (ga ? *ga : 1) * (gb ? *gb : 1), out[1] = beta: the {alpha, beta}
 // of a GEMM in cuBLAS's device pointer mode.
 void alpha_beta_device(const float* ga, const float* gb, float beta, float* out, cudaStream_t stream = nullptr);

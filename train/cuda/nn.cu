@@ -24,23 +24,6 @@ using namespace detail;
 namespace {
 
 constexpr int64_t kRowBlock = 256;       // column reductions: the CPU's fixed row blocking
-constexpr int64_t kSumChunk = 16384;     // sum_squares: the CPU's chunk size
-constexpr int64_t kNoIndex = INT64_MAX;  // cross-entropy argmax: "no element seen"
-
-// Fixed-shape shared-memory tree over blockDim.x (a power of two) doubles.
-// Returns the total in thread 0 (and in every thread after the final sync).
-template <int N>
-__device__ double block_sum(double v, double* sh) {
-  sh[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = N / 2; s > 0; s >>= 1) {
-    if (int(threadIdx.x) < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-    __syncthreads();
-  }
-  const double r = sh[0];
-  __syncthreads();
-  return r;
-}
 
 // ---- elementwise -------------------------------------------------------------
 
@@ -133,14 +116,49 @@ __global__ void gelu_bwd_kernel(const float* x, const float* dy, float* dx, int6
 // the 4 words); 16-byte vector loads and stores where the pointers allow (the
 // group's 4 elements are consecutive and group-aligned), scalar ones otherwise
 // and in the tail group.
-// The residual branch: x = drop(x) + add (the operations of dropout then
-// add_inplace, so the same bits); round: x = r(drop(x)) + add (dropout's
-// OutputRounding::bf16 then the FP32 add). drop false: no mask (p = 0).
+// V (1, 2 or 4) consecutive floats at p + i (i % V == 0, p 16-byte aligned).
+template <int V>
+__device__ __forceinline__ void load_v(const float* p, int64_t i, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 u = reinterpret_cast<const float4*>(p)[i / 4];
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+  } else if constexpr (V == 2) {
+    const float2 u = reinterpret_cast<const float2*>(p)[i / 2];
+    v[0] = u.x, v[1] = u.y;
+  } else {
+    v[0] = p[i];
+  }
+}
+// The same from BF16 bits (a tensor stored in BF16 alone; p 8-byte aligned), widened exactly.
+template <int V>
+__device__ __forceinline__ void load_h(const uint16_t* p, int64_t i, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const uint2 u = reinterpret_cast<const uint2*>(p)[i / 4];
+    v[0] = bf16_widen(u.x & 0xFFFFu), v[1] = bf16_widen(u.x >> 16);
+    v[2] = bf16_widen(u.y & 0xFFFFu), v[3] = bf16_widen(u.y >> 16);
+  } else if constexpr (V == 2) {
+    const uint32_t u = reinterpret_cast<const uint32_t*>(p)[i / 2];
+    v[0] = bf16_widen(u & 0xFFFFu), v[1] = bf16_widen(u >> 16);
+  } else {
+    v[0] = bf16_widen(p[i]);
+  }
+}
+// The input of a producer: FP32 values, or (h not null) BF16 bits.
+template <int V>
+__device__ __forceinline__ void load_in(const float* p, const uint16_t* h, int64_t i, float (&v)[V]) {
+  if (h)
+    load_h<V>(h, i, v);
+  else
+    load_v<V>(p, i, v);
+}
+// The residual branch: out = drop(y) + add (the operations of dropout then add_inplace, so the same bits); round:
+// out = r(drop(y)) + add (dropout's OutputRounding::bf16 then the FP32 add). drop false: no mask (p = 0). y read
+// from y_h (BF16 bits, a linear output stored in BF16 alone) where not null, else from y; out may be y.
 template <bool Drop, bool Round>
-__global__ void dropout_add_kernel(float* x, const float* add, int64_t n, uint32_t thr, float keep_scale, uint64_t seed,
-                                   uint64_t sid) {
+__global__ void dropout_add_kernel(const float* y, const uint16_t* y_h, float* out, const float* add, int64_t n,
+                                   uint32_t thr, float keep_scale, uint64_t seed, uint64_t sid) {
   const int64_t groups = (n + 3) / 4;
-  const bool vec = aligned16(x) && aligned16(add);
+  const bool vec = aligned16(out) && aligned16(add) && (y_h ? (reinterpret_cast<uintptr_t>(y_h) & 7u) == 0 : aligned16(y));
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
     Philox4 r{};
     if constexpr (Drop) r = philox_group(seed, sid, uint64_t(g));
@@ -150,33 +168,28 @@ __global__ void dropout_add_kernel(float* x, const float* add, int64_t n, uint32
       return v;
     };
     if (vec && g * 4 + 4 <= n) {
-      float4* x4 = reinterpret_cast<float4*>(x) + g;
-      const float4 v = *x4, a = reinterpret_cast<const float4*>(add)[g];
-      *x4 = make_float4(branch(v.x, 0) + a.x, branch(v.y, 1) + a.y, branch(v.z, 2) + a.z, branch(v.w, 3) + a.w);
+      float v[4];
+      load_in<4>(y, y_h, g * 4, v);
+      const float4 a = reinterpret_cast<const float4*>(add)[g];
+      reinterpret_cast<float4*>(out)[g] =
+          make_float4(branch(v[0], 0) + a.x, branch(v[1], 1) + a.y, branch(v[2], 2) + a.z, branch(v[3], 3) + a.w);
       continue;
     }
     for (int k = 0; k < 4; ++k) {
       const int64_t i = g * 4 + k;
-      if (i < n) x[i] = branch(x[i], k) + add[i];
+      if (i >= n) break;
+      float v[1];
+      load_in<1>(y, y_h, i, v);
+      out[i] = branch(v[0], k) + add[i];
     }
-  }
-}
-// V (2 or 4) consecutive floats at p + i (i % V == 0, p 16-byte aligned).
-template <int V>
-__device__ __forceinline__ void load_v(const float* p, int64_t i, float (&v)[V]) {
-  if constexpr (V == 4) {
-    const float4 u = reinterpret_cast<const float4*>(p)[i / 4];
-    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-  } else {
-    static_assert(V == 2);
-    const float2 u = reinterpret_cast<const float2*>(p)[i / 2];
-    v[0] = u.x, v[1] = u.y;
   }
 }
 template <int V>
 __device__ __forceinline__ void store_v(float* p, int64_t i, const float (&v)[V]) {
   if constexpr (V == 4)
     reinterpret_cast<float4*>(p)[i / 4] = make_float4(v[0], v[1], v[2], v[3]);
+  else if constexpr (V == 1)
+    p[i] = v[0];
   else
     reinterpret_cast<float2*>(p)[i / 2] = make_float2(v[0], v[1]);
 }
@@ -185,6 +198,8 @@ template <int V>
 __device__ __forceinline__ void store_bf16_v(uint16_t* h, int64_t i, const float (&v)[V]) {
   if constexpr (V == 4) {
     store_bf16x4(h, i / 4, make_float4(v[0], v[1], v[2], v[3]));
+  } else if constexpr (V == 1) {
+    h[i] = uint16_t(bf16_rn(v[0]));
   } else if ((reinterpret_cast<uintptr_t>(h) & 3u) == 0) {
     reinterpret_cast<uint32_t*>(h)[i / 2] = bf16_rn(v[0]) | bf16_rn(v[1]) << 16;
   } else {
@@ -272,10 +287,11 @@ struct GeluFwd {
   const float* x;
   float* y;
   uint16_t* y_h;
-  bool round;  // y = r(gelu(x))
+  bool round;            // y = r(gelu(x))
+  const uint16_t* x_bf;  // x in BF16 (x unused), or null
   template <int V>
   __device__ __forceinline__ void load(int64_t i, float (&r)[V]) const {
-    load_v<V>(x, i, r);
+    load_in<V>(x, x_bf, i, r);
 #pragma unroll
     for (int k = 0; k < V; ++k) r[k] = rounded_if(round, gelu_value(r[k]));
   }
@@ -289,12 +305,13 @@ struct GeluBwd {
   const float *x, *dy;
   float* dx;
   uint16_t* dx_h;
-  bool round;  // dx = r(gelu'(x) dy)
+  bool round;                     // dx = r(gelu'(x) dy)
+  const uint16_t *x_bf, *dy_bf;  // x, dy in BF16 (x, dy unused), or null
   template <int V>
   __device__ __forceinline__ void load(int64_t i, float (&r)[V]) const {
     float d[V];
-    load_v<V>(x, i, r);
-    load_v<V>(dy, i, d);
+    load_in<V>(x, x_bf, i, r);
+    load_in<V>(dy, dy_bf, i, d);
 #pragma unroll
     for (int k = 0; k < V; ++k) r[k] = rounded_if(round, gelu_grad(r[k], d[k]));
   }
@@ -304,6 +321,26 @@ struct GeluBwd {
     if (dx_h) store_bf16_v<V>(dx_h, i, r);
   }
 };
+
+// A producer op (load / store as above) over n elements, one thread per group of 4: whole groups with vector
+// accesses where `vec` (every pointer aligned for them), element by element otherwise and in the tail.
+template <class Op>
+__global__ void op_kernel(const Op op, int64_t n, bool vec) {
+  const int64_t groups = (n + 3) / 4;
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    if (vec && g * 4 + 4 <= n) {
+      float v[4];
+      op.template load<4>(g * 4, v);
+      op.template store<4>(g * 4, v);
+      continue;
+    }
+    for (int64_t i = g * 4; i < g * 4 + 4 && i < n; ++i) {
+      float v[1];
+      op.template load<1>(i, v);
+      op.template store<1>(i, v);
+    }
+  }
+}
 
 // A producer with its ProducerAmax (nn.hpp): one thread per strip of 16 rows
 // x kStripCols columns of the output [rows, cols]: op.load of every row, then
@@ -346,6 +383,16 @@ bool producer_amax_fits(int64_t rows, int64_t cols, std::initializer_list<const 
 }
 
 namespace {
+
+// Can op_kernel take vector accesses: the pointers (null ones skipped) 16-byte aligned and the BF16 outputs
+// `halves` 8-byte aligned (BF16 inputs are among ptrs: 16 bytes is more than their 8)?
+bool aligned_for_op(std::initializer_list<const void*> ptrs, std::initializer_list<const void*> halves) {
+  for (const void* p : ptrs)
+    if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return false;
+  for (const void* p : halves)
+    if ((reinterpret_cast<uintptr_t>(p) & 7u) != 0) return false;
+  return true;
+}
 
 // Checks a's preconditions for a producer of n values whose FP32 pointers are
 // ptrs (null ones skipped), zeroes its words and launches producer_amax_kernel.
@@ -400,17 +447,25 @@ __global__ void ln_fwd_kernel(const float* x, const float* gamma, const float* b
   }
 }
 
-__global__ void ln_bwd_dx_kernel(const float* dy, const float* x, const float* gamma, const float* mean,
-                                 const float* rstd, int64_t rows, int64_t cols, const float* residual, float* dx) {
+// Element i of an input held as FP32 values (p), or as BF16 bits (h not null), widened.
+__device__ __forceinline__ float in_at(const float* p, const uint16_t* h, int64_t i) {
+  return h ? bf16_widen(h[i]) : p[i];
+}
+
+// dy_h (may be null): dy in BF16 bits (dy unused).
+__global__ void ln_bwd_dx_kernel(const float* dy, const uint16_t* dy_h, const float* x, const float* gamma,
+                                 const float* mean, const float* rstd, int64_t rows, int64_t cols,
+                                 const float* residual, float* dx) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
   const float* xr = x + r * cols;
-  const float* gr = dy + r * cols;
+  const float* gr = dy_h ? nullptr : dy + r * cols;
+  const uint16_t* hr = dy_h ? dy_h + r * cols : nullptr;
   const float m = mean[r], rs = rstd[r];
   double s1 = 0.0, s2 = 0.0;
   for (int64_t j = lane; j < cols; j += kWarp) {
-    const float gg = gr[j] * gamma[j];
+    const float gg = in_at(gr, hr, j) * gamma[j];
     s1 += gg;
     s2 += double(gg) * double((xr[j] - m) * rs);
   }
@@ -421,7 +476,7 @@ __global__ void ln_bwd_dx_kernel(const float* dy, const float* x, const float* g
   const float* res = residual ? residual + r * cols : nullptr;
   for (int64_t j = lane; j < cols; j += kWarp) {
     const float h = (xr[j] - m) * rs;
-    const float d = rs * (gr[j] * gamma[j] - a - h * b);
+    const float d = rs * (in_at(gr, hr, j) * gamma[j] - a - h * b);
     dr[j] = res ? d + res[j] : d;
   }
 }
@@ -438,13 +493,15 @@ constexpr int kColRowsPerThread = kRowBlock * kColTile / kColThreads;
 struct PlainTerm {
   const float* a;
   int64_t lda;
-  __device__ float operator()(int64_t r, int64_t c) const { return a[r * lda + c]; }
+  const uint16_t* a_h = nullptr;  // a in BF16 bits (a unused), or null
+  __device__ float operator()(int64_t r, int64_t c) const { return in_at(a, a_h, r * lda + c); }
 };
 struct LnGammaTerm {
   const float *dy, *x, *mean, *rstd;
   int64_t cols;
+  const uint16_t* dy_h = nullptr;  // dy in BF16 bits (dy unused), or null
   __device__ float operator()(int64_t r, int64_t c) const {
-    return dy[r * cols + c] * ((x[r * cols + c] - mean[r]) * rstd[r]);
+    return in_at(dy, dy_h, r * cols + c) * ((x[r * cols + c] - mean[r]) * rstd[r]);
   }
 };
 template <class F>
@@ -496,77 +553,6 @@ __global__ void rows_mod_kernel(const float* d, int64_t reps, int64_t cols, int6
     for (int64_t b = 0; b < reps; ++b) s += d[(b * period + t) * cols + c];
     acc[e] += float(s);
   }
-}
-
-// ---- cross-entropy ---------------------------------------------------------------
-
-constexpr int kCeThreads = 128;
-// One block per row.
-__global__ void ce_kernel(const float* logits, const int32_t* targets, int64_t v, float inv_n, float* dlogits,
-                          double* loss_rows, uint8_t* ok_rows, bool round) {
-  __shared__ double shd[kCeThreads];
-  __shared__ float shv[kCeThreads];
-  __shared__ int64_t shi[kCeThreads];
-  const int64_t r = blockIdx.x;
-  const float* l = logits + r * v;
-  const int tid = threadIdx.x;
-  // First maximum: each thread's first max over its stride, then a tree that
-  // prefers the larger value and, on ties, the smaller index.
-  float mx = -INFINITY;
-  int64_t arg = kNoIndex;
-  if (tid < v) mx = l[tid], arg = tid;
-  for (int64_t j = tid + kCeThreads; j < v; j += kCeThreads)
-    if (l[j] > mx) mx = l[j], arg = j;
-  shv[tid] = mx;
-  shi[tid] = arg;
-  __syncthreads();
-  for (int s = kCeThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) {
-      const float ov = shv[tid + s];
-      const int64_t oi = shi[tid + s];
-      if (oi != kNoIndex && (shi[tid] == kNoIndex || ov > shv[tid] || (ov == shv[tid] && oi < shi[tid])))
-        shv[tid] = ov, shi[tid] = oi;
-    }
-    __syncthreads();
-  }
-  mx = shv[0];
-  arg = shi[0];
-  double sum = 0.0;
-  for (int64_t j = tid; j < v; j += kCeThreads) sum += exp(double(l[j] - mx));
-  sum = block_sum<kCeThreads>(sum, shd);
-  const double lse = double(mx) + log(sum);
-  const int32_t t = targets[r];
-  if (tid == 0) {
-    loss_rows[r] = lse - double(l[t]);
-    ok_rows[r] = arg == t;
-  }
-  if (dlogits) {
-    float* d = dlogits + r * v;
-    for (int64_t j = tid; j < v; j += kCeThreads) {
-      float g = float(exp(double(l[j]) - lse)) * inv_n;
-      if (j == t) g -= inv_n;
-      d[j] = rounded_if(round, g);
-    }
-  }
-}
-
-// ---- sum of squares ----------------------------------------------------------------
-
-__global__ void sumsq_chunk_kernel(const float* g, int64_t n, double* part) {
-  __shared__ double sh[kThreads];
-  const int64_t b = blockIdx.x;
-  const int64_t i1 = min(n, (b + 1) * kSumChunk);
-  double s = 0.0;
-  for (int64_t i = b * kSumChunk + threadIdx.x; i < i1; i += kThreads) s += double(g[i]) * double(g[i]);
-  s = block_sum<kThreads>(s, sh);
-  if (threadIdx.x == 0) part[b] = s;
-}
-__global__ void sum_final_kernel(const double* part, int64_t nb, double* out) {
-  __shared__ double sh[kThreads];
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < nb; i += kThreads) s += part[i];
-  s = block_sum<kThreads>(s, sh);
-  if (threadIdx.x == 0) *out = s;
 }
 
 }  // namespace
@@ -648,19 +634,30 @@ void scale(float* g, int64_t n, float s, cudaStream_t st) {
 }
 
 void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16, cudaStream_t st, const ProducerAmax* amax,
-                  OutputRounding rounding) {
+                  OutputRounding rounding, const uint16_t* x_h) {
   const bool round = rounding == OutputRounding::bf16;
-  if (amax) return launch_producer_amax("gelu_forward", GeluFwd{x, y, y_bf16, round}, n, *amax, {x, y}, st);
+  const GeluFwd op{x, y, y_bf16, round, x_h};
+  if (amax) return launch_producer_amax("gelu_forward", op, n, *amax, {x, y, x_h}, st);
   if (n <= 0) return;
+  if (x_h) {  // a BF16 input: the producer op's kernel (the same per-element operations)
+    op_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(op, n, aligned_for_op({y, x_h}, {y_bf16}));
+    return check_launch("op_kernel (gelu_forward)");
+  }
   gelu_fwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, y, n, y_bf16, round);
   check_launch("gelu_fwd_kernel");
 }
 
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_bf16, cudaStream_t st,
-                   const ProducerAmax* amax, OutputRounding rounding) {
+                   const ProducerAmax* amax, OutputRounding rounding, const uint16_t* x_h, const uint16_t* dy_h) {
   const bool round = rounding == OutputRounding::bf16;
-  if (amax) return launch_producer_amax("gelu_backward", GeluBwd{x, dy, dx, dx_bf16, round}, n, *amax, {x, dy, dx}, st);
+  const GeluBwd op{x, dy, dx, dx_bf16, round, x_h, dy_h};
+  if (amax) return launch_producer_amax("gelu_backward", op, n, *amax, {x, dy, dx, x_h, dy_h}, st);
   if (n <= 0) return;
+  if (x_h || dy_h) {  // a BF16 input: the producer op's kernel (the same per-element operations)
+    const bool vec = aligned_for_op({x_h ? nullptr : x, dy_h ? nullptr : dy, dx, x_h, dy_h}, {dx_bf16});
+    op_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(op, n, vec);
+    return check_launch("op_kernel (gelu_backward)");
+  }
   gelu_bwd_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(x, dy, dx, n, dx_bf16, round);
   check_launch("gelu_bwd_kernel");
 }
@@ -672,19 +669,20 @@ void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t sid, uint16_t
 }
 
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t sid, cudaStream_t st,
-                 OutputRounding rounding) {
+                 OutputRounding rounding, const uint16_t* y_h, float* out) {
   const bool round = rounding == OutputRounding::bf16;
-  if (p <= 0.0f && !round) return add_inplace(y, x, n, st);
+  if (!out) out = y;
+  if (p <= 0.0f && !round && !y_h && out == y) return add_inplace(y, x, n, st);
   if (n <= 0) return;
   const uint32_t thr = p > 0.0f ? dropout_threshold(p) : 0u;
   const float keep_scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
   const auto launch = [&](auto kernel) {
-    kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, x, n, thr, keep_scale, seed, sid);
+    kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(y, y_h, out, x, n, thr, keep_scale, seed, sid);
   };
   if (p > 0.0f)
     round ? launch(dropout_add_kernel<true, true>) : launch(dropout_add_kernel<true, false>);
   else
-    launch(dropout_add_kernel<false, true>);
+    round ? launch(dropout_add_kernel<false, true>) : launch(dropout_add_kernel<false, false>);
   check_launch("dropout_add_kernel");
 }
 
@@ -719,13 +717,13 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
 
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, float* dx, float* dgamma_acc, float* dbeta_acc, Scratch& scratch,
-                        const float* residual, cudaStream_t st) {
+                        const float* residual, cudaStream_t st, const uint16_t* dy_h) {
   if (rows <= 0) return;
   if (cols <= 0) throw Error("layernorm_backward: no columns");
-  ln_bwd_dx_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(dy, x, gamma, mean, rstd, rows, cols, residual, dx);
+  ln_bwd_dx_kernel<<<warp_blocks(rows), kThreads, 0, st>>>(dy, dy_h, x, gamma, mean, rstd, rows, cols, residual, dx);
   check_launch("ln_bwd_dx_kernel");
-  if (dgamma_acc) column_reduce(LnGammaTerm{dy, x, mean, rstd, cols}, rows, cols, dgamma_acc, scratch, st);
-  if (dbeta_acc) column_reduce(PlainTerm{dy, cols}, rows, cols, dbeta_acc, scratch, st);
+  if (dgamma_acc) column_reduce(LnGammaTerm{dy, x, mean, rstd, cols, dy_h}, rows, cols, dgamma_acc, scratch, st);
+  if (dbeta_acc) column_reduce(PlainTerm{dy, cols, dy_h}, rows, cols, dbeta_acc, scratch, st);
 }
 
 void column_sum_acc(const float* a, int64_t lda, int64_t rows, int64_t cols, float* out, Scratch& scratch,
@@ -740,30 +738,6 @@ void rows_mod_sum_acc(const float* d, int64_t rows, int64_t cols, int64_t period
                 std::to_string(period));
   rows_mod_kernel<<<blocks_for(period * cols), kThreads, 0, st>>>(d, rows / period, cols, period, acc);
   check_launch("rows_mod_kernel");
-}
-
-void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n, float* dlogits,
-                        double* loss_rows, uint8_t* ok_rows, cudaStream_t st, OutputRounding rounding) {
-  if (n <= 0) return;
-  if (v <= 0) throw Error("cross_entropy: logits have no columns");
-  if (n > (int64_t(1) << 31) - 1) throw Error("cross_entropy: too many rows");
-  ce_kernel<<<unsigned(n), kCeThreads, 0, st>>>(logits, targets, v, inv_n, dlogits, loss_rows, ok_rows,
-                                                rounding == OutputRounding::bf16);
-  check_launch("ce_kernel");
-}
-
-double sum_squares(const float* g, int64_t n, Scratch& scratch, cudaStream_t st) {
-  if (n <= 0) return 0.0;
-  const int64_t nb = (n + kSumChunk - 1) / kSumChunk;
-  double* part = scratch.get<double>(1, size_t(nb + 1));
-  sumsq_chunk_kernel<<<unsigned(nb), kThreads, 0, st>>>(g, n, part);
-  check_launch("sumsq_chunk_kernel");
-  sum_final_kernel<<<1, kThreads, 0, st>>>(part, nb, part + nb);
-  check_launch("sum_final_kernel");
-  double r = 0.0;
-  check(cudaMemcpyAsync(&r, part + nb, sizeof r, cudaMemcpyDeviceToHost, st), "sum_squares (download)");
-  check(cudaStreamSynchronize(st), "sum_squares (synchronise)");
-  return r;
 }
 
 }  // namespace fp4lab::cuda::nn

@@ -103,12 +103,16 @@ struct ProducerAmax {
 // ones skipped) compute its amaxes (the preconditions above but the words)?
 bool producer_amax_fits(int64_t rows, int64_t cols, std::initializer_list<const void*> ptrs);
 // GELU, exact erf form: y = 0.5 x (1 + erf(x / sqrt 2)).
+// x_h (may be null; x is then ignored): x in BF16 bits (a linear layer's output stored in BF16 alone under bf16
+// activations), read widened: the bits of an FP32 x holding those values.
 void gelu_forward(const float* x, float* y, int64_t n, uint16_t* y_bf16 = nullptr, cudaStream_t stream = nullptr,
-                  const ProducerAmax* amax = nullptr, OutputRounding rounding = OutputRounding::none);
-// dx = dy * (Phi(x) + x phi(x)).
+                  const ProducerAmax* amax = nullptr, OutputRounding rounding = OutputRounding::none,
+                  const uint16_t* x_h = nullptr);
+// dx = dy * (Phi(x) + x phi(x)). x_h, dy_h: BF16 inputs, as gelu_forward's x_h.
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n, uint16_t* dx_bf16 = nullptr,
                    cudaStream_t stream = nullptr, const ProducerAmax* amax = nullptr,
-                   OutputRounding rounding = OutputRounding::none);
+                   OutputRounding rounding = OutputRounding::none, const uint16_t* x_h = nullptr,
+                   const uint16_t* dy_h = nullptr);
 
 // Dropout: element i is dropped iff random_bits(seed, stream_id, i) <
 // dropout_threshold(p) (core/philox.hpp, the CPU backend's rule).
@@ -120,9 +124,11 @@ void dropout(float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id, ui
              cudaStream_t stream = nullptr, OutputRounding rounding = OutputRounding::none);
 // The residual branch in one pass: y = dropout(y) + x, the operations (and
 // bits) of dropout(y, ...) followed by add_inplace(y, x, ...); rounding: the
-// dropped branch's (y = r(drop(y)) + x, the sum FP32).
+// dropped branch's (y = r(drop(y)) + x, the sum FP32). y_h (may be null; y is then not read): the branch in
+// BF16 bits (a linear output stored in BF16 alone), read widened; out (null: y) receives the sum.
 void dropout_add(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t stream_id,
-                 cudaStream_t stream = nullptr, OutputRounding rounding = OutputRounding::none);
+                 cudaStream_t stream = nullptr, OutputRounding rounding = OutputRounding::none,
+                 const uint16_t* y_h = nullptr, float* out = nullptr);
 
 // dst = dropout(y) out of place (y + x first, stored back into y, when x is
 // not null; p <= 0: dst = y): the operations and bits of add_inplace(y, x),
@@ -143,10 +149,12 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
 // dx [rows, cols] written (plus residual [rows, cols], one float add, where
 // not null); dgamma_acc [cols] += sum_r dy * xhat and dbeta_acc [cols] (null:
 // skipped) += sum_r dy, each column summed in float64 over fixed blocks of 256
-// rows in row order, then the blocks in order (the CPU's order).
+// rows in row order, then the blocks in order (the CPU's order). dy_h (may be null; dy is then not read): dy in
+// BF16 bits (a linear layer's dx stored in BF16 alone), read widened.
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, float* dx, float* dgamma_acc, float* dbeta_acc, Scratch& scratch,
-                        const float* residual = nullptr, cudaStream_t stream = nullptr);
+                        const float* residual = nullptr, cudaStream_t stream = nullptr,
+                        const uint16_t* dy_h = nullptr);
 
 // ---- reductions over rows ---------------------------------------------------
 // out[c] += float(sum over r < rows of a[r*lda + c]) for c < cols (float64,
@@ -258,13 +266,18 @@ class Attention {
   // random_bits(seed, stream_id, e) < dropout_threshold(dropout).
   // out_bf16 (may be null): out's BF16 output (ProducerOutputs), written in the same pass
   // (fused path) or by one rounding pass after (cuBLAS path).
-  void forward(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_bf16 = nullptr);
+  // qkv_h (may be null; qkv is then ignored): qkv in BF16 (a linear layer's output stored in BF16 alone), the
+  // values an FP32 qkv holding them gives: the flash kernels load it as it is (they round on load anyway), the
+  // FP32 paths read it widened into scratch.
+  void forward(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_bf16 = nullptr,
+               const uint16_t* qkv_h = nullptr);
   // dqkv [B*T, 3C] (every column written) from dout [B*T, C] and the saved
   // probs: dp = drop(dout v^T), ds = p * (dp - sum_j dp p) * scale (float64
   // dot), dq = ds k, dk = ds^T q, dv = drop(p)^T dout.
-  // dqkv_bf16 (may be null): dqkv's BF16 output, as forward's out_bf16.
+  // dqkv_bf16 (may be null): dqkv's BF16 output, as forward's out_bf16. qkv_h, dout_h: BF16 inputs, as
+  // forward's qkv_h (the flash kernels take one element type: a BF16 input beside an FP32 one is widened).
   void backward(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
-                uint16_t* dqkv_bf16 = nullptr);
+                uint16_t* dqkv_bf16 = nullptr, const uint16_t* qkv_h = nullptr, const uint16_t* dout_h = nullptr);
   // With d.bf16_flash, `probs` of forward and backward is the flash path's
   // saved tensor instead (saved_floats(d) floats): the output rows in FP32 as
   // [B*H][T][hd], then the base-2 log-sum-exp of every row [B*H*T] (the
@@ -290,9 +303,12 @@ class Attention {
   void forward_fused(const AttentionDims& d, const float* qkv, float* out, float* probs, uint16_t* out_h);
   void backward_fused(const AttentionDims& d, const float* qkv, const float* probs, const float* dout, float* dqkv,
                       uint16_t* dqkv_h);
-  void forward_flash(const AttentionDims& d, const float* qkv, float* out, float* saved, uint16_t* out_h);
-  void backward_flash(const AttentionDims& d, const float* qkv, const float* saved, const float* dout, float* dqkv,
-                      uint16_t* dqkv_h);
+  void forward_flash(const AttentionDims& d, const float* qkv, const uint16_t* qkv_h, float* out, float* saved,
+                     uint16_t* out_h);
+  void backward_flash(const AttentionDims& d, const float* qkv, const uint16_t* qkv_h, const float* saved,
+                      const float* dout, const uint16_t* dout_h, float* dqkv, uint16_t* dqkv_h);
+  // The FP32 values of n BF16 values at h, in scratch slot `slot` (0: qkv, 1: dout).
+  const float* widened(const uint16_t* h, int64_t n, int slot);
   cublasHandle_t h_ = nullptr;
   cudaStream_t stream_ = nullptr;
   AttentionPath path_ = AttentionPath::automatic;
@@ -300,6 +316,7 @@ class Attention {
   DeviceBuffer<float> pd_, dp_;
   DeviceBuffer<float> f32_out_;  // the cuBLAS path's FP32 output where only the BF16 output is asked for
   DeviceBuffer<float> dlt_;      // the flash backward's D = rowsum(dout * out) [B*H*T]
+  DeviceBuffer<float> widen_[2];  // widened BF16 inputs (widened)
 };
 
 }  // namespace fp4lab::cuda::nn

@@ -31,8 +31,26 @@ __device__ __forceinline__ float bf16_round(float v) {
   constexpr Format bf = bfloat16;  // a local copy: the namespace-scope descriptor is host data
   return decode(bf, bf16_rn(v));
 }
+// The FP32 value of BF16 bits (a tensor stored in BF16 alone, read by its consumer): core's decode, so the
+// value r() widens to (NaN: the canonical quiet NaN).
+__device__ __forceinline__ float bf16_widen(uint32_t h) { return decode_f32<bfloat16>(h); }
 // A producer's output under its OutputRounding (round: bf16): r(v), else v.
 __device__ __forceinline__ float rounded_if(bool round, float v) { return round ? bf16_round(v) : v; }
+
+// Fixed-shape shared-memory tree over blockDim.x (a power of two) doubles.
+// Returns the total in thread 0 (and in every thread after the final sync).
+template <int N>
+__device__ __forceinline__ double block_sum(double v, double* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = N / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  const double r = sh[0];
+  __syncthreads();
+  return r;
+}
 
 inline void check_cublas_status(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS error in ") + what + ": " + cublasGetStatusString(s));

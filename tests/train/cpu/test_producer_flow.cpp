@@ -79,21 +79,23 @@ class Flow final : public fp4lab::train::test::ForwardingBackend {
     need(x);
     produce(y, o, [&](Tensor& t) { inner().layernorm_forward(x, g, b, eps, t, mean, rstd); });
   }
-  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o) override {
+  void gelu_forward(const Tensor& x, Tensor& y, ProducerOutputs* o, const ProducerOutputs*) override {
     need(x);
     produce(y, o, [&](Tensor& t) { inner().gelu_forward(x, t); });
   }
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o) override {
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, ProducerOutputs* o, const ProducerOutputs*,
+                     const ProducerOutputs*) override {
     need(x), need(dy);
     produce(dx, o, [&](Tensor& t) { inner().gelu_backward(x, dy, t); });
   }
   void attention_forward(const AttentionShape& s, const Tensor& qkv, Tensor& out, Tensor& probs, DropoutKey key,
-                         ProducerOutputs* o) override {
+                         ProducerOutputs* o, const ProducerOutputs*) override {
     need(qkv);
     produce(out, o, [&](Tensor& t) { inner().attention_forward(s, qkv, t, probs, key); });
   }
   void attention_backward(const AttentionShape& s, const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                          Tensor& dqkv, DropoutKey key, ProducerOutputs* o) override {
+                          Tensor& dqkv, DropoutKey key, ProducerOutputs* o, const ProducerOutputs*,
+                          const ProducerOutputs*) override {
     need(qkv), need(dout);
     produce(dqkv, o, [&](Tensor& t) { inner().attention_backward(s, qkv, probs, dout, t, key); });
   }
@@ -108,7 +110,7 @@ class Flow final : public fp4lab::train::test::ForwardingBackend {
   }
   // ---- readers that must get FP32 values ----
   void layernorm_backward(const Tensor& dy, const Tensor& x, const float* g, const Tensor& mean, const Tensor& rstd,
-                          Tensor& dx, float* dg, float* db, const Tensor* residual) override {
+                          Tensor& dx, float* dg, float* db, const Tensor* residual, const ProducerOutputs*) override {
     need(dy), need(x);
     if (residual) need(*residual);
     inner().layernorm_backward(dy, x, g, mean, rstd, dx, dg, db, residual);
@@ -117,7 +119,7 @@ class Flow final : public fp4lab::train::test::ForwardingBackend {
     need(y), need(x);
     inner().add_inplace(y, x);
   }
-  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key) override {
+  void dropout_add(Tensor& y, const Tensor& x, float p, DropoutKey key, const ProducerOutputs*) override {
     need(y), need(x);
     inner().dropout_add(y, x, p, key);
   }
@@ -131,12 +133,12 @@ class Flow final : public fp4lab::train::test::ForwardingBackend {
   }
   // ---- consumers ----
   void linear_forward(const LayerPlan& l, const Tensor& x, const Tensor& w, const float* b, Tensor& y,
-                      std::unique_ptr<LinearState>& st, const ProducerOutputs* from) override {
-    inner().linear_forward(l, consume(x, from), w, b, y, st, nullptr);
+                      std::unique_ptr<LinearState>& st, const ProducerOutputs* from, ProducerOutputs* y_out) override {
+    inner().linear_forward(l, consume(x, from), w, b, y, st, nullptr, y_out);
   }
   void linear_backward(const LayerPlan& l, const LinearState& st, const Tensor& w, const Tensor& dy, Tensor& dx,
-                       Tensor& dw, float* db, const ProducerOutputs* from) override {
-    inner().linear_backward(l, st, w, consume(dy, from), dx, dw, db, nullptr);
+                       Tensor& dw, float* db, const ProducerOutputs* from, ProducerOutputs* dx_out) override {
+    inner().linear_backward(l, st, w, consume(dy, from), dx, dw, db, nullptr, dx_out);
   }
 
  private:
