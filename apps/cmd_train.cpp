@@ -1,7 +1,9 @@
 // `fp4lab train`, `fp4lab compare`, `fp4lab sweep` and `fp4lab bench train`.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -414,6 +416,34 @@ void bench_train(const BenchArgs& a) {
   bench_pytorch(a, cfg, threads, with_fp32, first_ms, rate);
 }
 
+// One rank of `fp4lab train` (the whole run in a world of one): rank 0 prints the header and the result line.
+void train_rank(const TrainArgs& args, const RunConfig& cfg, Communicator& comm,
+                const volatile std::sig_atomic_t* interrupt) {
+  const bool rank0 = comm.rank() == 0;
+  RunOptions o;
+  o.resume = args.resume;
+  o.force = args.force;
+  o.progress = !args.quiet;
+  o.comm = &comm;
+  o.interrupt = interrupt;
+  if (rank0)
+    std::cerr << "fp4lab train: " << cfg.name << " (" << cfg.model.type << "), recipe " << recipe_label(cfg)
+              << ", seed " << cfg.seed << " -> " << run_directory(cfg)
+              << (comm.world() > 1 ? ", " + std::to_string(comm.world()) + " ranks (" + comm.name() + ")" : "")
+              << "\n";
+  RunResult r = run_training(cfg, o);
+  if (!rank0) return;
+  if (!r.note.empty()) {  // a finished run, left as it is
+    std::printf("%s\n", r.note.c_str());
+    return;
+  }
+  const json& s = r.summary;
+  std::printf("%s: %s, final %s %.4f (best %.4f), %.2f ms/step, %.0f %s/s\n", r.dir.c_str(),
+              s["status"].get<std::string>().c_str(), s["metric"].get<std::string>().c_str(),
+              s["final"].get<double>(), s["best"].get<double>(), s["ms_per_step"].get<double>(),
+              s["items_per_s"].get<double>(), s["item"].get<std::string>().c_str());
+}
+
 void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   CLI::App* train = app.add_subcommand("train", "Train a model from a JSON experiment config (configs/*.json)");
   train->add_option("config", args->config, "Experiment config (JSON)")->required()->check(CLI::ExistingFile);
@@ -428,36 +458,34 @@ void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
                   "Replace an existing run directory (the old one is removed once the new run has a checkpoint)");
   train->add_flag("--quiet", args->quiet, "No progress output");
   train->add_option("--rendezvous", args->launch.rendezvous,
-                    "Data-parallel ranks without mpirun: file:PATH (NCCL, backend cuda; with --rank, --world) or mpi "
-                    "(the default under mpirun)");
+                    "Data-parallel ranks without mpirun: threads:N (N ranks in this process, one thread each), "
+                    "file:PATH (NCCL, backend cuda; with --rank, --world) or mpi (the default under mpirun)");
   train->add_option("--rank", args->launch.rank, "This process's rank (with --rendezvous file:PATH)");
   train->add_option("--world", args->launch.world, "The number of ranks (with --rendezvous file:PATH)");
   train->callback([args] {
-    RunConfig cfg = config_from_json(load_config(args->config, args->sets, args->recipe));
-    std::unique_ptr<Communicator> comm = join_world(args->launch, cfg.backend);
-    const bool rank0 = comm->rank() == 0;
-    RunOptions o;
-    o.resume = args->resume;
-    o.force = args->force;
-    o.progress = !args->quiet;
-    o.comm = comm.get();
-    o.interrupt = install_interrupt_handlers();
-    if (rank0)
-      std::cerr << "fp4lab train: " << cfg.name << " (" << cfg.model.type << "), recipe " << recipe_label(cfg)
-                << ", seed " << cfg.seed << " -> " << run_directory(cfg)
-                << (comm->world() > 1 ? ", " + std::to_string(comm->world()) + " ranks (" + comm->name() + ")" : "")
-                << "\n";
-    RunResult r = run_training(cfg, o);
-    if (!rank0) return;
-    if (!r.note.empty()) {  // a finished run, left as it is
-      std::printf("%s\n", r.note.c_str());
-      return;
+    const RunConfig cfg = config_from_json(load_config(args->config, args->sets, args->recipe));
+    const volatile std::sig_atomic_t* interrupt = install_interrupt_handlers();
+    const int threads = thread_ranks(args->launch);
+    if (threads == 0) {
+      std::unique_ptr<Communicator> comm = join_world(args->launch, cfg.backend);
+      return train_rank(*args, cfg, *comm, interrupt);
     }
-    const json& s = r.summary;
-    std::printf("%s: %s, final %s %.4f (best %.4f), %.2f ms/step, %.0f %s/s\n", r.dir.c_str(),
-                s["status"].get<std::string>().c_str(), s["metric"].get<std::string>().c_str(),
-                s["final"].get<double>(), s["best"].get<double>(), s["ms_per_step"].get<double>(),
-                s["items_per_s"].get<double>(), s["item"].get<std::string>().c_str());
+    // `--rendezvous threads:N`: N ranks in this process, one thread each; rank 0 reports, as under mpirun.
+    // Rank 0's error is the one thrown (else the first rank's): the ranks fail together (comm.hpp's timeout).
+    std::vector<std::unique_ptr<Communicator>> comms = make_thread_comms(threads);
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < threads; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          train_rank(*args, cfg, *comms[size_t(r)], interrupt);
+        } catch (...) {
+          errors[size_t(r)] = std::current_exception();
+        }
+      });
+    for (std::thread& t : ranks) t.join();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
   });
 }
 

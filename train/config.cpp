@@ -405,11 +405,36 @@ void parse_layers(const json& l, const std::string& where, std::vector<std::stri
   }
 }
 
+// distributed.gather against primary_weights and shard_cast (config.hpp DistributedConfig::gather); with NVFP4
+// storage it sets shard_cast.
+void parse_gather(const json& d, const std::string& where, DistributedConfig& c) {
+  if (c.gather.empty()) return;
+  check_choice(where + ".gather", c.gather, {"fp32", "nvfp4"});
+  if (c.primary_weights != "nvfp4") {
+    if (c.gather == "nvfp4")
+      throw Error(where + ".gather: \"nvfp4\" needs " + where +
+                  ".primary_weights \"nvfp4\" (the weights travel as their stored cast); valid with primary_weights " +
+                  c.primary_weights + ": \"fp32\"");
+    return;
+  }
+  const bool codes = c.gather == "nvfp4";
+  if (d.contains("shard_cast") && !d["shard_cast"].is_null() && c.shard_cast != codes)
+    throw Error(where + ".gather \"" + c.gather + "\" and " + where + ".shard_cast " +
+                (c.shard_cast ? "true" : "false") +
+                " disagree (with NVFP4 primary weights gather nvfp4 is shard_cast true: each rank casts its part "
+                "and the codes travel; gather fp32 is shard_cast false); give one of them");
+  c.shard_cast = codes;
+}
+
 void parse_distributed(const json& d, const std::string& where, DistributedConfig& c) {
   Obj o(d, where + ".distributed");
   o.get("zero", c.zero);
   o.get("primary_weights", c.primary_weights);
   o.get("shard_cast", c.shard_cast);
+  o.get("gather", c.gather);
+  bool reshard = false;
+  o.get("reshard_after_forward", reshard);
+  if (d.contains("reshard_after_forward") && !d["reshard_after_forward"].is_null()) c.reshard_after_forward = reshard;
   o.get("timeout_s", c.timeout_s);
   o.get("expert_parallel", c.expert_parallel);
   o.finish();
@@ -419,6 +444,7 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
   if (c.zero == 2) throw Error(where + ".distributed.zero: 2 is not built; valid: 0, 1 (ZeRO-1), 3 (ZeRO-3)");
   check_range(where + ".distributed.zero", c.zero, {0, 3}, "1: ZeRO-1, 3: ZeRO-3");
   check_choice(where + ".distributed.primary_weights", c.primary_weights, {"fp32", "nvfp4"});
+  parse_gather(d, where + ".distributed", c);
   check_range(where + ".distributed.expert_parallel", c.expert_parallel, {1, int(kMaxRouteExperts)},
               "ranks sharing the experts; 1: none");
 }
@@ -426,8 +452,11 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
 // distributed.zero 3 and expert_parallel against the rest of the config (the world is checked by the run).
 void check_expert_parallel(const RunConfig& c, const std::string& where) {
   const std::string z3 = where + ".distributed.zero 3 (ZeRO-3) ";
-  if (c.distributed.zero == 3 && (c.backend != "cpu" || c.distributed.primary_weights != "fp32"))
-    throw Error(z3 + "is built for backend cpu and primary_weights fp32 so far (plan steps S5-S6)");
+  if (c.distributed.zero == 3 && c.backend != "cpu")
+    throw Error(z3 + "is built for backend cpu so far (plan step S5)");
+  if (c.distributed.zero != 3 && c.distributed.reshard_after_forward >= 0)
+    throw Error(where + ".distributed.reshard_after_forward: only with distributed.zero 3 (ZeRO-3), not zero " +
+                std::to_string(c.distributed.zero));
   if (c.distributed.zero == 3 && (c.distributed.expert_parallel != 1 || c.capture_step >= 0 || c.numerics_interval > 0))
     throw Error(z3 + "with expert_parallel, output.capture_step or output.numerics_interval is not built yet");
   const int R = c.distributed.expert_parallel;
@@ -651,6 +680,10 @@ json config_to_json(const RunConfig& c) {
     j["distributed"] = {{"zero", c.distributed.zero},
                         {"primary_weights", c.distributed.primary_weights},
                         {"shard_cast", c.distributed.shard_cast}};
+  // Only when given: the configs (and hashes) of earlier runs stay as they were.
+  if (!c.distributed.gather.empty()) j["distributed"]["gather"] = c.distributed.gather;
+  if (c.distributed.reshard_after_forward >= 0)
+    j["distributed"]["reshard_after_forward"] = c.distributed.reshard_after_forward == 1;
   if (c.distributed.expert_parallel != 1) j["distributed"]["expert_parallel"] = c.distributed.expert_parallel;
   if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;
   if (!c.layer_recipes.empty())

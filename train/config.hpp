@@ -15,7 +15,8 @@
 //   layer_recipes [{layers: pattern, recipe: name | file | object}, ...]: per-layer recipes,
 //             the first matching rule wins, other layers run `recipe` (train/layer_recipes.hpp)
 //   eval_recipe   the recipe of every evaluation forward (absent/null: the training recipes)
-//   distributed {zero: 0|1|3, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, timeout_s: seconds}
+//   distributed {zero: 0|1|3, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, gather: "fp32"|"nvfp4",
+//             reshard_after_forward: true|false (zero 3), timeout_s: seconds}
 //             data-parallel training (train/dist/data_parallel.hpp); one process is a world of 1
 //   precision {activations: "fp32"|"bf16"}: the activations' precision (train/backend.hpp's
 //             contract; docs/DESIGN.md "BF16 activations"); both backends
@@ -90,6 +91,15 @@ struct DistributedConfig {
   int zero = 0;                          // 0: every rank updates every parameter; 1: ZeRO-1 shards; 3: ZeRO-3
   std::string primary_weights = "fp32";  // "nvfp4": the linear weights the recipe quantizes are NVFP4
   bool shard_cast = true;                // nvfp4: each rank casts only its shard (false: all, the reference)
+  // The weights' wire format: "" (not given: the storage's, i.e. "nvfp4" with primary_weights nvfp4 and
+  // shard_cast true, else "fp32"), "fp32" or "nvfp4". With NVFP4 storage it is shard_cast said differently
+  // ("nvfp4": each rank casts its part and the codes travel; "fp32": the masters travel and every rank casts
+  // them whole), so parse_distributed sets shard_cast from it and refuses the two when they disagree.
+  std::string gather;
+  // ZeRO-3: what a unit's forward gather leaves for its backward. -1: the default (0 with gather nvfp4, 1
+  // otherwise); 0: kept (the gathered codes with gather nvfp4, the gathered FP32 values with fp32); 1: dropped
+  // after the forward and gathered again in the backward (less memory, more traffic).
+  int reshard_after_forward = -1;
   double timeout_s = 600.0;              // a collective's wait for the other ranks (comm.hpp); not in the run identity
   // Expert parallelism (train/moe.hpp; DESIGN.md "Expert parallelism"): the MoE layers' experts sharded over
   // this many ranks, tokens dispatched and combined by all-to-all. 1: every rank holds every expert. For now it

@@ -10,7 +10,9 @@ A tiny GPT on a generated corpus, dropout 0, 16 steps:
     sharded by block) the ZeRO-1 losses to 1e-6, a repeat bitwise, its
     checkpoint in one process's layout;
   - NVFP4 primary weights cast shard by shard give exactly the losses and
-    checkpoint of the whole-tensor cast;
+    checkpoint of the whole-tensor cast; ZeRO-3 with the weights gathered
+    as NVFP4 codes (distributed.gather nvfp4) their losses to 1e-6, the
+    codes gathered once a step (kept from forward to backward);
   - only rank 0 writes: one run directory per run;
   - `fp4lab sweep` under mpirun runs each run data-parallel and prints one comparison;
   - expert parallelism (distributed.expert_parallel 2, a 2-layer MoE GPT of 8 experts): 2 ranks, each
@@ -81,6 +83,7 @@ def main():
         z3_again = run("zero3again", 2, dist={"zero": 3})
         sc = run("sc", 2, "nvfp4", {"zero": 1, "primary_weights": "nvfp4", "shard_cast": True})
         whole = run("whole", 2, "nvfp4", {"zero": 1, "primary_weights": "nvfp4", "shard_cast": False})
+        z3nv = run("zero3nv", 2, "nvfp4", {"zero": 3, "primary_weights": "nvfp4", "gather": "nvfp4"})
         ep_one = run("epone", 1, model=moe, batch=8)
         ep_two = run("eptwo", 2, dist={"expert_parallel": 2}, model=moe, batch=8)
         ep_again = run("epagain", 2, dist={"expert_parallel": 2}, model=moe, batch=8)
@@ -142,6 +145,17 @@ def main():
             if not a2a(ep_mx_two) < a2a(ep_two):
                 failures.append(f"dispatch cast mxfp8: {a2a(ep_mx_two)} alltoallv bytes, not fewer than "
                                 f"{a2a(ep_two)} without it")
+            # ZeRO-3 with the NVFP4 weights gathered as packed codes over MPI: ZeRO-1's NVFP4-primary run within
+            # MPI's summation order (bit for bit on thread ranks, tests/train/dist/test_zero3_nvfp4.cpp).
+            nvrel = max(abs(a - b) / b for a, b in zip(z3nv[0], sc[0]))
+            per = z3nv[2]["distributed"]["collectives"]["per_step"]
+            print(f"test_dp_mpi: ZeRO-3 gather nvfp4 vs ZeRO-1 NVFP4 primary on 2 MPI ranks, largest relative loss "
+                  f"difference {nvrel:.3g}{' (bit for bit)' if z3nv[0] == sc[0] else ''}; codes gathered "
+                  f"{per.get('allgather_equal', {}).get('calls')} times a step")
+            if not (len(z3nv[0]) == len(sc[0]) and nvrel <= 1e-6):
+                failures.append(f"ZeRO-3 gather nvfp4 vs ZeRO-1: relative loss difference {nvrel:.3g} (want <= 1e-6)")
+            if len(strip(z3nv[1])) != len(strip(sc[1])) or per.get("allgather_equal", {}).get("calls") != 1:
+                failures.append("ZeRO-3 gather nvfp4: checkpoint size or code gathers (want 1 a step) wrong")
             if sc[0] != whole[0]:
                 failures.append("NVFP4 primary weights: shard cast and whole cast losses differ")
             if strip(sc[1]) != strip(whole[1]):
@@ -166,8 +180,8 @@ def main():
                     failures.append(f"sweep under mpirun: worlds {worlds}, comparison tables printed {tables} "
                                     "(want [2, 2] and 1)")
             runs = sorted(n for n in os.listdir(os.path.join(d, "runs")) if not n.endswith(".lock"))
-            if len(runs) != 13:
-                failures.append(f"expected 13 run directories (rank 0 alone writes), found {runs}")
+            if len(runs) != 14:
+                failures.append(f"expected 14 run directories (rank 0 alone writes), found {runs}")
     for f in failures:
         print("FAIL", f)
     print("test_dp_mpi:", "FAILED" if failures else "passed")

@@ -61,7 +61,11 @@ struct DataParallel::Impl {
           "parallelism are not supported yet (plan step 10); valid: fp32");
     if (dc.zero == 3) {
       if (device) throw Error("data parallel: distributed.zero 3 on the cuda backend is not built yet (plan step S5)");
-      sharded = std::make_unique<ShardedParams>(comm, be, ps, std::move(units));
+      // gather nvfp4 (shard_cast true) moves the stored tensors as codes; the codes are kept from forward to
+      // backward unless reshard_after_forward says otherwise (FP32 gathers: regathered, unless it says so).
+      const bool codes = nv4 && dc.shard_cast;
+      const ZeroOptions zo{codes, dc.reshard_after_forward >= 0 ? dc.reshard_after_forward == 1 : !codes};
+      sharded = std::make_unique<ShardedParams>(comm, be, ps, std::move(units), zo);
       master = sharded->master();
       gshard = sharded->grad_shard();
       const std::vector<IndexRange> decayed = sharded->decay_ranges();
@@ -242,7 +246,10 @@ struct DataParallel::Impl {
 DataParallel::DataParallel(Communicator& comm, Backend& be, ParamStore& ps, const AdamWConfig& ac,
                            const DistributedConfig& dc, std::vector<std::vector<int>> units)
     : impl_(std::make_unique<Impl>(comm, be, ps, ac, dc, std::move(units))), comm_(comm) {
-  if (!impl_->sharded) impl_->cast_stored();
+  if (impl_->sharded)
+    impl_->sharded->cast_stored();
+  else
+    impl_->cast_stored();
 }
 
 void DataParallel::begin_step(float grad_scale, double weight) {
@@ -258,7 +265,7 @@ double DataParallel::Impl::step_sharded(double lr) {
   sharded->finish_backward();
   const double norm = std::sqrt(sum_over_ranks(be.sum_squares(gshard)));
   adam->step(master, gshard, lr, norm);
-  sharded->release_all();  // the masters changed: the next access gathers again
+  sharded->cast_stored();  // the masters changed: every unit released, the stored parts cast again
   return norm;
 }
 
@@ -350,7 +357,7 @@ double ShareEvaluator::evaluate(const Batch& b, const StepContext& s, int64_t* c
 
 std::vector<float> DataParallel::model_values() {
   Impl& d = *impl_;
-  if (d.sharded) return d.sharded->to_global(d.master);  // FP32 storage: the values are the masters
+  if (d.sharded) return d.sharded->model_values();
   std::vector<float> local(size_t(d.n));
   d.be.download(d.ps.values, local.data());
   return d.to_global(local);
@@ -369,6 +376,7 @@ void DataParallel::load_state(const std::vector<float>& master_global, const std
     d.sharded->from_global(m_global, d.adam->m());
     d.sharded->from_global(v_global, d.adam->v());
     d.adam->set_steps_taken(steps_taken);
+    d.sharded->cast_stored();
     return;
   }
   const std::vector<float> master = d.to_local(master_global), m = d.to_local(m_global), v = d.to_local(v_global);

@@ -16,7 +16,8 @@
 //           masters and moments sharded by the model's units; a unit is
 //           all-gathered when its parameters are first used and its
 //           gradients reduce-scattered when the backward moves on; AdamW
-//           updates this rank's parts. CPU backend, FP32 storage for now.
+//           updates this rank's parts; NVFP4-stored weights gathered as
+//           packed codes (gather nvfp4) or as FP32 masters. CPU backend.
 //   stored parameters (ParamStore storage, train/param_storage.hpp)
 //           the parameters the store keeps as Storage::nvfp4_2d (NVFP4
 //           primary weights: the trainer stores so the weights of the linear

@@ -23,7 +23,8 @@ void reduce_amax(Communicator& comm, Backend& be, CastStore& store) {
   be.upload(reinterpret_cast<const float*>(h.data()), t);
 }
 
-// Step 5: every rank's window gathered (one allgather_equal) and ORed into the store's packed codes.
+}  // namespace
+
 void gather_windows(Communicator& comm, Backend& be, CastStore& store, std::span<const ShardRange> shards) {
   const PackedWindows w = packed_windows(store.tensors(), shards);
   const size_t me = size_t(comm.rank()), size = size_t(w.size), all_bytes = shards.size() * size;
@@ -48,8 +49,6 @@ void gather_windows(Communicator& comm, Backend& be, CastStore& store, std::span
   or_windows(full, all, w);
   store.set_packed(full);
 }
-
-}  // namespace
 
 void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* flat, std::span<const ShardRange> shards,
               bool shard_cast) {

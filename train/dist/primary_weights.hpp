@@ -31,6 +31,13 @@ namespace fp4lab::train {
 void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* flat, std::span<const ShardRange> shards,
               bool shard_cast);
 
+// Step 5 alone: every rank's window of `store`'s packed codes (sim's
+// packed_windows over `shards`) gathered in one allgather_equal and ORed into
+// the store's packed(), as run_cast does after its cast. ZeRO-3 calls it when
+// a unit is gathered (train/dist/sharded_params.hpp); ORing again into an
+// assembled buffer gives it back unchanged, so a unit may be gathered twice.
+void gather_windows(Communicator& comm, Backend& be, CastStore& store, std::span<const ShardRange> shards);
+
 // The parts of `shard` outside every one of `tensors` (sorted by offset,
 // disjoint), in order: the elements ZeRO-1's all-gather still moves as FP32
 // when the tensors travel as packed codes (run_cast).

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "train/dist/primary_weights.hpp"
 
 namespace fp4lab::train {
 
@@ -16,6 +17,14 @@ struct ShardedParams::Unit {
   int64_t local_at = 0;            // where this rank's part starts in the shard buffers
   Tensor values, grads;            // the gathered unit and its gradients (empty: not held)
   bool reduced = false;            // its gradients were reduce-scattered this backward
+  // NVFP4-stored parameters: their cast, in unit coordinates (null: none in this unit).
+  std::unique_ptr<CastStore> store;
+  // gather_codes: every rank's parts outside the stored tensors (unit coordinates), where each rank's lie in
+  // the compacted FP32 buffer, and that buffer once gathered (kept with the codes for the backward).
+  std::vector<std::vector<ShardRange>> fp32_parts;
+  std::vector<ShardRange> compact;
+  Tensor gathered;
+  bool codes = false;  // store->packed() holds every rank's codes of the current cast
 };
 
 namespace {
@@ -24,14 +33,11 @@ Tensor slice(const Tensor& flat, int64_t begin, int64_t end) { return view_of(fl
 
 }  // namespace
 
-ShardedParams::ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, std::vector<std::vector<int>> units)
-    : comm_(comm), be_(be), ps_(ps) {
+ShardedParams::ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, std::vector<std::vector<int>> units,
+                             ZeroOptions opt)
+    : comm_(comm), be_(be), ps_(ps), opt_(opt) {
   const int n = int(ps.infos().size());
   if (ps.expert_ranks() != 1) throw Error("distributed.zero 3 with expert parallelism is not built yet (plan step S4)");
-  if (ps.cast_store())
-    throw Error(
-        "distributed.zero 3 with parameters stored as nvfp4_2d (distributed.primary_weights nvfp4) is not "
-        "built yet (plan steps S5-S6); valid: fp32");
   if (units.empty()) throw Error("ShardedParams: no units");
   unit_of_.assign(size_t(n), -1);
   at_.assign(size_t(n), 0);
@@ -48,6 +54,7 @@ ShardedParams::ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, st
       x.size += ps.info(i).size();
     }
     x.shards = even_shards(x.size, comm.world());
+    add_store(x);
     x.local_at = local_;
     local_ += x.shards[size_t(me)].end - x.shards[size_t(me)].begin;
     peak_unit_ = std::max(peak_unit_, x.size);
@@ -67,6 +74,23 @@ ShardedParams::ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, st
 }
 
 ShardedParams::~ShardedParams() = default;
+
+void ShardedParams::add_store(Unit& x) {
+  std::vector<FlatTensor> tensors;  // in the unit's order: increasing offsets, the packed layout's order
+  for (int i : x.params)
+    if (ps_.storage(i) == Storage::nvfp4_2d)
+      tensors.push_back(FlatTensor{ps_.info(i).rows, ps_.info(i).cols, at_[size_t(i)]});
+  if (tensors.empty()) return;
+  x.store = be_.make_cast_store(tensors);
+  if (x.store->device()) throw InternalError("ShardedParams: a device cast store (ZeRO-3 is built for the cpu backend)");
+  int64_t at = 0;
+  for (const ShardRange& s : x.shards) {
+    x.fp32_parts.push_back(outside_tensors(s, x.store->tensors()));
+    const int64_t begin = at;
+    for (const ShardRange& p : x.fp32_parts.back()) at += p.end - p.begin;
+    x.compact.push_back({begin, at});
+  }
+}
 
 float* ShardedParams::value_ptr(int i) {
   const int u = unit_of_.at(size_t(i));
@@ -99,18 +123,107 @@ void ShardedParams::leave(int u) {
   if (u == 0) return;  // the root stays for the whole step
   Unit& x = units_[size_t(u)];
   if (x.grads.data) reduce(u);
+  if (!backward_ && !opt_.reshard_after_forward) {  // kept for the unit's backward
+    if (x.store && opt_.gather_codes) x.values = Tensor{};  // the codes and FP32 parts stay; decoded again
+    return;
+  }
+  drop(x);
+}
+
+void ShardedParams::drop(Unit& x) {
   x.values = Tensor{};
+  x.gathered = Tensor{};
+  x.codes = false;
 }
 
 void ShardedParams::gather(int u) {
   Unit& x = units_[size_t(u)];
-  const ShardRange own = x.shards[size_t(comm_.rank())];
   x.values = be_.empty(1, x.size);
+  if (x.store && opt_.gather_codes)
+    gather_fp32_parts(x);
+  else
+    gather_fp32(x);
+  if (x.store) decode(x);
+  ++gathers_;
+}
+
+void ShardedParams::gather_fp32(Unit& x) {
+  const ShardRange own = x.shards[size_t(comm_.rank())];
   Tensor dst = slice(x.values, own.begin, own.end);
   be_.copy(slice(master_, x.local_at, x.local_at + (own.end - own.begin)), dst);
   comm_.allgather(std::span<const float>(dst.data, size_t(own.end - own.begin)), x.shards,
                   std::span<float>(x.values.data, size_t(x.size)));
-  ++gathers_;
+}
+
+void ShardedParams::gather_fp32_parts(Unit& x) {
+  const size_t me = size_t(comm_.rank());
+  const ShardRange own = x.shards[me];
+  const int64_t total = x.compact.back().end;
+  // Each part of rank r with its place in the compacted buffer, in order.
+  auto each_part = [&](size_t r, auto&& f) {
+    int64_t at = x.compact[r].begin;
+    for (const ShardRange& p : x.fp32_parts[r]) f(p, at), at += p.end - p.begin;
+  };
+  if (!x.gathered.data) {  // not kept from the forward: this rank's parts of its masters, gathered
+    x.gathered = be_.empty(1, std::max<int64_t>(total, 1));
+    each_part(me, [&](ShardRange p, int64_t at) {
+      Tensor dst = slice(x.gathered, at, at + (p.end - p.begin));
+      be_.copy(slice(master_, x.local_at + (p.begin - own.begin), x.local_at + (p.end - own.begin)), dst);
+    });
+    if (comm_.world() > 1 && total > 0)
+      comm_.allgather(std::span<const float>(x.gathered.data + x.compact[me].begin,
+                                             size_t(x.compact[me].end - x.compact[me].begin)),
+                      x.compact, std::span<float>(x.gathered.data, size_t(total)));
+  }
+  for (size_t r = 0; r < x.compact.size(); ++r)
+    each_part(r, [&](ShardRange p, int64_t at) {
+      Tensor dst = slice(x.values, p.begin, p.end);
+      be_.copy(slice(x.gathered, at, at + (p.end - p.begin)), dst);
+    });
+}
+
+void ShardedParams::decode(Unit& x) {
+  if (!opt_.gather_codes) {  // the gathered masters cast whole by every rank (the reference)
+    run_cast(comm_, be_, *x.store, x.values.data, x.shards, false);
+  } else if (!x.codes) {  // every rank's codes of the last cast_stored
+    if (comm_.world() > 1) gather_windows(comm_, be_, *x.store, x.shards);
+    x.codes = true;
+  }
+  x.store->dequantize(x.values.data);
+}
+
+void ShardedParams::cast_stored() {
+  release_all();
+  if (!opt_.gather_codes) return;  // gather casts each unit whole
+  std::vector<Unit*> stored;
+  for (Unit& x : units_)
+    if (x.store) stored.push_back(&x);
+  if (stored.empty()) return;
+  // This rank's master parts of unit x at their unit coordinates in a scratch buffer (the cast reads only them).
+  Tensor scratch = be_.empty(1, peak_unit_);
+  auto own_flat = [&](const Unit& x) {
+    const ShardRange own = x.shards[size_t(comm_.rank())];
+    Tensor dst = slice(scratch, own.begin, own.end);
+    be_.copy(slice(master_, x.local_at, x.local_at + (own.end - own.begin)), dst);
+    return static_cast<const float*>(scratch.data);
+  };
+  for (Unit* x : stored) x->store->partial_amax(own_flat(*x), x->shards[size_t(comm_.rank())]);
+  if (comm_.world() > 1) {  // every unit's tensor and tile maxima in one MAX all-reduce
+    std::vector<uint32_t> all;
+    for (Unit* x : stored) all.insert(all.end(), x->store->amax().begin(), x->store->amax().end());
+    comm_.allreduce_max(all);
+    size_t at = 0;
+    for (Unit* x : stored) {
+      const std::span<uint32_t> a = x->store->amax();
+      std::copy_n(all.begin() + std::ptrdiff_t(at), a.size(), a.begin());
+      at += a.size();
+    }
+  }
+  for (Unit* x : stored) {
+    x->store->compute_scales();
+    x->store->cast(own_flat(*x), x->shards[size_t(comm_.rank())]);
+    x->codes = comm_.world() == 1;  // one rank's part is the whole unit
+  }
 }
 
 void ShardedParams::reduce(int u) {
@@ -137,7 +250,7 @@ void ShardedParams::finish_backward() {
 }
 
 void ShardedParams::release_all() {
-  for (Unit& x : units_) x.values = Tensor{}, x.grads = Tensor{}, x.reduced = false;
+  for (Unit& x : units_) drop(x), x.grads = Tensor{}, x.reduced = false;
   current_ = -1;
   backward_ = false;
 }
@@ -165,7 +278,6 @@ std::vector<IndexRange> ShardedParams::decay_ranges() const {
 std::vector<float> ShardedParams::to_global(const Tensor& shard) {
   release_all();  // the unit buffers are borrowed
   std::vector<float> out(size_t(ps_.global_size()));
-  std::vector<float> host;
   for (Unit& x : units_) {
     const ShardRange own = x.shards[size_t(comm_.rank())];
     Tensor buf = be_.empty(1, x.size);
@@ -173,12 +285,27 @@ std::vector<float> ShardedParams::to_global(const Tensor& shard) {
     be_.copy(slice(shard, x.local_at, x.local_at + (own.end - own.begin)), dst);
     comm_.allgather(std::span<const float>(dst.data, size_t(own.end - own.begin)), x.shards,
                     std::span<float>(buf.data, size_t(x.size)));
-    host.resize(size_t(x.size));
-    be_.download(buf, host.data());
-    for (int i : x.params)
-      std::copy_n(host.begin() + at_[size_t(i)], ps_.info(i).size(), out.begin() + ps_.info(i).global_offset);
+    put_global(x, buf, out);
   }
   return out;
+}
+
+std::vector<float> ShardedParams::model_values() {
+  release_all();
+  std::vector<float> out(size_t(ps_.global_size()));
+  for (size_t u = 0; u < units_.size(); ++u) {
+    gather(int(u));
+    put_global(units_[u], units_[u].values, out);
+    drop(units_[u]);
+  }
+  return out;
+}
+
+void ShardedParams::put_global(const Unit& x, const Tensor& buf, std::vector<float>& out) {
+  std::vector<float> host(size_t(x.size));
+  be_.download(buf, host.data());
+  for (int i : x.params)
+    std::copy_n(host.begin() + at_[size_t(i)], ps_.info(i).size(), out.begin() + ps_.info(i).global_offset);
 }
 
 void ShardedParams::from_global(const std::vector<float>& global, Tensor& shard) const {
@@ -194,8 +321,20 @@ nlohmann::json ShardedParams::memory() const {
   for (size_t u = 1; u < units_.size(); ++u) largest_other = std::max(largest_other, units_[u].size);
   // Persistent: master, both moments, the gradient shard. In flight: the root and one other unit, each with
   // its gradient buffer in the backward.
-  const int64_t persistent = 4 * local_ * f, in_flight = 2 * (units_[0].size + largest_other) * f;
+  const int64_t in_flight = 2 * (units_[0].size + largest_other) * f;
+  // The stored tensors' cast: packed codes, one UE4M3 code a tile, one FP32 scale a tensor (the host store
+  // keeps each unit's whole packed buffer; plan S5's device slots hold this rank's windows only).
+  int64_t nvfp4 = 0;
+  for (const Unit& x : units_)
+    if (x.store) {
+      const FlatLayout l = flat_layout(x.store->tensors());
+      nvfp4 += l.packed_offset.back() + l.tile_offset.back() + int64_t(x.store->tensors().size()) * f;
+    }
+  const int64_t persistent = 4 * local_ * f + nvfp4;
   return {{"zero", 3},
+          {"gather", opt_.gather_codes && nvfp4 > 0 ? "nvfp4" : "fp32"},
+          {"reshard_after_forward", opt_.reshard_after_forward},
+          {"nvfp4_bytes", nvfp4},
           {"world", comm_.world()},
           {"shard_elements", local_},
           {"units", int64_t(units_.size())},

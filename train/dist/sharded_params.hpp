@@ -15,10 +15,25 @@
 // separated places of its backward belongs in the root). Units are visited in the same order on every rank
 // (the same model on shares of one shape), which the collectives need.
 //
+// NVFP4-stored parameters (Storage::nvfp4_2d, distributed.primary_weights nvfp4): each unit's stored tensors,
+// in unit coordinates, have a CastStore of their own (Backend::make_cast_store). With gather_codes (config
+// distributed.gather "nvfp4") cast_stored, after every optimiser step, casts this rank's parts of every unit
+// (sim/shard_cast.hpp's protocol: partial maxima of its master parts, one MAX all-reduce of every unit's
+// tensor and tile maxima together, scales on every rank, its codes into a zeroed packed buffer); gathering a
+// unit then moves the packed windows of its stored tensors (one allgather_equal, ORed in: primary_weights.hpp
+// gather_windows) and, in FP32, only the unit's parts outside them (compacted); the unit's values are the
+// dequantized codes there, the FP32 masters elsewhere: what ZeRO-1's NVFP4-primary run hands the layers.
+// Without gather_codes ("fp32") a unit's FP32 masters are gathered whole and every rank casts its stored
+// tensors whole (the reference, no communication in the cast).
+// reshard_after_forward false keeps what the forward's gather brought (the codes and compacted FP32 parts
+// with gather_codes, dropping the decoded values; the FP32 values otherwise) for the unit's backward, which
+// then gathers nothing; true drops it and the backward gathers the unit again.
+//
 // With the thread communicator (sums in rank order) the run equals ZeRO-1's bit for bit when gradient
 // clipping is off (the norm's partial sums follow the shard layout): the same gradients element by element,
-// AdamW element-wise. Not built yet (plan S5-S7): the CUDA backend, NVFP4 gathers and NVFP4-stored
-// parameters, prefetch and overlap, expert parallelism.
+// AdamW element-wise, the same cast (quantize(nvfp4_2d, master) whatever the split). Not built yet (plan
+// S5-S7): the CUDA backend, prefetch and overlap, a store holding only this rank's codes (the host store keeps
+// a unit's whole packed buffer), expert parallelism.
 #pragma once
 
 #include <cstdint>
@@ -32,11 +47,19 @@
 
 namespace fp4lab::train {
 
+// How ZeRO-3 moves the parameters (DistributedConfig's gather and reshard_after_forward, resolved).
+struct ZeroOptions {
+  bool gather_codes = true;           // stored tensors travel as packed NVFP4 codes (false: as FP32 masters)
+  bool reshard_after_forward = true;  // false: the forward's gather kept for the unit's backward
+};
+
 class ShardedParams final : public ParamProvider {
  public:
   // Takes this rank's parts of ps's values (full, as finalize made them) and becomes ps's provider (ps's
-  // buffers are released). `units`: Model::param_units (checked: every parameter exactly once).
-  ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, std::vector<std::vector<int>> units);
+  // buffers are released). `units`: Model::param_units (checked: every parameter exactly once). The
+  // parameters ps stores as nvfp4_2d are cast by cast_stored (call it before the first forward).
+  ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, std::vector<std::vector<int>> units,
+                ZeroOptions opt = {});
   ~ShardedParams() override;
 
   float* value_ptr(int i) override;
@@ -55,6 +78,12 @@ class ShardedParams final : public ParamProvider {
   void finish_backward();
   // Every unit released (after the optimiser step; evaluation gathers again as it goes).
   void release_all();
+  // The masters changed (a step, a loaded state): every unit released and, with gather_codes, this rank's
+  // parts of the stored tensors cast (collective: one MAX all-reduce). Nothing to do without stored tensors.
+  void cast_stored();
+  // Every parameter's values as the layers see them (stored tensors: the dequantized cast), in one
+  // process's layout, on every rank (collective: each unit gathered in turn).
+  std::vector<float> model_values();
 
   // A shard-shaped buffer (master, moments) in one process's layout, on every rank (collective: each unit
   // all-gathered in turn); and the inverse, this rank's parts out of such a buffer.
@@ -74,13 +103,21 @@ class ShardedParams final : public ParamProvider {
   };
   // Every piece of this rank's parts, unit by unit, in shard order.
   std::vector<Piece> own_pieces() const;
+  void add_store(Unit& x);  // x's stored tensors' cast and FP32 parts (after x.shards)
   void enter(int u);
   void leave(int u);
   void gather(int u);
+  void gather_fp32(Unit& x);        // the whole unit's FP32 masters
+  void gather_fp32_parts(Unit& x);  // only its parts outside the stored tensors (gather_codes)
+  void decode(Unit& x);             // the stored tensors' values in x.values
+  void drop(Unit& x);               // what a gather of x brought, released
   void reduce(int u);
+  // A unit buffer (x.size elements of `buf`) into `out` at its parameters' global offsets.
+  void put_global(const Unit& x, const Tensor& buf, std::vector<float>& out);
   Communicator& comm_;
   Backend& be_;
   ParamStore& ps_;
+  ZeroOptions opt_;
   std::vector<Unit> units_;
   std::vector<int> unit_of_;  // per parameter
   std::vector<int64_t> at_;   // per parameter: its offset in its unit's gathered buffer
