@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "train/checkpoint.hpp"
 #include "train/config.hpp"
 #include "train/dist/comm.hpp"
 #include "train/run.hpp"
@@ -56,6 +58,34 @@ inline RunResult run_on_threads(int world, const nlohmann::json& cfgj, bool resu
     if (!e.empty()) throw Error(e);
   for (int r = 1; r < world; ++r) CHECK(res[size_t(r)].final_params == res[0].final_params);
   return res[0];
+}
+
+// The evaluation records of a run's metrics.jsonl, in order.
+inline std::vector<nlohmann::json> evals(const RunResult& r) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(std::filesystem::path(r.dir) / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("eval", false)) out.push_back(j);
+  }
+  return out;
+}
+
+// b the same run as a bit for bit: every step loss, the final parameters, the `n_evals` evaluation records,
+// the checkpoint's masters and moments.
+inline void check_same_run(const RunResult& a, const RunResult& b, size_t n_evals) {
+  REQUIRE(b.status == "completed");
+  CHECK(b.step_losses == a.step_losses);
+  CHECK(b.final_params == a.final_params);
+  const std::vector<nlohmann::json> ea = evals(a), eb = evals(b);
+  REQUIRE(ea.size() == n_evals);
+  CHECK(eb == ea);
+  const int64_t n = int64_t(a.final_params.size());
+  const Checkpoint x = load_checkpoint(std::filesystem::path(a.dir) / "checkpoint.bin", n);
+  const Checkpoint y = load_checkpoint(std::filesystem::path(b.dir) / "checkpoint.bin", n);
+  CHECK(x.values == y.values);
+  CHECK(x.m == y.m);
+  CHECK(x.v == y.v);
 }
 
 }  // namespace fp4lab::train::test

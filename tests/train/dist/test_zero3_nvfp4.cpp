@@ -51,31 +51,8 @@ json model_config(const std::string& text, const std::string& out, const std::st
               {"output", {{"dir", out}}}};
 }
 
-std::vector<json> evals(const RunResult& r) {
-  std::vector<json> out;
-  std::ifstream f(fs::path(r.dir) / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const json j = json::parse(line);
-    if (j.value("eval", false)) out.push_back(j);
-  }
-  return out;
-}
-
-// Two runs the same bit for bit: losses, evaluations, final parameters, checkpoint masters and moments.
-void check_same_run(const RunResult& a, const RunResult& b) {
-  REQUIRE(b.status == "completed");
-  CHECK(b.step_losses == a.step_losses);
-  CHECK(b.final_params == a.final_params);
-  const std::vector<json> ea = evals(a), eb = evals(b);
-  CHECK(ea.size() == 3);  // at the start, after 3 and after 6 steps
-  CHECK(eb == ea);
-  const int64_t n = int64_t(a.final_params.size());
-  const Checkpoint x = load_checkpoint(fs::path(a.dir) / "checkpoint.bin", n);
-  const Checkpoint y = load_checkpoint(fs::path(b.dir) / "checkpoint.bin", n);
-  CHECK(x.values == y.values);
-  CHECK(x.m == y.m);
-  CHECK(x.v == y.v);
-}
+// Two runs the same bit for bit (thread_ranks.hpp): evaluations at the start, after 3 and after 6 steps.
+void check_same_run(const RunResult& a, const RunResult& b) { test::check_same_run(a, b, 3); }
 
 const json kZero1 = {{"zero", 1}, {"primary_weights", "nvfp4"}};
 const json kZero3 = {{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "nvfp4"}};

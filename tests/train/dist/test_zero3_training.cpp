@@ -53,17 +53,6 @@ json dense(const std::string& text, const std::string& out, const std::string& n
       {"output", {{"dir", out}}}};
 }
 
-// The evaluation records of a run's metrics.jsonl, in order.
-std::vector<json> evals(const RunResult& r) {
-  std::vector<json> out;
-  std::ifstream f(fs::path(r.dir) / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const json j = json::parse(line);
-    if (j.value("eval", false)) out.push_back(j);
-  }
-  return out;
-}
-
 // ZeRO-3 against ZeRO-1 on `world` ranks: the same run, bit for bit.
 void check_same_as_zero1(json j, int world, const std::string& tag) {
   CAPTURE(world);
@@ -74,18 +63,8 @@ void check_same_as_zero1(json j, int world, const std::string& tag) {
   j["name"] = tag + "-z3-" + std::to_string(world);
   j["distributed"]["zero"] = 3;
   const RunResult z3 = test::run_on_threads(world, j);
-  REQUIRE(z3.status == "completed");
-  CHECK(z3.step_losses == z1.step_losses);
-  CHECK(z3.final_params == z1.final_params);
-  const std::vector<json> e1 = evals(z1), e3 = evals(z3);
-  REQUIRE(e1.size() == 3);  // at the start, after 3 and after 6 steps
-  CHECK(e3 == e1);
+  test::check_same_run(z1, z3, 3);  // evaluations at the start, after 3 and after 6 steps
   const int64_t n = int64_t(z1.final_params.size());
-  const Checkpoint a = load_checkpoint(fs::path(z1.dir) / "checkpoint.bin", n);
-  const Checkpoint b = load_checkpoint(fs::path(z3.dir) / "checkpoint.bin", n);
-  CHECK(a.values == b.values);
-  CHECK(a.m == b.m);
-  CHECK(a.v == b.v);
   // Memory per rank (summary distributed.memory): the optimiser's parts are this rank's only.
   const json& m3 = z3.summary["distributed"];
   CHECK(m3["zero"] == 3);
