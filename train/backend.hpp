@@ -80,6 +80,17 @@ struct Tensor {
   float* row(int64_t r) const { return data + r * cols; }
 };
 
+// How AdamW stores its moments m and v (config training.moments; TransformerEngine's FusedAdam
+// exp_avg_dtype / exp_avg_sq_dtype, multi_tensor_adam.cu's AdamFunctor):
+//   fp32: as computed (the default);
+//   bf16: each step reads m and v widened to FP32, updates them by the FP32 operations of fp32 storage, uses
+//         those FP32 values in the parameter update, and stores their round-to-nearest-even BF16
+//         (round_bf16_f32, train/cpu/bf16.hpp; NaN becomes the quiet NaN 0x7FC0). Half the bytes of each moment.
+// A bf16 moment tensor of n values holds them packed, value i in the 16-bit half at byte 2i of its floats
+// (little-endian): moment_floats(bf16, n) = ceil(n / 2) floats.
+enum class MomentStorage : uint8_t { fp32, bf16 };
+inline int64_t moment_floats(MomentStorage s, int64_t n) { return s == MomentStorage::bf16 ? (n + 1) / 2 : n; }
+
 // Producer outputs: what a producer op (LayerNorm, GELU, attention, the
 // dropout gradients) writes for the linear layer that consumes its output,
 // besides or instead of the FP32 values, so that the layer does not read the
@@ -555,10 +566,11 @@ class Backend {
   // `decayed`: sorted, disjoint ranges of the flat buffer (check_ranges).
   // grad_scale: the step reads g_i * grad_scale (one float multiply, rounded:
   // the bits of scale(g, grad_scale) before the step; gradient clipping) and
-  // leaves g unchanged.
+  // leaves g unchanged. `moments`: how m and v are stored (MomentStorage, above; bf16: m and v hold
+  // moment_floats(bf16, n) floats of packed BF16, read widened and written rounded).
   virtual void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed,
                           float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                          float grad_scale = 1.0f) = 0;
+                          float grad_scale = 1.0f, MomentStorage moments = MomentStorage::fp32) = 0;
 
  private:
   ActivationPrecision activations_ = ActivationPrecision::fp32;

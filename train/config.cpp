@@ -350,6 +350,9 @@ void read_training(const json& tj, const std::string& where, TrainingConfig& t) 
   to.get("eps", t.adamw.eps);
   to.get("weight_decay", t.adamw.weight_decay);
   to.get("grad_clip", t.adamw.grad_clip);
+  std::string moments = moment_storage_name(t.adamw.moments);
+  to.get("moments", moments);
+  t.adamw.moments = parse_moment_storage(where + ".training.moments", moments);
   to.get("loss_scale", t.loss_scale);
   to.get("eval_interval", t.eval_interval);
   to.get("eval_iters", t.eval_iters);
@@ -530,6 +533,13 @@ const char* activation_precision_name(ActivationPrecision a) {
   return a == ActivationPrecision::bf16 ? "bf16" : "fp32";
 }
 
+MomentStorage parse_moment_storage(const std::string& path, const std::string& v) {
+  check_choice(path, v, {"fp32", "bf16"});
+  return v == "bf16" ? MomentStorage::bf16 : MomentStorage::fp32;
+}
+
+const char* moment_storage_name(MomentStorage m) { return m == MomentStorage::bf16 ? "bf16" : "fp32"; }
+
 RunConfig config_from_json(const json& j, const std::string& where) {
   RunConfig c;
   Obj o(j, where);
@@ -656,6 +666,7 @@ json config_to_json(const RunConfig& c) {
                    {"checkpoint_interval", t.checkpoint_interval}};
   // Written only when set, so that the configs (and hashes) of runs without it stay as they were.
   if (t.loss_scale != 1.0) training["loss_scale"] = t.loss_scale;
+  if (t.adamw.moments != MomentStorage::fp32) training["moments"] = moment_storage_name(t.adamw.moments);
   json data = {{"type", c.data.type},
                {"path", c.data.path},
                {"train_limit", c.data.train_limit},

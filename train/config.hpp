@@ -7,8 +7,8 @@
 //             {type: "tokens", train, val (globs), vocab_size, padded_vocab_size, format}  (train/tokens.hpp)
 //   training  {batch_size, steps | epochs, optimizer: "adamw"|"adam", lr, min_lr,
 //              schedule: "constant"|"cosine", warmup_steps, decay_steps, beta1, beta2, eps,
-//              weight_decay, grad_clip, eval_interval, eval_iters, eval_batch_size,
-//              log_interval, checkpoint_interval}
+//              weight_decay, grad_clip, moments: "fp32"|"bf16" (AdamW's m and v storage), loss_scale,
+//              eval_interval, eval_iters, eval_batch_size, log_interval, checkpoint_interval}
 //   recipe    a canned name ("fp32", "nvfp4", ...), a recipe JSON file path, or an inline
 //             recipe object (recipes/recipe.hpp: {"extends": "nvfp4", ...})
 //   layers    {keep_high_precision: [layer-name patterns]}  (added to every recipe of the run)
@@ -132,6 +132,10 @@ struct RunConfig {
 // `path`, the value and the valid ones for another string.
 ActivationPrecision parse_activation_precision(const std::string& path, const std::string& v);
 const char* activation_precision_name(ActivationPrecision a);
+// "fp32" | "bf16" (config training.moments: how AdamW stores m and v, train/backend.hpp MomentStorage), and
+// back; an Error naming `path`, the value and the valid ones for another string.
+MomentStorage parse_moment_storage(const std::string& path, const std::string& v);
+const char* moment_storage_name(MomentStorage m);
 
 // Parses and validates; `where` prefixes error paths.
 RunConfig config_from_json(const nlohmann::json& j, const std::string& where = "config");

@@ -32,6 +32,7 @@ double learning_rate(const ScheduleConfig& s, int64_t it, int64_t total_steps);
 struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   double grad_clip = 0.0;  // max global L2 norm; 0 = off
+  MomentStorage moments = MomentStorage::fp32;  // training.moments (train/backend.hpp states the semantics)
 };
 
 // AdamW over the elements [shard.begin, shard.end) of a flat parameter buffer
@@ -53,8 +54,18 @@ class AdamW {
   void step(Tensor& p, Tensor& g, double lr, double norm);
   ShardRange shard() const { return shard_; }
   int64_t steps_taken() const { return t_; }
+  // The stored moments: shard-sized FP32, or packed BF16 (moment_floats floats) under MomentStorage::bf16.
   Tensor& m() { return m_; }
   Tensor& v() { return v_; }
+  // The moments' values as shard-sized FP32 tensors: m() / v() themselves with FP32 storage, widened copies
+  // with BF16 storage (exact). For checkpoints and resharding, not for the step.
+  Tensor m_f32() { return widened(m_); }
+  Tensor v_f32() { return widened(v_); }
+  // Stores shard-sized FP32 values as the moments: copied, or rounded to BF16 (RNE; the identity on values
+  // that m_f32 / v_f32 returned, so a checkpoint's moments resume bit for bit).
+  void set_moments(const Tensor& m, const Tensor& v);
+  // Bytes of both stored moments.
+  int64_t moments_bytes() const { return 2 * m_.size() * int64_t(sizeof(float)); }
   void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
@@ -62,6 +73,9 @@ class AdamW {
   ParamStore* params_ = nullptr;  // whole-buffer form only
   Backend& be_;
   ShardRange shard_;
+  Tensor widened(Tensor& stored);
+  void store(Tensor& stored, const Tensor& f32);
+
   std::vector<IndexRange> decayed_;  // shard-relative
   Tensor m_, v_;
   int64_t t_ = 0;

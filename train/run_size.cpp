@@ -98,8 +98,9 @@ void check_run_size(const RunConfig& c, uint64_t available, const std::string& w
     out = mul({B, uint64_t(m.channels), uint64_t(m.image_size), uint64_t(m.image_size)});  // the batch's images
     out_keys = "max(training.batch_size, training.eval_batch_size) x model.image_size^2";
   }
-  // Parameters, gradients and AdamW's two moments; 4 bytes a float.
-  SizePart parts[] = {{"parameters, gradients and AdamW moments", mul({4, 4, params}), param_keys},
+  // Parameters and gradients, 4 bytes a float; AdamW's two moments, 4 bytes each or 2 (training.moments bf16).
+  const uint64_t param_bytes = c.training.adamw.moments == MomentStorage::bf16 ? 12 : 16;
+  SizePart parts[] = {{"parameters, gradients and AdamW moments", mul({param_bytes, params}), param_keys},
                       {"activations", mul({4, acts}), act_keys},
                       {m.type == "gpt" ? "logits" : "input images", mul({4, out}), out_keys}};
   const uint64_t need = add({parts[0].bytes, parts[1].bytes, parts[2].bytes});

@@ -594,6 +594,28 @@ void optimiser_cases(std::vector<OpCase>& cs) {
            }
            return Outputs{out(be, "p", p), out(be, "m", m), out(be, "v", v)};
          }});
+    // BF16 moments (MomentStorage::bf16): n odd, so the last float holds a pad half; the moments compared
+    // as the BF16 values they hold (widened on the host).
+    cs.push_back(
+        {"adamw_step",
+         cat("n=", n, " weight decay ", wd, ", BF16 moments, 4 steps (2 and 4 with grad_scale 0.37)"), 0.0,
+         [n, wd, ranges, ranges2](Backend& be) {
+           const int64_t half = moment_floats(MomentStorage::bf16, n);
+           Tensor p = put(be, randv(size_t(n), 1), 1, n), m = be.zeros(1, half), v = be.zeros(1, half);
+           for (int64_t t = 1; t <= 4; ++t) {
+             Tensor g = put(be, randv(size_t(n), 10 + uint32_t(t)), 1, n);
+             be.adamw_step(p, g, m, v, t < 3 ? ranges : ranges2, 1e-3f * float(t), 0.9f, 0.99f, 1e-8f, wd, t,
+                           t % 2 == 0 ? 0.37f : 1.0f, MomentStorage::bf16);
+           }
+           auto widened = [&](const char* name, const Tensor& x) {
+             std::vector<float> packed(static_cast<size_t>(half)), wide(static_cast<size_t>(n));
+             be.download(x, packed.data());
+             const auto* h = reinterpret_cast<const uint16_t*>(packed.data());
+             for (int64_t i = 0; i < n; ++i) wide[size_t(i)] = fp4lab::bits_float(uint32_t(h[i]) << 16);
+             return host(name, wide, 1, n);
+           };
+           return Outputs{out(be, "p", p), widened("m", m), widened("v", v)};
+         }});
   }
 }
 

@@ -122,8 +122,8 @@ class ForwardingBackend : public Backend {
   double sum_squares(const Tensor& g) override { return inner().sum_squares(g); }
   void scale(Tensor& g, float s) override { inner().scale(g, s); }
   void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
-                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale) override {
-    inner().adamw_step(p, g, m, v, decayed, lr, b1, b2, eps, wd, t, grad_scale);
+                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale, MomentStorage moments) override {
+    inner().adamw_step(p, g, m, v, decayed, lr, b1, b2, eps, wd, t, grad_scale, moments);
   }
   void synchronize() override { inner().synchronize(); }
   using Backend::linear_input_needs;

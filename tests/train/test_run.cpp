@@ -8,10 +8,12 @@
 #include <map>
 #include <sstream>
 
+#include "train/checkpoint.hpp"
 #include "train/config.hpp"
 #include "train/compare.hpp"
 #include "train/run.hpp"
 #include "train/text_fixture.hpp"
+#include "core/bits.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
 
@@ -75,6 +77,57 @@ TEST_CASE("resume continues bit-exactly (quantized recipe with stochastic roundi
   auto mb = read_metrics((fs::path(rest.dir) / "metrics.jsonl").string());
   REQUIRE(ma.size() == mb.size());
   for (size_t i = 0; i < ma.size(); ++i) CHECK(ma[i].value("loss", 0.0) == mb[i].value("loss", 0.0));
+  fs::remove_all(tmp);
+}
+
+TEST_CASE("training.moments bf16: moments stored as BF16 (half the bytes in the memory count), resume bit-exact") {
+  const fs::path tmp = fs::temp_directory_path() / "fp4lab_test_run_bf16_moments";
+  fs::remove_all(tmp);
+  const std::string text = test::write_words_corpus(tmp);
+  std::ostringstream log;
+  RunOptions o;
+  o.log = &log;
+  auto config = [&](const std::string& dir, const char* moments) {
+    json j = test::tiny_gpt_config(text, (tmp / dir).string(), "nvfp4");
+    j["training"]["steps"] = 30;
+    j["distributed"]["zero"] = 1;  // one rank: the summary's memory count (distributed)
+    if (moments) j["training"]["moments"] = moments;
+    return j;
+  };
+  const RunResult fp32 = run_training(config_from_json(config("fp32", nullptr)), o);
+  const RunResult full = run_training(config_from_json(config("a", "bf16")), o);
+  REQUIRE(full.step_losses.size() == 30);
+  CHECK(full.final_params != fp32.final_params);  // the storage changes the run
+  CHECK(full.step_losses[0] == fp32.step_losses[0]);  // not the first forward
+  // The checkpoint's moments are BF16 values (low 16 bits zero), the summary counts 2 bytes a moment.
+  const Checkpoint ck = load_checkpoint(fs::path(full.dir) / "checkpoint.bin", int64_t(full.final_params.size()));
+  int64_t wide = 0, nonzero = 0;
+  for (size_t i = 0; i < ck.m.size(); ++i) {
+    wide += (fp4lab::float_bits(ck.m[i]) & 0xFFFFu) != 0 || (fp4lab::float_bits(ck.v[i]) & 0xFFFFu) != 0;
+    nonzero += ck.m[i] != 0.0f;
+  }
+  CHECK(wide == 0);
+  CHECK(nonzero > int64_t(ck.m.size()) / 2);
+  const int64_t n = int64_t(full.final_params.size());
+  CHECK(full.summary["distributed"]["moments_bytes"].get<int64_t>() == 2 * 4 * ((n + 1) / 2));  // ceil(n/2) floats
+  CHECK(fp32.summary["distributed"]["moments_bytes"].get<int64_t>() == 2 * 4 * n);
+  // Interrupted after the checkpoint of step 20, then resumed: the same losses and parameters.
+  RunOptions stop = o;
+  stop.stop_after = 27;
+  CHECK(run_training(config_from_json(config("b", "bf16")), stop).status == "stopped");
+  RunOptions res = o;
+  res.resume = true;
+  const RunResult rest = run_training(config_from_json(config("b", "bf16")), res);
+  REQUIRE(rest.step_losses.size() == 10);
+  for (size_t i = 0; i < 10; ++i) CHECK(rest.step_losses[i] == full.step_losses[20 + i]);
+  CHECK(rest.final_params == full.final_params);
+  // Written to config.json only when set; a bad value names the key and the valid ones.
+  const json ca = json::parse(std::ifstream(fs::path(fp32.dir) / "config.json"));
+  const json cb = json::parse(std::ifstream(fs::path(full.dir) / "config.json"));
+  CHECK_FALSE(ca["training"].contains("moments"));
+  CHECK(cb["training"]["moments"] == "bf16");
+  CHECK_THROWS_WITH_AS(config_from_json(config("c", "fp8")),
+                       doctest::Contains("training.moments: \"fp8\""), fp4lab::Error);
   fs::remove_all(tmp);
 }
 

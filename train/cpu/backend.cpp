@@ -621,10 +621,27 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) g.data[i] *= sc;
   }
   void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
-                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale) override {
+                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale, MomentStorage moments) override {
     const ThreadCount use(threads_);
     const int64_t n = p.size();
     check_ranges("cpu backend adamw_step (decayed)", decayed, n);
+    if (g.size() != n || m.size() != moment_floats(moments, n) || v.size() != moment_floats(moments, n))
+      throw Error("cpu backend adamw_step: " + std::to_string(n) + " parameters, " + std::to_string(g.size()) +
+                  " gradients, moments of " + std::to_string(m.size()) + " and " + std::to_string(v.size()) +
+                  " floats (" + std::to_string(moment_floats(moments, n)) + " expected)");
+    // The moments as FP32 (MomentStorage, train/backend.hpp): bf16 storage holds packed BF16 halves.
+    const bool bf16_moments = moments == MomentStorage::bf16;
+    uint16_t* const mh = reinterpret_cast<uint16_t*>(m.data);
+    uint16_t* const vh = reinterpret_cast<uint16_t*>(v.data);
+    auto load = [&](const Tensor& x, const uint16_t* h, int64_t i) {
+      return bf16_moments ? bits_float(uint32_t(h[i]) << 16) : x.data[i];
+    };
+    auto store = [&](Tensor& x, uint16_t* h, int64_t i, float val) {
+      if (bf16_moments)
+        h[i] = uint16_t(float_bits(round_bf16_f32(val)) >> 16);
+      else
+        x.data[i] = val;
+    };
     const float bc1 = float(1.0 - std::pow(double(b1), double(t)));
     const float bc2s = float(std::sqrt(1.0 - std::pow(double(b2), double(t))));
     const float step = lr / bc1;
@@ -636,10 +653,11 @@ class CpuBackend final : public Backend {
         float x = p.data[i];
         if (decay) x *= shrink;
         const float gi = g.data[i] * grad_scale;
-        const float mi = m.data[i] + (gi - m.data[i]) * (1.0f - b1);  // torch lerp
-        const float vi = v.data[i] * b2 + (1.0f - b2) * gi * gi;
-        m.data[i] = mi;
-        v.data[i] = vi;
+        const float m0 = load(m, mh, i), v0 = load(v, vh, i);
+        const float mi = m0 + (gi - m0) * (1.0f - b1);  // torch lerp
+        const float vi = v0 * b2 + (1.0f - b2) * gi * gi;
+        store(m, mh, i, mi);
+        store(v, vh, i, vi);
         const float denom = std::sqrt(vi) / bc2s + eps;
         p.data[i] = x - step * (mi / denom);
       }

@@ -568,11 +568,11 @@ class CudaBackend final : public Backend {
   double sum_squares(const Tensor& g) override { return nn::sum_squares(g.data, g.size(), scratch_); }
   void scale(Tensor& g, float s) override { nn::scale(g.data, g.size(), s); }
   void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
-                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale) override {
+                  float b1, float b2, float eps, float wd, int64_t t, float grad_scale, MomentStorage moments) override {
     const int64_t n = p.size();
     check_size("adamw_step", "grad", g, n);
-    check_size("adamw_step", "m", m, n);
-    check_size("adamw_step", "v", v, n);
+    check_size("adamw_step", "m", m, moment_floats(moments, n));
+    check_size("adamw_step", "v", v, moment_floats(moments, n));
     check_ranges("cuda backend adamw_step (decayed)", decayed, n);
     nn::AdamWConstants k;
     k.beta1 = b1;
@@ -585,6 +585,7 @@ class CudaBackend final : public Backend {
     k.shrink = 1.0f - lr * wd;
     k.apply_decay = wd != 0.0f;
     k.grad_scale = grad_scale;
+    k.bf16_moments = moments == MomentStorage::bf16;
     const uint8_t* d_decay = nullptr;
     if (k.apply_decay) {
       // The kernel reads a byte mask; it is rebuilt on the device only when the

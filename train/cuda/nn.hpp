@@ -209,8 +209,11 @@ struct AdamWConstants {
   float shrink = 1.0f, step = 0.0f, bc2s = 1.0f;
   float grad_scale = 1.0f;
   bool apply_decay = false;
+  // m and v hold packed BF16 (MomentStorage::bf16, train/backend.hpp): read widened, stored RNE.
+  bool bf16_moments = false;
 };
-void adamw_step(float* p, const float* g, float* m, float* v, const uint8_t* decay, int64_t n, const AdamWConstants& k,
+// m, v: n floats, or with k.bf16_moments n BF16 values (2n bytes).
+void adamw_step(float* p, const float* g, void* m, void* v, const uint8_t* decay, int64_t n, const AdamWConstants& k,
                 cudaStream_t stream = nullptr);
 
 // ---- multi-head self-attention -------------------------------------------------

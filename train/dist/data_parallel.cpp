@@ -319,8 +319,8 @@ void DataParallel::state(std::vector<float>& master, std::vector<float>& m, std:
   Impl& d = *impl_;
   if (d.sharded) {
     master = d.sharded->to_global(d.master);
-    m = d.sharded->to_global(d.adam->m());
-    v = d.sharded->to_global(d.adam->v());
+    m = d.sharded->to_global(d.adam->m_f32());
+    v = d.sharded->to_global(d.adam->v_f32());
     return;
   }
   const int64_t na = d.na, n = d.n;
@@ -343,8 +343,9 @@ void DataParallel::state(std::vector<float>& master, std::vector<float>& m, std:
   };
   Tensor vb = d.region_b(d.ps.values);
   full_of(d.master, d.adam_b ? &vb : nullptr, master);
-  full_of(d.adam->m(), d.adam_b ? &d.adam_b->m() : nullptr, m);
-  full_of(d.adam->v(), d.adam_b ? &d.adam_b->v() : nullptr, v);
+  Tensor mb = d.adam_b ? d.adam_b->m_f32() : Tensor{}, vbm = d.adam_b ? d.adam_b->v_f32() : Tensor{};
+  full_of(d.adam->m_f32(), d.adam_b ? &mb : nullptr, m);
+  full_of(d.adam->v_f32(), d.adam_b ? &vbm : nullptr, v);
 }
 
 double ShareEvaluator::evaluate(const Batch& b, const StepContext& s, int64_t* correct) {
@@ -373,8 +374,10 @@ void DataParallel::load_state(const std::vector<float>& master_global, const std
   if (d.sharded) {
     d.sharded->release_all();
     d.sharded->from_global(master_global, d.master);
-    d.sharded->from_global(m_global, d.adam->m());
-    d.sharded->from_global(v_global, d.adam->v());
+    Tensor m = d.be.zeros(1, d.sharded->local_size()), v = d.be.zeros(1, d.sharded->local_size());
+    d.sharded->from_global(m_global, m);
+    d.sharded->from_global(v_global, v);
+    d.adam->set_moments(m, v);
     d.adam->set_steps_taken(steps_taken);
     d.sharded->cast_stored();
     return;
@@ -383,14 +386,16 @@ void DataParallel::load_state(const std::vector<float>& master_global, const std
   const ShardRange s = d.mine;
   d.be.upload(master.data(), d.ps.values);
   if (d.separate_master()) d.be.upload(master.data() + s.begin, d.master);
-  d.be.upload(m.data() + s.begin, d.adam->m());
-  d.be.upload(v.data() + s.begin, d.adam->v());
-  d.adam->set_steps_taken(steps_taken);
-  if (d.adam_b) {
-    d.be.upload(m.data() + d.na, d.adam_b->m());
-    d.be.upload(v.data() + d.na, d.adam_b->v());
-    d.adam_b->set_steps_taken(steps_taken);
-  }
+  // The moments of [begin, end) of the local layout into `adam` (FP32 staged, then stored as it stores them).
+  auto load_moments = [&](AdamW& adam, int64_t begin, int64_t end) {
+    Tensor tm = d.be.empty(1, end - begin), tv = d.be.empty(1, end - begin);
+    d.be.upload(m.data() + begin, tm);
+    d.be.upload(v.data() + begin, tv);
+    adam.set_moments(tm, tv);
+    adam.set_steps_taken(steps_taken);
+  };
+  load_moments(*d.adam, s.begin, s.end);
+  if (d.adam_b) load_moments(*d.adam_b, d.na, d.n);
   d.cast_stored();
 }
 
@@ -398,7 +403,14 @@ int64_t DataParallel::steps_taken() const { return impl_->adam->steps_taken(); }
 
 nlohmann::json DataParallel::memory() const {
   const Impl& d = *impl_;
-  if (d.sharded) return d.sharded->memory();
+  if (d.sharded) {  // the provider counts FP32 moments; the optimiser says what it stores
+    nlohmann::json j = d.sharded->memory();
+    const int64_t fp32_moments = j["moments_bytes"].get<int64_t>(), stored = d.adam->moments_bytes();
+    j["moments_bytes"] = stored;
+    j["optimizer_bytes"] = j["optimizer_bytes"].get<int64_t>() - fp32_moments + stored;
+    j["total_bytes"] = j["total_bytes"].get<int64_t>() - fp32_moments + stored;
+    return j;
+  }
   const int64_t n = d.ps.size(), s = d.mine.end - d.mine.begin, f = int64_t(sizeof(float));
   const int64_t grad_shard = d.dc.zero == 1 ? s * f : 0;
   // NVFP4 weights: packed codes, one UE4M3 code a tile, one FP32 scale a tensor.
@@ -409,7 +421,7 @@ nlohmann::json DataParallel::memory() const {
   nlohmann::json j = {{"params_bytes", n * f},
                       {"grads_bytes", n * f + grad_shard},
                       {"master_bytes", d.separate_master() ? s * f : 0},
-                      {"moments_bytes", 2 * s * f},
+                      {"moments_bytes", d.adam->moments_bytes()},
                       {"nvfp4_bytes", nvfp4},
                       {"shard_elements", s},
                       {"world", d.comm.world()},

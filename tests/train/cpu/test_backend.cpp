@@ -14,6 +14,9 @@
 #include <vector>
 
 #include "train/backend.hpp"
+#include "core/encode.hpp"
+#include "core/error.hpp"
+#include "core/format.hpp"
 #include "core/philox.hpp"
 #include "train/backend_cases.hpp"
 #include "train/forwarding_backend.hpp"
@@ -256,6 +259,52 @@ TEST_CASE("adamw_step: grad_scale gives the bits of scale(g) then the step, and 
              std::memcmp(&v1[i], &v2[i], 4) != 0 || std::memcmp(&ga[i], &g0[i], 4) != 0;
     CHECK(bad == 0);
   }
+}
+
+TEST_CASE("adamw_step with BF16 moments: the FP32 step from the widened moments, stored as their RNE BF16") {
+  // MomentStorage::bf16 (train/backend.hpp) against a construction from another path: the FP32-moment step
+  // run on the moments' widened values gives the parameters bit for bit, and the stored BF16 moments are
+  // core's generic encoder's round-to-nearest-even of that step's FP32 moments (not train/cpu/bf16.hpp's).
+  auto be = make_cpu_backend(2);
+  const int64_t n = 1003;  // odd: the last float holds one BF16 and a zero half
+  const std::vector<IndexRange> decayed{{5, 200}, {400, 3}, {900, 103}};
+  auto bf16_code = [](float x) { return uint16_t(fp4lab::encode(fp4lab::bfloat16, x, fp4lab::Round::rn,
+                                                                fp4lab::Overflow::nonsaturate)); };
+  std::vector<float> m_wide = randv(size_t(n), 2, 0.1f), v_wide = randv(size_t(n), 3, 0.01f);
+  std::vector<float> m_pack(size_t((n + 1) / 2), 0.0f), v_pack(m_pack.size(), 0.0f);
+  auto* mh = reinterpret_cast<uint16_t*>(m_pack.data());
+  auto* vh = reinterpret_cast<uint16_t*>(v_pack.data());
+  for (size_t i = 0; i < size_t(n); ++i) {
+    mh[i] = bf16_code(m_wide[i]);
+    vh[i] = bf16_code(std::abs(v_wide[i]));
+    m_wide[i] = fp4lab::decode(fp4lab::bfloat16, mh[i]);  // the values the BF16 step reads
+    v_wide[i] = fp4lab::decode(fp4lab::bfloat16, vh[i]);
+  }
+  std::vector<float> p1 = randv(size_t(n), 1), p2 = p1, g = randv(size_t(n), 4);
+  Tensor tg = view_of(g.data(), 1, n);
+  for (int64_t t : {1, 2, 7}) {
+    CAPTURE(t);
+    Tensor tp1 = view_of(p1.data(), 1, n), tm1 = view_of(m_pack.data(), 1, (n + 1) / 2),
+           tv1 = view_of(v_pack.data(), 1, (n + 1) / 2);
+    Tensor tp2 = view_of(p2.data(), 1, n), tm2 = view_of(m_wide.data(), 1, n), tv2 = view_of(v_wide.data(), 1, n);
+    be->adamw_step(tp1, tg, tm1, tv1, decayed, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.37f, MomentStorage::bf16);
+    be->adamw_step(tp2, tg, tm2, tv2, decayed, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.37f);
+    int64_t bad_p = 0, bad_m = 0;
+    for (size_t i = 0; i < size_t(n); ++i) {
+      bad_p += std::memcmp(&p1[i], &p2[i], 4) != 0;
+      bad_m += mh[i] != bf16_code(m_wide[i]) || vh[i] != bf16_code(v_wide[i]);
+      m_wide[i] = fp4lab::decode(fp4lab::bfloat16, mh[i]);  // the next step reads the stored BF16
+      v_wide[i] = fp4lab::decode(fp4lab::bfloat16, vh[i]);
+    }
+    CHECK(bad_p == 0);
+    CHECK(bad_m == 0);
+    CHECK(reinterpret_cast<uint16_t*>(m_pack.data())[n] == 0);  // the pad half stays zero
+  }
+  // Sizes: the moments of n values are ceil(n / 2) floats under bf16.
+  Tensor tp = view_of(p1.data(), 1, n), wrong = view_of(m_wide.data(), 1, n);
+  CHECK_THROWS_AS(be->adamw_step(tp, tg, wrong, wrong, decayed, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f,
+                                 MomentStorage::bf16),
+                  fp4lab::Error);
 }
 
 TEST_CASE("dropout masks: element i is dropped iff random_bits(seed, stream, i) < threshold") {

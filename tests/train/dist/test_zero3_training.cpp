@@ -82,6 +82,24 @@ TEST_CASE("ZeRO-3 equals ZeRO-1 bit for bit: dense GPT on 1, 2, 3 and 5 thread r
   fs::remove_all(d);
 }
 
+TEST_CASE("ZeRO-3 equals ZeRO-1 bit for bit with BF16 moments (training.moments) on 3 thread ranks") {
+  const fs::path d = test::scratch_dir("fp4lab_z3b_");
+  const std::string text = (d / "text.txt").string();
+  std::ofstream(text) << test::words_corpus();
+  json j = dense(text, (d / "runs").string(), "bf16m");
+  j["training"]["moments"] = "bf16";
+  check_same_as_zero1(j, 3, "bf16m");
+  // Each rank stores its moments' parts as BF16: ceil(local / 2) floats a moment.
+  j["name"] = "bf16m-z3-sizes";
+  j["distributed"]["zero"] = 3;
+  const RunResult z3 = test::run_on_threads(3, j);
+  const json& m3 = z3.summary["distributed"];
+  const int64_t local = m3["shard_elements"].get<int64_t>();
+  CHECK(m3["moments_bytes"].get<int64_t>() == 2 * 4 * ((local + 1) / 2));
+  CHECK(m3["optimizer_bytes"].get<int64_t>() == 4 * local + m3["moments_bytes"].get<int64_t>());
+  fs::remove_all(d);
+}
+
 TEST_CASE("ZeRO-3 equals ZeRO-1 bit for bit: the MoE GPT on 3 thread ranks") {
   const fs::path d = test::scratch_dir("fp4lab_z3m_");
   const std::string text = (d / "text.txt").string();
