@@ -104,10 +104,9 @@ void ClassedGemm::bf16_f32(Blas& blas, cublasOperation_t ta, cublasOperation_t t
 }
 
 void ClassedGemm::bf16_bf16(Blas& blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-                            const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
-                            const uint16_t* bias) {
-  const float one = 1.0f, zero = 0.0f;
-  run(blas, ta, tb, m, n, k, &one, a, lda, b, ldb, &zero, c, CUDA_R_16BF, ldc, false, bias);
+                            const float* alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                            const float* beta, uint16_t* c, int64_t ldc, bool device_scalars, const uint16_t* bias) {
+  run(blas, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, CUDA_R_16BF, ldc, device_scalars, bias);
 }
 
 void ClassedGemm::run(Blas& blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,

@@ -44,15 +44,16 @@ class ClassedGemm {
   void bf16_f32(Blas& blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
                 const float* alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, const float* beta,
                 float* c, int64_t ldc, bool device_scalars);
-  // The same with C BF16 (the BF16 storage of a layer's output under bf16 activations): alpha 1, beta 0, each
-  // element of C the round to nearest even of the FP32 sum, as the FP32-output GEMM's then rounded
-  // (scripts/bf16_out_gemm_probe.cu found the two equal bit for bit on an H200). bias (may be null): a BF16
-  // vector [m] added to every column by cuBLASLt's BIAS epilogue (the bias vector has D's type, here BF16)
+  // The same with C BF16 (the BF16 storage of a layer's output under bf16 activations): beta 0 (a host or
+  // device zero), each element of C the round to nearest even of the FP32 alpha * sum, as the FP32-output
+  // GEMM's then rounded (scripts/bf16_out_gemm_probe.cu found the two equal bit for bit on an H200 for alpha 1;
+  // tests/train/cuda/test_bf16_storage.cpp checks the trainer's scaled NVFP4/MX GEMMs). bias (may be null): a
+  // BF16 vector [m] added to every column by cuBLASLt's BIAS epilogue (the bias vector has D's type, here BF16)
   // before the rounding; not r(acc + bias) bit for bit for every algorithm (train/cuda/linear_impl.hpp
   // kBf16BiasEpilogue, which keeps the trainer's bias out of it).
   void bf16_bf16(Blas& blas, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-                 const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, uint16_t* c, int64_t ldc,
-                 const uint16_t* bias);
+                 const float* alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, const float* beta,
+                 uint16_t* c, int64_t ldc, bool device_scalars, const uint16_t* bias);
   // Shape classes asked of the heuristic so far (tests, benches).
   size_t classes() const { return algos_.size(); }
 

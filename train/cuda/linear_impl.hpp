@@ -103,6 +103,10 @@ struct Bf16Out {
 // ulp in 545 of 1887 elements of a 37 x 29 -> 51 layer (tests/train/cuda/test_bf16_storage.cpp), while the
 // other shapes agreed: cuBLASLt does not promise the FP32 add then one rounding for every algorithm.
 inline constexpr bool kBf16BiasEpilogue = false;
+// Whether a GEMM of scaled BF16 operands (NVFP4/MX values, alpha = the global scales' product on the device)
+// writes its BF16 output directly (cuBLASLt: r(alpha * acc) in its epilogue) instead of the FP32 GEMM into
+// scratch and the rounding pass.
+inline constexpr bool kBf16ScaledOutput = true;
 
 // Where an operand's quantization also writes the alpha of the GEMM it feeds
 // (cuda::QuantOutputs::gemm_alpha): dev -> [alpha, beta] (beta preset), other:
@@ -380,17 +384,38 @@ struct LinearCore {
   // prepared operands (row-major buffers seen column-major with lda / ldb;
   // a_elems / b_elems = their element counts). A and B come from slot[0] / slot[1]
   // as given in sa / sb (for expansion scratch).
+  // The alpha and beta of a GEMM of two BF16 operands: alpha = g_dec(A) g_dec(B) on the device when either
+  // operand has a global scale (where an operand's quantization wrote this GEMM's alpha, GemmAlpha, no kernel
+  // computes it here), else host 1 and the caller's beta (which must outlive the GEMM call).
+  struct Scalars {
+    const float *alpha, *beta;
+    bool device;
+  };
+  Scalars scalars(const DevOperand& a, const DevOperand& b, const float& beta) {
+    static constexpr float kOne = 1.0f;
+    if (!a.g && !b.g) return {&kOne, &beta, false};
+    const DevOperand* made = a.alpha_beta ? &a : b.alpha_beta ? &b : nullptr;
+    if (made) {
+      if (made->ab_beta != beta) throw Error("CudaLinear: a GEMM alpha slot was prepared for another beta");
+      return {made->alpha_beta, made->beta_at ? made->beta_at : made->alpha_beta + 1, true};
+    }
+    float* ab = gemm_ab.data() + 2 * kComputed;
+    cuda::alpha_beta_device(a.g, b.g, beta, ab, kStream);
+    return {ab, ab + 1, true};
+  }
+
   // out (may be null): C in BF16 alone (Bf16Out; c unused): cuBLASLt's BF16 output where both operands are
-  // plain BF16 roundings (no global scale, alpha 1: the GEMM scripts/bf16_out_gemm_probe.cu checked) and no
-  // bias goes into its epilogue (kBf16BiasEpilogue), else this GEMM into FP32 scratch and one rounding pass (the
-  // same bits: r() of the FP32 result).
+  // BF16 (plain roundings, or scaled NVFP4/MX values with alpha on the device) and no bias goes into its
+  // epilogue (kBf16BiasEpilogue), else this GEMM into FP32 scratch and one rounding pass (the same bits: r() of
+  // the FP32 result; ClassedGemm::bf16_bf16 states the equality and where it is checked).
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const DevOperand& a,
             int64_t lda, int64_t a_elems, Slot& sa, const DevOperand& b, int64_t ldb, int64_t b_elems, Slot& sb,
             float* c, int64_t ldc, float beta, const Bf16Out* out = nullptr) {
     if (m == 0 || n == 0) return;
     if (out) {
       FP4LAB_CHECK(beta == 0.0f && ldc == m, "CudaLinear: a BF16 GEMM output needs beta 0 and a packed C");
-      if (k > 0 && a.is_bf16() && b.is_bf16() && !a.g && !b.g && (!out->bias || kBf16BiasEpilogue)) {
+      if (k > 0 && a.is_bf16() && b.is_bf16() && ((!a.g && !b.g) || kBf16ScaledOutput) &&
+          (!out->bias || kBf16BiasEpilogue)) {
         check_int(m, "GEMM m");
         check_int(n, "GEMM n");
         check_int(k, "GEMM k");
@@ -399,7 +424,9 @@ struct LinearCore {
           cuda::round_bf16_device(out->bias, m, bias_h.at_least(size_t(m)), kStream);
           bias = bias_h.data();
         }
-        classed.bf16_bf16(blas, ta, tb, m, n, k, a.bf16, lda, b.bf16, ldb, out->d, ldc, bias);
+        const Scalars sc = scalars(a, b, beta);
+        classed.bf16_bf16(blas, ta, tb, m, n, k, sc.alpha, a.bf16, lda, b.bf16, ldb, sc.beta, out->d, ldc, sc.device,
+                          bias);
         return;
       }
       float* f = out_f32.at_least(size_t(m * n));
@@ -417,26 +444,10 @@ struct LinearCore {
     }
     const cublasHandle_t h = blas.handle();
     if (a.is_bf16() && b.is_bf16()) {
-      // alpha = g_dec(A) g_dec(B) lives on the device when either operand has a
-      // global scale; plain BF16 roundings (no scale) keep alpha = 1 on the host.
-      // Where an operand's quantization wrote this GEMM's alpha (GemmAlpha),
-      // no kernel computes it here.
-      const bool scaled = a.g != nullptr || b.g != nullptr;
-      const float one = 1.0f;
-      const DevOperand* made = a.alpha_beta ? &a : b.alpha_beta ? &b : nullptr;
-      const float* ab = gemm_ab.data() + 2 * kComputed;
-      const float* beta_dev = ab + 1;
-      if (scaled && made) {
-        if (made->ab_beta != beta) throw Error("CudaLinear: a GEMM alpha slot was prepared for another beta");
-        ab = made->alpha_beta;
-        beta_dev = made->beta_at ? made->beta_at : ab + 1;
-      } else if (scaled) {
-        cuda::alpha_beta_device(a.g, b.g, beta, gemm_ab.data() + 2 * kComputed, kStream);
-      }
       // cuBLASLt with the algorithm of the shape's class (cuda/gemm_classed.hpp): an expert's token count
       // changes every step, and cublasGemmEx's heuristic for an unseen shape costs ~200 us of host time.
-      classed.bf16_f32(blas, ta, tb, m, n, k, scaled ? ab : &one, a.bf16, lda, b.bf16, ldb, scaled ? beta_dev : &beta,
-                       c, ldc, scaled);
+      const Scalars sc = scalars(a, b, beta);
+      classed.bf16_f32(blas, ta, tb, m, n, k, sc.alpha, a.bf16, lda, b.bf16, ldb, sc.beta, c, ldc, sc.device);
       return;
     }
     const float* af = as_f32(a, a_elems, sa);

@@ -25,15 +25,19 @@ constexpr int kWarp = 32;
 // The BF16 output of a float (ProducerOutputs::bf16 of the trainer): round to
 // nearest even, as round_bf16_device.
 __device__ __forceinline__ uint32_t bf16_rn(float v) { return encode_rn_f32<bfloat16>(v, Overflow::nonsaturate); }
-// r(v) of OutputRounding::bf16 (nn.hpp): bf16_rn(v) decoded by core's codec (round_bf16_device then
-// bf16_to_f32_device, the passes this replaces, gave these bits).
-__device__ __forceinline__ float bf16_round(float v) {
-  constexpr Format bf = bfloat16;  // a local copy: the namespace-scope descriptor is host data
-  return decode(bf, bf16_rn(v));
+// The FP32 value of BF16 bits h (bits above 16 ignored; a tensor stored in BF16 alone, read by its consumer):
+// core's decode(bfloat16, h) (NaN: the canonical quiet NaN) in a short form. bfloat16 has float32's exponent
+// field and bias, so every non-NaN code is the float32 whose upper half it is (subnormals and Inf included):
+// a shift and the NaN select, where decode_f32's general form took a dozen integer operations an element and
+// made the BF16-reading flash and GELU kernels about twice as slow as their FP32 forms (ncu, H200, 2026-12-03).
+// tests/train/cuda/test_bf16_storage.cpp checks every code against decode().
+__device__ __forceinline__ float bf16_widen(uint32_t h) {
+  h &= 0xFFFFu;
+  return (h & 0x7FFFu) > 0x7F80u ? quiet_nan_f() : __uint_as_float(h << 16);
 }
-// The FP32 value of BF16 bits (a tensor stored in BF16 alone, read by its consumer): core's decode, so the
-// value r() widens to (NaN: the canonical quiet NaN).
-__device__ __forceinline__ float bf16_widen(uint32_t h) { return decode_f32<bfloat16>(h); }
+// r(v) of OutputRounding::bf16 (nn.hpp): bf16_rn(v) decoded by core's codec (round_bf16_device then
+// bf16_to_f32_device, the passes this replaces, gave these bits; bf16_widen is that decode).
+__device__ __forceinline__ float bf16_round(float v) { return bf16_widen(bf16_rn(v)); }
 // A producer's output under its OutputRounding (round: bf16): r(v), else v.
 __device__ __forceinline__ float rounded_if(bool round, float v) { return round ? bf16_round(v) : v; }
 

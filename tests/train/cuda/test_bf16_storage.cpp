@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include "core/encode.hpp"
+#include "core/format.hpp"
 #include "recipes/recipe.hpp"
 #include "train/backend.hpp"
 #include "train/backend_cases.hpp"
@@ -236,6 +237,34 @@ TEST_CASE("bf16 storage: the residual add reads a BF16-only branch with the bits
       REQUIRE(y16.data != nullptr);  // the sum: a new FP32 tensor
       expect_same_bits("dropout_add (branch BF16 only)", get(*be, y32), get(*be, y16));
     }
+}
+
+TEST_CASE("bf16 storage: every BF16 code reads as core's decode of it (the device widening, through the residual add)") {
+  // nn_device.cuh's bf16_widen (a shift and a NaN select) against core's decode(bfloat16, code) on the host, over
+  // all 65536 codes: the branch of dropout_add (p 0) with add = -0, which x + (-0) leaves as x for every non-NaN
+  // x (-0 included); NaN codes must read as NaN. FP32 activations (no r()) and BF16 ones (r() of a BF16 value is
+  // the value).
+  for (ActivationPrecision act : {ActivationPrecision::fp32, ActivationPrecision::bf16}) {
+    auto be = make_backend("cuda");
+    be->set_activations(act);
+    const int64_t n = 65536;
+    std::vector<uint16_t> codes(static_cast<size_t>(n));
+    for (int64_t c = 0; c < n; ++c) codes[size_t(c)] = uint16_t(c);
+    ProducerOutputs yo = bf16_only(*be, 1, n);
+    put_bf16(yo.bf16, codes);
+    yo.bf16_written = true;
+    Tensor y16 = output_tensor(*be, yo);
+    Tensor add = bt::put(*be, std::vector<float>(size_t(n), -0.0f), 1, n);
+    be->dropout_add(y16, add, 0.0f, DropoutKey{1, 2}, &yo);
+    const std::vector<float> got = get(*be, y16);
+    int64_t bad = 0;
+    for (int64_t c = 0; c < n; ++c) {
+      const float want = fp4lab::decode(fp4lab::bfloat16, uint32_t(c));
+      const bool ok = std::isnan(want) ? std::isnan(got[size_t(c)]) : std::memcmp(&want, &got[size_t(c)], 4) == 0;
+      if (!ok && bad++ < 5) MESSAGE("code ", c, ": read ", got[size_t(c)], ", decode ", want);
+    }
+    CHECK(bad == 0);
+  }
 }
 
 TEST_CASE("bf16 storage: LayerNorm's backward reads a BF16-only dy with the bits of the FP32 one") {
