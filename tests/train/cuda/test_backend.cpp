@@ -277,7 +277,7 @@ TEST_CASE("cuda backend: one GPT and one ViT training step match the CPU (FP32 r
   StepContext sc;
   sc.seed = 11;
   sc.step = 2;
-  for (const char* type : {"gpt", "vit"}) {
+  for (const std::string type : {"gpt", "vit"}) {  // a string: CAPTURE prints its text
     CAPTURE(type);
     expect_step_matches(b, small_step(type, 3), sc);
   }
@@ -290,11 +290,11 @@ TEST_CASE("cuda backend: model steps under bf16 activations match the CPU twin")
   Pair b;
   const fp4lab::Recipe bf16 = fp4lab::recipe_by_name("bf16");
   for (const fp4lab::Recipe* r : {static_cast<const fp4lab::Recipe*>(nullptr), &bf16})
-    for (const char* type : {"gpt", "moe", "vit"}) {
+    for (const std::string type : {"gpt", "moe", "vit"}) {  // a string: CAPTURE prints its text
       CAPTURE(type);
       CAPTURE((r ? "bf16 recipe" : "FP32 recipe"));
-      SmallStep in = small_step(std::string(type) == "vit" ? "vit" : "gpt", 6);
-      if (std::string(type) == "moe") in.mc.moe.experts = 4;
+      SmallStep in = small_step(type == "vit" ? "vit" : "gpt", 6);
+      if (type == "moe") in.mc.moe.experts = 4;
       StepContext sc;
       sc.recipe = r;
       sc.seed = 13;
@@ -602,7 +602,7 @@ TEST_CASE("cuda backend: a bf16-recipe GPT and ViT step (operands from producers
   CHECK(b.gpu->linear_input_needs(lc, true, 64, 96).bf16);
   CHECK(b.cpu->linear_input_needs(lc, false, 64, 96) == LinearInputNeeds{});
   // Same BF16 operands (a wrong producer output would be far off).
-  for (const char* type : {"gpt", "vit"}) {
+  for (const std::string type : {"gpt", "vit"}) {  // a string: CAPTURE prints its text
     CAPTURE(type);
     expect_step_matches(b, small_step(type, 4), sc);
   }
