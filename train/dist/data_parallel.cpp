@@ -60,7 +60,6 @@ struct DataParallel::Impl {
           "data parallel: parameters stored as nvfp4_2d (distributed.primary_weights nvfp4) with expert "
           "parallelism are not supported yet (plan step 10); valid: fp32");
     if (dc.zero == 3) {
-      if (device) throw Error("data parallel: distributed.zero 3 on the cuda backend is not built yet (plan step S5)");
       // gather nvfp4 (shard_cast true) moves the stored tensors as codes; the codes are kept from forward to
       // backward unless reshard_after_forward says otherwise (FP32 gathers: regathered, unless it says so).
       const bool codes = nv4 && dc.shard_cast;
