@@ -390,8 +390,8 @@ nlohmann::json ShardedParams::memory() const {
   // Persistent: master, both moments, the gradient shard. In flight: the root and one other unit, each with
   // its gradient buffer in the backward.
   const int64_t in_flight = 2 * (units_[0].size + largest_other) * f;
-  // The stored tensors' cast: packed codes, one UE4M3 code a tile, one FP32 scale a tensor (the host store
-  // keeps each unit's whole packed buffer; plan S5's device slots hold this rank's windows only).
+  // The stored tensors' cast: packed codes, one UE4M3 code a tile, one FP32 scale a tensor (each unit's store,
+  // host or device, keeps its whole packed buffer; a store of this rank's windows only is not built).
   int64_t nvfp4 = 0;
   for (const Unit& x : units_)
     if (x.store) {

@@ -31,9 +31,16 @@
 //
 // With the thread communicator (sums in rank order) the run equals ZeRO-1's bit for bit when gradient
 // clipping is off (the norm's partial sums follow the shard layout): the same gradients element by element,
-// AdamW element-wise, the same cast (quantize(nvfp4_2d, master) whatever the split). Not built yet (plan
-// S5-S7): the CUDA backend, prefetch and overlap, a store holding only this rank's codes (the host store keeps
-// a unit's whole packed buffer), expert parallelism.
+// AdamW element-wise, the same cast (quantize(nvfp4_2d, master) whatever the split).
+//
+// Backends (plan S5): every buffer is the backend's (be.empty / copy / upload), so the same code runs on the
+// cpu and the cuda backend. Collectives take the backend's buffers where the communicator does (cpu with a
+// host communicator; cuda with NCCL) and are staged through host memory otherwise (cuda with thread ranks or
+// MPI: stage_). On cuda each unit's store is a DeviceShardCast, and the layers take its packed form
+// (stored(): ParamStore::stored asks the provider), decoded into their BF16 operand as under ZeRO-1; the
+// unit buffer still receives the FP32 decode for the plans that read FP32 W. Not built yet (plan S5-S7):
+// prefetch and overlap, FP32 W decoded by the layer instead of into the unit buffer, a store holding only
+// this rank's codes (each unit's store keeps its whole packed buffer), expert parallelism.
 #pragma once
 
 #include <cstdint>
