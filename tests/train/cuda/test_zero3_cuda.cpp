@@ -156,7 +156,12 @@ TEST_CASE("cuda backend, ZeRO-3 equals ZeRO-1 bit for bit on 1, 2 and 3 thread r
       const RunResult f3 = test::run_on_threads(world, j);
       check_same_run(f1, f3);
       CHECK(f3.summary["distributed"]["gather"] == "fp32");
-      CHECK(f3.step_losses != z3.step_losses);  // another run: the FP32 masters, not their cast
+      // Under nvfp4 the layers quantize W to the cast anyway (NVFP4 storage changes nothing: the same losses);
+      // under bf16 they see the FP32 masters, not the cast: another run.
+      if (std::string(recipe) == "nvfp4")
+        CHECK(f3.step_losses == z3.step_losses);
+      else
+        CHECK(f3.step_losses != z3.step_losses);
     }
 }
 
