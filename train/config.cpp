@@ -455,8 +455,6 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
 // distributed.zero 3 and expert_parallel against the rest of the config (the world is checked by the run).
 void check_expert_parallel(const RunConfig& c, const std::string& where) {
   const std::string z3 = where + ".distributed.zero 3 (ZeRO-3) ";
-  if (c.distributed.zero == 3 && c.backend != "cpu")
-    throw Error(z3 + "is built for backend cpu so far (plan step S5)");
   if (c.distributed.zero != 3 && c.distributed.reshard_after_forward >= 0)
     throw Error(where + ".distributed.reshard_after_forward: only with distributed.zero 3 (ZeRO-3), not zero " +
                 std::to_string(c.distributed.zero));

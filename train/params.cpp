@@ -53,6 +53,7 @@ void ParamStore::set_provider(ParamProvider* p) {
   if (!p || provider_) throw Error("ParamStore::set_provider: a provider is set once, and not null");
   provider_ = p;
   values = Tensor{}, grads = Tensor{};
+  cast_store_.reset();  // the provider's own stores hold the cast (its device memory is not kept twice)
 }
 
 int64_t ParamStore::held_offset(int i) const {
@@ -164,6 +165,7 @@ void ParamStore::set_storage(std::span<const int> params, Storage s, Backend& be
 }
 
 const StoredWeight* ParamStore::stored(int i) const {
+  if (provider_) return provider_->stored(i);
   if (!cast_store_ || cast_slot_[size_t(i)] < 0) return nullptr;
   return cast_store_->stored(size_t(cast_slot_[size_t(i)]));
 }

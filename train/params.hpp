@@ -76,6 +76,10 @@ class ParamProvider {
   virtual ~ParamProvider() = default;
   virtual float* value_ptr(int i) = 0;
   virtual float* grad_ptr(int i) = 0;
+  // Parameter i's stored form for its layer (ParamStore::stored's contract), or null. Handed out without a
+  // gather (the layers plan before they run); its contents are current once value_ptr(i) was called in
+  // the same pass, i.e. when the layer that reads W runs.
+  virtual const StoredWeight* stored(int i) const = 0;
 };
 
 class ParamStore {
@@ -118,7 +122,8 @@ class ParamStore {
   float* value_ptr(int i) const { return provider_ ? provider_->value_ptr(i) : values.data + held_offset(i); }
   float* grad_ptr(int i) const { return provider_ ? provider_->grad_ptr(i) : grads.data + held_offset(i); }
   // Values and gradients from `p` for the store's life (not null); `values` and `grads` are released (the
-  // provider copied what it needs before). ZeRO-3's.
+  // provider copied what it needs before), and so is the whole-model CastStore (the provider keeps the
+  // stored form: stored() asks it; cast_store() is null from then on). ZeRO-3's.
   void set_provider(ParamProvider* p);
   bool has_provider() const { return provider_ != nullptr; }
 

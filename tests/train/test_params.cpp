@@ -92,3 +92,39 @@ TEST_CASE("storage: FP32 unless set; set_storage records it per parameter; param
   ps.set_storage(all, Storage::fp32, *be);
   CHECK(ps.cast_store() == nullptr);  // nothing stored as nvfp4_2d
 }
+
+namespace {
+// A provider that hands out its own buffers and a stored form for parameter 0 only (what ZeRO-3's
+// ShardedParams does per unit on the cuda backend).
+struct FakeProvider final : ParamProvider {
+  StoredWeight form;
+  std::vector<float> v = std::vector<float>(64, 1.5f), g = std::vector<float>(64, 0.0f);
+  float* value_ptr(int i) override { return v.data() + i; }
+  float* grad_ptr(int i) override { return g.data() + i; }
+  const StoredWeight* stored(int i) const override { return i == 0 ? &form : nullptr; }
+};
+}  // namespace
+
+TEST_CASE("storage with a provider: stored() asks the provider; the whole-model cast store is released") {
+  auto be = make_cpu_backend(1);
+  ParamStore ps;
+  const int a = ps.add("a.weight", 4, 8, true, Init::normal, 0.02f);
+  const int b = ps.add("a.bias", 1, 4, false, Init::zeros);
+  ps.finalize(*be, 7);
+  const int idx[] = {a};
+  ps.set_storage(idx, Storage::nvfp4_2d, *be);
+  REQUIRE(ps.cast_store() != nullptr);
+  CHECK(ps.stored(a) == nullptr);  // the cpu backend's store keeps no form
+  FakeProvider p;
+  ps.set_provider(&p);
+  CHECK(ps.has_provider());
+  CHECK(ps.cast_store() == nullptr);                // the provider's stores hold the cast from now on
+  CHECK(ps.storage(a) == Storage::nvfp4_2d);        // the storage stays recorded
+  CHECK(ps.cast_spec(a) == storage_cast(Storage::nvfp4_2d));
+  CHECK(ps.stored(a) == &p.form);                   // the provider's form, not a store's
+  CHECK(ps.stored(b) == nullptr);
+  CHECK(ps.value_ptr(b) == p.v.data() + b);
+  CHECK(ps.grad_ptr(a) == p.g.data() + a);
+  CHECK(ps.values.data == nullptr);
+  CHECK_THROWS_AS(ps.set_provider(&p), fp4lab::Error);  // once
+}

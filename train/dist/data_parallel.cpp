@@ -59,8 +59,8 @@ struct DataParallel::Impl {
       throw Error(
           "data parallel: parameters stored as nvfp4_2d (distributed.primary_weights nvfp4) with expert "
           "parallelism are not supported yet (plan step 10); valid: fp32");
+    if (comm.device_buffers()) scalar = be.empty(1, 4);  // sum_over_ranks' room (every zero)
     if (dc.zero == 3) {
-      if (device) throw Error("data parallel: distributed.zero 3 on the cuda backend is not built yet (plan step S5)");
       // gather nvfp4 (shard_cast true) moves the stored tensors as codes; the codes are kept from forward to
       // backward unless reshard_after_forward says otherwise (FP32 gathers: regathered, unless it says so).
       const bool codes = nv4 && dc.shard_cast;
@@ -94,7 +94,6 @@ struct DataParallel::Impl {
         compact.push_back({begin, at});
       }
     }
-    if (comm.device_buffers()) scalar = be.empty(1, 4);
   }
 
   double step_sharded(double lr);

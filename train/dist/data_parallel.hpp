@@ -17,7 +17,9 @@
 //           all-gathered when its parameters are first used and its
 //           gradients reduce-scattered when the backward moves on; AdamW
 //           updates this rank's parts; NVFP4-stored weights gathered as
-//           packed codes (gather nvfp4) or as FP32 masters. CPU backend.
+//           packed codes (gather nvfp4) or as FP32 masters. CPU and CUDA
+//           backends (cuda: collectives staged through the host with a
+//           host communicator, on the device with NCCL).
 //   stored parameters (ParamStore storage, train/param_storage.hpp)
 //           the parameters the store keeps as Storage::nvfp4_2d (NVFP4
 //           primary weights: the trainer stores so the weights of the linear

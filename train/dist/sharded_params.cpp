@@ -35,12 +35,15 @@ Tensor slice(const Tensor& flat, int64_t begin, int64_t end) { return view_of(fl
 
 ShardedParams::ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, std::vector<std::vector<int>> units,
                              ZeroOptions opt)
-    : comm_(comm), be_(be), ps_(ps), opt_(opt) {
+    : comm_(comm), be_(be), ps_(ps), opt_(opt), stage_(be.name() != "cpu" && !comm.device_buffers()) {
   const int n = int(ps.infos().size());
+  if (comm.device_buffers() && be.name() == "cpu")
+    throw Error("ZeRO-3: the " + comm.name() + " communicator needs the cuda backend");
   if (ps.expert_ranks() != 1) throw Error("distributed.zero 3 with expert parallelism is not built yet (plan step S4)");
   if (units.empty()) throw Error("ShardedParams: no units");
   unit_of_.assign(size_t(n), -1);
   at_.assign(size_t(n), 0);
+  store_slot_.assign(size_t(n), -1);
   const int me = comm.rank();
   for (size_t u = 0; u < units.size(); ++u) {
     Unit x;
@@ -78,11 +81,12 @@ ShardedParams::~ShardedParams() = default;
 void ShardedParams::add_store(Unit& x) {
   std::vector<FlatTensor> tensors;  // in the unit's order: increasing offsets, the packed layout's order
   for (int i : x.params)
-    if (ps_.storage(i) == Storage::nvfp4_2d)
+    if (ps_.storage(i) == Storage::nvfp4_2d) {
+      store_slot_[size_t(i)] = int(tensors.size());
       tensors.push_back(FlatTensor{ps_.info(i).rows, ps_.info(i).cols, at_[size_t(i)]});
+    }
   if (tensors.empty()) return;
-  x.store = be_.make_cast_store(tensors);
-  if (x.store->device()) throw InternalError("ShardedParams: a device cast store (ZeRO-3 is built for the cpu backend)");
+  x.store = be_.make_cast_store(tensors);  // host memory (cpu backend) or the device's (cuda: DeviceShardCast)
   int64_t at = 0;
   for (const ShardRange& s : x.shards) {
     x.fp32_parts.push_back(outside_tensors(s, x.store->tensors()));
@@ -96,6 +100,11 @@ float* ShardedParams::value_ptr(int i) {
   const int u = unit_of_.at(size_t(i));
   enter(u);
   return units_[size_t(u)].values.data + at_[size_t(i)];
+}
+
+const StoredWeight* ShardedParams::stored(int i) const {
+  const int t = store_slot_.at(size_t(i));
+  return t < 0 ? nullptr : units_[size_t(unit_of_[size_t(i)])].store->stored(size_t(t));
 }
 
 float* ShardedParams::grad_ptr(int i) {
@@ -151,8 +160,7 @@ void ShardedParams::gather_fp32(Unit& x) {
   const ShardRange own = x.shards[size_t(comm_.rank())];
   Tensor dst = slice(x.values, own.begin, own.end);
   be_.copy(slice(master_, x.local_at, x.local_at + (own.end - own.begin)), dst);
-  comm_.allgather(std::span<const float>(dst.data, size_t(own.end - own.begin)), x.shards,
-                  std::span<float>(x.values.data, size_t(x.size)));
+  allgather(x.values.data, x.shards);
 }
 
 void ShardedParams::gather_fp32_parts(Unit& x) {
@@ -170,10 +178,7 @@ void ShardedParams::gather_fp32_parts(Unit& x) {
       Tensor dst = slice(x.gathered, at, at + (p.end - p.begin));
       be_.copy(slice(master_, x.local_at + (p.begin - own.begin), x.local_at + (p.end - own.begin)), dst);
     });
-    if (comm_.world() > 1 && total > 0)
-      comm_.allgather(std::span<const float>(x.gathered.data + x.compact[me].begin,
-                                             size_t(x.compact[me].end - x.compact[me].begin)),
-                      x.compact, std::span<float>(x.gathered.data, size_t(total)));
+    if (comm_.world() > 1 && total > 0) allgather(x.gathered.data, x.compact);
   }
   for (size_t r = 0; r < x.compact.size(); ++r)
     each_part(r, [&](ShardRange p, int64_t at) {
@@ -208,17 +213,7 @@ void ShardedParams::cast_stored() {
     return static_cast<const float*>(scratch.data);
   };
   for (Unit* x : stored) x->store->partial_amax(own_flat(*x), x->shards[size_t(comm_.rank())]);
-  if (comm_.world() > 1) {  // every unit's tensor and tile maxima in one MAX all-reduce
-    std::vector<uint32_t> all;
-    for (Unit* x : stored) all.insert(all.end(), x->store->amax().begin(), x->store->amax().end());
-    comm_.allreduce_max(all);
-    size_t at = 0;
-    for (Unit* x : stored) {
-      const std::span<uint32_t> a = x->store->amax();
-      std::copy_n(all.begin() + std::ptrdiff_t(at), a.size(), a.begin());
-      at += a.size();
-    }
-  }
+  if (comm_.world() > 1) reduce_maxima(stored);
   for (Unit* x : stored) {
     x->store->compute_scales();
     x->store->cast(own_flat(*x), x->shards[size_t(comm_.rank())]);
@@ -226,13 +221,87 @@ void ShardedParams::cast_stored() {
   }
 }
 
+// The stores' amax() arrays (tensor maxima, then tile maxima; host or device memory as the stores are) in one
+// MAX all-reduce: concatenated where the communicator takes them (host stores and a host communicator; device
+// stores and NCCL), else through host memory. Bit patterns are copied as bytes (the backend's float copies
+// are memcpy), so nothing is converted.
+void ShardedParams::reduce_maxima(const std::vector<Unit*>& stored) {
+  auto bits = [](std::span<uint32_t> a) { return view_of(reinterpret_cast<float*>(a.data()), 1, int64_t(a.size())); };
+  int64_t total = 0;
+  for (Unit* x : stored) total += int64_t(x->store->amax().size());
+  const bool device = stored.front()->store->device();
+  if (device && comm_.device_buffers()) {
+    Tensor all = be_.empty(1, std::max<int64_t>(total, 1));
+    int64_t at = 0;
+    for (Unit* x : stored) {
+      const int64_t k = int64_t(x->store->amax().size());
+      Tensor d = slice(all, at, at + k);
+      be_.copy(bits(x->store->amax()), d);
+      at += k;
+    }
+    comm_.allreduce_max(std::span<uint32_t>(reinterpret_cast<uint32_t*>(all.data), size_t(total)));
+    at = 0;
+    for (Unit* x : stored) {
+      const int64_t k = int64_t(x->store->amax().size());
+      Tensor d = bits(x->store->amax());
+      be_.copy(slice(all, at, at + k), d);
+      at += k;
+    }
+    return;
+  }
+  std::vector<uint32_t> all(static_cast<size_t>(total));
+  size_t at = 0;
+  for (Unit* x : stored) {
+    const std::span<uint32_t> a = x->store->amax();
+    if (device)
+      be_.download(bits(a), reinterpret_cast<float*>(all.data() + at));
+    else
+      std::copy(a.begin(), a.end(), all.begin() + std::ptrdiff_t(at));
+    at += a.size();
+  }
+  comm_.allreduce_max(all);
+  at = 0;
+  for (Unit* x : stored) {
+    const std::span<uint32_t> a = x->store->amax();
+    if (device) {
+      Tensor d = bits(a);
+      be_.upload(reinterpret_cast<const float*>(all.data() + at), d);
+    } else {
+      std::copy_n(all.begin() + std::ptrdiff_t(at), a.size(), a.begin());
+    }
+    at += a.size();
+  }
+}
+
+void ShardedParams::allgather(float* full, std::span<const ShardRange> parts) {
+  const ShardRange own = parts[size_t(comm_.rank())];
+  const int64_t n = parts.back().end, k = own.end - own.begin;
+  if (!stage_)
+    return comm_.allgather(std::span<const float>(full + own.begin, size_t(k)), parts, std::span<float>(full, size_t(n)));
+  std::vector<float> h(static_cast<size_t>(n));
+  be_.download(view_of(full + own.begin, 1, k), h.data() + own.begin);
+  comm_.allgather(std::span<const float>(h.data() + own.begin, size_t(k)), parts, h);
+  Tensor t = view_of(full, 1, n);
+  be_.upload(h.data(), t);
+}
+
+void ShardedParams::reduce_scatter(const Tensor& full, std::span<const ShardRange> parts, Tensor& mine) {
+  if (!stage_)
+    return comm_.reduce_scatter_sum(std::span<const float>(full.data, size_t(full.size())), parts,
+                                    std::span<float>(mine.data, size_t(mine.size())));
+  std::vector<float> h(size_t(full.size())), o(size_t(mine.size()));
+  be_.download(full, h.data());
+  comm_.reduce_scatter_sum(h, parts, o);
+  be_.upload(o.data(), mine);
+}
+
 void ShardedParams::reduce(int u) {
   Unit& x = units_[size_t(u)];
   const ShardRange own = x.shards[size_t(comm_.rank())];
   if (grad_scale_ != 1.0f) be_.scale(x.grads, grad_scale_);  // ZeRO-1's order: 1/loss_scale, then the weight
   if (comm_.world() > 1) be_.scale(x.grads, weight_);
-  comm_.reduce_scatter_sum(std::span<const float>(x.grads.data, size_t(x.size)), x.shards,
-                           std::span<float>(grad_shard_.data + x.local_at, size_t(own.end - own.begin)));
+  Tensor mine = slice(grad_shard_, x.local_at, x.local_at + (own.end - own.begin));
+  reduce_scatter(x.grads, x.shards, mine);
   x.grads = Tensor{};
   x.reduced = true;
 }
@@ -283,8 +352,7 @@ std::vector<float> ShardedParams::to_global(const Tensor& shard) {
     Tensor buf = be_.empty(1, x.size);
     Tensor dst = slice(buf, own.begin, own.end);
     be_.copy(slice(shard, x.local_at, x.local_at + (own.end - own.begin)), dst);
-    comm_.allgather(std::span<const float>(dst.data, size_t(own.end - own.begin)), x.shards,
-                    std::span<float>(buf.data, size_t(x.size)));
+    allgather(buf.data, x.shards);
     put_global(x, buf, out);
   }
   return out;
@@ -322,8 +390,8 @@ nlohmann::json ShardedParams::memory() const {
   // Persistent: master, both moments, the gradient shard. In flight: the root and one other unit, each with
   // its gradient buffer in the backward.
   const int64_t in_flight = 2 * (units_[0].size + largest_other) * f;
-  // The stored tensors' cast: packed codes, one UE4M3 code a tile, one FP32 scale a tensor (the host store
-  // keeps each unit's whole packed buffer; plan S5's device slots hold this rank's windows only).
+  // The stored tensors' cast: packed codes, one UE4M3 code a tile, one FP32 scale a tensor (each unit's store,
+  // host or device, keeps its whole packed buffer; a store of this rank's windows only is not built).
   int64_t nvfp4 = 0;
   for (const Unit& x : units_)
     if (x.store) {

@@ -31,12 +31,20 @@
 //
 // With the thread communicator (sums in rank order) the run equals ZeRO-1's bit for bit when gradient
 // clipping is off (the norm's partial sums follow the shard layout): the same gradients element by element,
-// AdamW element-wise, the same cast (quantize(nvfp4_2d, master) whatever the split). Not built yet (plan
-// S5-S7): the CUDA backend, prefetch and overlap, a store holding only this rank's codes (the host store keeps
-// a unit's whole packed buffer), expert parallelism.
+// AdamW element-wise, the same cast (quantize(nvfp4_2d, master) whatever the split).
+//
+// Backends (plan S5): every buffer is the backend's (be.empty / copy / upload), so the same code runs on the
+// cpu and the cuda backend. Collectives take the backend's buffers where the communicator does (cpu with a
+// host communicator; cuda with NCCL) and are staged through host memory otherwise (cuda with thread ranks or
+// MPI: stage_). On cuda each unit's store is a DeviceShardCast, and the layers take its packed form
+// (stored(): ParamStore::stored asks the provider), decoded into their BF16 operand as under ZeRO-1; the
+// unit buffer still receives the FP32 decode for the plans that read FP32 W. Not built yet (plan S5-S7):
+// prefetch and overlap, FP32 W decoded by the layer instead of into the unit buffer, a store holding only
+// this rank's codes (each unit's store keeps its whole packed buffer), expert parallelism.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -64,6 +72,9 @@ class ShardedParams final : public ParamProvider {
 
   float* value_ptr(int i) override;
   float* grad_ptr(int i) override;
+  // The unit store's form of a stored tensor (cuda: its packed NVFP4 codes on the device, which the layer
+  // decodes into its GEMM operand; cpu: null), current once the tensor's unit is gathered in this pass.
+  const StoredWeight* stored(int i) const override;
 
   int64_t local_size() const { return local_; }
   Tensor& master() { return master_; }          // [1, local_size()] this rank's FP32 master values
@@ -112,15 +123,23 @@ class ShardedParams final : public ParamProvider {
   void decode(Unit& x);             // the stored tensors' values in x.values
   void drop(Unit& x);               // what a gather of x brought, released
   void reduce(int u);
+  // The collectives on backend memory: in place where the communicator takes the backend's buffers (cpu with
+  // a host communicator; cuda with NCCL), else staged through host memory (stage_: cuda with threads or MPI).
+  // allgather: `full` (parts.back().end elements) holds this rank's part at parts[rank]; every part after.
+  void allgather(float* full, std::span<const ShardRange> parts);
+  void reduce_scatter(const Tensor& full, std::span<const ShardRange> parts, Tensor& mine);
+  void reduce_maxima(const std::vector<Unit*>& stored);  // cast_stored's one MAX all-reduce
   // A unit buffer (x.size elements of `buf`) into `out` at its parameters' global offsets.
   void put_global(const Unit& x, const Tensor& buf, std::vector<float>& out);
   Communicator& comm_;
   Backend& be_;
   ParamStore& ps_;
   ZeroOptions opt_;
+  bool stage_;  // a device backend and a host communicator: collectives through host memory
   std::vector<Unit> units_;
   std::vector<int> unit_of_;  // per parameter
   std::vector<int64_t> at_;   // per parameter: its offset in its unit's gathered buffer
+  std::vector<int> store_slot_;  // per parameter: its tensor in its unit's store, or -1 (stored in FP32)
   int64_t local_ = 0, peak_unit_ = 0;
   Tensor master_, grad_shard_;
   int current_ = -1;

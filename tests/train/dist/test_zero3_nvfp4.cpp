@@ -191,6 +191,9 @@ std::map<std::string, CollectiveCounts> zero3_step(int N, const DistributedConfi
            const int nv[] = {0, 2};
            ps.set_storage(nv, Storage::nvfp4_2d, *be);
            DataParallel dp(c, *be, ps, AdamWConfig{}, dc, {{1}, {0}, {2}});
+           // ZeRO-3's units hold the cast: the whole-model store is released, and the host stores keep no form.
+           CHECK(ps.cast_store() == nullptr);
+           for (int i : {0, 1, 2}) CHECK(ps.stored(i) == nullptr);
            c.set_step(0);  // the step's collectives begin with the forward's gathers (as run.cpp counts them)
            dp.begin_step(1.0f, 1.0 / N);
            for (int i : {1, 0, 2}) CHECK(ps.value_ptr(i) != nullptr);
