@@ -305,15 +305,16 @@ TEST_CASE("bf16 flash attention: saved sizes, refusals, config choice" * doctest
                      {"backend", "cuda"}};
   json j = base;
   j["model"]["attention"] = "bf16_flash";
-  CHECK(fp4lab::train::config_from_json(j).model.attention == "bf16_flash");
+  using Kind = fp4lab::train::ModelConfig::Attention;
+  CHECK(fp4lab::train::config_from_json(j).model.attention == Kind::bf16_flash);
   CHECK(fp4lab::train::config_to_json(fp4lab::train::config_from_json(j))["model"]["attention"] == "bf16_flash");
-  CHECK(fp4lab::train::config_from_json(base).model.attention == "fp32");
+  CHECK(fp4lab::train::config_from_json(base).model.attention == Kind::fp32);
   CHECK_FALSE(fp4lab::train::config_to_json(fp4lab::train::config_from_json(base))["model"].contains("attention"));
   j["model"]["attention"] = "flash";
   CHECK_THROWS_WITH(fp4lab::train::config_from_json(j), doctest::Contains("model.attention"));
   j["model"]["attention"] = "bf16_flash";
-  j["backend"] = "cpu";
-  CHECK_THROWS_WITH(fp4lab::train::config_from_json(j), doctest::Contains("CUDA backend only"));
+  j["backend"] = "cpu";  // the CPU twin (train/cpu/attention_flash.cpp)
+  CHECK(fp4lab::train::config_from_json(j).model.attention == Kind::bf16_flash);
   j["backend"] = "cuda";
   j["model"]["width"] = 96;  // head dim 48
   CHECK_THROWS_WITH(fp4lab::train::config_from_json(j), doctest::Contains("head dims 16, 32, 64 or 128"));
