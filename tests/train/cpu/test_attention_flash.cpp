@@ -16,6 +16,8 @@
 #include "train/attention_flash_ref.hpp"
 #include "train/backend.hpp"
 #include "train/backend_cases.hpp"
+#include "train/config.hpp"
+#include "train/model.hpp"
 
 namespace {
 
@@ -182,4 +184,44 @@ TEST_CASE("bf16 flash attention, CPU twin: the bound rejects the FP32 attention 
   const int64_t bad = outside(fp32.data(), ref.out, ref.tol_out, worst);
   INFO("fp32 attention: " << bad << " of " << N * C << " outside; " << worst);
   CHECK(bad > N * C / 4);
+}
+
+TEST_CASE("model.attention: parsed once to ModelConfig::Attention; bf16_flash runs on the CPU backend") {
+  using nlohmann::json;
+  using Kind = ModelConfig::Attention;
+  const json base = {{"model", {{"type", "gpt"}, {"layers", 1}, {"heads", 2}, {"width", 64}, {"context", 32}}},
+                     {"data", {{"type", "char"}, {"path", "x.txt"}}},
+                     {"recipe", "fp32"},
+                     {"backend", "cpu"}};
+  CHECK(config_from_json(base).model.attention == Kind::fp32);
+  CHECK_FALSE(config_to_json(config_from_json(base))["model"].contains("attention"));  // the default stays out
+  json j = base;
+  j["model"]["attention"] = "bf16_flash";
+  const RunConfig c = config_from_json(j);
+  CHECK(c.model.attention == Kind::bf16_flash);
+  CHECK(config_to_json(c)["model"]["attention"] == "bf16_flash");
+  j["model"]["attention"] = "BF16_flash";
+  CHECK_THROWS_WITH(config_from_json(j),
+                    doctest::Contains("model.attention: \"BF16_flash\" is not valid; valid: fp32, bf16_flash"));
+  j["model"]["attention"] = "bf16_flash";
+  j["model"]["width"] = 96;  // head dim 48
+  CHECK_THROWS_WITH(config_from_json(j), doctest::Contains("head dims 16, 32, 64 or 128"));
+  // A GPT step with bf16_flash on the CPU: the model hands the flag to the backend (a loss different from fp32's).
+  ModelConfig mc;
+  mc.type = "gpt";
+  mc.layers = 1, mc.heads = 2, mc.width = 32, mc.vocab_size = 11, mc.context = 9;
+  Batch b;
+  b.size = 2;
+  for (int i = 0; i < 18; ++i) b.tokens.push_back(i % 11), b.targets.push_back((3 * i + 1) % 11);
+  auto be = make_cpu_backend(2);
+  double loss[2];
+  for (int w = 0; w < 2; ++w) {
+    mc.attention = w ? Kind::bf16_flash : Kind::fp32;
+    auto model = make_model(mc, *be, 5);
+    be->fill(model->params().grads, 0.0f);
+    loss[w] = model->forward_backward(b, StepContext{}, nullptr);
+  }
+  CHECK(std::isfinite(loss[1]));
+  CHECK(loss[0] != loss[1]);
+  CHECK(std::fabs(loss[0] - loss[1]) < 1e-2 * std::fabs(loss[0]));
 }
