@@ -37,8 +37,10 @@
 // y = sum_j r(a_j) b_j (times the FP32 factors 1/l, keep):
 //   |y_cuda - y_twin| <= (eta_cuda + eta_twin) sum_j |a_j b_j|
 //                        + sum_{j fragile} (2u |a_j| + 2 d_j) |b_j|
-// with eta <= (K + 3 steps + 6) 2 eps the FP32 noise of K accumulated terms and
-// the forward's per-step rescalings. Worst case (every a_j fragile) that is
+// with eta the FP32 noise of the output itself: gamma_n = n eps / (1 - n eps) of
+// its n-term sum (forward: n = 2K + 3 steps + 4 for o and again for l, plus
+// the exp2 and score errors of l's terms and of the per-step rescalings;
+// tests/train/attention_flash_ref.cpp spells each term out). Worst case (every a_j fragile) that is
 // (2^-7 + 2 eta) sum_j |a_j b_j|, the size of the BF16 rounding itself; in
 // practice a fraction ~d_a / (u |a|) ~ 2^-13 of the elements is fragile and the
 // twin sits at FP32 noise from the kernels elsewhere. tests/train/
