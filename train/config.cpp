@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/json.hpp"
+#include "train/attention_flash.hpp"
 #include "train/route.hpp"
 
 namespace fp4lab::train {
@@ -235,8 +236,10 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
   mo.get("dropout", mc.dropout);
   mo.get("bias", mc.bias);
   mo.get("layernorm_eps", mc.layernorm_eps);
-  mo.get("attention", mc.attention);
-  check_choice(where + ".model.attention", mc.attention, {"fp32", "bf16_flash"});
+  std::string attention = "fp32";
+  mo.get("attention", attention);
+  check_choice(where + ".model.attention", attention, {"fp32", "bf16_flash"});
+  mc.attention = attention == "bf16_flash" ? ModelConfig::Attention::bf16_flash : ModelConfig::Attention::fp32;
   if (mc.type == "vit") {
     mo.get("image_size", mc.image_size);
     mo.get("patch_size", mc.patch_size);
@@ -277,9 +280,9 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
   if (mc.width % mc.heads != 0)
     throw Error(where + ".model.width: " + std::to_string(mc.width) + " is not a multiple of heads (" +
                 std::to_string(mc.heads) + ")");
-  if (mc.attention == "bf16_flash") {
+  if (mc.attention == ModelConfig::Attention::bf16_flash) {
     const int64_t hd = mc.width / mc.heads;
-    if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
+    if (!flash_head_dim_ok(hd))
       throw Error(where + ".model.attention: \"bf16_flash\" takes head dims 16, 32, 64 or 128, not " +
                   std::to_string(hd) + " (width " + std::to_string(mc.width) + " / heads " + std::to_string(mc.heads) +
                   ")");
@@ -557,9 +560,6 @@ RunConfig config_from_json(const json& j, const std::string& where) {
   const json* m = o.sub("model");
   if (!m) throw Error(where + ".model: missing (an object with at least \"type\": \"vit\" or \"gpt\")");
   parse_model(*m, where, c.model);
-  if (c.model.attention == "bf16_flash" && c.backend != "cuda")
-    throw Error(where + ".model.attention: \"bf16_flash\" runs on the CUDA backend only (\"backend\": \"" + c.backend +
-                "\"); use \"fp32\" or \"backend\": \"cuda\"");
   const json* d = o.sub("data");
   if (!d) throw Error(where + ".data: missing (an object with \"type\": \"mnist\" or \"char\" and \"path\")");
   parse_data(*d, where, c.model.type, c.data);
@@ -615,7 +615,8 @@ json config_to_json(const RunConfig& c) {
                 {"dropout", m.dropout},
                 {"bias", m.bias},
                 {"layernorm_eps", m.layernorm_eps}};
-  if (m.attention != "fp32") model["attention"] = m.attention;  // the default stays out of older runs' configs
+  // The default stays out of older runs' configs.
+  if (m.attention == ModelConfig::Attention::bf16_flash) model["attention"] = "bf16_flash";
   if (m.type == "vit") {
     model.update({{"image_size", m.image_size},
                   {"patch_size", m.patch_size},

@@ -181,7 +181,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
   AttentionShape shape(int64_t B, float p) const {
     const int64_t hd = cfg_.width / cfg_.heads;
     return AttentionShape{
-        B, cfg_.context, cfg_.heads, true, float(1.0 / std::sqrt(double(hd))), p, cfg_.attention == "bf16_flash"};
+        B, cfg_.context, cfg_.heads, true, float(1.0 / std::sqrt(double(hd))), p, cfg_.attention == ModelConfig::Attention::bf16_flash};
   }
 
   Tensor forward(const Batch& bt, const StepContext& s) override {

@@ -76,9 +76,12 @@ struct ModelConfig {
   double dropout = 0.0;
   bool bias = true;
   double layernorm_eps = 1e-5;
-  // "fp32": the FP32 attention (the CPU's numerics); "bf16_flash": BF16
-  // tensor-core flash attention, CUDA backend only (train/cuda/attention_flash.cu).
-  std::string attention = "fp32";
+  // model.attention, parsed once (train/config.cpp): "fp32", the FP32 attention
+  // (materialised probabilities); "bf16_flash", the BF16 flash attention
+  // (train/cuda/attention_flash.cu on the CUDA backend, its twin
+  // train/cpu/attention_flash.cpp on the CPU; head dims 16, 32, 64, 128).
+  enum class Attention : uint8_t { fp32, bf16_flash };
+  Attention attention = Attention::fp32;
   // vit
   int64_t image_size = 28, patch_size = 7, channels = 1, classes = 10;
   double mlp_ratio = 2.0;

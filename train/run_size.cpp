@@ -78,7 +78,7 @@ void check_run_size(const RunConfig& c, uint64_t available, const std::string& w
     params = add({mul({V, C}), mul({T, C}), mul({L, add({mul({4, C, C}), mlp})})});  // wte, wpe, blocks
     // Per block, at least 8 [B*T, C] tensors kept for the backward pass, and the
     // FP32 attention's probabilities [B, H, T, T] (bf16_flash keeps none).
-    const uint64_t probs = m.attention == "fp32" ? mul({B, H, T, T}) : 0;
+    const uint64_t probs = m.attention == ModelConfig::Attention::fp32 ? mul({B, H, T, T}) : 0;
     acts = mul({L, add({mul({8, B, T, C}), probs})});
     act_keys = "training.batch_size x model.context x model.layers x (model.width" +
                std::string(probs ? " + model.heads x model.context)" : ")");

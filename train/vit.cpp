@@ -169,7 +169,7 @@ class Vit final : public CrossEntropyModel {
   }
 
   AttentionShape shape(int64_t B, float scale, float p) const {
-    return AttentionShape{B, patches_ + 1, cfg_.heads, false, scale, p, cfg_.attention == "bf16_flash"};
+    return AttentionShape{B, patches_ + 1, cfg_.heads, false, scale, p, cfg_.attention == ModelConfig::Attention::bf16_flash};
   }
 
   void backward(const Batch&, const StepContext& s, const Tensor& dlogits) override {

@@ -859,6 +859,7 @@ std::vector<OpCase> backend_op_cases() {
   layernorm_cases(cs);
   gelu_cases(cs);
   attention_cases(cs);
+  flash_attention_cases(cs);
   dropout_cases(cs);
   rows_cases(cs);
   embedding_cases(cs);

@@ -83,6 +83,9 @@ struct AttentionGeometry {
 };
 const std::vector<AttentionGeometry>& attention_geometries();
 
+// The BF16 flash attention's rows (backend_cases_flash.cpp), appended by backend_op_cases().
+void flash_attention_cases(std::vector<OpCase>& cs);
+
 struct CompareOptions {
   std::string ref_label, test_label;  // in messages; empty: Backend::name()
   bool bitwise = false;               // every output bit for bit, whatever the row's tolerance

@@ -11,6 +11,7 @@
 #include <Eigen/Core>
 
 #include "train/backend.hpp"
+#include "train/cpu/attention_flash.hpp"
 #include "train/cpu/bf16.hpp"
 #include "train/cpu/linear.hpp"
 #include "train/gelu_math.hpp"
@@ -321,6 +322,11 @@ class CpuBackend final : public Backend {
     const ThreadCount use(threads_);
     const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
     check_attention(s, qkv);
+    if (s.bf16_flash) {  // the CUDA flash kernels' twin (train/cpu/attention_flash.hpp); probs: its saved tensor
+      flash_attention_forward_cpu(s, qkv, out, probs, key);
+      if (bf16()) round_bf16_n(out.data, out.size());  // out = r(out); the saved O stays FP32
+      return;
+    }
     const uint32_t thr = dropout_threshold(s.dropout);
     const float keep_scale = s.dropout > 0.0f ? 1.0f / (1.0f - s.dropout) : 1.0f;
 #pragma omp parallel for schedule(static)
@@ -369,6 +375,11 @@ class CpuBackend final : public Backend {
     const ThreadCount use(threads_);
     const int64_t T = s.seq, H = s.heads, C = qkv.cols / 3, hd = C / H;
     check_attention(s, qkv);
+    if (s.bf16_flash) {
+      flash_attention_backward_cpu(s, qkv, probs, dout, dqkv, key);
+      if (bf16()) round_bf16_n(dqkv.data, dqkv.size());  // dqkv = r(dqkv)
+      return;
+    }
     const uint32_t thr = dropout_threshold(s.dropout);
     const float keep_scale = s.dropout > 0.0f ? 1.0f / (1.0f - s.dropout) : 1.0f;
 #pragma omp parallel for schedule(static)

@@ -37,6 +37,7 @@
 
 #include "core/error.hpp"
 #include "core/philox.hpp"
+#include "train/attention_flash.hpp"
 #include "train/cuda/nn.hpp"
 #include "train/cuda/nn_device.cuh"
 
@@ -49,13 +50,14 @@ namespace flash {
 
 constexpr int kThreads = 128;  // 4 warps
 constexpr int kRows = 64;      // query rows of a forward / dQ block; key rows of a dK, dV block
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLog2e = train::kFlashLog2e;
 constexpr size_t kMaxSmem = 100 * 1024;
 
 // Key columns per step of the forward kernel (the backward kernels: kBwdStep):
-// 32 at head dim 128 (register pressure), else 64.
+// train/attention_flash.hpp, which the CPU twin reads too (the step decides
+// where P is rounded against the running max).
 template <int HD>
-constexpr int kStep = HD == 128 ? 32 : 64;
+constexpr int kStep = train::flash_forward_key_step(HD);
 // The same for the backward kernels (dQ: key columns; dK, dV: query rows),
 // 32 from head dim 64 on: their S, dP and dS fragments at 64 took 252-254
 // registers a thread at head dim 64, two blocks an SM (ptxas -v, ncu: 12.5%
@@ -679,7 +681,7 @@ void backward_with(const AttentionDims& d, const In* qkv, const float* saved, co
 
 std::string Attention::flash_unsupported(const AttentionDims& d, std::initializer_list<const void*> ptrs) {
   const int64_t hd = d.heads > 0 ? d.width / d.heads : 0;
-  if (hd != 16 && hd != 32 && hd != 64 && hd != 128)
+  if (!train::flash_head_dim_ok(hd))
     return "head dim " + std::to_string(hd) + " (bf16_flash takes 16, 32, 64 or 128)";
   if ((d.seq + flash::kRows - 1) / flash::kRows > 65535) return "sequence length " + std::to_string(d.seq);
   for (const void* p : ptrs)

@@ -375,7 +375,7 @@ TEST_CASE("bf16 storage: GPT steps with each edge stored in BF16 give the bits o
         mc.type = "gpt";
         mc.layers = 2, mc.heads = 2, mc.width = 32, mc.dropout = 0.1, mc.vocab_size = 29, mc.context = 16;
         mc.bias = f == "gpt bias";
-        mc.attention = attention;
+        mc.attention = attn == "bf16_flash" ? ModelConfig::Attention::bf16_flash : ModelConfig::Attention::fp32;
         if (f == "gpt moe") mc.moe.experts = 4;
         Batch bt;
         bt.size = 3;  // 48 tokens: a multiple of 16 (the NVFP4 producer amaxes apply)
