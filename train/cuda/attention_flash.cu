@@ -188,49 +188,57 @@ __device__ __forceinline__ void pack_a(uint32_t (&frag)[KT][4], int n, const flo
   frag[n / 2][2 * (n % 2) + 1] = pack_bf16(v[2], v[3]);
 }
 
-// ---- tiles: global FP32 or BF16 -> registers (FP32) -> shared BF16 -----------------------
-// Four consecutive elements of a source as floats: FP32 (16-byte load), or
-// BF16 bits (8-byte load) widened exactly.
+// ---- tiles: global FP32 or BF16 -> registers -> shared BF16 ---------------------------------
+// A stage holds 4 consecutive elements a vector: an FP32 source's floats (16-byte load), rounded to BF16 as
+// they go to shared memory; a BF16 source's codes as loaded (8-byte load), stored as they are. The shared
+// tiles are the same: for every non-NaN code c, pack_bf16 of c's exact float is c, and the only NaN the
+// trainer stores (r()'s, 0x7FFF) is pack_bf16's NaN too. Converting each BF16 element to float and back cost
+// the BF16-source kernels as much as the FP32 ones' whole loads (they are issue-bound).
+template <class In>
+using StageVec = std::conditional_t<std::is_same_v<In, float>, float4, uint2>;
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 load4(const uint16_t* p) {
-  const uint2 u = *reinterpret_cast<const uint2*>(p);
-  return make_float4(bf16_widen(u.x & 0xFFFFu), bf16_widen(u.x >> 16), bf16_widen(u.y & 0xFFFFu),
-                     bf16_widen(u.y >> 16));
+__device__ __forceinline__ uint2 load4(const uint16_t* p) { return *reinterpret_cast<const uint2*>(p); }
+// The 4 values as floats (exact).
+__device__ __forceinline__ float4 widen4(const float4& v) { return v; }
+__device__ __forceinline__ float4 widen4(const uint2& u) {
+  return make_float4(bf16_widen(u.x), bf16_widen(u.x >> 16), bf16_widen(u.y), bf16_widen(u.y >> 16));
 }
-template <int R, int HD>
+// The 4 values as BF16 codes (two a word).
+__device__ __forceinline__ uint2 bf16x4(const float4& v) { return make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w)); }
+__device__ __forceinline__ uint2 bf16x4(const uint2& u) { return u; }
+template <int R, int HD, class In>
 struct Stage {
   static constexpr int kVecs = R * HD / 4 / kThreads;
   static_assert(kVecs >= 1 && R * HD / 4 % kThreads == 0);
-  float4 v[kVecs];
+  StageVec<In> v[kVecs];
 };
 template <int HD>
 __device__ __forceinline__ void slot(int idx, int& r, int& c) {
   r = idx / (HD / 4);
   c = 4 * (idx % (HD / 4));
 }
-// Rows r0 .. r0+R-1 (zero from row T on) of a row-major source, rows ld floats apart.
+// Rows r0 .. r0+R-1 (zero from row T on) of a row-major source, rows ld elements apart.
 template <int R, int HD, class In>
-__device__ __forceinline__ void g_load(Stage<R, HD>& s, const In* src, int64_t ld, int64_t r0, int64_t T) {
+__device__ __forceinline__ void g_load(Stage<R, HD, In>& s, const In* src, int64_t ld, int64_t r0, int64_t T) {
 #pragma unroll
-  for (int k = 0; k < Stage<R, HD>::kVecs; ++k) {
+  for (int k = 0; k < Stage<R, HD, In>::kVecs; ++k) {
     int r, c;
     slot<HD>(int(threadIdx.x) + k * kThreads, r, c);
-    s.v[k] = r0 + r < T ? load4(src + (r0 + r) * ld + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    s.v[k] = r0 + r < T ? load4(src + (r0 + r) * ld + c) : StageVec<In>{};  // zeros: +0 in both forms
   }
 }
-template <int R, int HD>
-__device__ __forceinline__ void s_store(const Stage<R, HD>& s, uint16_t* dst) {
+template <int R, int HD, class In>
+__device__ __forceinline__ void s_store(const Stage<R, HD, In>& s, uint16_t* dst) {
 #pragma unroll
-  for (int k = 0; k < Stage<R, HD>::kVecs; ++k) {
+  for (int k = 0; k < Stage<R, HD, In>::kVecs; ++k) {
     int r, c;
     slot<HD>(int(threadIdx.x) + k * kThreads, r, c);
-    *reinterpret_cast<uint2*>(dst + r * kLds<HD> + c) =
-        make_uint2(pack_bf16(s.v[k].x, s.v[k].y), pack_bf16(s.v[k].z, s.v[k].w));
+    *reinterpret_cast<uint2*>(dst + r * kLds<HD> + c) = bf16x4(s.v[k]);
   }
 }
 template <int R, int HD, class In>
 __device__ __forceinline__ void load_tile(uint16_t* dst, const In* src, int64_t ld, int64_t r0, int64_t T) {
-  Stage<R, HD> s;
+  Stage<R, HD, In> s;
   g_load<R, HD>(s, src, ld, r0, T);
   s_store<R, HD>(s, dst);
 }
@@ -319,7 +327,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(Args a, float* out, uint1
   __syncthreads();
 
   const int nk = key_tiles<BK>(a.causal, q0, T);
-  Stage<BK, HD> st;
+  Stage<BK, HD, In> st;
   load_tile<BK, HD>(Ks, qb + C, ld, 0, T);
   __syncthreads();
   float o[DT][4] = {};
@@ -432,17 +440,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
   load_tile<kRows, HD>(sm, qb, ld, q0, T);
   {
     // dout's tile, and D = rowsum(dout * O) from the FP32 values.
-    Stage<kRows, HD> s;
+    Stage<kRows, HD, In> s;
     g_load<kRows, HD>(s, ob, C, q0, T);
     const float* so = saved + bh * T * HD;
 #pragma unroll
-    for (int k = 0; k < Stage<kRows, HD>::kVecs; ++k) {
+    for (int k = 0; k < Stage<kRows, HD, In>::kVecs; ++k) {
       int r, c;
       slot<HD>(int(threadIdx.x) + k * kThreads, r, c);
       float dot = 0.f;
       if (q0 + r < T) {
         const float4 ov = *reinterpret_cast<const float4*>(so + (q0 + r) * HD + c);
-        dot = s.v[k].x * ov.x + s.v[k].y * ov.y + s.v[k].z * ov.z + s.v[k].w * ov.w;
+        const float4 dv = widen4(s.v[k]);
+        dot = dv.x * ov.x + dv.y * ov.y + dv.z * ov.z + dv.w * ov.w;
       }
 #pragma unroll
       for (int o = 1; o < HD / 4; o <<= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
@@ -474,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
     const int64_t k0 = int64_t(kt) * BK;
     __syncthreads();  // the previous tiles (or Q, dout) are done with
     {
-      Stage<BK, HD> sk, sv;
+      Stage<BK, HD, In> sk, sv;
       g_load<BK, HD>(sk, qb + C, ld, k0, T);
       g_load<BK, HD>(sv, qb + 2 * C, ld, k0, T);
       s_store<BK, HD>(sk, Ks);
