@@ -27,9 +27,15 @@ int ParamStore::add(const std::string& name, int64_t rows, int64_t cols, bool de
   if (placement.expert >= 0 && (placement.experts <= 0 || placement.expert >= placement.experts))
     throw Error("parameter \"" + name + "\": expert " + std::to_string(placement.expert) + " of " +
                 std::to_string(placement.experts) + " (valid: 0 <= expert < experts)");
-  ParamInfo p{name, global_total_, rows, cols, decay, init, init_arg};
+  ParamInfo p;
+  p.name = name;
+  p.offset = p.global_offset = global_total_;
+  p.rows = rows;
+  p.cols = cols;
+  p.decay = decay;
+  p.init = init;
+  p.init_arg = init_arg;
   p.placement = placement;
-  p.global_offset = global_total_;
   infos_.push_back(p);
   global_total_ += rows * cols;
   total_ = replicated_ = global_total_;  // until finalize: everything held, one process's layout
