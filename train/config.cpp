@@ -236,9 +236,9 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
   mo.get("dropout", mc.dropout);
   mo.get("bias", mc.bias);
   mo.get("layernorm_eps", mc.layernorm_eps);
-  std::string attention = "fp32";
+  std::string attention;  // "" = not given: the default below, once width and heads are known
   mo.get("attention", attention);
-  check_choice(where + ".model.attention", attention, {"fp32", "bf16_flash"});
+  if (!attention.empty()) check_choice(where + ".model.attention", attention, {"fp32", "bf16_flash"});
   mc.attention = attention == "bf16_flash" ? ModelConfig::Attention::bf16_flash : ModelConfig::Attention::fp32;
   if (mc.type == "vit") {
     mo.get("image_size", mc.image_size);
@@ -280,6 +280,8 @@ void parse_model(const json& m, const std::string& where, ModelConfig& mc) {
   if (mc.width % mc.heads != 0)
     throw Error(where + ".model.width: " + std::to_string(mc.width) + " is not a multiple of heads (" +
                 std::to_string(mc.heads) + ")");
+  if (attention.empty() && mc.type == "gpt" && flash_head_dim_ok(mc.width / mc.heads))
+    mc.attention = ModelConfig::Attention::bf16_flash;  // the default (model.hpp states where and why)
   if (mc.attention == ModelConfig::Attention::bf16_flash) {
     const int64_t hd = mc.width / mc.heads;
     if (!flash_head_dim_ok(hd))
@@ -615,8 +617,9 @@ json config_to_json(const RunConfig& c) {
                 {"dropout", m.dropout},
                 {"bias", m.bias},
                 {"layernorm_eps", m.layernorm_eps}};
-  // The default stays out of older runs' configs.
-  if (m.attention == ModelConfig::Attention::bf16_flash) model["attention"] = "bf16_flash";
+  // Written always (its default depends on the model); run_identity drops "fp32", the value of a run
+  // written before the key existed, so that those runs keep their identity.
+  model["attention"] = m.attention == ModelConfig::Attention::bf16_flash ? "bf16_flash" : "fp32";
   if (m.type == "vit") {
     model.update({{"image_size", m.image_size},
                   {"patch_size", m.patch_size},

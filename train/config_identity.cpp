@@ -18,7 +18,12 @@ json run_identity(json resolved, bool data_loaded) {
     d->erase("timeout_s");
     if (d->empty()) resolved.erase(d);
   }
-  if (!data_loaded && resolved.contains("model")) resolved["model"].erase("vocab_size");
+  if (auto m = resolved.find("model"); m != resolved.end() && m->is_object()) {
+    if (!data_loaded) m->erase("vocab_size");
+    // model.attention "fp32" is the attention of runs written before the key was (config_to_json): the
+    // same identity (and config_hash) with or without it.
+    if (auto a = m->find("attention"); a != m->end() && *a == "fp32") m->erase(a);
+  }
   return resolved;
 }
 

@@ -80,6 +80,9 @@ struct ModelConfig {
   // (materialised probabilities); "bf16_flash", the BF16 flash attention
   // (train/cuda/attention_flash.cu on the CUDA backend, its twin
   // train/cpu/attention_flash.cpp on the CPU; head dims 16, 32, 64, 128).
+  // Not given: "bf16_flash" for a GPT whose head dim it takes, else "fp32"
+  // (ViT: "fp32"). Its element bound: docs/DESIGN.md, "Flash attention";
+  // the 3-seed check behind the default: docs/results/attention_flash.md.
   enum class Attention : uint8_t { fp32, bf16_flash };
   Attention attention = Attention::fp32;
   // vit

@@ -193,9 +193,33 @@ TEST_CASE("model.attention: parsed once to ModelConfig::Attention; bf16_flash ru
                      {"data", {{"type", "char"}, {"path", "x.txt"}}},
                      {"recipe", "fp32"},
                      {"backend", "cpu"}};
-  CHECK(config_from_json(base).model.attention == Kind::fp32);
-  CHECK_FALSE(config_to_json(config_from_json(base))["model"].contains("attention"));  // the default stays out
+  // Not given: a GPT whose head dim the kernels take gets bf16_flash (head dim 32 here); written into the config.
+  CHECK(config_from_json(base).model.attention == Kind::bf16_flash);
+  CHECK(config_to_json(config_from_json(base))["model"]["attention"] == "bf16_flash");
+  {
+    json other = base;
+    other["model"]["width"] = 40;  // head dim 20: the FP32 attention
+    CHECK(config_from_json(other).model.attention == Kind::fp32);
+    CHECK(config_to_json(config_from_json(other))["model"]["attention"] == "fp32");
+    json vit = {{"model", {{"type", "vit"}, {"width", 64}, {"heads", 4}}},
+                {"data", {{"type", "mnist"}, {"path", "x"}}},
+                {"recipe", "fp32"},
+                {"backend", "cpu"}};
+    CHECK(config_from_json(vit).model.attention == Kind::fp32);  // the ViT's default (head dim 16)
+    // A run written before the key existed (no attention: FP32) keeps its identity beside an explicit "fp32";
+    // against the new default its difference is named (a resume is refused with it).
+    json old_run = config_to_json(config_from_json(other));
+    old_run["model"].erase("attention");
+    CHECK(config_hash(old_run) == config_hash(config_to_json(config_from_json(other))));
+    CHECK(config_difference(run_identity(old_run), run_identity(config_to_json(config_from_json(other)))).empty());
+    json old_gpt = config_to_json(config_from_json(base));
+    old_gpt["model"].erase("attention");
+    CHECK(config_difference(run_identity(old_gpt), run_identity(config_to_json(config_from_json(base)))) ==
+          "model.attention (absent) -> \"bf16_flash\"");
+  }
   json j = base;
+  j["model"]["attention"] = "fp32";
+  CHECK(config_from_json(j).model.attention == Kind::fp32);  // asked for: kept
   j["model"]["attention"] = "bf16_flash";
   const RunConfig c = config_from_json(j);
   CHECK(c.model.attention == Kind::bf16_flash);
