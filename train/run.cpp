@@ -466,6 +466,7 @@ void Training::interrupted(int signo) {
 void Training::build_model() {
   const TrainingConfig& tc = cfg_.training;
   be_ = make_backend(cfg_.backend, cfg_.threads);
+  be_->reset_device_memory_peaks();  // the summary's device_memory: this run's peaks
   if (cfg_.distributed.expert_parallel > 1) ep_exchange_ = std::make_unique<CommExpertExchange>(*comm_);
   model_ = make_model(cfg_.model, *be_, cfg_.seed, ep_exchange_.get());
   AdamWConfig ac = tc.adamw;
@@ -703,6 +704,10 @@ json Training::summary() const {
             {"config_hash", hash_},
             {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run_).count()}};
   if (!error_.empty()) s["error"] = error_;
+  if (const std::optional<Backend::DeviceMemory> m = be_ ? be_->device_memory() : std::nullopt)
+    s["device_memory"] = {{"tensors_in_use_peak_bytes", m->tensors_in_use_peak},
+                          {"tensors_reserved_peak_bytes", m->tensors_reserved_peak},
+                          {"process_buffers_peak_bytes", m->process_buffers_peak}};
   layer_recipes_.add_to_summary(s, uint64_t(total_));
   if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) {
     s["distributed"] = dp_->memory();

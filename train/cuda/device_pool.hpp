@@ -48,6 +48,7 @@ class DevicePool {
         void* p = it->second.back();
         it->second.pop_back();
         cached_bytes_ -= bytes;
+        count_in_use(bytes);
         return p;
       }
     }
@@ -60,15 +61,21 @@ class DevicePool {
       e = cudaMalloc(&p, bytes);
     }
     if (e != cudaSuccess) fp4lab::cuda::check(e, ("cudaMalloc of " + std::to_string(bytes) + " bytes (cuda backend tensor)").c_str());
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_bytes_ += bytes;
+    reserved_peak_ = std::max(reserved_peak_, reserved_bytes_);
+    count_in_use(bytes);
     return p;
   }
   void release(void* p, size_t bytes) noexcept {
     std::lock_guard<std::mutex> lock(mu_);
+    in_use_bytes_ -= bytes;
     try {
       free_[bytes].push_back(p);
       cached_bytes_ += bytes;
     } catch (...) {
       cudaFree(p);  // bookkeeping failed: give it back rather than leak
+      reserved_bytes_ -= bytes;
     }
   }
   void release_cached() {
@@ -78,13 +85,34 @@ class DevicePool {
       for (void* p : list) cudaFree(p);
       list.clear();
     }
+    reserved_bytes_ -= cached_bytes_;
     cached_bytes_ = 0;
   }
 
+  // Bytes of this pool's tensors: in use (acquired, not yet released) and
+  // reserved (in use + cached, i.e. held from the driver), now and at their
+  // peak since the pool was made or reset_peaks().
+  struct Bytes {
+    size_t in_use = 0, in_use_peak = 0, reserved = 0, reserved_peak = 0;
+  };
+  Bytes bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {in_use_bytes_, in_use_peak_, reserved_bytes_, reserved_peak_};
+  }
+  void reset_peaks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_use_peak_ = in_use_bytes_, reserved_peak_ = reserved_bytes_;
+  }
+
  private:
+  void count_in_use(size_t bytes) {  // mu_ held
+    in_use_bytes_ += bytes;
+    in_use_peak_ = std::max(in_use_peak_, in_use_bytes_);
+  }
   std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t cached_bytes_ = 0;
+  size_t in_use_bytes_ = 0, in_use_peak_ = 0, reserved_bytes_ = 0, reserved_peak_ = 0;
 };
 
 }  // namespace fp4lab::train

@@ -205,6 +205,43 @@ TEST_CASE("cuda backend: the caching allocator reuses freed blocks; tensors may 
   survivor = Tensor{};  // freed after its backend: no crash
 }
 
+TEST_CASE("cuda backend: device_memory counts the allocations themselves") {
+  auto g = make_backend("cuda");
+  g->reset_device_memory_peaks();
+  const Backend::DeviceMemory m0 = g->device_memory().value();
+  CHECK(m0.tensors_in_use_peak == 0);  // a new backend: nothing acquired
+  CHECK(m0.tensors_reserved_peak == 0);
+  const int64_t a_bytes = 1000 * 1001 * 4, b_bytes = 3 * 1000 * 1001 * 4;  // above 1 MiB: eighths of 2^22, 2^24
+  const int64_t a_rounded = 4194304, b_rounded = 12582912;  // round_bytes: 4004000 -> 2^22, 12012000 -> 3/4 2^24
+  REQUIRE(a_rounded >= a_bytes);
+  REQUIRE(b_rounded >= b_bytes);
+  {
+    Tensor a = g->empty(1000, 1001);
+    Tensor b = g->empty(3000, 1001);
+    const Backend::DeviceMemory m = g->device_memory().value();
+    CHECK(m.tensors_in_use_peak == a_rounded + b_rounded);
+    CHECK(m.tensors_reserved_peak == a_rounded + b_rounded);
+  }
+  {
+    Tensor a = g->empty(1000, 1001);  // from the cache: in use again, nothing new reserved
+    const Backend::DeviceMemory m = g->device_memory().value();
+    CHECK(m.tensors_in_use_peak == a_rounded + b_rounded);
+    CHECK(m.tensors_reserved_peak == a_rounded + b_rounded);
+    g->reset_device_memory_peaks();  // peaks come down to what is held now
+    const Backend::DeviceMemory r = g->device_memory().value();
+    CHECK(r.tensors_in_use_peak == a_rounded);
+    CHECK(r.tensors_reserved_peak == a_rounded + b_rounded);  // b's block is cached, still reserved
+  }
+  // DeviceBuffer: process-wide, counted on allocation and free.
+  const fp4lab::cuda::DeviceBytes before = fp4lab::cuda::buffer_bytes();
+  {
+    fp4lab::cuda::DeviceBuffer<float> buf(250000);
+    CHECK(fp4lab::cuda::buffer_bytes().live == before.live + 1000000);
+    CHECK(fp4lab::cuda::buffer_bytes().peak >= before.live + 1000000);
+  }
+  CHECK(fp4lab::cuda::buffer_bytes().live == before.live);
+}
+
 TEST_CASE("cuda backend: bad arguments are errors that say what is wrong, before anything runs") {
   auto g = make_backend("cuda");
   Tensor t = g->zeros(7, 13), d = g->zeros(7, 9);
