@@ -402,14 +402,7 @@ int64_t DataParallel::steps_taken() const { return impl_->adam->steps_taken(); }
 
 nlohmann::json DataParallel::memory() const {
   const Impl& d = *impl_;
-  if (d.sharded) {  // the provider counts FP32 moments; the optimiser says what it stores
-    nlohmann::json j = d.sharded->memory();
-    const int64_t fp32_moments = j["moments_bytes"].get<int64_t>(), stored = d.adam->moments_bytes();
-    j["moments_bytes"] = stored;
-    j["optimizer_bytes"] = j["optimizer_bytes"].get<int64_t>() - fp32_moments + stored;
-    j["total_bytes"] = j["total_bytes"].get<int64_t>() - fp32_moments + stored;
-    return j;
-  }
+  if (d.sharded) return d.sharded->memory(d.adam->moments_bytes());  // the optimiser says what it stores
   const int64_t n = d.ps.size(), s = d.mine.end - d.mine.begin, f = int64_t(sizeof(float));
   const int64_t grad_shard = d.dc.zero == 1 ? s * f : 0;
   // NVFP4 weights: packed codes, one UE4M3 code a tile, one FP32 scale a tensor.

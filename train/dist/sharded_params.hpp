@@ -102,7 +102,9 @@ class ShardedParams final : public ParamProvider {
   void from_global(const std::vector<float>& global, Tensor& shard) const;
 
   int64_t gathers() const { return gathers_; }  // unit gathers so far
-  nlohmann::json memory() const;
+  // Bytes this rank holds (summary.json's distributed); moments_bytes: the optimiser's stored m and v of this
+  // rank's parts (AdamW::moments_bytes: FP32 or BF16 by training.moments).
+  nlohmann::json memory(int64_t moments_bytes) const;
 
  private:
   struct Unit;
