@@ -443,7 +443,10 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
   if (d.contains("reshard_after_forward") && !d["reshard_after_forward"].is_null()) c.reshard_after_forward = reshard;
   o.get("timeout_s", c.timeout_s);
   o.get("expert_parallel", c.expert_parallel);
+  std::string reduce = grad_reduce_name(c.reduce);
+  o.get("reduce", reduce);
   o.finish();
+  c.reduce = parse_grad_reduce(where + ".distributed.reduce", reduce);
   if (!(c.timeout_s > 0) || !std::isfinite(c.timeout_s))
     throw Error(where + ".distributed.timeout_s: " + std::to_string(c.timeout_s) +
                 " must be a positive finite number of seconds (a collective's wait for the other ranks)");
@@ -540,6 +543,13 @@ MomentStorage parse_moment_storage(const std::string& path, const std::string& v
 }
 
 const char* moment_storage_name(MomentStorage m) { return m == MomentStorage::bf16 ? "bf16" : "fp32"; }
+
+GradReduce parse_grad_reduce(const std::string& path, const std::string& v) {
+  check_choice(path, v, {"fp32", "bf16"});
+  return v == "bf16" ? GradReduce::bf16 : GradReduce::fp32;
+}
+
+const char* grad_reduce_name(GradReduce r) { return r == GradReduce::bf16 ? "bf16" : "fp32"; }
 
 RunConfig config_from_json(const json& j, const std::string& where) {
   RunConfig c;
@@ -695,6 +705,7 @@ json config_to_json(const RunConfig& c) {
   if (c.distributed.reshard_after_forward >= 0)
     j["distributed"]["reshard_after_forward"] = c.distributed.reshard_after_forward == 1;
   if (c.distributed.expert_parallel != 1) j["distributed"]["expert_parallel"] = c.distributed.expert_parallel;
+  if (c.distributed.reduce != GradReduce::fp32) j["distributed"]["reduce"] = grad_reduce_name(c.distributed.reduce);
   if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;
   if (!c.layer_recipes.empty())
     j["layer_recipes"] = layer_recipes_to_json(c.layer_recipes);  // only when set: hashes stay

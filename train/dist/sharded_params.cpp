@@ -286,6 +286,7 @@ void ShardedParams::allgather(float* full, std::span<const ShardRange> parts) {
 }
 
 void ShardedParams::reduce_scatter(const Tensor& full, std::span<const ShardRange> parts, Tensor& mine) {
+  if (opt_.reduce == GradReduce::bf16) return reduce_scatter_bf16(comm_, be_, full, parts, mine);
   if (!stage_)
     return comm_.reduce_scatter_sum(std::span<const float>(full.data, size_t(full.size())), parts,
                                     std::span<float>(mine.data, size_t(mine.size())));
