@@ -445,7 +445,10 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
   if (d.contains("reshard_after_forward") && !d["reshard_after_forward"].is_null()) c.reshard_after_forward = reshard;
   o.get("timeout_s", c.timeout_s);
   o.get("expert_parallel", c.expert_parallel);
+  std::string reduce = grad_reduce_name(c.reduce);
+  o.get("reduce", reduce);
   o.finish();
+  c.reduce = parse_grad_reduce(where + ".distributed.reduce", reduce);
   if (!(c.timeout_s > 0) || !std::isfinite(c.timeout_s))
     throw Error(where + ".distributed.timeout_s: " + std::to_string(c.timeout_s) +
                 " must be a positive finite number of seconds (a collective's wait for the other ranks)");
@@ -542,6 +545,13 @@ MomentStorage parse_moment_storage(const std::string& path, const std::string& v
 }
 
 const char* moment_storage_name(MomentStorage m) { return m == MomentStorage::bf16 ? "bf16" : "fp32"; }
+
+GradReduce parse_grad_reduce(const std::string& path, const std::string& v) {
+  check_choice(path, v, {"fp32", "bf16"});
+  return v == "bf16" ? GradReduce::bf16 : GradReduce::fp32;
+}
+
+const char* grad_reduce_name(GradReduce r) { return r == GradReduce::bf16 ? "bf16" : "fp32"; }
 
 RunConfig config_from_json(const json& j, const std::string& where) {
   RunConfig c;
@@ -698,6 +708,7 @@ json config_to_json(const RunConfig& c) {
   if (c.distributed.reshard_after_forward >= 0)
     j["distributed"]["reshard_after_forward"] = c.distributed.reshard_after_forward == 1;
   if (c.distributed.expert_parallel != 1) j["distributed"]["expert_parallel"] = c.distributed.expert_parallel;
+  if (c.distributed.reduce != GradReduce::fp32) j["distributed"]["reduce"] = grad_reduce_name(c.distributed.reduce);
   if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;
   if (!c.layer_recipes.empty())
     j["layer_recipes"] = layer_recipes_to_json(c.layer_recipes);  // only when set: hashes stay
@@ -767,33 +778,6 @@ void apply_set(json& j, const std::string& a) {
     cur = &(*cur)[part];
     start = dot + 1;
   }
-}
-
-Recipe resolve_recipe(const RunConfig& c) {
-  Recipe r = c.recipe.is_string() ? parse_recipe(c.recipe.get<std::string>()) : recipe_from_json(c.recipe, "recipe");
-  for (const auto& p : c.keep_high_precision) r.keep_high_precision.push_back(p);
-  return r;
-}
-
-std::string recipe_label(const RunConfig& c) {
-  if (c.recipe.is_string()) {
-    const std::string s = c.recipe.get<std::string>();
-    if (!s.empty() && s.front() == '{') return resolve_recipe(c).name;
-    if (s.find('/') != std::string::npos || s.ends_with(".json")) return std::filesystem::path(s).stem().string();
-    return s;
-  }
-  if (c.recipe.contains("name") && c.recipe["name"].is_string()) return c.recipe["name"].get<std::string>();
-  if (c.recipe.contains("extends") && c.recipe["extends"].is_string())
-    return c.recipe["extends"].get<std::string>() + "_custom";
-  return "custom";
-}
-
-std::string run_directory(const RunConfig& c) {
-  // BF16 activations: "-bf16act" after the recipe, so that the fp32 run of a config has its own directory.
-  const std::string act = c.activations == ActivationPrecision::bf16 ? "-bf16act" : "";
-  const std::string n =
-      c.output_name.empty() ? c.name + "-" + recipe_label(c) + act + "-s" + std::to_string(c.seed) : c.output_name;
-  return (std::filesystem::path(c.output_dir) / n).string();
 }
 
 }  // namespace fp4lab::train

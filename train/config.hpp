@@ -16,7 +16,8 @@
 //             the first matching rule wins, other layers run `recipe` (train/layer_recipes.hpp)
 //   eval_recipe   the recipe of every evaluation forward (absent/null: the training recipes)
 //   distributed {zero: 0|1|3, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, gather: "fp32"|"nvfp4",
-//             reshard_after_forward: true|false (zero 3), timeout_s: seconds}
+//             reshard_after_forward: true|false (zero 3), reduce: "fp32"|"bf16" (the gradients' wire format,
+//             train/dist/grad_reduce.hpp), timeout_s: seconds}
 //             data-parallel training (train/dist/data_parallel.hpp); one process is a world of 1
 //   precision {activations: "fp32"|"bf16"}: the activations' precision (train/backend.hpp's
 //             contract; docs/DESIGN.md "BF16 activations"); both backends
@@ -47,6 +48,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "train/dist/grad_reduce.hpp"
 #include "train/layer_recipes.hpp"
 #include "train/model.hpp"
 #include "train/optim.hpp"
@@ -105,6 +107,9 @@ struct DistributedConfig {
   // this many ranks, tokens dispatched and combined by all-to-all. 1: every rank holds every expert. For now it
   // equals the world (no data parallelism over expert replicas).
   int expert_parallel = 1;
+  // How the gradients are summed over the ranks (train/dist/grad_reduce.hpp states both): FP32 (the default) or
+  // each rank's gradient rounded to BF16 once, the codes sent, summed in FP32 in rank order by the receiver.
+  GradReduce reduce = GradReduce::fp32;
   bool operator==(const DistributedConfig&) const = default;
 };
 
@@ -136,6 +141,10 @@ const char* activation_precision_name(ActivationPrecision a);
 // back; an Error naming `path`, the value and the valid ones for another string.
 MomentStorage parse_moment_storage(const std::string& path, const std::string& v);
 const char* moment_storage_name(MomentStorage m);
+// "fp32" | "bf16" (config distributed.reduce, train/dist/grad_reduce.hpp GradReduce), and back; an Error naming
+// `path`, the value and the valid ones for another string.
+GradReduce parse_grad_reduce(const std::string& path, const std::string& v);
+const char* grad_reduce_name(GradReduce r);
 
 // Parses and validates; `where` prefixes error paths.
 RunConfig config_from_json(const nlohmann::json& j, const std::string& where = "config");

@@ -13,6 +13,9 @@ A tiny GPT on a generated corpus, dropout 0, 16 steps:
     checkpoint of the whole-tensor cast; ZeRO-3 with the weights gathered
     as NVFP4 codes (distributed.gather nvfp4) their losses to 1e-6, the
     codes gathered once a step (kept from forward to backward);
+  - distributed.reduce bf16 (train/dist/grad_reduce.hpp: BF16 codes through MPI_Ialltoallv, summed in rank
+    order by the shard's owner) on 3 MPI ranks: ZeRO-1 and ZeRO-3 equal bit for bit, and equal to the same
+    runs on 3 thread ranks (--rendezvous threads:3), whatever the engine;
   - only rank 0 writes: one run directory per run;
   - `fp4lab sweep` under mpirun runs each run data-parallel and prints one comparison;
   - expert parallelism (distributed.expert_parallel 2, a 2-layer MoE GPT of 8 experts): 2 ranks, each
@@ -46,7 +49,7 @@ def main():
 
         moe = dict(base["model"], layers=2, moe={"experts": 8, "top_k": 2, "aux_loss": 0.01})
 
-        def run(name, ranks, recipe="fp32", dist=None, model=None, batch=None):
+        def run(name, ranks, recipe="fp32", dist=None, model=None, batch=None, threads=False):
             cfg = dict(base, name=name, recipe=recipe)
             if model:
                 cfg["model"] = model
@@ -58,7 +61,9 @@ def main():
             with open(path, "w") as f:
                 json.dump(cfg, f)
             cmd = [fp4lab, "train", path, "--quiet"]
-            if ranks > 1:
+            if threads:
+                cmd += ["--rendezvous", f"threads:{ranks}"]
+            elif ranks > 1:
                 cmd = [mpiexec, "-np", str(ranks), "--oversubscribe", "--allow-run-as-root"] + cmd
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             if p.returncode != 0:
@@ -84,6 +89,9 @@ def main():
         sc = run("sc", 2, "nvfp4", {"zero": 1, "primary_weights": "nvfp4", "shard_cast": True})
         whole = run("whole", 2, "nvfp4", {"zero": 1, "primary_weights": "nvfp4", "shard_cast": False})
         z3nv = run("zero3nv", 2, "nvfp4", {"zero": 3, "primary_weights": "nvfp4", "gather": "nvfp4"})
+        z1bf = run("zero1bf", 3, dist={"zero": 1, "reduce": "bf16"})
+        z3bf = run("zero3bf", 3, dist={"zero": 3, "reduce": "bf16"})
+        z1bf_threads = run("zero1bfthreads", 3, dist={"zero": 1, "reduce": "bf16"}, threads=True)
         ep_one = run("epone", 1, model=moe, batch=8)
         ep_two = run("eptwo", 2, dist={"expert_parallel": 2}, model=moe, batch=8)
         ep_again = run("epagain", 2, dist={"expert_parallel": 2}, model=moe, batch=8)
@@ -156,6 +164,19 @@ def main():
                 failures.append(f"ZeRO-3 gather nvfp4 vs ZeRO-1: relative loss difference {nvrel:.3g} (want <= 1e-6)")
             if len(strip(z3nv[1])) != len(strip(sc[1])) or per.get("allgather_equal", {}).get("calls") != 1:
                 failures.append("ZeRO-3 gather nvfp4: checkpoint size or code gathers (want 1 a step) wrong")
+            # reduce bf16: the codes' alltoallv moves bytes exactly and the owner sums in rank order, so the
+            # engine does not matter: MPI ZeRO-1 = MPI ZeRO-3 = thread-rank ZeRO-1, bit for bit, on 3 ranks.
+            bfrel = max(abs(a - b) / b for a, b in zip(z1bf[0], z1[0]))
+            print(f"test_dp_mpi: reduce bf16 on 3 MPI ranks, ZeRO-3 = ZeRO-1 "
+                  f"{'bit for bit' if z3bf[0] == z1bf[0] else 'DIFFERENT'}, = thread ranks "
+                  f"{'bit for bit' if z1bf_threads[0] == z1bf[0] else 'DIFFERENT'}; largest relative loss difference "
+                  f"from the reduce fp32 ZeRO-1 run on 2 ranks (the same global batches) {bfrel:.3g}")
+            if z3bf[0] != z1bf[0] or strip(z3bf[1]) != strip(z1bf[1]):
+                failures.append("reduce bf16 over MPI: ZeRO-3 and ZeRO-1 differ")
+            if z1bf_threads[0] != z1bf[0] or strip(z1bf_threads[1]) != strip(z1bf[1]):
+                failures.append("reduce bf16: 3 MPI ranks and 3 thread ranks differ")
+            if "alltoallv" not in z1bf[2]["distributed"]["collectives"]["per_step"]:
+                failures.append("reduce bf16 over MPI: no alltoallv counted a step")
             if sc[0] != whole[0]:
                 failures.append("NVFP4 primary weights: shard cast and whole cast losses differ")
             if strip(sc[1]) != strip(whole[1]):
@@ -180,8 +201,8 @@ def main():
                     failures.append(f"sweep under mpirun: worlds {worlds}, comparison tables printed {tables} "
                                     "(want [2, 2] and 1)")
             runs = sorted(n for n in os.listdir(os.path.join(d, "runs")) if not n.endswith(".lock"))
-            if len(runs) != 14:
-                failures.append(f"expected 14 run directories (rank 0 alone writes), found {runs}")
+            if len(runs) != 17:
+                failures.append(f"expected 17 run directories (rank 0 alone writes), found {runs}")
     for f in failures:
         print("FAIL", f)
     print("test_dp_mpi:", "FAILED" if failures else "passed")

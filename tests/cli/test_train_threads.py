@@ -7,6 +7,9 @@ thread each, without mpirun (python3 stdlib only). Checks:
   - threads:2 with ZeRO-3 and the weights gathered as NVFP4 codes gives the ZeRO-1 NVFP4-primary run's losses
     and checkpoint arrays bit for bit (the thread engine sums in rank order; clipping off), and its weight gather
     moves fewer bytes;
+  - threads:2 with distributed.reduce "bf16" (train/dist/grad_reduce.hpp): ZeRO-3 gives the ZeRO-1 run bit for
+    bit, which differs from reduce fp32's, and the gradients' alltoallv moves half the FP32 reduce-scatter's
+    ring bytes; reduce "fp16" is refused in one line naming the key and the valid values;
   - a bad N, --rank/--world with it: exit 2 and one line naming the flag and what is valid.
 Usage: test_train_threads.py FP4LAB_BINARY
 """
@@ -63,13 +66,16 @@ with tempfile.TemporaryDirectory() as d:
                                    ("t2", "threads:2", None, "fp32"),
                                    ("z1nv", "threads:2", {"zero": 1, "primary_weights": "nvfp4"}, "nvfp4"),
                                    ("z3nv", "threads:2", {"zero": 3, "primary_weights": "nvfp4",
-                                                          "gather": "nvfp4"}, "nvfp4")):
+                                                          "gather": "nvfp4"}, "nvfp4"),
+                                   ("z1", "threads:2", {"zero": 1}, "fp32"),
+                                   ("z1bf", "threads:2", {"zero": 1, "reduce": "bf16"}, "fp32"),
+                                   ("z3bf", "threads:2", {"zero": 3, "reduce": "bf16"}, "fp32")):
         p, rd = train(d, name, rv, dist, recipe)
         check(p.returncode == 0, f"{name}: exit {p.returncode}: {p.stderr[-1500:]}")
         if p.returncode == 0:
             runs[name] = results(rd)
             check(len(p.stdout.strip().splitlines()) == 1, f"{name}: stdout is not one result line: {p.stdout!r}")
-    if len(runs) == 5:
+    if len(runs) == 8:
         t2 = runs["t2"][2]["distributed"]
         check(t2.get("world") == 2, f"threads:2: summary distributed.world {t2.get('world')}")
         check("allreduce_sum" in t2.get("collectives", {}).get("per_step", {}),
@@ -84,8 +90,24 @@ with tempfile.TemporaryDirectory() as d:
               f"ZeRO-3 gather nvfp4: one block's codes gathered once a step, got {per.get('allgather_equal')}")
         print("test_train_threads: ZeRO-3 gather nvfp4 on threads:2, rank 0's collectives a step:",
               {k: v["ring_bytes"] for k, v in per.items()})
+        check(runs["z3bf"][0] == runs["z1bf"][0], "reduce bf16: ZeRO-3 vs ZeRO-1 losses differ")
+        check(runs["z3bf"][1] == runs["z1bf"][1], "reduce bf16: ZeRO-3 vs ZeRO-1 checkpoints differ")
+        check(runs["z1bf"][0] != runs["z1"][0], "reduce bf16 gave the reduce fp32 losses bit for bit")
+        bf = runs["z1bf"][2]["distributed"]["collectives"]["per_step"]
+        fp = runs["z1"][2]["distributed"]["collectives"]["per_step"]
+        check("reduce_scatter_sum" not in bf and 2 * bf.get("alltoallv", {}).get("ring_bytes", -1)
+              == fp["reduce_scatter_sum"]["ring_bytes"],
+              f"reduce bf16: the gradients' bytes are not half the FP32 reduce-scatter's: {bf} against {fp}")
+        cfg = os.path.join(d, "runs", "z1bf-fp32-s5", "config.json")
+        with open(cfg) as f:
+            check(json.load(f).get("distributed", {}).get("reduce") == "bf16", "reduce bf16: not in config.json")
     names = sorted(n for n in os.listdir(os.path.join(d, "runs")) if not n.endswith(".lock"))
-    check(len(names) == 5, f"run directories (rank 0 alone writes): {names}")
+    check(len(names) == 8, f"run directories (rank 0 alone writes): {names}")
+    p, _ = train(d, "badreduce", "threads:2", {"zero": 1, "reduce": "fp16"})
+    lines = p.stderr.strip().splitlines()
+    want = 'distributed.reduce: "fp16" is not valid; valid: fp32, bf16'
+    check(p.returncode != 0 and len(lines) == 1 and want in lines[0],
+          f"reduce fp16: exit {p.returncode}, stderr {p.stderr!r} (want one line with {want!r})")
     for rv, extra, want in (("threads:0", (), "--rendezvous threads:0: N must be 1..64"),
                             ("threads:65", (), "--rendezvous threads:65: N must be 1..64"),
                             ("threads:two", (), "--rendezvous threads:two: N must be 1..64"),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "core/encode.hpp"
 #include "core/error.hpp"
@@ -219,6 +220,19 @@ FlashRef flash_reference(const AttentionShape& s, const std::vector<float>& qkv,
         r.dqkv[qi + size_t(C)] = dk, r.tol_dqkv[qi + size_t(C)] = tk * (1.0 + 1e-6) + kTiny;
         r.dqkv[qi + size_t(2 * C)] = dv * keep, r.tol_dqkv[qi + size_t(2 * C)] = tv * keep * (1.0 + 1e-6) + kTiny;
       }
+  }
+  return r;
+}
+
+BoundExcess outside_bound(std::span<const float> got, std::span<const double> want, std::span<const double> bound) {
+  if (got.size() != want.size() || got.size() != bound.size())
+    throw fp4lab::Error("outside_bound: " + std::to_string(got.size()) + " values, " + std::to_string(want.size()) +
+                        " references, " + std::to_string(bound.size()) + " bounds");
+  BoundExcess r;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double ratio = std::fabs(double(got[i]) - want[i]) / bound[i];
+    if (!(ratio <= 1.0)) ++r.outside;
+    if (!std::isnan(r.worst) && !(ratio <= r.worst)) r.worst = ratio, r.at = i;
   }
   return r;
 }

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "train/backend.hpp"
@@ -55,6 +56,17 @@ struct FlashRef {
 // bound carried into D and P (a looser bound: what two whole runs may differ by).
 FlashRef flash_reference(const AttentionShape& s, const std::vector<float>& qkv, const std::vector<float>& dout,
                          DropoutKey key, const FlashBoundModel& model = {}, const std::vector<float>* saved = nullptr);
+
+// got against want element by element, the check every consumer of the bound
+// makes: how many elements lie farther than bound[i] from want[i] (NaN counts),
+// and the worst ratio |got - want| / bound (the first NaN, else the largest)
+// with its element. The three have equal sizes (checked).
+struct BoundExcess {
+  int64_t outside = 0;
+  double worst = -1.0;  // -1: no elements
+  size_t at = 0;
+};
+BoundExcess outside_bound(std::span<const float> got, std::span<const double> want, std::span<const double> bound);
 
 // BF16 round-half-even of a float64 (no overflow handling: attention's
 // intermediates are far inside BF16's range), and the distance from x to the

@@ -30,6 +30,33 @@ inline std::filesystem::path scratch_dir(const std::string& prefix) {
   return d;
 }
 
+// The ZeRO-3 tests' run (test_zero3_training.cpp, test_zero3_nvfp4.cpp, cuda/test_zero3_cuda.cpp): a 2-block GPT
+// of `width` (40: 16x16 tiles cut at 32, partial tiles and odd unit sizes; 24: the dense tests') on the char text
+// `text`, 6 steps of 10 samples, loss scale 8, weight decay 0.1, clipping off (the norm's partial sums follow the
+// shard layout), evaluations at the start, after 3 and after 6 steps; `recipe` on `backend`.
+inline nlohmann::json zero3_config(const std::string& text, const std::string& out, const std::string& name, int width,
+                                   const std::string& recipe = "fp32", const std::string& backend = "cpu") {
+  return nlohmann::json{
+      {"name", name},
+      {"model", {{"type", "gpt"}, {"layers", 2}, {"heads", 2}, {"width", width}, {"context", 8}, {"dropout", 0.0}}},
+      {"data", {{"type", "char"}, {"path", text}}},
+      {"training",
+       {{"batch_size", 10},
+        {"steps", 6},
+        {"lr", 1e-2},
+        {"grad_clip", 0.0},
+        {"weight_decay", 0.1},
+        {"loss_scale", 8.0},
+        {"eval_interval", 3},
+        {"eval_iters", 1},
+        {"log_interval", 1}}},
+      {"recipe", recipe},
+      {"backend", backend},
+      {"seed", 3},
+      {"threads", 1},
+      {"output", {{"dir", out}}}};
+}
+
 // The config cfgj run on `world` thread ranks (RunOptions resume / stop_after as given); rank 0's result. The
 // first rank's error is thrown as Error; every rank's final parameters are checked equal.
 inline RunResult run_on_threads(int world, const nlohmann::json& cfgj, bool resume = false, int64_t stop_after = -1) {

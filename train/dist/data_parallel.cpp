@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "train/dist/grad_reduce.hpp"
 #include "train/dist/primary_weights.hpp"
 #include "train/dist/sharded_params.hpp"
 
@@ -64,7 +65,7 @@ struct DataParallel::Impl {
       // gather nvfp4 (shard_cast true) moves the stored tensors as codes; the codes are kept from forward to
       // backward unless reshard_after_forward says otherwise (FP32 gathers: regathered, unless it says so).
       const bool codes = nv4 && dc.shard_cast;
-      const ZeroOptions zo{codes, dc.reshard_after_forward >= 0 ? dc.reshard_after_forward == 1 : !codes};
+      const ZeroOptions zo{codes, dc.reshard_after_forward >= 0 ? dc.reshard_after_forward == 1 : !codes, dc.reduce};
       sharded = std::make_unique<ShardedParams>(comm, be, ps, std::move(units), zo);
       master = sharded->master();
       gshard = sharded->grad_shard();
@@ -109,6 +110,7 @@ struct DataParallel::Impl {
     be.upload(h.data(), t);
   }
   void reduce_scatter(const Tensor& full, Tensor& out) {
+    if (dc.reduce == GradReduce::bf16) return reduce_scatter_bf16(comm, be, full, shards, out);
     if (!stage)
       return comm.reduce_scatter_sum(std::span<const float>(full.data, size_t(full.size())), shards,
                                      std::span<float>(out.data, size_t(out.size())));
@@ -279,10 +281,15 @@ double DataParallel::step(double lr) {
   if (d.grad_scale != 1.0f) d.be.scale(ps.grads, d.grad_scale);  // 1/loss_scale, then the weight
   if (world > 1) d.be.scale(ps.grads, float(d.weight));          // both regions
   Tensor ga = d.region_a(ps.grads);
-  if (d.dc.zero == 1)
+  if (d.dc.zero == 1) {
     d.reduce_scatter(ga, d.gshard);
-  else if (world > 1)
+  } else if (d.dc.reduce == GradReduce::bf16) {  // zero 0: the BF16 reduce to even shards, the FP32 sums gathered
+    Tensor own = slice(ga, d.shards[size_t(comm_.rank())]);
+    d.reduce_scatter(ga, own);
+    if (world > 1) d.allgather(ga);
+  } else if (world > 1) {
     d.allreduce(ga);
+  }
   double norm2 = 0.0;
   if (!d.adam_b) {
     norm2 = d.dc.zero == 1 ? d.sum_over_ranks(d.be.sum_squares(d.gshard)) : d.be.sum_squares(ga);
@@ -402,14 +409,7 @@ int64_t DataParallel::steps_taken() const { return impl_->adam->steps_taken(); }
 
 nlohmann::json DataParallel::memory() const {
   const Impl& d = *impl_;
-  if (d.sharded) {  // the provider counts FP32 moments; the optimiser says what it stores
-    nlohmann::json j = d.sharded->memory();
-    const int64_t fp32_moments = j["moments_bytes"].get<int64_t>(), stored = d.adam->moments_bytes();
-    j["moments_bytes"] = stored;
-    j["optimizer_bytes"] = j["optimizer_bytes"].get<int64_t>() - fp32_moments + stored;
-    j["total_bytes"] = j["total_bytes"].get<int64_t>() - fp32_moments + stored;
-    return j;
-  }
+  if (d.sharded) return d.sharded->memory(d.adam->moments_bytes());  // the optimiser says what it stores
   const int64_t n = d.ps.size(), s = d.mine.end - d.mine.begin, f = int64_t(sizeof(float));
   const int64_t grad_shard = d.dc.zero == 1 ? s * f : 0;
   // NVFP4 weights: packed codes, one UE4M3 code a tile, one FP32 scale a tensor.

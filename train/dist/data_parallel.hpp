@@ -36,6 +36,10 @@
 //           in the optimiser (the shard's, with zero 1) and are what
 //           checkpoints hold.
 //
+// The gradients' sum (config distributed.reduce, train/dist/grad_reduce.hpp): "fp32" as above; "bf16" each
+// rank's scaled gradient rounded to BF16 once, the codes sent by one alltoallv, each shard's contributions
+// summed in FP32 in rank order by its owner (zero 1, zero 3; zero 0: that, then the FP32 all-gather of the sums).
+//
 // Shares: rank r computes the samples [floor(r n / N), floor((r+1) n / N)) of
 // a global batch of n (batch_share); its gradients are those of its share's
 // mean loss, weighted by share / n before the sum, so the summed gradient is

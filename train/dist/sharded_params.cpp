@@ -286,6 +286,7 @@ void ShardedParams::allgather(float* full, std::span<const ShardRange> parts) {
 }
 
 void ShardedParams::reduce_scatter(const Tensor& full, std::span<const ShardRange> parts, Tensor& mine) {
+  if (opt_.reduce == GradReduce::bf16) return reduce_scatter_bf16(comm_, be_, full, parts, mine);
   if (!stage_)
     return comm_.reduce_scatter_sum(std::span<const float>(full.data, size_t(full.size())), parts,
                                     std::span<float>(mine.data, size_t(mine.size())));
@@ -383,11 +384,11 @@ void ShardedParams::from_global(const std::vector<float>& global, Tensor& shard)
   }
 }
 
-nlohmann::json ShardedParams::memory() const {
+nlohmann::json ShardedParams::memory(int64_t moments_bytes) const {
   const int64_t f = int64_t(sizeof(float));
   int64_t largest_other = 0;
   for (size_t u = 1; u < units_.size(); ++u) largest_other = std::max(largest_other, units_[u].size);
-  // Persistent: master, both moments, the gradient shard. In flight: the root and one other unit, each with
+  // Persistent: master, both moments (as the optimiser stores them), the gradient shard. In flight: the root and one other unit, each with
   // its gradient buffer in the backward.
   const int64_t in_flight = 2 * (units_[0].size + largest_other) * f;
   // The stored tensors' cast: packed codes, one UE4M3 code a tile, one FP32 scale a tensor (each unit's store,
@@ -398,7 +399,7 @@ nlohmann::json ShardedParams::memory() const {
       const FlatLayout l = flat_layout(x.store->tensors());
       nvfp4 += l.packed_offset.back() + l.tile_offset.back() + int64_t(x.store->tensors().size()) * f;
     }
-  const int64_t persistent = 4 * local_ * f + nvfp4;
+  const int64_t persistent = 2 * local_ * f + moments_bytes + nvfp4;
   return {{"zero", 3},
           {"gather", opt_.gather_codes && nvfp4 > 0 ? "nvfp4" : "fp32"},
           {"reshard_after_forward", opt_.reshard_after_forward},
@@ -407,10 +408,10 @@ nlohmann::json ShardedParams::memory() const {
           {"shard_elements", local_},
           {"units", int64_t(units_.size())},
           {"master_bytes", local_ * f},
-          {"moments_bytes", 2 * local_ * f},
+          {"moments_bytes", moments_bytes},
           {"grads_bytes", local_ * f},
           {"params_bytes", 0},
-          {"optimizer_bytes", 3 * local_ * f},
+          {"optimizer_bytes", local_ * f + moments_bytes},
           {"root_unit_bytes", units_[0].size * f},
           {"largest_unit_bytes", peak_unit_ * f},
           {"in_flight_bytes", in_flight},

@@ -10,7 +10,8 @@
 // whole step (wte feeds the embedding and the tied lm_head). The first gradient access begins the backward:
 // from then on moving on from a unit reduce-scatters its gradient buffer (each element times the step's
 // 1/loss_scale, then its share weight: ZeRO-1's operations in ZeRO-1's order) into this rank's gradient
-// parts and releases the unit; finish_backward does the last unit and the root. A unit's gradients accessed
+// parts and releases the unit (ZeroOptions::reduce bf16: the scaled gradients sent as BF16 codes and summed in
+// rank order, grad_reduce.hpp); finish_backward does the last unit and the root. A unit's gradients accessed
 // again after their reduce-scatter is an internal error (a model that uses a unit's parameters in two
 // separated places of its backward belongs in the root). Units are visited in the same order on every rank
 // (the same model on shares of one shape), which the collectives need.
@@ -51,6 +52,7 @@
 
 #include "train/backend.hpp"
 #include "train/dist/comm.hpp"
+#include "train/dist/grad_reduce.hpp"
 #include "train/params.hpp"
 
 namespace fp4lab::train {
@@ -59,6 +61,7 @@ namespace fp4lab::train {
 struct ZeroOptions {
   bool gather_codes = true;           // stored tensors travel as packed NVFP4 codes (false: as FP32 masters)
   bool reshard_after_forward = true;  // false: the forward's gather kept for the unit's backward
+  GradReduce reduce = GradReduce::fp32;  // the gradients' reduce-scatter: FP32 or BF16 codes (grad_reduce.hpp)
 };
 
 class ShardedParams final : public ParamProvider {
@@ -102,7 +105,9 @@ class ShardedParams final : public ParamProvider {
   void from_global(const std::vector<float>& global, Tensor& shard) const;
 
   int64_t gathers() const { return gathers_; }  // unit gathers so far
-  nlohmann::json memory() const;
+  // Bytes this rank holds (summary.json's distributed); moments_bytes: the optimiser's stored m and v of this
+  // rank's parts (AdamW::moments_bytes: FP32 or BF16 by training.moments).
+  nlohmann::json memory(int64_t moments_bytes) const;
 
  private:
   struct Unit;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,18 +49,12 @@ Run run(Backend& be, const AttentionShape& s, const std::vector<float>& qkv, con
 // How many elements of got lie outside want +- tol (NaN counts), with the worst one described in `worst`.
 int64_t outside(const float* got, const std::vector<double>& want, const std::vector<double>& tol,
                 std::string& worst) {
-  int64_t bad = 0;
-  double wr = -1.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double e = std::fabs(double(got[i]) - want[i]), ratio = e / tol[i];
-    if (!(ratio <= 1.0)) ++bad;
-    if (!(ratio <= wr)) {
-      wr = ratio;
-      worst = "worst |err| / bound " + std::to_string(ratio) + " at " + std::to_string(i) + " (got " +
-              std::to_string(got[i]) + ", want " + std::to_string(want[i]) + ", bound " + std::to_string(tol[i]) + ")";
-    }
-  }
-  return bad;
+  const bt::BoundExcess e = bt::outside_bound(std::span<const float>(got, want.size()), want, tol);
+  if (e.worst >= 0.0 || std::isnan(e.worst))
+    worst = "worst |err| / bound " + std::to_string(e.worst) + " at " + std::to_string(e.at) + " (got " +
+            std::to_string(got[e.at]) + ", want " + std::to_string(want[e.at]) + ", bound " +
+            std::to_string(tol[e.at]) + ")";
+  return e.outside;
 }
 
 void expect_inside(const char* what, const float* got, const std::vector<double>& want,

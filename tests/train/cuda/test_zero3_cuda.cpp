@@ -38,27 +38,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The CPU test's model (test_zero3_nvfp4.cpp) on `backend`: evaluations at the start, after 3 and after 6 steps.
+// The CPU test's model (test_zero3_nvfp4.cpp, thread_ranks.hpp's zero3_config of width 40) on `backend`.
 json model_config(const std::string& text, const std::string& out, const std::string& name, const std::string& recipe,
                   const std::string& backend = "cuda") {
-  return json{{"name", name},
-              {"model", {{"type", "gpt"}, {"layers", 2}, {"heads", 2}, {"width", 40}, {"context", 8}, {"dropout", 0.0}}},
-              {"data", {{"type", "char"}, {"path", text}}},
-              {"training",
-               {{"batch_size", 10},
-                {"steps", 6},
-                {"lr", 1e-2},
-                {"grad_clip", 0.0},
-                {"weight_decay", 0.1},
-                {"loss_scale", 8.0},
-                {"eval_interval", 3},
-                {"eval_iters", 1},
-                {"log_interval", 1}}},
-              {"recipe", recipe},
-              {"backend", backend},
-              {"seed", 3},
-              {"threads", 1},
-              {"output", {{"dir", out}}}};
+  return test::zero3_config(text, out, name, 40, recipe, backend);
 }
 
 void check_same_run(const RunResult& a, const RunResult& b) { test::check_same_run(a, b, 3); }

@@ -30,25 +30,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A 2-block GPT of width 40 (tiles of 16 cut at 32: partial tiles, odd row bytes nowhere, odd unit sizes).
+// A 2-block GPT of width 40 under nvfp4 (thread_ranks.hpp: partial tiles, odd unit sizes).
 json model_config(const std::string& text, const std::string& out, const std::string& name) {
-  return json{{"name", name},
-              {"model", {{"type", "gpt"}, {"layers", 2}, {"heads", 2}, {"width", 40}, {"context", 8}, {"dropout", 0.0}}},
-              {"data", {{"type", "char"}, {"path", text}}},
-              {"training",
-               {{"batch_size", 10},
-                {"steps", 6},
-                {"lr", 1e-2},
-                {"grad_clip", 0.0},
-                {"weight_decay", 0.1},
-                {"loss_scale", 8.0},
-                {"eval_interval", 3},
-                {"eval_iters", 1},
-                {"log_interval", 1}}},
-              {"recipe", "nvfp4"},
-              {"seed", 3},
-              {"threads", 1},
-              {"output", {{"dir", out}}}};
+  return test::zero3_config(text, out, name, 40, "nvfp4");
 }
 
 // Two runs the same bit for bit (thread_ranks.hpp): evaluations at the start, after 3 and after 6 steps.

@@ -33,24 +33,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The dense GPT of width 24 (thread_ranks.hpp).
 json dense(const std::string& text, const std::string& out, const std::string& name) {
-  return json{
-      {"name", name},
-      {"model", {{"type", "gpt"}, {"layers", 2}, {"heads", 2}, {"width", 24}, {"context", 8}, {"dropout", 0.0}}},
-      {"data", {{"type", "char"}, {"path", text}}},
-      {"training",
-       {{"batch_size", 10},
-        {"steps", 6},
-        {"lr", 1e-2},
-        {"grad_clip", 0.0},
-        {"weight_decay", 0.1},
-        {"loss_scale", 8.0},
-        {"eval_interval", 3},
-        {"eval_iters", 1},
-        {"log_interval", 1}}},
-      {"seed", 3},
-      {"threads", 1},
-      {"output", {{"dir", out}}}};
+  return test::zero3_config(text, out, name, 24);
 }
 
 // ZeRO-3 against ZeRO-1 on `world` ranks: the same run, bit for bit.
