@@ -308,8 +308,11 @@ TEST_CASE("bf16 flash attention: saved sizes, refusals, config choice" * doctest
   using Kind = fp4lab::train::ModelConfig::Attention;
   CHECK(fp4lab::train::config_from_json(j).model.attention == Kind::bf16_flash);
   CHECK(fp4lab::train::config_to_json(fp4lab::train::config_from_json(j))["model"]["attention"] == "bf16_flash");
-  CHECK(fp4lab::train::config_from_json(base).model.attention == Kind::fp32);
-  CHECK_FALSE(fp4lab::train::config_to_json(fp4lab::train::config_from_json(base))["model"].contains("attention"));
+  // Not given: a GPT of head dim 64 gets bf16_flash (the default: tests/train/cpu/test_attention_flash.cpp has the rest).
+  CHECK(fp4lab::train::config_from_json(base).model.attention == Kind::bf16_flash);
+  j["model"]["attention"] = "fp32";
+  CHECK(fp4lab::train::config_from_json(j).model.attention == Kind::fp32);
+  CHECK(fp4lab::train::config_to_json(fp4lab::train::config_from_json(j))["model"]["attention"] == "fp32");
   j["model"]["attention"] = "flash";
   CHECK_THROWS_WITH(fp4lab::train::config_from_json(j), doctest::Contains("model.attention"));
   j["model"]["attention"] = "bf16_flash";
