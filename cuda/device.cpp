@@ -1,26 +1,9 @@
 #include "cuda/device.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 
 namespace fp4lab::cuda {
-
-namespace {
-std::atomic<size_t> g_buffer_live{0}, g_buffer_peak{0};
-}  // namespace
-
-DeviceBytes buffer_bytes() { return {g_buffer_live.load(), g_buffer_peak.load()}; }
-void reset_buffer_bytes_peak() { g_buffer_peak.store(g_buffer_live.load()); }
-namespace detail {
-void count_buffer_alloc(size_t bytes) {
-  const size_t live = g_buffer_live.fetch_add(bytes) + bytes;
-  size_t peak = g_buffer_peak.load();
-  while (live > peak && !g_buffer_peak.compare_exchange_weak(peak, live)) {
-  }
-}
-void count_buffer_free(size_t bytes) { g_buffer_live.fetch_sub(bytes); }
-}  // namespace detail
 
 bool environment_cuda_error(cudaError_t e) {
   return e == cudaErrorMemoryAllocation || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||

@@ -42,23 +42,7 @@ int compute_capability();
 // The denominator of `fp4lab bench train`'s MFU.
 double dense_bf16_peak_tflops();
 
-// Device bytes held by DeviceBuffer allocations, process-wide (every thread and
-// every backend of the process together): `live` now, `peak` the most live at
-// once since the last reset_buffer_bytes_peak() (or the process start). Counts
-// fp4lab's own cudaMalloc/cudaFree pairs, not the CUDA context's memory nor
-// what cuBLAS or NCCL allocate inside their calls.
-struct DeviceBytes {
-  size_t live = 0, peak = 0;
-};
-DeviceBytes buffer_bytes();
-void reset_buffer_bytes_peak();
-namespace detail {
-void count_buffer_alloc(size_t bytes);
-void count_buffer_free(size_t bytes);
-}  // namespace detail
-
-// An owning, uninitialised device allocation of n elements of T (cudaMalloc;
-// counted in buffer_bytes()).
+// An owning, uninitialised device allocation of n elements of T (cudaMalloc).
 template <class T>
 class DeviceBuffer {
  public:
@@ -81,10 +65,7 @@ class DeviceBuffer {
   void resize(size_t n) {
     if (n == n_) return;
     release();
-    if (n > 0) {
-      check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
-      detail::count_buffer_alloc(n * sizeof(T));
-    }
+    if (n > 0) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
     n_ = n;
   }
   // Grown (contents lost) to at least n elements; returns data().
@@ -115,10 +96,7 @@ class DeviceBuffer {
 
  private:
   void release() noexcept {
-    if (p_) {
-      cudaFree(p_);
-      detail::count_buffer_free(n_ * sizeof(T));
-    }
+    if (p_) cudaFree(p_);
     p_ = nullptr;
     n_ = 0;
   }

@@ -289,12 +289,11 @@ class Backend {
 
   // Device memory, from the allocations themselves (bytes; the CUDA backend):
   // this backend's tensors in use and reserved from the driver (in use +
-  // its allocator's cache) at their peaks since reset_device_memory_peaks(),
-  // and the process's DeviceBuffer workspaces (cuda/device.hpp: every backend
-  // of the process together, so with thread ranks not one rank's). Not the
-  // CUDA context's, cuBLAS's or NCCL's own. Nothing on the CPU backend.
+  // its allocator's cache) at their peaks since reset_device_memory_peaks().
+  // Not the layers' DeviceBuffer workspaces (cuda/device.hpp), the CUDA
+  // context's, cuBLAS's or NCCL's own. Nothing on the CPU backend.
   struct DeviceMemory {
-    int64_t tensors_in_use_peak = 0, tensors_reserved_peak = 0, process_buffers_peak = 0;
+    int64_t tensors_in_use_peak = 0, tensors_reserved_peak = 0;
   };
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
   virtual void reset_device_memory_peaks() {}

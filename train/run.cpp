@@ -706,8 +706,7 @@ json Training::summary() const {
   if (!error_.empty()) s["error"] = error_;
   if (const std::optional<Backend::DeviceMemory> m = be_ ? be_->device_memory() : std::nullopt)
     s["device_memory"] = {{"tensors_in_use_peak_bytes", m->tensors_in_use_peak},
-                          {"tensors_reserved_peak_bytes", m->tensors_reserved_peak},
-                          {"process_buffers_peak_bytes", m->process_buffers_peak}};
+                          {"tensors_reserved_peak_bytes", m->tensors_reserved_peak}};
   layer_recipes_.add_to_summary(s, uint64_t(total_));
   if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) {
     s["distributed"] = dp_->memory();

@@ -76,12 +76,9 @@ class CudaBackend final : public Backend {
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
   std::optional<DeviceMemory> device_memory() override {
     const DevicePool::Bytes b = pool_->bytes();
-    return DeviceMemory{int64_t(b.in_use_peak), int64_t(b.reserved_peak), int64_t(cuda::buffer_bytes().peak)};
+    return DeviceMemory{int64_t(b.in_use_peak), int64_t(b.reserved_peak)};
   }
-  void reset_device_memory_peaks() override {
-    pool_->reset_peaks();
-    cuda::reset_buffer_bytes_peak();
-  }
+  void reset_device_memory_peaks() override { pool_->reset_peaks(); }
 
   // ---- memory ----
   Tensor empty(int64_t rows, int64_t cols) override {
