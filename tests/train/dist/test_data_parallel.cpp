@@ -13,19 +13,14 @@
 #include "core/philox.hpp"
 #include "sim/quantizer.hpp"
 #include "train/dist/data_parallel.hpp"
+#include "odd_store.hpp"
 
 using namespace fp4lab;
 using namespace fp4lab::train;
 
 namespace {
 
-// Odd sizes, so that even_shards cuts mid-row and mid-tile: two weights, a bias, a gain.
-void declare(ParamStore& ps) {
-  ps.add("a.weight", 19, 37, true, Init::normal, 0.5f);
-  ps.add("a.bias", 1, 19, false, Init::normal, 0.1f);
-  ps.add("b.weight", 33, 17, true, Init::normal, 0.5f);
-  ps.add("ln.weight", 1, 17, false, Init::ones);
-}
+using test::declare_odd_store;  // odd_store.hpp
 
 // Rank r's gradient at step t, element i: a reproducible function of (r, t, i).
 float grad_of(int r, int t, int64_t i) {
@@ -49,7 +44,7 @@ Outcome run_dp(int world, const DistributedConfig& dc, const AdamWConfig& ac, in
     th.emplace_back([&, r] {
       auto be = make_cpu_backend(1);
       ParamStore ps;
-      declare(ps);
+      declare_odd_store(ps);
       ps.finalize(*be, from ? 99 : 7);
       ps.set_storage(nvfp4, Storage::nvfp4_2d, *be);
       DataParallel dp(*comms[size_t(r)], *be, ps, ac, dc);
@@ -94,7 +89,7 @@ TEST_CASE("ZeRO-1 at odd shard boundaries equals the unsharded step and one proc
     CAPTURE(world);
     auto be = make_cpu_backend(1);
     ParamStore ps;
-    declare(ps);
+    declare_odd_store(ps);
     ps.finalize(*be, 7);
     AdamW ref(ac, ps, *be);
     for (int t = 0; t < steps; ++t) {
@@ -139,7 +134,7 @@ TEST_CASE("NVFP4 primary weights: shard cast = whole cast = quantize(nvfp4_2d, m
       // The model's weights are the dequantized NVFP4 cast of the master values; the rest is the master.
       auto be = make_cpu_backend(1);
       ParamStore ps;
-      declare(ps);
+      declare_odd_store(ps);
       ps.finalize(*be, 7);
       const QuantizerSpec q = quantizer_by_name("nvfp4_2d");
       for (int i = 0; i < 4; ++i) {
@@ -174,7 +169,7 @@ TEST_CASE("DataParallel memory: ZeRO-1 holds 1/N of the moments") {
   auto comms = make_thread_comms(1);
   auto be = make_cpu_backend(1);
   ParamStore ps;
-  declare(ps);
+  declare_odd_store(ps);
   ps.finalize(*be, 7);
   DataParallel dp(*comms[0], *be, ps, AdamWConfig{}, DistributedConfig{1, "fp32", true});
   const auto m = dp.memory();

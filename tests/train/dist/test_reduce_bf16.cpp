@@ -22,6 +22,7 @@
 #include "train/config.hpp"
 #include "train/dist/counting_comm.hpp"
 #include "train/dist/data_parallel.hpp"
+#include "odd_store.hpp"
 #include "train/dist/grad_reduce.hpp"
 
 using namespace fp4lab;
@@ -132,13 +133,7 @@ TEST_CASE("reduce_scatter_bf16 equals the oracle bit for bit on 2, 3 and 5 threa
 
 namespace {
 
-// Odd sizes (test_data_parallel.cpp's store): even_shards cut mid-row; ZeRO-3 units {ln}, {a.*}, {b.weight}.
-void declare(ParamStore& ps) {
-  ps.add("a.weight", 19, 37, true, Init::normal, 0.5f);
-  ps.add("a.bias", 1, 19, false, Init::normal, 0.1f);
-  ps.add("b.weight", 33, 17, true, Init::normal, 0.5f);
-  ps.add("ln.weight", 1, 17, false, Init::ones);
-}
+using test::declare_odd_store;  // odd_store.hpp; ZeRO-3 units {ln}, {a.*}, {b.weight}
 const std::vector<std::vector<int>> kUnits = {{3}, {0, 1}, {2}};
 
 struct Step {
@@ -158,7 +153,7 @@ Step one_step(int world, int zero, GradReduce reduce, const AdamWConfig& ac) {
       CountingComm comm(*comms[size_t(r)]);
       auto be = make_cpu_backend(1);
       ParamStore ps;
-      declare(ps);
+      declare_odd_store(ps);
       ps.finalize(*be, 7);
       DistributedConfig dc;
       dc.zero = zero;
@@ -196,7 +191,7 @@ TEST_CASE("one DataParallel step under reduce bf16, zero 0, 1 and 3: AdamW on th
     // bf16_oracle, summed in rank order; one process's AdamW step on it.
     auto be = make_cpu_backend(1);
     ParamStore ps;
-    declare(ps);
+    declare_odd_store(ps);
     ps.finalize(*be, 7);
     std::vector<std::vector<float>> local(static_cast<size_t>(world));
     for (int r = 0; r < world; ++r)
