@@ -289,13 +289,13 @@ class Backend {
   // CPU; the CUDA backend's calls are asynchronous). For timing.
   virtual void synchronize() {}
 
-  // Device memory, from the allocations themselves (bytes; the CUDA backend):
-  // this backend's tensors in use and reserved from the driver (in use +
-  // its allocator's cache) at their peaks since reset_device_memory_peaks().
-  // Not the layers' DeviceBuffer workspaces (cuda/device.hpp), the CUDA
-  // context's, cuBLAS's or NCCL's own. Nothing on the CPU backend.
+  // The memory of this backend's tensors, from the allocations themselves (bytes): in use (every empty()
+  // tensor, and the CPU's linear outputs, until its last holder drops it) and reserved (in use + the
+  // allocator's cache: the CUDA pool's blocks held from the driver; = in use on the CPU), at their peaks
+  // since reset_device_memory_peaks(), and in use now. Not the layers' DeviceBuffer workspaces
+  // (cuda/device.hpp), the CUDA context's, cuBLAS's or NCCL's own, nor the CPU's temporaries inside an op.
   struct DeviceMemory {
-    int64_t tensors_in_use_peak = 0, tensors_reserved_peak = 0;
+    int64_t tensors_in_use_peak = 0, tensors_reserved_peak = 0, tensors_in_use = 0;
   };
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
   virtual void reset_device_memory_peaks() {}

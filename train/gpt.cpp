@@ -16,6 +16,14 @@ struct Block {
   Tensor x_in, a, mean1, rstd1, qkv, probs, att, x_mid, m_in, mean2, rstd2, f, g;
   // qkv's and f's BF16 storage (bf16_storage_for), which their consumers read in the forward and the backward.
   ProducerOutputs qkv_o, f_o;
+  // Drops what the forward saved for the backward (the tensors above and the dense layers' states), once the
+  // block's backward has run or, in a forward without a backward, once the block is done: the memory goes
+  // back to the backend instead of waiting for the next forward to replace it.
+  void drop_saved() {
+    x_in = a = mean1 = rstd1 = qkv = probs = att = x_mid = m_in = mean2 = rstd2 = f = g = Tensor{};
+    qkv_o = f_o = ProducerOutputs{};
+    for (LinearLayer* l : {&c_attn, &attn_proj, &c_fc, &mlp_proj}) l->state.reset();
+  }
 };
 
 class Gpt final : public CrossEntropyModel, private LinearCalls {
@@ -248,6 +256,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
         be_.dropout_add(m, k.x_mid, p, dropout_key(s, site(i, 2)), &mo);
       }
       x = m;
+      if (!s.backward) k.drop_saved();  // an evaluation: nothing of the block is read again
     }
     xf_in_ = x;
     // ln_f -> lm_head (x)
@@ -256,7 +265,13 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
     meanf_ = be_.empty(1, N);
     rstdf_ = be_.empty(1, N);
     be_.layernorm_forward(x, ptr(lnf_w_), ptr(lnf_b_), eps, xf_, meanf_, rstdf_, &f_o);
-    return lin_fwd(head_, s, xf_, &f_o);
+    Tensor logits = lin_fwd(head_, s, xf_, &f_o);
+    if (!s.backward) drop_head_saved();
+    return logits;
+  }
+  void drop_head_saved() {
+    xf_in_ = xf_ = meanf_ = rstdf_ = Tensor{};
+    head_.state.reset();
   }
 
   void backward(const Batch& bt, const StepContext& s, const Tensor& dlogits) override {
@@ -267,6 +282,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
     Tensor dxf = lin_bwd(head_, s, dlogits, nullptr, &dxf_o);  // dW into wte's gradient (tied)
     Tensor dx = be_.empty(N, C);
     be_.layernorm_backward(dxf, xf_in_, ptr(lnf_w_), meanf_, rstdf_, dx, gptr(lnf_w_), gptr(lnf_b_), nullptr, &dxf_o);
+    drop_head_saved();
     for (int64_t i = int64_t(blocks_.size()) - 1; i >= 0; --i) {
       Block& k = blocks_[size_t(i)];
       // x_out = x_mid + drop(c_proj(gelu(c_fc(ln_2(x_mid)))))
@@ -315,6 +331,7 @@ class Gpt final : public CrossEntropyModel, private LinearCalls {
       Tensor dxin = be_.empty(N, C);
       be_.layernorm_backward(da, k.x_in, ptr(k.ln1_w), k.mean1, k.rstd1, dxin, gptr(k.ln1_w), gptr(k.ln1_b), &dmid,
                              &da_o);
+      k.drop_saved();
       dx = dxin;
     }
     {

@@ -161,9 +161,12 @@ class Model : public BatchEvaluator {
   const ParamStore& params() const { return params_; }
   // Forward + backward: returns the mean loss; ADDS the gradients to
   // params().grads (the caller zeroes them). *correct: argmax hits (vit).
+  // The GPT releases what its forward saved as the backward consumes it, so
+  // nothing of the step stays allocated after it.
   virtual double forward_backward(const Batch& b, const StepContext& ctx, int64_t* correct) = 0;
   // Forward only (no dropout when ctx.train is false; the linear layers run
-  // with LinearContext::backward false): mean loss, hits.
+  // with LinearContext::backward false): mean loss, hits. The GPT holds one
+  // block's tensors at a time.
   double evaluate(const Batch& b, const StepContext& ctx, int64_t* correct) override = 0;
   virtual std::vector<LinearLayerInfo> linear_layers() const = 0;
   // Figures of the last training forward beyond the loss, for metrics.jsonl

@@ -328,6 +328,7 @@ class Training {
   double train_seconds_ = 0.0, warmup_seconds_ = 0.0;  // steps after / among the first two of this invocation
   int64_t timed_steps_ = 0;
   double resumed_ms_ = std::nan("");  // ms_per_step of the last metrics record before a resume
+  int64_t after_step_bytes_ = 0;      // the backend's tensors in use right after the last optimiser step
   int64_t last_checkpoint_ = -1;      // the step of the checkpoint on disk (-1: none)
   RunResult res_;
 };
@@ -604,6 +605,7 @@ bool Training::train_step(int64_t step) {
   double gnorm = 0.0;
   if (error_.empty()) {
     gnorm = dp_->step(lr);
+    if (const std::optional<Backend::DeviceMemory> m = be_->device_memory()) after_step_bytes_ = m->tensors_in_use;
     if (!std::isfinite(gnorm)) error_ = "gradient norm is " + std::string(std::isnan(gnorm) ? "NaN" : "Inf");
   }
   if (!error_.empty()) {
@@ -706,7 +708,8 @@ json Training::summary() const {
   if (!error_.empty()) s["error"] = error_;
   if (const std::optional<Backend::DeviceMemory> m = be_ ? be_->device_memory() : std::nullopt)
     s["device_memory"] = {{"tensors_in_use_peak_bytes", m->tensors_in_use_peak},
-                          {"tensors_reserved_peak_bytes", m->tensors_reserved_peak}};
+                          {"tensors_reserved_peak_bytes", m->tensors_reserved_peak},
+                          {"tensors_in_use_after_step_bytes", after_step_bytes_}};
   layer_recipes_.add_to_summary(s, uint64_t(total_));
   if (comm_->world() > 1 || cfg_.distributed != DistributedConfig{}) {
     s["distributed"] = dp_->memory();

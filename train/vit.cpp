@@ -11,8 +11,14 @@ namespace {
 struct Block {
   int ln1_w, ln1_b, ln2_w, ln2_b;
   LinearLayer q, k, v, o, up, down;
-  // activations of the last forward
+  // activations of the forward, for its backward
   Tensor x_in, a, mean1, rstd1, qkv, probs, att, h1, u, mean2, rstd2, up_y, g;
+  // Drops them and the layers' states once the block's backward has run, or in a forward without a backward
+  // once the block is done (the GPT's Block::drop_saved, train/gpt.cpp).
+  void drop_saved() {
+    x_in = a = mean1 = rstd1 = qkv = probs = att = h1 = u = mean2 = rstd2 = up_y = g = Tensor{};
+    for (LinearLayer* l : {&q, &k, &v, &o, &up, &down}) l->state.reset();
+  }
 };
 
 class Vit final : public CrossEntropyModel {
@@ -161,11 +167,14 @@ class Vit final : public CrossEntropyModel {
       Tensor d = lin_fwd(k.down, s, k.g);
       be_.dropout_add(d, k.h1, p, dropout_key(s, site(i, 2)));
       h = d;
+      if (!s.backward) k.drop_saved();  // an evaluation: nothing of the block is read again
     }
     Tensor cls = be_.empty(B, E);
     be_.gather_rows(h, L, cls);
     final_rows_ = B * L;
-    return lin_fwd(head_, s, cls);
+    Tensor logits = lin_fwd(head_, s, cls);
+    if (!s.backward) patch_.state.reset(), head_.state.reset();
+    return logits;
   }
 
   AttentionShape shape(int64_t B, float scale, float p) const {
@@ -211,12 +220,14 @@ class Vit final : public CrossEntropyModel {
       Tensor dx = be_.empty(B * L, E);
       be_.layernorm_backward(da, k.x_in, params_.value_ptr(k.ln1_w), k.mean1, k.rstd1, dx, params_.grad_ptr(k.ln1_w),
                              params_.grad_ptr(k.ln1_b), &dh1);
+      k.drop_saved();
       dh = dx;
     }
     Tensor dpe = be_.empty(B * patches_, E);
     Tensor dpos = params_.grad(pos_);
     be_.vit_tokens_backward(dh, B, dpe, params_.grad_ptr(cls_), dpos);
     lin_bwd(patch_, s, dpe);
+    patch_.state.reset(), head_.state.reset();
   }
 
   ModelConfig cfg_;

@@ -3,9 +3,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include <Eigen/Core>
@@ -107,10 +110,24 @@ void round_bf16_m(MatrixRM& m) { round_bf16_n(m.data(), m.size()); }
 // alignment-dependent paths, so the operands' addresses must not matter.
 MatrixRM to_matrix(const Tensor& t) { return ConstMap(t.data, t.rows, t.cols, Stride(t.cols)); }
 
+// The bytes of the backend's tensors in use, now and at the peak since the last reset (Backend::device_memory;
+// on the CPU there is no cache: reserved = in use). Shared with every tensor's deleter, which may run on
+// another thread (a thread rank's tensors outlive nothing of it, but a view may be dropped anywhere).
+struct TensorBytes {
+  std::atomic<int64_t> in_use{0}, peak{0};
+  void acquire(int64_t b) {
+    const int64_t now = in_use.fetch_add(b) + b;
+    int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  void release(int64_t b) { in_use.fetch_sub(b); }
+};
+
 // A linear layer's output m into out: out takes m's memory (no copy) unless
 // out is already allocated with m's shape (the caller may hold views of it),
-// then m is copied into it.
-void take_result(std::shared_ptr<MatrixRM> m, Tensor& out) {
+// then m is copied into it. The memory taken is counted in `bytes` while the tensor holds it.
+void take_result(std::shared_ptr<MatrixRM> m, Tensor& out, const std::shared_ptr<TensorBytes>& bytes) {
   if (out.data != nullptr && out.rows == m->rows() && out.cols == m->cols()) {
     parallel_copy(out.data, m->data(), out.size());
     return;
@@ -118,7 +135,13 @@ void take_result(std::shared_ptr<MatrixRM> m, Tensor& out) {
   Tensor t;
   t.rows = m->rows();
   t.cols = m->cols();
-  t.mem = std::shared_ptr<float[]>(m, m->data());  // aliasing: shares m's ownership
+  const int64_t b = t.size() * int64_t(sizeof(float));
+  bytes->acquire(b);
+  float* data = m->data();
+  t.mem = std::shared_ptr<float[]>(data, [m = std::move(m), bytes, b](float*) mutable {
+    bytes->release(b);
+    m.reset();
+  });
   t.data = t.mem.get();
   out = std::move(t);
 }
@@ -156,10 +179,21 @@ class CpuBackend final : public Backend {
     Tensor t;
     t.rows = rows;
     t.cols = cols;
-    t.mem = std::shared_ptr<float[]>(new float[size_t(std::max<int64_t>(1, rows * cols))]);
+    const int64_t n = std::max<int64_t>(1, rows * cols), b = n * int64_t(sizeof(float));
+    bytes_->acquire(b);
+    t.mem = std::shared_ptr<float[]>(new float[size_t(n)], [bytes = bytes_, b](float* q) {
+      bytes->release(b);
+      delete[] q;
+    });
     t.data = t.mem.get();
     return t;
   }
+  // The tensors' bytes (host memory; reserved = in use: no allocator cache of the backend's own).
+  std::optional<DeviceMemory> device_memory() override {
+    const int64_t peak = bytes_->peak.load(), now = bytes_->in_use.load();
+    return DeviceMemory{peak, peak, now};
+  }
+  void reset_device_memory_peaks() override { bytes_->peak.store(bytes_->in_use.load()); }
   void fill(Tensor& t, float v) override {
     const ThreadCount use(threads_);
     constexpr int64_t kChunk = int64_t(1) << 14;
@@ -206,7 +240,7 @@ class CpuBackend final : public Backend {
     } else {
       fp4lab::linear_forward(l.ctx, l.plan, to_matrix(x), to_matrix(w), b, *ym, st->saved);
     }
-    take_result(std::move(ym), y);
+    take_result(std::move(ym), y, bytes_);
     state = std::move(st);
   }
   void linear_backward(const LayerPlan& l, const LinearState& state, const Tensor& w, const Tensor& dy,
@@ -229,7 +263,7 @@ class CpuBackend final : public Backend {
       round_bf16_m(dwm);
       round_bf16_n(db.data(), int64_t(db.size()));
     }
-    take_result(std::move(dxm), dx);
+    take_result(std::move(dxm), dx, bytes_);
     check_same("linear_backward dW", w, dw_acc);
     float* d = dw_acc.data;
     const float* s = dwm.data();
@@ -731,6 +765,7 @@ class CpuBackend final : public Backend {
 
  private:
   int threads_ = 0;  // OpenMP threads of every operation (<= 0: the default)
+  std::shared_ptr<TensorBytes> bytes_ = std::make_shared<TensorBytes>();  // device_memory's counts
 };
 
 }  // namespace

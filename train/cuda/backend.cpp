@@ -76,7 +76,7 @@ class CudaBackend final : public Backend {
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
   std::optional<DeviceMemory> device_memory() override {
     const DevicePool::Bytes b = pool_->bytes();
-    return DeviceMemory{int64_t(b.in_use_peak), int64_t(b.reserved_peak)};
+    return DeviceMemory{int64_t(b.in_use_peak), int64_t(b.reserved_peak), int64_t(b.in_use)};
   }
   void reset_device_memory_peaks() override { pool_->reset_peaks(); }
 
