@@ -577,7 +577,7 @@ void run_sweep(const TrainArgs& args) {
     }
     run_dirs.push_back(run_directory(cfg));
   }
-  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline, args.title}));
+  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline, args.title, {}, "final"}));
 }
 
 void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {

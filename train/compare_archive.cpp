@@ -307,8 +307,9 @@ std::optional<std::string> key_value(const json& j, const std::string& key, cons
     start = dot + 1;
   }
   if (cur->is_string() && cur->get_ref<const std::string&>().size() > kMaxText)
-    throw Error(where + ": key \"" + key + "\": a string of " + std::to_string(cur->get_ref<const std::string&>().size()) +
-                " bytes (at most " + std::to_string(kMaxText) + ")");
+    throw Error(where + ": key \"" + key + "\": a string of " +
+                std::to_string(cur->get_ref<const std::string&>().size()) + " bytes (at most " +
+                std::to_string(kMaxText) + ")");
   if (!cur->is_string() && !cur->is_number() && !cur->is_boolean())
     throw Error(where + ": key \"" + key + "\": " + describe(*cur) +
                 "; --by takes keys whose values are strings, numbers or true/false (e.g. model.attention)");

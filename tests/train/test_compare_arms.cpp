@@ -51,7 +51,8 @@ void write_run(const fs::path& dir, const std::string& recipe, int seed, json cf
   std::ofstream(dir / "summary.json") << s.dump(2);
   std::ofstream m(dir / "metrics.jsonl");
   m << json{{"step", 1}, {"loss", 3.0}}.dump() << "\n";
-  for (size_t i = 0; i < evals.size(); ++i) m << json{{"step", 100 * i}, {"eval", true}, {metric, evals[i]}}.dump() << "\n";
+  for (size_t i = 0; i < evals.size(); ++i)
+    m << json{{"step", 100 * i}, {"eval", true}, {metric, evals[i]}}.dump() << "\n";
 }
 
 double mean(const std::vector<double>& v) {
@@ -111,7 +112,7 @@ TEST_CASE("compare --by model.attention: one key, absent in older runs (fp32), f
     write_run(dirs.back(), "bf16", s, kGpt, plain[size_t(s - 1)]);
   }
   // Without --by: one arm (the recipe), as before.
-  const CompareResult one = compare_runs(dirs, CompareOptions{"-", ""});
+  const CompareResult one = compare_runs(dirs, CompareOptions{"-", "", "", {}, "final"});
   REQUIRE(one.recipes.size() == 1);
   CHECK(one.recipes[0].final.n == 7);
 
@@ -178,7 +179,7 @@ TEST_CASE("compare --by model.attention: one key, absent in older runs (fp32), f
   CHECK(arm(r, "fp32").welch.diff == doctest::Approx(-0.0016666666666666667).epsilon(1e-12));
   CHECK(arm(r, "fp32").welch.hi == doctest::Approx(0.16018048696214574).epsilon(1e-10));
   CHECK(std::isnan(arm(r, "bf16_flash").welch.diff));
-  const std::string e = compare_error(dirs, CompareOptions{"-", "flash", "", {"model.attention"}});
+  const std::string e = compare_error(dirs, CompareOptions{"-", "flash", "", {"model.attention"}, "final"});
   CHECK(e == "compare: no run with model.attention \"flash\"; valid --baseline: \"bf16_flash\", \"fp32\"");
   fs::remove_all(tmp);
 }
@@ -202,7 +203,7 @@ TEST_CASE("compare --by recipe,precision.activations: two keys, the baseline arm
   add("act_s2", "bf16", 2, "bf16", 2.40);
   add("act_s3", "bf16", 3, "bf16", 2.35);
 
-  const CompareResult d = compare_runs(dirs, CompareOptions{"-", "", "", {"recipe", "precision.activations"}});
+  const CompareResult d = compare_runs(dirs, CompareOptions{"-", "", "", {"recipe", "precision.activations"}, "final"});
   CHECK(d.baseline == "nvfp4,fp32");
   REQUIRE(d.recipes.size() == 3);
   CHECK(d.recipes[1].recipe == "bf16,fp32");
@@ -225,14 +226,14 @@ TEST_CASE("compare --by recipe,precision.activations: two keys, the baseline arm
   CHECK(nv.welch.hi == doctest::Approx(0.59877337982053834).epsilon(1e-10));
   // Paired: bf16,bf16 - bf16,fp32 over seeds 1-3: 0.05, 0.10, 0.15 (t = 0.1 / (0.05 / sqrt 3), 2 df: two-sided
   // p = 1 - t / sqrt(2 + t^2)); nvfp4 over seeds 1-2: 0.40, 0.30 (t = 0.35 / (sqrt(0.005) / sqrt 2) = 7, 1 df,
-  // Cauchy: p = 1 - 2 atan(7) / pi). Holm over the two: the smaller p times 2, the larger max(itself, that).
+  // Cauchy: p = 1 - 2 atan(7) / pi). Holm over the two: the smaller p times 2, the larger the max of itself and that.
   const double pi = std::acos(-1.0), t2 = 0.1 / (0.05 / std::sqrt(3.0));
   const double p_act = 1 - t2 / std::sqrt(2 + t2 * t2), p_nv = 1 - 2 * std::atan(7.0) / pi;
   CHECK(act.test.p == doctest::Approx(p_act).epsilon(1e-10));
   CHECK(nv.test.p == doctest::Approx(p_nv).epsilon(1e-10));
-  REQUIRE(p_nv < p_act);
-  CHECK(nv.p_holm == doctest::Approx(2 * p_nv).epsilon(1e-10));
-  CHECK(act.p_holm == doctest::Approx(std::max(p_act, 2 * p_nv)).epsilon(1e-10));
+  REQUIRE(p_act < p_nv);  // 0.0742 and 0.0903
+  CHECK(act.p_holm == doctest::Approx(2 * p_act).epsilon(1e-10));
+  CHECK(nv.p_holm == doctest::Approx(std::max(p_nv, 2 * p_act)).epsilon(1e-10));
   CHECK(c.table.find("recipe,precision.activations") != std::string::npos);
   CHECK(c.table.find("tests vs bf16,fp32") != std::string::npos);
   fs::remove_all(tmp);
@@ -247,18 +248,18 @@ TEST_CASE("compare --by: a key without a default absent in some runs is \"missin
   const std::vector<std::string> dirs = {(tmp / "a").string(), (tmp / "b").string()};
   write_run(dirs[0], "fp32", 1, kGpt, {2.0, 1.5});
   write_run(dirs[1], "fp32", 2, no_lr, {2.0, 1.6});
-  const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {"training.lr"}});
+  const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {"training.lr"}, "final"});
   REQUIRE(c.recipes.size() == 2);
   CHECK(c.recipes[0].recipe == "0.001");
   CHECK(c.recipes[1].recipe == "missing");
-  const CompareResult two = compare_runs(dirs, CompareOptions{"-", "", "", {"recipe", "training.lr"}});
+  const CompareResult two = compare_runs(dirs, CompareOptions{"-", "", "", {"recipe", "training.lr"}, "final"});
   REQUIRE(two.recipes.size() == 2);
   CHECK(two.recipes[1].recipe == "fp32,missing");
   CHECK(two.baseline == "fp32,0.001");  // no arm named fp32/bf16: the first run's
-  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {"model.layers"}}).recipes[0].recipe == "2");
+  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {"model.layers"}, "final"}).recipes[0].recipe == "2");
 
   const std::string a = "compare: " + (tmp / "a" / "config.json").string() + ": key ";
-  const auto by = [&](const std::string& k) { return compare_error(dirs, CompareOptions{"-", "", "", {k}}); };
+  const auto by = [&](const std::string& k) { return compare_error(dirs, CompareOptions{"-", "", "", {k}, "final"}); };
   CHECK(by("model..attention") ==
         "compare: --by \"model..attention\": not a config key; valid: dotted names of letters, digits and '_' "
         "(e.g. model.attention, precision.activations, training.lr) or recipe");
@@ -275,16 +276,17 @@ TEST_CASE("compare --by: a key without a default absent in some runs is \"missin
   CHECK(by("training.lr.x") == a + "\"training.lr.x\": \"training.lr\" is number 0.001, not an object");
   CHECK(by("model.attention") == "compare: " + (tmp / "b" / "config.json").string() +
                                      ": key \"model.attention\": a string of 300 bytes (at most 256)");
-  CHECK(compare_error(dirs, CompareOptions{"-", "", "", {"recipe", "recipe"}}) ==
+  CHECK(compare_error(dirs, CompareOptions{"-", "", "", {"recipe", "recipe"}, "final"}) ==
         "compare: --by \"recipe\" given twice");
   CHECK(compare_error(dirs, CompareOptions{"-", "", "", {}, "last"}) ==
         "compare: --metric \"last\": valid: final, best");
   fs::remove(tmp / "a" / "config.json");
   CHECK(by("training.lr") == "compare: " + (tmp / "a" / "config.json").string() +
                                  " not found (the run's config, which --by reads)");
-  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {"recipe"}}).recipes.size() == 1);  // reads no config
+  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {"recipe"}, "final"}).recipes.size() == 1);  // reads no config
   std::ofstream(tmp / "a" / "config.json") << "[1, 2]";
-  CHECK(by("training.lr") == "compare: " + (tmp / "a" / "config.json").string() + ": expected a JSON object, got an array");
+  CHECK(by("training.lr") ==
+        "compare: " + (tmp / "a" / "config.json").string() + ": expected a JSON object, got an array");
   fs::remove_all(tmp);
 }
 
@@ -299,7 +301,7 @@ TEST_CASE("compare --metric best: the best evaluation by the task's direction, c
   }
   const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {}, "best"});
   CHECK(c.recipes[0].final.mean == doctest::Approx(93.5));
-  CHECK(compare_runs(dirs, CompareOptions{"-", ""}).recipes[0].final.mean == doctest::Approx(85.0));
+  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {}, "final"}).recipes[0].final.mean == doctest::Approx(85.0));
   CHECK(c.table.find("mean best") != std::string::npos);
   CHECK(c.table.find("gap = best - mean best of fp32") != std::string::npos);
 
@@ -308,7 +310,7 @@ TEST_CASE("compare --metric best: the best evaluation by the task's direction, c
   CHECK(compare_error(dirs, CompareOptions{"-", "", "", {}, "best"}) ==
         "compare: " + dirs[1] + ": summary.json's best 95 is not the best test_acc 92 of metrics.jsonl's "
                                 "evaluations (files of two runs mixed, or edited by hand)");
-  CHECK(compare_runs(dirs, CompareOptions{"-", ""}).recipes[0].final.n == 2);  // final: best is not read
+  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {}, "final"}).recipes[0].final.n == 2);  // final: best is not read
   fs::remove_all(tmp);
 }
 
