@@ -310,7 +310,8 @@ TEST_CASE("compare --metric best: the best evaluation by the task's direction, c
   CHECK(compare_error(dirs, CompareOptions{"-", "", "", {}, "best"}) ==
         "compare: " + dirs[1] + ": summary.json's best 95 is not the best test_acc 92 of metrics.jsonl's "
                                 "evaluations (files of two runs mixed, or edited by hand)");
-  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {}, "final"}).recipes[0].final.n == 2);  // final: best is not read
+  // --metric final does not read best.
+  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {}, "final"}).recipes[0].final.n == 2);
   fs::remove_all(tmp);
 }
 
