@@ -15,16 +15,11 @@
 
 namespace fp4lab::train {
 
-// The runs are grouped into arms: by default a run's arm is its recipe label
-// (summary "recipe", else the directory's name); with `by`, the values of those
-// dotted keys in the run's config.json joined by ',' (e.g. by
-// {"recipe", "precision.activations"}: arms "bf16,fp32" and "bf16,bf16"; the
-// key "recipe" is the recipe label). A key absent from a run's config.json
-// takes the value it stands for (compare_archive.hpp archived_default: e.g.
-// model.attention "fp32", precision.activations "fp32"), else "missing".
-// Each arm is compared with the baseline arm on `metric`: "final" (summary
-// "final", the last evaluation) or "best" (the best evaluation in
-// metrics.jsonl: lowest loss, highest accuracy; it must equal summary "best").
+// The arms and the compared metric (docs/DESIGN.md section 5, "What is
+// compared", states the contract): a run's arm is its recipe label, or with
+// `by` the values of those dotted config.json keys joined by ',' (an absent key:
+// compare_archive.hpp archived_default, else "missing"); `metric` "final" or
+// "best" (the best evaluation in metrics.jsonl, checked against summary best).
 struct CompareOptions {
   std::string plot;      // PNG path; empty: <parent of the first run>/compare.png; "-" = no plot
   std::string baseline;  // the reference arm; empty: the first run whose arm is fp32 or bf16, else the first run
@@ -89,8 +84,10 @@ struct CompareResult {
 // is not a name ([A-Za-z0-9_.-]), runs of different metrics; and naming both
 // directories when two hold the same run (equal config_hash and seed: one
 // sample, not two seeds); --metric other than final/best; --by's errors
-// (compare_archive.hpp set_arms); --baseline naming no arm (listing the arms). EnvironmentError for the OS's failures (permissions,
-// a full disk); a missing gnuplot is CompareResult::plot_note, not an error.
+// (compare_archive.hpp set_arms); --baseline naming no arm (listing the
+// arms); with --metric best, a summary best that is not its metrics.jsonl's.
+// EnvironmentError for the OS's failures (permissions, a full disk); a missing
+// gnuplot is CompareResult::plot_note, not an error.
 CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOptions& opt = {});
 
 }  // namespace fp4lab::train

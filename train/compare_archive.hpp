@@ -65,11 +65,11 @@ std::string common_metric(const std::vector<Run>& runs);
 // whose attention was "fp32" (as run_identity treats it).
 nlohmann::json archived_default(const std::string& key);
 
-// Sets each run's label to its arm: with `by` empty, the recipe label; else the
-// values of the dotted config keys `by` in the run's config.json, joined by
-// ',' ("recipe": the recipe label). A number is written as JSON writes it,
-// true/false as such; an absent key is archived_default's value, else
-// "missing". Errors (one line): a key that is not a dotted name or is given
+// Sets each run's label to its arm (docs/DESIGN.md section 5, "What is
+// compared"): with `by` empty, the recipe label; else the values of the dotted
+// config keys `by` in the run's config.json, joined by ',' ("recipe": the recipe
+// label; a number as JSON writes it; an absent key: archived_default, else
+// "missing"). Errors (one line): a key that is not a dotted name or is given
 // twice, a key no run has and without a default (naming it), a value that is
 // an object, array or null or a path through a non-object (naming the file and
 // key), config.json missing, not a regular file, over 1 MiB or not JSON.
