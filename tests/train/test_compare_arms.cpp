@@ -257,6 +257,16 @@ TEST_CASE("compare --by: a key without a default absent in some runs is \"missin
   CHECK(two.recipes[1].recipe == "fp32,missing");
   CHECK(two.baseline == "fp32,0.001");  // no arm named fp32/bf16: the first run's
   CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {"model.layers"}, "final"}).recipes[0].recipe == "2");
+  // An arm is untrusted text: the table shows its control characters escaped.
+  json esc = kGpt;
+  esc["model"]["attention"] = "x\x1b[31m";
+  write_run(tmp / "e", "fp32", 3, esc, {2.0, 1.7});
+  const CompareResult e =
+      compare_runs({dirs[0], (tmp / "e").string()}, CompareOptions{"-", "", "", {"model.attention"}, "final"});
+  CHECK(e.recipes[1].recipe == "x\x1b[31m");
+  CHECK(e.table.find('\x1b') == std::string::npos);
+  CHECK(e.table.find("x\\x1b[31m") != std::string::npos);
+  fs::remove_all(tmp / "e");
 
   const std::string a = "compare: " + (tmp / "a" / "config.json").string() + ": key ";
   const auto by = [&](const std::string& k) { return compare_error(dirs, CompareOptions{"-", "", "", {k}, "final"}); };
