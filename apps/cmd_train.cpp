@@ -491,7 +491,8 @@ void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
 }
 
 void add_compare(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
-  CLI::App* compare = app.add_subcommand("compare", "Compare finished runs: table + loss-curve PNG (gnuplot)");
+  CLI::App* compare = app.add_subcommand(
+      "compare", "Compare finished runs by recipe or config keys (--by): table, statistics, loss-curve PNG (gnuplot)");
   auto dirs = std::make_shared<std::vector<std::string>>();
   compare->add_option("run_dirs", *dirs, "Run directories")->required()->check(CLI::ExistingDirectory);
   compare->add_option("--plot", args->plot,
