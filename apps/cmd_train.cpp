@@ -63,6 +63,7 @@ void print_compare(const CompareResult& c) {
 
 struct TrainArgs {
   std::string config, recipe, plot, baseline, title;
+  std::string by, metric = "final";  // compare --by, --metric
   std::vector<std::string> sets;
   bool resume = false, force = false, quiet = false;
   std::string recipes = "fp32", seeds;
@@ -490,18 +491,37 @@ void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
 }
 
 void add_compare(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
-  CLI::App* compare = app.add_subcommand("compare", "Compare finished runs: table + loss-curve PNG (gnuplot)");
+  CLI::App* compare = app.add_subcommand(
+      "compare", "Compare finished runs by recipe or config keys (--by): table, statistics, loss-curve PNG (gnuplot)");
   auto dirs = std::make_shared<std::vector<std::string>>();
   compare->add_option("run_dirs", *dirs, "Run directories")->required()->check(CLI::ExistingDirectory);
   compare->add_option("--plot", args->plot,
                       "PNG path (default: <parent of the first run>/compare.png; '-' = none); the statistics go to the "
                       "same path with .json (with '-': <parent of the first run>/compare.json)");
+  compare->add_option("--by", args->by,
+                      "KEY[,KEY...]: the arms are the distinct values of these dotted keys in each run's "
+                      "config.json, e.g. model.attention or recipe,precision.activations ('recipe': the recipe "
+                      "label; a key a run lacks: the value it stood for, e.g. model.attention fp32, else "
+                      "'missing'). Default: the recipe label");
+  compare->add_option("--metric", args->metric,
+                      "final (default): the last evaluation; best: the best evaluation (lowest loss, highest "
+                      "accuracy), as summary.json's best")
+      ->check(CLI::IsMember({"final", "best"}));
   compare->add_option("--baseline", args->baseline,
-                      "Recipe of the reference run (default: fp32/bf16 run, else the first)");
+                      "Arm of the reference (a recipe, or the --by values joined by ','; default: the fp32/bf16 "
+                      "arm, else the first run's)");
   compare->add_option("--title", args->title,
                       "Overall title of the plot, e.g. the config, epochs and seeds (printable ASCII; other "
                       "characters become '?')");
-  compare->callback([args, dirs] { print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline, args->title})); });
+  compare->callback([args, dirs] {
+    std::vector<std::string> by;  // empty items kept: compare names them as invalid keys
+    for (size_t at = 0; !args->by.empty() && at <= args->by.size();) {
+      const size_t comma = std::min(args->by.find(',', at), args->by.size());
+      by.push_back(args->by.substr(at, comma - at));
+      at = comma + 1;
+    }
+    print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline, args->title, by, args->metric}));
+  });
 }
 
 // Every recipe x seed combination and its run directory are checked before
@@ -558,7 +578,7 @@ void run_sweep(const TrainArgs& args) {
     }
     run_dirs.push_back(run_directory(cfg));
   }
-  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline, args.title}));
+  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline, args.title, {}, "final"}));
 }
 
 void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {

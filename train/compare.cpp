@@ -1,3 +1,4 @@
+// `fp4lab compare`: the statistics, tables and plots of finished runs (their archives: compare_archive.cpp).
 #include "train/compare.hpp"
 
 #include <unistd.h>
@@ -19,7 +20,7 @@
 #include <sstream>
 #include <utility>
 
-#include "train/checksum.hpp"
+#include "train/compare_archive.hpp"
 #include "train/process.hpp"
 #include "train/run_files.hpp"
 #include "core/error.hpp"
@@ -32,16 +33,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Limits of what a run archive may hold: far above what fp4lab writes (a
-// summary.json of about 1 KB, metrics lines of a few hundred bytes, nesting of
-// 2-3 levels), low enough that a hostile archive cannot exhaust memory or time.
-constexpr uintmax_t kMaxSummaryBytes = uintmax_t(1) << 20;
-constexpr size_t kMaxMetricsLine = size_t(1) << 20;
-constexpr size_t kMaxText = 256;  // a string value (recipe, metric, status, ...) in bytes
-
-// Text from a run archive or a path, ready for a table or an error line.
-std::string shown(const std::string& s) { return terminal_text(s); }
-std::string shown(const fs::path& p) { return terminal_text(p.string()); }
+using compare_archive::Curve;
+using compare_archive::name_of;
+using compare_archive::Run;
+using compare_archive::shown;
+using compare_archive::Summary;
 
 std::string f(double v, const char* fmt = "%.4f") {
   if (std::isnan(v)) return "-";
@@ -54,292 +50,31 @@ std::string pad(const std::string& s, size_t w, bool right = false) {
   return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
 }
 
-// A JSON value as an error message shows it: scalars as written (a string
-// shortened and escaped), containers by their kind only (never dumped: no
-// recursion over a hostile nesting, no megabytes in a message).
-std::string describe(const json& v) {
-  if (v.is_string()) {
-    const std::string& t = v.get_ref<const std::string&>();
-    return "string \"" + shown(t.size() > 40 ? t.substr(0, 40) + "..." : t) + "\"";
-  }
-  if (v.is_object()) return "an object";
-  if (v.is_array()) return "an array";
-  if (v.is_number()) return "number " + v.dump();
-  return v.dump();  // true, false, null
-}
-
-// JSON text parsed with the nesting limited (core/json.hpp); errors name `where`
-// (a file, or file:line) and are one line.
-json parse_archive_json(const std::string& text, const std::string& where) {
-  try {
-    return parse_json(text, where);  // core/json.hpp: nesting at most kJsonMaxDepth levels
-  } catch (const json::exception& e) {
-    throw Error(where + ": invalid JSON: " + shown(json_error_text(e.what())));
-  }
-}
-
-// A file of a run archive, open for reading and closed when it goes.
-struct CloseFile {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
-using ArchiveFile = std::unique_ptr<std::FILE, CloseFile>;
-
-// Opens p, which must be a regular file (not a FIFO, whose open would block, a
-// device or a directory); role: what its absence means, for the error.
-ArchiveFile open_archive_file(const fs::path& p, const char* role) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(p, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory) throw_errno("compare: cannot read " + shown(p), ec.value());
-  if (!fs::exists(st))
-    throw Error("compare: " + shown(p) + " not found (" + role + ")");
-  if (!fs::is_regular_file(st)) throw Error("compare: " + shown(p) + " is not a regular file");
-  ArchiveFile fp(std::fopen(p.c_str(), "rb"));
-  if (!fp) throw_errno("compare: cannot open " + shown(p), errno);
-  return fp;
-}
-
-// A summary.json or metrics.jsonl record's keys, read with their types checked:
-// a wrong type is an Error naming the file (or file:line) and the key.
-class Fields {
- public:
-  Fields(const json& j, std::string where) : j_(j), where_(std::move(where)) {
-    if (!j_.is_object()) throw Error(where_ + ": expected a JSON object, got " + describe(j_));
-  }
-  const json* find(const char* key) const {
-    const auto it = j_.find(key);
-    return it == j_.end() ? nullptr : &*it;
-  }
-  // A string of at most kMaxText bytes; `dflt` if absent.
-  std::string text(const char* key, const std::string& dflt) const {
-    const json* v = find(key);
-    if (!v) return dflt;
-    if (!v->is_string()) bad(key, "expected a string, got " + describe(*v));
-    const std::string& t = v->get_ref<const std::string&>();
-    if (t.size() > kMaxText)
-      bad(key, "a string of " + std::to_string(t.size()) + " bytes (at most " + std::to_string(kMaxText) + ")");
-    return t;
-  }
-  // A finite number; NaN if absent or null (fp4lab writes a NaN as null).
-  double number(const char* key) const {
-    const json* v = find(key);
-    if (!v || v->is_null()) return std::nan("");
-    if (!v->is_number()) bad(key, "expected a number or null, got " + describe(*v));
-    const double x = v->get<double>();
-    if (!std::isfinite(x)) bad(key, "not a finite number");
-    return x;
-  }
-  // An integer in [lo, INT64_MAX]; nullopt if absent.
-  std::optional<int64_t> integer(const char* key, int64_t lo) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    if (!v->is_number_integer() ||
-        (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())))
-      bad(key, "expected an integer, got " + describe(*v));
-    const int64_t x = v->get<int64_t>();
-    if (x < lo) bad(key, "expected an integer >= " + std::to_string(lo) + ", got " + std::to_string(x));
-    return x;
-  }
-  bool flag(const char* key, bool dflt) const {
-    const json* v = find(key);
-    if (!v) return dflt;
-    if (!v->is_boolean()) bad(key, "expected true or false, got " + describe(*v));
-    return v->get<bool>();
-  }
-  [[noreturn]] void bad(const char* key, const std::string& what) const {
-    throw Error(where_ + ": key \"" + key + "\": " + what);
-  }
-
- private:
-  const json& j_;
-  std::string where_;
-};
-
-// What compare reads of a summary.json (run.cpp's Training::summary writes it).
-struct Summary {
-  std::string recipe, metric, status, item, config_hash;
-  bool has_recipe = false, higher_is_better = false;
-  std::optional<int64_t> seed;
-  double final = 0, best = 0, final_train_loss = 0, ms_per_step = 0, items_per_s = 0;
-  // "checksums": the files the summary was computed from (run.cpp's Training::finish), by name.
-  std::vector<std::pair<std::string, FileSum>> checksums;
-  std::vector<std::string> checksum_hex;  // the recorded CRC-32 of each, as written
-};
-
-// A metric name: what metrics.jsonl keys and the plot's label use.
-bool metric_name(const std::string& m) {
-  return !m.empty() && std::all_of(m.begin(), m.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-           c == '-';
-  });
-}
-
-// summary.json of a run: at most kMaxSummaryBytes, an object whose known keys
-// have their types (the keys compare does not use are checked too: a wrong
-// type there means the file is not what fp4lab wrote); unknown keys are ignored.
-Summary read_summary(const fs::path& p) {
-  const ArchiveFile fp = open_archive_file(p, "not a run directory, or the run has not finished");
-  std::string text;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, fp.get())) > 0) {
-    text.append(buf, n);
-    if (text.size() > kMaxSummaryBytes)
-      throw Error("compare: " + shown(p) + ": larger than " + std::to_string(kMaxSummaryBytes >> 20) +
-                  " MiB; not a summary fp4lab writes");
-  }
-  if (std::ferror(fp.get())) throw_errno("compare: cannot read " + shown(p), errno);
-  const std::string where = "compare: " + shown(p);
-  const json j = parse_archive_json(text, where);
-  const Fields k(j, where);
-  Summary s;
-  s.has_recipe = k.find("recipe") != nullptr;
-  s.recipe = k.text("recipe", "");
-  s.metric = k.text("metric", "");
-  if (!k.find("metric")) k.bad("metric", "missing (the run's evaluation metric, e.g. \"val_loss\")");
-  if (!metric_name(s.metric))
-    k.bad("metric", "\"" + shown(s.metric) + "\" is not a metric name (letters, digits, '_', '.', '-')");
-  s.status = k.text("status", "?");
-  s.item = k.text("item", "items");
-  s.config_hash = k.text("config_hash", "");
-  for (const char* key : {"name", "model", "backend", "error"}) k.text(key, "");
-  s.higher_is_better = k.flag("higher_is_better", false);
-  s.seed = k.integer("seed", std::numeric_limits<int64_t>::min());
-  for (const char* key : {"steps", "total_steps", "params"}) k.integer(key, 0);
-  s.final = k.number("final");
-  s.best = k.number("best");
-  s.final_train_loss = k.number("final_train_loss");
-  s.ms_per_step = k.number("ms_per_step");
-  s.items_per_s = k.number("items_per_s");
-  k.number("wall_s");
-  if (const json* c = k.find("checksums")) {
-    if (!c->is_object()) k.bad("checksums", "is " + describe(*c) + ", expected an object");
-    for (const char* file : {"config.json", "metrics.jsonl"}) {
-      const auto it = c->find(file);
-      if (it == c->end()) continue;
-      const auto b = it->find("bytes"), h = it->find("crc32");
-      if (!it->is_object() || b == it->end() || h == it->end() || !b->is_number_unsigned() || !h->is_string() ||
-          h->get<std::string>().size() != 8)
-        k.bad(("checksums." + std::string(file)).c_str(), "is not {\"bytes\": N, \"crc32\": \"8 hex digits\"}");
-      s.checksums.push_back({file, FileSum{b->get<uint64_t>(), 0}});
-      s.checksum_hex.push_back(h->get<std::string>());
-    }
-  }
-  return s;
-}
-
-// The run's files against summary.json's checksums: a file changed or swapped since the run finished
-// (files of two runs mixed, a metrics.jsonl edited) is an error naming it.
-void check_run_files(const fs::path& dir, const Summary& s) {
-  for (size_t i = 0; i < s.checksums.size(); ++i) {
-    const fs::path f = dir / s.checksums[i].first;
-    const FileSum now = file_crc32(f);
-    if (now.bytes != s.checksums[i].second.bytes || crc_hex(now.crc) != s.checksum_hex[i])
-      throw Error("compare: " + shown(f) + ": changed since the run finished (" + std::to_string(now.bytes) +
-                  " bytes, CRC-32 " + crc_hex(now.crc) + "; summary.json records " +
-                  std::to_string(s.checksums[i].second.bytes) + " bytes, " + shown(s.checksum_hex[i]) +
-                  "): files of two runs mixed, or edited by hand");
-  }
-}
-
-// (step, value) pairs in step order.
-using Curve = std::vector<std::pair<double, double>>;
-
-// metrics.jsonl of a run, read line by line with each line at most
-// kMaxMetricsLine bytes: the training loss points (lines with a "loss") and the
-// evaluation points (lines with "eval" and the metric). Every non-empty line is
-// an object with an integer "step" >= 0; "loss" and the metric are numbers or
-// null (null: no point). An invalid line anywhere is an error naming file:line
-// (a finished run has no torn last line).
-void read_metrics_curves(const fs::path& p, const std::string& metric, Curve& loss, Curve& eval) {
-  const ArchiveFile fp = open_archive_file(p, "not a run directory");
-  std::string line;
-  int64_t lineno = 0;
-  const auto take = [&] {
-    ++lineno;
-    if (line.empty()) return;
-    const std::string where = "compare: " + shown(p) + ":" + std::to_string(lineno);
-    const json j = parse_archive_json(line, where);
-    const Fields k(j, where);
-    const std::optional<int64_t> step = k.integer("step", 0);
-    if (!step) k.bad("step", "missing");
-    if (k.find("eval") && k.find(metric.c_str())) {
-      const double v = k.number(metric.c_str());
-      if (!std::isnan(v)) eval.emplace_back(double(*step), v);
-    } else if (k.find("loss")) {
-      const double v = k.number("loss");
-      if (!std::isnan(v)) loss.emplace_back(double(*step), v);
-    }
-  };
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, fp.get())) > 0) {
-    for (size_t at = 0; at < n;) {
-      const char* nl = static_cast<const char*>(std::memchr(buf + at, '\n', n - at));
-      const size_t len = nl ? size_t(nl - (buf + at)) : n - at;
-      if (line.size() + len > kMaxMetricsLine)
-        throw Error("compare: " + shown(p) + ":" + std::to_string(lineno + 1) + ": a line longer than " +
-                    std::to_string(kMaxMetricsLine >> 20) + " MiB; not a metrics line fp4lab writes");
-      line.append(buf + at, len);
-      at += len;
-      if (nl) take(), line.clear(), ++at;
-    }
-  }
-  if (std::ferror(fp.get())) throw_errno("compare: cannot read " + shown(p), errno);
-  take();  // a last line without '\n'
-}
-
-// A finished run: its directory (as given, without trailing '/'), recipe label
-// (summary "recipe", else the directory's name), summary and raw curves.
-struct Run {
-  std::string dir, label;
-  Summary summary;
-  Curve loss, eval;
-};
-
-std::string name_of(const Run& r) { return fs::path(r.dir).filename().string(); }
-
-Run load_run(const std::string& d) {
-  Run r;
-  r.dir = d;  // "runs/x/" names the run "x", like "runs/x"
-  while (r.dir.size() > 1 && r.dir.back() == '/') r.dir.pop_back();
-  std::error_code ec;
-  if (!fs::is_directory(d, ec)) throw Error("compare: " + shown(d) + " is not a directory");
-  r.summary = read_summary(fs::path(d) / "summary.json");
-  check_run_files(fs::path(d), r.summary);
-  read_metrics_curves(fs::path(d) / "metrics.jsonl", r.summary.metric, r.loss, r.eval);
-  r.label = r.summary.has_recipe ? r.summary.recipe : name_of(r);
-  return r;
-}
-
-// The metric every run reports (an error if they differ).
-std::string common_metric(const std::vector<Run>& runs) {
-  const std::string& metric = runs[0].summary.metric;
-  for (const auto& r : runs)
-    if (r.summary.metric != metric)
-      throw Error("compare: " + shown(r.dir) + " reports metric \"" + r.summary.metric + "\" but " + shown(runs[0].dir) +
-                  " reports \"" + metric + "\"; compare runs of one task");
-  return metric;
-}
-
-// The reference of the gaps: the first run of the recipe `baseline` (empty:
-// the first fp32/bf16 run, else the first run); its value is the mean final
-// metric over all runs of that recipe (several seeds).
+// The reference of the gaps: the first run of the arm `baseline` (empty: the
+// first fp32/bf16 run, else the first run); its value is the mean compared
+// metric (final or best) over all runs of that arm (several seeds).
 struct Baseline {
   std::string label;
   double final = 0.0;
 };
 
-Baseline find_baseline(const std::vector<Run>& runs, const std::string& baseline) {
+Baseline find_baseline(const std::vector<Run>& runs, const std::string& baseline, const std::string& arm) {
   int base = -1;
   for (size_t i = 0; i < runs.size() && base < 0; ++i)
     if (baseline.empty() ? (runs[i].label == "fp32" || runs[i].label == "bf16") : runs[i].label == baseline)
       base = int(i);
-  if (base < 0 && !baseline.empty()) throw Error("compare: no run with recipe \"" + shown(baseline) + "\"");
+  if (base < 0 && !baseline.empty()) {
+    std::string arms;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (std::none_of(runs.begin(), runs.begin() + long(i), [&](const Run& r) { return r.label == runs[i].label; }))
+        arms += (arms.empty() ? "\"" : ", \"") + shown(runs[i].label) + "\"";
+    throw Error("compare: no run with " + arm + " \"" + shown(baseline) + "\"; valid --baseline: " + arms);
+  }
   if (base < 0) base = 0;
   Baseline b{runs[size_t(base)].label, 0.0};
   int nb = 0;
   for (const auto& r : runs)
-    if (r.label == b.label && std::isfinite(r.summary.final)) b.final += r.summary.final, ++nb;
+    if (r.label == b.label && std::isfinite(r.value)) b.final += r.value, ++nb;
   b.final = nb ? b.final / nb : std::nan("");
   return b;
 }
@@ -355,6 +90,8 @@ struct MetricFormat {
   std::string metric, title;  // title: "top-1 %" for test_acc
   const char* fmt;            // printf format of its values
   bool higher;
+  std::string compared = "final", arm = "recipe";  // the value compared (final, best); what an arm is
+  bool by = false;                                 // arms by --by keys
 };
 
 MetricFormat metric_format(const std::string& metric, bool higher) {
@@ -367,33 +104,34 @@ void run_table(std::ostream& t, const std::vector<Run>& runs, const Baseline& ba
                json& rows) {
   const char* fm = mf.fmt;
   // Column widths fit the longest run directory name and recipe label as shown (+2 spaces).
-  size_t wrun = 34, wrec = 26;
+  size_t wrun = 34, wrec = std::max<size_t>(26, shown(mf.arm).size() + 2);
   for (const auto& r : runs) {
     wrun = std::max(wrun, shown(name_of(r)).size() + 2);
     wrec = std::max(wrec, shown(r.label).size() + 2);
   }
-  t << pad("run", wrun) << pad("recipe", wrec) << pad("status", 10) << pad("final " + mf.title, 16, true)
+  t << pad("run", wrun) << pad(shown(mf.arm), wrec) << pad("status", 10) << pad("final " + mf.title, 16, true)
     << pad("best", 10, true) << pad("gap", 9, true) << pad("train loss", 12, true) << pad("ms/step", 10, true)
     << pad(shown(runs[0].summary.item) + "/s", 12, true) << "\n";
   for (const auto& r : runs) {
     const Summary& s = r.summary;
-    const double gap = s.final - base.final;
+    const double gap = r.value - base.final, best = mf.compared == "best" ? r.value : s.best;
     t << pad(shown(name_of(r)), wrun) << pad(shown(r.label), wrec) << pad(shown(s.status), 10)
-      << pad(f(s.final, fm), 16, true) << pad(f(s.best, fm), 10, true)
+      << pad(f(s.final, fm), 16, true) << pad(f(best, fm), 10, true)
       << pad(signed_f(gap, fm), 9, true)
       << pad(f(s.final_train_loss), 12, true) << pad(f(s.ms_per_step, "%.1f"), 10, true)
       << pad(f(s.items_per_s, "%.0f"), 12, true) << "\n";
     rows.push_back({{"dir", r.dir},
-                    {"recipe", r.label},
+                    {"recipe", r.recipe},
                     {"status", s.status},
                     {"final", s.final},
-                    {"best", s.best},
+                    {"best", best},
                     {"gap", gap},
                     {"ms_per_step", s.ms_per_step},
                     {"items_per_s", s.items_per_s}});
+    if (mf.by) rows.back()["arm"] = r.label;
   }
-  t << "(" << mf.title << ": " << (mf.higher ? "higher" : "lower") << " is better; gap = final - final of "
-    << shown(base.label) << ")\n";
+  t << "(" << mf.title << ": " << (mf.higher ? "higher" : "lower") << " is better; gap = " << mf.compared << " - "
+    << (mf.compared == "final" ? "" : "mean ") << mf.compared << " of " << shown(base.label) << ")\n";
 }
 
 // Per recipe (in order of first appearance): the statistics of its finite
@@ -409,7 +147,7 @@ std::vector<RecipeStats> recipe_stats(const std::vector<Run>& runs, const std::s
     if (!count.count(r.label)) order.push_back(r.label);
     const int64_t seed = r.summary.seed ? *r.summary.seed : count[r.label];
     ++count[r.label];
-    const double fin = r.summary.final;
+    const double fin = r.value;
     if (!std::isfinite(fin)) continue;
     finals[r.label].push_back(fin);
     by_seed[r.label].emplace(seed, fin);
@@ -480,7 +218,8 @@ void tests_table(std::ostream& t, const std::vector<RecipeStats>& stats, const B
       << pad(s.pairs_needed < 0 ? "-" : std::to_string(s.pairs_needed), 8, true) << "\n";
   }
   t << "(Welch: unpaired difference of the means, Welch-Satterthwaite df; paired p: two-sided paired t test over"
-    << " shared seeds; Holm p: step-down adjusted over this table's recipes, * = significant at family-wise 0.05;"
+    << " shared seeds; Holm p: step-down adjusted over this table's " << (mf.by ? "arms" : "recipes")
+    << ", * = significant at family-wise 0.05;"
     << " MDE80: the smallest true paired difference detected with 80% power at two-sided 0.05 with these pairs;"
     << " pairs80: the pairs that power needs at the observed mean difference and spread)\n";
 }
@@ -495,10 +234,10 @@ void recipe_table(std::ostream& t, const std::vector<Run>& runs, const std::vect
   for (const auto& r : runs) multi |= ++n_runs[r.label] > 1;
   if (!multi) return;
   const char* fm = mf.fmt;
-  size_t wrec = 26;
+  size_t wrec = std::max<size_t>(26, shown(mf.arm).size() + 2);
   for (const auto& s : stats) wrec = std::max(wrec, shown(s.recipe).size() + 2);
   t << "\n"
-    << pad("recipe", wrec) << pad("n", 4, true) << pad("mean final", 12, true) << pad("std", 9, true)
+    << pad(shown(mf.arm), wrec) << pad("n", 4, true) << pad("mean " + mf.compared, 12, true) << pad("std", 9, true)
     << pad("95% CI", 22, true) << pad("gap", 9, true) << pad("paired diff vs " + shown(base.label), 34, true)
     << pad("pairs", 6, true) << "\n";
   for (const auto& s : stats) {
@@ -511,8 +250,10 @@ void recipe_table(std::ostream& t, const std::vector<Run>& runs, const std::vect
       << pad(std::isnan(gap) ? "-" : signed_f(gap, fm), 9, true) << pad(diff, 34, true)
       << pad(s.recipe == base.label ? "-" : std::to_string(s.diff.n), 6, true) << "\n";
   }
-  t << "(n: runs with a final " << mf.title << "; std: sample std (n-1); 95% CI of the mean: Student's t, n-1 df;"
-    << " paired diff: mean of (recipe - " << shown(base.label) << ") over shared seeds, paired-t 95% CI)\n";
+  t << "(n: runs with a " << mf.compared << " " << mf.title
+    << "; std: sample std (n-1); 95% CI of the mean: Student's t, n-1 df;"
+    << " paired diff: mean of (" << (mf.by ? "arm" : "recipe") << " - " << shown(base.label)
+    << ") over shared seeds, paired-t 95% CI)\n";
   tests_table(t, stats, base, mf, wrec);
 }
 
@@ -636,7 +377,8 @@ std::string forest_script(const std::vector<const RecipeStats*>& rows, const Bas
      << "set output 'plot.png'\n"
      << "set title " << gnuplot_string(title.empty() ? "paired differences vs " + base.label : title) << "\n"
      << "set xlabel "
-     << gnuplot_string(mf.title + " of recipe - " + base.label +
+     << gnuplot_string((mf.compared == "final" ? "" : mf.compared + " ") + mf.title + " of " +
+                       (mf.by ? "arm" : "recipe") + " - " + base.label +
                        " over shared seeds: mean and paired-t 95% CI (* Holm-adjusted p < 0.05)")
      << "\n"
      << "set grid x\nset ytics (" << tics << ")\nset yrange [" << rows.size() + 0.5 << ":0.5]\n"
@@ -668,37 +410,6 @@ bool draw_png(const fs::path& png, Script&& script) {
   return true;
 }
 
-// The runs of dirs, each directory once: a directory given again (the same
-// path, or another path to it: ./x and x, a symbolic link) is one run and is
-// loaded once, with a note. Two directories holding the same run (equal
-// config_hash and seed: a copy, or the same config trained twice, which is one
-// sample and would shrink the confidence intervals if counted twice) are an
-// error naming both.
-std::vector<Run> load_runs(const std::vector<std::string>& dirs, std::vector<std::string>& notes) {
-  std::vector<Run> runs;
-  std::map<fs::path, std::string> seen;  // canonical path -> the path given first
-  for (const auto& d : dirs) {
-    std::error_code ec;
-    const fs::path c = fs::canonical(d, ec);
-    if (ec) throw_errno("compare: " + shown(d), ec.value());
-    if (auto it = seen.find(c); it != seen.end()) {
-      notes.push_back("note: " + shown(d) + " is " + shown(it->second) + " again (the same directory); counted once");
-      continue;
-    }
-    seen.emplace(c, d);
-    runs.push_back(load_run(d));
-  }
-  for (size_t i = 0; i < runs.size(); ++i)
-    for (size_t k = 0; k < i; ++k) {
-      const Summary &a = runs[k].summary, &b = runs[i].summary;
-      if (a.config_hash.empty() || a.config_hash != b.config_hash || a.seed != b.seed) continue;
-      throw Error("compare: " + shown(runs[k].dir) + " and " + shown(runs[i].dir) + " hold the same run (config_hash " +
-                  shown(a.config_hash) + (a.seed ? ", seed " + std::to_string(*a.seed) : std::string()) +
-                  "): one configuration and seed is one sample; give only one of them");
-    }
-  return runs;
-}
-
 }  // namespace
 
 std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double, double>>>& curves) {
@@ -720,11 +431,21 @@ std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double,
 
 CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOptions& opt) {
   if (dirs.empty()) throw Error("compare: give at least one run directory");
+  if (opt.metric != "final" && opt.metric != "best")
+    throw Error("compare: --metric \"" + shown(opt.metric) + "\": valid: final, best");
   std::vector<std::string> notes;
-  const std::vector<Run> runs = load_runs(dirs, notes);
-  const std::string metric = common_metric(runs);
-  const MetricFormat mf = metric_format(metric, runs[0].summary.higher_is_better);
-  const Baseline base = find_baseline(runs, opt.baseline);
+  std::vector<Run> runs = compare_archive::load_runs(dirs, notes);
+  const std::string metric = compare_archive::common_metric(runs);
+  compare_archive::set_arms(runs, opt.by);
+  compare_archive::set_values(runs, opt.metric == "best");
+  MetricFormat mf = metric_format(metric, runs[0].summary.higher_is_better);
+  mf.compared = opt.metric;
+  mf.by = !opt.by.empty();
+  if (mf.by) {
+    mf.arm.clear();
+    for (const std::string& k : opt.by) mf.arm += (mf.arm.empty() ? "" : ",") + k;
+  }
+  const Baseline base = find_baseline(runs, opt.baseline, mf.arm);
 
   CompareResult out;
   out.rows = json::array();
@@ -739,6 +460,8 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   const fs::path png = opt.plot.empty() || opt.plot == "-" ? fs::path(runs[0].dir).parent_path() / "compare.png"
                                                            : fs::path(opt.plot);
   json js = {{"metric", metric},
+             {"compared", mf.compared},
+             {"by", opt.by.empty() ? json::array({"recipe"}) : json(opt.by)},
              {"higher_is_better", mf.higher},
              {"baseline", base.label},
              {"runs", out.rows},
@@ -761,7 +484,7 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
                {"welch_p", num_or_null(s.welch.p)}};
     }
     js["recipes"].push_back({{"recipe", s.recipe},
-                             {"final", stats_json(s.final)},
+                             {mf.compared, stats_json(s.final)},
                              {"paired_diff_vs_baseline", d},
                              {"tests_vs_baseline", tests}});
   }

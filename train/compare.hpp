@@ -15,10 +15,17 @@
 
 namespace fp4lab::train {
 
+// The arms and the compared metric (docs/DESIGN.md section 5, "What is
+// compared", states the contract): a run's arm is its recipe label, or with
+// `by` the values of those dotted config.json keys joined by ',' (an absent key:
+// compare_archive.hpp archived_default, else "missing"); `metric` "final" or
+// "best" (the best evaluation in metrics.jsonl, checked against summary best).
 struct CompareOptions {
   std::string plot;      // PNG path; empty: <parent of the first run>/compare.png; "-" = no plot
-  std::string baseline;  // recipe label of the reference run; empty: the first fp32/bf16 run, else the first run
+  std::string baseline;  // the reference arm; empty: the first run whose arm is fp32 or bf16, else the first run
   std::string title;     // the plot's overall title (escaped as gnuplot_string); empty: none
+  std::vector<std::string> by;   // the config keys whose values make the arms; empty: the recipe label
+  std::string metric = "final";  // "final" | "best"
 };
 
 // The seed band of several runs' curves ((step, value) pairs in step order):
@@ -30,8 +37,9 @@ struct BandPoint {
 };
 std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double, double>>>& curves);
 
-// One recipe's final metric over its runs (seeds; non-finite finals, e.g.
-// diverged runs, are left out), and its comparison with the baseline recipe
+// One arm's compared metric (final or best; CompareOptions) over its runs
+// (seeds; non-finite values, e.g. diverged runs, are left out; the field keeps
+// the name `final` either way), and its comparison with the baseline arm
 // (train/stats.hpp): the paired differences (recipe - baseline) over the seeds
 // both have (diff.n = the number of such seeds) with their t test, Holm's
 // adjusted p over the table's recipes, the smallest difference 80% power
@@ -39,7 +47,7 @@ std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double,
 // difference; Welch's unpaired difference of all finals. The baseline's own
 // comparison fields are NaN (pairs_needed -1).
 struct RecipeStats {
-  std::string recipe;
+  std::string recipe;  // the arm (the recipe label, or the --by values)
   SampleStats final, diff;
   PairedTest test;
   double p_holm = 0;
@@ -61,7 +69,9 @@ struct CompareResult {
   std::string baseline;              // the baseline recipe
   std::vector<RecipeStats> recipes;  // per recipe, in order of first appearance
   std::string stats;  // the JSON written beside the plot (<png without extension>.json; with --plot -,
-                      // <parent of the first run>/compare.json): baseline, metric, runs and recipes
+                      // <parent of the first run>/compare.json): metric, compared ("final"/"best"), by (the
+                      // keys; ["recipe"] by default), baseline, runs (each with "arm" under --by) and recipes
+                      // (one per arm: "recipe" its label, its statistics under the compared metric's name)
 };
 
 // A run directory given more than once (the same path, another path to it, a
@@ -73,8 +83,11 @@ struct CompareResult {
 // string, best not a number or null, seed not a 64-bit integer), a metric that
 // is not a name ([A-Za-z0-9_.-]), runs of different metrics; and naming both
 // directories when two hold the same run (equal config_hash and seed: one
-// sample, not two seeds). EnvironmentError for the OS's failures (permissions,
-// a full disk); a missing gnuplot is CompareResult::plot_note, not an error.
+// sample, not two seeds); --metric other than final/best; --by's errors
+// (compare_archive.hpp set_arms); --baseline naming no arm (listing the
+// arms); with --metric best, a summary best that is not its metrics.jsonl's.
+// EnvironmentError for the OS's failures (permissions, a full disk); a missing
+// gnuplot is CompareResult::plot_note, not an error.
 CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOptions& opt = {});
 
 }  // namespace fp4lab::train
