@@ -15,7 +15,13 @@ class DeviceCastStore final : public CastStore {
     stored_.resize(tensors_.size());
     for (size_t t = 0; t < tensors_.size(); ++t) stored_[t].form = cast_.packed_tensor(t);
   }
+  Storage storage() const override { return Storage::nvfp4_2d; }
   std::span<const FlatTensor> tensors() const override { return tensors_; }
+  PackedWindows windows(std::span<const ShardRange> shards) const override { return packed_windows(tensors_, shards); }
+  int64_t bytes() const override {  // codes, one UE4M3 code a tile, one FP32 scale a tensor
+    const FlatLayout l = flat_layout(tensors_);
+    return l.packed_offset.back() + l.tile_offset.back() + int64_t(tensors_.size()) * 4;
+  }
   bool device() const override { return true; }
   void partial_amax(const float* flat, ShardRange shard) override { cast_.partial_amax(flat, shard); }
   std::span<uint32_t> amax() override { return {cast_.amax(), size_t(cast_.amax_count())}; }
