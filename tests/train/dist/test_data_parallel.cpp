@@ -157,7 +157,7 @@ TEST_CASE("NVFP4 primary weights: shard cast = whole cast = quantize(nvfp4_2d, m
 
 TEST_CASE("DataParallel state: saving after 2 steps and loading into fresh ranks continues bit for bit") {
   const AdamWConfig ac{0.9, 0.95, 1e-8, 0.1, 0.0};
-  const DistributedConfig dc{1, "nvfp4", true};
+  const DistributedConfig dc{1, Storage::nvfp4_2d, true};
   const std::vector<int> nv{0, 2};
   const int world = 3;
   const Outcome straight = run_dp(world, dc, ac, 4, nv);

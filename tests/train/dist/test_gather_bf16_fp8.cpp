@@ -47,13 +47,20 @@ float float_of(uint32_t u) {
   return x;
 }
 
-// FP32 -> BF16, round to nearest even, by integer arithmetic on the bits (the classic form): add 0x7FFF plus
-// the kept part's lowest bit and cut the low 16 bits. A carry into the exponent rounds up a binade, past the
-// largest finite to Inf; Inf, -0 and subnormals come out right by the same rule. NaN: the canonical 0x7FFF.
-float ref_bf16(float x) {
+// FP32 -> BF16 code, round to nearest even, by integer arithmetic on the bits (the classic form): add 0x7FFF
+// plus the kept part's lowest bit and keep the high 16 bits. A carry into the exponent rounds up a binade,
+// past the largest finite to Inf; Inf, -0 and subnormals come out right by the same rule. NaN (either sign,
+// any payload): the canonical code 0x7FFF.
+uint32_t ref_bf16_code(float x) {
   const uint32_t u = bits_of(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return float_of(0x7FFF0000u);
-  return float_of((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+// Its FP32 value: the code widened, NaN read back as FP32's default quiet NaN 0x7FC00000 (what every reader
+// of a BF16 NaN gets from core's decode, the layers' BF16 rounding included).
+float ref_bf16(float x) {
+  const uint32_t c = ref_bf16_code(x);
+  return c == 0x7FFFu ? float_of(0x7FC00000u) : float_of(c << 16);
 }
 
 // Runs f(comm) on n thread ranks.
@@ -82,8 +89,14 @@ std::vector<std::vector<float>> cast_on_ranks(Storage s, std::span<const FlatTen
   return out;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+// The first element whose bits differ ("" where none), with both bit patterns, for the failure message.
+std::string first_difference(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return "sizes " + std::to_string(got.size()) + " and " + std::to_string(want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    if (bits_of(got[i]) != bits_of(want[i]))
+      return "element " + std::to_string(i) + ": got bits " + std::to_string(bits_of(got[i])) + ", want " +
+             std::to_string(bits_of(want[i]));
+  return "";
 }
 
 // Every split the shard tests use: 1-3 even ranks, then 2 and 3 ranks cut at odd offsets.
@@ -120,17 +133,33 @@ TEST_CASE("BF16 storage: the cast at every split is an independent RNE of the ma
   CHECK(bits_of(ref_bf16(float_of(0x3F818000u))) == 0x3F820000u);
   CHECK(bits_of(ref_bf16(float_of(0x7F7F8000u))) == 0x7F800000u);
   CHECK(bits_of(ref_bf16(float_of(0x80000000u))) == 0x80000000u);
+  CHECK(ref_bf16_code(float_of(0xFFC00000u)) == 0x7FFFu);
   for (const auto& shards : splits(int64_t(flat.size())))
     for (bool shard_cast : {true, false}) {
       CAPTURE(shards.size());
       CAPTURE(shards[0].end);
       CAPTURE(shard_cast);
       for (const auto& got : cast_on_ranks(Storage::bf16, tensors, flat, shards, shard_cast))
-        CHECK(same_bits(got, want));
+        CHECK(first_difference(got, want) == "");
     }
-  // BF16 has no scale: nothing to MAX-reduce, no scales.
+  // The codes themselves: two bytes an element, little-endian, the tensors back to back; no scale, so
+  // nothing to MAX-reduce.
   auto be = make_cpu_backend(1);
   auto store = be->make_cast_store(Storage::bf16, tensors);
+  store->partial_amax(flat.data(), {0, int64_t(flat.size())});
+  store->compute_scales();
+  store->cast(flat.data(), {0, int64_t(flat.size())});
+  std::vector<uint8_t> want_codes;
+  for (const FlatTensor& t : tensors)
+    for (int64_t i = 0; i < t.rows * t.cols; ++i) {
+      const uint32_t c = ref_bf16_code(flat[size_t(t.offset + i)]);
+      want_codes.push_back(uint8_t(c & 0xFFu));
+      want_codes.push_back(uint8_t(c >> 8));
+    }
+  const std::span<uint8_t> codes = store->packed();
+  CHECK(std::vector<uint8_t>(codes.begin(), codes.end()) == want_codes);
+  CHECK(codes[2 * 6] == 0xFF);  // the first tensor's element 6 (edges[3]): NaN 0x7FC00001, the canonical 0x7FFF
+  CHECK(codes[2 * 6 + 1] == 0x7F);
   CHECK(store->amax().empty());
   CHECK(store->bytes() == 2 * (13 * 29 + 64 + 5));
 }
@@ -163,7 +192,7 @@ TEST_CASE("FP8 storage: the cast at every split equals quantize(fp8_e4m3_tensor)
       CAPTURE(shards[0].end);
       CAPTURE(shard_cast);
       for (const auto& got : cast_on_ranks(Storage::fp8_e4m3, tensors, flat, shards, shard_cast))
-        CHECK(same_bits(got, want));
+        CHECK(first_difference(got, want) == "");
     }
   auto be = make_cpu_backend(1);
   auto store = be->make_cast_store(Storage::fp8_e4m3, tensors);
@@ -218,6 +247,13 @@ TEST_CASE("bf16 recipe: BF16 primary weights equal FP32 storage in every loss, e
     CHECK(rounded > y.values.size() / 2);  // the block weights are most of the model
     CHECK(b.summary["distributed"]["storage"] == "bf16");
   }
+  // The pair can differ: under the fp32 recipe (whose layers take W as it is) BF16 storage is weight-only BF16.
+  json j = model_config(s, "fp32r-fp32", "fp32");
+  j["distributed"] = {{"zero", 1}};
+  const RunResult f = test::run_on_threads(1, j);
+  j["name"] = "fp32r-bf16";
+  j["distributed"] = {{"zero", 1}, {"primary_weights", "bf16"}};
+  CHECK(test::run_on_threads(1, j).step_losses != f.step_losses);
 }
 
 TEST_CASE("ZeRO-3 gather bf16 / fp8 equals ZeRO-1 primary bf16 / fp8 bit for bit on 1, 2 and 3 thread ranks") {
@@ -240,6 +276,14 @@ TEST_CASE("ZeRO-3 gather bf16 / fp8 equals ZeRO-1 primary bf16 / fp8 bit for bit
         CHECK(m["gather"] == form);
         CHECK(m["reshard_after_forward"] == false);  // the codes kept from forward to backward
         CHECK(m["stored_bytes"].get<int64_t>() > 0);
+        // The layers saw the cast, not the masters: the final values differ from the checkpoint's masters.
+        const Checkpoint c = load_checkpoint(fs::path(z3.dir) / "checkpoint.bin", int64_t(z3.final_params.size()));
+        CHECK(c.values != z3.final_params);
+        if (world == 3) {  // the codes gathered again in the backward: the same run
+          j["name"] = "z3r-" + tag;
+          j["distributed"]["reshard_after_forward"] = true;
+          test::check_same_run(z1, test::run_on_threads(world, j), 3);
+        }
         if (world == 3) {  // the FP32 gather (every rank casts the gathered masters whole): the same run
           j["name"] = "z3f-" + tag;
           j["distributed"] = {{"zero", 3}, {"primary_weights", form}, {"gather", "fp32"}};
