@@ -463,11 +463,6 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
 
 // distributed.zero 3 and expert_parallel against the rest of the config (the world is checked by the run).
 void check_expert_parallel(const RunConfig& c, const std::string& where) {
-  // The BF16 and FP8 storages' cast exists on the host only (train/param_storage.hpp make_host_element_store).
-  if (c.backend == "cuda" && (c.distributed.primary_weights == Storage::bf16 ||
-                              c.distributed.primary_weights == Storage::fp8_e4m3))
-    throw Error(where + ".distributed.primary_weights " + primary_weights_name(c.distributed.primary_weights) +
-                " with backend cuda is not built yet (no device cast for it); valid with backend cuda: fp32, nvfp4");
   const std::string z3 = where + ".distributed.zero 3 (ZeRO-3) ";
   if (c.distributed.zero != 3 && c.distributed.reshard_after_forward >= 0)
     throw Error(where + ".distributed.reshard_after_forward: only with distributed.zero 3 (ZeRO-3), not zero " +

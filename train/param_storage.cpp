@@ -7,6 +7,7 @@
 #include "core/encode.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "sim/element_layout.hpp"
 #include "sim/scale_rules.hpp"
 
 namespace fp4lab::train {
@@ -126,9 +127,8 @@ class HostElementStore final : public CastStore {
  public:
   HostElementStore(Storage s, std::span<const FlatTensor> tensors)
       : s_(s), b_(code_bytes(s)), tensors_(tensors.begin(), tensors.end()) {
-    int64_t at = 0;
-    for (const FlatTensor& t : tensors_) code_at_.push_back(at), at += t.rows * t.cols;
-    packed_.resize(size_t(at * b_));
+    code_at_ = element_code_at(tensors_);
+    packed_.resize(size_t((code_at_.empty() ? 0 : code_at_.back() + tensors_.back().rows * tensors_.back().cols) * b_));
     if (s_ == Storage::fp8_e4m3) amax_.resize(tensors_.size());
     encode_.assign(tensors_.size(), 1.0f);
     decode_.assign(tensors_.size(), 1.0f);
@@ -136,15 +136,7 @@ class HostElementStore final : public CastStore {
   Storage storage() const override { return s_; }
   std::span<const FlatTensor> tensors() const override { return tensors_; }
   PackedWindows windows(std::span<const ShardRange> shards) const override {
-    const int64_t total = int64_t(packed_.size());
-    std::vector<ShardRange> spans;
-    PackedWindows w;
-    for (const ShardRange& s : shards) {
-      spans.push_back(byte_span(s));
-      w.size = std::max(w.size, spans.back().end - spans.back().begin);
-    }
-    for (const ShardRange& sp : spans) w.at.push_back(std::min(sp.begin, total - w.size));
-    return w;
+    return element_windows(tensors_, b_, shards);
   }
   int64_t bytes() const override { return int64_t(packed_.size()) + int64_t(amax_.size()) * 4; }
   bool device() const override { return false; }
@@ -197,17 +189,7 @@ class HostElementStore final : public CastStore {
   const StoredWeight* stored(size_t) const override { return nullptr; }
 
  private:
-  // The bytes [begin, end) of packed_ that hold `shard`'s tensor elements ({0, 0}: none).
-  ShardRange byte_span(ShardRange shard) const {
-    int64_t first = -1, end = -1;
-    for (size_t t = 0; t < tensors_.size(); ++t) {
-      const ShardRange p = tensor_part(tensors_[t], shard);
-      if (p.begin >= p.end) continue;
-      if (first < 0) first = code_at_[t] + p.begin;
-      end = code_at_[t] + p.end;
-    }
-    return first < 0 ? ShardRange{0, 0} : ShardRange{first * b_, end * b_};
-  }
+  ShardRange byte_span(ShardRange shard) const { return element_byte_span(tensors_, code_at_, b_, shard); }
   uint32_t encode(size_t t, float x) const {
     // nonsaturate: IEEE round to nearest even (past the largest finite BF16 gives Inf, Inf stays Inf), the
     // layers' BF16 rounding (recipes/linear_plan.hpp); NaN gives the canonical 0x7FFF.

@@ -62,10 +62,7 @@ class CudaBackend final : public Backend {
   CudaBackend() : pool_(std::make_shared<DevicePool>()) {}
   std::string name() const override { return "cuda"; }
   std::unique_ptr<CastStore> make_cast_store(Storage s, std::span<const FlatTensor> tensors) override {
-    if (s != Storage::nvfp4_2d)  // the config refuses these first (distributed.primary_weights)
-      throw Error("cuda backend: parameters stored as " + storage_name(s) +
-                  " have no device cast yet; valid with backend cuda: nvfp4_2d");
-    return make_device_cast_store(tensors);
+    return make_device_cast_store(s, tensors);
   }
   // precision.activations "bf16" (train/backend.hpp's contract): FP32 storage of the BF16 values. Producers
   // round in their own pass (nn::OutputRounding: LayerNorm, GELU, dropout and the residual add, cross-entropy,
