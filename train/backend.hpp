@@ -17,6 +17,7 @@
 // blocking and a fixed summation order).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@
 
 #include "core/error.hpp"
 #include "recipes/linear_plan.hpp"
+#include "train/grad_clip.hpp"
 #include "train/param_storage.hpp"
 #include "train/route.hpp"
 
@@ -583,6 +585,18 @@ class Backend {
   virtual void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed,
                           float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
                           float grad_scale = 1.0f, MomentStorage moments = MomentStorage::fp32) = 0;
+  // adamw_step clipped by g's own global norm (g is the whole gradient): norm = sqrt(sum_squares(g)),
+  // grad_scale = clip_grad_scale(norm, grad_clip) (train/grad_clip.hpp; grad_clip <= 0: none). Returns the
+  // norm. This default reads the norm on the host between the two; the CUDA backend computes the factor on
+  // the device and queues the step before it waits for the norm, so the GPU does not idle between them.
+  // Both give the bits of the default.
+  virtual double adamw_step_clipped(Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
+                                    std::span<const IndexRange> decayed, float lr, float beta1, float beta2, float eps,
+                                    float weight_decay, int64_t t, double grad_clip, MomentStorage moments) {
+    const double norm = std::sqrt(sum_squares(g));
+    adamw_step(p, g, m, v, decayed, lr, beta1, beta2, eps, weight_decay, t, clip_grad_scale(norm, grad_clip), moments);
+    return norm;
+  }
 
  private:
   ActivationPrecision activations_ = ActivationPrecision::fp32;

@@ -6,6 +6,7 @@
 #include "core/bits.hpp"
 #include "core/error.hpp"
 #include "train/cpu/bf16.hpp"
+#include "train/grad_clip.hpp"
 
 namespace fp4lab::train {
 
@@ -79,22 +80,19 @@ void AdamW::set_moments(const Tensor& m, const Tensor& v) {
 
 double AdamW::step(double lr) {
   if (!params_) throw Error("AdamW::step(lr) needs the whole-buffer form");
-  const double norm = std::sqrt(be_.sum_squares(params_->grads));
-  step(params_->values, params_->grads, lr, norm);
-  return norm;
+  return step_clipped(params_->values, params_->grads, lr);
 }
 
 void AdamW::step(Tensor& p, Tensor& g, double lr, double norm) {
-  float grad_scale = 1.0f;
-  if (cfg_.grad_clip > 0.0) {
-    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), only if < 1
-    // (in the step's read of g: Backend::adamw_step's grad_scale).
-    const double coef = cfg_.grad_clip / (norm + 1e-6);
-    if (coef < 1.0) grad_scale = float(coef);
-  }
   ++t_;
   be_.adamw_step(p, g, m_, v_, decayed_, float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
-                 float(cfg_.weight_decay), t_, grad_scale, cfg_.moments);
+                 float(cfg_.weight_decay), t_, clip_grad_scale(norm, cfg_.grad_clip), cfg_.moments);
+}
+
+double AdamW::step_clipped(Tensor& p, Tensor& g, double lr) {
+  ++t_;
+  return be_.adamw_step_clipped(p, g, m_, v_, decayed_, float(lr), float(cfg_.beta1), float(cfg_.beta2),
+                                float(cfg_.eps), float(cfg_.weight_decay), t_, cfg_.grad_clip, cfg_.moments);
 }
 
 }  // namespace fp4lab::train

@@ -52,6 +52,12 @@ class AdamW {
   // gradients, shard-sized like p), clipped by the global gradient norm `norm`
   // (computed by the caller over every shard) as the step reads it; g is left unchanged.
   void step(Tensor& p, Tensor& g, double lr, double norm);
+  // Shard that is the whole gradient (g's own norm is the global norm): one
+  // AdamW step of p clipped by that norm, computed where g lives
+  // (Backend::adamw_step_clipped: on the GPU without a host read between the
+  // norm and the step). The same bits as step(p, g, lr, sqrt(sum_squares(g))).
+  // Returns the norm before clipping.
+  double step_clipped(Tensor& p, Tensor& g, double lr);
   ShardRange shard() const { return shard_; }
   int64_t steps_taken() const { return t_; }
   // The stored moments: shard-sized FP32, or packed BF16 (moment_floats floats) under MomentStorage::bf16.

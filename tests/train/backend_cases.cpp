@@ -617,6 +617,75 @@ void optimiser_cases(std::vector<OpCase>& cs) {
            return Outputs{out(be, "p", p), widened("m", m), widened("v", v)};
          }});
   }
+  // adamw_step_clipped (the norm and the clip factor where g lives) against its definition by parts: the host
+  // reads sqrt(sum_squares(g)), the factor is torch's clip_grad_norm_ rule written out here, then adamw_step.
+  // Same bits on every backend (on the GPU: the device's float64 against the host's). Max norms: off, one
+  // that clips (the norm is ~180), one above the norm; a NaN gradient (NaN norm: the step reads g unscaled).
+  for (double clip : {0.0, 0.05, 1e9, -1.0}) {
+    const bool nan_case = clip < 0.0;
+    const int64_t n2 = 100003;  // 7 sum chunks, a partial one
+    cs.push_back(
+        {"adamw_step_clipped",
+         cat("n=", n2, nan_case ? " a NaN gradient, max norm 1" : " max norm ", nan_case ? 1.0 : clip,
+             ", 3 steps, weight decay 0.1, FP32 and BF16 moments"),
+         nan_case ? 0.0 : 1e-6,
+         [n2, clip, nan_case](Backend& be) {
+           const double max_norm = nan_case ? 1.0 : clip;
+           std::vector<IndexRange> dec{{0, 5003}, {20000, 50000}};
+           Outputs o;
+           for (MomentStorage ms : {MomentStorage::fp32, MomentStorage::bf16}) {
+             const int64_t mf = moment_floats(ms, n2);
+             Tensor p = put(be, randv(size_t(n2), 1), 1, n2), m = be.zeros(1, mf), v = be.zeros(1, mf);
+             Tensor p2 = put(be, randv(size_t(n2), 1), 1, n2), m2 = be.zeros(1, mf), v2 = be.zeros(1, mf);
+             const std::string tag = ms == MomentStorage::bf16 ? " (bf16 moments)" : "";
+             for (int64_t t = 1; t <= 3; ++t) {
+               auto gh = randv(size_t(n2), 20 + uint32_t(t));
+               if (nan_case) gh[777] = std::nanf("");
+               Tensor g = put(be, gh, 1, n2);
+               const double norm = be.adamw_step_clipped(p, g, m, v, dec, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                                                         max_norm, ms);
+               const double norm2 = std::sqrt(be.sum_squares(g));
+               const double coef = max_norm / (norm2 + 1e-6);
+               const float scale = max_norm > 0.0 && coef < 1.0 ? float(coef) : 1.0f;
+               be.adamw_step(p2, g, m2, v2, dec, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, scale, ms);
+               if (t == 3) {
+                 o.push_back(scalar("norm" + tag, nan_case ? 0.0 : norm));
+                 o.push_back(scalar("norm by parts" + tag, nan_case ? 0.0 : norm2));
+                 o.push_back(scalar("NaN norm" + tag, nan_case ? double(std::isnan(norm) && std::isnan(norm2)) : 1.0));
+               }
+             }
+             // The values (BF16 moments widened), from element 778 on in the NaN case: the NaN element's p, m, v
+             // are NaN, whose payloads are the hardware's.
+             auto tail = [&](const std::string& name, const Tensor& x, bool packed) {
+               std::vector<float> h(size_t(x.size()));
+               be.download(x, h.data());
+               if (packed) {
+                 const auto* c = reinterpret_cast<const uint16_t*>(h.data());
+                 std::vector<float> w(static_cast<size_t>(n2));
+                 for (int64_t i = 0; i < n2; ++i) w[size_t(i)] = fp4lab::bits_float(uint32_t(c[i]) << 16);
+                 h = std::move(w);
+               }
+               const int64_t from = nan_case ? 778 : 0;
+               return host(name + tag, std::vector<float>(h.begin() + from, h.end()), 1, n2 - from);
+             };
+             const bool packed = ms == MomentStorage::bf16;
+             o.push_back(tail("p", p, false));
+             o.push_back(tail("p by parts", p2, false));
+             o.push_back(tail("m", m, packed));
+             o.push_back(tail("m by parts", m2, packed));
+             o.push_back(tail("v", v, packed));
+             o.push_back(tail("v by parts", v2, packed));
+           }
+           return o;
+         },
+         {{"norm", "norm by parts"}, {"p", "p by parts"}, {"m", "m by parts"}, {"v", "v by parts"},
+          {"norm (bf16 moments)", "norm by parts (bf16 moments)"}, {"p (bf16 moments)", "p by parts (bf16 moments)"},
+          {"m (bf16 moments)", "m by parts (bf16 moments)"}, {"v (bf16 moments)", "v by parts (bf16 moments)"}},
+         [](const Outputs& o) {
+           for (const Output& x : o)
+             if (x.name.rfind("NaN norm", 0) == 0) CHECK_MESSAGE(x.v[0] == 1.0, "the NaN gradient gives a NaN norm");
+         }});
+  }
 }
 
 

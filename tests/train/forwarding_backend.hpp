@@ -125,6 +125,11 @@ class ForwardingBackend : public Backend {
                   float b1, float b2, float eps, float wd, int64_t t, float grad_scale, MomentStorage moments) override {
     inner().adamw_step(p, g, m, v, decayed, lr, b1, b2, eps, wd, t, grad_scale, moments);
   }
+  double adamw_step_clipped(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed,
+                            float lr, float b1, float b2, float eps, float wd, int64_t t, double grad_clip,
+                            MomentStorage moments) override {
+    return inner().adamw_step_clipped(p, g, m, v, decayed, lr, b1, b2, eps, wd, t, grad_clip, moments);
+  }
   void synchronize() override { inner().synchronize(); }
   using Backend::linear_input_needs;
   LinearInputNeeds linear_input_needs(const LayerPlan& l, bool grad, int64_t rows, int64_t cols) override {

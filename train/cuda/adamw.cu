@@ -1,6 +1,6 @@
 // The AdamW step of train/cuda/nn.hpp (nn::adamw_step): the CPU backend's
 // update (train/cpu/backend.cpp adamw_step) element for element, the clip
-// factor (AdamWConstants::grad_scale) applied as the gradient is read, FP32 or
+// factor (AdamWConstants::grad_scale, or a device word: clip_record's) applied as the gradient is read, FP32 or
 // BF16 moments (MomentStorage, train/backend.hpp).
 #include <cstdint>
 
@@ -44,7 +44,8 @@ __device__ __forceinline__ void adamw_one(float& p, float g, float& m, float& v,
 // BF16 moments and in the tail.
 template <bool kBf16>
 __global__ void adamw_kernel(float* p, const float* g, void* m, void* v, const uint8_t* decay, int64_t n,
-                             AdamWConstants k) {
+                             AdamWConstants k, const float* grad_scale) {
+  if (grad_scale) k.grad_scale = *grad_scale;
   const int64_t groups = (n + 3) / 4;
   const bool vec = !kBf16 && aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < groups; q += int64_t(gridDim.x) * blockDim.x) {
@@ -75,13 +76,13 @@ __global__ void adamw_kernel(float* p, const float* g, void* m, void* v, const u
 }  // namespace
 
 void adamw_step(float* p, const float* g, void* m, void* v, const uint8_t* decay, int64_t n, const AdamWConstants& k,
-                cudaStream_t st) {
+                cudaStream_t st, const float* grad_scale) {
   if (n <= 0) return;
   if (k.apply_decay && !decay) throw Error("adamw_step: weight decay without a decay mask");
   if (k.bf16_moments)
-    adamw_kernel<true><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(p, g, m, v, decay, n, k);
+    adamw_kernel<true><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(p, g, m, v, decay, n, k, grad_scale);
   else
-    adamw_kernel<false><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(p, g, m, v, decay, n, k);
+    adamw_kernel<false><<<blocks_for((n + 3) / 4), kThreads, 0, st>>>(p, g, m, v, decay, n, k, grad_scale);
   check_launch("adamw_kernel");
 }
 

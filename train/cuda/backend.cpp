@@ -574,6 +574,31 @@ class CudaBackend final : public Backend {
   void scale(Tensor& g, float s) override { nn::scale(g.data, g.size(), s); }
   void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,
                   float b1, float b2, float eps, float wd, int64_t t, float grad_scale, MomentStorage moments) override {
+    const nn::AdamWConstants k = adamw_constants(p, g, m, v, decayed, lr, b1, b2, eps, wd, t, grad_scale, moments);
+    nn::adamw_step(p.data, g.data, m.data, v.data, decay_mask(k, decayed, p.size()), p.size(), k);
+  }
+  // The norm and the clip factor on the device (nn::clip_record), the step reading the factor there; the norm
+  // comes back by an asynchronous copy waited for after the step is queued.
+  double adamw_step_clipped(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed,
+                            float lr, float b1, float b2, float eps, float wd, int64_t t, double grad_clip,
+                            MomentStorage moments) override {
+    const nn::AdamWConstants k = adamw_constants(p, g, m, v, decayed, lr, b1, b2, eps, wd, t, 1.0f, moments);
+    const uint8_t* d_decay = decay_mask(k, decayed, p.size());
+    nn::ClipRecord* rec = reserve(clip_dev_, 1);
+    nn::clip_record(g.data, g.size(), grad_clip, scratch_, rec);
+    check(cudaMemcpyAsync(clip_host_.at_least(1), rec, sizeof(nn::ClipRecord), cudaMemcpyDeviceToHost, nullptr),
+          "adamw_step_clipped (the norm)");
+    clip_done_.record(nullptr);
+    nn::adamw_step(p.data, g.data, m.data, v.data, d_decay, p.size(), k, nullptr, &rec->grad_scale);
+    clip_done_.wait("adamw_step_clipped (waiting for the norm)");
+    return clip_host_.data()->norm;
+  }
+
+ private:
+  // adamw_step's checks and its host constants (the CPU backend's, computed identically).
+  nn::AdamWConstants adamw_constants(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                                     std::span<const IndexRange> decayed, float lr, float b1, float b2, float eps,
+                                     float wd, int64_t t, float grad_scale, MomentStorage moments) {
     const int64_t n = p.size();
     check_size("adamw_step", "grad", g, n);
     check_size("adamw_step", "m", m, moment_floats(moments, n));
@@ -591,6 +616,10 @@ class CudaBackend final : public Backend {
     k.apply_decay = wd != 0.0f;
     k.grad_scale = grad_scale;
     k.bf16_moments = moments == MomentStorage::bf16;
+    return k;
+  }
+  // The step's byte mask of decayed elements (null without weight decay).
+  const uint8_t* decay_mask(const nn::AdamWConstants& k, std::span<const IndexRange> decayed, int64_t n) {
     const uint8_t* d_decay = nullptr;
     if (k.apply_decay) {
       // The kernel reads a byte mask; it is rebuilt on the device only when the
@@ -606,10 +635,9 @@ class CudaBackend final : public Backend {
       }
       d_decay = decay_dev_.data();
     }
-    nn::adamw_step(p.data, g.data, m.data, v.data, d_decay, n, k);
+    return d_decay;
   }
 
- private:
   bool bf16() const { return activations() == ActivationPrecision::bf16; }
   // How producers store their FP32 outputs in this pass (nn::OutputRounding).
   nn::OutputRounding rounding() const { return bf16() ? nn::OutputRounding::bf16 : nn::OutputRounding::none; }
@@ -743,6 +771,9 @@ class CudaBackend final : public Backend {
   int64_t decay_mask_n_ = -1;
   fp4lab::cuda::PinnedBuffer<double> loss_host_;
   fp4lab::cuda::Event ce_done_;
+  DeviceBuffer<nn::ClipRecord> clip_dev_;  // adamw_step_clipped's record, read by the step
+  fp4lab::cuda::PinnedBuffer<nn::ClipRecord> clip_host_;
+  fp4lab::cuda::Event clip_done_;
   int64_t ce_rows_ = 0;
   bool ce_pending_ = false;
   std::vector<int32_t> count_, start_, group_rows_, group_offsets_, positions_;

@@ -196,6 +196,15 @@ void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, 
 // sum of g[i]^2 in float64: fixed 16384-element chunks (tree-summed), then the
 // chunk sums in a fixed tree. Synchronises; returns the host value.
 double sum_squares(const float* g, int64_t n, Scratch& scratch, cudaStream_t stream = nullptr);
+// One step's gradient clipping, in device memory and without a host read: norm = sqrt of sum_squares's sum (the
+// same order and bits) and grad_scale = clip_grad_scale(norm, max_norm) (train/grad_clip.hpp), both computed on
+// the device by the host's float64 operations. Backend::adamw_step_clipped.
+struct ClipRecord {
+  double norm;
+  float grad_scale;
+};
+void clip_record(const float* g, int64_t n, double max_norm, Scratch& scratch, ClipRecord* out,
+                 cudaStream_t stream = nullptr);
 
 // One AdamW step over n elements with the host-computed constants of the CPU
 // backend: shrink = 1 - lr*wd (applied where decay[i] != 0 when apply_decay),
@@ -212,9 +221,10 @@ struct AdamWConstants {
   // m and v hold packed BF16 (MomentStorage::bf16, train/backend.hpp): read widened, stored RNE.
   bool bf16_moments = false;
 };
-// m, v: n floats, or with k.bf16_moments n BF16 values (2n bytes).
+// m, v: n floats, or with k.bf16_moments n BF16 values (2n bytes). grad_scale (device memory, may be null):
+// the factor read in place of k.grad_scale (clip_record's).
 void adamw_step(float* p, const float* g, void* m, void* v, const uint8_t* decay, int64_t n, const AdamWConstants& k,
-                cudaStream_t stream = nullptr);
+                cudaStream_t stream = nullptr, const float* grad_scale = nullptr);
 
 // ---- multi-head self-attention -------------------------------------------------
 // Geometry of qkv [batch*seq, 3*width] = q | k | v column blocks; head h is

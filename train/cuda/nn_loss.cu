@@ -1,4 +1,4 @@
-// The loss and optimiser reductions of train/cuda/nn.hpp (cross_entropy_rows, sum_squares), out of nn.cu for
+// The loss and optimiser reductions of train/cuda/nn.hpp (cross_entropy_rows, sum_squares, clip_record), out of nn.cu for
 // the house's file-size limit. Each mirrors the CPU backend's loop (train/cpu/backend.cpp).
 #include <cmath>
 #include <climits>
@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "train/cuda/nn.hpp"
 #include "train/cuda/nn_device.cuh"
+#include "train/grad_clip.hpp"
 
 namespace fp4lab::cuda::nn {
 
@@ -80,15 +81,39 @@ __global__ void sumsq_chunk_kernel(const float* g, int64_t n, double* part) {
   s = block_sum<kThreads>(s, sh);
   if (threadIdx.x == 0) part[b] = s;
 }
-__global__ void sum_final_kernel(const double* part, int64_t nb, double* out) {
+// The chunk sums' total in a fixed tree (one block): sum_squares's result.
+__device__ __forceinline__ double final_sum(const double* part, int64_t nb) {
   __shared__ double sh[kThreads];
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < nb; i += kThreads) s += part[i];
-  s = block_sum<kThreads>(s, sh);
+  return block_sum<kThreads>(s, sh);
+}
+__global__ void sum_final_kernel(const double* part, int64_t nb, double* out) {
+  const double s = final_sum(part, nb);
   if (threadIdx.x == 0) *out = s;
+}
+// The same total, then the norm and the clip factor (IEEE float64 sqrt, add and divide: the host's bits).
+__global__ void clip_final_kernel(const double* part, int64_t nb, double max_norm, ClipRecord* out) {
+  const double s = final_sum(part, nb);
+  if (threadIdx.x == 0) {
+    const double norm = sqrt(s);
+    out->norm = norm;
+    out->grad_scale = train::clip_grad_scale(norm, max_norm);
+  }
 }
 
 }  // namespace
+
+void clip_record(const float* g, int64_t n, double max_norm, Scratch& scratch, ClipRecord* out, cudaStream_t st) {
+  const int64_t nb = n > 0 ? (n + kSumChunk - 1) / kSumChunk : 0;
+  double* part = scratch.get<double>(1, size_t(nb + 1));
+  if (nb > 0) {
+    sumsq_chunk_kernel<<<unsigned(nb), kThreads, 0, st>>>(g, n, part);
+    check_launch("sumsq_chunk_kernel");
+  }
+  clip_final_kernel<<<1, kThreads, 0, st>>>(part, nb, max_norm, out);
+  check_launch("clip_final_kernel");
+}
 
 void cross_entropy_rows(const float* logits, const int32_t* targets, int64_t n, int64_t v, float inv_n, float* dlogits,
                         double* loss_rows, uint8_t* ok_rows, cudaStream_t st, OutputRounding rounding) {

@@ -99,6 +99,7 @@ struct DataParallel::Impl {
   }
 
   double step_sharded(double lr);
+  double global_norm2(const Tensor& ga);
   // The master values live apart from ps.values (low-precision primary weights: ps.values holds the cast).
   bool separate_master() const { return master.data != ps.values.data + mine.begin; }
 
@@ -291,18 +292,13 @@ double DataParallel::step(double lr) {
   } else if (world > 1) {
     d.allreduce(ga);
   }
-  double norm2 = 0.0;
-  if (!d.adam_b) {
-    norm2 = d.dc.zero == 1 ? d.sum_over_ranks(d.be.sum_squares(d.gshard)) : d.be.sum_squares(ga);
+  double norm = 0.0;
+  if (d.dc.zero == 0 && !d.adam_b) {
+    norm = d.adam->step_clipped(d.master, d.gshard, lr);  // gshard is all of the gradient: its norm is the global one
   } else {
-    // norm^2 = SS_A + SS_B, in that order, from one all-reduce: [A's shard part (zero 1), B's local part]; with
-    // zero 0 every rank holds all of A, added after.
-    double parts[2] = {d.dc.zero == 1 ? d.be.sum_squares(d.gshard) : 0.0, d.be.sum_squares(d.region_b(ps.grads))};
-    d.sum_over_ranks(parts);
-    norm2 = (parts[0] + (d.dc.zero == 1 ? 0.0 : d.be.sum_squares(ga))) + parts[1];
+    norm = std::sqrt(d.global_norm2(ga));
+    d.adam->step(d.master, d.gshard, lr, norm);
   }
-  const double norm = std::sqrt(norm2);
-  d.adam->step(d.master, d.gshard, lr, norm);
   if (d.adam_b) {
     Tensor pb = d.region_b(ps.values), gb = d.region_b(ps.grads);
     d.adam_b->step(pb, gb, lr, norm);
@@ -314,6 +310,23 @@ double DataParallel::step(double lr) {
   if (d.dc.zero == 1 && world > 1) d.gather_values();
   d.cast_stored();
   return norm;
+}
+
+// The squared global gradient norm of a ZeRO-1 step or of a step with a region B (experts): region A's
+// reduced gradient `ga` (its shard under zero 1), B's local part, over the ranks.
+double DataParallel::Impl::global_norm2(const Tensor& ga) {
+  Impl& d = *this;
+  double norm2 = 0.0;
+  if (!d.adam_b) {
+    norm2 = d.dc.zero == 1 ? d.sum_over_ranks(d.be.sum_squares(d.gshard)) : d.be.sum_squares(ga);
+  } else {
+    // norm^2 = SS_A + SS_B, in that order, from one all-reduce: [A's shard part (zero 1), B's local part]; with
+    // zero 0 every rank holds all of A, added after.
+    double parts[2] = {d.dc.zero == 1 ? d.be.sum_squares(d.gshard) : 0.0, d.be.sum_squares(d.region_b(ps.grads))};
+    d.sum_over_ranks(parts);
+    norm2 = (parts[0] + (d.dc.zero == 1 ? 0.0 : d.be.sum_squares(ga))) + parts[1];
+  }
+  return norm2;
 }
 
 double DataParallel::global_loss(double local_loss, double weight) {
