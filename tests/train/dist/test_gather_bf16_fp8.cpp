@@ -18,6 +18,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "sim/quantizer.hpp"
@@ -379,4 +380,23 @@ TEST_CASE("distributed.primary_weights bf16 / fp8 and their gathers: the config,
   w = config_to_json(config_from_json(c));
   CHECK(w["distributed"]["gather"] == "fp8");
   CHECK(w["distributed"]["shard_cast"] == true);
+  // Earlier runs' sections are written as before the enums (so their config.json and config_hash stay): the
+  // objects main's writer produced for these inputs.
+  const std::pair<json, std::string> earlier[] = {
+      {{{"zero", 1}}, R"({"primary_weights":"fp32","shard_cast":true,"zero":1})"},
+      {{{"zero", 1}, {"primary_weights", "nvfp4"}}, R"({"primary_weights":"nvfp4","shard_cast":true,"zero":1})"},
+      {{{"zero", 1}, {"primary_weights", "nvfp4"}, {"shard_cast", false}},
+       R"({"primary_weights":"nvfp4","shard_cast":false,"zero":1})"},
+      {{{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "nvfp4"}},
+       R"({"gather":"nvfp4","primary_weights":"nvfp4","shard_cast":true,"zero":3})"},
+      {{{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "fp32"}},
+       R"({"gather":"fp32","primary_weights":"nvfp4","shard_cast":false,"zero":3})"},
+      {{{"zero", 3}, {"gather", "fp32"}}, R"({"gather":"fp32","primary_weights":"fp32","shard_cast":true,"zero":3})"}};
+  for (const auto& [d, want] : earlier) {
+    CAPTURE(d.dump());
+    c["distributed"] = d;
+    CHECK(config_to_json(config_from_json(c))["distributed"].dump() == want);
+  }
+  c.erase("distributed");
+  CHECK(!config_to_json(config_from_json(c)).contains("distributed"));
 }
