@@ -252,19 +252,22 @@ void DeviceShardCast::set_packed(const std::vector<uint8_t>& full) {
   packed_.upload(full.data(), full.size());
 }
 
-void DeviceShardCast::or_windows(std::span<const uint8_t> windows, const PackedWindows& w) {
+void or_windows_device(uint8_t* packed, int64_t total, std::span<const uint8_t> windows, const PackedWindows& w,
+                       DeviceBuffer<int64_t>& at) {
   const int64_t n = int64_t(w.at.size());
   if (windows.size() != size_t(n * w.size))
     throw Error("shard cast: " + std::to_string(windows.size()) + " window bytes for " + std::to_string(n) +
                 " windows of " + std::to_string(w.size));
   for (int64_t a : w.at)
-    if (a < 0 || a + w.size > int64_t(packed_.size()))
-      throw Error("shard cast: a window lies outside the packed buffer");
-  if (packed_.size() == 0 || w.size == 0) return;
-  window_at_.upload(w.at);
-  or_windows_kernel<<<blocks_for(int64_t(packed_.size())), kThreads>>>(packed_.data(), int64_t(packed_.size()),
-                                                                       windows.data(), w.size, window_at_.data(), n);
+    if (a < 0 || a + w.size > total) throw Error("shard cast: a window lies outside the packed buffer");
+  if (total == 0 || w.size == 0) return;
+  at.upload(w.at);
+  or_windows_kernel<<<blocks_for(total), kThreads>>>(packed, total, windows.data(), w.size, at.data(), n);
   check(cudaDeviceSynchronize(), "shard cast: or_windows");
+}
+
+void DeviceShardCast::or_windows(std::span<const uint8_t> windows, const PackedWindows& w) {
+  or_windows_device(packed_.data(), int64_t(packed_.size()), windows, w, window_at_);
 }
 
 int64_t DeviceShardCast::packed_bytes_transposed() const {

@@ -90,6 +90,13 @@ class DeviceShardCast {
   DeviceBuffer<int64_t> window_at_;  // or_windows' w.at
 };
 
+// Every window (sim's packed_windows: w.at.size() windows of w.size bytes at
+// w.at, `windows` device memory, rank order) ORed into `packed` (device,
+// `total` bytes): one thread a packed byte, no atomics. `at` is the caller's
+// device room for w.at. Checks the windows lie inside the buffer.
+void or_windows_device(uint8_t* packed, int64_t total, std::span<const uint8_t> windows, const PackedWindows& w,
+                       DeviceBuffer<int64_t>& at);
+
 // The exact BF16 GEMM operand of a cast [rows, cols] (row-major) into `out`
 // (rows * cols values, device), on `stream`: decode(code) * decode(tile
 // scale), which has at most 6 significant bits (e2m1: 2, ue4m3: 4) and lies in

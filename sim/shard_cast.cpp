@@ -8,6 +8,7 @@
 #include "core/encode.hpp"
 #include "core/error.hpp"
 #include "core/format.hpp"
+#include "sim/element_layout.hpp"
 #include "sim/packing.hpp"
 #include "sim/scale_rules.hpp"
 
@@ -123,15 +124,9 @@ ShardRange packed_span(std::span<const FlatTensor> tensors, ShardRange shard) {
 }
 
 PackedWindows packed_windows(std::span<const FlatTensor> tensors, std::span<const ShardRange> shards) {
-  const int64_t total = flat_layout(tensors).packed_offset.back();
   std::vector<ShardRange> spans;
-  PackedWindows w;
-  for (const ShardRange& s : shards) {
-    spans.push_back(packed_span(tensors, s));
-    w.size = std::max(w.size, spans.back().end - spans.back().begin);
-  }
-  for (const ShardRange& sp : spans) w.at.push_back(std::min(sp.begin, total - w.size));
-  return w;
+  for (const ShardRange& s : shards) spans.push_back(packed_span(tensors, s));
+  return windows_of_spans(spans, flat_layout(tensors).packed_offset.back());
 }
 
 void or_windows(std::span<uint8_t> packed, std::span<const uint8_t> windows, const PackedWindows& w) {

@@ -312,9 +312,10 @@ class Backend {
   virtual void download(const Tensor& t, float* host) = 0;  // t -> host
   virtual void copy(const Tensor& src, Tensor& dst) = 0;    // same size
   virtual void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols) = 0;
-  // The NVFP4 cast of `tensors` (parts of a flat buffer of this backend's memory) in this backend's memory
-  // (train/param_storage.hpp): what ParamStore::set_storage makes for its nvfp4_2d tensors.
-  virtual std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) = 0;
+  // The cast of `tensors` (parts of a flat buffer of this backend's memory) to storage `s` (not fp32) in this
+  // backend's memory (train/param_storage.hpp): what ParamStore::set_storage makes for its low-precision
+  // tensors. Error for a form the backend has no cast for (cuda: bf16, fp8_e4m3).
+  virtual std::unique_ptr<CastStore> make_cast_store(Storage s, std::span<const FlatTensor> tensors) = 0;
 
   // Linear y = x W^T + b through the recipe (recipes/linear_plan.hpp; train/cpu/linear.hpp is the reference).
   // dw (and db if non-null) are ACCUMULATED into (weight tying, several uses).

@@ -413,33 +413,33 @@ void parse_layers(const json& l, const std::string& where, std::vector<std::stri
   }
 }
 
-// distributed.gather against primary_weights and shard_cast (config.hpp DistributedConfig::gather); with NVFP4
-// storage it sets shard_cast.
+// distributed.gather against primary_weights and shard_cast (config.hpp DistributedConfig::gather); with
+// low-precision storage it sets shard_cast.
 void parse_gather(const json& d, const std::string& where, DistributedConfig& c) {
-  if (c.gather.empty()) return;
-  check_choice(where + ".gather", c.gather, {"fp32", "nvfp4"});
-  if (c.primary_weights != "nvfp4") {
-    if (c.gather == "nvfp4")
-      throw Error(where + ".gather: \"nvfp4\" needs " + where +
-                  ".primary_weights \"nvfp4\" (the weights travel as their stored cast); valid with primary_weights " +
-                  c.primary_weights + ": \"fp32\"");
-    return;
-  }
-  const bool codes = c.gather == "nvfp4";
+  if (!c.gather) return;
+  const GatherFormat own = gather_format_of(c.primary_weights);
+  const std::string g = gather_format_name(*c.gather), pw = primary_weights_name(c.primary_weights);
+  if (*c.gather != GatherFormat::fp32 && *c.gather != own)
+    throw Error(where + ".gather: \"" + g + "\" needs " + where + ".primary_weights \"" + g +
+                "\" (the weights travel as their stored cast); valid with primary_weights " + pw + ": \"fp32\"" +
+                (own == GatherFormat::fp32 ? "" : ", \"" + pw + "\""));
+  if (c.primary_weights == Storage::fp32) return;
+  const bool codes = *c.gather == own;
   if (d.contains("shard_cast") && !d["shard_cast"].is_null() && c.shard_cast != codes)
-    throw Error(where + ".gather \"" + c.gather + "\" and " + where + ".shard_cast " +
-                (c.shard_cast ? "true" : "false") +
-                " disagree (with NVFP4 primary weights gather nvfp4 is shard_cast true: each rank casts its part "
-                "and the codes travel; gather fp32 is shard_cast false); give one of them");
+    throw Error(where + ".gather \"" + g + "\" and " + where + ".shard_cast " + (c.shard_cast ? "true" : "false") +
+                " disagree (with " + pw + " primary weights gather " + pw +
+                " is shard_cast true: each rank casts its part and the codes travel; gather fp32 is shard_cast "
+                "false); give one of them");
   c.shard_cast = codes;
 }
 
 void parse_distributed(const json& d, const std::string& where, DistributedConfig& c) {
   Obj o(d, where + ".distributed");
   o.get("zero", c.zero);
-  o.get("primary_weights", c.primary_weights);
+  std::string primary = primary_weights_name(c.primary_weights), gather;
+  o.get("primary_weights", primary);
   o.get("shard_cast", c.shard_cast);
-  o.get("gather", c.gather);
+  o.get("gather", gather);
   bool reshard = false;
   o.get("reshard_after_forward", reshard);
   if (d.contains("reshard_after_forward") && !d["reshard_after_forward"].is_null()) c.reshard_after_forward = reshard;
@@ -454,7 +454,8 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
                 " must be a positive finite number of seconds (a collective's wait for the other ranks)");
   if (c.zero == 2) throw Error(where + ".distributed.zero: 2 is not built; valid: 0, 1 (ZeRO-1), 3 (ZeRO-3)");
   check_range(where + ".distributed.zero", c.zero, {0, 3}, "1: ZeRO-1, 3: ZeRO-3");
-  check_choice(where + ".distributed.primary_weights", c.primary_weights, {"fp32", "nvfp4"});
+  c.primary_weights = parse_primary_weights(where + ".distributed.primary_weights", primary);
+  if (d.contains("gather") && !d["gather"].is_null()) c.gather = parse_gather_format(where + ".distributed.gather", gather);
   parse_gather(d, where + ".distributed", c);
   check_range(where + ".distributed.expert_parallel", c.expert_parallel, {1, int(kMaxRouteExperts)},
               "ranks sharing the experts; 1: none");
@@ -480,8 +481,8 @@ void check_expert_parallel(const RunConfig& c, const std::string& where) {
                 " leaves unequal shares over the ranks (an expert's gradient mixes every rank's tokens at one "
                 "weight); use a multiple of " +
                 std::to_string(R));
-  if (c.distributed.primary_weights != "fp32")
-    throw Error(key + ": distributed.primary_weights " + c.distributed.primary_weights +
+  if (c.distributed.primary_weights != Storage::fp32)
+    throw Error(key + ": distributed.primary_weights " + std::string(primary_weights_name(c.distributed.primary_weights)) +
                 " with expert parallelism is not built yet (plan step 10); use fp32");
   if (c.capture_step >= 0 || c.numerics_interval > 0)
     throw Error(key +
@@ -545,6 +546,20 @@ MomentStorage parse_moment_storage(const std::string& path, const std::string& v
 }
 
 const char* moment_storage_name(MomentStorage m) { return m == MomentStorage::bf16 ? "bf16" : "fp32"; }
+
+GatherFormat parse_gather_format(const std::string& path, const std::string& v) {
+  check_choice(path, v, {"fp32", "bf16", "fp8", "nvfp4"});
+  for (GatherFormat g : {GatherFormat::fp32, GatherFormat::bf16, GatherFormat::fp8, GatherFormat::nvfp4})
+    if (v == gather_format_name(g)) return g;
+  throw InternalError("parse_gather_format: " + v);
+}
+
+Storage parse_primary_weights(const std::string& path, const std::string& v) {
+  check_choice(path, v, {"fp32", "bf16", "fp8", "nvfp4"});
+  for (Storage s : {Storage::fp32, Storage::bf16, Storage::fp8_e4m3, Storage::nvfp4_2d})
+    if (v == primary_weights_name(s)) return s;
+  throw InternalError("parse_primary_weights: " + v);
+}
 
 GradReduce parse_grad_reduce(const std::string& path, const std::string& v) {
   check_choice(path, v, {"fp32", "bf16"});
@@ -701,10 +716,10 @@ json config_to_json(const RunConfig& c) {
   plain.timeout_s = c.distributed.timeout_s;
   if (c.distributed != plain)
     j["distributed"] = {{"zero", c.distributed.zero},
-                        {"primary_weights", c.distributed.primary_weights},
+                        {"primary_weights", primary_weights_name(c.distributed.primary_weights)},
                         {"shard_cast", c.distributed.shard_cast}};
   // Only when given: the configs (and hashes) of earlier runs stay as they were.
-  if (!c.distributed.gather.empty()) j["distributed"]["gather"] = c.distributed.gather;
+  if (c.distributed.gather) j["distributed"]["gather"] = gather_format_name(*c.distributed.gather);
   if (c.distributed.reshard_after_forward >= 0)
     j["distributed"]["reshard_after_forward"] = c.distributed.reshard_after_forward == 1;
   if (c.distributed.expert_parallel != 1) j["distributed"]["expert_parallel"] = c.distributed.expert_parallel;

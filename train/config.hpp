@@ -42,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +53,7 @@
 #include "train/layer_recipes.hpp"
 #include "train/model.hpp"
 #include "train/optim.hpp"
+#include "train/storage.hpp"
 
 namespace fp4lab::train {
 
@@ -91,15 +93,19 @@ struct TrainingConfig {
 // Data-parallel training (train/dist/data_parallel.hpp).
 struct DistributedConfig {
   int zero = 0;                          // 0: every rank updates every parameter; 1: ZeRO-1 shards; 3: ZeRO-3
-  std::string primary_weights = "fp32";  // "nvfp4": the linear weights the recipe quantizes are NVFP4
-  bool shard_cast = true;                // nvfp4: each rank casts only its shard (false: all, the reference)
-  // The weights' wire format: "" (not given: the storage's, i.e. "nvfp4" with primary_weights nvfp4 and
-  // shard_cast true, else "fp32"), "fp32" or "nvfp4". With NVFP4 storage it is shard_cast said differently
-  // ("nvfp4": each rank casts its part and the codes travel; "fp32": the masters travel and every rank casts
-  // them whole), so parse_distributed sets shard_cast from it and refuses the two when they disagree.
-  std::string gather;
-  // ZeRO-3: what a unit's forward gather leaves for its backward. -1: the default (0 with gather nvfp4, 1
-  // otherwise); 0: kept (the gathered codes with gather nvfp4, the gathered FP32 values with fp32); 1: dropped
+  // The storage of the linear weights the recipe quantizes (train/param_storage.hpp states each form):
+  // "fp32" (the masters), "bf16", "fp8" (Storage::fp8_e4m3) or "nvfp4" (Storage::nvfp4_2d).
+  Storage primary_weights = Storage::fp32;
+  bool shard_cast = true;  // low-precision storage: each rank casts only its shard (false: all, the reference)
+  // The weights' wire format: not given (the storage's, i.e. its codes with shard_cast true, else "fp32"),
+  // "fp32" or the storage's ("bf16", "fp8", "nvfp4"). With low-precision storage it is shard_cast said
+  // differently (the codes: each rank casts its part and the codes travel; "fp32": the masters travel and
+  // every rank casts them whole), so parse_distributed sets shard_cast from it and refuses the two when they
+  // disagree. Kept only for the written config (config.json and the hash hold it as given); the run reads
+  // primary_weights and shard_cast.
+  std::optional<GatherFormat> gather;
+  // ZeRO-3: what a unit's forward gather leaves for its backward. -1: the default (0 where codes travel, 1
+  // otherwise); 0: kept (the gathered codes where codes travel, the gathered FP32 values with fp32); 1: dropped
   // after the forward and gathered again in the backward (less memory, more traffic).
   int reshard_after_forward = -1;
   double timeout_s = 600.0;              // a collective's wait for the other ranks (comm.hpp); not in the run identity
@@ -145,6 +151,11 @@ const char* moment_storage_name(MomentStorage m);
 // `path`, the value and the valid ones for another string.
 GradReduce parse_grad_reduce(const std::string& path, const std::string& v);
 const char* grad_reduce_name(GradReduce r);
+// "fp32" | "bf16" | "fp8" | "nvfp4" (config distributed.gather; train/storage.hpp GatherFormat; back:
+// gather_format_name) and the same names as a Storage (distributed.primary_weights; back:
+// primary_weights_name); an Error naming `path`, the value and the valid ones for another string.
+GatherFormat parse_gather_format(const std::string& path, const std::string& v);
+Storage parse_primary_weights(const std::string& path, const std::string& v);
 
 // Parses and validates; `where` prefixes error paths.
 RunConfig config_from_json(const nlohmann::json& j, const std::string& where = "config");

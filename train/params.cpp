@@ -158,16 +158,25 @@ void ParamStore::set_storage(std::span<const int> params, Storage s, Backend& be
     seen[size_t(i)] = true;
   }
   for (const int i : params) infos_[size_t(i)].storage = s;
-  // The cast over the held nvfp4_2d tensors, in index order (increasing offsets: the packed layout's order).
+  // One low-precision form a store (its CastStore casts them all alike).
+  Storage low = Storage::fp32;
+  for (const ParamInfo& p : infos_) {
+    if (p.storage == Storage::fp32 || p.storage == low) continue;
+    if (low != Storage::fp32)
+      throw Error("parameters: storages " + storage_name(low) + " and " + storage_name(p.storage) +
+                  " in one store (valid: one low-precision storage beside fp32)");
+    low = p.storage;
+  }
+  // The cast over the held low-precision tensors, in index order (increasing offsets: the packed layout's order).
   std::vector<FlatTensor> tensors;
   cast_slot_.assign(infos_.size(), -1);
-  for (const int i : params_with(Storage::nvfp4_2d)) {
+  for (const int i : low == Storage::fp32 ? std::vector<int>{} : params_with(low)) {
     const ParamInfo& p = infos_[size_t(i)];
     if (!p.held) continue;
     cast_slot_[size_t(i)] = int(tensors.size());
     tensors.push_back(FlatTensor{p.rows, p.cols, p.offset});
   }
-  cast_store_ = tensors.empty() ? nullptr : be.make_cast_store(tensors);
+  cast_store_ = tensors.empty() ? nullptr : be.make_cast_store(low, tensors);
 }
 
 const StoredWeight* ParamStore::stored(int i) const {

@@ -24,7 +24,7 @@
 // are stored (FP32 unless set_storage says otherwise). The store hands each
 // layer what follows from it (cast_spec: the quantizer its values are the
 // output of; stored: its form in the backend's memory) and owns the
-// nvfp4_2d tensors' CastStore; whoever steps the optimiser
+// low-precision tensors' CastStore; whoever steps the optimiser
 // (train/dist/data_parallel.hpp) keeps the FP32 masters and runs the cast
 // after every step.
 #pragma once
@@ -93,16 +93,17 @@ class ParamStore {
   void finalize(Backend& be, uint64_t seed);
   // Stores the parameters `params` (indices, each at most once) as `s`
   // (after finalize; the others keep theirs), and makes the CastStore of
-  // every nvfp4_2d-stored tensor this rank holds on `be` (the values are not
-  // cast here: the optimiser's step does that, DataParallel). Throws Error
-  // naming an index out of range or listed twice.
+  // every low-precision-stored tensor this rank holds on `be` (the values are
+  // not cast here: the optimiser's step does that, DataParallel). Throws
+  // Error naming an index out of range or listed twice, or a second
+  // low-precision storage (one store casts one form).
   void set_storage(std::span<const int> params, Storage s, Backend& be);
   Storage storage(int i) const { return info(i).storage; }
   // storage_cast(storage(i)): the quantizer parameter i's values are the output of; null for FP32.
   const QuantizerSpec* cast_spec(int i) const { return storage_cast(storage(i)); }
   // The indices of the parameters stored as `s`, increasing (so are their offsets within a region).
   std::vector<int> params_with(Storage s) const;
-  // The nvfp4_2d-stored tensors' cast (null: none).
+  // The low-precision-stored tensors' cast (null: none); its storage() says the form.
   CastStore* cast_store() const { return cast_store_.get(); }
   // Parameter i's stored form for its layer (LayerPlan::w_stored), or null (FP32, or a backend that keeps none).
   const StoredWeight* stored(int i) const;

@@ -473,8 +473,9 @@ void Training::build_model() {
   AdamWConfig ac = tc.adamw;
   if (tc.optimizer == "adam") ac.weight_decay = 0.0;
   ParamStore& ps = model_->params();
-  if (cfg_.distributed.primary_weights == "nvfp4")
-    ps.set_storage(layer_recipes_.low_precision_weight_params(model_->linear_layers()), Storage::nvfp4_2d, *be_);
+  if (cfg_.distributed.primary_weights != Storage::fp32)
+    ps.set_storage(layer_recipes_.low_precision_weight_params(model_->linear_layers()), cfg_.distributed.primary_weights,
+                   *be_);
   dp_ = std::make_unique<DataParallel>(*comm_, *be_, ps, ac, cfg_.distributed,
                                        model_->param_units());  // casts the stored weights
   if (cfg_.capture_step >= 0) capture_ = std::make_unique<CaptureWriter>(*be_, dir_ / "capture", cfg_.capture_step);

@@ -32,8 +32,8 @@ class ForwardingBackend : public Backend {
   void copy_cols(const Tensor& s, int64_t sc, Tensor& d, int64_t dc, int64_t n) override {
     inner().copy_cols(s, sc, d, dc, n);
   }
-  std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) override {
-    return inner().make_cast_store(tensors);
+  std::unique_ptr<CastStore> make_cast_store(Storage s, std::span<const FlatTensor> tensors) override {
+    return inner().make_cast_store(s, tensors);
   }
   using Backend::linear_forward;
   using Backend::linear_backward;

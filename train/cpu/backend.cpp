@@ -169,8 +169,8 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : threads_(threads) {}
   std::string name() const override { return "cpu"; }
-  std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) override {
-    return make_host_cast_store(tensors);
+  std::unique_ptr<CastStore> make_cast_store(Storage s, std::span<const FlatTensor> tensors) override {
+    return s == Storage::nvfp4_2d ? make_host_cast_store(tensors) : make_host_element_store(s, tensors);
   }
   bool implements(ActivationPrecision) const override { return true; }
 

@@ -61,8 +61,8 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() : pool_(std::make_shared<DevicePool>()) {}
   std::string name() const override { return "cuda"; }
-  std::unique_ptr<CastStore> make_cast_store(std::span<const FlatTensor> tensors) override {
-    return make_device_cast_store(tensors);
+  std::unique_ptr<CastStore> make_cast_store(Storage s, std::span<const FlatTensor> tensors) override {
+    return make_device_cast_store(s, tensors);
   }
   // precision.activations "bf16" (train/backend.hpp's contract): FP32 storage of the BF16 values. Producers
   // round in their own pass (nn::OutputRounding: LayerNorm, GELU, dropout and the residual add, cross-entropy,

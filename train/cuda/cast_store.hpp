@@ -1,6 +1,8 @@
-// The cuda backend's CastStore (train/param_storage.hpp): the NVFP4 cast of
+// The cuda backend's CastStores (train/param_storage.hpp): the NVFP4 cast of
 // the nvfp4_2d-stored tensors on the device (cuda/shard_cast.hpp's
-// DeviceShardCast), and each tensor's stored form for its linear layer.
+// DeviceShardCast), and each tensor's stored form for its linear layer; the
+// bf16 and fp8_e4m3 casts (cuda/element_cast.hpp's DeviceElementCast), whose
+// layers read the dequantized FP32 values (stored() null).
 #pragma once
 
 #include <memory>
@@ -18,6 +20,7 @@ struct StoredNvfp4 final : StoredWeight {
   cuda::PackedNvfp4 form;
 };
 
-std::unique_ptr<CastStore> make_device_cast_store(std::span<const FlatTensor> tensors);
+// The store of storage `s` (nvfp4_2d, bf16 or fp8_e4m3) over `tensors`.
+std::unique_ptr<CastStore> make_device_cast_store(Storage s, std::span<const FlatTensor> tensors);
 
 }  // namespace fp4lab::train

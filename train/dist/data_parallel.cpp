@@ -52,19 +52,20 @@ struct DataParallel::Impl {
     if (comm.device_buffers() && !device)
       throw Error("data parallel: the " + comm.name() + " communicator needs the cuda backend");
     stage = device && !comm.device_buffers();
-    const bool nv4 = ps.cast_store() != nullptr;
+    const bool low = ps.cast_store() != nullptr;  // low-precision stored tensors (any form)
     if (ps.expert_ranks() != 1 && ps.expert_ranks() != comm.world())
       throw Error("data parallel: " + std::to_string(ps.expert_ranks()) + " expert-parallel ranks in a world of " +
                   std::to_string(comm.world()) + " (valid for now: the whole world; plan step 9 lifts this)");
-    if (ps.expert_ranks() > 1 && nv4)
-      throw Error(
-          "data parallel: parameters stored as nvfp4_2d (distributed.primary_weights nvfp4) with expert "
-          "parallelism are not supported yet (plan step 10); valid: fp32");
+    if (ps.expert_ranks() > 1 && low)
+      throw Error("data parallel: parameters stored as " + storage_name(ps.cast_store()->storage()) +
+                  " (distributed.primary_weights) with expert parallelism are not supported yet (plan step 10); "
+                  "valid: fp32");
     if (comm.device_buffers()) scalar = be.empty(1, 4);  // sum_over_ranks' room (every zero)
     if (dc.zero == 3) {
-      // gather nvfp4 (shard_cast true) moves the stored tensors as codes; the codes are kept from forward to
-      // backward unless reshard_after_forward says otherwise (FP32 gathers: regathered, unless it says so).
-      const bool codes = nv4 && dc.shard_cast;
+      // The storage's gather (shard_cast true) moves the stored tensors as codes; the codes are kept from
+      // forward to backward unless reshard_after_forward says otherwise (FP32 gathers: regathered, unless it
+      // says so).
+      const bool codes = low && dc.shard_cast;
       const ZeroOptions zo{codes, dc.reshard_after_forward >= 0 ? dc.reshard_after_forward == 1 : !codes, dc.reduce};
       sharded = std::make_unique<ShardedParams>(comm, be, ps, std::move(units), zo);
       master = sharded->master();
@@ -79,14 +80,14 @@ struct DataParallel::Impl {
     mine = dc.zero == 1 ? shards[size_t(comm.rank())] : ShardRange{0, na};
     adam = std::make_unique<AdamW>(ac, be, ps.decay_ranges, mine);
     if (n > na) adam_b = std::make_unique<AdamW>(ac, be, ps.decay_ranges, ShardRange{na, n});
-    if (nv4) {
+    if (low) {
       master = be.empty(1, mine.end - mine.begin);
       be.copy(slice(ps.values, mine), master);
     } else {
       master = slice(ps.values, mine);
     }
     gshard = dc.zero == 1 ? be.empty(1, mine.end - mine.begin) : slice(ps.grads, mine);
-    if (nv4 && dc.zero == 1 && dc.shard_cast && comm.world() > 1) {
+    if (low && dc.zero == 1 && dc.shard_cast && comm.world() > 1) {
       int64_t at = 0;
       for (const ShardRange& s : shards) {
         fp32_parts.push_back(outside_tensors(s, ps.cast_store()->tensors()));
@@ -99,7 +100,7 @@ struct DataParallel::Impl {
 
   double step_sharded(double lr);
   double global_norm2(const Tensor& ga);
-  // The master values live apart from ps.values (NVFP4 primary weights: ps.values holds the cast).
+  // The master values live apart from ps.values (low-precision primary weights: ps.values holds the cast).
   bool separate_master() const { return master.data != ps.values.data + mine.begin; }
 
   // Collectives on backend tensors, staged through host memory where needed.
@@ -425,22 +426,23 @@ nlohmann::json DataParallel::memory() const {
   if (d.sharded) return d.sharded->memory(d.adam->moments_bytes());  // the optimiser says what it stores
   const int64_t n = d.ps.size(), s = d.mine.end - d.mine.begin, f = int64_t(sizeof(float));
   const int64_t grad_shard = d.dc.zero == 1 ? s * f : 0;
-  // NVFP4 weights: packed codes, one UE4M3 code a tile, one FP32 scale a tensor.
+  // The stored weights' cast (codes and scales, the store's count); nvfp4_bytes as before for NVFP4 runs.
   const CastStore* store = d.ps.cast_store();
-  const std::span<const FlatTensor> nv = store ? store->tensors() : std::span<const FlatTensor>{};
-  const FlatLayout l = flat_layout(nv);
-  const int64_t nvfp4 = nv.empty() ? 0 : l.packed_offset.back() + l.tile_offset.back() + int64_t(nv.size()) * f;
+  const int64_t cast = store ? store->bytes() : 0;
+  const int64_t nvfp4 = store && store->storage() == Storage::nvfp4_2d ? cast : 0;
   nlohmann::json j = {{"params_bytes", n * f},
                       {"grads_bytes", n * f + grad_shard},
                       {"master_bytes", d.separate_master() ? s * f : 0},
                       {"moments_bytes", d.adam->moments_bytes()},
                       {"nvfp4_bytes", nvfp4},
+                      {"stored_bytes", cast},
+                      {"storage", storage_name(store ? store->storage() : Storage::fp32)},
                       {"shard_elements", s},
                       {"world", d.comm.world()},
                       {"zero", d.dc.zero}};
   j["optimizer_bytes"] = j["master_bytes"].get<int64_t>() + j["moments_bytes"].get<int64_t>();
   j["total_bytes"] =
-      j["params_bytes"].get<int64_t>() + j["grads_bytes"].get<int64_t>() + j["optimizer_bytes"].get<int64_t>() + nvfp4;
+      j["params_bytes"].get<int64_t>() + j["grads_bytes"].get<int64_t>() + j["optimizer_bytes"].get<int64_t>() + cast;
   return j;
 }
 

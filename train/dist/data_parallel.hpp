@@ -21,16 +21,17 @@
 //           backends (cuda: collectives staged through the host with a
 //           host communicator, on the device with NCCL).
 //   stored parameters (ParamStore storage, train/param_storage.hpp)
-//           the parameters the store keeps as Storage::nvfp4_2d (NVFP4
-//           primary weights: the trainer stores so the weights of the linear
-//           layers the recipe does not keep high-precision, and not tied,
-//           when distributed.primary_weights is "nvfp4"): after every step the
-//           model's values of those tensors are dequant(nvfp4_2d(master)),
-//           cast by the protocol of sim/shard_cast.hpp (partial tile and
-//           tensor maxima, a MAX all-reduce, each rank writing exactly the
-//           nibbles it owns, the packed windows gathered); with zero 1 the
-//           FP32 all-gather then moves only the parameters stored in FP32
-//           (the stored ones arrive as packed codes). shard_cast false has
+//           the parameters the store keeps in low precision (Storage::bf16,
+//           fp8_e4m3 or nvfp4_2d: the trainer stores so the weights of the
+//           linear layers the recipe does not keep high-precision, and not
+//           tied, when distributed.primary_weights is "bf16", "fp8" or
+//           "nvfp4"): after every step the model's values of those tensors
+//           are the storage's cast of the master (param_storage.hpp states
+//           each), by the protocol of sim/shard_cast.hpp (partial maxima, a
+//           MAX all-reduce where the form has a scale, each rank writing
+//           exactly the codes it owns, the code windows gathered); with zero
+//           1 the FP32 all-gather then moves only the parameters stored in
+//           FP32 (the stored ones arrive as their codes). shard_cast false has
 //           every rank cast the whole tensors instead (the reference; the
 //           all-gather moves every parameter). The FP32 master values stay
 //           in the optimiser (the shard's, with zero 1) and are what
@@ -81,7 +82,7 @@ ShardRange batch_share(int64_t n, int rank, int world);
 
 class DataParallel {
  public:
-  // The parameters `ps` stores as Storage::nvfp4_2d (set before) are cast at
+  // The parameters `ps` stores in low precision (set before) are cast at
   // once: the model starts from their stored form. dc: zero and shard_cast
   // (primary_weights is the trainer's, which sets the storage).
   // units: Model::param_units (ZeRO-3's; unused otherwise).

@@ -26,7 +26,7 @@ void reduce_amax(Communicator& comm, Backend& be, CastStore& store) {
 }  // namespace
 
 void gather_windows(Communicator& comm, Backend& be, CastStore& store, std::span<const ShardRange> shards) {
-  const PackedWindows w = packed_windows(store.tensors(), shards);
+  const PackedWindows w = store.windows(shards);
   const size_t me = size_t(comm.rank()), size = size_t(w.size), all_bytes = shards.size() * size;
   if (store.device() == comm.device_buffers()) {  // the windows stay in the store's memory
     const std::span<const uint8_t> mine = std::span<const uint8_t>(store.packed()).subspan(size_t(w.at[me]), size);
@@ -53,9 +53,9 @@ void gather_windows(Communicator& comm, Backend& be, CastStore& store, std::span
 void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* flat, std::span<const ShardRange> shards,
               bool shard_cast) {
   if (comm.device_buffers() && !store.device())
-    throw Error("NVFP4 cast: the " + comm.name() + " communicator needs a device cast store (the cuda backend)");
+    throw Error("shard cast: the " + comm.name() + " communicator needs a device cast store (the cuda backend)");
   if (shards.size() != size_t(comm.world()))
-    throw Error("NVFP4 cast: " + std::to_string(shards.size()) + " shards for " + std::to_string(comm.world()) +
+    throw Error("shard cast: " + std::to_string(shards.size()) + " shards for " + std::to_string(comm.world()) +
                 " ranks");
   const bool gather = shard_cast && comm.world() > 1;
   ShardRange s = shards[size_t(comm.rank())];
@@ -64,7 +64,7 @@ void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* fl
     for (const FlatTensor& t : store.tensors()) s.end = std::max(s.end, t.offset + t.rows * t.cols);
   }
   store.partial_amax(flat, s);
-  if (gather) reduce_amax(comm, be, store);
+  if (gather && !store.amax().empty()) reduce_amax(comm, be, store);  // bf16 has no maxima
   store.compute_scales();
   store.cast(flat, s);
   if (gather) gather_windows(comm, be, store, shards);

@@ -17,7 +17,7 @@ struct ShardedParams::Unit {
   int64_t local_at = 0;            // where this rank's part starts in the shard buffers
   Tensor values, grads;            // the gathered unit and its gradients (empty: not held)
   bool reduced = false;            // its gradients were reduce-scattered this backward
-  // NVFP4-stored parameters: their cast, in unit coordinates (null: none in this unit).
+  // Low-precision-stored parameters: their cast, in unit coordinates (null: none in this unit).
   std::unique_ptr<CastStore> store;
   // gather_codes: every rank's parts outside the stored tensors (unit coordinates), where each rank's lie in
   // the compacted FP32 buffer, and that buffer once gathered (kept with the codes for the backward).
@@ -80,13 +80,15 @@ ShardedParams::~ShardedParams() = default;
 
 void ShardedParams::add_store(Unit& x) {
   std::vector<FlatTensor> tensors;  // in the unit's order: increasing offsets, the packed layout's order
+  Storage form = Storage::fp32;     // the store's one low-precision form (ParamStore::set_storage keeps one)
   for (int i : x.params)
-    if (ps_.storage(i) == Storage::nvfp4_2d) {
+    if (ps_.storage(i) != Storage::fp32) {
+      form = ps_.storage(i);
       store_slot_[size_t(i)] = int(tensors.size());
       tensors.push_back(FlatTensor{ps_.info(i).rows, ps_.info(i).cols, at_[size_t(i)]});
     }
   if (tensors.empty()) return;
-  x.store = be_.make_cast_store(tensors);  // host memory (cpu backend) or the device's (cuda: DeviceShardCast)
+  x.store = be_.make_cast_store(form, tensors);  // host memory (cpu backend) or the device's (cuda)
   int64_t at = 0;
   for (const ShardRange& s : x.shards) {
     x.fp32_parts.push_back(outside_tensors(s, x.store->tensors()));
@@ -229,6 +231,7 @@ void ShardedParams::reduce_maxima(const std::vector<Unit*>& stored) {
   auto bits = [](std::span<uint32_t> a) { return view_of(reinterpret_cast<float*>(a.data()), 1, int64_t(a.size())); };
   int64_t total = 0;
   for (Unit* x : stored) total += int64_t(x->store->amax().size());
+  if (total == 0) return;  // bf16: no maxima (the same on every rank: the geometry's)
   const bool device = stored.front()->store->device();
   if (device && comm_.device_buffers()) {
     Tensor all = be_.empty(1, std::max<int64_t>(total, 1));
@@ -391,19 +394,20 @@ nlohmann::json ShardedParams::memory(int64_t moments_bytes) const {
   // Persistent: master, both moments (as the optimiser stores them), the gradient shard. In flight: the root and one other unit, each with
   // its gradient buffer in the backward.
   const int64_t in_flight = 2 * (units_[0].size + largest_other) * f;
-  // The stored tensors' cast: packed codes, one UE4M3 code a tile, one FP32 scale a tensor (each unit's store,
-  // host or device, keeps its whole packed buffer; a store of this rank's windows only is not built).
-  int64_t nvfp4 = 0;
+  // The stored tensors' cast: codes and scales (CastStore::bytes; each unit's store, host or device, keeps
+  // its whole packed buffer; a store of this rank's windows only is not built). nvfp4_bytes: the same for
+  // NVFP4 storage (the key earlier summaries have), 0 otherwise.
+  int64_t cast = 0;
+  Storage form = Storage::fp32;
   for (const Unit& x : units_)
-    if (x.store) {
-      const FlatLayout l = flat_layout(x.store->tensors());
-      nvfp4 += l.packed_offset.back() + l.tile_offset.back() + int64_t(x.store->tensors().size()) * f;
-    }
-  const int64_t persistent = 2 * local_ * f + moments_bytes + nvfp4;
+    if (x.store) cast += x.store->bytes(), form = x.store->storage();
+  const int64_t persistent = 2 * local_ * f + moments_bytes + cast;
   return {{"zero", 3},
-          {"gather", opt_.gather_codes && nvfp4 > 0 ? "nvfp4" : "fp32"},
+          {"gather", gather_format_name(opt_.gather_codes ? gather_format_of(form) : GatherFormat::fp32)},
           {"reshard_after_forward", opt_.reshard_after_forward},
-          {"nvfp4_bytes", nvfp4},
+          {"nvfp4_bytes", form == Storage::nvfp4_2d ? cast : 0},
+          {"stored_bytes", cast},
+          {"storage", storage_name(form)},
           {"world", comm_.world()},
           {"shard_elements", local_},
           {"units", int64_t(units_.size())},

@@ -16,14 +16,15 @@
 // separated places of its backward belongs in the root). Units are visited in the same order on every rank
 // (the same model on shares of one shape), which the collectives need.
 //
-// NVFP4-stored parameters (Storage::nvfp4_2d, distributed.primary_weights nvfp4): each unit's stored tensors,
-// in unit coordinates, have a CastStore of their own (Backend::make_cast_store). With gather_codes (config
-// distributed.gather "nvfp4") cast_stored, after every optimiser step, casts this rank's parts of every unit
-// (sim/shard_cast.hpp's protocol: partial maxima of its master parts, one MAX all-reduce of every unit's
-// tensor and tile maxima together, scales on every rank, its codes into a zeroed packed buffer); gathering a
-// unit then moves the packed windows of its stored tensors (one allgather_equal, ORed in: primary_weights.hpp
+// Low-precision-stored parameters (Storage::nvfp4_2d, bf16, fp8_e4m3: distributed.primary_weights "nvfp4",
+// "bf16", "fp8"): each unit's stored tensors, in unit coordinates, have a CastStore of their own
+// (Backend::make_cast_store). With gather_codes (config distributed.gather the storage's format) cast_stored,
+// after every optimiser step, casts this rank's parts of every unit (sim/shard_cast.hpp's protocol: partial
+// maxima of its master parts, one MAX all-reduce of every unit's maxima together (NVFP4: tensor and tile;
+// FP8: tensor; BF16: none, no collective), scales on every rank, its codes into a zeroed buffer); gathering a
+// unit then moves the code windows of its stored tensors (one allgather_equal, ORed in: primary_weights.hpp
 // gather_windows) and, in FP32, only the unit's parts outside them (compacted); the unit's values are the
-// dequantized codes there, the FP32 masters elsewhere: what ZeRO-1's NVFP4-primary run hands the layers.
+// dequantized codes there, the FP32 masters elsewhere: what ZeRO-1's run with the same storage hands the layers.
 // Without gather_codes ("fp32") a unit's FP32 masters are gathered whole and every rank casts its stored
 // tensors whole (the reference, no communication in the cast).
 // reshard_after_forward false keeps what the forward's gather brought (the codes and compacted FP32 parts
@@ -32,7 +33,7 @@
 //
 // With the thread communicator (sums in rank order) the run equals ZeRO-1's bit for bit when gradient
 // clipping is off (the norm's partial sums follow the shard layout): the same gradients element by element,
-// AdamW element-wise, the same cast (quantize(nvfp4_2d, master) whatever the split).
+// AdamW element-wise, the same cast (e.g. quantize(nvfp4_2d, master)) whatever the split.
 //
 // Backends (plan S5): every buffer is the backend's (be.empty / copy / upload), so the same code runs on the
 // cpu and the cuda backend. Collectives take the backend's buffers where the communicator does (cpu with a
@@ -59,7 +60,7 @@ namespace fp4lab::train {
 
 // How ZeRO-3 moves the parameters (DistributedConfig's gather and reshard_after_forward, resolved).
 struct ZeroOptions {
-  bool gather_codes = true;           // stored tensors travel as packed NVFP4 codes (false: as FP32 masters)
+  bool gather_codes = true;           // stored tensors travel as their codes (false: as FP32 masters)
   bool reshard_after_forward = true;  // false: the forward's gather kept for the unit's backward
   GradReduce reduce = GradReduce::fp32;  // the gradients' reduce-scatter: FP32 or BF16 codes (grad_reduce.hpp)
 };
@@ -68,7 +69,7 @@ class ShardedParams final : public ParamProvider {
  public:
   // Takes this rank's parts of ps's values (full, as finalize made them) and becomes ps's provider (ps's
   // buffers are released). `units`: Model::param_units (checked: every parameter exactly once). The
-  // parameters ps stores as nvfp4_2d are cast by cast_stored (call it before the first forward).
+  // parameters ps stores in low precision are cast by cast_stored (call it before the first forward).
   ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, std::vector<std::vector<int>> units,
                 ZeroOptions opt = {});
   ~ShardedParams() override;

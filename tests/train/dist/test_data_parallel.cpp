@@ -101,8 +101,8 @@ TEST_CASE("ZeRO-1 at odd shard boundaries equals the unsharded step and one proc
       ref.step(1e-2 * (t + 1));
     }
     const std::vector<float> want(ps.values.data, ps.values.data + ps.size());
-    const Outcome z0 = run_dp(world, DistributedConfig{0, "fp32", true}, ac, steps);
-    const Outcome z1 = run_dp(world, DistributedConfig{1, "fp32", true}, ac, steps);
+    const Outcome z0 = run_dp(world, DistributedConfig{0, Storage::fp32, true}, ac, steps);
+    const Outcome z1 = run_dp(world, DistributedConfig{1, Storage::fp32, true}, ac, steps);
     CHECK(z0.values == want);
     CHECK(z1.values == want);
     CHECK(z1.m == z0.m);
@@ -113,8 +113,8 @@ TEST_CASE("ZeRO-1 at odd shard boundaries equals the unsharded step and one proc
 
 TEST_CASE("ZeRO-1 with clipping: the global norm from the shards' sums of squares") {
   const AdamWConfig ac{0.9, 0.95, 1e-8, 0.0, 0.05};
-  const Outcome z0 = run_dp(3, DistributedConfig{0, "fp32", true}, ac, 3);
-  const Outcome z1 = run_dp(3, DistributedConfig{1, "fp32", true}, ac, 3);
+  const Outcome z0 = run_dp(3, DistributedConfig{0, Storage::fp32, true}, ac, 3);
+  const Outcome z1 = run_dp(3, DistributedConfig{1, Storage::fp32, true}, ac, 3);
   // The norm's double sum differs in order only: the clipped updates agree to float rounding.
   REQUIRE(z0.values.size() == z1.values.size());
   for (size_t i = 0; i < z0.values.size(); ++i) CHECK(z1.values[i] == doctest::Approx(z0.values[i]).epsilon(1e-6));
@@ -127,8 +127,8 @@ TEST_CASE("NVFP4 primary weights: shard cast = whole cast = quantize(nvfp4_2d, m
     for (int zero : {0, 1}) {
       CAPTURE(world);
       CAPTURE(zero);
-      const Outcome sc = run_dp(world, DistributedConfig{zero, "nvfp4", true}, ac, 3, nv);
-      const Outcome whole = run_dp(world, DistributedConfig{zero, "nvfp4", false}, ac, 3, nv);
+      const Outcome sc = run_dp(world, DistributedConfig{zero, Storage::nvfp4_2d, true}, ac, 3, nv);
+      const Outcome whole = run_dp(world, DistributedConfig{zero, Storage::nvfp4_2d, false}, ac, 3, nv);
       CHECK(sc.values == whole.values);
       CHECK(sc.master == whole.master);
       // The model's weights are the dequantized NVFP4 cast of the master values; the rest is the master.
@@ -157,7 +157,7 @@ TEST_CASE("NVFP4 primary weights: shard cast = whole cast = quantize(nvfp4_2d, m
 
 TEST_CASE("DataParallel state: saving after 2 steps and loading into fresh ranks continues bit for bit") {
   const AdamWConfig ac{0.9, 0.95, 1e-8, 0.1, 0.0};
-  const DistributedConfig dc{1, "nvfp4", true};
+  const DistributedConfig dc{1, Storage::nvfp4_2d, true};
   const std::vector<int> nv{0, 2};
   const int world = 3;
   const Outcome straight = run_dp(world, dc, ac, 4, nv);
@@ -171,7 +171,7 @@ TEST_CASE("DataParallel memory: ZeRO-1 holds 1/N of the moments") {
   ParamStore ps;
   declare_odd_store(ps);
   ps.finalize(*be, 7);
-  DataParallel dp(*comms[0], *be, ps, AdamWConfig{}, DistributedConfig{1, "fp32", true});
+  DataParallel dp(*comms[0], *be, ps, AdamWConfig{}, DistributedConfig{1, Storage::fp32, true});
   const auto m = dp.memory();
   CHECK(m["moments_bytes"].get<int64_t>() == 2 * 4 * ps.size());
   CHECK(m["master_bytes"].get<int64_t>() == 0);
@@ -213,7 +213,7 @@ EpOutcome run_ep(int world, int zero, const AdamWConfig& ac, int steps, const Ep
       declare_experts(ps);
       ps.finalize(*be, from ? 99 : 7);
       if (held) (*held)[size_t(r)].assign(ps.values.data, ps.values.data + ps.size());
-      DataParallel dp(*comms[size_t(r)], *be, ps, ac, DistributedConfig{zero, "fp32", true});
+      DataParallel dp(*comms[size_t(r)], *be, ps, ac, DistributedConfig{zero, Storage::fp32, true});
       if (from) dp.load_state(from->master, from->m, from->v, first);
       for (int t = from ? first : 0; t < steps; ++t) {
         dp.begin_step(1.0f, 1.0 / world);

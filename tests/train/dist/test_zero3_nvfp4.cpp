@@ -134,7 +134,11 @@ TEST_CASE("ZeRO-3 gather nvfp4: a run resumes bit-exactly; the schedule; refusal
   CHECK(test::config_error(c).find("distributed.gather: \"nvfp4\" needs config.distributed.primary_weights") !=
         std::string::npos);
   c["distributed"] = {{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "bf16"}};
-  CHECK(test::config_error(c).find("distributed.gather: \"bf16\" is not valid; valid: fp32, nvfp4") !=
+  CHECK(test::config_error(c).find("distributed.gather: \"bf16\" needs config.distributed.primary_weights \"bf16\" "
+                                   "(the weights travel as their stored cast); valid with primary_weights nvfp4: "
+                                   "\"fp32\", \"nvfp4\"") != std::string::npos);
+  c["distributed"] = {{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "int8"}};
+  CHECK(test::config_error(c).find("distributed.gather: \"int8\" is not valid; valid: fp32, bf16, fp8, nvfp4") !=
         std::string::npos);
   c["distributed"] = {{"zero", 1}, {"primary_weights", "nvfp4"}, {"gather", "fp32"}, {"shard_cast", true}};
   CHECK(test::config_error(c).find("distributed.gather \"fp32\" and config.distributed.shard_cast true disagree") !=
@@ -196,7 +200,7 @@ TEST_CASE("ZeRO-3 gather nvfp4 with CountingComm: the weights' gather is under 1
   const int N = 3;
   DistributedConfig nvfp4;
   nvfp4.zero = 3;
-  nvfp4.primary_weights = "nvfp4";  // shard_cast true: gather nvfp4, the codes kept forward to backward
+  nvfp4.primary_weights = Storage::nvfp4_2d;  // shard_cast true: gather nvfp4, the codes kept forward to backward
   DistributedConfig fp32 = nvfp4;
   fp32.shard_cast = false;         // gather fp32: the masters travel
   fp32.reshard_after_forward = 0;  // each unit gathered once a step, as the codes are
