@@ -520,7 +520,8 @@ void add_compare(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
       by.push_back(args->by.substr(at, comma - at));
       at = comma + 1;
     }
-    print_compare(compare_runs(*dirs, CompareOptions{args->plot, args->baseline, args->title, by, args->metric}));
+    print_compare(compare_runs(
+        *dirs, CompareOptions{args->plot, args->baseline, args->title, by, parse_compare_metric(args->metric)}));
   });
 }
 
@@ -578,7 +579,7 @@ void run_sweep(const TrainArgs& args) {
     }
     run_dirs.push_back(run_directory(cfg));
   }
-  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline, args.title, {}, "final"}));
+  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline, args.title, {}, CompareMetric::final}));
 }
 
 void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {

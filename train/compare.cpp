@@ -90,7 +90,8 @@ struct MetricFormat {
   std::string metric, title;  // title: "top-1 %" for test_acc
   const char* fmt;            // printf format of its values
   bool higher;
-  std::string compared = "final", arm = "recipe";  // the value compared (final, best); what an arm is
+  CompareMetric compared = CompareMetric::final;  // the value compared
+  std::string arm = "recipe";                     // what an arm is
   bool by = false;                                 // arms by --by keys
 };
 
@@ -114,7 +115,7 @@ void run_table(std::ostream& t, const std::vector<Run>& runs, const Baseline& ba
     << pad(shown(runs[0].summary.item) + "/s", 12, true) << "\n";
   for (const auto& r : runs) {
     const Summary& s = r.summary;
-    const double gap = r.value - base.final, best = mf.compared == "best" ? r.value : s.best;
+    const double gap = r.value - base.final, best = mf.compared == CompareMetric::best ? r.value : s.best;
     t << pad(shown(name_of(r)), wrun) << pad(shown(r.label), wrec) << pad(shown(s.status), 10)
       << pad(f(s.final, fm), 16, true) << pad(f(best, fm), 10, true)
       << pad(signed_f(gap, fm), 9, true)
@@ -130,8 +131,8 @@ void run_table(std::ostream& t, const std::vector<Run>& runs, const Baseline& ba
                     {"items_per_s", s.items_per_s}});
     if (mf.by) rows.back()["arm"] = r.label;
   }
-  t << "(" << mf.title << ": " << (mf.higher ? "higher" : "lower") << " is better; gap = " << mf.compared << " - "
-    << (mf.compared == "final" ? "" : "mean ") << mf.compared << " of " << shown(base.label) << ")\n";
+  t << "(" << mf.title << ": " << (mf.higher ? "higher" : "lower") << " is better; gap = " << compare_metric_name(mf.compared) << " - "
+    << (mf.compared == CompareMetric::final ? "" : "mean ") << compare_metric_name(mf.compared) << " of " << shown(base.label) << ")\n";
 }
 
 // Per recipe (in order of first appearance): the statistics of its finite
@@ -237,7 +238,7 @@ void recipe_table(std::ostream& t, const std::vector<Run>& runs, const std::vect
   size_t wrec = std::max<size_t>(26, shown(mf.arm).size() + 2);
   for (const auto& s : stats) wrec = std::max(wrec, shown(s.recipe).size() + 2);
   t << "\n"
-    << pad(shown(mf.arm), wrec) << pad("n", 4, true) << pad("mean " + mf.compared, 12, true) << pad("std", 9, true)
+    << pad(shown(mf.arm), wrec) << pad("n", 4, true) << pad(std::string("mean ") + compare_metric_name(mf.compared), 12, true) << pad("std", 9, true)
     << pad("95% CI", 22, true) << pad("gap", 9, true) << pad("paired diff vs " + shown(base.label), 34, true)
     << pad("pairs", 6, true) << "\n";
   for (const auto& s : stats) {
@@ -250,7 +251,7 @@ void recipe_table(std::ostream& t, const std::vector<Run>& runs, const std::vect
       << pad(std::isnan(gap) ? "-" : signed_f(gap, fm), 9, true) << pad(diff, 34, true)
       << pad(s.recipe == base.label ? "-" : std::to_string(s.diff.n), 6, true) << "\n";
   }
-  t << "(n: runs with a " << mf.compared << " " << mf.title
+  t << "(n: runs with a " << compare_metric_name(mf.compared) << " " << mf.title
     << "; std: sample std (n-1); 95% CI of the mean: Student's t, n-1 df;"
     << " paired diff: mean of (" << (mf.by ? "arm" : "recipe") << " - " << shown(base.label)
     << ") over shared seeds, paired-t 95% CI)\n";
@@ -377,7 +378,8 @@ std::string forest_script(const std::vector<const RecipeStats*>& rows, const Bas
      << "set output 'plot.png'\n"
      << "set title " << gnuplot_string(title.empty() ? "paired differences vs " + base.label : title) << "\n"
      << "set xlabel "
-     << gnuplot_string((mf.compared == "final" ? "" : mf.compared + " ") + mf.title + " of " +
+     << gnuplot_string((mf.compared == CompareMetric::final ? "" : std::string(compare_metric_name(mf.compared)) + " ") +
+                       mf.title + " of " +
                        (mf.by ? "arm" : "recipe") + " - " + base.label +
                        " over shared seeds: mean and paired-t 95% CI (* Holm-adjusted p < 0.05)")
      << "\n"
@@ -429,15 +431,21 @@ std::vector<BandPoint> seed_band(const std::vector<std::vector<std::pair<double,
   return out;
 }
 
+const char* compare_metric_name(CompareMetric m) { return m == CompareMetric::best ? "best" : "final"; }
+
+CompareMetric parse_compare_metric(const std::string& v) {
+  if (v == "final") return CompareMetric::final;
+  if (v == "best") return CompareMetric::best;
+  throw Error("compare: --metric \"" + shown(v) + "\": valid: final, best");
+}
+
 CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOptions& opt) {
   if (dirs.empty()) throw Error("compare: give at least one run directory");
-  if (opt.metric != "final" && opt.metric != "best")
-    throw Error("compare: --metric \"" + shown(opt.metric) + "\": valid: final, best");
   std::vector<std::string> notes;
   std::vector<Run> runs = compare_archive::load_runs(dirs, notes);
   const std::string metric = compare_archive::common_metric(runs);
   compare_archive::set_arms(runs, opt.by);
-  compare_archive::set_values(runs, opt.metric == "best");
+  compare_archive::set_values(runs, opt.metric == CompareMetric::best);
   MetricFormat mf = metric_format(metric, runs[0].summary.higher_is_better);
   mf.compared = opt.metric;
   mf.by = !opt.by.empty();
@@ -460,7 +468,7 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
   const fs::path png = opt.plot.empty() || opt.plot == "-" ? fs::path(runs[0].dir).parent_path() / "compare.png"
                                                            : fs::path(opt.plot);
   json js = {{"metric", metric},
-             {"compared", mf.compared},
+             {"compared", compare_metric_name(mf.compared)},
              {"by", opt.by.empty() ? json::array({"recipe"}) : json(opt.by)},
              {"higher_is_better", mf.higher},
              {"baseline", base.label},
@@ -484,7 +492,7 @@ CompareResult compare_runs(const std::vector<std::string>& dirs, const CompareOp
                {"welch_p", num_or_null(s.welch.p)}};
     }
     js["recipes"].push_back({{"recipe", s.recipe},
-                             {mf.compared, stats_json(s.final)},
+                             {compare_metric_name(mf.compared), stats_json(s.final)},
                              {"paired_diff_vs_baseline", d},
                              {"tests_vs_baseline", tests}});
   }

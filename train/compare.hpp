@@ -5,6 +5,7 @@
 // characters.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,12 +21,18 @@ namespace fp4lab::train {
 // `by` the values of those dotted config.json keys joined by ',' (an absent key:
 // compare_archive.hpp archived_default, else "missing"); `metric` "final" or
 // "best" (the best evaluation in metrics.jsonl, checked against summary best).
+// The value of a run compared (--metric): its final evaluation, or its best (lowest loss, highest accuracy).
+enum class CompareMetric : uint8_t { final, best };
+const char* compare_metric_name(CompareMetric m);  // "final" | "best"
+// "final" | "best" -> the enum; an Error "compare: --metric "V": valid: final, best" otherwise.
+CompareMetric parse_compare_metric(const std::string& v);
+
 struct CompareOptions {
   std::string plot;      // PNG path; empty: <parent of the first run>/compare.png; "-" = no plot
   std::string baseline;  // the reference arm; empty: the first run whose arm is fp32 or bf16, else the first run
   std::string title;     // the plot's overall title (escaped as gnuplot_string); empty: none
   std::vector<std::string> by;   // the config keys whose values make the arms; empty: the recipe label
-  std::string metric = "final";  // "final" | "best"
+  CompareMetric metric = CompareMetric::final;
 };
 
 // The seed band of several runs' curves ((step, value) pairs in step order):

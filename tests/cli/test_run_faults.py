@@ -31,7 +31,9 @@ CONFIG = {
     "output": {"dir": "runs"},
 }
 RUN = os.path.join("runs", "tiny-fp32-s1")
-TIMING = {"ms_per_step", "items_per_s", "wall_s", "checksums"}
+# Measurements of the process that wrote the run, not results: timing, checksums, and the backend's memory
+# (device_memory: a resumed run's allocations differ from an uninterrupted one's).
+TIMING = {"ms_per_step", "items_per_s", "wall_s", "checksums", "device_memory"}
 failures = []
 
 

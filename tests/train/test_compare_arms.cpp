@@ -112,7 +112,7 @@ TEST_CASE("compare --by model.attention: one key, absent in older runs (fp32), f
     write_run(dirs.back(), "bf16", s, kGpt, plain[size_t(s - 1)]);
   }
   // Without --by: one arm (the recipe), as before.
-  const CompareResult one = compare_runs(dirs, CompareOptions{"-", "", "", {}, "final"});
+  const CompareResult one = compare_runs(dirs, CompareOptions{"-", "", "", {}, CompareMetric::final});
   REQUIRE(one.recipes.size() == 1);
   CHECK(one.recipes[0].final.n == 7);
 
@@ -123,7 +123,7 @@ TEST_CASE("compare --by model.attention: one key, absent in older runs (fp32), f
     std::vector<double> a, b;
     for (const auto& e : flash) a.push_back(best ? e[1] : e[2]);
     for (const auto& e : plain) b.push_back(best ? e[1] : e[2]);
-    const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {"model.attention"}, metric});
+    const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {"model.attention"}, parse_compare_metric(metric)});
     CHECK(c.baseline == "fp32");  // the default baseline: the arm named fp32
     REQUIRE(c.recipes.size() == 2);
     CHECK(c.recipes[0].recipe == "bf16_flash");
@@ -174,12 +174,12 @@ TEST_CASE("compare --by model.attention: one key, absent in older runs (fp32), f
   }
 
   // --baseline bf16_flash: fp32's differences are the negations.
-  const CompareResult r = compare_runs(dirs, CompareOptions{"-", "bf16_flash", "", {"model.attention"}, "best"});
+  const CompareResult r = compare_runs(dirs, CompareOptions{"-", "bf16_flash", "", {"model.attention"}, CompareMetric::best});
   CHECK(r.baseline == "bf16_flash");
   CHECK(arm(r, "fp32").welch.diff == doctest::Approx(-0.0016666666666666667).epsilon(1e-12));
   CHECK(arm(r, "fp32").welch.hi == doctest::Approx(0.16018048696214574).epsilon(1e-10));
   CHECK(std::isnan(arm(r, "bf16_flash").welch.diff));
-  const std::string e = compare_error(dirs, CompareOptions{"-", "flash", "", {"model.attention"}, "final"});
+  const std::string e = compare_error(dirs, CompareOptions{"-", "flash", "", {"model.attention"}, CompareMetric::final});
   CHECK(e == "compare: no run with model.attention \"flash\"; valid --baseline: \"bf16_flash\", \"fp32\"");
   fs::remove_all(tmp);
 }
@@ -203,14 +203,14 @@ TEST_CASE("compare --by recipe,precision.activations: two keys, the baseline arm
   add("act_s2", "bf16", 2, "bf16", 2.40);
   add("act_s3", "bf16", 3, "bf16", 2.35);
 
-  const CompareResult d = compare_runs(dirs, CompareOptions{"-", "", "", {"recipe", "precision.activations"}, "final"});
+  const CompareResult d = compare_runs(dirs, CompareOptions{"-", "", "", {"recipe", "precision.activations"}, CompareMetric::final});
   CHECK(d.baseline == "nvfp4,fp32");
   REQUIRE(d.recipes.size() == 3);
   CHECK(d.recipes[1].recipe == "bf16,fp32");
   CHECK(d.recipes[2].recipe == "bf16,bf16");
 
   const CompareResult c =
-      compare_runs(dirs, CompareOptions{"-", "bf16,fp32", "", {"recipe", "precision.activations"}, "best"});
+      compare_runs(dirs, CompareOptions{"-", "bf16,fp32", "", {"recipe", "precision.activations"}, CompareMetric::best});
   CHECK(c.baseline == "bf16,fp32");
   const RecipeStats &act = arm(c, "bf16,bf16"), &nv = arm(c, "nvfp4,fp32");
   CHECK(arm(c, "bf16,fp32").final.n == 3);
@@ -248,28 +248,28 @@ TEST_CASE("compare --by: a key without a default absent in some runs is \"missin
   const std::vector<std::string> dirs = {(tmp / "a").string(), (tmp / "b").string()};
   write_run(dirs[0], "fp32", 1, kGpt, {2.0, 1.5});
   write_run(dirs[1], "fp32", 2, no_lr, {2.0, 1.6});
-  const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {"training.lr"}, "final"});
+  const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {"training.lr"}, CompareMetric::final});
   REQUIRE(c.recipes.size() == 2);
   CHECK(c.recipes[0].recipe == "0.001");
   CHECK(c.recipes[1].recipe == "missing");
-  const CompareResult two = compare_runs(dirs, CompareOptions{"-", "", "", {"recipe", "training.lr"}, "final"});
+  const CompareResult two = compare_runs(dirs, CompareOptions{"-", "", "", {"recipe", "training.lr"}, CompareMetric::final});
   REQUIRE(two.recipes.size() == 2);
   CHECK(two.recipes[1].recipe == "fp32,missing");
   CHECK(two.baseline == "fp32,0.001");  // no arm named fp32/bf16: the first run's
-  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {"model.layers"}, "final"}).recipes[0].recipe == "2");
+  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {"model.layers"}, CompareMetric::final}).recipes[0].recipe == "2");
   // An arm is untrusted text: the table shows its control characters escaped.
   json esc = kGpt;
   esc["model"]["attention"] = "x\x1b[31m";
   write_run(tmp / "e", "fp32", 3, esc, {2.0, 1.7});
   const CompareResult e =
-      compare_runs({dirs[0], (tmp / "e").string()}, CompareOptions{"-", "", "", {"model.attention"}, "final"});
+      compare_runs({dirs[0], (tmp / "e").string()}, CompareOptions{"-", "", "", {"model.attention"}, CompareMetric::final});
   CHECK(e.recipes[1].recipe == "x\x1b[31m");
   CHECK(e.table.find('\x1b') == std::string::npos);
   CHECK(e.table.find("x\\x1b[31m") != std::string::npos);
   fs::remove_all(tmp / "e");
 
   const std::string a = "compare: " + (tmp / "a" / "config.json").string() + ": key ";
-  const auto by = [&](const std::string& k) { return compare_error(dirs, CompareOptions{"-", "", "", {k}, "final"}); };
+  const auto by = [&](const std::string& k) { return compare_error(dirs, CompareOptions{"-", "", "", {k}, CompareMetric::final}); };
   CHECK(by("model..attention") ==
         "compare: --by \"model..attention\": not a config key; valid: dotted names of letters, digits and '_' "
         "(e.g. model.attention, precision.activations, training.lr) or recipe");
@@ -286,14 +286,15 @@ TEST_CASE("compare --by: a key without a default absent in some runs is \"missin
   CHECK(by("training.lr.x") == a + "\"training.lr.x\": \"training.lr\" is number 0.001, not an object");
   CHECK(by("model.attention") == "compare: " + (tmp / "b" / "config.json").string() +
                                      ": key \"model.attention\": a string of 300 bytes (at most 256)");
-  CHECK(compare_error(dirs, CompareOptions{"-", "", "", {"recipe", "recipe"}, "final"}) ==
+  CHECK(compare_error(dirs, CompareOptions{"-", "", "", {"recipe", "recipe"}, CompareMetric::final}) ==
         "compare: --by \"recipe\" given twice");
-  CHECK(compare_error(dirs, CompareOptions{"-", "", "", {}, "last"}) ==
-        "compare: --metric \"last\": valid: final, best");
+  CHECK_THROWS_WITH_AS(parse_compare_metric("last"), "compare: --metric \"last\": valid: final, best", fp4lab::Error);
+  CHECK(parse_compare_metric("best") == CompareMetric::best);
+  CHECK(parse_compare_metric("final") == CompareMetric::final);
   fs::remove(tmp / "a" / "config.json");
   CHECK(by("training.lr") == "compare: " + (tmp / "a" / "config.json").string() +
                                  " not found (the run's config, which --by reads)");
-  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {"recipe"}, "final"}).recipes.size() == 1);  // reads no config
+  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {"recipe"}, CompareMetric::final}).recipes.size() == 1);  // reads no config
   std::ofstream(tmp / "a" / "config.json") << "[1, 2]";
   CHECK(by("training.lr") ==
         "compare: " + (tmp / "a" / "config.json").string() + ": expected a JSON object, got an array");
@@ -309,19 +310,19 @@ TEST_CASE("compare --metric best: the best evaluation by the task's direction, c
     dirs.push_back((tmp / ("acc_s" + std::to_string(s))).string());
     write_run(dirs.back(), "fp32", s, kGpt, {80.0 + s, 92.0 + s, 85.0}, "test_acc", true);
   }
-  const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {}, "best"});
+  const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {}, CompareMetric::best});
   CHECK(c.recipes[0].final.mean == doctest::Approx(93.5));
-  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {}, "final"}).recipes[0].final.mean == doctest::Approx(85.0));
+  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {}, CompareMetric::final}).recipes[0].final.mean == doctest::Approx(85.0));
   CHECK(c.table.find("mean best") != std::string::npos);
   CHECK(c.table.find("gap = best - mean best of fp32") != std::string::npos);
 
   // A summary whose best is not its metrics.jsonl's: an error naming both numbers.
   write_run(dirs[1], "fp32", 2, kGpt, {80.0, 92.0, 85.0}, "test_acc", true, 95.0);
-  CHECK(compare_error(dirs, CompareOptions{"-", "", "", {}, "best"}) ==
+  CHECK(compare_error(dirs, CompareOptions{"-", "", "", {}, CompareMetric::best}) ==
         "compare: " + dirs[1] + ": summary.json's best 95 is not the best test_acc 92 of metrics.jsonl's "
                                 "evaluations (files of two runs mixed, or edited by hand)");
   // --metric final does not read best.
-  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {}, "final"}).recipes[0].final.n == 2);
+  CHECK(compare_runs(dirs, CompareOptions{"-", "", "", {}, CompareMetric::final}).recipes[0].final.n == 2);
   fs::remove_all(tmp);
 }
 

@@ -192,7 +192,7 @@ TEST_CASE("compare: per-recipe statistics and paired differences (table, JSON, r
   add("nvfp4", 2, 2.5);
   add("mx_baseline", 2, 2.4);
 
-  const CompareResult c = compare_runs(dirs, CompareOptions{"-", ""});
+  const CompareResult c = compare_runs(dirs, CompareOptions{"-", "", "", {}, CompareMetric::final});
   CHECK(c.baseline == "fp32");
   REQUIRE(c.recipes.size() == 3);
   CHECK(c.recipes[0].recipe == "nvfp4");
@@ -280,7 +280,7 @@ TEST_CASE("compare: per-recipe statistics and paired differences (table, JSON, r
   CHECK(j["recipes"][2]["tests_vs_baseline"]["paired_p"].is_null());
 
   // With a plot: the forest plot of the paired differences beside it (where gnuplot is installed).
-  const CompareResult pl = compare_runs(dirs, CompareOptions{(tmp / "c.png").string(), ""});
+  const CompareResult pl = compare_runs(dirs, CompareOptions{(tmp / "c.png").string(), "", "", {}, CompareMetric::final});
   if (!pl.plot.empty()) {
     CHECK(pl.forest == (tmp / "c_forest.png").string());
     CHECK(fs::file_size(pl.forest) > 1000);
@@ -289,7 +289,7 @@ TEST_CASE("compare: per-recipe statistics and paired differences (table, JSON, r
   }
 
   // --baseline nvfp4: fp32's paired diff is the negation.
-  const CompareResult b = compare_runs(dirs, CompareOptions{"-", "nvfp4"});
+  const CompareResult b = compare_runs(dirs, CompareOptions{"-", "nvfp4", "", {}, CompareMetric::final});
   CHECK(b.recipes[1].diff.mean == doctest::Approx(-0.2));
   CHECK(b.recipes[1].diff.hi == doctest::Approx(-0.2 + h / 2));
   fs::remove_all(tmp);

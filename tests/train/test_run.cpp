@@ -44,7 +44,7 @@ TEST_CASE("a tiny GPT run reduces the loss and writes its run directory") {
   // An existing directory is refused without --force.
   CHECK_THROWS_AS(run_training(config_from_json(test::tiny_gpt_config(text, (tmp / "runs").string())), o), fp4lab::Error);
   // compare without a plot
-  CompareResult c = compare_runs({r.dir}, CompareOptions{"-", ""});
+  CompareResult c = compare_runs({r.dir}, CompareOptions{"-", "", "", {}, CompareMetric::final});
   CHECK(c.table.find("val_loss") != std::string::npos);
   fs::remove_all(tmp);
 }
