@@ -166,7 +166,14 @@ Tensor MoeMlp::forward_routed(Backend& be, LinearCalls& calls, const StepContext
     calls.forward(*shared_proj_, s, sh_g_, o);
     be.add_inplace(y, o);
   }
+  if (!s.backward) drop_saved();  // an evaluation: nothing of it is read again
   return y;
+}
+
+void MoeMlp::drop_saved() {
+  x_ = grouped_ = h_ = g_ = out_e_ = combined_ = sh_h_ = sh_g_ = Tensor{};
+  fc_state_.reset(), proj_state_.reset(), router_.state.reset();
+  if (shared_fc_) shared_fc_->state.reset(), shared_proj_->state.reset();
 }
 
 Tensor MoeMlp::backward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& dy) {
@@ -195,6 +202,7 @@ Tensor MoeMlp::backward(Backend& be, LinearCalls& calls, const StepContext& s, c
     calls.backward(*shared_fc_, s, dsh, dsx);
     be.add_inplace(dx, dsx);
   }
+  drop_saved();
   return dx;
 }
 

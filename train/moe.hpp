@@ -125,7 +125,9 @@ class MoeMlp {
   // The dispatch cast's transport under expert parallelism: compact (codes and scales, the default) or, with
   // false, the fake-quantized rows as FP32 (the same values: tests compare the two bit for bit).
   void set_compact_dispatch(bool on) { compact_dispatch_ = on; }
-  // y [N, C] from x [N, C] (kept until backward): router_logits, forward_routed.
+  // y [N, C] from x [N, C]: router_logits, forward_routed. What the backward reads is kept until the
+  // backward has run, then released (a forward without a backward, StepContext::backward false, keeps none of
+  // it); the routing stays until the next forward (routing(), route_state()).
   Tensor forward(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x);
   // The router's logits [N, E] of x (plans the router).
   Tensor router_logits(Backend& be, LinearCalls& calls, const StepContext& s, const Tensor& x);
@@ -140,6 +142,8 @@ class MoeMlp {
 
  private:
   StepContext router_context(const StepContext& s) const;
+  // Releases what the forward saved for the backward (the tensors and the layers' states below), not the routing.
+  void drop_saved();
   void route(Backend& be, const Tensor& logits);
   // Rows between the send layout and this rank's experts' groups (identities in one process), dispatch under
   // the dispatch cast if any (send fake-quantized in place unless the rows travel compact).
