@@ -62,6 +62,14 @@ int64_t code_bytes(Storage s) {
 
 namespace {
 
+// A host store's packed buffer set to the assembled full buffer (CastStore::set_packed), which must be as long.
+void assign_packed(std::vector<uint8_t>& packed, const std::vector<uint8_t>& full) {
+  if (full.size() != packed.size())
+    throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
+                std::to_string(packed.size()));
+  packed = full;
+}
+
 // sim/shard_cast.hpp's steps on host memory. amax_ holds the tensor maxima,
 // then the tile maxima (the device store's layout: one array to reduce).
 class HostCastStore final : public CastStore {
@@ -97,12 +105,7 @@ class HostCastStore final : public CastStore {
   }
   std::span<uint8_t> packed() override { return packed_; }
   ShardBytes span() const override { return span_; }
-  void set_packed(const std::vector<uint8_t>& full) override {
-    if (full.size() != packed_.size())
-      throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
-                  std::to_string(packed_.size()));
-    packed_ = full;
-  }
+  void set_packed(const std::vector<uint8_t>& full) override { assign_packed(packed_, full); }
   void or_windows(std::span<const uint8_t> windows, const PackedWindows& w) override {
     fp4lab::or_windows(packed_, windows, w);
   }
@@ -167,12 +170,7 @@ class HostElementStore final : public CastStore {
   }
   std::span<uint8_t> packed() override { return packed_; }
   ShardBytes span() const override { return span_; }
-  void set_packed(const std::vector<uint8_t>& full) override {
-    if (full.size() != packed_.size())
-      throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
-                  std::to_string(packed_.size()));
-    packed_ = full;
-  }
+  void set_packed(const std::vector<uint8_t>& full) override { assign_packed(packed_, full); }
   void or_windows(std::span<const uint8_t> windows, const PackedWindows& w) override {
     fp4lab::or_windows(packed_, windows, w);
   }
