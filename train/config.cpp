@@ -443,6 +443,9 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
   bool reshard = false;
   o.get("reshard_after_forward", reshard);
   if (d.contains("reshard_after_forward") && !d["reshard_after_forward"].is_null()) c.reshard_after_forward = reshard;
+  bool prefetch = true;
+  o.get("prefetch", prefetch);
+  if (d.contains("prefetch") && !d["prefetch"].is_null()) c.prefetch = prefetch;
   o.get("timeout_s", c.timeout_s);
   o.get("expert_parallel", c.expert_parallel);
   std::string reduce = grad_reduce_name(c.reduce);
@@ -466,6 +469,9 @@ void check_expert_parallel(const RunConfig& c, const std::string& where) {
   const std::string z3 = where + ".distributed.zero 3 (ZeRO-3) ";
   if (c.distributed.zero != 3 && c.distributed.reshard_after_forward >= 0)
     throw Error(where + ".distributed.reshard_after_forward: only with distributed.zero 3 (ZeRO-3), not zero " +
+                std::to_string(c.distributed.zero));
+  if (c.distributed.zero != 3 && c.distributed.prefetch >= 0)
+    throw Error(where + ".distributed.prefetch: only with distributed.zero 3 (ZeRO-3), not zero " +
                 std::to_string(c.distributed.zero));
   if (c.distributed.zero == 3 && (c.distributed.expert_parallel != 1 || c.capture_step >= 0 || c.numerics_interval > 0))
     throw Error(z3 + "with expert_parallel, output.capture_step or output.numerics_interval is not built yet");
@@ -722,6 +728,7 @@ json config_to_json(const RunConfig& c) {
   if (c.distributed.gather) j["distributed"]["gather"] = gather_format_name(*c.distributed.gather);
   if (c.distributed.reshard_after_forward >= 0)
     j["distributed"]["reshard_after_forward"] = c.distributed.reshard_after_forward == 1;
+  if (c.distributed.prefetch >= 0) j["distributed"]["prefetch"] = c.distributed.prefetch == 1;
   if (c.distributed.expert_parallel != 1) j["distributed"]["expert_parallel"] = c.distributed.expert_parallel;
   if (c.distributed.reduce != GradReduce::fp32) j["distributed"]["reduce"] = grad_reduce_name(c.distributed.reduce);
   if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;

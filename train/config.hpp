@@ -16,7 +16,7 @@
 //             the first matching rule wins, other layers run `recipe` (train/layer_recipes.hpp)
 //   eval_recipe   the recipe of every evaluation forward (absent/null: the training recipes)
 //   distributed {zero: 0|1|3, primary_weights: "fp32"|"nvfp4", shard_cast: true|false, gather: "fp32"|"nvfp4",
-//             reshard_after_forward: true|false (zero 3), reduce: "fp32"|"bf16" (the gradients' wire format,
+//             reshard_after_forward: true|false (zero 3), prefetch: true|false (zero 3), reduce: "fp32"|"bf16" (the gradients' wire format,
 //             train/dist/grad_reduce.hpp), timeout_s: seconds}
 //             data-parallel training (train/dist/data_parallel.hpp); one process is a world of 1
 //   precision {activations: "fp32"|"bf16"}: the activations' precision (train/backend.hpp's
@@ -108,6 +108,9 @@ struct DistributedConfig {
   // otherwise); 0: kept (the gathered codes where codes travel, the gathered FP32 values with fp32); 1: dropped
   // after the forward and gathered again in the backward (less memory, more traffic).
   int reshard_after_forward = -1;
+  // ZeRO-3: the next unit's gather started on entering a unit (train/dist/sharded_params.hpp). -1: the default
+  // (on); 0 off; 1 on. The bits are the same either way.
+  int prefetch = -1;
   double timeout_s = 600.0;              // a collective's wait for the other ranks (comm.hpp); not in the run identity
   // Expert parallelism (train/moe.hpp; DESIGN.md "Expert parallelism"): the MoE layers' experts sharded over
   // this many ranks, tokens dispatched and combined by all-to-all. 1: every rank holds every expert. For now it

@@ -14,8 +14,9 @@ using nlohmann::json;
 json run_identity(json resolved, bool data_loaded) {
   resolved.erase("threads");
   resolved.erase("output");
-  if (auto d = resolved.find("distributed"); d != resolved.end()) {  // timeout_s: how long, not what
+  if (auto d = resolved.find("distributed"); d != resolved.end()) {  // timeout_s, prefetch: how, not what
     d->erase("timeout_s");
+    d->erase("prefetch");  // the same bits either way (sharded_params.hpp)
     if (d->empty()) resolved.erase(d);
   }
   if (auto m = resolved.find("model"); m != resolved.end() && m->is_object()) {

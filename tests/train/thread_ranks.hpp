@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -57,11 +58,21 @@ inline nlohmann::json zero3_config(const std::string& text, const std::string& o
       {"output", {{"dir", out}}}};
 }
 
-// The config cfgj run on `world` thread ranks (RunOptions resume / stop_after as given); rank 0's result. The
-// first rank's error is thrown as Error; every rank's final parameters are checked equal.
-inline RunResult run_on_threads(int world, const nlohmann::json& cfgj, bool resume = false, int64_t stop_after = -1) {
+// A communicator put around each thread rank's (a decorator; null: none).
+using WrapComm = std::function<std::unique_ptr<Communicator>(Communicator&)>;
+
+// The config cfgj run on `world` thread ranks (RunOptions resume / stop_after as given; `wrap` around each
+// rank's communicator); rank 0's result. The first rank's error is thrown as Error; every rank's final
+// parameters are checked equal.
+inline RunResult run_on_threads(int world, const nlohmann::json& cfgj, bool resume = false, int64_t stop_after = -1,
+                                const WrapComm& wrap = nullptr) {
   const RunConfig cfg = config_from_json(cfgj);
   auto comms = make_thread_comms(world);
+  if (wrap) {
+    std::vector<std::unique_ptr<Communicator>> inner = std::move(comms);
+    for (auto& c : inner) comms.push_back(wrap(*c));
+    for (auto& c : inner) comms.push_back(std::move(c));  // kept alive behind the wrappers
+  }
   std::vector<RunResult> res(static_cast<size_t>(world));
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> th;

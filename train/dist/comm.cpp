@@ -255,6 +255,25 @@ void check_alltoallv(size_t send_bytes, std::span<const int64_t> send_counts, si
                 " rows of " + std::to_string(unit_bytes) + " bytes");
 }
 
+namespace {
+struct Finished final : PendingCollective {
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::allgather_start(std::span<const float> mine,
+                                                                 std::span<const ShardRange> shards,
+                                                                 std::span<float> full) {
+  allgather(mine, shards, full);
+  return std::make_unique<Finished>();
+}
+
+std::unique_ptr<PendingCollective> Communicator::allgather_equal_start(std::span<const uint8_t> mine,
+                                                                       std::span<uint8_t> all) {
+  allgather_equal(mine, all);
+  return std::make_unique<Finished>();
+}
+
 void Communicator::set_timeout(std::chrono::milliseconds t) {
   if (t.count() <= 0)
     throw Error("communicator: the collective timeout must be positive, got " + std::to_string(t.count()) + " ms");

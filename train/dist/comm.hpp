@@ -26,6 +26,17 @@
 
 namespace fp4lab {
 
+// A collective started and not yet finished (Communicator::allgather_start, allgather_equal_start). wait()
+// returns once its results may be read and its input buffers reused: the host engines (local, threads, MPI)
+// finish in the start itself; NCCL queues the collective on its stream and wait() polls its completion up to
+// the collective's timeout (then aborts, as a blocking collective does). Destroying one that was not waited
+// for waits (and swallows a failure, which the next collective reports).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -51,6 +62,16 @@ class Communicator {
   // ZeRO-1's weight gather: every rank's `mine` (its shards[r]) placed at
   // shards[r] of `full` on every rank. `full`'s own shard may alias `mine`.
   virtual void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) = 0;
+  // The two gathers in a form that returns before the collective has finished (ZeRO-3's prefetch of the
+  // next unit, train/dist/sharded_params.hpp): the same collective, in the same place of the rank's
+  // sequence of collectives (every rank starts it where every other rank does, and the engine runs the
+  // collectives in that order); `full` / `all` may be read, and `mine` changed, only after the returned
+  // object's wait(). The default runs the blocking call (done on return): the host engines.
+  virtual std::unique_ptr<PendingCollective> allgather_start(std::span<const float> mine,
+                                                             std::span<const ShardRange> shards,
+                                                             std::span<float> full);
+  virtual std::unique_ptr<PendingCollective> allgather_equal_start(std::span<const uint8_t> mine,
+                                                                   std::span<uint8_t> all);
   // Where the float collectives' buffers live: host memory (local, threads,
   // MPI) or the current CUDA device's memory (NCCL).
   virtual bool device_buffers() const { return false; }

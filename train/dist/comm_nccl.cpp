@@ -127,6 +127,20 @@ class NcclComm final : public Communicator {
       return ncclBroadcast(src, dst, size_t(s.end - s.begin), ncclFloat32, r, comm_, stream_);
     });
   }
+  // The same group, queued: the pending collective polls its completion.
+  std::unique_ptr<PendingCollective> allgather_start(std::span<const float> mine, std::span<const ShardRange> shards,
+                                                     std::span<float> full) override {
+    const char* what = "allgather";
+    check_args(full.size(), shards, mine.size(), what);
+    check_device_ptr(full.data(), full.size(), what);
+    check_device_ptr(mine.data(), mine.size(), what);
+    enqueue_group(what, shards, [&](int r, const ShardRange& s) {
+      float* dst = full.data() + s.begin;
+      const float* src = r == rank_ ? mine.data() : dst;
+      return ncclBroadcast(src, dst, size_t(s.end - s.begin), ncclFloat32, r, comm_, stream_);
+    });
+    return std::make_unique<Pending>(*this, what);
+  }
 
   // One ncclAllGather (in place where `mine` is the own part of `all`).
   void allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) override {
@@ -139,6 +153,19 @@ class NcclComm final : public Communicator {
     order();
     settled(ncclAllGather(mine.data(), all.data(), mine.size(), ncclUint8, comm_, stream_), what);
     finish(what);
+  }
+  std::unique_ptr<PendingCollective> allgather_equal_start(std::span<const uint8_t> mine,
+                                                           std::span<uint8_t> all) override {
+    const char* what = "allgather_equal";
+    enter(what);
+    check_allgather_equal(mine.size(), all.size(), world_, "nccl");
+    if (!mine.empty()) {
+      check_device_ptr(mine.data(), mine.size(), what);
+      check_device_ptr(all.data(), all.size(), what);
+      order();
+      settled(ncclAllGather(mine.data(), all.data(), mine.size(), ncclUint8, comm_, stream_), what);
+    }
+    return std::make_unique<Pending>(*this, what);
   }
 
   // Host bytes: the sizes gathered first (one int64 a rank), then every
@@ -333,6 +360,11 @@ class NcclComm final : public Communicator {
   // rank alike: the shards are the same everywhere), in one NCCL group.
   template <class Op>
   void launch_group(const char* what, std::span<const ShardRange> shards, Op op) {
+    enqueue_group(what, shards, op);
+    finish(what);
+  }
+  template <class Op>
+  void enqueue_group(const char* what, std::span<const ShardRange> shards, Op op) {
     order();
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t rc = ncclSuccess;
@@ -344,8 +376,60 @@ class NcclComm final : public Communicator {
       check_nccl(rc, what);
     }
     settled(end, what);
-    finish(what);
   }
+  // A collective queued on stream_ by a start form: an event after it, polled by wait() (the communicator's
+  // asynchronous error too) up to the deadline its enter() set; then aborted like a blocking collective.
+  // Collectives queued later run after it on the same stream (a later blocking one's finish waits for both).
+  class Pending final : public PendingCollective {
+   public:
+    Pending(NcclComm& c, const char* what) : c_(c), what_(what), deadline_(c.deadline_) {
+      check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      const cudaError_t rc = cudaEventRecord(done_, c_.stream_);
+      if (rc != cudaSuccess) cudaEventDestroy(done_), check(rc, "cudaEventRecord");
+    }
+    ~Pending() override {
+      if (done_) {
+        try {
+          wait();
+        } catch (...) {  // reported by the next collective (the communicator is aborted)
+        }
+        cudaEventDestroy(done_);
+      }
+    }
+    void wait() override {
+      if (waited_) return;
+      waited_ = true;
+      for (std::chrono::microseconds nap{0};;
+           nap = std::min(nap + std::chrono::microseconds(20), std::chrono::microseconds(1000))) {
+        const cudaError_t q = cudaEventQuery(done_);
+        if (q == cudaSuccess) return;
+        if (q != cudaErrorNotReady) check(q, (std::string("cudaEventQuery after ") + what_).c_str());
+        if (!c_.comm_) throw_aborted();
+        ncclResult_t async = ncclSuccess;
+        check_nccl(ncclCommGetAsyncError(c_.comm_, &async), "ncclCommGetAsyncError");
+        if (async != ncclSuccess && async != ncclInProgress) {
+          c_.abort();
+          check_nccl(async, what_);
+        }
+        if (Clock::now() >= deadline_) {
+          c_.abort();
+          c_.throw_no_answer(std::string("nccl ") + what_, {});
+        }
+        if (nap.count() > 0) std::this_thread::sleep_for(nap);
+      }
+    }
+
+   private:
+    [[noreturn]] void throw_aborted() const {
+      throw EnvironmentError("rank " + std::to_string(c_.rank_) + ": communicator (nccl): " + what_ +
+                             ": this communicator was aborted while the collective was in flight");
+    }
+    NcclComm& c_;
+    const char* what_;
+    Clock::time_point deadline_;
+    cudaEvent_t done_ = nullptr;
+    bool waited_ = false;
+  };
   ncclComm_t comm_ = nullptr;  // null once aborted
   int device_ = 0, rank_ = 0, world_ = 1;
   Clock::time_point deadline_;  // of the collective in progress (enter)

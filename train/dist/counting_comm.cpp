@@ -68,6 +68,14 @@ void CountingComm::allgather(std::span<const float> mine, std::span<const ShardR
   inner_.allgather(mine, shards, full);
 }
 
+std::unique_ptr<PendingCollective> CountingComm::allgather_start(std::span<const float> mine,
+                                                                 std::span<const ShardRange> shards,
+                                                                 std::span<float> full) {
+  const int64_t b = int64_t(full.size_bytes()), own = int64_t(mine.size_bytes());
+  count("allgather", own, b, world() > 1 ? b - own : 0);
+  return inner_.allgather_start(mine, shards, full);
+}
+
 std::vector<std::vector<uint8_t>> CountingComm::allgather_bytes(std::span<const uint8_t> mine) {
   inner_.set_step(step());
   inner_.set_timeout(timeout());
@@ -82,6 +90,13 @@ void CountingComm::allgather_equal(std::span<const uint8_t> mine, std::span<uint
   const int64_t s = int64_t(mine.size());
   count("allgather_equal", s, int64_t(all.size()), s * (world() - 1));
   inner_.allgather_equal(mine, all);
+}
+
+std::unique_ptr<PendingCollective> CountingComm::allgather_equal_start(std::span<const uint8_t> mine,
+                                                                       std::span<uint8_t> all) {
+  const int64_t s = int64_t(mine.size());
+  count("allgather_equal", s, int64_t(all.size()), s * (world() - 1));
+  return inner_.allgather_equal_start(mine, all);
 }
 
 void CountingComm::alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts,

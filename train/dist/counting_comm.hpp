@@ -51,6 +51,11 @@ class CountingComm final : public Communicator {
   void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override;
   std::vector<std::vector<uint8_t>> allgather_bytes(std::span<const uint8_t> mine) override;
   void allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) override;
+  // The start forms count as their blocking forms (under the same names) and start the inner one's.
+  std::unique_ptr<PendingCollective> allgather_start(std::span<const float> mine, std::span<const ShardRange> shards,
+                                                     std::span<float> full) override;
+  std::unique_ptr<PendingCollective> allgather_equal_start(std::span<const uint8_t> mine,
+                                                           std::span<uint8_t> all) override;
   void alltoallv(std::span<const uint8_t> send, std::span<const int64_t> send_counts, std::span<uint8_t> recv,
                  std::span<const int64_t> recv_counts, size_t unit_bytes) override;
   void barrier() override;

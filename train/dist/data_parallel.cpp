@@ -66,7 +66,8 @@ struct DataParallel::Impl {
       // forward to backward unless reshard_after_forward says otherwise (FP32 gathers: regathered, unless it
       // says so).
       const bool codes = low && dc.shard_cast;
-      const ZeroOptions zo{codes, dc.reshard_after_forward >= 0 ? dc.reshard_after_forward == 1 : !codes, dc.reduce};
+      const ZeroOptions zo{codes, dc.reshard_after_forward >= 0 ? dc.reshard_after_forward == 1 : !codes, dc.reduce,
+                           dc.prefetch != 0};
       sharded = std::make_unique<ShardedParams>(comm, be, ps, std::move(units), zo);
       master = sharded->master();
       gshard = sharded->grad_shard();

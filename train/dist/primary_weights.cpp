@@ -25,29 +25,53 @@ void reduce_amax(Communicator& comm, Backend& be, CastStore& store) {
 
 }  // namespace
 
-void gather_windows(Communicator& comm, Backend& be, CastStore& store, std::span<const ShardRange> shards) {
-  const PackedWindows w = store.windows(shards);
-  const size_t me = size_t(comm.rank()), size = size_t(w.size), all_bytes = shards.size() * size;
+WindowGather start_gather_windows(Communicator& comm, Backend& be, CastStore& store,
+                                  std::span<const ShardRange> shards) {
+  WindowGather g;
+  g.w = store.windows(shards);
+  const size_t me = size_t(comm.rank()), size = size_t(g.w.size), all_bytes = shards.size() * size;
   if (store.device() == comm.device_buffers()) {  // the windows stay in the store's memory
-    const std::span<const uint8_t> mine = std::span<const uint8_t>(store.packed()).subspan(size_t(w.at[me]), size);
-    if (!store.device()) {
-      std::vector<uint8_t> all(all_bytes);
-      comm.allgather_equal(mine, all);
-      return store.or_windows(all, w);
+    const std::span<const uint8_t> mine = std::span<const uint8_t>(store.packed()).subspan(size_t(g.w.at[me]), size);
+    std::span<uint8_t> all;
+    if (store.device()) {
+      g.device_all = be.empty(1, int64_t((all_bytes + 3) / 4));  // device bytes from the backend's pool
+      all = std::span<uint8_t>(reinterpret_cast<uint8_t*>(g.device_all.data), all_bytes);
+    } else {
+      g.host_all.resize(all_bytes);
+      all = g.host_all;
     }
-    Tensor t = be.empty(1, int64_t((all_bytes + 3) / 4));  // device bytes from the backend's pool
-    const std::span<uint8_t> all(reinterpret_cast<uint8_t*>(t.data), all_bytes);
-    comm.allgather_equal(mine, all);
-    return store.or_windows(all, w);
+    g.pending = comm.allgather_equal_start(mine, all);
+    return g;
   }
-  // A device store and a host communicator: the own span to the host, the assembled buffer back.
+  // A device store and a host communicator: the own span to the host, assembled there by the finish.
+  g.through_host = true;
   const ShardBytes own = store.span();
-  std::vector<uint8_t> window(size, 0), all(all_bytes);
-  std::copy(own.bytes.begin(), own.bytes.end(), window.begin() + (own.first_byte - w.at[me]));
-  comm.allgather_equal(window, all);
-  std::vector<uint8_t> full(store.packed().size(), 0);
-  or_windows(full, all, w);
-  store.set_packed(full);
+  std::vector<uint8_t> window(size, 0);
+  std::copy(own.bytes.begin(), own.bytes.end(), window.begin() + (own.first_byte - g.w.at[me]));
+  g.host_all.resize(all_bytes);
+  g.pending = comm.allgather_equal_start(window, g.host_all);
+  g.pending->wait();  // a host engine: done already; `window` dies here
+  return g;
+}
+
+void finish_gather_windows(CastStore& store, WindowGather& g) {
+  g.pending->wait();
+  if (g.through_host) {
+    std::vector<uint8_t> full(store.packed().size(), 0);
+    or_windows(full, g.host_all, g.w);
+    return store.set_packed(full);
+  }
+  if (g.device_all.data) {
+    const size_t all_bytes = size_t(g.w.at.size()) * size_t(g.w.size);
+    return store.or_windows(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(g.device_all.data), all_bytes),
+                            g.w);
+  }
+  store.or_windows(g.host_all, g.w);
+}
+
+void gather_windows(Communicator& comm, Backend& be, CastStore& store, std::span<const ShardRange> shards) {
+  WindowGather g = start_gather_windows(comm, be, store, shards);
+  finish_gather_windows(store, g);
 }
 
 void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* flat, std::span<const ShardRange> shards,

@@ -38,6 +38,21 @@ void run_cast(Communicator& comm, Backend& be, CastStore& store, const float* fl
 // assembled buffer gives it back unchanged, so a unit may be gathered twice.
 void gather_windows(Communicator& comm, Backend& be, CastStore& store, std::span<const ShardRange> shards);
 
+// gather_windows in two halves, for a gather started before its result is needed (ZeRO-3's prefetch):
+// start_gather_windows sends this rank's window (the collective started: Communicator::allgather_equal_start),
+// finish_gather_windows waits for it and ORs every window into the store's packed(). The store's packed() is
+// not to be changed in between. gather_windows is the two back to back.
+struct WindowGather {
+  PackedWindows w;
+  Tensor device_all;              // every rank's window, in the backend's memory (store and communicator alike)
+  std::vector<uint8_t> host_all;  // or in host memory
+  bool through_host = false;      // a device store and a host communicator: assembled on the host, set_packed
+  std::unique_ptr<PendingCollective> pending;
+};
+WindowGather start_gather_windows(Communicator& comm, Backend& be, CastStore& store,
+                                  std::span<const ShardRange> shards);
+void finish_gather_windows(CastStore& store, WindowGather& g);
+
 // The parts of `shard` outside every one of `tensors` (sorted by offset,
 // disjoint), in order: the elements ZeRO-1's all-gather still moves as FP32
 // when the tensors travel as packed codes (run_cast).

@@ -2,6 +2,7 @@
 #include "train/dist/sharded_params.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -25,6 +26,10 @@ struct ShardedParams::Unit {
   std::vector<ShardRange> compact;
   Tensor gathered;
   bool codes = false;  // store->packed() holds every rank's codes of the current cast
+  // A gather started and not finished (start_gather): its collectives in flight.
+  bool in_flight = false;
+  std::unique_ptr<PendingCollective> values_pending;  // the FP32 gather (whole unit, or the compacted parts)
+  std::optional<WindowGather> windows_pending;        // the stored tensors' code windows
 };
 
 namespace {
@@ -111,7 +116,7 @@ const StoredWeight* ShardedParams::stored(int i) const {
 
 float* ShardedParams::grad_ptr(int i) {
   const int u = unit_of_.at(size_t(i));
-  backward_ = true;
+  if (!backward_) backward_ = true, last_ = -1;  // the backward pass begins
   enter(u);
   Unit& x = units_[size_t(u)];
   if (x.reduced)
@@ -127,7 +132,27 @@ void ShardedParams::enter(int u) {
     if (current_ >= 0) leave(current_);
     current_ = u;
   }
-  if (!units_[size_t(u)].values.data) gather(u);
+  Unit& x = units_[size_t(u)];
+  if (x.in_flight)
+    finish_gather(x);
+  else if (!x.values.data)
+    gather(u);
+  if (opt_.prefetch) prefetch_after(u);
+  if (u > 0) last_ = u;
+}
+
+// The pass's next unit: forward 1, 2, ..., L, then the root; backward (from the root) L, ..., 1, then the root.
+void ShardedParams::prefetch_after(int u) {
+  const int last = int(units_.size()) - 1;
+  int next = -1;
+  if (u == 0)
+    next = last_ >= 0 ? -1 : (backward_ ? last : 1);  // only at the pass's start
+  else
+    next = backward_ ? u - 1 : u + 1;
+  if (next < 1 || next > last) return;
+  Unit& y = units_[size_t(next)];
+  if (y.in_flight || y.values.data || y.reduced || !gather_moves(y)) return;
+  start_gather(y);
 }
 
 void ShardedParams::leave(int u) {
@@ -141,7 +166,19 @@ void ShardedParams::leave(int u) {
   drop(x);
 }
 
+void ShardedParams::settle(Unit& x) {
+  if (!x.in_flight) return;
+  if (x.values_pending) x.values_pending->wait();
+  if (x.windows_pending) x.windows_pending->pending->wait();
+  x.values_pending.reset();
+  x.windows_pending.reset();
+  x.in_flight = false;
+  x.values = Tensor{};
+  x.gathered = Tensor{};  // the parts may not have arrived in it: gathered again on use
+}
+
 void ShardedParams::drop(Unit& x) {
+  settle(x);
   x.values = Tensor{};
   x.gathered = Tensor{};
   x.codes = false;
@@ -149,54 +186,63 @@ void ShardedParams::drop(Unit& x) {
 
 void ShardedParams::gather(int u) {
   Unit& x = units_[size_t(u)];
-  x.values = be_.empty(1, x.size);
-  if (x.store && opt_.gather_codes)
-    gather_fp32_parts(x);
-  else
-    gather_fp32(x);
-  if (x.store) decode(x);
-  ++gathers_;
+  start_gather(x);
+  finish_gather(x);
 }
 
-void ShardedParams::gather_fp32(Unit& x) {
-  const ShardRange own = x.shards[size_t(comm_.rank())];
-  Tensor dst = slice(x.values, own.begin, own.end);
-  be_.copy(slice(master_, x.local_at, x.local_at + (own.end - own.begin)), dst);
-  allgather(x.values.data, x.shards);
+bool ShardedParams::gather_moves(const Unit& x) const {
+  if (comm_.world() == 1) return false;
+  if (!(x.store && opt_.gather_codes)) return true;  // the FP32 masters, whole
+  return !x.codes || (!x.gathered.data && x.compact.back().end > 0);
 }
 
-void ShardedParams::gather_fp32_parts(Unit& x) {
+// The unit's gather, started: x.values allocated; the FP32 masters (whole, or with gather_codes the compacted
+// parts outside the stored tensors, unless kept from the forward) and the stored tensors' code windows (unless
+// present) sent. Nothing of x may be read until finish_gather.
+void ShardedParams::start_gather(Unit& x) {
   const size_t me = size_t(comm_.rank());
   const ShardRange own = x.shards[me];
+  x.values = be_.empty(1, x.size);
+  x.in_flight = true;
+  ++gathers_;
+  if (!(x.store && opt_.gather_codes)) {
+    Tensor dst = slice(x.values, own.begin, own.end);
+    be_.copy(slice(master_, x.local_at, x.local_at + (own.end - own.begin)), dst);
+    x.values_pending = allgather_start(x.values.data, x.shards);
+    return;
+  }
   const int64_t total = x.compact.back().end;
-  // Each part of rank r with its place in the compacted buffer, in order.
-  auto each_part = [&](size_t r, auto&& f) {
-    int64_t at = x.compact[r].begin;
-    for (const ShardRange& p : x.fp32_parts[r]) f(p, at), at += p.end - p.begin;
-  };
   if (!x.gathered.data) {  // not kept from the forward: this rank's parts of its masters, gathered
     x.gathered = be_.empty(1, std::max<int64_t>(total, 1));
-    each_part(me, [&](ShardRange p, int64_t at) {
+    int64_t at = x.compact[me].begin;
+    for (const ShardRange& p : x.fp32_parts[me]) {
       Tensor dst = slice(x.gathered, at, at + (p.end - p.begin));
       be_.copy(slice(master_, x.local_at + (p.begin - own.begin), x.local_at + (p.end - own.begin)), dst);
-    });
-    if (comm_.world() > 1 && total > 0) allgather(x.gathered.data, x.compact);
+      at += p.end - p.begin;
+    }
+    if (comm_.world() > 1 && total > 0) x.values_pending = allgather_start(x.gathered.data, x.compact);
   }
-  for (size_t r = 0; r < x.compact.size(); ++r)
-    each_part(r, [&](ShardRange p, int64_t at) {
-      Tensor dst = slice(x.values, p.begin, p.end);
-      be_.copy(slice(x.gathered, at, at + (p.end - p.begin)), dst);
-    });
+  if (!x.codes && comm_.world() > 1) x.windows_pending = start_gather_windows(comm_, be_, *x.store, x.shards);
 }
 
-void ShardedParams::decode(Unit& x) {
-  if (!opt_.gather_codes) {  // the gathered masters cast whole by every rank (the reference)
+void ShardedParams::finish_gather(Unit& x) {
+  if (x.values_pending) x.values_pending->wait(), x.values_pending.reset();
+  x.in_flight = false;
+  if (x.store && opt_.gather_codes) {
+    for (size_t r = 0; r < x.compact.size(); ++r) {  // every rank's parts into place
+      int64_t at = x.compact[r].begin;
+      for (const ShardRange& p : x.fp32_parts[r]) {
+        Tensor dst = slice(x.values, p.begin, p.end);
+        be_.copy(slice(x.gathered, at, at + (p.end - p.begin)), dst);
+        at += p.end - p.begin;
+      }
+    }
+    if (x.windows_pending) finish_gather_windows(*x.store, *x.windows_pending), x.windows_pending.reset();
+    x.codes = true;  // every rank's codes of the last cast_stored (world 1: its own)
+  } else if (x.store) {  // the gathered masters cast whole by every rank (the reference)
     run_cast(comm_, be_, *x.store, x.values.data, x.shards, false);
-  } else if (!x.codes) {  // every rank's codes of the last cast_stored
-    if (comm_.world() > 1) gather_windows(comm_, be_, *x.store, x.shards);
-    x.codes = true;
   }
-  x.store->dequantize(x.values.data);
+  if (x.store) x.store->dequantize(x.values.data);
 }
 
 void ShardedParams::cast_stored() {
@@ -288,6 +334,17 @@ void ShardedParams::allgather(float* full, std::span<const ShardRange> parts) {
   be_.upload(h.data(), t);
 }
 
+std::unique_ptr<PendingCollective> ShardedParams::allgather_start(float* full, std::span<const ShardRange> parts) {
+  if (stage_) {  // through host memory: a host engine, done on return
+    allgather(full, parts);
+    return nullptr;
+  }
+  const ShardRange own = parts[size_t(comm_.rank())];
+  const int64_t n = parts.back().end, k = own.end - own.begin;
+  return comm_.allgather_start(std::span<const float>(full + own.begin, size_t(k)), parts,
+                               std::span<float>(full, size_t(n)));
+}
+
 void ShardedParams::reduce_scatter(const Tensor& full, std::span<const ShardRange> parts, Tensor& mine) {
   if (opt_.reduce == GradReduce::bf16) return reduce_scatter_bf16(comm_, be_, full, parts, mine);
   if (!stage_)
@@ -325,6 +382,7 @@ void ShardedParams::finish_backward() {
 void ShardedParams::release_all() {
   for (Unit& x : units_) drop(x), x.grads = Tensor{}, x.reduced = false;
   current_ = -1;
+  last_ = -1;
   backward_ = false;
 }
 
@@ -391,9 +449,9 @@ nlohmann::json ShardedParams::memory(int64_t moments_bytes) const {
   const int64_t f = int64_t(sizeof(float));
   int64_t largest_other = 0;
   for (size_t u = 1; u < units_.size(); ++u) largest_other = std::max(largest_other, units_[u].size);
-  // Persistent: master, both moments (as the optimiser stores them), the gradient shard. In flight: the root and one other unit, each with
-  // its gradient buffer in the backward.
-  const int64_t in_flight = 2 * (units_[0].size + largest_other) * f;
+  // Persistent: master, both moments (as the optimiser stores them), the gradient shard. In flight: the root and
+  // one other unit, each with its gradient buffer in the backward, and with prefetch the next unit's values.
+  const int64_t in_flight = (2 * (units_[0].size + largest_other) + (opt_.prefetch ? largest_other : 0)) * f;
   // The stored tensors' cast: codes and scales (CastStore::bytes; each unit's store, host or device, keeps
   // its whole packed buffer; a store of this rank's windows only is not built). nvfp4_bytes: the same for
   // NVFP4 storage (the key earlier summaries have), 0 otherwise.
@@ -405,6 +463,7 @@ nlohmann::json ShardedParams::memory(int64_t moments_bytes) const {
   return {{"zero", 3},
           {"gather", gather_format_name(opt_.gather_codes ? gather_format_of(form) : GatherFormat::fp32)},
           {"reshard_after_forward", opt_.reshard_after_forward},
+          {"prefetch", opt_.prefetch},
           {"nvfp4_bytes", form == Storage::nvfp4_2d ? cast : 0},
           {"stored_bytes", cast},
           {"storage", storage_name(form)},

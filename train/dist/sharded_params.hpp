@@ -27,6 +27,15 @@
 // dequantized codes there, the FP32 masters elsewhere: what ZeRO-1's run with the same storage hands the layers.
 // Without gather_codes ("fp32") a unit's FP32 masters are gathered whole and every rank casts its stored
 // tensors whole (the reference, no communication in the cast).
+// Prefetch (ZeroOptions::prefetch, config distributed.prefetch; FSDP2's implicit prefetch): entering a unit
+// starts the gather of the unit its pass visits next (the forward: u + 1, or unit 1 from the root at the
+// pass's start; the backward: u - 1, or the last unit from the root at its start), with the start forms of
+// the collectives (Communicator::allgather_start, allgather_equal_start): on NCCL the gather runs on the
+// communicator's stream while this unit's layers run; the unit's use then waits for it, ORs the windows in
+// and decodes. Every rank starts the same gathers in the same place of its sequence of collectives (the same
+// model, the same visits), so the engines' order holds; the bits are those of the gather on use (the same
+// collectives moving the same bytes). A gather with nothing to move (world 1, or codes and FP32 parts kept
+// from the forward) is not started early. One more unit's values are in flight.
 // reshard_after_forward false keeps what the forward's gather brought (the codes and compacted FP32 parts
 // with gather_codes, dropping the decoded values; the FP32 values otherwise) for the unit's backward, which
 // then gathers nothing; true drops it and the backward gathers the unit again.
@@ -41,7 +50,7 @@
 // MPI: stage_). On cuda each unit's store is a DeviceShardCast, and the layers take its packed form
 // (stored(): ParamStore::stored asks the provider), decoded into their BF16 operand as under ZeRO-1; the
 // unit buffer still receives the FP32 decode for the plans that read FP32 W. Not built yet (plan S5-S7):
-// prefetch and overlap, FP32 W decoded by the layer instead of into the unit buffer, a store holding only
+// FP32 W decoded by the layer instead of into the unit buffer, a store holding only
 // this rank's codes (each unit's store keeps its whole packed buffer), expert parallelism.
 #pragma once
 
@@ -63,6 +72,7 @@ struct ZeroOptions {
   bool gather_codes = true;           // stored tensors travel as their codes (false: as FP32 masters)
   bool reshard_after_forward = true;  // false: the forward's gather kept for the unit's backward
   GradReduce reduce = GradReduce::fp32;  // the gradients' reduce-scatter: FP32 or BF16 codes (grad_reduce.hpp)
+  bool prefetch = true;                  // the next unit's gather started on entering a unit (above)
 };
 
 class ShardedParams final : public ParamProvider {
@@ -123,16 +133,20 @@ class ShardedParams final : public ParamProvider {
   void add_store(Unit& x);  // x's stored tensors' cast and FP32 parts (after x.shards)
   void enter(int u);
   void leave(int u);
-  void gather(int u);
-  void gather_fp32(Unit& x);        // the whole unit's FP32 masters
-  void gather_fp32_parts(Unit& x);  // only its parts outside the stored tensors (gather_codes)
-  void decode(Unit& x);             // the stored tensors' values in x.values
+  void gather(int u);               // start_gather and finish_gather back to back
+  void start_gather(Unit& x);       // x.values allocated, this rank's parts sent: the collectives started
+  void finish_gather(Unit& x);      // waited for, the parts and windows put in place, the stored tensors decoded
+  bool gather_moves(const Unit& x) const;  // a gather of x would start a collective
+  void prefetch_after(int u);       // the gather of the unit the pass visits after u started (prefetch)
+  void settle(Unit& x);             // a started gather of x waited for, its result discarded
   void drop(Unit& x);               // what a gather of x brought, released
   void reduce(int u);
   // The collectives on backend memory: in place where the communicator takes the backend's buffers (cpu with
   // a host communicator; cuda with NCCL), else staged through host memory (stage_: cuda with threads or MPI).
   // allgather: `full` (parts.back().end elements) holds this rank's part at parts[rank]; every part after.
   void allgather(float* full, std::span<const ShardRange> parts);
+  // The same, started (null: done already, staged through the host).
+  std::unique_ptr<PendingCollective> allgather_start(float* full, std::span<const ShardRange> parts);
   void reduce_scatter(const Tensor& full, std::span<const ShardRange> parts, Tensor& mine);
   void reduce_maxima(const std::vector<Unit*>& stored);  // cast_stored's one MAX all-reduce
   // A unit buffer (x.size elements of `buf`) into `out` at its parameters' global offsets.
@@ -149,6 +163,7 @@ class ShardedParams final : public ParamProvider {
   int64_t local_ = 0, peak_unit_ = 0;
   Tensor master_, grad_shard_;
   int current_ = -1;
+  int last_ = -1;  // the last unit other than the root entered in this pass (-1: none yet)
   bool backward_ = false;
   float grad_scale_ = 1.0f, weight_ = 1.0f;
   int64_t gathers_ = 0;
