@@ -440,12 +440,8 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
   o.get("primary_weights", primary);
   o.get("shard_cast", c.shard_cast);
   o.get("gather", gather);
-  bool reshard = false;
-  o.get("reshard_after_forward", reshard);
-  if (d.contains("reshard_after_forward") && !d["reshard_after_forward"].is_null()) c.reshard_after_forward = reshard;
-  bool prefetch = true;
-  o.get("prefetch", prefetch);
-  if (d.contains("prefetch") && !d["prefetch"].is_null()) c.prefetch = prefetch;
+  for (auto [key, to] : {std::pair{"reshard_after_forward", &c.reshard_after_forward}, {"prefetch", &c.prefetch}})
+    if (bool v = false; o.get(key, v), d.contains(key) && !d[key].is_null()) *to = v;  // else -1: not given
   o.get("timeout_s", c.timeout_s);
   o.get("expert_parallel", c.expert_parallel);
   std::string reduce = grad_reduce_name(c.reduce);
@@ -467,12 +463,11 @@ void parse_distributed(const json& d, const std::string& where, DistributedConfi
 // distributed.zero 3 and expert_parallel against the rest of the config (the world is checked by the run).
 void check_expert_parallel(const RunConfig& c, const std::string& where) {
   const std::string z3 = where + ".distributed.zero 3 (ZeRO-3) ";
-  if (c.distributed.zero != 3 && c.distributed.reshard_after_forward >= 0)
-    throw Error(where + ".distributed.reshard_after_forward: only with distributed.zero 3 (ZeRO-3), not zero " +
-                std::to_string(c.distributed.zero));
-  if (c.distributed.zero != 3 && c.distributed.prefetch >= 0)
-    throw Error(where + ".distributed.prefetch: only with distributed.zero 3 (ZeRO-3), not zero " +
-                std::to_string(c.distributed.zero));
+  for (auto [key, v] : {std::pair{"reshard_after_forward", c.distributed.reshard_after_forward},
+                        {"prefetch", c.distributed.prefetch}})
+    if (c.distributed.zero != 3 && v >= 0)
+      throw Error(where + ".distributed." + key + ": only with distributed.zero 3 (ZeRO-3), not zero " +
+                  std::to_string(c.distributed.zero));
   if (c.distributed.zero == 3 && (c.distributed.expert_parallel != 1 || c.capture_step >= 0 || c.numerics_interval > 0))
     throw Error(z3 + "with expert_parallel, output.capture_step or output.numerics_interval is not built yet");
   const int R = c.distributed.expert_parallel;
@@ -716,7 +711,8 @@ json config_to_json(const RunConfig& c) {
          {"backend", c.backend},
          {"threads", c.threads},
          {"output", {{"dir", c.output_dir}, {"name", c.output_name}, {"capture_step", c.capture_step}}}};
-  // Written only when not the default, so that the configs (and hashes) of earlier runs stay as they were.
+  // From here every key is written only when given or not the default, so that the configs (and hashes) of
+  // earlier runs stay as they were.
   if (c.numerics_interval != 0) j["output"]["numerics_interval"] = c.numerics_interval;
   DistributedConfig plain;  // the defaults, but for the timeout (written on its own)
   plain.timeout_s = c.distributed.timeout_s;
@@ -724,18 +720,15 @@ json config_to_json(const RunConfig& c) {
     j["distributed"] = {{"zero", c.distributed.zero},
                         {"primary_weights", primary_weights_name(c.distributed.primary_weights)},
                         {"shard_cast", c.distributed.shard_cast}};
-  // Only when given: the configs (and hashes) of earlier runs stay as they were.
   if (c.distributed.gather) j["distributed"]["gather"] = gather_format_name(*c.distributed.gather);
-  if (c.distributed.reshard_after_forward >= 0)
-    j["distributed"]["reshard_after_forward"] = c.distributed.reshard_after_forward == 1;
-  if (c.distributed.prefetch >= 0) j["distributed"]["prefetch"] = c.distributed.prefetch == 1;
+  for (auto [key, v] : {std::pair{"reshard_after_forward", c.distributed.reshard_after_forward},
+                        {"prefetch", c.distributed.prefetch}})
+    if (v >= 0) j["distributed"][key] = v == 1;
   if (c.distributed.expert_parallel != 1) j["distributed"]["expert_parallel"] = c.distributed.expert_parallel;
   if (c.distributed.reduce != GradReduce::fp32) j["distributed"]["reduce"] = grad_reduce_name(c.distributed.reduce);
   if (c.distributed.timeout_s != DistributedConfig{}.timeout_s) j["distributed"]["timeout_s"] = c.distributed.timeout_s;
-  if (!c.layer_recipes.empty())
-    j["layer_recipes"] = layer_recipes_to_json(c.layer_recipes);  // only when set: hashes stay
+  if (!c.layer_recipes.empty()) j["layer_recipes"] = layer_recipes_to_json(c.layer_recipes);
   if (!c.eval_recipe.is_null()) j["eval_recipe"] = c.eval_recipe;
-  // Only when not the default: the configs (and hashes) of fp32 runs stay as they were.
   if (c.activations != ActivationPrecision::fp32)
     j["precision"] = {{"activations", activation_precision_name(c.activations)}};
   return j;
