@@ -23,6 +23,13 @@
 // cast's tile order, tile (i, j) at i * ceil(cols/16) + j), one UE4M3 code a
 // tile, and global_decode = the cast's g_dec (the GEMM's alpha):
 // value = (decode(code) * decode(tile code)) * g_dec.
+//
+// Alignment: the row-wise codes lie at the tensor's offset in the store's
+// packed buffer (flat_layout: back to back, any byte), so they need not be
+// aligned. dequant_operand_bf16 (hopper_bf16) takes any address; cuBLASLt
+// (blackwell_native) assumes aligned operands (its heuristic's default: 256
+// bytes), so a native caller checks the address first or takes the copy. The
+// column-wise scratch is cudaMalloc's (aligned).
 #pragma once
 
 #include <cstdint>

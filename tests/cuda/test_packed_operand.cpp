@@ -5,12 +5,16 @@
 // scale codes, byte for byte: no layout conversion), and the hopper_bf16 GEMM
 // on them against the GEMM on quantize_device's operands (the same bits).
 // Shapes with rows / cols not multiples of 2, 16 or 32 (partial tiles, an odd
-// last column's nibble, odd rows in the transpose). The "host" cases check the
-// operand's fields without a GPU.
+// last column's nibble, odd rows in the transpose), and codes at unaligned
+// addresses in the store's packed buffer (the 16x16 tensor's start at byte
+// 851: dequant_operand_bf16's element-by-element form where its vector loads
+// would be misaligned). The "host" cases check the operand's fields without a GPU.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/gemm.hpp"
