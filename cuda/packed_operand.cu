@@ -37,8 +37,9 @@ void check_cast(const PackedNvfp4& c, int64_t rows, int64_t cols, const char* wh
 // packed codes, tile codes as the [16,16] blocks' scale codes, g_dec.
 QuantOperand operand_of(int64_t rows, int64_t cols, const uint8_t* codes, const uint8_t* tile_codes,
                         const float* g_dec) {
+  static const QuantizerSpec nvfp4_2d = quantizer_by_name("nvfp4_2d");  // looked up once, not per GEMM
   QuantOperand q;
-  q.spec = quantizer_by_name("nvfp4_2d");
+  q.spec = nvfp4_2d;
   q.rows = rows;
   q.cols = cols;
   q.codes = codes;
