@@ -28,8 +28,8 @@
 // packed buffer (flat_layout: back to back, any byte), so they need not be
 // aligned. dequant_operand_bf16 (hopper_bf16) takes any address; cuBLASLt
 // (blackwell_native) assumes aligned operands (its heuristic's default: 256
-// bytes), so a native caller checks the address first or takes the copy. The
-// column-wise scratch is cudaMalloc's (aligned).
+// bytes), so a native caller checks the address first, or copies the codes to
+// aligned memory. The column-wise scratch is cudaMalloc's (aligned).
 #pragma once
 
 #include <cstdint>
