@@ -118,6 +118,9 @@ struct DequantParams {
   const float* scales;
   int64_t rows, cols, br, bc, nbc;
   uint16_t* out;
+  // codes and out aligned for the vector forms (4 / 8 bytes of codes, 16 of out): a QuantOperand's codes need not
+  // be (a view of one tensor in a packed buffer of several: cuda/packed_operand.hpp); else element by element.
+  bool vec;
 };
 
 template <bool Packed>
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const DequantParams p
   if (t >= total) return;
   const int64_t r = total < (int64_t(1) << 32) ? int64_t(uint32_t(t) / uint32_t(chunks_per_row)) : t / chunks_per_row;
   const int64_t c0 = (t - r * chunks_per_row) * 8;
-  const bool full = c0 + 8 <= p.cols && (p.cols & 7) == 0;
+  const bool full = p.vec && c0 + 8 <= p.cols && (p.cols & 7) == 0;
   uint32_t code[8];
   if constexpr (Packed) {
     const int64_t pc = (p.cols + 1) / 2;
@@ -335,7 +338,9 @@ void dequant_operand_bf16(const QuantOperand& q, uint16_t* out, cudaStream_t str
                   g.br,
                   g.bc,
                   g.nbc,
-                  out};
+                  out,
+                  reinterpret_cast<uintptr_t>(q.codes) % (q.layout == CodeLayout::packed4 ? 4 : 8) == 0 &&
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0};
   const int64_t n = q.rows * ((q.cols + 7) / 8);
   if (n == 0) return;
   const unsigned blocks = unsigned((n + kThreads - 1) / kThreads);

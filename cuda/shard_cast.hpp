@@ -19,7 +19,10 @@
 //   6. dequantize: (decode(code) * decode(tile scale)) * g_dec into the flat
 //      buffer at every tensor element (what sim's dequantize_packed writes).
 // Afterwards packed_tensor(t) names tensor t's packed form on the device, which a
-// linear layer decodes into its exact BF16 GEMM operand (cast_operand_device).
+// linear layer decodes into its exact BF16 GEMM operand (cast_operand_device),
+// or which a native FP4 GEMM takes as it is (cuda/packed_operand.hpp: the
+// row-wise QuantOperand, and the column-wise one made from it by the
+// nibble-packed transpose).
 // Everything runs on the legacy default stream; every step but compute_scales
 // (whose results only later steps read, in stream order) is complete on return.
 #pragma once
@@ -73,9 +76,11 @@ class DeviceShardCast {
   // set_packed / cast, until the next cast).
   PackedNvfp4 packed_tensor(size_t t) const;
   // The column-wise copy of packed() (sim's transpose_packed) into `out`
-  // (device, packed_bytes_transposed() bytes). Not part of the trainer's step:
-  // its Hopper GEMMs take the row-major codes decoded to BF16 (packed_tensor()), for
-  // W and for W^T alike; a native FP4 GEMM would take this copy.
+  // (device, packed_bytes_transposed() bytes), every tensor at once. The
+  // trainer's Hopper GEMMs do not take it: they decode the row-wise codes to
+  // BF16 (packed_tensor()), for W and for W^T alike. A native FP4 GEMM's W^T
+  // operand is one tensor's copy, made where that GEMM takes it by the same
+  // transpose (packed_operand_columnwise, cuda/packed_operand.hpp).
   void transpose(uint8_t* out) const;
   int64_t packed_bytes_transposed() const;
 

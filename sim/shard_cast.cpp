@@ -203,6 +203,21 @@ std::vector<uint8_t> transpose_packed(std::span<const FlatTensor> tensors, std::
   return out;
 }
 
+std::vector<uint8_t> transpose_tile_codes(std::span<const FlatTensor> tensors, std::span<const uint8_t> tile_code) {
+  const FlatLayout l = flat_layout(tensors);
+  if (int64_t(tile_code.size()) != l.tile_offset.back())
+    throw Error("transpose_tile_codes: " + std::to_string(tile_code.size()) + " tile codes, the tensors have " +
+                std::to_string(l.tile_offset.back()) + " tiles");
+  std::vector<uint8_t> out(tile_code.size());
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const int64_t ntr = (tensors[ti].rows + kTile - 1) / kTile, ntc = (tensors[ti].cols + kTile - 1) / kTile;
+    const int64_t at = l.tile_offset[ti];
+    for (int64_t i = 0; i < ntr; ++i)
+      for (int64_t j = 0; j < ntc; ++j) out[size_t(at + j * ntr + i)] = tile_code[size_t(at + i * ntc + j)];
+  }
+  return out;
+}
+
 std::vector<uint8_t> assemble_packed(std::span<const FlatTensor> tensors, std::span<const ShardBytes> parts) {
   std::vector<uint8_t> packed(size_t(flat_layout(tensors).packed_offset.back()), 0);
   for (const ShardBytes& p : parts) {

@@ -118,6 +118,13 @@ void dequantize_packed(std::span<const FlatTensor> tensors, std::span<const uint
 // back to back in tensor order (the 16x16 tiles and scales are the same tiles
 // transposed, so the codes equal quantize(nvfp4_2d, W^T)'s).
 std::vector<uint8_t> transpose_packed(std::span<const FlatTensor> tensors, std::span<const uint8_t> packed);
+// The column-wise copy's tile codes: every tensor's UE4M3 tile codes
+// (ShardScales::tile_code, [ceil(rows/16), ceil(cols/16)] row-major each) as
+// those of its transpose, [ceil(cols/16), ceil(rows/16)] each, back to back in
+// tensor order (the same offsets: a tensor has as many tiles as its transpose).
+// quantize(nvfp4_2d, W^T)'s scale codes: the tile (j, i) of W^T is the tile
+// (i, j) of W, with the same amax, and W^T has W's tensor amax.
+std::vector<uint8_t> transpose_tile_codes(std::span<const FlatTensor> tensors, std::span<const uint8_t> tile_code);
 
 // Geometry shared by the host protocol and the GPU one (cuda/shard_cast.hpp):
 // the part of `shard` inside tensor t as tensor-local element indices

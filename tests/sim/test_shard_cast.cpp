@@ -215,3 +215,28 @@ TEST_CASE("transpose_packed: each tensor's column-wise copy equals quantize(nvfp
   CHECK(tr == want);
   CHECK_THROWS_AS(transpose_packed(m.tensors, std::vector<uint8_t>(3)), Error);
 }
+
+TEST_CASE("transpose_tile_codes: each tensor's column-wise tile codes equal quantize(nvfp4_2d, W^T)'s scale codes") {
+  // Shapes with partial tiles on either axis and more tile rows than tile columns and the reverse, so that a
+  // transpose that kept the row-of-tiles stride, or swapped a partial edge, differs.
+  for (bool specials : {false, true}) {
+    CAPTURE(specials);
+    const Model m = make_model(21, specials);
+    const ShardScales s = shard_scales(m.tensors, shard_partial_amax(m.tensors, m.flat.data(), {0, total(m)}));
+    const std::vector<uint8_t> tr = transpose_tile_codes(m.tensors, s.tile_code);
+    std::vector<uint8_t> want;
+    for (const FlatTensor& t : m.tensors) {
+      std::vector<float> wt(size_t(t.rows * t.cols));  // W^T, dense
+      for (int64_t r = 0; r < t.rows; ++r)
+        for (int64_t c = 0; c < t.cols; ++c) wt[size_t(c * t.rows + r)] = m.flat[size_t(t.offset + r * t.cols + c)];
+      const QuantizedTensor q =
+          quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(wt.data(), t.cols, t.rows));
+      CHECK(q.scale_rows == (t.cols + 15) / 16);
+      CHECK(q.scale_cols == (t.rows + 15) / 16);
+      want.insert(want.end(), q.scale_codes.begin(), q.scale_codes.end());
+    }
+    CHECK(tr == want);
+    CHECK(tr != s.tile_code);  // the shapes make the transpose a different order (the check above has teeth)
+  }
+  CHECK_THROWS_AS(transpose_tile_codes(make_model(1, false).tensors, std::vector<uint8_t>(3)), Error);
+}

@@ -235,6 +235,11 @@ struct LinearCore {
   // values, W = bf16 * g_dec, so the GEMM runs on the BF16 tensor cores, as
   // the FP32-primary run's quantized W does); else prepare() (an FP32 GEMM
   // takes the FP32 W as it is, no decode and expansion).
+  // The rule for a native FP4 GEMM (GemmPath::blackwell_native, sm_100+, the
+  // other operand NVFP4): W goes in as its packed cast, cuda/packed_operand.hpp's
+  // packed_operand (fprop) / packed_operand_columnwise (dgrad), never quantized
+  // again. Not wired: this layer's GEMMs take BF16 / FP32 operands only (what is
+  // missing: docs/log/2026-12-04-packed-operand.md); on Hopper the BF16 decode stays.
   DevOperand prepare_w(Operand op, const LayerPlan& l, const OperandPlan& p, const float* w, int64_t rows, int64_t cols,
                        bool other_bf16, GemmAlpha alpha = {}) {
     if (!other_bf16 || p.changes() || l.ctx.weight_cast == nullptr || l.w_stored == nullptr)
