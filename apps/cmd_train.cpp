@@ -490,6 +490,14 @@ void add_train(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   });
 }
 
+// compare's and sweep's --metric (one definition; parsed by parse_compare_metric).
+void add_metric_option(CLI::App& app, std::string& metric) {
+  app.add_option("--metric", metric,
+                 "final (default): the last evaluation; best: the best evaluation (lowest loss, highest "
+                 "accuracy), as summary.json's best")
+      ->check(CLI::IsMember({"final", "best"}));
+}
+
 void add_compare(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   CLI::App* compare = app.add_subcommand(
       "compare", "Compare finished runs by recipe or config keys (--by): table, statistics, loss-curve PNG (gnuplot)");
@@ -503,10 +511,7 @@ void add_compare(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
                       "config.json, e.g. model.attention or recipe,precision.activations ('recipe': the recipe "
                       "label; a key a run lacks: the value it stood for, e.g. model.attention fp32, else "
                       "'missing'). Default: the recipe label");
-  compare->add_option("--metric", args->metric,
-                      "final (default): the last evaluation; best: the best evaluation (lowest loss, highest "
-                      "accuracy), as summary.json's best")
-      ->check(CLI::IsMember({"final", "best"}));
+  add_metric_option(*compare, args->metric);
   compare->add_option("--baseline", args->baseline,
                       "Arm of the reference (a recipe, or the --by values joined by ','; default: the fp32/bf16 "
                       "arm, else the first run's)");
@@ -579,7 +584,9 @@ void run_sweep(const TrainArgs& args) {
     }
     run_dirs.push_back(run_directory(cfg));
   }
-  if (rank0) print_compare(compare_runs(run_dirs, CompareOptions{args.plot, args.baseline, args.title, {}, CompareMetric::final}));
+  if (rank0)
+    print_compare(compare_runs(
+        run_dirs, CompareOptions{args.plot, args.baseline, args.title, {}, parse_compare_metric(args.metric)}));
 }
 
 void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
@@ -593,6 +600,7 @@ void add_sweep(CLI::App& app, const std::shared_ptr<TrainArgs>& args) {
   sweep->add_flag("--force", args->force, "Replace existing run directories (as train --force)");
   sweep->add_flag("--quiet", args->quiet, "No progress output");
   sweep->add_option("--plot", args->plot, "PNG path of the comparison (its statistics: the same path with .json)");
+  add_metric_option(*sweep, args->metric);
   sweep->add_option("--baseline", args->baseline,
                     "Recipe of the reference runs (gaps, paired differences); default: fp32/bf16, else the first");
   sweep->add_option("--title", args->title,

@@ -3,7 +3,8 @@
 Python stdlib only: the three commands its README gives reproduce the Welch differences, intervals, df and p
 that best_val_welch.py printed there (the script, now in git history, computed them from the summaries' best
 with its own t distribution; mpmath at 40 digits agrees to 10 digits). Also: the arms (model.attention absent
-from runs_fp32attn's configs stands for "fp32"), the CLI's refusals (one line naming the key or value, exit 2).
+from runs_fp32attn's configs stands for "fp32"), the CLI's refusals (one line naming the key or value, exit 2),
+and sweep --metric best (two tiny runs: the table and statistics of compare --metric best).
 Usage: test_compare_data.py FP4LAB SOURCE_DIR"""
 import json
 import os
@@ -86,6 +87,31 @@ with tempfile.TemporaryDirectory(prefix="fp4lab_compare_data_") as t:
     p = subprocess.run([FP4LAB, "compare", "--help"], capture_output=True, text=True)
     check("--by" in p.stdout and "--metric" in p.stdout, "compare --help names --by and --metric")
     check(not os.path.exists(os.path.join(DATA, "runs_fp32", "compare.json")), "wrote into the data directory")
+
+    # sweep --metric best: two 6-step runs of a tiny GPT; its table and statistics are compare --metric best's of
+    # the same run directories (the runs are not trained again by the second command).
+    text = os.path.join(t, "words.txt")
+    with open(text, "w") as f:
+        f.write(" ".join("alpha beta gamma delta epsilon zeta eta theta".split()[i % 8] for i in range(4000)))
+    cfg = {"name": "sweep_metric", "recipe": "fp32", "seed": 1, "backend": "cpu", "threads": 1,
+           "model": {"type": "gpt", "layers": 1, "heads": 2, "width": 16, "context": 8, "dropout": 0.0},
+           "data": {"type": "char", "path": text},
+           "training": {"batch_size": 4, "steps": 6, "lr": 3e-2, "warmup_steps": 0, "eval_interval": 2,
+                        "eval_iters": 1, "log_interval": 1},
+           "output": {"dir": os.path.join(t, "runs")}}
+    with open(os.path.join(t, "sweep.json"), "w") as f:
+        json.dump(cfg, f)
+    p = subprocess.run([FP4LAB, "sweep", os.path.join(t, "sweep.json"), "--seeds", "1,2", "--quiet", "--metric",
+                        "best", "--plot", os.path.join(t, "s.png")], capture_output=True, text=True,
+                       env={**os.environ, "PATH": t})
+    sj = json.load(open(os.path.join(t, "s.json"))) if p.returncode == 0 else {}
+    dirs = [os.path.join(t, "runs", f"sweep_metric-fp32-s{s}") for s in (1, 2)]
+    rc, out, err = compare(t, "--metric", "best", *dirs)
+    cj = json.load(open(os.path.join(t, "c.json"))) if rc == 0 else {}
+    check(p.returncode == 0 and sj.get("compared") == "best" and sj["recipes"] == cj["recipes"]
+          and p.stdout.replace("s.png", "c.png").replace("s.json", "c.json") == out,
+          f"sweep --metric best vs compare --metric best: {p.returncode} {p.stderr[-400:]}\n{p.stdout!r}\n{out!r}\n"
+          f"{sj.get('recipes')}\n{cj.get('recipes')}\ncompare: {rc} {err}")
 
 print(f"test_compare_data: {fails} failure(s)")
 sys.exit(1 if fails else 0)
