@@ -488,6 +488,12 @@ class Backend {
   // upload).
   virtual void encode_rows_mx(const QuantizerSpec& q, const Tensor& x, Tensor& bytes);
   virtual void decode_rows_mx(const QuantizerSpec& q, const Tensor& bytes, Tensor& x);
+  // distributed.reduce "bf16" (train/dist/grad_reduce.hpp) on this backend's memory, by the element rules of
+  // train/bf16_codes.hpp, so that the reduction moves only codes: round_bf16_codes writes reduce_bf16_code of
+  // x's element i at code i of `codes` (a byte tensor, empty_bytes, of at least 2 x.size() bytes);
+  // sum_bf16_codes writes out's element i = reduce_bf16_sum over `rows` rows of out.size() codes each.
+  virtual void round_bf16_codes(const Tensor& x, Tensor& codes) = 0;
+  virtual void sum_bf16_codes(const Tensor& codes, int64_t rows, Tensor& out) = 0;
 
   // Mixture-of-experts routing (train/moe.hpp). Index and weight arrays are
   // host arrays; `k` slots per token, slot (t, j) at t * k + j.

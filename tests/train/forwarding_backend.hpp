@@ -119,6 +119,10 @@ class ForwardingBackend : public Backend {
     inner().cross_entropy_start(logits, targets, dlogits);
   }
   double cross_entropy_finish(int64_t* correct) override { return inner().cross_entropy_finish(correct); }
+  void round_bf16_codes(const Tensor& x, Tensor& codes) override { inner().round_bf16_codes(x, codes); }
+  void sum_bf16_codes(const Tensor& codes, int64_t rows, Tensor& out) override {
+    inner().sum_bf16_codes(codes, rows, out);
+  }
   double sum_squares(const Tensor& g) override { return inner().sum_squares(g); }
   void scale(Tensor& g, float s) override { inner().scale(g, s); }
   void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, std::span<const IndexRange> decayed, float lr,

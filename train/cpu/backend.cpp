@@ -14,6 +14,7 @@
 #include <Eigen/Core>
 
 #include "train/backend.hpp"
+#include "train/bf16_codes.hpp"
 #include "train/cpu/attention_flash.hpp"
 #include "train/cpu/bf16.hpp"
 #include "train/cpu/linear.hpp"
@@ -549,6 +550,22 @@ class CpuBackend final : public Backend {
     const ThreadCount use(threads_);
     const MxRows m = mx_rows_for("cpu backend decode_rows_mx", q, x.rows, x.cols, bytes.size() * 4);
     mx_decode_rows(m, byte_data(bytes), x.rows, x.data);
+  }
+
+  // distributed.reduce bf16's element rules (train/bf16_codes.hpp) on the tensors' own memory.
+  void round_bf16_codes(const Tensor& x, Tensor& codes) override {
+    const ThreadCount use(threads_);
+    check_bf16_codes("cpu backend round_bf16_codes", codes.size() * 4, 1, x.size());
+    uint16_t* c = reinterpret_cast<uint16_t*>(codes.data);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < x.size(); ++i) c[i] = reduce_bf16_code(x.data[i]);
+  }
+  void sum_bf16_codes(const Tensor& codes, int64_t rows, Tensor& out) override {
+    const ThreadCount use(threads_);
+    check_bf16_codes("cpu backend sum_bf16_codes", codes.size() * 4, rows, out.size());
+    const uint16_t* c = reinterpret_cast<const uint16_t*>(codes.data);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < out.size(); ++i) out.data[i] = reduce_bf16_sum(c, rows, out.size(), i);
   }
 
   void gather_rows_indexed(const Tensor& x, const int32_t* idx, Tensor& out) override {

@@ -36,6 +36,7 @@
 #include "core/error.hpp"
 #include "cuda/device.hpp"
 #include "cuda/quantize.hpp"
+#include "train/cuda/grad_reduce_ops.hpp"
 #include "train/cuda/moe_ops.hpp"
 #include "train/cuda/moe_route.hpp"
 #include "train/cuda/route_state.hpp"
@@ -382,6 +383,15 @@ class CudaBackend final : public Backend {
   void decode_rows_mx(const QuantizerSpec& q, const Tensor& bytes, Tensor& x) override {
     const MxRows m = mx_rows_for("cuda backend decode_rows_mx", q, x.rows, x.cols, bytes.size() * 4);
     nn::decode_rows_mx(m, byte_data(bytes), x.rows, x.data);
+  }
+  // distributed.reduce bf16's element rules (train/bf16_codes.hpp) in grad_reduce_ops.cu's kernels.
+  void round_bf16_codes(const Tensor& x, Tensor& codes) override {
+    nn::round_bf16_codes("cuda backend round_bf16_codes", x.data, x.size(), reinterpret_cast<uint16_t*>(codes.data),
+                         codes.size() * 4);
+  }
+  void sum_bf16_codes(const Tensor& codes, int64_t rows, Tensor& out) override {
+    nn::sum_bf16_codes("cuda backend sum_bf16_codes", reinterpret_cast<const uint16_t*>(codes.data), codes.size() * 4,
+                       rows, out.size(), out.data);
   }
 
   // ---- mixture-of-experts routing (host indices and weights uploaded) ----

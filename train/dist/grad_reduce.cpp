@@ -5,8 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "core/bits.hpp"
-#include "core/encode.hpp"
 #include "core/error.hpp"
 #include "train/dist/comm.hpp"
 
@@ -14,8 +12,8 @@ namespace fp4lab::train {
 
 namespace {
 
-// A float tensor holding `n` 16-bit codes (ceil(n / 2) floats; at least one, so that it has an address).
-Tensor code_tensor(Backend& be, size_t n) { return be.empty(1, std::max<int64_t>(int64_t((n + 1) / 2), 1)); }
+// A byte tensor of be's memory holding `n` 16-bit codes (at least one float, so that it has an address).
+Tensor code_tensor(Backend& be, size_t n) { return empty_bytes(be, std::max<int64_t>(int64_t(2 * n), 4)); }
 
 }  // namespace
 
@@ -28,38 +26,28 @@ void reduce_scatter_bf16(Communicator& comm, Backend& be, const Tensor& full, st
   if (size_t(mine.size()) != k)
     throw Error("reduce_scatter_bf16: " + std::to_string(mine.size()) + " elements for a shard of " +
                 std::to_string(k));
-  // This rank's contribution, rounded once: the codes of the whole buffer, which lie in rank order of the
-  // shards (contiguous, covering it), i.e. alltoallv's send layout as they are. Rounded to an even count of
-  // codes, so that a device buffer of floats can carry them.
-  std::vector<float> h(n);
-  be.download(full, h.data());
-  std::vector<uint16_t> send(n + (n & 1)), recv(size_t(world) * k + ((size_t(world) * k) & 1));
-  for (size_t i = 0; i < n; ++i) send[i] = uint16_t(encode_rn_f32<bfloat16>(h[i], Overflow::nonsaturate));
+  // This rank's contribution, rounded once by the backend: the codes of the whole buffer, which lie in rank
+  // order of the shards (contiguous, covering it), i.e. alltoallv's send layout as they are.
+  Tensor send = code_tensor(be, n), recv = code_tensor(be, size_t(world) * k);
+  be.round_bf16_codes(full, send);
   std::vector<int64_t> send_counts(static_cast<size_t>(world)), recv_counts(static_cast<size_t>(world), int64_t(k));
   for (int r = 0; r < world; ++r) send_counts[size_t(r)] = shards[size_t(r)].end - shards[size_t(r)].begin;
   const size_t send_bytes = n * 2, recv_bytes = size_t(world) * k * 2;
-  if (!comm.device_buffers()) {
-    comm.alltoallv(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(send.data()), send_bytes), send_counts,
-                   std::span<uint8_t>(reinterpret_cast<uint8_t*>(recv.data()), recv_bytes), recv_counts, 2);
-  } else {  // NCCL: the codes through device buffers (the backend's float copies move bytes unchanged)
-    Tensor ds = code_tensor(be, send.size()), dr = code_tensor(be, recv.size());
-    if (n > 0) {
-      Tensor s = view_of(ds.data, 1, int64_t(send.size() / 2));
-      be.upload(reinterpret_cast<const float*>(send.data()), s);
-    }
-    be.synchronize();
-    comm.alltoallv(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(ds.data), send_bytes), send_counts,
-                   std::span<uint8_t>(reinterpret_cast<uint8_t*>(dr.data), recv_bytes), recv_counts, 2);
-    if (!recv.empty()) be.download(view_of(dr.data, 1, int64_t(recv.size() / 2)), reinterpret_cast<float*>(recv.data()));
+  // The codes move in the backend's memory where the communicator takes it (the cpu backend's host memory with
+  // threads or MPI; the device's with NCCL, whose stream waits for the rounding); the cuda backend with a host
+  // communicator stages them, and only them, through host memory.
+  if (be.name() != "cuda" || comm.device_buffers()) {
+    comm.alltoallv(std::span<const uint8_t>(byte_data(send), send_bytes), send_counts,
+                   std::span<uint8_t>(byte_data(recv), recv_bytes), recv_counts, 2);
+  } else {
+    std::vector<float> hs(size_t(send.size())), hr(size_t(recv.size()));
+    be.download(send, hs.data());
+    comm.alltoallv(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(hs.data()), send_bytes), send_counts,
+                   std::span<uint8_t>(reinterpret_cast<uint8_t*>(hr.data()), recv_bytes), recv_counts, 2);
+    be.upload(hr.data(), recv);
   }
-  // Rank r's codes of this shard at [r k, (r + 1) k): summed in FP32 in rank order, from rank 0's value.
-  std::vector<float> sum(k);
-  for (size_t i = 0; i < k; ++i) {
-    float s = bits_float(uint32_t(recv[i]) << 16);
-    for (int r = 1; r < world; ++r) s += bits_float(uint32_t(recv[size_t(r) * k + i]) << 16);
-    sum[i] = s;
-  }
-  if (k > 0) be.upload(sum.data(), mine);
+  // Rank r's codes of this shard at [r k, (r + 1) k): summed by the backend in FP32 in rank order.
+  be.sum_bf16_codes(recv, world, mine);
 }
 
 }  // namespace fp4lab::train

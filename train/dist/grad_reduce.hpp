@@ -15,9 +15,12 @@
 //         its shard in FP32, in rank order: s = c_0, then s = s + c_r for r = 1 .. N-1 (c_r the exact float of
 //         rank r's code; world 1: s = c_0, the rounding alone). The sum is deterministic and independent of
 //         the communicator's engine and topology (alltoallv moves bytes exactly, so MPI and NCCL give the
-//         thread ranks' bits). On the cuda backend the rounding and the sum run on the host (the gradient
-//         staged through host memory; with NCCL the codes travel in device buffers): correct, not fast, and
-//         not yet run on a GPU.
+//         thread ranks' bits). A NaN sum is written as 0x7FFF0000 (the NaN code's float), whatever NaN the
+//         hardware's adds give, so every backend writes the same bits. The rounding and the sum are the
+//         backend's (Backend::round_bf16_codes, sum_bf16_codes: one implementation of each rule,
+//         train/bf16_codes.hpp, in the CPU backend's loops and the CUDA backend's kernels); the reduction moves
+//         only codes: on the cuda backend with NCCL nothing goes through host memory; with a host communicator
+//         (threads, MPI) only the 2-byte codes are staged (downloaded, then the received ones uploaded).
 //         Zero 0: the same reduce-scatter to even_shards of the buffer, then the existing FP32 all-gather of
 //         the sums (every rank gets the same summed gradient).
 //         Against FSDP2 (PyTorch's fully_shard, MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)): FSDP2
@@ -28,7 +31,9 @@
 //
 // Tested: tests/train/dist/test_reduce_bf16.cpp (an independent oracle on 2, 3, 5 thread ranks, one step under
 // zero 0, 1, 3; the bytes counted by CountingComm; the config key), test_reduce_bf16_runs.cpp (whole runs: zero 0
-// = ZeRO-1 = ZeRO-3 bit for bit), tests/cli/test_train_threads.py (the CLI on threads:2).
+// = ZeRO-1 = ZeRO-3 bit for bit), tests/cli/test_train_threads.py (the CLI on threads:2); the backend ops against
+// an integer oracle: tests/train/cpu/test_bf16_codes.cpp (cpu) and tests/train/cuda/test_reduce_bf16_cuda.cpp
+// (cuda; and reduce_scatter_bf16 on the cuda backend = the cpu backend's, thread ranks and NCCL).
 #pragma once
 
 #include <cstdint>
@@ -48,8 +53,9 @@ enum class GradReduce : uint8_t { fp32, bf16 };
 // The bf16 reduction above: rank r receives in `mine` (shards[r] elements) the FP32 sum, in rank order, of
 // every rank's BF16-rounded `full` over shards[r]. `full` is this rank's whole (scaled) gradient, the same
 // length on every rank; `shards` as reduce_scatter_sum's (contiguous, rank order, covering full; any sizes).
-// Backend tensors: host memory on the cpu backend, the device's on cuda (staged through host memory; with a
-// device communicator, NCCL, the codes travel in device buffers). `mine` may alias its part of `full`.
+// Backend tensors: host memory on the cpu backend, the device's on cuda (the rounding and the sum on the
+// device; the codes in device buffers with NCCL, staged through host memory with a host communicator). `mine`
+// may alias its part of `full`.
 // Collective: one alltoallv of 2-byte rows.
 void reduce_scatter_bf16(Communicator& comm, Backend& be, const Tensor& full, std::span<const ShardRange> shards,
                          Tensor& mine);
