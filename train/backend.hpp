@@ -272,6 +272,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Its tensors are host memory (cpu) or the device's (cuda): a host communicator (threads, MPI) takes the
+  // former as they are; the latter are staged through host memory (train/dist/).
+  virtual bool host_tensors() const = 0;
 
   // The activation precision the ops apply (the contract above); fp32 until
   // set. A model sets it at the start of every pass (StepContext::activations).

@@ -19,6 +19,7 @@ class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   std::string name() const override { return inner_->name(); }
+  bool host_tensors() const override { return inner_->host_tensors(); }
   bool implements(ActivationPrecision a) const override { return inner_->implements(a); }
   void set_activations(ActivationPrecision a) override {
     Backend::set_activations(a);

@@ -170,6 +170,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) : threads_(threads) {}
   std::string name() const override { return "cpu"; }
+  bool host_tensors() const override { return true; }
   std::unique_ptr<CastStore> make_cast_store(Storage s, std::span<const FlatTensor> tensors) override {
     return s == Storage::nvfp4_2d ? make_host_cast_store(tensors) : make_host_element_store(s, tensors);
   }

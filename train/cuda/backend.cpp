@@ -62,6 +62,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() : pool_(std::make_shared<DevicePool>()) {}
   std::string name() const override { return "cuda"; }
+  bool host_tensors() const override { return false; }
   std::unique_ptr<CastStore> make_cast_store(Storage s, std::span<const FlatTensor> tensors) override {
     return make_device_cast_store(s, tensors);
   }

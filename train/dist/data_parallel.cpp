@@ -48,7 +48,7 @@ struct DataParallel::Impl {
   Impl(Communicator& c, Backend& b, ParamStore& p, const AdamWConfig& ac, const DistributedConfig& d,
        std::vector<std::vector<int>> units)
       : comm(c), be(b), ps(p), dc(d) {
-    const bool device = be.name() == "cuda";
+    const bool device = !be.host_tensors();
     if (comm.device_buffers() && !device)
       throw Error("data parallel: the " + comm.name() + " communicator needs the cuda backend");
     stage = device && !comm.device_buffers();

@@ -62,7 +62,7 @@ void CommExpertExchange::move(Backend& be, const Tensor& send, std::span<const i
   FP4LAB_CHECK(sb <= size_t(send.size()) * 4 && rb <= size_t(recv.size()) * 4,
                "expert parallel: " + std::to_string(sb) + " and " + std::to_string(rb) + " bytes in buffers of " +
                    std::to_string(send.size() * 4) + " and " + std::to_string(recv.size() * 4));
-  const bool stage = be.name() == "cuda" && !comm_.device_buffers();
+  const bool stage = !be.host_tensors() && !comm_.device_buffers();
   if (!stage) {
     be.synchronize();  // the rows are written
     comm_.alltoallv(std::span<const uint8_t>(byte_data(send), sb), send_rows, std::span<uint8_t>(byte_data(recv), rb),

@@ -36,7 +36,7 @@ void reduce_scatter_bf16(Communicator& comm, Backend& be, const Tensor& full, st
   // The codes move in the backend's memory where the communicator takes it (the cpu backend's host memory with
   // threads or MPI; the device's with NCCL, whose stream waits for the rounding); the cuda backend with a host
   // communicator stages them, and only them, through host memory.
-  if (be.name() != "cuda" || comm.device_buffers()) {
+  if (be.host_tensors() || comm.device_buffers()) {
     comm.alltoallv(std::span<const uint8_t>(byte_data(send), send_bytes), send_counts,
                    std::span<uint8_t>(byte_data(recv), recv_bytes), recv_counts, 2);
   } else {

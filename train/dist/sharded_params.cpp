@@ -40,9 +40,9 @@ Tensor slice(const Tensor& flat, int64_t begin, int64_t end) { return view_of(fl
 
 ShardedParams::ShardedParams(Communicator& comm, Backend& be, ParamStore& ps, std::vector<std::vector<int>> units,
                              ZeroOptions opt)
-    : comm_(comm), be_(be), ps_(ps), opt_(opt), stage_(be.name() != "cpu" && !comm.device_buffers()) {
+    : comm_(comm), be_(be), ps_(ps), opt_(opt), stage_(!be.host_tensors() && !comm.device_buffers()) {
   const int n = int(ps.infos().size());
-  if (comm.device_buffers() && be.name() == "cpu")
+  if (comm.device_buffers() && be.host_tensors())
     throw Error("ZeRO-3: the " + comm.name() + " communicator needs the cuda backend");
   if (ps.expert_ranks() != 1) throw Error("distributed.zero 3 with expert parallelism is not built yet (plan step S4)");
   if (units.empty()) throw Error("ShardedParams: no units");
