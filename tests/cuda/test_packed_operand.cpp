@@ -125,6 +125,17 @@ std::vector<float> gemm_hopper(Blas& blas, const QuantOperand& a, const QuantOpe
   return y.download();
 }
 
+// Every element of m cast by one rank (the store's protocol over the whole buffer; each step is complete on
+// return but compute_scales, whose results only the cast reads, in stream order).
+void cast_whole(DeviceShardCast& cast, const Model& m) {
+  DeviceBuffer<float> flat;
+  flat.upload(m.flat);
+  const ShardRange all{0, int64_t(m.flat.size())};
+  cast.partial_amax(flat.data(), all);
+  cast.compute_scales();
+  cast.cast(flat.data(), all);
+}
+
 }  // namespace
 
 TEST_CASE("packed_operand: an nvfp4_2d operand's fields, the layout quantize_device writes" *
@@ -172,13 +183,8 @@ TEST_CASE("packed_operand: an nvfp4_2d operand's fields, the layout quantize_dev
 TEST_CASE("packed_operand: row-wise and column-wise operands equal quantize(nvfp4_2d, W) and (W^T), bit for bit") {
   const Model m = make_model(3);
   const QuantizerSpec nvfp4_2d = quantizer_by_name("nvfp4_2d");
-  DeviceBuffer<float> dflat;
-  dflat.upload(m.flat);
   DeviceShardCast cast(m.tensors);
-  const ShardRange all{0, int64_t(m.flat.size())};
-  cast.partial_amax(dflat.data(), all);
-  cast.compute_scales();
-  cast.cast(dflat.data(), all);
+  cast_whole(cast, m);
   DeviceBuffer<float> deq;
   deq.upload(m.flat);
   cast.dequantize(deq.data());
@@ -242,13 +248,8 @@ TEST_CASE("packed_operand: row-wise and column-wise operands equal quantize(nvfp
 TEST_CASE("packed_operand: the hopper_bf16 GEMM on the packed operands equals it on quantize_device's, same bits") {
   const Model m = make_model(7);
   const QuantizerSpec nvfp4_2d = quantizer_by_name("nvfp4_2d"), nvfp4 = quantizer_by_name("nvfp4");
-  DeviceBuffer<float> dflat;
-  dflat.upload(m.flat);
   DeviceShardCast cast(m.tensors);
-  const ShardRange all{0, int64_t(m.flat.size())};
-  cast.partial_amax(dflat.data(), all);
-  cast.compute_scales();
-  cast.cast(dflat.data(), all);
+  cast_whole(cast, m);
   Blas blas;
   ColumnwiseScratch scratch;
   const int64_t batch = 19;  // odd: partial tiles of the activations too

@@ -196,6 +196,18 @@ TEST_CASE(
   }
 }
 
+namespace {
+
+// quantize(nvfp4_2d, W^T) of tensor t of m, W^T made dense element by element (the oracle of the transposes).
+QuantizedTensor quantize_transposed(const Model& m, const FlatTensor& t) {
+  std::vector<float> wt(size_t(t.rows * t.cols));
+  for (int64_t r = 0; r < t.rows; ++r)
+    for (int64_t c = 0; c < t.cols; ++c) wt[size_t(c * t.rows + r)] = m.flat[size_t(t.offset + r * t.cols + c)];
+  return quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(wt.data(), t.cols, t.rows));
+}
+
+}  // namespace
+
 TEST_CASE("transpose_packed: each tensor's column-wise copy equals quantize(nvfp4_2d, W^T) packed (dense oracle)") {
   const Model m = make_model(8, true);
   std::vector<ShardBytes> parts;
@@ -204,11 +216,7 @@ TEST_CASE("transpose_packed: each tensor's column-wise copy equals quantize(nvfp
   const std::vector<uint8_t> tr = transpose_packed(m.tensors, assemble_packed(m.tensors, parts));
   std::vector<uint8_t> want;
   for (const FlatTensor& t : m.tensors) {
-    std::vector<float> wt(size_t(t.rows * t.cols));  // W^T, dense
-    for (int64_t r = 0; r < t.rows; ++r)
-      for (int64_t c = 0; c < t.cols; ++c) wt[size_t(c * t.rows + r)] = m.flat[size_t(t.offset + r * t.cols + c)];
-    const QuantizedTensor q =
-        quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(wt.data(), t.cols, t.rows));
+    const QuantizedTensor q = quantize_transposed(m, t);
     const std::vector<uint8_t> p = pack_fp4(q.codes.data(), t.cols, t.rows);
     want.insert(want.end(), p.begin(), p.end());
   }
@@ -226,11 +234,7 @@ TEST_CASE("transpose_tile_codes: each tensor's column-wise tile codes equal quan
     const std::vector<uint8_t> tr = transpose_tile_codes(m.tensors, s.tile_code);
     std::vector<uint8_t> want;
     for (const FlatTensor& t : m.tensors) {
-      std::vector<float> wt(size_t(t.rows * t.cols));  // W^T, dense
-      for (int64_t r = 0; r < t.rows; ++r)
-        for (int64_t c = 0; c < t.cols; ++c) wt[size_t(c * t.rows + r)] = m.flat[size_t(t.offset + r * t.cols + c)];
-      const QuantizedTensor q =
-          quantize(quantizer_by_name("nvfp4_2d"), MatrixView<const float>(wt.data(), t.cols, t.rows));
+      const QuantizedTensor q = quantize_transposed(m, t);
       CHECK(q.scale_rows == (t.cols + 15) / 16);
       CHECK(q.scale_cols == (t.rows + 15) / 16);
       want.insert(want.end(), q.scale_codes.begin(), q.scale_codes.end());

@@ -32,6 +32,15 @@ void check_model(Model& m, const Batch& b) {
   }
 }
 
+// 4 sequences of 16 tokens, tokens and targets drawn from a vocabulary of 11 (the memory tests' GPTs).
+Batch token_batch(uint32_t seed) {
+  std::mt19937 r(seed);
+  Batch b;
+  b.size = 4;
+  for (int i = 0; i < 64; ++i) b.tokens.push_back(int32_t(r() % 11)), b.targets.push_back(int32_t(r() % 11));
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("gpt (tied lm_head, bias on): gradients of every parameter") {
@@ -74,10 +83,7 @@ TEST_CASE("gpt: a step's saved activations are released by its backward; an eval
   ModelConfig c;
   c.type = "gpt", c.layers = 4, c.heads = 2, c.width = 32, c.context = 16, c.vocab_size = 11, c.bias = true;
   auto m = make_model(c, *be, 4);
-  std::mt19937 r(3);
-  Batch b;
-  b.size = 4;
-  for (int i = 0; i < 64; ++i) b.tokens.push_back(int32_t(r() % 11)), b.targets.push_back(int32_t(r() % 11));
+  const Batch b = token_batch(3);
   StepContext train{nullptr, 1, 0, true}, eval{nullptr, 1, 0, false};
   const int64_t base = be->device_memory()->tensors_in_use;  // the parameters and their gradients
   CHECK(base >= 2 * m->params().size() * int64_t(sizeof(float)));
@@ -132,10 +138,7 @@ TEST_CASE("gpt with a mixture of experts: a step and an evaluation leave only th
   c.type = "gpt", c.layers = 3, c.heads = 2, c.width = 32, c.context = 16, c.vocab_size = 11;
   c.moe.experts = 4, c.moe.top_k = 2, c.moe.shared_expert = true;
   auto m = make_model(c, *be, 4);
-  std::mt19937 r(5);
-  Batch b;
-  b.size = 4;
-  for (int i = 0; i < 64; ++i) b.tokens.push_back(int32_t(r() % 11)), b.targets.push_back(int32_t(r() % 11));
+  const Batch b = token_batch(5);
   StepContext train{nullptr, 1, 0, true}, eval{nullptr, 1, 0, false};
   const int64_t base = be->device_memory()->tensors_in_use;
   // Less than one of the smallest tensors a MoE layer saves for its backward: the slots' rows [N k, C].

@@ -115,19 +115,12 @@ class NcclComm final : public Communicator {
       return ncclReduce(send, recv, size_t(s.end - s.begin), ncclFloat32, ncclSum, r, comm_, stream_);
     });
   }
-  // One ncclBroadcast per rank r (root r) into its shard of `full`, in one group.
+  // The start form, waited for.
   void allgather(std::span<const float> mine, std::span<const ShardRange> shards, std::span<float> full) override {
-    const char* what = "allgather";
-    check_args(full.size(), shards, mine.size(), what);
-    check_device_ptr(full.data(), full.size(), what);
-    check_device_ptr(mine.data(), mine.size(), what);
-    launch_group(what, shards, [&](int r, const ShardRange& s) {
-      float* dst = full.data() + s.begin;
-      const float* src = r == rank_ ? mine.data() : dst;  // off the root sendbuff is not used
-      return ncclBroadcast(src, dst, size_t(s.end - s.begin), ncclFloat32, r, comm_, stream_);
-    });
+    allgather_start(mine, shards, full)->wait();
   }
-  // The same group, queued: the pending collective polls its completion.
+  // One ncclBroadcast per rank r (root r) into its shard of `full`, in one group, queued: the pending
+  // collective polls its completion.
   std::unique_ptr<PendingCollective> allgather_start(std::span<const float> mine, std::span<const ShardRange> shards,
                                                      std::span<float> full) override {
     const char* what = "allgather";
@@ -136,24 +129,17 @@ class NcclComm final : public Communicator {
     check_device_ptr(mine.data(), mine.size(), what);
     enqueue_group(what, shards, [&](int r, const ShardRange& s) {
       float* dst = full.data() + s.begin;
-      const float* src = r == rank_ ? mine.data() : dst;
+      const float* src = r == rank_ ? mine.data() : dst;  // off the root sendbuff is not used
       return ncclBroadcast(src, dst, size_t(s.end - s.begin), ncclFloat32, r, comm_, stream_);
     });
     return std::make_unique<Pending>(*this, what);
   }
 
-  // One ncclAllGather (in place where `mine` is the own part of `all`).
+  // The start form, waited for.
   void allgather_equal(std::span<const uint8_t> mine, std::span<uint8_t> all) override {
-    const char* what = "allgather_equal";
-    enter(what);
-    check_allgather_equal(mine.size(), all.size(), world_, "nccl");
-    if (mine.empty()) return;  // the same size on every rank: all skip
-    check_device_ptr(mine.data(), mine.size(), what);
-    check_device_ptr(all.data(), all.size(), what);
-    order();
-    settled(ncclAllGather(mine.data(), all.data(), mine.size(), ncclUint8, comm_, stream_), what);
-    finish(what);
+    allgather_equal_start(mine, all)->wait();
   }
+  // One ncclAllGather (in place where `mine` is the own part of `all`), queued.
   std::unique_ptr<PendingCollective> allgather_equal_start(std::span<const uint8_t> mine,
                                                            std::span<uint8_t> all) override {
     const char* what = "allgather_equal";
