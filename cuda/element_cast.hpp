@@ -40,8 +40,11 @@ class DeviceElementCast {
 
   // packed() zeroed, then this shard's codes written.
   void cast(const float* flat, ShardRange shard);
-  uint8_t* packed() { return packed_.data(); }
-  int64_t packed_bytes() const { return int64_t(packed_.size()); }
+  uint8_t* packed() { return packed_; }
+  int64_t packed_bytes() const { return packed_bytes_; }
+  // packed()'s memory, as DeviceShardCast::bind_packed (cuda/shard_cast.hpp): the caller's `p`
+  // (packed_bytes() bytes) from then on, the own buffer freed; null: none until the next bind.
+  void bind_packed(uint8_t* p);
   // The bytes [begin, end) of packed() that hold `shard`'s tensor elements ({0, 0}: none).
   ShardRange byte_span(ShardRange shard) const;
   ShardBytes span() const;  // the last cast's span, downloaded
@@ -57,7 +60,10 @@ class DeviceElementCast {
   int64_t code_bytes_;
   DeviceBuffer<uint32_t> amax_;          // fp8: [tensors]
   DeviceBuffer<float> encode_, decode_;  // fp8: [tensors]
-  DeviceBuffer<uint8_t> packed_;
+  DeviceBuffer<uint8_t> own_packed_;
+  uint8_t* packed_ = nullptr;  // own_packed_'s, or the caller's (bind_packed)
+  int64_t packed_bytes_ = 0;
+  uint8_t* packed_mem(const char* step) const;  // packed_, or Error naming `step` when none is bound
   ShardRange span_;
   DeviceBuffer<int64_t> window_at_;
 };

@@ -2,6 +2,7 @@
 #include "cuda/shard_cast.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "core/bits.hpp"
 #include "core/encode.hpp"
@@ -174,7 +175,20 @@ DeviceShardCast::DeviceShardCast(std::span<const FlatTensor> tensors)
   tile_mult_.resize(k);
   tile_code_.resize(k);
   g_dec_.resize(tensors_.size());
-  packed_.resize(size_t(layout_.packed_offset.back()));
+  packed_bytes_ = layout_.packed_offset.back();
+  own_packed_.resize(size_t(packed_bytes_));
+  packed_ = own_packed_.data();
+}
+
+void DeviceShardCast::bind_packed(uint8_t* p) {
+  packed_ = p;
+  own_packed_ = DeviceBuffer<uint8_t>();
+}
+
+uint8_t* DeviceShardCast::packed_mem(const char* step) const {
+  if (packed_ == nullptr && packed_bytes_ > 0)
+    throw Error(std::string("shard cast: ") + step + " with no packed buffer bound (bind_packed)");
+  return packed_;
 }
 
 void DeviceShardCast::partial_amax(const float* flat, ShardRange shard) {
@@ -215,7 +229,8 @@ ShardScales DeviceShardCast::scales() const {
 }
 
 void DeviceShardCast::cast(const float* flat, ShardRange shard) {
-  check(cudaMemset(packed_.data(), 0, packed_.bytes()), "shard cast: packed memset");
+  uint8_t* packed = packed_mem("cast");
+  if (packed_bytes_ > 0) check(cudaMemset(packed, 0, size_t(packed_bytes_)), "shard cast: packed memset");
   span_begin_ = span_end_ = 0;
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
@@ -229,7 +244,7 @@ void DeviceShardCast::cast(const float* flat, ShardRange shard) {
     span_end_ = layout_.packed_offset[t] + b1;
     cast_kernel<<<blocks_for(b1 - b0), kThreads>>>(flat + ft.offset, lo, hi, ft.cols, rb, tiles_across(ft.cols),
                                                    tile_mult_.data() + layout_.tile_offset[t], b0, b1,
-                                                   packed_.data() + layout_.packed_offset[t]);
+                                                   packed + layout_.packed_offset[t]);
     check_launch("cast_kernel");
   }
   check(cudaDeviceSynchronize(), "shard cast: cast");
@@ -240,16 +255,18 @@ ShardBytes DeviceShardCast::span() const {
   if (span_end_ <= span_begin_) return s;
   s.first_byte = span_begin_;
   s.bytes.resize(size_t(span_end_ - span_begin_));
-  check(cudaMemcpy(s.bytes.data(), packed_.data() + span_begin_, s.bytes.size(), cudaMemcpyDeviceToHost),
+  check(cudaMemcpy(s.bytes.data(), packed_mem("span") + span_begin_, s.bytes.size(), cudaMemcpyDeviceToHost),
         "shard cast: span download");
   return s;
 }
 
 void DeviceShardCast::set_packed(const std::vector<uint8_t>& full) {
-  if (full.size() != packed_.size())
+  if (int64_t(full.size()) != packed_bytes_)
     throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
-                std::to_string(packed_.size()));
-  packed_.upload(full.data(), full.size());
+                std::to_string(packed_bytes_));
+  if (!full.empty())
+    check(cudaMemcpy(packed_mem("set_packed"), full.data(), full.size(), cudaMemcpyHostToDevice),
+          "shard cast: set_packed");
 }
 
 void or_windows_device(uint8_t* packed, int64_t total, std::span<const uint8_t> windows, const PackedWindows& w,
@@ -267,7 +284,7 @@ void or_windows_device(uint8_t* packed, int64_t total, std::span<const uint8_t> 
 }
 
 void DeviceShardCast::or_windows(std::span<const uint8_t> windows, const PackedWindows& w) {
-  or_windows_device(packed_.data(), int64_t(packed_.size()), windows, w, window_at_);
+  or_windows_device(packed_mem("or_windows"), packed_bytes_, windows, w, window_at_);
 }
 
 int64_t DeviceShardCast::packed_bytes_transposed() const {
@@ -281,7 +298,7 @@ void DeviceShardCast::transpose(uint8_t* out) const {
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
     if (ft.rows * ft.cols == 0) continue;
-    transpose_fp4_packed_device(packed_.data() + layout_.packed_offset[t], ft.rows, ft.cols, out + at);
+    transpose_fp4_packed_device(packed_mem("transpose") + layout_.packed_offset[t], ft.rows, ft.cols, out + at);
     at += ft.cols * ((ft.rows + 1) / 2);
   }
   check(cudaDeviceSynchronize(), "shard cast: transpose");
@@ -291,7 +308,7 @@ void DeviceShardCast::dequantize(float* flat) const {
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
     if (ft.rows * ft.cols == 0) continue;
-    decode(packed_.data() + layout_.packed_offset[t], ft.rows, ft.cols, tile_code_.data() + layout_.tile_offset[t],
+    decode(packed_mem("dequantize") + layout_.packed_offset[t], ft.rows, ft.cols, tile_code_.data() + layout_.tile_offset[t],
            g_dec_.data() + t, flat + ft.offset, nullptr, nullptr);
   }
   check(cudaDeviceSynchronize(), "shard cast: dequantize");
@@ -300,7 +317,7 @@ void DeviceShardCast::dequantize(float* flat) const {
 PackedNvfp4 DeviceShardCast::packed_tensor(size_t t) const {
   if (t >= tensors_.size())
     throw Error("shard cast: tensor " + std::to_string(t) + " of " + std::to_string(tensors_.size()));
-  return PackedNvfp4{packed_.data() + layout_.packed_offset[t], tile_code_.data() + layout_.tile_offset[t],
+  return PackedNvfp4{packed_ ? packed_ + layout_.packed_offset[t] : nullptr, tile_code_.data() + layout_.tile_offset[t],
                      g_dec_.data() + t};
 }
 

@@ -60,8 +60,14 @@ class DeviceShardCast {
   ShardScales scales() const;
 
   void cast(const float* flat, ShardRange shard);
-  uint8_t* packed() { return packed_.data(); }
-  int64_t packed_bytes() const { return int64_t(packed_.size()); }
+  uint8_t* packed() { return packed_; }
+  int64_t packed_bytes() const { return packed_bytes_; }
+  // Where packed() lives: a buffer of the object's own, made by the constructor, unless the caller binds
+  // memory of its own (ZeRO-3 holds a unit's full buffer only while the unit is gathered, in its backend's
+  // pool: train/cuda/cast_store.cpp): `p` (packed_bytes() bytes of device memory, contents kept) is packed()
+  // from then on, the own buffer freed; null leaves no packed buffer (packed() null: a step that reads or
+  // writes it throws until the next bind). packed_tensor's pointers follow the binding.
+  void bind_packed(uint8_t* p);
   // The byte span the last cast wrote (sim's ShardBytes: what a rank sends), and
   // the full packed buffer put back (what the ranks' spans assemble to).
   ShardBytes span() const;
@@ -71,8 +77,8 @@ class DeviceShardCast {
   void or_windows(std::span<const uint8_t> windows, const PackedWindows& w);
 
   void dequantize(float* flat) const;
-  // Tensor t's cast as the linear layers take it (the pointers are fixed for
-  // the object's life; the contents valid after compute_scales and
+  // Tensor t's cast as the linear layers take it (the pointers are fixed
+  // until the next bind_packed; the contents valid after compute_scales and
   // set_packed / cast, until the next cast).
   PackedNvfp4 packed_tensor(size_t t) const;
   // The column-wise copy of packed() (sim's transpose_packed) into `out`
@@ -89,7 +95,10 @@ class DeviceShardCast {
   FlatLayout layout_;
   DeviceBuffer<uint32_t> amax_;
   DeviceBuffer<float> tile_mult_;
-  DeviceBuffer<uint8_t> tile_code_, packed_;
+  DeviceBuffer<uint8_t> tile_code_, own_packed_;
+  uint8_t* packed_ = nullptr;  // own_packed_'s, or the caller's (bind_packed)
+  int64_t packed_bytes_ = 0;
+  uint8_t* packed_mem(const char* step) const;  // packed_, or Error naming `step` when none is bound
   DeviceBuffer<float> g_dec_;  // [tensors] the global decode scales
   int64_t span_begin_ = 0, span_end_ = 0;
   DeviceBuffer<int64_t> window_at_;  // or_windows' w.at

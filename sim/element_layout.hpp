@@ -32,6 +32,13 @@ inline std::vector<int64_t> element_code_at(std::span<const FlatTensor> tensors)
   return at;
 }
 
+// The bytes of every tensor's codes, back to back.
+inline int64_t element_bytes(std::span<const FlatTensor> tensors, int64_t code_bytes) {
+  int64_t n = 0;
+  for (const FlatTensor& t : tensors) n += t.rows * t.cols;
+  return n * code_bytes;
+}
+
 // The bytes [begin, end) holding `shard`'s tensor elements ({0, 0}: none); code_at: element_code_at(tensors).
 inline ShardRange element_byte_span(std::span<const FlatTensor> tensors, std::span<const int64_t> code_at,
                                     int64_t code_bytes, ShardRange shard) {
@@ -51,8 +58,7 @@ inline PackedWindows element_windows(std::span<const FlatTensor> tensors, int64_
   const std::vector<int64_t> at = element_code_at(tensors);
   std::vector<ShardRange> spans;
   for (const ShardRange& s : shards) spans.push_back(element_byte_span(tensors, at, code_bytes, s));
-  const int64_t total = tensors.empty() ? 0 : (at.back() + tensors.back().rows * tensors.back().cols) * code_bytes;
-  return windows_of_spans(spans, total);
+  return windows_of_spans(spans, element_bytes(tensors, code_bytes));
 }
 
 }  // namespace fp4lab

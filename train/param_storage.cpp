@@ -62,28 +62,70 @@ int64_t code_bytes(Storage s) {
 
 namespace {
 
-// A host store's packed buffer set to the assembled full buffer (CastStore::set_packed), which must be as long.
-void assign_packed(std::vector<uint8_t>& packed, const std::vector<uint8_t>& full) {
-  if (full.size() != packed.size())
-    throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
-                std::to_string(packed.size()));
-  packed = full;
-}
+// A host store's full packed buffer and its kept window (CastStore's keep_window / release_packed /
+// restore_packed), shared by both host stores.
+class HostPackedStore : public CastStore {
+ public:
+  std::span<uint8_t> packed() override { return packed_; }
+  void set_packed(const std::vector<uint8_t>& full) override {
+    if (int64_t(full.size()) != full_bytes_)
+      throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
+                  std::to_string(full_bytes_));
+    packed_ = full;
+  }
+  void or_windows(std::span<const uint8_t> windows, const PackedWindows& w) override {
+    fp4lab::or_windows(mem("or_windows"), windows, w);
+  }
+  void keep_window(int64_t at, int64_t size) override {
+    const std::vector<uint8_t>& p = mem("keep_window");
+    if (at < 0 || size < 0 || at + size > full_bytes_)
+      throw InternalError("keep_window: [" + std::to_string(at) + ", +" + std::to_string(size) +
+                          ") outside the packed buffer of " + std::to_string(full_bytes_) + " bytes");
+    window_.assign(p.begin() + at, p.begin() + at + size);
+    window_at_ = at;
+    has_window_ = true;
+  }
+  int64_t packed_bytes() const override { return full_bytes_; }
+  void release_packed() override { std::vector<uint8_t>().swap(packed_); }
+  void restore_packed() override {
+    packed_.assign(size_t(full_bytes_), uint8_t(0));
+    if (has_window_) std::copy(window_.begin(), window_.end(), packed_.begin() + window_at_);
+  }
+
+ protected:
+  explicit HostPackedStore(int64_t full_bytes) : full_bytes_(full_bytes), packed_(size_t(full_bytes)) {}
+  // The codes bytes() counts: the kept window, else the full buffer.
+  int64_t codes_bytes() const { return has_window_ ? int64_t(window_.size()) : full_bytes_; }
+  // The full buffer, or InternalError naming `step` where it was released and not restored.
+  std::vector<uint8_t>& mem(const char* step) {
+    if (int64_t(packed_.size()) != full_bytes_)
+      throw InternalError(std::string("cast store: ") + step + " with the packed buffer released");
+    return packed_;
+  }
+  const std::vector<uint8_t>& mem(const char* step) const { return const_cast<HostPackedStore*>(this)->mem(step); }
+
+ private:
+  int64_t full_bytes_;
+  std::vector<uint8_t> packed_, window_;
+  int64_t window_at_ = 0;
+  bool has_window_ = false;
+};
 
 // sim/shard_cast.hpp's steps on host memory. amax_ holds the tensor maxima,
 // then the tile maxima (the device store's layout: one array to reduce).
-class HostCastStore final : public CastStore {
+class HostCastStore final : public HostPackedStore {
  public:
   explicit HostCastStore(std::span<const FlatTensor> tensors)
-      : tensors_(tensors.begin(), tensors.end()), layout_(flat_layout(tensors)) {
+      : HostPackedStore(flat_layout(tensors).packed_offset.back()),
+        tensors_(tensors.begin(), tensors.end()),
+        layout_(flat_layout(tensors)) {
     amax_.resize(tensors_.size() + size_t(layout_.tile_offset.back()));
-    packed_.resize(size_t(layout_.packed_offset.back()));
   }
   Storage storage() const override { return Storage::nvfp4_2d; }
   std::span<const FlatTensor> tensors() const override { return tensors_; }
   PackedWindows windows(std::span<const ShardRange> shards) const override { return packed_windows(tensors_, shards); }
   int64_t bytes() const override {  // codes, one UE4M3 code a tile, one FP32 scale a tensor
-    return layout_.packed_offset.back() + layout_.tile_offset.back() + int64_t(tensors_.size()) * 4;
+    return codes_bytes() + layout_.tile_offset.back() + int64_t(tensors_.size()) * 4;
   }
   bool device() const override { return false; }
   void partial_amax(const float* flat, ShardRange shard) override {
@@ -99,17 +141,13 @@ class HostCastStore final : public CastStore {
     scales_ = shard_scales(tensors_, a);
   }
   void cast(const float* flat, ShardRange shard) override {
+    std::vector<uint8_t>& packed = mem("cast");
     span_ = shard_cast(tensors_, flat, shard, scales_);
-    std::fill(packed_.begin(), packed_.end(), uint8_t(0));
-    std::copy(span_.bytes.begin(), span_.bytes.end(), packed_.begin() + span_.first_byte);
+    std::fill(packed.begin(), packed.end(), uint8_t(0));
+    std::copy(span_.bytes.begin(), span_.bytes.end(), packed.begin() + span_.first_byte);
   }
-  std::span<uint8_t> packed() override { return packed_; }
   ShardBytes span() const override { return span_; }
-  void set_packed(const std::vector<uint8_t>& full) override { assign_packed(packed_, full); }
-  void or_windows(std::span<const uint8_t> windows, const PackedWindows& w) override {
-    fp4lab::or_windows(packed_, windows, w);
-  }
-  void dequantize(float* flat) const override { dequantize_packed(tensors_, packed_, scales_, flat); }
+  void dequantize(float* flat) const override { dequantize_packed(tensors_, mem("dequantize"), scales_, flat); }
   ShardScales scales() const override { return scales_; }
   const StoredWeight* stored(size_t) const override { return nullptr; }
 
@@ -119,19 +157,20 @@ class HostCastStore final : public CastStore {
   std::vector<uint32_t> amax_;
   ShardScales scales_;
   ShardBytes span_;
-  std::vector<uint8_t> packed_;
 };
 
 // The element-wise forms (bf16, fp8_e4m3; param_storage.hpp states them): one code of code_bytes(s) bytes an
 // element, the tensors' codes back to back in tensor order (little-endian for BF16), so a shard's elements
 // are one contiguous byte span and no byte is shared between ranks. fp8_e4m3 keeps one scale a tensor from
 // the tensor's MAX-reduced amax.
-class HostElementStore final : public CastStore {
+class HostElementStore final : public HostPackedStore {
  public:
   HostElementStore(Storage s, std::span<const FlatTensor> tensors)
-      : s_(s), b_(code_bytes(s)), tensors_(tensors.begin(), tensors.end()) {
+      : HostPackedStore(element_bytes(tensors, code_bytes(s))),
+        s_(s),
+        b_(code_bytes(s)),
+        tensors_(tensors.begin(), tensors.end()) {
     code_at_ = element_code_at(tensors_);
-    packed_.resize(size_t((code_at_.empty() ? 0 : code_at_.back() + tensors_.back().rows * tensors_.back().cols) * b_));
     if (s_ == Storage::fp8_e4m3) amax_.resize(tensors_.size());
     encode_.assign(tensors_.size(), 1.0f);
     decode_.assign(tensors_.size(), 1.0f);
@@ -141,7 +180,7 @@ class HostElementStore final : public CastStore {
   PackedWindows windows(std::span<const ShardRange> shards) const override {
     return element_windows(tensors_, b_, shards);
   }
-  int64_t bytes() const override { return int64_t(packed_.size()) + int64_t(amax_.size()) * 4; }
+  int64_t bytes() const override { return codes_bytes() + int64_t(amax_.size()) * 4; }
   bool device() const override { return false; }
   void partial_amax(const float* flat, ShardRange shard) override {
     std::fill(amax_.begin(), amax_.end(), 0u);
@@ -159,25 +198,23 @@ class HostElementStore final : public CastStore {
     }
   }
   void cast(const float* flat, ShardRange shard) override {
-    std::fill(packed_.begin(), packed_.end(), uint8_t(0));
+    std::vector<uint8_t>& packed = mem("cast");
+    std::fill(packed.begin(), packed.end(), uint8_t(0));
     for (size_t t = 0; t < tensors_.size(); ++t) {
       const ShardRange p = tensor_part(tensors_[t], shard);
-      for (int64_t i = p.begin; i < p.end; ++i) put(code_at_[t] + i, encode(t, flat[tensors_[t].offset + i]));
+      for (int64_t i = p.begin; i < p.end; ++i)
+        put(packed, code_at_[t] + i, encode(t, flat[tensors_[t].offset + i]));
     }
     const ShardRange sp = byte_span(shard);
     span_.first_byte = sp.begin;
-    span_.bytes.assign(packed_.begin() + sp.begin, packed_.begin() + sp.end);
+    span_.bytes.assign(packed.begin() + sp.begin, packed.begin() + sp.end);
   }
-  std::span<uint8_t> packed() override { return packed_; }
   ShardBytes span() const override { return span_; }
-  void set_packed(const std::vector<uint8_t>& full) override { assign_packed(packed_, full); }
-  void or_windows(std::span<const uint8_t> windows, const PackedWindows& w) override {
-    fp4lab::or_windows(packed_, windows, w);
-  }
   void dequantize(float* flat) const override {
+    const std::vector<uint8_t>& packed = mem("dequantize");
     for (size_t t = 0; t < tensors_.size(); ++t)
       for (int64_t i = 0; i < tensors_[t].rows * tensors_[t].cols; ++i)
-        flat[tensors_[t].offset + i] = decode_value(t, get(code_at_[t] + i));
+        flat[tensors_[t].offset + i] = decode_value(t, get(packed, code_at_[t] + i));
   }
   ShardScales scales() const override {
     ShardScales s;
@@ -198,12 +235,12 @@ class HostElementStore final : public CastStore {
     if (s_ == Storage::bf16) return decode(bfloat16, code);
     return decode(float8_e4m3fn, code) * decode_[t];
   }
-  void put(int64_t k, uint32_t code) {
-    for (int64_t b = 0; b < b_; ++b) packed_[size_t(k * b_ + b)] = uint8_t(code >> (8 * b));
+  void put(std::vector<uint8_t>& packed, int64_t k, uint32_t code) const {
+    for (int64_t b = 0; b < b_; ++b) packed[size_t(k * b_ + b)] = uint8_t(code >> (8 * b));
   }
-  uint32_t get(int64_t k) const {
+  uint32_t get(const std::vector<uint8_t>& packed, int64_t k) const {
     uint32_t c = 0;
-    for (int64_t b = 0; b < b_; ++b) c |= uint32_t(packed_[size_t(k * b_ + b)]) << (8 * b);
+    for (int64_t b = 0; b < b_; ++b) c |= uint32_t(packed[size_t(k * b_ + b)]) << (8 * b);
     return c;
   }
   Storage s_;
@@ -213,7 +250,6 @@ class HostElementStore final : public CastStore {
   std::vector<uint32_t> amax_;    // fp8_e4m3: the tensors' maxima (bit patterns); bf16: none
   std::vector<float> encode_, decode_;
   ShardBytes span_;
-  std::vector<uint8_t> packed_;
 };
 
 }  // namespace

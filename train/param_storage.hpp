@@ -80,7 +80,8 @@ class CastStore {
   // Every shard's window of packed() (what gather_windows moves): equal sizes, each holding its shard's
   // bytes (sim's packed_windows for NVFP4).
   virtual PackedWindows windows(std::span<const ShardRange> shards) const = 0;
-  // Bytes the store holds: the packed codes and the scales.
+  // Bytes the store holds while its tensors are not in use: the packed codes (the full buffer, or the kept
+  // window where one is kept and the buffer released: below) and the scales.
   virtual int64_t bytes() const = 0;
   // amax() and packed() are device memory (else host memory).
   virtual bool device() const = 0;
@@ -107,6 +108,16 @@ class CastStore {
   virtual void dequantize(float* flat) const = 0;
   // What compute_scales wrote, on the host (for checks; element-wise: g_dec only, fp8_e4m3's decode scales).
   virtual ShardScales scales() const = 0;
+  // A store may hold only one window of packed() while its tensors are not in use (ZeRO-3 keeps this rank's
+  // between gathers: train/dist/sharded_params.hpp). A store starts with its full buffer and no window.
+  // keep_window(at, size): a copy of packed()'s bytes [at, at + size) kept (after a cast whose span lies
+  // inside it: what this rank sends, the rest of packed() zero). release_packed(): the full buffer freed
+  // (packed() empty; the stored() forms name no codes until restore_packed). restore_packed(): a full
+  // buffer again, zero but for the kept window (if any) in its place: packed() as the cast left it.
+  virtual void keep_window(int64_t at, int64_t size) = 0;
+  virtual int64_t packed_bytes() const = 0;  // the full buffer's size (held or released)
+  virtual void release_packed() = 0;
+  virtual void restore_packed() = 0;
   // Tensor t's stored form for the layers (valid while the store lives; each cast rewrites what it
   // names), or null where the layers take the dequantized values (the host store).
   virtual const StoredWeight* stored(size_t t) const = 0;

@@ -64,7 +64,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   bool host_tensors() const override { return false; }
   std::unique_ptr<CastStore> make_cast_store(Storage s, std::span<const FlatTensor> tensors) override {
-    return make_device_cast_store(s, tensors);
+    return make_device_cast_store(s, tensors, *this);
   }
   // precision.activations "bf16" (train/backend.hpp's contract): FP32 storage of the BF16 values. Producers
   // round in their own pass (nn::OutputRounding: LayerNorm, GELU, dropout and the residual add, cross-entropy,

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "cuda/shard_cast.hpp"
+#include "train/backend.hpp"
 #include "train/param_storage.hpp"
 
 namespace fp4lab::train {
@@ -20,7 +21,8 @@ struct StoredNvfp4 final : StoredWeight {
   cuda::PackedNvfp4 form;
 };
 
-// The store of storage `s` (nvfp4_2d, bf16 or fp8_e4m3) over `tensors`.
-std::unique_ptr<CastStore> make_device_cast_store(Storage s, std::span<const FlatTensor> tensors);
+// The store of storage `s` (nvfp4_2d, bf16 or fp8_e4m3) over `tensors`; its packed buffer and kept window
+// come from `be`'s pool (be: the cuda backend, which outlives the store).
+std::unique_ptr<CastStore> make_device_cast_store(Storage s, std::span<const FlatTensor> tensors, Backend& be);
 
 }  // namespace fp4lab::train

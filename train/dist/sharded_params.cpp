@@ -26,6 +26,8 @@ struct ShardedParams::Unit {
   std::vector<ShardRange> compact;
   Tensor gathered;
   bool codes = false;  // store->packed() holds every rank's codes of the current cast
+  // Between gathers the store holds only this rank's window of its packed buffer (CastStore::keep_window;
+  // more than one rank): the full buffer is restored by a gather and released with the unit.
   // A gather started and not finished (start_gather): its collectives in flight.
   bool in_flight = false;
   std::unique_ptr<PendingCollective> values_pending;  // the FP32 gather (whole unit, or the compacted parts)
@@ -182,7 +184,10 @@ void ShardedParams::drop(Unit& x) {
   x.values = Tensor{};
   x.gathered = Tensor{};
   x.codes = false;
+  if (windowed(x)) x.store->release_packed();  // this rank's window stays (cast_stored's)
 }
+
+bool ShardedParams::windowed(const Unit& x) const { return x.store && comm_.world() > 1; }
 
 void ShardedParams::gather(int u) {
   Unit& x = units_[size_t(u)];
@@ -222,7 +227,10 @@ void ShardedParams::start_gather(Unit& x) {
     }
     if (comm_.world() > 1 && total > 0) x.values_pending = allgather_start(x.gathered.data, x.compact);
   }
-  if (!x.codes && comm_.world() > 1) x.windows_pending = start_gather_windows(comm_, be_, *x.store, x.shards);
+  if (!x.codes && comm_.world() > 1) {
+    x.store->restore_packed();  // zero but for this rank's window: as its cast left it
+    x.windows_pending = start_gather_windows(comm_, be_, *x.store, x.shards);
+  }
 }
 
 void ShardedParams::finish_gather(Unit& x) {
@@ -240,6 +248,7 @@ void ShardedParams::finish_gather(Unit& x) {
     if (x.windows_pending) finish_gather_windows(*x.store, *x.windows_pending), x.windows_pending.reset();
     x.codes = true;  // every rank's codes of the last cast_stored (world 1: its own)
   } else if (x.store) {  // the gathered masters cast whole by every rank (the reference)
+    if (windowed(x)) x.store->restore_packed();
     run_cast(comm_, be_, *x.store, x.values.data, x.shards, false);
   }
   if (x.store) x.store->dequantize(x.values.data);
@@ -262,10 +271,16 @@ void ShardedParams::cast_stored() {
   };
   for (Unit* x : stored) x->store->partial_amax(own_flat(*x), x->shards[size_t(comm_.rank())]);
   if (comm_.world() > 1) reduce_maxima(stored);
+  const size_t me = size_t(comm_.rank());
   for (Unit* x : stored) {
     x->store->compute_scales();
-    x->store->cast(own_flat(*x), x->shards[size_t(comm_.rank())]);
+    if (windowed(*x)) x->store->restore_packed();  // a full buffer for the cast (released by release_all)
+    x->store->cast(own_flat(*x), x->shards[me]);
     x->codes = comm_.world() == 1;  // one rank's part is the whole unit
+    if (!windowed(*x)) continue;
+    const PackedWindows w = x->store->windows(x->shards);  // this rank's window holds its cast's bytes
+    x->store->keep_window(w.at[me], w.size);
+    x->store->release_packed();
   }
 }
 
@@ -451,9 +466,18 @@ nlohmann::json ShardedParams::memory(int64_t moments_bytes) const {
   for (size_t u = 1; u < units_.size(); ++u) largest_other = std::max(largest_other, units_[u].size);
   // Persistent: master, both moments (as the optimiser stores them), the gradient shard. In flight: the root and
   // one other unit, each with its gradient buffer in the backward, and with prefetch the next unit's values.
-  const int64_t in_flight = (2 * (units_[0].size + largest_other) + (opt_.prefetch ? largest_other : 0)) * f;
-  // The stored tensors' cast: codes and scales (CastStore::bytes; each unit's store, host or device, keeps
-  // its whole packed buffer; a store of this rank's windows only is not built). nvfp4_bytes: the same for
+  // With more than one rank a gathered unit's store holds its full packed buffer too (the root's, the
+  // largest other's and, with prefetch, the next one's).
+  int64_t codes_root = 0, codes_other = 0;
+  if (comm_.world() > 1) {
+    if (units_[0].store) codes_root = units_[0].store->packed_bytes();
+    for (size_t u = 1; u < units_.size(); ++u)
+      if (units_[u].store) codes_other = std::max(codes_other, units_[u].store->packed_bytes());
+  }
+  const int64_t in_flight = (2 * (units_[0].size + largest_other) + (opt_.prefetch ? largest_other : 0)) * f +
+                            codes_root + codes_other * (opt_.prefetch ? 2 : 1);
+  // The stored tensors' cast between gathers: codes and scales (CastStore::bytes: with more than one rank each
+  // unit's store keeps this rank's window of the codes, with one the whole buffer). nvfp4_bytes: the same for
   // NVFP4 storage (the key earlier summaries have), 0 otherwise.
   int64_t cast = 0;
   Storage form = Storage::fp32;

@@ -49,9 +49,13 @@
 // host communicator; cuda with NCCL) and are staged through host memory otherwise (cuda with thread ranks or
 // MPI: stage_). On cuda each unit's store is a DeviceShardCast, and the layers take its packed form
 // (stored(): ParamStore::stored asks the provider), decoded into their BF16 operand as under ZeRO-1; the
-// unit buffer still receives the FP32 decode for the plans that read FP32 W. Not built yet (plan S5-S7):
-// FP32 W decoded by the layer instead of into the unit buffer, a store holding only
-// this rank's codes (each unit's store keeps its whole packed buffer), expert parallelism.
+// unit buffer still receives the FP32 decode for the plans that read FP32 W.
+// Codes held between gathers (more than one rank): each unit's store keeps only this rank's window of its
+// packed codes (CastStore::keep_window, after cast_stored's cast); a gather restores the full buffer (zero but
+// for that window) and ORs every rank's window in; dropping the unit releases the full buffer again. So a
+// rank holds 1/N of the codes (plus the padding of its window and every tile's scale) between gathers; the
+// full buffer is in flight with its unit. Not built yet (plan S5-S7): FP32 W decoded by the layer instead of
+// into the unit buffer, expert parallelism.
 #pragma once
 
 #include <cstdint>
@@ -140,6 +144,7 @@ class ShardedParams final : public ParamProvider {
   void prefetch_after(int u);       // the gather of the unit the pass visits after u started (prefetch)
   void settle(Unit& x);             // a started gather of x waited for, its result discarded
   void drop(Unit& x);               // what a gather of x brought, released
+  bool windowed(const Unit& x) const;  // x's store keeps only this rank's window between gathers
   void reduce(int u);
   // The collectives on backend memory: in place where the communicator takes the backend's buffers (cpu with
   // a host communicator; cuda with NCCL), else staged through host memory (stage_: cuda with threads or MPI).
