@@ -501,6 +501,7 @@ nlohmann::json ShardedParams::memory(int64_t moments_bytes) const {
           {"optimizer_bytes", local_ * f + moments_bytes},
           {"root_unit_bytes", units_[0].size * f},
           {"largest_unit_bytes", peak_unit_ * f},
+          {"largest_unit_codes_bytes", codes_other},  // a non-root unit's full packed buffer (more than one rank)
           {"in_flight_bytes", in_flight},
           {"total_bytes", persistent + in_flight}};
 }

@@ -117,7 +117,10 @@ TEST_CASE("CountingComm under DataParallel: ZeRO-1 with NVFP4-stored weights, th
     ps.finalize(*be, 7);
     const int nv[] = {0, 2};
     ps.set_storage(nv, Storage::nvfp4_2d, *be);
-    DataParallel dp(c, *be, ps, AdamWConfig{}, DistributedConfig{1, Storage::nvfp4_2d, true});
+    DistributedConfig dc;
+    dc.zero = 1;
+    dc.primary_weights = Storage::nvfp4_2d;  // shard_cast: each rank casts its shard
+    DataParallel dp(c, *be, ps, AdamWConfig{}, dc);
     dp.begin_step(1.0f, 1.0 / N);
     for (int64_t i = 0; i < ps.size(); ++i) ps.grads.data[i] = 0.01f * float(i % 13);
     dp.step(1e-3);

@@ -101,19 +101,21 @@ struct Scratch {
 struct Form {
   const char* name;
   const char* recipe;
-  json distributed;  // zero 3's keys but prefetch
+  json distributed;     // zero 3's keys but prefetch
+  int64_t codes_bytes;  // a block's full packed buffer (largest_unit_codes_bytes)
 };
 
 const Form kForms[] = {
-    {"fp32 masters", "fp32", {{"zero", 3}}},
-    {"nvfp4 codes kept", "nvfp4", {{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "nvfp4"}}},
+    {"fp32 masters", "fp32", {{"zero", 3}}, 0},
+    {"nvfp4 codes kept", "nvfp4", {{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "nvfp4"}}, 9600},
     {"nvfp4 codes regathered",
      "nvfp4",
-     {{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "nvfp4"}, {"reshard_after_forward", true}}},
-    {"nvfp4 storage, fp32 gather", "nvfp4", {{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "fp32"}}},
-    {"bf16 codes", "bf16", {{"zero", 3}, {"primary_weights", "bf16"}, {"gather", "bf16"}}},
-    {"fp8 codes", "bf16", {{"zero", 3}, {"primary_weights", "fp8"}, {"gather", "fp8"}}},
-    {"fp32 masters, bf16 reduce", "fp32", {{"zero", 3}, {"reduce", "bf16"}}},
+     {{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "nvfp4"}, {"reshard_after_forward", true}},
+     9600},
+    {"nvfp4 storage, fp32 gather", "nvfp4", {{"zero", 3}, {"primary_weights", "nvfp4"}, {"gather", "fp32"}}, 9600},
+    {"bf16 codes", "bf16", {{"zero", 3}, {"primary_weights", "bf16"}, {"gather", "bf16"}}, 38400},
+    {"fp8 codes", "bf16", {{"zero", 3}, {"primary_weights", "fp8"}, {"gather", "fp8"}}, 19200},
+    {"fp32 masters, bf16 reduce", "fp32", {{"zero", 3}, {"reduce", "bf16"}}, 0},
 };
 
 }  // namespace
@@ -143,11 +145,14 @@ TEST_CASE("ZeRO-3 prefetch: every gather started early and delayed to its wait g
       CHECK(on.summary["distributed"]["collectives"] == off.summary["distributed"]["collectives"]);
       CHECK(on.summary["distributed"]["prefetch"] == true);
       CHECK(off.summary["distributed"]["prefetch"] == false);
-      // One more unit's values in flight.
+      // One more unit's values in flight, and its stored tensors' full packed buffer (the blocks of width 40:
+      // 19,200 stored elements; nvfp4 0.5 B an element, fp8 1, bf16 2; none where nothing is stored).
       const int64_t largest = on.summary["distributed"]["largest_unit_bytes"].get<int64_t>();
+      const int64_t codes = on.summary["distributed"]["largest_unit_codes_bytes"].get<int64_t>();
+      CHECK(codes == f.codes_bytes);
       CHECK(on.summary["distributed"]["in_flight_bytes"].get<int64_t>() -
                 off.summary["distributed"]["in_flight_bytes"].get<int64_t>() ==
-            largest);
+            largest + codes);
     }
 }
 
