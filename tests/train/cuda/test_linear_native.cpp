@@ -21,7 +21,9 @@
 //     accumulation order differs, so |y - y_exact| <= ~(k + 2) 2^-24
 //     sum_k |x_q||w_q|; the tolerance is (2k + 8) 2^-24 (sum_k |x_q||w_q| + |b|)
 //     (FP32), plus 2^-8 (|y_exact| + |b|) for a BF16 output (its roundings);
-//   - wgrad (dW, db) is today's BF16 route on either layer: the same bits.
+//   - wgrad (dW, db) is today's BF16 route on either layer: the same bits;
+//   - the operand hook (CudaLinear::set_operand_hook) reports the same values
+//     on both routes (W's in W's layout).
 // A missing alpha (g_dec(x) g_dec(W) ~ 1e-8 for these tensors), W given as
 // W^T (the square 32 x 32 layer: same shape, other values; the others: a k
 // mismatch, an exception), or y's layout transposed each fail the exact-product check.
@@ -321,6 +323,14 @@ TEST_CASE("CudaLinear native route, forced with hopper_bf16: operands = sim's qu
 
           train::CudaLinear bf16_route, native;
           std::map<Operand, Seen> seen_default, seen;
+          // The operand hook's values (W's in W's layout on both routes): the same on both.
+          std::map<Operand, std::vector<float>> values_default, values;
+          bf16_route.set_operand_hook([&](Operand op, const float* v, int64_t rows, int64_t cols) {
+            values_default[op] = test::dev_download(v, rows * cols);
+          });
+          native.set_operand_hook([&](Operand op, const float* v, int64_t rows, int64_t cols) {
+            values[op] = test::dev_download(v, rows * cols);
+          });
           bf16_route.set_native_hook([&](Operand op, const cuda::QuantOperand& q, cuda::GemmPath p) {
             record(seen_default, op, q, p);
           });
@@ -359,6 +369,12 @@ TEST_CASE("CudaLinear native route, forced with hopper_bf16: operands = sim's qu
           }
           CHECK(near_each_other("y", got.y, ref.y, ey, out, in, bh, bf16_out));
           CHECK(near_each_other("dx", got.dx, ref.dx, edx, in, out, {}, bf16_out));
+          CHECK(values.size() == 6);
+          CHECK(values_default.size() == 6);
+          for (const auto& [op, v] : values_default) {
+            CAPTURE(int(op));
+            CHECK(test::same_bits("operand hook: native route vs BF16 route", values[op], v));
+          }
           // wgrad is the BF16 route on both layers: the same operands (made in one dual pass or two single
           // ones: the same bits), the same GEMM.
           CHECK(test::same_bits("dW", got.dw, ref.dw));
