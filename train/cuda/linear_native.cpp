@@ -46,16 +46,17 @@ cuda::QuantOperand native_codes(const QuantizerSpec& q, RandomStream rs, const f
 
 cuda::QuantOperand native_w(const StoredNvfp4& w, bool columnwise, int64_t rows, int64_t cols, NativeScratch& s,
                             cudaStream_t stream) {
-  cuda::PackedNvfp4 c = w.form;  // read at the time of use
+  const cuda::PackedNvfp4 c = w.form;  // read at the time of use
   if (columnwise) return cuda::packed_operand_columnwise(c, rows, cols, s.wt, stream);  // s.wt: cudaMalloc's, aligned
+  cuda::QuantOperand q = cuda::packed_operand(c, rows, cols);  // checks the cast first
   const int64_t bytes = rows * ((cols + 1) / 2);
-  if (bytes > 0 && reinterpret_cast<uintptr_t>(c.packed) % kNativeAlign != 0) {
+  if (bytes > 0 && reinterpret_cast<uintptr_t>(q.codes) % kNativeAlign != 0) {
     uint8_t* aligned = s.w_codes.at_least(size_t(bytes));
-    cuda::check(cudaMemcpyAsync(aligned, c.packed, size_t(bytes), cudaMemcpyDeviceToDevice, stream),
+    cuda::check(cudaMemcpyAsync(aligned, q.codes, size_t(bytes), cudaMemcpyDeviceToDevice, stream),
                 "CudaLinear: aligned copy of W's packed codes");
-    c.packed = aligned;
+    q.codes = aligned;
   }
-  return cuda::packed_operand(c, rows, cols);
+  return q;
 }
 
 void native_gemm(cuda::Blas& blas, cuda::GemmPath path, const cuda::QuantOperand& a, const cuda::QuantOperand& b,
