@@ -226,8 +226,8 @@ void blackwell_gemm(Blas& blas, const QuantOperand& a, const QuantOperand& b, vo
   const int64_t kb = (k + bk - 1) / bk;
   // Swizzle both operands' scales (tested packing kernels); [16,16] tiles'
   // scales expand to their rows' [1,16] scales on the way.
-  ws.a_sw.resize(size_t(swizzled_scale_bytes(m, kb)));
-  ws.b_sw.resize(size_t(swizzled_scale_bytes(n, kb)));
+  ws.a_sw.at_least(size_t(swizzled_scale_bytes(m, kb)));
+  ws.b_sw.at_least(size_t(swizzled_scale_bytes(n, kb)));
   swizzle_scales_device(a.scale_codes, m, kb, ws.a_sw.data(), blas.stream(), a.spec.block_rows);
   swizzle_scales_device(b.scale_codes, n, kb, ws.b_sw.data(), blas.stream(), b.spec.block_rows);
 
@@ -403,8 +403,8 @@ GemmPath quantized_gemm_device(Blas& blas, const QuantOperand& a, const QuantOpe
     fp8_block_gemm(blas, a, b, y, out, ws);
     return path;
   }
-  ws.a16.resize(size_t(a.rows * a.cols));
-  ws.b16.resize(size_t(b.rows * b.cols));
+  ws.a16.at_least(size_t(a.rows * a.cols));
+  ws.b16.at_least(size_t(b.rows * b.cols));
   dequant_operand_bf16(a, ws.a16.data(), blas.stream());
   dequant_operand_bf16(b, ws.b16.data(), blas.stream());
   gemm_bf16_nt(blas, ws.a16.data(), ws.b16.data(), y, out, a.rows, b.rows, a.cols, 1.0f, ws.alpha.data());

@@ -30,6 +30,11 @@
 // (blackwell_native) assumes aligned operands (its heuristic's default: 256
 // bytes), so a native caller checks the address first, or copies the codes to
 // aligned memory. The column-wise scratch is cudaMalloc's (aligned).
+//
+// Consumer: CudaLinear's native-operand route (train/cuda/linear_native.hpp):
+// its forward takes packed_operand (copying misaligned codes to aligned
+// scratch first), its dgrad packed_operand_columnwise; blackwell_native on
+// sm_100+ (compiled, never executed here), hopper_bf16 under its test switch.
 #pragma once
 
 #include <cstdint>

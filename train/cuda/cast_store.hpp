@@ -16,7 +16,9 @@ namespace fp4lab::train {
 
 // A tensor's packed NVFP4 cast in device memory (LayerPlan::w_stored on the
 // cuda backend): CudaLinear decodes it into the exact BF16 W operand
-// (cuda::cast_operand_device) where its plan takes W as it is.
+// (cuda::cast_operand_device) where its plan takes W as it is, or, on its
+// native-operand route (train/cuda/linear_native.hpp), takes the packed codes
+// as they are. `form` is read at each use, never cached by the layer.
 struct StoredNvfp4 final : StoredWeight {
   cuda::PackedNvfp4 form;
 };

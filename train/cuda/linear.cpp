@@ -44,6 +44,8 @@ CudaLinear::CudaLinear() : impl_(std::make_unique<Impl>()) {
 CudaLinear::~CudaLinear() = default;
 
 void CudaLinear::set_operand_hook(OperandHook hook) { impl_->hook = std::move(hook); }
+void CudaLinear::force_native_route(bool on) { impl_->force_native = on; }
+void CudaLinear::set_native_hook(NativeHook hook) { impl_->native_hook = std::move(hook); }
 
 LinearInputNeeds CudaLinear::input_needs(const LayerPlan& l, bool grad, int64_t rows, int64_t cols) const {
   const LinearPlan& plan = l.plan;
@@ -94,6 +96,8 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
   st->batch = B;
   st->in = in;
   st->forward_only = !ctx.backward;
+  // The native-operand route (linear_native.hpp): x goes in as codes, made with W's operand after this block.
+  const std::optional<NativeRoute> native = im.native_route_of(l, Operand::fwd_w, Operand::fwd_x, in);
   DevOperand xo;
   bool wx_made = false;  // the wgrad x operand is made (st->wx_ready)
   if (rounds_only(plan, false)) {
@@ -112,7 +116,7 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
     im.report(Operand::fwd_x, xo, B, in);
   } else if (!ctx.backward) {
     // Evaluation: the forward operand alone; nothing is kept for backward.
-    xo = im.prepare(plan.operand(Operand::fwd_x), x.data, B, in, im.slot[0]);
+    if (!native) xo = im.prepare(plan.operand(Operand::fwd_x), x.data, B, in, im.slot[0]);
   } else {
     // A BF16 quantizer operand for wgrad (the quantized recipes) is made in
     // the forward from x and kept instead of a copy of x: together with the
@@ -125,7 +129,7 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
       st->wx_plan = wx;
       st->wx = alloc(1, (B * in + 1) / 2);
       st->wx_g = alloc(1, 1);
-      if (const std::optional<PairSpecs> q = pair_specs(fx, wx, B, in)) {
+      if (const std::optional<PairSpecs> q = native ? std::nullopt : pair_specs(fx, wx, B, in)) {
         xo = im.prepare_pair(*q, fx, wx, x.data, x_from, B, in, im.slot[0], reinterpret_cast<uint16_t*>(st->wx.data),
                              st->wx_g.data);
         im.report(Operand::fwd_x, xo, B, in);
@@ -139,7 +143,7 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
         check(cudaMemcpyAsync(st->x.data, x.data, size_t(B * in) * sizeof(float), cudaMemcpyDeviceToDevice, kStream),
               "CudaLinear::forward: saving x");
     }
-    if (!wx_made) xo = im.prepare(fx, x.data, B, in, im.slot[0]);
+    if (!wx_made && !native) xo = im.prepare(fx, x.data, B, in, im.slot[0]);
   }
 
   // y^T [out, B] = W [out, in] x^T (column-major view of row-major y = x W^T).
@@ -150,7 +154,12 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
                               bf16_rounding_only(plan.operand(Operand::fwd_w)) &&
                               bf16_rounding_only(plan.operand(Operand::dgrad_w));
   DevOperand wo;
-  if (w_rounded_once) {
+  const float* bias = b != nullptr && plan.add_bias ? b : nullptr;
+  if (native) {
+    // y [B, out] = Q(x) W^T with W's packed cast as it is (its wgrad x operand, if any, is made below).
+    im.native_product(*native, Operand::fwd_x, Operand::fwd_w, l, x.data, B, in, out, in, /*columnwise=*/false,
+                      y.data, y_bf16, bias);
+  } else if (w_rounded_once) {
     st->has_w = st->w_bf16 = true;
     st->w_op = alloc(1, (out * in + 1) / 2);
     cuda::round_bf16_device(w.data, out * in, reinterpret_cast<uint16_t*>(st->w_op.data), kStream);
@@ -160,11 +169,12 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
     wo = im.prepare_w(Operand::fwd_w, l, plan.operand(Operand::fwd_w), w.data, out, in, xo.is_bf16(),
                       xo.is_bf16() ? im.alpha_for(Impl::kFwd, xo.g) : GemmAlpha{});
   }
-  const float* bias = b != nullptr && plan.add_bias ? b : nullptr;
-  const Bf16Out y_out{y_bf16, bias};
-  im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data, out,
-          0.0f, y_bf16 ? &y_out : nullptr);
-  if (bias && !y_bf16) cuda::add_bias_device(y.data, bias, B, out, kStream);
+  if (!native) {
+    const Bf16Out y_out{y_bf16, bias};
+    im.gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, B, in, wo, in, out * in, im.slot[1], xo, in, B * in, im.slot[0], y.data,
+            out, 0.0f, y_bf16 ? &y_out : nullptr);
+    if (bias && !y_bf16) cuda::add_bias_device(y.data, bias, B, out, kStream);
+  }
 
   if (st->wx_ready && !wx_made) {
     // After the GEMM: the slots' scratch is free again (same stream, so in order).
@@ -172,7 +182,7 @@ void CudaLinear::forward(const LayerPlan& l, const Tensor& x, const Tensor& w, c
                /*report_now=*/false);
   }
 
-  if (ctx.backward && plan.reuse_fwd_w && out * in > 0 && !st->has_w) {
+  if (ctx.backward && plan.reuse_fwd_w && out * in > 0 && !st->has_w && !native) {
     // Keep Q_fwd_w(W) for dgrad (the same bits it would compute again).
     st->has_w = true;
     if (wo.is_bf16()) {
@@ -238,10 +248,13 @@ void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Te
   // Otherwise both dy operands in one pass where quantize_dual_device applies.
   const OperandPlan& dgy = plan.operand(Operand::dgrad_grad_y);
   const OperandPlan& wgy = plan.operand(Operand::wgrad_grad_y);
+  // The native-operand route (linear_native.hpp): dgrad's dy goes in as codes, made with W^T's operand below;
+  // wgrad's dy operand is then made on its own (prepare).
+  const std::optional<NativeRoute> native = im.native_route_of(l, Operand::dgrad_w, Operand::dgrad_grad_y, out);
   DevOperand dy_op;
   bool dy_pair = false;
   GemmAlpha wgrad_alpha;
-  if (const std::optional<PairSpecs> q = dy_shared ? std::nullopt : pair_specs(dgy, wgy, B, out)) {
+  if (const std::optional<PairSpecs> q = dy_shared || native ? std::nullopt : pair_specs(dgy, wgy, B, out)) {
     im.dy_cols_h.at_least(size_t(B * out));
     // The GEMM alphas, where the other operand's g_dec is already on the device:
     // dgrad's W kept from the forward; wgrad's x operand made in the forward.
@@ -256,10 +269,14 @@ void CudaLinear::backward(const LayerPlan& l, const LinearState& state, const Te
   } else if (dy_shared && dy_bf16_given) {
     dy_op.bf16 = dy_from->bf16;  // the producer's rounding (ProducerOutputs::bf16)
     im.report(Operand::dgrad_grad_y, dy_op, B, out);
-  } else {
+  } else if (!native) {
     dy_op = im.prepare(dgy, dy.data, B, out, im.slot[0]);
   }
-  {
+  if (native) {
+    // dx [B, in] = Q(dy) W with W^T [in, out] made from W's packed cast (never quantized again).
+    im.native_product(*native, Operand::dgrad_grad_y, Operand::dgrad_w, l, dy.data, B, out, out, in,
+                      /*columnwise=*/true, dx.data, dx_bf16, nullptr);
+  } else {
     const DevOperand& go = dy_op;
     DevOperand wo;
     if (st.has_w) {

@@ -33,6 +33,11 @@
 
 #include "train/backend.hpp"
 
+namespace fp4lab::cuda {
+struct QuantOperand;               // cuda/gemm.hpp
+enum class GemmPath : uint8_t;     // cuda/gemm.hpp
+}  // namespace fp4lab::cuda
+
 namespace fp4lab::train {
 
 class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
@@ -110,6 +115,20 @@ class CudaLinear {  // owns cuBLAS handles and scratch; one per CudaBackend
   // value). Null by default (no extra work).
   using OperandHook = std::function<void(Operand, const float*, int64_t, int64_t)>;
   void set_operand_hook(OperandHook hook);
+
+  // The native-operand route of the forward and dgrad GEMMs (train/cuda/linear_native.hpp): where W is stored
+  // as its packed NVFP4 cast (LayerPlan::w_stored) and taken as it is, and the other operand is one NVFP4
+  // [1,16] quantizer, the GEMM takes W's packed codes (never quantized again) and the other operand's codes
+  // (cuda::quantized_gemm_device), on sm_100 and newer (GemmPath::blackwell_native); elsewhere the BF16 decode.
+  // Test only: force_native_route(true) takes that route on any GPU with GemmPath::hopper_bf16 (the same
+  // operands, decoded exactly to BF16 inside the GEMM), so that everything but cuBLASLt's FP4 call runs on
+  // Hopper. Off by default.
+  void force_native_route(bool on);
+  // Test hook: when set, each operand handed to a native-route GEMM is reported (the operand: fwd_x, fwd_w,
+  // dgrad_grad_y, dgrad_w; the cuda::QuantOperand as quantized_gemm_device takes it, dgrad_w being W^T; the
+  // path) before the GEMM runs. Null by default.
+  using NativeHook = std::function<void(Operand, const cuda::QuantOperand&, cuda::GemmPath)>;
+  void set_native_hook(NativeHook hook);
 
  private:
   struct Impl;

@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@
 #include "cuda/shard_cast.hpp"
 #include "train/cuda/cast_store.hpp"
 #include "train/cuda/linear.hpp"
+#include "train/cuda/linear_native.hpp"
 #include "train/cuda/linear_ops.hpp"
 #include "train/cuda/nn.hpp"
 #include "train/cuda/numerics.hpp"
@@ -206,10 +208,17 @@ struct LinearCore {
     return b;
   }
   DeviceBuffer<float> hook_buf;
+  DeviceBuffer<uint16_t> hook_h;  // the native route's operands in BF16 for the operand hook
   cuda::nn::Scratch colsum;  // db's column-sum partials
   DeviceBuffer<uint16_t> bias_h;  // a BF16 output's bias r(b) (the cuBLASLt epilogue's vector)
   DeviceBuffer<float> out_f32;    // a BF16 output's FP32 GEMM result where cuBLASLt cannot write the BF16
   CudaLinear::OperandHook hook;
+  // The native-operand route (linear_native.hpp): its scratch, the device's compute capability (asked once),
+  // the test switch (CudaLinear::force_native_route) and the test hook (CudaLinear::set_native_hook).
+  NativeScratch native;
+  const int cc = cuda::compute_capability();
+  bool force_native = false;
+  CudaLinear::NativeHook native_hook;
   NumericsWorkspacePtr numerics_ws;  // made on the first measuring step
   int64_t numerics_step = -1;        // the step numerics_ws's slots belong to
 
@@ -235,11 +244,10 @@ struct LinearCore {
   // values, W = bf16 * g_dec, so the GEMM runs on the BF16 tensor cores, as
   // the FP32-primary run's quantized W does); else prepare() (an FP32 GEMM
   // takes the FP32 W as it is, no decode and expansion).
-  // The rule for a native FP4 GEMM (GemmPath::blackwell_native, sm_100+, the
-  // other operand NVFP4): W goes in as its packed cast, cuda/packed_operand.hpp's
-  // packed_operand (fprop) / packed_operand_columnwise (dgrad), never quantized
-  // again. Not wired: this layer's GEMMs take BF16 / FP32 operands only (what is
-  // missing: docs/log/2026-12-04-packed-operand.md); on Hopper the BF16 decode stays.
+  // Where a native FP4 GEMM takes W (native_route: sm_100+, the other operand
+  // NVFP4 [1,16]), prepare_w is not called: the forward and dgrad take W as its
+  // packed cast (linear_native.hpp: packed_operand / packed_operand_columnwise),
+  // never quantized again. On Hopper (the default route) this BF16 decode stays.
   DevOperand prepare_w(Operand op, const LayerPlan& l, const OperandPlan& p, const float* w, int64_t rows, int64_t cols,
                        bool other_bf16, GemmAlpha alpha = {}) {
     if (!other_bf16 || p.changes() || l.ctx.weight_cast == nullptr || l.w_stored == nullptr)
@@ -255,6 +263,37 @@ struct LinearCore {
     o.g = c.g_dec;
     report(op, o, rows, cols);
     return o;
+  }
+
+  // The native route of the GEMM whose W operand is w_op and other operand other_op, k its reduction length
+  // (native_route, linear_native.hpp: the one rule), or nullopt: the BF16 route.
+  std::optional<NativeRoute> native_route_of(const LayerPlan& l, Operand w_op, Operand other_op, int64_t k) const {
+    return native_route(l, w_op, single_quantizer(l.plan.operand(other_op)), k, cc, force_native);
+  }
+
+  // The native route's GEMM: out [m, n] = Q(src) [m, k] times W's operand (w_rows x w_cols its stored shape;
+  // columnwise: dgrad's W^T [w_cols, w_rows], else the forward's W [w_rows, w_cols]) transposed, src's plan
+  // (other_op) quantized into codes (native_codes), out FP32 (y) or BF16 (y_bf16), bias as native_gemm. Reports
+  // both operands to the hooks: the operand hook gets W's values in W's layout [w_rows, w_cols] (as prepare_w
+  // reports them), the native hook the operands handed to the GEMM.
+  void native_product(const NativeRoute& r, Operand other_op, Operand w_op, const LayerPlan& l, const float* src,
+                      int64_t m, int64_t k, int64_t w_rows, int64_t w_cols, bool columnwise, float* y,
+                      uint16_t* y_bf16, const float* bias) {
+    const cuda::QuantOperand a =
+        native_codes(r.other, l.plan.operand(other_op).stream, src, m, k, native, qws, kStream);
+    const cuda::QuantOperand b = native_w(*r.w, columnwise, w_rows, w_cols, native, kStream);
+    if (hook) {
+      hook_h.at_least(size_t(std::max(m * k, w_rows * w_cols)));
+      cuda::dequant_operand_bf16(a, hook_h.data(), kStream);
+      report(other_op, DevOperand{nullptr, hook_h.data(), a.global_decode}, m, k);
+      cuda::cast_operand_device(r.w->form, w_rows, w_cols, hook_h.data(), kStream);
+      report(w_op, DevOperand{nullptr, hook_h.data(), r.w->form.g_dec}, w_rows, w_cols);
+    }
+    if (native_hook) {
+      native_hook(other_op, a, r.path);
+      native_hook(w_op, b, r.path);
+    }
+    native_gemm(blas, r.path, a, b, y, y_bf16, bias, native, kStream);
   }
 
   // Executes plan p on the source src [rows, cols] (device, not modified),
