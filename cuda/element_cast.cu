@@ -63,27 +63,16 @@ __global__ void decode_fp8_kernel(const uint8_t* codes, int64_t n, const float* 
 }  // namespace
 
 DeviceElementCast::DeviceElementCast(std::span<const FlatTensor> tensors, bool fp8)
-    : tensors_(tensors.begin(), tensors.end()), fp8_(fp8), code_bytes_(fp8 ? 1 : 2) {
-  code_at_ = element_code_at(tensors_);
-  packed_bytes_ = element_bytes(tensors_, code_bytes_);
-  own_packed_.resize(size_t(packed_bytes_));
-  packed_ = own_packed_.data();
+    : tensors_(tensors.begin(), tensors.end()),
+      code_at_(element_code_at(tensors_)),
+      fp8_(fp8),
+      code_bytes_(fp8 ? 1 : 2),
+      packed_(element_bytes(tensors, fp8 ? 1 : 2), "element cast") {
   if (fp8_) {
     amax_.resize(tensors_.size());
     encode_.resize(tensors_.size());
     decode_.resize(tensors_.size());
   }
-}
-
-void DeviceElementCast::bind_packed(uint8_t* p) {
-  packed_ = p;
-  own_packed_ = DeviceBuffer<uint8_t>();
-}
-
-uint8_t* DeviceElementCast::packed_mem(const char* step) const {
-  if (packed_ == nullptr && packed_bytes_ > 0)
-    throw Error(std::string("element cast: ") + step + " with no packed buffer bound (bind_packed)");
-  return packed_;
 }
 
 void DeviceElementCast::partial_amax(const float* flat, ShardRange shard) {
@@ -114,8 +103,8 @@ ShardRange DeviceElementCast::byte_span(ShardRange shard) const {
 }
 
 void DeviceElementCast::cast(const float* flat, ShardRange shard) {
-  uint8_t* packed = packed_mem("cast");
-  if (packed_bytes_ > 0) check(cudaMemset(packed, 0, size_t(packed_bytes_)), "element cast: packed memset");
+  uint8_t* packed = packed_.need("cast");
+  if (packed_.bytes() > 0) check(cudaMemset(packed, 0, size_t(packed_.bytes())), "element cast: packed memset");
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const ShardRange p = tensor_part(tensors_[t], shard);
     if (p.begin >= p.end) continue;
@@ -137,29 +126,22 @@ ShardBytes DeviceElementCast::span() const {
   if (span_.end <= span_.begin) return s;
   s.first_byte = span_.begin;
   s.bytes.resize(size_t(span_.end - span_.begin));
-  check(cudaMemcpy(s.bytes.data(), packed_mem("span") + span_.begin, s.bytes.size(), cudaMemcpyDeviceToHost),
+  check(cudaMemcpy(s.bytes.data(), packed_.need("span") + span_.begin, s.bytes.size(), cudaMemcpyDeviceToHost),
         "element cast: span download");
   return s;
 }
 
-void DeviceElementCast::set_packed(const std::vector<uint8_t>& full) {
-  if (int64_t(full.size()) != packed_bytes_)
-    throw Error("element cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
-                std::to_string(packed_bytes_));
-  if (!full.empty())
-    check(cudaMemcpy(packed_mem("set_packed"), full.data(), full.size(), cudaMemcpyHostToDevice),
-          "element cast: set_packed");
-}
+void DeviceElementCast::set_packed(const std::vector<uint8_t>& full) { packed_.upload(full); }
 
 void DeviceElementCast::or_windows(std::span<const uint8_t> windows, const PackedWindows& w) {
-  or_windows_device(packed_mem("or_windows"), packed_bytes_, windows, w, window_at_);
+  or_windows_device(packed_.need("or_windows"), packed_.bytes(), windows, w, window_at_);
 }
 
 void DeviceElementCast::dequantize(float* flat) const {
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const int64_t n = tensors_[t].rows * tensors_[t].cols;
     if (n == 0) continue;
-    const uint8_t* codes = packed_mem("dequantize") + code_at_[t] * code_bytes_;
+    const uint8_t* codes = packed_.need("dequantize") + code_at_[t] * code_bytes_;
     float* x = flat + tensors_[t].offset;
     if (fp8_)
       decode_fp8_kernel<<<blocks_for(n), kThreads>>>(codes, n, decode_.data() + t, x);

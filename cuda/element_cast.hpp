@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/device.hpp"
+#include "cuda/shard_cast.hpp"  // PackedMemory
 #include "sim/shard_cast.hpp"
 
 namespace fp4lab::cuda {
@@ -40,11 +41,11 @@ class DeviceElementCast {
 
   // packed() zeroed, then this shard's codes written.
   void cast(const float* flat, ShardRange shard);
-  uint8_t* packed() { return packed_; }
-  int64_t packed_bytes() const { return packed_bytes_; }
+  uint8_t* packed() { return packed_.data(); }
+  int64_t packed_bytes() const { return packed_.bytes(); }
   // packed()'s memory, as DeviceShardCast::bind_packed (cuda/shard_cast.hpp): the caller's `p`
   // (packed_bytes() bytes) from then on, the own buffer freed; null: none until the next bind.
-  void bind_packed(uint8_t* p);
+  void bind_packed(uint8_t* p) { packed_.bind(p); }
   // The bytes [begin, end) of packed() that hold `shard`'s tensor elements ({0, 0}: none).
   ShardRange byte_span(ShardRange shard) const;
   ShardBytes span() const;  // the last cast's span, downloaded
@@ -60,10 +61,7 @@ class DeviceElementCast {
   int64_t code_bytes_;
   DeviceBuffer<uint32_t> amax_;          // fp8: [tensors]
   DeviceBuffer<float> encode_, decode_;  // fp8: [tensors]
-  DeviceBuffer<uint8_t> own_packed_;
-  uint8_t* packed_ = nullptr;  // own_packed_'s, or the caller's (bind_packed)
-  int64_t packed_bytes_ = 0;
-  uint8_t* packed_mem(const char* step) const;  // packed_, or Error naming `step` when none is bound
+  PackedMemory packed_;
   ShardRange span_;
   DeviceBuffer<int64_t> window_at_;
 };

@@ -168,27 +168,37 @@ __global__ void or_windows_kernel(uint8_t* packed, int64_t total, const uint8_t*
 
 }  // namespace
 
+PackedMemory::PackedMemory(int64_t bytes, const char* what)
+    : own_(size_t(bytes)), ptr_(own_.data()), bytes_(bytes), what_(what) {}
+
+void PackedMemory::bind(uint8_t* p) {
+  ptr_ = p;
+  own_ = DeviceBuffer<uint8_t>();
+}
+
+uint8_t* PackedMemory::need(const char* step) const {
+  if (ptr_ == nullptr && bytes_ > 0)
+    throw Error(std::string(what_) + ": " + step + " with no packed buffer bound (bind_packed)");
+  return ptr_;
+}
+
+void PackedMemory::upload(const std::vector<uint8_t>& full) {
+  if (int64_t(full.size()) != bytes_)
+    throw Error(std::string(what_) + ": " + std::to_string(full.size()) + " packed bytes, the tensors need " +
+                std::to_string(bytes_));
+  if (!full.empty())
+    check(cudaMemcpy(need("set_packed"), full.data(), full.size(), cudaMemcpyHostToDevice), "set_packed");
+}
+
 DeviceShardCast::DeviceShardCast(std::span<const FlatTensor> tensors)
-    : tensors_(tensors.begin(), tensors.end()), layout_(flat_layout(tensors)) {
+    : tensors_(tensors.begin(), tensors.end()),
+      layout_(flat_layout(tensors)),
+      packed_(layout_.packed_offset.back(), "shard cast") {
   const size_t k = size_t(layout_.tile_offset.back());
   amax_.resize(tensors_.size() + k);
   tile_mult_.resize(k);
   tile_code_.resize(k);
   g_dec_.resize(tensors_.size());
-  packed_bytes_ = layout_.packed_offset.back();
-  own_packed_.resize(size_t(packed_bytes_));
-  packed_ = own_packed_.data();
-}
-
-void DeviceShardCast::bind_packed(uint8_t* p) {
-  packed_ = p;
-  own_packed_ = DeviceBuffer<uint8_t>();
-}
-
-uint8_t* DeviceShardCast::packed_mem(const char* step) const {
-  if (packed_ == nullptr && packed_bytes_ > 0)
-    throw Error(std::string("shard cast: ") + step + " with no packed buffer bound (bind_packed)");
-  return packed_;
 }
 
 void DeviceShardCast::partial_amax(const float* flat, ShardRange shard) {
@@ -229,8 +239,8 @@ ShardScales DeviceShardCast::scales() const {
 }
 
 void DeviceShardCast::cast(const float* flat, ShardRange shard) {
-  uint8_t* packed = packed_mem("cast");
-  if (packed_bytes_ > 0) check(cudaMemset(packed, 0, size_t(packed_bytes_)), "shard cast: packed memset");
+  uint8_t* packed = packed_.need("cast");
+  if (packed_.bytes() > 0) check(cudaMemset(packed, 0, size_t(packed_.bytes())), "shard cast: packed memset");
   span_begin_ = span_end_ = 0;
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
@@ -255,19 +265,12 @@ ShardBytes DeviceShardCast::span() const {
   if (span_end_ <= span_begin_) return s;
   s.first_byte = span_begin_;
   s.bytes.resize(size_t(span_end_ - span_begin_));
-  check(cudaMemcpy(s.bytes.data(), packed_mem("span") + span_begin_, s.bytes.size(), cudaMemcpyDeviceToHost),
+  check(cudaMemcpy(s.bytes.data(), packed_.need("span") + span_begin_, s.bytes.size(), cudaMemcpyDeviceToHost),
         "shard cast: span download");
   return s;
 }
 
-void DeviceShardCast::set_packed(const std::vector<uint8_t>& full) {
-  if (int64_t(full.size()) != packed_bytes_)
-    throw Error("shard cast: " + std::to_string(full.size()) + " packed bytes, the tensors need " +
-                std::to_string(packed_bytes_));
-  if (!full.empty())
-    check(cudaMemcpy(packed_mem("set_packed"), full.data(), full.size(), cudaMemcpyHostToDevice),
-          "shard cast: set_packed");
-}
+void DeviceShardCast::set_packed(const std::vector<uint8_t>& full) { packed_.upload(full); }
 
 void or_windows_device(uint8_t* packed, int64_t total, std::span<const uint8_t> windows, const PackedWindows& w,
                        DeviceBuffer<int64_t>& at) {
@@ -284,7 +287,7 @@ void or_windows_device(uint8_t* packed, int64_t total, std::span<const uint8_t> 
 }
 
 void DeviceShardCast::or_windows(std::span<const uint8_t> windows, const PackedWindows& w) {
-  or_windows_device(packed_mem("or_windows"), packed_bytes_, windows, w, window_at_);
+  or_windows_device(packed_.need("or_windows"), packed_.bytes(), windows, w, window_at_);
 }
 
 int64_t DeviceShardCast::packed_bytes_transposed() const {
@@ -298,7 +301,7 @@ void DeviceShardCast::transpose(uint8_t* out) const {
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
     if (ft.rows * ft.cols == 0) continue;
-    transpose_fp4_packed_device(packed_mem("transpose") + layout_.packed_offset[t], ft.rows, ft.cols, out + at);
+    transpose_fp4_packed_device(packed_.need("transpose") + layout_.packed_offset[t], ft.rows, ft.cols, out + at);
     at += ft.cols * ((ft.rows + 1) / 2);
   }
   check(cudaDeviceSynchronize(), "shard cast: transpose");
@@ -308,7 +311,7 @@ void DeviceShardCast::dequantize(float* flat) const {
   for (size_t t = 0; t < tensors_.size(); ++t) {
     const FlatTensor& ft = tensors_[t];
     if (ft.rows * ft.cols == 0) continue;
-    decode(packed_mem("dequantize") + layout_.packed_offset[t], ft.rows, ft.cols, tile_code_.data() + layout_.tile_offset[t],
+    decode(packed_.need("dequantize") + layout_.packed_offset[t], ft.rows, ft.cols, tile_code_.data() + layout_.tile_offset[t],
            g_dec_.data() + t, flat + ft.offset, nullptr, nullptr);
   }
   check(cudaDeviceSynchronize(), "shard cast: dequantize");
@@ -317,7 +320,8 @@ void DeviceShardCast::dequantize(float* flat) const {
 PackedNvfp4 DeviceShardCast::packed_tensor(size_t t) const {
   if (t >= tensors_.size())
     throw Error("shard cast: tensor " + std::to_string(t) + " of " + std::to_string(tensors_.size()));
-  return PackedNvfp4{packed_ ? packed_ + layout_.packed_offset[t] : nullptr, tile_code_.data() + layout_.tile_offset[t],
+  uint8_t* p = packed_.data();
+  return PackedNvfp4{p ? p + layout_.packed_offset[t] : nullptr, tile_code_.data() + layout_.tile_offset[t],
                      g_dec_.data() + t};
 }
 

@@ -46,6 +46,28 @@ struct PackedNvfp4 {
   const float* g_dec = nullptr;
 };
 
+// The packed buffer of a device cast (DeviceShardCast, DeviceElementCast): the
+// object's own (allocated with it) until the caller binds memory of its own
+// (bind: `p` of bytes() bytes is the buffer from then on, the own one freed;
+// null: none). `what` names the cast in errors ("shard cast", "element cast").
+class PackedMemory {
+ public:
+  PackedMemory(int64_t bytes, const char* what);
+  void bind(uint8_t* p);
+  uint8_t* data() const { return ptr_; }
+  int64_t bytes() const { return bytes_; }
+  // data(), or Error naming `step` where no buffer is bound.
+  uint8_t* need(const char* step) const;
+  // The buffer set to `full` from the host (Error unless bytes() long).
+  void upload(const std::vector<uint8_t>& full);
+
+ private:
+  DeviceBuffer<uint8_t> own_;
+  uint8_t* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+  const char* what_;
+};
+
 class DeviceShardCast {
  public:
   // The tensors as in sim/shard_cast.hpp (offsets into the flat buffer, back to back).
@@ -60,14 +82,14 @@ class DeviceShardCast {
   ShardScales scales() const;
 
   void cast(const float* flat, ShardRange shard);
-  uint8_t* packed() { return packed_; }
-  int64_t packed_bytes() const { return packed_bytes_; }
+  uint8_t* packed() { return packed_.data(); }
+  int64_t packed_bytes() const { return packed_.bytes(); }
   // Where packed() lives: a buffer of the object's own, made by the constructor, unless the caller binds
   // memory of its own (ZeRO-3 holds a unit's full buffer only while the unit is gathered, in its backend's
   // pool: train/cuda/cast_store.cpp): `p` (packed_bytes() bytes of device memory, contents kept) is packed()
   // from then on, the own buffer freed; null leaves no packed buffer (packed() null: a step that reads or
   // writes it throws until the next bind). packed_tensor's pointers follow the binding.
-  void bind_packed(uint8_t* p);
+  void bind_packed(uint8_t* p) { packed_.bind(p); }
   // The byte span the last cast wrote (sim's ShardBytes: what a rank sends), and
   // the full packed buffer put back (what the ranks' spans assemble to).
   ShardBytes span() const;
@@ -95,10 +117,8 @@ class DeviceShardCast {
   FlatLayout layout_;
   DeviceBuffer<uint32_t> amax_;
   DeviceBuffer<float> tile_mult_;
-  DeviceBuffer<uint8_t> tile_code_, own_packed_;
-  uint8_t* packed_ = nullptr;  // own_packed_'s, or the caller's (bind_packed)
-  int64_t packed_bytes_ = 0;
-  uint8_t* packed_mem(const char* step) const;  // packed_, or Error naming `step` when none is bound
+  DeviceBuffer<uint8_t> tile_code_;
+  PackedMemory packed_;
   DeviceBuffer<float> g_dec_;  // [tensors] the global decode scales
   int64_t span_begin_ = 0, span_end_ = 0;
   DeviceBuffer<int64_t> window_at_;  // or_windows' w.at

@@ -18,23 +18,15 @@
 #include "train/cuda/cast_store.hpp"
 #include "train/dist/primary_weights.hpp"
 #include "train/run.hpp"
+#include "train/store_window_fixture.hpp"
 
 using namespace fp4lab;
 using namespace fp4lab::train;
 
+using test::kWindowFlat;
+using test::kWindowTensors;
+
 namespace {
-
-const std::vector<FlatTensor> kTensors = {{37, 45, 3}, {20, 33, 3 + 37 * 45 + 5}, {1, 7, 3 + 37 * 45 + 5 + 20 * 33}};
-constexpr int64_t kFlat = 3 + 37 * 45 + 5 + 20 * 33 + 7 + 2;
-
-std::vector<float> values() {
-  std::mt19937 g(46);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(kFlat);
-  for (float& x : v) x = d(g);
-  v[10] = 300.0f;
-  return v;
-}
 
 std::vector<uint8_t> download_bytes(std::span<uint8_t> device) {
   std::vector<uint8_t> h(device.size());
@@ -45,17 +37,13 @@ std::vector<uint8_t> download_bytes(std::span<uint8_t> device) {
 }  // namespace
 
 TEST_CASE("cuda stores keeping their window: restored and gathered, the host store's whole cast on 1-3 ranks") {
-  const std::vector<float> flat = values();
+  const std::vector<float> flat = test::window_values();
   for (Storage s : {Storage::nvfp4_2d, Storage::bf16, Storage::fp8_e4m3}) {
-    auto hb = make_cpu_backend(1);
-    auto whole = hb->make_cast_store(s, kTensors);
-    auto one = make_thread_comms(1);
-    run_cast(*one[0], *hb, *whole, flat.data(), std::vector<ShardRange>{{0, kFlat}}, false);
-    const std::vector<uint8_t> want(whole->packed().begin(), whole->packed().end());
+    const std::vector<uint8_t> want = test::whole_cast(s, flat).packed;
     for (int n = 1; n <= 3; ++n) {
       CAPTURE(storage_name(s));
       CAPTURE(n);
-      const std::vector<ShardRange> shards = even_shards(kFlat, n);
+      const std::vector<ShardRange> shards = even_shards(kWindowFlat, n);
       auto comms = make_thread_comms(n);
       std::vector<std::vector<uint8_t>> got(static_cast<size_t>(n));
       std::vector<int> forms_null(static_cast<size_t>(n), -1), forms_follow(static_cast<size_t>(n), -1);
@@ -65,9 +53,9 @@ TEST_CASE("cuda stores keeping their window: restored and gathered, the host sto
         threads.emplace_back([&, r] {
           Communicator& c = *comms[size_t(r)];
           auto be = make_cuda_backend();
-          train::Tensor x = be->empty(1, kFlat);
+          train::Tensor x = be->empty(1, kWindowFlat);
           be->upload(flat.data(), x);
-          auto store = be->make_cast_store(s, kTensors);
+          auto store = be->make_cast_store(s, kWindowTensors);
           const ShardRange own = shards[size_t(r)];
           store->partial_amax(x.data, own);
           if (!store->amax().empty()) {  // device maxima through the host (a host communicator)

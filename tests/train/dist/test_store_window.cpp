@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "train/dist/primary_weights.hpp"
 #include "train/run.hpp"
+#include "train/store_window_fixture.hpp"
 #include "train/text_fixture.hpp"
 #include "train/thread_ranks.hpp"
 
@@ -27,49 +28,17 @@ using namespace fp4lab::train;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-namespace {
-
-// Odd shapes (partial tiles, an odd column count: a byte shared by two ranks) at offsets with gaps.
-const std::vector<FlatTensor> kTensors = {{37, 45, 3}, {20, 33, 3 + 37 * 45 + 5}, {1, 7, 3 + 37 * 45 + 5 + 20 * 33}};
-constexpr int64_t kFlat = 3 + 37 * 45 + 5 + 20 * 33 + 7 + 2;
-
-std::vector<float> values() {
-  std::mt19937 g(46);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(kFlat);
-  for (float& x : v) x = d(g);
-  v[10] = 300.0f;  // one large element: a tile and a tensor scale away from the rest
-  return v;
-}
-
-struct Whole {
-  std::vector<uint8_t> packed;
-  std::vector<float> dequant;
-};
-
-// The oracle: one store of one rank casts every tensor whole.
-Whole whole_cast(Storage s, const std::vector<float>& flat) {
-  Whole w;
-  auto comms = make_thread_comms(1);
-  auto be = make_cpu_backend(1);
-  auto store = be->make_cast_store(s, kTensors);
-  run_cast(*comms[0], *be, *store, flat.data(), std::vector<ShardRange>{{0, kFlat}}, false);
-  w.packed.assign(store->packed().begin(), store->packed().end());
-  w.dequant = flat;
-  store->dequantize(w.dequant.data());
-  return w;
-}
-
-}  // namespace
+using test::kWindowFlat;
+using test::kWindowTensors;
 
 TEST_CASE("a store keeping only its window: restored and gathered, the whole cast byte for byte on 1-3 ranks") {
-  const std::vector<float> flat = values();
+  const std::vector<float> flat = test::window_values();
   for (Storage s : {Storage::nvfp4_2d, Storage::bf16, Storage::fp8_e4m3}) {
-    const Whole want = whole_cast(s, flat);
+    const test::WholeCast want = test::whole_cast(s, flat);
     for (int n = 1; n <= 3; ++n) {
       CAPTURE(storage_name(s));
       CAPTURE(n);
-      const std::vector<ShardRange> shards = even_shards(kFlat, n);
+      const std::vector<ShardRange> shards = even_shards(kWindowFlat, n);
       auto comms = make_thread_comms(n);
       std::vector<std::vector<uint8_t>> got(static_cast<size_t>(n));
       std::vector<std::vector<float>> dequant(static_cast<size_t>(n), flat);
@@ -80,7 +49,7 @@ TEST_CASE("a store keeping only its window: restored and gathered, the whole cas
         threads.emplace_back([&, r] {
           Communicator& c = *comms[size_t(r)];
           auto be = make_cpu_backend(1);
-          auto store = be->make_cast_store(s, kTensors);
+          auto store = be->make_cast_store(s, kWindowTensors);
           const ShardRange own = shards[size_t(r)];
           store->partial_amax(flat.data(), own);
           if (!store->amax().empty()) c.allreduce_max(store->amax());
@@ -108,7 +77,7 @@ TEST_CASE("a store keeping only its window: restored and gathered, the whole cas
       for (int r = 0; r < n; ++r) {
         CAPTURE(r);
         CHECK(got[size_t(r)] == want.packed);
-        CHECK(std::memcmp(dequant[size_t(r)].data(), want.dequant.data(), sizeof(float) * size_t(kFlat)) == 0);
+        CHECK(std::memcmp(dequant[size_t(r)].data(), want.dequant.data(), sizeof(float) * size_t(kWindowFlat)) == 0);
         // bytes(): the full buffer before, the window after (the scales unchanged).
         CHECK(bytes_full[size_t(r)] - bytes_window[size_t(r)] == int64_t(want.packed.size()) - window[size_t(r)]);
         if (n > 1) CHECK(window[size_t(r)] < int64_t(want.packed.size()));
