@@ -250,7 +250,7 @@ struct LinearCore {
   // never quantized again. On Hopper (the default route) this BF16 decode stays.
   DevOperand prepare_w(Operand op, const LayerPlan& l, const OperandPlan& p, const float* w, int64_t rows, int64_t cols,
                        bool other_bf16, GemmAlpha alpha = {}) {
-    if (!other_bf16 || p.changes() || l.ctx.weight_cast == nullptr || l.w_stored == nullptr)
+    if (!other_bf16 || !takes_stored_w(l, p))
       return prepare(p, w, rows, cols, slot[1], nullptr, nullptr, true, alpha);
     const auto* stored = dynamic_cast<const StoredNvfp4*>(l.w_stored);
     FP4LAB_CHECK(stored != nullptr, "CudaLinear: a stored weight the cuda backend did not make");

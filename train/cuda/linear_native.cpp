@@ -9,8 +9,7 @@ namespace fp4lab::train::linear_detail {
 
 std::optional<NativeRoute> native_route(const LayerPlan& l, Operand w_op, const std::optional<QuantizerSpec>& other,
                                         int64_t k, int cc, bool forced) {
-  // W: the stored cast taken as it is (prepare_w's condition for substituting it).
-  if (l.w_stored == nullptr || l.ctx.weight_cast == nullptr || l.plan.operand(w_op).changes()) return std::nullopt;
+  if (!takes_stored_w(l, l.plan.operand(w_op))) return std::nullopt;
   const auto* stored = dynamic_cast<const StoredNvfp4*>(l.w_stored);
   if (stored == nullptr) return std::nullopt;  // prepare_w reports a foreign stored form
   // The other operand: one NVFP4 [1,16] quantizer (e2m1, UE4M3 scales, no RHT) that the native GEMM pairs

@@ -59,6 +59,13 @@ struct NativeRoute {
   cuda::GemmPath path = cuda::GemmPath::blackwell_native;
 };
 
+// Whether W's operand of plan p is the layer's stored cast as it is: W is stored (l.w_stored), the values
+// are a weight cast (ctx.weight_cast) and p does not change them. Both routes take the stored form then:
+// prepare_w decodes it to BF16, native_route hands its codes to the GEMM.
+inline bool takes_stored_w(const LayerPlan& l, const OperandPlan& p) {
+  return l.w_stored != nullptr && l.ctx.weight_cast != nullptr && !p.changes();
+}
+
 // The one rule (see the file comment) for the GEMM whose W operand is w_op
 // (fwd_w or dgrad_w), of reduction length k: `other` is the other operand's
 // plan as one quantizer (linear_impl.hpp's single_quantizer; nullopt: it is

@@ -18,7 +18,9 @@ struct ShardedParams::Unit {
   int64_t local_at = 0;            // where this rank's part starts in the shard buffers
   Tensor values, grads;            // the gathered unit and its gradients (empty: not held)
   bool reduced = false;            // its gradients were reduce-scattered this backward
-  // Low-precision-stored parameters: their cast, in unit coordinates (null: none in this unit).
+  // Low-precision-stored parameters: their cast, in unit coordinates (null: none in this unit). With more than
+  // one rank it holds only this rank's window of its codes between gathers (CastStore::keep_window): a gather
+  // restores the full buffer, dropping the unit releases it (windowed()).
   std::unique_ptr<CastStore> store;
   // gather_codes: every rank's parts outside the stored tensors (unit coordinates), where each rank's lie in
   // the compacted FP32 buffer, and that buffer once gathered (kept with the codes for the backward).
@@ -26,8 +28,6 @@ struct ShardedParams::Unit {
   std::vector<ShardRange> compact;
   Tensor gathered;
   bool codes = false;  // store->packed() holds every rank's codes of the current cast
-  // Between gathers the store holds only this rank's window of its packed buffer (CastStore::keep_window;
-  // more than one rank): the full buffer is restored by a gather and released with the unit.
   // A gather started and not finished (start_gather): its collectives in flight.
   bool in_flight = false;
   std::unique_ptr<PendingCollective> values_pending;  // the FP32 gather (whole unit, or the compacted parts)
@@ -274,7 +274,7 @@ void ShardedParams::cast_stored() {
   const size_t me = size_t(comm_.rank());
   for (Unit* x : stored) {
     x->store->compute_scales();
-    if (windowed(*x)) x->store->restore_packed();  // a full buffer for the cast (released by release_all)
+    if (windowed(*x)) x->store->restore_packed();  // a full buffer for the cast (released again below)
     x->store->cast(own_flat(*x), x->shards[me]);
     x->codes = comm_.world() == 1;  // one rank's part is the whole unit
     if (!windowed(*x)) continue;
